@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian (bookworm) packages Loom needs to build and test.
+# Safe to re-run: packages already present are skipped.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  libdnnl-dev          # oneDNN: CPU GEMM (bf16/f32 matmul)
+  nlohmann-json3-dev   # JSON (config.json, safetensors headers, manifests)
+  libfmt-dev           # formatting
+  libcli11-dev         # command-line parsing
+  libpcre2-dev         # Unicode regex for pre-tokenizers (UTF + UCP + JIT)
+  libicu-dev           # Unicode normalisation (NFC/NFKC)
+  libsentencepiece-dev # tokenizer.model support
+  libgtest-dev libgmock-dev
+  libbenchmark-dev
+  python3 python3-numpy  # tests open our .npy output with numpy
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

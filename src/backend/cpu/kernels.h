@@ -1,0 +1,178 @@
+// CPU kernels. They know nothing of models or HF names: plain row-major
+// arrays, explicit sizes, caller-provided outputs and workspaces. Nothing here
+// allocates on the heap during a call (oneDNN primitives are created once per
+// shape and cached in a GemmContext, outside the hot path after warm-up).
+//
+// Activations are always f32. Weights may be f32, bf16 or f16 (used in place).
+// Every kernel has a scalar reference in reference/reference_kernels.h that the
+// tests compare against; the versions here are vectorised (AVX-512 when the CPU
+// has it, a portable path otherwise) and multithreaded with OpenMP.
+#ifndef LOOM_BACKEND_CPU_KERNELS_H_
+#define LOOM_BACKEND_CPU_KERNELS_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "src/core/dtype.h"
+
+namespace loom::cpu {
+
+// ---- GEMM (oneDNN) -------------------------------------------------------
+
+// Weight layout: kOutIn is torch Linear's [N, K] (y = x W^T); kInOut is GPT-2
+// Conv1D's [K, N] (y = x W).
+enum class WeightLayout { kOutIn, kInOut };
+
+// Compute precision of a GEMM: kF32 (exact f32 math), kBF16 / kF16 (the
+// activation is rounded to the weight's 16-bit type, products accumulate in
+// f32; the output is f32).
+struct GemmArgs {
+  const float* x = nullptr;   // [M, K] row-major, row stride K
+  const void* w = nullptr;    // weight, see layout
+  DType w_dtype = DType::kF32;
+  WeightLayout layout = WeightLayout::kOutIn;
+  const void* bias = nullptr;  // [N] in w_dtype or f32 (bias_dtype), may be null
+  DType bias_dtype = DType::kF32;
+  float* y = nullptr;          // [M, N] row-major, row stride ldy (0 = N)
+  int64_t ldy = 0;
+  int64_t m = 0, n = 0, k = 0;
+  bool accumulate = false;     // y += x W^T (+ bias) instead of y = ...
+  // Scratch for the 16-bit copy of x when w_dtype is 16-bit: at least
+  // GemmWorkspaceBytes(m, k, w_dtype) bytes, 64-byte aligned.
+  void* workspace = nullptr;
+};
+
+int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype);
+
+// Caches oneDNN primitives per (shape, dtype, layout, flags). Not thread-safe:
+// one context per executing thread group.
+class GemmContext {
+ public:
+  GemmContext();
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+
+  // y = x W^T (+ bias) (+ y if accumulate). Checks its arguments with LOOM_CHECK.
+  void Gemm(const GemmArgs& args);
+
+  // Batched strided matmul used by attention: for b in [0, batch):
+  //   C_b[M, N] = alpha * A_b[M, K] B_b[K, N]   (all f32)
+  // with explicit element strides (row, col) for A, B, C and batch strides.
+  struct StridedMatmul {
+    const float* a; int64_t a_rs, a_cs, a_bs;
+    const float* b; int64_t b_rs, b_cs, b_bs;
+    float* c; int64_t c_rs, c_bs;  // C is dense along columns
+    int64_t batch, m, n, k;
+    float alpha = 1.0f;
+  };
+  void Matmul(const StridedMatmul& args);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Norms ----------------------------------------------------------------
+
+// y[r, :] = x[r, :] * rsqrt(mean(x[r,:]^2) + eps) * (w + offset)
+// offset = 0 for Llama-style, 1 for Gemma's (1 + w). w (dtype w_dtype) may be
+// null (no gain). x and y may alias. rows x dim.
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
+             int64_t rows, int64_t dim);
+
+// y = (x - mean) * rsqrt(var + eps) * w + b, biased variance like torch.
+// w and b may be null (OLMo's parameter-free LayerNorm). x and y may alias.
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
+               int64_t rows, int64_t dim);
+
+// ---- Rotary embeddings ----------------------------------------------------
+
+// Fills cos/sin tables [tokens, rotary_dim/2] for the given positions:
+//   angle = float(pos[t]) * inv_freq[i]   (f32 product, as HF computes it)
+//   cos[t,i] = cosf(angle) * attention_scaling, sin likewise.
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
+                float attention_scaling, float* cos, float* sin);
+
+// In place on x [tokens, heads, head_dim] (row stride `row_stride` elements
+// between tokens), HF rotate_half convention on the first rotary_dim = 2*half
+// elements of each head:
+//   x1 = x[..., :half], x2 = x[..., half:2*half]
+//   x[..., :half] = x1*cos - x2*sin;  x[..., half:2*half] = x2*cos + x1*sin
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
+               const float* cos, const float* sin, int64_t half);
+
+// ---- Attention --------------------------------------------------------------
+
+// Causal self-attention over packed variable-length sequences (no padding).
+// Sequence s occupies tokens [seq_start[s], seq_start[s+1]).
+//   q: [T, q_heads, head_dim] with row stride q_rs elements per token
+//   k, v: [T, kv_heads, head_dim] with row strides k_rs, v_rs
+//   z (out): [T, q_heads, head_dim] dense (row stride q_heads*head_dim)
+// Query head h uses kv head h / (q_heads / kv_heads) (GQA).
+// scores = (q . k) * scale; if softcap > 0: scores = softcap * tanh(scores / softcap);
+// key j is visible to query i (positions within the sequence) iff j <= i and
+// (window <= 0 or i - j < window). Softmax in f32.
+// If probs is non-null and the sequence index equals probs_seq, the
+// probabilities of that sequence are written to probs [q_heads, L, L]
+// (zeros where masked).
+struct AttentionArgs {
+  const float* q; int64_t q_rs;
+  const float* k; int64_t k_rs;
+  const float* v; int64_t v_rs;
+  float* z;
+  const int64_t* seq_start;  // [num_seqs + 1]
+  int64_t num_seqs;
+  int64_t q_heads, kv_heads, head_dim;
+  float scale;
+  float softcap = 0.0f;
+  int64_t window = 0;
+  float* probs = nullptr;
+  int64_t probs_seq = -1;
+  // Scratch of at least AttentionWorkspaceBytes(...) bytes, 64-byte aligned.
+  void* workspace = nullptr;
+};
+int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads, int64_t head_dim,
+                                int num_threads);
+void Attention(GemmContext& ctx, const AttentionArgs& args);
+
+// ---- Elementwise -------------------------------------------------------------
+
+enum class Activation { kSilu, kGeluTanh, kGeluExact, kRelu };
+
+// out[r, i] = act(gate[r, i]) * up[r, i]; gate/up rows have strides
+// gate_rs/up_rs (so a fused [gate | up] buffer works), out is dense [rows, n].
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up,
+                     int64_t up_rs, float* out, int64_t rows, int64_t n);
+// In place: x = act(x), n elements.
+void ApplyActivation(Activation act, float* x, int64_t n);
+// In place: x = cap * tanh(x / cap).
+void Softcap(float* x, int64_t n, float cap);
+// y += x, n elements.
+void Add(const float* x, float* y, int64_t n);
+// x *= s, n elements.
+void Scale(float* x, int64_t n, float s);
+// Embedding gather: out[t, :] = table[ids[t], :] (table [vocab, dim] in
+// table_dtype) converted to f32. ids are validated by the caller.
+void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim,
+            float* out);
+// Converts n f32 values to dtype (F32/BF16/F16) at dst (round to nearest even).
+void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n);
+// Converts n values of dtype (F32/BF16/F16) to f32.
+void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
+
+// ---- Log-softmax -----------------------------------------------------------
+
+// For each row r of logits [rows, vocab]: lse[r] = logsumexp(logits[r, :]),
+// computed in f32 with a max shift, summation in double for stability.
+void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse);
+
+// ---- Threads ---------------------------------------------------------------
+
+// Sets the OpenMP/oneDNN thread count (0 = all cores). Returns the count used.
+int SetNumThreads(int n);
+int NumThreads();
+
+}  // namespace loom::cpu
+
+#endif  // LOOM_BACKEND_CPU_KERNELS_H_

@@ -1,0 +1,33 @@
+// loom: extract hidden states from Hugging Face checkpoints and evaluate them.
+#include <cstdio>
+
+#include "tools/cli/commands.h"
+
+namespace loom::cli {
+
+int ReportStatus(std::string_view command, const Status& status) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "loom %.*s: %s\n", static_cast<int>(command.size()), command.data(),
+               status.message().c_str());
+  return 1;
+}
+
+}  // namespace loom::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom: exact activations, perplexity and KL from Hugging Face checkpoints"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "loom 0.1.0");
+  int exit_code = 0;
+  loom::cli::AddInspectCommand(app, &exit_code);
+  loom::cli::AddTokenizeCommand(app, &exit_code);
+  loom::cli::AddSynthCommand(app, &exit_code);
+  loom::cli::AddRunCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  return exit_code;
+}

@@ -1,0 +1,12 @@
+// Subcommands not yet built into this binary. Each is replaced by its own
+// file as it lands; remove its line here then.
+#include "tools/cli/commands.h"
+
+namespace loom::cli {
+
+void AddInspectCommand(CLI::App&, int*) {}
+void AddTokenizeCommand(CLI::App&, int*) {}
+void AddSynthCommand(CLI::App&, int*) {}
+void AddRunCommand(CLI::App&, int*) {}
+
+}  // namespace loom::cli
