@@ -1,0 +1,121 @@
+#include "src/io/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace loom::io_internal {
+
+Status ErrnoStatus(const std::string& path, const char* op, int err) {
+  std::string message = path + ": " + op + ": " + std::strerror(err);
+  if (err == ENOENT) return NotFoundError(std::move(message));
+  return IoError(std::move(message));
+}
+
+void UniqueFd::Reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+StatusOr<UniqueFd> OpenFile(const std::string& path, int flags, int mode) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(path, "open", errno);
+  return UniqueFd(fd);
+}
+
+StatusOr<int64_t> RegularFileSize(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(path, "fstat", errno);
+  if (!S_ISREG(st.st_mode))
+    return InvalidArgumentError(path + ": not a regular file");
+  return static_cast<int64_t>(st.st_size);
+}
+
+Status PreadFully(int fd, const std::string& path, void* buf, int64_t n,
+                  int64_t offset) {
+  auto* p = static_cast<char*>(buf);
+  int64_t done = 0;
+  while (done < n) {
+    ssize_t r =
+        ::pread(fd, p + done, static_cast<size_t>(n - done), offset + done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(path, "read", errno);
+    }
+    if (r == 0) {
+      return DataLossError(path + ": file ends at byte " +
+                           std::to_string(offset + done) + ", expected " +
+                           std::to_string(n) + " bytes at offset " +
+                           std::to_string(offset));
+    }
+    done += r;
+  }
+  return Status::Ok();
+}
+
+Status PwriteFully(int fd, const std::string& path, const void* buf, int64_t n,
+                   int64_t offset) {
+  const auto* p = static_cast<const char*>(buf);
+  int64_t done = 0;
+  while (done < n) {
+    // Linux caps one write at ~2 GiB; chunk to stay well below.
+    size_t chunk =
+        static_cast<size_t>(std::min<int64_t>(n - done, int64_t{1} << 30));
+    ssize_t r = ::pwrite(fd, p + done, chunk, offset + done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(path, "write", errno);
+    }
+    if (r == 0) return IoError(path + ": write returned 0 bytes");
+    done += r;
+  }
+  return Status::Ok();
+}
+
+Status Fsync(int fd, const std::string& path) {
+  if (::fsync(fd) != 0) return ErrnoStatus(path, "fsync", errno);
+  return Status::Ok();
+}
+
+Status Fdatasync(int fd, const std::string& path) {
+  if (::fdatasync(fd) != 0) return ErrnoStatus(path, "fdatasync", errno);
+  return Status::Ok();
+}
+
+Status FsyncParentDir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos
+                        ? "."
+                        : (slash == 0 ? "/" : path.substr(0, slash));
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(dir, O_RDONLY | O_DIRECTORY));
+  return Fsync(fd.get(), dir);
+}
+
+Status RenameFile(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return ErrnoStatus(from, ("rename to " + to).c_str(), errno);
+  }
+  return Status::Ok();
+}
+
+bool PathExists(const std::string& path, bool* is_dir) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  if (is_dir) *is_dir = S_ISDIR(st.st_mode);
+  return true;
+}
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+}  // namespace loom::io_internal

@@ -1,0 +1,75 @@
+// Small POSIX file helpers shared by the io module (internal to src/io).
+// Every failure is a Status whose message names the path, the operation and
+// strerror(errno). No state; thread-safe.
+#ifndef LOOM_IO_FILE_UTIL_H_
+#define LOOM_IO_FILE_UTIL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "src/base/status.h"
+
+namespace loom::io_internal {
+
+// Status for a failed system call: NotFound for ENOENT, IoError otherwise.
+// Message: "<path>: <op>: <strerror>".
+Status ErrnoStatus(const std::string& path, const char* op, int err);
+
+// Owns a file descriptor; closes it on destruction. Movable, not copyable.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { Reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.Release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      fd_ = o.Release();
+    }
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// Opens `path` with `flags` (O_CLOEXEC is added) and `mode`.
+StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
+                            int mode = 0644);
+// Size of an open regular file; InvalidArgument when it is not a regular file.
+StatusOr<int64_t> RegularFileSize(int fd, const std::string& path);
+// Reads exactly `n` bytes at `offset` (retrying short reads and EINTR);
+// DataLoss if the file ends first.
+Status PreadFully(int fd, const std::string& path, void* buf, int64_t n,
+                  int64_t offset);
+// Writes exactly `n` bytes at `offset` (retrying short writes and EINTR).
+Status PwriteFully(int fd, const std::string& path, const void* buf, int64_t n,
+                   int64_t offset);
+// fsync / fdatasync with a Status.
+Status Fsync(int fd, const std::string& path);
+Status Fdatasync(int fd, const std::string& path);
+// fsyncs the directory containing `path` (makes a rename durable).
+Status FsyncParentDir(const std::string& path);
+// rename(2) with a Status.
+Status RenameFile(const std::string& from, const std::string& to);
+// True if `path` exists (any type). `is_dir` receives whether it is a
+// directory.
+bool PathExists(const std::string& path, bool* is_dir = nullptr);
+// "dir/name" (no doubled '/').
+std::string JoinPath(const std::string& dir, const std::string& name);
+
+}  // namespace loom::io_internal
+
+#endif  // LOOM_IO_FILE_UTIL_H_
