@@ -131,6 +131,10 @@ struct AttentionArgs {
   int64_t probs_seq = -1;
   // Scratch of at least AttentionWorkspaceBytes(...) bytes, 64-byte aligned.
   void* workspace = nullptr;
+  // Size of `workspace` in bytes; 0 means it was sized by
+  // AttentionWorkspaceBytes(longest sequence of this call, ..., NumThreads()).
+  // When given, the kernel uses no more threads than the workspace has room for.
+  int64_t workspace_bytes = 0;
 };
 int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads, int64_t head_dim,
                                 int num_threads);

@@ -1,0 +1,293 @@
+// Entry points of kernels.h: argument checks, OpenMP work splitting, and the
+// choice between the AVX-512 and portable per-row kernels (made once).
+#include "src/backend/cpu/kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "src/backend/cpu/kernels_internal.h"
+#include "src/base/check.h"
+
+namespace loom::cpu {
+namespace {
+
+// The per-row kernels of one implementation.
+struct Table {
+  decltype(&portable::RmsNormRow) rms_norm_row;
+  decltype(&portable::LayerNormRow) layer_norm_row;
+  decltype(&portable::GatedRow) gated_row;
+  decltype(&portable::ActivationSpan) activation_span;
+  decltype(&portable::SoftcapSpan) softcap_span;
+  decltype(&portable::AddSpan) add_span;
+  decltype(&portable::ScaleSpan) scale_span;
+  decltype(&portable::FromF32Span) from_f32_span;
+  decltype(&portable::ToF32Span) to_f32_span;
+  decltype(&portable::LogSumExpRow) lse_row;
+  decltype(&portable::RopeToken) rope_token;
+  decltype(&portable::AttentionTile) attention_tile;
+};
+
+#define LOOM_KERNEL_TABLE(ns)                                                                      \
+  Table {                                                                                          \
+    ns::RmsNormRow, ns::LayerNormRow, ns::GatedRow, ns::ActivationSpan, ns::SoftcapSpan,           \
+        ns::AddSpan, ns::ScaleSpan, ns::FromF32Span, ns::ToF32Span, ns::LogSumExpRow, ns::RopeToken, \
+        ns::AttentionTile                                                                          \
+  }
+
+const Table& Kernels() {
+  static const Table table = HasAvx512() ? LOOM_KERNEL_TABLE(avx512) : LOOM_KERNEL_TABLE(portable);
+  return table;
+}
+
+// Elements per thread below which elementwise work stays on one thread.
+constexpr int64_t kMinParallelElems = 1 << 15;
+
+// Runs fn(begin, end) over [0, n) split into contiguous chunks across threads
+// (multiples of 16 elements so that chunks start 64-byte aligned relative to
+// the base).
+template <typename Fn>
+void ParallelSpan(int64_t n, Fn fn) {
+  const int nt = omp_get_max_threads();
+  if (nt == 1 || n < 2 * kMinParallelElems) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t chunks = std::min<int64_t>(nt, n / kMinParallelElems);
+  const int64_t per = ((n + chunks - 1) / chunks + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(chunks)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * per, e = std::min(n, b + per);
+    if (b < e) fn(b, e);
+  }
+}
+
+constexpr int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+bool HasAvx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bf16");
+  }();
+  return has;
+}
+
+void ConvertToF32Serial(const void* src, DType dtype, float* dst, int64_t n) {
+  Kernels().to_f32_span(src, dtype, dst, n);
+}
+
+// ---- Norms ------------------------------------------------------------------
+
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
+             int64_t rows, int64_t dim) {
+  LOOM_CHECK(rows >= 0 && dim > 0) << "rows=" << rows << " dim=" << dim;
+  if (w != nullptr) LOOM_CHECK(IsComputeDType(w_dtype));
+  const auto fn = Kernels().rms_norm_row;
+#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelElems && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) fn(x + r * dim, w, w_dtype, offset, eps, y + r * dim, dim);
+}
+
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
+               int64_t rows, int64_t dim) {
+  LOOM_CHECK(rows >= 0 && dim > 0) << "rows=" << rows << " dim=" << dim;
+  if (w != nullptr || b != nullptr) LOOM_CHECK(IsComputeDType(w_dtype));
+  const auto fn = Kernels().layer_norm_row;
+#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelElems && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) fn(x + r * dim, w, b, w_dtype, eps, y + r * dim, dim);
+}
+
+// ---- Rotary embeddings --------------------------------------------------------
+
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
+                float attention_scaling, float* cos, float* sin) {
+  LOOM_CHECK(tokens >= 0 && half > 0) << "tokens=" << tokens << " half=" << half;
+  // Built once per forward; libm's cosf/sinf are correctly rounded in practice,
+  // as torch's are to within an ulp.
+#pragma omp parallel for schedule(static) if (tokens * half >= kMinParallelElems)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float pos = static_cast<float>(positions[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq[i];
+      cos[t * half + i] = std::cos(angle) * attention_scaling;
+      sin[t * half + i] = std::sin(angle) * attention_scaling;
+    }
+  }
+}
+
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
+               const float* cos, const float* sin, int64_t half) {
+  LOOM_CHECK(2 * half <= head_dim) << "half=" << half << " head_dim=" << head_dim;
+  LOOM_CHECK_GE(row_stride, heads * head_dim);
+  const auto fn = Kernels().rope_token;
+#pragma omp parallel for schedule(static) if (tokens * heads * half >= kMinParallelElems / 2 && tokens > 1)
+  for (int64_t t = 0; t < tokens; ++t) fn(x + t * row_stride, heads, head_dim, cos + t * half, sin + t * half, half);
+}
+
+// ---- Attention ------------------------------------------------------------------
+
+namespace {
+int64_t AttnThreadStrideBytes(int64_t max_seq_len, int64_t head_dim) {
+  return AlignUp(AttnTileScratchFloats(max_seq_len, head_dim) * 4, 64);
+}
+}  // namespace
+
+int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads, int64_t head_dim, int num_threads) {
+  LOOM_CHECK(max_seq_len >= 0 && head_dim > 0 && num_threads > 0);
+  return static_cast<int64_t>(num_threads) * AttnThreadStrideBytes(std::max<int64_t>(max_seq_len, 1), head_dim);
+}
+
+void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
+  LOOM_CHECK(a.q != nullptr && a.k != nullptr && a.v != nullptr && a.z != nullptr && a.seq_start != nullptr);
+  LOOM_CHECK(a.q_heads > 0 && a.kv_heads > 0 && a.q_heads % a.kv_heads == 0)
+      << "q_heads=" << a.q_heads << " kv_heads=" << a.kv_heads;
+  LOOM_CHECK(a.head_dim > 0);
+  LOOM_CHECK(a.workspace != nullptr) << "attention needs a workspace";
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0) << "workspace not 64-byte aligned";
+  const int64_t group = a.q_heads / a.kv_heads;
+  const int64_t d = a.head_dim;
+  int64_t max_len = 1;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t len = a.seq_start[s + 1] - a.seq_start[s];
+    LOOM_CHECK_GE(len, 0);
+    max_len = std::max(max_len, len);
+  }
+  const int64_t stride_bytes = AttnThreadStrideBytes(max_len, d);
+  int nt = omp_get_max_threads();
+  if (a.workspace_bytes > 0) {
+    const int64_t fit = a.workspace_bytes / stride_bytes;
+    LOOM_CHECK_GE(fit, 1) << "attention workspace too small: " << a.workspace_bytes << " bytes, need "
+                          << stride_bytes;
+    nt = static_cast<int>(std::min<int64_t>(nt, fit));
+  }
+  float* probs = nullptr;
+  int64_t probs_len = 0;
+  if (a.probs != nullptr && a.probs_seq >= 0 && a.probs_seq < a.num_seqs) {
+    probs = a.probs;
+    probs_len = a.seq_start[a.probs_seq + 1] - a.seq_start[a.probs_seq];
+    std::memset(probs, 0, sizeof(float) * a.q_heads * probs_len * probs_len);
+  }
+  const auto tile_fn = Kernels().attention_tile;
+  constexpr int64_t B = kAttnBlock;
+  const int64_t z_rs = a.q_heads * d;
+#pragma omp parallel num_threads(nt)
+  {
+    float* scratch =
+        reinterpret_cast<float*>(static_cast<char*>(a.workspace) + omp_get_thread_num() * stride_bytes);
+    for (int64_t s = 0; s < a.num_seqs; ++s) {
+      const int64_t t0 = a.seq_start[s];
+      const int64_t len = a.seq_start[s + 1] - t0;
+      const int64_t nb = (len + B - 1) / B;
+      // Heaviest (last) query blocks first for better balance.
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t item = 0; item < nb * a.q_heads; ++item) {
+        const int64_t qb = nb - 1 - item / a.q_heads;
+        const int64_t h = item % a.q_heads;
+        const int64_t kvh = h / group;
+        AttnTile t;
+        t.i0 = qb * B;
+        t.rows = std::min(B, len - t.i0);
+        t.j_lo = a.window > 0 ? std::max<int64_t>(0, t.i0 - a.window + 1) : 0;
+        t.nk = t.i0 + t.rows - t.j_lo;
+        t.q = a.q + (t0 + t.i0) * a.q_rs + h * d;
+        t.k = a.k + (t0 + t.j_lo) * a.k_rs + kvh * d;
+        t.v = a.v + (t0 + t.j_lo) * a.v_rs + kvh * d;
+        t.z = a.z + (t0 + t.i0) * z_rs + h * d;
+        t.q_rs = a.q_rs;
+        t.k_rs = a.k_rs;
+        t.v_rs = a.v_rs;
+        t.z_rs = z_rs;
+        t.head_dim = d;
+        t.window = a.window;
+        t.scale = a.scale;
+        t.softcap = a.softcap;
+        t.probs = (probs != nullptr && s == a.probs_seq) ? probs + (h * len + t.i0) * len : nullptr;
+        t.probs_rs = len;
+        t.scratch = scratch;
+        tile_fn(t);
+      }
+    }
+  }
+}
+
+// ---- Elementwise ----------------------------------------------------------------
+
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up, int64_t up_rs,
+                     float* out, int64_t rows, int64_t n) {
+  LOOM_CHECK(rows >= 0 && n >= 0);
+  const auto fn = Kernels().gated_row;
+#pragma omp parallel for schedule(static) if (rows * n >= kMinParallelElems && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) fn(act, gate + r * gate_rs, up + r * up_rs, out + r * n, n);
+}
+
+void ApplyActivation(Activation act, float* x, int64_t n) {
+  const auto fn = Kernels().activation_span;
+  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(act, x + b, e - b); });
+}
+
+void Softcap(float* x, int64_t n, float cap) {
+  LOOM_CHECK(cap > 0.0f) << "cap=" << cap;
+  const auto fn = Kernels().softcap_span;
+  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(x + b, e - b, cap); });
+}
+
+void Add(const float* x, float* y, int64_t n) {
+  const auto fn = Kernels().add_span;
+  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(x + b, y + b, e - b); });
+}
+
+void Scale(float* x, int64_t n, float s) {
+  const auto fn = Kernels().scale_span;
+  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(x + b, e - b, s); });
+}
+
+void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim, float* out) {
+  LOOM_CHECK(IsComputeDType(table_dtype));
+  const auto fn = Kernels().to_f32_span;
+  const int64_t esize = DTypeSize(table_dtype);
+#pragma omp parallel for schedule(static) if (tokens * dim >= kMinParallelElems && tokens > 1)
+  for (int64_t t = 0; t < tokens; ++t) {
+    fn(static_cast<const char*>(table) + static_cast<int64_t>(ids[t]) * dim * esize, table_dtype, out + t * dim,
+       dim);
+  }
+}
+
+void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n) {
+  LOOM_CHECK(IsComputeDType(dtype));
+  const auto fn = Kernels().from_f32_span;
+  const int64_t esize = DTypeSize(dtype);
+  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(src + b, static_cast<char*>(dst) + b * esize, dtype, e - b); });
+}
+
+void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
+  LOOM_CHECK(IsComputeDType(dtype));
+  const auto fn = Kernels().to_f32_span;
+  const int64_t esize = DTypeSize(dtype);
+  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(static_cast<const char*>(src) + b * esize, dtype, dst + b, e - b); });
+}
+
+// ---- Log-softmax ------------------------------------------------------------------
+
+void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse) {
+  LOOM_CHECK(rows >= 0 && vocab > 0);
+  const auto fn = Kernels().lse_row;
+#pragma omp parallel for schedule(static) if (rows * vocab >= kMinParallelElems && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) lse[r] = fn(logits + r * vocab, vocab);
+}
+
+// ---- Threads ----------------------------------------------------------------------
+
+int SetNumThreads(int n) {
+  if (n <= 0) n = omp_get_num_procs();
+  omp_set_num_threads(n);
+  return n;
+}
+
+int NumThreads() { return omp_get_max_threads(); }
+
+}  // namespace loom::cpu

@@ -1,0 +1,297 @@
+// GEMMs through oneDNN matmul primitives, cached per shape.
+//
+// f32 weights: f32 x f32 -> f32. bf16 weights: x is rounded to bf16 into the
+// caller's workspace, then bf16 x bf16 -> f32 (weights used in place, oneDNN
+// reads the [N, K] torch layout as B = W^T with strides {1, K}). f16 weights:
+// when the CPU has no native f16 matmul (oneDNN would pick its reference
+// implementation), x is rounded to f16 and kept as f32, the weights are
+// widened to f32 one column panel at a time into the workspace, and an f32
+// matmul runs per panel. f16 x f16 products are exact in f32, so this is the
+// same math as an f16 matmul with f32 accumulation.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/backend/cpu/kernels_internal.h"
+#include "src/base/check.h"
+
+namespace loom::cpu {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+// Columns of an f16 weight widened to f32 per panel (fallback path).
+constexpr int64_t kF16Panel = 256;
+
+constexpr int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+dt ToDnnl(DType d) {
+  switch (d) {
+    case DType::kF32: return dt::f32;
+    case DType::kBF16: return dt::bf16;
+    case DType::kF16: return dt::f16;
+    default: LOOM_CHECK(false) << "unsupported GEMM dtype " << static_cast<int>(d);
+  }
+  return dt::undef;
+}
+
+// Key of a cached primitive: every field that changes the primitive.
+using Key = std::array<int64_t, 16>;
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : k) {
+      h ^= static_cast<uint64_t>(v);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory src, wei, bias, dst;
+  bool has_bias = false;
+  bool is_ref = false;  // oneDNN chose its (slow) reference implementation
+};
+
+// Cache bound: past this many entries the cache is cleared (shapes in a model
+// are few; this only guards against unbounded growth with many distinct M).
+constexpr size_t kMaxEntries = 4096;
+
+}  // namespace
+
+struct GemmContext::Impl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::unordered_map<Key, Entry, KeyHash> cache;
+
+  // Plain 2D matmul: src [m, k] (row stride k), weights [k, n] with strides
+  // (w_rs, w_cs), dst [m, n] row stride ldy, optional bias [1, n].
+  Entry& Get2d(int64_t m, int64_t n, int64_t k, dt src_dt, dt w_dt, int64_t w_rs, int64_t w_cs,
+               bool bias, dt bias_dt, bool accumulate, int64_t ldy) {
+    const Key key = {1,
+                     m,
+                     n,
+                     k,
+                     static_cast<int64_t>(src_dt),
+                     static_cast<int64_t>(w_dt),
+                     w_rs,
+                     w_cs,
+                     bias,
+                     static_cast<int64_t>(bias_dt),
+                     accumulate,
+                     ldy,
+                     0,
+                     0,
+                     0,
+                     0};
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    if (cache.size() >= kMaxEntries) cache.clear();
+    dnnl::memory::desc src_md({m, k}, src_dt, dims{k, 1});
+    dnnl::memory::desc w_md({k, n}, w_dt, dims{w_rs, w_cs});
+    dnnl::memory::desc dst_md({m, n}, dt::f32, dims{ldy, 1});
+    dnnl::memory::desc b_md;
+    if (bias) b_md = dnnl::memory::desc({1, n}, bias_dt, dims{n, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    dnnl::matmul::desc desc = bias ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
+                                   : dnnl::matmul::desc(src_md, w_md, dst_md);
+    dnnl::matmul::primitive_desc pd(desc, attr, engine);
+    Entry e;
+    e.prim = dnnl::matmul(pd);
+    e.is_ref = std::string(pd.impl_info_str()).find("ref") != std::string::npos;
+    e.src = dnnl::memory(src_md, engine, DNNL_MEMORY_NONE);
+    e.wei = dnnl::memory(w_md, engine, DNNL_MEMORY_NONE);
+    e.dst = dnnl::memory(dst_md, engine, DNNL_MEMORY_NONE);
+    e.has_bias = bias;
+    if (bias) e.bias = dnnl::memory(b_md, engine, DNNL_MEMORY_NONE);
+    return cache.emplace(key, std::move(e)).first->second;
+  }
+
+  void Run(Entry& e, const void* src, const void* wei, const void* bias, float* dst) {
+    e.src.set_data_handle(const_cast<void*>(src));
+    e.wei.set_data_handle(const_cast<void*>(wei));
+    e.dst.set_data_handle(dst);
+    if (e.has_bias) {
+      e.bias.set_data_handle(const_cast<void*>(bias));
+      e.prim.execute(stream, {{DNNL_ARG_SRC, e.src},
+                              {DNNL_ARG_WEIGHTS, e.wei},
+                              {DNNL_ARG_BIAS, e.bias},
+                              {DNNL_ARG_DST, e.dst}});
+    } else {
+      e.prim.execute(stream, {{DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.wei}, {DNNL_ARG_DST, e.dst}});
+    }
+    stream.wait();
+  }
+
+  // Whether oneDNN has a real (non-reference) f16 matmul on this CPU.
+  int native_f16 = -1;
+  bool NativeF16() {
+    if (native_f16 < 0) {
+      try {
+        Entry& e = Get2d(64, 64, 64, dt::f16, dt::f16, 1, 64, false, dt::f32, false, 64);
+        native_f16 = e.is_ref ? 0 : 1;
+      } catch (const dnnl::error&) {
+        native_f16 = 0;
+      }
+    }
+    return native_f16 == 1;
+  }
+
+  void Gemm(const GemmArgs& a);
+  void GemmF16Panels(const GemmArgs& a, int64_t ldy);
+  void Matmul(const GemmContext::StridedMatmul& a);
+};
+
+int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype) {
+  switch (w_dtype) {
+    case DType::kBF16:
+    case DType::kF16:
+      // bf16/f16 copy of x; the f16 fallback needs an f32 copy of x plus one
+      // widened weight panel. Take the larger so either path fits.
+      return AlignUp(m * k * 4, 64) + AlignUp(kF16Panel * k * 4, 64);
+    default: return 0;
+  }
+}
+
+// Adds bias [n] (any supported dtype) to each of the m rows of y (row stride ldy).
+static void AddBiasRows(float* y, int64_t ldy, int64_t m, int64_t n, const void* bias, DType bias_dtype) {
+#pragma omp parallel for schedule(static) if (m * n > 65536)
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = y + i * ldy;
+    if (bias_dtype == DType::kF32) {
+      Add(static_cast<const float*>(bias), row, n);
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] += LoadScalarAsF32(bias, bias_dtype, j);
+    }
+  }
+}
+
+void GemmContext::Impl::Gemm(const GemmArgs& a) {
+  LOOM_CHECK(a.x != nullptr && a.w != nullptr && a.y != nullptr) << "null GEMM operand";
+  LOOM_CHECK(a.m > 0 && a.n > 0 && a.k > 0) << "m=" << a.m << " n=" << a.n << " k=" << a.k;
+  LOOM_CHECK(IsComputeDType(a.w_dtype)) << "w_dtype=" << static_cast<int>(a.w_dtype);
+  const int64_t ldy = a.ldy == 0 ? a.n : a.ldy;
+  LOOM_CHECK_GE(ldy, a.n);
+  const bool out_in = a.layout == WeightLayout::kOutIn;
+  const int64_t w_rs = out_in ? 1 : a.n;
+  const int64_t w_cs = out_in ? a.k : 1;
+  if (a.bias != nullptr) LOOM_CHECK(IsComputeDType(a.bias_dtype));
+
+  if (a.w_dtype == DType::kF16 && !NativeF16()) {
+    GemmF16Panels(a, ldy);
+    return;
+  }
+  const void* src = a.x;
+  if (a.w_dtype != DType::kF32) {
+    LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
+    LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0) << "workspace not 64-byte aligned";
+    ConvertFromF32(a.x, a.workspace, a.w_dtype, a.m * a.k);
+    src = a.workspace;
+  }
+  // oneDNN takes an f32 bias, or one of the weight's type.
+  const bool dnnl_bias = a.bias != nullptr && (a.bias_dtype == DType::kF32 || a.bias_dtype == a.w_dtype);
+  Entry& e = Get2d(a.m, a.n, a.k, ToDnnl(a.w_dtype), ToDnnl(a.w_dtype), w_rs, w_cs, dnnl_bias,
+                   dnnl_bias ? ToDnnl(a.bias_dtype) : dt::f32, a.accumulate, ldy);
+  Run(e, src, a.w, dnnl_bias ? a.bias : nullptr, a.y);
+  if (a.bias != nullptr && !dnnl_bias) AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
+}
+
+void GemmContext::Impl::GemmF16Panels(const GemmArgs& a, int64_t ldy) {
+  LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0) << "workspace not 64-byte aligned";
+  float* xr = static_cast<float*>(a.workspace);                                      // [m, k]
+  float* panel = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + AlignUp(a.m * a.k * 4, 64));  // [nc, k]
+  // x rounded to f16 (as f32).
+  RoundThroughF16(a.x, xr, a.m * a.k);
+  const uint16_t* w = static_cast<const uint16_t*>(a.w);
+  const bool out_in = a.layout == WeightLayout::kOutIn;
+  const bool dnnl_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
+  for (int64_t j0 = 0; j0 < a.n; j0 += kF16Panel) {
+    const int64_t nc = std::min(kF16Panel, a.n - j0);
+    if (out_in) {
+      // Rows j0..j0+nc of W [N, K] are contiguous: widen them as they are.
+      ConvertToF32(w + j0 * a.k, DType::kF16, panel, nc * a.k);
+    } else {
+      // Columns j0..j0+nc of W [K, N]: gather into a dense [K, nc] panel.
+#pragma omp parallel for schedule(static)
+      for (int64_t p = 0; p < a.k; ++p) ConvertToF32Serial(w + p * a.n + j0, DType::kF16, panel + p * nc, nc);
+    }
+    Entry& e = Get2d(a.m, nc, a.k, dt::f32, dt::f32, out_in ? 1 : nc, out_in ? a.k : 1, dnnl_bias, dt::f32,
+                     a.accumulate, ldy);
+    Run(e, xr, panel, dnnl_bias ? static_cast<const float*>(a.bias) + j0 : nullptr, a.y + j0);
+  }
+  if (a.bias != nullptr && !dnnl_bias) AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
+}
+
+void GemmContext::Impl::Matmul(const GemmContext::StridedMatmul& a) {
+  LOOM_CHECK(a.a != nullptr && a.b != nullptr && a.c != nullptr) << "null matmul operand";
+  LOOM_CHECK(a.batch > 0 && a.m > 0 && a.n > 0 && a.k > 0)
+      << "batch=" << a.batch << " m=" << a.m << " n=" << a.n << " k=" << a.k;
+  // Batch strides only matter when batch > 1; give oneDNN a harmless value otherwise.
+  const bool batched = a.batch > 1;
+  const Key key = {2,        a.batch, a.m,  a.n,  a.k,  a.a_rs, a.a_cs, batched ? a.a_bs : 0, a.b_rs, a.b_cs,
+                   batched ? a.b_bs : 0, a.c_rs, batched ? a.c_bs : 0, std::bit_cast<int32_t>(a.alpha), 0, 0};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxEntries) cache.clear();
+    const int64_t a_bs = batched ? a.a_bs : a.m * a.k;
+    const int64_t b_bs = batched ? a.b_bs : a.k * a.n;
+    const int64_t c_bs = batched ? a.c_bs : a.m * a.n;
+    dnnl::memory::desc a_md({a.batch, a.m, a.k}, dt::f32, dims{a_bs, a.a_rs, a.a_cs});
+    dnnl::memory::desc b_md({a.batch, a.k, a.n}, dt::f32, dims{b_bs, a.b_rs, a.b_cs});
+    dnnl::memory::desc c_md({a.batch, a.m, a.n}, dt::f32, dims{c_bs, a.c_rs, 1});
+    dnnl::primitive_attr attr;
+    if (a.alpha != 1.0f) attr.set_output_scales(0, {a.alpha});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+    Entry e;
+    e.prim = dnnl::matmul(pd);
+    e.src = dnnl::memory(a_md, engine, DNNL_MEMORY_NONE);
+    e.wei = dnnl::memory(b_md, engine, DNNL_MEMORY_NONE);
+    e.dst = dnnl::memory(c_md, engine, DNNL_MEMORY_NONE);
+    it = cache.emplace(key, std::move(e)).first;
+  }
+  Run(it->second, a.a, a.b, nullptr, a.c);
+}
+
+GemmContext::GemmContext() {
+  try {
+    impl_ = std::make_unique<Impl>();
+  } catch (const dnnl::error& e) {
+    LOOM_CHECK(false) << "oneDNN: " << e.what();
+  }
+}
+
+GemmContext::~GemmContext() = default;
+
+void GemmContext::Gemm(const GemmArgs& args) {
+  try {
+    impl_->Gemm(args);
+  } catch (const dnnl::error& e) {
+    LOOM_CHECK(false) << "oneDNN GEMM m=" << args.m << " n=" << args.n << " k=" << args.k << ": " << e.what();
+  }
+}
+
+void GemmContext::Matmul(const StridedMatmul& args) {
+  try {
+    impl_->Matmul(args);
+  } catch (const dnnl::error& e) {
+    LOOM_CHECK(false) << "oneDNN matmul batch=" << args.batch << " m=" << args.m << " n=" << args.n
+                      << " k=" << args.k << ": " << e.what();
+  }
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,87 @@
+// Internal to the CPU backend: per-row kernels behind the public entry points
+// of kernels.h, in a portable version (kernels_portable.cc) and an AVX-512
+// version (kernels_avx512.cc, compiled with -mavx512f/bw/dq/vl/bf16). The
+// entry points in kernels.cc split work over OpenMP threads and pick the
+// version once per process.
+#ifndef LOOM_BACKEND_CPU_KERNELS_INTERNAL_H_
+#define LOOM_BACKEND_CPU_KERNELS_INTERNAL_H_
+
+#include <cstdint>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/core/dtype.h"
+
+namespace loom::cpu {
+
+// True when the CPU (and OS) support AVX-512 F/BW/DQ/VL and AVX512_BF16.
+bool HasAvx512();
+
+// Reads element i of an F32/BF16/F16 array as f32.
+float LoadScalarAsF32(const void* p, DType dtype, int64_t i);
+// dst[i] = f32(f16(src[i])), n elements (serial).
+void RoundThroughF16(const float* src, float* dst, int64_t n);
+// ConvertToF32 without threading (for use inside parallel loops).
+void ConvertToF32Serial(const void* src, DType dtype, float* dst, int64_t n);
+
+// Query rows per attention tile.
+inline constexpr int64_t kAttnBlock = 64;
+
+// Geometry of one attention work item: query rows [i0, i0 + rows) of one
+// sequence (positions within the sequence), one query head.
+struct AttnTile {
+  const float* q;  // first query row of the tile, head h: [rows, head_dim], row stride q_rs
+  const float* k;  // key row of position j_lo, kv head: [nk, head_dim], row stride k_rs
+  const float* v;  // value row of position j_lo: [nk, head_dim], row stride v_rs
+  float* z;        // output row of the tile's first query: [rows, head_dim], row stride z_rs
+  int64_t q_rs, k_rs, v_rs, z_rs;
+  int64_t rows;    // <= kAttnBlock
+  int64_t i0;      // position of the first query row
+  int64_t j_lo;    // position of the first key considered
+  int64_t nk;      // keys considered: [j_lo, j_lo + nk)
+  int64_t head_dim;
+  int64_t window;  // <= 0: none
+  float scale, softcap;
+  float* probs;      // probs row of query i0 for this head: [rows, seq_len] (row stride probs_rs), or null
+  int64_t probs_rs;
+  float* scratch;    // AttnTileScratchFloats(max nk, head_dim) floats, 64-byte aligned
+};
+// Scratch floats one tile needs: Q^T [head_dim, kAttnBlock], S^T [nk, kAttnBlock]
+// and per-row statistics.
+int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim);
+
+namespace portable {
+void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y, int64_t dim);
+void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
+                  int64_t dim);
+void GatedRow(Activation act, const float* gate, const float* up, float* out, int64_t n);
+void ActivationSpan(Activation act, float* x, int64_t n);
+void SoftcapSpan(float* x, int64_t n, float cap);
+void AddSpan(const float* x, float* y, int64_t n);
+void ScaleSpan(float* x, int64_t n, float s);
+void FromF32Span(const float* src, void* dst, DType dtype, int64_t n);
+void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);
+double LogSumExpRow(const float* x, int64_t n);
+// One token: x [heads, head_dim], cos/sin [half].
+void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half);
+void AttentionTile(const AttnTile& t);
+}  // namespace portable
+
+namespace avx512 {
+void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y, int64_t dim);
+void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
+                  int64_t dim);
+void GatedRow(Activation act, const float* gate, const float* up, float* out, int64_t n);
+void ActivationSpan(Activation act, float* x, int64_t n);
+void SoftcapSpan(float* x, int64_t n, float cap);
+void AddSpan(const float* x, float* y, int64_t n);
+void ScaleSpan(float* x, int64_t n, float s);
+void FromF32Span(const float* src, void* dst, DType dtype, int64_t n);
+void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);
+double LogSumExpRow(const float* x, int64_t n);
+void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half);
+void AttentionTile(const AttnTile& t);
+}  // namespace avx512
+
+}  // namespace loom::cpu
+
+#endif  // LOOM_BACKEND_CPU_KERNELS_INTERNAL_H_

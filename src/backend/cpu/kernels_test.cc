@@ -1,0 +1,656 @@
+// Every kernel of kernels.h against its scalar reference, on odd shapes.
+//
+// Tolerances are derived from the unit roundoff u = 2^-24 of f32 and the size
+// of each reduction, never guessed: an f32 dot product of length k satisfies
+// |err| <= k u sum|a_i b_i| (the classic gamma_k bound), and every other bound
+// below is built from that and from the relative error of one rounded
+// operation (u) or one vectorised transcendental (a few u).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/backend/cpu/reference/reference_kernels.h"
+#include "src/base/float16.h"
+
+namespace loom::cpu {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // unit roundoff of f32
+
+// A 64-byte aligned buffer (workspaces must be aligned).
+struct AlignedBuf {
+  explicit AlignedBuf(int64_t bytes) {
+    size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 64) + 63) / 64 * 64;
+    p = std::aligned_alloc(64, n);
+    std::memset(p, 0xcd, n);  // garbage: kernels must not read scratch before writing it
+  }
+  ~AlignedBuf() { std::free(p); }
+  AlignedBuf(const AlignedBuf&) = delete;
+  AlignedBuf& operator=(const AlignedBuf&) = delete;
+  void* p;
+};
+
+std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Stores f32 values as `dtype` (returned as raw bytes).
+std::vector<uint16_t> To16(const std::vector<float>& v, DType dtype) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = dtype == DType::kBF16 ? F32ToBf16(v[i]) : F32ToF16(v[i]);
+  return out;
+}
+
+// Compares got against want element-wise with per-element tolerance tol[i];
+// on failure reports the count, the worst violation and where it is.
+void ExpectNear(const std::string& what, const float* got, const float* want, const std::vector<double>& tol,
+                int64_t n) {
+  int64_t bad = 0, worst = -1;
+  double worst_ratio = 0.0, max_err = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    max_err = std::max(max_err, err);
+    const bool ok = err <= tol[i] || (std::isnan(got[i]) && std::isnan(want[i])) ||
+                    (std::isinf(got[i]) && got[i] == want[i]);
+    if (!ok) {
+      ++bad;
+      const double ratio = tol[i] > 0 ? err / tol[i] : INFINITY;
+      if (worst < 0 || ratio > worst_ratio) worst_ratio = ratio, worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " elements out of tolerance; max |err| " << max_err
+                    << "; worst at index " << worst << ": got " << (worst >= 0 ? got[worst] : 0.0f) << " want "
+                    << (worst >= 0 ? want[worst] : 0.0f) << " tol " << (worst >= 0 ? tol[worst] : 0.0)
+                    << " (err/tol " << worst_ratio << ")";
+}
+
+void ExpectBitwise(const std::string& what, const void* got, const void* want, int64_t bytes) {
+  const auto* g = static_cast<const uint8_t*>(got);
+  const auto* w = static_cast<const uint8_t*>(want);
+  int64_t first = -1;
+  for (int64_t i = 0; i < bytes && first < 0; ++i)
+    if (g[i] != w[i]) first = i;
+  EXPECT_EQ(first, -1) << what << ": first differing byte " << first;
+}
+
+// ---- GEMM ---------------------------------------------------------------------------
+
+struct GemmCase {
+  int64_t m;
+  DType w_dtype;
+};
+
+class GemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmTest, MatchesReference) {
+  const auto [m, w_dtype] = GetParam();
+  GemmContext ctx;
+  const int64_t shapes[][2] = {{19, 37}, {64, 200}, {257, 130}, {33, 2048}};
+  uint32_t seed = 1;
+  for (const auto& [n, k] : shapes) {
+    for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+      for (int bias_kind = 0; bias_kind < 3; ++bias_kind) {  // none, f32, weight dtype
+        for (bool accumulate : {false, true}) {
+          for (int64_t ldy : {int64_t{0}, n + 5}) {
+            const int64_t ld = ldy == 0 ? n : ldy;
+            std::vector<float> x = Random(m * k, seed++);
+            std::vector<float> wf = Random(n * k, seed++);
+            std::vector<float> bf = Random(n, seed++);
+            std::vector<float> y0 = Random(m * ld, seed++);
+            std::vector<uint16_t> w16, b16;
+            const void* w = wf.data();
+            if (w_dtype != DType::kF32) {
+              w16 = To16(wf, w_dtype);
+              w = w16.data();
+            }
+            const void* bias = nullptr;
+            DType bias_dtype = DType::kF32;
+            if (bias_kind == 1) bias = bf.data();
+            if (bias_kind == 2) {
+              bias_dtype = w_dtype;
+              if (w_dtype == DType::kF32) {
+                bias = bf.data();
+              } else {
+                b16 = To16(bf, w_dtype);
+                bias = b16.data();
+              }
+            }
+            AlignedBuf ws(GemmWorkspaceBytes(m, k, w_dtype));
+            GemmArgs a;
+            a.x = x.data();
+            a.w = w;
+            a.w_dtype = w_dtype;
+            a.layout = layout;
+            a.bias = bias;
+            a.bias_dtype = bias_dtype;
+            a.ldy = ldy;
+            a.m = m;
+            a.n = n;
+            a.k = k;
+            a.accumulate = accumulate;
+            a.workspace = ws.p;
+            std::vector<float> got = y0, want = y0;
+            a.y = got.data();
+            ctx.Gemm(a);
+            a.y = want.data();
+            ref::Gemm(a);
+            // Bound: k-term dot (products exact for 16-bit inputs, rounded once
+            // for f32), plus the bias and accumulate additions.
+            std::vector<double> tol(m * ld, 0.0);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                double mag = 0.0;
+                for (int64_t p = 0; p < k; ++p) {
+                  const int64_t wi = layout == WeightLayout::kOutIn ? j * k + p : p * n + j;
+                  float xv = x[i * k + p];
+                  if (w_dtype == DType::kBF16) xv = RoundBf16(xv);
+                  if (w_dtype == DType::kF16) xv = F16ToF32(F32ToF16(xv));
+                  mag += std::abs(xv * ref::LoadAsF32(w, w_dtype, wi));
+                }
+                if (bias != nullptr) mag += std::abs(ref::LoadAsF32(bias, bias_dtype, j));
+                if (accumulate) mag += std::abs(y0[i * ld + j]);
+                tol[i * ld + j] = 2.0 * (k + 2) * kU * mag;
+              }
+            }
+            ExpectNear("gemm m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                           " dtype=" + std::string(DTypeName(w_dtype)) + " layout=" +
+                           std::to_string(static_cast<int>(layout)) + " bias=" + std::to_string(bias_kind) +
+                           " acc=" + std::to_string(accumulate) + " ldy=" + std::to_string(ldy),
+                       got.data(), want.data(), tol, m * ld);
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
+                         ::testing::Values(GemmCase{1, DType::kF32}, GemmCase{3, DType::kF32},
+                                           GemmCase{17, DType::kF32}, GemmCase{129, DType::kF32},
+                                           GemmCase{1, DType::kBF16}, GemmCase{3, DType::kBF16},
+                                           GemmCase{17, DType::kBF16}, GemmCase{129, DType::kBF16},
+                                           GemmCase{1, DType::kF16}, GemmCase{17, DType::kF16},
+                                           GemmCase{129, DType::kF16}));
+
+// bf16 GEMM against the exact f32 product: the only extra error is rounding
+// each activation to bf16, at most 2^-8 relative per element.
+TEST(GemmBf16, ActivationRoundingBound) {
+  GemmContext ctx;
+  const int64_t m = 17, n = 45, k = 333;
+  std::vector<float> x = Random(m * k, 7), wf = Random(n * k, 8);
+  // Weights exactly representable in bf16, so only x is rounded.
+  for (auto& v : wf) v = RoundBf16(v);
+  std::vector<uint16_t> w16 = To16(wf, DType::kBF16);
+  AlignedBuf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+  std::vector<float> got(m * n), want(m * n);
+  GemmArgs a;
+  a.x = x.data();
+  a.w = w16.data();
+  a.w_dtype = DType::kBF16;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.y = got.data();
+  a.workspace = ws.p;
+  ctx.Gemm(a);
+  a.w = wf.data();
+  a.w_dtype = DType::kF32;
+  a.y = want.data();
+  ref::Gemm(a);
+  std::vector<double> tol(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double mag = 0.0;
+      for (int64_t p = 0; p < k; ++p) mag += std::abs(x[i * k + p] * wf[j * k + p]);
+      tol[i * n + j] = (std::ldexp(1.0, -8) + 2.0 * k * kU) * mag;
+    }
+  ExpectNear("bf16 vs exact", got.data(), want.data(), tol, m * n);
+}
+
+TEST(StridedMatmul, AttentionShapes) {
+  GemmContext ctx;
+  // QK^T per head: A = q [T, H, D] (head batch), B = K^T read from k [T, H, D].
+  for (int64_t t : {int64_t{1}, int64_t{7}, int64_t{65}}) {
+    for (int64_t heads : {int64_t{1}, int64_t{3}}) {
+      const int64_t d = 24, rs = heads * d + 8;
+      std::vector<float> q = Random(t * rs, 11), k = Random(t * rs, 12);
+      GemmContext::StridedMatmul mm{};
+      mm.a = q.data(), mm.a_rs = rs, mm.a_cs = 1, mm.a_bs = d;
+      mm.b = k.data(), mm.b_rs = 1, mm.b_cs = rs, mm.b_bs = d;
+      std::vector<float> got(heads * t * t), want(heads * t * t);
+      mm.c_rs = t, mm.c_bs = t * t;
+      mm.batch = heads, mm.m = t, mm.n = t, mm.k = d;
+      mm.alpha = 0.125f;
+      mm.c = got.data();
+      ctx.Matmul(mm);
+      mm.c = want.data();
+      ref::Matmul(mm);
+      std::vector<double> tol(got.size());
+      for (int64_t b = 0; b < heads; ++b)
+        for (int64_t i = 0; i < t; ++i)
+          for (int64_t j = 0; j < t; ++j) {
+            double mag = 0.0;
+            for (int64_t p = 0; p < d; ++p) mag += std::abs(q[i * rs + b * d + p] * k[j * rs + b * d + p]);
+            tol[(b * t + i) * t + j] = 2.0 * (d + 1) * kU * mag * mm.alpha;
+          }
+      ExpectNear("qk t=" + std::to_string(t) + " heads=" + std::to_string(heads), got.data(), want.data(), tol,
+                 static_cast<int64_t>(got.size()));
+      // PV: C[t, d] = P[t, t] V[t, d] with V read from a strided buffer.
+      std::vector<float> p = Random(heads * t * t, 13, 0.0f, 1.0f);
+      GemmContext::StridedMatmul pv{};
+      pv.a = p.data(), pv.a_rs = t, pv.a_cs = 1, pv.a_bs = t * t;
+      pv.b = k.data(), pv.b_rs = rs, pv.b_cs = 1, pv.b_bs = d;
+      std::vector<float> got2(t * heads * d), want2(t * heads * d);
+      pv.c_rs = heads * d, pv.c_bs = d;
+      pv.batch = heads, pv.m = t, pv.n = d, pv.k = t;
+      pv.c = got2.data();
+      ctx.Matmul(pv);
+      pv.c = want2.data();
+      ref::Matmul(pv);
+      std::vector<double> tol2(got2.size());
+      for (int64_t b = 0; b < heads; ++b)
+        for (int64_t i = 0; i < t; ++i)
+          for (int64_t j = 0; j < d; ++j) {
+            double mag = 0.0;
+            for (int64_t l = 0; l < t; ++l) mag += std::abs(p[(b * t + i) * t + l] * k[l * rs + b * d + j]);
+            tol2[i * heads * d + b * d + j] = 2.0 * (t + 1) * kU * mag;
+          }
+      ExpectNear("pv t=" + std::to_string(t) + " heads=" + std::to_string(heads), got2.data(), want2.data(), tol2,
+                 static_cast<int64_t>(got2.size()));
+    }
+  }
+}
+
+// ---- Norms ---------------------------------------------------------------------------
+
+TEST(Norms, RmsNorm) {
+  for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{129}}) {
+    for (int64_t dim : {int64_t{7}, int64_t{64}, int64_t{2048}, int64_t{2051}}) {
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (float offset : {0.0f, 1.0f}) {
+          for (bool has_w : {true, false}) {
+            std::vector<float> x = Random(rows * dim, 21, -3.0f, 3.0f), wf = Random(dim, 22);
+            std::vector<uint16_t> w16 = To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
+            const void* w = has_w ? (dt == DType::kF32 ? static_cast<const void*>(wf.data()) : w16.data()) : nullptr;
+            std::vector<float> got(rows * dim), want(rows * dim);
+            RmsNorm(x.data(), w, dt, offset, 1e-6f, got.data(), rows, dim);
+            ref::RmsNorm(x.data(), w, dt, offset, 1e-6f, want.data(), rows, dim);
+            // Sum of squares: <= dim u relative; rsqrt and two products: a few u.
+            std::vector<double> tol(rows * dim);
+            for (int64_t i = 0; i < rows * dim; ++i) tol[i] = (0.5 * dim + 6.0) * kU * std::abs(want[i]) + 1e-30;
+            ExpectNear("rmsnorm rows=" + std::to_string(rows) + " dim=" + std::to_string(dim), got.data(),
+                       want.data(), tol, rows * dim);
+            // In place.
+            std::vector<float> inplace = x;
+            RmsNorm(inplace.data(), w, dt, offset, 1e-6f, inplace.data(), rows, dim);
+            ExpectBitwise("rmsnorm in place", inplace.data(), got.data(), rows * dim * 4);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Norms, LayerNorm) {
+  for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{129}}) {
+    for (int64_t dim : {int64_t{7}, int64_t{64}, int64_t{768}, int64_t{2051}}) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (bool affine : {true, false}) {
+          // An offset mean makes the centring matter.
+          std::vector<float> x = Random(rows * dim, 31, 1.0f, 4.0f), wf = Random(dim, 32), bf = Random(dim, 33);
+          std::vector<uint16_t> w16 = To16(wf, DType::kBF16), b16 = To16(bf, DType::kBF16);
+          const void* w = affine ? (dt == DType::kF32 ? static_cast<const void*>(wf.data()) : w16.data()) : nullptr;
+          const void* b = affine ? (dt == DType::kF32 ? static_cast<const void*>(bf.data()) : b16.data()) : nullptr;
+          std::vector<float> got(rows * dim), want(rows * dim);
+          LayerNorm(x.data(), w, b, dt, 1e-5f, got.data(), rows, dim);
+          ref::LayerNorm(x.data(), w, b, dt, 1e-5f, want.data(), rows, dim);
+          std::vector<double> tol(rows * dim);
+          for (int64_t r = 0; r < rows; ++r) {
+            double mean = 0.0, var = 0.0;
+            for (int64_t i = 0; i < dim; ++i) mean += x[r * dim + i];
+            mean /= dim;
+            for (int64_t i = 0; i < dim; ++i) var += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
+            const double rstd = 1.0 / std::sqrt(var / dim + 1e-5);
+            for (int64_t i = 0; i < dim; ++i) {
+              const double wv = w ? std::abs(ref::LoadAsF32(w, dt, i)) : 1.0;
+              const double bv = b ? std::abs(ref::LoadAsF32(b, dt, i)) : 0.0;
+              // Mean error (dim u |x|) propagated through rstd*w, variance error
+              // (dim u relative), and a few roundings of the output.
+              const double centred = std::abs(x[r * dim + i] - mean) * rstd * wv;
+              tol[r * dim + i] = dim * kU * std::abs(mean) * rstd * wv + (0.5 * dim + 6.0) * kU * centred + 2 * kU * bv;
+            }
+          }
+          ExpectNear("layernorm rows=" + std::to_string(rows) + " dim=" + std::to_string(dim), got.data(),
+                     want.data(), tol, rows * dim);
+        }
+      }
+    }
+  }
+}
+
+// ---- RoPE -------------------------------------------------------------------------------
+
+TEST(Rope, TablesAndApply) {
+  for (int64_t head_dim : {int64_t{8}, int64_t{64}, int64_t{80}, int64_t{128}}) {
+    for (bool partial : {false, true}) {
+      const int64_t half = partial ? head_dim / 4 : head_dim / 2;  // partial rotary (e.g. phi)
+      const int64_t tokens = 37, heads = 3, rs = heads * head_dim + 5;
+      std::vector<int32_t> pos(tokens);
+      for (int64_t t = 0; t < tokens; ++t) pos[t] = static_cast<int32_t>(t * 113 % 4099);
+      std::vector<float> inv_freq(half);
+      for (int64_t i = 0; i < half; ++i)
+        inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, static_cast<double>(2 * i) / (2 * half)));
+      const float scaling = 1.0f;
+      std::vector<float> cg(tokens * half), sg(tokens * half), cw(tokens * half), sw(tokens * half);
+      RopeTables(pos.data(), tokens, inv_freq.data(), half, scaling, cg.data(), sg.data());
+      ref::RopeTables(pos.data(), tokens, inv_freq.data(), half, scaling, cw.data(), sw.data());
+      // cos/sin of the same f32 angle: one rounding of the function (libm is
+      // within 1 ulp) plus the scaling product.
+      std::vector<double> tt(tokens * half);
+      for (int64_t i = 0; i < tokens * half; ++i) tt[i] = 2 * kU * std::max(std::abs(cw[i]), 1e-30f);
+      ExpectNear("rope cos", cg.data(), cw.data(), tt, tokens * half);
+      for (int64_t i = 0; i < tokens * half; ++i) tt[i] = 2 * kU * std::max(std::abs(sw[i]), 1e-30f);
+      ExpectNear("rope sin", sg.data(), sw.data(), tt, tokens * half);
+
+      std::vector<float> x = Random(tokens * rs, 41), got = x, want = x;
+      ApplyRope(got.data(), tokens, heads, head_dim, rs, cw.data(), sw.data(), half);
+      ref::ApplyRope(want.data(), tokens, heads, head_dim, rs, cw.data(), sw.data(), half);
+      std::vector<double> tol(tokens * rs, 0.0);
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            const float* v = &x[t * rs + h * head_dim];
+            const double c = std::abs(cw[t * half + i]), s = std::abs(sw[t * half + i]);
+            const double mag = std::abs(v[i]) * c + std::abs(v[i + half]) * s;
+            const double mag2 = std::abs(v[i + half]) * c + std::abs(v[i]) * s;
+            tol[t * rs + h * head_dim + i] = 3 * kU * mag;
+            tol[t * rs + h * head_dim + i + half] = 3 * kU * mag2;
+          }
+      ExpectNear("rope apply head_dim=" + std::to_string(head_dim), got.data(), want.data(), tol, tokens * rs);
+    }
+  }
+}
+
+// ---- Attention --------------------------------------------------------------------------
+
+struct AttnCase {
+  int64_t head_dim, ratio, window;
+  float softcap;
+};
+
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionTest, MatchesReference) {
+  const auto [d, ratio, window, softcap] = GetParam();
+  const int64_t kv_heads = 2, q_heads = kv_heads * ratio;
+  const std::vector<int64_t> lens = {1, 7, 33, 300};
+  std::vector<int64_t> starts = {0};
+  for (int64_t l : lens) starts.push_back(starts.back() + l);
+  const int64_t T = starts.back();
+  // q, k, v interleaved in one fused [T, (q_heads + 2 kv_heads) d] buffer, as a
+  // fused QKV projection would leave them.
+  const int64_t rs = (q_heads + 2 * kv_heads) * d;
+  std::vector<float> qkv = Random(T * rs, 51, -2.0f, 2.0f);
+  AttentionArgs a;
+  a.q = qkv.data(), a.q_rs = rs;
+  a.k = qkv.data() + q_heads * d, a.k_rs = rs;
+  a.v = qkv.data() + (q_heads + kv_heads) * d, a.v_rs = rs;
+  a.seq_start = starts.data();
+  a.num_seqs = static_cast<int64_t>(lens.size());
+  a.q_heads = q_heads, a.kv_heads = kv_heads, a.head_dim = d;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  a.softcap = softcap;
+  a.window = window;
+  const int64_t probs_seq = 3, pl = lens[probs_seq];
+  std::vector<float> got(T * q_heads * d), want(T * q_heads * d);
+  std::vector<float> pgot(q_heads * pl * pl, -1.0f), pwant(q_heads * pl * pl);
+  const int64_t ws_bytes = AttentionWorkspaceBytes(300, q_heads, d, NumThreads());
+  AlignedBuf ws(ws_bytes);
+  a.workspace = ws.p;
+  a.z = got.data();
+  a.probs = pgot.data(), a.probs_seq = probs_seq;
+  GemmContext ctx;
+  Attention(ctx, a);
+  a.z = want.data();
+  a.probs = pwant.data();
+  ref::Attention(a);
+
+  // Bounds per query row: score error ds = d u scale sum|q k| (+ softcap's few
+  // u of cap); a probability then has relative error <= 2 ds + (L + 8) u
+  // (exp, max shift, f32 sum of L terms, normalisation); z sums L products.
+  const int64_t group = q_heads / kv_heads;
+  std::vector<double> tol(got.size()), ptol(pgot.size());
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t t0 = starts[s], len = lens[s];
+    for (int64_t h = 0; h < q_heads; ++h) {
+      const int64_t kvh = h / group;
+      for (int64_t i = 0; i < len; ++i) {
+        double ds = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double mag = 0.0;
+          for (int64_t p = 0; p < d; ++p)
+            mag += std::abs(qkv[(t0 + i) * rs + h * d + p] * qkv[(t0 + j) * rs + (q_heads + kvh) * d + p]);
+          ds = std::max(ds, (d + 2) * kU * mag * a.scale);
+        }
+        if (softcap > 0) ds += 8 * kU * softcap;
+        const double rel = 2 * ds + (len + 8) * kU;
+        // Probability of key j for this query, from the reference.
+        std::vector<double> pj(len, 0.0);
+        if (s == probs_seq) {
+          for (int64_t j = 0; j < len; ++j) {
+            pj[j] = pwant[(h * len + i) * len + j];
+            ptol[(h * len + i) * len + j] = 2 * rel * pj[j] + 1e-30;
+          }
+        }
+        for (int64_t p = 0; p < d; ++p) {
+          // sum_j p_j |v_j| bounded by max |v_j| over the visible keys.
+          double vmax = 0.0;
+          for (int64_t j = 0; j <= i; ++j)
+            vmax = std::max<double>(vmax, std::abs(qkv[(t0 + j) * rs + (q_heads + kv_heads + kvh) * d + p]));
+          tol[(t0 + i) * q_heads * d + h * d + p] = 2 * rel * vmax + 1e-30;
+        }
+      }
+    }
+  }
+  const std::string name = "attention d=" + std::to_string(d) + " ratio=" + std::to_string(ratio) +
+                           " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap);
+  ExpectNear(name + " z", got.data(), want.data(), tol, static_cast<int64_t>(got.size()));
+  ExpectNear(name + " probs", pgot.data(), pwant.data(), ptol, static_cast<int64_t>(pgot.size()));
+
+  // Deterministic, and independent of the number of threads.
+  std::vector<float> again(got.size()), one_thread(got.size());
+  a.probs = nullptr;
+  a.z = again.data();
+  Attention(ctx, a);
+  ExpectBitwise(name + " repeat", again.data(), got.data(), static_cast<int64_t>(got.size()) * 4);
+  a.z = one_thread.data();
+  a.workspace_bytes = AttentionWorkspaceBytes(300, q_heads, d, 1);
+  Attention(ctx, a);
+  ExpectBitwise(name + " one thread", one_thread.data(), got.data(), static_cast<int64_t>(got.size()) * 4);
+}
+
+std::vector<AttnCase> AttnCases() {
+  std::vector<AttnCase> cases;
+  for (int64_t d : {8, 16, 64, 128})
+    for (int64_t ratio : {1, 2, 4})
+      for (int64_t window : {0, 40})
+        for (float cap : {0.0f, 30.0f}) cases.push_back({d, ratio, window, cap});
+  cases.push_back({64, 2, 5, 0.0f});    // window shorter than a block
+  cases.push_back({64, 1, 64, 50.0f});  // window == block
+  cases.push_back({80, 1, 0, 0.0f});    // head_dim not a multiple of 16
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()));
+
+// ---- Elementwise -------------------------------------------------------------------------
+
+double ActTol(Activation act, double x, double ref) {
+  switch (act) {
+    case Activation::kSilu: return (8.0 + 2.0 * std::abs(x)) * kU * std::abs(ref) + 1e-37;
+    case Activation::kGeluTanh: {
+      const double arg = 2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x);
+      const double sig = 1.0 / (1.0 + std::exp(-arg));
+      return (8.0 + 4.0 * std::abs(arg) * (1.0 - sig)) * kU * std::abs(ref) + 1e-37;
+    }
+    case Activation::kGeluExact: {
+      const double z = x / std::sqrt(2.0);
+      return (16.0 + 4.0 * z * z) * kU * std::abs(ref) + 1e-37;
+    }
+    case Activation::kRelu: return 0.0;
+  }
+  return 0.0;
+}
+
+TEST(Elementwise, Activations) {
+  for (Activation act : {Activation::kSilu, Activation::kGeluTanh, Activation::kGeluExact, Activation::kRelu}) {
+    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{1000}, int64_t{100003}}) {
+      std::vector<float> x = Random(n, 61, -12.0f, 12.0f);
+      if (n > 3) x[0] = 0.0f, x[1] = -30.0f, x[2] = 30.0f;
+      std::vector<float> got = x, want = x;
+      ApplyActivation(act, got.data(), n);
+      ref::ApplyActivation(act, want.data(), n);
+      std::vector<double> tol(n);
+      for (int64_t i = 0; i < n; ++i) tol[i] = ActTol(act, x[i], want[i]);
+      ExpectNear("act " + std::to_string(static_cast<int>(act)) + " n=" + std::to_string(n), got.data(),
+                 want.data(), tol, n);
+    }
+  }
+}
+
+TEST(Elementwise, GatedActivation) {
+  for (Activation act : {Activation::kSilu, Activation::kGeluTanh, Activation::kGeluExact, Activation::kRelu}) {
+    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{129}}) {
+      const int64_t n = 181;
+      // Fused [gate | up] rows.
+      std::vector<float> gu = Random(rows * 2 * n, 71, -6.0f, 6.0f);
+      std::vector<float> got(rows * n), want(rows * n);
+      GatedActivation(act, gu.data(), 2 * n, gu.data() + n, 2 * n, got.data(), rows, n);
+      ref::GatedActivation(act, gu.data(), 2 * n, gu.data() + n, 2 * n, want.data(), rows, n);
+      std::vector<double> tol(rows * n);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; ++i) {
+          const double g = gu[r * 2 * n + i], u = gu[r * 2 * n + n + i];
+          const double av = ref::ActivationScalar(act, static_cast<float>(g));
+          tol[r * n + i] = ActTol(act, g, av) * std::abs(u) + kU * std::abs(want[r * n + i]) + 1e-37;
+        }
+      ExpectNear("gated act " + std::to_string(static_cast<int>(act)) + " rows=" + std::to_string(rows), got.data(),
+                 want.data(), tol, rows * n);
+    }
+  }
+}
+
+TEST(Elementwise, Softcap) {
+  for (float cap : {30.0f, 50.0f}) {
+    for (int64_t n : {int64_t{5}, int64_t{1000}, int64_t{70001}}) {
+      std::vector<float> x = Random(n, 81, -200.0f, 200.0f);
+      for (int64_t i = 0; i < std::min<int64_t>(n, 50); ++i) x[i] *= 1e-4f;  // tiny values: relative accuracy
+      std::vector<float> got = x, want = x;
+      Softcap(got.data(), n, cap);
+      ref::Softcap(want.data(), n, cap);
+      std::vector<double> tol(n);
+      for (int64_t i = 0; i < n; ++i) tol[i] = 8 * kU * std::abs(want[i]) + 1e-37;
+      ExpectNear("softcap", got.data(), want.data(), tol, n);
+    }
+  }
+}
+
+TEST(Elementwise, AddScaleExact) {
+  for (int64_t n : {int64_t{1}, int64_t{31}, int64_t{100001}}) {
+    std::vector<float> x = Random(n, 91), y = Random(n, 92);
+    std::vector<float> got = y, want = y;
+    Add(x.data(), got.data(), n);
+    ref::Add(x.data(), want.data(), n);
+    ExpectBitwise("add", got.data(), want.data(), n * 4);
+    got = x, want = x;
+    Scale(got.data(), n, 0.3f);
+    ref::Scale(want.data(), n, 0.3f);
+    ExpectBitwise("scale", got.data(), want.data(), n * 4);
+  }
+}
+
+TEST(Elementwise, ConvertExact) {
+  for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{100003}}) {
+    std::vector<float> x = Random(n, 101, -70000.0f, 70000.0f);
+    if (n > 8) {
+      x[0] = NAN, x[1] = INFINITY, x[2] = -INFINITY, x[3] = 0.0f, x[4] = -0.0f;
+      x[5] = 1e-40f;                             // denormal
+      x[6] = std::bit_cast<float>(0x3f808000u);  // bf16 tie: rounds to even
+      x[7] = std::bit_cast<float>(0x3f818000u);  // bf16 tie: rounds up to even
+    }
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+      const int64_t es = DTypeSize(dt);
+      std::vector<uint8_t> got(n * es), want(n * es);
+      ConvertFromF32(x.data(), got.data(), dt, n);
+      ref::ConvertFromF32(x.data(), want.data(), dt, n);
+      // NaN payloads may differ; compare NaN-ness for those.
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = ref::LoadAsF32(got.data(), dt, i), w = ref::LoadAsF32(want.data(), dt, i);
+        if (std::isnan(w)) {
+          EXPECT_TRUE(std::isnan(g)) << "index " << i;
+          std::memcpy(&got[i * es], &want[i * es], es);
+        }
+      }
+      ExpectBitwise("from f32 " + std::string(DTypeName(dt)), got.data(), want.data(), n * es);
+      std::vector<float> back(n), back_ref(n);
+      ConvertToF32(want.data(), dt, back.data(), n);
+      ref::ConvertToF32(want.data(), dt, back_ref.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        if (std::isnan(back_ref[i]) && std::isnan(back[i])) back[i] = back_ref[i];
+      ExpectBitwise("to f32 " + std::string(DTypeName(dt)), back.data(), back_ref.data(), n * 4);
+    }
+  }
+}
+
+TEST(Elementwise, GatherExact) {
+  const int64_t vocab = 50, dim = 70, tokens = 9;
+  std::vector<float> tf = Random(vocab * dim, 111);
+  std::vector<int32_t> ids = {0, 49, 3, 3, 17, 8, 0, 22, 41};
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> t16 = To16(tf, dt == DType::kF32 ? DType::kBF16 : dt);
+    const void* table = dt == DType::kF32 ? static_cast<const void*>(tf.data()) : t16.data();
+    std::vector<float> got(tokens * dim), want(tokens * dim);
+    Gather(table, dt, ids.data(), tokens, dim, got.data());
+    ref::Gather(table, dt, ids.data(), tokens, dim, want.data());
+    ExpectBitwise("gather " + std::string(DTypeName(dt)), got.data(), want.data(), tokens * dim * 4);
+  }
+}
+
+TEST(LogSumExp, MatchesReference) {
+  for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{17}}) {
+    for (int64_t vocab : {int64_t{2}, int64_t{1000}, int64_t{32000}, int64_t{32003}}) {
+      std::vector<float> x = Random(rows * vocab, 121, -20.0f, 25.0f);
+      std::vector<double> got(rows), want(rows);
+      LogSumExp(x.data(), rows, vocab, got.data());
+      ref::LogSumExp(x.data(), rows, vocab, want.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        // f32 exps (a few u each, relative) summed in double: log adds a few u absolute.
+        const double tol = 8 * kU + 2 * kU * std::abs(want[r]);
+        EXPECT_NEAR(got[r], want[r], tol) << "rows=" << rows << " vocab=" << vocab << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(Threads, SetAndGet) {
+  const int before = NumThreads();
+  EXPECT_EQ(SetNumThreads(1), 1);
+  EXPECT_EQ(NumThreads(), 1);
+  EXPECT_GE(SetNumThreads(0), 1);
+  SetNumThreads(before);
+}
+
+}  // namespace
+}  // namespace loom::cpu

@@ -1,0 +1,252 @@
+#include "src/backend/cpu/reference/reference_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "src/base/check.h"
+#include "src/base/float16.h"
+
+namespace loom::cpu::ref {
+
+float LoadAsF32(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default: LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
+  }
+  return 0.0f;
+}
+
+// Rounds an f32 activation to the compute type of a `dtype` weight.
+static float RoundTo(float x, DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return Bf16ToF32(F32ToBf16(x));
+    case DType::kF16: return F16ToF32(F32ToF16(x));
+    default: return x;
+  }
+}
+
+void Gemm(const GemmArgs& a) {
+  const int64_t ldy = a.ldy == 0 ? a.n : a.ldy;
+  for (int64_t i = 0; i < a.m; ++i) {
+    for (int64_t j = 0; j < a.n; ++j) {
+      double acc = 0.0;
+      for (int64_t p = 0; p < a.k; ++p) {
+        const float xv = RoundTo(a.x[i * a.k + p], a.w_dtype);
+        const int64_t widx = a.layout == WeightLayout::kOutIn ? j * a.k + p : p * a.n + j;
+        acc += static_cast<double>(xv) * LoadAsF32(a.w, a.w_dtype, widx);
+      }
+      if (a.bias != nullptr) acc += LoadAsF32(a.bias, a.bias_dtype, j);
+      float* out = &a.y[i * ldy + j];
+      *out = static_cast<float>(a.accumulate ? acc + *out : acc);
+    }
+  }
+}
+
+void Matmul(const GemmContext::StridedMatmul& a) {
+  for (int64_t b = 0; b < a.batch; ++b) {
+    for (int64_t i = 0; i < a.m; ++i) {
+      for (int64_t j = 0; j < a.n; ++j) {
+        double acc = 0.0;
+        for (int64_t p = 0; p < a.k; ++p) {
+          acc += static_cast<double>(a.a[b * a.a_bs + i * a.a_rs + p * a.a_cs]) *
+                 a.b[b * a.b_bs + p * a.b_rs + j * a.b_cs];
+        }
+        a.c[b * a.c_bs + i * a.c_rs + j] = static_cast<float>(a.alpha * acc);
+      }
+    }
+  }
+}
+
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
+             int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + eps);
+    for (int64_t i = 0; i < dim; ++i) {
+      double v = x[r * dim + i] * inv;
+      if (w != nullptr) v *= static_cast<double>(LoadAsF32(w, w_dtype, i)) + offset;
+      y[r * dim + i] = static_cast<float>(v);
+    }
+  }
+}
+
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
+               int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < dim; ++i) sum += x[r * dim + i];
+    const double mean = sum / dim;
+    double var = 0.0;
+    for (int64_t i = 0; i < dim; ++i) {
+      const double d = x[r * dim + i] - mean;
+      var += d * d;
+    }
+    const double inv = 1.0 / std::sqrt(var / dim + eps);
+    for (int64_t i = 0; i < dim; ++i) {
+      double v = (x[r * dim + i] - mean) * inv;
+      if (w != nullptr) v *= LoadAsF32(w, w_dtype, i);
+      if (b != nullptr) v += LoadAsF32(b, w_dtype, i);
+      y[r * dim + i] = static_cast<float>(v);
+    }
+  }
+}
+
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
+                float attention_scaling, float* cos, float* sin) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[t]) * inv_freq[i];  // f32 product
+      cos[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling;
+      sin[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling;
+    }
+  }
+}
+
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
+               const float* cos, const float* sin, int64_t half) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * row_stride + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const double c = cos[t * half + i], s = sin[t * half + i];
+        const double x1 = v[i], x2 = v[i + half];
+        v[i] = static_cast<float>(x1 * c - x2 * s);
+        v[i + half] = static_cast<float>(x2 * c + x1 * s);
+      }
+    }
+  }
+}
+
+void Attention(const AttentionArgs& a) {
+  const int64_t group = a.q_heads / a.kv_heads;
+  const int64_t d = a.head_dim;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t t0 = a.seq_start[s];
+    const int64_t len = a.seq_start[s + 1] - t0;
+    std::vector<double> scores(len * len);
+    for (int64_t h = 0; h < a.q_heads; ++h) {
+      const int64_t kvh = h / group;
+      for (int64_t i = 0; i < len; ++i) {
+        const float* q = a.q + (t0 + i) * a.q_rs + h * d;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < len; ++j) {
+          const bool visible = j <= i && (a.window <= 0 || i - j < a.window);
+          if (!visible) {
+            scores[i * len + j] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
+          const float* k = a.k + (t0 + j) * a.k_rs + kvh * d;
+          double dot = 0.0;
+          for (int64_t p = 0; p < d; ++p) dot += static_cast<double>(q[p]) * k[p];
+          dot *= a.scale;
+          if (a.softcap > 0.0f) dot = a.softcap * std::tanh(dot / a.softcap);
+          scores[i * len + j] = dot;
+          mx = std::max(mx, dot);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < len; ++j) {
+          double& e = scores[i * len + j];
+          e = std::isinf(e) ? 0.0 : std::exp(e - mx);
+          sum += e;
+        }
+        for (int64_t j = 0; j < len; ++j) scores[i * len + j] /= sum;
+        float* z = a.z + (t0 + i) * a.q_heads * d + h * d;
+        for (int64_t p = 0; p < d; ++p) {
+          double acc = 0.0;
+          for (int64_t j = 0; j <= i; ++j) {
+            acc += scores[i * len + j] * a.v[(t0 + j) * a.v_rs + kvh * d + p];
+          }
+          z[p] = static_cast<float>(acc);
+        }
+        if (a.probs != nullptr && s == a.probs_seq) {
+          for (int64_t j = 0; j < len; ++j) {
+            a.probs[(h * len + i) * len + j] = static_cast<float>(scores[i * len + j]);
+          }
+        }
+      }
+    }
+  }
+}
+
+float ActivationScalar(Activation act, float xf) {
+  const double x = xf;
+  switch (act) {
+    case Activation::kSilu: return static_cast<float>(x / (1.0 + std::exp(-x)));
+    case Activation::kGeluTanh: {
+      const double kSqrt2OverPi = 0.7978845608028654;
+      // 0.5 x (1 + tanh(u)) written as x sigmoid(2u): the same function without
+      // the cancellation of 1 + tanh(u) for x << 0.
+      return static_cast<float>(x / (1.0 + std::exp(-2.0 * kSqrt2OverPi * (x + 0.044715 * x * x * x))));
+    }
+    // 0.5 x (1 + erf(x / sqrt 2)) == 0.5 x erfc(-x / sqrt 2), accurate for x << 0.
+    case Activation::kGeluExact: return static_cast<float>(0.5 * x * std::erfc(-x / std::sqrt(2.0)));
+    case Activation::kRelu: return xf > 0.0f ? xf : 0.0f;
+  }
+  return 0.0f;
+}
+
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up,
+                     int64_t up_rs, float* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      out[r * n + i] = static_cast<float>(static_cast<double>(ActivationScalar(act, gate[r * gate_rs + i])) *
+                                          up[r * up_rs + i]);
+    }
+  }
+}
+
+void ApplyActivation(Activation act, float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = ActivationScalar(act, x[i]);
+}
+
+void Softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(cap * std::tanh(static_cast<double>(x[i]) / cap));
+}
+
+void Add(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void Scale(float* x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim,
+            float* out) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < dim; ++i) out[t * dim + i] = LoadAsF32(table, table_dtype, ids[t] * dim + i);
+  }
+}
+
+void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DType::kF32: static_cast<float*>(dst)[i] = src[i]; break;
+      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = F32ToBf16(src[i]); break;
+      case DType::kF16: static_cast<uint16_t*>(dst)[i] = F32ToF16(src[i]); break;
+      default: LOOM_CHECK(false) << "unsupported dtype";
+    }
+  }
+}
+
+void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsF32(src, dtype, i);
+}
+
+void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[r * vocab + i]));
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[r * vocab + i] - mx);
+    lse[r] = mx + std::log(sum);
+  }
+}
+
+}  // namespace loom::cpu::ref

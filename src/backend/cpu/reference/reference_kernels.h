@@ -1,0 +1,61 @@
+// Scalar reference kernels: the plainest correct version of every kernel in
+// src/backend/cpu/kernels.h, written for readability, not speed. Reductions
+// accumulate in double so that the references are (much) more accurate than
+// the optimised kernels they check. Used by the kernel tests only.
+#ifndef LOOM_BACKEND_CPU_REFERENCE_REFERENCE_KERNELS_H_
+#define LOOM_BACKEND_CPU_REFERENCE_REFERENCE_KERNELS_H_
+
+#include <cstdint>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/core/dtype.h"
+
+namespace loom::cpu::ref {
+
+// Reads element i of an F32/BF16/F16 array as f32.
+float LoadAsF32(const void* p, DType dtype, int64_t i);
+
+// Naive GEMM with the semantics of GemmContext::Gemm: for 16-bit weights the
+// activation is first rounded to the weight type. Products accumulate in
+// double. Honours bias, accumulate and ldy.
+void Gemm(const GemmArgs& args);
+
+// Naive batched strided matmul with the semantics of GemmContext::Matmul.
+void Matmul(const GemmContext::StridedMatmul& args);
+
+// Norms, see kernels.h. x [rows, dim], y [rows, dim], w/b [dim].
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
+             int64_t rows, int64_t dim);
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
+               int64_t rows, int64_t dim);
+
+// Rotary embeddings. positions [tokens], inv_freq [half], cos/sin [tokens, half].
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
+                float attention_scaling, float* cos, float* sin);
+// x [tokens, heads, head_dim] with token stride row_stride; cos/sin [tokens, half].
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
+               const float* cos, const float* sin, int64_t half);
+
+// Naive attention: materialises the full [L, L] score matrix per (sequence,
+// head), masks, softmaxes in double. Ignores args.workspace.
+void Attention(const AttentionArgs& args);
+
+// Elementwise, see kernels.h.
+float ActivationScalar(Activation act, float x);
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up,
+                     int64_t up_rs, float* out, int64_t rows, int64_t n);
+void ApplyActivation(Activation act, float* x, int64_t n);
+void Softcap(float* x, int64_t n, float cap);
+void Add(const float* x, float* y, int64_t n);
+void Scale(float* x, int64_t n, float s);
+// table [vocab, dim], ids [tokens], out [tokens, dim].
+void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim,
+            float* out);
+void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n);
+void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
+// logits [rows, vocab], lse [rows].
+void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse);
+
+}  // namespace loom::cpu::ref
+
+#endif  // LOOM_BACKEND_CPU_REFERENCE_REFERENCE_KERNELS_H_
