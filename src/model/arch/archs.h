@@ -1,0 +1,23 @@
+// The architecture definitions, one per file in this directory; the registry
+// (src/model/registry.cc) lists them in one table.
+#ifndef LOOM_MODEL_ARCH_ARCHS_H_
+#define LOOM_MODEL_ARCH_ARCHS_H_
+
+#include "src/model/registry.h"
+
+namespace loom::arch {
+
+extern const ArchDef kLlama;
+extern const ArchDef kMistral;
+extern const ArchDef kQwen2;
+extern const ArchDef kQwen3;
+extern const ArchDef kGemma;
+extern const ArchDef kGemma2;
+extern const ArchDef kPhi3;
+extern const ArchDef kGpt2;
+extern const ArchDef kOlmo;
+extern const ArchDef kOlmo2;
+
+}  // namespace loom::arch
+
+#endif  // LOOM_MODEL_ARCH_ARCHS_H_

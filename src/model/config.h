@@ -1,0 +1,111 @@
+// ModelConfig: everything the engine needs to know about an architecture
+// instance, normalised from HF's config.json by the architecture's file
+// (src/model/arch/<arch>.cc). Field names follow HF's keys where one exists.
+#ifndef LOOM_MODEL_CONFIG_H_
+#define LOOM_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/core/dtype.h"
+
+namespace loom {
+
+enum class NormKind {
+  kRms,             // x * rsqrt(mean(x^2) + eps) * (w + norm_offset)
+  kLayer,           // LayerNorm with weight and bias
+  kLayerNoAffine,   // LayerNorm without parameters (OLMo)
+};
+
+enum class ActKind { kSilu, kGeluTanh, kGeluExact, kRelu };
+
+enum class MlpKind {
+  kGated,       // down(act(gate(x)) * up(x)), separate gate/up weights
+  kGatedFused,  // same with one [2I, H] gate_up weight (gate rows first)
+  kPlain,       // proj(act(fc(x)))  (GPT-2)
+  kMoE,         // mixture of experts (planning only for now)
+};
+
+enum class QkNormKind {
+  kNone,
+  kPerHead,  // RMSNorm over head_dim, weight [head_dim] (Qwen3)
+  kFull,     // RMSNorm over the whole projection, weight [heads*head_dim] (OLMo2)
+};
+
+// Rotary embedding parameters, after rope_scaling is applied.
+struct RopeConfig {
+  enum class Type { kNone, kDefault, kLinear, kDynamic, kLlama3 };
+  Type type = Type::kNone;
+  double theta = 10000.0;
+  int64_t rotary_dim = 0;  // <= head_dim; partial rotary if smaller
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+  float attention_scaling = 1.0f;
+};
+
+struct MoEConfig {
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t expert_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;  // 0 = none
+  bool norm_topk_prob = false;
+};
+
+struct ModelConfig {
+  std::string model_type;
+  std::string architecture;  // config.json architectures[0], if present
+  DType torch_dtype = DType::kF32;
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+  int64_t max_position_embeddings = 0;
+
+  NormKind norm = NormKind::kRms;
+  float norm_eps = 1e-5f;
+  float norm_offset = 0.0f;  // 1 for Gemma's (1 + w)
+  ActKind act = ActKind::kSilu;
+  MlpKind mlp = MlpKind::kGated;
+  QkNormKind qk_norm = QkNormKind::kNone;
+
+  bool tie_word_embeddings = false;
+  bool learned_positions = false;  // GPT-2 wpe
+  float embedding_scale = 1.0f;    // Gemma: sqrt(hidden_size)
+  RopeConfig rope;
+
+  bool qkv_bias = false;       // q/k/v projection biases
+  bool o_bias = false;         // output projection bias
+  bool mlp_bias = false;       // gate/up/down biases
+  bool fused_qkv = false;      // one [q; k; v] projection (Phi-3, GPT-2)
+
+  bool pre_attn_norm = true;   // input_layernorm / ln_1 (absent in OLMo2)
+  bool post_attn_norm = false; // Gemma2 / OLMo2
+  bool pre_mlp_norm = true;    // post_attention_layernorm / pre_feedforward / ln_2
+  bool post_mlp_norm = false;  // Gemma2 / OLMo2
+
+  float attn_scale = 0.0f;         // multiplier of q.k; default 1/sqrt(head_dim)
+  bool attn_scale_by_inverse_layer = false;  // GPT-2 option: also / (layer + 1)
+  float attn_softcap = 0.0f;       // 0 = none
+  float final_softcap = 0.0f;      // 0 = none
+  float clip_qkv = 0.0f;           // 0 = none (OLMo)
+  std::vector<int64_t> sliding_window;  // per layer; 0 = global
+
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+
+  MoEConfig moe;
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+};
+
+}  // namespace loom
+
+#endif  // LOOM_MODEL_CONFIG_H_

@@ -1,0 +1,99 @@
+// Hook points: the named places in a forward pass where activations can be
+// captured, with TransformerLens names. See docs/design/hook-points.md for
+// where each sits in every architecture and the mapping to HF's
+// output_hidden_states.
+#ifndef LOOM_MODEL_HOOKS_H_
+#define LOOM_MODEL_HOOKS_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/model/config.h"
+
+namespace loom {
+
+enum class HookSite : uint8_t {
+  // Model-level.
+  kEmbed,          // hook_embed: token embeddings (after Gemma's scale)
+  kPosEmbed,       // hook_pos_embed: GPT-2 position embeddings
+  kFinalNorm,      // ln_final.hook_normalized
+  kLogits,         // logits
+  // Per layer (blocks.{L}.*), in execution order.
+  kResidPre,       // hook_resid_pre: input to block L
+  kLn1,            // ln1.hook_normalized: input norm output (attention input)
+  kQ,              // attn.hook_q: [T, heads, head_dim], after projection/bias/q-norm, before RoPE
+  kK,              // attn.hook_k: [T, kv_heads, head_dim], likewise
+  kV,              // attn.hook_v: [T, kv_heads, head_dim]
+  kRotQ,           // attn.hook_rot_q: q after RoPE
+  kRotK,           // attn.hook_rot_k: k after RoPE
+  kPattern,        // attn.hook_pattern: [heads, T, T] probabilities (per sequence)
+  kZ,              // attn.hook_z: [T, heads, head_dim] attention output before o_proj
+  kAttnOut,        // hook_attn_out: o_proj output (before any post-attention norm)
+  kLn1Post,        // ln1_post.hook_normalized: post-attention norm output (Gemma2, OLMo2)
+  kResidMid,       // hook_resid_mid: residual after the attention add
+  kLn2,            // ln2.hook_normalized: MLP input norm output
+  kMlpPre,         // mlp.hook_pre: gate pre-activation (GPT-2: fc output) [T, I]
+  kMlpPost,        // mlp.hook_post: act(gate) * up (GPT-2: act(fc)) [T, I]
+  kMlpOut,         // hook_mlp_out: MLP output (before any post-MLP norm)
+  kLn2Post,        // ln2_post.hook_normalized: post-MLP norm output (Gemma2, OLMo2)
+  kResidPost,      // hook_resid_post: output of block L
+};
+inline constexpr int kNumHookSites = static_cast<int>(HookSite::kResidPost) + 1;
+
+constexpr bool IsLayerSite(HookSite s) { return s >= HookSite::kResidPre; }
+
+struct HookPoint {
+  HookSite site = HookSite::kResidPost;
+  int64_t layer = -1;  // -1 for model-level sites
+  bool operator==(const HookPoint& o) const { return site == o.site && layer == o.layer; }
+  bool operator<(const HookPoint& o) const {
+    return layer != o.layer ? layer < o.layer : site < o.site;
+  }
+};
+
+// "hook_resid_post", "attn.hook_q", ... for a per-layer site; "hook_embed",
+// "ln_final.hook_normalized", "logits" for model-level ones.
+std::string_view HookSiteName(HookSite site);
+// "blocks.3.hook_resid_post", "ln_final.hook_normalized".
+std::string HookName(const HookPoint& hook);
+
+// Parses one hook pattern against a model with `num_layers` layers. The layer
+// may be an index (3), a negative index (-1 = last), '*' (all layers), or a
+// fraction in braces: blocks.{0.5}.hook_resid_post -> floor(0.5 * n); {1.0}
+// means the last layer; fractions outside [0, 1] are errors. A bare per-layer
+// site name ("hook_resid_post") is an error: the layer must be given.
+StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern, int64_t num_layers);
+
+// Resolves a layer spec ("3", "-1", "0.25", "1.0") alone.
+StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t num_layers);
+
+// Whether the hook exists in this architecture (e.g. OLMo2 has no ln1/ln2,
+// only Gemma2/OLMo2 have ln1_post/ln2_post, only GPT-2 has hook_pos_embed,
+// rotary hooks need RoPE). Returns InvalidArgument naming the hook otherwise.
+Status CheckHookExists(const HookPoint& hook, const ModelConfig& config);
+
+// Deduplicated, sorted set of requested hooks.
+class HookSet {
+ public:
+  HookSet() = default;
+  void Add(const HookPoint& h);
+  bool Contains(const HookPoint& h) const;
+  bool Contains(HookSite site, int64_t layer) const;
+  const std::vector<HookPoint>& hooks() const { return hooks_; }
+  bool empty() const { return hooks_.empty(); }
+  // Deepest layer any hook needs (num_layers if a model-level output after the
+  // blocks is requested; -1 if only hook_embed/hook_pos_embed).
+  int64_t LastLayerNeeded(int64_t num_layers) const;
+  bool NeedsFinalNorm() const;
+  bool NeedsLogits() const;
+
+ private:
+  std::vector<HookPoint> hooks_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_MODEL_HOOKS_H_

@@ -1,0 +1,53 @@
+#include "src/model/registry.h"
+
+#include <algorithm>
+
+#include "src/model/arch/archs.h"
+
+namespace loom {
+
+const std::vector<ArchDef>& AllArchs() {
+  // The registry: one row per architecture, in alphabetical order.
+  static const std::vector<ArchDef>* const kArchs = new std::vector<ArchDef>{
+      arch::kGemma, arch::kGemma2, arch::kGpt2,  arch::kLlama, arch::kMistral,
+      arch::kOlmo,  arch::kOlmo2,  arch::kPhi3,  arch::kQwen2, arch::kQwen3,
+  };
+  return *kArchs;
+}
+
+const ArchDef* FindArch(std::string_view model_type) {
+  for (const ArchDef& a : AllArchs())
+    if (a.model_type == model_type) return &a;
+  return nullptr;
+}
+
+std::string SupportedModelTypes() {
+  std::vector<std::string> names;
+  for (const ArchDef& a : AllArchs()) names.emplace_back(a.model_type);
+  std::sort(names.begin(), names.end());
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+StatusOr<ModelConfig> ParseModelConfig(const ConfigReader& reader) {
+  ASSIGN_OR_RETURN(std::string model_type, reader.String("model_type"));
+  const ArchDef* arch = FindArch(model_type);
+  if (arch == nullptr)
+    return UnimplementedError(reader.source() + ": model_type '" + model_type +
+                              "' is not supported; supported: " + SupportedModelTypes());
+  ModelConfig config;
+  config.model_type = model_type;
+  if (reader.Has("architectures") && reader.json().at("architectures").is_array() &&
+      !reader.json().at("architectures").empty() && reader.json().at("architectures")[0].is_string())
+    config.architecture = reader.json().at("architectures")[0].get<std::string>();
+  RETURN_IF_ERROR(arch->parse_config(reader, &config));
+  return config;
+}
+
+StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(ConfigReader reader, ConfigReader::FromFile(model_dir + "/config.json"));
+  return ParseModelConfig(reader);
+}
+
+}  // namespace loom

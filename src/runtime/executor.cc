@@ -1,0 +1,369 @@
+#include "src/runtime/executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/base/float16.h"
+#include "src/model/rope.h"
+
+namespace loom {
+
+// Arena region indices and capacities.
+struct Executor::Regions {
+  int x = -1;         // [T, H] residual stream
+  int h = -1;         // [T, H] norm output / scratch
+  int qkv = -1;       // [T, Q + 2 KV] projections (q | k | v per row)
+  int z = -1;         // [T, Q] attention output before o_proj
+  int o = -1;         // [T, H] attention / MLP block output
+  int mlp_a = -1;     // [T, 2I] gate | up (or [T, I] fc output)
+  int mlp_b = -1;     // [T, I] activated
+  int gemm_ws = -1;   // 16-bit copy of a GEMM input
+  int attn_ws = -1;   // attention scratch
+  int pattern = -1;   // [heads, L, L] probabilities (only if requested)
+  int positions = -1; // int32 [T]
+  int inv_freq = -1;  // f32 [rotary/2]
+  int cos = -1;       // f32 [T, rotary/2]
+  int sin = -1;       // f32 [T, rotary/2]
+  int logits = -1;    // f32 [chunk, V]
+  int64_t qkv_ld = 0;
+  int64_t mlp_a_ld = 0;
+  int64_t half = 0;
+};
+
+namespace {
+
+cpu::Activation ToCpu(ActKind a) {
+  switch (a) {
+    case ActKind::kSilu: return cpu::Activation::kSilu;
+    case ActKind::kGeluTanh: return cpu::Activation::kGeluTanh;
+    case ActKind::kGeluExact: return cpu::Activation::kGeluExact;
+    case ActKind::kRelu: return cpu::Activation::kRelu;
+  }
+  return cpu::Activation::kSilu;
+}
+
+}  // namespace
+
+Executor::Executor(const Model& model, const HookSet& hooks, const ExecutorOptions& options)
+    : model_(model), c_(model.config()), hooks_(hooks), options_(options) {}
+
+Executor::~Executor() = default;
+
+ArenaLayout Executor::MakeLayout(const ModelConfig& c, const HookSet& hooks, const ExecutorOptions& o,
+                                 DType compute, Regions* r) {
+  const int64_t T = o.max_tokens, L = o.max_seq_len, H = c.hidden_size, I = c.intermediate_size;
+  const int64_t Q = c.q_dim(), KV = c.kv_dim();
+  constexpr int64_t F = sizeof(float);
+  ArenaLayout layout;
+  r->qkv_ld = Q + 2 * KV;
+  r->mlp_a_ld = c.mlp == MlpKind::kPlain ? I : 2 * I;
+  r->half = c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
+  r->x = layout.Add("residual [T, H]", T * H * F);
+  r->h = layout.Add("normed [T, H]", T * H * F);
+  r->qkv = layout.Add("qkv [T, Q+2KV]", T * r->qkv_ld * F);
+  r->z = layout.Add("attn z [T, Q]", T * Q * F);
+  r->o = layout.Add("block out [T, H]", T * H * F);
+  r->mlp_a = layout.Add("mlp gate|up [T, 2I]", T * r->mlp_a_ld * F);
+  r->mlp_b = layout.Add("mlp act [T, I]", T * I * F);
+  const int64_t kmax = std::max({H, Q, I});
+  r->gemm_ws = layout.Add("gemm input copy", cpu::GemmWorkspaceBytes(std::max(T, o.logits_chunk_rows), kmax, compute));
+  r->attn_ws = layout.Add("attention workspace", cpu::AttentionWorkspaceBytes(L, c.num_heads, c.head_dim, cpu::NumThreads()));
+  bool pattern = false;
+  for (const auto& hk : hooks.hooks()) pattern |= hk.site == HookSite::kPattern;
+  if (pattern) r->pattern = layout.Add("attn pattern [heads, L, L]", c.num_heads * L * L * F);
+  r->positions = layout.Add("positions [T]", T * static_cast<int64_t>(sizeof(int32_t)));
+  if (r->half > 0) {
+    r->inv_freq = layout.Add("rope inv_freq", r->half * F);
+    r->cos = layout.Add("rope cos [T, R/2]", T * r->half * F);
+    r->sin = layout.Add("rope sin [T, R/2]", T * r->half * F);
+  }
+  if (hooks.NeedsLogits()) r->logits = layout.Add("logits chunk [C, V]", o.logits_chunk_rows * c.vocab_size * F);
+  return layout;
+}
+
+StatusOr<std::unique_ptr<Executor>> Executor::Create(const Model& model, const HookSet& hooks,
+                                                     const ExecutorOptions& options) {
+  const ModelConfig& c = model.config();
+  ExecutorOptions o = options;
+  if (o.max_tokens <= 0) return InvalidArgumentError("executor: max_tokens must be > 0");
+  if (o.max_seq_len <= 0) o.max_seq_len = o.max_tokens;
+  o.max_seq_len = std::min(o.max_seq_len, o.max_tokens);
+  if (o.logits_chunk_rows <= 0) return InvalidArgumentError("executor: logits_chunk_rows must be > 0");
+  for (const auto& h : hooks.hooks()) RETURN_IF_ERROR(CheckHookExists(h, c));
+  auto ex = std::unique_ptr<Executor>(new Executor(model, hooks, o));
+  ex->last_layer_ = hooks.LastLayerNeeded(c.num_layers);
+  ex->r_ = std::make_unique<Regions>();
+  ArenaLayout layout = MakeLayout(c, hooks, o, model.compute_dtype(), ex->r_.get());
+  ASSIGN_OR_RETURN(ex->arena_, Arena::Allocate(layout));
+  ex->gemm_ = std::make_unique<cpu::GemmContext>();
+  if (ex->r_->half > 0)
+    ComputeInvFreq(c.rope, c.max_position_embeddings, 0, ex->arena_.as<float>(ex->r_->inv_freq));
+  return ex;
+}
+
+Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols, int64_t ld,
+                      const float* data, HookSink* sink) {
+  if (sink == nullptr || !hooks_.Contains(site, layer)) return Status();
+  return sink->OnActivation(HookPoint{site, layer}, batch, -1, 0, batch.num_tokens(), cols, ld, data);
+}
+
+void Executor::Linear(const float* x, int64_t m, WeightRole wrole, WeightRole brole, int64_t layer,
+                      float* y, int64_t ldy, bool accumulate) {
+  const TensorView& w = model_.weights().Require(wrole, layer);
+  const MatrixLayout layout = model_.weights().Layout(wrole, layer);
+  const TensorView* b = model_.weights().Get(brole, layer);
+  cpu::GemmArgs a;
+  a.x = x;
+  a.w = w.data;
+  a.w_dtype = w.dtype;
+  a.layout = layout == MatrixLayout::kOutIn ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut;
+  a.n = layout == MatrixLayout::kOutIn ? w.shape[0] : w.shape[1];
+  a.k = layout == MatrixLayout::kOutIn ? w.shape[1] : w.shape[0];
+  a.m = m;
+  if (b != nullptr) {
+    a.bias = b->data;
+    a.bias_dtype = b->dtype;
+  }
+  a.y = y;
+  a.ldy = ldy;
+  a.accumulate = accumulate;
+  a.workspace = arena_.region(r_->gemm_ws);
+  gemm_->Gemm(a);
+}
+
+void Executor::Norm(WeightRole wrole, WeightRole brole, int64_t layer, const float* x, float* y,
+                    int64_t rows, int64_t dim) {
+  const TensorView* w = model_.weights().Get(wrole, layer);
+  const TensorView* b = model_.weights().Get(brole, layer);
+  const DType wd = w ? w->dtype : DType::kF32;
+  switch (c_.norm) {
+    case NormKind::kRms:
+      cpu::RmsNorm(x, w ? w->data : nullptr, wd, c_.norm_offset, c_.norm_eps, y, rows, dim);
+      break;
+    case NormKind::kLayer:
+      cpu::LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd, c_.norm_eps, y, rows, dim);
+      break;
+    case NormKind::kLayerNoAffine:
+      cpu::LayerNorm(x, nullptr, nullptr, wd, c_.norm_eps, y, rows, dim);
+      break;
+  }
+}
+
+void Executor::ComputeRope(const Batch& batch) {
+  const int32_t* pos = arena_.as<int32_t>(r_->positions);
+  float* inv = arena_.as<float>(r_->inv_freq);
+  float* cos = arena_.as<float>(r_->cos);
+  float* sin = arena_.as<float>(r_->sin);
+  for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+    const int64_t b = batch.seq_start[s], len = batch.seq_start[s + 1] - b;
+    if (c_.rope.type == RopeConfig::Type::kDynamic)
+      ComputeInvFreq(c_.rope, c_.max_position_embeddings, len, inv);
+    cpu::RopeTables(pos + b, len, inv, r_->half, c_.rope.attention_scaling, cos + b * r_->half,
+                    sin + b * r_->half);
+  }
+}
+
+Status Executor::Forward(const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens(), H = c_.hidden_size;
+  if (batch.num_seqs() < 1 || batch.seq_start[0] != 0 || batch.seq_start[batch.num_seqs()] != T)
+    return InvalidArgumentError("batch: seq_start must run from 0 to the token count " + std::to_string(T));
+  if (T > options_.max_tokens)
+    return OutOfRangeError("batch of " + std::to_string(T) + " tokens exceeds the planned capacity of " +
+                           std::to_string(options_.max_tokens));
+  int32_t* pos = arena_.as<int32_t>(r_->positions);
+  for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+    const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
+    if (e <= b) return InvalidArgumentError("batch: sequence " + std::to_string(s) + " is empty");
+    if (e - b > options_.max_seq_len)
+      return OutOfRangeError("sequence " + std::to_string(s) + " has " + std::to_string(e - b) +
+                             " tokens, more than the planned maximum " + std::to_string(options_.max_seq_len));
+    if (e - b > c_.max_position_embeddings)
+      return OutOfRangeError("sequence " + std::to_string(s) + " has " + std::to_string(e - b) +
+                             " tokens, more than max_position_embeddings = " +
+                             std::to_string(c_.max_position_embeddings));
+    for (int64_t t = b; t < e; ++t) pos[t] = static_cast<int32_t>(t - b);
+  }
+  for (int64_t t = 0; t < T; ++t)
+    if (batch.ids[t] < 0 || batch.ids[t] >= c_.vocab_size)
+      return OutOfRangeError("token id " + std::to_string(batch.ids[t]) + " at position " + std::to_string(t) +
+                             " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
+
+  // Embeddings: x [T, H].
+  float* x = arena_.as<float>(r_->x);
+  const TensorView& embed = model_.weights().Require(WeightRole::kEmbed);
+  cpu::Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
+  if (c_.embedding_scale != 1.0f) {
+    // HF multiplies by the scale held in the activation dtype.
+    const float scale = model_.compute_dtype() == DType::kBF16 ? RoundBf16(c_.embedding_scale) : c_.embedding_scale;
+    cpu::Scale(x, T * H, scale);
+  }
+  RETURN_IF_ERROR(Emit(HookSite::kEmbed, -1, batch, H, H, x, sink));
+  if (c_.learned_positions) {
+    float* h = arena_.as<float>(r_->h);
+    const TensorView& wpe = model_.weights().Require(WeightRole::kPosEmbed);
+    cpu::Gather(wpe.data, wpe.dtype, pos, T, H, h);
+    RETURN_IF_ERROR(Emit(HookSite::kPosEmbed, -1, batch, H, H, h, sink));
+    cpu::Add(h, x, T * H);
+  }
+  if (r_->half > 0) ComputeRope(batch);
+
+  for (int64_t layer = 0; layer <= last_layer_; ++layer) RETURN_IF_ERROR(RunLayer(layer, batch, sink));
+
+  if (!hooks_.NeedsFinalNorm()) return Status();
+  float* h = arena_.as<float>(r_->h);
+  Norm(WeightRole::kFinalNorm, WeightRole::kFinalNormBias, -1, x, h, T, H);
+  RETURN_IF_ERROR(Emit(HookSite::kFinalNorm, -1, batch, H, H, h, sink));
+  if (!hooks_.NeedsLogits()) return Status();
+  float* logits = arena_.as<float>(r_->logits);
+  const int64_t V = c_.vocab_size;
+  for (int64_t r0 = 0; r0 < T; r0 += options_.logits_chunk_rows) {
+    const int64_t rows = std::min(options_.logits_chunk_rows, T - r0);
+    Linear(h + r0 * H, rows, WeightRole::kLmHead, WeightRole::kOther, -1, logits, V);
+    if (c_.final_softcap > 0) cpu::Softcap(logits, rows * V, c_.final_softcap);
+    if (sink)
+      RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1}, batch, -1, r0, rows, V, V, logits));
+  }
+  return Status();
+}
+
+Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens(), H = c_.hidden_size, I = c_.intermediate_size;
+  const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), hd = c_.head_dim;
+  float* x = arena_.as<float>(r_->x);
+  float* h = arena_.as<float>(r_->h);
+  float* qkv = arena_.as<float>(r_->qkv);
+  float* z = arena_.as<float>(r_->z);
+  float* o = arena_.as<float>(r_->o);
+  const int64_t ld = r_->qkv_ld;
+
+  RETURN_IF_ERROR(Emit(HookSite::kResidPre, l, batch, H, H, x, sink));
+
+  // ---- Attention ----
+  const float* attn_in = x;  // [T, H]
+  if (c_.pre_attn_norm) {
+    Norm(WeightRole::kAttnNorm, WeightRole::kAttnNormBias, l, x, h, T, H);
+    RETURN_IF_ERROR(Emit(HookSite::kLn1, l, batch, H, H, h, sink));
+    attn_in = h;
+  }
+  float* q = qkv;           // [T, Q]  row stride ld
+  float* k = qkv + Q;       // [T, KV] row stride ld
+  float* v = qkv + Q + KV;  // [T, KV] row stride ld
+  if (c_.fused_qkv) {
+    Linear(attn_in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
+  } else {
+    Linear(attn_in, T, WeightRole::kQ, WeightRole::kQBias, l, q, ld);
+    Linear(attn_in, T, WeightRole::kK, WeightRole::kKBias, l, k, ld);
+    Linear(attn_in, T, WeightRole::kV, WeightRole::kVBias, l, v, ld);
+  }
+  if (c_.clip_qkv > 0) {
+    const float cl = c_.clip_qkv;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < ld; ++j) qkv[t * ld + j] = std::clamp(qkv[t * ld + j], -cl, cl);
+  }
+  if (c_.qk_norm != QkNormKind::kNone) {
+    const TensorView& qn = model_.weights().Require(WeightRole::kQNorm, l);
+    const TensorView& kn = model_.weights().Require(WeightRole::kKNorm, l);
+    const bool per_head = c_.qk_norm == QkNormKind::kPerHead;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      cpu::RmsNorm(q + t * ld, qn.data, qn.dtype, 0.0f, c_.norm_eps, q + t * ld, per_head ? c_.num_heads : 1,
+                   per_head ? hd : Q);
+      cpu::RmsNorm(k + t * ld, kn.data, kn.dtype, 0.0f, c_.norm_eps, k + t * ld, per_head ? c_.num_kv_heads : 1,
+                   per_head ? hd : KV);
+    }
+  }
+  RETURN_IF_ERROR(Emit(HookSite::kQ, l, batch, Q, ld, q, sink));
+  RETURN_IF_ERROR(Emit(HookSite::kK, l, batch, KV, ld, k, sink));
+  RETURN_IF_ERROR(Emit(HookSite::kV, l, batch, KV, ld, v, sink));
+  if (r_->half > 0) {
+    const float* cos = arena_.as<float>(r_->cos);
+    const float* sin = arena_.as<float>(r_->sin);
+    cpu::ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, r_->half);
+    cpu::ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, r_->half);
+    RETURN_IF_ERROR(Emit(HookSite::kRotQ, l, batch, Q, ld, q, sink));
+    RETURN_IF_ERROR(Emit(HookSite::kRotK, l, batch, KV, ld, k, sink));
+  }
+  cpu::AttentionArgs aa;
+  aa.q = q;
+  aa.q_rs = ld;
+  aa.k = k;
+  aa.k_rs = ld;
+  aa.v = v;
+  aa.v_rs = ld;
+  aa.z = z;
+  aa.seq_start = batch.seq_start.data();
+  aa.num_seqs = batch.num_seqs();
+  aa.q_heads = c_.num_heads;
+  aa.kv_heads = c_.num_kv_heads;
+  aa.head_dim = hd;
+  aa.scale = c_.attn_scale;
+  if (c_.attn_scale_by_inverse_layer) aa.scale /= static_cast<float>(l + 1);
+  aa.softcap = c_.attn_softcap;
+  aa.window = c_.sliding_window[l];
+  aa.workspace = arena_.region(r_->attn_ws);
+  if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {
+    // One sequence at a time so each sequence's probabilities can be delivered.
+    float* probs = arena_.as<float>(r_->pattern);
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      cpu::AttentionArgs one = aa;
+      one.seq_start = batch.seq_start.data() + s;
+      one.num_seqs = 1;
+      one.probs = probs;
+      one.probs_seq = 0;
+      cpu::Attention(*gemm_, one);
+      const int64_t len = batch.seq_start[s + 1] - batch.seq_start[s];
+      RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kPattern, l}, batch, s, batch.seq_start[s],
+                                         c_.num_heads * len, len, len, probs));
+    }
+  } else {
+    cpu::Attention(*gemm_, aa);
+  }
+  RETURN_IF_ERROR(Emit(HookSite::kZ, l, batch, Q, Q, z, sink));
+  Linear(z, T, WeightRole::kO, WeightRole::kOBias, l, o, H);
+  RETURN_IF_ERROR(Emit(HookSite::kAttnOut, l, batch, H, H, o, sink));
+  if (c_.post_attn_norm) {
+    Norm(WeightRole::kPostAttnNorm, WeightRole::kOther, l, o, o, T, H);
+    RETURN_IF_ERROR(Emit(HookSite::kLn1Post, l, batch, H, H, o, sink));
+  }
+  cpu::Add(o, x, T * H);
+  RETURN_IF_ERROR(Emit(HookSite::kResidMid, l, batch, H, H, x, sink));
+
+  // ---- MLP ----
+  const float* mlp_in = x;
+  if (c_.pre_mlp_norm) {
+    Norm(WeightRole::kMlpNorm, WeightRole::kMlpNormBias, l, x, h, T, H);
+    RETURN_IF_ERROR(Emit(HookSite::kLn2, l, batch, H, H, h, sink));
+    mlp_in = h;
+  }
+  float* a = arena_.as<float>(r_->mlp_a);
+  float* b = arena_.as<float>(r_->mlp_b);
+  const int64_t lda = r_->mlp_a_ld;
+  if (c_.mlp == MlpKind::kPlain) {
+    Linear(mlp_in, T, WeightRole::kUp, WeightRole::kUpBias, l, a, lda);
+    RETURN_IF_ERROR(Emit(HookSite::kMlpPre, l, batch, I, lda, a, sink));
+    cpu::ApplyActivation(ToCpu(c_.act), a, T * I);  // lda == I: a is dense
+    b = a;
+  } else {
+    if (c_.mlp == MlpKind::kGatedFused) {
+      Linear(mlp_in, T, WeightRole::kGateUp, WeightRole::kOther, l, a, lda);
+    } else {
+      Linear(mlp_in, T, WeightRole::kGate, WeightRole::kGateBias, l, a, lda);
+      Linear(mlp_in, T, WeightRole::kUp, WeightRole::kUpBias, l, a + I, lda);
+    }
+    RETURN_IF_ERROR(Emit(HookSite::kMlpPre, l, batch, I, lda, a, sink));
+    cpu::GatedActivation(ToCpu(c_.act), a, lda, a + I, lda, b, T, I);
+  }
+  RETURN_IF_ERROR(Emit(HookSite::kMlpPost, l, batch, I, I, b, sink));
+  Linear(b, T, WeightRole::kDown, WeightRole::kDownBias, l, o, H);
+  RETURN_IF_ERROR(Emit(HookSite::kMlpOut, l, batch, H, H, o, sink));
+  if (c_.post_mlp_norm) {
+    Norm(WeightRole::kPostMlpNorm, WeightRole::kOther, l, o, o, T, H);
+    RETURN_IF_ERROR(Emit(HookSite::kLn2Post, l, batch, H, H, o, sink));
+  }
+  cpu::Add(o, x, T * H);
+  return Emit(HookSite::kResidPost, l, batch, H, H, x, sink);
+}
+
+}  // namespace loom

@@ -1,0 +1,101 @@
+// Executor: runs the forward pass of a Model on the CPU backend over packed
+// batches of variable-length sequences (no padding compute, no KV cache),
+// calling a HookSink at every requested hook point.
+//
+// All activation memory comes from one arena sized at Create() for the
+// largest batch (max_tokens, max_seq_len); Forward() allocates nothing. The
+// forward stops after the deepest layer any requested hook needs; the final
+// norm and lm_head run only when ln_final / logits are requested.
+//
+// Not thread-safe: one Forward at a time per executor (the kernels use all
+// threads set by cpu::SetNumThreads).
+#ifndef LOOM_RUNTIME_EXECUTOR_H_
+#define LOOM_RUNTIME_EXECUTOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "src/base/status.h"
+#include "src/model/hooks.h"
+#include "src/runtime/arena.h"
+#include "src/runtime/model.h"
+
+namespace loom {
+
+namespace cpu {
+class GemmContext;
+}
+
+// Packed sequences: sequence s is ids[seq_start[s] .. seq_start[s+1]); its
+// positions are 0 .. length-1.
+struct Batch {
+  std::span<const int32_t> ids;        // [T]
+  std::span<const int64_t> seq_start;  // [S + 1], seq_start[0] = 0, seq_start[S] = T
+  int64_t num_tokens() const { return static_cast<int64_t>(ids.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(seq_start.size()) - 1; }
+};
+
+// Receives captured activations. `data` is valid only during the call.
+// For token-major hooks: rows [row_begin, row_begin + rows) of the batch's
+// packed tokens, each row `cols` f32 values, consecutive rows `ld` apart.
+// For attn.hook_pattern: one call per sequence `seq`, data [heads, L, L] dense
+// (rows = heads * L, cols = L, ld = L, row_begin = seq_start[seq]).
+class HookSink {
+ public:
+  virtual ~HookSink() = default;
+  virtual Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
+                              int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
+                              const float* data) = 0;
+};
+
+struct ExecutorOptions {
+  int64_t max_tokens = 0;   // largest batch (sum of sequence lengths)
+  int64_t max_seq_len = 0;  // longest sequence (0 = max_tokens)
+  // Logits are computed (and delivered) in chunks of this many rows, so
+  // memory is O(chunk x vocab), never O(tokens x vocab).
+  int64_t logits_chunk_rows = 256;
+};
+
+class Executor {
+ public:
+  static StatusOr<std::unique_ptr<Executor>> Create(const Model& model, const HookSet& hooks,
+                                                    const ExecutorOptions& options);
+  ~Executor();
+
+  // Runs one batch. Validates ids against the vocabulary and lengths against
+  // the capacities and max_position_embeddings.
+  Status Forward(const Batch& batch, HookSink* sink);
+
+  // The arena regions and their sizes (what the planner accounts for).
+  const ArenaLayout& layout() const { return arena_.layout(); }
+  int64_t arena_bytes() const { return arena_.bytes(); }
+  const HookSet& hooks() const { return hooks_; }
+  int64_t last_layer() const { return last_layer_; }
+
+ private:
+  Executor(const Model& model, const HookSet& hooks, const ExecutorOptions& options);
+  struct Regions;
+  static ArenaLayout MakeLayout(const ModelConfig& c, const HookSet& hooks, const ExecutorOptions& o,
+                                DType compute, Regions* r);
+  Status RunLayer(int64_t layer, const Batch& batch, HookSink* sink);
+  Status Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols, int64_t ld,
+              const float* data, HookSink* sink);
+  void Linear(const float* x, int64_t m, WeightRole w, WeightRole bias, int64_t layer, float* y,
+              int64_t ldy, bool accumulate = false);
+  void Norm(WeightRole w, WeightRole b, int64_t layer, const float* x, float* y, int64_t rows, int64_t dim);
+  void ComputeRope(const Batch& batch);
+
+  const Model& model_;
+  const ModelConfig& c_;
+  HookSet hooks_;
+  ExecutorOptions options_;
+  int64_t last_layer_ = -1;
+  Arena arena_;
+  std::unique_ptr<Regions> r_;
+  std::unique_ptr<cpu::GemmContext> gemm_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_EXECUTOR_H_

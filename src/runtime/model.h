@@ -1,0 +1,64 @@
+// Model: a loaded checkpoint ready to run on the CPU backend — config, weight
+// declaration, the mmap'd checkpoint and the bound (possibly converted)
+// weights, at a resolved compute precision.
+//
+// Immutable after Load; safe to share between executors on one thread group.
+#ifndef LOOM_RUNTIME_MODEL_H_
+#define LOOM_RUNTIME_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "src/base/status.h"
+#include "src/io/safetensors.h"
+#include "src/model/bind.h"
+#include "src/model/config.h"
+#include "src/model/registry.h"
+#include "src/model/weights.h"
+
+namespace loom {
+
+// --precision auto|f32|bf16|f16.
+enum class Precision { kAuto, kF32, kBF16, kF16 };
+StatusOr<Precision> ParsePrecision(std::string_view text);
+
+// Resolves the compute dtype on this CPU. auto = the checkpoint's dtype when
+// supported, else the fallback chain bf16 -> f16 -> f32; `warning` receives
+// the reason when a fallback happened (empty otherwise). An explicit request
+// the CPU cannot run is an error naming the missing feature.
+StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype, std::string* warning);
+
+// Whether the CPU backend computes with `dtype` at speed here.
+bool CpuSupportsComputeDType(DType dtype);
+
+// The dominant floating storage dtype of a checkpoint (by bytes).
+DType CheckpointDType(const Checkpoint& checkpoint);
+
+class Model {
+ public:
+  // Loads `model_dir` (config.json + safetensors) at the given precision.
+  // `warning` (may be null) receives a precision fallback message.
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& model_dir, Precision precision,
+                                               std::string* warning = nullptr);
+
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return config_; }
+  const ArchWeights& declaration() const { return decl_; }
+  const Checkpoint& checkpoint() const { return *checkpoint_; }
+  const BoundWeights& weights() const { return weights_; }
+  DType compute_dtype() const { return compute_dtype_; }
+
+ private:
+  Model() = default;
+  std::string dir_;
+  ModelConfig config_;
+  ArchWeights decl_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  BoundWeights weights_;
+  DType compute_dtype_ = DType::kF32;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_MODEL_H_

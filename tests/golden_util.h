@@ -1,0 +1,71 @@
+// Helpers for tests that compare Loom's outputs with reference outputs from
+// Hugging Face transformers (golden files): locating them, reading tensors,
+// capturing activations, and tolerance checks that report where they fail.
+#ifndef LOOM_TESTS_GOLDEN_UTIL_H_
+#define LOOM_TESTS_GOLDEN_UTIL_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/io/safetensors.h"
+#include "src/runtime/executor.h"
+
+namespace loom::testing {
+
+// The shared golden directory beside the repository, or "" if absent.
+std::string SharedGoldenDir();
+// Bundled golden data inside the repository (always present).
+std::string BundledGoldenDir();
+
+nlohmann::json ReadJson(const std::string& path);
+
+// A golden safetensors file: tensors as f32 (int64 inputs as int32 ids).
+class GoldenFile {
+ public:
+  static std::unique_ptr<GoldenFile> Open(const std::string& path);
+  bool Has(const std::string& name) const;
+  std::vector<float> F32(const std::string& name, Shape* shape = nullptr) const;
+  std::vector<int32_t> Ids(const std::string& name, Shape* shape = nullptr) const;
+
+ private:
+  std::unique_ptr<SafetensorsFile> file_;
+};
+
+// Stores every delivered hook as a dense [T, cols] f32 array (patterns as
+// [heads, L, L] per sequence, keyed by sequence).
+class CaptureSink : public HookSink {
+ public:
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq, int64_t row_begin,
+                      int64_t rows, int64_t cols, int64_t ld, const float* data) override;
+  struct Tensor {
+    std::vector<float> data;
+    int64_t cols = 0;
+  };
+  const Tensor& Get(const HookPoint& h, int64_t seq = -1) const;
+  bool Has(const HookPoint& h, int64_t seq = -1) const;
+
+ private:
+  std::map<std::pair<HookPoint, int64_t>, Tensor> tensors_;
+};
+
+struct CompareResult {
+  bool ok = true;
+  double max_abs_err = 0;
+  int64_t worst_index = -1;
+  std::string message;
+};
+// |a - b| <= atol + rtol |b| elementwise (b = expected).
+CompareResult Compare(const float* actual, const float* expected, int64_t n, double atol, double rtol);
+
+// log_softmax(logits[t])[ids[t+1]] for t = 0..T-2, in double.
+std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V, const int32_t* ids);
+
+}  // namespace loom::testing
+
+#endif  // LOOM_TESTS_GOLDEN_UTIL_H_
