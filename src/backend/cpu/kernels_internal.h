@@ -1,6 +1,6 @@
 // Internal to the CPU backend: per-row kernels behind the public entry points
 // of kernels.h, in a portable version (kernels_portable.cc) and an AVX-512
-// version (kernels_avx512.cc, compiled with -mavx512f/bw/dq/vl/bf16). The
+// version (kernels_avx512.cc, compiled with -mavx512f/bw/dq/vl). The
 // entry points in kernels.cc split work over OpenMP threads and pick the
 // version once per process.
 #ifndef LOOM_BACKEND_CPU_KERNELS_INTERNAL_H_
@@ -13,7 +13,7 @@
 
 namespace loom::cpu {
 
-// True when the CPU (and OS) support AVX-512 F/BW/DQ/VL and AVX512_BF16.
+// True when the CPU (and OS) support AVX-512 F/BW/DQ/VL.
 bool HasAvx512();
 
 // Reads element i of an F32/BF16/F16 array as f32.
