@@ -1,0 +1,234 @@
+#include "src/io/safetensors_writer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "src/io/file_util.h"
+
+namespace loom {
+namespace {
+
+using io_internal::UniqueFd;
+
+struct Placed {
+  size_t tensor;  // index into tensors_
+  int64_t begin;
+  int64_t end;
+};
+
+// Writes one tensor's bytes through a shared mapping of its page range.
+Status FillMapped(int fd, const std::string& tmp, const std::string& name,
+                  int64_t file_offset, int64_t bytes,
+                  const SafetensorsWriter::FillFn& fill) {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int64_t map_begin = file_offset / page * page;
+  const int64_t skew = file_offset - map_begin;
+  const size_t map_len = static_cast<size_t>(skew + bytes);
+  void* map = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                     map_begin);
+  if (map == MAP_FAILED) {
+    // File systems without shared writable mappings: fill a buffer instead.
+    std::vector<uint8_t> buf(static_cast<size_t>(bytes));
+    Status s = fill(buf.data(), bytes);
+    if (!s.ok()) return s.WithContext(fmt::format("{}: tensor {}", tmp, name));
+    return io_internal::PwriteFully(fd, tmp, buf.data(), bytes, file_offset);
+  }
+  ::madvise(map, map_len, MADV_SEQUENTIAL);
+  Status s = fill(static_cast<uint8_t*>(map) + skew, bytes);
+  ::munmap(map, map_len);
+  if (!s.ok()) return s.WithContext(fmt::format("{}: tensor {}", tmp, name));
+  return Status::Ok();
+}
+
+}  // namespace
+
+void SafetensorsWriter::SetMetadata(const std::string& key,
+                                    const std::string& value) {
+  metadata_[key] = value;
+}
+
+Status SafetensorsWriter::Check(const std::string& name, DType dtype,
+                                const Shape& shape, int64_t* bytes) const {
+  if (name.empty())
+    return InvalidArgumentError("safetensors writer: empty tensor name");
+  if (name == "__metadata__") {
+    return InvalidArgumentError(
+        "safetensors writer: \"__metadata__\" is reserved, not a tensor name");
+  }
+  if (names_.count(name))
+    return InvalidArgumentError(
+        fmt::format("safetensors writer: tensor {} added twice", name));
+  int64_t n = DTypeSize(dtype);
+  for (int64_t d : shape.dims()) {
+    if (d < 0) {
+      return InvalidArgumentError(fmt::format(
+          "safetensors writer: tensor {}: shape {} has a negative dimension",
+          name, shape.ToString()));
+    }
+    if (__builtin_mul_overflow(n, d, &n)) {
+      return InvalidArgumentError(
+          fmt::format("safetensors writer: tensor {}: shape {} x {} overflows",
+                      name, shape.ToString(), DTypeName(dtype)));
+    }
+  }
+  *bytes = n;
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::Add(const std::string& name, DType dtype,
+                              const Shape& shape, const void* data,
+                              int64_t bytes) {
+  int64_t expected = 0;
+  RETURN_IF_ERROR(Check(name, dtype, shape, &expected));
+  if (bytes != expected) {
+    return InvalidArgumentError(fmt::format(
+        "safetensors writer: tensor {}: shape {} x {} = {} bytes, but {} given",
+        name, shape.ToString(), DTypeName(dtype), expected, bytes));
+  }
+  if (bytes > 0 && data == nullptr) {
+    return InvalidArgumentError(
+        fmt::format("safetensors writer: tensor {}: null data", name));
+  }
+  Pending p;
+  p.name = name;
+  p.dtype = dtype;
+  p.shape = shape;
+  p.bytes = bytes;
+  p.data = data;
+  names_.emplace(name, tensors_.size());
+  tensors_.push_back(std::move(p));
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::Add(const std::string& name, const TensorView& view) {
+  return Add(name, view.dtype, view.shape, view.data, view.bytes());
+}
+
+Status SafetensorsWriter::AddOwned(const std::string& name, DType dtype,
+                                   const Shape& shape,
+                                   std::vector<uint8_t> bytes) {
+  RETURN_IF_ERROR(Add(name, dtype, shape, bytes.data(),
+                      static_cast<int64_t>(bytes.size())));
+  Pending& p = tensors_.back();
+  p.owned = std::move(bytes);  // the vector's buffer does not move
+  p.data = p.owned.data();
+  return Status::Ok();
+}
+
+Status SafetensorsWriter::AddFill(const std::string& name, DType dtype,
+                                  const Shape& shape, FillFn fill) {
+  int64_t bytes = 0;
+  RETURN_IF_ERROR(Check(name, dtype, shape, &bytes));
+  if (!fill)
+    return InvalidArgumentError(fmt::format(
+        "safetensors writer: tensor {}: empty fill callback", name));
+  Pending p;
+  p.name = name;
+  p.dtype = dtype;
+  p.shape = shape;
+  p.bytes = bytes;
+  p.fill = std::move(fill);
+  names_.emplace(name, tensors_.size());
+  tensors_.push_back(std::move(p));
+  return Status::Ok();
+}
+
+int64_t SafetensorsWriter::data_bytes() const {
+  int64_t total = 0;
+  for (const Pending& p : tensors_) total += p.bytes;
+  return total;
+}
+
+Status SafetensorsWriter::Write(const std::string& path) const {
+  // Layout: element size descending, then name (what the HF library does).
+  std::vector<size_t> order(tensors_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    int64_t sa = DTypeSize(tensors_[a].dtype),
+            sb = DTypeSize(tensors_[b].dtype);
+    if (sa != sb) return sa > sb;
+    return tensors_[a].name < tensors_[b].name;
+  });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata_) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  std::vector<Placed> placed;
+  int64_t offset = 0;
+  for (size_t i : order) {
+    const Pending& p = tensors_[i];
+    placed.push_back({i, offset, offset + p.bytes});
+    header[p.name] = {{"dtype", std::string(DTypeName(p.dtype))},
+                      {"shape", p.shape.dims()},
+                      {"data_offsets", {offset, offset + p.bytes}}};
+    offset += p.bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (
+      const nlohmann::ordered_json::exception& e) {  // invalid UTF-8 in a name
+    return InvalidArgumentError(
+        fmt::format("{}: cannot encode header: {}", path, e.what()));
+  }
+  while (text.size() % 8 != 0) text += ' ';
+  const int64_t data_start = 8 + static_cast<int64_t>(text.size());
+  const int64_t total = data_start + offset;
+
+  const std::string tmp = path + ".tmp";
+  ASSIGN_OR_RETURN(UniqueFd fd, io_internal::OpenFile(
+                                    tmp, O_RDWR | O_CREAT | O_TRUNC, 0644));
+  auto fail = [&](const Status& s) {
+    fd.Reset();
+    ::unlink(tmp.c_str());
+    return s;
+  };
+  if (total > 0) {
+    int err = ::posix_fallocate(fd.get(), 0, total);
+    if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+      return fail(io_internal::ErrnoStatus(
+          tmp, fmt::format("reserving {} bytes", total).c_str(), err));
+    }
+    if (err != 0 && ::ftruncate(fd.get(), total) != 0) {
+      return fail(io_internal::ErrnoStatus(tmp, "ftruncate", errno));
+    }
+  }
+  std::string prefix(8, '\0');
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i)
+    prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  prefix += text;
+  Status s = io_internal::PwriteFully(fd.get(), tmp, prefix.data(),
+                                      static_cast<int64_t>(prefix.size()), 0);
+  if (!s.ok()) return fail(s);
+  for (const Placed& pl : placed) {
+    const Pending& p = tensors_[pl.tensor];
+    if (p.bytes == 0) continue;
+    if (p.fill) {
+      s = FillMapped(fd.get(), tmp, p.name, data_start + pl.begin, p.bytes,
+                     p.fill);
+    } else {
+      s = io_internal::PwriteFully(fd.get(), tmp, p.data, p.bytes,
+                                   data_start + pl.begin);
+    }
+    if (!s.ok()) return fail(s);
+  }
+  s = io_internal::Fsync(fd.get(), tmp);
+  if (!s.ok()) return fail(s);
+  fd.Reset();
+  s = io_internal::RenameFile(tmp, path);
+  if (!s.ok()) return fail(s);
+  return io_internal::FsyncParentDir(path);
+}
+
+}  // namespace loom
