@@ -1,4 +1,4 @@
-// Small POSIX file helpers shared by the io module (internal to src/io).
+// Small POSIX file utilities shared by the io module (internal to src/io).
 // Every failure is a Status whose message names the path, the operation and
 // strerror(errno). No state; thread-safe.
 #ifndef LOOM_IO_FILE_UTIL_H_

@@ -1,4 +1,4 @@
-// Test helpers for src/io tests: a scratch directory and raw file writers.
+// Test utilities for src/io tests: a scratch directory and raw file writers.
 // Not thread-safe; each test owns its TempDir.
 #ifndef LOOM_IO_TEST_UTIL_H_
 #define LOOM_IO_TEST_UTIL_H_
