@@ -390,28 +390,37 @@ void ExpRows(const AttnTile& t, float* st, const float* rmax, float* rinv) {
 // Z rows [r0, r0 + nr) (nr <= R), columns [c0, c0 + 16 DV) of head_dim (the
 // last vector masked by `last`).
 template <int DV, int R>
-void PvRows(const AttnTile& t, const float* st, const float* rinv, int64_t r0, int64_t nr, int64_t c0,
-            __mmask16 last) {
+void PvRows(const AttnTile& t, const float* st, const float* vp, int64_t vs, const float* rinv, int64_t r0,
+            int64_t nr, int64_t c0, __mmask16 last) {
   __m512 acc[R][DV];
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
     for (int v = 0; v < DV; ++v) acc[r][v] = _mm512_setzero_ps();
   // Keys visible to at least one of the rows.
   const int64_t first_i = t.i0 + r0, last_i = t.i0 + r0 + nr - 1;
   const int64_t jj_begin = t.window > 0 ? std::max<int64_t>(0, first_i - t.window + 1 - t.j_lo) : 0;
   const int64_t jj_end = std::min(t.nk, last_i - t.j_lo + 1);
   for (int64_t jj = jj_begin; jj < jj_end; ++jj) {
-    const float* vrow = t.v + jj * t.v_rs + c0;
+    const float* vrow = vp + jj * vs + c0;
     __m512 vv[DV];
+    #pragma GCC unroll 16
     for (int v = 0; v < DV; ++v) vv[v] = _mm512_maskz_loadu_ps(v == DV - 1 ? last : __mmask16(0xffff), vrow + 16 * v);
     const float* e = st + jj * kB + r0;
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 p = _mm512_set1_ps(e[r]);
+      #pragma GCC unroll 16
       for (int v = 0; v < DV; ++v) acc[r][v] = _mm512_fmadd_ps(p, vv[v], acc[r][v]);
     }
   }
-  for (int r = 0; r < R && r < nr; ++r) {
+  // Constant trip count (and a test inside) so that acc stays in registers.
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    if (r >= nr) break;
     const __m512 inv = _mm512_set1_ps(rinv[r0 + r]);
     float* z = t.z + (r0 + r) * t.z_rs + c0;
+    #pragma GCC unroll 16
     for (int v = 0; v < DV; ++v)
       _mm512_mask_storeu_ps(z + 16 * v, v == DV - 1 ? last : __mmask16(0xffff), _mm512_mul_ps(acc[r][v], inv));
   }
@@ -419,12 +428,13 @@ void PvRows(const AttnTile& t, const float* st, const float* rinv, int64_t r0, i
 
 // Columns [c0, min(head_dim, c0 + 16 DV)).
 template <int DV>
-void Pv(const AttnTile& t, const float* st, const float* rinv, int64_t c0) {
-  constexpr int R = DV <= 2 ? 8 : DV <= 4 ? 4 : DV <= 6 ? 3 : 2;
+void Pv(const AttnTile& t, const float* st, const float* vp, int64_t vs, const float* rinv, int64_t c0) {
+  // R x DV accumulators + DV values + 1 broadcast fit in the 32 registers.
+  constexpr int R = DV == 1 ? 12 : DV == 2 ? 12 : DV == 3 ? 8 : DV == 4 ? 6 : DV == 5 ? 4 : 3;
   const __mmask16 last = TailMask(t.head_dim - c0 - 16 * (DV - 1));
   int64_t r0 = 0;
-  for (; r0 + R <= t.rows; r0 += R) PvRows<DV, R>(t, st, rinv, r0, R, c0, last);
-  for (; r0 < t.rows; ++r0) PvRows<DV, 1>(t, st, rinv, r0, 1, c0, last);
+  for (; r0 + R <= t.rows; r0 += R) PvRows<DV, R>(t, st, vp, vs, rinv, r0, R, c0, last);
+  for (; r0 < t.rows; ++r0) PvRows<DV, 1>(t, st, vp, vs, rinv, r0, 1, c0, last);
 }
 
 template <int NV>
@@ -434,6 +444,15 @@ void TileNV(const AttnTile& t) {
   float* st = qt + (d * kB + 15) / 16 * 16;        // [nk, 64]
   float* rmax = st + (t.nk * kB + 15) / 16 * 16;   // [64]
   float* rinv = rmax + kB;                         // [64]
+  // V of the tile's keys packed densely [nk, vs]: the rows of a fused QKV
+  // buffer sit at a large power-of-two-ish stride that maps them onto few
+  // cache sets, and every group of query rows sweeps all of them.
+  const int64_t vs = (d + 15) / 16 * 16;
+  float* vp = rinv + kB;                           // [nk, vs]
+  for (int64_t jj = 0; jj < t.nk; ++jj) {
+    const float* src = t.v + jj * t.v_rs;
+    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(vp + jj * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
+  }
   for (int64_t p = 0; p < d; ++p) {
     float* dst = qt + p * kB;
     for (int64_t r = 0; r < t.rows; ++r) dst[r] = t.q[r * t.q_rs + p];
@@ -445,14 +464,14 @@ void TileNV(const AttnTile& t) {
   // head_dim in chunks of at most 128 columns (8 vectors) per pass over the keys.
   for (int64_t c0 = 0; c0 < d; c0 += 128) {
     switch ((std::min<int64_t>(d - c0, 128) + 15) / 16) {
-      case 1: Pv<1>(t, st, rinv, c0); break;
-      case 2: Pv<2>(t, st, rinv, c0); break;
-      case 3: Pv<3>(t, st, rinv, c0); break;
-      case 4: Pv<4>(t, st, rinv, c0); break;
-      case 5: Pv<5>(t, st, rinv, c0); break;
-      case 6: Pv<6>(t, st, rinv, c0); break;
-      case 7: Pv<7>(t, st, rinv, c0); break;
-      default: Pv<8>(t, st, rinv, c0); break;
+      case 1: Pv<1>(t, st, vp, vs, rinv, c0); break;
+      case 2: Pv<2>(t, st, vp, vs, rinv, c0); break;
+      case 3: Pv<3>(t, st, vp, vs, rinv, c0); break;
+      case 4: Pv<4>(t, st, vp, vs, rinv, c0); break;
+      case 5: Pv<5>(t, st, vp, vs, rinv, c0); break;
+      case 6: Pv<6>(t, st, vp, vs, rinv, c0); break;
+      case 7: Pv<7>(t, st, vp, vs, rinv, c0); break;
+      default: Pv<8>(t, st, vp, vs, rinv, c0); break;
     }
   }
   if (t.probs != nullptr) {

@@ -45,8 +45,8 @@ struct AttnTile {
   int64_t probs_rs;
   float* scratch;    // AttnTileScratchFloats(max nk, head_dim) floats, 64-byte aligned
 };
-// Scratch floats one tile needs: Q^T [head_dim, kAttnBlock], S^T [nk, kAttnBlock]
-// and per-row statistics.
+// Scratch floats one tile needs: Q^T [head_dim, kAttnBlock], S^T [nk, kAttnBlock],
+// per-row statistics [2, kAttnBlock] and a dense copy of V [nk, head_dim padded to 16].
 int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim);
 
 namespace portable {

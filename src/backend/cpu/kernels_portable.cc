@@ -27,7 +27,7 @@ void RoundThroughF16(const float* src, float* dst, int64_t n) {
 
 int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim) {
   auto pad16 = [](int64_t x) { return (x + 15) / 16 * 16; };
-  return pad16(head_dim * kAttnBlock) + pad16(max_nk * kAttnBlock) + 2 * kAttnBlock;
+  return pad16(head_dim * kAttnBlock) + pad16(max_nk * kAttnBlock) + 2 * kAttnBlock + max_nk * pad16(head_dim);
 }
 
 namespace portable {
