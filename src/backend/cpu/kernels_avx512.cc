@@ -434,6 +434,9 @@ void Pv(const AttnTile& t, const float* st, const float* vp, int64_t vs, const f
   const __mmask16 last = TailMask(t.head_dim - c0 - 16 * (DV - 1));
   int64_t r0 = 0;
   for (; r0 + R <= t.rows; r0 += R) PvRows<DV, R>(t, st, vp, vs, rinv, r0, R, c0, last);
+  if constexpr (R > 4) {
+    for (; r0 + 4 <= t.rows; r0 += 4) PvRows<DV, 4>(t, st, vp, vs, rinv, r0, 4, c0, last);
+  }
   for (; r0 < t.rows; ++r0) PvRows<DV, 1>(t, st, vp, vs, rinv, r0, 1, c0, last);
 }
 
@@ -444,19 +447,25 @@ void TileNV(const AttnTile& t) {
   float* st = qt + (d * kB + 15) / 16 * 16;        // [nk, 64]
   float* rmax = st + (t.nk * kB + 15) / 16 * 16;   // [64]
   float* rinv = rmax + kB;                         // [64]
-  // V of the tile's keys packed densely [nk, vs]: the rows of a fused QKV
-  // buffer sit at a large power-of-two-ish stride that maps them onto few
-  // cache sets, and every group of query rows sweeps all of them.
   const int64_t vs = (d + 15) / 16 * 16;
   float* vp = rinv + kB;                           // [nk, vs]
-  for (int64_t jj = 0; jj < t.nk; ++jj) {
-    const float* src = t.v + jj * t.v_rs;
-    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(vp + jj * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
+  // Q^T: copy the query rows densely first (reading the strided rows
+  // column by column would thrash a few cache sets), then transpose.
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float* src = t.q + r * t.q_rs;
+    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(vp + r * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
   }
   for (int64_t p = 0; p < d; ++p) {
     float* dst = qt + p * kB;
-    for (int64_t r = 0; r < t.rows; ++r) dst[r] = t.q[r * t.q_rs + p];
+    for (int64_t r = 0; r < t.rows; ++r) dst[r] = vp[r * vs + p];
     for (int64_t r = t.rows; r < 16 * NV; ++r) dst[r] = 0.0f;
+  }
+  // V of the tile's keys packed densely [nk, vs]: the rows of a fused QKV
+  // buffer sit at a large power-of-two-ish stride that maps them onto few
+  // cache sets, and every group of query rows sweeps all of them.
+  for (int64_t jj = 0; jj < t.nk; ++jj) {
+    const float* src = t.v + jj * t.v_rs;
+    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(vp + jj * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
   }
   for (int64_t r = 0; r < kB; ++r) rmax[r] = -std::numeric_limits<float>::infinity();
   Scores<NV>(t, qt, st, rmax);
