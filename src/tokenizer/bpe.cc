@@ -9,6 +9,8 @@
 namespace loom::tok {
 namespace {
 
+constexpr std::string_view kMeta = "\xE2\x96\x81";  // U+2581
+
 uint64_t PairKey(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) |
          static_cast<uint32_t>(b);
@@ -157,6 +159,18 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model,
     if (im == m->vocab_.end()) continue;
     m->InsertMerge(ia->second, ib->second, static_cast<int32_t>(i), im->second);
   }
+  if (!m->ignore_merges_ && m->continuing_subword_prefix_.empty() &&
+      m->end_of_word_suffix_.empty() && m->vocab_.count(kMeta) != 0) {
+    bool crossing = false;
+    for (const auto& [token, id] : m->vocab_) {
+      for (size_t p = token.find(kMeta, 1); p != std::string::npos && !crossing;
+           p = token.find(kMeta, p + 1)) {
+        crossing = !std::string_view(token).substr(0, p).ends_with(kMeta);
+      }
+      if (crossing) break;
+    }
+    m->split_before_meta_ = !crossing;
+  }
   m->cache_ = std::make_unique<CacheShard[]>(kCacheShards);
   return m;
 }
@@ -182,25 +196,55 @@ void BpeModel::Tokenize(std::string_view word,
       return;
     }
   }
-  if (word.size() > kCacheMaxWordBytes) {
-    MergeWord(word, out);
+  if (!split_before_meta_ || word.size() <= kCacheMaxWordBytes) {
+    TokenizeCached(word, 0, out);
     return;
   }
-  CacheShard& shard = cache_[StringHash{}(word) % kCacheShards];
-  {
-    std::lock_guard<std::mutex> lock(shard.mu);
-    auto it = shard.map.find(word);
-    if (it != shard.map.end()) {
-      out->insert(out->end(), it->second.begin(), it->second.end());
-      return;
+  size_t start = 0;
+  size_t p = word.find(kMeta, 1);
+  while (p != std::string_view::npos) {
+    if (!word.substr(0, p).ends_with(kMeta)) {
+      TokenizeCached(word.substr(start, p - start),
+                     static_cast<uint32_t>(start), out);
+      start = p;
+    }
+    p = word.find(kMeta, p + kMeta.size());
+  }
+  TokenizeCached(word.substr(start), static_cast<uint32_t>(start), out);
+}
+
+void BpeModel::TokenizeCached(std::string_view word, uint32_t base,
+                              std::vector<WordToken>* out) const {
+  if (word.empty()) return;
+  const size_t first = out->size();
+  if (word.size() > kCacheMaxWordBytes) {
+    MergeWord(word, out);
+  } else {
+    CacheShard& shard = cache_[StringHash{}(word) % kCacheShards];
+    bool hit = false;
+    {
+      std::lock_guard<std::mutex> lock(shard.mu);
+      auto it = shard.map.find(word);
+      if (it != shard.map.end()) {
+        out->insert(out->end(), it->second.begin(), it->second.end());
+        hit = true;
+      }
+    }
+    if (!hit) {
+      MergeWord(word, out);
+      std::lock_guard<std::mutex> lock(shard.mu);
+      if (shard.map.size() < kCacheMaxEntriesPerShard) {
+        shard.map.emplace(
+            std::string(word),
+            std::vector<WordToken>(out->begin() + first, out->end()));
+      }
     }
   }
-  const size_t first = out->size();
-  MergeWord(word, out);
-  std::lock_guard<std::mutex> lock(shard.mu);
-  if (shard.map.size() < kCacheMaxEntriesPerShard) {
-    shard.map.emplace(std::string(word),
-                      std::vector<WordToken>(out->begin() + first, out->end()));
+  if (base != 0) {
+    for (size_t k = first; k < out->size(); ++k) {
+      (*out)[k].begin += base;
+      (*out)[k].end += base;
+    }
   }
 }
 

@@ -58,6 +58,9 @@ class BpeModel {
 
  private:
   BpeModel() = default;
+  // Tokenizes `word` through the cache; offsets are shifted by `base`.
+  void TokenizeCached(std::string_view word, uint32_t base,
+                      std::vector<WordToken>* out) const;
   void MergeWord(std::string_view word, std::vector<WordToken>* out) const;
 
   Vocab vocab_;
@@ -81,6 +84,12 @@ class BpeModel {
   std::string continuing_subword_prefix_;
   std::string end_of_word_suffix_;
   std::array<int32_t, 256> byte_ids_{};
+  // SentencePiece-style vocabularies have no token in which "▁" follows
+  // another character. Then no merge can cross the start of a "▁" that
+  // follows a non-"▁" character, and a long word (a whole text, for
+  // tokenizers without a pre-tokenizer) is merged piecewise with the same
+  // result, each piece going through the cache.
+  bool split_before_meta_ = false;
 
   struct CacheShard {
     std::mutex mu;
