@@ -4,9 +4,6 @@
 
 namespace loom::cli {
 
-void AddInspectCommand(CLI::App&, int*) {}
-void AddTokenizeCommand(CLI::App&, int*) {}
-void AddSynthCommand(CLI::App&, int*) {}
 void AddRunCommand(CLI::App&, int*) {}
 
 }  // namespace loom::cli

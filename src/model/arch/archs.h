@@ -17,6 +17,11 @@ extern const ArchDef kPhi3;
 extern const ArchDef kGpt2;
 extern const ArchDef kOlmo;
 extern const ArchDef kOlmo2;
+// Planning only (runnable = false).
+extern const ArchDef kMixtral;
+extern const ArchDef kQwen2Moe;
+extern const ArchDef kQwen3Moe;
+extern const ArchDef kGptOss;
 
 }  // namespace loom::arch
 

@@ -1,0 +1,30 @@
+// Synthetic checkpoints: a config.json plus model.safetensors with seeded
+// random weights of a given shape, for benchmarks and memory tests without
+// downloading a model. Matrices ~ U(-a, a) with std 1/sqrt(fan_in), norm
+// gains ~ 1 + U(-0.1, 0.1), embeddings std 0.02. Deterministic in the seed.
+#ifndef LOOM_MODEL_SYNTH_H_
+#define LOOM_MODEL_SYNTH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+
+namespace loom {
+
+struct SynthOptions {
+  std::string preset = "tinyllama-1.1b";  // or "small" (hidden 256, 4 layers)
+  int64_t num_layers = 0;                 // 0 = the preset's
+  int64_t vocab_size = 0;                 // 0 = the preset's
+  DType dtype = DType::kBF16;
+  uint64_t seed = 1;
+};
+
+// Writes `out_dir`/config.json and `out_dir`/model.safetensors (a llama
+// architecture). Returns the number of parameters written.
+StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir, const SynthOptions& options);
+
+}  // namespace loom
+
+#endif  // LOOM_MODEL_SYNTH_H_

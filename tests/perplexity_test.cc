@@ -1,0 +1,430 @@
+// Perplexity and compare against Hugging Face goldens: hf-stride perplexity of
+// stories260K on the WikiText-2 prefix (golden value and per-window sums), the
+// llama-cpp and all-tokens protocols against values computed here from the
+// golden per-token log-probs, logprob_next of every golden sequence, compare
+// of a model with itself and f32 vs bf16, errors, and the logits-memory bound.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "src/eval/compare.h"
+#include "src/eval/perplexity.h"
+#include "src/eval/synthetic_checkpoint.h"
+#include "src/eval/windows.h"
+#include "src/runtime/model.h"
+#include "tests/golden_util.h"
+
+namespace loom::eval {
+namespace {
+
+using ::loom::testing::BundledGoldenDir;
+using ::loom::testing::GoldenFile;
+using ::loom::testing::ReadJson;
+using ::loom::testing::SharedGoldenDir;
+
+std::string StoriesDir() { return std::string(LOOM_MODELS_DIR) + "/stories260K"; }
+std::string StoriesGoldenDir() { return BundledGoldenDir() + "/stories260K"; }
+
+std::unique_ptr<Model> Load(const std::string& dir, Precision p = Precision::kF32) {
+  auto m = Model::Load(dir, p);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+struct PplGolden {
+  std::vector<int32_t> ids;
+  std::vector<float> token_logprob;  // [N], NaN at 0
+  nlohmann::json manifest;           // perplexity_f32
+};
+
+const PplGolden& Golden() {
+  static const PplGolden* g = [] {
+    auto* p = new PplGolden;
+    auto f = GoldenFile::Open(StoriesGoldenDir() + "/goldens_f32.safetensors");
+    p->ids = f->Ids("ppl.input_ids");
+    p->token_logprob = f->F32("ppl.token_logprob");
+    p->manifest = ReadJson(StoriesGoldenDir() + "/manifest.json")["perplexity_f32"];
+    return p;
+  }();
+  return *g;
+}
+
+PerplexityResult Run(const Model& model, std::span<const int32_t> ids, const WindowOptions& wo,
+                     int64_t chunk = 256) {
+  auto plan = PlanWindows(static_cast<int64_t>(ids.size()), wo);
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  EvalOptions eo;
+  eo.logits_chunk_rows = chunk;
+  eo.keep_token_logprobs = true;
+  auto r = EvaluatePerplexity(model, ids, *plan, eo);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : PerplexityResult{};
+}
+
+// Max |ours - golden| over the scored tokens whose context the golden run shares.
+double MaxTokenError(const PerplexityResult& r, const std::vector<float>& golden,
+                     const std::function<bool(int64_t index, int64_t position)>& comparable, int64_t* compared) {
+  double worst = 0;
+  *compared = 0;
+  for (size_t i = 0; i < r.token_position.size(); ++i) {
+    if (!comparable(static_cast<int64_t>(i), r.token_position[i])) continue;
+    worst = std::max(worst, std::fabs(static_cast<double>(r.token_logprob[i]) - golden[r.token_position[i]]));
+    ++*compared;
+  }
+  return worst;
+}
+
+// The acceptance number: stories260K, first 16,000 characters of
+// wiki.test.raw, BOS once, ctx 256 / stride 128 -> ppl 111.528.
+TEST(PerplexityGoldenTest, HfStrideMatchesGoldenStories260K) {
+  auto model = Load(StoriesDir());
+  ASSERT_NE(model, nullptr);
+  const PplGolden& g = Golden();
+  ASSERT_EQ(g.ids.size(), 9847u);
+  ASSERT_EQ(g.ids[0], 1) << "golden ids start with BOS";
+  const PerplexityResult r = Run(*model, g.ids, {.protocol = Protocol::kHfStride, .ctx = 256, .stride = 128});
+  const double expected = g.manifest["ppl"];
+  EXPECT_EQ(r.windows, 76);
+  EXPECT_EQ(r.tokens_scored, 9846);
+  EXPECT_NEAR(r.perplexity, expected, 1e-5 * expected) << "golden ppl " << expected;
+  EXPECT_NEAR(r.nll_sum, g.manifest["nll_sum"].get<double>(), 1e-5 * g.manifest["nll_sum"].get<double>());
+  const auto& windows = g.manifest["windows"];
+  ASSERT_EQ(windows.size(), r.window_nll_sum.size());
+  for (size_t w = 0; w < windows.size(); ++w) {
+    const double e = windows[w]["nll_sum"];
+    EXPECT_NEAR(r.window_nll_sum[w], e, 1e-5 * e) << "window " << w << " [" << windows[w]["begin"] << ", "
+                                                  << windows[w]["end"] << ")";
+  }
+  int64_t n = 0;
+  const double err = MaxTokenError(r, g.token_logprob, [](int64_t, int64_t) { return true; }, &n);
+  EXPECT_EQ(n, 9846);
+  EXPECT_LE(err, 1e-4) << "max |log p - golden| over every scored token";
+  // Positions are each scored once, 1..N-1 in order.
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(r.token_position[i], i + 1);
+}
+
+// A smaller chunk only changes how the rows are grouped.
+TEST(PerplexityGoldenTest, ChunkSizeDoesNotChangeTheResult) {
+  auto model = Load(StoriesDir());
+  ASSERT_NE(model, nullptr);
+  const PplGolden& g = Golden();
+  WindowOptions wo{.protocol = Protocol::kHfStride, .ctx = 256, .stride = 128, .max_windows = 6};
+  const PerplexityResult a = Run(*model, g.ids, wo, 256);
+  const PerplexityResult b = Run(*model, g.ids, wo, 7);
+  EXPECT_NEAR(a.nll_sum, b.nll_sum, 1e-9 * a.nll_sum);
+}
+
+// llama-cpp without per-window BOS: chunk i scores [256 i + 129, 256 i + 256)
+// from context 256 i — the same contexts as the golden hf-stride run.
+TEST(PerplexityGoldenTest, LlamaCppMatchesGoldenLogprobs) {
+  auto model = Load(StoriesDir());
+  ASSERT_NE(model, nullptr);
+  const PplGolden& g = Golden();
+  const PerplexityResult r = Run(*model, g.ids, {.protocol = Protocol::kLlamaCpp, .ctx = 256});
+  const int64_t chunks = 9847 / 256;
+  EXPECT_EQ(r.windows, chunks);
+  EXPECT_EQ(r.tokens_scored, chunks * 127);
+  double expected = 0;
+  for (int64_t i = 0; i < chunks; ++i)
+    for (int64_t t = 256 * i + 129; t < 256 * i + 256; ++t) expected -= g.token_logprob[t];
+  EXPECT_NEAR(r.nll_sum, expected, 1e-5 * expected);
+  EXPECT_NEAR(r.perplexity, std::exp(expected / (chunks * 127)), 1e-5 * r.perplexity);
+  int64_t n = 0;
+  EXPECT_LE(MaxTokenError(r, g.token_logprob, [](int64_t, int64_t) { return true; }, &n), 1e-4);
+  EXPECT_EQ(n, r.tokens_scored);
+
+  // With BOS in every chunk: chunk 0 (already starting with BOS) is unchanged,
+  // later chunks see a different first token.
+  const PerplexityResult rb =
+      Run(*model, g.ids, {.protocol = Protocol::kLlamaCpp, .ctx = 256, .max_windows = 2, .window_bos = 1});
+  EXPECT_NEAR(rb.window_nll_sum[0], r.window_nll_sum[0], 1e-9 * r.window_nll_sum[0]);
+  EXPECT_NE(rb.window_nll_sum[1], r.window_nll_sum[1]);
+}
+
+// all-tokens, ctx 256 / stride 128: window a scores a+1 .. a+255. The golden
+// run used context a for positions a+128 .. a+255 (and context 0 for
+// 1 .. 255), so those are checked token by token, and window 0 in full.
+TEST(PerplexityGoldenTest, AllTokensMatchesGoldenLogprobs) {
+  auto model = Load(StoriesDir());
+  ASSERT_NE(model, nullptr);
+  const PplGolden& g = Golden();
+  const PerplexityResult r = Run(*model, g.ids, {.protocol = Protocol::kAllTokens, .ctx = 256, .stride = 128});
+  const int64_t windows = (9847 - 256 + 127) / 128;  // a = 0, 128, ... < N - ctx
+  EXPECT_EQ(r.windows, windows);
+  EXPECT_EQ(r.tokens_scored, windows * 255);
+  int64_t n = 0;
+  const double err = MaxTokenError(
+      r, g.token_logprob,
+      [](int64_t i, int64_t t) {
+        const int64_t a = (i / 255) * 128;  // window start
+        return a == 0 || t >= a + 128;
+      },
+      &n);
+  EXPECT_EQ(n, 255 + (windows - 1) * 128);
+  EXPECT_LE(err, 1e-4);
+  double window0 = 0;
+  for (int64_t t = 1; t < 256; ++t) window0 -= g.token_logprob[t];
+  EXPECT_NEAR(r.window_nll_sum[0], window0, 1e-5 * window0);
+  // Overlapping tokens are scored again: mean over all windows' tokens.
+  double sum = 0;
+  for (double w : r.window_nll_sum) sum += w;
+  EXPECT_NEAR(r.nll_mean, sum / r.tokens_scored, 1e-12 * r.nll_mean);
+}
+
+// logprob_next of one golden sequence = hf-stride with ctx = T (one window).
+void CheckLogprobNext(const Model& model, const std::vector<int32_t>& ids, const std::vector<float>& golden,
+                      double atol, const std::string& what) {
+  const int64_t T = static_cast<int64_t>(ids.size());
+  ASSERT_EQ(static_cast<int64_t>(golden.size()), T - 1) << what;
+  const PerplexityResult r = Run(model, ids, {.protocol = Protocol::kHfStride, .ctx = T}, /*chunk=*/5);
+  ASSERT_EQ(r.tokens_scored, T - 1) << what;
+  double worst = 0, nll = 0;
+  for (int64_t t = 0; t < T - 1; ++t) {
+    worst = std::max(worst, std::fabs(static_cast<double>(r.token_logprob[t]) - golden[t]));
+    nll -= golden[t];
+  }
+  EXPECT_LE(worst, atol) << what << ": max |log p - HF logprob_next|";
+  EXPECT_NEAR(r.nll_sum, nll, atol * (T - 1)) << what;
+}
+
+TEST(PerplexityGoldenTest, LogprobNextStories260KPrompts) {
+  auto f32 = Load(StoriesDir());
+  ASSERT_NE(f32, nullptr);
+  auto golden = GoldenFile::Open(StoriesGoldenDir() + "/goldens_f32.safetensors");
+  auto golden_bf16 = GoldenFile::Open(StoriesGoldenDir() + "/goldens_bf16.safetensors");
+  std::unique_ptr<Model> bf16;
+  if (CpuSupportsComputeDType(DType::kBF16)) bf16 = Load(StoriesDir(), Precision::kBF16);
+  for (int p = 0; p < 4; ++p) {
+    const std::string name = "prompt" + std::to_string(p);
+    const std::vector<int32_t> ids = golden->Ids(name + ".input_ids");
+    CheckLogprobNext(*f32, ids, golden->F32(name + ".logprob_next"), 1e-4, "stories260K f32 " + name);
+    // bf16: the golden README's bound for a bf16 engine.
+    if (bf16) CheckLogprobNext(*bf16, ids, golden_bf16->F32(name + ".logprob_next"), 0.25, "stories260K bf16 " + name);
+  }
+  if (!bf16) GTEST_SKIP() << "SKIPPED LOUDLY: no bf16 compute on this CPU; bf16 log-probs not checked";
+}
+
+TEST(PerplexityGoldenTest, LogprobNextTinyModels) {
+  if (SharedGoldenDir().empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden directory " << LOOM_SHARED_DIR
+                 << "/golden not found; tiny-model logprob_next is not checked on this machine";
+  for (const char* name : {"llama", "llama3rope_bf16", "mistral_sw16_sharded", "qwen2", "qwen3", "gemma", "gemma2",
+                           "phi3", "gpt2", "olmo", "olmo2"}) {
+    const std::string dir = SharedGoldenDir() + "/tiny/" + name;
+    auto model = Load(dir);
+    ASSERT_NE(model, nullptr) << name;
+    auto golden = GoldenFile::Open(dir + "/goldens_f32.safetensors");
+    const nlohmann::json manifest = ReadJson(dir + "/manifest.json");
+    int checked = 0;
+    for (const auto& s : manifest["sequences"]) {
+      const std::string seq = s["name"];
+      if (!golden->Has(seq + ".logprob_next")) continue;
+      CheckLogprobNext(*model, golden->Ids(seq + ".input_ids"), golden->F32(seq + ".logprob_next"), 1e-4,
+                       std::string(name) + " " + seq);
+      ++checked;
+    }
+    // The padded batch: each row up to its valid length.
+    Shape shape;
+    const std::vector<int32_t> padded = golden->Ids("batch.input_ids", &shape);
+    const std::vector<float> lp = golden->F32("batch.logprob_next");
+    const int64_t Tp = shape[1];
+    for (int64_t b = 0; b < shape[0]; ++b) {
+      const int64_t len = manifest["batch"]["valid_lengths"][b];
+      std::vector<int32_t> ids(padded.begin() + b * Tp, padded.begin() + b * Tp + len);
+      std::vector<float> expected(lp.begin() + b * (Tp - 1), lp.begin() + b * (Tp - 1) + len - 1);
+      CheckLogprobNext(*model, ids, expected, 1e-4, std::string(name) + " batch row " + std::to_string(b));
+      ++checked;
+    }
+    EXPECT_GE(checked, 8) << name;
+  }
+}
+
+// ---- compare ----
+
+TEST(CompareTest, ModelWithItselfHasZeroKlAndDrift) {
+  auto a = Load(StoriesDir());
+  auto b = Load(StoriesDir());
+  ASSERT_TRUE(a && b);
+  const PplGolden& g = Golden();
+  auto plan = PlanWindows(static_cast<int64_t>(g.ids.size()),
+                          {.protocol = Protocol::kHfStride, .ctx = 256, .stride = 128, .max_windows = 8});
+  ASSERT_TRUE(plan.ok());
+  CompareOptions o;
+  o.drift = true;
+  o.logits_chunk_rows = 64;
+  auto r = CompareModels(*a, *b, g.ids, *plan, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->kl.value, 0.0);
+  EXPECT_EQ(r->kl_max, 0.0);
+  EXPECT_EQ(r->ln_ppl_ratio.value, 0.0);
+  EXPECT_EQ(r->ppl_diff.value, 0.0);
+  EXPECT_EQ(r->same_top1.value, 1.0);
+  EXPECT_EQ(r->rms_delta_p.value, 0.0);
+  EXPECT_NEAR(r->prob_pearson, 1.0, 1e-12);
+  ASSERT_EQ(r->drift.size(), 5u);
+  for (const LayerDrift& d : r->drift) {
+    EXPECT_EQ(d.rel_frobenius, 0.0) << "layer " << d.layer;
+    EXPECT_NEAR(d.cosine, 1.0, 1e-12) << "layer " << d.layer;
+    EXPECT_TRUE(std::isinf(d.sqnr_db) && d.sqnr_db > 0) << "layer " << d.layer;
+  }
+  // The perplexity inside compare is `loom perplexity`'s.
+  EvalOptions eo;
+  eo.logits_chunk_rows = 64;
+  auto p = EvaluatePerplexity(*a, g.ids, *plan, eo);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(r->ppl_a, p->perplexity);
+  EXPECT_EQ(r->tokens_scored, p->tokens_scored);
+}
+
+// Mean KL(f32 || bf16) over every next-token position of the golden prompts:
+// ours (Loom f32 vs Loom bf16) against the value from the two golden files
+// (HF f32 logits vs HF bf16 logits).
+TEST(CompareTest, F32VsBf16KlMatchesGoldenFiles) {
+  if (!CpuSupportsComputeDType(DType::kBF16)) GTEST_SKIP() << "SKIPPED LOUDLY: no bf16 compute on this CPU";
+  auto ref = Load(StoriesDir(), Precision::kF32);
+  auto cand = Load(StoriesDir(), Precision::kBF16);
+  ASSERT_TRUE(ref && cand);
+  auto gf = GoldenFile::Open(StoriesGoldenDir() + "/goldens_f32.safetensors");
+  auto gb = GoldenFile::Open(StoriesGoldenDir() + "/goldens_bf16.safetensors");
+  const int64_t V = 512;
+  double ours_sum = 0, golden_sum = 0;
+  int64_t tokens = 0;
+  for (int p = 0; p < 4; ++p) {
+    const std::string name = "prompt" + std::to_string(p);
+    const std::vector<int32_t> ids = gf->Ids(name + ".input_ids");
+    const int64_t T = static_cast<int64_t>(ids.size());
+    auto plan = PlanWindows(T, {.protocol = Protocol::kHfStride, .ctx = T});
+    ASSERT_TRUE(plan.ok());
+    CompareOptions o;
+    o.keep_token_logprobs = true;
+    auto r = CompareModels(*cand, *ref, ids, *plan, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_GT(r->kl.value, 0.0) << name;
+    const std::vector<float> lf = gf->F32(name + ".logits"), lb = gb->F32(name + ".logits");
+    for (int64_t t = 0; t + 1 < T; ++t) {
+      double mf = -INFINITY, mb = -INFINITY, sf = 0, sb = 0;
+      for (int64_t v = 0; v < V; ++v) mf = std::max(mf, double(lf[t * V + v])), mb = std::max(mb, double(lb[t * V + v]));
+      for (int64_t v = 0; v < V; ++v) sf += std::exp(lf[t * V + v] - mf), sb += std::exp(lb[t * V + v] - mb);
+      const double zf = mf + std::log(sf), zb = mb + std::log(sb);
+      double kl = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double qf = lf[t * V + v] - zf, qb = lb[t * V + v] - zb;
+        kl += std::exp(qf) * (qf - qb);
+      }
+      golden_sum += kl;
+      ours_sum += r->token_kl[t];
+      ++tokens;
+    }
+  }
+  const double ours = ours_sum / tokens, golden = golden_sum / tokens;
+  std::printf("mean KL(f32 || bf16) over %lld tokens: Loom %.6g, HF goldens %.6g\n", static_cast<long long>(tokens),
+              ours, golden);
+  EXPECT_GT(ours, 0.0);
+  EXPECT_NEAR(ours, golden, 0.5 * golden);
+}
+
+// ---- errors ----
+
+TEST(PerplexityErrorTest, TextShorterThanOneWindow) {
+  auto plan = PlanWindows(100, {.protocol = Protocol::kHfStride, .ctx = 256});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("100 tokens"), std::string::npos) << plan.status().message();
+  EXPECT_NE(plan.status().message().find("ctx = 256"), std::string::npos) << plan.status().message();
+}
+
+TEST(PerplexityErrorTest, CtxAboveModelMaximum) {
+  auto model = Load(StoriesDir());
+  ASSERT_NE(model, nullptr);
+  std::vector<int32_t> ids(2000, 5);
+  auto plan = PlanWindows(2000, {.protocol = Protocol::kHfStride, .ctx = 1024});
+  ASSERT_TRUE(plan.ok());
+  auto r = EvaluatePerplexity(*model, ids, *plan, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("1024"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("max_position_embeddings = 512"), std::string::npos) << r.status().message();
+}
+
+TEST(PerplexityErrorTest, CompareNeedsTheSameVocabulary) {
+  const std::string dir = ::testing::TempDir() + "/loom_vocab1024";
+  ASSERT_TRUE(WriteSyntheticLlama(dir, {.vocab = 1024}).ok());
+  auto a = Load(dir);
+  auto b = Load(StoriesDir());
+  ASSERT_TRUE(a && b);
+  std::vector<int32_t> ids(64, 7);
+  auto plan = PlanWindows(64, {.protocol = Protocol::kHfStride, .ctx = 32});
+  ASSERT_TRUE(plan.ok());
+  auto r = CompareModels(*a, *b, ids, *plan, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("1024"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("512"), std::string::npos) << r.status().message();
+}
+
+// ---- memory ----
+
+// ctx 2048 with a 32k vocabulary: full logits would be 2048 x 32000 x 4 B =
+// 250 MiB. The plan holds one [chunk, vocab] logits buffer.
+TEST(PerplexityMemoryTest, Ctx2048Vocab32kStaysWithinChunkBound) {
+  const std::string dir = ::testing::TempDir() + "/loom_vocab32k";
+  const SyntheticLlama spec{.vocab = 32000, .hidden = 64, .layers = 1, .heads = 4, .kv_heads = 2,
+                            .intermediate = 128, .max_position_embeddings = 2048, .embed_std = 0.5f};
+  ASSERT_TRUE(WriteSyntheticLlama(dir, spec).ok());
+  auto model = Load(dir);
+  ASSERT_NE(model, nullptr);
+  std::mt19937 rng(3);
+  std::vector<int32_t> ids(3000);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % 32000);
+  const int64_t ctx = 2048, chunk = 256, V = 32000;
+  auto plan = PlanWindows(static_cast<int64_t>(ids.size()), {.protocol = Protocol::kHfStride, .ctx = ctx, .stride = 1024});
+  ASSERT_TRUE(plan.ok());
+  EvalOptions eo;
+  eo.logits_chunk_rows = chunk;
+  auto r = EvaluatePerplexity(*model, ids, *plan, eo);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::isfinite(r->perplexity));
+  // Planned bound: one logits chunk + (per token) the executor's activations
+  // and the evaluation's ids, O(ctx x (hidden + intermediate + heads)), with
+  // a generous constant; attention workspace per thread.
+  const int64_t chunk_bytes = chunk * V * 4;
+  const int64_t full_logits = ctx * V * 4;
+  const int64_t planned = r->executor_bytes + r->eval_bytes;
+  std::printf("planned: executor %lld B + eval %lld B; one logits chunk %lld B; full logits would be %lld B\n",
+              static_cast<long long>(r->executor_bytes), static_cast<long long>(r->eval_bytes),
+              static_cast<long long>(chunk_bytes), static_cast<long long>(full_logits));
+  EXPECT_LE(r->eval_bytes, chunk_bytes + 64 * ctx + 4 * 1024 * 1024);
+  EXPECT_LT(planned, full_logits / 4);
+
+  // Measured: the peak RSS of `loom perplexity` in a child process.
+  if (!std::filesystem::exists(LOOM_BINARY)) GTEST_SKIP() << "SKIPPED LOUDLY: " << LOOM_BINARY << " not built";
+  const std::string tokens = ::testing::TempDir() + "/loom_vocab32k_tokens.txt";
+  {
+    std::ofstream out(tokens);
+    for (int32_t id : ids) out << id << "\n";
+  }
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(LOOM_BINARY, LOOM_BINARY, "perplexity", "--model", dir.c_str(), "--tokens", tokens.c_str(), "--ctx", "2048",
+          "--stride", "1024", "--json", "--quiet", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  ASSERT_EQ(wait4(pid, &status, 0, &usage), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "loom perplexity failed, status " << status;
+  const int64_t peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  const int64_t weights = static_cast<int64_t>(std::filesystem::file_size(dir + "/model.safetensors"));
+  std::printf("loom perplexity peak RSS %.1f MiB (weights %.1f MiB, planned %.1f MiB, full logits %.1f MiB)\n",
+              peak / 1048576.0, weights / 1048576.0, planned / 1048576.0, full_logits / 1048576.0);
+  // Process baseline (libraries, oneDNN, OpenMP) well under 100 MiB.
+  EXPECT_LT(peak, weights + planned + 100 * 1024 * 1024);
+  EXPECT_LT(peak, full_logits);
+}
+
+}  // namespace
+}  // namespace loom::eval
