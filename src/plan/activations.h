@@ -1,0 +1,88 @@
+// The activation, workspace and logits arenas of one device's forward pass,
+// laid out by liveness.
+//
+// The forward is written as a fixed program of steps: the steps before the
+// blocks (embedding), one generic block (every layer runs the same steps on
+// the same regions, one layer after another), and the steps after the blocks
+// (final norm, logits). Each region is live over [first_step, last_step] of
+// that program; regions that carry values from layer to layer (the residual
+// stream, RoPE tables) are live over the whole program. Regions whose
+// lifetimes intersect never share bytes; the others may. Offsets are chosen
+// greedily (largest region first, lowest 64-byte-aligned offset that does not
+// collide), so the layout is deterministic and never larger than the sum of
+// its regions.
+//
+// The sizes come only from the config, the job and the injected KernelCosts:
+// nothing here calls a device or a backend (the backend passes its workspace
+// functions in at the call site; see KernelCosts).
+#ifndef LOOM_PLAN_ACTIVATIONS_H_
+#define LOOM_PLAN_ACTIVATIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/core/dtype.h"
+#include "src/model/config.h"
+#include "src/model/hooks.h"
+#include "src/plan/job.h"
+
+namespace loom {
+
+// What a backend's kernels need, given to the planner by the caller (the
+// dependency direction is plan -> backend, so the planner cannot ask).
+struct KernelCosts {
+  // Scratch bytes of one GEMM with an [m, k] input and weights of `w_dtype`
+  // (cpu::GemmWorkspaceBytes). nullptr = none.
+  int64_t (*gemm_workspace)(int64_t m, int64_t k, DType w_dtype) = nullptr;
+  // Scratch bytes of attention over sequences up to `max_seq_len`
+  // (cpu::AttentionWorkspaceBytes). nullptr = none.
+  int64_t (*attention_workspace)(int64_t max_seq_len, int64_t q_heads,
+                                 int64_t head_dim, int num_threads) = nullptr;
+  int num_threads = 1;
+  // Element type of the forward's activations (f32 on the CPU backend).
+  DType activation_dtype = DType::kF32;
+};
+
+struct PlannedRegion {
+  std::string name;   // "qkv", "residual", ...
+  std::string shape;  // "[T, Q+2KV] f32" with the numbers: "[2048, 6144] f32"
+  int64_t bytes = 0;
+  int64_t offset = 0;  // 64-byte aligned
+  int first_step = 0;  // live over [first_step, last_step] of the program
+  int last_step = 0;
+  std::vector<HookSite> hooks;  // hook sites read from this region
+};
+
+struct ArenaPlan {
+  static constexpr int64_t kAlign = 64;
+  std::vector<PlannedRegion> regions;
+  int64_t total_bytes = 0;  // the arena: max(offset + aligned bytes)
+  int64_t naive_bytes = 0;  // sum of aligned region bytes (no reuse)
+  // Index of the region named `name`, or -1.
+  int Find(std::string_view name) const;
+};
+
+struct ActivationLayout {
+  std::vector<std::string> steps;  // the program, in order
+  int block_first_step = 0;        // the generic block's steps
+  int block_last_step = 0;
+  ArenaPlan activations;  // packed by liveness
+  ArenaPlan workspace;    // kernel scratch (each kernel its own region)
+  ArenaPlan logits;       // [chunk, V] (empty when no logits are computed)
+};
+
+// The layout for `job` on `c` (T = job.batch_tokens, L = job.MaxSeqLen()).
+// Hooked tensors are live at least until they are copied: at their step for
+// synchronous capture, to the end of the block for job.async_capture.
+ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
+                                 const KernelCosts& costs);
+
+// Assigns offsets by liveness (exposed for the property tests).
+void PackArena(ArenaPlan* arena);
+
+}  // namespace loom
+
+#endif  // LOOM_PLAN_ACTIVATIONS_H_

@@ -1,0 +1,193 @@
+#include "src/plan/devices.h"
+
+#include <algorithm>
+#include <set>
+
+#include "src/base/units.h"
+
+namespace loom {
+namespace {
+
+std::vector<std::string_view> Split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = s.find(sep, begin);
+    out.push_back(s.substr(begin, end == std::string_view::npos
+                                      ? std::string_view::npos
+                                      : end - begin));
+    if (end == std::string_view::npos) break;
+    begin = end + 1;
+  }
+  return out;
+}
+
+// "0" -> "cuda:0", "cpu" -> "cpu", "cuda:1" -> "cuda:1".
+StatusOr<std::string> CanonicalName(std::string_view key,
+                                    std::string_view flag) {
+  if (key.empty())
+    return InvalidArgumentError(std::string(flag) + ": empty device name");
+  if (std::all_of(key.begin(), key.end(),
+                  [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return "cuda:" + std::string(key);
+  if (key == "cpu" || key == "disk") return std::string(key);
+  if (key.rfind("cuda:", 0) == 0 && key.size() > 5 &&
+      std::all_of(key.begin() + 5, key.end(),
+                  [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return std::string(key);
+  if (key == "cuda") return std::string("cuda:0");
+  return InvalidArgumentError(std::string(flag) + ": device '" +
+                              std::string(key) +
+                              "' is not one of cpu, cuda:N (or N), disk");
+}
+
+DeviceKind KindOf(const std::string& name) {
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "disk") return DeviceKind::kDisk;
+  return DeviceKind::kCuda;
+}
+
+DeviceSpec* FindDevice(std::vector<DeviceSpec>* devices,
+                       const std::string& name) {
+  for (DeviceSpec& d : *devices)
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+}  // namespace
+
+int64_t DeviceSpec::usable() const {
+  if (kind == DeviceKind::kDisk) return kUnlimitedBytes;
+  const int64_t cap = max_memory ? std::min(capacity, *max_memory) : capacity;
+  return cap - reserve;
+}
+
+StatusOr<DeviceSpec> ParseDevice(std::string_view text,
+                                 int64_t detected_host_bytes,
+                                 std::optional<int64_t> detected_cuda_bytes) {
+  const size_t eq = text.find('=');
+  ASSIGN_OR_RETURN(std::string name,
+                   CanonicalName(text.substr(0, eq), "--device"));
+  DeviceSpec d;
+  d.name = name;
+  d.kind = KindOf(name);
+  if (d.kind == DeviceKind::kDisk) {
+    if (eq != std::string_view::npos)
+      return InvalidArgumentError("--device " + std::string(text) +
+                                  ": disk takes no size (it is unlimited)");
+    d.capacity = kUnlimitedBytes;
+    return d;
+  }
+  if (eq != std::string_view::npos) {
+    ASSIGN_OR_RETURN(d.capacity, ParseBytes(text.substr(eq + 1)));
+    if (d.capacity <= 0)
+      return InvalidArgumentError("--device " + std::string(text) +
+                                  ": capacity must be > 0");
+    d.capacity_given = true;
+    return d;
+  }
+  if (d.kind == DeviceKind::kCpu) {
+    d.capacity = detected_host_bytes;
+    return d;
+  }
+  if (!detected_cuda_bytes)
+    return InvalidArgumentError("--device " + std::string(text) +
+                                ": no such GPU is visible to this build, so "
+                                "its capacity must be declared (--device " +
+                                name + "=80GiB)");
+  d.capacity = *detected_cuda_bytes;
+  return d;
+}
+
+Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices) {
+  for (std::string_view item : Split(text, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      return InvalidArgumentError(
+          "--max-memory '" + std::string(item) +
+          "': expected DEVICE=SIZE (0=38GiB, cpu=50GiB)");
+    ASSIGN_OR_RETURN(std::string name,
+                     CanonicalName(item.substr(0, eq), "--max-memory"));
+    if (name == "disk")
+      return InvalidArgumentError("--max-memory: disk has no budget");
+    ASSIGN_OR_RETURN(int64_t bytes, ParseBytes(item.substr(eq + 1)));
+    if (bytes <= 0)
+      return InvalidArgumentError("--max-memory " + std::string(item) +
+                                  ": budget must be > 0");
+    DeviceSpec* d = FindDevice(devices, name);
+    if (d == nullptr) {
+      DeviceSpec nd;
+      nd.name = name;
+      nd.kind = KindOf(name);
+      nd.capacity = bytes;
+      nd.capacity_given = true;
+      devices->push_back(nd);
+      d = &devices->back();
+    }
+    d->max_memory = bytes;
+    d->compute = true;
+  }
+  return Status();
+}
+
+Status ApplyReserve(std::string_view text, std::vector<DeviceSpec>* devices) {
+  if (text.find('=') == std::string_view::npos) {
+    ASSIGN_OR_RETURN(int64_t bytes, ParseBytes(text));
+    if (bytes < 0)
+      return InvalidArgumentError("--reserve " + std::string(text) +
+                                  ": must be >= 0");
+    for (DeviceSpec& d : *devices)
+      if (d.kind != DeviceKind::kDisk) d.reserve = bytes;
+    return Status();
+  }
+  for (std::string_view item : Split(text, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      return InvalidArgumentError(
+          "--reserve '" + std::string(item) +
+          "': expected DEVICE=SIZE or one SIZE for all");
+    ASSIGN_OR_RETURN(std::string name,
+                     CanonicalName(item.substr(0, eq), "--reserve"));
+    DeviceSpec* d = FindDevice(devices, name);
+    if (d == nullptr)
+      return InvalidArgumentError("--reserve " + std::string(item) +
+                                  ": no device " + name +
+                                  " (give it with --device or --max-memory)");
+    ASSIGN_OR_RETURN(d->reserve, ParseBytes(item.substr(eq + 1)));
+    if (d->reserve < 0)
+      return InvalidArgumentError("--reserve " + std::string(item) +
+                                  ": must be >= 0");
+  }
+  return Status();
+}
+
+Status NormalizeDevices(std::vector<DeviceSpec>* devices, int64_t host_bytes) {
+  std::set<std::string> seen;
+  for (const DeviceSpec& d : *devices)
+    if (!seen.insert(d.name).second)
+      return InvalidArgumentError("--device " + d.name + " is given twice");
+  if (FindDevice(devices, "cpu") == nullptr) {
+    DeviceSpec host;
+    host.name = "cpu";
+    host.kind = DeviceKind::kCpu;
+    host.capacity = host_bytes;
+    host.compute = false;
+    devices->push_back(host);
+  }
+  // Without a computing device (no --device at all, or only disk) the host
+  // computes.
+  bool any_compute = false;
+  for (const DeviceSpec& d : *devices)
+    any_compute |= d.kind != DeviceKind::kDisk && d.compute;
+  if (!any_compute) FindDevice(devices, "cpu")->compute = true;
+  auto rank = [](const DeviceSpec& d) {
+    return d.kind == DeviceKind::kCuda ? 0 : d.kind == DeviceKind::kCpu ? 1 : 2;
+  };
+  std::stable_sort(devices->begin(), devices->end(),
+                   [&](const DeviceSpec& a, const DeviceSpec& b) {
+                     return rank(a) < rank(b);
+                   });
+  return Status();
+}
+
+}  // namespace loom

@@ -1,0 +1,66 @@
+// Devices a plan places memory on, and their command-line spellings:
+//   --device cpu            the host, capacity detected by the caller
+//   --device cpu=24GiB      the host, capacity declared
+//   --device cuda:0=80GiB   a GPU, declared (plans for machines without it)
+//   --device disk           the last tier: weights streamed from the mmap
+//   --max-memory 0=38GiB,1=90GiB,cpu=50GiB   accelerate's syntax: a budget
+//                           per device (an integer key is cuda:N); a device
+//                           named only here is added with that capacity
+//   --reserve 1GiB | cuda:0=2GiB,cpu=4GiB    bytes set aside per device
+// usable = min(capacity, max_memory) - reserve; a plan fits when every
+// device's total <= usable. Nothing here queries hardware.
+#ifndef LOOM_PLAN_DEVICES_H_
+#define LOOM_PLAN_DEVICES_H_
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/base/status.h"
+
+namespace loom {
+
+enum class DeviceKind { kCpu, kCuda, kDisk };
+
+struct DeviceSpec {
+  std::string name;  // "cpu", "cuda:0", "disk"
+  DeviceKind kind = DeviceKind::kCpu;
+  int64_t capacity = 0;               // bytes (disk: unlimited)
+  std::optional<int64_t> max_memory;  // --max-memory budget
+  int64_t reserve = 0;                // --reserve
+  bool capacity_given = false;        // declared (=SIZE) rather than detected
+  // Holds layers. The host is always present to stage captures; it computes
+  // only when it was named with --device or --max-memory.
+  bool compute = true;
+
+  int64_t usable() const;
+};
+
+inline constexpr int64_t kUnlimitedBytes =
+    std::numeric_limits<int64_t>::max() / 4;
+
+// "cpu", "cpu=24GiB", "cuda:1=80GiB", "disk". A cpu without a size gets
+// capacity `detected_host_bytes`; a cuda device without one is an error
+// unless `detected_cuda_bytes` knows it (nullopt: not detectable here).
+StatusOr<DeviceSpec> ParseDevice(
+    std::string_view text, int64_t detected_host_bytes,
+    std::optional<int64_t> detected_cuda_bytes = std::nullopt);
+
+// Applies --max-memory to `devices` (adding devices named only there, as
+// compute devices, before any disk entry).
+Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices);
+
+// Applies --reserve: "SIZE" for every non-disk device, or "NAME=SIZE,...".
+Status ApplyReserve(std::string_view text, std::vector<DeviceSpec>* devices);
+
+// Orders the devices: GPUs in the order given, then the host, then disk;
+// adds a non-computing host with `host_bytes` when none is listed; rejects
+// duplicates.
+Status NormalizeDevices(std::vector<DeviceSpec>* devices, int64_t host_bytes);
+
+}  // namespace loom
+
+#endif  // LOOM_PLAN_DEVICES_H_

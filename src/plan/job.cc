@@ -1,0 +1,119 @@
+#include "src/plan/job.h"
+
+#include <string>
+
+namespace loom {
+
+std::string_view JobModeName(JobMode m) {
+  return m == JobMode::kAnalysis ? "analysis" : "generation";
+}
+
+std::string_view SelectorName(Selector s) {
+  switch (s) {
+    case Selector::kAll:
+      return "all";
+    case Selector::kLast:
+      return "last";
+    case Selector::kMean:
+      return "mean";
+  }
+  return "?";
+}
+
+StatusOr<JobMode> ParseJobMode(std::string_view s) {
+  if (s == "analysis") return JobMode::kAnalysis;
+  if (s == "generation") return JobMode::kGeneration;
+  return InvalidArgumentError("--mode '" + std::string(s) +
+                              "': expected analysis or generation");
+}
+
+StatusOr<Selector> ParseSelector(std::string_view s) {
+  if (s == "all") return Selector::kAll;
+  if (s == "last") return Selector::kLast;
+  if (s == "mean") return Selector::kMean;
+  return InvalidArgumentError("--select '" + std::string(s) +
+                              "': expected all, last or mean");
+}
+
+StatusOr<CaptureTarget> ParseCaptureTarget(std::string_view s) {
+  if (s == "host") return CaptureTarget::kHost;
+  if (s == "device") return CaptureTarget::kDevice;
+  return InvalidArgumentError("--capture-to '" + std::string(s) +
+                              "': expected host or device");
+}
+
+StatusOr<int64_t> CaptureBytes(const ModelConfig& c, const JobSpec& job,
+                               const HookPoint& hook) {
+  const int64_t T = job.batch_tokens, S = job.Seqs(), L = job.MaxSeqLen();
+  const int64_t rows = job.selector == Selector::kAll ? T : S;
+  int64_t cols = c.hidden_size;
+  switch (hook.site) {
+    case HookSite::kQ:
+    case HookSite::kRotQ:
+    case HookSite::kZ:
+      cols = c.q_dim();
+      break;
+    case HookSite::kK:
+    case HookSite::kV:
+    case HookSite::kRotK:
+      cols = c.kv_dim();
+      break;
+    case HookSite::kMlpPre:
+    case HookSite::kMlpPost:
+      if (c.mlp == MlpKind::kMoE)
+        return InvalidArgumentError("hook " + HookName(hook) + ": " +
+                                    c.model_type +
+                                    " has MoE layers, where mlp.hook_pre / "
+                                    "mlp.hook_post are not defined "
+                                    "(capture hook_mlp_out)");
+      cols = c.intermediate_size;
+      break;
+    case HookSite::kLogits:
+      cols = c.vocab_size;
+      break;
+    case HookSite::kPattern:
+      // [heads, L, L] per sequence; per-sequence selections keep the last
+      // query row of each head.
+      if (job.selector == Selector::kAll)
+        return S * c.num_heads * L * L * DTypeSize(job.capture_dtype);
+      return S * c.num_heads * L * DTypeSize(job.capture_dtype);
+    default:
+      break;
+  }
+  return rows * cols * DTypeSize(job.capture_dtype);
+}
+
+Status ValidateJob(const ModelConfig& c, const JobSpec& job) {
+  if (job.batch_tokens <= 0)
+    return InvalidArgumentError(
+        "--batch-tokens = " + std::to_string(job.batch_tokens) +
+        ", expected > 0");
+  if (job.context <= 0)
+    return InvalidArgumentError("--ctx = " + std::to_string(job.context) +
+                                ", expected > 0");
+  if (job.context > c.max_position_embeddings)
+    return InvalidArgumentError("--ctx = " + std::to_string(job.context) +
+                                " exceeds max_position_embeddings = " +
+                                std::to_string(c.max_position_embeddings) +
+                                " of " + c.model_type);
+  if (job.logits_chunk_rows <= 0)
+    return InvalidArgumentError(
+        "logits chunk = " + std::to_string(job.logits_chunk_rows) +
+        " rows, expected > 0");
+  if (job.capture_buffers <= 0)
+    return InvalidArgumentError(
+        "capture buffers = " + std::to_string(job.capture_buffers) +
+        ", expected > 0");
+  if (job.seqs_per_batch < 0 || job.seqs_per_batch > job.batch_tokens)
+    return InvalidArgumentError(
+        "sequences per batch = " + std::to_string(job.seqs_per_batch) +
+        ", expected in [0, batch tokens = " + std::to_string(job.batch_tokens) +
+        "]");
+  for (const HookPoint& h : job.hooks.hooks()) {
+    RETURN_IF_ERROR(CheckHookExists(h, c));
+    RETURN_IF_ERROR(CaptureBytes(c, job, h).status());
+  }
+  return Status();
+}
+
+}  // namespace loom

@@ -1,0 +1,125 @@
+// The memory planner: from a model (config + weight table with real storage
+// dtypes), a job and a list of devices, every byte a run will hold, per device
+// and per arena, decided before anything is loaded or allocated.
+//
+// Pure: no device calls, no allocation proportional to the model; the kernel
+// workspace comes from the injected KernelCosts. Deterministic: the same
+// input gives the same plan.
+//
+// Per device that computes layers:
+//   weights     its layers' tensors as stored (or converted, when the job asks
+//               for a compute dtype), + the embedding on the device running
+//               layer 0, + final norm / lm_head on the device running the last
+//               layer (a tied lm_head held twice if those differ)
+//   activations the liveness-packed activation arena (PlanActivations)
+//   workspace   the kernels' scratch (KernelCosts)
+//   kv          generation: 2 x kv_dim x min(ctx, window) x sequences x dtype
+//               for each of its layers
+//   staging     captures of its layers' hooks when captures stay on device;
+//               the host's when they go to the host
+//   logits      [chunk, V] f32 on the device running the lm_head
+//   stream      with the disk tier: two layers' weights (compute one, read the
+//               next) on the device that runs the streamed layers
+// See docs/design/memory-plan.md.
+#ifndef LOOM_PLAN_PLANNER_H_
+#define LOOM_PLAN_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/model/config.h"
+#include "src/plan/activations.h"
+#include "src/plan/devices.h"
+#include "src/plan/job.h"
+#include "src/plan/weight_table.h"
+
+namespace loom {
+
+enum class Strategy {
+  kBalanced,    // contiguous layer ranges minimising the largest used fraction
+                // of any device's usable bytes (its peak, not its weight bytes)
+  kSequential,  // fill each device in order before the next (accelerate's)
+  kManual,      // --layers-per-device counts, in device order
+};
+std::string_view StrategyName(Strategy s);
+StatusOr<Strategy> ParseStrategy(std::string_view s);
+// "20,28" -> {20, 28}.
+StatusOr<std::vector<int64_t>> ParseLayersPerDevice(std::string_view s);
+
+struct PlanInput {
+  const ModelConfig* config = nullptr;
+  const WeightTable* weights = nullptr;
+  JobSpec job;
+  std::vector<DeviceSpec> devices;  // normalized (NormalizeDevices)
+  Strategy strategy = Strategy::kBalanced;
+  std::vector<int64_t> layers_per_device;  // kManual
+  KernelCosts costs;
+  // When the plan does not fit, try the alternatives (smaller batch, shorter
+  // context, captures to host, disk, more devices) and list those that fit.
+  bool suggest = true;
+};
+
+struct DevicePlan {
+  DeviceSpec device;
+  std::vector<int64_t> layers;  // resident layers (disk: streamed ones)
+  bool holds_embed = false;
+  bool holds_head = false;
+  int64_t streamed_layers = 0;  // disk layers this device computes
+  int64_t weights = 0, activations = 0, workspace = 0, kv = 0, staging = 0,
+          logits = 0, stream = 0;
+
+  bool computes() const {
+    return !layers.empty() || holds_embed || holds_head || streamed_layers > 0;
+  }
+  // Bytes held (disk: 0; its weights stay in the checkpoint).
+  int64_t total() const;
+  // usable - total (fits when >= 0).
+  int64_t headroom() const { return device.usable() - total(); }
+  // capacity - reserve - total: what is physically left.
+  int64_t free() const { return device.capacity - device.reserve - total(); }
+};
+
+struct MemoryPlan {
+  bool fits = false;
+  std::string model_type;
+  WeightSource weight_source = WeightSource::kConfig;
+  int64_t weight_bytes = 0;  // all declared tensors as stored
+  std::optional<int64_t> index_total_size;
+  std::optional<DType> assumed_dtype;
+  JobSpec job;
+  Strategy strategy = Strategy::kBalanced;
+  int64_t num_layers = 0;
+  int64_t layers_run = 0;
+  ActivationLayout layout;
+  std::vector<DevicePlan> devices;
+  std::vector<int>
+      layer_device;  // [num_layers]: index into devices; -1 = not run
+  std::vector<std::string> problems;     // one line per overfull device
+  std::vector<std::string> suggestions;  // alternatives that fit
+};
+
+// Errors for invalid input (bad job, manual counts that do not add up, no
+// computing device); a plan that does not fit is returned with fits = false.
+StatusOr<MemoryPlan> MakePlan(const PlanInput& input);
+
+// ResourceExhausted with the byte breakdown and the suggestions when the plan
+// does not fit; OK otherwise. What job commands call before loading.
+Status CheckFits(const MemoryPlan& plan);
+
+// Solvers: the planner answers by planning (binary search; plans are monotone
+// in batch tokens and context). NotFound-free: ResourceExhausted when even the
+// smallest value does not fit.
+StatusOr<int64_t> SolveMaxBatchTokens(const PlanInput& input,
+                                      int64_t limit = int64_t{1} << 24);
+StatusOr<int64_t> SolveMaxContext(const PlanInput& input);
+// The fewest computing devices: the first k of the list, the last GPU (or the
+// host) repeated when the list runs out, up to `limit`. Returns the devices.
+StatusOr<std::vector<DeviceSpec>> SolveMinDevices(const PlanInput& input,
+                                                  int limit = 64);
+
+}  // namespace loom
+
+#endif  // LOOM_PLAN_PLANNER_H_
