@@ -70,7 +70,10 @@ void GemmShapes(benchmark::internal::Benchmark* b) {
       b->Args({m, 2048, 5632, dt});   // down_proj
       b->Args({m, 32000, 2048, dt});  // lm_head
     }
-  b->Args({1, 5632, 2048, 1});  // decode
+  for (int64_t m : {1, 4, 8, 16}) {  // decode-sized
+    b->Args({m, 5632, 2048, 1});
+    b->Args({m, 5632, 2048, 0});
+  }
   b->ArgNames({"M", "N", "K", "bf16"});
 }
 BENCHMARK(BM_Gemm)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();

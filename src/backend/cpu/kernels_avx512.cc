@@ -500,4 +500,122 @@ void AttentionTile(const AttnTile& t) {
   }
 }
 
+// ---- Decode-sized GEMM -----------------------------------------------------------
+
+namespace {
+
+template <DType DT>
+inline __m512 LoadW(const void* p, int64_t i, __mmask16 m) {
+  return LoadAs(p, DT, i, m);
+}
+
+inline float FinishOutput(const SmallGemm& g, int64_t mi, int64_t n, float dot) {
+  float v = dot;
+  if (g.bias != nullptr) v += LoadScalarAsF32(g.bias, g.bias_dtype, n);
+  float* y = g.y + mi * g.ldy + n;
+  return g.accumulate ? *y + v : v;
+}
+
+// Rows of W [n, k] are contiguous: NB outputs at a time, M x NB accumulators
+// of 16 partial sums along k, reduced at the end.
+template <int M, int NB, DType DT>
+void OutInBlock(const SmallGemm& g, int64_t n) {
+  __m512 acc[M][NB];
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
+  for (int64_t k0 = 0; k0 < g.k; k0 += 16) {
+    const __mmask16 mask = TailMask(g.k - k0);
+    __m512 xv[M];
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) xv[m] = _mm512_maskz_loadu_ps(mask, g.x + m * g.k + k0);
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const __m512 wv = LoadW<DT>(g.w, (n + j) * g.k + k0, mask);
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) acc[m][j] = _mm512_fmadd_ps(xv[m], wv, acc[m][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) g.y[m * g.ldy + n + j] = FinishOutput(g, m, n + j, _mm512_reduce_add_ps(acc[m][j]));
+}
+
+// Rows of W [k, n] run along n: 64 outputs (4 vectors) at a time, x broadcast.
+template <int M, DType DT>
+void InOutBlock(const SmallGemm& g, int64_t n0, int64_t n1) {
+  __mmask16 mask[4];
+  for (int v = 0; v < 4; ++v) mask[v] = n0 + 16 * v < n1 ? TailMask(n1 - n0 - 16 * v) : __mmask16(0);
+  __m512 acc[M][4];
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < g.k; ++kk) {
+    __m512 wv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) wv[v] = LoadW<DT>(g.w, kk * g.n + n0 + 16 * v, mask[v]);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m512 xb = _mm512_set1_ps(g.x[m * g.k + kk]);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_fmadd_ps(xb, wv[v], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    alignas(64) float out[64];
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(out + 16 * v, acc[m][v]);
+    for (int64_t n = n0; n < n1; ++n) g.y[m * g.ldy + n] = FinishOutput(g, m, n, out[n - n0]);
+  }
+}
+
+template <int M, DType DT>
+void SmallGemmTyped(const SmallGemm& g, int64_t n0, int64_t n1) {
+  if (g.out_in) {
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) OutInBlock<M, 4, DT>(g, n);
+    for (; n < n1; ++n) OutInBlock<M, 1, DT>(g, n);
+  } else {
+    for (int64_t n = n0; n < n1; n += 64) InOutBlock<M, DT>(g, n, std::min(n1, n + 64));
+  }
+}
+
+template <DType DT>
+void SmallGemmM(const SmallGemm& g, int64_t n0, int64_t n1) {
+  switch (g.m) {
+    case 1: SmallGemmTyped<1, DT>(g, n0, n1); break;
+    case 2: SmallGemmTyped<2, DT>(g, n0, n1); break;
+    case 3: SmallGemmTyped<3, DT>(g, n0, n1); break;
+    case 4: SmallGemmTyped<4, DT>(g, n0, n1); break;
+    default: LOOM_CHECK(false) << "small GEMM with m=" << g.m;
+  }
+}
+
+}  // namespace
+
+void SmallGemmColumns(const SmallGemm& g, int64_t n0, int64_t n1) {
+  switch (g.w_dtype) {
+    case DType::kF32: SmallGemmM<DType::kF32>(g, n0, n1); break;
+    case DType::kBF16: SmallGemmM<DType::kBF16>(g, n0, n1); break;
+    case DType::kF16: SmallGemmM<DType::kF16>(g, n0, n1); break;
+    default: LOOM_CHECK(false) << "small GEMM dtype " << static_cast<int>(g.w_dtype);
+  }
+}
+
+void RoundSpan(const float* src, float* dst, DType dtype, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, src + i);
+    __m512 r = v;
+    if (dtype == DType::kBF16) {
+      r = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ToBf16(v)), 16));
+    } else if (dtype == DType::kF16) {
+      r = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    _mm512_mask_storeu_ps(dst + i, m, r);
+  }
+}
+
 }  // namespace loom::cpu::avx512

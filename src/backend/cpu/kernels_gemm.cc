@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
@@ -153,6 +154,7 @@ struct GemmContext::Impl {
 
   void Gemm(const GemmArgs& a);
   void GemmF16Panels(const GemmArgs& a, int64_t ldy);
+  void GemmSmall(const GemmArgs& a, int64_t ldy);
   void Matmul(const GemmContext::StridedMatmul& a);
 };
 
@@ -191,6 +193,10 @@ void GemmContext::Impl::Gemm(const GemmArgs& a) {
   const int64_t w_cs = out_in ? a.k : 1;
   if (a.bias != nullptr) LOOM_CHECK(IsComputeDType(a.bias_dtype));
 
+  if (a.m <= kSmallGemmMaxM && HasAvx512()) {
+    GemmSmall(a, ldy);
+    return;
+  }
   if (a.w_dtype == DType::kF16 && !NativeF16()) {
     GemmF16Panels(a, ldy);
     return;
@@ -235,6 +241,26 @@ void GemmContext::Impl::GemmF16Panels(const GemmArgs& a, int64_t ldy) {
     Run(e, xr, panel, dnnl_bias ? static_cast<const float*>(a.bias) + j0 : nullptr, a.y + j0);
   }
   if (a.bias != nullptr && !dnnl_bias) AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
+}
+
+void GemmContext::Impl::GemmSmall(const GemmArgs& a, int64_t ldy) {
+  const float* x = a.x;
+  if (a.w_dtype != DType::kF32) {
+    LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
+    float* xr = static_cast<float*>(a.workspace);  // [m, k] rounded to the weight type
+    avx512::RoundSpan(a.x, xr, a.w_dtype, a.m * a.k);
+    x = xr;
+  }
+  SmallGemm g{x, a.m, a.k, a.n, a.w, a.w_dtype, a.layout == WeightLayout::kOutIn, a.bias, a.bias_dtype,
+              a.y, ldy, a.accumulate};
+  const int64_t blocks = (a.n + kSmallGemmColumnBlock - 1) / kSmallGemmColumnBlock;
+  // Each output column is computed by one thread in a fixed order: the result
+  // does not depend on the thread count.
+#pragma omp parallel for schedule(static) if (a.n * a.k >= (1 << 16))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n0 = b * kSmallGemmColumnBlock;
+    avx512::SmallGemmColumns(g, n0, std::min(a.n, n0 + kSmallGemmColumnBlock));
+  }
 }
 
 void GemmContext::Impl::Matmul(const GemmContext::StridedMatmul& a) {

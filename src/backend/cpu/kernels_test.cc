@@ -180,6 +180,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
                          ::testing::Values(GemmCase{1, DType::kF32}, GemmCase{3, DType::kF32},
                                            GemmCase{17, DType::kF32}, GemmCase{129, DType::kF32},
                                            GemmCase{1, DType::kBF16}, GemmCase{3, DType::kBF16},
+                                           GemmCase{4, DType::kBF16}, GemmCase{5, DType::kBF16},
                                            GemmCase{17, DType::kBF16}, GemmCase{129, DType::kBF16},
                                            GemmCase{1, DType::kF16}, GemmCase{17, DType::kF16},
                                            GemmCase{129, DType::kF16}));
