@@ -85,6 +85,11 @@ bool HasAvx512() {
   return has;
 }
 
+void RoundToDTypeAsF32(const float* src, float* dst, DType dtype, int64_t n) {
+  const auto fn = HasAvx512() ? avx512::RoundSpan : portable::RoundSpan;
+  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(src + b, dst + b, dtype, e - b); });
+}
+
 void ConvertToF32Serial(const void* src, DType dtype, float* dst, int64_t n) {
   Kernels().to_f32_span(src, dtype, dst, n);
 }

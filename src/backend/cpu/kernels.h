@@ -40,6 +40,10 @@ struct GemmArgs {
   // Scratch for the 16-bit copy of x when w_dtype is 16-bit: at least
   // GemmWorkspaceBytes(m, k, w_dtype) bytes, 64-byte aligned.
   void* workspace = nullptr;
+  // Optional, 16-bit weights only: the previous Gemm on this context used the
+  // same x contents, m, k, w_dtype and workspace (e.g. the k and v projections
+  // after q), so the rounded copy of x already in the workspace is reused.
+  bool reuse_x_workspace = false;
 };
 
 int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype);

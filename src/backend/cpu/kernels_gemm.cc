@@ -205,7 +205,7 @@ void GemmContext::Impl::Gemm(const GemmArgs& a) {
   if (a.w_dtype != DType::kF32) {
     LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
     LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0) << "workspace not 64-byte aligned";
-    ConvertFromF32(a.x, a.workspace, a.w_dtype, a.m * a.k);
+    if (!a.reuse_x_workspace) ConvertFromF32(a.x, a.workspace, a.w_dtype, a.m * a.k);
     src = a.workspace;
   }
   // oneDNN takes an f32 bias, or one of the weight's type.
@@ -222,7 +222,7 @@ void GemmContext::Impl::GemmF16Panels(const GemmArgs& a, int64_t ldy) {
   float* xr = static_cast<float*>(a.workspace);                                      // [m, k]
   float* panel = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + AlignUp(a.m * a.k * 4, 64));  // [nc, k]
   // x rounded to f16 (as f32).
-  RoundThroughF16(a.x, xr, a.m * a.k);
+  if (!a.reuse_x_workspace) RoundToDTypeAsF32(a.x, xr, DType::kF16, a.m * a.k);
   const uint16_t* w = static_cast<const uint16_t*>(a.w);
   const bool out_in = a.layout == WeightLayout::kOutIn;
   const bool dnnl_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
@@ -248,7 +248,7 @@ void GemmContext::Impl::GemmSmall(const GemmArgs& a, int64_t ldy) {
   if (a.w_dtype != DType::kF32) {
     LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
     float* xr = static_cast<float*>(a.workspace);  // [m, k] rounded to the weight type
-    avx512::RoundSpan(a.x, xr, a.w_dtype, a.m * a.k);
+    if (!a.reuse_x_workspace) RoundToDTypeAsF32(a.x, xr, a.w_dtype, a.m * a.k);
     x = xr;
   }
   SmallGemm g{x, a.m, a.k, a.n, a.w, a.w_dtype, a.layout == WeightLayout::kOutIn, a.bias, a.bias_dtype,

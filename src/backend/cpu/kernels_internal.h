@@ -18,8 +18,9 @@ bool HasAvx512();
 
 // Reads element i of an F32/BF16/F16 array as f32.
 float LoadScalarAsF32(const void* p, DType dtype, int64_t i);
-// dst[i] = f32(f16(src[i])), n elements (serial).
-void RoundThroughF16(const float* src, float* dst, int64_t n);
+// dst[i] = f32(round_to_dtype(src[i])) for dtype F32/BF16/F16, n elements
+// (vectorised, multithreaded).
+void RoundToDTypeAsF32(const float* src, float* dst, DType dtype, int64_t n);
 // ConvertToF32 without threading (for use inside parallel loops).
 void ConvertToF32Serial(const void* src, DType dtype, float* dst, int64_t n);
 
@@ -80,6 +81,7 @@ void AddSpan(const float* x, float* y, int64_t n);
 void ScaleSpan(float* x, int64_t n, float s);
 void FromF32Span(const float* src, void* dst, DType dtype, int64_t n);
 void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);
+void RoundSpan(const float* src, float* dst, DType dtype, int64_t n);
 double LogSumExpRow(const float* x, int64_t n);
 // One token: x [heads, head_dim], cos/sin [half].
 void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half);

@@ -21,10 +21,6 @@ float LoadScalarAsF32(const void* p, DType dtype, int64_t i) {
   return 0.0f;
 }
 
-void RoundThroughF16(const float* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(F32ToF16(src[i]));
-}
-
 int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim) {
   auto pad16 = [](int64_t x) { return (x + 15) / 16 * 16; };
   return pad16(head_dim * kAttnBlock) + pad16(max_nk * kAttnBlock) + 2 * kAttnBlock + max_nk * pad16(head_dim);
@@ -100,6 +96,16 @@ void AddSpan(const float* x, float* y, int64_t n) {
 
 void ScaleSpan(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void RoundSpan(const float* src, float* dst, DType dtype, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DType::kBF16: dst[i] = RoundBf16(src[i]); break;
+      case DType::kF16: dst[i] = F16ToF32(F32ToF16(src[i])); break;
+      default: dst[i] = src[i]; break;
+    }
+  }
 }
 
 void FromF32Span(const float* src, void* dst, DType dtype, int64_t n) {

@@ -220,6 +220,30 @@ TEST(GemmBf16, ActivationRoundingBound) {
   ExpectNear("bf16 vs exact", got.data(), want.data(), tol, m * n);
 }
 
+// reuse_x_workspace: a second GEMM on the same x skips the conversion and
+// still matches a fresh computation bit for bit.
+TEST(GemmReuse, SameXSecondWeight) {
+  GemmContext ctx;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (int64_t m : {int64_t{2}, int64_t{40}}) {
+      const int64_t n = 70, k = 96;
+      std::vector<float> x = Random(m * k, 131), w1 = Random(n * k, 132), w2 = Random(n * k, 133);
+      std::vector<uint16_t> w1h = To16(w1, dt), w2h = To16(w2, dt);
+      AlignedBuf ws(GemmWorkspaceBytes(m, k, dt));
+      std::vector<float> y1(m * n), y2(m * n), fresh(m * n);
+      GemmArgs a;
+      a.x = x.data(), a.w_dtype = dt, a.m = m, a.n = n, a.k = k, a.workspace = ws.p;
+      a.w = w1h.data(), a.y = y1.data();
+      ctx.Gemm(a);
+      a.w = w2h.data(), a.y = y2.data(), a.reuse_x_workspace = true;
+      ctx.Gemm(a);
+      a.y = fresh.data(), a.reuse_x_workspace = false;
+      ctx.Gemm(a);
+      ExpectBitwise("reuse m=" + std::to_string(m), y2.data(), fresh.data(), m * n * 4);
+    }
+  }
+}
+
 TEST(StridedMatmul, AttentionShapes) {
   GemmContext ctx;
   // QK^T per head: A = q [T, H, D] (head batch), B = K^T read from k [T, H, D].
