@@ -1,0 +1,52 @@
+// LogitsHead: the model's lm_head (and final logit softcap) applied to a chunk
+// of final-norm rows, into a preallocated [chunk, vocab] buffer. Evaluation
+// captures ln_final.hook_normalized ([T, hidden], cheap) and computes logits
+// only for the rows it scores, chunk by chunk, so logits memory stays
+// O(chunk x vocab) and two models' logits for the same rows can be held at
+// once (compare). Mirrors the executor's lm_head step exactly (same GEMM
+// call, same softcap).
+#ifndef LOOM_EVAL_LOGITS_HEAD_H_
+#define LOOM_EVAL_LOGITS_HEAD_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/base/status.h"
+#include "src/runtime/arena.h"
+#include "src/runtime/model.h"
+
+namespace loom::eval {
+
+class LogitsHead {
+ public:
+  static StatusOr<std::unique_ptr<LogitsHead>> Create(const Model& model,
+                                                      int64_t chunk_rows);
+
+  // logits [rows, vocab] (row stride vocab) of hidden [rows, hidden_size]
+  // (row stride hidden_size), rows <= chunk_rows(). Valid until the next call.
+  const float* Compute(const float* hidden, int64_t rows);
+
+  // lse[r] = logsumexp(logits[r, :]) of the last Compute, in double.
+  void LogSumExp(int64_t rows, double* lse) const;
+
+  int64_t chunk_rows() const { return chunk_rows_; }
+  int64_t vocab() const { return vocab_; }
+  int64_t hidden() const { return hidden_; }
+  int64_t bytes() const { return arena_.bytes(); }
+
+ private:
+  LogitsHead(const Model& model, int64_t chunk_rows);
+  const Model& model_;
+  int64_t chunk_rows_, vocab_, hidden_;
+  Arena arena_;
+  int logits_ = -1, workspace_ = -1;
+  cpu::GemmContext gemm_;
+};
+
+// Index of the first maximum of x[0, n).
+int64_t ArgMax(const float* x, int64_t n);
+
+}  // namespace loom::eval
+
+#endif  // LOOM_EVAL_LOGITS_HEAD_H_

@@ -1,0 +1,155 @@
+#include "src/eval/perplexity.h"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "src/base/check.h"
+#include "src/eval/logits_head.h"
+#include "src/runtime/executor.h"
+
+namespace loom::eval {
+namespace {
+
+// Scores one window from its final-norm rows as the executor delivers them.
+class ScoringSink : public HookSink {
+ public:
+  ScoringSink(LogitsHead* head, double* lse) : head_(head), lse_(lse) {}
+
+  void SetWindow(std::span<const int32_t> window_ids, int64_t row_begin,
+                 int64_t row_end, float* logprob_out) {
+    ids_ = window_ids;
+    row_begin_ = row_begin;
+    row_end_ = row_end;
+    out_ = logprob_out;
+    nll_ = 0;
+  }
+  double nll() const { return nll_; }
+
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
+                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
+                      const float* data) override {
+    if (hook.site != HookSite::kFinalNorm) return Status();
+    LOOM_CHECK(row_begin == 0 && rows == static_cast<int64_t>(ids_.size()) &&
+               ld == cols && cols == head_->hidden());
+    const int64_t V = head_->vocab();
+    for (int64_t r0 = row_begin_; r0 < row_end_; r0 += head_->chunk_rows()) {
+      const int64_t n = std::min(head_->chunk_rows(), row_end_ - r0);
+      const float* logits = head_->Compute(data + r0 * ld, n);
+      head_->LogSumExp(n, lse_);
+      for (int64_t i = 0; i < n; ++i) {
+        const double lp =
+            static_cast<double>(logits[i * V + ids_[r0 + i + 1]]) - lse_[i];
+        nll_ -= lp;
+        if (out_ != nullptr) out_[r0 - row_begin_ + i] = static_cast<float>(lp);
+      }
+    }
+    return Status();
+  }
+
+ private:
+  LogitsHead* head_;
+  double* lse_;
+  std::span<const int32_t> ids_;
+  int64_t row_begin_ = 0, row_end_ = 0;
+  float* out_ = nullptr;
+  double nll_ = 0;
+};
+
+}  // namespace
+
+Status CheckPlanFitsModel(const Model& model, std::span<const int32_t> ids,
+                          const WindowPlan& plan, std::string_view model_name) {
+  const ModelConfig& c = model.config();
+  const std::string name(model_name);
+  if (plan.ctx > c.max_position_embeddings)
+    return OutOfRangeError("ctx " + std::to_string(plan.ctx) +
+                           " exceeds the maximum context of " + name +
+                           " (max_position_embeddings = " +
+                           std::to_string(c.max_position_embeddings) + ")");
+  if (static_cast<int64_t>(ids.size()) != plan.num_tokens)
+    return InvalidArgumentError(
+        "the plan covers " + std::to_string(plan.num_tokens) +
+        " tokens but the input has " + std::to_string(ids.size()));
+  for (size_t t = 0; t < ids.size(); ++t)
+    if (ids[t] < 0 || ids[t] >= c.vocab_size)
+      return OutOfRangeError("token id " + std::to_string(ids[t]) +
+                             " at position " + std::to_string(t) +
+                             " is outside the vocabulary of " + name + " [0, " +
+                             std::to_string(c.vocab_size) + ")");
+  if (plan.window_bos >= c.vocab_size)
+    return OutOfRangeError("BOS id " + std::to_string(plan.window_bos) +
+                           " is outside the vocabulary of " + name);
+  return Status();
+}
+
+StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
+                                              std::span<const int32_t> ids,
+                                              const WindowPlan& plan,
+                                              const EvalOptions& options) {
+  RETURN_IF_ERROR(CheckPlanFitsModel(model, ids, plan, model.dir()));
+  HookSet hooks;
+  hooks.Add({HookSite::kFinalNorm, -1});
+  ExecutorOptions eo;
+  eo.max_tokens = plan.max_window_tokens;
+  eo.max_seq_len = plan.max_window_tokens;
+  eo.logits_chunk_rows = options.logits_chunk_rows;
+  ASSIGN_OR_RETURN(auto executor, Executor::Create(model, hooks, eo));
+  ASSIGN_OR_RETURN(auto head,
+                   LogitsHead::Create(model, options.logits_chunk_rows));
+
+  PerplexityResult r;
+  r.protocol = plan.protocol;
+  r.ctx = plan.ctx;
+  r.stride = plan.stride;
+  // Everything the loop touches is allocated here.
+  std::vector<int32_t> window_ids(plan.max_window_tokens);
+  std::vector<double> lse(options.logits_chunk_rows);
+  r.window_nll_sum.assign(plan.windows.size(), 0.0);
+  if (options.keep_token_logprobs) {
+    r.token_position.resize(plan.tokens_scored);
+    r.token_logprob.resize(plan.tokens_scored);
+  }
+  r.executor_bytes = executor->arena_bytes();
+  r.eval_bytes =
+      head->bytes() + static_cast<int64_t>(window_ids.size() * sizeof(int32_t) +
+                                           lse.size() * sizeof(double));
+
+  ScoringSink sink(head.get(), lse.data());
+  const auto start = std::chrono::steady_clock::now();
+  int64_t scored = 0;
+  for (size_t wi = 0; wi < plan.windows.size(); ++wi) {
+    const Window& w = plan.windows[wi];
+    std::span<const int32_t> wids = WindowIds(plan, w, ids, window_ids);
+    const int64_t seq_start[2] = {0, w.length()};
+    Batch batch{wids, std::span<const int64_t>(seq_start, 2)};
+    float* out =
+        options.keep_token_logprobs ? r.token_logprob.data() + scored : nullptr;
+    sink.SetWindow(wids, w.score_begin - w.begin - 1, w.score_end - w.begin - 1,
+                   out);
+    RETURN_IF_ERROR(executor->Forward(batch, &sink));
+    if (options.keep_token_logprobs)
+      for (int64_t t = w.score_begin; t < w.score_end; ++t)
+        r.token_position[scored + t - w.score_begin] = t;
+    r.window_nll_sum[wi] = sink.nll();
+    r.nll_sum += sink.nll();
+    scored += w.scored();
+    if (options.progress)
+      options.progress(static_cast<int64_t>(wi) + 1,
+                       static_cast<int64_t>(plan.windows.size()));
+  }
+  LOOM_CHECK(scored == plan.tokens_scored);
+  r.windows = static_cast<int64_t>(plan.windows.size());
+  r.tokens_scored = scored;
+  r.tokens_evaluated = plan.tokens_evaluated;
+  r.nll_mean = r.nll_sum / static_cast<double>(scored);
+  r.perplexity = std::exp(r.nll_mean);
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  r.tokens_per_second =
+      r.seconds > 0 ? static_cast<double>(r.tokens_evaluated) / r.seconds : 0;
+  return r;
+}
+
+}  // namespace loom::eval

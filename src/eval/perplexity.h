@@ -1,0 +1,66 @@
+// Perplexity of a model over a token stream, window by window, under one of
+// the protocols of src/eval/windows.h (specified in docs/eval/perplexity.md).
+//
+// Memory: the executor captures only ln_final.hook_normalized [T, hidden];
+// logits are computed for the scored rows only, logits_chunk_rows at a time,
+// fused with the log-softmax (per-row logsumexp + the target's logit), so the
+// logits never take more than [chunk, vocab] floats. NLL accumulates in
+// double. All buffers are allocated before the first window.
+#ifndef LOOM_EVAL_PERPLEXITY_H_
+#define LOOM_EVAL_PERPLEXITY_H_
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/eval/windows.h"
+#include "src/runtime/model.h"
+
+namespace loom::eval {
+
+struct EvalOptions {
+  int64_t logits_chunk_rows = 256;
+  // Called after every window with (windows done, windows total).
+  std::function<void(int64_t, int64_t)> progress;
+  // Keep every scored token's log-prob (PerplexityResult::token_logprob).
+  bool keep_token_logprobs = false;
+};
+
+struct PerplexityResult {
+  Protocol protocol = Protocol::kHfStride;
+  int64_t ctx = 0, stride = 0;
+  int64_t windows = 0;
+  int64_t tokens_scored = 0;
+  int64_t tokens_evaluated =
+      0;               // tokens run through the model (sum of window lengths)
+  double nll_sum = 0;  // - sum of log p over scored tokens
+  double nll_mean = 0;
+  double perplexity = 0;  // exp(nll_mean)
+  double seconds = 0;
+  double tokens_per_second = 0;        // tokens_evaluated / seconds
+  std::vector<double> window_nll_sum;  // per window
+  // With keep_token_logprobs: per scored token in plan order, its absolute
+  // position in the stream and log p(ids[position] | context).
+  std::vector<int64_t> token_position;
+  std::vector<float> token_logprob;
+  // Memory planned before the first window: the executor's arena and the
+  // evaluation buffers (logits chunk, hidden copies, ...).
+  int64_t executor_bytes = 0;
+  int64_t eval_bytes = 0;
+};
+
+// Errors when the plan's windows exceed the model's max_position_embeddings
+// or an id is outside its vocabulary.
+Status CheckPlanFitsModel(const Model& model, std::span<const int32_t> ids,
+                          const WindowPlan& plan, std::string_view model_name);
+
+StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
+                                              std::span<const int32_t> ids,
+                                              const WindowPlan& plan,
+                                              const EvalOptions& options);
+
+}  // namespace loom::eval
+
+#endif  // LOOM_EVAL_PERPLEXITY_H_
