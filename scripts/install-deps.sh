@@ -12,6 +12,7 @@ PACKAGES=(
   libpcre2-dev         # Unicode regex for pre-tokenizers (UTF + UCP + JIT)
   libicu-dev           # Unicode normalisation (NFC/NFKC)
   libsentencepiece-dev # tokenizer.model support
+  libssl-dev           # SHA-256 of inputs and configs recorded in manifests
   libgtest-dev libgmock-dev
   libbenchmark-dev
   python3 python3-numpy  # tests open our .npy output with numpy

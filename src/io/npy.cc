@@ -365,7 +365,7 @@ StatusOr<std::unique_ptr<NpyWriter>> NpyWriter::Create(
 }
 
 StatusOr<std::unique_ptr<NpyWriter>> NpyWriter::OpenForAppend(
-    const std::string& path) {
+    const std::string& path, std::optional<int64_t> keep_rows) {
   ASSIGN_OR_RETURN(UniqueFd fd, io_internal::OpenFile(path, O_RDWR));
   RETURN_IF_ERROR(LockFile(fd.get(), path));
   ASSIGN_OR_RETURN(NpyHeader h, ReadHeaderFromFd(fd.get(), path));
@@ -403,6 +403,24 @@ StatusOr<std::unique_ptr<NpyWriter>> NpyWriter::OpenForAppend(
     return DataLossError(fmt::format("{}: npy header has {} rows, more than {}",
                                      path, h.shape[0], kNpyMaxRows));
   }
+  if (keep_rows && (*keep_rows < 0 || *keep_rows > h.shape[0])) {
+    return DataLossError(fmt::format(
+        "{}: {} rows are committed, cannot resume at row {}", path, h.shape[0],
+        *keep_rows));
+  }
+  w->fd_ = fd.get();
+  if (keep_rows && *keep_rows < h.shape[0]) {
+    // Roll back rows past the caller's commit point (written after its last
+    // durable record); only the header and the file end change.
+    Status st = w->WriteHeader(*keep_rows);
+    if (st.ok()) st = io_internal::Fdatasync(fd.get(), path);
+    if (!st.ok()) {
+      w->fd_ = -1;  // `fd` still owns the descriptor
+      return st;
+    }
+    h.shape[0] = *keep_rows;
+  }
+  w->fd_ = -1;
   w->rows_ = w->committed_rows_ = h.shape[0];
   ASSIGN_OR_RETURN(int64_t size, io_internal::RegularFileSize(fd.get(), path));
   const int64_t committed_end = h.data_offset + h.data_bytes();

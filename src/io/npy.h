@@ -90,8 +90,11 @@ class NpyWriter {
   // FailedPrecondition if its header has no room for kNpyMaxRows rows (a file
   // not written by NpyWriter) or another writer holds it; Unimplemented for
   // Fortran order or an unsupported dtype.
+  // With `keep_rows`, the array is first rolled back to that many rows (a
+  // job whose own commit record is behind the file's); DataLoss if fewer are
+  // committed.
   static StatusOr<std::unique_ptr<NpyWriter>> OpenForAppend(
-      const std::string& path);
+      const std::string& path, std::optional<int64_t> keep_rows = std::nullopt);
 
   // Closes the file without committing: rows appended since the last Commit
   // are not part of the array (the next OpenForAppend removes them).

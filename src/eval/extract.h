@@ -1,0 +1,98 @@
+// The extraction job behind `loom extract`: prompts in, selected activations
+// out, as append-only .npy (or safetensors shards) with exact resume.
+//
+// Flow per window of `commit_every` input rows: read and tokenize the rows,
+// validate them (bad rows fail the job or are recorded as skipped), sort by
+// length and pack into batches of at most `batch_tokens` tokens, run the
+// forward with the requested hooks, apply the selectors to the compute
+// buffers (only the selected rows are copied out, converted to the output
+// dtype), then append the window's rows in input order and commit: data and
+// .npy headers are synced first, then rows.jsonl, then manifest.json (the
+// commit record). A kill at any moment loses at most the uncommitted window;
+// --resume reopens the outputs at the manifest's row count without reading
+// what exists.
+#ifndef LOOM_EVAL_EXTRACT_H_
+#define LOOM_EVAL_EXTRACT_H_
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+#include "src/runtime/model.h"
+
+namespace loom {
+
+// A selector: which token positions of each row are kept.
+struct Selector {
+  enum class Kind { kLast, kFirst, kMean, kMax, kAll, kPos, kSpan };
+  Kind kind = Kind::kLast;
+  std::vector<int64_t> positions;  // kPos (negative = from the end)
+  int64_t span_begin = 0,
+          span_end = 0;   // kSpan [begin, end), negative = from the end
+  std::string spec;       // as written: "pos:0,-1"
+  std::string file_name;  // file-safe: "pos_0_-1"
+  bool ragged() const { return kind == Kind::kAll || kind == Kind::kSpan; }
+  // Rows per prompt for fixed-size selectors (pos: the number of positions).
+  int64_t rows_per_prompt() const {
+    return kind == Kind::kPos ? static_cast<int64_t>(positions.size()) : 1;
+  }
+};
+
+// "last", "first", "mean", "max", "all", "pos:I[,J...]", "span:A:B".
+StatusOr<Selector> ParseSelector(const std::string& text);
+
+struct ExtractOptions {
+  std::string model_dir;
+  std::string input_path;
+  std::string out_dir;
+  std::vector<std::string> hooks;  // patterns: "blocks.{0.5}.hook_resid_post",
+                                   // "hook_resid_post" with layers
+  std::vector<std::string>
+      layers;  // "0.25", "-1", "*": combined with bare site names in `hooks`
+  std::vector<std::string> selectors = {"last"};
+  std::string template_text;     // "{text}" placeholder; empty = none
+  std::string add_bos = "auto";  // auto | yes | no
+  std::string dtype;             // f32 | bf16 | f16; empty = the compute dtype
+  std::string format = "npy";    // npy | safetensors
+  Precision precision = Precision::kAuto;
+  int threads = 0;
+  int64_t batch_tokens = 0;  // 0 = min(4096, max_position_embeddings)
+  int64_t commit_every = 256;
+  std::string on_error = "fail";  // fail | skip
+  bool resume = false;
+  bool replace_invalid_utf8 = false;  // else invalid UTF-8 is a row error
+  // Called after every committed window (rows done, total rows if known,
+  // tokens/s).
+  std::function<void(int64_t rows, int64_t tokens, double seconds)> progress;
+  // Test hook: stop (as if killed) after this many commits; 0 = never.
+  int64_t stop_after_commits = 0;
+};
+
+struct ExtractSummary {
+  int64_t rows = 0;  // rows committed in total (ok + skipped)
+  int64_t rows_ok = 0;
+  int64_t rows_skipped = 0;
+  int64_t tokens = 0;  // tokens run in this invocation
+  double seconds = 0;  // wall time of this invocation
+  std::vector<std::string> resolved_hooks;
+  std::vector<std::string> files;
+  bool complete = false;
+  nlohmann::json ToJson() const;
+};
+
+StatusOr<ExtractSummary> RunExtract(const ExtractOptions& options);
+
+// Resolves hook patterns and --layers into canonical hook names (sorted by
+// layer, deduplicated). Exposed for `loom plan`.
+StatusOr<std::vector<std::string>> ResolveExtractHooks(
+    const std::vector<std::string>& hooks,
+    const std::vector<std::string>& layers, const ModelConfig& config);
+
+}  // namespace loom
+
+#endif  // LOOM_EVAL_EXTRACT_H_
