@@ -292,9 +292,11 @@ void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, cons
 //   1. Q^T [head_dim, 64] is packed once per tile (zero rows past `rows`).
 //   2. S^T[j, :] = scale * sum_d K[j, d] Q^T[d, :], 4 keys x NV vectors of 16
 //      queries in registers; softcap, mask (-inf), running max.
-//   3. E = exp(S^T - max), row sums; the 1/sum is applied to the output.
-//   4. Z[r, :] = (sum_j E[j, r] V[j, :]) / sum[r], R rows x DV vectors of
-//      head_dim in registers, keys limited to those visible to the R rows.
+//   3. Per chunk of kKeyChunk keys: E = exp(S^T - max) in place (row sums
+//      accumulate), V of the chunk packed densely, and
+//   4. O[r, :] += sum_j E[j, r] V[j, :], R rows x DV vectors of head_dim in
+//      registers (O lives in scratch between chunks), keys limited to those
+//      visible to the R rows. Finally Z = O / sum.
 namespace {
 
 constexpr int64_t kB = kAttnBlock;  // 64 = 4 vectors of 16 queries
@@ -362,18 +364,16 @@ void Scores(const AttnTile& t, const float* qt, float* st, float* rmax) {
   for (int v = 0; v < NV; ++v) _mm512_storeu_ps(rmax + 16 * v, mx[v]);
 }
 
+// Keys per chunk of steps 3-4: the chunk's E (kKeyChunk x 64) and packed V
+// (kKeyChunk x head_dim) stay in L1/L2 while every row group sweeps them.
+constexpr int64_t kKeyChunk = 64;
+static_assert(kKeyChunk <= kAttnBlock, "the packed-V chunk also holds the tile's query rows");
+
+// E = exp(S^T - max) in place for keys [c0, c0 + kc), adding to the row sums.
 template <int NV>
-void ExpRows(const AttnTile& t, float* st, const float* rmax, float* rinv) {
-  __m512 mx[NV], sum[NV];
-  for (int v = 0; v < NV; ++v) {
-    // Rows past `rows` have max -inf; use 0 there to keep the lanes finite.
-    const __m512 m = _mm512_loadu_ps(rmax + 16 * v);
-    mx[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, m, _CMP_EQ_OQ) &
-                                     _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                 _mm512_setzero_ps(), m);
-    sum[v] = _mm512_setzero_ps();
-  }
-  for (int64_t jj = 0; jj < t.nk; ++jj) {
+void ExpChunk(float* st, int64_t c0, int64_t kc, const __m512* mx, __m512* sum) {
+  for (int64_t jj = c0; jj < c0 + kc; ++jj) {
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       float* p = st + jj * kB + 16 * v;
       const __m512 e = Exp(_mm512_sub_ps(_mm512_loadu_ps(p), mx[v]));
@@ -381,76 +381,83 @@ void ExpRows(const AttnTile& t, float* st, const float* rmax, float* rinv) {
       sum[v] = _mm512_add_ps(sum[v], e);
     }
   }
-  for (int v = 0; v < NV; ++v) {
-    const __mmask16 nz = _mm512_cmp_ps_mask(sum[v], _mm512_setzero_ps(), _CMP_GT_OQ);
-    _mm512_storeu_ps(rinv + 16 * v, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), sum[v]));
-  }
 }
 
-// Z rows [r0, r0 + nr) (nr <= R), columns [c0, c0 + 16 DV) of head_dim (the
-// last vector masked by `last`).
+// O[r0 .. r0+R, c .. c+16 DV] += sum_{jj in [jb, je)} E[jj, r] V[jj, :], with
+// O [64, vs] in scratch (the last vector masked by `last`); e points at E of
+// key 0 of the chunk, vp at the chunk's packed V [kKeyChunk, vs].
 template <int DV, int R>
-void PvRows(const AttnTile& t, const float* st, const float* vp, int64_t vs, const float* rinv, int64_t r0,
-            int64_t nr, int64_t c0, __mmask16 last) {
+void PvRows(const float* e, const float* vp, int64_t vs, float* o, int64_t r0, int64_t jb, int64_t je, int64_t c,
+            __mmask16 last) {
   __m512 acc[R][DV];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 16
-    for (int v = 0; v < DV; ++v) acc[r][v] = _mm512_setzero_ps();
-  // Keys visible to at least one of the rows.
-  const int64_t first_i = t.i0 + r0, last_i = t.i0 + r0 + nr - 1;
-  const int64_t jj_begin = t.window > 0 ? std::max<int64_t>(0, first_i - t.window + 1 - t.j_lo) : 0;
-  const int64_t jj_end = std::min(t.nk, last_i - t.j_lo + 1);
-  for (int64_t jj = jj_begin; jj < jj_end; ++jj) {
-    const float* vrow = vp + jj * vs + c0;
+#pragma GCC unroll 16
+    for (int v = 0; v < DV; ++v) acc[r][v] = _mm512_load_ps(o + (r0 + r) * vs + c + 16 * v);
+  for (int64_t jj = jb; jj < je; ++jj) {
+    const float* vrow = vp + jj * vs + c;
     __m512 vv[DV];
-    #pragma GCC unroll 16
-    for (int v = 0; v < DV; ++v) vv[v] = _mm512_maskz_loadu_ps(v == DV - 1 ? last : __mmask16(0xffff), vrow + 16 * v);
-    const float* e = st + jj * kB + r0;
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
+    for (int v = 0; v < DV; ++v) vv[v] = _mm512_maskz_load_ps(v == DV - 1 ? last : __mmask16(0xffff), vrow + 16 * v);
+    const float* er = e + jj * kB + r0;
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512 p = _mm512_set1_ps(e[r]);
-      #pragma GCC unroll 16
+      const __m512 p = _mm512_set1_ps(er[r]);
+#pragma GCC unroll 16
       for (int v = 0; v < DV; ++v) acc[r][v] = _mm512_fmadd_ps(p, vv[v], acc[r][v]);
     }
   }
-  // Constant trip count (and a test inside) so that acc stays in registers.
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    if (r >= nr) break;
-    const __m512 inv = _mm512_set1_ps(rinv[r0 + r]);
-    float* z = t.z + (r0 + r) * t.z_rs + c0;
-    #pragma GCC unroll 16
-    for (int v = 0; v < DV; ++v)
-      _mm512_mask_storeu_ps(z + 16 * v, v == DV - 1 ? last : __mmask16(0xffff), _mm512_mul_ps(acc[r][v], inv));
-  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < DV; ++v) _mm512_store_ps(o + (r0 + r) * vs + c + 16 * v, acc[r][v]);
 }
 
-// Columns [c0, min(head_dim, c0 + 16 DV)).
+// One key chunk [c0, c0 + kc) for all rows, columns [c, min(d, c + 16 DV)).
 template <int DV>
-void Pv(const AttnTile& t, const float* st, const float* vp, int64_t vs, const float* rinv, int64_t c0) {
+void PvChunk(const AttnTile& t, const float* st, const float* vp, int64_t vs, float* o, int64_t c0, int64_t kc,
+             int64_t c) {
   // R x DV accumulators + DV values + 1 broadcast fit in the 32 registers.
   constexpr int R = DV == 1 ? 12 : DV == 2 ? 12 : DV == 3 ? 8 : DV == 4 ? 6 : DV == 5 ? 4 : 3;
-  const __mmask16 last = TailMask(t.head_dim - c0 - 16 * (DV - 1));
-  int64_t r0 = 0;
-  for (; r0 + R <= t.rows; r0 += R) PvRows<DV, R>(t, st, vp, vs, rinv, r0, R, c0, last);
-  if constexpr (R > 4) {
-    for (; r0 + 4 <= t.rows; r0 += 4) PvRows<DV, 4>(t, st, vp, vs, rinv, r0, 4, c0, last);
+  const __mmask16 last = TailMask(t.head_dim - c - 16 * (DV - 1));
+  const float* e = st + c0 * kB;
+  // Chunk-local keys visible to some row of [r0, r0 + nr).
+  auto range = [&](int64_t r0, int64_t nr, int64_t* jb, int64_t* je) {
+    const int64_t first_i = t.i0 + r0, last_i = t.i0 + r0 + nr - 1;
+    const int64_t lo = t.window > 0 ? first_i - t.window + 1 - t.j_lo : 0;
+    *jb = std::max<int64_t>(0, lo - c0);
+    *je = std::min(kc, last_i - t.j_lo + 1 - c0);
+  };
+  int64_t r0 = 0, jb, je;
+  for (; r0 + R <= t.rows; r0 += R) {
+    range(r0, R, &jb, &je);
+    if (jb < je) PvRows<DV, R>(e, vp, vs, o, r0, jb, je, c, last);
   }
-  for (; r0 < t.rows; ++r0) PvRows<DV, 1>(t, st, vp, vs, rinv, r0, 1, c0, last);
+  if constexpr (R > 4) {
+    for (; r0 + 4 <= t.rows; r0 += 4) {
+      range(r0, 4, &jb, &je);
+      if (jb < je) PvRows<DV, 4>(e, vp, vs, o, r0, jb, je, c, last);
+    }
+  }
+  for (; r0 < t.rows; ++r0) {
+    range(r0, 1, &jb, &je);
+    if (jb < je) PvRows<DV, 1>(e, vp, vs, o, r0, jb, je, c, last);
+  }
 }
 
 template <int NV>
 void TileNV(const AttnTile& t) {
   const int64_t d = t.head_dim;
-  float* qt = t.scratch;                           // [d, 64]
-  float* st = qt + (d * kB + 15) / 16 * 16;        // [nk, 64]
-  float* rmax = st + (t.nk * kB + 15) / 16 * 16;   // [64]
-  float* rinv = rmax + kB;                         // [64]
   const int64_t vs = (d + 15) / 16 * 16;
-  float* vp = rinv + kB;                           // [nk, vs]
-  // Q^T: copy the query rows densely first (reading the strided rows
-  // column by column would thrash a few cache sets), then transpose.
+  float* qt = t.scratch;                          // [d, 64]
+  float* st = qt + d * kB;                        // [nk, 64]
+  float* rmax = st + t.nk * kB;                   // [64]
+  float* rinv = rmax + kB;                        // [64]
+  float* o = rinv + kB;                           // [64, vs]
+  float* vp = o + kB * vs;                        // [kKeyChunk, vs]
+  // Q^T: copy the query rows densely first (reading the strided rows column
+  // by column would thrash a few cache sets: the rows of a fused QKV buffer
+  // sit at a large, nearly power-of-two stride), then transpose.
   for (int64_t r = 0; r < t.rows; ++r) {
     const float* src = t.q + r * t.q_rs;
     for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(vp + r * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
@@ -460,28 +467,48 @@ void TileNV(const AttnTile& t) {
     for (int64_t r = 0; r < t.rows; ++r) dst[r] = vp[r * vs + p];
     for (int64_t r = t.rows; r < 16 * NV; ++r) dst[r] = 0.0f;
   }
-  // V of the tile's keys packed densely [nk, vs]: the rows of a fused QKV
-  // buffer sit at a large power-of-two-ish stride that maps them onto few
-  // cache sets, and every group of query rows sweeps all of them.
-  for (int64_t jj = 0; jj < t.nk; ++jj) {
-    const float* src = t.v + jj * t.v_rs;
-    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(vp + jj * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
-  }
   for (int64_t r = 0; r < kB; ++r) rmax[r] = -std::numeric_limits<float>::infinity();
   Scores<NV>(t, qt, st, rmax);
-  ExpRows<NV>(t, st, rmax, rinv);
-  // head_dim in chunks of at most 128 columns (8 vectors) per pass over the keys.
-  for (int64_t c0 = 0; c0 < d; c0 += 128) {
-    switch ((std::min<int64_t>(d - c0, 128) + 15) / 16) {
-      case 1: Pv<1>(t, st, vp, vs, rinv, c0); break;
-      case 2: Pv<2>(t, st, vp, vs, rinv, c0); break;
-      case 3: Pv<3>(t, st, vp, vs, rinv, c0); break;
-      case 4: Pv<4>(t, st, vp, vs, rinv, c0); break;
-      case 5: Pv<5>(t, st, vp, vs, rinv, c0); break;
-      case 6: Pv<6>(t, st, vp, vs, rinv, c0); break;
-      case 7: Pv<7>(t, st, vp, vs, rinv, c0); break;
-      default: Pv<8>(t, st, vp, vs, rinv, c0); break;
+
+  __m512 mx[NV], sum[NV];
+  for (int v = 0; v < NV; ++v) {
+    // Rows past `rows` have max -inf; use 0 there to keep the lanes finite.
+    const __m512 m = _mm512_loadu_ps(rmax + 16 * v);
+    mx[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), _mm512_setzero_ps(), m);
+    sum[v] = _mm512_setzero_ps();
+  }
+  std::memset(o, 0, sizeof(float) * kB * vs);
+  for (int64_t c0 = 0; c0 < t.nk; c0 += kKeyChunk) {
+    const int64_t kc = std::min(kKeyChunk, t.nk - c0);
+    ExpChunk<NV>(st, c0, kc, mx, sum);
+    for (int64_t jj = 0; jj < kc; ++jj) {
+      const float* src = t.v + (c0 + jj) * t.v_rs;
+      for (int64_t c = 0; c < d; c += 16)
+        _mm512_store_ps(vp + jj * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
     }
+    // head_dim in pieces of at most 128 columns (8 vectors) per sweep.
+    for (int64_t c = 0; c < d; c += 128) {
+      switch ((std::min<int64_t>(d - c, 128) + 15) / 16) {
+        case 1: PvChunk<1>(t, st, vp, vs, o, c0, kc, c); break;
+        case 2: PvChunk<2>(t, st, vp, vs, o, c0, kc, c); break;
+        case 3: PvChunk<3>(t, st, vp, vs, o, c0, kc, c); break;
+        case 4: PvChunk<4>(t, st, vp, vs, o, c0, kc, c); break;
+        case 5: PvChunk<5>(t, st, vp, vs, o, c0, kc, c); break;
+        case 6: PvChunk<6>(t, st, vp, vs, o, c0, kc, c); break;
+        case 7: PvChunk<7>(t, st, vp, vs, o, c0, kc, c); break;
+        default: PvChunk<8>(t, st, vp, vs, o, c0, kc, c); break;
+      }
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    const __mmask16 nz = _mm512_cmp_ps_mask(sum[v], _mm512_setzero_ps(), _CMP_GT_OQ);
+    _mm512_storeu_ps(rinv + 16 * v, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), sum[v]));
+  }
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const __m512 inv = _mm512_set1_ps(rinv[r]);
+    float* z = t.z + r * t.z_rs;
+    for (int64_t c = 0; c < d; c += 16)
+      _mm512_mask_storeu_ps(z + c, TailMask(d - c), _mm512_mul_ps(_mm512_load_ps(o + r * vs + c), inv));
   }
   if (t.probs != nullptr) {
     for (int64_t r = 0; r < t.rows; ++r)

@@ -46,8 +46,9 @@ struct AttnTile {
   int64_t probs_rs;
   float* scratch;    // AttnTileScratchFloats(max nk, head_dim) floats, 64-byte aligned
 };
-// Scratch floats one tile needs: Q^T [head_dim, kAttnBlock], S^T [nk, kAttnBlock],
-// per-row statistics [2, kAttnBlock] and a dense copy of V [nk, head_dim padded to 16].
+// Scratch floats one tile needs (a multiple of 16): Q^T [head_dim, kAttnBlock],
+// S^T [nk, kAttnBlock], per-row statistics [2, kAttnBlock], the output
+// accumulator and one chunk of packed V (each [kAttnBlock, head_dim padded to 16]).
 int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim);
 
 // Decode-sized GEMM (m <= kSmallGemmMaxM rows), where oneDNN's brgemm would

@@ -23,7 +23,9 @@ float LoadScalarAsF32(const void* p, DType dtype, int64_t i) {
 
 int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim) {
   auto pad16 = [](int64_t x) { return (x + 15) / 16 * 16; };
-  return pad16(head_dim * kAttnBlock) + pad16(max_nk * kAttnBlock) + 2 * kAttnBlock + max_nk * pad16(head_dim);
+  // The AVX-512 tile also keeps O [kAttnBlock, head_dim] and one chunk of
+  // packed V [kAttnBlock, head_dim] (head_dim padded to 16).
+  return pad16(head_dim) * kAttnBlock + max_nk * kAttnBlock + 2 * kAttnBlock + 2 * kAttnBlock * pad16(head_dim);
 }
 
 namespace portable {
