@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "src/base/units.h"
+#include "src/model/registry.h"
 #include "src/plan/report.h"
 
 namespace loom {
@@ -368,6 +369,12 @@ void AddSuggestions(const PlanInput& in, MemoryPlan* plan) {
       plan->suggestions.push_back(
           "--capture-to host (stage captures in host memory)");
   }
+  if (job.capture_dtype == DType::kF32 && !job.hooks.empty()) {
+    PlanInput h = q;
+    h.job.capture_dtype = DType::kBF16;
+    if (auto p = MakePlanImpl(h); p.ok() && p->fits)
+      plan->suggestions.push_back("--dtype bf16 (captures at half the bytes)");
+  }
   const Tiers tiers = GetTiers(in.devices);
   if (tiers.disk < 0) {
     PlanInput d = q;
@@ -563,6 +570,29 @@ StatusOr<std::vector<DeviceSpec>> SolveMinDevices(const PlanInput& input,
   }
   return ResourceExhaustedError("no number of devices up to " +
                                 std::to_string(limit) + " fits this job");
+}
+
+StatusOr<MemoryPlan> PlanModelDir(const std::string& model_dir,
+                                  const JobSpec& job,
+                                  std::vector<DeviceSpec> devices,
+                                  int64_t host_bytes, const KernelCosts& costs,
+                                  Strategy strategy,
+                                  std::optional<DType> assume_dtype) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  const ArchWeights decl = FindArch(config.model_type)->declare_weights(config);
+  WeightTableOptions options;
+  options.assume_dtype = assume_dtype;
+  ASSIGN_OR_RETURN(WeightTable table,
+                   BuildWeightTable(model_dir, config, decl, options));
+  RETURN_IF_ERROR(NormalizeDevices(&devices, host_bytes));
+  PlanInput in;
+  in.config = &config;
+  in.weights = &table;
+  in.job = job;
+  in.devices = std::move(devices);
+  in.strategy = strategy;
+  in.costs = costs;
+  return MakePlan(in);
 }
 
 }  // namespace loom

@@ -120,6 +120,16 @@ StatusOr<int64_t> SolveMaxContext(const PlanInput& input);
 StatusOr<std::vector<DeviceSpec>> SolveMinDevices(const PlanInput& input,
                                                   int limit = 64);
 
+// Convenience for job commands (extract, perplexity, compare): reads
+// MODEL_DIR's config.json and weight metadata and plans `job` on `devices`
+// (normalized here). The caller checks CheckFits before loading and prints
+// FormatPlanTable for --show-plan.
+StatusOr<MemoryPlan> PlanModelDir(
+    const std::string& model_dir, const JobSpec& job,
+    std::vector<DeviceSpec> devices, int64_t host_bytes,
+    const KernelCosts& costs, Strategy strategy = Strategy::kBalanced,
+    std::optional<DType> assume_dtype = std::nullopt);
+
 }  // namespace loom
 
 #endif  // LOOM_PLAN_PLANNER_H_

@@ -54,7 +54,7 @@ std::string FormatPlanTable(const MemoryPlan& p) {
   }
   std::snprintf(
       line, sizeof(line),
-      "job: %s, %lld batch tokens, context %lld, %lld sequences/batch, %zu "
+      "job: %s, %lld batch tokens, context %lld, %lld sequence(s)/batch, %zu "
       "hooks (%s, select %s, to %s)%s, "
       "strategy %s\n",
       std::string(JobModeName(j.mode)).c_str(),

@@ -1,0 +1,248 @@
+// Planner properties on synthetic models: live tensors never overlap, hooked
+// tensors survive until copied, plans are deterministic, the packed arena is
+// never larger than the naive sum; placement and disk behaviour.
+#include "src/plan/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "src/model/registry.h"
+#include "src/plan/test_util.h"
+
+namespace loom {
+namespace {
+
+ModelConfig Synthetic(MlpKind mlp = MlpKind::kGated, int64_t layers = 8) {
+  ModelConfig c;
+  c.model_type = mlp == MlpKind::kMoE ? "qwen3_moe" : "llama";
+  c.torch_dtype = DType::kBF16;
+  c.vocab_size = 1000;
+  c.hidden_size = 256;
+  c.num_layers = layers;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+  c.intermediate_size = 704;
+  c.max_position_embeddings = 4096;
+  c.mlp = mlp;
+  c.rope.type = RopeConfig::Type::kDefault;
+  c.rope.rotary_dim = 32;
+  c.sliding_window.assign(layers, 0);
+  if (mlp == MlpKind::kMoE) {
+    c.qk_norm = QkNormKind::kPerHead;
+    c.moe.num_experts = 8;
+    c.moe.experts_per_token = 2;
+    c.moe.expert_intermediate_size = 128;
+  }
+  return c;
+}
+
+struct Model {
+  ModelConfig config;
+  WeightTable table;
+};
+
+Model Make(MlpKind mlp = MlpKind::kGated, int64_t layers = 8) {
+  Model m;
+  m.config = Synthetic(mlp, layers);
+  const ArchWeights decl =
+      FindArch(m.config.model_type)->declare_weights(m.config);
+  auto t =
+      WeightTableFromNames(m.config, decl, nullptr, DType::kBF16, "synthetic");
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  m.table = *t;
+  return m;
+}
+
+HookSet RandomHooks(std::mt19937& rng, int64_t layers, bool moe) {
+  static const HookSite kSites[] = {
+      HookSite::kResidPre, HookSite::kLn1,    HookSite::kQ,
+      HookSite::kK,        HookSite::kV,      HookSite::kRotQ,
+      HookSite::kPattern,  HookSite::kZ,      HookSite::kAttnOut,
+      HookSite::kResidMid, HookSite::kLn2,    HookSite::kMlpPre,
+      HookSite::kMlpPost,  HookSite::kMlpOut, HookSite::kResidPost};
+  HookSet set;
+  const int n = static_cast<int>(rng() % 6);
+  for (int i = 0; i < n; ++i) {
+    const HookSite s = kSites[rng() % std::size(kSites)];
+    if (moe && (s == HookSite::kMlpPre || s == HookSite::kMlpPost)) continue;
+    set.Add(HookPoint{s, static_cast<int64_t>(rng() % layers)});
+  }
+  if (rng() % 3 == 0) set.Add(HookPoint{HookSite::kLogits, -1});
+  return set;
+}
+
+bool Overlap(const PlannedRegion& a, const PlannedRegion& b) {
+  const bool time = !(a.last_step < b.first_step || b.last_step < a.first_step);
+  const bool space =
+      a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+  return time && space && a.bytes > 0 && b.bytes > 0;
+}
+
+TEST(PlanProperties, LiveRegionsNeverOverlapAndPeakIsAtMostTheSum) {
+  std::mt19937 rng(1234);
+  for (MlpKind mlp : {MlpKind::kGated, MlpKind::kMoE}) {
+    const ModelConfig c = Synthetic(mlp);
+    for (int trial = 0; trial < 200; ++trial) {
+      JobSpec job;
+      job.batch_tokens = 1 + static_cast<int64_t>(rng() % 3000);
+      job.context = 1 + static_cast<int64_t>(rng() % 3000);
+      job.hooks = RandomHooks(rng, c.num_layers, mlp == MlpKind::kMoE);
+      job.async_capture = rng() % 2;
+      const ActivationLayout l =
+          PlanActivations(c, job, plan_test::FakeCosts());
+      const auto& rs = l.activations.regions;
+      int64_t sum = 0;
+      for (size_t i = 0; i < rs.size(); ++i) {
+        EXPECT_EQ(rs[i].offset % ArenaPlan::kAlign, 0);
+        EXPECT_LE(rs[i].offset + rs[i].bytes, l.activations.total_bytes);
+        sum += AlignUp(rs[i].bytes, ArenaPlan::kAlign);
+        for (size_t j = i + 1; j < rs.size(); ++j)
+          EXPECT_FALSE(Overlap(rs[i], rs[j]))
+              << rs[i].name << " and " << rs[j].name << " trial " << trial;
+      }
+      EXPECT_EQ(sum, l.activations.naive_bytes);
+      EXPECT_LE(l.activations.total_bytes, l.activations.naive_bytes);
+    }
+  }
+}
+
+TEST(PlanProperties, HookedTensorsSurviveUntilCopied) {
+  const ModelConfig c = Synthetic();
+  for (HookSite site :
+       {HookSite::kLn1, HookSite::kQ, HookSite::kZ, HookSite::kAttnOut,
+        HookSite::kLn2, HookSite::kMlpPre, HookSite::kMlpPost,
+        HookSite::kMlpOut, HookSite::kPattern}) {
+    JobSpec job;
+    job.batch_tokens = 512;
+    job.hooks.Add(HookPoint{site, 3});
+    job.async_capture = true;  // copied when the block ends
+    const ActivationLayout l = PlanActivations(c, job, plan_test::FakeCosts());
+    bool found = false;
+    for (const PlannedRegion& r : l.activations.regions) {
+      if (std::find(r.hooks.begin(), r.hooks.end(), site) == r.hooks.end())
+        continue;
+      found = true;
+      EXPECT_GE(r.last_step, l.block_last_step)
+          << r.name << " holds " << HookSiteName(site);
+    }
+    EXPECT_TRUE(found) << HookSiteName(site);
+    // Synchronous capture copies at the hook: the region is not extended, so
+    // the arena is no larger.
+    job.async_capture = false;
+    const ActivationLayout sync =
+        PlanActivations(c, job, plan_test::FakeCosts());
+    EXPECT_LE(sync.activations.total_bytes, l.activations.total_bytes);
+  }
+}
+
+TEST(PlanProperties, Deterministic) {
+  const Model m = Make(MlpKind::kMoE);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Gpu(0, 6 * kMiB), plan_test::Gpu(1, 9 * kMiB),
+                plan_test::Host(kGiB, false)};
+  in.costs = plan_test::FakeCosts();
+  in.job.batch_tokens = 256;
+  in.job.logits = true;
+  in.job.hooks.Add(HookPoint{HookSite::kResidPost, 2});
+  auto a = MakePlan(in), b = MakePlan(in);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(PlanToJson(*a).dump(), PlanToJson(*b).dump());
+}
+
+TEST(PlanProperties, LivenessBeatsTheExecutorsSumOfRegions) {
+  const ModelConfig c = Synthetic();
+  JobSpec job;
+  job.batch_tokens = 2048;
+  const ActivationLayout l = PlanActivations(c, job, plan_test::FakeCosts());
+  EXPECT_LT(l.activations.total_bytes, l.activations.naive_bytes);
+  // The residual stream is live over the whole program.
+  const PlannedRegion& x =
+      l.activations.regions[l.activations.Find("residual")];
+  EXPECT_EQ(x.first_step, 0);
+  EXPECT_EQ(x.last_step, static_cast<int>(l.steps.size()) - 1);
+}
+
+TEST(Placement, BalancedEqualisesPeaksSequentialFillsInOrder) {
+  const Model m = Make(MlpKind::kGated, 16);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Gpu(0, 64 * kMiB), plan_test::Gpu(1, 64 * kMiB),
+                plan_test::Host(kGiB, false)};
+  in.costs = plan_test::FakeCosts();
+  in.job.batch_tokens = 128;
+  in.job.logits = true;
+  auto bal = MakePlan(in);
+  ASSERT_TRUE(bal.ok());
+  ASSERT_TRUE(bal->fits) << FormatPlanTable(*bal);
+  EXPECT_LT(std::abs(bal->devices[0].total() - bal->devices[1].total()),
+            m.table.layer_bytes[0] + 1)
+      << FormatPlanTable(*bal);
+  in.strategy = Strategy::kSequential;
+  auto seq = MakePlan(in);
+  ASSERT_TRUE(seq.ok());
+  EXPECT_TRUE(seq->fits) << FormatPlanTable(*seq);
+  EXPECT_EQ(seq->devices[0].layers.size(),
+            16u);  // everything fits on the first
+  in.strategy = Strategy::kManual;
+  in.layers_per_device = {5, 11};
+  auto man = MakePlan(in);
+  ASSERT_TRUE(man.ok());
+  EXPECT_EQ(man->devices[0].layers.size(), 5u);
+  EXPECT_EQ(man->devices[1].layers.size(), 11u);
+  in.layers_per_device = {5, 10};
+  EXPECT_FALSE(MakePlan(in).ok());  // 15 of 16 layers, no disk
+}
+
+TEST(Placement, DiskTierStreamsTheLayersThatDoNotFit) {
+  const Model m = Make(MlpKind::kGated, 16);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Gpu(0, 12 * kMiB), plan_test::Host(kGiB, false)};
+  in.costs = plan_test::FakeCosts();
+  in.job.batch_tokens = 64;
+  in.job.logits = true;
+  auto over = MakePlan(in);
+  ASSERT_TRUE(over.ok());
+  ASSERT_FALSE(over->fits);
+  EXPECT_FALSE(over->suggestions.empty()) << FormatPlanTable(*over);
+  Status s = CheckFits(*over);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("cuda:0"), std::string::npos);
+  in.devices.push_back(plan_test::Disk());
+  auto disk = MakePlan(in);
+  ASSERT_TRUE(disk.ok());
+  EXPECT_TRUE(disk->fits) << FormatPlanTable(*disk);
+  const DevicePlan& d = disk->devices.back();
+  EXPECT_EQ(d.device.kind, DeviceKind::kDisk);
+  EXPECT_GT(d.layers.size(), 0u);
+  EXPECT_EQ(disk->devices[0].streamed_layers,
+            static_cast<int64_t>(d.layers.size()));
+  EXPECT_GT(disk->devices[0].stream, 0);
+}
+
+TEST(Placement, GenerationAddsKvPerLayerCappedBySlidingWindow) {
+  Model m = Make(MlpKind::kGated, 4);
+  m.config.sliding_window = {0, 100, 0, 100};
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Host(kGiB, true)};
+  in.costs = plan_test::FakeCosts();
+  in.job.mode = JobMode::kGeneration;
+  in.job.batch_tokens = 1000;
+  in.job.context = 1000;
+  auto p = MakePlan(in);
+  ASSERT_TRUE(p.ok());
+  // 2 (k, v) x kv_dim 64 x (1000 + 100 + 1000 + 100) tokens x 1 sequence x
+  // bf16.
+  EXPECT_EQ(p->devices[0].kv, 2 * 64 * 2200 * 2);
+}
+
+}  // namespace
+}  // namespace loom
