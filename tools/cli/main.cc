@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   loom::cli::AddTokenizeCommand(app, &exit_code);
   loom::cli::AddSynthCommand(app, &exit_code);
   loom::cli::AddRunCommand(app, &exit_code);
+  loom::cli::AddPerplexityCommand(app, &exit_code);
+  loom::cli::AddCompareCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

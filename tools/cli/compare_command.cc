@@ -1,0 +1,237 @@
+// `loom compare --model A --reference B (--text FILE | --tokens FILE)
+//  [--protocol P] [--ctx N] [--stride S] [--max-windows K] [--drift] [--json]`:
+// KL(B || A) and llama.cpp's statistics over the same windows, without a
+// logits file; with --drift, per-layer divergence of hook_resid_post.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/eval/compare.h"
+#include "src/eval/input.h"
+#include "src/runtime/model.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/eval_progress.h"
+
+namespace loom::cli {
+namespace {
+
+struct CompareArgs {
+  std::string model_dir, reference_dir;
+  std::string text_file, tokens_file, tokenizer_dir;
+  std::string protocol = "hf-stride";
+  std::string add_bos = "auto";
+  std::string precision = "auto", reference_precision = "auto";
+  int64_t ctx = 0, stride = 0, max_windows = 0, chunk_rows = 256;
+  int threads = 0;
+  bool drift = false, json = false, quiet = false;
+};
+
+nlohmann::json Number(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+Status RunCompare(const CompareArgs& args) {
+  ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
+  ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
+  ASSIGN_OR_RETURN(Precision precision_a, ParsePrecision(args.precision));
+  ASSIGN_OR_RETURN(Precision precision_b,
+                   ParsePrecision(args.reference_precision));
+  cpu::SetNumThreads(args.threads);
+  std::string warning;
+  ASSIGN_OR_RETURN(auto a, Model::Load(args.model_dir, precision_a, &warning));
+  if (!warning.empty() && !args.quiet)
+    std::fprintf(stderr, "loom compare: %s: %s\n", args.model_dir.c_str(),
+                 warning.c_str());
+  warning.clear();
+  ASSIGN_OR_RETURN(auto b,
+                   Model::Load(args.reference_dir, precision_b, &warning));
+  if (!warning.empty() && !args.quiet)
+    std::fprintf(stderr, "loom compare: %s: %s\n", args.reference_dir.c_str(),
+                 warning.c_str());
+  const ModelConfig& ca = a->config();
+  const ModelConfig& cb = b->config();
+  if (ca.vocab_size != cb.vocab_size)
+    return InvalidArgumentError(
+        "model " + args.model_dir + " has a vocabulary of " +
+        std::to_string(ca.vocab_size) + " tokens but the reference " +
+        args.reference_dir + " has " + std::to_string(cb.vocab_size) +
+        "; KL needs the same vocabulary");
+  eval::InputOptions io{
+      args.text_file, args.tokens_file,
+      args.tokenizer_dir.empty() ? args.reference_dir : args.tokenizer_dir,
+      add_bos};
+  ASSIGN_OR_RETURN(eval::EvalInput input, eval::LoadEvalInput(io, cb));
+  const int64_t max_ctx =
+      std::min(ca.max_position_embeddings, cb.max_position_embeddings);
+  const int64_t ctx = args.ctx > 0 ? args.ctx : std::min<int64_t>(512, max_ctx);
+  if (ctx > max_ctx)
+    return OutOfRangeError(
+        "--ctx " + std::to_string(ctx) + " exceeds the maximum context " +
+        std::to_string(max_ctx) + " (max_position_embeddings of " +
+        (ca.max_position_embeddings < cb.max_position_embeddings
+             ? args.model_dir
+             : args.reference_dir) +
+        ")");
+  ASSIGN_OR_RETURN(
+      eval::WindowPlan plan,
+      eval::PlanWindows(static_cast<int64_t>(input.ids.size()),
+                        eval::MakeWindowOptions(protocol, ctx, args.stride,
+                                                args.max_windows, input)));
+  eval::CompareOptions o;
+  o.logits_chunk_rows = args.chunk_rows;
+  o.drift = args.drift;
+  o.progress = MakeWindowProgress(args.quiet, "compare");
+  ASSIGN_OR_RETURN(eval::CompareResult r,
+                   eval::CompareModels(*a, *b, input.ids, plan, o));
+
+  if (args.json) {
+    nlohmann::json j = {
+        {"model", args.model_dir},
+        {"reference", args.reference_dir},
+        {"precision", std::string(DTypeName(a->compute_dtype()))},
+        {"reference_precision", std::string(DTypeName(b->compute_dtype()))},
+        {"protocol", std::string(eval::ProtocolName(r.protocol))},
+        {"ctx", r.ctx},
+        {"stride", r.stride},
+        {"bos", input.bos},
+        {"windows", r.windows},
+        {"tokens_scored", r.tokens_scored},
+        {"tokens_evaluated", r.tokens_evaluated},
+        {"seconds", r.seconds},
+        {"ppl", r.ppl_a},
+        {"ppl_reference", r.ppl_b},
+        {"ln_ppl_ratio", r.ln_ppl_ratio.value},
+        {"ln_ppl_ratio_uncertainty", r.ln_ppl_ratio.uncertainty},
+        {"ppl_diff", r.ppl_diff.value},
+        {"ppl_diff_uncertainty", r.ppl_diff.uncertainty},
+        {"kl_mean", r.kl.value},
+        {"kl_uncertainty", r.kl.uncertainty},
+        {"kl_median", r.kl_median},
+        {"kl_p90", r.kl_p90},
+        {"kl_p95", r.kl_p95},
+        {"kl_p99", r.kl_p99},
+        {"kl_max", r.kl_max},
+        {"same_top1", r.same_top1.value},
+        {"same_top1_uncertainty", r.same_top1.uncertainty},
+        {"delta_p_mean", r.delta_p.value},
+        {"delta_p_uncertainty", r.delta_p.uncertainty},
+        {"rms_delta_p", r.rms_delta_p.value},
+        {"rms_delta_p_uncertainty", r.rms_delta_p.uncertainty},
+        {"prob_pearson", r.prob_pearson}};
+    if (args.drift) {
+      nlohmann::json d = nlohmann::json::array();
+      for (const auto& l : r.drift)
+        d.push_back(
+            {{"hook", "blocks." + std::to_string(l.layer) + ".hook_resid_post"},
+             {"layer", l.layer},
+             {"rel_frobenius", l.rel_frobenius},
+             {"cosine", l.cosine},
+             {"sqnr_db", Number(l.sqnr_db)}});
+      j["drift"] = std::move(d);
+    }
+    std::cout << j.dump(2) << "\n";
+    return Status::Ok();
+  }
+  std::printf("model        %s (%s)\n", args.model_dir.c_str(),
+              std::string(DTypeName(a->compute_dtype())).c_str());
+  std::printf("reference    %s (%s)\n", args.reference_dir.c_str(),
+              std::string(DTypeName(b->compute_dtype())).c_str());
+  std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
+              input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
+  std::printf(
+      "protocol     %s, ctx %lld, stride %lld, %lld windows, %lld tokens "
+      "scored, %.2f s\n\n",
+      std::string(eval::ProtocolName(r.protocol)).c_str(),
+      static_cast<long long>(r.ctx), static_cast<long long>(r.stride),
+      static_cast<long long>(r.windows),
+      static_cast<long long>(r.tokens_scored), r.seconds);
+  std::printf("====== Perplexity ======\n");
+  std::printf("PPL(A)                 : %.6f\n", r.ppl_a);
+  std::printf("PPL(B)                 : %.6f\n", r.ppl_b);
+  std::printf("ln(PPL(A)/PPL(B))      : %.6f ± %.6f\n", r.ln_ppl_ratio.value,
+              r.ln_ppl_ratio.uncertainty);
+  std::printf("PPL(A) - PPL(B)        : %.6f ± %.6f\n", r.ppl_diff.value,
+              r.ppl_diff.uncertainty);
+  std::printf("Cor(p_A, p_B)          : %.4f %%\n", 100 * r.prob_pearson);
+  std::printf("====== KL divergence KL(B || A), nats ======\n");
+  std::printf("Mean                   : %.6f ± %.6f\n", r.kl.value,
+              r.kl.uncertainty);
+  std::printf("Maximum                : %.6f\n", r.kl_max);
+  std::printf("99.0%%                  : %.6f\n", r.kl_p99);
+  std::printf("95.0%%                  : %.6f\n", r.kl_p95);
+  std::printf("90.0%%                  : %.6f\n", r.kl_p90);
+  std::printf("Median                 : %.6f\n", r.kl_median);
+  std::printf("====== Correct-token probability ======\n");
+  std::printf("Mean Δp (A - B)        : %.4f ± %.4f %%\n",
+              100 * r.delta_p.value, 100 * r.delta_p.uncertainty);
+  std::printf("RMS Δp                 : %.4f ± %.4f %%\n",
+              100 * r.rms_delta_p.value, 100 * r.rms_delta_p.uncertainty);
+  std::printf("Same top-1             : %.4f ± %.4f %%\n",
+              100 * r.same_top1.value, 100 * r.same_top1.uncertainty);
+  if (args.drift) {
+    std::printf("====== Drift of hook_resid_post (A vs B) ======\n");
+    std::printf("%-28s %14s %14s %10s\n", "hook", "rel. Frobenius", "cosine",
+                "SQNR dB");
+    for (const auto& l : r.drift)
+      std::printf(
+          "%-28s %14.6g %14.10f %10.2f\n",
+          ("blocks." + std::to_string(l.layer) + ".hook_resid_post").c_str(),
+          l.rel_frobenius, l.cosine, l.sqnr_db);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddCompareCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<CompareArgs>();
+  CLI::App* cmd = app.add_subcommand("compare",
+                                     "KL divergence and perplexity of a model "
+                                     "against a reference, window by window");
+  cmd->add_option("--model", args->model_dir,
+                  "Model A under test (e.g. quantized)")
+      ->required();
+  cmd->add_option("--reference", args->reference_dir, "Reference model B")
+      ->required();
+  auto* text = cmd->add_option("--text", args->text_file,
+                               "Text file (UTF-8, read as is)");
+  auto* tokens =
+      cmd->add_option("--tokens", args->tokens_file,
+                      "File of token ids (whitespace/comma separated)");
+  text->excludes(tokens);
+  cmd->add_option("--tokenizer", args->tokenizer_dir,
+                  "Tokenizer directory (default: --reference)");
+  cmd->add_option("--protocol", args->protocol,
+                  "hf-stride (default), llama-cpp or all-tokens");
+  cmd->add_option(
+      "--ctx", args->ctx,
+      "Window length in tokens (default min(512, max_position_embeddings))");
+  cmd->add_option("--stride", args->stride,
+                  "Window step (default ctx/2; llama-cpp: ctx)");
+  cmd->add_option("--max-windows", args->max_windows,
+                  "Evaluate at most K windows (default all)");
+  cmd->add_option("--add-bos", args->add_bos,
+                  "auto (tokenizer default), yes or no");
+  cmd->add_option("--precision", args->precision,
+                  "Precision of A: auto, f32, bf16 or f16");
+  cmd->add_option("--reference-precision", args->reference_precision,
+                  "Precision of B: auto, f32, bf16 or f16");
+  cmd->add_option("--chunk-rows", args->chunk_rows,
+                  "Logit rows computed at a time per model");
+  cmd->add_option("--threads", args->threads, "CPU threads (default all)");
+  cmd->add_flag("--drift", args->drift,
+                "Per-layer divergence of hook_resid_post (relative Frobenius, "
+                "cosine, SQNR)");
+  cmd->add_flag("--json", args->json, "Print the result as JSON");
+  cmd->add_flag("--quiet", args->quiet, "No progress bar or warnings");
+  cmd->callback([args, exit_code] {
+    *exit_code = ReportStatus("compare", RunCompare(*args));
+  });
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,146 @@
+// `loom perplexity --model DIR (--text FILE | --tokens FILE) [--protocol P]
+//  [--ctx N] [--stride S] [--max-windows K] [--add-bos auto|yes|no] [--json]`:
+// perplexity under one of the protocols of docs/eval/perplexity.md.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/eval/input.h"
+#include "src/eval/perplexity.h"
+#include "src/runtime/model.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/eval_progress.h"
+
+namespace loom::cli {
+namespace {
+
+struct PerplexityArgs {
+  std::string model_dir;
+  std::string text_file, tokens_file, tokenizer_dir;
+  std::string protocol = "hf-stride";
+  std::string add_bos = "auto";
+  std::string precision = "auto";
+  int64_t ctx = 0, stride = 0, max_windows = 0, chunk_rows = 256;
+  int threads = 0;
+  bool json = false, quiet = false;
+};
+
+Status RunPerplexity(const PerplexityArgs& args) {
+  ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
+  ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
+  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
+  cpu::SetNumThreads(args.threads);
+  std::string warning;
+  ASSIGN_OR_RETURN(auto model,
+                   Model::Load(args.model_dir, precision, &warning));
+  if (!warning.empty() && !args.quiet)
+    std::fprintf(stderr, "loom perplexity: %s\n", warning.c_str());
+  const ModelConfig& c = model->config();
+  eval::InputOptions io{
+      args.text_file, args.tokens_file,
+      args.tokenizer_dir.empty() ? args.model_dir : args.tokenizer_dir,
+      add_bos};
+  ASSIGN_OR_RETURN(eval::EvalInput input, eval::LoadEvalInput(io, c));
+  const int64_t ctx = args.ctx > 0
+                          ? args.ctx
+                          : std::min<int64_t>(512, c.max_position_embeddings);
+  if (ctx > c.max_position_embeddings)
+    return OutOfRangeError("--ctx " + std::to_string(ctx) +
+                           " exceeds the maximum context of " + args.model_dir +
+                           " (max_position_embeddings = " +
+                           std::to_string(c.max_position_embeddings) + ")");
+  ASSIGN_OR_RETURN(
+      eval::WindowPlan plan,
+      eval::PlanWindows(static_cast<int64_t>(input.ids.size()),
+                        eval::MakeWindowOptions(protocol, ctx, args.stride,
+                                                args.max_windows, input)));
+  eval::EvalOptions eo;
+  eo.logits_chunk_rows = args.chunk_rows;
+  eo.progress = MakeWindowProgress(args.quiet, "perplexity");
+  ASSIGN_OR_RETURN(eval::PerplexityResult r,
+                   eval::EvaluatePerplexity(*model, input.ids, plan, eo));
+
+  if (args.json) {
+    nlohmann::json j = {
+        {"model", args.model_dir},
+        {"precision", std::string(DTypeName(model->compute_dtype()))},
+        {"protocol", std::string(eval::ProtocolName(r.protocol))},
+        {"ctx", r.ctx},
+        {"stride", r.stride},
+        {"bos", input.bos},
+        {"tokens", static_cast<int64_t>(input.ids.size())},
+        {"windows", r.windows},
+        {"tokens_scored", r.tokens_scored},
+        {"tokens_evaluated", r.tokens_evaluated},
+        {"nll_sum", r.nll_sum},
+        {"nll_mean", r.nll_mean},
+        {"perplexity", r.perplexity},
+        {"seconds", r.seconds},
+        {"tokens_per_second", r.tokens_per_second}};
+    std::cout << j.dump(2) << "\n";
+    return Status::Ok();
+  }
+  std::printf("model        %s (%s, %s)\n", args.model_dir.c_str(),
+              c.model_type.c_str(),
+              std::string(DTypeName(model->compute_dtype())).c_str());
+  std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
+              input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
+  std::printf("protocol     %s, ctx %lld, stride %lld\n",
+              std::string(eval::ProtocolName(r.protocol)).c_str(),
+              static_cast<long long>(r.ctx), static_cast<long long>(r.stride));
+  std::printf("windows      %lld\n", static_cast<long long>(r.windows));
+  std::printf("scored       %lld tokens (%lld evaluated)\n",
+              static_cast<long long>(r.tokens_scored),
+              static_cast<long long>(r.tokens_evaluated));
+  std::printf("mean NLL     %.6f nats\n", r.nll_mean);
+  std::printf("perplexity   %.4f\n", r.perplexity);
+  std::printf("time         %.2f s, %.1f tokens/s\n", r.seconds,
+              r.tokens_per_second);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddPerplexityCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<PerplexityArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "perplexity", "Perplexity of a model over a text, window by window");
+  cmd->add_option("--model", args->model_dir,
+                  "Model directory (config.json + safetensors)")
+      ->required();
+  auto* text = cmd->add_option("--text", args->text_file,
+                               "Text file (UTF-8, read as is)");
+  auto* tokens =
+      cmd->add_option("--tokens", args->tokens_file,
+                      "File of token ids (whitespace/comma separated)");
+  text->excludes(tokens);
+  cmd->add_option("--tokenizer", args->tokenizer_dir,
+                  "Tokenizer directory (default: --model)");
+  cmd->add_option("--protocol", args->protocol,
+                  "hf-stride (default), llama-cpp or all-tokens");
+  cmd->add_option(
+      "--ctx", args->ctx,
+      "Window length in tokens (default min(512, max_position_embeddings))");
+  cmd->add_option("--stride", args->stride,
+                  "Window step (default ctx/2; llama-cpp: ctx)");
+  cmd->add_option("--max-windows", args->max_windows,
+                  "Evaluate at most K windows (default all)");
+  cmd->add_option("--add-bos", args->add_bos,
+                  "auto (tokenizer default), yes or no");
+  cmd->add_option("--precision", args->precision, "auto, f32, bf16 or f16");
+  cmd->add_option(
+      "--chunk-rows", args->chunk_rows,
+      "Logit rows computed at a time (memory: rows x vocab floats)");
+  cmd->add_option("--threads", args->threads, "CPU threads (default all)");
+  cmd->add_flag("--json", args->json, "Print the result as JSON");
+  cmd->add_flag("--quiet", args->quiet, "No progress bar or warnings");
+  cmd->callback([args, exit_code] {
+    *exit_code = ReportStatus("perplexity", RunPerplexity(*args));
+  });
+}
+
+}  // namespace loom::cli
