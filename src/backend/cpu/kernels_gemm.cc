@@ -183,8 +183,9 @@ static void AddBiasRows(float* y, int64_t ldy, int64_t m, int64_t n, const void*
 }
 
 void GemmContext::Impl::Gemm(const GemmArgs& a) {
+  LOOM_CHECK(a.m >= 0 && a.n > 0 && a.k > 0) << "m=" << a.m << " n=" << a.n << " k=" << a.k;
+  if (a.m == 0) return;  // no rows (e.g. an empty batch)
   LOOM_CHECK(a.x != nullptr && a.w != nullptr && a.y != nullptr) << "null GEMM operand";
-  LOOM_CHECK(a.m > 0 && a.n > 0 && a.k > 0) << "m=" << a.m << " n=" << a.n << " k=" << a.k;
   LOOM_CHECK(IsComputeDType(a.w_dtype)) << "w_dtype=" << static_cast<int>(a.w_dtype);
   const int64_t ldy = a.ldy == 0 ? a.n : a.ldy;
   LOOM_CHECK_GE(ldy, a.n);
