@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   loom::cli::AddRunCommand(app, &exit_code);
   loom::cli::AddPerplexityCommand(app, &exit_code);
   loom::cli::AddCompareCommand(app, &exit_code);
+  loom::cli::AddPlanCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

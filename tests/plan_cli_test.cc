@@ -1,0 +1,108 @@
+// `loom plan` end to end: the table, the JSON, the exit code when a plan does
+// not fit, planning from config.json + index alone.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result Loom(const std::string& args) {
+  Result r;
+  const std::string cmd =
+      std::string(LOOM_BINARY) + " plan " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Dir(const std::string& name) {
+  return std::string(LOOM_TESTDATA_DIR) + "/configs/" + name;
+}
+
+TEST(PlanCli, JsonFromConfigAndIndexAloneCountsStoredBytes) {
+  // gpt-oss-20b: MXFP4 experts as stored U8; the index's total_size exactly.
+  const Result r = Loom(
+      Dir("gpt-oss-20b") +
+      " --device cuda:0=80GiB --assume-dtype bf16 --batch-tokens 1024 --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j.at("fits").get<bool>());
+  int64_t weights = 0;
+  for (const auto& d : j.at("devices")) {
+    EXPECT_TRUE(d.contains("name"));
+    EXPECT_TRUE(d.contains("capacity_bytes"));
+    EXPECT_TRUE(d.contains("total_bytes"));
+    EXPECT_TRUE(d.contains("layers"));
+    weights += d.at("weights_bytes").get<int64_t>();
+  }
+  EXPECT_EQ(weights, 13'761'264'768);
+  EXPECT_EQ(j.at("devices")[0].at("name"), "cuda:0");
+  EXPECT_EQ(j.at("devices")[0].at("capacity_bytes").get<int64_t>(),
+            int64_t{80} << 30);
+  EXPECT_EQ(j.at("devices")[0].at("layers").size(), 24u);
+}
+
+TEST(PlanCli, TableForTwoGpusWithMaxMemory) {
+  const Result r =
+      Loom(Dir("Llama-3.1-70B") +
+           " --max-memory 0=78GiB,1=78GiB --reserve 1GiB --batch-tokens 2048");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("cuda:0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuda:1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("headroom"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nfits\n"), std::string::npos) << r.out;
+}
+
+TEST(PlanCli, DoesNotFitExitsNonZeroWithBreakdownAndSuggestions) {
+  const Result r =
+      Loom(Dir("Llama-3.1-70B") + " --device cuda:0=80GiB --batch-tokens 2048");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("over by"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("would fit with:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--device disk"), std::string::npos) << r.out;
+  const Result j = Loom(Dir("Llama-3.1-70B") + " --device cuda:0=80GiB --json");
+  EXPECT_EQ(j.rc, 1);
+  EXPECT_FALSE(nlohmann::json::parse(j.out).at("fits").get<bool>());
+}
+
+TEST(PlanCli, SolveMaxBatchTokens) {
+  const Result r = Loom(Dir("Qwen3-30B-A3B") +
+                        " --device cuda:0=80GiB --device cpu=512GiB --hooks "
+                        "hook_resid_post --solve max-batch-tokens "
+                        "--ctx 2048 --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j.at("solve").at("value").get<int64_t>(), 2048);
+  EXPECT_EQ(j.at("job").at("batch_tokens"), j.at("solve").at("value"));
+}
+
+TEST(PlanCli, UnsupportedArchitectureNamesTheSupportedOnes) {
+  const Result r = Loom(Dir("DeepSeek-V3") + " --device cuda:0=80GiB");
+  EXPECT_EQ(r.rc, 1);
+  const std::string cmd =
+      std::string(LOOM_BINARY) + " plan " + Dir("DeepSeek-V3") + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  std::string err;
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) err.append(buf, n);
+  pclose(p);
+  EXPECT_NE(err.find("not supported; supported:"), std::string::npos) << err;
+}
+
+}  // namespace
