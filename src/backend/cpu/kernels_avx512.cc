@@ -570,30 +570,33 @@ void OutInBlock(const SmallGemm& g, int64_t n) {
     for (int j = 0; j < NB; ++j) g.y[m * g.ldy + n + j] = FinishOutput(g, m, n + j, _mm512_reduce_add_ps(acc[m][j]));
 }
 
-// Rows of W [k, n] run along n: 64 outputs (4 vectors) at a time, x broadcast.
-template <int M, DType DT>
+// Rows of W [k, n] run along n: 16 V outputs at a time, x broadcast. V is as
+// large as the registers allow (M x V accumulators), so that each row of W is
+// read in long contiguous segments.
+template <int M, int V, DType DT>
 void InOutBlock(const SmallGemm& g, int64_t n0, int64_t n1) {
-  __mmask16 mask[4];
-  for (int v = 0; v < 4; ++v) mask[v] = n0 + 16 * v < n1 ? TailMask(n1 - n0 - 16 * v) : __mmask16(0);
-  __m512 acc[M][4];
+  __mmask16 mask[V];
+  for (int v = 0; v < V; ++v) mask[v] = n0 + 16 * v < n1 ? TailMask(n1 - n0 - 16 * v) : __mmask16(0);
+  __m512 acc[M][V];
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < g.k; ++kk) {
-    __m512 wv[4];
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) wv[v] = LoadW<DT>(g.w, kk * g.n + n0 + 16 * v, mask[v]);
+    __m512 wv[V];
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) wv[v] = LoadW<DT>(g.w, kk * g.n + n0 + 16 * v, mask[v]);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
       const __m512 xb = _mm512_set1_ps(g.x[m * g.k + kk]);
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) acc[m][v] = _mm512_fmadd_ps(xb, wv[v], acc[m][v]);
+#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_fmadd_ps(xb, wv[v], acc[m][v]);
     }
   }
   for (int m = 0; m < M; ++m) {
-    alignas(64) float out[64];
-    for (int v = 0; v < 4; ++v) _mm512_store_ps(out + 16 * v, acc[m][v]);
+    alignas(64) float out[16 * V];
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) _mm512_store_ps(out + 16 * v, acc[m][v]);
     for (int64_t n = n0; n < n1; ++n) g.y[m * g.ldy + n] = FinishOutput(g, m, n, out[n - n0]);
   }
 }
@@ -605,7 +608,8 @@ void SmallGemmTyped(const SmallGemm& g, int64_t n0, int64_t n1) {
     for (; n + 4 <= n1; n += 4) OutInBlock<M, 4, DT>(g, n);
     for (; n < n1; ++n) OutInBlock<M, 1, DT>(g, n);
   } else {
-    for (int64_t n = n0; n < n1; n += 64) InOutBlock<M, DT>(g, n, std::min(n1, n + 64));
+    constexpr int V = M == 1 ? 12 : M == 2 ? 8 : M == 3 ? 6 : 4;
+    for (int64_t n = n0; n < n1; n += 16 * V) InOutBlock<M, V, DT>(g, n, std::min(n1, n + 16 * V));
   }
 }
 

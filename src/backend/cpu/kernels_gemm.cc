@@ -194,7 +194,10 @@ void GemmContext::Impl::Gemm(const GemmArgs& a) {
   const int64_t w_cs = out_in ? a.k : 1;
   if (a.bias != nullptr) LOOM_CHECK(IsComputeDType(a.bias_dtype));
 
-  if (a.m <= kSmallGemmMaxM && HasAvx512()) {
+  // Measured against oneDNN (single thread, 5632 x 2048): the streaming kernel
+  // is 1.3-1.7x faster for [N, K] weights up to m = 4, and for [K, N] weights
+  // only at m = 1.
+  if (HasAvx512() && (a.layout == WeightLayout::kOutIn ? a.m <= kSmallGemmMaxM : a.m == 1)) {
     GemmSmall(a, ldy);
     return;
   }
@@ -254,13 +257,14 @@ void GemmContext::Impl::GemmSmall(const GemmArgs& a, int64_t ldy) {
   }
   SmallGemm g{x, a.m, a.k, a.n, a.w, a.w_dtype, a.layout == WeightLayout::kOutIn, a.bias, a.bias_dtype,
               a.y, ldy, a.accumulate};
-  const int64_t blocks = (a.n + kSmallGemmColumnBlock - 1) / kSmallGemmColumnBlock;
+  const int64_t cols = g.out_in ? kSmallGemmColumnBlockOutIn : kSmallGemmColumnBlockInOut;
+  const int64_t blocks = (a.n + cols - 1) / cols;
   // Each output column is computed by one thread in a fixed order: the result
   // does not depend on the thread count.
 #pragma omp parallel for schedule(static) if (a.n * a.k >= (1 << 16))
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n0 = b * kSmallGemmColumnBlock;
-    avx512::SmallGemmColumns(g, n0, std::min(a.n, n0 + kSmallGemmColumnBlock));
+    const int64_t n0 = b * cols;
+    avx512::SmallGemmColumns(g, n0, std::min(a.n, n0 + cols));
   }
 }
 

@@ -68,8 +68,10 @@ struct SmallGemm {
   int64_t ldy;
   bool accumulate;
 };
-// Output columns per unit of work handed to a thread.
-inline constexpr int64_t kSmallGemmColumnBlock = 64;
+// Output columns per unit of work handed to a thread: W [n, k] rows are
+// independent dot products; W [k, n] is read in row segments, longer is better.
+inline constexpr int64_t kSmallGemmColumnBlockOutIn = 64;
+inline constexpr int64_t kSmallGemmColumnBlockInOut = 768;
 
 namespace portable {
 void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y, int64_t dim);
@@ -103,7 +105,7 @@ void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);
 double LogSumExpRow(const float* x, int64_t n);
 void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half);
 void AttentionTile(const AttnTile& t);
-// Columns [n0, n1) of a SmallGemm (n0 a multiple of kSmallGemmColumnBlock).
+// Columns [n0, n1) of a SmallGemm.
 void SmallGemmColumns(const SmallGemm& g, int64_t n0, int64_t n1);
 // dst = f32(round_to_dtype(src)), n elements (dtype F32/BF16/F16).
 void RoundSpan(const float* src, float* dst, DType dtype, int64_t n);
