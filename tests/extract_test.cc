@@ -334,10 +334,10 @@ TEST_F(ExtractTest, OptionErrors) {
 }
 
 TEST(SelectorTest, Parse) {
-  EXPECT_EQ(ParseSelector("pos:0,-1")->file_name, "pos_0_-1");
-  EXPECT_EQ(ParseSelector("span:2:5")->file_name, "span_2_5");
-  EXPECT_FALSE(ParseSelector("span:5:2").ok());
-  EXPECT_FALSE(ParseSelector("pos:x").ok());
+  EXPECT_EQ(ParseRowSelector("pos:0,-1")->file_name, "pos_0_-1");
+  EXPECT_EQ(ParseRowSelector("span:2:5")->file_name, "span_2_5");
+  EXPECT_FALSE(ParseRowSelector("span:5:2").ok());
+  EXPECT_FALSE(ParseRowSelector("pos:x").ok());
 }
 
 }  // namespace

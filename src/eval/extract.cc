@@ -234,7 +234,7 @@ class InputReader {
 struct Output {
   HookPoint hook;
   std::string hook_name;
-  Selector sel;
+  RowSelector sel;
   int64_t width = 0;           // values per selected row
   std::string file;            // "<hook>.<selector>.npy"
   std::unique_ptr<NpyWriter> npy;
@@ -264,7 +264,7 @@ struct SpanRange {
   int64_t begin = 0, end = 0;
 };
 // Resolves a span selector for a row of `len` tokens (negative = from the end).
-bool ResolveSpan(const Selector& s, int64_t len, SpanRange* r) {
+bool ResolveSpan(const RowSelector& s, int64_t len, SpanRange* r) {
   int64_t a = s.span_begin < 0 ? len + s.span_begin : s.span_begin;
   int64_t b = s.span_end < 0 ? len + s.span_end : s.span_end;
   if (a < 0 || b > len || a >= b) return false;
@@ -296,13 +296,13 @@ class ExtractSink : public HookSink {
         auto row_ptr = [&](int64_t p) { return data + (b + p - row_begin) * ld; };  // position p of seq s
         auto in_chunk = [&](int64_t p) { return b + p >= row_begin && b + p < row_end; };
         switch (o.sel.kind) {
-          case Selector::Kind::kLast:
-          case Selector::Kind::kFirst: {
-            const int64_t p = o.sel.kind == Selector::Kind::kLast ? len - 1 : 0;
+          case RowSelector::Kind::kLast:
+          case RowSelector::Kind::kFirst: {
+            const int64_t p = o.sel.kind == RowSelector::Kind::kLast ? len - 1 : 0;
             if (in_chunk(p)) StoreRow(row_ptr(p), o.width, dtype_, &o.stage[slot * o.width * ds]);
             break;
           }
-          case Selector::Kind::kPos: {
+          case RowSelector::Kind::kPos: {
             const int64_t n = static_cast<int64_t>(o.sel.positions.size());
             for (int64_t k = 0; k < n; ++k) {
               const int64_t p = o.sel.positions[k] < 0 ? len + o.sel.positions[k] : o.sel.positions[k];
@@ -310,10 +310,10 @@ class ExtractSink : public HookSink {
             }
             break;
           }
-          case Selector::Kind::kMean:
-          case Selector::Kind::kMax: {
+          case RowSelector::Kind::kMean:
+          case RowSelector::Kind::kMax: {
             double* acc = &o.acc[slot * o.width];
-            const bool mean = o.sel.kind == Selector::Kind::kMean;
+            const bool mean = o.sel.kind == RowSelector::Kind::kMean;
             for (int64_t t = std::max(b, row_begin); t < std::min(e, row_end); ++t) {
               const float* r = data + (t - row_begin) * ld;
               if (mean) {
@@ -324,10 +324,10 @@ class ExtractSink : public HookSink {
             }
             break;
           }
-          case Selector::Kind::kAll:
-          case Selector::Kind::kSpan: {
+          case RowSelector::Kind::kAll:
+          case RowSelector::Kind::kSpan: {
             SpanRange span{0, len};
-            if (o.sel.kind == Selector::Kind::kSpan) LOOM_CHECK(ResolveSpan(o.sel, len, &span));
+            if (o.sel.kind == RowSelector::Kind::kSpan) LOOM_CHECK(ResolveSpan(o.sel, len, &span));
             const RaggedIndex& ri = (*ragged_)[(*ragged_of_)[oi]];
             for (int64_t p = span.begin; p < span.end; ++p) {
               if (!in_chunk(p)) continue;
@@ -365,15 +365,15 @@ int64_t HookWidth(HookSite site, const ModelConfig& c) {
   }
 }
 
-std::string SelectorKindName(Selector::Kind k) {
+std::string SelectorKindName(RowSelector::Kind k) {
   switch (k) {
-    case Selector::Kind::kLast: return "last";
-    case Selector::Kind::kFirst: return "first";
-    case Selector::Kind::kMean: return "mean";
-    case Selector::Kind::kMax: return "max";
-    case Selector::Kind::kAll: return "all";
-    case Selector::Kind::kPos: return "pos";
-    case Selector::Kind::kSpan: return "span";
+    case RowSelector::Kind::kLast: return "last";
+    case RowSelector::Kind::kFirst: return "first";
+    case RowSelector::Kind::kMean: return "mean";
+    case RowSelector::Kind::kMax: return "max";
+    case RowSelector::Kind::kAll: return "all";
+    case RowSelector::Kind::kPos: return "pos";
+    case RowSelector::Kind::kSpan: return "span";
   }
   return "?";
 }
@@ -382,8 +382,8 @@ std::string SelectorKindName(Selector::Kind k) {
 
 // ---- Public helpers ---------------------------------------------------------------
 
-StatusOr<Selector> ParseSelector(const std::string& text) {
-  Selector s;
+StatusOr<RowSelector> ParseRowSelector(const std::string& text) {
+  RowSelector s;
   s.spec = text;
   auto parse_int = [&](const std::string& v, int64_t* out) -> Status {
     char* end = nullptr;
@@ -393,13 +393,13 @@ StatusOr<Selector> ParseSelector(const std::string& text) {
     *out = x;
     return Status();
   };
-  if (text == "last") s.kind = Selector::Kind::kLast;
-  else if (text == "first") s.kind = Selector::Kind::kFirst;
-  else if (text == "mean") s.kind = Selector::Kind::kMean;
-  else if (text == "max") s.kind = Selector::Kind::kMax;
-  else if (text == "all") s.kind = Selector::Kind::kAll;
+  if (text == "last") s.kind = RowSelector::Kind::kLast;
+  else if (text == "first") s.kind = RowSelector::Kind::kFirst;
+  else if (text == "mean") s.kind = RowSelector::Kind::kMean;
+  else if (text == "max") s.kind = RowSelector::Kind::kMax;
+  else if (text == "all") s.kind = RowSelector::Kind::kAll;
   else if (text.rfind("pos:", 0) == 0) {
-    s.kind = Selector::Kind::kPos;
+    s.kind = RowSelector::Kind::kPos;
     std::string rest = text.substr(4);
     size_t start = 0;
     while (start <= rest.size()) {
@@ -411,7 +411,7 @@ StatusOr<Selector> ParseSelector(const std::string& text) {
       start = comma + 1;
     }
   } else if (text.rfind("span:", 0) == 0) {
-    s.kind = Selector::Kind::kSpan;
+    s.kind = RowSelector::Kind::kSpan;
     const std::string rest = text.substr(5);
     const size_t colon = rest.find(':');
     if (colon == std::string::npos) return InvalidArgumentError("selector '" + text + "': expected span:A:B");
@@ -425,7 +425,7 @@ StatusOr<Selector> ParseSelector(const std::string& text) {
   }
   s.file_name = SelectorKindName(s.kind);
   for (int64_t p : s.positions) s.file_name += "_" + std::to_string(p);
-  if (s.kind == Selector::Kind::kSpan)
+  if (s.kind == RowSelector::Kind::kSpan)
     s.file_name += "_" + std::to_string(s.span_begin) + "_" + std::to_string(s.span_end);
   return s;
 }
@@ -501,9 +501,9 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     out_dtype = *d;
   }
   ASSIGN_OR_RETURN(std::vector<std::string> hook_names, ResolveExtractHooks(o.hooks, o.layers, c));
-  std::vector<Selector> selectors;
+  std::vector<RowSelector> selectors;
   for (const std::string& s : o.selectors) {
-    ASSIGN_OR_RETURN(Selector sel, ParseSelector(s));
+    ASSIGN_OR_RETURN(RowSelector sel, ParseRowSelector(s));
     for (const auto& prev : selectors)
       if (prev.file_name == sel.file_name) return InvalidArgumentError("selector '" + s + "' given twice");
     selectors.push_back(std::move(sel));
@@ -525,7 +525,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   for (const std::string& name : hook_names) {
     ASSIGN_OR_RETURN(std::vector<HookPoint> hp, ParseHookPattern(name, c.num_layers));
     hooks.Add(hp[0]);
-    for (const Selector& sel : selectors) {
+    for (const RowSelector& sel : selectors) {
       Output out;
       out.hook = hp[0];
       out.hook_name = name;
@@ -537,7 +537,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   }
   std::vector<RaggedIndex> ragged;
   std::vector<int> ragged_of(outputs.size(), -1);
-  for (const Selector& sel : selectors) {
+  for (const RowSelector& sel : selectors) {
     if (!sel.ragged()) continue;
     RaggedIndex ri;
     ri.file = sel.file_name + ".offsets.npy";
@@ -639,7 +639,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     Json arrays = Json::array();
     for (const auto& out : outputs) {
       Json a = {{"hook", out.hook_name}, {"selector", out.sel.spec}, {"dtype", std::string(DTypeLongName(out_dtype))},
-                {"row_shape", out.sel.ragged() || out.sel.kind != Selector::Kind::kPos
+                {"row_shape", out.sel.ragged() || out.sel.kind != RowSelector::Kind::kPos
                                   ? Json{out.width}
                                   : Json{out.sel.rows_per_prompt(), out.width}}};
       if (o.format == "npy") a["file"] = out.file;
@@ -653,7 +653,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   // Open or create the output arrays.
   auto row_shape = [&](const Output& out) {
     std::vector<int64_t> s;
-    if (out.sel.kind == Selector::Kind::kPos) s.push_back(out.sel.rows_per_prompt());
+    if (out.sel.kind == RowSelector::Kind::kPos) s.push_back(out.sel.rows_per_prompt());
     s.push_back(out.width);
     return s;
   };
@@ -779,12 +779,12 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
             p.reason = "token id " + std::to_string(id) + " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")";
         for (const auto& sel : selectors) {
           if (!p.ok()) break;
-          if (sel.kind == Selector::Kind::kPos) {
+          if (sel.kind == RowSelector::Kind::kPos) {
             for (int64_t q : sel.positions)
               if ((q < 0 ? n + q : q) < 0 || (q < 0 ? n + q : q) >= n)
                 p.reason = "selector " + sel.spec + ": position " + std::to_string(q) + " outside a row of " +
                            std::to_string(n) + " tokens";
-          } else if (sel.kind == Selector::Kind::kSpan) {
+          } else if (sel.kind == RowSelector::Kind::kSpan) {
             SpanRange r;
             if (!ResolveSpan(sel, n, &r))
               p.reason = "selector " + sel.spec + ": span outside a row of " + std::to_string(n) + " tokens";
@@ -815,7 +815,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
           if (!window[s].ok()) continue;
           const int64_t n = static_cast<int64_t>(window[s].ids.size());
           SpanRange r{0, n};
-          if (out.sel.kind == Selector::Kind::kSpan) ResolveSpan(out.sel, n, &r);
+          if (out.sel.kind == RowSelector::Kind::kSpan) ResolveSpan(out.sel, n, &r);
           total += r.end - r.begin;
         }
         ri.slot_begin[W] = total;
@@ -823,8 +823,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
         out.stage.assign(static_cast<size_t>(total * out.width * ds), 0);
       } else {
         out.stage.assign(static_cast<size_t>(W * out.sel.rows_per_prompt() * out.width * ds), 0);
-        if (out.sel.kind == Selector::Kind::kMean) out.acc.assign(W * out.width, 0.0);
-        if (out.sel.kind == Selector::Kind::kMax) out.acc.assign(W * out.width, -std::numeric_limits<double>::infinity());
+        if (out.sel.kind == RowSelector::Kind::kMean) out.acc.assign(W * out.width, 0.0);
+        if (out.sel.kind == RowSelector::Kind::kMax) out.acc.assign(W * out.width, -std::numeric_limits<double>::infinity());
       }
     }
 
@@ -865,11 +865,11 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
           for (int64_t j = 0; j < per; ++j) StoreElement(std::numeric_limits<float>::quiet_NaN(), out_dtype, dst + j * ds);
           continue;
         }
-        if (out.sel.kind == Selector::Kind::kMean || out.sel.kind == Selector::Kind::kMax) {
+        if (out.sel.kind == RowSelector::Kind::kMean || out.sel.kind == RowSelector::Kind::kMax) {
           const double len = static_cast<double>(window[s].ids.size());
           for (int64_t j = 0; j < out.width; ++j) {
             const double v = out.acc[s * out.width + j];
-            StoreElement(static_cast<float>(out.sel.kind == Selector::Kind::kMean ? v / len : v), out_dtype,
+            StoreElement(static_cast<float>(out.sel.kind == RowSelector::Kind::kMean ? v / len : v), out_dtype,
                          dst + j * ds);
           }
         }

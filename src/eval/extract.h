@@ -28,7 +28,7 @@
 namespace loom {
 
 // A selector: which token positions of each row are kept.
-struct Selector {
+struct RowSelector {
   enum class Kind { kLast, kFirst, kMean, kMax, kAll, kPos, kSpan };
   Kind kind = Kind::kLast;
   std::vector<int64_t> positions;  // kPos (negative = from the end)
@@ -44,7 +44,7 @@ struct Selector {
 };
 
 // "last", "first", "mean", "max", "all", "pos:I[,J...]", "span:A:B".
-StatusOr<Selector> ParseSelector(const std::string& text);
+StatusOr<RowSelector> ParseRowSelector(const std::string& text);
 
 struct ExtractOptions {
   std::string model_dir;

@@ -17,45 +17,32 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
                                 std::to_string(chunk_rows));
   auto head = std::unique_ptr<LogitsHead>(new LogitsHead(model, chunk_rows));
   const TensorView& w = model.weights().Require(WeightRole::kLmHead);
-  ArenaLayout layout;
-  head->logits_ =
-      layout.Add("eval logits chunk [C, V]",
-                 chunk_rows * head->vocab_ * int64_t{sizeof(float)});
-  head->workspace_ =
-      layout.Add("eval lm_head input copy",
-                 cpu::GemmWorkspaceBytes(chunk_rows, head->hidden_, w.dtype));
-  ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(layout));
+  ArenaPlan plan;
+  auto add = [&](const char* name, int64_t bytes) {
+    PlannedRegion r;
+    r.name = name;
+    r.bytes = bytes;
+    r.offset = plan.total_bytes;
+    plan.total_bytes += (bytes + ArenaPlan::kAlign - 1) / ArenaPlan::kAlign * ArenaPlan::kAlign;
+    plan.regions.push_back(r);
+  };
+  add("eval logits chunk [C, V]", chunk_rows * head->vocab_ * int64_t{sizeof(float)});
+  add("eval lm_head input copy", cpu::GemmWorkspaceBytes(chunk_rows, head->hidden_, w.dtype));
+  plan.naive_bytes = plan.total_bytes;
+  ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan));
   return head;
 }
 
 const float* LogitsHead::Compute(const float* hidden, int64_t rows) {
   LOOM_CHECK(rows > 0 && rows <= chunk_rows_)
       << "rows=" << rows << " chunk_rows=" << chunk_rows_;
-  const TensorView& w = model_.weights().Require(WeightRole::kLmHead);
-  const bool out_in =
-      model_.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
-  float* logits = arena_.as<float>(logits_);
-  cpu::GemmArgs a;
-  a.x = hidden;
-  a.w = w.data;
-  a.w_dtype = w.dtype;
-  a.layout = out_in ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut;
-  a.n = out_in ? w.shape[0] : w.shape[1];
-  a.k = out_in ? w.shape[1] : w.shape[0];
-  LOOM_CHECK(a.n == vocab_ && a.k == hidden_)
-      << "lm_head shape " << a.n << "x" << a.k;
-  a.m = rows;
-  a.y = logits;
-  a.ldy = vocab_;
-  a.workspace = arena_.region(workspace_);
-  gemm_.Gemm(a);
-  const float cap = model_.config().final_softcap;
-  if (cap > 0) cpu::Softcap(logits, rows * vocab_, cap);
+  float* logits = arena_.as<float>("eval logits chunk [C, V]");
+  ComputeLogits(model_, gemm_, hidden, rows, logits, arena_.region("eval lm_head input copy"));
   return logits;
 }
 
 void LogitsHead::LogSumExp(int64_t rows, double* lse) const {
-  cpu::LogSumExp(arena_.as<float>(logits_), rows, vocab_, lse);
+  cpu::LogSumExp(arena_.as<float>("eval logits chunk [C, V]"), rows, vocab_, lse);
 }
 
 int64_t ArgMax(const float* x, int64_t n) {

@@ -14,6 +14,7 @@
 #include "src/backend/cpu/kernels.h"
 #include "src/base/status.h"
 #include "src/runtime/arena.h"
+#include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
 namespace loom::eval {
@@ -40,7 +41,7 @@ class LogitsHead {
   const Model& model_;
   int64_t chunk_rows_, vocab_, hidden_;
   Arena arena_;
-  int logits_ = -1, workspace_ = -1;
+
   cpu::GemmContext gemm_;
 };
 

@@ -7,23 +7,20 @@
 
 namespace loom {
 
-int ArenaLayout::Add(std::string name, int64_t bytes) {
-  LOOM_CHECK_GE(bytes, 0);
-  regions_.push_back({std::move(name), total_, bytes});
-  total_ += AlignUp(bytes, kAlign);
-  return static_cast<int>(regions_.size()) - 1;
-}
-
-StatusOr<Arena> Arena::Allocate(const ArenaLayout& layout) {
+StatusOr<Arena> Arena::Allocate(const ArenaPlan& plan) {
   Arena a;
-  a.layout_ = layout;
-  const int64_t bytes = std::max<int64_t>(layout.total_bytes(), ArenaLayout::kAlign);
-  void* p = std::aligned_alloc(ArenaLayout::kAlign, static_cast<size_t>(bytes));
-  if (p == nullptr) return ResourceExhaustedError("cannot allocate the activation arena of " + FormatBytes(bytes));
-  // Touch every page now so the first forward does not fault them in.
+  a.plan_ = plan;
+  const int64_t bytes = AlignUp(std::max<int64_t>(plan.total_bytes, ArenaPlan::kAlign), ArenaPlan::kAlign);
+  void* p = std::aligned_alloc(ArenaPlan::kAlign, static_cast<size_t>(bytes));
+  if (p == nullptr) return ResourceExhaustedError("cannot allocate an arena of " + FormatBytes(bytes));
   std::memset(p, 0, static_cast<size_t>(bytes));
   a.base_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
   return a;
+}
+
+void* Arena::region(std::string_view name) const {
+  const int i = plan_.Find(name);
+  return i < 0 ? nullptr : base_.get() + plan_.regions[i].offset;
 }
 
 }  // namespace loom

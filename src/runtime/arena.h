@@ -1,6 +1,7 @@
-// Arena: one aligned allocation carved into named regions, sized before the
-// first forward. Nothing in a forward pass allocates; smaller batches use
-// narrower views of the same regions.
+// Arena: one aligned allocation holding the regions of a planned arena
+// (src/plan/activations.h), at the offsets the planner chose by liveness.
+// Sized before the first forward; nothing in a forward pass allocates, and
+// smaller batches use narrower views of the same regions.
 //
 // Not thread-safe; owned by one executor.
 #ifndef LOOM_RUNTIME_ARENA_H_
@@ -8,49 +9,29 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
-#include <vector>
+#include <string_view>
 
 #include "src/base/status.h"
+#include "src/plan/activations.h"
 
 namespace loom {
 
-// A list of regions (name, bytes), laid out at 64-byte alignment.
-class ArenaLayout {
- public:
-  static constexpr int64_t kAlign = 64;
-  // Adds a region and returns its index.
-  int Add(std::string name, int64_t bytes);
-  int64_t offset(int i) const { return regions_[i].offset; }
-  int64_t bytes(int i) const { return regions_[i].bytes; }
-  const std::string& name(int i) const { return regions_[i].name; }
-  int size() const { return static_cast<int>(regions_.size()); }
-  int64_t total_bytes() const { return total_; }
-
- private:
-  struct Region {
-    std::string name;
-    int64_t offset;
-    int64_t bytes;
-  };
-  std::vector<Region> regions_;
-  int64_t total_ = 0;
-};
-
 class Arena {
  public:
-  // One allocation of layout.total_bytes(); ResourceExhausted if it fails.
-  static StatusOr<Arena> Allocate(const ArenaLayout& layout);
-  void* region(int i) const { return base_.get() + layout_.offset(i); }
+  // One allocation of plan.total_bytes (at least 64 bytes); every page is
+  // touched now so the first forward does not fault them in.
+  static StatusOr<Arena> Allocate(const ArenaPlan& plan);
+  // The region named `name`, or null when the plan has none.
+  void* region(std::string_view name) const;
   template <typename T>
-  T* as(int i) const {
-    return static_cast<T*>(region(i));
+  T* as(std::string_view name) const {
+    return static_cast<T*>(region(name));
   }
-  const ArenaLayout& layout() const { return layout_; }
-  int64_t bytes() const { return layout_.total_bytes(); }
+  const ArenaPlan& plan() const { return plan_; }
+  int64_t bytes() const { return plan_.total_bytes; }
 
  private:
-  ArenaLayout layout_;
+  ArenaPlan plan_;
   std::shared_ptr<uint8_t> base_;
 };
 

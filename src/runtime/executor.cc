@@ -10,23 +10,29 @@
 
 namespace loom {
 
-// Arena region indices and capacities.
+// Pointers to the planned regions (null where the plan has none). Regions
+// share bytes when their lifetimes do not overlap, so each is touched only
+// within the steps the planner gave it.
 struct Executor::Regions {
-  int x = -1;         // [T, H] residual stream
-  int h = -1;         // [T, H] norm output / scratch
-  int qkv = -1;       // [T, Q + 2 KV] projections (q | k | v per row)
-  int z = -1;         // [T, Q] attention output before o_proj
-  int o = -1;         // [T, H] attention / MLP block output
-  int mlp_a = -1;     // [T, 2I] gate | up (or [T, I] fc output)
-  int mlp_b = -1;     // [T, I] activated
-  int gemm_ws = -1;   // 16-bit copy of a GEMM input
-  int attn_ws = -1;   // attention scratch
-  int pattern = -1;   // [heads, L, L] probabilities (only if requested)
-  int positions = -1; // int32 [T]
-  int inv_freq = -1;  // f32 [rotary/2]
-  int cos = -1;       // f32 [T, rotary/2]
-  int sin = -1;       // f32 [T, rotary/2]
-  int logits = -1;    // f32 [chunk, V]
+  int32_t* positions = nullptr;  // [T]
+  float* residual = nullptr;     // [T, H]
+  float* pos_embed = nullptr;    // [T, H] (GPT-2)
+  float* inv_freq = nullptr;     // [R/2]
+  float* cos = nullptr;          // [T, R/2]
+  float* sin = nullptr;          // [T, R/2]
+  float* attn_in = nullptr;      // [T, H] ln1 output
+  float* qkv = nullptr;          // [T, Q + 2 KV]
+  float* pattern = nullptr;      // [heads, L, L]
+  float* z = nullptr;            // [T, Q]
+  float* attn_out = nullptr;     // [T, H]
+  float* mlp_in = nullptr;       // [T, H] ln2 output
+  float* mlp_a = nullptr;        // [T, 2I] gate | up, or [T, I] fc (GPT-2)
+  float* mlp_act = nullptr;      // [T, I]
+  float* mlp_out = nullptr;      // [T, H]
+  float* final_norm = nullptr;   // [T, H]
+  float* logits = nullptr;       // [C, V]
+  void* gemm_ws = nullptr;
+  void* attn_ws = nullptr;
   int64_t qkv_ld = 0;
   int64_t mlp_a_ld = 0;
   int64_t half = 0;
@@ -51,36 +57,46 @@ Executor::Executor(const Model& model, const HookSet& hooks, const ExecutorOptio
 
 Executor::~Executor() = default;
 
-ArenaLayout Executor::MakeLayout(const ModelConfig& c, const HookSet& hooks, const ExecutorOptions& o,
-                                 DType compute, Regions* r) {
-  const int64_t T = o.max_tokens, L = o.max_seq_len, H = c.hidden_size, I = c.intermediate_size;
-  const int64_t Q = c.q_dim(), KV = c.kv_dim();
-  constexpr int64_t F = sizeof(float);
-  ArenaLayout layout;
-  r->qkv_ld = Q + 2 * KV;
-  r->mlp_a_ld = c.mlp == MlpKind::kPlain ? I : 2 * I;
-  r->half = c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
-  r->x = layout.Add("residual [T, H]", T * H * F);
-  r->h = layout.Add("normed [T, H]", T * H * F);
-  r->qkv = layout.Add("qkv [T, Q+2KV]", T * r->qkv_ld * F);
-  r->z = layout.Add("attn z [T, Q]", T * Q * F);
-  r->o = layout.Add("block out [T, H]", T * H * F);
-  r->mlp_a = layout.Add("mlp gate|up [T, 2I]", T * r->mlp_a_ld * F);
-  r->mlp_b = layout.Add("mlp act [T, I]", T * I * F);
-  const int64_t kmax = std::max({H, Q, I});
-  r->gemm_ws = layout.Add("gemm input copy", cpu::GemmWorkspaceBytes(std::max(T, o.logits_chunk_rows), kmax, compute));
-  r->attn_ws = layout.Add("attention workspace", cpu::AttentionWorkspaceBytes(L, c.num_heads, c.head_dim, cpu::NumThreads()));
-  bool pattern = false;
-  for (const auto& hk : hooks.hooks()) pattern |= hk.site == HookSite::kPattern;
-  if (pattern) r->pattern = layout.Add("attn pattern [heads, L, L]", c.num_heads * L * L * F);
-  r->positions = layout.Add("positions [T]", T * static_cast<int64_t>(sizeof(int32_t)));
-  if (r->half > 0) {
-    r->inv_freq = layout.Add("rope inv_freq", r->half * F);
-    r->cos = layout.Add("rope cos [T, R/2]", T * r->half * F);
-    r->sin = layout.Add("rope sin [T, R/2]", T * r->half * F);
-  }
-  if (hooks.NeedsLogits()) r->logits = layout.Add("logits chunk [C, V]", o.logits_chunk_rows * c.vocab_size * F);
-  return layout;
+void ComputeLogits(const Model& model, cpu::GemmContext& gemm, const float* hidden, int64_t rows,
+                   float* logits, void* workspace) {
+  const TensorView& w = model.weights().Require(WeightRole::kLmHead);
+  const bool out_in = model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
+  const ModelConfig& c = model.config();
+  cpu::GemmArgs a;
+  a.x = hidden;
+  a.w = w.data;
+  a.w_dtype = w.dtype;
+  a.layout = out_in ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut;
+  a.n = out_in ? w.shape[0] : w.shape[1];
+  a.k = out_in ? w.shape[1] : w.shape[0];
+  LOOM_CHECK(a.n == c.vocab_size && a.k == c.hidden_size) << "lm_head shape " << a.n << "x" << a.k;
+  a.m = rows;
+  a.y = logits;
+  a.ldy = c.vocab_size;
+  a.workspace = workspace;
+  gemm.Gemm(a);
+  if (c.final_softcap > 0) cpu::Softcap(logits, rows * c.vocab_size, c.final_softcap);
+}
+
+KernelCosts Executor::CpuKernelCosts() {
+  KernelCosts k;
+  k.gemm_workspace = &cpu::GemmWorkspaceBytes;
+  k.attention_workspace = &cpu::AttentionWorkspaceBytes;
+  k.num_threads = cpu::NumThreads();
+  k.activation_dtype = DType::kF32;
+  return k;
+}
+
+JobSpec Executor::MakeJob(const Model& model, const HookSet& hooks, const ExecutorOptions& o) {
+  JobSpec job;
+  job.mode = JobMode::kAnalysis;
+  job.batch_tokens = o.max_tokens;
+  job.context = o.max_seq_len > 0 ? std::min(o.max_seq_len, o.max_tokens) : o.max_tokens;
+  job.hooks = hooks;
+  job.logits = hooks.NeedsLogits();
+  job.logits_chunk_rows = o.logits_chunk_rows;
+  job.weight_compute_dtype = model.compute_dtype();
+  return job;
 }
 
 StatusOr<std::unique_ptr<Executor>> Executor::Create(const Model& model, const HookSet& hooks,
@@ -93,13 +109,40 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Model& model, const H
   if (o.logits_chunk_rows <= 0) return InvalidArgumentError("executor: logits_chunk_rows must be > 0");
   for (const auto& h : hooks.hooks()) RETURN_IF_ERROR(CheckHookExists(h, c));
   auto ex = std::unique_ptr<Executor>(new Executor(model, hooks, o));
-  ex->last_layer_ = hooks.LastLayerNeeded(c.num_layers);
-  ex->r_ = std::make_unique<Regions>();
-  ArenaLayout layout = MakeLayout(c, hooks, o, model.compute_dtype(), ex->r_.get());
-  ASSIGN_OR_RETURN(ex->arena_, Arena::Allocate(layout));
+  ex->last_layer_ = hooks.NeedsFinalNorm() ? c.num_layers - 1 : hooks.LastLayerNeeded(c.num_layers);
+  ex->layout_ = PlanActivations(c, MakeJob(model, hooks, o), CpuKernelCosts());
+  ASSIGN_OR_RETURN(ex->act_, Arena::Allocate(ex->layout_.activations));
+  ASSIGN_OR_RETURN(ex->ws_, Arena::Allocate(ex->layout_.workspace));
+  ASSIGN_OR_RETURN(ex->logits_, Arena::Allocate(ex->layout_.logits));
+  auto r = std::make_unique<Regions>();
+  const Arena& a = ex->act_;
+  r->positions = a.as<int32_t>("positions");
+  r->residual = a.as<float>("residual");
+  r->pos_embed = a.as<float>("position embeddings");
+  r->inv_freq = a.as<float>("rope inv_freq");
+  r->cos = a.as<float>("rope cos");
+  r->sin = a.as<float>("rope sin");
+  r->attn_in = a.as<float>("attention input");
+  r->qkv = a.as<float>("qkv");
+  r->pattern = a.as<float>("attention pattern");
+  r->z = a.as<float>("attention z");
+  r->attn_out = a.as<float>("attention out");
+  r->mlp_in = a.as<float>("mlp input");
+  r->mlp_a = a.as<float>(c.mlp == MlpKind::kPlain ? "mlp fc" : "mlp gate|up");
+  r->mlp_act = a.as<float>("mlp activated");
+  r->mlp_out = a.as<float>("mlp out");
+  r->final_norm = a.as<float>("final norm");
+  r->logits = ex->logits_.as<float>("logits chunk");
+  r->gemm_ws = ex->ws_.region("gemm input copy");
+  r->attn_ws = ex->ws_.region("attention workspace");
+  r->qkv_ld = c.q_dim() + 2 * c.kv_dim();
+  r->mlp_a_ld = c.mlp == MlpKind::kPlain ? c.intermediate_size : 2 * c.intermediate_size;
+  r->half = c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
+  LOOM_CHECK(r->positions && r->residual && r->qkv && r->z && r->attn_out && r->mlp_a && r->mlp_out)
+      << "planned layout lacks a core region";
+  LOOM_CHECK(r->half == 0 || (r->inv_freq && r->cos && r->sin));
+  ex->r_ = std::move(r);
   ex->gemm_ = std::make_unique<cpu::GemmContext>();
-  if (ex->r_->half > 0)
-    ComputeInvFreq(c.rope, c.max_position_embeddings, 0, ex->arena_.as<float>(ex->r_->inv_freq));
   return ex;
 }
 
@@ -129,7 +172,7 @@ void Executor::Linear(const float* x, int64_t m, WeightRole wrole, WeightRole br
   a.y = y;
   a.ldy = ldy;
   a.accumulate = accumulate;
-  a.workspace = arena_.region(r_->gemm_ws);
+  a.workspace = r_->gemm_ws;
   gemm_->Gemm(a);
 }
 
@@ -152,16 +195,16 @@ void Executor::Norm(WeightRole wrole, WeightRole brole, int64_t layer, const flo
 }
 
 void Executor::ComputeRope(const Batch& batch) {
-  const int32_t* pos = arena_.as<int32_t>(r_->positions);
-  float* inv = arena_.as<float>(r_->inv_freq);
-  float* cos = arena_.as<float>(r_->cos);
-  float* sin = arena_.as<float>(r_->sin);
+  // inv_freq is recomputed every forward: its region is dead after the blocks
+  // and may share bytes with the final norm.
+  if (c_.rope.type != RopeConfig::Type::kDynamic)
+    ComputeInvFreq(c_.rope, c_.max_position_embeddings, 0, r_->inv_freq);
   for (int64_t s = 0; s < batch.num_seqs(); ++s) {
     const int64_t b = batch.seq_start[s], len = batch.seq_start[s + 1] - b;
     if (c_.rope.type == RopeConfig::Type::kDynamic)
-      ComputeInvFreq(c_.rope, c_.max_position_embeddings, len, inv);
-    cpu::RopeTables(pos + b, len, inv, r_->half, c_.rope.attention_scaling, cos + b * r_->half,
-                    sin + b * r_->half);
+      ComputeInvFreq(c_.rope, c_.max_position_embeddings, len, r_->inv_freq);
+    cpu::RopeTables(r_->positions + b, len, r_->inv_freq, r_->half, c_.rope.attention_scaling,
+                    r_->cos + b * r_->half, r_->sin + b * r_->half);
   }
 }
 
@@ -172,7 +215,7 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   if (T > options_.max_tokens)
     return OutOfRangeError("batch of " + std::to_string(T) + " tokens exceeds the planned capacity of " +
                            std::to_string(options_.max_tokens));
-  int32_t* pos = arena_.as<int32_t>(r_->positions);
+  int32_t* pos = r_->positions;
   for (int64_t s = 0; s < batch.num_seqs(); ++s) {
     const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
     if (e <= b) return InvalidArgumentError("batch: sequence " + std::to_string(s) + " is empty");
@@ -191,7 +234,7 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
                              " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
 
   // Embeddings: x [T, H].
-  float* x = arena_.as<float>(r_->x);
+  float* x = r_->residual;
   const TensorView& embed = model_.weights().Require(WeightRole::kEmbed);
   cpu::Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
   if (c_.embedding_scale != 1.0f) {
@@ -201,7 +244,7 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   }
   RETURN_IF_ERROR(Emit(HookSite::kEmbed, -1, batch, H, H, x, sink));
   if (c_.learned_positions) {
-    float* h = arena_.as<float>(r_->h);
+    float* h = r_->pos_embed;
     const TensorView& wpe = model_.weights().Require(WeightRole::kPosEmbed);
     cpu::Gather(wpe.data, wpe.dtype, pos, T, H, h);
     RETURN_IF_ERROR(Emit(HookSite::kPosEmbed, -1, batch, H, H, h, sink));
@@ -212,16 +255,15 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   for (int64_t layer = 0; layer <= last_layer_; ++layer) RETURN_IF_ERROR(RunLayer(layer, batch, sink));
 
   if (!hooks_.NeedsFinalNorm()) return Status();
-  float* h = arena_.as<float>(r_->h);
+  float* h = r_->final_norm;
   Norm(WeightRole::kFinalNorm, WeightRole::kFinalNormBias, -1, x, h, T, H);
   RETURN_IF_ERROR(Emit(HookSite::kFinalNorm, -1, batch, H, H, h, sink));
   if (!hooks_.NeedsLogits()) return Status();
-  float* logits = arena_.as<float>(r_->logits);
+  float* logits = r_->logits;
   const int64_t V = c_.vocab_size;
   for (int64_t r0 = 0; r0 < T; r0 += options_.logits_chunk_rows) {
     const int64_t rows = std::min(options_.logits_chunk_rows, T - r0);
-    Linear(h + r0 * H, rows, WeightRole::kLmHead, WeightRole::kOther, -1, logits, V);
-    if (c_.final_softcap > 0) cpu::Softcap(logits, rows * V, c_.final_softcap);
+    ComputeLogits(model_, *gemm_, h + r0 * H, rows, logits, r_->gemm_ws);
     if (sink)
       RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1}, batch, -1, r0, rows, V, V, logits));
   }
@@ -231,11 +273,10 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
 Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   const int64_t T = batch.num_tokens(), H = c_.hidden_size, I = c_.intermediate_size;
   const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), hd = c_.head_dim;
-  float* x = arena_.as<float>(r_->x);
-  float* h = arena_.as<float>(r_->h);
-  float* qkv = arena_.as<float>(r_->qkv);
-  float* z = arena_.as<float>(r_->z);
-  float* o = arena_.as<float>(r_->o);
+  float* x = r_->residual;
+  float* qkv = r_->qkv;
+  float* z = r_->z;
+  float* o = r_->attn_out;
   const int64_t ld = r_->qkv_ld;
 
   RETURN_IF_ERROR(Emit(HookSite::kResidPre, l, batch, H, H, x, sink));
@@ -243,6 +284,7 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   // ---- Attention ----
   const float* attn_in = x;  // [T, H]
   if (c_.pre_attn_norm) {
+    float* h = r_->attn_in;
     Norm(WeightRole::kAttnNorm, WeightRole::kAttnNormBias, l, x, h, T, H);
     RETURN_IF_ERROR(Emit(HookSite::kLn1, l, batch, H, H, h, sink));
     attn_in = h;
@@ -278,8 +320,8 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   RETURN_IF_ERROR(Emit(HookSite::kK, l, batch, KV, ld, k, sink));
   RETURN_IF_ERROR(Emit(HookSite::kV, l, batch, KV, ld, v, sink));
   if (r_->half > 0) {
-    const float* cos = arena_.as<float>(r_->cos);
-    const float* sin = arena_.as<float>(r_->sin);
+    const float* cos = r_->cos;
+    const float* sin = r_->sin;
     cpu::ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, r_->half);
     cpu::ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, r_->half);
     RETURN_IF_ERROR(Emit(HookSite::kRotQ, l, batch, Q, ld, q, sink));
@@ -302,10 +344,10 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   if (c_.attn_scale_by_inverse_layer) aa.scale /= static_cast<float>(l + 1);
   aa.softcap = c_.attn_softcap;
   aa.window = c_.sliding_window[l];
-  aa.workspace = arena_.region(r_->attn_ws);
+  aa.workspace = r_->attn_ws;
   if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {
     // One sequence at a time so each sequence's probabilities can be delivered.
-    float* probs = arena_.as<float>(r_->pattern);
+    float* probs = r_->pattern;
     for (int64_t s = 0; s < batch.num_seqs(); ++s) {
       cpu::AttentionArgs one = aa;
       one.seq_start = batch.seq_start.data() + s;
@@ -333,12 +375,13 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   // ---- MLP ----
   const float* mlp_in = x;
   if (c_.pre_mlp_norm) {
+    float* h = r_->mlp_in;
     Norm(WeightRole::kMlpNorm, WeightRole::kMlpNormBias, l, x, h, T, H);
     RETURN_IF_ERROR(Emit(HookSite::kLn2, l, batch, H, H, h, sink));
     mlp_in = h;
   }
-  float* a = arena_.as<float>(r_->mlp_a);
-  float* b = arena_.as<float>(r_->mlp_b);
+  float* a = r_->mlp_a;
+  float* b = r_->mlp_act;
   const int64_t lda = r_->mlp_a_ld;
   if (c_.mlp == MlpKind::kPlain) {
     Linear(mlp_in, T, WeightRole::kUp, WeightRole::kUpBias, l, a, lda);
@@ -356,6 +399,7 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
     cpu::GatedActivation(ToCpu(c_.act), a, lda, a + I, lda, b, T, I);
   }
   RETURN_IF_ERROR(Emit(HookSite::kMlpPost, l, batch, I, I, b, sink));
+  o = r_->mlp_out;
   Linear(b, T, WeightRole::kDown, WeightRole::kDownBias, l, o, H);
   RETURN_IF_ERROR(Emit(HookSite::kMlpOut, l, batch, H, H, o, sink));
   if (c_.post_mlp_norm) {

@@ -18,6 +18,8 @@
 
 #include "src/base/status.h"
 #include "src/model/hooks.h"
+#include "src/plan/activations.h"
+#include "src/plan/job.h"
 #include "src/runtime/arena.h"
 #include "src/runtime/model.h"
 
@@ -57,6 +59,13 @@ struct ExecutorOptions {
   int64_t logits_chunk_rows = 256;
 };
 
+// The model head on `rows` rows of final-norm output: logits [rows, V] =
+// hidden [rows, H] x lm_head^T, then the final softcap (Gemma2). `workspace`
+// holds cpu::GemmWorkspaceBytes(rows, H, lm_head dtype) bytes. Shared by the
+// executor and the evaluation code that computes logits chunk by chunk.
+void ComputeLogits(const Model& model, cpu::GemmContext& gemm, const float* hidden, int64_t rows,
+                   float* logits, void* workspace);
+
 class Executor {
  public:
   static StatusOr<std::unique_ptr<Executor>> Create(const Model& model, const HookSet& hooks,
@@ -67,17 +76,20 @@ class Executor {
   // the capacities and max_position_embeddings.
   Status Forward(const Batch& batch, HookSink* sink);
 
-  // The arena regions and their sizes (what the planner accounts for).
-  const ArenaLayout& layout() const { return arena_.layout(); }
-  int64_t arena_bytes() const { return arena_.bytes(); }
+  // The planned layout this executor allocated (activations by liveness,
+  // kernel workspace, logits chunk) and the bytes of its three arenas.
+  const ActivationLayout& layout() const { return layout_; }
+  int64_t arena_bytes() const { return act_.bytes() + ws_.bytes() + logits_.bytes(); }
+  // The job the layout was planned for (batch tokens, context, hooks, logits).
+  static JobSpec MakeJob(const Model& model, const HookSet& hooks, const ExecutorOptions& options);
+  // The backend's workspace functions, for the planner.
+  static KernelCosts CpuKernelCosts();
   const HookSet& hooks() const { return hooks_; }
   int64_t last_layer() const { return last_layer_; }
 
  private:
   Executor(const Model& model, const HookSet& hooks, const ExecutorOptions& options);
   struct Regions;
-  static ArenaLayout MakeLayout(const ModelConfig& c, const HookSet& hooks, const ExecutorOptions& o,
-                                DType compute, Regions* r);
   Status RunLayer(int64_t layer, const Batch& batch, HookSink* sink);
   Status Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols, int64_t ld,
               const float* data, HookSink* sink);
@@ -91,7 +103,8 @@ class Executor {
   HookSet hooks_;
   ExecutorOptions options_;
   int64_t last_layer_ = -1;
-  Arena arena_;
+  ActivationLayout layout_;
+  Arena act_, ws_, logits_;
   std::unique_ptr<Regions> r_;
   std::unique_ptr<cpu::GemmContext> gemm_;
 };
