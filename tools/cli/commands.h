@@ -14,10 +14,10 @@ namespace loom::cli {
 void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddTokenizeCommand(CLI::App& app, int* exit_code);
 void AddSynthCommand(CLI::App& app, int* exit_code);
-void AddRunCommand(CLI::App& app, int* exit_code);
+void AddExtractCommand(CLI::App& app, int* exit_code);
+void AddPlanCommand(CLI::App& app, int* exit_code);
 void AddPerplexityCommand(CLI::App& app, int* exit_code);
 void AddCompareCommand(CLI::App& app, int* exit_code);
-void AddPlanCommand(CLI::App& app, int* exit_code);
 
 // Prints "loom <command>: <status message>" to stderr and returns 1 when
 // `status` is an error, else 0.

@@ -22,10 +22,10 @@ int main(int argc, char** argv) {
   loom::cli::AddInspectCommand(app, &exit_code);
   loom::cli::AddTokenizeCommand(app, &exit_code);
   loom::cli::AddSynthCommand(app, &exit_code);
-  loom::cli::AddRunCommand(app, &exit_code);
+  loom::cli::AddExtractCommand(app, &exit_code);
+  loom::cli::AddPlanCommand(app, &exit_code);
   loom::cli::AddPerplexityCommand(app, &exit_code);
   loom::cli::AddCompareCommand(app, &exit_code);
-  loom::cli::AddPlanCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
