@@ -3,12 +3,12 @@
 // times; asserts nothing about them.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <algorithm>
 #include <vector>
 
 #include "src/backend/cpu/kernels.h"
@@ -18,7 +18,9 @@ namespace loom::cpu {
 namespace {
 
 struct Aligned {
-  explicit Aligned(int64_t bytes) : p(std::aligned_alloc(64, (std::max<int64_t>(bytes, 64) + 63) / 64 * 64)) {}
+  explicit Aligned(int64_t bytes)
+      : p(std::aligned_alloc(64,
+                             (std::max<int64_t>(bytes, 64) + 63) / 64 * 64)) {}
   ~Aligned() { std::free(p); }
   void* p;
 };
@@ -59,8 +61,8 @@ void BM_Gemm(benchmark::State& state) {
     Ctx().Gemm(a);
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void GemmShapes(benchmark::internal::Benchmark* b) {
@@ -78,7 +80,11 @@ void GemmShapes(benchmark::internal::Benchmark* b) {
   }
   b->ArgNames({"M", "N", "K", "bf16"});
 }
-BENCHMARK(BM_Gemm)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
+BENCHMARK(BM_Gemm)
+    ->Apply(GemmShapes)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2)
+    ->UseRealTime();
 
 // One causal sequence of T tokens, 32 q heads, 4 kv heads, head_dim 64, from a
 // fused QKV buffer. Args: T, window.
@@ -105,9 +111,11 @@ void BM_Attention(benchmark::State& state) {
   }
   // Visible (query, key) pairs times 2 matmuls x 2 flops x head_dim x heads.
   double pairs = 0;
-  for (int64_t i = 0; i < t; ++i) pairs += window > 0 ? std::min(i + 1, window) : i + 1;
+  for (int64_t i = 0; i < t; ++i)
+    pairs += window > 0 ? std::min(i + 1, window) : i + 1;
   state.counters["GFLOP/s"] =
-      benchmark::Counter(4.0 * pairs * d * qh * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(4.0 * pairs * d * qh * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Attention)
     ->ArgsProduct({{128, 512, 2048}, {0}})
@@ -119,7 +127,8 @@ BENCHMARK(BM_Attention)
 
 void BM_RmsNorm(benchmark::State& state) {
   const int64_t rows = state.range(0), dim = 2048;
-  std::vector<float> x = Random(rows * dim, 4), w = Random(dim, 5), y(rows * dim);
+  std::vector<float> x = Random(rows * dim, 4), w = Random(dim, 5),
+                     y(rows * dim);
   for (auto _ : state) {
     RmsNorm(x.data(), w.data(), DType::kF32, 0.0f, 1e-5f, y.data(), rows, dim);
     benchmark::DoNotOptimize(y.data());
@@ -132,7 +141,8 @@ void BM_GatedSilu(benchmark::State& state) {
   const int64_t rows = state.range(0), n = 5632;
   std::vector<float> gu = Random(rows * 2 * n, 6), out(rows * n);
   for (auto _ : state) {
-    GatedActivation(Activation::kSilu, gu.data(), 2 * n, gu.data() + n, 2 * n, out.data(), rows, n);
+    GatedActivation(Activation::kSilu, gu.data(), 2 * n, gu.data() + n, 2 * n,
+                    out.data(), rows, n);
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(state.iterations() * rows * n);
@@ -141,9 +151,12 @@ BENCHMARK(BM_GatedSilu)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 void BM_Rope(benchmark::State& state) {
   const int64_t tokens = state.range(0), heads = 32, d = 64, half = 32;
-  std::vector<float> x = Random(tokens * heads * d, 7), cos = Random(tokens * half, 8), sin = Random(tokens * half, 9);
+  std::vector<float> x = Random(tokens * heads * d, 7),
+                     cos = Random(tokens * half, 8),
+                     sin = Random(tokens * half, 9);
   for (auto _ : state) {
-    ApplyRope(x.data(), tokens, heads, d, heads * d, cos.data(), sin.data(), half);
+    ApplyRope(x.data(), tokens, heads, d, heads * d, cos.data(), sin.data(),
+              half);
     benchmark::DoNotOptimize(x.data());
   }
   state.SetItemsProcessed(state.iterations() * tokens * heads * d);
@@ -160,7 +173,10 @@ void BM_ConvertBf16(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * n);
 }
-BENCHMARK(BM_ConvertBf16)->Arg(512 * 5632)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_ConvertBf16)
+    ->Arg(512 * 5632)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 void BM_LogSumExp(benchmark::State& state) {
   const int64_t rows = state.range(0), vocab = 32000;
@@ -179,7 +195,8 @@ BENCHMARK(BM_LogSumExp)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 // whole model: 22 such layers and the lm_head (timed once beforehand).
 void BM_TinyLlamaLayer(benchmark::State& state) {
   const int64_t t = state.range(0);
-  const int64_t h = 2048, inter = 5632, qh = 32, kvh = 4, d = 64, vocab = 32000, layers = 22;
+  const int64_t h = 2048, inter = 5632, qh = 32, kvh = 4, d = 64, vocab = 32000,
+                layers = 22;
   const int64_t q_n = qh * d, kv_n = kvh * d, ld = q_n + 2 * kv_n;
   auto bf16 = [](int64_t n, uint32_t seed) {
     std::vector<float> f = Random(n, seed);
@@ -187,55 +204,72 @@ void BM_TinyLlamaLayer(benchmark::State& state) {
     for (int64_t i = 0; i < n; ++i) out[i] = F32ToBf16(f[i] * 0.02f);
     return out;
   };
-  const auto wq = bf16(q_n * h, 20), wk = bf16(kv_n * h, 21), wv = bf16(kv_n * h, 22), wo = bf16(h * q_n, 23);
-  const auto wg = bf16(inter * h, 24), wu = bf16(inter * h, 25), wd = bf16(h * inter, 26);
+  const auto wq = bf16(q_n * h, 20), wk = bf16(kv_n * h, 21),
+             wv = bf16(kv_n * h, 22), wo = bf16(h * q_n, 23);
+  const auto wg = bf16(inter * h, 24), wu = bf16(inter * h, 25),
+             wd = bf16(h * inter, 26);
   const auto norm1 = bf16(h, 27), norm2 = bf16(h, 28), lm = bf16(vocab * h, 29);
-  std::vector<float> x = Random(t * h, 30), hbuf(t * h), qkv(t * ld), z(t * q_n), o(t * h);
+  std::vector<float> x = Random(t * h, 30), hbuf(t * h), qkv(t * ld),
+                     z(t * q_n), o(t * h);
   std::vector<float> gu(t * 2 * inter), act(t * inter), logits(t * vocab);
   std::vector<int32_t> pos(t);
   for (int64_t i = 0; i < t; ++i) pos[i] = static_cast<int32_t>(i);
   std::vector<float> inv_freq(d / 2), cos(t * d / 2), sin(t * d / 2);
-  for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / d));
+  for (int64_t i = 0; i < d / 2; ++i)
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / d));
   Aligned gws(GemmWorkspaceBytes(t, inter, DType::kBF16));
   Aligned aws(AttentionWorkspaceBytes(t, qh, d, NumThreads()));
   const int64_t starts[2] = {0, t};
-  auto gemm = [&](const float* in, const std::vector<uint16_t>& w, int64_t n, int64_t k, float* out, int64_t ldy,
-                  bool acc, bool reuse) {
+  auto gemm = [&](const float* in, const std::vector<uint16_t>& w, int64_t n,
+                  int64_t k, float* out, int64_t ldy, bool acc, bool reuse) {
     GemmArgs a;
-    a.x = in, a.w = w.data(), a.w_dtype = DType::kBF16, a.m = t, a.n = n, a.k = k;
-    a.y = out, a.ldy = ldy, a.accumulate = acc, a.workspace = gws.p, a.reuse_x_workspace = reuse;
+    a.x = in, a.w = w.data(), a.w_dtype = DType::kBF16, a.m = t, a.n = n,
+    a.k = k;
+    a.y = out, a.ldy = ldy, a.accumulate = acc, a.workspace = gws.p,
+    a.reuse_x_workspace = reuse;
     Ctx().Gemm(a);
   };
   auto layer = [&] {
-    RmsNorm(x.data(), norm1.data(), DType::kBF16, 0.0f, 1e-5f, hbuf.data(), t, h);
+    RmsNorm(x.data(), norm1.data(), DType::kBF16, 0.0f, 1e-5f, hbuf.data(), t,
+            h);
     gemm(hbuf.data(), wq, q_n, h, qkv.data(), ld, false, false);
     gemm(hbuf.data(), wk, kv_n, h, qkv.data() + q_n, ld, false, true);
     gemm(hbuf.data(), wv, kv_n, h, qkv.data() + q_n + kv_n, ld, false, true);
-    RopeTables(pos.data(), t, inv_freq.data(), d / 2, 1.0f, cos.data(), sin.data());
+    RopeTables(pos.data(), t, inv_freq.data(), d / 2, 1.0f, cos.data(),
+               sin.data());
     ApplyRope(qkv.data(), t, qh, d, ld, cos.data(), sin.data(), d / 2);
     ApplyRope(qkv.data() + q_n, t, kvh, d, ld, cos.data(), sin.data(), d / 2);
     AttentionArgs a;
-    a.q = qkv.data(), a.q_rs = ld, a.k = qkv.data() + q_n, a.k_rs = ld, a.v = qkv.data() + q_n + kv_n, a.v_rs = ld;
-    a.z = z.data(), a.seq_start = starts, a.num_seqs = 1, a.q_heads = qh, a.kv_heads = kvh, a.head_dim = d;
+    a.q = qkv.data(), a.q_rs = ld, a.k = qkv.data() + q_n, a.k_rs = ld,
+    a.v = qkv.data() + q_n + kv_n, a.v_rs = ld;
+    a.z = z.data(), a.seq_start = starts, a.num_seqs = 1, a.q_heads = qh,
+    a.kv_heads = kvh, a.head_dim = d;
     a.scale = 0.125f, a.workspace = aws.p;
     Attention(Ctx(), a);
-    gemm(z.data(), wo, h, q_n, x.data(), h, true, false);  // residual via accumulate
-    RmsNorm(x.data(), norm2.data(), DType::kBF16, 0.0f, 1e-5f, hbuf.data(), t, h);
+    gemm(z.data(), wo, h, q_n, x.data(), h, true,
+         false);  // residual via accumulate
+    RmsNorm(x.data(), norm2.data(), DType::kBF16, 0.0f, 1e-5f, hbuf.data(), t,
+            h);
     gemm(hbuf.data(), wg, inter, h, gu.data(), 2 * inter, false, false);
     gemm(hbuf.data(), wu, inter, h, gu.data() + inter, 2 * inter, false, true);
-    GatedActivation(Activation::kSilu, gu.data(), 2 * inter, gu.data() + inter, 2 * inter, act.data(), t, inter);
+    GatedActivation(Activation::kSilu, gu.data(), 2 * inter, gu.data() + inter,
+                    2 * inter, act.data(), t, inter);
     gemm(act.data(), wd, h, inter, x.data(), h, true, false);
   };
   auto seconds = [](auto fn) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+        .count();
   };
   layer();  // warm-up: primitives
   gemm(x.data(), lm, vocab, h, logits.data(), vocab, false, false);
   double lm_s = 1e9;
   for (int i = 0; i < 2; ++i)
-    lm_s = std::min(lm_s, seconds([&] { gemm(x.data(), lm, vocab, h, logits.data(), vocab, false, false); }));
+    lm_s = std::min(lm_s, seconds([&] {
+                      gemm(x.data(), lm, vocab, h, logits.data(), vocab, false,
+                           false);
+                    }));
   double layer_s = 1e9;
   for (auto _ : state) {
     layer_s = std::min(layer_s, seconds(layer));
@@ -244,9 +278,15 @@ void BM_TinyLlamaLayer(benchmark::State& state) {
   }
   state.counters["best_layer_ms"] = layer_s * 1e3;
   state.counters["lm_head_ms"] = lm_s * 1e3;
-  state.counters["model_tok/s"] = static_cast<double>(t) / (layers * layer_s + lm_s);
+  state.counters["model_tok/s"] =
+      static_cast<double>(t) / (layers * layer_s + lm_s);
 }
-BENCHMARK(BM_TinyLlamaLayer)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_TinyLlamaLayer)
+    ->Arg(128)
+    ->Arg(512)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace loom::cpu

@@ -32,11 +32,11 @@ struct Table {
   decltype(&portable::AttentionTile) attention_tile;
 };
 
-#define LOOM_KERNEL_TABLE(ns)                                                                      \
-  Table {                                                                                          \
-    ns::RmsNormRow, ns::LayerNormRow, ns::GatedRow, ns::ActivationSpan, ns::SoftcapSpan,           \
-        ns::AddSpan, ns::ScaleSpan, ns::FromF32Span, ns::ToF32Span, ns::LogSumExpRow, ns::RopeToken, \
-        ns::AttentionTile                                                                          \
+#define LOOM_KERNEL_TABLE(ns)                                             \
+  Table {                                                                 \
+    ns::RmsNormRow, ns::LayerNormRow, ns::GatedRow, ns::ActivationSpan,   \
+        ns::SoftcapSpan, ns::AddSpan, ns::ScaleSpan, ns::FromF32Span,     \
+        ns::ToF32Span, ns::LogSumExpRow, ns::RopeToken, ns::AttentionTile \
   }
 
 // LOOM_CPU_KERNELS=portable forces the portable kernels (tests use it to cover
@@ -45,7 +45,8 @@ const Table& Kernels() {
   static const Table table = [] {
     const char* env = std::getenv("LOOM_CPU_KERNELS");
     const bool portable = env != nullptr && std::string_view(env) == "portable";
-    return HasAvx512() && !portable ? LOOM_KERNEL_TABLE(avx512) : LOOM_KERNEL_TABLE(portable);
+    return HasAvx512() && !portable ? LOOM_KERNEL_TABLE(avx512)
+                                    : LOOM_KERNEL_TABLE(portable);
   }();
   return table;
 }
@@ -79,15 +80,18 @@ constexpr int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 bool HasAvx512() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    return __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
   }();
   return has;
 }
 
 void RoundToDTypeAsF32(const float* src, float* dst, DType dtype, int64_t n) {
   const auto fn = HasAvx512() ? avx512::RoundSpan : portable::RoundSpan;
-  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(src + b, dst + b, dtype, e - b); });
+  ParallelSpan(
+      n, [&](int64_t b, int64_t e) { fn(src + b, dst + b, dtype, e - b); });
 }
 
 void ConvertToF32Serial(const void* src, DType dtype, float* dst, int64_t n) {
@@ -96,32 +100,39 @@ void ConvertToF32Serial(const void* src, DType dtype, float* dst, int64_t n) {
 
 // ---- Norms ------------------------------------------------------------------
 
-void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
-             int64_t rows, int64_t dim) {
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
+             float eps, float* y, int64_t rows, int64_t dim) {
   LOOM_CHECK(rows >= 0 && dim > 0) << "rows=" << rows << " dim=" << dim;
   if (w != nullptr) LOOM_CHECK(IsComputeDType(w_dtype));
   const auto fn = Kernels().rms_norm_row;
-#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelElems && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) fn(x + r * dim, w, w_dtype, offset, eps, y + r * dim, dim);
+#pragma omp parallel for schedule( \
+    static) if (rows * dim >= kMinParallelElems && rows > 1)
+  for (int64_t r = 0; r < rows; ++r)
+    fn(x + r * dim, w, w_dtype, offset, eps, y + r * dim, dim);
 }
 
-void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
-               int64_t rows, int64_t dim) {
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
+               float eps, float* y, int64_t rows, int64_t dim) {
   LOOM_CHECK(rows >= 0 && dim > 0) << "rows=" << rows << " dim=" << dim;
   if (w != nullptr || b != nullptr) LOOM_CHECK(IsComputeDType(w_dtype));
   const auto fn = Kernels().layer_norm_row;
-#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelElems && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) fn(x + r * dim, w, b, w_dtype, eps, y + r * dim, dim);
+#pragma omp parallel for schedule( \
+    static) if (rows * dim >= kMinParallelElems && rows > 1)
+  for (int64_t r = 0; r < rows; ++r)
+    fn(x + r * dim, w, b, w_dtype, eps, y + r * dim, dim);
 }
 
-// ---- Rotary embeddings --------------------------------------------------------
+// ---- Rotary embeddings
+// --------------------------------------------------------
 
-void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
-                float attention_scaling, float* cos, float* sin) {
-  LOOM_CHECK(tokens >= 0 && half > 0) << "tokens=" << tokens << " half=" << half;
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
+                int64_t half, float attention_scaling, float* cos, float* sin) {
+  LOOM_CHECK(tokens >= 0 && half > 0)
+      << "tokens=" << tokens << " half=" << half;
   // Built once per forward; libm's cosf/sinf are correctly rounded in practice,
   // as torch's are to within an ulp.
-#pragma omp parallel for schedule(static) if (tokens * half >= kMinParallelElems)
+#pragma omp parallel for schedule(static) if (tokens * half >= \
+                                              kMinParallelElems)
   for (int64_t t = 0; t < tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
     for (int64_t i = 0; i < half; ++i) {
@@ -132,16 +143,22 @@ void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
   }
 }
 
-void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
-               const float* cos, const float* sin, int64_t half) {
-  LOOM_CHECK(2 * half <= head_dim) << "half=" << half << " head_dim=" << head_dim;
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+               int64_t row_stride, const float* cos, const float* sin,
+               int64_t half) {
+  LOOM_CHECK(2 * half <= head_dim)
+      << "half=" << half << " head_dim=" << head_dim;
   LOOM_CHECK_GE(row_stride, heads * head_dim);
   const auto fn = Kernels().rope_token;
-#pragma omp parallel for schedule(static) if (tokens * heads * half >= kMinParallelElems / 2 && tokens > 1)
-  for (int64_t t = 0; t < tokens; ++t) fn(x + t * row_stride, heads, head_dim, cos + t * half, sin + t * half, half);
+#pragma omp parallel for schedule( \
+    static) if (tokens * heads * half >= kMinParallelElems / 2 && tokens > 1)
+  for (int64_t t = 0; t < tokens; ++t)
+    fn(x + t * row_stride, heads, head_dim, cos + t * half, sin + t * half,
+       half);
 }
 
-// ---- Attention ------------------------------------------------------------------
+// ---- Attention
+// ------------------------------------------------------------------
 
 namespace {
 int64_t AttnThreadStrideBytes(int64_t max_seq_len, int64_t head_dim) {
@@ -149,18 +166,22 @@ int64_t AttnThreadStrideBytes(int64_t max_seq_len, int64_t head_dim) {
 }
 }  // namespace
 
-int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads, int64_t head_dim, int num_threads) {
+int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads,
+                                int64_t head_dim, int num_threads) {
   LOOM_CHECK(max_seq_len >= 0 && head_dim > 0 && num_threads > 0);
-  return static_cast<int64_t>(num_threads) * AttnThreadStrideBytes(std::max<int64_t>(max_seq_len, 1), head_dim);
+  return static_cast<int64_t>(num_threads) *
+         AttnThreadStrideBytes(std::max<int64_t>(max_seq_len, 1), head_dim);
 }
 
 void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
-  LOOM_CHECK(a.q != nullptr && a.k != nullptr && a.v != nullptr && a.z != nullptr && a.seq_start != nullptr);
+  LOOM_CHECK(a.q != nullptr && a.k != nullptr && a.v != nullptr &&
+             a.z != nullptr && a.seq_start != nullptr);
   LOOM_CHECK(a.q_heads > 0 && a.kv_heads > 0 && a.q_heads % a.kv_heads == 0)
       << "q_heads=" << a.q_heads << " kv_heads=" << a.kv_heads;
   LOOM_CHECK(a.head_dim > 0);
   LOOM_CHECK(a.workspace != nullptr) << "attention needs a workspace";
-  LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0) << "workspace not 64-byte aligned";
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0)
+      << "workspace not 64-byte aligned";
   const int64_t group = a.q_heads / a.kv_heads;
   const int64_t d = a.head_dim;
   int64_t max_len = 1;
@@ -173,7 +194,8 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
   int nt = omp_get_max_threads();
   if (a.workspace_bytes > 0) {
     const int64_t fit = a.workspace_bytes / stride_bytes;
-    LOOM_CHECK_GE(fit, 1) << "attention workspace too small: " << a.workspace_bytes << " bytes, need "
+    LOOM_CHECK_GE(fit, 1) << "attention workspace too small: "
+                          << a.workspace_bytes << " bytes, need "
                           << stride_bytes;
     nt = static_cast<int>(std::min<int64_t>(nt, fit));
   }
@@ -189,8 +211,8 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
   const int64_t z_rs = a.q_heads * d;
 #pragma omp parallel num_threads(nt)
   {
-    float* scratch =
-        reinterpret_cast<float*>(static_cast<char*>(a.workspace) + omp_get_thread_num() * stride_bytes);
+    float* scratch = reinterpret_cast<float*>(
+        static_cast<char*>(a.workspace) + omp_get_thread_num() * stride_bytes);
     for (int64_t s = 0; s < a.num_seqs; ++s) {
       const int64_t t0 = a.seq_start[s];
       const int64_t len = a.seq_start[s + 1] - t0;
@@ -218,7 +240,9 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
         t.window = a.window;
         t.scale = a.scale;
         t.softcap = a.softcap;
-        t.probs = (probs != nullptr && s == a.probs_seq) ? probs + (h * len + t.i0) * len : nullptr;
+        t.probs = (probs != nullptr && s == a.probs_seq)
+                      ? probs + (h * len + t.i0) * len
+                      : nullptr;
         t.probs_rs = len;
         t.scratch = scratch;
         tile_fn(t);
@@ -227,14 +251,18 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
   }
 }
 
-// ---- Elementwise ----------------------------------------------------------------
+// ---- Elementwise
+// ----------------------------------------------------------------
 
-void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up, int64_t up_rs,
-                     float* out, int64_t rows, int64_t n) {
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs,
+                     const float* up, int64_t up_rs, float* out, int64_t rows,
+                     int64_t n) {
   LOOM_CHECK(rows >= 0 && n >= 0);
   const auto fn = Kernels().gated_row;
-#pragma omp parallel for schedule(static) if (rows * n >= kMinParallelElems && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) fn(act, gate + r * gate_rs, up + r * up_rs, out + r * n, n);
+#pragma omp parallel for schedule(static) if (rows * n >= kMinParallelElems && \
+                                              rows > 1)
+  for (int64_t r = 0; r < rows; ++r)
+    fn(act, gate + r * gate_rs, up + r * up_rs, out + r * n, n);
 }
 
 void ApplyActivation(Activation act, float* x, int64_t n) {
@@ -258,14 +286,17 @@ void Scale(float* x, int64_t n, float s) {
   ParallelSpan(n, [&](int64_t b, int64_t e) { fn(x + b, e - b, s); });
 }
 
-void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim, float* out) {
+void Gather(const void* table, DType table_dtype, const int32_t* ids,
+            int64_t tokens, int64_t dim, float* out) {
   LOOM_CHECK(IsComputeDType(table_dtype));
   const auto fn = Kernels().to_f32_span;
   const int64_t esize = DTypeSize(table_dtype);
-#pragma omp parallel for schedule(static) if (tokens * dim >= kMinParallelElems && tokens > 1)
+#pragma omp parallel for schedule( \
+    static) if (tokens * dim >= kMinParallelElems && tokens > 1)
   for (int64_t t = 0; t < tokens; ++t) {
-    fn(static_cast<const char*>(table) + static_cast<int64_t>(ids[t]) * dim * esize, table_dtype, out + t * dim,
-       dim);
+    fn(static_cast<const char*>(table) +
+           static_cast<int64_t>(ids[t]) * dim * esize,
+       table_dtype, out + t * dim, dim);
   }
 }
 
@@ -273,26 +304,33 @@ void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n) {
   LOOM_CHECK(IsComputeDType(dtype));
   const auto fn = Kernels().from_f32_span;
   const int64_t esize = DTypeSize(dtype);
-  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(src + b, static_cast<char*>(dst) + b * esize, dtype, e - b); });
+  ParallelSpan(n, [&](int64_t b, int64_t e) {
+    fn(src + b, static_cast<char*>(dst) + b * esize, dtype, e - b);
+  });
 }
 
 void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
   LOOM_CHECK(IsComputeDType(dtype));
   const auto fn = Kernels().to_f32_span;
   const int64_t esize = DTypeSize(dtype);
-  ParallelSpan(n, [&](int64_t b, int64_t e) { fn(static_cast<const char*>(src) + b * esize, dtype, dst + b, e - b); });
+  ParallelSpan(n, [&](int64_t b, int64_t e) {
+    fn(static_cast<const char*>(src) + b * esize, dtype, dst + b, e - b);
+  });
 }
 
-// ---- Log-softmax ------------------------------------------------------------------
+// ---- Log-softmax
+// ------------------------------------------------------------------
 
 void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse) {
   LOOM_CHECK(rows >= 0 && vocab > 0);
   const auto fn = Kernels().lse_row;
-#pragma omp parallel for schedule(static) if (rows * vocab >= kMinParallelElems && rows > 1)
+#pragma omp parallel for schedule( \
+    static) if (rows * vocab >= kMinParallelElems && rows > 1)
   for (int64_t r = 0; r < rows; ++r) lse[r] = fn(logits + r * vocab, vocab);
 }
 
-// ---- Threads ----------------------------------------------------------------------
+// ---- Threads
+// ----------------------------------------------------------------------
 
 int SetNumThreads(int n) {
   if (n <= 0) n = omp_get_num_procs();

@@ -27,16 +27,17 @@ enum class WeightLayout { kOutIn, kInOut };
 // activation is rounded to the weight's 16-bit type, products accumulate in
 // f32; the output is f32).
 struct GemmArgs {
-  const float* x = nullptr;   // [M, K] row-major, row stride K
-  const void* w = nullptr;    // weight, see layout
+  const float* x = nullptr;  // [M, K] row-major, row stride K
+  const void* w = nullptr;   // weight, see layout
   DType w_dtype = DType::kF32;
   WeightLayout layout = WeightLayout::kOutIn;
-  const void* bias = nullptr;  // [N] in w_dtype or f32 (bias_dtype), may be null
+  // [N] in w_dtype or f32 (bias_dtype), may be null
+  const void* bias = nullptr;
   DType bias_dtype = DType::kF32;
-  float* y = nullptr;          // [M, N] row-major, row stride ldy (0 = N)
+  float* y = nullptr;  // [M, N] row-major, row stride ldy (0 = N)
   int64_t ldy = 0;
   int64_t m = 0, n = 0, k = 0;
-  bool accumulate = false;     // y += x W^T (+ bias) instead of y = ...
+  bool accumulate = false;  // y += x W^T (+ bias) instead of y = ...
   // Scratch for the 16-bit copy of x when w_dtype is 16-bit: at least
   // GemmWorkspaceBytes(m, k, w_dtype) bytes, 64-byte aligned.
   void* workspace = nullptr;
@@ -57,16 +58,21 @@ class GemmContext {
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
 
-  // y = x W^T (+ bias) (+ y if accumulate). Checks its arguments with LOOM_CHECK.
+  // y = x W^T (+ bias) (+ y if accumulate). Checks its arguments with
+  // LOOM_CHECK.
   void Gemm(const GemmArgs& args);
 
-  // Batched strided matmul used by attention: for b in [0, batch):
+  // Batched strided matmul (the QK^T / PV shapes of attention; Attention
+  // itself uses a dedicated kernel): for b in [0, batch):
   //   C_b[M, N] = alpha * A_b[M, K] B_b[K, N]   (all f32)
   // with explicit element strides (row, col) for A, B, C and batch strides.
   struct StridedMatmul {
-    const float* a; int64_t a_rs, a_cs, a_bs;
-    const float* b; int64_t b_rs, b_cs, b_bs;
-    float* c; int64_t c_rs, c_bs;  // C is dense along columns
+    const float* a;
+    int64_t a_rs, a_cs, a_bs;
+    const float* b;
+    int64_t b_rs, b_cs, b_bs;
+    float* c;
+    int64_t c_rs, c_bs;  // C is dense along columns
     int64_t batch, m, n, k;
     float alpha = 1.0f;
   };
@@ -81,30 +87,34 @@ class GemmContext {
 
 // y[r, :] = x[r, :] * rsqrt(mean(x[r,:]^2) + eps) * (w + offset)
 // offset = 0 for Llama-style, 1 for Gemma's (1 + w). w (dtype w_dtype) may be
-// null (no gain). x and y may alias. rows x dim.
-void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
-             int64_t rows, int64_t dim);
+// null (no gain). x and y may alias.
+//   x, y: [rows, dim] dense; w: [dim]
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
+             float eps, float* y, int64_t rows, int64_t dim);
 
 // y = (x - mean) * rsqrt(var + eps) * w + b, biased variance like torch.
 // w and b may be null (OLMo's parameter-free LayerNorm). x and y may alias.
-void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
-               int64_t rows, int64_t dim);
+//   x, y: [rows, dim] dense; w, b: [dim] in w_dtype
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
+               float eps, float* y, int64_t rows, int64_t dim);
 
 // ---- Rotary embeddings ----------------------------------------------------
 
-// Fills cos/sin tables [tokens, rotary_dim/2] for the given positions:
+// Fills cos/sin tables [tokens, half] (half = rotary_dim / 2) for
+// positions [tokens] and inv_freq [half]:
 //   angle = float(pos[t]) * inv_freq[i]   (f32 product, as HF computes it)
 //   cos[t,i] = cosf(angle) * attention_scaling, sin likewise.
-void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
-                float attention_scaling, float* cos, float* sin);
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
+                int64_t half, float attention_scaling, float* cos, float* sin);
 
 // In place on x [tokens, heads, head_dim] (row stride `row_stride` elements
 // between tokens), HF rotate_half convention on the first rotary_dim = 2*half
 // elements of each head:
 //   x1 = x[..., :half], x2 = x[..., half:2*half]
 //   x[..., :half] = x1*cos - x2*sin;  x[..., half:2*half] = x2*cos + x1*sin
-void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
-               const float* cos, const float* sin, int64_t half);
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+               int64_t row_stride, const float* cos, const float* sin,
+               int64_t half);
 
 // ---- Attention --------------------------------------------------------------
 
@@ -114,16 +124,18 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_
 //   k, v: [T, kv_heads, head_dim] with row strides k_rs, v_rs
 //   z (out): [T, q_heads, head_dim] dense (row stride q_heads*head_dim)
 // Query head h uses kv head h / (q_heads / kv_heads) (GQA).
-// scores = (q . k) * scale; if softcap > 0: scores = softcap * tanh(scores / softcap);
-// key j is visible to query i (positions within the sequence) iff j <= i and
-// (window <= 0 or i - j < window). Softmax in f32.
-// If probs is non-null and the sequence index equals probs_seq, the
-// probabilities of that sequence are written to probs [q_heads, L, L]
-// (zeros where masked).
+// scores = (q . k) * scale; if softcap > 0: scores = softcap * tanh(scores /
+// softcap); key j is visible to query i (positions within the sequence) iff j
+// <= i and (window <= 0 or i - j < window). Softmax in f32. If probs is
+// non-null and the sequence index equals probs_seq, the probabilities of that
+// sequence are written to probs [q_heads, L, L] (zeros where masked).
 struct AttentionArgs {
-  const float* q; int64_t q_rs;
-  const float* k; int64_t k_rs;
-  const float* v; int64_t v_rs;
+  const float* q;
+  int64_t q_rs;
+  const float* k;
+  int64_t k_rs;
+  const float* v;
+  int64_t v_rs;
   float* z;
   const int64_t* seq_start;  // [num_seqs + 1]
   int64_t num_seqs;
@@ -137,42 +149,55 @@ struct AttentionArgs {
   void* workspace = nullptr;
   // Size of `workspace` in bytes; 0 means it was sized by
   // AttentionWorkspaceBytes(longest sequence of this call, ..., NumThreads()).
-  // When given, the kernel uses no more threads than the workspace has room for.
+  // When given, the kernel uses no more threads than the workspace has room
+  // for.
   int64_t workspace_bytes = 0;
 };
-int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads, int64_t head_dim,
-                                int num_threads);
+// Workspace for sequences of up to max_seq_len tokens on num_threads threads:
+// O(64 x max_seq_len) floats per thread (query tiles of 64 rows; see
+// docs/design/cpu-backend.md).
+int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads,
+                                int64_t head_dim, int num_threads);
+// Tiled over (sequence, head, 64 query rows); fully masked key blocks are never
+// visited. Deterministic and independent of the thread count. `ctx` is not
+// used by the current implementation (a dedicated AVX-512 tile kernel).
 void Attention(GemmContext& ctx, const AttentionArgs& args);
 
-// ---- Elementwise -------------------------------------------------------------
+// ---- Elementwise
+// -------------------------------------------------------------
 
 enum class Activation { kSilu, kGeluTanh, kGeluExact, kRelu };
 
 // out[r, i] = act(gate[r, i]) * up[r, i]; gate/up rows have strides
 // gate_rs/up_rs (so a fused [gate | up] buffer works), out is dense [rows, n].
-void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up,
-                     int64_t up_rs, float* out, int64_t rows, int64_t n);
-// In place: x = act(x), n elements.
+//   gate, up: [rows, n] (row strides gate_rs, up_rs); out: [rows, n]
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs,
+                     const float* up, int64_t up_rs, float* out, int64_t rows,
+                     int64_t n);
+// In place: x = act(x). x: [n]
 void ApplyActivation(Activation act, float* x, int64_t n);
-// In place: x = cap * tanh(x / cap).
+// In place: x = cap * tanh(x / cap). x: [n]
 void Softcap(float* x, int64_t n, float cap);
-// y += x, n elements.
+// y += x. x, y: [n]
 void Add(const float* x, float* y, int64_t n);
-// x *= s, n elements.
+// x *= s. x: [n]
 void Scale(float* x, int64_t n, float s);
 // Embedding gather: out[t, :] = table[ids[t], :] (table [vocab, dim] in
 // table_dtype) converted to f32. ids are validated by the caller.
-void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim,
-            float* out);
+//   ids: [tokens]; out: [tokens, dim]
+void Gather(const void* table, DType table_dtype, const int32_t* ids,
+            int64_t tokens, int64_t dim, float* out);
 // Converts n f32 values to dtype (F32/BF16/F16) at dst (round to nearest even).
+//   src: [n] f32; dst: [n] in dtype
 void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n);
-// Converts n values of dtype (F32/BF16/F16) to f32.
+// Converts n values of dtype (F32/BF16/F16) to f32. src: [n]; dst: [n]
 void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
 
 // ---- Log-softmax -----------------------------------------------------------
 
 // For each row r of logits [rows, vocab]: lse[r] = logsumexp(logits[r, :]),
 // computed in f32 with a max shift, summation in double for stability.
+//   lse: [rows]
 void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse);
 
 // ---- Threads ---------------------------------------------------------------

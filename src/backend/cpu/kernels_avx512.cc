@@ -4,7 +4,8 @@
 //
 // Transcendentals are evaluated here rather than through libm:
 //   exp(x):  x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial of e^r,
-//            scaled by 2^n with vscalefps (truncation error 5e-9; ~2 ulp total).
+//            scaled by 2^n with vscalefps (truncation error 5e-9; ~2 ulp
+//            total).
 //   tanh(y): em / (em + 2) with em = expm1(2y): a degree-10 Taylor series for
 //            |2y| < 1.1 (no cancellation near 0), exp(2y) - 1 beyond.
 //   erfc(z): the Chebyshev-fitted form t exp(-z^2 + P(t)), t = 1/(1 + z/2),
@@ -25,13 +26,18 @@
 namespace loom::cpu::avx512 {
 namespace {
 
-inline __mmask16 TailMask(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u); }
+inline __mmask16 TailMask(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u);
+}
 
 inline __m512 Exp(__m512 x) {
-  // Clamp so that n stays finite: e^-110 underflows to exactly 0, e^89 overflows to inf.
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)), _mm512_set1_ps(-110.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // Clamp so that n stays finite: e^-110 underflows to exactly 0, e^89
+  // overflows to inf.
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(89.0f)),
+                    _mm512_set1_ps(-110.0f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // r = x - n ln2 in two steps (ln2 split into a short high part and the rest).
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
@@ -47,7 +53,8 @@ inline __m512 Exp(__m512 x) {
 }
 
 inline __m512 Tanh(__m512 y) {
-  y = _mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(9.0f)), _mm512_set1_ps(-9.0f));
+  y = _mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(9.0f)),
+                    _mm512_set1_ps(-9.0f));
   const __m512 z = _mm512_add_ps(y, y);
   // expm1(z) by Taylor series z + z^2/2! + ... + z^10/10! for small |z|.
   __m512 p = _mm512_set1_ps(1.0f / 3628800.0f);
@@ -61,7 +68,8 @@ inline __m512 Tanh(__m512 y) {
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.5f));
   const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), z, z);
   const __m512 large = _mm512_sub_ps(Exp(z), _mm512_set1_ps(1.0f));
-  const __mmask16 is_small = _mm512_cmp_ps_mask(_mm512_abs_ps(z), _mm512_set1_ps(1.1f), _CMP_LT_OQ);
+  const __mmask16 is_small =
+      _mm512_cmp_ps_mask(_mm512_abs_ps(z), _mm512_set1_ps(1.1f), _CMP_LT_OQ);
   const __m512 em = _mm512_mask_blend_ps(is_small, large, small);
   return _mm512_div_ps(em, _mm512_add_ps(em, _mm512_set1_ps(2.0f)));
 }
@@ -69,7 +77,9 @@ inline __m512 Tanh(__m512 y) {
 // erfc(z) for any z.
 inline __m512 Erfc(__m512 z) {
   const __m512 a = _mm512_abs_ps(z);
-  const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_set1_ps(0.5f), a, _mm512_set1_ps(1.0f)));
+  const __m512 t = _mm512_div_ps(
+      _mm512_set1_ps(1.0f),
+      _mm512_fmadd_ps(_mm512_set1_ps(0.5f), a, _mm512_set1_ps(1.0f)));
   __m512 p = _mm512_set1_ps(0.17087277f);
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.82215223f));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.48851587f));
@@ -92,19 +102,25 @@ inline __m512 Erfc(__m512 z) {
 inline __m512 Act(Activation act, __m512 x) {
   switch (act) {
     case Activation::kSilu:
-      return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), Exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+      return _mm512_div_ps(
+          x, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                           Exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
     case Activation::kGeluTanh: {
       // u = sqrt(2/pi) (x + 0.044715 x^3); gelu = x / (1 + exp(-2u)).
       const __m512 x2 = _mm512_mul_ps(x, x);
-      const __m512 inner = _mm512_mul_ps(x, _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x2, _mm512_set1_ps(1.0f)));
-      const __m512 m2u = _mm512_mul_ps(inner, _mm512_set1_ps(-2.0f * 0.7978845608028654f));
+      const __m512 inner = _mm512_mul_ps(
+          x,
+          _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x2, _mm512_set1_ps(1.0f)));
+      const __m512 m2u =
+          _mm512_mul_ps(inner, _mm512_set1_ps(-2.0f * 0.7978845608028654f));
       return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), Exp(m2u)));
     }
     case Activation::kGeluExact: {
       const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(-0.70710678118654752f));
       return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), Erfc(z));
     }
-    case Activation::kRelu: return _mm512_max_ps(x, _mm512_setzero_ps());
+    case Activation::kRelu:
+      return _mm512_max_ps(x, _mm512_setzero_ps());
   }
   return x;
 }
@@ -113,11 +129,16 @@ inline __m512 Act(Activation act, __m512 x) {
 inline __m512 LoadAs(const void* p, DType dtype, int64_t i, __mmask16 m) {
   switch (dtype) {
     case DType::kBF16: {
-      const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      const __m256i h =
+          _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    case DType::kF16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
-    default: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    case DType::kF16:
+      return _mm512_cvtph_ps(
+          _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+    default:
+      return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
   }
 }
 
@@ -125,10 +146,14 @@ inline __m512 LoadAs(const void* p, DType dtype, int64_t i, __mmask16 m) {
 // would flush denormals to zero, torch does not). NaN -> quiet NaN.
 inline __m256i ToBf16(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i lsb =
+      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb),
+      16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  const __m512i quiet =
+      _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
@@ -137,7 +162,8 @@ inline double HsumD(__m512d a) { return _mm512_reduce_add_pd(a); }
 
 }  // namespace
 
-void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y, int64_t dim) {
+void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
+                float eps, float* y, int64_t dim) {
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
   for (int64_t i = 0; i < dim; i += 16) {
     const __m512 v = _mm512_maskz_loadu_ps(TailMask(dim - i), x + i);
@@ -147,17 +173,20 @@ void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, floa
     acc1 = _mm512_fmadd_pd(hi, hi, acc1);
   }
   const double ss = HsumD(_mm512_add_pd(acc0, acc1));
-  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps)));
+  const __m512 inv = _mm512_set1_ps(
+      static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps)));
   const __m512 off = _mm512_set1_ps(offset);
   for (int64_t i = 0; i < dim; i += 16) {
     const __mmask16 m = TailMask(dim - i);
     __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
-    if (w != nullptr) v = _mm512_mul_ps(v, _mm512_add_ps(LoadAs(w, w_dtype, i, m), off));
+    if (w != nullptr)
+      v = _mm512_mul_ps(v, _mm512_add_ps(LoadAs(w, w_dtype, i, m), off));
     _mm512_mask_storeu_ps(y + i, m, v);
   }
 }
 
-void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y, int64_t dim) {
+void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
+                  float eps, float* y, int64_t dim) {
   __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
   for (int64_t i = 0; i < dim; i += 16) {
     const __m512 v = _mm512_maskz_loadu_ps(TailMask(dim - i), x + i);
@@ -171,29 +200,36 @@ void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, f
     const __mmask16 m = TailMask(dim - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     // Masked-off lanes must contribute 0, not mean^2.
-    const __m512d lo = _mm512_maskz_sub_pd(static_cast<__mmask8>(m), _mm512_cvtps_pd(_mm512_castps512_ps256(v)), meand);
-    const __m512d hi =
-        _mm512_maskz_sub_pd(static_cast<__mmask8>(m >> 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), meand);
+    const __m512d lo =
+        _mm512_maskz_sub_pd(static_cast<__mmask8>(m),
+                            _mm512_cvtps_pd(_mm512_castps512_ps256(v)), meand);
+    const __m512d hi = _mm512_maskz_sub_pd(
+        static_cast<__mmask8>(m >> 8),
+        _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), meand);
     v0 = _mm512_fmadd_pd(lo, lo, v0);
     v1 = _mm512_fmadd_pd(hi, hi, v1);
   }
   const double var = HsumD(_mm512_add_pd(v0, v1)) / static_cast<double>(dim);
-  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / std::sqrt(var + eps)));
+  const __m512 inv =
+      _mm512_set1_ps(static_cast<float>(1.0 / std::sqrt(var + eps)));
   const __m512 meanf = _mm512_set1_ps(static_cast<float>(mean));
   for (int64_t i = 0; i < dim; i += 16) {
     const __mmask16 m = TailMask(dim - i);
-    __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), meanf), inv);
+    __m512 v = _mm512_mul_ps(
+        _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), meanf), inv);
     if (w != nullptr) v = _mm512_mul_ps(v, LoadAs(w, w_dtype, i, m));
     if (b != nullptr) v = _mm512_add_ps(v, LoadAs(b, w_dtype, i, m));
     _mm512_mask_storeu_ps(y + i, m, v);
   }
 }
 
-void GatedRow(Activation act, const float* gate, const float* up, float* out, int64_t n) {
+void GatedRow(Activation act, const float* gate, const float* up, float* out,
+              int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
     const __m512 g = Act(act, _mm512_maskz_loadu_ps(m, gate + i));
-    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(g, _mm512_maskz_loadu_ps(m, up + i)));
+    _mm512_mask_storeu_ps(out + i, m,
+                          _mm512_mul_ps(g, _mm512_maskz_loadu_ps(m, up + i)));
   }
 }
 
@@ -209,14 +245,17 @@ void SoftcapSpan(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(c, Tanh(_mm512_mul_ps(v, ic))));
+    _mm512_mask_storeu_ps(x + i, m,
+                          _mm512_mul_ps(c, Tanh(_mm512_mul_ps(v, ic))));
   }
 }
 
 void AddSpan(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, x + i)));
+    _mm512_mask_storeu_ps(y + i, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i),
+                                        _mm512_maskz_loadu_ps(m, x + i)));
   }
 }
 
@@ -224,7 +263,8 @@ void ScaleSpan(float* x, int64_t n, float s) {
   const __m512 sv = _mm512_set1_ps(s);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sv));
+    _mm512_mask_storeu_ps(x + i, m,
+                          _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sv));
   }
 }
 
@@ -238,7 +278,9 @@ void FromF32Span(const float* src, void* dst, DType dtype, int64_t n) {
     const __mmask16 m = TailMask(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, src + i);
     const __m256i h =
-        dtype == DType::kBF16 ? ToBf16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        dtype == DType::kBF16
+            ? ToBf16(v)
+            : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_mask_storeu_epi16(d + i, m, h);
   }
 }
@@ -257,34 +299,42 @@ void ToF32Span(const void* src, DType dtype, float* dst, int64_t n) {
 double LogSumExpRow(const float* x, int64_t n) {
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 mx = ninf;
-  for (int64_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, TailMask(n - i), x + i));
+  for (int64_t i = 0; i < n; i += 16)
+    mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, TailMask(n - i), x + i));
   const float m = _mm512_reduce_max_ps(mx);
   if (std::isinf(m)) return m;
   const __m512 mv = _mm512_set1_ps(m);
   __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = TailMask(n - i);
-    const __m512 e = _mm512_maskz_mov_ps(k, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv)));
+    const __m512 e = _mm512_maskz_mov_ps(
+        k, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv)));
     s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
   }
   return static_cast<double>(m) + std::log(HsumD(_mm512_add_pd(s0, s1)));
 }
 
-void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half) {
+void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos,
+               const float* sin, int64_t half) {
   for (int64_t h = 0; h < heads; ++h) {
     float* v = x + h * head_dim;
     for (int64_t i = 0; i < half; i += 16) {
       const __mmask16 m = TailMask(half - i);
-      const __m512 x1 = _mm512_maskz_loadu_ps(m, v + i), x2 = _mm512_maskz_loadu_ps(m, v + half + i);
-      const __m512 c = _mm512_maskz_loadu_ps(m, cos + i), s = _mm512_maskz_loadu_ps(m, sin + i);
-      _mm512_mask_storeu_ps(v + i, m, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)));
-      _mm512_mask_storeu_ps(v + half + i, m, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
+      const __m512 x1 = _mm512_maskz_loadu_ps(m, v + i),
+                   x2 = _mm512_maskz_loadu_ps(m, v + half + i);
+      const __m512 c = _mm512_maskz_loadu_ps(m, cos + i),
+                   s = _mm512_maskz_loadu_ps(m, sin + i);
+      _mm512_mask_storeu_ps(v + i, m,
+                            _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)));
+      _mm512_mask_storeu_ps(v + half + i, m,
+                            _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
     }
   }
 }
 
-// ---- Attention tile ------------------------------------------------------------
+// ---- Attention tile
+// ------------------------------------------------------------
 //
 // Scores are kept transposed, S^T [nk, 64] (one key per row, the tile's query
 // rows along the vector lanes), so that masking, the running max, exp and the
@@ -307,21 +357,28 @@ void Scores(const AttnTile& t, const float* qt, float* st, float* rmax) {
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 scale = _mm512_set1_ps(t.scale);
   const bool cap = t.softcap > 0.0f;
-  const __m512 capv = _mm512_set1_ps(t.softcap), icap = _mm512_set1_ps(1.0f / t.softcap);
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 capv = _mm512_set1_ps(t.softcap),
+               icap = _mm512_set1_ps(1.0f / t.softcap);
+  const __m512i lane =
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   __m512 mx[NV];
   for (int v = 0; v < NV; ++v) mx[v] = _mm512_loadu_ps(rmax + 16 * v);
   // Finishes key jj: scale, softcap, mask, store, max.
   auto finish = [&](int64_t jj, __m512* acc) {
-    const int64_t rel = t.j_lo + jj - t.i0;  // row r sees key j iff r >= rel and r < rel + window
-    const __m512i lo = _mm512_set1_epi32(static_cast<int32_t>(std::max<int64_t>(rel, -1)));
-    const int64_t hi64 = t.window > 0 ? std::min(rel + t.window, t.rows) : t.rows;
+    const int64_t rel =
+        t.j_lo + jj -
+        t.i0;  // row r sees key j iff r >= rel and r < rel + window
+    const __m512i lo =
+        _mm512_set1_epi32(static_cast<int32_t>(std::max<int64_t>(rel, -1)));
+    const int64_t hi64 =
+        t.window > 0 ? std::min(rel + t.window, t.rows) : t.rows;
     const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(hi64));
     for (int v = 0; v < NV; ++v) {
       __m512 s = _mm512_mul_ps(acc[v], scale);
       if (cap) s = _mm512_mul_ps(capv, Tanh(_mm512_mul_ps(s, icap)));
       const __m512i r = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * v));
-      const __mmask16 vis = _mm512_cmp_epi32_mask(r, lo, _MM_CMPINT_GE) & _mm512_cmp_epi32_mask(r, hi, _MM_CMPINT_LT);
+      const __mmask16 vis = _mm512_cmp_epi32_mask(r, lo, _MM_CMPINT_GE) &
+                            _mm512_cmp_epi32_mask(r, hi, _MM_CMPINT_LT);
       s = _mm512_mask_blend_ps(vis, ninf, s);
       _mm512_storeu_ps(st + jj * kB + 16 * v, s);
       mx[v] = _mm512_max_ps(mx[v], s);
@@ -334,7 +391,8 @@ void Scores(const AttnTile& t, const float* qt, float* st, float* rmax) {
     const float* k2 = k1 + t.k_rs;
     const float* k3 = k2 + t.k_rs;
     __m512 a0[NV], a1[NV], a2[NV], a3[NV];
-    for (int v = 0; v < NV; ++v) a0[v] = a1[v] = a2[v] = a3[v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v)
+      a0[v] = a1[v] = a2[v] = a3[v] = _mm512_setzero_ps();
     for (int64_t p = 0; p < d; ++p) {
       const __m512 b0 = _mm512_set1_ps(k0[p]), b1 = _mm512_set1_ps(k1[p]);
       const __m512 b2 = _mm512_set1_ps(k2[p]), b3 = _mm512_set1_ps(k3[p]);
@@ -357,7 +415,9 @@ void Scores(const AttnTile& t, const float* qt, float* st, float* rmax) {
     for (int v = 0; v < NV; ++v) a0[v] = _mm512_setzero_ps();
     for (int64_t p = 0; p < d; ++p) {
       const __m512 b0 = _mm512_set1_ps(k0[p]);
-      for (int v = 0; v < NV; ++v) a0[v] = _mm512_fmadd_ps(b0, _mm512_load_ps(qt + p * kB + 16 * v), a0[v]);
+      for (int v = 0; v < NV; ++v)
+        a0[v] =
+            _mm512_fmadd_ps(b0, _mm512_load_ps(qt + p * kB + 16 * v), a0[v]);
     }
     finish(jj, a0);
   }
@@ -367,11 +427,13 @@ void Scores(const AttnTile& t, const float* qt, float* st, float* rmax) {
 // Keys per chunk of steps 3-4: the chunk's E (kKeyChunk x 64) and packed V
 // (kKeyChunk x head_dim) stay in L1/L2 while every row group sweeps them.
 constexpr int64_t kKeyChunk = 64;
-static_assert(kKeyChunk <= kAttnBlock, "the packed-V chunk also holds the tile's query rows");
+static_assert(kKeyChunk <= kAttnBlock,
+              "the packed-V chunk also holds the tile's query rows");
 
 // E = exp(S^T - max) in place for keys [c0, c0 + kc), adding to the row sums.
 template <int NV>
-void ExpChunk(float* st, int64_t c0, int64_t kc, const __m512* mx, __m512* sum) {
+void ExpChunk(float* st, int64_t c0, int64_t kc, const __m512* mx,
+              __m512* sum) {
   for (int64_t jj = c0; jj < c0 + kc; ++jj) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
@@ -387,38 +449,48 @@ void ExpChunk(float* st, int64_t c0, int64_t kc, const __m512* mx, __m512* sum) 
 // O [64, vs] in scratch (the last vector masked by `last`); e points at E of
 // key 0 of the chunk, vp at the chunk's packed V [kKeyChunk, vs].
 template <int DV, int R>
-void PvRows(const float* e, const float* vp, int64_t vs, float* o, int64_t r0, int64_t jb, int64_t je, int64_t c,
-            __mmask16 last) {
+void PvRows(const float* e, const float* vp, int64_t vs, float* o, int64_t r0,
+            int64_t jb, int64_t je, int64_t c, __mmask16 last) {
   __m512 acc[R][DV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int v = 0; v < DV; ++v) acc[r][v] = _mm512_load_ps(o + (r0 + r) * vs + c + 16 * v);
+    for (int v = 0; v < DV; ++v)
+      acc[r][v] = _mm512_load_ps(o + (r0 + r) * vs + c + 16 * v);
   for (int64_t jj = jb; jj < je; ++jj) {
     const float* vrow = vp + jj * vs + c;
     __m512 vv[DV];
 #pragma GCC unroll 16
-    for (int v = 0; v < DV; ++v) vv[v] = _mm512_maskz_load_ps(v == DV - 1 ? last : __mmask16(0xffff), vrow + 16 * v);
+    for (int v = 0; v < DV; ++v)
+      vv[v] = _mm512_maskz_load_ps(v == DV - 1 ? last : __mmask16(0xffff),
+                                   vrow + 16 * v);
     const float* er = e + jj * kB + r0;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 p = _mm512_set1_ps(er[r]);
 #pragma GCC unroll 16
-      for (int v = 0; v < DV; ++v) acc[r][v] = _mm512_fmadd_ps(p, vv[v], acc[r][v]);
+      for (int v = 0; v < DV; ++v)
+        acc[r][v] = _mm512_fmadd_ps(p, vv[v], acc[r][v]);
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int v = 0; v < DV; ++v) _mm512_store_ps(o + (r0 + r) * vs + c + 16 * v, acc[r][v]);
+    for (int v = 0; v < DV; ++v)
+      _mm512_store_ps(o + (r0 + r) * vs + c + 16 * v, acc[r][v]);
 }
 
 // One key chunk [c0, c0 + kc) for all rows, columns [c, min(d, c + 16 DV)).
 template <int DV>
-void PvChunk(const AttnTile& t, const float* st, const float* vp, int64_t vs, float* o, int64_t c0, int64_t kc,
-             int64_t c) {
+void PvChunk(const AttnTile& t, const float* st, const float* vp, int64_t vs,
+             float* o, int64_t c0, int64_t kc, int64_t c) {
   // R x DV accumulators + DV values + 1 broadcast fit in the 32 registers.
-  constexpr int R = DV == 1 ? 12 : DV == 2 ? 12 : DV == 3 ? 8 : DV == 4 ? 6 : DV == 5 ? 4 : 3;
+  constexpr int R = DV == 1   ? 12
+                    : DV == 2 ? 12
+                    : DV == 3 ? 8
+                    : DV == 4 ? 6
+                    : DV == 5 ? 4
+                              : 3;
   const __mmask16 last = TailMask(t.head_dim - c - 16 * (DV - 1));
   const float* e = st + c0 * kB;
   // Chunk-local keys visible to some row of [r0, r0 + nr).
@@ -449,32 +521,37 @@ template <int NV>
 void TileNV(const AttnTile& t) {
   const int64_t d = t.head_dim;
   const int64_t vs = (d + 15) / 16 * 16;
-  float* qt = t.scratch;                          // [d, 64]
-  float* st = qt + d * kB;                        // [nk, 64]
-  float* rmax = st + t.nk * kB;                   // [64]
-  float* rinv = rmax + kB;                        // [64]
-  float* o = rinv + kB;                           // [64, vs]
-  float* vp = o + kB * vs;                        // [kKeyChunk, vs]
+  float* qt = t.scratch;         // [d, 64]
+  float* st = qt + d * kB;       // [nk, 64]
+  float* rmax = st + t.nk * kB;  // [64]
+  float* rinv = rmax + kB;       // [64]
+  float* o = rinv + kB;          // [64, vs]
+  float* vp = o + kB * vs;       // [kKeyChunk, vs]
   // Q^T: copy the query rows densely first (reading the strided rows column
   // by column would thrash a few cache sets: the rows of a fused QKV buffer
   // sit at a large, nearly power-of-two stride), then transpose.
   for (int64_t r = 0; r < t.rows; ++r) {
     const float* src = t.q + r * t.q_rs;
-    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(vp + r * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
+    for (int64_t c = 0; c < d; c += 16)
+      _mm512_store_ps(vp + r * vs + c,
+                      _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
   }
   for (int64_t p = 0; p < d; ++p) {
     float* dst = qt + p * kB;
     for (int64_t r = 0; r < t.rows; ++r) dst[r] = vp[r * vs + p];
     for (int64_t r = t.rows; r < 16 * NV; ++r) dst[r] = 0.0f;
   }
-  for (int64_t r = 0; r < kB; ++r) rmax[r] = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < kB; ++r)
+    rmax[r] = -std::numeric_limits<float>::infinity();
   Scores<NV>(t, qt, st, rmax);
 
   __m512 mx[NV], sum[NV];
   for (int v = 0; v < NV; ++v) {
     // Rows past `rows` have max -inf; use 0 there to keep the lanes finite.
     const __m512 m = _mm512_loadu_ps(rmax + 16 * v);
-    mx[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), _mm512_setzero_ps(), m);
+    mx[v] = _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+        _mm512_setzero_ps(), m);
     sum[v] = _mm512_setzero_ps();
   }
   std::memset(o, 0, sizeof(float) * kB * vs);
@@ -484,35 +561,56 @@ void TileNV(const AttnTile& t) {
     for (int64_t jj = 0; jj < kc; ++jj) {
       const float* src = t.v + (c0 + jj) * t.v_rs;
       for (int64_t c = 0; c < d; c += 16)
-        _mm512_store_ps(vp + jj * vs + c, _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
+        _mm512_store_ps(vp + jj * vs + c,
+                        _mm512_maskz_loadu_ps(TailMask(d - c), src + c));
     }
     // head_dim in pieces of at most 128 columns (8 vectors) per sweep.
     for (int64_t c = 0; c < d; c += 128) {
       switch ((std::min<int64_t>(d - c, 128) + 15) / 16) {
-        case 1: PvChunk<1>(t, st, vp, vs, o, c0, kc, c); break;
-        case 2: PvChunk<2>(t, st, vp, vs, o, c0, kc, c); break;
-        case 3: PvChunk<3>(t, st, vp, vs, o, c0, kc, c); break;
-        case 4: PvChunk<4>(t, st, vp, vs, o, c0, kc, c); break;
-        case 5: PvChunk<5>(t, st, vp, vs, o, c0, kc, c); break;
-        case 6: PvChunk<6>(t, st, vp, vs, o, c0, kc, c); break;
-        case 7: PvChunk<7>(t, st, vp, vs, o, c0, kc, c); break;
-        default: PvChunk<8>(t, st, vp, vs, o, c0, kc, c); break;
+        case 1:
+          PvChunk<1>(t, st, vp, vs, o, c0, kc, c);
+          break;
+        case 2:
+          PvChunk<2>(t, st, vp, vs, o, c0, kc, c);
+          break;
+        case 3:
+          PvChunk<3>(t, st, vp, vs, o, c0, kc, c);
+          break;
+        case 4:
+          PvChunk<4>(t, st, vp, vs, o, c0, kc, c);
+          break;
+        case 5:
+          PvChunk<5>(t, st, vp, vs, o, c0, kc, c);
+          break;
+        case 6:
+          PvChunk<6>(t, st, vp, vs, o, c0, kc, c);
+          break;
+        case 7:
+          PvChunk<7>(t, st, vp, vs, o, c0, kc, c);
+          break;
+        default:
+          PvChunk<8>(t, st, vp, vs, o, c0, kc, c);
+          break;
       }
     }
   }
   for (int v = 0; v < NV; ++v) {
-    const __mmask16 nz = _mm512_cmp_ps_mask(sum[v], _mm512_setzero_ps(), _CMP_GT_OQ);
-    _mm512_storeu_ps(rinv + 16 * v, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), sum[v]));
+    const __mmask16 nz =
+        _mm512_cmp_ps_mask(sum[v], _mm512_setzero_ps(), _CMP_GT_OQ);
+    _mm512_storeu_ps(rinv + 16 * v,
+                     _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), sum[v]));
   }
   for (int64_t r = 0; r < t.rows; ++r) {
     const __m512 inv = _mm512_set1_ps(rinv[r]);
     float* z = t.z + r * t.z_rs;
     for (int64_t c = 0; c < d; c += 16)
-      _mm512_mask_storeu_ps(z + c, TailMask(d - c), _mm512_mul_ps(_mm512_load_ps(o + r * vs + c), inv));
+      _mm512_mask_storeu_ps(z + c, TailMask(d - c),
+                            _mm512_mul_ps(_mm512_load_ps(o + r * vs + c), inv));
   }
   if (t.probs != nullptr) {
     for (int64_t r = 0; r < t.rows; ++r)
-      for (int64_t jj = 0; jj < t.nk; ++jj) t.probs[r * t.probs_rs + t.j_lo + jj] = st[jj * kB + r] * rinv[r];
+      for (int64_t jj = 0; jj < t.nk; ++jj)
+        t.probs[r * t.probs_rs + t.j_lo + jj] = st[jj * kB + r] * rinv[r];
   }
 }
 
@@ -520,14 +618,23 @@ void TileNV(const AttnTile& t) {
 
 void AttentionTile(const AttnTile& t) {
   switch ((t.rows + 15) / 16) {
-    case 1: TileNV<1>(t); break;
-    case 2: TileNV<2>(t); break;
-    case 3: TileNV<3>(t); break;
-    default: TileNV<4>(t); break;
+    case 1:
+      TileNV<1>(t);
+      break;
+    case 2:
+      TileNV<2>(t);
+      break;
+    case 3:
+      TileNV<3>(t);
+      break;
+    default:
+      TileNV<4>(t);
+      break;
   }
 }
 
-// ---- Decode-sized GEMM -----------------------------------------------------------
+// ---- Decode-sized GEMM
+// -----------------------------------------------------------
 
 namespace {
 
@@ -536,7 +643,8 @@ inline __m512 LoadW(const void* p, int64_t i, __mmask16 m) {
   return LoadAs(p, DT, i, m);
 }
 
-inline float FinishOutput(const SmallGemm& g, int64_t mi, int64_t n, float dot) {
+inline float FinishOutput(const SmallGemm& g, int64_t mi, int64_t n,
+                          float dot) {
   float v = dot;
   if (g.bias != nullptr) v += LoadScalarAsF32(g.bias, g.bias_dtype, n);
   float* y = g.y + mi * g.ldy + n;
@@ -556,18 +664,22 @@ void OutInBlock(const SmallGemm& g, int64_t n) {
     const __mmask16 mask = TailMask(g.k - k0);
     __m512 xv[M];
 #pragma GCC unroll 8
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_maskz_loadu_ps(mask, g.x + m * g.k + k0);
+    for (int m = 0; m < M; ++m)
+      xv[m] = _mm512_maskz_loadu_ps(mask, g.x + m * g.k + k0);
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       const __m512 wv = LoadW<DT>(g.w, (n + j) * g.k + k0, mask);
 #pragma GCC unroll 8
-      for (int m = 0; m < M; ++m) acc[m][j] = _mm512_fmadd_ps(xv[m], wv, acc[m][j]);
+      for (int m = 0; m < M; ++m)
+        acc[m][j] = _mm512_fmadd_ps(xv[m], wv, acc[m][j]);
     }
   }
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) g.y[m * g.ldy + n + j] = FinishOutput(g, m, n + j, _mm512_reduce_add_ps(acc[m][j]));
+    for (int j = 0; j < NB; ++j)
+      g.y[m * g.ldy + n + j] =
+          FinishOutput(g, m, n + j, _mm512_reduce_add_ps(acc[m][j]));
 }
 
 // Rows of W [k, n] run along n: 16 V outputs at a time, x broadcast. V is as
@@ -576,7 +688,8 @@ void OutInBlock(const SmallGemm& g, int64_t n) {
 template <int M, int V, DType DT>
 void InOutBlock(const SmallGemm& g, int64_t n0, int64_t n1) {
   __mmask16 mask[V];
-  for (int v = 0; v < V; ++v) mask[v] = n0 + 16 * v < n1 ? TailMask(n1 - n0 - 16 * v) : __mmask16(0);
+  for (int v = 0; v < V; ++v)
+    mask[v] = n0 + 16 * v < n1 ? TailMask(n1 - n0 - 16 * v) : __mmask16(0);
   __m512 acc[M][V];
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
@@ -585,19 +698,22 @@ void InOutBlock(const SmallGemm& g, int64_t n0, int64_t n1) {
   for (int64_t kk = 0; kk < g.k; ++kk) {
     __m512 wv[V];
 #pragma GCC unroll 16
-    for (int v = 0; v < V; ++v) wv[v] = LoadW<DT>(g.w, kk * g.n + n0 + 16 * v, mask[v]);
+    for (int v = 0; v < V; ++v)
+      wv[v] = LoadW<DT>(g.w, kk * g.n + n0 + 16 * v, mask[v]);
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
       const __m512 xb = _mm512_set1_ps(g.x[m * g.k + kk]);
 #pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_fmadd_ps(xb, wv[v], acc[m][v]);
+      for (int v = 0; v < V; ++v)
+        acc[m][v] = _mm512_fmadd_ps(xb, wv[v], acc[m][v]);
     }
   }
   for (int m = 0; m < M; ++m) {
     alignas(64) float out[16 * V];
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) _mm512_store_ps(out + 16 * v, acc[m][v]);
-    for (int64_t n = n0; n < n1; ++n) g.y[m * g.ldy + n] = FinishOutput(g, m, n, out[n - n0]);
+    for (int64_t n = n0; n < n1; ++n)
+      g.y[m * g.ldy + n] = FinishOutput(g, m, n, out[n - n0]);
   }
 }
 
@@ -609,18 +725,28 @@ void SmallGemmTyped(const SmallGemm& g, int64_t n0, int64_t n1) {
     for (; n < n1; ++n) OutInBlock<M, 1, DT>(g, n);
   } else {
     constexpr int V = M == 1 ? 12 : M == 2 ? 8 : M == 3 ? 6 : 4;
-    for (int64_t n = n0; n < n1; n += 16 * V) InOutBlock<M, V, DT>(g, n, std::min(n1, n + 16 * V));
+    for (int64_t n = n0; n < n1; n += 16 * V)
+      InOutBlock<M, V, DT>(g, n, std::min(n1, n + 16 * V));
   }
 }
 
 template <DType DT>
 void SmallGemmM(const SmallGemm& g, int64_t n0, int64_t n1) {
   switch (g.m) {
-    case 1: SmallGemmTyped<1, DT>(g, n0, n1); break;
-    case 2: SmallGemmTyped<2, DT>(g, n0, n1); break;
-    case 3: SmallGemmTyped<3, DT>(g, n0, n1); break;
-    case 4: SmallGemmTyped<4, DT>(g, n0, n1); break;
-    default: LOOM_CHECK(false) << "small GEMM with m=" << g.m;
+    case 1:
+      SmallGemmTyped<1, DT>(g, n0, n1);
+      break;
+    case 2:
+      SmallGemmTyped<2, DT>(g, n0, n1);
+      break;
+    case 3:
+      SmallGemmTyped<3, DT>(g, n0, n1);
+      break;
+    case 4:
+      SmallGemmTyped<4, DT>(g, n0, n1);
+      break;
+    default:
+      LOOM_CHECK(false) << "small GEMM with m=" << g.m;
   }
 }
 
@@ -628,10 +754,17 @@ void SmallGemmM(const SmallGemm& g, int64_t n0, int64_t n1) {
 
 void SmallGemmColumns(const SmallGemm& g, int64_t n0, int64_t n1) {
   switch (g.w_dtype) {
-    case DType::kF32: SmallGemmM<DType::kF32>(g, n0, n1); break;
-    case DType::kBF16: SmallGemmM<DType::kBF16>(g, n0, n1); break;
-    case DType::kF16: SmallGemmM<DType::kF16>(g, n0, n1); break;
-    default: LOOM_CHECK(false) << "small GEMM dtype " << static_cast<int>(g.w_dtype);
+    case DType::kF32:
+      SmallGemmM<DType::kF32>(g, n0, n1);
+      break;
+    case DType::kBF16:
+      SmallGemmM<DType::kBF16>(g, n0, n1);
+      break;
+    case DType::kF16:
+      SmallGemmM<DType::kF16>(g, n0, n1);
+      break;
+    default:
+      LOOM_CHECK(false) << "small GEMM dtype " << static_cast<int>(g.w_dtype);
   }
 }
 
@@ -641,9 +774,11 @@ void RoundSpan(const float* src, float* dst, DType dtype, int64_t n) {
     const __m512 v = _mm512_maskz_loadu_ps(m, src + i);
     __m512 r = v;
     if (dtype == DType::kBF16) {
-      r = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ToBf16(v)), 16));
+      r = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(ToBf16(v)), 16));
     } else if (dtype == DType::kF16) {
-      r = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      r = _mm512_cvtph_ps(
+          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
     _mm512_mask_storeu_ps(dst + i, m, r);
   }

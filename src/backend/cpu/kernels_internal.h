@@ -30,25 +30,32 @@ inline constexpr int64_t kAttnBlock = 64;
 // Geometry of one attention work item: query rows [i0, i0 + rows) of one
 // sequence (positions within the sequence), one query head.
 struct AttnTile {
-  const float* q;  // first query row of the tile, head h: [rows, head_dim], row stride q_rs
-  const float* k;  // key row of position j_lo, kv head: [nk, head_dim], row stride k_rs
-  const float* v;  // value row of position j_lo: [nk, head_dim], row stride v_rs
-  float* z;        // output row of the tile's first query: [rows, head_dim], row stride z_rs
+  const float* q;  // first query row of the tile, head h: [rows, head_dim], row
+                   // stride q_rs
+  const float*
+      k;  // key row of position j_lo, kv head: [nk, head_dim], row stride k_rs
+  const float*
+      v;     // value row of position j_lo: [nk, head_dim], row stride v_rs
+  float* z;  // output row of the tile's first query: [rows, head_dim], row
+             // stride z_rs
   int64_t q_rs, k_rs, v_rs, z_rs;
-  int64_t rows;    // <= kAttnBlock
-  int64_t i0;      // position of the first query row
-  int64_t j_lo;    // position of the first key considered
-  int64_t nk;      // keys considered: [j_lo, j_lo + nk)
+  int64_t rows;  // <= kAttnBlock
+  int64_t i0;    // position of the first query row
+  int64_t j_lo;  // position of the first key considered
+  int64_t nk;    // keys considered: [j_lo, j_lo + nk)
   int64_t head_dim;
   int64_t window;  // <= 0: none
   float scale, softcap;
-  float* probs;      // probs row of query i0 for this head: [rows, seq_len] (row stride probs_rs), or null
+  float* probs;  // probs row of query i0 for this head: [rows, seq_len] (row
+                 // stride probs_rs), or null
   int64_t probs_rs;
-  float* scratch;    // AttnTileScratchFloats(max nk, head_dim) floats, 64-byte aligned
+  float* scratch;  // AttnTileScratchFloats(max nk, head_dim) floats, 64-byte
+                   // aligned
 };
 // Scratch floats one tile needs (a multiple of 16): Q^T [head_dim, kAttnBlock],
 // S^T [nk, kAttnBlock], per-row statistics [2, kAttnBlock], the output
-// accumulator and one chunk of packed V (each [kAttnBlock, head_dim padded to 16]).
+// accumulator and one chunk of packed V (each [kAttnBlock, head_dim padded to
+// 16]).
 int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim);
 
 // Decode-sized GEMM (m <= kSmallGemmMaxM rows), where oneDNN's brgemm would
@@ -59,12 +66,12 @@ inline constexpr int64_t kSmallGemmMaxM = 4;
 struct SmallGemm {
   const float* x;  // [m, k] row-major
   int64_t m, k, n;
-  const void* w;   // [n, k] (out_in) or [k, n], w_dtype
+  const void* w;  // [n, k] (out_in) or [k, n], w_dtype
   DType w_dtype;
   bool out_in;
   const void* bias;  // [n] in bias_dtype, or null
   DType bias_dtype;
-  float* y;          // [m, n], row stride ldy
+  float* y;  // [m, n], row stride ldy
   int64_t ldy;
   bool accumulate;
 };
@@ -74,10 +81,12 @@ inline constexpr int64_t kSmallGemmColumnBlockOutIn = 64;
 inline constexpr int64_t kSmallGemmColumnBlockInOut = 768;
 
 namespace portable {
-void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y, int64_t dim);
-void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
-                  int64_t dim);
-void GatedRow(Activation act, const float* gate, const float* up, float* out, int64_t n);
+void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
+                float eps, float* y, int64_t dim);
+void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
+                  float eps, float* y, int64_t dim);
+void GatedRow(Activation act, const float* gate, const float* up, float* out,
+              int64_t n);
 void ActivationSpan(Activation act, float* x, int64_t n);
 void SoftcapSpan(float* x, int64_t n, float cap);
 void AddSpan(const float* x, float* y, int64_t n);
@@ -87,15 +96,18 @@ void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);
 void RoundSpan(const float* src, float* dst, DType dtype, int64_t n);
 double LogSumExpRow(const float* x, int64_t n);
 // One token: x [heads, head_dim], cos/sin [half].
-void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half);
+void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos,
+               const float* sin, int64_t half);
 void AttentionTile(const AttnTile& t);
 }  // namespace portable
 
 namespace avx512 {
-void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y, int64_t dim);
-void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
-                  int64_t dim);
-void GatedRow(Activation act, const float* gate, const float* up, float* out, int64_t n);
+void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
+                float eps, float* y, int64_t dim);
+void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
+                  float eps, float* y, int64_t dim);
+void GatedRow(Activation act, const float* gate, const float* up, float* out,
+              int64_t n);
 void ActivationSpan(Activation act, float* x, int64_t n);
 void SoftcapSpan(float* x, int64_t n, float cap);
 void AddSpan(const float* x, float* y, int64_t n);
@@ -103,7 +115,8 @@ void ScaleSpan(float* x, int64_t n, float s);
 void FromF32Span(const float* src, void* dst, DType dtype, int64_t n);
 void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);
 double LogSumExpRow(const float* x, int64_t n);
-void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half);
+void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos,
+               const float* sin, int64_t half);
 void AttentionTile(const AttnTile& t);
 // Columns [n0, n1) of a SmallGemm.
 void SmallGemmColumns(const SmallGemm& g, int64_t n0, int64_t n1);

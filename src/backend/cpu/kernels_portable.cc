@@ -13,10 +13,14 @@ namespace loom::cpu {
 
 float LoadScalarAsF32(const void* p, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
-    default: LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16:
+      return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
   }
   return 0.0f;
 }
@@ -25,7 +29,8 @@ int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim) {
   auto pad16 = [](int64_t x) { return (x + 15) / 16 * 16; };
   // The AVX-512 tile also keeps O [kAttnBlock, head_dim] and one chunk of
   // packed V [kAttnBlock, head_dim] (head_dim padded to 16).
-  return pad16(head_dim) * kAttnBlock + max_nk * kAttnBlock + 2 * kAttnBlock + 2 * kAttnBlock * pad16(head_dim);
+  return pad16(head_dim) * kAttnBlock + max_nk * kAttnBlock + 2 * kAttnBlock +
+         2 * kAttnBlock * pad16(head_dim);
 }
 
 namespace portable {
@@ -33,34 +38,40 @@ namespace {
 
 float Act(Activation act, float x) {
   switch (act) {
-    case Activation::kSilu: return x / (1.0f + std::exp(-x));
+    case Activation::kSilu:
+      return x / (1.0f + std::exp(-x));
     case Activation::kGeluTanh: {
-      // 0.5 x (1 + tanh(u)) == x * sigmoid(2u), without the cancellation for x << 0.
+      // 0.5 x (1 + tanh(u)) == x * sigmoid(2u), without the cancellation for x
+      // << 0.
       const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
       return x / (1.0f + std::exp(-2.0f * u));
     }
-    case Activation::kGeluExact: return 0.5f * x * std::erfc(-x * 0.70710678118654752f);
-    case Activation::kRelu: return x > 0.0f ? x : 0.0f;
+    case Activation::kGeluExact:
+      return 0.5f * x * std::erfc(-x * 0.70710678118654752f);
+    case Activation::kRelu:
+      return x > 0.0f ? x : 0.0f;
   }
   return 0.0f;
 }
 
 }  // namespace
 
-void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
-                int64_t dim) {
+void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
+                float eps, float* y, int64_t dim) {
   double ss = 0.0;
   for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+  const float inv =
+      static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
   if (w == nullptr) {
     for (int64_t i = 0; i < dim; ++i) y[i] = x[i] * inv;
   } else {
-    for (int64_t i = 0; i < dim; ++i) y[i] = x[i] * inv * (LoadScalarAsF32(w, w_dtype, i) + offset);
+    for (int64_t i = 0; i < dim; ++i)
+      y[i] = x[i] * inv * (LoadScalarAsF32(w, w_dtype, i) + offset);
   }
 }
 
-void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
-                  int64_t dim) {
+void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
+                  float eps, float* y, int64_t dim) {
   double sum = 0.0;
   for (int64_t i = 0; i < dim; ++i) sum += x[i];
   const double mean = sum / static_cast<double>(dim);
@@ -69,7 +80,8 @@ void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, f
     const double d = x[i] - mean;
     var += d * d;
   }
-  const float inv = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(dim) + eps));
+  const float inv =
+      static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(dim) + eps));
   const float meanf = static_cast<float>(mean);
   for (int64_t i = 0; i < dim; ++i) {
     float v = (x[i] - meanf) * inv;
@@ -79,7 +91,8 @@ void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype, f
   }
 }
 
-void GatedRow(Activation act, const float* gate, const float* up, float* out, int64_t n) {
+void GatedRow(Activation act, const float* gate, const float* up, float* out,
+              int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = Act(act, gate[i]) * up[i];
 }
 
@@ -103,36 +116,52 @@ void ScaleSpan(float* x, int64_t n, float s) {
 void RoundSpan(const float* src, float* dst, DType dtype, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     switch (dtype) {
-      case DType::kBF16: dst[i] = RoundBf16(src[i]); break;
-      case DType::kF16: dst[i] = F16ToF32(F32ToF16(src[i])); break;
-      default: dst[i] = src[i]; break;
+      case DType::kBF16:
+        dst[i] = RoundBf16(src[i]);
+        break;
+      case DType::kF16:
+        dst[i] = F16ToF32(F32ToF16(src[i]));
+        break;
+      default:
+        dst[i] = src[i];
+        break;
     }
   }
 }
 
 void FromF32Span(const float* src, void* dst, DType dtype, int64_t n) {
   switch (dtype) {
-    case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); break;
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      break;
     case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = F32ToBf16(src[i]);
+      for (int64_t i = 0; i < n; ++i)
+        static_cast<uint16_t*>(dst)[i] = F32ToBf16(src[i]);
       break;
     case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = F32ToF16(src[i]);
+      for (int64_t i = 0; i < n; ++i)
+        static_cast<uint16_t*>(dst)[i] = F32ToF16(src[i]);
       break;
-    default: LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
+    default:
+      LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
   }
 }
 
 void ToF32Span(const void* src, DType dtype, float* dst, int64_t n) {
   switch (dtype) {
-    case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); break;
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      break;
     case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(static_cast<const uint16_t*>(src)[i]);
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = Bf16ToF32(static_cast<const uint16_t*>(src)[i]);
       break;
     case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
       break;
-    default: LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
+    default:
+      LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
   }
 }
 
@@ -145,7 +174,8 @@ double LogSumExpRow(const float* x, int64_t n) {
   return static_cast<double>(mx) + std::log(sum);
 }
 
-void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin, int64_t half) {
+void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos,
+               const float* sin, int64_t half) {
   for (int64_t h = 0; h < heads; ++h) {
     float* v = x + h * head_dim;
     for (int64_t i = 0; i < half; ++i) {
@@ -211,7 +241,8 @@ void AttentionTile(const AttnTile& t) {
   }
   if (t.probs != nullptr) {
     for (int64_t r = 0; r < t.rows; ++r) {
-      for (int64_t jj = 0; jj < t.nk; ++jj) t.probs[r * t.probs_rs + t.j_lo + jj] = st[jj * B + r];
+      for (int64_t jj = 0; jj < t.nk; ++jj)
+        t.probs[r * t.probs_rs + t.j_lo + jj] = st[jj * B + r];
     }
   }
 }

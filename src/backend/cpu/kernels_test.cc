@@ -5,6 +5,8 @@
 // |err| <= k u sum|a_i b_i| (the classic gamma_k bound), and every other bound
 // below is built from that and from the relative error of one rounded
 // operation (u) or one vectorised transcendental (a few u).
+#include "src/backend/cpu/kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/reference/reference_kernels.h"
 #include "src/base/float16.h"
 
@@ -30,7 +31,8 @@ struct AlignedBuf {
   explicit AlignedBuf(int64_t bytes) {
     size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 64) + 63) / 64 * 64;
     p = std::aligned_alloc(64, n);
-    std::memset(p, 0xcd, n);  // garbage: kernels must not read scratch before writing it
+    std::memset(p, 0xcd,
+                n);  // garbage: kernels must not read scratch before writing it
   }
   ~AlignedBuf() { std::free(p); }
   AlignedBuf(const AlignedBuf&) = delete;
@@ -38,7 +40,8 @@ struct AlignedBuf {
   void* p;
 };
 
-std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f,
+                          float hi = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
@@ -49,20 +52,22 @@ std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f, float hi =
 // Stores f32 values as `dtype` (returned as raw bytes).
 std::vector<uint16_t> To16(const std::vector<float>& v, DType dtype) {
   std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = dtype == DType::kBF16 ? F32ToBf16(v[i]) : F32ToF16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = dtype == DType::kBF16 ? F32ToBf16(v[i]) : F32ToF16(v[i]);
   return out;
 }
 
 // Compares got against want element-wise with per-element tolerance tol[i];
 // on failure reports the count, the worst violation and where it is.
-void ExpectNear(const std::string& what, const float* got, const float* want, const std::vector<double>& tol,
-                int64_t n) {
+void ExpectNear(const std::string& what, const float* got, const float* want,
+                const std::vector<double>& tol, int64_t n) {
   int64_t bad = 0, worst = -1;
   double worst_ratio = 0.0, max_err = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const double err = std::abs(static_cast<double>(got[i]) - want[i]);
     max_err = std::max(max_err, err);
-    const bool ok = err <= tol[i] || (std::isnan(got[i]) && std::isnan(want[i])) ||
+    const bool ok = err <= tol[i] ||
+                    (std::isnan(got[i]) && std::isnan(want[i])) ||
                     (std::isinf(got[i]) && got[i] == want[i]);
     if (!ok) {
       ++bad;
@@ -70,13 +75,17 @@ void ExpectNear(const std::string& what, const float* got, const float* want, co
       if (worst < 0 || ratio > worst_ratio) worst_ratio = ratio, worst = i;
     }
   }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " elements out of tolerance; max |err| " << max_err
-                    << "; worst at index " << worst << ": got " << (worst >= 0 ? got[worst] : 0.0f) << " want "
-                    << (worst >= 0 ? want[worst] : 0.0f) << " tol " << (worst >= 0 ? tol[worst] : 0.0)
-                    << " (err/tol " << worst_ratio << ")";
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n
+                    << " elements out of tolerance; max |err| " << max_err
+                    << "; worst at index " << worst << ": got "
+                    << (worst >= 0 ? got[worst] : 0.0f) << " want "
+                    << (worst >= 0 ? want[worst] : 0.0f) << " tol "
+                    << (worst >= 0 ? tol[worst] : 0.0) << " (err/tol "
+                    << worst_ratio << ")";
 }
 
-void ExpectBitwise(const std::string& what, const void* got, const void* want, int64_t bytes) {
+void ExpectBitwise(const std::string& what, const void* got, const void* want,
+                   int64_t bytes) {
   const auto* g = static_cast<const uint8_t*>(got);
   const auto* w = static_cast<const uint8_t*>(want);
   int64_t first = -1;
@@ -85,7 +94,8 @@ void ExpectBitwise(const std::string& what, const void* got, const void* want, i
   EXPECT_EQ(first, -1) << what << ": first differing byte " << first;
 }
 
-// ---- GEMM ---------------------------------------------------------------------------
+// ---- GEMM
+// ---------------------------------------------------------------------------
 
 struct GemmCase {
   int64_t m;
@@ -101,7 +111,8 @@ TEST_P(GemmTest, MatchesReference) {
   uint32_t seed = 1;
   for (const auto& [n, k] : shapes) {
     for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
-      for (int bias_kind = 0; bias_kind < 3; ++bias_kind) {  // none, f32, weight dtype
+      for (int bias_kind = 0; bias_kind < 3;
+           ++bias_kind) {  // none, f32, weight dtype
         for (bool accumulate : {false, true}) {
           for (int64_t ldy : {int64_t{0}, n + 5}) {
             const int64_t ld = ldy == 0 ? n : ldy;
@@ -153,22 +164,27 @@ TEST_P(GemmTest, MatchesReference) {
               for (int64_t j = 0; j < n; ++j) {
                 double mag = 0.0;
                 for (int64_t p = 0; p < k; ++p) {
-                  const int64_t wi = layout == WeightLayout::kOutIn ? j * k + p : p * n + j;
+                  const int64_t wi =
+                      layout == WeightLayout::kOutIn ? j * k + p : p * n + j;
                   float xv = x[i * k + p];
                   if (w_dtype == DType::kBF16) xv = RoundBf16(xv);
                   if (w_dtype == DType::kF16) xv = F16ToF32(F32ToF16(xv));
                   mag += std::abs(xv * ref::LoadAsF32(w, w_dtype, wi));
                 }
-                if (bias != nullptr) mag += std::abs(ref::LoadAsF32(bias, bias_dtype, j));
+                if (bias != nullptr)
+                  mag += std::abs(ref::LoadAsF32(bias, bias_dtype, j));
                 if (accumulate) mag += std::abs(y0[i * ld + j]);
                 tol[i * ld + j] = 2.0 * (k + 2) * kU * mag;
               }
             }
-            ExpectNear("gemm m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                           " dtype=" + std::string(DTypeName(w_dtype)) + " layout=" +
-                           std::to_string(static_cast<int>(layout)) + " bias=" + std::to_string(bias_kind) +
-                           " acc=" + std::to_string(accumulate) + " ldy=" + std::to_string(ldy),
-                       got.data(), want.data(), tol, m * ld);
+            ExpectNear(
+                "gemm m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                    " k=" + std::to_string(k) +
+                    " dtype=" + std::string(DTypeName(w_dtype)) +
+                    " layout=" + std::to_string(static_cast<int>(layout)) +
+                    " bias=" + std::to_string(bias_kind) + " acc=" +
+                    std::to_string(accumulate) + " ldy=" + std::to_string(ldy),
+                got.data(), want.data(), tol, m * ld);
           }
         }
       }
@@ -176,14 +192,15 @@ TEST_P(GemmTest, MatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
-                         ::testing::Values(GemmCase{1, DType::kF32}, GemmCase{3, DType::kF32},
-                                           GemmCase{17, DType::kF32}, GemmCase{129, DType::kF32},
-                                           GemmCase{1, DType::kBF16}, GemmCase{3, DType::kBF16},
-                                           GemmCase{4, DType::kBF16}, GemmCase{5, DType::kBF16},
-                                           GemmCase{17, DType::kBF16}, GemmCase{129, DType::kBF16},
-                                           GemmCase{1, DType::kF16}, GemmCase{17, DType::kF16},
-                                           GemmCase{129, DType::kF16}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemmTest,
+    ::testing::Values(GemmCase{1, DType::kF32}, GemmCase{3, DType::kF32},
+                      GemmCase{17, DType::kF32}, GemmCase{129, DType::kF32},
+                      GemmCase{1, DType::kBF16}, GemmCase{3, DType::kBF16},
+                      GemmCase{4, DType::kBF16}, GemmCase{5, DType::kBF16},
+                      GemmCase{17, DType::kBF16}, GemmCase{129, DType::kBF16},
+                      GemmCase{1, DType::kF16}, GemmCase{17, DType::kF16},
+                      GemmCase{129, DType::kF16}));
 
 // bf16 GEMM against the exact f32 product: the only extra error is rounding
 // each activation to bf16, at most 2^-8 relative per element.
@@ -214,7 +231,8 @@ TEST(GemmBf16, ActivationRoundingBound) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double mag = 0.0;
-      for (int64_t p = 0; p < k; ++p) mag += std::abs(x[i * k + p] * wf[j * k + p]);
+      for (int64_t p = 0; p < k; ++p)
+        mag += std::abs(x[i * k + p] * wf[j * k + p]);
       tol[i * n + j] = (std::ldexp(1.0, -8) + 2.0 * k * kU) * mag;
     }
   ExpectNear("bf16 vs exact", got.data(), want.data(), tol, m * n);
@@ -227,19 +245,22 @@ TEST(GemmReuse, SameXSecondWeight) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int64_t m : {int64_t{2}, int64_t{40}}) {
       const int64_t n = 70, k = 96;
-      std::vector<float> x = Random(m * k, 131), w1 = Random(n * k, 132), w2 = Random(n * k, 133);
+      std::vector<float> x = Random(m * k, 131), w1 = Random(n * k, 132),
+                         w2 = Random(n * k, 133);
       std::vector<uint16_t> w1h = To16(w1, dt), w2h = To16(w2, dt);
       AlignedBuf ws(GemmWorkspaceBytes(m, k, dt));
       std::vector<float> y1(m * n), y2(m * n), fresh(m * n);
       GemmArgs a;
-      a.x = x.data(), a.w_dtype = dt, a.m = m, a.n = n, a.k = k, a.workspace = ws.p;
+      a.x = x.data(), a.w_dtype = dt, a.m = m, a.n = n, a.k = k,
+      a.workspace = ws.p;
       a.w = w1h.data(), a.y = y1.data();
       ctx.Gemm(a);
       a.w = w2h.data(), a.y = y2.data(), a.reuse_x_workspace = true;
       ctx.Gemm(a);
       a.y = fresh.data(), a.reuse_x_workspace = false;
       ctx.Gemm(a);
-      ExpectBitwise("reuse m=" + std::to_string(m), y2.data(), fresh.data(), m * n * 4);
+      ExpectBitwise("reuse m=" + std::to_string(m), y2.data(), fresh.data(),
+                    m * n * 4);
     }
   }
 }
@@ -267,11 +288,13 @@ TEST(StridedMatmul, AttentionShapes) {
         for (int64_t i = 0; i < t; ++i)
           for (int64_t j = 0; j < t; ++j) {
             double mag = 0.0;
-            for (int64_t p = 0; p < d; ++p) mag += std::abs(q[i * rs + b * d + p] * k[j * rs + b * d + p]);
+            for (int64_t p = 0; p < d; ++p)
+              mag += std::abs(q[i * rs + b * d + p] * k[j * rs + b * d + p]);
             tol[(b * t + i) * t + j] = 2.0 * (d + 1) * kU * mag * mm.alpha;
           }
-      ExpectNear("qk t=" + std::to_string(t) + " heads=" + std::to_string(heads), got.data(), want.data(), tol,
-                 static_cast<int64_t>(got.size()));
+      ExpectNear(
+          "qk t=" + std::to_string(t) + " heads=" + std::to_string(heads),
+          got.data(), want.data(), tol, static_cast<int64_t>(got.size()));
       // PV: C[t, d] = P[t, t] V[t, d] with V read from a strided buffer.
       std::vector<float> p = Random(heads * t * t, 13, 0.0f, 1.0f);
       GemmContext::StridedMatmul pv{};
@@ -289,38 +312,53 @@ TEST(StridedMatmul, AttentionShapes) {
         for (int64_t i = 0; i < t; ++i)
           for (int64_t j = 0; j < d; ++j) {
             double mag = 0.0;
-            for (int64_t l = 0; l < t; ++l) mag += std::abs(p[(b * t + i) * t + l] * k[l * rs + b * d + j]);
+            for (int64_t l = 0; l < t; ++l)
+              mag += std::abs(p[(b * t + i) * t + l] * k[l * rs + b * d + j]);
             tol2[i * heads * d + b * d + j] = 2.0 * (t + 1) * kU * mag;
           }
-      ExpectNear("pv t=" + std::to_string(t) + " heads=" + std::to_string(heads), got2.data(), want2.data(), tol2,
-                 static_cast<int64_t>(got2.size()));
+      ExpectNear(
+          "pv t=" + std::to_string(t) + " heads=" + std::to_string(heads),
+          got2.data(), want2.data(), tol2, static_cast<int64_t>(got2.size()));
     }
   }
 }
 
-// ---- Norms ---------------------------------------------------------------------------
+// ---- Norms
+// ---------------------------------------------------------------------------
 
 TEST(Norms, RmsNorm) {
   for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{129}}) {
-    for (int64_t dim : {int64_t{7}, int64_t{64}, int64_t{2048}, int64_t{2051}}) {
+    for (int64_t dim :
+         {int64_t{7}, int64_t{64}, int64_t{2048}, int64_t{2051}}) {
       for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
         for (float offset : {0.0f, 1.0f}) {
           for (bool has_w : {true, false}) {
-            std::vector<float> x = Random(rows * dim, 21, -3.0f, 3.0f), wf = Random(dim, 22);
-            std::vector<uint16_t> w16 = To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
-            const void* w = has_w ? (dt == DType::kF32 ? static_cast<const void*>(wf.data()) : w16.data()) : nullptr;
+            std::vector<float> x = Random(rows * dim, 21, -3.0f, 3.0f),
+                               wf = Random(dim, 22);
+            std::vector<uint16_t> w16 =
+                To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
+            const void* w =
+                has_w ? (dt == DType::kF32 ? static_cast<const void*>(wf.data())
+                                           : w16.data())
+                      : nullptr;
             std::vector<float> got(rows * dim), want(rows * dim);
             RmsNorm(x.data(), w, dt, offset, 1e-6f, got.data(), rows, dim);
-            ref::RmsNorm(x.data(), w, dt, offset, 1e-6f, want.data(), rows, dim);
-            // Sum of squares: <= dim u relative; rsqrt and two products: a few u.
+            ref::RmsNorm(x.data(), w, dt, offset, 1e-6f, want.data(), rows,
+                         dim);
+            // Sum of squares: <= dim u relative; rsqrt and two products: a few
+            // u.
             std::vector<double> tol(rows * dim);
-            for (int64_t i = 0; i < rows * dim; ++i) tol[i] = (0.5 * dim + 6.0) * kU * std::abs(want[i]) + 1e-30;
-            ExpectNear("rmsnorm rows=" + std::to_string(rows) + " dim=" + std::to_string(dim), got.data(),
-                       want.data(), tol, rows * dim);
+            for (int64_t i = 0; i < rows * dim; ++i)
+              tol[i] = (0.5 * dim + 6.0) * kU * std::abs(want[i]) + 1e-30;
+            ExpectNear("rmsnorm rows=" + std::to_string(rows) +
+                           " dim=" + std::to_string(dim),
+                       got.data(), want.data(), tol, rows * dim);
             // In place.
             std::vector<float> inplace = x;
-            RmsNorm(inplace.data(), w, dt, offset, 1e-6f, inplace.data(), rows, dim);
-            ExpectBitwise("rmsnorm in place", inplace.data(), got.data(), rows * dim * 4);
+            RmsNorm(inplace.data(), w, dt, offset, 1e-6f, inplace.data(), rows,
+                    dim);
+            ExpectBitwise("rmsnorm in place", inplace.data(), got.data(),
+                          rows * dim * 4);
           }
         }
       }
@@ -334,10 +372,18 @@ TEST(Norms, LayerNorm) {
       for (DType dt : {DType::kF32, DType::kBF16}) {
         for (bool affine : {true, false}) {
           // An offset mean makes the centring matter.
-          std::vector<float> x = Random(rows * dim, 31, 1.0f, 4.0f), wf = Random(dim, 32), bf = Random(dim, 33);
-          std::vector<uint16_t> w16 = To16(wf, DType::kBF16), b16 = To16(bf, DType::kBF16);
-          const void* w = affine ? (dt == DType::kF32 ? static_cast<const void*>(wf.data()) : w16.data()) : nullptr;
-          const void* b = affine ? (dt == DType::kF32 ? static_cast<const void*>(bf.data()) : b16.data()) : nullptr;
+          std::vector<float> x = Random(rows * dim, 31, 1.0f, 4.0f),
+                             wf = Random(dim, 32), bf = Random(dim, 33);
+          std::vector<uint16_t> w16 = To16(wf, DType::kBF16),
+                                b16 = To16(bf, DType::kBF16);
+          const void* w =
+              affine ? (dt == DType::kF32 ? static_cast<const void*>(wf.data())
+                                          : w16.data())
+                     : nullptr;
+          const void* b =
+              affine ? (dt == DType::kF32 ? static_cast<const void*>(bf.data())
+                                          : b16.data())
+                     : nullptr;
           std::vector<float> got(rows * dim), want(rows * dim);
           LayerNorm(x.data(), w, b, dt, 1e-5f, got.data(), rows, dim);
           ref::LayerNorm(x.data(), w, b, dt, 1e-5f, want.data(), rows, dim);
@@ -346,69 +392,88 @@ TEST(Norms, LayerNorm) {
             double mean = 0.0, var = 0.0;
             for (int64_t i = 0; i < dim; ++i) mean += x[r * dim + i];
             mean /= dim;
-            for (int64_t i = 0; i < dim; ++i) var += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
+            for (int64_t i = 0; i < dim; ++i)
+              var += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
             const double rstd = 1.0 / std::sqrt(var / dim + 1e-5);
             for (int64_t i = 0; i < dim; ++i) {
               const double wv = w ? std::abs(ref::LoadAsF32(w, dt, i)) : 1.0;
               const double bv = b ? std::abs(ref::LoadAsF32(b, dt, i)) : 0.0;
-              // Mean error (dim u |x|) propagated through rstd*w, variance error
-              // (dim u relative), and a few roundings of the output.
-              const double centred = std::abs(x[r * dim + i] - mean) * rstd * wv;
-              tol[r * dim + i] = dim * kU * std::abs(mean) * rstd * wv + (0.5 * dim + 6.0) * kU * centred + 2 * kU * bv;
+              // Mean error (dim u |x|) propagated through rstd*w, variance
+              // error (dim u relative), and a few roundings of the output.
+              const double centred =
+                  std::abs(x[r * dim + i] - mean) * rstd * wv;
+              tol[r * dim + i] = dim * kU * std::abs(mean) * rstd * wv +
+                                 (0.5 * dim + 6.0) * kU * centred + 2 * kU * bv;
             }
           }
-          ExpectNear("layernorm rows=" + std::to_string(rows) + " dim=" + std::to_string(dim), got.data(),
-                     want.data(), tol, rows * dim);
+          ExpectNear("layernorm rows=" + std::to_string(rows) +
+                         " dim=" + std::to_string(dim),
+                     got.data(), want.data(), tol, rows * dim);
         }
       }
     }
   }
 }
 
-// ---- RoPE -------------------------------------------------------------------------------
+// ---- RoPE
+// -------------------------------------------------------------------------------
 
 TEST(Rope, TablesAndApply) {
-  for (int64_t head_dim : {int64_t{8}, int64_t{64}, int64_t{80}, int64_t{128}}) {
+  for (int64_t head_dim :
+       {int64_t{8}, int64_t{64}, int64_t{80}, int64_t{128}}) {
     for (bool partial : {false, true}) {
-      const int64_t half = partial ? head_dim / 4 : head_dim / 2;  // partial rotary (e.g. phi)
+      const int64_t half =
+          partial ? head_dim / 4 : head_dim / 2;  // partial rotary (e.g. phi)
       const int64_t tokens = 37, heads = 3, rs = heads * head_dim + 5;
       std::vector<int32_t> pos(tokens);
-      for (int64_t t = 0; t < tokens; ++t) pos[t] = static_cast<int32_t>(t * 113 % 4099);
+      for (int64_t t = 0; t < tokens; ++t)
+        pos[t] = static_cast<int32_t>(t * 113 % 4099);
       std::vector<float> inv_freq(half);
       for (int64_t i = 0; i < half; ++i)
-        inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, static_cast<double>(2 * i) / (2 * half)));
+        inv_freq[i] = static_cast<float>(
+            1.0 / std::pow(10000.0, static_cast<double>(2 * i) / (2 * half)));
       const float scaling = 1.0f;
-      std::vector<float> cg(tokens * half), sg(tokens * half), cw(tokens * half), sw(tokens * half);
-      RopeTables(pos.data(), tokens, inv_freq.data(), half, scaling, cg.data(), sg.data());
-      ref::RopeTables(pos.data(), tokens, inv_freq.data(), half, scaling, cw.data(), sw.data());
+      std::vector<float> cg(tokens * half), sg(tokens * half),
+          cw(tokens * half), sw(tokens * half);
+      RopeTables(pos.data(), tokens, inv_freq.data(), half, scaling, cg.data(),
+                 sg.data());
+      ref::RopeTables(pos.data(), tokens, inv_freq.data(), half, scaling,
+                      cw.data(), sw.data());
       // cos/sin of the same f32 angle: one rounding of the function (libm is
       // within 1 ulp) plus the scaling product.
       std::vector<double> tt(tokens * half);
-      for (int64_t i = 0; i < tokens * half; ++i) tt[i] = 2 * kU * std::max(std::abs(cw[i]), 1e-30f);
+      for (int64_t i = 0; i < tokens * half; ++i)
+        tt[i] = 2 * kU * std::max(std::abs(cw[i]), 1e-30f);
       ExpectNear("rope cos", cg.data(), cw.data(), tt, tokens * half);
-      for (int64_t i = 0; i < tokens * half; ++i) tt[i] = 2 * kU * std::max(std::abs(sw[i]), 1e-30f);
+      for (int64_t i = 0; i < tokens * half; ++i)
+        tt[i] = 2 * kU * std::max(std::abs(sw[i]), 1e-30f);
       ExpectNear("rope sin", sg.data(), sw.data(), tt, tokens * half);
 
       std::vector<float> x = Random(tokens * rs, 41), got = x, want = x;
-      ApplyRope(got.data(), tokens, heads, head_dim, rs, cw.data(), sw.data(), half);
-      ref::ApplyRope(want.data(), tokens, heads, head_dim, rs, cw.data(), sw.data(), half);
+      ApplyRope(got.data(), tokens, heads, head_dim, rs, cw.data(), sw.data(),
+                half);
+      ref::ApplyRope(want.data(), tokens, heads, head_dim, rs, cw.data(),
+                     sw.data(), half);
       std::vector<double> tol(tokens * rs, 0.0);
       for (int64_t t = 0; t < tokens; ++t)
         for (int64_t h = 0; h < heads; ++h)
           for (int64_t i = 0; i < half; ++i) {
             const float* v = &x[t * rs + h * head_dim];
-            const double c = std::abs(cw[t * half + i]), s = std::abs(sw[t * half + i]);
+            const double c = std::abs(cw[t * half + i]),
+                         s = std::abs(sw[t * half + i]);
             const double mag = std::abs(v[i]) * c + std::abs(v[i + half]) * s;
             const double mag2 = std::abs(v[i + half]) * c + std::abs(v[i]) * s;
             tol[t * rs + h * head_dim + i] = 3 * kU * mag;
             tol[t * rs + h * head_dim + i + half] = 3 * kU * mag2;
           }
-      ExpectNear("rope apply head_dim=" + std::to_string(head_dim), got.data(), want.data(), tol, tokens * rs);
+      ExpectNear("rope apply head_dim=" + std::to_string(head_dim), got.data(),
+                 want.data(), tol, tokens * rs);
     }
   }
 }
 
-// ---- Attention --------------------------------------------------------------------------
+// ---- Attention
+// --------------------------------------------------------------------------
 
 struct AttnCase {
   int64_t head_dim, ratio, window;
@@ -441,7 +506,8 @@ TEST_P(AttentionTest, MatchesReference) {
   const int64_t probs_seq = 3, pl = lens[probs_seq];
   std::vector<float> got(T * q_heads * d), want(T * q_heads * d);
   std::vector<float> pgot(q_heads * pl * pl, -1.0f), pwant(q_heads * pl * pl);
-  const int64_t ws_bytes = AttentionWorkspaceBytes(300, q_heads, d, NumThreads());
+  const int64_t ws_bytes =
+      AttentionWorkspaceBytes(300, q_heads, d, NumThreads());
   AlignedBuf ws(ws_bytes);
   a.workspace = ws.p;
   a.z = got.data();
@@ -466,7 +532,8 @@ TEST_P(AttentionTest, MatchesReference) {
         for (int64_t j = 0; j <= i; ++j) {
           double mag = 0.0;
           for (int64_t p = 0; p < d; ++p)
-            mag += std::abs(qkv[(t0 + i) * rs + h * d + p] * qkv[(t0 + j) * rs + (q_heads + kvh) * d + p]);
+            mag += std::abs(qkv[(t0 + i) * rs + h * d + p] *
+                            qkv[(t0 + j) * rs + (q_heads + kvh) * d + p]);
           ds = std::max(ds, (d + 2) * kU * mag * a.scale);
         }
         if (softcap > 0) ds += 8 * kU * softcap;
@@ -483,27 +550,36 @@ TEST_P(AttentionTest, MatchesReference) {
           // sum_j p_j |v_j| bounded by max |v_j| over the visible keys.
           double vmax = 0.0;
           for (int64_t j = 0; j <= i; ++j)
-            vmax = std::max<double>(vmax, std::abs(qkv[(t0 + j) * rs + (q_heads + kv_heads + kvh) * d + p]));
+            vmax = std::max<double>(
+                vmax,
+                std::abs(
+                    qkv[(t0 + j) * rs + (q_heads + kv_heads + kvh) * d + p]));
           tol[(t0 + i) * q_heads * d + h * d + p] = 2 * rel * vmax + 1e-30;
         }
       }
     }
   }
-  const std::string name = "attention d=" + std::to_string(d) + " ratio=" + std::to_string(ratio) +
-                           " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap);
-  ExpectNear(name + " z", got.data(), want.data(), tol, static_cast<int64_t>(got.size()));
-  ExpectNear(name + " probs", pgot.data(), pwant.data(), ptol, static_cast<int64_t>(pgot.size()));
+  const std::string name = "attention d=" + std::to_string(d) +
+                           " ratio=" + std::to_string(ratio) +
+                           " window=" + std::to_string(window) +
+                           " softcap=" + std::to_string(softcap);
+  ExpectNear(name + " z", got.data(), want.data(), tol,
+             static_cast<int64_t>(got.size()));
+  ExpectNear(name + " probs", pgot.data(), pwant.data(), ptol,
+             static_cast<int64_t>(pgot.size()));
 
   // Deterministic, and independent of the number of threads.
   std::vector<float> again(got.size()), one_thread(got.size());
   a.probs = nullptr;
   a.z = again.data();
   Attention(ctx, a);
-  ExpectBitwise(name + " repeat", again.data(), got.data(), static_cast<int64_t>(got.size()) * 4);
+  ExpectBitwise(name + " repeat", again.data(), got.data(),
+                static_cast<int64_t>(got.size()) * 4);
   a.z = one_thread.data();
   a.workspace_bytes = AttentionWorkspaceBytes(300, q_heads, d, 1);
   Attention(ctx, a);
-  ExpectBitwise(name + " one thread", one_thread.data(), got.data(), static_cast<int64_t>(got.size()) * 4);
+  ExpectBitwise(name + " one thread", one_thread.data(), got.data(),
+                static_cast<int64_t>(got.size()) * 4);
 }
 
 std::vector<AttnCase> AttnCases() {
@@ -511,37 +587,45 @@ std::vector<AttnCase> AttnCases() {
   for (int64_t d : {8, 16, 64, 128})
     for (int64_t ratio : {1, 2, 4})
       for (int64_t window : {0, 40})
-        for (float cap : {0.0f, 30.0f}) cases.push_back({d, ratio, window, cap});
+        for (float cap : {0.0f, 30.0f})
+          cases.push_back({d, ratio, window, cap});
   cases.push_back({64, 2, 5, 0.0f});    // window shorter than a block
   cases.push_back({64, 1, 64, 50.0f});  // window == block
   cases.push_back({80, 1, 0, 0.0f});    // head_dim not a multiple of 16
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()));
+INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest,
+                         ::testing::ValuesIn(AttnCases()));
 
-// ---- Elementwise -------------------------------------------------------------------------
+// ---- Elementwise
+// -------------------------------------------------------------------------
 
 double ActTol(Activation act, double x, double ref) {
   switch (act) {
-    case Activation::kSilu: return (8.0 + 2.0 * std::abs(x)) * kU * std::abs(ref) + 1e-37;
+    case Activation::kSilu:
+      return (8.0 + 2.0 * std::abs(x)) * kU * std::abs(ref) + 1e-37;
     case Activation::kGeluTanh: {
       const double arg = 2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x);
       const double sig = 1.0 / (1.0 + std::exp(-arg));
-      return (8.0 + 4.0 * std::abs(arg) * (1.0 - sig)) * kU * std::abs(ref) + 1e-37;
+      return (8.0 + 4.0 * std::abs(arg) * (1.0 - sig)) * kU * std::abs(ref) +
+             1e-37;
     }
     case Activation::kGeluExact: {
       const double z = x / std::sqrt(2.0);
       return (16.0 + 4.0 * z * z) * kU * std::abs(ref) + 1e-37;
     }
-    case Activation::kRelu: return 0.0;
+    case Activation::kRelu:
+      return 0.0;
   }
   return 0.0;
 }
 
 TEST(Elementwise, Activations) {
-  for (Activation act : {Activation::kSilu, Activation::kGeluTanh, Activation::kGeluExact, Activation::kRelu}) {
-    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{1000}, int64_t{100003}}) {
+  for (Activation act : {Activation::kSilu, Activation::kGeluTanh,
+                         Activation::kGeluExact, Activation::kRelu}) {
+    for (int64_t n :
+         {int64_t{1}, int64_t{17}, int64_t{1000}, int64_t{100003}}) {
       std::vector<float> x = Random(n, 61, -12.0f, 12.0f);
       if (n > 3) x[0] = 0.0f, x[1] = -30.0f, x[2] = 30.0f;
       std::vector<float> got = x, want = x;
@@ -549,30 +633,36 @@ TEST(Elementwise, Activations) {
       ref::ApplyActivation(act, want.data(), n);
       std::vector<double> tol(n);
       for (int64_t i = 0; i < n; ++i) tol[i] = ActTol(act, x[i], want[i]);
-      ExpectNear("act " + std::to_string(static_cast<int>(act)) + " n=" + std::to_string(n), got.data(),
-                 want.data(), tol, n);
+      ExpectNear("act " + std::to_string(static_cast<int>(act)) +
+                     " n=" + std::to_string(n),
+                 got.data(), want.data(), tol, n);
     }
   }
 }
 
 TEST(Elementwise, GatedActivation) {
-  for (Activation act : {Activation::kSilu, Activation::kGeluTanh, Activation::kGeluExact, Activation::kRelu}) {
+  for (Activation act : {Activation::kSilu, Activation::kGeluTanh,
+                         Activation::kGeluExact, Activation::kRelu}) {
     for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{129}}) {
       const int64_t n = 181;
       // Fused [gate | up] rows.
       std::vector<float> gu = Random(rows * 2 * n, 71, -6.0f, 6.0f);
       std::vector<float> got(rows * n), want(rows * n);
-      GatedActivation(act, gu.data(), 2 * n, gu.data() + n, 2 * n, got.data(), rows, n);
-      ref::GatedActivation(act, gu.data(), 2 * n, gu.data() + n, 2 * n, want.data(), rows, n);
+      GatedActivation(act, gu.data(), 2 * n, gu.data() + n, 2 * n, got.data(),
+                      rows, n);
+      ref::GatedActivation(act, gu.data(), 2 * n, gu.data() + n, 2 * n,
+                           want.data(), rows, n);
       std::vector<double> tol(rows * n);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < n; ++i) {
           const double g = gu[r * 2 * n + i], u = gu[r * 2 * n + n + i];
           const double av = ref::ActivationScalar(act, static_cast<float>(g));
-          tol[r * n + i] = ActTol(act, g, av) * std::abs(u) + kU * std::abs(want[r * n + i]) + 1e-37;
+          tol[r * n + i] = ActTol(act, g, av) * std::abs(u) +
+                           kU * std::abs(want[r * n + i]) + 1e-37;
         }
-      ExpectNear("gated act " + std::to_string(static_cast<int>(act)) + " rows=" + std::to_string(rows), got.data(),
-                 want.data(), tol, rows * n);
+      ExpectNear("gated act " + std::to_string(static_cast<int>(act)) +
+                     " rows=" + std::to_string(rows),
+                 got.data(), want.data(), tol, rows * n);
     }
   }
 }
@@ -581,12 +671,14 @@ TEST(Elementwise, Softcap) {
   for (float cap : {30.0f, 50.0f}) {
     for (int64_t n : {int64_t{5}, int64_t{1000}, int64_t{70001}}) {
       std::vector<float> x = Random(n, 81, -200.0f, 200.0f);
-      for (int64_t i = 0; i < std::min<int64_t>(n, 50); ++i) x[i] *= 1e-4f;  // tiny values: relative accuracy
+      for (int64_t i = 0; i < std::min<int64_t>(n, 50); ++i)
+        x[i] *= 1e-4f;  // tiny values: relative accuracy
       std::vector<float> got = x, want = x;
       Softcap(got.data(), n, cap);
       ref::Softcap(want.data(), n, cap);
       std::vector<double> tol(n);
-      for (int64_t i = 0; i < n; ++i) tol[i] = 8 * kU * std::abs(want[i]) + 1e-37;
+      for (int64_t i = 0; i < n; ++i)
+        tol[i] = 8 * kU * std::abs(want[i]) + 1e-37;
       ExpectNear("softcap", got.data(), want.data(), tol, n);
     }
   }
@@ -622,19 +714,23 @@ TEST(Elementwise, ConvertExact) {
       ref::ConvertFromF32(x.data(), want.data(), dt, n);
       // NaN payloads may differ; compare NaN-ness for those.
       for (int64_t i = 0; i < n; ++i) {
-        const float g = ref::LoadAsF32(got.data(), dt, i), w = ref::LoadAsF32(want.data(), dt, i);
+        const float g = ref::LoadAsF32(got.data(), dt, i),
+                    w = ref::LoadAsF32(want.data(), dt, i);
         if (std::isnan(w)) {
           EXPECT_TRUE(std::isnan(g)) << "index " << i;
           std::memcpy(&got[i * es], &want[i * es], es);
         }
       }
-      ExpectBitwise("from f32 " + std::string(DTypeName(dt)), got.data(), want.data(), n * es);
+      ExpectBitwise("from f32 " + std::string(DTypeName(dt)), got.data(),
+                    want.data(), n * es);
       std::vector<float> back(n), back_ref(n);
       ConvertToF32(want.data(), dt, back.data(), n);
       ref::ConvertToF32(want.data(), dt, back_ref.data(), n);
       for (int64_t i = 0; i < n; ++i)
-        if (std::isnan(back_ref[i]) && std::isnan(back[i])) back[i] = back_ref[i];
-      ExpectBitwise("to f32 " + std::string(DTypeName(dt)), back.data(), back_ref.data(), n * 4);
+        if (std::isnan(back_ref[i]) && std::isnan(back[i]))
+          back[i] = back_ref[i];
+      ExpectBitwise("to f32 " + std::string(DTypeName(dt)), back.data(),
+                    back_ref.data(), n * 4);
     }
   }
 }
@@ -645,25 +741,30 @@ TEST(Elementwise, GatherExact) {
   std::vector<int32_t> ids = {0, 49, 3, 3, 17, 8, 0, 22, 41};
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     std::vector<uint16_t> t16 = To16(tf, dt == DType::kF32 ? DType::kBF16 : dt);
-    const void* table = dt == DType::kF32 ? static_cast<const void*>(tf.data()) : t16.data();
+    const void* table =
+        dt == DType::kF32 ? static_cast<const void*>(tf.data()) : t16.data();
     std::vector<float> got(tokens * dim), want(tokens * dim);
     Gather(table, dt, ids.data(), tokens, dim, got.data());
     ref::Gather(table, dt, ids.data(), tokens, dim, want.data());
-    ExpectBitwise("gather " + std::string(DTypeName(dt)), got.data(), want.data(), tokens * dim * 4);
+    ExpectBitwise("gather " + std::string(DTypeName(dt)), got.data(),
+                  want.data(), tokens * dim * 4);
   }
 }
 
 TEST(LogSumExp, MatchesReference) {
   for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{17}}) {
-    for (int64_t vocab : {int64_t{2}, int64_t{1000}, int64_t{32000}, int64_t{32003}}) {
+    for (int64_t vocab :
+         {int64_t{2}, int64_t{1000}, int64_t{32000}, int64_t{32003}}) {
       std::vector<float> x = Random(rows * vocab, 121, -20.0f, 25.0f);
       std::vector<double> got(rows), want(rows);
       LogSumExp(x.data(), rows, vocab, got.data());
       ref::LogSumExp(x.data(), rows, vocab, want.data());
       for (int64_t r = 0; r < rows; ++r) {
-        // f32 exps (a few u each, relative) summed in double: log adds a few u absolute.
+        // f32 exps (a few u each, relative) summed in double: log adds a few u
+        // absolute.
         const double tol = 8 * kU + 2 * kU * std::abs(want[r]);
-        EXPECT_NEAR(got[r], want[r], tol) << "rows=" << rows << " vocab=" << vocab << " row " << r;
+        EXPECT_NEAR(got[r], want[r], tol)
+            << "rows=" << rows << " vocab=" << vocab << " row " << r;
       }
     }
   }

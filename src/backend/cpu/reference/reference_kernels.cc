@@ -13,10 +13,14 @@ namespace loom::cpu::ref {
 
 float LoadAsF32(const void* p, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
-    default: LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16:
+      return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      LOOM_CHECK(false) << "unsupported dtype " << static_cast<int>(dtype);
   }
   return 0.0f;
 }
@@ -24,9 +28,12 @@ float LoadAsF32(const void* p, DType dtype, int64_t i) {
 // Rounds an f32 activation to the compute type of a `dtype` weight.
 static float RoundTo(float x, DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return Bf16ToF32(F32ToBf16(x));
-    case DType::kF16: return F16ToF32(F32ToF16(x));
-    default: return x;
+    case DType::kBF16:
+      return Bf16ToF32(F32ToBf16(x));
+    case DType::kF16:
+      return F16ToF32(F32ToF16(x));
+    default:
+      return x;
   }
 }
 
@@ -37,7 +44,8 @@ void Gemm(const GemmArgs& a) {
       double acc = 0.0;
       for (int64_t p = 0; p < a.k; ++p) {
         const float xv = RoundTo(a.x[i * a.k + p], a.w_dtype);
-        const int64_t widx = a.layout == WeightLayout::kOutIn ? j * a.k + p : p * a.n + j;
+        const int64_t widx =
+            a.layout == WeightLayout::kOutIn ? j * a.k + p : p * a.n + j;
         acc += static_cast<double>(xv) * LoadAsF32(a.w, a.w_dtype, widx);
       }
       if (a.bias != nullptr) acc += LoadAsF32(a.bias, a.bias_dtype, j);
@@ -53,8 +61,9 @@ void Matmul(const GemmContext::StridedMatmul& a) {
       for (int64_t j = 0; j < a.n; ++j) {
         double acc = 0.0;
         for (int64_t p = 0; p < a.k; ++p) {
-          acc += static_cast<double>(a.a[b * a.a_bs + i * a.a_rs + p * a.a_cs]) *
-                 a.b[b * a.b_bs + p * a.b_rs + j * a.b_cs];
+          acc +=
+              static_cast<double>(a.a[b * a.a_bs + i * a.a_rs + p * a.a_cs]) *
+              a.b[b * a.b_bs + p * a.b_rs + j * a.b_cs];
         }
         a.c[b * a.c_bs + i * a.c_rs + j] = static_cast<float>(a.alpha * acc);
       }
@@ -62,22 +71,24 @@ void Matmul(const GemmContext::StridedMatmul& a) {
   }
 }
 
-void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
-             int64_t rows, int64_t dim) {
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
+             float eps, float* y, int64_t rows, int64_t dim) {
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0.0;
-    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    for (int64_t i = 0; i < dim; ++i)
+      ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
     const double inv = 1.0 / std::sqrt(ss / dim + eps);
     for (int64_t i = 0; i < dim; ++i) {
       double v = x[r * dim + i] * inv;
-      if (w != nullptr) v *= static_cast<double>(LoadAsF32(w, w_dtype, i)) + offset;
+      if (w != nullptr)
+        v *= static_cast<double>(LoadAsF32(w, w_dtype, i)) + offset;
       y[r * dim + i] = static_cast<float>(v);
     }
   }
 }
 
-void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
-               int64_t rows, int64_t dim) {
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
+               float eps, float* y, int64_t rows, int64_t dim) {
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0.0;
     for (int64_t i = 0; i < dim; ++i) sum += x[r * dim + i];
@@ -97,19 +108,25 @@ void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, floa
   }
 }
 
-void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
-                float attention_scaling, float* cos, float* sin) {
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
+                int64_t half, float attention_scaling, float* cos, float* sin) {
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(positions[t]) * inv_freq[i];  // f32 product
-      cos[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling;
-      sin[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling;
+      const float angle =
+          static_cast<float>(positions[t]) * inv_freq[i];  // f32 product
+      cos[t * half + i] =
+          static_cast<float>(std::cos(static_cast<double>(angle))) *
+          attention_scaling;
+      sin[t * half + i] =
+          static_cast<float>(std::sin(static_cast<double>(angle))) *
+          attention_scaling;
     }
   }
 }
 
-void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
-               const float* cos, const float* sin, int64_t half) {
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+               int64_t row_stride, const float* cos, const float* sin,
+               int64_t half) {
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + t * row_stride + h * head_dim;
@@ -143,7 +160,8 @@ void Attention(const AttentionArgs& a) {
           }
           const float* k = a.k + (t0 + j) * a.k_rs + kvh * d;
           double dot = 0.0;
-          for (int64_t p = 0; p < d; ++p) dot += static_cast<double>(q[p]) * k[p];
+          for (int64_t p = 0; p < d; ++p)
+            dot += static_cast<double>(q[p]) * k[p];
           dot *= a.scale;
           if (a.softcap > 0.0f) dot = a.softcap * std::tanh(dot / a.softcap);
           scores[i * len + j] = dot;
@@ -166,7 +184,8 @@ void Attention(const AttentionArgs& a) {
         }
         if (a.probs != nullptr && s == a.probs_seq) {
           for (int64_t j = 0; j < len; ++j) {
-            a.probs[(h * len + i) * len + j] = static_cast<float>(scores[i * len + j]);
+            a.probs[(h * len + i) * len + j] =
+                static_cast<float>(scores[i * len + j]);
           }
         }
       }
@@ -177,26 +196,34 @@ void Attention(const AttentionArgs& a) {
 float ActivationScalar(Activation act, float xf) {
   const double x = xf;
   switch (act) {
-    case Activation::kSilu: return static_cast<float>(x / (1.0 + std::exp(-x)));
+    case Activation::kSilu:
+      return static_cast<float>(x / (1.0 + std::exp(-x)));
     case Activation::kGeluTanh: {
       const double kSqrt2OverPi = 0.7978845608028654;
       // 0.5 x (1 + tanh(u)) written as x sigmoid(2u): the same function without
       // the cancellation of 1 + tanh(u) for x << 0.
-      return static_cast<float>(x / (1.0 + std::exp(-2.0 * kSqrt2OverPi * (x + 0.044715 * x * x * x))));
+      return static_cast<float>(
+          x /
+          (1.0 + std::exp(-2.0 * kSqrt2OverPi * (x + 0.044715 * x * x * x))));
     }
-    // 0.5 x (1 + erf(x / sqrt 2)) == 0.5 x erfc(-x / sqrt 2), accurate for x << 0.
-    case Activation::kGeluExact: return static_cast<float>(0.5 * x * std::erfc(-x / std::sqrt(2.0)));
-    case Activation::kRelu: return xf > 0.0f ? xf : 0.0f;
+    // 0.5 x (1 + erf(x / sqrt 2)) == 0.5 x erfc(-x / sqrt 2), accurate for x <<
+    // 0.
+    case Activation::kGeluExact:
+      return static_cast<float>(0.5 * x * std::erfc(-x / std::sqrt(2.0)));
+    case Activation::kRelu:
+      return xf > 0.0f ? xf : 0.0f;
   }
   return 0.0f;
 }
 
-void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up,
-                     int64_t up_rs, float* out, int64_t rows, int64_t n) {
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs,
+                     const float* up, int64_t up_rs, float* out, int64_t rows,
+                     int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < n; ++i) {
-      out[r * n + i] = static_cast<float>(static_cast<double>(ActivationScalar(act, gate[r * gate_rs + i])) *
-                                          up[r * up_rs + i]);
+      out[r * n + i] = static_cast<float>(
+          static_cast<double>(ActivationScalar(act, gate[r * gate_rs + i])) *
+          up[r * up_rs + i]);
     }
   }
 }
@@ -206,7 +233,8 @@ void ApplyActivation(Activation act, float* x, int64_t n) {
 }
 
 void Softcap(float* x, int64_t n, float cap) {
-  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(cap * std::tanh(static_cast<double>(x[i]) / cap));
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>(cap * std::tanh(static_cast<double>(x[i]) / cap));
 }
 
 void Add(const float* x, float* y, int64_t n) {
@@ -217,20 +245,28 @@ void Scale(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
-void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim,
-            float* out) {
+void Gather(const void* table, DType table_dtype, const int32_t* ids,
+            int64_t tokens, int64_t dim, float* out) {
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < dim; ++i) out[t * dim + i] = LoadAsF32(table, table_dtype, ids[t] * dim + i);
+    for (int64_t i = 0; i < dim; ++i)
+      out[t * dim + i] = LoadAsF32(table, table_dtype, ids[t] * dim + i);
   }
 }
 
 void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     switch (dtype) {
-      case DType::kF32: static_cast<float*>(dst)[i] = src[i]; break;
-      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = F32ToBf16(src[i]); break;
-      case DType::kF16: static_cast<uint16_t*>(dst)[i] = F32ToF16(src[i]); break;
-      default: LOOM_CHECK(false) << "unsupported dtype";
+      case DType::kF32:
+        static_cast<float*>(dst)[i] = src[i];
+        break;
+      case DType::kBF16:
+        static_cast<uint16_t*>(dst)[i] = F32ToBf16(src[i]);
+        break;
+      case DType::kF16:
+        static_cast<uint16_t*>(dst)[i] = F32ToF16(src[i]);
+        break;
+      default:
+        LOOM_CHECK(false) << "unsupported dtype";
     }
   }
 }
@@ -242,9 +278,11 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
 void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse) {
   for (int64_t r = 0; r < rows; ++r) {
     double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[r * vocab + i]));
+    for (int64_t i = 0; i < vocab; ++i)
+      mx = std::max(mx, static_cast<double>(logits[r * vocab + i]));
     double sum = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[r * vocab + i] - mx);
+    for (int64_t i = 0; i < vocab; ++i)
+      sum += std::exp(logits[r * vocab + i] - mx);
     lse[r] = mx + std::log(sum);
   }
 }

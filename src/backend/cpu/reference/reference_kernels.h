@@ -24,17 +24,20 @@ void Gemm(const GemmArgs& args);
 void Matmul(const GemmContext::StridedMatmul& args);
 
 // Norms, see kernels.h. x [rows, dim], y [rows, dim], w/b [dim].
-void RmsNorm(const float* x, const void* w, DType w_dtype, float offset, float eps, float* y,
-             int64_t rows, int64_t dim);
-void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype, float eps, float* y,
-               int64_t rows, int64_t dim);
+void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
+             float eps, float* y, int64_t rows, int64_t dim);
+void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
+               float eps, float* y, int64_t rows, int64_t dim);
 
-// Rotary embeddings. positions [tokens], inv_freq [half], cos/sin [tokens, half].
-void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq, int64_t half,
-                float attention_scaling, float* cos, float* sin);
-// x [tokens, heads, head_dim] with token stride row_stride; cos/sin [tokens, half].
-void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
-               const float* cos, const float* sin, int64_t half);
+// Rotary embeddings. positions [tokens], inv_freq [half], cos/sin [tokens,
+// half].
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
+                int64_t half, float attention_scaling, float* cos, float* sin);
+// x [tokens, heads, head_dim] with token stride row_stride; cos/sin [tokens,
+// half].
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+               int64_t row_stride, const float* cos, const float* sin,
+               int64_t half);
 
 // Naive attention: materialises the full [L, L] score matrix per (sequence,
 // head), masks, softmaxes in double. Ignores args.workspace.
@@ -42,15 +45,16 @@ void Attention(const AttentionArgs& args);
 
 // Elementwise, see kernels.h.
 float ActivationScalar(Activation act, float x);
-void GatedActivation(Activation act, const float* gate, int64_t gate_rs, const float* up,
-                     int64_t up_rs, float* out, int64_t rows, int64_t n);
+void GatedActivation(Activation act, const float* gate, int64_t gate_rs,
+                     const float* up, int64_t up_rs, float* out, int64_t rows,
+                     int64_t n);
 void ApplyActivation(Activation act, float* x, int64_t n);
 void Softcap(float* x, int64_t n, float cap);
 void Add(const float* x, float* y, int64_t n);
 void Scale(float* x, int64_t n, float s);
 // table [vocab, dim], ids [tokens], out [tokens, dim].
-void Gather(const void* table, DType table_dtype, const int32_t* ids, int64_t tokens, int64_t dim,
-            float* out);
+void Gather(const void* table, DType table_dtype, const int32_t* ids,
+            int64_t tokens, int64_t dim, float* out);
 void ConvertFromF32(const float* src, void* dst, DType dtype, int64_t n);
 void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
 // logits [rows, vocab], lse [rows].
