@@ -49,6 +49,12 @@ struct GemmArgs {
 
 int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype);
 
+// Bytes of oneDNN scratchpad one GEMM of this shape needs (queried from the
+// primitive descriptor; nothing is executed or allocated). A context given a
+// scratchpad of at least the maximum over its shapes (SetScratchpad) runs
+// every GEMM without allocating.
+int64_t GemmScratchpadBytes(int64_t m, int64_t n, int64_t k, DType w_dtype, WeightLayout layout);
+
 // Caches oneDNN primitives per (shape, dtype, layout, flags). Not thread-safe:
 // one context per executing thread group.
 class GemmContext {
@@ -57,6 +63,11 @@ class GemmContext {
   ~GemmContext();
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
+
+  // Memory oneDNN uses as scratch for every GEMM of this context (borrowed;
+  // 64-byte aligned). A primitive needing more than `bytes` falls back to
+  // oneDNN allocating its own scratch; without it oneDNN allocates per call.
+  void SetScratchpad(void* scratch, int64_t bytes);
 
   // y = x W^T (+ bias) (+ y if accumulate). Checks its arguments with
   // LOOM_CHECK.

@@ -770,6 +770,37 @@ TEST(LogSumExp, MatchesReference) {
   }
 }
 
+// Empty work is a no-op, not an error: a GEMM with m = 0, attention over no
+// sequences or over a zero-length sequence between others.
+TEST(EdgeCases, EmptyInputs) {
+  GemmContext ctx;
+  std::vector<float> w = Random(8 * 4, 141);
+  GemmArgs g;
+  g.w = w.data(), g.m = 0, g.n = 8, g.k = 4;
+  ctx.Gemm(g);
+
+  const int64_t d = 16, rs = 3 * d;
+  std::vector<float> qkv = Random(5 * rs, 142);
+  const std::vector<int64_t> starts = {0, 2, 2, 5};  // lengths 2, 0, 3
+  AttentionArgs a;
+  a.q = qkv.data(), a.q_rs = rs, a.k = qkv.data() + d, a.k_rs = rs;
+  a.v = qkv.data() + 2 * d, a.v_rs = rs;
+  a.seq_start = starts.data(), a.num_seqs = 3;
+  a.q_heads = 1, a.kv_heads = 1, a.head_dim = d, a.scale = 0.25f;
+  AlignedBuf ws(AttentionWorkspaceBytes(3, 1, d, NumThreads()));
+  a.workspace = ws.p;
+  std::vector<float> got(5 * d), want(5 * d);
+  a.z = got.data();
+  Attention(ctx, a);
+  a.z = want.data();
+  ref::Attention(a);
+  std::vector<double> tol(5 * d, 1e-6);
+  ExpectNear("attention with an empty sequence", got.data(), want.data(), tol,
+             5 * d);
+  a.num_seqs = 0;
+  Attention(ctx, a);
+}
+
 TEST(Threads, SetAndGet) {
   const int before = NumThreads();
   EXPECT_EQ(SetNumThreads(1), 1);
