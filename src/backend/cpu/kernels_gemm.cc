@@ -345,7 +345,9 @@ void GemmContext::Impl::GemmSmall(const GemmArgs& a, int64_t ldy) {
   const int64_t blocks = (a.n + cols - 1) / cols;
   // Each output column is computed by one thread in a fixed order: the result
   // does not depend on the thread count.
-#pragma omp parallel for schedule(static) if (a.n * a.k >= (1 << 16))
+  // Dynamic: on a shared machine a descheduled thread's blocks are taken over
+  // by the others (static halves would wait for it).
+#pragma omp parallel for schedule(dynamic, 2) if (a.n * a.k >= (1 << 16))
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t n0 = b * cols;
     avx512::SmallGemmColumns(g, n0, std::min(a.n, n0 + cols));
