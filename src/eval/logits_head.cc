@@ -28,8 +28,13 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
   };
   add("eval logits chunk [C, V]", chunk_rows * head->vocab_ * int64_t{sizeof(float)});
   add("eval lm_head input copy", cpu::GemmWorkspaceBytes(chunk_rows, head->hidden_, w.dtype));
+  const bool out_in = model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
+  const int64_t scratch = cpu::GemmScratchpadBytes(chunk_rows, head->vocab_, head->hidden_, w.dtype,
+                                                   out_in ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut);
+  add("eval lm_head scratchpad", scratch);
   plan.naive_bytes = plan.total_bytes;
   ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan));
+  if (scratch > 0) head->gemm_.SetScratchpad(head->arena_.region("eval lm_head scratchpad"), scratch);
   return head;
 }
 

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "src/base/float16.h"
@@ -30,6 +31,7 @@ std::string FileOf(const Checkpoint& ckpt, const Checkpoint::Entry& e) { return 
 void ConvertTensor(const TensorView& src, void* dst, DType dst_dtype) {
   const int64_t n = src.numel();
   const uint8_t* s = static_cast<const uint8_t*>(src.data);
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float v = 0;
     switch (src.dtype) {
@@ -45,6 +47,19 @@ void ConvertTensor(const TensorView& src, void* dst, DType dst_dtype) {
       default: LOOM_CHECK(false) << "bad compute dtype " << DTypeName(dst_dtype);
     }
   }
+}
+
+// Reads one byte per page so the mapped tensor is resident now: memory use is
+// then what the plan says from the start, and no forward pays page faults.
+void FaultIn(const TensorView& v) {
+  const auto* p = static_cast<const volatile uint8_t*>(v.data);
+  const int64_t n = v.bytes();
+  constexpr int64_t kPage = 4096;
+  uint8_t sink = 0;
+#pragma omp parallel for schedule(static) reduction(^ : sink)
+  for (int64_t off = 0; off < n; off += kPage) sink ^= p[off];
+  if (n > 0) sink ^= p[n - 1];
+  (void)sink;
 }
 
 }  // namespace
@@ -97,9 +112,11 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config, const ArchW
   b.slots_.resize(static_cast<size_t>(config.num_layers + 1) * kNumWeightRoles);
   // Size the conversion arena: one aligned region per converted tensor.
   constexpr int64_t kAlign = 64;
+  // A tensor bound twice (a tied lm_head) is converted once.
   int64_t arena_bytes = 0;
+  std::set<const Checkpoint::Entry*> sized;
   for (size_t i = 0; i < matches.size(); ++i) {
-    if (!matches[i].entry) continue;
+    if (!matches[i].entry || !sized.insert(matches[i].entry).second) continue;
     const TensorInfo& info = matches[i].entry->info;
     if (info.dtype != compute_dtype) arena_bytes += AlignUp(info.shape.numel() * DTypeSize(compute_dtype), kAlign);
   }
@@ -109,22 +126,26 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config, const ArchW
       return ResourceExhaustedError("cannot allocate " + FormatBytes(arena_bytes) + " for converted weights");
     b.arena_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
   }
-  std::set<const Checkpoint::Entry*> counted;
+  std::map<const Checkpoint::Entry*, TensorView> bound;
   int64_t offset = 0;
   for (size_t i = 0; i < matches.size(); ++i) {
     if (!matches[i].entry) continue;
     const WeightSpec& spec = decl.specs[i];
     TensorView view = ckpt.View(*matches[i].entry);
-    if (view.dtype != compute_dtype) {
+    if (auto it = bound.find(matches[i].entry); it != bound.end()) {
+      view = it->second;
+    } else if (view.dtype != compute_dtype) {
       uint8_t* dst = b.arena_.get() + offset;
       const int64_t bytes = view.numel() * DTypeSize(compute_dtype);
       ConvertTensor(view, dst, compute_dtype);
       offset += AlignUp(bytes, kAlign);
-      if (counted.insert(matches[i].entry).second) b.converted_bytes_ += bytes;
+      b.converted_bytes_ += bytes;
       view = TensorView{dst, compute_dtype, view.shape};
-    } else if (counted.insert(matches[i].entry).second) {
+    } else {
+      FaultIn(view);
       b.in_place_bytes_ += view.bytes();
     }
+    bound.emplace(matches[i].entry, view);
     const int64_t row = spec.layer < 0 ? config.num_layers : spec.layer;
     Slot& slot = b.slots_[static_cast<size_t>(row) * kNumWeightRoles + static_cast<int>(spec.role)];
     slot.view = view;

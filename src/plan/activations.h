@@ -37,6 +37,9 @@ struct KernelCosts {
   // Scratch bytes of one GEMM with an [m, k] input and weights of `w_dtype`
   // (cpu::GemmWorkspaceBytes). nullptr = none.
   int64_t (*gemm_workspace)(int64_t m, int64_t k, DType w_dtype) = nullptr;
+  // Library scratch of one GEMM y[m, n] = x[m, k] W (W stored [n, k], or
+  // [k, n] when `k_major`), e.g. oneDNN's scratchpad. nullptr = none.
+  int64_t (*gemm_scratchpad)(int64_t m, int64_t n, int64_t k, DType w_dtype, bool k_major) = nullptr;
   // Scratch bytes of attention over sequences up to `max_seq_len`
   // (cpu::AttentionWorkspaceBytes). nullptr = none.
   int64_t (*attention_workspace)(int64_t max_seq_len, int64_t q_heads,

@@ -78,9 +78,16 @@ void ComputeLogits(const Model& model, cpu::GemmContext& gemm, const float* hidd
   if (c.final_softcap > 0) cpu::Softcap(logits, rows * c.vocab_size, c.final_softcap);
 }
 
+namespace {
+int64_t CpuGemmScratchpad(int64_t m, int64_t n, int64_t k, DType w_dtype, bool k_major) {
+  return cpu::GemmScratchpadBytes(m, n, k, w_dtype, k_major ? cpu::WeightLayout::kInOut : cpu::WeightLayout::kOutIn);
+}
+}  // namespace
+
 KernelCosts Executor::CpuKernelCosts() {
   KernelCosts k;
   k.gemm_workspace = &cpu::GemmWorkspaceBytes;
+  k.gemm_scratchpad = &CpuGemmScratchpad;
   k.attention_workspace = &cpu::AttentionWorkspaceBytes;
   k.num_threads = cpu::NumThreads();
   k.activation_dtype = DType::kF32;
@@ -143,6 +150,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Model& model, const H
   LOOM_CHECK(r->half == 0 || (r->inv_freq && r->cos && r->sin));
   ex->r_ = std::move(r);
   ex->gemm_ = std::make_unique<cpu::GemmContext>();
+  if (const int i = ex->layout_.workspace.Find("gemm scratchpad"); i >= 0)
+    ex->gemm_->SetScratchpad(ex->ws_.region("gemm scratchpad"), ex->layout_.workspace.regions[i].bytes);
   return ex;
 }
 

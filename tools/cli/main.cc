@@ -1,4 +1,6 @@
 // loom: extract hidden states from Hugging Face checkpoints and evaluate them.
+#include <malloc.h>
+
 #include <cstdio>
 
 #include "tools/cli/commands.h"
@@ -15,6 +17,9 @@ int ReportStatus(std::string_view command, const Status& status) {
 }  // namespace loom::cli
 
 int main(int argc, char** argv) {
+  // Large buffers that libraries free (oneDNN's per-call repack buffers) go
+  // back to the OS at once, so resident memory stays what the plan says.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
   CLI::App app{"loom: exact activations, perplexity and KL from Hugging Face checkpoints"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");
