@@ -22,6 +22,7 @@
 #include "src/io/safetensors_writer.h"
 #include "src/model/hooks.h"
 #include "src/runtime/executor.h"
+#include "src/runtime/memory_stats.h"
 #include "src/tokenizer/tokenizer.h"
 
 namespace loom {
@@ -471,7 +472,8 @@ Json ExtractSummary::ToJson() const {
               {"tokens", tokens}, {"seconds", seconds},
               {"tokens_per_second", seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0},
               {"rows_per_second", seconds > 0 ? static_cast<double>(rows_ok) / seconds : 0.0},
-              {"hooks", resolved_hooks}, {"files", files}, {"complete", complete}};
+              {"hooks", resolved_hooks}, {"files", files}, {"complete", complete},
+              {"planned_bytes", planned_bytes}, {"verify_plan", verify_plan}};
 }
 
 // ---- The job -----------------------------------------------------------------------
@@ -488,6 +490,33 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   if (o.commit_every <= 0) return InvalidArgumentError("--commit-every must be > 0");
   if (!o.template_text.empty() && o.template_text.find("{text}") == std::string::npos)
     return InvalidArgumentError("--template '" + o.template_text + "' has no {text} placeholder");
+
+  // Plan first: from config.json and the safetensors headers, before any
+  // weight is read; refuse if the job does not fit.
+  ASSIGN_OR_RETURN(ModelConfig planned_config, LoadModelConfig(o.model_dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> planned_hooks,
+                   ResolveExtractHooks(o.hooks, o.layers, planned_config));
+  ASSIGN_OR_RETURN(DType planned_compute, PlannedComputeDType(o.model_dir, o.precision));
+  JobSpec job;
+  job.batch_tokens = o.batch_tokens > 0 ? o.batch_tokens
+                                        : std::min<int64_t>(4096, planned_config.max_position_embeddings);
+  job.context = std::min(job.batch_tokens, planned_config.max_position_embeddings);
+  for (const std::string& name : planned_hooks) {
+    ASSIGN_OR_RETURN(std::vector<HookPoint> hp, ParseHookPattern(name, planned_config.num_layers));
+    job.hooks.Add(hp[0]);
+  }
+  job.capture_dtype = planned_compute;
+  if (!o.dtype.empty())
+    if (auto d = ParseDType(o.dtype)) job.capture_dtype = *d;
+  job.selector = Selector::kLast;
+  for (const std::string& s : o.selectors) {
+    if (s == "all" || s.rfind("span:", 0) == 0) job.selector = Selector::kAll;
+    else if ((s == "mean" || s == "max") && job.selector != Selector::kAll) job.selector = Selector::kMean;
+  }
+  job.seqs_per_batch = std::min(o.commit_every, job.batch_tokens);  // staging holds a commit window
+  job.weight_compute_dtype = planned_compute;
+  const int64_t rss_before = CurrentRssBytes();
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanJobOrRefuse("extract", o.model_dir, job, o.plan));
 
   // Model, tokenizer, hooks, selectors.
   std::string warning;
@@ -972,6 +1001,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   summary.files = manifest["files"].get<std::vector<std::string>>();
   summary.complete = true;
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  summary.planned_bytes = PlannedHostBytes(plan);
+  if (o.plan.verify_plan) summary.verify_plan = VerifyPlan(summary.planned_bytes, rss_before);
   return summary;
 }
 

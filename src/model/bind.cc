@@ -142,7 +142,6 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config, const ArchW
       b.converted_bytes_ += bytes;
       view = TensorView{dst, compute_dtype, view.shape};
     } else {
-      FaultIn(view);
       b.in_place_bytes_ += view.bytes();
     }
     bound.emplace(matches[i].entry, view);
@@ -165,6 +164,21 @@ const TensorView& BoundWeights::Require(WeightRole role, int64_t layer) const {
   const TensorView* v = Get(role, layer);
   LOOM_CHECK(v != nullptr) << "weight role " << static_cast<int>(role) << " layer " << layer << " not bound";
   return *v;
+}
+
+void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
+  for (int64_t row = 0; row <= num_layers_; ++row) {
+    if (row < num_layers_ && row > last_layer) continue;
+    for (int role = 0; role < kNumWeightRoles; ++role) {
+      const Slot& s = slots_[static_cast<size_t>(row) * kNumWeightRoles + role];
+      if (!s.present) continue;
+      const auto r = static_cast<WeightRole>(role);
+      if (row == num_layers_ && !head &&
+          (r == WeightRole::kFinalNorm || r == WeightRole::kFinalNormBias || r == WeightRole::kLmHead))
+        continue;
+      loom::FaultIn(s.view);
+    }
+  }
 }
 
 MatrixLayout BoundWeights::Layout(WeightRole role, int64_t layer) const {

@@ -38,6 +38,11 @@ class BoundWeights {
   const TensorView* Get(WeightRole role, int64_t layer = -1) const;
   const TensorView& Require(WeightRole role, int64_t layer = -1) const;
   MatrixLayout Layout(WeightRole role, int64_t layer = -1) const;
+  // Makes the weights of layers 0..last_layer (and the embeddings; the final
+  // norm and lm_head when `head`) resident now, so memory use is what the
+  // plan says from the start and no forward pays page faults. Weights of
+  // layers a job does not run are never read.
+  void FaultIn(int64_t last_layer, bool head) const;
   int64_t converted_bytes() const { return converted_bytes_; }
   int64_t in_place_bytes() const { return in_place_bytes_; }
 

@@ -149,6 +149,7 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Model& model, const H
       << "planned layout lacks a core region";
   LOOM_CHECK(r->half == 0 || (r->inv_freq && r->cos && r->sin));
   ex->r_ = std::move(r);
+  model.weights().FaultIn(ex->last_layer_, hooks.NeedsFinalNorm());
   ex->gemm_ = std::make_unique<cpu::GemmContext>();
   if (const int i = ex->layout_.workspace.Find("gemm scratchpad"); i >= 0)
     ex->gemm_->SetScratchpad(ex->ws_.region("gemm scratchpad"), ex->layout_.workspace.regions[i].bytes);

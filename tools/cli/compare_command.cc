@@ -14,6 +14,9 @@
 #include "src/eval/compare.h"
 #include "src/eval/input.h"
 #include "src/runtime/model.h"
+#include "src/base/units.h"
+#include "src/eval/job_plan.h"
+#include "src/runtime/memory_stats.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/eval_progress.h"
 
@@ -28,6 +31,7 @@ struct CompareArgs {
   std::string precision = "auto", reference_precision = "auto";
   int64_t ctx = 0, stride = 0, max_windows = 0, chunk_rows = 256;
   int threads = 0;
+  JobPlanOptions plan;
   bool drift = false, json = false, quiet = false;
 };
 
@@ -42,6 +46,20 @@ Status RunCompare(const CompareArgs& args) {
   ASSIGN_OR_RETURN(Precision precision_b,
                    ParsePrecision(args.reference_precision));
   cpu::SetNumThreads(args.threads);
+  // Plan both models first (they are resident together); refuse before
+  // loading if either, or both together, do not fit.
+  ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx, args.chunk_rows));
+  ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b, args.ctx, args.chunk_rows));
+  const int64_t rss_before = CurrentRssBytes();
+  ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
+  ASSIGN_OR_RETURN(MemoryPlan plan_b, PlanJobOrRefuse("compare", args.reference_dir, job_b, args.plan));
+  const int64_t planned = PlannedHostBytes(plan_a) + PlannedHostBytes(plan_b);
+  for (const DevicePlan& d : plan_a.devices)
+    if (d.device.kind == DeviceKind::kCpu && planned > d.device.usable())
+      return ResourceExhaustedError("the two models together need " + FormatBytes(planned) + " on " + d.device.name +
+                                    ", usable " + FormatBytes(d.device.usable()) + " (model " +
+                                    FormatBytes(PlannedHostBytes(plan_a)) + " + reference " +
+                                    FormatBytes(PlannedHostBytes(plan_b)) + ")");
   std::string warning;
   ASSIGN_OR_RETURN(auto a, Model::Load(args.model_dir, precision_a, &warning));
   if (!warning.empty() && !args.quiet)
@@ -89,6 +107,10 @@ Status RunCompare(const CompareArgs& args) {
   ASSIGN_OR_RETURN(eval::CompareResult r,
                    eval::CompareModels(*a, *b, input.ids, plan, o));
 
+  if (args.plan.verify_plan) {
+    const nlohmann::json v = VerifyPlan(planned, rss_before);
+    std::fprintf(stderr, "loom compare: verify-plan: %s\n", v.dump().c_str());
+  }
   if (args.json) {
     nlohmann::json j = {
         {"model", args.model_dir},
@@ -223,6 +245,11 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
                   "Precision of B: auto, f32, bf16 or f16");
   cmd->add_option("--chunk-rows", args->chunk_rows,
                   "Logit rows computed at a time per model");
+  cmd->add_option("--device", args->plan.devices, "Devices to plan on: cpu[=24GiB] (default: this machine's RAM)");
+  cmd->add_option("--max-memory", args->plan.max_memory, "Caps per device, accelerate's syntax: cpu=50GiB");
+  cmd->add_option("--reserve", args->plan.reserve, "Bytes kept free per device: 2GiB or cpu=2GiB");
+  cmd->add_flag("--show-plan", args->plan.show_plan, "Print the memory plan (stderr) before running");
+  cmd->add_flag("--verify-plan", args->plan.verify_plan, "After the run, print resident memory vs the plan (stderr)");
   cmd->add_option("--threads", args->threads, "CPU threads (default all)");
   cmd->add_flag("--drift", args->drift,
                 "Per-layer divergence of hook_resid_post (relative Frobenius, "

@@ -12,6 +12,8 @@
 #include "src/eval/input.h"
 #include "src/eval/perplexity.h"
 #include "src/runtime/model.h"
+#include "src/eval/job_plan.h"
+#include "src/runtime/memory_stats.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/eval_progress.h"
 
@@ -26,6 +28,7 @@ struct PerplexityArgs {
   std::string precision = "auto";
   int64_t ctx = 0, stride = 0, max_windows = 0, chunk_rows = 256;
   int threads = 0;
+  JobPlanOptions plan;
   bool json = false, quiet = false;
 };
 
@@ -34,6 +37,10 @@ Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
   cpu::SetNumThreads(args.threads);
+  // Plan first; refuse before loading if the job does not fit.
+  ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx, args.chunk_rows));
+  const int64_t rss_before = CurrentRssBytes();
+  ASSIGN_OR_RETURN(MemoryPlan memory_plan, PlanJobOrRefuse("perplexity", args.model_dir, job, args.plan));
   std::string warning;
   ASSIGN_OR_RETURN(auto model,
                    Model::Load(args.model_dir, precision, &warning));
@@ -64,6 +71,10 @@ Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(eval::PerplexityResult r,
                    eval::EvaluatePerplexity(*model, input.ids, plan, eo));
 
+  if (args.plan.verify_plan) {
+    const nlohmann::json v = VerifyPlan(PlannedHostBytes(memory_plan), rss_before);
+    std::fprintf(stderr, "loom perplexity: verify-plan: %s\n", v.dump().c_str());
+  }
   if (args.json) {
     nlohmann::json j = {
         {"model", args.model_dir},
@@ -135,6 +146,11 @@ void AddPerplexityCommand(CLI::App& app, int* exit_code) {
   cmd->add_option(
       "--chunk-rows", args->chunk_rows,
       "Logit rows computed at a time (memory: rows x vocab floats)");
+  cmd->add_option("--device", args->plan.devices, "Devices to plan on: cpu[=24GiB] (default: this machine's RAM)");
+  cmd->add_option("--max-memory", args->plan.max_memory, "Caps per device, accelerate's syntax: cpu=50GiB");
+  cmd->add_option("--reserve", args->plan.reserve, "Bytes kept free per device: 2GiB or cpu=2GiB");
+  cmd->add_flag("--show-plan", args->plan.show_plan, "Print the memory plan (stderr) before running");
+  cmd->add_flag("--verify-plan", args->plan.verify_plan, "After the run, print resident memory vs the plan (stderr)");
   cmd->add_option("--threads", args->threads, "CPU threads (default all)");
   cmd->add_flag("--json", args->json, "Print the result as JSON");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or warnings");

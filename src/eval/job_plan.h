@@ -1,0 +1,54 @@
+// Planning before loading, for every job command (extract, perplexity,
+// compare): the job is planned on the given devices from config.json and the
+// safetensors headers alone; a plan that does not fit is refused with the
+// byte breakdown before any weight is read. --show-plan prints the table;
+// --verify-plan compares resident memory after the run with the plan.
+#ifndef LOOM_EVAL_JOB_PLAN_H_
+#define LOOM_EVAL_JOB_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/base/status.h"
+#include "src/plan/planner.h"
+#include "src/runtime/model.h"
+
+namespace loom {
+
+struct JobPlanOptions {
+  std::vector<std::string> devices;  // --device (default: the host's RAM)
+  std::string max_memory;            // --max-memory 0=38GiB,cpu=50GiB
+  std::string reserve;               // --reserve 2GiB | cpu=2GiB
+  bool show_plan = false;            // print the plan table on stderr
+  bool verify_plan = false;          // measure resident memory and compare
+};
+
+// Physical RAM of this machine.
+int64_t HostMemoryBytes();
+
+// The compute dtype the job will run at (for planning the weight bytes):
+// resolved from config.json's torch_dtype and the requested precision.
+StatusOr<DType> PlannedComputeDType(const std::string& model_dir, Precision precision);
+
+// Plans `job` for `model_dir`, prints the table when asked, and returns
+// ResourceExhausted with the breakdown and suggestions when it does not fit.
+StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command, const std::string& model_dir, const JobSpec& job,
+                                     const JobPlanOptions& options);
+
+// The job an evaluation (perplexity / compare) runs per window: `ctx` tokens
+// to the final norm, logits `chunk_rows` rows at a time. ctx 0 = the
+// commands' default, min(512, max_position_embeddings).
+StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision, int64_t ctx, int64_t chunk_rows);
+
+// Bytes the plan puts on the host (the CPU device).
+int64_t PlannedHostBytes(const MemoryPlan& plan);
+
+// --verify-plan: resident memory now minus `rss_before` vs `planned` bytes.
+nlohmann::json VerifyPlan(int64_t planned, int64_t rss_before);
+
+}  // namespace loom
+
+#endif  // LOOM_EVAL_JOB_PLAN_H_
