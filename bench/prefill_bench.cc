@@ -15,36 +15,19 @@
 #include <memory>
 
 #include "src/backend/cpu/kernels.h"
-#include "src/model/synth.h"
+#include "bench/bench_util.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
 namespace loom {
 namespace {
 
-std::string SynthDir() {
-  const char* env = std::getenv("LOOM_BENCH_DIR");
-  const std::string base = env ? env : std::filesystem::temp_directory_path().string();
-  const std::string dir = base + "/loom-synth-tinyllama-1.1b-bf16";
-  if (!std::filesystem::exists(dir + "/model.safetensors")) {
-    SynthOptions o;
-    o.preset = "tinyllama-1.1b";
-    o.dtype = DType::kBF16;
-    auto r = WriteSyntheticModel(dir, o);
-    if (!r.ok()) {
-      std::fprintf(stderr, "synth failed: %s\n", r.status().ToString().c_str());
-      std::exit(1);
-    }
-  }
-  return dir;
-}
-
 const Model& GetModel(Precision p) {
   static std::unique_ptr<Model> models[2];
   const int i = p == Precision::kF32 ? 0 : 1;
   if (!models[i]) {
     for (auto& m : models) m.reset();  // keep one resident at a time
-    auto m = Model::Load(SynthDir(), p);
+    auto m = Model::Load(bench::SyntheticTinyLlamaDir(), p);
     if (!m.ok()) {
       std::fprintf(stderr, "%s\n", m.status().ToString().c_str());
       std::exit(1);

@@ -1,0 +1,34 @@
+// Shared setup for benchmarks: the synthetic TinyLlama-1.1B-shaped model
+// (bf16, written once to $LOOM_BENCH_DIR or the system temp dir).
+#ifndef LOOM_BENCH_BENCH_UTIL_H_
+#define LOOM_BENCH_BENCH_UTIL_H_
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "src/model/synth.h"
+
+namespace loom::bench {
+
+inline std::string SyntheticTinyLlamaDir() {
+  const char* env = std::getenv("LOOM_BENCH_DIR");
+  const std::string base = env ? env : std::filesystem::temp_directory_path().string();
+  const std::string dir = base + "/loom-synth-tinyllama-1.1b-bf16";
+  if (!std::filesystem::exists(dir + "/model.safetensors")) {
+    SynthOptions o;
+    o.preset = "tinyllama-1.1b";
+    o.dtype = DType::kBF16;
+    auto r = WriteSyntheticModel(dir, o);
+    if (!r.ok()) {
+      std::fprintf(stderr, "synth failed: %s\n", r.status().ToString().c_str());
+      std::exit(1);
+    }
+  }
+  return dir;
+}
+
+}  // namespace loom::bench
+
+#endif  // LOOM_BENCH_BENCH_UTIL_H_
