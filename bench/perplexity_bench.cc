@@ -17,6 +17,7 @@
 #include "src/backend/cpu/kernels.h"
 #include "src/eval/perplexity.h"
 #include "src/model/synth.h"
+#include "bench/bench_util.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
@@ -25,21 +26,7 @@ namespace {
 
 const Model& PplModel() {
   static std::unique_ptr<Model> model = [] {
-    const char* env = std::getenv("LOOM_BENCH_DIR");
-    const std::string base =
-        env ? env : std::filesystem::temp_directory_path().string();
-    const std::string dir = base + "/loom-synth-tinyllama-1.1b-bf16";
-    if (!std::filesystem::exists(dir + "/model.safetensors")) {
-      SynthOptions o;
-      o.preset = "tinyllama-1.1b";
-      o.dtype = DType::kBF16;
-      auto r = WriteSyntheticModel(dir, o);
-      if (!r.ok()) {
-        std::fprintf(stderr, "synth failed: %s\n",
-                     r.status().ToString().c_str());
-        std::exit(1);
-      }
-    }
+    const std::string dir = bench::SyntheticTinyLlamaDir();
     auto m = Model::Load(dir, Precision::kBF16);
     if (!m.ok()) {
       std::fprintf(stderr, "%s\n", m.status().ToString().c_str());

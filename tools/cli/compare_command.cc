@@ -15,24 +15,18 @@
 #include "src/eval/input.h"
 #include "src/runtime/model.h"
 #include "src/base/units.h"
-#include "src/eval/job_plan.h"
 #include "src/runtime/memory_stats.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/job_options.h"
 #include "tools/cli/eval_progress.h"
 
 namespace loom::cli {
 namespace {
 
-struct CompareArgs {
+struct CompareArgs : WindowArgs {
   std::string model_dir, reference_dir;
-  std::string text_file, tokens_file, tokenizer_dir;
-  std::string protocol = "hf-stride";
-  std::string add_bos = "auto";
   std::string precision = "auto", reference_precision = "auto";
-  int64_t ctx = 0, stride = 0, max_windows = 0, chunk_rows = 256;
-  int threads = 0;
-  JobPlanOptions plan;
-  bool drift = false, json = false, quiet = false;
+  bool drift = false;
 };
 
 nlohmann::json Number(double v) {
@@ -220,42 +214,14 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--reference", args->reference_dir, "Reference model B")
       ->required();
-  auto* text = cmd->add_option("--text", args->text_file,
-                               "Text file (UTF-8, read as is)");
-  auto* tokens =
-      cmd->add_option("--tokens", args->tokens_file,
-                      "File of token ids (whitespace/comma separated)");
-  text->excludes(tokens);
-  cmd->add_option("--tokenizer", args->tokenizer_dir,
-                  "Tokenizer directory (default: --reference)");
-  cmd->add_option("--protocol", args->protocol,
-                  "hf-stride (default), llama-cpp or all-tokens");
-  cmd->add_option(
-      "--ctx", args->ctx,
-      "Window length in tokens (default min(512, max_position_embeddings))");
-  cmd->add_option("--stride", args->stride,
-                  "Window step (default ctx/2; llama-cpp: ctx)");
-  cmd->add_option("--max-windows", args->max_windows,
-                  "Evaluate at most K windows (default all)");
-  cmd->add_option("--add-bos", args->add_bos,
-                  "auto (tokenizer default), yes or no");
+  AddWindowOptions(cmd, args.get(), "--reference");
   cmd->add_option("--precision", args->precision,
                   "Precision of A: auto, f32, bf16 or f16");
   cmd->add_option("--reference-precision", args->reference_precision,
                   "Precision of B: auto, f32, bf16 or f16");
-  cmd->add_option("--chunk-rows", args->chunk_rows,
-                  "Logit rows computed at a time per model");
-  cmd->add_option("--device", args->plan.devices, "Devices to plan on: cpu[=24GiB] (default: this machine's RAM)");
-  cmd->add_option("--max-memory", args->plan.max_memory, "Caps per device, accelerate's syntax: cpu=50GiB");
-  cmd->add_option("--reserve", args->plan.reserve, "Bytes kept free per device: 2GiB or cpu=2GiB");
-  cmd->add_flag("--show-plan", args->plan.show_plan, "Print the memory plan (stderr) before running");
-  cmd->add_flag("--verify-plan", args->plan.verify_plan, "After the run, print resident memory vs the plan (stderr)");
-  cmd->add_option("--threads", args->threads, "CPU threads (default all)");
   cmd->add_flag("--drift", args->drift,
                 "Per-layer divergence of hook_resid_post (relative Frobenius, "
                 "cosine, SQNR)");
-  cmd->add_flag("--json", args->json, "Print the result as JSON");
-  cmd->add_flag("--quiet", args->quiet, "No progress bar or warnings");
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("compare", RunCompare(*args));
   });

@@ -6,6 +6,7 @@
 
 #include "src/eval/extract.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/job_options.h"
 
 namespace loom::cli {
 
@@ -47,12 +48,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--replace-invalid-utf8", j.replace_invalid_utf8,
                 "Replace invalid UTF-8 in plain-text input with U+FFFD (as Python's errors='replace') "
                 "instead of failing the row");
-  cmd->add_option("--device", j.plan.devices, "Devices to plan on: cpu[=24GiB] (default: this machine's RAM)");
-  cmd->add_option("--max-memory", j.plan.max_memory, "Caps per device, accelerate's syntax: cpu=50GiB");
-  cmd->add_option("--reserve", j.plan.reserve, "Bytes kept free per device: 2GiB or cpu=2GiB");
-  cmd->add_flag("--show-plan", j.plan.show_plan, "Print the memory plan (stderr) before running");
-  cmd->add_flag("--verify-plan", j.plan.verify_plan,
-                "After the run, compare resident memory with the plan (in the JSON summary)");
+  AddJobPlanOptions(cmd, &j.plan);
   cmd->add_flag("--progress", opts->progress, "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--quiet", opts->quiet, "No progress and no summary");
   cmd->callback([opts, exit_code] {

@@ -67,6 +67,14 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c) {
   return Status();
 }
 
+Status ParseUniformSlidingWindow(const ConfigReader& r, ModelConfig* c) {
+  ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 0));
+  if (window < 0)
+    return InvalidArgumentError(r.source() + ": sliding_window = " + std::to_string(window) + ", expected >= 0 or null");
+  c->sliding_window.assign(c->num_layers, window);
+  return Status();
+}
+
 Status ValidateDims(const std::string& source, const ModelConfig& c) {
   auto positive = [&](const char* key, int64_t v) -> Status {
     if (v <= 0) return InvalidArgumentError(source + ": " + key + " = " + std::to_string(v) + ", expected > 0");

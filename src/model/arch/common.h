@@ -27,6 +27,9 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c);
 StatusOr<ActKind> ParseActivation(const ConfigReader& r, const std::string& key,
                                   const std::string& value);
 
+// sliding_window (null/absent = none) on every layer (Mistral, Phi-3).
+Status ParseUniformSlidingWindow(const ConfigReader& r, ModelConfig* c);
+
 // Checks dimensions are positive and consistent (heads divisible by kv heads).
 Status ValidateDims(const std::string& source, const ModelConfig& c);
 

@@ -7,11 +7,7 @@ namespace {
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/false, c));
-  ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 0));
-  if (window < 0)
-    return InvalidArgumentError(r.source() + ": sliding_window = " + std::to_string(window) + ", expected >= 0 or null");
-  c->sliding_window.assign(c->num_layers, window);
-  return Status();
+  return ParseUniformSlidingWindow(r, c);
 }
 
 ArchWeights Declare(const ModelConfig& c) { return DeclareDecoderWeights(c, DecoderNames{}); }
