@@ -54,6 +54,17 @@ struct MoEConfig {
   bool norm_topk_prob = false;
 };
 
+// A vision tower bundled with a language model (Gemma 3's SigLIP): declared
+// for planning; not run.
+struct VisionConfig {
+  int64_t hidden_size = 0;  // 0 = no vision tower
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t patch_size = 0;
+  int64_t image_size = 0;
+  int64_t num_channels = 3;
+};
+
 struct ModelConfig {
   std::string model_type;
   std::string architecture;  // config.json architectures[0], if present
@@ -101,6 +112,10 @@ struct ModelConfig {
   int64_t eos_token_id = -1;
 
   MoEConfig moe;
+  VisionConfig vision;
+  // Prefix of the language model's tensor names inside a multimodal
+  // checkpoint ("language_model."); empty for text-only checkpoints.
+  std::string text_prefix;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

@@ -9,7 +9,7 @@ namespace loom {
 const std::vector<ArchDef>& AllArchs() {
   // The registry: one row per architecture, in alphabetical order.
   static const std::vector<ArchDef>* const kArchs = new std::vector<ArchDef>{
-      arch::kGemma, arch::kGemma2, arch::kGpt2,     arch::kGptOss,    arch::kLlama,
+      arch::kGemma, arch::kGemma2, arch::kGemma3, arch::kGemma3Text, arch::kGpt2,     arch::kGptOss,    arch::kLlama,
       arch::kMistral, arch::kMixtral, arch::kOlmo, arch::kOlmo2, arch::kPhi3,
       arch::kQwen2, arch::kQwen2Moe, arch::kQwen3, arch::kQwen3Moe,
   };

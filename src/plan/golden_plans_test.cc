@@ -4,6 +4,7 @@
 // the seed out-of-memory cases planned on paper.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -84,6 +85,35 @@ TEST(GoldenWeights, IndexTotalSizeReproducedExactly) {
     EXPECT_EQ(l.table.total_bytes(), c.total_size);
     EXPECT_EQ(l.table.tensors.size(), c.tensors);
   }
+}
+
+// A gemma-3-27b variant (google/medgemma-27b-it: Gemma3ForConditionalGeneration
+// with its SigLIP vision tower). Its files stay in the shared data directory
+// (their terms do not allow bundling them here).
+TEST(GoldenWeights, Gemma3MultimodalIndexReproducedExactly) {
+  const std::string dir = std::string(LOOM_SHARED_DIR) + "/models/configs/medgemma-27b-it";
+  if (!std::filesystem::exists(dir + "/model.safetensors.index.json"))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << dir << " not found; the gemma-3 golden plan is not checked here";
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->model_type, "gemma3");
+  EXPECT_EQ(config->num_layers, 62);
+  int64_t sliding = 0;
+  for (int64_t w : config->sliding_window) sliding += w == 1024;
+  EXPECT_EQ(sliding, 52);  // every 6th of 62 layers is global
+  const ArchWeights decl = FindArch("gemma3")->declare_weights(*config);
+  std::ifstream in(dir + "/model.safetensors.index.json");
+  const nlohmann::json index = nlohmann::json::parse(in);
+  std::set<std::string> index_names, declared;
+  for (const auto& [k, v] : index.at("weight_map").items()) index_names.insert(k);
+  for (const WeightSpec& s : decl.specs)
+    if (s.tied_to.empty()) declared.insert(s.name);
+  EXPECT_EQ(declared, index_names);
+  auto table = BuildWeightTable(dir, *config, decl, WeightTableOptions{});
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  EXPECT_EQ(table->source, WeightSource::kIndex);
+  EXPECT_EQ(table->total_bytes(), 54'864'813'280);
+  EXPECT_EQ(*table->index_total_size, 54'864'813'280);
 }
 
 TEST(GoldenWeights, MxfpExpertsCountedAsStoredU8) {

@@ -13,6 +13,8 @@ extern const ArchDef kQwen2;
 extern const ArchDef kQwen3;
 extern const ArchDef kGemma;
 extern const ArchDef kGemma2;
+extern const ArchDef kGemma3;
+extern const ArchDef kGemma3Text;
 extern const ArchDef kPhi3;
 extern const ArchDef kGpt2;
 extern const ArchDef kOlmo;
