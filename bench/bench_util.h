@@ -14,7 +14,8 @@ namespace loom::bench {
 
 inline std::string SyntheticTinyLlamaDir() {
   const char* env = std::getenv("LOOM_BENCH_DIR");
-  const std::string base = env ? env : std::filesystem::temp_directory_path().string();
+  const std::string base =
+      env ? env : std::filesystem::temp_directory_path().string();
   const std::string dir = base + "/loom-synth-tinyllama-1.1b-bf16";
   if (!std::filesystem::exists(dir + "/model.safetensors")) {
     SynthOptions o;

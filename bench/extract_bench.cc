@@ -15,12 +15,15 @@ namespace loom {
 namespace {
 
 std::string InputFile() {
-  const std::string path = (std::filesystem::temp_directory_path() / "loom-extract-bench.jsonl").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "loom-extract-bench.jsonl")
+          .string();
   std::ofstream out(path);
   for (int r = 0; r < 64; ++r) {
     out << "{\"id\": " << r << ", \"tokens\": [1";
     const int n = 96 + (r * 37) % 65;
-    for (int i = 1; i < n; ++i) out << "," << (3 + (r * 131 + i * 7919) % 31990);
+    for (int i = 1; i < n; ++i)
+      out << "," << (3 + (r * 131 + i * 7919) % 31990);
     out << "]}\n";
   }
   return path;
@@ -35,7 +38,9 @@ void BM_ExtractJob(benchmark::State& state) {
     ExtractOptions o;
     o.model_dir = model;
     o.input_path = input;
-    o.out_dir = (std::filesystem::temp_directory_path() / "loom-extract-bench-out").string();
+    o.out_dir =
+        (std::filesystem::temp_directory_path() / "loom-extract-bench-out")
+            .string();
     std::filesystem::remove_all(o.out_dir);
     o.hooks = {"hook_resid_post"};
     o.layers = {"0.25", "0.5", "0.75"};
@@ -53,10 +58,16 @@ void BM_ExtractJob(benchmark::State& state) {
   }
   state.counters["rows/s"] = static_cast<double>(last.rows_ok) / last.seconds;
   state.counters["tok/s"] = static_cast<double>(last.tokens) / last.seconds;
-  state.SetLabel(to_end ? "layers 5,11,16 + 21 (forward to the end)" : "layers 5,11,16 (stops after 16)");
+  state.SetLabel(to_end ? "layers 5,11,16 + 21 (forward to the end)"
+                        : "layers 5,11,16 (stops after 16)");
 }
 
-BENCHMARK(BM_ExtractJob)->Arg(0)->Arg(1)->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+BENCHMARK(BM_ExtractJob)
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond);
 
 }  // namespace
 }  // namespace loom

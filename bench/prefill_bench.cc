@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "src/backend/cpu/kernels.h"
 #include "bench/bench_util.h"
+#include "src/backend/cpu/kernels.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
@@ -40,7 +40,8 @@ const Model& GetModel(Precision p) {
 // Runs one forward of `tokens` tokens through all layers (resid_post of the
 // last layer: no final norm / lm_head, as an extraction job would).
 void BM_Prefill(benchmark::State& state) {
-  const Precision precision = state.range(0) == 32 ? Precision::kF32 : Precision::kBF16;
+  const Precision precision =
+      state.range(0) == 32 ? Precision::kF32 : Precision::kBF16;
   const int threads = static_cast<int>(state.range(1));
   const int64_t tokens = state.range(2);
   cpu::SetNumThreads(threads);
@@ -48,28 +49,35 @@ void BM_Prefill(benchmark::State& state) {
   const ModelConfig& c = model.config();
   HookSet hooks;
   hooks.Add({HookSite::kResidPost, c.num_layers - 1});
-  auto ex = Executor::Create(model, hooks, {.max_tokens = tokens, .max_seq_len = tokens});
+  auto ex = Executor::Create(model, hooks,
+                             {.max_tokens = tokens, .max_seq_len = tokens});
   if (!ex.ok()) {
     state.SkipWithError(ex.status().ToString().c_str());
     return;
   }
   std::vector<int32_t> ids(tokens);
-  for (int64_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>((i * 7919) % c.vocab_size);
+  for (int64_t i = 0; i < tokens; ++i)
+    ids[i] = static_cast<int32_t>((i * 7919) % c.vocab_size);
   std::vector<int64_t> starts = {0, tokens};
-  (void)(*ex)->Forward(Batch{ids, starts}, nullptr);  // warm-up: primitive creation, page faults
+  (void)(*ex)->Forward(Batch{ids, starts},
+                       nullptr);  // warm-up: primitive creation, page faults
   for (auto _ : state) {
     Status s = (*ex)->Forward(Batch{ids, starts}, nullptr);
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
   }
   // Baseline in the same process: the forward's GEMMs alone.
-  std::vector<float> x(tokens * c.intermediate_size, 0.01f), y(tokens * 2 * c.intermediate_size);
-  const size_t ws_bytes = static_cast<size_t>(cpu::GemmWorkspaceBytes(tokens, c.intermediate_size, model.compute_dtype()));
-  std::unique_ptr<void, decltype(&std::free)> ws(std::aligned_alloc(64, (ws_bytes + 127) / 64 * 64), &std::free);
+  std::vector<float> x(tokens * c.intermediate_size, 0.01f),
+      y(tokens * 2 * c.intermediate_size);
+  const size_t ws_bytes = static_cast<size_t>(cpu::GemmWorkspaceBytes(
+      tokens, c.intermediate_size, model.compute_dtype()));
+  std::unique_ptr<void, decltype(&std::free)> ws(
+      std::aligned_alloc(64, (ws_bytes + 127) / 64 * 64), &std::free);
   cpu::GemmContext gemm;
   auto run_gemms = [&] {
     for (int64_t l = 0; l < c.num_layers; ++l) {
-      for (WeightRole r : {WeightRole::kQ, WeightRole::kK, WeightRole::kV, WeightRole::kO, WeightRole::kGate,
-                           WeightRole::kUp, WeightRole::kDown}) {
+      for (WeightRole r :
+           {WeightRole::kQ, WeightRole::kK, WeightRole::kV, WeightRole::kO,
+            WeightRole::kGate, WeightRole::kUp, WeightRole::kDown}) {
         const TensorView& w = model.weights().Require(r, l);
         cpu::GemmArgs a;
         a.x = x.data();
@@ -87,12 +95,16 @@ void BM_Prefill(benchmark::State& state) {
   run_gemms();
   const auto t0 = std::chrono::steady_clock::now();
   run_gemms();
-  const double gemm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(tokens) * state.iterations(),
-                                               benchmark::Counter::kIsRate);
+  const double gemm_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  state.counters["tok/s"] =
+      benchmark::Counter(static_cast<double>(tokens) * state.iterations(),
+                         benchmark::Counter::kIsRate);
   state.counters["gemm_only_tok/s"] = static_cast<double>(tokens) / gemm_s;
-  state.SetLabel(std::string(precision == Precision::kF32 ? "f32" : "bf16") + " " + std::to_string(threads) +
-                 "T " + std::to_string(tokens) + " tokens");
+  state.SetLabel(std::string(precision == Precision::kF32 ? "f32" : "bf16") +
+                 " " + std::to_string(threads) + "T " + std::to_string(tokens) +
+                 " tokens");
 }
 
 BENCHMARK(BM_Prefill)

@@ -8,9 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "src/io/safetensors.h"
 #include "src/io/safetensors_writer.h"
@@ -27,8 +26,9 @@ const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
 class CheckpointErrorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_ckpt_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("loom_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     fs::copy_file(kModel + "/config.json", dir_ / "config.json");
@@ -37,14 +37,17 @@ class CheckpointErrorsTest : public ::testing::Test {
 
   // Rewrites the bundled checkpoint into dir_ with `edit` applied to the
   // tensor list (name -> view); the views borrow the original mapping.
-  void WriteCheckpoint(const std::function<void(std::map<std::string, TensorView>&)>& edit) {
+  void WriteCheckpoint(
+      const std::function<void(std::map<std::string, TensorView>&)>& edit) {
     auto file = SafetensorsFile::Open(kModel + "/model.safetensors");
     ASSERT_TRUE(file.ok());
     std::map<std::string, TensorView> tensors;
-    for (const auto& t : (*file)->header().tensors) tensors[t.name] = (*file)->View(t);
+    for (const auto& t : (*file)->header().tensors)
+      tensors[t.name] = (*file)->View(t);
     edit(tensors);
     SafetensorsWriter w;
-    for (const auto& [name, view] : tensors) ASSERT_TRUE(w.Add(name, view).ok());
+    for (const auto& [name, view] : tensors)
+      ASSERT_TRUE(w.Add(name, view).ok());
     ASSERT_TRUE(w.Write((dir_ / "model.safetensors").string()).ok());
     file_ = std::move(file).value();  // keep the borrowed views alive
   }
@@ -62,17 +65,24 @@ class CheckpointErrorsTest : public ::testing::Test {
     auto m = Model::Load(dir_.string(), Precision::kF32);
     ASSERT_FALSE(m.ok()) << "loading a malformed directory succeeded";
     EXPECT_EQ(m.status().code(), code) << m.status().ToString();
-    for (const auto& n : needles) EXPECT_NE(m.status().message().find(n), std::string::npos)
-        << "message lacks '" << n << "': " << m.status().message();
-    const std::string cmd = std::string(LOOM_BINARY) + " inspect " + dir_.string() + " 2>&1";
+    for (const auto& n : needles)
+      EXPECT_NE(m.status().message().find(n), std::string::npos)
+          << "message lacks '" << n << "': " << m.status().message();
+    const std::string cmd =
+        std::string(LOOM_BINARY) + " inspect " + dir_.string() + " 2>&1";
     FILE* p = popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     std::string out;
     char buf[4096];
     while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
     const int rc = pclose(p);
-    EXPECT_NE(WEXITSTATUS(rc), 0) << "loom inspect exited 0 on a malformed directory:\n" << out;
-    for (const auto& n : needles) EXPECT_NE(out.find(n), std::string::npos) << "inspect output lacks '" << n << "':\n" << out;
+    EXPECT_NE(WEXITSTATUS(rc), 0)
+        << "loom inspect exited 0 on a malformed directory:\n"
+        << out;
+    for (const auto& n : needles)
+      EXPECT_NE(out.find(n), std::string::npos)
+          << "inspect output lacks '" << n << "':\n"
+          << out;
   }
 
   fs::path dir_;
@@ -86,8 +96,10 @@ TEST_F(CheckpointErrorsTest, ValidCopyLoads) {
 }
 
 TEST_F(CheckpointErrorsTest, MissingTensor) {
-  WriteCheckpoint([](auto& t) { t.erase("model.layers.3.mlp.up_proj.weight"); });
-  ExpectError(StatusCode::kNotFound, {"model.layers.3.mlp.up_proj.weight", "missing", "[172, 64]"});
+  WriteCheckpoint(
+      [](auto& t) { t.erase("model.layers.3.mlp.up_proj.weight"); });
+  ExpectError(StatusCode::kNotFound,
+              {"model.layers.3.mlp.up_proj.weight", "missing", "[172, 64]"});
 }
 
 TEST_F(CheckpointErrorsTest, UnusedTensor) {
@@ -95,7 +107,8 @@ TEST_F(CheckpointErrorsTest, UnusedTensor) {
     TensorView extra = t.at("model.norm.weight");
     t["model.layers.9.extra.weight"] = extra;
   });
-  ExpectError(StatusCode::kInvalidArgument, {"model.layers.9.extra.weight", "not used by llama"});
+  ExpectError(StatusCode::kInvalidArgument,
+              {"model.layers.9.extra.weight", "not used by llama"});
 }
 
 TEST_F(CheckpointErrorsTest, MisShapedTensor) {
@@ -104,25 +117,30 @@ TEST_F(CheckpointErrorsTest, MisShapedTensor) {
     v.shape = Shape({172, 64});
     t["model.layers.0.mlp.down_proj.weight"] = v;
   });
-  ExpectError(StatusCode::kInvalidArgument, {"model.layers.0.mlp.down_proj.weight", "[172, 64] in file", "expected [64, 172]"});
+  ExpectError(StatusCode::kInvalidArgument,
+              {"model.layers.0.mlp.down_proj.weight", "[172, 64] in file",
+               "expected [64, 172]"});
 }
 
 TEST_F(CheckpointErrorsTest, UnknownModelType) {
   WriteCheckpoint([](auto&) {});
   EditConfig([](auto& j) { j["model_type"] = "mamba9"; });
-  ExpectError(StatusCode::kUnimplemented, {"mamba9", "supported:", "llama", "gpt2"});
+  ExpectError(StatusCode::kUnimplemented,
+              {"mamba9", "supported:", "llama", "gpt2"});
 }
 
 TEST_F(CheckpointErrorsTest, ConfigMissingRequiredKey) {
   WriteCheckpoint([](auto&) {});
   EditConfig([](auto& j) { j.erase("hidden_size"); });
-  ExpectError(StatusCode::kNotFound, {"config.json", "missing required key 'hidden_size'"});
+  ExpectError(StatusCode::kNotFound,
+              {"config.json", "missing required key 'hidden_size'"});
 }
 
 TEST_F(CheckpointErrorsTest, ConfigWrongType) {
   WriteCheckpoint([](auto&) {});
   EditConfig([](auto& j) { j["num_hidden_layers"] = "five"; });
-  ExpectError(StatusCode::kInvalidArgument, {"num_hidden_layers", "\"five\"", "expected an integer"});
+  ExpectError(StatusCode::kInvalidArgument,
+              {"num_hidden_layers", "\"five\"", "expected an integer"});
 }
 
 TEST_F(CheckpointErrorsTest, ConfigNotJson) {
@@ -133,7 +151,8 @@ TEST_F(CheckpointErrorsTest, ConfigNotJson) {
 
 TEST_F(CheckpointErrorsTest, TruncatedFile) {
   WriteCheckpoint([](auto&) {});
-  fs::resize_file(dir_ / "model.safetensors", fs::file_size(dir_ / "model.safetensors") - 100);
+  fs::resize_file(dir_ / "model.safetensors",
+                  fs::file_size(dir_ / "model.safetensors") - 100);
   ExpectError(StatusCode::kDataLoss, {"model.safetensors"});
 }
 
@@ -160,7 +179,8 @@ TEST_F(CheckpointErrorsTest, NoWeights) {
   auto m = Model::Load(dir_.string(), Precision::kF32);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kNotFound) << m.status().ToString();
-  EXPECT_NE(m.status().message().find("model.safetensors"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("model.safetensors"), std::string::npos)
+      << m.status().message();
 }
 
 TEST_F(CheckpointErrorsTest, TokenIdOutsideVocabulary) {
@@ -174,10 +194,12 @@ TEST_F(CheckpointErrorsTest, TokenIdOutsideVocabulary) {
   std::vector<int64_t> starts = {0, 3};
   Status st = (*ex)->Forward(Batch{ids, starts}, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kOutOfRange);
-  EXPECT_NE(st.message().find("token id 512"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("token id 512"), std::string::npos)
+      << st.message();
   std::vector<int32_t> long_ids(9, 1);
   std::vector<int64_t> s2 = {0, 9};
-  EXPECT_EQ((*ex)->Forward(Batch{long_ids, s2}, nullptr).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ((*ex)->Forward(Batch{long_ids, s2}, nullptr).code(),
+            StatusCode::kOutOfRange);
 }
 
 TEST(InspectTest, JsonHasRequiredKeys) {

@@ -3,6 +3,8 @@
 // shape/dtype/values, SIGKILL at any point + --resume gives byte-identical
 // output, and every class of bad input fails clearly or is recorded when
 // skipped.
+#include "src/eval/extract.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,7 +17,6 @@
 #include <fstream>
 #include <thread>
 
-#include "src/eval/extract.h"
 #include "src/io/npy.h"
 #include "tests/golden_util.h"
 
@@ -28,17 +29,21 @@ const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
 class ExtractTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_extract_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("loom_extract_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string Path(const std::string& name) const {
+    return (dir_ / name).string();
+  }
   void WriteFile(const std::string& name, const std::string& content) {
     std::ofstream(Path(name), std::ios::binary) << content;
   }
-  std::vector<float> ReadF32(const std::string& path, std::vector<int64_t>* shape = nullptr) {
+  std::vector<float> ReadF32(const std::string& path,
+                             std::vector<int64_t>* shape = nullptr) {
     auto a = ReadNpy(path);
     EXPECT_TRUE(a.ok()) << a.status().ToString();
     if (!a.ok()) return {};
@@ -69,7 +74,8 @@ int RunShell(const std::string& cmd, std::string* out = nullptr) {
 // Token rows of the tiny golden models: last / all / mean of every layer's
 // resid_pre (HF hidden.K) match the golden hidden states.
 TEST_F(ExtractTest, TokenRowsMatchGoldenHiddenStates) {
-  if (SharedGoldenDir().empty()) GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  if (SharedGoldenDir().empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
   for (const std::string name : {"llama", "gemma2", "gpt2", "olmo2"}) {
     SCOPED_TRACE(name);
     const std::string gdir = SharedGoldenDir() + "/tiny/" + name;
@@ -78,7 +84,8 @@ TEST_F(ExtractTest, TokenRowsMatchGoldenHiddenStates) {
     std::string jsonl;
     std::vector<std::string> seqs = {"seq1", "seq2", "seq3", "seq4"};
     for (const auto& s : seqs) {
-      nlohmann::json row = {{"id", s}, {"tokens", golden->Ids(s + ".input_ids")}};
+      nlohmann::json row = {{"id", s},
+                            {"tokens", golden->Ids(s + ".input_ids")}};
       jsonl += row.dump() + "\n";
     }
     WriteFile(name + ".jsonl", jsonl);
@@ -95,7 +102,8 @@ TEST_F(ExtractTest, TokenRowsMatchGoldenHiddenStates) {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     const int64_t L = manifest["num_layers"];
     for (int64_t k = 0; k < L; ++k) {
-      const std::string hook = "blocks." + std::to_string(k) + ".hook_resid_pre";
+      const std::string hook =
+          "blocks." + std::to_string(k) + ".hook_resid_pre";
       std::vector<int64_t> shape;
       auto last = ReadF32(o.out_dir + "/" + hook + ".last.npy", &shape);
       ASSERT_EQ(shape, (std::vector<int64_t>{4, 64}));
@@ -109,20 +117,29 @@ TEST_F(ExtractTest, TokenRowsMatchGoldenHiddenStates) {
       std::memcpy(offs.data(), offs_arr->data.data(), offs.size() * 8);
       ASSERT_EQ(offs.size(), 5u);
       for (size_t r = 0; r < seqs.size(); ++r) {
-        std::vector<float> h = golden->F32(seqs[r] + ".hidden." + std::to_string(k));
+        std::vector<float> h =
+            golden->F32(seqs[r] + ".hidden." + std::to_string(k));
         const int64_t T = static_cast<int64_t>(h.size()) / 64;
         ASSERT_EQ(offs[r + 1] - offs[r], T);
-        EXPECT_TRUE(Compare(&last[r * 64], &h[(T - 1) * 64], 64, 1e-4, 1e-4).ok) << hook << " last row " << r;
-        EXPECT_TRUE(Compare(&all[offs[r] * 64], h.data(), T * 64, 1e-4, 1e-4).ok) << hook << " all row " << r;
-        EXPECT_TRUE(Compare(&pos[(r * 2) * 64], &h[0], 64, 1e-4, 1e-4).ok) << hook << " pos 0 row " << r;
-        EXPECT_TRUE(Compare(&pos[(r * 2 + 1) * 64], &h[(T - 2) * 64], 64, 1e-4, 1e-4).ok) << hook << " pos -2";
+        EXPECT_TRUE(Compare(&last[r * 64], &h[(T - 1) * 64], 64, 1e-4, 1e-4).ok)
+            << hook << " last row " << r;
+        EXPECT_TRUE(
+            Compare(&all[offs[r] * 64], h.data(), T * 64, 1e-4, 1e-4).ok)
+            << hook << " all row " << r;
+        EXPECT_TRUE(Compare(&pos[(r * 2) * 64], &h[0], 64, 1e-4, 1e-4).ok)
+            << hook << " pos 0 row " << r;
+        EXPECT_TRUE(
+            Compare(&pos[(r * 2 + 1) * 64], &h[(T - 2) * 64], 64, 1e-4, 1e-4)
+                .ok)
+            << hook << " pos -2";
         std::vector<float> m(64, 0.0f);
         for (int64_t j = 0; j < 64; ++j) {
           double acc = 0;
           for (int64_t t = 0; t < T; ++t) acc += h[t * 64 + j];
           m[j] = static_cast<float>(acc / T);
         }
-        EXPECT_TRUE(Compare(&mean[r * 64], m.data(), 64, 1e-4, 1e-4).ok) << hook << " mean row " << r;
+        EXPECT_TRUE(Compare(&mean[r * 64], m.data(), 64, 1e-4, 1e-4).ok)
+            << hook << " mean row " << r;
       }
     }
   }
@@ -130,17 +147,23 @@ TEST_F(ExtractTest, TokenRowsMatchGoldenHiddenStates) {
 
 // Text rows through the tokenizer + the CLI; numpy reads every output.
 TEST_F(ExtractTest, CliTextRowsNumpyAndGolden) {
-  auto golden = GoldenFile::Open(BundledGoldenDir() + "/stories260K/goldens_f32.safetensors");
-  const nlohmann::json manifest = ReadJson(BundledGoldenDir() + "/stories260K/manifest.json");
+  auto golden = GoldenFile::Open(BundledGoldenDir() +
+                                 "/stories260K/goldens_f32.safetensors");
+  const nlohmann::json manifest =
+      ReadJson(BundledGoldenDir() + "/stories260K/manifest.json");
   std::string jsonl;
-  for (const auto& p : manifest["prompts"]) jsonl += nlohmann::json{{"id", p["name"]}, {"text", p["text"]}}.dump() + "\n";
+  for (const auto& p : manifest["prompts"])
+    jsonl +=
+        nlohmann::json{{"id", p["name"]}, {"text", p["text"]}}.dump() + "\n";
   WriteFile("prompts.jsonl", jsonl);
   const std::string out = Path("out");
   std::string log;
-  ASSERT_EQ(RunShell(std::string(LOOM_BINARY) + " extract --model " + kModel + " --input " + Path("prompts.jsonl") +
-                    " --out " + out + " --hooks hook_resid_post,ln_final.hook_normalized --layers 0.5,1.0 "
-                    "--select last --select all --precision f32 --quiet",
-                &log),
+  ASSERT_EQ(RunShell(std::string(LOOM_BINARY) + " extract --model " + kModel +
+                         " --input " + Path("prompts.jsonl") + " --out " + out +
+                         " --hooks hook_resid_post,ln_final.hook_normalized "
+                         "--layers 0.5,1.0 "
+                         "--select last --select all --precision f32 --quiet",
+                     &log),
             0)
       << log;
   // Layers: floor(0.5 x 5) = 2 and 1.0 -> 4 (the last).
@@ -149,10 +172,12 @@ TEST_F(ExtractTest, CliTextRowsNumpyAndGolden) {
   const int64_t n = static_cast<int64_t>(manifest["prompts"].size());
   for (int64_t r = 0; r < n; ++r) {
     const std::string pname = manifest["prompts"][r]["name"];
-    std::vector<float> h = golden->F32(pname + ".hidden.3");  // resid_post of layer 2
+    std::vector<float> h =
+        golden->F32(pname + ".hidden.3");  // resid_post of layer 2
     const int64_t T = static_cast<int64_t>(h.size()) / 64;
     auto last = ReadF32(out + "/blocks.2.hook_resid_post.last.npy");
-    EXPECT_TRUE(Compare(&last[r * 64], &h[(T - 1) * 64], 64, 1e-4, 1e-4).ok) << pname;
+    EXPECT_TRUE(Compare(&last[r * 64], &h[(T - 1) * 64], 64, 1e-4, 1e-4).ok)
+        << pname;
   }
   // numpy: shapes, dtypes, offsets, values (python3 with numpy may be absent).
   std::string py;
@@ -161,22 +186,32 @@ TEST_F(ExtractTest, CliTextRowsNumpyAndGolden) {
       py = cand;
       break;
     }
-  if (py.empty()) GTEST_SKIP() << "SKIPPED LOUDLY: no python3 with numpy; the numpy check did not run";
+  if (py.empty())
+    GTEST_SKIP()
+        << "SKIPPED LOUDLY: no python3 with numpy; the numpy check did not run";
   const std::string script =
       "import numpy as np, json, sys\n"
       "d=sys.argv[1]; m=json.load(open(d+'/manifest.json'))\n"
-      "assert m['complete'] and m['row_count']==" + std::to_string(n) + "\n"
+      "assert m['complete'] and m['row_count']==" +
+      std::to_string(n) +
+      "\n"
       "for a in m['arrays']:\n"
       "  x=np.load(d+'/'+a['file'], mmap_mode='r')\n"
       "  assert x.dtype==np.float32, x.dtype\n"
       "  if 'offsets_file' in a:\n"
-      "    o=np.load(d+'/'+a['offsets_file']); assert o.dtype==np.int64 and len(o)==" + std::to_string(n + 1) + "\n"
+      "    o=np.load(d+'/'+a['offsets_file']); assert o.dtype==np.int64 and "
+      "len(o)==" +
+      std::to_string(n + 1) +
+      "\n"
       "    assert x.shape==(o[-1],64), x.shape\n"
       "    assert [r['tokens'] for r in m['rows']]==list(np.diff(o))\n"
       "  else:\n"
-      "    assert x.shape==(" + std::to_string(n) + ",64), x.shape\n"
+      "    assert x.shape==(" +
+      std::to_string(n) +
+      ",64), x.shape\n"
       "  assert np.isfinite(x).all()\n"
-      "l=np.load(d+'/blocks.4.hook_resid_post.last.npy'); a=np.load(d+'/blocks.4.hook_resid_post.all.npy')\n"
+      "l=np.load(d+'/blocks.4.hook_resid_post.last.npy'); "
+      "a=np.load(d+'/blocks.4.hook_resid_post.all.npy')\n"
       "o=np.load(d+'/all.offsets.npy'); assert np.array_equal(l, a[o[1:]-1])\n"
       "print('numpy ok')\n";
   WriteFile("check.py", script);
@@ -188,12 +223,18 @@ TEST_F(ExtractTest, CliTextRowsNumpyAndGolden) {
 // uninterrupted run.
 TEST_F(ExtractTest, KillAndResumeIsByteIdentical) {
   std::string text;
-  for (int i = 0; i < 240; ++i) text += "Row " + std::to_string(i) + ": the little dog ran to the park and saw " +
-                                        std::string(static_cast<size_t>(i % 13), 'a') + " big ball.\n";
+  for (int i = 0; i < 240; ++i)
+    text += "Row " + std::to_string(i) +
+            ": the little dog ran to the park and saw " +
+            std::string(static_cast<size_t>(i % 13), 'a') + " big ball.\n";
   WriteFile("in.txt", text);
-  const std::string base = std::string(LOOM_BINARY) + " extract --model " + kModel + " --input " + Path("in.txt") +
-                           " --hooks blocks.1.hook_resid_post,blocks.-1.hook_mlp_out --select last --select all "
-                           "--select mean --commit-every 7 --batch-tokens 64 --threads 1 --quiet --out ";
+  const std::string base =
+      std::string(LOOM_BINARY) + " extract --model " + kModel + " --input " +
+      Path("in.txt") +
+      " --hooks blocks.1.hook_resid_post,blocks.-1.hook_mlp_out --select last "
+      "--select all "
+      "--select mean --commit-every 7 --batch-tokens 64 --threads 1 --quiet "
+      "--out ";
   std::string log;
   ASSERT_EQ(RunShell(base + Path("ref"), &log), 0) << log;
   const std::vector<int> delays_ms = {30, 120, 300, 700};
@@ -203,7 +244,8 @@ TEST_F(ExtractTest, KillAndResumeIsByteIdentical) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      execl("/bin/sh", "sh", "-c", ("exec " + base + out + " >/dev/null 2>&1").c_str(), nullptr);
+      execl("/bin/sh", "sh", "-c",
+            ("exec " + base + out + " >/dev/null 2>&1").c_str(), nullptr);
       _exit(127);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delays_ms[k]));
@@ -219,18 +261,21 @@ TEST_F(ExtractTest, KillAndResumeIsByteIdentical) {
     }
     for (const auto& e : fs::directory_iterator(Path("ref"))) {
       const std::string name = e.path().filename().string();
-      EXPECT_EQ(Slurp(e.path().string()), Slurp(out + "/" + name)) << name << " differs after kill at "
-                                                                    << delays_ms[k] << " ms + resume";
+      EXPECT_EQ(Slurp(e.path().string()), Slurp(out + "/" + name))
+          << name << " differs after kill at " << delays_ms[k]
+          << " ms + resume";
     }
   }
   RecordProperty("killed_mid_run", resumed_mid_run);
-  EXPECT_GT(resumed_mid_run, 0) << "no run was interrupted; the kill points were all after completion";
+  EXPECT_GT(resumed_mid_run, 0)
+      << "no run was interrupted; the kill points were all after completion";
 }
 
 // Resume after a simulated stop at each commit also restores exactly.
 TEST_F(ExtractTest, ResumeAfterEveryCommitPoint) {
   std::string text;
-  for (int i = 0; i < 20; ++i) text += "Tom had " + std::to_string(i) + " apples.\n";
+  for (int i = 0; i < 20; ++i)
+    text += "Tom had " + std::to_string(i) + " apples.\n";
   WriteFile("in.txt", text);
   ExtractOptions o;
   o.model_dir = kModel;
@@ -251,7 +296,8 @@ TEST_F(ExtractTest, ResumeAfterEveryCommitPoint) {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_EQ(s->rows, 20);
     for (const auto& e : fs::directory_iterator(Path("ref")))
-      EXPECT_EQ(Slurp(e.path().string()), Slurp(p.out_dir + "/" + e.path().filename().string()))
+      EXPECT_EQ(Slurp(e.path().string()),
+                Slurp(p.out_dir + "/" + e.path().filename().string()))
           << e.path().filename() << " after stop at commit " << stop;
   }
 }
@@ -270,10 +316,13 @@ TEST_F(ExtractTest, BadRowsFailClearlyOrAreRecordedWhenSkipped) {
   }() + "]}";
   const std::vector<BadCase> cases = {
       {"empty_text", "{\"id\": \"e\", \"text\": \"\"}", "empty text"},
-      {"too_long", too_long, "too long for the model: 600 tokens > max_position_embeddings 512"},
-      {"invalid_utf8", "{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}", "invalid UTF-8 at byte"},
+      {"too_long", too_long,
+       "too long for the model: 600 tokens > max_position_embeddings 512"},
+      {"invalid_utf8", "{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}",
+       "invalid UTF-8 at byte"},
       {"not_json", "{\"text\": ", "not a JSON object"},
-      {"bad_token", "{\"tokens\": [1, 2, 9999]}", "token id 9999 outside the vocabulary"},
+      {"bad_token", "{\"tokens\": [1, 2, 9999]}",
+       "token id 9999 outside the vocabulary"},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -288,8 +337,10 @@ TEST_F(ExtractTest, BadRowsFailClearlyOrAreRecordedWhenSkipped) {
     o.out_dir = Path("fail_" + c.name);
     auto s = RunExtract(o);
     ASSERT_FALSE(s.ok());
-    EXPECT_NE(s.status().message().find(c.reason), std::string::npos) << s.status().message();
-    EXPECT_NE(s.status().message().find("input row 2"), std::string::npos) << s.status().message();
+    EXPECT_NE(s.status().message().find(c.reason), std::string::npos)
+        << s.status().message();
+    EXPECT_NE(s.status().message().find("input row 2"), std::string::npos)
+        << s.status().message();
     // The two rows committed before the bad one are kept.
     auto kept = ReadNpy(o.out_dir + "/blocks.0.hook_resid_post.last.npy");
     ASSERT_TRUE(kept.ok());
@@ -302,13 +353,16 @@ TEST_F(ExtractTest, BadRowsFailClearlyOrAreRecordedWhenSkipped) {
     EXPECT_EQ(s->rows, 4);
     EXPECT_EQ(s->rows_skipped, 1);
     std::vector<int64_t> shape;
-    auto last = ReadF32(o.out_dir + "/blocks.0.hook_resid_post.last.npy", &shape);
+    auto last =
+        ReadF32(o.out_dir + "/blocks.0.hook_resid_post.last.npy", &shape);
     ASSERT_EQ(shape[0], 4);  // row i = input row i, the skipped one NaN
     EXPECT_TRUE(std::isnan(last[2 * 64]));
     EXPECT_FALSE(std::isnan(last[3 * 64]));
     const nlohmann::json m = ReadJson(o.out_dir + "/manifest.json");
     EXPECT_EQ(m["rows"][2]["status"], "skipped");
-    EXPECT_NE(m["rows"][2]["reason"].get<std::string>().find(c.reason), std::string::npos) << m["rows"][2].dump();
+    EXPECT_NE(m["rows"][2]["reason"].get<std::string>().find(c.reason),
+              std::string::npos)
+        << m["rows"][2].dump();
   }
 }
 
@@ -319,14 +373,17 @@ TEST_F(ExtractTest, OptionErrors) {
   o.input_path = Path("in.txt");
   o.out_dir = Path("o");
   o.hooks = {"hook_resid_post"};
-  EXPECT_NE(RunExtract(o).status().message().find("needs a layer"), std::string::npos);
+  EXPECT_NE(RunExtract(o).status().message().find("needs a layer"),
+            std::string::npos);
   o.hooks = {"blocks.{1.5}.hook_resid_post"};
-  EXPECT_NE(RunExtract(o).status().message().find("outside [0, 1]"), std::string::npos);
+  EXPECT_NE(RunExtract(o).status().message().find("outside [0, 1]"),
+            std::string::npos);
   o.hooks = {"blocks.7.hook_resid_post"};
   EXPECT_EQ(RunExtract(o).status().code(), StatusCode::kOutOfRange);
   o.hooks = {"blocks.0.hook_resid_post"};
   o.selectors = {"middle"};
-  EXPECT_NE(RunExtract(o).status().message().find("selector 'middle'"), std::string::npos);
+  EXPECT_NE(RunExtract(o).status().message().find("selector 'middle'"),
+            std::string::npos);
   o.selectors = {"last"};
   ASSERT_TRUE(RunExtract(o).ok());
   auto again = RunExtract(o);  // existing job: never overwritten

@@ -18,31 +18,38 @@ namespace {
 
 struct ModelCase {
   std::string name;
-  std::string model_dir;   // relative to its root
-  bool bundled;            // model and goldens inside the repository
+  std::string model_dir;  // relative to its root
+  bool bundled;           // model and goldens inside the repository
 };
 
 std::string ModelDir(const ModelCase& c) {
-  return c.bundled ? std::string(LOOM_MODELS_DIR) + "/" + c.model_dir : SharedGoldenDir() + "/tiny/" + c.model_dir;
+  return c.bundled ? std::string(LOOM_MODELS_DIR) + "/" + c.model_dir
+                   : SharedGoldenDir() + "/tiny/" + c.model_dir;
 }
 std::string GoldenDir(const ModelCase& c) {
-  return c.bundled ? BundledGoldenDir() + "/" + c.name : SharedGoldenDir() + "/tiny/" + c.model_dir;
+  return c.bundled ? BundledGoldenDir() + "/" + c.name
+                   : SharedGoldenDir() + "/tiny/" + c.model_dir;
 }
 
 // Collects comparisons in forward order; reports the first divergence.
 class Checker {
  public:
-  void Check(const std::string& what, const float* actual, const std::vector<float>& expected, double atol,
-             double rtol) {
-    CompareResult r = Compare(actual, expected.data(), static_cast<int64_t>(expected.size()), atol, rtol);
+  void Check(const std::string& what, const float* actual,
+             const std::vector<float>& expected, double atol, double rtol) {
+    CompareResult r =
+        Compare(actual, expected.data(), static_cast<int64_t>(expected.size()),
+                atol, rtol);
     ++count_;
-    if (!r.ok && first_.empty()) first_ = what + ": " + r.message + "; max |err| " + std::to_string(r.max_abs_err);
+    if (!r.ok && first_.empty())
+      first_ = what + ": " + r.message + "; max |err| " +
+               std::to_string(r.max_abs_err);
     if (!r.ok) ++failures_;
   }
   void Finish(const std::string& context) {
     EXPECT_GT(count_, 0) << context << ": nothing was compared";
-    EXPECT_EQ(failures_, 0) << context << ": " << failures_ << " of " << count_
-                            << " comparisons failed; first divergence at " << first_;
+    EXPECT_EQ(failures_, 0)
+        << context << ": " << failures_ << " of " << count_
+        << " comparisons failed; first divergence at " << first_;
   }
 
  private:
@@ -72,7 +79,8 @@ HookSet AllHooks(const ModelConfig& c) {
 
 std::vector<std::string> SequenceNames(const nlohmann::json& manifest) {
   std::vector<std::string> names;
-  const auto& list = manifest.contains("sequences") ? manifest["sequences"] : manifest["prompts"];
+  const auto& list = manifest.contains("sequences") ? manifest["sequences"]
+                                                    : manifest["prompts"];
   for (const auto& s : list) names.push_back(s["name"]);
   return names;
 }
@@ -81,8 +89,10 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
     if (!GetParam().bundled && SharedGoldenDir().empty())
-      GTEST_SKIP() << "SKIPPED LOUDLY: shared golden directory " << LOOM_SHARED_DIR
-                   << "/golden not found; tiny-model parity is not checked on this machine";
+      GTEST_SKIP() << "SKIPPED LOUDLY: shared golden directory "
+                   << LOOM_SHARED_DIR
+                   << "/golden not found; tiny-model parity is not checked on "
+                      "this machine";
   }
 
   // Runs every stored sequence through one executor and compares.
@@ -92,12 +102,17 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
     const bool bf16 = (*model)->compute_dtype() == DType::kBF16;
-    auto golden = GoldenFile::Open(GoldenDir(mc) + (bf16 ? "/goldens_bf16.safetensors" : "/goldens_f32.safetensors"));
+    auto golden =
+        GoldenFile::Open(GoldenDir(mc) + (bf16 ? "/goldens_bf16.safetensors"
+                                               : "/goldens_f32.safetensors"));
     ASSERT_NE(golden, nullptr);
-    auto ids_file = GoldenFile::Open(GoldenDir(mc) + "/goldens_f32.safetensors");
+    auto ids_file =
+        GoldenFile::Open(GoldenDir(mc) + "/goldens_f32.safetensors");
     const nlohmann::json manifest = ReadJson(GoldenDir(mc) + "/manifest.json");
     HookSet hooks = AllHooks(c);
-    auto ex = Executor::Create(**model, hooks, {.max_tokens = 512, .max_seq_len = 512, .logits_chunk_rows = 64});
+    auto ex = Executor::Create(
+        **model, hooks,
+        {.max_tokens = 512, .max_seq_len = 512, .logits_chunk_rows = 64});
     ASSERT_TRUE(ex.ok()) << ex.status().ToString();
     const int64_t L = c.num_layers, H = c.hidden_size, V = c.vocab_size;
     for (const std::string& seq : SequenceNames(manifest)) {
@@ -109,23 +124,30 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
       Status st = (*ex)->Forward(batch, &sink);
       ASSERT_TRUE(st.ok()) << st.ToString();
       Checker check;
-      auto tol = [&](const std::vector<float>& e) { return bf16 ? 0.05 * MaxAbs(e) : 1e-4; };
+      auto tol = [&](const std::vector<float>& e) {
+        return bf16 ? 0.05 * MaxAbs(e) : 1e-4;
+      };
       const double rtol = bf16 ? 0.0 : 1e-4;
-      auto cmp = [&](const std::string& gname, const std::string& what, const float* actual) {
+      auto cmp = [&](const std::string& gname, const std::string& what,
+                     const float* actual) {
         const std::string name = seq + "." + gname;
         if (!golden->Has(name)) return;
         std::vector<float> e = golden->F32(name);
         check.Check(what + " vs HF " + gname, actual, e, tol(e), rtol);
       };
       for (int64_t k = 0; k < L; ++k) {
-        cmp("hidden." + std::to_string(k), "blocks." + std::to_string(k) + ".hook_resid_pre",
+        cmp("hidden." + std::to_string(k),
+            "blocks." + std::to_string(k) + ".hook_resid_pre",
             sink.Get({HookSite::kResidPre, k}).data.data());
-        cmp("attn_out." + std::to_string(k), "blocks." + std::to_string(k) + ".hook_attn_out",
+        cmp("attn_out." + std::to_string(k),
+            "blocks." + std::to_string(k) + ".hook_attn_out",
             sink.Get({HookSite::kAttnOut, k}).data.data());
-        cmp("mlp_out." + std::to_string(k), "blocks." + std::to_string(k) + ".hook_mlp_out",
+        cmp("mlp_out." + std::to_string(k),
+            "blocks." + std::to_string(k) + ".hook_mlp_out",
             sink.Get({HookSite::kMlpOut, k}).data.data());
       }
-      cmp("layer_out." + std::to_string(L - 1), "blocks." + std::to_string(L - 1) + ".hook_resid_post",
+      cmp("layer_out." + std::to_string(L - 1),
+          "blocks." + std::to_string(L - 1) + ".hook_resid_post",
           sink.Get({HookSite::kResidPost, L - 1}).data.data());
       const float* fn = sink.Get({HookSite::kFinalNorm, -1}).data.data();
       cmp("hidden." + std::to_string(L), "ln_final.hook_normalized", fn);
@@ -136,13 +158,15 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
       if (golden->Has(seq + ".logprob_next") && T > 1) {
         std::vector<double> lp = LogprobNext(logits, T, V, ids.data());
         std::vector<float> lpf(lp.begin(), lp.end());
-        check.Check("logprob_next", lpf.data(), golden->F32(seq + ".logprob_next"), bf16 ? 0.25 : 1e-4, 0);
+        check.Check("logprob_next", lpf.data(),
+                    golden->F32(seq + ".logprob_next"), bf16 ? 0.25 : 1e-4, 0);
       }
       if (!bf16 && golden->Has(seq + ".attn_probs.0"))
-        check.Check("blocks.0.attn.hook_pattern vs HF attn_probs.0", sink.Get({HookSite::kPattern, 0}, 0).data.data(),
+        check.Check("blocks.0.attn.hook_pattern vs HF attn_probs.0",
+                    sink.Get({HookSite::kPattern, 0}, 0).data.data(),
                     golden->F32(seq + ".attn_probs.0"), 1e-5, 0);
-      check.Finish(mc.name + " " + (bf16 ? "bf16 " : "f32 ") + seq + " (T=" + std::to_string(T) + ", H=" +
-                   std::to_string(H) + ")");
+      check.Finish(mc.name + " " + (bf16 ? "bf16 " : "f32 ") + seq + " (T=" +
+                   std::to_string(T) + ", H=" + std::to_string(H) + ")");
     }
   }
 };
@@ -150,7 +174,8 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
 TEST_P(GoldenParityTest, F32EveryHookMatches) { RunSequences(Precision::kF32); }
 
 TEST_P(GoldenParityTest, Bf16WithinDtypeBounds) {
-  if (!CpuSupportsComputeDType(DType::kBF16)) GTEST_SKIP() << "SKIPPED LOUDLY: no bf16 compute on this CPU";
+  if (!CpuSupportsComputeDType(DType::kBF16))
+    GTEST_SKIP() << "SKIPPED LOUDLY: no bf16 compute on this CPU";
   RunSequences(Precision::kBF16);
 }
 
@@ -168,7 +193,8 @@ TEST_P(GoldenParityTest, PackedBatchMatchesPaddedBatchAndSingleRuns) {
   Shape shape;
   std::vector<int32_t> padded = golden->Ids("batch.input_ids", &shape);
   std::vector<int32_t> mask = golden->Ids("batch.attention_mask");
-  const int64_t B = shape[0], Tp = shape[1], H = c.hidden_size, V = c.vocab_size, L = c.num_layers;
+  const int64_t B = shape[0], Tp = shape[1], H = c.hidden_size,
+                V = c.vocab_size, L = c.num_layers;
   std::vector<int32_t> ids;
   std::vector<int64_t> starts = {0};
   std::vector<std::pair<int64_t, int64_t>> where;  // packed row -> (b, t)
@@ -181,38 +207,48 @@ TEST_P(GoldenParityTest, PackedBatchMatchesPaddedBatchAndSingleRuns) {
     starts.push_back(static_cast<int64_t>(ids.size()));
   }
   HookSet hooks = AllHooks(c);
-  auto ex = Executor::Create(**model, hooks, {.max_tokens = 64, .max_seq_len = 64, .logits_chunk_rows = 7});
+  auto ex = Executor::Create(
+      **model, hooks,
+      {.max_tokens = 64, .max_seq_len = 64, .logits_chunk_rows = 7});
   ASSERT_TRUE(ex.ok()) << ex.status().ToString();
   CaptureSink sink;
   ASSERT_TRUE((*ex)->Forward(Batch{ids, starts}, &sink).ok());
   Checker check;
   auto gather = [&](const std::string& name, int64_t cols) {
     std::vector<float> full = golden->F32(name), out;
-    for (auto [b, t] : where) out.insert(out.end(), &full[(b * Tp + t) * cols], &full[(b * Tp + t + 1) * cols]);
+    for (auto [b, t] : where)
+      out.insert(out.end(), &full[(b * Tp + t) * cols],
+                 &full[(b * Tp + t + 1) * cols]);
     return out;
   };
   for (int64_t k = 0; k < L; ++k)
-    check.Check("blocks." + std::to_string(k) + ".hook_resid_pre vs HF batch.hidden." + std::to_string(k),
-                sink.Get({HookSite::kResidPre, k}).data.data(), gather("batch.hidden." + std::to_string(k), H), 1e-4,
-                1e-4);
-  check.Check("ln_final.hook_normalized vs HF batch.hidden." + std::to_string(L),
-              sink.Get({HookSite::kFinalNorm, -1}).data.data(), gather("batch.hidden." + std::to_string(L), H), 1e-4,
-              1e-4);
-  check.Check("logits vs HF batch.logits", sink.Get({HookSite::kLogits, -1}).data.data(), gather("batch.logits", V),
-              1e-4, 1e-4);
+    check.Check("blocks." + std::to_string(k) +
+                    ".hook_resid_pre vs HF batch.hidden." + std::to_string(k),
+                sink.Get({HookSite::kResidPre, k}).data.data(),
+                gather("batch.hidden." + std::to_string(k), H), 1e-4, 1e-4);
+  check.Check(
+      "ln_final.hook_normalized vs HF batch.hidden." + std::to_string(L),
+      sink.Get({HookSite::kFinalNorm, -1}).data.data(),
+      gather("batch.hidden." + std::to_string(L), H), 1e-4, 1e-4);
+  check.Check("logits vs HF batch.logits",
+              sink.Get({HookSite::kLogits, -1}).data.data(),
+              gather("batch.logits", V), 1e-4, 1e-4);
   check.Finish(mc.name + " packed batch");
 
   // Each row alone gives the same numbers as inside the packed batch.
   Checker rows;
   for (int64_t b = 0; b < B; ++b) {
-    std::vector<int32_t> one(ids.begin() + starts[b], ids.begin() + starts[b + 1]);
+    std::vector<int32_t> one(ids.begin() + starts[b],
+                             ids.begin() + starts[b + 1]);
     std::vector<int64_t> s1 = {0, static_cast<int64_t>(one.size())};
     CaptureSink single;
     ASSERT_TRUE((*ex)->Forward(Batch{one, s1}, &single).ok());
     const auto& all = sink.Get({HookSite::kLogits, -1}).data;
-    std::vector<float> packed_rows(all.begin() + starts[b] * V, all.begin() + starts[b + 1] * V);
-    rows.Check("row " + std::to_string(b) + " logits single vs packed", single.Get({HookSite::kLogits, -1}).data.data(),
-               packed_rows, 1e-5, 1e-5);
+    std::vector<float> packed_rows(all.begin() + starts[b] * V,
+                                   all.begin() + starts[b + 1] * V);
+    rows.Check("row " + std::to_string(b) + " logits single vs packed",
+               single.Get({HookSite::kLogits, -1}).data.data(), packed_rows,
+               1e-5, 1e-5);
   }
   rows.Finish(mc.name + " rows vs single runs");
 }

@@ -1,10 +1,10 @@
 #include "tests/golden_util.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "src/base/float16.h"
 
@@ -15,7 +15,9 @@ std::string SharedGoldenDir() {
   return std::filesystem::exists(dir) ? dir : "";
 }
 
-std::string BundledGoldenDir() { return std::string(LOOM_TESTDATA_DIR) + "/golden"; }
+std::string BundledGoldenDir() {
+  return std::string(LOOM_TESTDATA_DIR) + "/golden";
+}
 
 nlohmann::json ReadJson(const std::string& path) {
   std::ifstream in(path);
@@ -33,9 +35,12 @@ std::unique_ptr<GoldenFile> GoldenFile::Open(const std::string& path) {
   return g;
 }
 
-bool GoldenFile::Has(const std::string& name) const { return file_->Find(name) != nullptr; }
+bool GoldenFile::Has(const std::string& name) const {
+  return file_->Find(name) != nullptr;
+}
 
-std::vector<float> GoldenFile::F32(const std::string& name, Shape* shape) const {
+std::vector<float> GoldenFile::F32(const std::string& name,
+                                   Shape* shape) const {
   const TensorInfo* info = file_->Find(name);
   if (info == nullptr) {
     ADD_FAILURE() << "golden tensor " << name << " missing";
@@ -53,12 +58,14 @@ std::vector<float> GoldenFile::F32(const std::string& name, Shape* shape) const 
       out[i] = Bf16ToF32(h);
     }
   } else {
-    ADD_FAILURE() << "golden tensor " << name << " has dtype " << DTypeName(v.dtype);
+    ADD_FAILURE() << "golden tensor " << name << " has dtype "
+                  << DTypeName(v.dtype);
   }
   return out;
 }
 
-std::vector<int32_t> GoldenFile::Ids(const std::string& name, Shape* shape) const {
+std::vector<int32_t> GoldenFile::Ids(const std::string& name,
+                                     Shape* shape) const {
   const TensorInfo* info = file_->Find(name);
   if (info == nullptr) {
     ADD_FAILURE() << "golden tensor " << name << " missing";
@@ -75,20 +82,23 @@ std::vector<int32_t> GoldenFile::Ids(const std::string& name, Shape* shape) cons
   return out;
 }
 
-Status CaptureSink::OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
-                                 int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                                 const float* data) {
+Status CaptureSink::OnActivation(const HookPoint& hook, const Batch& batch,
+                                 int64_t seq, int64_t row_begin, int64_t rows,
+                                 int64_t cols, int64_t ld, const float* data) {
   Tensor& t = tensors_[{hook, seq}];
   t.cols = cols;
   const int64_t total_rows = seq >= 0 ? rows : batch.num_tokens();
-  if (static_cast<int64_t>(t.data.size()) != total_rows * cols) t.data.assign(total_rows * cols, 0.0f);
+  if (static_cast<int64_t>(t.data.size()) != total_rows * cols)
+    t.data.assign(total_rows * cols, 0.0f);
   const int64_t base = seq >= 0 ? 0 : row_begin;
   for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(&t.data[(base + r) * cols], data + r * ld, cols * sizeof(float));
+    std::memcpy(&t.data[(base + r) * cols], data + r * ld,
+                cols * sizeof(float));
   return Status();
 }
 
-const CaptureSink::Tensor& CaptureSink::Get(const HookPoint& h, int64_t seq) const {
+const CaptureSink::Tensor& CaptureSink::Get(const HookPoint& h,
+                                            int64_t seq) const {
   auto it = tensors_.find({h, seq});
   static const Tensor kEmpty;
   if (it == tensors_.end()) {
@@ -98,9 +108,12 @@ const CaptureSink::Tensor& CaptureSink::Get(const HookPoint& h, int64_t seq) con
   return it->second;
 }
 
-bool CaptureSink::Has(const HookPoint& h, int64_t seq) const { return tensors_.count({h, seq}) > 0; }
+bool CaptureSink::Has(const HookPoint& h, int64_t seq) const {
+  return tensors_.count({h, seq}) > 0;
+}
 
-CompareResult Compare(const float* a, const float* b, int64_t n, double atol, double rtol) {
+CompareResult Compare(const float* a, const float* b, int64_t n, double atol,
+                      double rtol) {
   CompareResult r;
   double worst_excess = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -111,19 +124,23 @@ CompareResult Compare(const float* a, const float* b, int64_t n, double atol, do
       r.ok = false;
       worst_excess = err - tol;
       r.worst_index = i;
-      r.message = "index " + std::to_string(i) + ": got " + std::to_string(a[i]) + ", expected " +
-                  std::to_string(b[i]) + " (|err| " + std::to_string(err) + " > tol " + std::to_string(tol) + ")";
+      r.message = "index " + std::to_string(i) + ": got " +
+                  std::to_string(a[i]) + ", expected " + std::to_string(b[i]) +
+                  " (|err| " + std::to_string(err) + " > tol " +
+                  std::to_string(tol) + ")";
     }
   }
   return r;
 }
 
-std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V, const int32_t* ids) {
+std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V,
+                                const int32_t* ids) {
   std::vector<double> out;
   for (int64_t t = 0; t + 1 < T; ++t) {
     const float* row = logits + t * V;
     double mx = row[0];
-    for (int64_t j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    for (int64_t j = 1; j < V; ++j)
+      mx = std::max(mx, static_cast<double>(row[j]));
     double sum = 0;
     for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
     out.push_back(row[ids[t + 1]] - mx - std::log(sum));

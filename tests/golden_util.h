@@ -8,10 +8,9 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/io/safetensors.h"
 #include "src/runtime/executor.h"
@@ -31,7 +30,8 @@ class GoldenFile {
   static std::unique_ptr<GoldenFile> Open(const std::string& path);
   bool Has(const std::string& name) const;
   std::vector<float> F32(const std::string& name, Shape* shape = nullptr) const;
-  std::vector<int32_t> Ids(const std::string& name, Shape* shape = nullptr) const;
+  std::vector<int32_t> Ids(const std::string& name,
+                           Shape* shape = nullptr) const;
 
  private:
   std::unique_ptr<SafetensorsFile> file_;
@@ -41,8 +41,9 @@ class GoldenFile {
 // [heads, L, L] per sequence, keyed by sequence).
 class CaptureSink : public HookSink {
  public:
-  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq, int64_t row_begin,
-                      int64_t rows, int64_t cols, int64_t ld, const float* data) override;
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
+                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
+                      const float* data) override;
   struct Tensor {
     std::vector<float> data;
     int64_t cols = 0;
@@ -61,10 +62,12 @@ struct CompareResult {
   std::string message;
 };
 // |a - b| <= atol + rtol |b| elementwise (b = expected).
-CompareResult Compare(const float* actual, const float* expected, int64_t n, double atol, double rtol);
+CompareResult Compare(const float* actual, const float* expected, int64_t n,
+                      double atol, double rtol);
 
 // log_softmax(logits[t])[ids[t+1]] for t = 0..T-2, in double.
-std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V, const int32_t* ids);
+std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V,
+                                const int32_t* ids);
 
 }  // namespace loom::testing
 

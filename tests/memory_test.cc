@@ -5,9 +5,9 @@
 // the OpenMP runtime are counted and reported separately — see
 // docs/design/memory-plan.md); (2) the executor allocates exactly the
 // planner's arenas; (3) resident memory after a run is within 1 % of the plan.
-#include <gtest/gtest.h>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <gtest/gtest.h>
 #include <malloc.h>
 
 #include <atomic>
@@ -23,7 +23,8 @@
 #include "src/runtime/memory_stats.h"
 #include "src/runtime/model.h"
 
-// ---- Counting allocator -------------------------------------------------------
+// ---- Counting allocator
+// -------------------------------------------------------
 extern "C" void* __libc_malloc(size_t);
 extern "C" void* __libc_calloc(size_t, size_t);
 extern "C" void* __libc_realloc(void*, size_t);
@@ -44,7 +45,8 @@ bool FromLibrary() {
   for (int i = 1; i < n; ++i) {
     Dl_info info;
     if (dladdr(frames[i], &info) && info.dli_fname &&
-        (std::strstr(info.dli_fname, "libdnnl") || std::strstr(info.dli_fname, "libgomp")))
+        (std::strstr(info.dli_fname, "libdnnl") ||
+         std::strstr(info.dli_fname, "libgomp")))
       return true;
   }
   return false;
@@ -55,7 +57,8 @@ inline void Count(size_t bytes = 0) {
   t_in_hook = true;  // backtrace/dladdr may allocate themselves
   if (FromLibrary()) {
     g_library_allocs.fetch_add(1, std::memory_order_relaxed);
-    g_library_bytes.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    g_library_bytes.fetch_add(static_cast<int64_t>(bytes),
+                              std::memory_order_relaxed);
   } else {
     g_allocs.fetch_add(1, std::memory_order_relaxed);
   }
@@ -64,7 +67,9 @@ inline void Count(size_t bytes = 0) {
 
 // Freed library buffers go back to the OS at once (no dynamic mmap
 // threshold), so resident memory after a run reflects what is held.
-const bool kMallocConfigured = [] { return mallopt(M_MMAP_THRESHOLD, 256 * 1024) == 1; }();
+const bool kMallocConfigured = [] {
+  return mallopt(M_MMAP_THRESHOLD, 256 * 1024) == 1;
+}();
 }  // namespace
 
 extern "C" {
@@ -110,11 +115,17 @@ void* operator new(size_t n, std::align_val_t al) {
   if (void* p = __libc_memalign(static_cast<size_t>(al), n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void* operator new[](size_t n, std::align_val_t al) { return operator new(n, al); }
+void* operator new[](size_t n, std::align_val_t al) {
+  return operator new(n, al);
+}
 void operator delete(void* p, std::align_val_t) noexcept { __libc_free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { __libc_free(p); }
-void operator delete(void* p, size_t, std::align_val_t) noexcept { __libc_free(p); }
-void operator delete[](void* p, size_t, std::align_val_t) noexcept { __libc_free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept {
+  __libc_free(p);
+}
+void operator delete[](void* p, size_t, std::align_val_t) noexcept {
+  __libc_free(p);
+}
 
 namespace loom {
 namespace {
@@ -124,9 +135,12 @@ namespace fs = std::filesystem;
 HookSet EveryHook(const ModelConfig& c) {
   HookSet hooks;
   for (int64_t l = 0; l < c.num_layers; ++l)
-    for (HookSite s : {HookSite::kResidPre, HookSite::kLn1, HookSite::kQ, HookSite::kK, HookSite::kV, HookSite::kRotQ,
-                       HookSite::kRotK, HookSite::kPattern, HookSite::kZ, HookSite::kAttnOut, HookSite::kResidMid,
-                       HookSite::kLn2, HookSite::kMlpPre, HookSite::kMlpPost, HookSite::kMlpOut, HookSite::kResidPost})
+    for (HookSite s :
+         {HookSite::kResidPre, HookSite::kLn1, HookSite::kQ, HookSite::kK,
+          HookSite::kV, HookSite::kRotQ, HookSite::kRotK, HookSite::kPattern,
+          HookSite::kZ, HookSite::kAttnOut, HookSite::kResidMid, HookSite::kLn2,
+          HookSite::kMlpPre, HookSite::kMlpPost, HookSite::kMlpOut,
+          HookSite::kResidPost})
       hooks.Add({s, l});
   hooks.Add({HookSite::kEmbed, -1});
   hooks.Add({HookSite::kFinalNorm, -1});
@@ -136,8 +150,8 @@ HookSet EveryHook(const ModelConfig& c) {
 
 class NullSink : public HookSink {
  public:
-  Status OnActivation(const HookPoint&, const Batch&, int64_t, int64_t, int64_t, int64_t, int64_t,
-                      const float* data) override {
+  Status OnActivation(const HookPoint&, const Batch&, int64_t, int64_t, int64_t,
+                      int64_t, int64_t, const float* data) override {
     sum_ += data[0];  // read, do not store
     return Status();
   }
@@ -149,13 +163,18 @@ TEST(MemoryTest, ForwardMakesNoHeapAllocations) {
     auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K", p);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     HookSet hooks = EveryHook((*model)->config());
-    auto ex = Executor::Create(**model, hooks, {.max_tokens = 64, .max_seq_len = 32, .logits_chunk_rows = 16});
+    auto ex = Executor::Create(
+        **model, hooks,
+        {.max_tokens = 64, .max_seq_len = 32, .logits_chunk_rows = 16});
     ASSERT_TRUE(ex.ok()) << ex.status().ToString();
     std::vector<int32_t> ids(50);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(1 + (i * 37) % 500);
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<int32_t>(1 + (i * 37) % 500);
     std::vector<int64_t> starts = {0, 20, 21, 50};
     NullSink sink;
-    ASSERT_TRUE((*ex)->Forward(Batch{ids, starts}, &sink).ok());  // warm-up: kernels for these shapes
+    ASSERT_TRUE((*ex)
+                    ->Forward(Batch{ids, starts}, &sink)
+                    .ok());  // warm-up: kernels for these shapes
     g_allocs = 0;
     g_library_allocs = 0;
     g_library_bytes = 0;
@@ -164,32 +183,45 @@ TEST(MemoryTest, ForwardMakesNoHeapAllocations) {
     g_counting = false;
     ASSERT_TRUE(st.ok()) << st.ToString();
     const char* name = p == Precision::kF32 ? "f32" : "bf16";
-    EXPECT_EQ(g_allocs.load(), 0) << "heap allocations by Loom's code during a forward (" << name << ")";
-    std::printf("%s forward: 0 allocations by Loom; %lld inside oneDNN/libgomp (%lld bytes, transient)\n", name,
-                static_cast<long long>(g_library_allocs.load()), static_cast<long long>(g_library_bytes.load()));
-    RecordProperty(std::string(name) + "_library_allocations", std::to_string(g_library_allocs.load()));
+    EXPECT_EQ(g_allocs.load(), 0)
+        << "heap allocations by Loom's code during a forward (" << name << ")";
+    std::printf(
+        "%s forward: 0 allocations by Loom; %lld inside oneDNN/libgomp (%lld "
+        "bytes, transient)\n",
+        name, static_cast<long long>(g_library_allocs.load()),
+        static_cast<long long>(g_library_bytes.load()));
+    RecordProperty(std::string(name) + "_library_allocations",
+                   std::to_string(g_library_allocs.load()));
   }
 }
 
 TEST(MemoryTest, ExecutorAllocatesExactlyThePlannedArenas) {
-  auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K", Precision::kF32);
+  auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
+                           Precision::kF32);
   ASSERT_TRUE(model.ok());
   HookSet hooks;
   hooks.Add({HookSite::kResidPost, 2});
   hooks.Add({HookSite::kLogits, -1});
-  ExecutorOptions o{.max_tokens = 300, .max_seq_len = 256, .logits_chunk_rows = 64};
+  ExecutorOptions o{
+      .max_tokens = 300, .max_seq_len = 256, .logits_chunk_rows = 64};
   auto ex = Executor::Create(**model, hooks, o);
   ASSERT_TRUE(ex.ok());
   const ActivationLayout plan =
-      PlanActivations((*model)->config(), Executor::MakeJob(**model, hooks, o), Executor::CpuKernelCosts());
-  EXPECT_EQ((*ex)->arena_bytes(), plan.activations.total_bytes + plan.workspace.total_bytes + plan.logits.total_bytes);
+      PlanActivations((*model)->config(), Executor::MakeJob(**model, hooks, o),
+                      Executor::CpuKernelCosts());
+  EXPECT_EQ((*ex)->arena_bytes(), plan.activations.total_bytes +
+                                      plan.workspace.total_bytes +
+                                      plan.logits.total_bytes);
   EXPECT_LE(plan.activations.total_bytes, plan.activations.naive_bytes);
 }
 
-// Resident memory held by load + forwards vs the planner's CPU total, for a synthetic
-// model large enough that process overheads (code, allocator) are small.
+// Resident memory held by load + forwards vs the planner's CPU total, for a
+// synthetic model large enough that process overheads (code, allocator) are
+// small.
 TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
-  const std::string dir = (fs::temp_directory_path() / ("loom_mem_synth_" + std::to_string(::getpid()))).string();
+  const std::string dir = (fs::temp_directory_path() /
+                           ("loom_mem_synth_" + std::to_string(::getpid())))
+                              .string();
   SynthOptions so;
   so.preset = "tinyllama-1.1b";
   so.num_layers = 2;
@@ -198,7 +230,8 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
   HookSet hooks;
   hooks.Add({HookSite::kResidPost, 1});
   hooks.Add({HookSite::kLogits, -1});
-  ExecutorOptions eo{.max_tokens = 512, .max_seq_len = 512, .logits_chunk_rows = 128};
+  ExecutorOptions eo{
+      .max_tokens = 512, .max_seq_len = 512, .logits_chunk_rows = 128};
   // Plan first, as job commands do.
   JobSpec job;
   job.batch_tokens = 512;
@@ -210,10 +243,12 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
   job.selector = Selector::kLast;  // the sink below keeps nothing
   auto cpu = ParseDevice("cpu=24GiB", 24LL << 30);
   ASSERT_TRUE(cpu.ok());
-  auto plan = PlanModelDir(dir, job, {*cpu}, 24LL << 30, Executor::CpuKernelCosts());
+  auto plan =
+      PlanModelDir(dir, job, {*cpu}, 24LL << 30, Executor::CpuKernelCosts());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   int64_t planned = 0;
-  for (const auto& d : plan->devices) planned += d.device.kind == DeviceKind::kCpu ? d.total() : 0;
+  for (const auto& d : plan->devices)
+    planned += d.device.kind == DeviceKind::kCpu ? d.total() : 0;
   std::printf("%s\n", FormatPlanTable(*plan).c_str());
 
   ASSERT_TRUE(kMallocConfigured);
@@ -227,23 +262,31 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
     auto ex = Executor::Create(**model, hooks, eo);
     ASSERT_TRUE(ex.ok());
     std::vector<int32_t> ids(512);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % 32000);
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<int32_t>((i * 7919) % 32000);
     std::vector<int64_t> starts = {0, 512};
     NullSink sink;
     ASSERT_TRUE((*ex)->Forward(Batch{ids, starts}, &sink).ok());
-    ASSERT_TRUE((*ex)->Forward(Batch{ids, starts}, &sink).ok());  // no growth from run to run
+    ASSERT_TRUE((*ex)
+                    ->Forward(Batch{ids, starts}, &sink)
+                    .ok());  // no growth from run to run
     measured_held = CurrentRssBytes() - before;
   }
   const int64_t peak = PeakRssBytes() - before;
   const int64_t measured = measured_held;
   fs::remove_all(dir);
-  const double ratio = static_cast<double>(measured) / static_cast<double>(planned);
+  const double ratio =
+      static_cast<double>(measured) / static_cast<double>(planned);
   RecordProperty("planned_bytes", std::to_string(planned));
   RecordProperty("measured_bytes", std::to_string(measured));
-  std::printf("planned %lld bytes, resident after the run %lld bytes (ratio %.4f); transient peak %lld bytes\n",
-              static_cast<long long>(planned), static_cast<long long>(measured), ratio, static_cast<long long>(peak));
+  std::printf(
+      "planned %lld bytes, resident after the run %lld bytes (ratio %.4f); "
+      "transient peak %lld bytes\n",
+      static_cast<long long>(planned), static_cast<long long>(measured), ratio,
+      static_cast<long long>(peak));
   RecordProperty("peak_bytes", std::to_string(peak));
-  EXPECT_NEAR(ratio, 1.0, 0.01) << "planned " << planned << " measured " << measured;
+  EXPECT_NEAR(ratio, 1.0, 0.01)
+      << "planned " << planned << " measured " << measured;
 }
 
 }  // namespace

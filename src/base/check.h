@@ -24,15 +24,20 @@ struct Voidify {
 
 }  // namespace loom::internal
 
-#define LOOM_CHECK(cond)                    \
-  (cond) ? (void)0                          \
-         : ::loom::internal::Voidify() &    \
-               ::loom::internal::CheckFailure(__FILE__, __LINE__, #cond).stream()
+#define LOOM_CHECK(cond)              \
+  (cond)                              \
+      ? (void)0                       \
+      : ::loom::internal::Voidify() & \
+            ::loom::internal::CheckFailure(__FILE__, __LINE__, #cond).stream()
 
-#define LOOM_CHECK_EQ(a, b) LOOM_CHECK((a) == (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
-#define LOOM_CHECK_LE(a, b) LOOM_CHECK((a) <= (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
-#define LOOM_CHECK_LT(a, b) LOOM_CHECK((a) < (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
-#define LOOM_CHECK_GE(a, b) LOOM_CHECK((a) >= (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
+#define LOOM_CHECK_EQ(a, b) \
+  LOOM_CHECK((a) == (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
+#define LOOM_CHECK_LE(a, b) \
+  LOOM_CHECK((a) <= (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
+#define LOOM_CHECK_LT(a, b) \
+  LOOM_CHECK((a) < (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
+#define LOOM_CHECK_GE(a, b) \
+  LOOM_CHECK((a) >= (b)) << #a "=" << (a) << " " #b "=" << (b) << " "
 
 #ifdef NDEBUG
 #define LOOM_DCHECK(cond) \

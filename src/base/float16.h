@@ -8,17 +8,24 @@
 
 namespace loom {
 
-inline float Bf16ToF32(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
+inline float Bf16ToF32(uint16_t h) {
+  return std::bit_cast<float>(uint32_t{h} << 16);
+}
 
 inline uint16_t F32ToBf16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
 
-inline float F16ToF32(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
-inline uint16_t F32ToF16(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
+inline float F16ToF32(uint16_t h) {
+  return static_cast<float>(std::bit_cast<_Float16>(h));
+}
+inline uint16_t F32ToF16(float f) {
+  return std::bit_cast<uint16_t>(static_cast<_Float16>(f));
+}
 
 // Rounds f32 through bf16 and back (what storing an activation in bf16 does).
 inline float RoundBf16(float f) { return Bf16ToF32(F32ToBf16(f)); }

@@ -7,16 +7,26 @@ namespace loom {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case StatusCode::kNotFound: return "NOT_FOUND";
-    case StatusCode::kDataLoss: return "DATA_LOSS";
-    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case StatusCode::kOutOfRange: return "OUT_OF_RANGE";
-    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
-    case StatusCode::kInternal: return "INTERNAL";
-    case StatusCode::kIoError: return "IO_ERROR";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case StatusCode::kDataLoss:
+      return "DATA_LOSS";
+    case StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case StatusCode::kOutOfRange:
+      return "OUT_OF_RANGE";
+    case StatusCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case StatusCode::kInternal:
+      return "INTERNAL";
+    case StatusCode::kIoError:
+      return "IO_ERROR";
   }
   return "UNKNOWN";
 }
@@ -41,15 +51,33 @@ Status Status::WithContext(std::string_view context) const {
   return Status(rep_->code, std::string(context) + ": " + rep_->message);
 }
 
-Status InvalidArgumentError(std::string m) { return Status(StatusCode::kInvalidArgument, std::move(m)); }
-Status NotFoundError(std::string m) { return Status(StatusCode::kNotFound, std::move(m)); }
-Status DataLossError(std::string m) { return Status(StatusCode::kDataLoss, std::move(m)); }
-Status FailedPreconditionError(std::string m) { return Status(StatusCode::kFailedPrecondition, std::move(m)); }
-Status OutOfRangeError(std::string m) { return Status(StatusCode::kOutOfRange, std::move(m)); }
-Status ResourceExhaustedError(std::string m) { return Status(StatusCode::kResourceExhausted, std::move(m)); }
-Status UnimplementedError(std::string m) { return Status(StatusCode::kUnimplemented, std::move(m)); }
-Status InternalError(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
-Status IoError(std::string m) { return Status(StatusCode::kIoError, std::move(m)); }
+Status InvalidArgumentError(std::string m) {
+  return Status(StatusCode::kInvalidArgument, std::move(m));
+}
+Status NotFoundError(std::string m) {
+  return Status(StatusCode::kNotFound, std::move(m));
+}
+Status DataLossError(std::string m) {
+  return Status(StatusCode::kDataLoss, std::move(m));
+}
+Status FailedPreconditionError(std::string m) {
+  return Status(StatusCode::kFailedPrecondition, std::move(m));
+}
+Status OutOfRangeError(std::string m) {
+  return Status(StatusCode::kOutOfRange, std::move(m));
+}
+Status ResourceExhaustedError(std::string m) {
+  return Status(StatusCode::kResourceExhausted, std::move(m));
+}
+Status UnimplementedError(std::string m) {
+  return Status(StatusCode::kUnimplemented, std::move(m));
+}
+Status InternalError(std::string m) {
+  return Status(StatusCode::kInternal, std::move(m));
+}
+Status IoError(std::string m) {
+  return Status(StatusCode::kIoError, std::move(m));
+}
 
 namespace internal {
 

@@ -23,13 +23,13 @@ namespace loom {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // bad user input (flags, prompts, hook names)
-  kNotFound,          // missing file, tensor, key
-  kDataLoss,          // corrupt or truncated file
+  kInvalidArgument,  // bad user input (flags, prompts, hook names)
+  kNotFound,         // missing file, tensor, key
+  kDataLoss,         // corrupt or truncated file
   kFailedPrecondition,
-  kOutOfRange,        // index/size beyond a limit (e.g. prompt too long)
-  kResourceExhausted, // does not fit in the memory caps
-  kUnimplemented,     // recognised but not supported (e.g. architecture)
+  kOutOfRange,         // index/size beyond a limit (e.g. prompt too long)
+  kResourceExhausted,  // does not fit in the memory caps
+  kUnimplemented,      // recognised but not supported (e.g. architecture)
   kInternal,
   kIoError,
 };
@@ -84,10 +84,10 @@ class [[nodiscard]] StatusOr {
   StatusOr(const T& value) : value_(value) {}        // NOLINT
   StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
   template <typename U>
-    requires std::is_convertible_v<U&&, T> &&
-             (!std::is_same_v<std::decay_t<U>, T>) &&
-             (!std::is_same_v<std::decay_t<U>, Status>)
-  StatusOr(U&& value) : value_(std::forward<U>(value)) {}  // NOLINT
+  requires std::is_convertible_v<U&&, T> &&
+      (!std::is_same_v<std::decay_t<U>, T>)&&(
+          !std::is_same_v<std::decay_t<U>, Status>)StatusOr(U&& value)
+      : value_(std::forward<U>(value)) {}  // NOLINT
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
@@ -129,16 +129,18 @@ const Status& AsStatus(const StatusOr<T>& s) {
 #define LOOM_STATUS_CONCAT(a, b) LOOM_STATUS_CONCAT_INNER(a, b)
 
 // Returns from the current function if `expr` (a Status or StatusOr) is not OK.
-#define RETURN_IF_ERROR(expr)                                            \
-  do {                                                                   \
+#define RETURN_IF_ERROR(expr)                                             \
+  do {                                                                    \
     const ::loom::Status _loom_status = ::loom::internal::AsStatus(expr); \
-    if (!_loom_status.ok()) return _loom_status;                         \
+    if (!_loom_status.ok()) return _loom_status;                          \
   } while (0)
 
 // ASSIGN_OR_RETURN(lhs, expr): evaluates the StatusOr `expr`; on error returns
-// its status, otherwise moves the value into `lhs` (which may be a declaration).
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  LOOM_ASSIGN_OR_RETURN_IMPL(LOOM_STATUS_CONCAT(_loom_statusor_, __LINE__), lhs, expr)
+// its status, otherwise moves the value into `lhs` (which may be a
+// declaration).
+#define ASSIGN_OR_RETURN(lhs, expr)                                         \
+  LOOM_ASSIGN_OR_RETURN_IMPL(LOOM_STATUS_CONCAT(_loom_statusor_, __LINE__), \
+                             lhs, expr)
 #define LOOM_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                               \
   if (!tmp.ok()) return tmp.status();              \

@@ -6,7 +6,8 @@ namespace loom {
 namespace {
 
 StatusOr<int> Half(int x) {
-  if (x % 2 != 0) return InvalidArgumentError("x=" + std::to_string(x) + " is odd");
+  if (x % 2 != 0)
+    return InvalidArgumentError("x=" + std::to_string(x) + " is odd");
   return x / 2;
 }
 

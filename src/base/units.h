@@ -23,7 +23,9 @@ StatusOr<int64_t> ParseBytes(std::string_view text);
 std::string FormatBytes(int64_t bytes);
 
 // Rounds `n` up to a multiple of `align` (a power of two).
-constexpr int64_t AlignUp(int64_t n, int64_t align) { return (n + align - 1) & ~(align - 1); }
+constexpr int64_t AlignUp(int64_t n, int64_t align) {
+  return (n + align - 1) & ~(align - 1);
+}
 
 }  // namespace loom
 

@@ -23,7 +23,8 @@ TEST(UnitsTest, FormatBytes) {
 
 TEST(Float16Test, Bf16RoundTripAndRounding) {
   EXPECT_EQ(Bf16ToF32(F32ToBf16(1.0f)), 1.0f);
-  // 1 + 2^-8 is exactly halfway between bf16 neighbours 1 and 1+2^-7: ties to even -> 1.
+  // 1 + 2^-8 is exactly halfway between bf16 neighbours 1 and 1+2^-7: ties to
+  // even -> 1.
   EXPECT_EQ(RoundBf16(1.0f + 1.0f / 256), 1.0f);
   EXPECT_EQ(RoundBf16(1.0f + 3.0f / 256), 1.0f + 4.0f / 256);
   EXPECT_EQ(F16ToF32(F32ToF16(0.5f)), 0.5f);

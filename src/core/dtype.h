@@ -25,31 +25,39 @@ enum class DType : uint8_t {
 
 // "F32", "BF16", ... as written in safetensors headers.
 std::string_view DTypeName(DType dtype);
-// "float32", "bfloat16", ... as numpy / torch / config.json's torch_dtype say it.
+// "float32", "bfloat16", ... as numpy / torch / config.json's torch_dtype say
+// it.
 std::string_view DTypeLongName(DType dtype);
-// Parses a safetensors name ("BF16") or a torch/HF name ("bfloat16", "float16").
+// Parses a safetensors name ("BF16") or a torch/HF name ("bfloat16",
+// "float16").
 std::optional<DType> ParseDType(std::string_view name);
 
 constexpr int64_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF64:
-    case DType::kI64: return 8;
+    case DType::kI64:
+      return 8;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kBF16:
     case DType::kF16:
-    case DType::kI16: return 2;
+    case DType::kI16:
+      return 2;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
     case DType::kI8:
     case DType::kU8:
-    case DType::kBool: return 1;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
 
 // Types the CPU backend computes with (others are recognised, not computed).
-constexpr bool IsComputeDType(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+constexpr bool IsComputeDType(DType d) {
+  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16;
+}
 
 }  // namespace loom
 

@@ -22,7 +22,9 @@ class Shape {
 
   int rank() const { return static_cast<int>(dims_.size()); }
   int64_t operator[](int i) const { return dims_[i]; }
-  int64_t dim(int i) const { return i < 0 ? dims_[dims_.size() + i] : dims_[i]; }
+  int64_t dim(int i) const {
+    return i < 0 ? dims_[dims_.size() + i] : dims_[i];
+  }
   const std::vector<int64_t>& dims() const { return dims_; }
   int64_t numel() const {
     int64_t n = 1;

@@ -67,7 +67,7 @@ struct ExtractOptions {
   std::string on_error = "fail";  // fail | skip
   bool resume = false;
   bool replace_invalid_utf8 = false;  // else invalid UTF-8 is a row error
-  JobPlanOptions plan;               // devices, caps, --show-plan, --verify-plan
+  JobPlanOptions plan;  // devices, caps, --show-plan, --verify-plan
   // Called after every committed window (rows done, total rows if known,
   // tokens/s).
   std::function<void(int64_t rows, int64_t tokens, double seconds)> progress;
@@ -84,8 +84,8 @@ struct ExtractSummary {
   std::vector<std::string> resolved_hooks;
   std::vector<std::string> files;
   bool complete = false;
-  int64_t planned_bytes = 0;      // the plan's host total
-  nlohmann::json verify_plan;     // with --verify-plan: resident vs planned
+  int64_t planned_bytes = 0;   // the plan's host total
+  nlohmann::json verify_plan;  // with --verify-plan: resident vs planned
   nlohmann::json ToJson() const;
 };
 

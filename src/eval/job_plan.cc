@@ -17,13 +17,16 @@ int64_t HostMemoryBytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-StatusOr<DType> PlannedComputeDType(const std::string& model_dir, Precision precision) {
+StatusOr<DType> PlannedComputeDType(const std::string& model_dir,
+                                    Precision precision) {
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
   std::string warning;
   return ResolvePrecision(precision, c.torch_dtype, &warning);
 }
 
-StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command, const std::string& model_dir, const JobSpec& job,
+StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
+                                     const std::string& model_dir,
+                                     const JobSpec& job,
                                      const JobPlanOptions& o) {
   const int64_t host = HostMemoryBytes();
   std::vector<DeviceSpec> devices;
@@ -35,24 +38,31 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command, const std::stri
     ASSIGN_OR_RETURN(DeviceSpec cpu, ParseDevice("cpu", host));
     devices.push_back(cpu);
   }
-  if (!o.max_memory.empty()) RETURN_IF_ERROR(ApplyMaxMemory(o.max_memory, &devices));
+  if (!o.max_memory.empty())
+    RETURN_IF_ERROR(ApplyMaxMemory(o.max_memory, &devices));
   RETURN_IF_ERROR(NormalizeDevices(&devices, host));
   if (!o.reserve.empty()) RETURN_IF_ERROR(ApplyReserve(o.reserve, &devices));
   for (const DeviceSpec& d : devices)
     if (d.kind == DeviceKind::kCuda)
       return UnimplementedError("--device " + d.name +
-                                ": this build runs on the CPU only; plan GPU placements with `loom plan`");
-  ASSIGN_OR_RETURN(MemoryPlan plan, PlanModelDir(model_dir, job, devices, host, Executor::CpuKernelCosts()));
-  if (o.show_plan) std::fprintf(stderr, "loom %s: memory plan\n%s\n", command.c_str(), FormatPlanTable(plan).c_str());
+                                ": this build runs on the CPU only; plan GPU "
+                                "placements with `loom plan`");
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanModelDir(model_dir, job, devices, host,
+                                                 Executor::CpuKernelCosts()));
+  if (o.show_plan)
+    std::fprintf(stderr, "loom %s: memory plan\n%s\n", command.c_str(),
+                 FormatPlanTable(plan).c_str());
   RETURN_IF_ERROR(CheckFits(plan));
   return plan;
 }
 
-StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision, int64_t ctx, int64_t chunk_rows) {
+StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
+                          int64_t ctx, int64_t chunk_rows) {
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(DType dtype, PlannedComputeDType(model_dir, precision));
   JobSpec job;
-  job.batch_tokens = ctx > 0 ? ctx : std::min<int64_t>(512, c.max_position_embeddings);
+  job.batch_tokens =
+      ctx > 0 ? ctx : std::min<int64_t>(512, c.max_position_embeddings);
   job.context = job.batch_tokens;
   job.hooks.Add({HookSite::kFinalNorm, -1});
   job.selector = Selector::kAll;
@@ -72,7 +82,9 @@ int64_t PlannedHostBytes(const MemoryPlan& plan) {
 
 nlohmann::json VerifyPlan(int64_t planned, int64_t rss_before) {
   const int64_t resident = CurrentRssBytes() - rss_before;
-  const double ratio = planned > 0 ? static_cast<double>(resident) / static_cast<double>(planned) : 0.0;
+  const double ratio =
+      planned > 0 ? static_cast<double>(resident) / static_cast<double>(planned)
+                  : 0.0;
   return nlohmann::json{{"planned_bytes", planned},
                         {"resident_bytes", resident},
                         {"ratio", ratio},

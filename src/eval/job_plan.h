@@ -7,10 +7,9 @@
 #define LOOM_EVAL_JOB_PLAN_H_
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/base/status.h"
 #include "src/plan/planner.h"
@@ -31,17 +30,21 @@ int64_t HostMemoryBytes();
 
 // The compute dtype the job will run at (for planning the weight bytes):
 // resolved from config.json's torch_dtype and the requested precision.
-StatusOr<DType> PlannedComputeDType(const std::string& model_dir, Precision precision);
+StatusOr<DType> PlannedComputeDType(const std::string& model_dir,
+                                    Precision precision);
 
 // Plans `job` for `model_dir`, prints the table when asked, and returns
 // ResourceExhausted with the breakdown and suggestions when it does not fit.
-StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command, const std::string& model_dir, const JobSpec& job,
+StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
+                                     const std::string& model_dir,
+                                     const JobSpec& job,
                                      const JobPlanOptions& options);
 
 // The job an evaluation (perplexity / compare) runs per window: `ctx` tokens
 // to the final norm, logits `chunk_rows` rows at a time. ctx 0 = the
 // commands' default, min(512, max_position_embeddings).
-StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision, int64_t ctx, int64_t chunk_rows);
+StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
+                          int64_t ctx, int64_t chunk_rows);
 
 // Bytes the plan puts on the host (the CPU device).
 int64_t PlannedHostBytes(const MemoryPlan& plan);

@@ -23,18 +23,25 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
     r.name = name;
     r.bytes = bytes;
     r.offset = plan.total_bytes;
-    plan.total_bytes += (bytes + ArenaPlan::kAlign - 1) / ArenaPlan::kAlign * ArenaPlan::kAlign;
+    plan.total_bytes +=
+        (bytes + ArenaPlan::kAlign - 1) / ArenaPlan::kAlign * ArenaPlan::kAlign;
     plan.regions.push_back(r);
   };
-  add("eval logits chunk [C, V]", chunk_rows * head->vocab_ * int64_t{sizeof(float)});
-  add("eval lm_head input copy", cpu::GemmWorkspaceBytes(chunk_rows, head->hidden_, w.dtype));
-  const bool out_in = model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
-  const int64_t scratch = cpu::GemmScratchpadBytes(chunk_rows, head->vocab_, head->hidden_, w.dtype,
-                                                   out_in ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut);
+  add("eval logits chunk [C, V]",
+      chunk_rows * head->vocab_ * int64_t{sizeof(float)});
+  add("eval lm_head input copy",
+      cpu::GemmWorkspaceBytes(chunk_rows, head->hidden_, w.dtype));
+  const bool out_in =
+      model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
+  const int64_t scratch = cpu::GemmScratchpadBytes(
+      chunk_rows, head->vocab_, head->hidden_, w.dtype,
+      out_in ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut);
   add("eval lm_head scratchpad", scratch);
   plan.naive_bytes = plan.total_bytes;
   ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan));
-  if (scratch > 0) head->gemm_.SetScratchpad(head->arena_.region("eval lm_head scratchpad"), scratch);
+  if (scratch > 0)
+    head->gemm_.SetScratchpad(head->arena_.region("eval lm_head scratchpad"),
+                              scratch);
   return head;
 }
 
@@ -42,12 +49,14 @@ const float* LogitsHead::Compute(const float* hidden, int64_t rows) {
   LOOM_CHECK(rows > 0 && rows <= chunk_rows_)
       << "rows=" << rows << " chunk_rows=" << chunk_rows_;
   float* logits = arena_.as<float>("eval logits chunk [C, V]");
-  ComputeLogits(model_, gemm_, hidden, rows, logits, arena_.region("eval lm_head input copy"));
+  ComputeLogits(model_, gemm_, hidden, rows, logits,
+                arena_.region("eval lm_head input copy"));
   return logits;
 }
 
 void LogitsHead::LogSumExp(int64_t rows, double* lse) const {
-  cpu::LogSumExp(arena_.as<float>("eval logits chunk [C, V]"), rows, vocab_, lse);
+  cpu::LogSumExp(arena_.as<float>("eval logits chunk [C, V]"), rows, vocab_,
+                 lse);
 }
 
 int64_t ArgMax(const float* x, int64_t n) {

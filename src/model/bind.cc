@@ -12,10 +12,12 @@ namespace loom {
 namespace {
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-const Checkpoint::Entry* FindWithPrefixes(const Checkpoint& ckpt, const ArchWeights& decl,
+const Checkpoint::Entry* FindWithPrefixes(const Checkpoint& ckpt,
+                                          const ArchWeights& decl,
                                           const std::string& name) {
   if (const auto* e = ckpt.Find(name)) return e;
   for (const auto& prefix : decl.optional_prefixes) {
@@ -26,7 +28,9 @@ const Checkpoint::Entry* FindWithPrefixes(const Checkpoint& ckpt, const ArchWeig
   return nullptr;
 }
 
-std::string FileOf(const Checkpoint& ckpt, const Checkpoint::Entry& e) { return ckpt.files()[e.file]->path(); }
+std::string FileOf(const Checkpoint& ckpt, const Checkpoint::Entry& e) {
+  return ckpt.files()[e.file]->path();
+}
 
 void ConvertTensor(const TensorView& src, void* dst, DType dst_dtype) {
   const int64_t n = src.numel();
@@ -35,16 +39,36 @@ void ConvertTensor(const TensorView& src, void* dst, DType dst_dtype) {
   for (int64_t i = 0; i < n; ++i) {
     float v = 0;
     switch (src.dtype) {
-      case DType::kF32: std::memcpy(&v, s + 4 * i, 4); break;
-      case DType::kBF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); v = Bf16ToF32(h); break; }
-      case DType::kF16: { uint16_t h; std::memcpy(&h, s + 2 * i, 2); v = F16ToF32(h); break; }
-      default: LOOM_CHECK(false) << "unconvertible dtype " << DTypeName(src.dtype);
+      case DType::kF32:
+        std::memcpy(&v, s + 4 * i, 4);
+        break;
+      case DType::kBF16: {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, 2);
+        v = Bf16ToF32(h);
+        break;
+      }
+      case DType::kF16: {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, 2);
+        v = F16ToF32(h);
+        break;
+      }
+      default:
+        LOOM_CHECK(false) << "unconvertible dtype " << DTypeName(src.dtype);
     }
     switch (dst_dtype) {
-      case DType::kF32: static_cast<float*>(dst)[i] = v; break;
-      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = F32ToBf16(v); break;
-      case DType::kF16: static_cast<uint16_t*>(dst)[i] = F32ToF16(v); break;
-      default: LOOM_CHECK(false) << "bad compute dtype " << DTypeName(dst_dtype);
+      case DType::kF32:
+        static_cast<float*>(dst)[i] = v;
+        break;
+      case DType::kBF16:
+        static_cast<uint16_t*>(dst)[i] = F32ToBf16(v);
+        break;
+      case DType::kF16:
+        static_cast<uint16_t*>(dst)[i] = F32ToF16(v);
+        break;
+      default:
+        LOOM_CHECK(false) << "bad compute dtype " << DTypeName(dst_dtype);
     }
   }
 }
@@ -64,7 +88,8 @@ void FaultIn(const TensorView& v) {
 
 }  // namespace
 
-StatusOr<std::vector<WeightMatch>> MatchWeights(const ModelConfig& config, const ArchWeights& decl,
+StatusOr<std::vector<WeightMatch>> MatchWeights(const ModelConfig& config,
+                                                const ArchWeights& decl,
                                                 const Checkpoint& ckpt) {
   std::vector<WeightMatch> matches(decl.specs.size());
   std::set<const Checkpoint::Entry*> consumed;
@@ -77,36 +102,48 @@ StatusOr<std::vector<WeightMatch>> MatchWeights(const ModelConfig& config, const
     }
     if (e == nullptr) {
       if (!spec.required) continue;
-      return NotFoundError("tensor " + spec.name + ": missing from the checkpoint (" + config.model_type +
-                           " declares it with shape " + spec.shape.ToString() + ")");
+      return NotFoundError("tensor " + spec.name +
+                           ": missing from the checkpoint (" +
+                           config.model_type + " declares it with shape " +
+                           spec.shape.ToString() + ")");
     }
     if (e->info.shape != spec.shape)
-      return InvalidArgumentError("tensor " + e->info.name + " in " + FileOf(ckpt, *e) + ": shape " +
-                                  e->info.shape.ToString() + " in file, expected " + spec.shape.ToString() +
-                                  " from config.json");
+      return InvalidArgumentError(
+          "tensor " + e->info.name + " in " + FileOf(ckpt, *e) + ": shape " +
+          e->info.shape.ToString() + " in file, expected " +
+          spec.shape.ToString() + " from config.json");
     const DType want = spec.storage_dtype.value_or(e->info.dtype);
-    if (spec.storage_dtype ? e->info.dtype != want : !IsComputeDType(e->info.dtype))
-      return InvalidArgumentError("tensor " + e->info.name + " in " + FileOf(ckpt, *e) + ": dtype " +
-                                  std::string(DTypeName(e->info.dtype)) + ", expected " +
-                                  (spec.storage_dtype ? std::string(DTypeName(want)) : "F32, BF16 or F16"));
+    if (spec.storage_dtype ? e->info.dtype != want
+                           : !IsComputeDType(e->info.dtype))
+      return InvalidArgumentError(
+          "tensor " + e->info.name + " in " + FileOf(ckpt, *e) + ": dtype " +
+          std::string(DTypeName(e->info.dtype)) + ", expected " +
+          (spec.storage_dtype ? std::string(DTypeName(want))
+                              : "F32, BF16 or F16"));
     matches[i].entry = e;
     consumed.insert(e);
   }
   for (const auto& e : ckpt.entries()) {
     if (consumed.count(&e)) continue;
     bool ignored = false;
-    for (const auto& suffix : decl.ignored_suffixes) ignored |= EndsWith(e.info.name, suffix);
+    for (const auto& suffix : decl.ignored_suffixes)
+      ignored |= EndsWith(e.info.name, suffix);
     if (ignored) continue;
-    return InvalidArgumentError("tensor " + e.info.name + " in " + FileOf(ckpt, e) + " (shape " +
-                                e.info.shape.ToString() + ") is not used by " + config.model_type +
-                                " with this config.json (unexpected tensor: wrong model_type or config?)");
+    return InvalidArgumentError(
+        "tensor " + e.info.name + " in " + FileOf(ckpt, e) + " (shape " +
+        e.info.shape.ToString() + ") is not used by " + config.model_type +
+        " with this config.json (unexpected tensor: wrong model_type or "
+        "config?)");
   }
   return matches;
 }
 
-StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config, const ArchWeights& decl,
-                                          const Checkpoint& ckpt, DType compute_dtype) {
-  ASSIGN_OR_RETURN(std::vector<WeightMatch> matches, MatchWeights(config, decl, ckpt));
+StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
+                                          const ArchWeights& decl,
+                                          const Checkpoint& ckpt,
+                                          DType compute_dtype) {
+  ASSIGN_OR_RETURN(std::vector<WeightMatch> matches,
+                   MatchWeights(config, decl, ckpt));
   BoundWeights b;
   b.num_layers_ = config.num_layers;
   b.slots_.resize(static_cast<size_t>(config.num_layers + 1) * kNumWeightRoles);
@@ -118,13 +155,18 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config, const ArchW
   for (size_t i = 0; i < matches.size(); ++i) {
     if (!matches[i].entry || !sized.insert(matches[i].entry).second) continue;
     const TensorInfo& info = matches[i].entry->info;
-    if (info.dtype != compute_dtype) arena_bytes += AlignUp(info.shape.numel() * DTypeSize(compute_dtype), kAlign);
+    if (info.dtype != compute_dtype)
+      arena_bytes +=
+          AlignUp(info.shape.numel() * DTypeSize(compute_dtype), kAlign);
   }
   if (arena_bytes > 0) {
     void* p = std::aligned_alloc(kAlign, static_cast<size_t>(arena_bytes));
     if (p == nullptr)
-      return ResourceExhaustedError("cannot allocate " + FormatBytes(arena_bytes) + " for converted weights");
-    b.arena_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+      return ResourceExhaustedError("cannot allocate " +
+                                    FormatBytes(arena_bytes) +
+                                    " for converted weights");
+    b.arena_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p),
+                                        [](uint8_t* q) { std::free(q); });
   }
   std::map<const Checkpoint::Entry*, TensorView> bound;
   int64_t offset = 0;
@@ -146,7 +188,8 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config, const ArchW
     }
     bound.emplace(matches[i].entry, view);
     const int64_t row = spec.layer < 0 ? config.num_layers : spec.layer;
-    Slot& slot = b.slots_[static_cast<size_t>(row) * kNumWeightRoles + static_cast<int>(spec.role)];
+    Slot& slot = b.slots_[static_cast<size_t>(row) * kNumWeightRoles +
+                          static_cast<int>(spec.role)];
     slot.view = view;
     slot.layout = spec.layout;
     slot.present = true;
@@ -156,13 +199,15 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config, const ArchW
 
 const TensorView* BoundWeights::Get(WeightRole role, int64_t layer) const {
   const int64_t row = layer < 0 ? num_layers_ : layer;
-  const Slot& s = slots_[static_cast<size_t>(row) * kNumWeightRoles + static_cast<int>(role)];
+  const Slot& s = slots_[static_cast<size_t>(row) * kNumWeightRoles +
+                         static_cast<int>(role)];
   return s.present ? &s.view : nullptr;
 }
 
 const TensorView& BoundWeights::Require(WeightRole role, int64_t layer) const {
   const TensorView* v = Get(role, layer);
-  LOOM_CHECK(v != nullptr) << "weight role " << static_cast<int>(role) << " layer " << layer << " not bound";
+  LOOM_CHECK(v != nullptr) << "weight role " << static_cast<int>(role)
+                           << " layer " << layer << " not bound";
   return *v;
 }
 
@@ -174,7 +219,8 @@ void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
       if (!s.present) continue;
       const auto r = static_cast<WeightRole>(role);
       if (row == num_layers_ && !head &&
-          (r == WeightRole::kFinalNorm || r == WeightRole::kFinalNormBias || r == WeightRole::kLmHead))
+          (r == WeightRole::kFinalNorm || r == WeightRole::kFinalNormBias ||
+           r == WeightRole::kLmHead))
         continue;
       loom::FaultIn(s.view);
     }
@@ -183,7 +229,9 @@ void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
 
 MatrixLayout BoundWeights::Layout(WeightRole role, int64_t layer) const {
   const int64_t row = layer < 0 ? num_layers_ : layer;
-  return slots_[static_cast<size_t>(row) * kNumWeightRoles + static_cast<int>(role)].layout;
+  return slots_[static_cast<size_t>(row) * kNumWeightRoles +
+                static_cast<int>(role)]
+      .layout;
 }
 
 }  // namespace loom

@@ -27,7 +27,8 @@ struct WeightMatch {
 // Validates the checkpoint against the declaration. Errors name the tensor
 // and file: missing required tensor, shape mismatch, non-float dtype for a
 // computed tensor, unused (unconsumed) checkpoint tensor.
-StatusOr<std::vector<WeightMatch>> MatchWeights(const ModelConfig& config, const ArchWeights& decl,
+StatusOr<std::vector<WeightMatch>> MatchWeights(const ModelConfig& config,
+                                                const ArchWeights& decl,
                                                 const Checkpoint& checkpoint);
 
 // Bound weights, indexed by (role, layer). Views point into the checkpoint's
@@ -46,8 +47,10 @@ class BoundWeights {
   int64_t converted_bytes() const { return converted_bytes_; }
   int64_t in_place_bytes() const { return in_place_bytes_; }
 
-  static StatusOr<BoundWeights> Bind(const ModelConfig& config, const ArchWeights& decl,
-                                     const Checkpoint& checkpoint, DType compute_dtype);
+  static StatusOr<BoundWeights> Bind(const ModelConfig& config,
+                                     const ArchWeights& decl,
+                                     const Checkpoint& checkpoint,
+                                     DType compute_dtype);
 
  private:
   struct Slot {
@@ -56,7 +59,8 @@ class BoundWeights {
     bool present = false;
   };
   int64_t num_layers_ = 0;
-  std::vector<Slot> slots_;  // (num_layers + 1) x kNumWeightRoles; last row = model-level
+  std::vector<Slot>
+      slots_;  // (num_layers + 1) x kNumWeightRoles; last row = model-level
   std::shared_ptr<uint8_t> arena_;
   int64_t converted_bytes_ = 0;
   int64_t in_place_bytes_ = 0;

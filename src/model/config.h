@@ -13,9 +13,9 @@
 namespace loom {
 
 enum class NormKind {
-  kRms,             // x * rsqrt(mean(x^2) + eps) * (w + norm_offset)
-  kLayer,           // LayerNorm with weight and bias
-  kLayerNoAffine,   // LayerNorm without parameters (OLMo)
+  kRms,            // x * rsqrt(mean(x^2) + eps) * (w + norm_offset)
+  kLayer,          // LayerNorm with weight and bias
+  kLayerNoAffine,  // LayerNorm without parameters (OLMo)
 };
 
 enum class ActKind { kSilu, kGeluTanh, kGeluExact, kRelu };
@@ -30,7 +30,7 @@ enum class MlpKind {
 enum class QkNormKind {
   kNone,
   kPerHead,  // RMSNorm over head_dim, weight [head_dim] (Qwen3)
-  kFull,     // RMSNorm over the whole projection, weight [heads*head_dim] (OLMo2)
+  kFull,  // RMSNorm over the whole projection, weight [heads*head_dim] (OLMo2)
 };
 
 // Rotary embedding parameters, after rope_scaling is applied.
@@ -91,22 +91,23 @@ struct ModelConfig {
   float embedding_scale = 1.0f;    // Gemma: sqrt(hidden_size)
   RopeConfig rope;
 
-  bool qkv_bias = false;       // q/k/v projection biases
-  bool o_bias = false;         // output projection bias
-  bool mlp_bias = false;       // gate/up/down biases
-  bool fused_qkv = false;      // one [q; k; v] projection (Phi-3, GPT-2)
+  bool qkv_bias = false;   // q/k/v projection biases
+  bool o_bias = false;     // output projection bias
+  bool mlp_bias = false;   // gate/up/down biases
+  bool fused_qkv = false;  // one [q; k; v] projection (Phi-3, GPT-2)
 
-  bool pre_attn_norm = true;   // input_layernorm / ln_1 (absent in OLMo2)
-  bool post_attn_norm = false; // Gemma2 / OLMo2
-  bool pre_mlp_norm = true;    // post_attention_layernorm / pre_feedforward / ln_2
+  bool pre_attn_norm = true;    // input_layernorm / ln_1 (absent in OLMo2)
+  bool post_attn_norm = false;  // Gemma2 / OLMo2
+  bool pre_mlp_norm =
+      true;  // post_attention_layernorm / pre_feedforward / ln_2
   bool post_mlp_norm = false;  // Gemma2 / OLMo2
 
-  float attn_scale = 0.0f;         // multiplier of q.k; default 1/sqrt(head_dim)
+  float attn_scale = 0.0f;  // multiplier of q.k; default 1/sqrt(head_dim)
   bool attn_scale_by_inverse_layer = false;  // GPT-2 option: also / (layer + 1)
-  float attn_softcap = 0.0f;       // 0 = none
-  float final_softcap = 0.0f;      // 0 = none
-  float clip_qkv = 0.0f;           // 0 = none (OLMo)
-  std::vector<int64_t> sliding_window;  // per layer; 0 = global
+  float attn_softcap = 0.0f;                 // 0 = none
+  float final_softcap = 0.0f;                // 0 = none
+  float clip_qkv = 0.0f;                     // 0 = none (OLMo)
+  std::vector<int64_t> sliding_window;       // per layer; 0 = global
 
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;

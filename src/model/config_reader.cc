@@ -10,9 +10,12 @@ StatusOr<ConfigReader> ConfigReader::FromFile(const std::string& path) {
   if (!in) return NotFoundError(path + ": cannot open");
   std::stringstream ss;
   ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j =
+      nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return DataLossError(path + ": not valid JSON");
-  if (!j.is_object()) return DataLossError(path + ": top level is " + std::string(j.type_name()) + ", expected an object");
+  if (!j.is_object())
+    return DataLossError(path + ": top level is " + std::string(j.type_name()) +
+                         ", expected an object");
   return ConfigReader(path, std::move(j));
 }
 
@@ -21,61 +24,73 @@ bool ConfigReader::Has(const std::string& key) const {
   return it != json_.end() && !it->is_null();
 }
 
-Status ConfigReader::TypeError(const std::string& key, const char* expected) const {
-  return InvalidArgumentError(source_ + ": key '" + key + "' is " + json_.at(key).dump() + " (" +
-                              json_.at(key).type_name() + "), expected " + expected);
+Status ConfigReader::TypeError(const std::string& key,
+                               const char* expected) const {
+  return InvalidArgumentError(
+      source_ + ": key '" + key + "' is " + json_.at(key).dump() + " (" +
+      json_.at(key).type_name() + "), expected " + expected);
 }
 
 StatusOr<int64_t> ConfigReader::Int(const std::string& key) const {
-  if (!Has(key)) return NotFoundError(source_ + ": missing required key '" + key + "'");
+  if (!Has(key))
+    return NotFoundError(source_ + ": missing required key '" + key + "'");
   const auto& v = json_.at(key);
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+    if (d == static_cast<double>(static_cast<int64_t>(d)))
+      return static_cast<int64_t>(d);
   }
   return TypeError(key, "an integer");
 }
 
 StatusOr<double> ConfigReader::Float(const std::string& key) const {
-  if (!Has(key)) return NotFoundError(source_ + ": missing required key '" + key + "'");
+  if (!Has(key))
+    return NotFoundError(source_ + ": missing required key '" + key + "'");
   const auto& v = json_.at(key);
   if (v.is_number()) return v.get<double>();
   return TypeError(key, "a number");
 }
 
 StatusOr<bool> ConfigReader::Bool(const std::string& key) const {
-  if (!Has(key)) return NotFoundError(source_ + ": missing required key '" + key + "'");
+  if (!Has(key))
+    return NotFoundError(source_ + ": missing required key '" + key + "'");
   const auto& v = json_.at(key);
   if (v.is_boolean()) return v.get<bool>();
   return TypeError(key, "a boolean");
 }
 
 StatusOr<std::string> ConfigReader::String(const std::string& key) const {
-  if (!Has(key)) return NotFoundError(source_ + ": missing required key '" + key + "'");
+  if (!Has(key))
+    return NotFoundError(source_ + ": missing required key '" + key + "'");
   const auto& v = json_.at(key);
   if (v.is_string()) return v.get<std::string>();
   return TypeError(key, "a string");
 }
 
-StatusOr<int64_t> ConfigReader::Int(const std::string& key, int64_t fallback) const {
+StatusOr<int64_t> ConfigReader::Int(const std::string& key,
+                                    int64_t fallback) const {
   return Has(key) ? Int(key) : StatusOr<int64_t>(fallback);
 }
-StatusOr<double> ConfigReader::Float(const std::string& key, double fallback) const {
+StatusOr<double> ConfigReader::Float(const std::string& key,
+                                     double fallback) const {
   return Has(key) ? Float(key) : StatusOr<double>(fallback);
 }
 StatusOr<bool> ConfigReader::Bool(const std::string& key, bool fallback) const {
   return Has(key) ? Bool(key) : StatusOr<bool>(fallback);
 }
-StatusOr<std::string> ConfigReader::String(const std::string& key, const std::string& fallback) const {
+StatusOr<std::string> ConfigReader::String(const std::string& key,
+                                           const std::string& fallback) const {
   return Has(key) ? String(key) : StatusOr<std::string>(fallback);
 }
 
-StatusOr<std::optional<ConfigReader>> ConfigReader::Object(const std::string& key) const {
+StatusOr<std::optional<ConfigReader>> ConfigReader::Object(
+    const std::string& key) const {
   if (!Has(key)) return std::optional<ConfigReader>();
   const auto& v = json_.at(key);
   if (!v.is_object()) return TypeError(key, "an object");
-  return std::optional<ConfigReader>(ConfigReader(source_ + " [" + key + "]", v));
+  return std::optional<ConfigReader>(
+      ConfigReader(source_ + " [" + key + "]", v));
 }
 
 }  // namespace loom

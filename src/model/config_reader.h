@@ -4,10 +4,9 @@
 #define LOOM_MODEL_CONFIG_READER_H_
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "src/base/status.h"
 
@@ -35,7 +34,8 @@ class ConfigReader {
   StatusOr<int64_t> Int(const std::string& key, int64_t fallback) const;
   StatusOr<double> Float(const std::string& key, double fallback) const;
   StatusOr<bool> Bool(const std::string& key, bool fallback) const;
-  StatusOr<std::string> String(const std::string& key, const std::string& fallback) const;
+  StatusOr<std::string> String(const std::string& key,
+                               const std::string& fallback) const;
 
   // A sub-object ("rope_scaling"); nullopt if absent or null.
   StatusOr<std::optional<ConfigReader>> Object(const std::string& key) const;

@@ -41,7 +41,8 @@ std::string AllSiteNames() {
   std::string s;
   for (const auto& n : kSiteNames) {
     s += s.empty() ? "" : ", ";
-    s += IsLayerSite(n.site) ? "blocks.{L}." + std::string(n.name) : std::string(n.name);
+    s += IsLayerSite(n.site) ? "blocks.{L}." + std::string(n.name)
+                             : std::string(n.name);
   }
   return s;
 }
@@ -56,7 +57,8 @@ std::string_view HookSiteName(HookSite site) {
 
 std::string HookName(const HookPoint& h) {
   if (!IsLayerSite(h.site)) return std::string(HookSiteName(h.site));
-  return "blocks." + std::to_string(h.layer) + "." + std::string(HookSiteName(h.site));
+  return "blocks." + std::to_string(h.layer) + "." +
+         std::string(HookSiteName(h.site));
 }
 
 StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t n) {
@@ -68,54 +70,69 @@ StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t n) {
     if (end != s.c_str() + s.size() || !std::isfinite(f))
       return InvalidArgumentError("layer '" + s + "' is not a number");
     if (f < 0 || f > 1)
-      return InvalidArgumentError("layer fraction " + s + " is outside [0, 1] (0 <= f < 1 gives floor(f x " +
-                                  std::to_string(n) + "), 1.0 the last layer)");
+      return InvalidArgumentError(
+          "layer fraction " + s +
+          " is outside [0, 1] (0 <= f < 1 gives floor(f x " +
+          std::to_string(n) + "), 1.0 the last layer)");
     if (f == 1.0) return n - 1;
     return static_cast<int64_t>(std::floor(f * static_cast<double>(n)));
   }
   char* end = nullptr;
   const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (end != s.c_str() + s.size()) return InvalidArgumentError("layer '" + s + "' is not an integer");
+  if (end != s.c_str() + s.size())
+    return InvalidArgumentError("layer '" + s + "' is not an integer");
   const int64_t layer = v < 0 ? n + v : v;
   if (layer < 0 || layer >= n)
-    return OutOfRangeError("layer " + s + " is out of range for a model with " + std::to_string(n) +
-                           " layers (valid: 0.." + std::to_string(n - 1) + " or -" + std::to_string(n) + "..-1)");
+    return OutOfRangeError("layer " + s + " is out of range for a model with " +
+                           std::to_string(n) + " layers (valid: 0.." +
+                           std::to_string(n - 1) + " or -" + std::to_string(n) +
+                           "..-1)");
   return layer;
 }
 
-StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern, int64_t num_layers) {
+StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
+                                                  int64_t num_layers) {
   const std::string p(pattern);
   for (const auto& n : kSiteNames) {
-    if (!IsLayerSite(n.site) && p == n.name) return std::vector<HookPoint>{{n.site, -1}};
+    if (!IsLayerSite(n.site) && p == n.name)
+      return std::vector<HookPoint>{{n.site, -1}};
   }
   const std::string prefix = "blocks.";
   if (p.rfind(prefix, 0) != 0) {
     for (const auto& n : kSiteNames)
       if (IsLayerSite(n.site) && p == n.name)
-        return InvalidArgumentError("hook '" + p + "' needs a layer: blocks.{L}." + p);
-    return InvalidArgumentError("unknown hook '" + p + "'; known hooks: " + AllSiteNames());
+        return InvalidArgumentError("hook '" + p +
+                                    "' needs a layer: blocks.{L}." + p);
+    return InvalidArgumentError("unknown hook '" + p +
+                                "'; known hooks: " + AllSiteNames());
   }
   std::string rest = p.substr(prefix.size());
   std::string layer_spec;
   if (!rest.empty() && rest[0] == '{') {
     const size_t close = rest.find('}');
-    if (close == std::string::npos) return InvalidArgumentError("hook '" + p + "': missing '}'");
+    if (close == std::string::npos)
+      return InvalidArgumentError("hook '" + p + "': missing '}'");
     layer_spec = rest.substr(1, close - 1);
     rest = rest.substr(close + 1);
-    if (layer_spec.find('.') == std::string::npos) layer_spec += ".0";  // {1} means the fraction 1
+    if (layer_spec.find('.') == std::string::npos)
+      layer_spec += ".0";  // {1} means the fraction 1
   } else {
     const size_t dot = rest.find('.');
-    if (dot == std::string::npos) return InvalidArgumentError("hook '" + p + "': expected blocks.{L}.<site>");
+    if (dot == std::string::npos)
+      return InvalidArgumentError("hook '" + p +
+                                  "': expected blocks.{L}.<site>");
     layer_spec = rest.substr(0, dot);
     rest = rest.substr(dot);
   }
-  if (rest.empty() || rest[0] != '.') return InvalidArgumentError("hook '" + p + "': expected blocks.{L}.<site>");
+  if (rest.empty() || rest[0] != '.')
+    return InvalidArgumentError("hook '" + p + "': expected blocks.{L}.<site>");
   const std::string site_name = rest.substr(1);
   const SiteName* site = nullptr;
   for (const auto& n : kSiteNames)
     if (IsLayerSite(n.site) && n.name == site_name) site = &n;
   if (site == nullptr)
-    return InvalidArgumentError("hook '" + p + "': unknown site '" + site_name + "'; known hooks: " + AllSiteNames());
+    return InvalidArgumentError("hook '" + p + "': unknown site '" + site_name +
+                                "'; known hooks: " + AllSiteNames());
   std::vector<HookPoint> out;
   if (layer_spec == "*") {
     for (int64_t l = 0; l < num_layers; ++l) out.push_back({site->site, l});
@@ -129,14 +146,17 @@ StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern, int6
 
 Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
   auto missing = [&](const std::string& why) {
-    return InvalidArgumentError("hook " + HookName(h) + " does not exist in " + c.model_type + " (" + why + ")");
+    return InvalidArgumentError("hook " + HookName(h) + " does not exist in " +
+                                c.model_type + " (" + why + ")");
   };
   if (IsLayerSite(h.site) && (h.layer < 0 || h.layer >= c.num_layers))
-    return OutOfRangeError("hook " + HookName(h) + ": layer out of range (model has " +
+    return OutOfRangeError("hook " + HookName(h) +
+                           ": layer out of range (model has " +
                            std::to_string(c.num_layers) + " layers)");
   switch (h.site) {
     case HookSite::kPosEmbed:
-      if (!c.learned_positions) return missing("no learned position embeddings");
+      if (!c.learned_positions)
+        return missing("no learned position embeddings");
       break;
     case HookSite::kLn1:
       if (!c.pre_attn_norm) return missing("no pre-attention norm");
@@ -152,7 +172,8 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
       break;
     case HookSite::kRotQ:
     case HookSite::kRotK:
-      if (c.rope.type == RopeConfig::Type::kNone) return missing("no rotary embeddings");
+      if (c.rope.type == RopeConfig::Type::kNone)
+        return missing("no rotary embeddings");
       break;
     default:
       break;
@@ -169,20 +190,24 @@ void HookSet::Add(const HookPoint& h) {
 bool HookSet::Contains(const HookPoint& h) const {
   return std::binary_search(hooks_.begin(), hooks_.end(), h);
 }
-bool HookSet::Contains(HookSite site, int64_t layer) const { return Contains(HookPoint{site, layer}); }
+bool HookSet::Contains(HookSite site, int64_t layer) const {
+  return Contains(HookPoint{site, layer});
+}
 
 int64_t HookSet::LastLayerNeeded(int64_t num_layers) const {
   int64_t last = -1;
   for (const auto& h : hooks_) {
     if (IsLayerSite(h.site)) last = std::max(last, h.layer);
-    if (h.site == HookSite::kFinalNorm || h.site == HookSite::kLogits) last = num_layers - 1;
+    if (h.site == HookSite::kFinalNorm || h.site == HookSite::kLogits)
+      last = num_layers - 1;
   }
   return last;
 }
 
 bool HookSet::NeedsFinalNorm() const {
   for (const auto& h : hooks_)
-    if (h.site == HookSite::kFinalNorm || h.site == HookSite::kLogits) return true;
+    if (h.site == HookSite::kFinalNorm || h.site == HookSite::kLogits)
+      return true;
   return false;
 }
 

@@ -17,29 +17,31 @@ namespace loom {
 
 enum class HookSite : uint8_t {
   // Model-level.
-  kEmbed,          // hook_embed: token embeddings (after Gemma's scale)
-  kPosEmbed,       // hook_pos_embed: GPT-2 position embeddings
-  kFinalNorm,      // ln_final.hook_normalized
-  kLogits,         // logits
+  kEmbed,      // hook_embed: token embeddings (after Gemma's scale)
+  kPosEmbed,   // hook_pos_embed: GPT-2 position embeddings
+  kFinalNorm,  // ln_final.hook_normalized
+  kLogits,     // logits
   // Per layer (blocks.{L}.*), in execution order.
-  kResidPre,       // hook_resid_pre: input to block L
-  kLn1,            // ln1.hook_normalized: input norm output (attention input)
-  kQ,              // attn.hook_q: [T, heads, head_dim], after projection/bias/q-norm, before RoPE
-  kK,              // attn.hook_k: [T, kv_heads, head_dim], likewise
-  kV,              // attn.hook_v: [T, kv_heads, head_dim]
-  kRotQ,           // attn.hook_rot_q: q after RoPE
-  kRotK,           // attn.hook_rot_k: k after RoPE
-  kPattern,        // attn.hook_pattern: [heads, T, T] probabilities (per sequence)
-  kZ,              // attn.hook_z: [T, heads, head_dim] attention output before o_proj
-  kAttnOut,        // hook_attn_out: o_proj output (before any post-attention norm)
-  kLn1Post,        // ln1_post.hook_normalized: post-attention norm output (Gemma2, OLMo2)
-  kResidMid,       // hook_resid_mid: residual after the attention add
-  kLn2,            // ln2.hook_normalized: MLP input norm output
-  kMlpPre,         // mlp.hook_pre: gate pre-activation (GPT-2: fc output) [T, I]
-  kMlpPost,        // mlp.hook_post: act(gate) * up (GPT-2: act(fc)) [T, I]
-  kMlpOut,         // hook_mlp_out: MLP output (before any post-MLP norm)
-  kLn2Post,        // ln2_post.hook_normalized: post-MLP norm output (Gemma2, OLMo2)
-  kResidPost,      // hook_resid_post: output of block L
+  kResidPre,  // hook_resid_pre: input to block L
+  kLn1,       // ln1.hook_normalized: input norm output (attention input)
+  kQ,        // attn.hook_q: [T, heads, head_dim], after projection/bias/q-norm,
+             // before RoPE
+  kK,        // attn.hook_k: [T, kv_heads, head_dim], likewise
+  kV,        // attn.hook_v: [T, kv_heads, head_dim]
+  kRotQ,     // attn.hook_rot_q: q after RoPE
+  kRotK,     // attn.hook_rot_k: k after RoPE
+  kPattern,  // attn.hook_pattern: [heads, T, T] probabilities (per sequence)
+  kZ,        // attn.hook_z: [T, heads, head_dim] attention output before o_proj
+  kAttnOut,  // hook_attn_out: o_proj output (before any post-attention norm)
+  kLn1Post,  // ln1_post.hook_normalized: post-attention norm output (Gemma2,
+             // OLMo2)
+  kResidMid,   // hook_resid_mid: residual after the attention add
+  kLn2,        // ln2.hook_normalized: MLP input norm output
+  kMlpPre,     // mlp.hook_pre: gate pre-activation (GPT-2: fc output) [T, I]
+  kMlpPost,    // mlp.hook_post: act(gate) * up (GPT-2: act(fc)) [T, I]
+  kMlpOut,     // hook_mlp_out: MLP output (before any post-MLP norm)
+  kLn2Post,    // ln2_post.hook_normalized: post-MLP norm output (Gemma2, OLMo2)
+  kResidPost,  // hook_resid_post: output of block L
 };
 inline constexpr int kNumHookSites = static_cast<int>(HookSite::kResidPost) + 1;
 
@@ -48,7 +50,9 @@ constexpr bool IsLayerSite(HookSite s) { return s >= HookSite::kResidPre; }
 struct HookPoint {
   HookSite site = HookSite::kResidPost;
   int64_t layer = -1;  // -1 for model-level sites
-  bool operator==(const HookPoint& o) const { return site == o.site && layer == o.layer; }
+  bool operator==(const HookPoint& o) const {
+    return site == o.site && layer == o.layer;
+  }
   bool operator<(const HookPoint& o) const {
     return layer != o.layer ? layer < o.layer : site < o.site;
   }
@@ -65,7 +69,8 @@ std::string HookName(const HookPoint& hook);
 // fraction in braces: blocks.{0.5}.hook_resid_post -> floor(0.5 * n); {1.0}
 // means the last layer; fractions outside [0, 1] are errors. A bare per-layer
 // site name ("hook_resid_post") is an error: the layer must be given.
-StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern, int64_t num_layers);
+StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
+                                                  int64_t num_layers);
 
 // Resolves a layer spec ("3", "-1", "0.25", "1.0") alone.
 StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t num_layers);

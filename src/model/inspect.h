@@ -6,10 +6,9 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/base/status.h"
 #include "src/model/config.h"
@@ -19,9 +18,10 @@ namespace loom {
 struct InspectReport {
   ModelConfig config;
   bool runnable = false;
-  bool weights_present = false;      // safetensors found (else: declared shapes only)
-  std::vector<std::string> files;    // safetensors files read
-  int64_t num_parameters = 0;        // tied tensors counted once
+  bool weights_present =
+      false;  // safetensors found (else: declared shapes only)
+  std::vector<std::string> files;                 // safetensors files read
+  int64_t num_parameters = 0;                     // tied tensors counted once
   std::map<std::string, int64_t> bytes_by_dtype;  // "BF16" -> bytes
   std::vector<std::string> problems;  // empty = checkpoint is consistent
 

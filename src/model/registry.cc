@@ -9,9 +9,10 @@ namespace loom {
 const std::vector<ArchDef>& AllArchs() {
   // The registry: one row per architecture, in alphabetical order.
   static const std::vector<ArchDef>* const kArchs = new std::vector<ArchDef>{
-      arch::kGemma, arch::kGemma2, arch::kGemma3, arch::kGemma3Text, arch::kGpt2,     arch::kGptOss,    arch::kLlama,
-      arch::kMistral, arch::kMixtral, arch::kOlmo, arch::kOlmo2, arch::kPhi3,
-      arch::kQwen2, arch::kQwen2Moe, arch::kQwen3, arch::kQwen3Moe,
+      arch::kGemma,   arch::kGemma2,   arch::kGemma3, arch::kGemma3Text,
+      arch::kGpt2,    arch::kGptOss,   arch::kLlama,  arch::kMistral,
+      arch::kMixtral, arch::kOlmo,     arch::kOlmo2,  arch::kPhi3,
+      arch::kQwen2,   arch::kQwen2Moe, arch::kQwen3,  arch::kQwen3Moe,
   };
   return *kArchs;
 }
@@ -35,19 +36,24 @@ StatusOr<ModelConfig> ParseModelConfig(const ConfigReader& reader) {
   ASSIGN_OR_RETURN(std::string model_type, reader.String("model_type"));
   const ArchDef* arch = FindArch(model_type);
   if (arch == nullptr)
-    return UnimplementedError(reader.source() + ": model_type '" + model_type +
-                              "' is not supported; supported: " + SupportedModelTypes());
+    return UnimplementedError(
+        reader.source() + ": model_type '" + model_type +
+        "' is not supported; supported: " + SupportedModelTypes());
   ModelConfig config;
   config.model_type = model_type;
-  if (reader.Has("architectures") && reader.json().at("architectures").is_array() &&
-      !reader.json().at("architectures").empty() && reader.json().at("architectures")[0].is_string())
-    config.architecture = reader.json().at("architectures")[0].get<std::string>();
+  if (reader.Has("architectures") &&
+      reader.json().at("architectures").is_array() &&
+      !reader.json().at("architectures").empty() &&
+      reader.json().at("architectures")[0].is_string())
+    config.architecture =
+        reader.json().at("architectures")[0].get<std::string>();
   RETURN_IF_ERROR(arch->parse_config(reader, &config));
   return config;
 }
 
 StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
-  ASSIGN_OR_RETURN(ConfigReader reader, ConfigReader::FromFile(model_dir + "/config.json"));
+  ASSIGN_OR_RETURN(ConfigReader reader,
+                   ConfigReader::FromFile(model_dir + "/config.json"));
   return ParseModelConfig(reader);
 }
 

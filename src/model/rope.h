@@ -12,8 +12,8 @@ namespace loom {
 // Fills inv_freq[rotary_dim / 2] for a sequence of `seq_len` tokens (only
 // dynamic NTK scaling depends on it: it rescales the base when seq_len
 // exceeds max_position_embeddings, per sequence).
-void ComputeInvFreq(const RopeConfig& rope, int64_t max_position_embeddings, int64_t seq_len,
-                    float* inv_freq);
+void ComputeInvFreq(const RopeConfig& rope, int64_t max_position_embeddings,
+                    int64_t seq_len, float* inv_freq);
 
 }  // namespace loom
 

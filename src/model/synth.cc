@@ -4,7 +4,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "src/base/float16.h"
@@ -29,48 +28,73 @@ uint64_t HashName(const std::string& s) {
 
 // Fills `bytes` of dtype values: center + U(-a, a); element i depends only on
 // (seed, i), so the result does not depend on the thread count.
-void Fill(uint8_t* dst, int64_t n, DType dtype, float center, float a, uint64_t seed) {
+void Fill(uint8_t* dst, int64_t n, DType dtype, float center, float a,
+          uint64_t seed) {
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < (n + 4095) / 4096; ++blk) {
     uint64_t s = seed ^ (static_cast<uint64_t>(blk) * 0x632be59bd9b4e019ull);
     const int64_t end = std::min(n, (blk + 1) * 4096);
     for (int64_t i = blk * 4096; i < end; ++i) {
-      const double u = static_cast<double>(SplitMix(s) >> 11) * 0x1.0p-53;  // [0, 1)
+      const double u =
+          static_cast<double>(SplitMix(s) >> 11) * 0x1.0p-53;  // [0, 1)
       const float v = center + a * static_cast<float>(2.0 * u - 1.0);
-      if (dtype == DType::kF32) std::memcpy(dst + 4 * i, &v, 4);
-      else if (dtype == DType::kBF16) { const uint16_t h = F32ToBf16(v); std::memcpy(dst + 2 * i, &h, 2); }
-      else { const uint16_t h = F32ToF16(v); std::memcpy(dst + 2 * i, &h, 2); }
+      if (dtype == DType::kF32)
+        std::memcpy(dst + 4 * i, &v, 4);
+      else if (dtype == DType::kBF16) {
+        const uint16_t h = F32ToBf16(v);
+        std::memcpy(dst + 2 * i, &h, 2);
+      } else {
+        const uint16_t h = F32ToF16(v);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
     }
   }
 }
 
 }  // namespace
 
-StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir, const SynthOptions& o) {
+StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
+                                      const SynthOptions& o) {
   nlohmann::json cfg = {
-      {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_act", "silu"},
-      {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
-      {"bos_token_id", 1}, {"eos_token_id", 2},
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", 1e-5},
+      {"rope_theta", 10000.0},
+      {"tie_word_embeddings", false},
+      {"bos_token_id", 1},
+      {"eos_token_id", 2},
   };
   if (o.preset == "tinyllama-1.1b") {
-    cfg.update({{"hidden_size", 2048}, {"intermediate_size", 5632}, {"num_hidden_layers", 22},
-                {"num_attention_heads", 32}, {"num_key_value_heads", 4}, {"vocab_size", 32000},
+    cfg.update({{"hidden_size", 2048},
+                {"intermediate_size", 5632},
+                {"num_hidden_layers", 22},
+                {"num_attention_heads", 32},
+                {"num_key_value_heads", 4},
+                {"vocab_size", 32000},
                 {"max_position_embeddings", 2048}});
   } else if (o.preset == "small") {
-    cfg.update({{"hidden_size", 256}, {"intermediate_size", 688}, {"num_hidden_layers", 4},
-                {"num_attention_heads", 8}, {"num_key_value_heads", 2}, {"vocab_size", 4096},
+    cfg.update({{"hidden_size", 256},
+                {"intermediate_size", 688},
+                {"num_hidden_layers", 4},
+                {"num_attention_heads", 8},
+                {"num_key_value_heads", 2},
+                {"vocab_size", 4096},
                 {"max_position_embeddings", 2048}});
   } else {
-    return InvalidArgumentError("--preset '" + o.preset + "': expected tinyllama-1.1b or small");
+    return InvalidArgumentError("--preset '" + o.preset +
+                                "': expected tinyllama-1.1b or small");
   }
   if (o.num_layers > 0) cfg["num_hidden_layers"] = o.num_layers;
   if (o.vocab_size > 0) cfg["vocab_size"] = o.vocab_size;
-  if (!IsComputeDType(o.dtype)) return InvalidArgumentError("--dtype must be f32, bf16 or f16");
+  if (!IsComputeDType(o.dtype))
+    return InvalidArgumentError("--dtype must be f32, bf16 or f16");
   cfg["torch_dtype"] = std::string(DTypeLongName(o.dtype));
 
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
-  if (ec) return IoError(out_dir + ": cannot create directory: " + ec.message());
+  if (ec)
+    return IoError(out_dir + ": cannot create directory: " + ec.message());
   {
     std::ofstream out(out_dir + "/config.json");
     out << cfg.dump(2) << "\n";
@@ -96,10 +120,11 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir, const SynthOpt
     }
     const uint64_t seed = o.seed * 0x9e3779b97f4a7c15ull ^ HashName(s.name);
     const DType dtype = o.dtype;
-    RETURN_IF_ERROR(writer.AddFill(s.name, dtype, s.shape, [=](uint8_t* dst, int64_t) {
-      Fill(dst, n, dtype, center, a, seed);
-      return Status();
-    }));
+    RETURN_IF_ERROR(
+        writer.AddFill(s.name, dtype, s.shape, [=](uint8_t* dst, int64_t) {
+          Fill(dst, n, dtype, center, a, seed);
+          return Status();
+        }));
   }
   RETURN_IF_ERROR(writer.Write(out_dir + "/model.safetensors"));
   return params;

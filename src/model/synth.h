@@ -23,7 +23,8 @@ struct SynthOptions {
 
 // Writes `out_dir`/config.json and `out_dir`/model.safetensors (a llama
 // architecture). Returns the number of parameters written.
-StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir, const SynthOptions& options);
+StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
+                                      const SynthOptions& options);
 
 }  // namespace loom
 

@@ -58,7 +58,8 @@ enum class WeightRole : uint8_t {
 };
 inline constexpr int kNumWeightRoles = static_cast<int>(WeightRole::kOther) + 1;
 
-// Storage layout of a matrix: torch Linear's [out, in], or GPT-2 Conv1D's [in, out].
+// Storage layout of a matrix: torch Linear's [out, in], or GPT-2 Conv1D's [in,
+// out].
 enum class MatrixLayout : uint8_t { kOutIn, kInOut };
 
 struct WeightSpec {

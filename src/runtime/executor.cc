@@ -42,25 +42,32 @@ namespace {
 
 cpu::Activation ToCpu(ActKind a) {
   switch (a) {
-    case ActKind::kSilu: return cpu::Activation::kSilu;
-    case ActKind::kGeluTanh: return cpu::Activation::kGeluTanh;
-    case ActKind::kGeluExact: return cpu::Activation::kGeluExact;
-    case ActKind::kRelu: return cpu::Activation::kRelu;
+    case ActKind::kSilu:
+      return cpu::Activation::kSilu;
+    case ActKind::kGeluTanh:
+      return cpu::Activation::kGeluTanh;
+    case ActKind::kGeluExact:
+      return cpu::Activation::kGeluExact;
+    case ActKind::kRelu:
+      return cpu::Activation::kRelu;
   }
   return cpu::Activation::kSilu;
 }
 
 }  // namespace
 
-Executor::Executor(const Model& model, const HookSet& hooks, const ExecutorOptions& options)
+Executor::Executor(const Model& model, const HookSet& hooks,
+                   const ExecutorOptions& options)
     : model_(model), c_(model.config()), hooks_(hooks), options_(options) {}
 
 Executor::~Executor() = default;
 
-void ComputeLogits(const Model& model, cpu::GemmContext& gemm, const float* hidden, int64_t rows,
-                   float* logits, void* workspace) {
+void ComputeLogits(const Model& model, cpu::GemmContext& gemm,
+                   const float* hidden, int64_t rows, float* logits,
+                   void* workspace) {
   const TensorView& w = model.weights().Require(WeightRole::kLmHead);
-  const bool out_in = model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
+  const bool out_in =
+      model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
   const ModelConfig& c = model.config();
   cpu::GemmArgs a;
   a.x = hidden;
@@ -69,18 +76,23 @@ void ComputeLogits(const Model& model, cpu::GemmContext& gemm, const float* hidd
   a.layout = out_in ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut;
   a.n = out_in ? w.shape[0] : w.shape[1];
   a.k = out_in ? w.shape[1] : w.shape[0];
-  LOOM_CHECK(a.n == c.vocab_size && a.k == c.hidden_size) << "lm_head shape " << a.n << "x" << a.k;
+  LOOM_CHECK(a.n == c.vocab_size && a.k == c.hidden_size)
+      << "lm_head shape " << a.n << "x" << a.k;
   a.m = rows;
   a.y = logits;
   a.ldy = c.vocab_size;
   a.workspace = workspace;
   gemm.Gemm(a);
-  if (c.final_softcap > 0) cpu::Softcap(logits, rows * c.vocab_size, c.final_softcap);
+  if (c.final_softcap > 0)
+    cpu::Softcap(logits, rows * c.vocab_size, c.final_softcap);
 }
 
 namespace {
-int64_t CpuGemmScratchpad(int64_t m, int64_t n, int64_t k, DType w_dtype, bool k_major) {
-  return cpu::GemmScratchpadBytes(m, n, k, w_dtype, k_major ? cpu::WeightLayout::kInOut : cpu::WeightLayout::kOutIn);
+int64_t CpuGemmScratchpad(int64_t m, int64_t n, int64_t k, DType w_dtype,
+                          bool k_major) {
+  return cpu::GemmScratchpadBytes(
+      m, n, k, w_dtype,
+      k_major ? cpu::WeightLayout::kInOut : cpu::WeightLayout::kOutIn);
 }
 }  // namespace
 
@@ -94,11 +106,13 @@ KernelCosts Executor::CpuKernelCosts() {
   return k;
 }
 
-JobSpec Executor::MakeJob(const Model& model, const HookSet& hooks, const ExecutorOptions& o) {
+JobSpec Executor::MakeJob(const Model& model, const HookSet& hooks,
+                          const ExecutorOptions& o) {
   JobSpec job;
   job.mode = JobMode::kAnalysis;
   job.batch_tokens = o.max_tokens;
-  job.context = o.max_seq_len > 0 ? std::min(o.max_seq_len, o.max_tokens) : o.max_tokens;
+  job.context =
+      o.max_seq_len > 0 ? std::min(o.max_seq_len, o.max_tokens) : o.max_tokens;
   job.hooks = hooks;
   job.logits = hooks.NeedsLogits();
   job.logits_chunk_rows = o.logits_chunk_rows;
@@ -106,17 +120,21 @@ JobSpec Executor::MakeJob(const Model& model, const HookSet& hooks, const Execut
   return job;
 }
 
-StatusOr<std::unique_ptr<Executor>> Executor::Create(const Model& model, const HookSet& hooks,
-                                                     const ExecutorOptions& options) {
+StatusOr<std::unique_ptr<Executor>> Executor::Create(
+    const Model& model, const HookSet& hooks, const ExecutorOptions& options) {
   const ModelConfig& c = model.config();
   ExecutorOptions o = options;
-  if (o.max_tokens <= 0) return InvalidArgumentError("executor: max_tokens must be > 0");
+  if (o.max_tokens <= 0)
+    return InvalidArgumentError("executor: max_tokens must be > 0");
   if (o.max_seq_len <= 0) o.max_seq_len = o.max_tokens;
   o.max_seq_len = std::min(o.max_seq_len, o.max_tokens);
-  if (o.logits_chunk_rows <= 0) return InvalidArgumentError("executor: logits_chunk_rows must be > 0");
+  if (o.logits_chunk_rows <= 0)
+    return InvalidArgumentError("executor: logits_chunk_rows must be > 0");
   for (const auto& h : hooks.hooks()) RETURN_IF_ERROR(CheckHookExists(h, c));
   auto ex = std::unique_ptr<Executor>(new Executor(model, hooks, o));
-  ex->last_layer_ = hooks.NeedsFinalNorm() ? c.num_layers - 1 : hooks.LastLayerNeeded(c.num_layers);
+  ex->last_layer_ = hooks.NeedsFinalNorm()
+                        ? c.num_layers - 1
+                        : hooks.LastLayerNeeded(c.num_layers);
   ex->layout_ = PlanActivations(c, MakeJob(model, hooks, o), CpuKernelCosts());
   ASSIGN_OR_RETURN(ex->act_, Arena::Allocate(ex->layout_.activations));
   ASSIGN_OR_RETURN(ex->ws_, Arena::Allocate(ex->layout_.workspace));
@@ -143,27 +161,33 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(const Model& model, const H
   r->gemm_ws = ex->ws_.region("gemm input copy");
   r->attn_ws = ex->ws_.region("attention workspace");
   r->qkv_ld = c.q_dim() + 2 * c.kv_dim();
-  r->mlp_a_ld = c.mlp == MlpKind::kPlain ? c.intermediate_size : 2 * c.intermediate_size;
+  r->mlp_a_ld =
+      c.mlp == MlpKind::kPlain ? c.intermediate_size : 2 * c.intermediate_size;
   r->half = c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
-  LOOM_CHECK(r->positions && r->residual && r->qkv && r->z && r->attn_out && r->mlp_a && r->mlp_out)
+  LOOM_CHECK(r->positions && r->residual && r->qkv && r->z && r->attn_out &&
+             r->mlp_a && r->mlp_out)
       << "planned layout lacks a core region";
   LOOM_CHECK(r->half == 0 || (r->inv_freq && r->cos && r->sin));
   ex->r_ = std::move(r);
   model.weights().FaultIn(ex->last_layer_, hooks.NeedsFinalNorm());
   ex->gemm_ = std::make_unique<cpu::GemmContext>();
   if (const int i = ex->layout_.workspace.Find("gemm scratchpad"); i >= 0)
-    ex->gemm_->SetScratchpad(ex->ws_.region("gemm scratchpad"), ex->layout_.workspace.regions[i].bytes);
+    ex->gemm_->SetScratchpad(ex->ws_.region("gemm scratchpad"),
+                             ex->layout_.workspace.regions[i].bytes);
   return ex;
 }
 
-Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols, int64_t ld,
-                      const float* data, HookSink* sink) {
+Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch,
+                      int64_t cols, int64_t ld, const float* data,
+                      HookSink* sink) {
   if (sink == nullptr || !hooks_.Contains(site, layer)) return Status();
-  return sink->OnActivation(HookPoint{site, layer}, batch, -1, 0, batch.num_tokens(), cols, ld, data);
+  return sink->OnActivation(HookPoint{site, layer}, batch, -1, 0,
+                            batch.num_tokens(), cols, ld, data);
 }
 
-void Executor::Linear(const float* x, int64_t m, WeightRole wrole, WeightRole brole, int64_t layer,
-                      float* y, int64_t ldy, bool accumulate) {
+void Executor::Linear(const float* x, int64_t m, WeightRole wrole,
+                      WeightRole brole, int64_t layer, float* y, int64_t ldy,
+                      bool accumulate) {
   const TensorView& w = model_.weights().Require(wrole, layer);
   const MatrixLayout layout = model_.weights().Layout(wrole, layer);
   const TensorView* b = model_.weights().Get(brole, layer);
@@ -171,7 +195,8 @@ void Executor::Linear(const float* x, int64_t m, WeightRole wrole, WeightRole br
   a.x = x;
   a.w = w.data;
   a.w_dtype = w.dtype;
-  a.layout = layout == MatrixLayout::kOutIn ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut;
+  a.layout = layout == MatrixLayout::kOutIn ? cpu::WeightLayout::kOutIn
+                                            : cpu::WeightLayout::kInOut;
   a.n = layout == MatrixLayout::kOutIn ? w.shape[0] : w.shape[1];
   a.k = layout == MatrixLayout::kOutIn ? w.shape[1] : w.shape[0];
   a.m = m;
@@ -186,17 +211,19 @@ void Executor::Linear(const float* x, int64_t m, WeightRole wrole, WeightRole br
   gemm_->Gemm(a);
 }
 
-void Executor::Norm(WeightRole wrole, WeightRole brole, int64_t layer, const float* x, float* y,
-                    int64_t rows, int64_t dim) {
+void Executor::Norm(WeightRole wrole, WeightRole brole, int64_t layer,
+                    const float* x, float* y, int64_t rows, int64_t dim) {
   const TensorView* w = model_.weights().Get(wrole, layer);
   const TensorView* b = model_.weights().Get(brole, layer);
   const DType wd = w ? w->dtype : DType::kF32;
   switch (c_.norm) {
     case NormKind::kRms:
-      cpu::RmsNorm(x, w ? w->data : nullptr, wd, c_.norm_offset, c_.norm_eps, y, rows, dim);
+      cpu::RmsNorm(x, w ? w->data : nullptr, wd, c_.norm_offset, c_.norm_eps, y,
+                   rows, dim);
       break;
     case NormKind::kLayer:
-      cpu::LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd, c_.norm_eps, y, rows, dim);
+      cpu::LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd,
+                     c_.norm_eps, y, rows, dim);
       break;
     case NormKind::kLayerNoAffine:
       cpu::LayerNorm(x, nullptr, nullptr, wd, c_.norm_eps, y, rows, dim);
@@ -213,35 +240,47 @@ void Executor::ComputeRope(const Batch& batch) {
     const int64_t b = batch.seq_start[s], len = batch.seq_start[s + 1] - b;
     if (c_.rope.type == RopeConfig::Type::kDynamic)
       ComputeInvFreq(c_.rope, c_.max_position_embeddings, len, r_->inv_freq);
-    cpu::RopeTables(r_->positions + b, len, r_->inv_freq, r_->half, c_.rope.attention_scaling,
-                    r_->cos + b * r_->half, r_->sin + b * r_->half);
+    cpu::RopeTables(r_->positions + b, len, r_->inv_freq, r_->half,
+                    c_.rope.attention_scaling, r_->cos + b * r_->half,
+                    r_->sin + b * r_->half);
   }
 }
 
 Status Executor::Forward(const Batch& batch, HookSink* sink) {
   const int64_t T = batch.num_tokens(), H = c_.hidden_size;
-  if (batch.num_seqs() < 1 || batch.seq_start[0] != 0 || batch.seq_start[batch.num_seqs()] != T)
-    return InvalidArgumentError("batch: seq_start must run from 0 to the token count " + std::to_string(T));
+  if (batch.num_seqs() < 1 || batch.seq_start[0] != 0 ||
+      batch.seq_start[batch.num_seqs()] != T)
+    return InvalidArgumentError(
+        "batch: seq_start must run from 0 to the token count " +
+        std::to_string(T));
   if (T > options_.max_tokens)
-    return OutOfRangeError("batch of " + std::to_string(T) + " tokens exceeds the planned capacity of " +
+    return OutOfRangeError("batch of " + std::to_string(T) +
+                           " tokens exceeds the planned capacity of " +
                            std::to_string(options_.max_tokens));
   int32_t* pos = r_->positions;
   for (int64_t s = 0; s < batch.num_seqs(); ++s) {
     const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
-    if (e <= b) return InvalidArgumentError("batch: sequence " + std::to_string(s) + " is empty");
+    if (e <= b)
+      return InvalidArgumentError("batch: sequence " + std::to_string(s) +
+                                  " is empty");
     if (e - b > options_.max_seq_len)
-      return OutOfRangeError("sequence " + std::to_string(s) + " has " + std::to_string(e - b) +
-                             " tokens, more than the planned maximum " + std::to_string(options_.max_seq_len));
+      return OutOfRangeError("sequence " + std::to_string(s) + " has " +
+                             std::to_string(e - b) +
+                             " tokens, more than the planned maximum " +
+                             std::to_string(options_.max_seq_len));
     if (e - b > c_.max_position_embeddings)
-      return OutOfRangeError("sequence " + std::to_string(s) + " has " + std::to_string(e - b) +
+      return OutOfRangeError("sequence " + std::to_string(s) + " has " +
+                             std::to_string(e - b) +
                              " tokens, more than max_position_embeddings = " +
                              std::to_string(c_.max_position_embeddings));
     for (int64_t t = b; t < e; ++t) pos[t] = static_cast<int32_t>(t - b);
   }
   for (int64_t t = 0; t < T; ++t)
     if (batch.ids[t] < 0 || batch.ids[t] >= c_.vocab_size)
-      return OutOfRangeError("token id " + std::to_string(batch.ids[t]) + " at position " + std::to_string(t) +
-                             " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
+      return OutOfRangeError("token id " + std::to_string(batch.ids[t]) +
+                             " at position " + std::to_string(t) +
+                             " is outside the vocabulary [0, " +
+                             std::to_string(c_.vocab_size) + ")");
 
   // Embeddings: x [T, H].
   float* x = r_->residual;
@@ -249,7 +288,9 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   cpu::Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
   if (c_.embedding_scale != 1.0f) {
     // HF multiplies by the scale held in the activation dtype.
-    const float scale = model_.compute_dtype() == DType::kBF16 ? RoundBf16(c_.embedding_scale) : c_.embedding_scale;
+    const float scale = model_.compute_dtype() == DType::kBF16
+                            ? RoundBf16(c_.embedding_scale)
+                            : c_.embedding_scale;
     cpu::Scale(x, T * H, scale);
   }
   RETURN_IF_ERROR(Emit(HookSite::kEmbed, -1, batch, H, H, x, sink));
@@ -262,7 +303,8 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   }
   if (r_->half > 0) ComputeRope(batch);
 
-  for (int64_t layer = 0; layer <= last_layer_; ++layer) RETURN_IF_ERROR(RunLayer(layer, batch, sink));
+  for (int64_t layer = 0; layer <= last_layer_; ++layer)
+    RETURN_IF_ERROR(RunLayer(layer, batch, sink));
 
   if (!hooks_.NeedsFinalNorm()) return Status();
   float* h = r_->final_norm;
@@ -275,13 +317,15 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
     const int64_t rows = std::min(options_.logits_chunk_rows, T - r0);
     ComputeLogits(model_, *gemm_, h + r0 * H, rows, logits, r_->gemm_ws);
     if (sink)
-      RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1}, batch, -1, r0, rows, V, V, logits));
+      RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1},
+                                         batch, -1, r0, rows, V, V, logits));
   }
   return Status();
 }
 
 Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens(), H = c_.hidden_size, I = c_.intermediate_size;
+  const int64_t T = batch.num_tokens(), H = c_.hidden_size,
+                I = c_.intermediate_size;
   const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), hd = c_.head_dim;
   float* x = r_->residual;
   float* qkv = r_->qkv;
@@ -312,7 +356,8 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   if (c_.clip_qkv > 0) {
     const float cl = c_.clip_qkv;
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < ld; ++j) qkv[t * ld + j] = std::clamp(qkv[t * ld + j], -cl, cl);
+      for (int64_t j = 0; j < ld; ++j)
+        qkv[t * ld + j] = std::clamp(qkv[t * ld + j], -cl, cl);
   }
   if (c_.qk_norm != QkNormKind::kNone) {
     const TensorView& qn = model_.weights().Require(WeightRole::kQNorm, l);
@@ -320,10 +365,10 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
     const bool per_head = c_.qk_norm == QkNormKind::kPerHead;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-      cpu::RmsNorm(q + t * ld, qn.data, qn.dtype, 0.0f, c_.norm_eps, q + t * ld, per_head ? c_.num_heads : 1,
-                   per_head ? hd : Q);
-      cpu::RmsNorm(k + t * ld, kn.data, kn.dtype, 0.0f, c_.norm_eps, k + t * ld, per_head ? c_.num_kv_heads : 1,
-                   per_head ? hd : KV);
+      cpu::RmsNorm(q + t * ld, qn.data, qn.dtype, 0.0f, c_.norm_eps, q + t * ld,
+                   per_head ? c_.num_heads : 1, per_head ? hd : Q);
+      cpu::RmsNorm(k + t * ld, kn.data, kn.dtype, 0.0f, c_.norm_eps, k + t * ld,
+                   per_head ? c_.num_kv_heads : 1, per_head ? hd : KV);
     }
   }
   RETURN_IF_ERROR(Emit(HookSite::kQ, l, batch, Q, ld, q, sink));
@@ -366,7 +411,8 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
       one.probs_seq = 0;
       cpu::Attention(*gemm_, one);
       const int64_t len = batch.seq_start[s + 1] - batch.seq_start[s];
-      RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kPattern, l}, batch, s, batch.seq_start[s],
+      RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kPattern, l},
+                                         batch, s, batch.seq_start[s],
                                          c_.num_heads * len, len, len, probs));
     }
   } else {

@@ -32,10 +32,13 @@ class GemmContext;
 // Packed sequences: sequence s is ids[seq_start[s] .. seq_start[s+1]); its
 // positions are 0 .. length-1.
 struct Batch {
-  std::span<const int32_t> ids;        // [T]
-  std::span<const int64_t> seq_start;  // [S + 1], seq_start[0] = 0, seq_start[S] = T
+  std::span<const int32_t> ids;  // [T]
+  std::span<const int64_t>
+      seq_start;  // [S + 1], seq_start[0] = 0, seq_start[S] = T
   int64_t num_tokens() const { return static_cast<int64_t>(ids.size()); }
-  int64_t num_seqs() const { return static_cast<int64_t>(seq_start.size()) - 1; }
+  int64_t num_seqs() const {
+    return static_cast<int64_t>(seq_start.size()) - 1;
+  }
 };
 
 // Receives captured activations. `data` is valid only during the call.
@@ -46,9 +49,9 @@ struct Batch {
 class HookSink {
  public:
   virtual ~HookSink() = default;
-  virtual Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
-                              int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                              const float* data) = 0;
+  virtual Status OnActivation(const HookPoint& hook, const Batch& batch,
+                              int64_t seq, int64_t row_begin, int64_t rows,
+                              int64_t cols, int64_t ld, const float* data) = 0;
 };
 
 struct ExecutorOptions {
@@ -63,13 +66,14 @@ struct ExecutorOptions {
 // hidden [rows, H] x lm_head^T, then the final softcap (Gemma2). `workspace`
 // holds cpu::GemmWorkspaceBytes(rows, H, lm_head dtype) bytes. Shared by the
 // executor and the evaluation code that computes logits chunk by chunk.
-void ComputeLogits(const Model& model, cpu::GemmContext& gemm, const float* hidden, int64_t rows,
-                   float* logits, void* workspace);
+void ComputeLogits(const Model& model, cpu::GemmContext& gemm,
+                   const float* hidden, int64_t rows, float* logits,
+                   void* workspace);
 
 class Executor {
  public:
-  static StatusOr<std::unique_ptr<Executor>> Create(const Model& model, const HookSet& hooks,
-                                                    const ExecutorOptions& options);
+  static StatusOr<std::unique_ptr<Executor>> Create(
+      const Model& model, const HookSet& hooks, const ExecutorOptions& options);
   ~Executor();
 
   // Runs one batch. Validates ids against the vocabulary and lengths against
@@ -79,23 +83,28 @@ class Executor {
   // The planned layout this executor allocated (activations by liveness,
   // kernel workspace, logits chunk) and the bytes of its three arenas.
   const ActivationLayout& layout() const { return layout_; }
-  int64_t arena_bytes() const { return act_.bytes() + ws_.bytes() + logits_.bytes(); }
+  int64_t arena_bytes() const {
+    return act_.bytes() + ws_.bytes() + logits_.bytes();
+  }
   // The job the layout was planned for (batch tokens, context, hooks, logits).
-  static JobSpec MakeJob(const Model& model, const HookSet& hooks, const ExecutorOptions& options);
+  static JobSpec MakeJob(const Model& model, const HookSet& hooks,
+                         const ExecutorOptions& options);
   // The backend's workspace functions, for the planner.
   static KernelCosts CpuKernelCosts();
   const HookSet& hooks() const { return hooks_; }
   int64_t last_layer() const { return last_layer_; }
 
  private:
-  Executor(const Model& model, const HookSet& hooks, const ExecutorOptions& options);
+  Executor(const Model& model, const HookSet& hooks,
+           const ExecutorOptions& options);
   struct Regions;
   Status RunLayer(int64_t layer, const Batch& batch, HookSink* sink);
-  Status Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols, int64_t ld,
-              const float* data, HookSink* sink);
-  void Linear(const float* x, int64_t m, WeightRole w, WeightRole bias, int64_t layer, float* y,
-              int64_t ldy, bool accumulate = false);
-  void Norm(WeightRole w, WeightRole b, int64_t layer, const float* x, float* y, int64_t rows, int64_t dim);
+  Status Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols,
+              int64_t ld, const float* data, HookSink* sink);
+  void Linear(const float* x, int64_t m, WeightRole w, WeightRole bias,
+              int64_t layer, float* y, int64_t ldy, bool accumulate = false);
+  void Norm(WeightRole w, WeightRole b, int64_t layer, const float* x, float* y,
+            int64_t rows, int64_t dim);
   void ComputeRope(const Batch& batch);
 
   const Model& model_;

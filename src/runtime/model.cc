@@ -9,40 +9,54 @@ StatusOr<Precision> ParsePrecision(std::string_view text) {
   if (text == "f32" || text == "float32") return Precision::kF32;
   if (text == "bf16" || text == "bfloat16") return Precision::kBF16;
   if (text == "f16" || text == "float16") return Precision::kF16;
-  return InvalidArgumentError("--precision '" + std::string(text) + "': expected auto, f32, bf16 or f16");
+  return InvalidArgumentError("--precision '" + std::string(text) +
+                              "': expected auto, f32, bf16 or f16");
 }
 
 bool CpuSupportsComputeDType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return true;
-    case DType::kBF16: return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("avx512f");
-    case DType::kF16: return __builtin_cpu_supports("avx512fp16");
-    default: return false;
+    case DType::kF32:
+      return true;
+    case DType::kBF16:
+      return __builtin_cpu_supports("avx512bf16") ||
+             __builtin_cpu_supports("avx512f");
+    case DType::kF16:
+      return __builtin_cpu_supports("avx512fp16");
+    default:
+      return false;
   }
 }
 
-StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype, std::string* warning) {
+StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype,
+                                 std::string* warning) {
   if (warning) warning->clear();
   switch (requested) {
-    case Precision::kF32: return DType::kF32;
+    case Precision::kF32:
+      return DType::kF32;
     case Precision::kBF16:
       if (!CpuSupportsComputeDType(DType::kBF16))
-        return FailedPreconditionError("--precision bf16: this CPU has no AVX-512 (needed for bf16 GEMMs)");
+        return FailedPreconditionError(
+            "--precision bf16: this CPU has no AVX-512 (needed for bf16 "
+            "GEMMs)");
       return DType::kBF16;
     case Precision::kF16:
       if (!CpuSupportsComputeDType(DType::kF16))
-        return FailedPreconditionError("--precision f16: this CPU has no AVX512-FP16, so f16 compute is "
-                                       "not available; use --precision bf16 or f32");
+        return FailedPreconditionError(
+            "--precision f16: this CPU has no AVX512-FP16, so f16 compute is "
+            "not available; use --precision bf16 or f32");
       return DType::kF16;
-    case Precision::kAuto: break;
+    case Precision::kAuto:
+      break;
   }
   if (checkpoint_dtype == DType::kF32) return DType::kF32;
   if (CpuSupportsComputeDType(checkpoint_dtype)) return checkpoint_dtype;
   for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
     if (CpuSupportsComputeDType(d)) {
       if (warning)
-        *warning = "checkpoint dtype " + std::string(DTypeLongName(checkpoint_dtype)) +
-                   " is not computed natively on this CPU; computing in " + std::string(DTypeLongName(d));
+        *warning = "checkpoint dtype " +
+                   std::string(DTypeLongName(checkpoint_dtype)) +
+                   " is not computed natively on this CPU; computing in " +
+                   std::string(DTypeLongName(d));
       return d;
     }
   }
@@ -60,19 +74,25 @@ DType CheckpointDType(const Checkpoint& ckpt) {
   return best;
 }
 
-StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Precision precision,
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
+                                             Precision precision,
                                              std::string* warning) {
   auto m = std::unique_ptr<Model>(new Model());
   m->dir_ = model_dir;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
   const ArchDef* arch = FindArch(m->config_.model_type);
   if (!arch->runnable)
-    return UnimplementedError(model_dir + ": model_type '" + m->config_.model_type +
+    return UnimplementedError(model_dir + ": model_type '" +
+                              m->config_.model_type +
                               "' can be inspected and planned but not run yet");
   m->decl_ = arch->declare_weights(m->config_);
   ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
-  ASSIGN_OR_RETURN(m->compute_dtype_, ResolvePrecision(precision, CheckpointDType(*m->checkpoint_), warning));
-  ASSIGN_OR_RETURN(m->weights_, BoundWeights::Bind(m->config_, m->decl_, *m->checkpoint_, m->compute_dtype_));
+  ASSIGN_OR_RETURN(
+      m->compute_dtype_,
+      ResolvePrecision(precision, CheckpointDType(*m->checkpoint_), warning));
+  ASSIGN_OR_RETURN(m->weights_,
+                   BoundWeights::Bind(m->config_, m->decl_, *m->checkpoint_,
+                                      m->compute_dtype_));
   return m;
 }
 

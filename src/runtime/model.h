@@ -27,7 +27,8 @@ StatusOr<Precision> ParsePrecision(std::string_view text);
 // supported, else the fallback chain bf16 -> f16 -> f32; `warning` receives
 // the reason when a fallback happened (empty otherwise). An explicit request
 // the CPU cannot run is an error naming the missing feature.
-StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype, std::string* warning);
+StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype,
+                                 std::string* warning);
 
 // Whether the CPU backend computes with `dtype` at speed here.
 bool CpuSupportsComputeDType(DType dtype);
@@ -39,7 +40,8 @@ class Model {
  public:
   // Loads `model_dir` (config.json + safetensors) at the given precision.
   // `warning` (may be null) receives a precision fallback message.
-  static StatusOr<std::unique_ptr<Model>> Load(const std::string& model_dir, Precision precision,
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& model_dir,
+                                               Precision precision,
                                                std::string* warning = nullptr);
 
   const std::string& dir() const { return dir_; }

@@ -19,37 +19,64 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   };
   auto opts = std::make_shared<Options>();
   ExtractOptions& j = opts->job;
-  CLI::App* cmd = app.add_subcommand("extract", "Extract activations at hook points for every prompt of an input file");
-  cmd->add_option("--model", j.model_dir, "Hugging Face model directory")->required();
-  cmd->add_option("--input", j.input_path,
-                  "JSONL rows {\"id\":…, \"text\":…} or {\"id\":…, \"tokens\":[…]}, or plain text (one prompt per line)")
+  CLI::App* cmd = app.add_subcommand(
+      "extract",
+      "Extract activations at hook points for every prompt of an input file");
+  cmd->add_option("--model", j.model_dir, "Hugging Face model directory")
       ->required();
-  cmd->add_option("--out", j.out_dir, "Output directory (manifest.json + one .npy per hook x selector)")->required();
+  cmd->add_option("--input", j.input_path,
+                  "JSONL rows {\"id\":…, \"text\":…} or {\"id\":…, "
+                  "\"tokens\":[…]}, or plain text (one prompt per line)")
+      ->required();
+  cmd->add_option(
+         "--out", j.out_dir,
+         "Output directory (manifest.json + one .npy per hook x selector)")
+      ->required();
   cmd->add_option("--hooks", j.hooks,
-                  "Hook names, comma-separated: blocks.12.hook_resid_post, blocks.{0.5}.hook_resid_post, "
+                  "Hook names, comma-separated: blocks.12.hook_resid_post, "
+                  "blocks.{0.5}.hook_resid_post, "
                   "blocks.-1.…, blocks.*.…, or a bare site name with --layers")
       ->delimiter(',')
       ->required();
-  cmd->add_option("--layers", j.layers, "Layers for bare hook names: indices, negatives or fractions (0.25,0.5,1.0)")
+  cmd->add_option("--layers", j.layers,
+                  "Layers for bare hook names: indices, negatives or fractions "
+                  "(0.25,0.5,1.0)")
       ->delimiter(',');
-  cmd->add_option("--select", j.selectors, "Selectors: last, first, mean, max, all, pos:I[,J…], span:A:B (repeatable)")
+  cmd->add_option("--select", j.selectors,
+                  "Selectors: last, first, mean, max, all, pos:I[,J…], "
+                  "span:A:B (repeatable)")
       ->capture_default_str();
-  cmd->add_option("--template", j.template_text, "Wrap each text prompt: \"…{text}…\"");
-  cmd->add_option("--add-bos", j.add_bos, "auto (the tokenizer's default), yes or no")->capture_default_str();
-  cmd->add_option("--dtype", j.dtype, "Output dtype f32, bf16 or f16 (default: the compute dtype)");
-  cmd->add_option("--format", j.format, "npy or safetensors")->capture_default_str();
-  cmd->add_option("--precision", opts->precision, "auto, f32, bf16 or f16")->capture_default_str();
-  cmd->add_option("--threads", j.threads, "Compute threads (0 = all cores)")->capture_default_str();
-  cmd->add_option("--batch-tokens", j.batch_tokens, "Token budget per batch (default min(4096, max positions))");
-  cmd->add_option("--commit-every", j.commit_every, "Rows per commit (the unit of resume)")->capture_default_str();
-  cmd->add_option("--on-error", j.on_error, "fail or skip (skipped rows are recorded with the reason)")
+  cmd->add_option("--template", j.template_text,
+                  "Wrap each text prompt: \"…{text}…\"");
+  cmd->add_option("--add-bos", j.add_bos,
+                  "auto (the tokenizer's default), yes or no")
       ->capture_default_str();
-  cmd->add_flag("--resume", j.resume, "Continue an interrupted job in --out after its last committed row");
+  cmd->add_option("--dtype", j.dtype,
+                  "Output dtype f32, bf16 or f16 (default: the compute dtype)");
+  cmd->add_option("--format", j.format, "npy or safetensors")
+      ->capture_default_str();
+  cmd->add_option("--precision", opts->precision, "auto, f32, bf16 or f16")
+      ->capture_default_str();
+  cmd->add_option("--threads", j.threads, "Compute threads (0 = all cores)")
+      ->capture_default_str();
+  cmd->add_option("--batch-tokens", j.batch_tokens,
+                  "Token budget per batch (default min(4096, max positions))");
+  cmd->add_option("--commit-every", j.commit_every,
+                  "Rows per commit (the unit of resume)")
+      ->capture_default_str();
+  cmd->add_option("--on-error", j.on_error,
+                  "fail or skip (skipped rows are recorded with the reason)")
+      ->capture_default_str();
+  cmd->add_flag(
+      "--resume", j.resume,
+      "Continue an interrupted job in --out after its last committed row");
   cmd->add_flag("--replace-invalid-utf8", j.replace_invalid_utf8,
-                "Replace invalid UTF-8 in plain-text input with U+FFFD (as Python's errors='replace') "
+                "Replace invalid UTF-8 in plain-text input with U+FFFD (as "
+                "Python's errors='replace') "
                 "instead of failing the row");
   AddJobPlanOptions(cmd, &j.plan);
-  cmd->add_flag("--progress", opts->progress, "Progress on stderr even when it is not a terminal");
+  cmd->add_flag("--progress", opts->progress,
+                "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--quiet", opts->quiet, "No progress and no summary");
   cmd->callback([opts, exit_code] {
     ExtractOptions job = opts->job;
@@ -59,10 +86,13 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       return;
     }
     job.precision = *p;
-    const bool show = !opts->quiet && (opts->progress || ::isatty(STDERR_FILENO));
+    const bool show =
+        !opts->quiet && (opts->progress || ::isatty(STDERR_FILENO));
     if (show) {
       job.progress = [](int64_t rows, int64_t tokens, double secs) {
-        std::fprintf(stderr, "\rloom extract: %lld rows committed, %.0f tokens/s   ", static_cast<long long>(rows),
+        std::fprintf(stderr,
+                     "\rloom extract: %lld rows committed, %.0f tokens/s   ",
+                     static_cast<long long>(rows),
                      secs > 0 ? static_cast<double>(tokens) / secs : 0.0);
         std::fflush(stderr);
       };

@@ -13,10 +13,13 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
     bool json = false;
   };
   auto opts = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand(
-      "inspect", "Architecture, dimensions, parameters and bytes per dtype of a model directory; "
-                 "checks the checkpoint against the architecture");
-  cmd->add_option("MODEL_DIR", opts->model_dir, "Hugging Face model directory")->required();
+  CLI::App* cmd =
+      app.add_subcommand("inspect",
+                         "Architecture, dimensions, parameters and bytes per "
+                         "dtype of a model directory; "
+                         "checks the checkpoint against the architecture");
+  cmd->add_option("MODEL_DIR", opts->model_dir, "Hugging Face model directory")
+      ->required();
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->callback([opts, exit_code] {
     StatusOr<InspectReport> rep = InspectModel(opts->model_dir);
@@ -30,7 +33,8 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
       std::printf("%s", rep->ToText().c_str());
     }
     if (!rep->problems.empty()) {
-      for (const auto& p : rep->problems) std::fprintf(stderr, "loom inspect: %s\n", p.c_str());
+      for (const auto& p : rep->problems)
+        std::fprintf(stderr, "loom inspect: %s\n", p.c_str());
       *exit_code = 1;
     }
   });

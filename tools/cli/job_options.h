@@ -5,7 +5,6 @@
 #define LOOM_TOOLS_CLI_JOB_OPTIONS_H_
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 
@@ -15,11 +14,17 @@ namespace loom::cli {
 
 // --device, --max-memory, --reserve, --show-plan, --verify-plan.
 inline void AddJobPlanOptions(CLI::App* cmd, JobPlanOptions* o) {
-  cmd->add_option("--device", o->devices, "Devices to plan on: cpu[=24GiB] (default: this machine's RAM)");
-  cmd->add_option("--max-memory", o->max_memory, "Caps per device, accelerate's syntax: cpu=50GiB");
-  cmd->add_option("--reserve", o->reserve, "Bytes kept free per device: 2GiB or cpu=2GiB");
-  cmd->add_flag("--show-plan", o->show_plan, "Print the memory plan (stderr) before running");
-  cmd->add_flag("--verify-plan", o->verify_plan, "After the run, compare resident memory with the plan");
+  cmd->add_option(
+      "--device", o->devices,
+      "Devices to plan on: cpu[=24GiB] (default: this machine's RAM)");
+  cmd->add_option("--max-memory", o->max_memory,
+                  "Caps per device, accelerate's syntax: cpu=50GiB");
+  cmd->add_option("--reserve", o->reserve,
+                  "Bytes kept free per device: 2GiB or cpu=2GiB");
+  cmd->add_flag("--show-plan", o->show_plan,
+                "Print the memory plan (stderr) before running");
+  cmd->add_flag("--verify-plan", o->verify_plan,
+                "After the run, compare resident memory with the plan");
 }
 
 // What text is evaluated and how it is cut into windows.
@@ -35,17 +40,31 @@ struct WindowArgs {
 
 // --text/--tokens, --tokenizer, --protocol, --ctx, --stride, --max-windows,
 // --add-bos, --chunk-rows, --threads, --json, --quiet and the plan options.
-inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a, const char* tokenizer_default) {
-  auto* text = cmd->add_option("--text", a->text_file, "Text file (UTF-8, read as is)");
-  auto* tokens = cmd->add_option("--tokens", a->tokens_file, "File of token ids (whitespace/comma separated)");
+inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a,
+                             const char* tokenizer_default) {
+  auto* text =
+      cmd->add_option("--text", a->text_file, "Text file (UTF-8, read as is)");
+  auto* tokens =
+      cmd->add_option("--tokens", a->tokens_file,
+                      "File of token ids (whitespace/comma separated)");
   text->excludes(tokens);
-  cmd->add_option("--tokenizer", a->tokenizer_dir, std::string("Tokenizer directory (default: ") + tokenizer_default + ")");
-  cmd->add_option("--protocol", a->protocol, "hf-stride (default), llama-cpp or all-tokens");
-  cmd->add_option("--ctx", a->ctx, "Window length in tokens (default min(512, max_position_embeddings))");
-  cmd->add_option("--stride", a->stride, "Window step (default ctx/2; llama-cpp: ctx)");
-  cmd->add_option("--max-windows", a->max_windows, "Evaluate at most K windows (default all)");
-  cmd->add_option("--add-bos", a->add_bos, "auto (tokenizer default), yes or no");
-  cmd->add_option("--chunk-rows", a->chunk_rows, "Logit rows computed at a time (memory: rows x vocab floats)");
+  cmd->add_option(
+      "--tokenizer", a->tokenizer_dir,
+      std::string("Tokenizer directory (default: ") + tokenizer_default + ")");
+  cmd->add_option("--protocol", a->protocol,
+                  "hf-stride (default), llama-cpp or all-tokens");
+  cmd->add_option(
+      "--ctx", a->ctx,
+      "Window length in tokens (default min(512, max_position_embeddings))");
+  cmd->add_option("--stride", a->stride,
+                  "Window step (default ctx/2; llama-cpp: ctx)");
+  cmd->add_option("--max-windows", a->max_windows,
+                  "Evaluate at most K windows (default all)");
+  cmd->add_option("--add-bos", a->add_bos,
+                  "auto (tokenizer default), yes or no");
+  cmd->add_option(
+      "--chunk-rows", a->chunk_rows,
+      "Logit rows computed at a time (memory: rows x vocab floats)");
   AddJobPlanOptions(cmd, &a->plan);
   cmd->add_option("--threads", a->threads, "CPU threads (default all)");
   cmd->add_flag("--json", a->json, "Print the result as JSON");

@@ -9,8 +9,8 @@ namespace loom::cli {
 
 int ReportStatus(std::string_view command, const Status& status) {
   if (status.ok()) return 0;
-  std::fprintf(stderr, "loom %.*s: %s\n", static_cast<int>(command.size()), command.data(),
-               status.message().c_str());
+  std::fprintf(stderr, "loom %.*s: %s\n", static_cast<int>(command.size()),
+               command.data(), status.message().c_str());
   return 1;
 }
 
@@ -20,7 +20,9 @@ int main(int argc, char** argv) {
   // Large buffers that libraries free (oneDNN's per-call repack buffers) go
   // back to the OS at once, so resident memory stays what the plan says.
   mallopt(M_MMAP_THRESHOLD, 256 * 1024);
-  CLI::App app{"loom: exact activations, perplexity and KL from Hugging Face checkpoints"};
+  CLI::App app{
+      "loom: exact activations, perplexity and KL from Hugging Face "
+      "checkpoints"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");
   int exit_code = 0;

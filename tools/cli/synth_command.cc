@@ -1,4 +1,5 @@
-// loom synth OUT_DIR [--preset tinyllama-1.1b|small] [--layers N] [--vocab N] [--dtype bf16] [--seed N]
+// loom synth OUT_DIR [--preset tinyllama-1.1b|small] [--layers N] [--vocab N]
+// [--dtype bf16] [--seed N]
 #include <cstdio>
 #include <memory>
 
@@ -14,19 +15,31 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
     SynthOptions synth;
   };
   auto opts = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand(
-      "synth", "Write a synthetic llama checkpoint with seeded random weights (benchmarks, memory tests)");
-  cmd->add_option("OUT_DIR", opts->out_dir, "Directory to write config.json and model.safetensors into")->required();
-  cmd->add_option("--preset", opts->synth.preset, "tinyllama-1.1b (hidden 2048, 22 layers, 32/4 heads, "
-                                                  "intermediate 5632, vocab 32000) or small")->capture_default_str();
-  cmd->add_option("--layers", opts->synth.num_layers, "Override the number of layers");
-  cmd->add_option("--vocab", opts->synth.vocab_size, "Override the vocabulary size");
-  cmd->add_option("--dtype", opts->dtype, "Storage dtype: f32, bf16 or f16")->capture_default_str();
-  cmd->add_option("--seed", opts->synth.seed, "Random seed")->capture_default_str();
+  CLI::App* cmd =
+      app.add_subcommand("synth",
+                         "Write a synthetic llama checkpoint with seeded "
+                         "random weights (benchmarks, memory tests)");
+  cmd->add_option("OUT_DIR", opts->out_dir,
+                  "Directory to write config.json and model.safetensors into")
+      ->required();
+  cmd->add_option("--preset", opts->synth.preset,
+                  "tinyllama-1.1b (hidden 2048, 22 layers, 32/4 heads, "
+                  "intermediate 5632, vocab 32000) or small")
+      ->capture_default_str();
+  cmd->add_option("--layers", opts->synth.num_layers,
+                  "Override the number of layers");
+  cmd->add_option("--vocab", opts->synth.vocab_size,
+                  "Override the vocabulary size");
+  cmd->add_option("--dtype", opts->dtype, "Storage dtype: f32, bf16 or f16")
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->synth.seed, "Random seed")
+      ->capture_default_str();
   cmd->callback([opts, exit_code] {
     const auto dtype = ParseDType(opts->dtype);
     if (!dtype) {
-      *exit_code = ReportStatus("synth", InvalidArgumentError("--dtype '" + opts->dtype + "': expected f32, bf16 or f16"));
+      *exit_code = ReportStatus(
+          "synth", InvalidArgumentError("--dtype '" + opts->dtype +
+                                        "': expected f32, bf16 or f16"));
       return;
     }
     opts->synth.dtype = *dtype;
@@ -35,8 +48,9 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
       *exit_code = ReportStatus("synth", params.status());
       return;
     }
-    std::printf("wrote %s/model.safetensors: %lld parameters (%s)\n", opts->out_dir.c_str(),
-                static_cast<long long>(*params), opts->dtype.c_str());
+    std::printf("wrote %s/model.safetensors: %lld parameters (%s)\n",
+                opts->out_dir.c_str(), static_cast<long long>(*params),
+                opts->dtype.c_str());
   });
 }
 

@@ -7,14 +7,15 @@ namespace loom::arch {
 StatusOr<ActKind> ParseActivation(const ConfigReader& r, const std::string& key,
                                   const std::string& value) {
   if (value == "silu" || value == "swish") return ActKind::kSilu;
-  if (value == "gelu_pytorch_tanh" || value == "gelu_new" || value == "gelu_fast" ||
-      value == "gelu_python_tanh")
+  if (value == "gelu_pytorch_tanh" || value == "gelu_new" ||
+      value == "gelu_fast" || value == "gelu_python_tanh")
     return ActKind::kGeluTanh;
   if (value == "gelu" || value == "gelu_python") return ActKind::kGeluExact;
   if (value == "relu") return ActKind::kRelu;
-  return UnimplementedError(r.source() + ": key '" + key + "' = '" + value +
-                            "' is not a supported activation (silu, gelu, gelu_pytorch_tanh, "
-                            "gelu_new, relu)");
+  return UnimplementedError(
+      r.source() + ": key '" + key + "' = '" + value +
+      "' is not a supported activation (silu, gelu, gelu_pytorch_tanh, "
+      "gelu_new, relu)");
 }
 
 Status ParseRope(const ConfigReader& r, ModelConfig* c) {
@@ -23,13 +24,17 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(rope.theta, r.Float("rope_theta", 10000.0));
   ASSIGN_OR_RETURN(double partial, r.Float("partial_rotary_factor", 1.0));
   if (partial <= 0 || partial > 1)
-    return InvalidArgumentError(r.source() + ": partial_rotary_factor = " + std::to_string(partial) +
-                                ", expected in (0, 1]");
-  rope.rotary_dim = static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
+    return InvalidArgumentError(
+        r.source() + ": partial_rotary_factor = " + std::to_string(partial) +
+        ", expected in (0, 1]");
+  rope.rotary_dim =
+      static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
   if (rope.rotary_dim % 2 != 0 || rope.rotary_dim == 0)
-    return InvalidArgumentError(r.source() + ": rotary dimension " + std::to_string(rope.rotary_dim) +
-                                " (head_dim x partial_rotary_factor) must be even and positive");
-  ASSIGN_OR_RETURN(std::optional<ConfigReader> scaling, r.Object("rope_scaling"));
+    return InvalidArgumentError(
+        r.source() + ": rotary dimension " + std::to_string(rope.rotary_dim) +
+        " (head_dim x partial_rotary_factor) must be even and positive");
+  ASSIGN_OR_RETURN(std::optional<ConfigReader> scaling,
+                   r.Object("rope_scaling"));
   if (!scaling) return Status();
   std::string type;
   if (scaling->Has("rope_type")) {
@@ -41,7 +46,8 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c) {
   if (type == "linear" || type == "dynamic" || type == "llama3") {
     ASSIGN_OR_RETURN(rope.factor, scaling->Float("factor"));
     if (!(rope.factor > 0))
-      return InvalidArgumentError(scaling->source() + ": factor = " + std::to_string(rope.factor) +
+      return InvalidArgumentError(scaling->source() +
+                                  ": factor = " + std::to_string(rope.factor) +
                                   ", expected > 0");
   }
   if (type == "linear") {
@@ -61,8 +67,9 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c) {
                                   " must exceed low_freq_factor " +
                                   std::to_string(rope.low_freq_factor));
   } else {
-    return UnimplementedError(r.source() + ": rope_scaling type '" + type +
-                              "' is not supported (default, linear, dynamic, llama3)");
+    return UnimplementedError(
+        r.source() + ": rope_scaling type '" + type +
+        "' is not supported (default, linear, dynamic, llama3)");
   }
   return Status();
 }
@@ -70,14 +77,18 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c) {
 Status ParseUniformSlidingWindow(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 0));
   if (window < 0)
-    return InvalidArgumentError(r.source() + ": sliding_window = " + std::to_string(window) + ", expected >= 0 or null");
+    return InvalidArgumentError(r.source() +
+                                ": sliding_window = " + std::to_string(window) +
+                                ", expected >= 0 or null");
   c->sliding_window.assign(c->num_layers, window);
   return Status();
 }
 
 Status ValidateDims(const std::string& source, const ModelConfig& c) {
   auto positive = [&](const char* key, int64_t v) -> Status {
-    if (v <= 0) return InvalidArgumentError(source + ": " + key + " = " + std::to_string(v) + ", expected > 0");
+    if (v <= 0)
+      return InvalidArgumentError(source + ": " + key + " = " +
+                                  std::to_string(v) + ", expected > 0");
     return Status();
   };
   RETURN_IF_ERROR(positive("vocab_size", c.vocab_size));
@@ -87,34 +98,44 @@ Status ValidateDims(const std::string& source, const ModelConfig& c) {
   RETURN_IF_ERROR(positive("num_key_value_heads", c.num_kv_heads));
   RETURN_IF_ERROR(positive("head_dim", c.head_dim));
   RETURN_IF_ERROR(positive("intermediate_size", c.intermediate_size));
-  RETURN_IF_ERROR(positive("max_position_embeddings", c.max_position_embeddings));
+  RETURN_IF_ERROR(
+      positive("max_position_embeddings", c.max_position_embeddings));
   if (c.num_heads % c.num_kv_heads != 0)
-    return InvalidArgumentError(source + ": num_attention_heads = " + std::to_string(c.num_heads) +
-                                " is not a multiple of num_key_value_heads = " +
-                                std::to_string(c.num_kv_heads));
+    return InvalidArgumentError(
+        source + ": num_attention_heads = " + std::to_string(c.num_heads) +
+        " is not a multiple of num_key_value_heads = " +
+        std::to_string(c.num_kv_heads));
   return Status();
 }
 
-Status ParseDecoderBase(const ConfigReader& r, bool tie_default, ModelConfig* c) {
+Status ParseDecoderBase(const ConfigReader& r, bool tie_default,
+                        ModelConfig* c) {
   ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
   ASSIGN_OR_RETURN(c->hidden_size, r.Int("hidden_size"));
   ASSIGN_OR_RETURN(c->num_layers, r.Int("num_hidden_layers"));
   ASSIGN_OR_RETURN(c->num_heads, r.Int("num_attention_heads"));
   ASSIGN_OR_RETURN(c->num_kv_heads, r.Int("num_key_value_heads", c->num_heads));
   if (c->num_heads <= 0)
-    return InvalidArgumentError(r.source() + ": num_attention_heads = " + std::to_string(c->num_heads) + ", expected > 0");
-  ASSIGN_OR_RETURN(c->head_dim, r.Int("head_dim", c->hidden_size / c->num_heads));
+    return InvalidArgumentError(
+        r.source() + ": num_attention_heads = " + std::to_string(c->num_heads) +
+        ", expected > 0");
+  ASSIGN_OR_RETURN(c->head_dim,
+                   r.Int("head_dim", c->hidden_size / c->num_heads));
   ASSIGN_OR_RETURN(c->intermediate_size, r.Int("intermediate_size"));
-  ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("max_position_embeddings"));
+  ASSIGN_OR_RETURN(c->max_position_embeddings,
+                   r.Int("max_position_embeddings"));
   ASSIGN_OR_RETURN(double eps, r.Float("rms_norm_eps", 1e-6));
   c->norm_eps = static_cast<float>(eps);
   ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "silu"));
   ASSIGN_OR_RETURN(c->act, ParseActivation(r, "hidden_act", act));
-  ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", tie_default));
-  if (r.Has("bos_token_id") && r.json().at("bos_token_id").is_number_integer()) {
+  ASSIGN_OR_RETURN(c->tie_word_embeddings,
+                   r.Bool("tie_word_embeddings", tie_default));
+  if (r.Has("bos_token_id") &&
+      r.json().at("bos_token_id").is_number_integer()) {
     c->bos_token_id = r.json().at("bos_token_id").get<int64_t>();
   }
-  if (r.Has("eos_token_id") && r.json().at("eos_token_id").is_number_integer()) {
+  if (r.Has("eos_token_id") &&
+      r.json().at("eos_token_id").is_number_integer()) {
     c->eos_token_id = r.json().at("eos_token_id").get<int64_t>();
   }
   ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype", "float32"));
@@ -128,7 +149,8 @@ Status ParseDecoderBase(const ConfigReader& r, bool tie_default, ModelConfig* c)
 
 ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
   ArchWeights w;
-  auto add = [&](std::string name, WeightRole role, int64_t layer, Shape shape) {
+  auto add = [&](std::string name, WeightRole role, int64_t layer,
+                 Shape shape) {
     WeightSpec s;
     s.name = std::move(name);
     s.role = role;
@@ -136,13 +158,16 @@ ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
     s.shape = std::move(shape);
     w.specs.push_back(std::move(s));
   };
-  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(),
+                KV = c.kv_dim();
   add("model.embed_tokens.weight", WeightRole::kEmbed, -1, {c.vocab_size, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    if (!n.attn_norm.empty()) add(p + n.attn_norm + ".weight", WeightRole::kAttnNorm, i, {H});
+    if (!n.attn_norm.empty())
+      add(p + n.attn_norm + ".weight", WeightRole::kAttnNorm, i, {H});
     if (c.fused_qkv) {
-      add(p + "self_attn.qkv_proj.weight", WeightRole::kQkv, i, {Q + 2 * KV, H});
+      add(p + "self_attn.qkv_proj.weight", WeightRole::kQkv, i,
+          {Q + 2 * KV, H});
     } else {
       add(p + "self_attn.q_proj.weight", WeightRole::kQ, i, {Q, H});
       add(p + "self_attn.k_proj.weight", WeightRole::kK, i, {KV, H});
@@ -162,8 +187,10 @@ ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
       add(p + "self_attn.q_norm.weight", WeightRole::kQNorm, i, {Q});
       add(p + "self_attn.k_norm.weight", WeightRole::kKNorm, i, {KV});
     }
-    if (!n.post_attn_norm.empty()) add(p + n.post_attn_norm + ".weight", WeightRole::kPostAttnNorm, i, {H});
-    if (!n.mlp_norm.empty()) add(p + n.mlp_norm + ".weight", WeightRole::kMlpNorm, i, {H});
+    if (!n.post_attn_norm.empty())
+      add(p + n.post_attn_norm + ".weight", WeightRole::kPostAttnNorm, i, {H});
+    if (!n.mlp_norm.empty())
+      add(p + n.mlp_norm + ".weight", WeightRole::kMlpNorm, i, {H});
     if (c.mlp == MlpKind::kGatedFused) {
       add(p + "mlp.gate_up_proj.weight", WeightRole::kGateUp, i, {2 * I, H});
     } else {
@@ -176,9 +203,11 @@ ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
       add(p + "mlp.up_proj.bias", WeightRole::kUpBias, i, {I});
       add(p + "mlp.down_proj.bias", WeightRole::kDownBias, i, {H});
     }
-    if (!n.post_mlp_norm.empty()) add(p + n.post_mlp_norm + ".weight", WeightRole::kPostMlpNorm, i, {H});
+    if (!n.post_mlp_norm.empty())
+      add(p + n.post_mlp_norm + ".weight", WeightRole::kPostMlpNorm, i, {H});
   }
-  if (c.norm != NormKind::kLayerNoAffine) add("model.norm.weight", WeightRole::kFinalNorm, -1, {H});
+  if (c.norm != NormKind::kLayerNoAffine)
+    add("model.norm.weight", WeightRole::kFinalNorm, -1, {H});
   add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H});
   if (c.tie_word_embeddings) {
     w.specs.back().required = false;

@@ -18,7 +18,8 @@ namespace loom::arch {
 // rms_norm_eps, hidden_act, tie_word_embeddings (default `tie_default`),
 // bos/eos ids, torch_dtype and RoPE (rope_theta, rope_scaling,
 // partial_rotary_factor); sets global attention on every layer.
-Status ParseDecoderBase(const ConfigReader& r, bool tie_default, ModelConfig* c);
+Status ParseDecoderBase(const ConfigReader& r, bool tie_default,
+                        ModelConfig* c);
 
 // Parses rope_theta / rope_scaling / partial_rotary_factor into c->rope.
 Status ParseRope(const ConfigReader& r, ModelConfig* c);
@@ -44,7 +45,8 @@ struct DecoderNames {
 // Biases, fused projections and q/k norms follow the config's flags.
 // Declares model.embed_tokens, model.layers.{i}.{norms, self_attn.*, mlp.*},
 // model.norm and lm_head (tied to the embedding when c.tie_word_embeddings).
-ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& names);
+ArchWeights DeclareDecoderWeights(const ModelConfig& c,
+                                  const DecoderNames& names);
 
 }  // namespace loom::arch
 

@@ -11,7 +11,8 @@ namespace loom::arch {
 // (1 + w) norms, sqrt(H) embedding scale.
 Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/true, c));
-  ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "gelu_pytorch_tanh"));
+  ASSIGN_OR_RETURN(std::string act,
+                   r.String("hidden_act", "gelu_pytorch_tanh"));
   std::string key = "hidden_act";
   if (r.Has("hidden_activation")) {
     ASSIGN_OR_RETURN(act, r.String("hidden_activation"));
@@ -27,7 +28,9 @@ Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c) {
 
 namespace {
 
-ArchWeights Declare(const ModelConfig& c) { return DeclareDecoderWeights(c, DecoderNames{}); }
+ArchWeights Declare(const ModelConfig& c) {
+  return DeclareDecoderWeights(c, DecoderNames{});
+}
 
 }  // namespace
 

@@ -18,11 +18,14 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->post_mlp_norm = true;
   ASSIGN_OR_RETURN(double softcap, r.Float("attn_logit_softcapping", 0.0));
   c->attn_softcap = static_cast<float>(softcap);
-  ASSIGN_OR_RETURN(double final_softcap, r.Float("final_logit_softcapping", 0.0));
+  ASSIGN_OR_RETURN(double final_softcap,
+                   r.Float("final_logit_softcapping", 0.0));
   c->final_softcap = static_cast<float>(final_softcap);
-  ASSIGN_OR_RETURN(double scalar, r.Float("query_pre_attn_scalar", static_cast<double>(c->head_dim)));
+  ASSIGN_OR_RETURN(double scalar, r.Float("query_pre_attn_scalar",
+                                          static_cast<double>(c->head_dim)));
   if (!(scalar > 0))
-    return InvalidArgumentError(r.source() + ": query_pre_attn_scalar = " + std::to_string(scalar) + ", expected > 0");
+    return InvalidArgumentError(r.source() + ": query_pre_attn_scalar = " +
+                                std::to_string(scalar) + ", expected > 0");
   c->attn_scale = static_cast<float>(1.0 / std::sqrt(scalar));
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 4096));
   for (int64_t i = 0; i < c->num_layers; i += 2) c->sliding_window[i] = window;

@@ -21,36 +21,45 @@ Status ParseText(const ConfigReader& r, ModelConfig* c) {
   c->qk_norm = QkNormKind::kPerHead;
   c->post_attn_norm = true;
   c->post_mlp_norm = true;
-  ASSIGN_OR_RETURN(double scalar, r.Float("query_pre_attn_scalar", static_cast<double>(c->head_dim)));
+  ASSIGN_OR_RETURN(double scalar, r.Float("query_pre_attn_scalar",
+                                          static_cast<double>(c->head_dim)));
   if (!(scalar > 0))
-    return InvalidArgumentError(r.source() + ": query_pre_attn_scalar = " + std::to_string(scalar) + ", expected > 0");
+    return InvalidArgumentError(r.source() + ": query_pre_attn_scalar = " +
+                                std::to_string(scalar) + ", expected > 0");
   c->attn_scale = static_cast<float>(1.0 / std::sqrt(scalar));
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 4096));
   if (r.Has("layer_types")) {
     const auto& types = r.json().at("layer_types");
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != c->num_layers)
-      return InvalidArgumentError(r.source() + ": layer_types must list " + std::to_string(c->num_layers) +
-                                  " entries, has " + types.dump().substr(0, 80));
+    if (!types.is_array() ||
+        static_cast<int64_t>(types.size()) != c->num_layers)
+      return InvalidArgumentError(r.source() + ": layer_types must list " +
+                                  std::to_string(c->num_layers) +
+                                  " entries, has " +
+                                  types.dump().substr(0, 80));
     for (int64_t i = 0; i < c->num_layers; ++i)
       c->sliding_window[i] = types[i] == "sliding_attention" ? window : 0;
   } else {
     ASSIGN_OR_RETURN(int64_t pattern, r.Int("sliding_window_pattern", 6));
-    for (int64_t i = 0; i < c->num_layers; ++i) c->sliding_window[i] = (i + 1) % pattern != 0 ? window : 0;
+    for (int64_t i = 0; i < c->num_layers; ++i)
+      c->sliding_window[i] = (i + 1) % pattern != 0 ? window : 0;
   }
   return Status();
 }
 
 Status ParseMultimodal(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(std::optional<ConfigReader> text, r.Object("text_config"));
-  if (!text) return NotFoundError(r.source() + ": missing required key 'text_config'");
+  if (!text)
+    return NotFoundError(r.source() + ": missing required key 'text_config'");
   RETURN_IF_ERROR(ParseText(*text, c));
   if (!text->Has("torch_dtype") && r.Has("torch_dtype")) {
     ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype"));
     if (auto d = ParseDType(dtype)) c->torch_dtype = *d;
   }
   c->text_prefix = "language_model.";
-  ASSIGN_OR_RETURN(std::optional<ConfigReader> vision, r.Object("vision_config"));
-  if (!vision) return NotFoundError(r.source() + ": missing required key 'vision_config'");
+  ASSIGN_OR_RETURN(std::optional<ConfigReader> vision,
+                   r.Object("vision_config"));
+  if (!vision)
+    return NotFoundError(r.source() + ": missing required key 'vision_config'");
   VisionConfig& v = c->vision;
   ASSIGN_OR_RETURN(v.hidden_size, vision->Int("hidden_size"));
   ASSIGN_OR_RETURN(v.intermediate_size, vision->Int("intermediate_size"));
@@ -59,8 +68,9 @@ Status ParseMultimodal(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(v.image_size, vision->Int("image_size"));
   ASSIGN_OR_RETURN(v.num_channels, vision->Int("num_channels", 3));
   if (v.patch_size <= 0 || v.image_size % v.patch_size != 0)
-    return InvalidArgumentError(vision->source() + ": image_size " + std::to_string(v.image_size) +
-                                " is not a multiple of patch_size " + std::to_string(v.patch_size));
+    return InvalidArgumentError(
+        vision->source() + ": image_size " + std::to_string(v.image_size) +
+        " is not a multiple of patch_size " + std::to_string(v.patch_size));
   return Status();
 }
 
@@ -90,9 +100,11 @@ ArchWeights DeclareMultimodal(const ModelConfig& c) {
     w.specs.push_back(std::move(s));
   };
   const std::string p = "vision_tower.vision_model.";
-  add(p + "embeddings.patch_embedding.weight", {hv, v.num_channels, v.patch_size, v.patch_size});
+  add(p + "embeddings.patch_embedding.weight",
+      {hv, v.num_channels, v.patch_size, v.patch_size});
   add(p + "embeddings.patch_embedding.bias", {hv});
-  const int64_t patches = (v.image_size / v.patch_size) * (v.image_size / v.patch_size);
+  const int64_t patches =
+      (v.image_size / v.patch_size) * (v.image_size / v.patch_size);
   add(p + "embeddings.position_embedding.weight", {patches, hv});
   for (int64_t i = 0; i < v.num_layers; ++i) {
     const std::string l = p + "encoder.layers." + std::to_string(i) + ".";
@@ -118,7 +130,9 @@ ArchWeights DeclareMultimodal(const ModelConfig& c) {
 
 }  // namespace
 
-const ArchDef kGemma3 = {"gemma3", ParseMultimodal, DeclareMultimodal, /*runnable=*/false};
-const ArchDef kGemma3Text = {"gemma3_text", ParseText, DeclareText, /*runnable=*/false};
+const ArchDef kGemma3 = {"gemma3", ParseMultimodal, DeclareMultimodal,
+                         /*runnable=*/false};
+const ArchDef kGemma3Text = {"gemma3_text", ParseText, DeclareText,
+                             /*runnable=*/false};
 
 }  // namespace loom::arch

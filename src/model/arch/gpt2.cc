@@ -16,15 +16,17 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->num_heads, r.Int("n_head"));
   c->num_kv_heads = c->num_heads;
   if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0)
-    return InvalidArgumentError(r.source() + ": n_embd = " + std::to_string(c->hidden_size) +
-                                " is not a multiple of n_head = " + std::to_string(c->num_heads));
+    return InvalidArgumentError(
+        r.source() + ": n_embd = " + std::to_string(c->hidden_size) +
+        " is not a multiple of n_head = " + std::to_string(c->num_heads));
   c->head_dim = c->hidden_size / c->num_heads;
   ASSIGN_OR_RETURN(c->intermediate_size, r.Int("n_inner", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("n_positions"));
   ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_epsilon", 1e-5));
   c->norm_eps = static_cast<float>(eps);
   c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(std::string act, r.String("activation_function", "gelu_new"));
+  ASSIGN_OR_RETURN(std::string act,
+                   r.String("activation_function", "gelu_new"));
   ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation_function", act));
   c->mlp = MlpKind::kPlain;
   c->fused_qkv = true;
@@ -33,8 +35,10 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->learned_positions = true;
   c->rope.type = RopeConfig::Type::kNone;
   ASSIGN_OR_RETURN(bool scale, r.Bool("scale_attn_weights", true));
-  c->attn_scale = scale ? 1.0f / std::sqrt(static_cast<float>(c->head_dim)) : 1.0f;
-  ASSIGN_OR_RETURN(c->attn_scale_by_inverse_layer, r.Bool("scale_attn_by_inverse_layer_idx", false));
+  c->attn_scale =
+      scale ? 1.0f / std::sqrt(static_cast<float>(c->head_dim)) : 1.0f;
+  ASSIGN_OR_RETURN(c->attn_scale_by_inverse_layer,
+                   r.Bool("scale_attn_by_inverse_layer_idx", false));
   ASSIGN_OR_RETURN(int64_t bos, r.Int("bos_token_id", -1));
   ASSIGN_OR_RETURN(int64_t eos, r.Int("eos_token_id", -1));
   c->bos_token_id = bos;
@@ -59,20 +63,25 @@ ArchWeights Declare(const ModelConfig& c) {
     w.specs.push_back(std::move(s));
   };
   add("transformer.wte.weight", WeightRole::kEmbed, -1, {c.vocab_size, H});
-  add("transformer.wpe.weight", WeightRole::kPosEmbed, -1, {c.max_position_embeddings, H});
+  add("transformer.wpe.weight", WeightRole::kPosEmbed, -1,
+      {c.max_position_embeddings, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
     add(p + "ln_1.weight", WeightRole::kAttnNorm, i, {H});
     add(p + "ln_1.bias", WeightRole::kAttnNormBias, i, {H});
-    add(p + "attn.c_attn.weight", WeightRole::kQkv, i, {H, 3 * H}, MatrixLayout::kInOut);
+    add(p + "attn.c_attn.weight", WeightRole::kQkv, i, {H, 3 * H},
+        MatrixLayout::kInOut);
     add(p + "attn.c_attn.bias", WeightRole::kQkvBias, i, {3 * H});
-    add(p + "attn.c_proj.weight", WeightRole::kO, i, {H, H}, MatrixLayout::kInOut);
+    add(p + "attn.c_proj.weight", WeightRole::kO, i, {H, H},
+        MatrixLayout::kInOut);
     add(p + "attn.c_proj.bias", WeightRole::kOBias, i, {H});
     add(p + "ln_2.weight", WeightRole::kMlpNorm, i, {H});
     add(p + "ln_2.bias", WeightRole::kMlpNormBias, i, {H});
-    add(p + "mlp.c_fc.weight", WeightRole::kUp, i, {H, I}, MatrixLayout::kInOut);
+    add(p + "mlp.c_fc.weight", WeightRole::kUp, i, {H, I},
+        MatrixLayout::kInOut);
     add(p + "mlp.c_fc.bias", WeightRole::kUpBias, i, {I});
-    add(p + "mlp.c_proj.weight", WeightRole::kDown, i, {I, H}, MatrixLayout::kInOut);
+    add(p + "mlp.c_proj.weight", WeightRole::kDown, i, {I, H},
+        MatrixLayout::kInOut);
     add(p + "mlp.c_proj.bias", WeightRole::kDownBias, i, {H});
   }
   add("transformer.ln_f.weight", WeightRole::kFinalNorm, -1, {H});

@@ -14,7 +14,9 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   return Status();
 }
 
-ArchWeights Declare(const ModelConfig& c) { return DeclareDecoderWeights(c, DecoderNames{}); }
+ArchWeights Declare(const ModelConfig& c) {
+  return DeclareDecoderWeights(c, DecoderNames{});
+}
 
 }  // namespace
 

@@ -10,7 +10,9 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   return ParseUniformSlidingWindow(r, c);
 }
 
-ArchWeights Declare(const ModelConfig& c) { return DeclareDecoderWeights(c, DecoderNames{}); }
+ArchWeights Declare(const ModelConfig& c) {
+  return DeclareDecoderWeights(c, DecoderNames{});
+}
 
 }  // namespace
 

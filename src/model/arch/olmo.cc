@@ -13,7 +13,10 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->qkv_bias, r.Bool("attention_bias", false));
   c->o_bias = c->qkv_bias;
   ASSIGN_OR_RETURN(double clip, r.Float("clip_qkv", 0.0));
-  if (clip < 0) return InvalidArgumentError(r.source() + ": clip_qkv = " + std::to_string(clip) + ", expected > 0 or null");
+  if (clip < 0)
+    return InvalidArgumentError(r.source() +
+                                ": clip_qkv = " + std::to_string(clip) +
+                                ", expected > 0 or null");
   c->clip_qkv = static_cast<float>(clip);
   return Status();
 }

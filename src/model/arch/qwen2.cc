@@ -23,7 +23,9 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   return ParseQwenSlidingWindow(r, c);
 }
 
-ArchWeights Declare(const ModelConfig& c) { return DeclareDecoderWeights(c, DecoderNames{}); }
+ArchWeights Declare(const ModelConfig& c) {
+  return DeclareDecoderWeights(c, DecoderNames{});
+}
 
 }  // namespace
 
