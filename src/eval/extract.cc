@@ -1181,7 +1181,12 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     const double secs = std::chrono::duration<double>(
                             std::chrono::steady_clock::now() - t_start)
                             .count();
-    if (o.progress) o.progress(committed_rows, summary.tokens, secs);
+    if (o.progress) {
+      const double size =
+          static_cast<double>(manifest["input"]["bytes"].get<int64_t>());
+      o.progress(committed_rows, summary.tokens, secs,
+                 size > 0 ? static_cast<double>(reader->offset()) / size : 1.0);
+    }
     if (o.stop_after_commits > 0 && commits >= o.stop_after_commits) {
       summary.rows = committed_rows;
       summary.rows_ok = rows_ok;

@@ -68,9 +68,11 @@ struct ExtractOptions {
   bool resume = false;
   bool replace_invalid_utf8 = false;  // else invalid UTF-8 is a row error
   JobPlanOptions plan;  // devices, caps, --show-plan, --verify-plan
-  // Called after every committed window (rows done, total rows if known,
-  // tokens/s).
-  std::function<void(int64_t rows, int64_t tokens, double seconds)> progress;
+  // Called after every committed window: rows committed in total, tokens run
+  // by this invocation, its seconds, and the fraction of the input read.
+  std::function<void(int64_t rows, int64_t tokens, double seconds,
+                     double fraction)>
+      progress;
   // Test hook: stop (as if killed) after this many commits; 0 = never.
   int64_t stop_after_commits = 0;
 };

@@ -89,11 +89,17 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
     const bool show =
         !opts->quiet && (opts->progress || ::isatty(STDERR_FILENO));
     if (show) {
-      job.progress = [](int64_t rows, int64_t tokens, double secs) {
+      // ETA from the share of the input read (after a --resume it counts
+      // the rows done before as if this run had read them).
+      job.progress = [](int64_t rows, int64_t tokens, double secs,
+                        double fraction) {
+        const double eta =
+            fraction > 0 ? secs * (1.0 - fraction) / fraction : 0.0;
         std::fprintf(stderr,
-                     "\rloom extract: %lld rows committed, %.0f tokens/s   ",
-                     static_cast<long long>(rows),
-                     secs > 0 ? static_cast<double>(tokens) / secs : 0.0);
+                     "\rloom extract: %lld rows, %.0f%% of the input, "
+                     "%.0f tokens/s, ETA %.0fs   ",
+                     static_cast<long long>(rows), 100.0 * fraction,
+                     secs > 0 ? static_cast<double>(tokens) / secs : 0.0, eta);
         std::fflush(stderr);
       };
     }
