@@ -701,3 +701,53 @@ TEST(PerplexityMemoryTest, Ctx2048Vocab32kStaysWithinChunkBound) {
 
 }  // namespace
 }  // namespace loom::eval
+
+namespace loom::eval {
+namespace {
+
+// --save-reference / --reference-logprobs: the saved top-k reproduces the
+// reference's log-probs of the correct tokens exactly (PPL_B), gives a KL that
+// is a lower bound of the live KL and close to it, ~0 against itself, and
+// refuses a run with other windows.
+TEST(CompareTest, SavedReferenceTopKIsALowerBoundOfTheLiveKl) {
+  auto a = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K", Precision::kBF16);
+  auto b = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K", Precision::kF32);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto golden = testing::GoldenFile::Open(testing::BundledGoldenDir() + "/stories260K/goldens_f32.safetensors");
+  const std::vector<int32_t> ids = golden->Ids("ppl.input_ids");
+  WindowOptions wo{.protocol = Protocol::kHfStride, .ctx = 256, .stride = 128, .max_windows = 6};
+  auto plan = PlanWindows(static_cast<int64_t>(ids.size()), wo);
+  ASSERT_TRUE(plan.ok());
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("loom_ref_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  CompareOptions o;
+  o.logits_chunk_rows = 64;
+  o.save_reference_dir = dir;
+  o.top_k = 16;
+  auto live = CompareModels(**a, **b, ids, *plan, o);
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  o.save_reference_dir.clear();
+  auto saved = CompareWithSavedReference(**a, ids, *plan, dir, o);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_NEAR(saved->ppl_b, live->ppl_b, 1e-6 * live->ppl_b);
+  EXPECT_EQ(saved->ppl_a, live->ppl_a);
+  EXPECT_GT(saved->kl.value, 0.0);
+  EXPECT_LE(saved->kl.value, live->kl.value * (1 + 1e-6));
+  EXPECT_GT(saved->kl.value, 0.5 * live->kl.value) << "top-16 of 512 should hold most of the divergence";
+  EXPECT_EQ(saved->same_top1.value, live->same_top1.value);
+  auto self = CompareWithSavedReference(**b, ids, *plan, dir, o);
+  ASSERT_TRUE(self.ok());
+  EXPECT_LT(self->kl.value, 1e-6);  // log-probs stored as float32
+  WindowOptions other = wo;
+  other.ctx = 128;
+  other.stride = 64;
+  auto plan2 = PlanWindows(static_cast<int64_t>(ids.size()), other);
+  ASSERT_TRUE(plan2.ok());
+  auto mismatch = CompareWithSavedReference(**a, ids, *plan2, dir, o);
+  EXPECT_EQ(mismatch.status().code(), StatusCode::kFailedPrecondition);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom::eval

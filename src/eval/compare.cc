@@ -4,11 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 
 #include "src/base/check.h"
 #include "src/eval/logits_head.h"
+#include "src/io/npy.h"
 #include "src/runtime/executor.h"
 
 namespace loom::eval {
@@ -105,6 +108,151 @@ Estimate MeanAndUncertainty(double sum, double sum2, double n) {
   return e;
 }
 
+void AddToken(Sums& s, double lpa, double lpb, double kl, bool same) {
+  const double pa = std::exp(lpa), pb = std::exp(lpb), dp = pa - pb;
+  s.n += 1;
+  s.nll_a -= lpa;
+  s.nll_a2 += lpa * lpa;
+  s.nll_b -= lpb;
+  s.nll_b2 += lpb * lpb;
+  s.nll_ab += lpa * lpb;
+  s.p_a += pa;
+  s.p_a2 += pa * pa;
+  s.p_b += pb;
+  s.p_b2 += pb * pb;
+  s.p_ab += pa * pb;
+  s.dp += dp;
+  s.dp2 += dp * dp;
+  s.dp4 += dp * dp * dp * dp;
+  s.kl += kl;
+  s.kl2 += kl * kl;
+  s.same += same;
+}
+
+void Finish(const Sums& s, bool keep_token_kl, std::vector<double>& token_kl, CompareResult& r);
+
+// The reference's saved rows: [tokens, k] ids and log-probs, [tokens] target
+// log-probs, read chunk by chunk.
+struct SavedReference {
+  std::unique_ptr<NpyWriter> ids, logprobs, target;  // when saving
+  int64_t k = 0;
+};
+
+// Top k of `row` [V] by value, as (ids, values) in descending order; `heap`
+// holds k (value, id) pairs of scratch.
+void TopK(const float* row, int64_t V, int64_t k, std::pair<float, int32_t>* heap, int32_t* ids, float* values) {
+  auto greater = [](const std::pair<float, int32_t>& x, const std::pair<float, int32_t>& y) { return x > y; };
+  int64_t n = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    if (n < k) {
+      heap[n++] = {row[v], static_cast<int32_t>(v)};
+      std::push_heap(heap, heap + n, greater);
+    } else if (row[v] > heap[0].first) {
+      std::pop_heap(heap, heap + n, greater);
+      heap[n - 1] = {row[v], static_cast<int32_t>(v)};
+      std::push_heap(heap, heap + n, greater);
+    }
+  }
+  std::sort_heap(heap, heap + n, greater);  // descending
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = heap[i].second;
+    values[i] = heap[i].first;
+  }
+}
+
+
+uint64_t HashIds(std::span<const int32_t> ids) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t id : ids) h = (h ^ static_cast<uint32_t>(id)) * 1099511628211ull;
+  return h;
+}
+
+nlohmann::json ReferenceHeader(const std::string& model_dir, int64_t vocab, std::span<const int32_t> ids,
+                               const WindowPlan& plan, int64_t k) {
+  return nlohmann::json{{"format", "loom-reference-logprobs"},
+                        {"version", 1},
+                        {"reference_model", model_dir},
+                        {"vocab_size", vocab},
+                        {"protocol", std::string(ProtocolName(plan.protocol))},
+                        {"ctx", plan.ctx},
+                        {"stride", plan.stride},
+                        {"windows", static_cast<int64_t>(plan.windows.size())},
+                        {"tokens_scored", plan.tokens_scored},
+                        {"ids_fnv1a64", std::to_string(HashIds(ids))},
+                        {"top_k", k}};
+}
+
+Status CreateReferenceDir(const std::string& dir, const Model& b, std::span<const int32_t> ids,
+                          const WindowPlan& plan, int64_t top_k, SavedReference* save) {
+  const int64_t V = b.config().vocab_size;
+  if (top_k <= 0 || top_k > V)
+    return InvalidArgumentError("--top-k " + std::to_string(top_k) + ": expected 1.." + std::to_string(V));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoError("--save-reference " + dir + ": " + ec.message());
+  if (std::filesystem::exists(dir + "/reference.json"))
+    return FailedPreconditionError("--save-reference " + dir + " already holds a reference (nothing overwritten)");
+  save->k = top_k;
+  ASSIGN_OR_RETURN(save->ids, NpyWriter::Create(dir + "/topk_ids.npy", DType::kI32, {top_k}));
+  ASSIGN_OR_RETURN(save->logprobs, NpyWriter::Create(dir + "/topk_logprobs.npy", DType::kF32, {top_k}));
+  ASSIGN_OR_RETURN(save->target, NpyWriter::Create(dir + "/target_logprob.npy", DType::kF32, {}));
+  std::ofstream out(dir + "/reference.json");
+  out << ReferenceHeader(b.dir(), V, ids, plan, top_k).dump(2) << "\n";
+  if (!out) return IoError(dir + "/reference.json: write failed");
+  return Status();
+}
+
+}  // namespace
+
+namespace {
+
+void Finish(const Sums& s, bool keep_token_kl, std::vector<double>& token_kl, CompareResult& r) {
+  const double n = s.n;
+  r.nll_mean_a = s.nll_a / n;
+  r.nll_mean_b = s.nll_b / n;
+  r.ppl_a = std::exp(r.nll_mean_a);
+  r.ppl_b = std::exp(r.nll_mean_b);
+  r.kl = MeanAndUncertainty(s.kl, s.kl2, n);
+  // ln(PPL_A / PPL_B): the mean of nll_A - nll_B (log-probs enter with sign
+  // flipped).
+  r.ln_ppl_ratio = MeanAndUncertainty(s.nll_a - s.nll_b,
+                                      s.nll_a2 + s.nll_b2 - 2 * s.nll_ab, n);
+  const Estimate nll_a = MeanAndUncertainty(s.nll_a, s.nll_a2, n);
+  const Estimate nll_b = MeanAndUncertainty(s.nll_b, s.nll_b2, n);
+  const double cov_ab =
+      n > 1 ? (s.nll_ab / n - r.nll_mean_a * r.nll_mean_b) / (n - 1) : 0.0;
+  r.ppl_diff.value = r.ppl_a - r.ppl_b;
+  const double ua = r.ppl_a * nll_a.uncertainty,
+               ub = r.ppl_b * nll_b.uncertainty;
+  r.ppl_diff.uncertainty = std::sqrt(
+      std::max(ua * ua + ub * ub - 2 * r.ppl_a * r.ppl_b * cov_ab, 0.0));
+  r.same_top1.value = s.same / n;
+  r.same_top1.uncertainty =
+      n > 1 ? std::sqrt(
+                  std::max(r.same_top1.value * (1 - r.same_top1.value), 0.0) /
+                  (n - 1))
+            : 0.0;
+  r.delta_p = MeanAndUncertainty(s.dp, s.dp2, n);
+  const Estimate dp2 = MeanAndUncertainty(s.dp2, s.dp4, n);
+  r.rms_delta_p.value = std::sqrt(dp2.value);
+  r.rms_delta_p.uncertainty = r.rms_delta_p.value > 0
+                                  ? dp2.uncertainty / (2 * r.rms_delta_p.value)
+                                  : 0.0;
+  const double ma = s.p_a / n, mb = s.p_b / n;
+  const double var_a = s.p_a2 / n - ma * ma, var_b = s.p_b2 / n - mb * mb;
+  const double cov = s.p_ab / n - ma * mb;
+  r.prob_pearson =
+      var_a > 0 && var_b > 0 ? cov / std::sqrt(var_a * var_b) : 0.0;
+
+  if (keep_token_kl) r.token_kl = token_kl;
+  std::sort(token_kl.begin(), token_kl.end());
+  r.kl_median = Percentile(token_kl, 0.5);
+  r.kl_p90 = Percentile(token_kl, 0.90);
+  r.kl_p95 = Percentile(token_kl, 0.95);
+  r.kl_p99 = Percentile(token_kl, 0.99);
+  r.kl_max = token_kl.back();
+}
+
 }  // namespace
 
 double Percentile(std::span<const double> sorted, double fraction) {
@@ -182,6 +330,17 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   CandidateSink sink_a(hidden_a.data(),
                        options.drift ? ref_layers.data() : nullptr, T * Hb,
                        drift_sums.data());
+  SavedReference save;
+  std::vector<int32_t> save_ids;
+  std::vector<float> save_lp, save_target;
+  std::vector<std::pair<float, int32_t>> save_heap;
+  if (!options.save_reference_dir.empty()) {
+    RETURN_IF_ERROR(CreateReferenceDir(options.save_reference_dir, b, ids, plan, options.top_k, &save));
+    save_ids.resize(C * save.k);
+    save_lp.resize(C * save.k);
+    save_target.resize(C);
+    save_heap.resize(C * save.k);
+  }
   Sums s;
   int64_t scored = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -211,29 +370,23 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
         }
         row_kl[i] = kl;
         row_same[i] = ArgMax(ra, V) == ArgMax(rb, V);
+        if (save.k > 0) {
+          const int64_t k = save.k;
+          TopK(rb, V, k, &save_heap[i * k], &save_ids[i * k], &save_lp[i * k]);
+          for (int64_t j = 0; j < k; ++j) save_lp[i * k + j] -= static_cast<float>(zb);
+          save_target[i] = static_cast<float>(static_cast<double>(rb[wids[r0 + i + 1]]) - zb);
+        }
+      }
+      if (save.k > 0) {
+        RETURN_IF_ERROR(save.ids->AppendRows(save_ids.data(), n));
+        RETURN_IF_ERROR(save.logprobs->AppendRows(save_lp.data(), n));
+        RETURN_IF_ERROR(save.target->AppendRows(save_target.data(), n));
       }
       for (int64_t i = 0; i < n; ++i) {
         const int32_t target = wids[r0 + i + 1];
         const double lpa = static_cast<double>(la[i * V + target]) - lse_a[i];
         const double lpb = static_cast<double>(lb[i * V + target]) - lse_b[i];
-        const double pa = std::exp(lpa), pb = std::exp(lpb), dp = pa - pb;
-        s.n += 1;
-        s.nll_a -= lpa;
-        s.nll_a2 += lpa * lpa;
-        s.nll_b -= lpb;
-        s.nll_b2 += lpb * lpb;
-        s.nll_ab += lpa * lpb;
-        s.p_a += pa;
-        s.p_a2 += pa * pa;
-        s.p_b += pb;
-        s.p_b2 += pb * pb;
-        s.p_ab += pa * pb;
-        s.dp += dp;
-        s.dp2 += dp * dp;
-        s.dp4 += dp * dp * dp * dp;
-        s.kl += row_kl[i];
-        s.kl2 += row_kl[i] * row_kl[i];
-        s.same += row_same[i];
+        AddToken(s, lpa, lpb, row_kl[i], row_same[i]);
         token_kl[scored++] = row_kl[i];
       }
     }
@@ -242,6 +395,11 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
                        static_cast<int64_t>(plan.windows.size()));
   }
   LOOM_CHECK(scored == plan.tokens_scored);
+  if (save.k > 0) {
+    RETURN_IF_ERROR(save.ids->Commit());
+    RETURN_IF_ERROR(save.logprobs->Commit());
+    RETURN_IF_ERROR(save.target->Commit());
+  }
   r.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -249,50 +407,7 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   r.tokens_scored = scored;
   r.tokens_evaluated = plan.tokens_evaluated;
 
-  const double n = s.n;
-  r.nll_mean_a = s.nll_a / n;
-  r.nll_mean_b = s.nll_b / n;
-  r.ppl_a = std::exp(r.nll_mean_a);
-  r.ppl_b = std::exp(r.nll_mean_b);
-  r.kl = MeanAndUncertainty(s.kl, s.kl2, n);
-  // ln(PPL_A / PPL_B): the mean of nll_A - nll_B (log-probs enter with sign
-  // flipped).
-  r.ln_ppl_ratio = MeanAndUncertainty(s.nll_a - s.nll_b,
-                                      s.nll_a2 + s.nll_b2 - 2 * s.nll_ab, n);
-  const Estimate nll_a = MeanAndUncertainty(s.nll_a, s.nll_a2, n);
-  const Estimate nll_b = MeanAndUncertainty(s.nll_b, s.nll_b2, n);
-  const double cov_ab =
-      n > 1 ? (s.nll_ab / n - r.nll_mean_a * r.nll_mean_b) / (n - 1) : 0.0;
-  r.ppl_diff.value = r.ppl_a - r.ppl_b;
-  const double ua = r.ppl_a * nll_a.uncertainty,
-               ub = r.ppl_b * nll_b.uncertainty;
-  r.ppl_diff.uncertainty = std::sqrt(
-      std::max(ua * ua + ub * ub - 2 * r.ppl_a * r.ppl_b * cov_ab, 0.0));
-  r.same_top1.value = s.same / n;
-  r.same_top1.uncertainty =
-      n > 1 ? std::sqrt(
-                  std::max(r.same_top1.value * (1 - r.same_top1.value), 0.0) /
-                  (n - 1))
-            : 0.0;
-  r.delta_p = MeanAndUncertainty(s.dp, s.dp2, n);
-  const Estimate dp2 = MeanAndUncertainty(s.dp2, s.dp4, n);
-  r.rms_delta_p.value = std::sqrt(dp2.value);
-  r.rms_delta_p.uncertainty = r.rms_delta_p.value > 0
-                                  ? dp2.uncertainty / (2 * r.rms_delta_p.value)
-                                  : 0.0;
-  const double ma = s.p_a / n, mb = s.p_b / n;
-  const double var_a = s.p_a2 / n - ma * ma, var_b = s.p_b2 / n - mb * mb;
-  const double cov = s.p_ab / n - ma * mb;
-  r.prob_pearson =
-      var_a > 0 && var_b > 0 ? cov / std::sqrt(var_a * var_b) : 0.0;
-
-  if (options.keep_token_logprobs) r.token_kl = token_kl;
-  std::sort(token_kl.begin(), token_kl.end());
-  r.kl_median = Percentile(token_kl, 0.5);
-  r.kl_p90 = Percentile(token_kl, 0.90);
-  r.kl_p95 = Percentile(token_kl, 0.95);
-  r.kl_p99 = Percentile(token_kl, 0.99);
-  r.kl_max = token_kl.back();
+  Finish(s, options.keep_token_logprobs, token_kl, r);
 
   for (int64_t l = 0; l < static_cast<int64_t>(drift_sums.size()); ++l) {
     const DriftSums& d = drift_sums[l];
@@ -305,6 +420,116 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
                              : std::numeric_limits<double>::infinity();
     r.drift.push_back(ld);
   }
+  return r;
+}
+
+}  // namespace loom::eval
+
+namespace loom::eval {
+
+StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<const int32_t> ids,
+                                                  const WindowPlan& plan, const std::string& dir,
+                                                  const CompareOptions& options) {
+  if (options.drift) return InvalidArgumentError("--drift needs the reference model itself, not saved log-probs");
+  std::ifstream in(dir + "/reference.json");
+  if (!in) return NotFoundError("--reference-logprobs " + dir + ": reference.json not found");
+  const nlohmann::json saved = nlohmann::json::parse(in, nullptr, false);
+  if (saved.is_discarded() || !saved.is_object() || saved.value("format", "") != "loom-reference-logprobs")
+    return DataLossError(dir + "/reference.json: not a saved reference");
+  const int64_t V = a.config().vocab_size;
+  const int64_t k = saved.value("top_k", int64_t{0});
+  const nlohmann::json now = ReferenceHeader(saved.value("reference_model", ""), V, ids, plan, k);
+  for (const char* key : {"vocab_size", "protocol", "ctx", "stride", "windows", "tokens_scored", "ids_fnv1a64"})
+    if (saved.value(key, nlohmann::json()) != now[key])
+      return FailedPreconditionError("--reference-logprobs " + dir + ": " + key + " is " +
+                                     saved.value(key, nlohmann::json()).dump() + " there but " + now[key].dump() +
+                                     " for this run; use the same text, tokenizer and window options");
+  ASSIGN_OR_RETURN(NpyHeader ids_h, ReadNpyHeader(dir + "/topk_ids.npy"));
+  ASSIGN_OR_RETURN(NpyHeader lp_h, ReadNpyHeader(dir + "/topk_logprobs.npy"));
+  ASSIGN_OR_RETURN(NpyHeader tg_h, ReadNpyHeader(dir + "/target_logprob.npy"));
+  const std::vector<int64_t> want_k = {plan.tokens_scored, k};
+  if (ids_h.shape != want_k || lp_h.shape != want_k || tg_h.shape != std::vector<int64_t>{plan.tokens_scored} ||
+      ids_h.dtype != DType::kI32 || lp_h.dtype != DType::kF32 || tg_h.dtype != DType::kF32)
+    return DataLossError(dir + ": arrays do not hold " + std::to_string(plan.tokens_scored) + " rows of top-" +
+                         std::to_string(k) + " (int32 ids, float32 log-probs) and float32 targets");
+  RETURN_IF_ERROR(CheckPlanFitsModel(a, ids, plan, a.dir()));
+
+  const int64_t T = plan.max_window_tokens, C = options.logits_chunk_rows, H = a.config().hidden_size;
+  HookSet hooks;
+  hooks.Add({HookSite::kFinalNorm, -1});
+  ExecutorOptions eo;
+  eo.max_tokens = T;
+  eo.max_seq_len = T;
+  eo.logits_chunk_rows = C;
+  ASSIGN_OR_RETURN(auto exec, Executor::Create(a, hooks, eo));
+  ASSIGN_OR_RETURN(auto head, LogitsHead::Create(a, C));
+  std::vector<int32_t> window_ids(T), ref_ids(C * k);
+  std::vector<float> hidden(T * H), ref_lp(C * k), ref_target(C);
+  std::vector<double> lse(C), row_kl(C);
+  std::vector<uint8_t> row_same(C);
+  std::vector<double> token_kl(plan.tokens_scored);
+  std::ifstream f_ids(dir + "/topk_ids.npy", std::ios::binary), f_lp(dir + "/topk_logprobs.npy", std::ios::binary),
+      f_tg(dir + "/target_logprob.npy", std::ios::binary);
+  auto read_rows = [&](std::ifstream& f, const NpyHeader& h, int64_t row, int64_t n, int64_t row_bytes, void* dst) {
+    f.seekg(h.data_offset + row * row_bytes);
+    f.read(static_cast<char*>(dst), n * row_bytes);
+    return f.good() ? Status() : DataLossError(dir + ": short read at row " + std::to_string(row));
+  };
+  CandidateSink sink(hidden.data(), nullptr, T * H, nullptr);
+  CompareResult r;
+  r.protocol = plan.protocol;
+  r.ctx = plan.ctx;
+  r.stride = plan.stride;
+  Sums s;
+  int64_t scored = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t wi = 0; wi < plan.windows.size(); ++wi) {
+    const Window& w = plan.windows[wi];
+    std::span<const int32_t> wids = WindowIds(plan, w, ids, window_ids);
+    const int64_t seq_start[2] = {0, w.length()};
+    RETURN_IF_ERROR(exec->Forward(Batch{wids, std::span<const int64_t>(seq_start, 2)}, &sink));
+    const int64_t row_end = w.score_end - w.begin - 1;
+    for (int64_t r0 = w.score_begin - w.begin - 1; r0 < row_end; r0 += C) {
+      const int64_t n = std::min(C, row_end - r0);
+      RETURN_IF_ERROR(read_rows(f_ids, ids_h, scored, n, 4 * k, ref_ids.data()));
+      RETURN_IF_ERROR(read_rows(f_lp, lp_h, scored, n, 4 * k, ref_lp.data()));
+      RETURN_IF_ERROR(read_rows(f_tg, tg_h, scored, n, 4, ref_target.data()));
+      const float* la = head->Compute(hidden.data() + r0 * H, n);
+      head->LogSumExp(n, lse.data());
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        // KL over the saved top-k plus one bucket for the rest.
+        double kl = 0, mass_b = 0, mass_a = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          const double lpb = ref_lp[i * k + j];
+          const double lpa = static_cast<double>(la[i * V + ref_ids[i * k + j]]) - lse[i];
+          const double pb = std::exp(lpb);
+          kl += pb * (lpb - lpa);
+          mass_b += pb;
+          mass_a += std::exp(lpa);
+        }
+        const double rest_b = 1.0 - mass_b, rest_a = std::max(1.0 - mass_a, 1e-300);
+        if (rest_b > 1e-12) kl += rest_b * (std::log(rest_b) - std::log(rest_a));
+        row_kl[i] = std::max(kl, 0.0);
+        row_same[i] = ArgMax(la + i * V, V) == ref_ids[i * k];
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t target = wids[r0 + i + 1];
+        const double lpa = static_cast<double>(la[i * V + target]) - lse[i];
+        AddToken(s, lpa, ref_target[i], row_kl[i], row_same[i]);
+        token_kl[scored++] = row_kl[i];
+      }
+    }
+    if (options.progress)
+      options.progress(static_cast<int64_t>(wi) + 1, static_cast<int64_t>(plan.windows.size()));
+  }
+  LOOM_CHECK(scored == plan.tokens_scored);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.windows = static_cast<int64_t>(plan.windows.size());
+  r.tokens_scored = scored;
+  r.tokens_evaluated = plan.tokens_evaluated;
+  Finish(s, options.keep_token_logprobs, token_kl, r);
+  r.eval_bytes = exec->arena_bytes() + head->bytes();
   return r;
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "src/base/status.h"
@@ -41,6 +42,12 @@ struct LayerDrift {
 
 struct CompareOptions : EvalOptions {
   bool drift = false;
+  // With a directory: the reference's top_k log-probs and the log-prob of
+  // the correct token, per scored token, are written there (see
+  // docs/eval/perplexity.md) so later runs can compare against them without
+  // running the reference (CompareWithSavedReference).
+  std::string save_reference_dir;
+  int64_t top_k = 32;
 };
 
 struct CompareResult {
@@ -71,6 +78,15 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
                                       std::span<const int32_t> ids,
                                       const WindowPlan& plan,
                                       const CompareOptions& options);
+
+// Compares `a` with a reference saved by CompareModels' save_reference_dir,
+// over the same ids and windows (checked). KL(B || A) is then computed over the
+// saved top-k tokens plus one bucket holding the rest of each distribution:
+// a lower bound of the full KL (merging outcomes never increases KL), exact
+// when the top-k hold all of B's mass. Drift needs the live reference.
+StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<const int32_t> ids,
+                                                  const WindowPlan& plan, const std::string& reference_dir,
+                                                  const CompareOptions& options);
 
 // Linear-interpolated percentile of sorted values (llama.cpp's definition).
 double Percentile(std::span<const double> sorted, double fraction);

@@ -27,6 +27,9 @@ struct CompareArgs : WindowArgs {
   std::string model_dir, reference_dir;
   std::string precision = "auto", reference_precision = "auto";
   bool drift = false;
+  std::string reference_logprobs;  // saved reference instead of --reference
+  std::string save_reference;      // write the reference's top-k log-probs here
+  int64_t top_k = 32;
 };
 
 nlohmann::json Number(double v) {
@@ -43,11 +46,19 @@ Status RunCompare(const CompareArgs& args) {
   // Plan both models first (they are resident together); refuse before
   // loading if either, or both together, do not fit.
   ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx, args.chunk_rows));
-  ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b, args.ctx, args.chunk_rows));
+  const bool saved = !args.reference_logprobs.empty();
+  if (saved == !args.reference_dir.empty())
+    return InvalidArgumentError("give exactly one of --reference MODEL_DIR and --reference-logprobs DIR");
+  if (saved && !args.save_reference.empty())
+    return InvalidArgumentError("--save-reference needs the reference model (--reference)");
   const int64_t rss_before = CurrentRssBytes();
   ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
-  ASSIGN_OR_RETURN(MemoryPlan plan_b, PlanJobOrRefuse("compare", args.reference_dir, job_b, args.plan));
-  const int64_t planned = PlannedHostBytes(plan_a) + PlannedHostBytes(plan_b);
+  MemoryPlan plan_b;
+  if (!saved) {
+    ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b, args.ctx, args.chunk_rows));
+    ASSIGN_OR_RETURN(plan_b, PlanJobOrRefuse("compare", args.reference_dir, job_b, args.plan));
+  }
+  const int64_t planned = PlannedHostBytes(plan_a) + (saved ? 0 : PlannedHostBytes(plan_b));
   for (const DevicePlan& d : plan_a.devices)
     if (d.device.kind == DeviceKind::kCpu && planned > d.device.usable())
       return ResourceExhaustedError("the two models together need " + FormatBytes(planned) + " on " + d.device.name +
@@ -60,13 +71,14 @@ Status RunCompare(const CompareArgs& args) {
     std::fprintf(stderr, "loom compare: %s: %s\n", args.model_dir.c_str(),
                  warning.c_str());
   warning.clear();
-  ASSIGN_OR_RETURN(auto b,
-                   Model::Load(args.reference_dir, precision_b, &warning));
-  if (!warning.empty() && !args.quiet)
-    std::fprintf(stderr, "loom compare: %s: %s\n", args.reference_dir.c_str(),
-                 warning.c_str());
+  std::unique_ptr<Model> b;
+  if (!saved) {
+    ASSIGN_OR_RETURN(b, Model::Load(args.reference_dir, precision_b, &warning));
+    if (!warning.empty() && !args.quiet)
+      std::fprintf(stderr, "loom compare: %s: %s\n", args.reference_dir.c_str(), warning.c_str());
+  }
   const ModelConfig& ca = a->config();
-  const ModelConfig& cb = b->config();
+  const ModelConfig& cb = saved ? a->config() : b->config();
   if (ca.vocab_size != cb.vocab_size)
     return InvalidArgumentError(
         "model " + args.model_dir + " has a vocabulary of " +
@@ -75,7 +87,7 @@ Status RunCompare(const CompareArgs& args) {
         "; KL needs the same vocabulary");
   eval::InputOptions io{
       args.text_file, args.tokens_file,
-      args.tokenizer_dir.empty() ? args.reference_dir : args.tokenizer_dir,
+      args.tokenizer_dir.empty() ? (saved ? args.model_dir : args.reference_dir) : args.tokenizer_dir,
       add_bos};
   ASSIGN_OR_RETURN(eval::EvalInput input, eval::LoadEvalInput(io, cb));
   const int64_t max_ctx =
@@ -98,8 +110,14 @@ Status RunCompare(const CompareArgs& args) {
   o.logits_chunk_rows = args.chunk_rows;
   o.drift = args.drift;
   o.progress = MakeWindowProgress(args.quiet, "compare");
-  ASSIGN_OR_RETURN(eval::CompareResult r,
-                   eval::CompareModels(*a, *b, input.ids, plan, o));
+  o.save_reference_dir = args.save_reference;
+  o.top_k = args.top_k;
+  eval::CompareResult r;
+  if (saved) {
+    ASSIGN_OR_RETURN(r, eval::CompareWithSavedReference(*a, input.ids, plan, args.reference_logprobs, o));
+  } else {
+    ASSIGN_OR_RETURN(r, eval::CompareModels(*a, *b, input.ids, plan, o));
+  }
 
   if (args.plan.verify_plan) {
     const nlohmann::json v = VerifyPlan(planned, rss_before);
@@ -108,9 +126,9 @@ Status RunCompare(const CompareArgs& args) {
   if (args.json) {
     nlohmann::json j = {
         {"model", args.model_dir},
-        {"reference", args.reference_dir},
+        {"reference", saved ? args.reference_logprobs : args.reference_dir},
         {"precision", std::string(DTypeName(a->compute_dtype()))},
-        {"reference_precision", std::string(DTypeName(b->compute_dtype()))},
+        {"reference_precision", saved ? std::string("saved") : std::string(DTypeName(b->compute_dtype()))},
         {"protocol", std::string(eval::ProtocolName(r.protocol))},
         {"ctx", r.ctx},
         {"stride", r.stride},
@@ -155,8 +173,8 @@ Status RunCompare(const CompareArgs& args) {
   }
   std::printf("model        %s (%s)\n", args.model_dir.c_str(),
               std::string(DTypeName(a->compute_dtype())).c_str());
-  std::printf("reference    %s (%s)\n", args.reference_dir.c_str(),
-              std::string(DTypeName(b->compute_dtype())).c_str());
+  std::printf("reference    %s (%s)\n", (saved ? args.reference_logprobs : args.reference_dir).c_str(),
+              saved ? "saved top-k log-probs" : std::string(DTypeName(b->compute_dtype())).c_str());
   std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
               input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
   std::printf(
@@ -212,8 +230,13 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--model", args->model_dir,
                   "Model A under test (e.g. quantized)")
       ->required();
-  cmd->add_option("--reference", args->reference_dir, "Reference model B")
-      ->required();
+  cmd->add_option("--reference", args->reference_dir, "Reference model B");
+  cmd->add_option("--reference-logprobs", args->reference_logprobs,
+                  "Instead of --reference: top-k log-probs saved by --save-reference (KL over the top-k plus "
+                  "one bucket for the rest: a lower bound)");
+  cmd->add_option("--save-reference", args->save_reference,
+                  "Write B's top-k log-probs per scored token to this directory for later runs");
+  cmd->add_option("--top-k", args->top_k, "Log-probs kept per token by --save-reference")->capture_default_str();
   AddWindowOptions(cmd, args.get(), "--reference");
   cmd->add_option("--precision", args->precision,
                   "Precision of A: auto, f32, bf16 or f16");
