@@ -255,7 +255,7 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
   malloc_trim(0);
   int64_t measured_held = 0;
   const int64_t before = CurrentRssBytes();
-  ASSERT_TRUE(ResetPeakRss());
+  const bool peak_reset = ResetPeakRss();  // the peak is only reported; some kernels forbid the reset
   {
     auto model = Model::Load(dir, Precision::kBF16);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -284,7 +284,7 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
       "transient peak %lld bytes\n",
       static_cast<long long>(planned), static_cast<long long>(measured), ratio,
       static_cast<long long>(peak));
-  RecordProperty("peak_bytes", std::to_string(peak));
+  RecordProperty("peak_bytes", peak_reset ? std::to_string(peak) : std::string("n/a"));
   EXPECT_NEAR(ratio, 1.0, 0.01)
       << "planned " << planned << " measured " << measured;
 }
