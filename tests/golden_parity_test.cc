@@ -275,3 +275,97 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenParityTest, ::testing::ValuesIn(Cases()),
 
 }  // namespace
 }  // namespace loom::testing
+
+namespace loom::testing {
+namespace {
+
+// Mean KL(f32 || bf16) over every position of the four stories260K prompts.
+double MeanKl(const std::vector<float>& p_logits,
+              const std::vector<float>& q_logits, int64_t V) {
+  const int64_t T = static_cast<int64_t>(p_logits.size()) / V;
+  double sum = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* p = &p_logits[t * V];
+    const float* q = &q_logits[t * V];
+    double mp = p[0], mq = q[0];
+    for (int64_t v = 1; v < V; ++v)
+      mp = std::max(mp, double(p[v])), mq = std::max(mq, double(q[v]));
+    double zp = 0, zq = 0;
+    for (int64_t v = 0; v < V; ++v)
+      zp += std::exp(p[v] - mp), zq += std::exp(q[v] - mq);
+    const double lzp = mp + std::log(zp), lzq = mq + std::log(zq);
+    for (int64_t v = 0; v < V; ++v) {
+      const double lp = p[v] - lzp, lq = q[v] - lzq;
+      sum += std::exp(lp) * (lp - lq);
+    }
+  }
+  return sum / T;
+}
+
+// With hf_bf16_activations, Loom's bf16 forward rounds activations where HF's
+// does, so KL(f32 || bf16) reproduces the KL between HF's own f32 and bf16
+// golden files (per prompt, within a factor derived from rounding noise);
+// without it, Loom's bf16 is much closer to f32.
+TEST(HfBf16Test, KlOfF32VsBf16MatchesHfGoldens) {
+  if (!CpuSupportsComputeDType(DType::kBF16))
+    GTEST_SKIP() << "SKIPPED LOUDLY: no bf16 compute on this CPU";
+  const std::string dir = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  auto f32 = Model::Load(dir, Precision::kF32);
+  auto bf16 = Model::Load(dir, Precision::kBF16);
+  ASSERT_TRUE(f32.ok() && bf16.ok());
+  auto gf = GoldenFile::Open(BundledGoldenDir() +
+                             "/stories260K/goldens_f32.safetensors");
+  auto gb = GoldenFile::Open(BundledGoldenDir() +
+                             "/stories260K/goldens_bf16.safetensors");
+  HookSet hooks;
+  hooks.Add({HookSite::kLogits, -1});
+  auto ex32 = Executor::Create(**f32, hooks, {.max_tokens = 64});
+  auto exhf = Executor::Create(**bf16, hooks,
+                               {.max_tokens = 64, .hf_bf16_activations = true});
+  auto exlo = Executor::Create(**bf16, hooks, {.max_tokens = 64});
+  ASSERT_TRUE(ex32.ok() && exhf.ok() && exlo.ok());
+  const int64_t V = 512;
+  double hf_total = 0, loom_hf_total = 0, loom_total = 0;
+  for (const char* p : {"prompt0", "prompt1", "prompt2", "prompt3"}) {
+    std::vector<int32_t> ids = gf->Ids(std::string(p) + ".input_ids");
+    std::vector<int64_t> starts = {0, static_cast<int64_t>(ids.size())};
+    CaptureSink s32, shf, slo;
+    ASSERT_TRUE((*ex32)->Forward(Batch{ids, starts}, &s32).ok());
+    ASSERT_TRUE((*exhf)->Forward(Batch{ids, starts}, &shf).ok());
+    ASSERT_TRUE((*exlo)->Forward(Batch{ids, starts}, &slo).ok());
+    const auto& l32 = s32.Get({HookSite::kLogits, -1}).data;
+    const double hf = MeanKl(gf->F32(std::string(p) + ".logits"),
+                             gb->F32(std::string(p) + ".logits"), V);
+    const double loom_hf =
+        MeanKl(l32, shf.Get({HookSite::kLogits, -1}).data, V);
+    const double loom = MeanKl(l32, slo.Get({HookSite::kLogits, -1}).data, V);
+    std::printf("%s: HF %.3g, Loom hf-bf16 %.3g, Loom bf16 %.3g\n", p, hf,
+                loom_hf, loom);
+    // Per prompt: the same order of magnitude (rounding noise differs with the
+    // accumulation order and the roundings inside attention HF also makes).
+    EXPECT_GT(loom_hf, hf / 2) << p;
+    EXPECT_LT(loom_hf, hf * 2) << p;
+    // Loom's default bf16 (f32 activations) is closer to f32 than HF's bf16.
+    EXPECT_LT(loom, hf) << p;
+    // And the emulated logits stay within the golden bf16 bound of HF's bf16.
+    const std::vector<float> hf_logits = gb->F32(std::string(p) + ".logits");
+    double max_abs = 0;
+    for (float v : hf_logits)
+      max_abs = std::max(max_abs, static_cast<double>(std::fabs(v)));
+    EXPECT_TRUE(
+        Compare(shf.Get({HookSite::kLogits, -1}).data.data(), hf_logits.data(),
+                static_cast<int64_t>(hf_logits.size()), 0.05 * max_abs, 0)
+            .ok)
+        << p;
+    hf_total += hf;
+    loom_hf_total += loom_hf;
+    loom_total += loom;
+  }
+  std::printf("mean: HF %.3g, Loom hf-bf16 %.3g, Loom bf16 %.3g\n",
+              hf_total / 4, loom_hf_total / 4, loom_total / 4);
+  // Over the four prompts: within 30 % of the KL between HF's golden files.
+  EXPECT_NEAR(loom_hf_total / hf_total, 1.0, 0.3);
+}
+
+}  // namespace
+}  // namespace loom::testing

@@ -299,6 +299,7 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   eo.max_tokens = T;
   eo.max_seq_len = T;
   eo.logits_chunk_rows = C;
+  eo.hf_bf16_activations = options.hf_bf16_activations;
   ASSIGN_OR_RETURN(auto exec_a, Executor::Create(a, hooks, eo));
   ASSIGN_OR_RETURN(auto exec_b, Executor::Create(b, hooks, eo));
   ASSIGN_OR_RETURN(auto head_a, LogitsHead::Create(a, C));
@@ -461,6 +462,7 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
   eo.max_tokens = T;
   eo.max_seq_len = T;
   eo.logits_chunk_rows = C;
+  eo.hf_bf16_activations = options.hf_bf16_activations;
   ASSIGN_OR_RETURN(auto exec, Executor::Create(a, hooks, eo));
   ASSIGN_OR_RETURN(auto head, LogitsHead::Create(a, C));
   std::vector<int32_t> window_ids(T), ref_ids(C * k);

@@ -743,6 +743,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
       {"commit_every", o.commit_every},
       {"on_error", o.on_error},
       {"format", o.format},
+      {"hf_bf16_activations", o.hf_bf16_activations},
   };
   if (o.resume) {
     std::ifstream in(manifest_path);
@@ -908,7 +909,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
       Executor::Create(*model, hooks,
                        {.max_tokens = batch_tokens,
                         .max_seq_len = std::min(batch_tokens, max_pos),
-                        .logits_chunk_rows = 256}));
+                        .logits_chunk_rows = 256,
+                        .hf_bf16_activations = o.hf_bf16_activations}));
   ExtractSink sink(&outputs, &ragged, &ragged_of, out_dtype);
   const int64_t ds = DTypeSize(out_dtype);
 

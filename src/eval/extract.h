@@ -67,7 +67,11 @@ struct ExtractOptions {
   std::string on_error = "fail";  // fail | skip
   bool resume = false;
   bool replace_invalid_utf8 = false;  // else invalid UTF-8 is a row error
-  JobPlanOptions plan;  // devices, caps, --show-plan, --verify-plan
+  JobPlanOptions plan;
+  // Round activations to bf16 where HF's bf16 forward does (bf16 compute
+  // only), to reproduce HF's bf16 hidden states.
+  bool hf_bf16_activations =
+      false;  // devices, caps, --show-plan, --verify-plan
   // Called after every committed window: rows committed in total, tokens run
   // by this invocation, its seconds, and the fraction of the input read.
   std::function<void(int64_t rows, int64_t tokens, double seconds,

@@ -94,6 +94,7 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   eo.max_tokens = plan.max_window_tokens;
   eo.max_seq_len = plan.max_window_tokens;
   eo.logits_chunk_rows = options.logits_chunk_rows;
+  eo.hf_bf16_activations = options.hf_bf16_activations;
   ASSIGN_OR_RETURN(auto executor, Executor::Create(model, hooks, eo));
   ASSIGN_OR_RETURN(auto head,
                    LogitsHead::Create(model, options.logits_chunk_rows));

@@ -26,6 +26,9 @@ struct EvalOptions {
   std::function<void(int64_t, int64_t)> progress;
   // Keep every scored token's log-prob (PerplexityResult::token_logprob).
   bool keep_token_logprobs = false;
+  // Round activations to bf16 where HF's bf16 forward does (bf16 models
+  // only; see ExecutorOptions::hf_bf16_activations).
+  bool hf_bf16_activations = false;
 };
 
 struct PerplexityResult {

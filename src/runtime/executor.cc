@@ -177,6 +177,15 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
   return ex;
 }
 
+void Executor::RoundActivations(float* data, int64_t rows, int64_t cols,
+                                int64_t ld) const {
+  if (!options_.hf_bf16_activations) return;
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      data[r * ld + j] = RoundBf16(data[r * ld + j]);
+}
+
 Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch,
                       int64_t cols, int64_t ld, const float* data,
                       HookSink* sink) {
@@ -218,8 +227,21 @@ void Executor::Norm(WeightRole wrole, WeightRole brole, int64_t layer,
   const DType wd = w ? w->dtype : DType::kF32;
   switch (c_.norm) {
     case NormKind::kRms:
-      cpu::RmsNorm(x, w ? w->data : nullptr, wd, c_.norm_offset, c_.norm_eps, y,
-                   rows, dim);
+      if (options_.hf_bf16_activations && w != nullptr &&
+          c_.norm_offset == 0.0f && w->dtype == DType::kBF16) {
+        // HF's Llama-style RMSNorm: weight * normalized.to(bf16), two
+        // roundings.
+        cpu::RmsNorm(x, nullptr, wd, 0.0f, c_.norm_eps, y, rows, dim);
+        const uint16_t* g = static_cast<const uint16_t*>(w->data);
+#pragma omp parallel for schedule(static) if (rows * dim > 16384)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < dim; ++j)
+            y[r * dim + j] =
+                RoundBf16(Bf16ToF32(g[j]) * RoundBf16(y[r * dim + j]));
+      } else {
+        cpu::RmsNorm(x, w ? w->data : nullptr, wd, c_.norm_offset, c_.norm_eps,
+                     y, rows, dim);
+      }
       break;
     case NormKind::kLayer:
       cpu::LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd,
@@ -286,12 +308,14 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   float* x = r_->residual;
   const TensorView& embed = model_.weights().Require(WeightRole::kEmbed);
   cpu::Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
+  RoundActivations(x, T, H, H);
   if (c_.embedding_scale != 1.0f) {
     // HF multiplies by the scale held in the activation dtype.
     const float scale = model_.compute_dtype() == DType::kBF16
                             ? RoundBf16(c_.embedding_scale)
                             : c_.embedding_scale;
     cpu::Scale(x, T * H, scale);
+    RoundActivations(x, T, H, H);
   }
   RETURN_IF_ERROR(Emit(HookSite::kEmbed, -1, batch, H, H, x, sink));
   if (c_.learned_positions) {
@@ -300,6 +324,7 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
     cpu::Gather(wpe.data, wpe.dtype, pos, T, H, h);
     RETURN_IF_ERROR(Emit(HookSite::kPosEmbed, -1, batch, H, H, h, sink));
     cpu::Add(h, x, T * H);
+    RoundActivations(x, T, H, H);
   }
   if (r_->half > 0) ComputeRope(batch);
 
@@ -309,6 +334,7 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   if (!hooks_.NeedsFinalNorm()) return Status();
   float* h = r_->final_norm;
   Norm(WeightRole::kFinalNorm, WeightRole::kFinalNormBias, -1, x, h, T, H);
+  RoundActivations(h, T, H, H);
   RETURN_IF_ERROR(Emit(HookSite::kFinalNorm, -1, batch, H, H, h, sink));
   if (!hooks_.NeedsLogits()) return Status();
   float* logits = r_->logits;
@@ -316,6 +342,7 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   for (int64_t r0 = 0; r0 < T; r0 += options_.logits_chunk_rows) {
     const int64_t rows = std::min(options_.logits_chunk_rows, T - r0);
     ComputeLogits(model_, *gemm_, h + r0 * H, rows, logits, r_->gemm_ws);
+    RoundActivations(logits, rows, c_.vocab_size, c_.vocab_size);
     if (sink)
       RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1},
                                          batch, -1, r0, rows, V, V, logits));
@@ -340,6 +367,7 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   if (c_.pre_attn_norm) {
     float* h = r_->attn_in;
     Norm(WeightRole::kAttnNorm, WeightRole::kAttnNormBias, l, x, h, T, H);
+    RoundActivations(h, T, H, H);
     RETURN_IF_ERROR(Emit(HookSite::kLn1, l, batch, H, H, h, sink));
     attn_in = h;
   }
@@ -348,10 +376,12 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   float* v = qkv + Q + KV;  // [T, KV] row stride ld
   if (c_.fused_qkv) {
     Linear(attn_in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
+    RoundActivations(qkv, T, ld, ld);
   } else {
     Linear(attn_in, T, WeightRole::kQ, WeightRole::kQBias, l, q, ld);
     Linear(attn_in, T, WeightRole::kK, WeightRole::kKBias, l, k, ld);
     Linear(attn_in, T, WeightRole::kV, WeightRole::kVBias, l, v, ld);
+    RoundActivations(qkv, T, ld, ld);
   }
   if (c_.clip_qkv > 0) {
     const float cl = c_.clip_qkv;
@@ -370,6 +400,7 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
       cpu::RmsNorm(k + t * ld, kn.data, kn.dtype, 0.0f, c_.norm_eps, k + t * ld,
                    per_head ? c_.num_kv_heads : 1, per_head ? hd : KV);
     }
+    RoundActivations(qkv, T, Q + KV, ld);
   }
   RETURN_IF_ERROR(Emit(HookSite::kQ, l, batch, Q, ld, q, sink));
   RETURN_IF_ERROR(Emit(HookSite::kK, l, batch, KV, ld, k, sink));
@@ -379,6 +410,7 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
     const float* sin = r_->sin;
     cpu::ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, r_->half);
     cpu::ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, r_->half);
+    RoundActivations(qkv, T, Q + KV, ld);
     RETURN_IF_ERROR(Emit(HookSite::kRotQ, l, batch, Q, ld, q, sink));
     RETURN_IF_ERROR(Emit(HookSite::kRotK, l, batch, KV, ld, k, sink));
   }
@@ -418,14 +450,18 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   } else {
     cpu::Attention(*gemm_, aa);
   }
+  RoundActivations(z, T, Q, Q);
   RETURN_IF_ERROR(Emit(HookSite::kZ, l, batch, Q, Q, z, sink));
   Linear(z, T, WeightRole::kO, WeightRole::kOBias, l, o, H);
+  RoundActivations(o, T, H, H);
   RETURN_IF_ERROR(Emit(HookSite::kAttnOut, l, batch, H, H, o, sink));
   if (c_.post_attn_norm) {
     Norm(WeightRole::kPostAttnNorm, WeightRole::kOther, l, o, o, T, H);
+    RoundActivations(o, T, H, H);
     RETURN_IF_ERROR(Emit(HookSite::kLn1Post, l, batch, H, H, o, sink));
   }
   cpu::Add(o, x, T * H);
+  RoundActivations(x, T, H, H);
   RETURN_IF_ERROR(Emit(HookSite::kResidMid, l, batch, H, H, x, sink));
 
   // ---- MLP ----
@@ -433,6 +469,7 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   if (c_.pre_mlp_norm) {
     float* h = r_->mlp_in;
     Norm(WeightRole::kMlpNorm, WeightRole::kMlpNormBias, l, x, h, T, H);
+    RoundActivations(h, T, H, H);
     RETURN_IF_ERROR(Emit(HookSite::kLn2, l, batch, H, H, h, sink));
     mlp_in = h;
   }
@@ -441,28 +478,36 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
   const int64_t lda = r_->mlp_a_ld;
   if (c_.mlp == MlpKind::kPlain) {
     Linear(mlp_in, T, WeightRole::kUp, WeightRole::kUpBias, l, a, lda);
+    RoundActivations(a, T, I, lda);
     RETURN_IF_ERROR(Emit(HookSite::kMlpPre, l, batch, I, lda, a, sink));
     cpu::ApplyActivation(ToCpu(c_.act), a, T * I);  // lda == I: a is dense
+    RoundActivations(a, T, I, I);
     b = a;
   } else {
     if (c_.mlp == MlpKind::kGatedFused) {
       Linear(mlp_in, T, WeightRole::kGateUp, WeightRole::kOther, l, a, lda);
+      RoundActivations(a, T, 2 * I, lda);
     } else {
       Linear(mlp_in, T, WeightRole::kGate, WeightRole::kGateBias, l, a, lda);
       Linear(mlp_in, T, WeightRole::kUp, WeightRole::kUpBias, l, a + I, lda);
+      RoundActivations(a, T, 2 * I, lda);
     }
     RETURN_IF_ERROR(Emit(HookSite::kMlpPre, l, batch, I, lda, a, sink));
     cpu::GatedActivation(ToCpu(c_.act), a, lda, a + I, lda, b, T, I);
+    RoundActivations(b, T, I, I);
   }
   RETURN_IF_ERROR(Emit(HookSite::kMlpPost, l, batch, I, I, b, sink));
   o = r_->mlp_out;
   Linear(b, T, WeightRole::kDown, WeightRole::kDownBias, l, o, H);
+  RoundActivations(o, T, H, H);
   RETURN_IF_ERROR(Emit(HookSite::kMlpOut, l, batch, H, H, o, sink));
   if (c_.post_mlp_norm) {
     Norm(WeightRole::kPostMlpNorm, WeightRole::kOther, l, o, o, T, H);
+    RoundActivations(o, T, H, H);
     RETURN_IF_ERROR(Emit(HookSite::kLn2Post, l, batch, H, H, o, sink));
   }
   cpu::Add(o, x, T * H);
+  RoundActivations(x, T, H, H);
   return Emit(HookSite::kResidPost, l, batch, H, H, x, sink);
 }
 

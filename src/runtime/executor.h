@@ -60,6 +60,11 @@ struct ExecutorOptions {
   // Logits are computed (and delivered) in chunks of this many rows, so
   // memory is O(chunk x vocab), never O(tokens x vocab).
   int64_t logits_chunk_rows = 256;
+  // Round activations to bf16 where Hugging Face's bf16 forward stores them
+  // (embeddings, norm outputs, projections, RoPE, attention output, residual
+  // adds, MLP intermediates, logits), to reproduce HF's bf16 numbers. Off:
+  // activations stay f32 and only GEMM inputs are rounded (more accurate).
+  bool hf_bf16_activations = false;
 };
 
 // The model head on `rows` rows of final-norm output: logits [rows, V] =
@@ -106,6 +111,10 @@ class Executor {
   void Norm(WeightRole w, WeightRole b, int64_t layer, const float* x, float* y,
             int64_t rows, int64_t dim);
   void ComputeRope(const Batch& batch);
+  // Rounds rows x cols values (row stride ld) to bf16 in place when
+  // options_.hf_bf16_activations is set.
+  void RoundActivations(float* data, int64_t rows, int64_t cols,
+                        int64_t ld) const;
 
   const Model& model_;
   const ModelConfig& c_;

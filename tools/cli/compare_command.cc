@@ -109,6 +109,7 @@ Status RunCompare(const CompareArgs& args) {
   eval::CompareOptions o;
   o.logits_chunk_rows = args.chunk_rows;
   o.drift = args.drift;
+  o.hf_bf16_activations = args.hf_bf16;
   o.progress = MakeWindowProgress(args.quiet, "compare");
   o.save_reference_dir = args.save_reference;
   o.top_k = args.top_k;

@@ -75,6 +75,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
                 "Python's errors='replace') "
                 "instead of failing the row");
   AddJobPlanOptions(cmd, &j.plan);
+  cmd->add_flag("--hf-bf16", j.hf_bf16_activations, kHfBf16Help);
   cmd->add_flag("--progress", opts->progress,
                 "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--quiet", opts->quiet, "No progress and no summary");

@@ -35,8 +35,15 @@ struct WindowArgs {
   int64_t ctx = 0, stride = 0, max_windows = 0, chunk_rows = 256;
   int threads = 0;
   bool json = false, quiet = false;
+  bool hf_bf16 = false;
   JobPlanOptions plan;
 };
+
+// --hf-bf16: what it means, shared by every command that computes.
+inline constexpr const char* kHfBf16Help =
+    "With bf16 compute, round activations to bf16 where Hugging Face's bf16 "
+    "forward does "
+    "(reproduces HF's bf16 numbers); default: f32 activations, closer to f32";
 
 // --text/--tokens, --tokenizer, --protocol, --ctx, --stride, --max-windows,
 // --add-bos, --chunk-rows, --threads, --json, --quiet and the plan options.
@@ -66,6 +73,7 @@ inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a,
       "--chunk-rows", a->chunk_rows,
       "Logit rows computed at a time (memory: rows x vocab floats)");
   AddJobPlanOptions(cmd, &a->plan);
+  cmd->add_flag("--hf-bf16", a->hf_bf16, kHfBf16Help);
   cmd->add_option("--threads", a->threads, "CPU threads (default all)");
   cmd->add_flag("--json", a->json, "Print the result as JSON");
   cmd->add_flag("--quiet", a->quiet, "No progress bar or warnings");

@@ -60,6 +60,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
                                                 args.max_windows, input)));
   eval::EvalOptions eo;
   eo.logits_chunk_rows = args.chunk_rows;
+  eo.hf_bf16_activations = args.hf_bf16;
   eo.progress = MakeWindowProgress(args.quiet, "perplexity");
   ASSIGN_OR_RETURN(eval::PerplexityResult r,
                    eval::EvaluatePerplexity(*model, input.ids, plan, eo));
