@@ -196,7 +196,7 @@ Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch,
 
 void Executor::Linear(const float* x, int64_t m, WeightRole wrole,
                       WeightRole brole, int64_t layer, float* y, int64_t ldy,
-                      bool accumulate) {
+                      bool accumulate, bool same_x) {
   const TensorView& w = model_.weights().Require(wrole, layer);
   const MatrixLayout layout = model_.weights().Layout(wrole, layer);
   const TensorView* b = model_.weights().Get(brole, layer);
@@ -217,6 +217,7 @@ void Executor::Linear(const float* x, int64_t m, WeightRole wrole,
   a.ldy = ldy;
   a.accumulate = accumulate;
   a.workspace = r_->gemm_ws;
+  a.reuse_x_workspace = same_x;
   gemm_->Gemm(a);
 }
 
@@ -379,8 +380,10 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
     RoundActivations(qkv, T, ld, ld);
   } else {
     Linear(attn_in, T, WeightRole::kQ, WeightRole::kQBias, l, q, ld);
-    Linear(attn_in, T, WeightRole::kK, WeightRole::kKBias, l, k, ld);
-    Linear(attn_in, T, WeightRole::kV, WeightRole::kVBias, l, v, ld);
+    Linear(attn_in, T, WeightRole::kK, WeightRole::kKBias, l, k, ld, false,
+           /*same_x=*/true);
+    Linear(attn_in, T, WeightRole::kV, WeightRole::kVBias, l, v, ld, false,
+           /*same_x=*/true);
     RoundActivations(qkv, T, ld, ld);
   }
   if (c_.clip_qkv > 0) {
@@ -489,7 +492,8 @@ Status Executor::RunLayer(int64_t l, const Batch& batch, HookSink* sink) {
       RoundActivations(a, T, 2 * I, lda);
     } else {
       Linear(mlp_in, T, WeightRole::kGate, WeightRole::kGateBias, l, a, lda);
-      Linear(mlp_in, T, WeightRole::kUp, WeightRole::kUpBias, l, a + I, lda);
+      Linear(mlp_in, T, WeightRole::kUp, WeightRole::kUpBias, l, a + I, lda,
+             false, /*same_x=*/true);
       RoundActivations(a, T, 2 * I, lda);
     }
     RETURN_IF_ERROR(Emit(HookSite::kMlpPre, l, batch, I, lda, a, sink));

@@ -106,8 +106,11 @@ class Executor {
   Status RunLayer(int64_t layer, const Batch& batch, HookSink* sink);
   Status Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols,
               int64_t ld, const float* data, HookSink* sink);
+  // `same_x`: x is the input of the previous Linear call, whose 16-bit copy in
+  // the workspace is reused instead of converting x again.
   void Linear(const float* x, int64_t m, WeightRole w, WeightRole bias,
-              int64_t layer, float* y, int64_t ldy, bool accumulate = false);
+              int64_t layer, float* y, int64_t ldy, bool accumulate = false,
+              bool same_x = false);
   void Norm(WeightRole w, WeightRole b, int64_t layer, const float* x, float* y,
             int64_t rows, int64_t dim);
   void ComputeRope(const Batch& batch);
