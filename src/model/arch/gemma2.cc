@@ -10,6 +10,26 @@ namespace loom::arch {
 
 Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
 
+// Shared with Gemma 3: attention scale from query_pre_attn_scalar, and the
+// names of the four norms around attention and MLP.
+Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c) {
+  ASSIGN_OR_RETURN(double scalar, r.Float("query_pre_attn_scalar",
+                                          static_cast<double>(c->head_dim)));
+  if (!(scalar > 0))
+    return InvalidArgumentError(r.source() + ": query_pre_attn_scalar = " +
+                                std::to_string(scalar) + ", expected > 0");
+  c->attn_scale = static_cast<float>(1.0 / std::sqrt(scalar));
+  return Status();
+}
+
+DecoderNames Gemma2Names() {
+  DecoderNames n;
+  n.post_attn_norm = "post_attention_layernorm";
+  n.mlp_norm = "pre_feedforward_layernorm";
+  n.post_mlp_norm = "post_feedforward_layernorm";
+  return n;
+}
+
 namespace {
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
@@ -21,22 +41,14 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(double final_softcap,
                    r.Float("final_logit_softcapping", 0.0));
   c->final_softcap = static_cast<float>(final_softcap);
-  ASSIGN_OR_RETURN(double scalar, r.Float("query_pre_attn_scalar",
-                                          static_cast<double>(c->head_dim)));
-  if (!(scalar > 0))
-    return InvalidArgumentError(r.source() + ": query_pre_attn_scalar = " +
-                                std::to_string(scalar) + ", expected > 0");
-  c->attn_scale = static_cast<float>(1.0 / std::sqrt(scalar));
+  RETURN_IF_ERROR(ParseQueryPreAttnScalar(r, c));
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 4096));
   for (int64_t i = 0; i < c->num_layers; i += 2) c->sliding_window[i] = window;
   return Status();
 }
 
 ArchWeights Declare(const ModelConfig& c) {
-  DecoderNames n;
-  n.post_attn_norm = "post_attention_layernorm";
-  n.mlp_norm = "pre_feedforward_layernorm";
-  n.post_mlp_norm = "post_feedforward_layernorm";
+  DecoderNames n = Gemma2Names();
   return DeclareDecoderWeights(c, n);
 }
 

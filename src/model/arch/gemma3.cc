@@ -13,6 +13,8 @@
 namespace loom::arch {
 
 Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
+Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c);
+DecoderNames Gemma2Names();
 
 namespace {
 
@@ -21,12 +23,7 @@ Status ParseText(const ConfigReader& r, ModelConfig* c) {
   c->qk_norm = QkNormKind::kPerHead;
   c->post_attn_norm = true;
   c->post_mlp_norm = true;
-  ASSIGN_OR_RETURN(double scalar, r.Float("query_pre_attn_scalar",
-                                          static_cast<double>(c->head_dim)));
-  if (!(scalar > 0))
-    return InvalidArgumentError(r.source() + ": query_pre_attn_scalar = " +
-                                std::to_string(scalar) + ", expected > 0");
-  c->attn_scale = static_cast<float>(1.0 / std::sqrt(scalar));
+  RETURN_IF_ERROR(ParseQueryPreAttnScalar(r, c));
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 4096));
   if (r.Has("layer_types")) {
     const auto& types = r.json().at("layer_types");
@@ -75,10 +72,7 @@ Status ParseMultimodal(const ConfigReader& r, ModelConfig* c) {
 }
 
 ArchWeights DeclareText(const ModelConfig& c) {
-  DecoderNames n;
-  n.post_attn_norm = "post_attention_layernorm";
-  n.mlp_norm = "pre_feedforward_layernorm";
-  n.post_mlp_norm = "post_feedforward_layernorm";
+  DecoderNames n = Gemma2Names();
   ArchWeights w = DeclareDecoderWeights(c, n);
   if (c.text_prefix.empty()) return w;
   for (WeightSpec& s : w.specs) {
