@@ -17,13 +17,13 @@
 #include <set>
 
 #include "src/backend/cpu/kernels.h"
-#include "src/base/float16.h"
 #include "src/io/npy.h"
 #include "src/io/safetensors_writer.h"
 #include "src/model/hooks.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/memory_stats.h"
 #include "src/tokenizer/tokenizer.h"
+#include "src/tokenizer/utf8.h"
 
 namespace loom {
 namespace {
@@ -91,64 +91,6 @@ Status WriteFileDurably(const std::string& path, const std::string& content) {
   return Status();
 }
 
-// Index of the first invalid UTF-8 byte, or -1.
-int64_t InvalidUtf8At(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int n = c < 0x80         ? 0
-            : (c >> 5) == 6  ? 1
-            : (c >> 4) == 14 ? 2
-            : (c >> 3) == 30 ? 3
-                             : -1;
-    if (n < 0 || (n == 1 && c < 0xc2) || (n == 3 && c > 0xf4))
-      return static_cast<int64_t>(i);
-    for (int k = 1; k <= n; ++k)
-      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) >> 6) != 2)
-        return static_cast<int64_t>(i);
-    if (n == 2) {
-      const unsigned char d = static_cast<unsigned char>(s[i + 1]);
-      if ((c == 0xe0 && d < 0xa0) || (c == 0xed && d >= 0xa0))
-        return static_cast<int64_t>(i);
-    } else if (n == 3) {
-      const unsigned char d = static_cast<unsigned char>(s[i + 1]);
-      if ((c == 0xf0 && d < 0x90) || (c == 0xf4 && d >= 0x90))
-        return static_cast<int64_t>(i);
-    }
-    i += n + 1;
-  }
-  return -1;
-}
-
-void StoreElement(float v, DType dtype, uint8_t* dst) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, &v, 4);
-      break;
-    case DType::kBF16: {
-      const uint16_t h = F32ToBf16(v);
-      std::memcpy(dst, &h, 2);
-      break;
-    }
-    case DType::kF16: {
-      const uint16_t h = F32ToF16(v);
-      std::memcpy(dst, &h, 2);
-      break;
-    }
-    default:
-      LOOM_CHECK(false) << DTypeName(dtype);
-  }
-}
-
-void StoreRow(const float* src, int64_t n, DType dtype, uint8_t* dst) {
-  if (dtype == DType::kF32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i)
-    StoreElement(src[i], dtype, dst + i * DTypeSize(dtype));
-}
-
 // ---- Input ---------------------------------------------------------------
 
 struct InputRow {
@@ -210,8 +152,8 @@ class InputReader {
       *row = InputRow();
       row->index = next_index_++;
       row->id = row->index;
-      const int64_t bad = InvalidUtf8At(line);
-      if (bad >= 0 && (jsonl_ || !replace_invalid_utf8)) {
+      const size_t bad = tok::FindInvalidUtf8(line);
+      if (bad != std::string_view::npos && (jsonl_ || !replace_invalid_utf8)) {
         row->error =
             "invalid UTF-8 at byte " + std::to_string(bad) + " of the line";
         return true;
@@ -349,8 +291,8 @@ class ExtractSink : public HookSink {
             const int64_t p =
                 o.sel.kind == RowSelector::Kind::kLast ? len - 1 : 0;
             if (in_chunk(p))
-              StoreRow(row_ptr(p), o.width, dtype_,
-                       &o.stage[slot * o.width * ds]);
+              cpu::ConvertFromF32(row_ptr(p), &o.stage[slot * o.width * ds],
+                                  dtype_, o.width);
             break;
           }
           case RowSelector::Kind::kPos: {
@@ -360,8 +302,9 @@ class ExtractSink : public HookSink {
                                     ? len + o.sel.positions[k]
                                     : o.sel.positions[k];
               if (in_chunk(p))
-                StoreRow(row_ptr(p), o.width, dtype_,
-                         &o.stage[(slot * n + k) * o.width * ds]);
+                cpu::ConvertFromF32(row_ptr(p),
+                                    &o.stage[(slot * n + k) * o.width * ds],
+                                    dtype_, o.width);
             }
             break;
           }
@@ -390,8 +333,8 @@ class ExtractSink : public HookSink {
             for (int64_t p = span.begin; p < span.end; ++p) {
               if (!in_chunk(p)) continue;
               const int64_t dst_row = ri.slot_begin[slot] + (p - span.begin);
-              StoreRow(row_ptr(p), o.width, dtype_,
-                       &o.stage[dst_row * o.width * ds]);
+              cpu::ConvertFromF32(row_ptr(p), &o.stage[dst_row * o.width * ds],
+                                  dtype_, o.width);
             }
             break;
           }
@@ -515,9 +458,9 @@ StatusOr<RowSelector> ParseRowSelector(const std::string& text) {
   return s;
 }
 
-StatusOr<std::vector<std::string>> ResolveExtractHooks(
-    const std::vector<std::string>& hooks,
-    const std::vector<std::string>& layers, const ModelConfig& c) {
+StatusOr<HookSet> ResolveExtractHooks(const std::vector<std::string>& hooks,
+                                      const std::vector<std::string>& layers,
+                                      const ModelConfig& c) {
   HookSet set;
   for (const std::string& h : hooks) {
     std::vector<std::string> patterns;
@@ -553,9 +496,7 @@ StatusOr<std::vector<std::string>> ResolveExtractHooks(
     }
   }
   if (set.empty()) return InvalidArgumentError("no hooks requested (--hooks)");
-  std::vector<std::string> names;
-  for (const auto& hp : set.hooks()) names.push_back(HookName(hp));
-  return names;
+  return set;
 }
 
 Json ExtractSummary::ToJson() const {
@@ -597,59 +538,13 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     return InvalidArgumentError("--template '" + o.template_text +
                                 "' has no {text} placeholder");
 
-  // Plan first: from config.json and the safetensors headers, before any
-  // weight is read; refuse if the job does not fit.
-  ASSIGN_OR_RETURN(ModelConfig planned_config, LoadModelConfig(o.model_dir));
-  ASSIGN_OR_RETURN(std::vector<std::string> planned_hooks,
-                   ResolveExtractHooks(o.hooks, o.layers, planned_config));
-  ASSIGN_OR_RETURN(DType planned_compute,
-                   PlannedComputeDType(o.model_dir, o.precision));
-  JobSpec job;
-  job.batch_tokens =
-      o.batch_tokens > 0
-          ? o.batch_tokens
-          : std::min<int64_t>(4096, planned_config.max_position_embeddings);
-  job.context =
-      std::min(job.batch_tokens, planned_config.max_position_embeddings);
-  for (const std::string& name : planned_hooks) {
-    ASSIGN_OR_RETURN(std::vector<HookPoint> hp,
-                     ParseHookPattern(name, planned_config.num_layers));
-    job.hooks.Add(hp[0]);
-  }
-  job.capture_dtype = planned_compute;
-  if (!o.dtype.empty())
-    if (auto d = ParseDType(o.dtype)) job.capture_dtype = *d;
-  job.selector = Selector::kLast;
-  for (const std::string& s : o.selectors) {
-    if (s == "all" || s.rfind("span:", 0) == 0)
-      job.selector = Selector::kAll;
-    else if ((s == "mean" || s == "max") && job.selector != Selector::kAll)
-      job.selector = Selector::kMean;
-  }
-  job.seqs_per_batch = std::min(
-      o.commit_every, job.batch_tokens);  // staging holds a commit window
-  job.weight_compute_dtype = planned_compute;
-  const int64_t rss_before = CurrentRssBytes();
-  ASSIGN_OR_RETURN(MemoryPlan plan,
-                   PlanJobOrRefuse("extract", o.model_dir, job, o.plan));
-
-  // Model, tokenizer, hooks, selectors.
-  std::string warning;
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                   Model::Load(o.model_dir, o.precision, &warning));
-  if (!warning.empty())
-    std::fprintf(stderr, "loom extract: warning: %s\n", warning.c_str());
-  const ModelConfig& c = model->config();
-  DType out_dtype = model->compute_dtype();
-  if (!o.dtype.empty()) {
-    const auto d = ParseDType(o.dtype);
-    if (!d || !IsComputeDType(*d))
-      return InvalidArgumentError("--dtype '" + o.dtype +
-                                  "': expected f32, bf16 or f16");
-    out_dtype = *d;
-  }
-  ASSIGN_OR_RETURN(std::vector<std::string> hook_names,
-                   ResolveExtractHooks(o.hooks, o.layers, c));
+  // Everything that depends only on config.json and the options is checked
+  // before planning, so bad options fail before anything is loaded.
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(o.model_dir));
+  ASSIGN_OR_RETURN(HookSet hooks,
+                   ResolveExtractHooks(o.hooks, o.layers, config));
+  std::vector<std::string> hook_names;
+  for (const HookPoint& hp : hooks.hooks()) hook_names.push_back(HookName(hp));
   std::vector<RowSelector> selectors;
   for (const std::string& s : o.selectors) {
     ASSIGN_OR_RETURN(RowSelector sel, ParseRowSelector(s));
@@ -659,35 +554,69 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     selectors.push_back(std::move(sel));
   }
   if (selectors.empty()) return InvalidArgumentError("no selectors (--select)");
-  std::unique_ptr<tok::Tokenizer> tokenizer;
-  {
-    StatusOr<std::unique_ptr<tok::Tokenizer>> t =
-        tok::Tokenizer::Load(o.model_dir);
-    if (t.ok())
-      tokenizer = std::move(t).value();
-    else
-      tokenizer = nullptr;  // token-id inputs still work; text rows will fail
-                            // with this reason
-    if (!t.ok()) warning = t.status().message();
+  std::optional<DType> dtype_flag;
+  if (!o.dtype.empty()) {
+    dtype_flag = ParseDType(o.dtype);
+    if (!dtype_flag || !IsComputeDType(*dtype_flag))
+      return InvalidArgumentError("--dtype '" + o.dtype +
+                                  "': expected f32, bf16 or f16");
   }
-  const std::string tokenizer_error = tokenizer ? "" : warning;
-  const int64_t max_pos = c.max_position_embeddings;
+  const int64_t max_pos = config.max_position_embeddings;
   const int64_t batch_tokens =
       o.batch_tokens > 0 ? o.batch_tokens : std::min<int64_t>(4096, max_pos);
 
-  HookSet hooks;
+  // Plan first, from config.json and the safetensors headers; refuse if the
+  // job does not fit.
+  ASSIGN_OR_RETURN(DType planned_compute,
+                   PlannedComputeDType(config, o.precision));
+  JobSpec job;
+  job.batch_tokens = batch_tokens;
+  job.context = std::min(batch_tokens, max_pos);
+  job.hooks = hooks;
+  job.capture_dtype = dtype_flag.value_or(planned_compute);
+  job.selector = Selector::kLast;
+  for (const RowSelector& sel : selectors) {
+    if (sel.ragged())
+      job.selector = Selector::kAll;
+    else if ((sel.kind == RowSelector::Kind::kMean ||
+              sel.kind == RowSelector::Kind::kMax) &&
+             job.selector != Selector::kAll)
+      job.selector = Selector::kMean;
+  }
+  job.seqs_per_batch = std::min(
+      o.commit_every, job.batch_tokens);  // staging holds a commit window
+  job.weight_compute_dtype = planned_compute;
+  const int64_t rss_before = CurrentRssBytes();
+  ASSIGN_OR_RETURN(MemoryPlan plan,
+                   PlanJobOrRefuse("extract", o.model_dir, job, o.plan));
+
+  // Model and tokenizer.
+  std::string warning;
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                   Model::Load(o.model_dir, o.precision, &warning));
+  if (!warning.empty())
+    std::fprintf(stderr, "loom extract: warning: %s\n", warning.c_str());
+  const ModelConfig& c = model->config();
+  const DType out_dtype = dtype_flag.value_or(model->compute_dtype());
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+  std::string tokenizer_error;  // token-id rows work without a tokenizer
+  if (StatusOr<std::unique_ptr<tok::Tokenizer>> t =
+          tok::Tokenizer::Load(o.model_dir);
+      t.ok()) {
+    tokenizer = std::move(t).value();
+  } else {
+    tokenizer_error = t.status().message();
+  }
+
   std::vector<Output> outputs;
-  for (const std::string& name : hook_names) {
-    ASSIGN_OR_RETURN(std::vector<HookPoint> hp,
-                     ParseHookPattern(name, c.num_layers));
-    hooks.Add(hp[0]);
+  for (const HookPoint& hp : hooks.hooks()) {
     for (const RowSelector& sel : selectors) {
       Output out;
-      out.hook = hp[0];
-      out.hook_name = name;
+      out.hook = hp;
+      out.hook_name = HookName(hp);
       out.sel = sel;
-      out.width = HookWidth(hp[0].site, c);
-      out.file = name + "." + sel.file_name + ".npy";
+      out.width = HookWidth(hp.site, c);
+      out.file = out.hook_name + "." + sel.file_name + ".npy";
       outputs.push_back(std::move(out));
     }
   }
@@ -846,7 +775,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
         const int64_t keep =
             out.sel.ragged()
                 ? manifest["progress"]["ragged_rows"][out.file].get<int64_t>()
-                : committed_rows * 1;
+                : committed_rows;
         ASSIGN_OR_RETURN(out.npy, NpyWriter::OpenForAppend(path, keep));
       } else {
         ASSIGN_OR_RETURN(out.npy,
@@ -1075,25 +1004,23 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     for (auto& out : outputs) {
       if (out.sel.ragged()) continue;
       const int64_t per = out.sel.rows_per_prompt() * out.width;
+      const bool reduced = out.sel.kind == RowSelector::Kind::kMean ||
+                           out.sel.kind == RowSelector::Kind::kMax;
+      std::vector<float> row(per);
       for (int64_t s = 0; s < W; ++s) {
-        uint8_t* dst = &out.stage[s * per * ds];
+        if (window[s].ok() && !reduced) continue;  // stored by the sink
         if (!window[s].ok()) {
-          for (int64_t j = 0; j < per; ++j)
-            StoreElement(std::numeric_limits<float>::quiet_NaN(), out_dtype,
-                         dst + j * ds);
-          continue;
+          std::fill(row.begin(), row.end(),
+                    std::numeric_limits<float>::quiet_NaN());
+        } else {
+          const double div = out.sel.kind == RowSelector::Kind::kMean
+                                 ? static_cast<double>(window[s].ids.size())
+                                 : 1.0;
+          for (int64_t j = 0; j < out.width; ++j)
+            row[j] = static_cast<float>(out.acc[s * out.width + j] / div);
         }
-        if (out.sel.kind == RowSelector::Kind::kMean ||
-            out.sel.kind == RowSelector::Kind::kMax) {
-          const double len = static_cast<double>(window[s].ids.size());
-          for (int64_t j = 0; j < out.width; ++j) {
-            const double v = out.acc[s * out.width + j];
-            StoreElement(
-                static_cast<float>(
-                    out.sel.kind == RowSelector::Kind::kMean ? v / len : v),
-                out_dtype, dst + j * ds);
-          }
-        }
+        cpu::ConvertFromF32(row.data(), &out.stage[s * per * ds], out_dtype,
+                            per);
       }
     }
     rows_text.clear();

@@ -24,6 +24,7 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/eval/job_plan.h"
+#include "src/model/hooks.h"
 #include "src/runtime/model.h"
 
 namespace loom {
@@ -97,11 +98,11 @@ struct ExtractSummary {
 
 StatusOr<ExtractSummary> RunExtract(const ExtractOptions& options);
 
-// Resolves hook patterns and --layers into canonical hook names (sorted by
-// layer, deduplicated). Exposed for `loom plan`.
-StatusOr<std::vector<std::string>> ResolveExtractHooks(
-    const std::vector<std::string>& hooks,
-    const std::vector<std::string>& layers, const ModelConfig& config);
+// Resolves hook patterns and --layers into the set of hooks to capture
+// (deduplicated, in layer order), each checked to exist in the architecture.
+StatusOr<HookSet> ResolveExtractHooks(const std::vector<std::string>& hooks,
+                                      const std::vector<std::string>& layers,
+                                      const ModelConfig& config);
 
 }  // namespace loom
 

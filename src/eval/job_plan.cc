@@ -17,11 +17,10 @@ int64_t HostMemoryBytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-StatusOr<DType> PlannedComputeDType(const std::string& model_dir,
+StatusOr<DType> PlannedComputeDType(const ModelConfig& config,
                                     Precision precision) {
-  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
   std::string warning;
-  return ResolvePrecision(precision, c.torch_dtype, &warning);
+  return ResolvePrecision(precision, config.torch_dtype, &warning);
 }
 
 StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
@@ -29,19 +28,11 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
                                      const JobSpec& job,
                                      const JobPlanOptions& o) {
   const int64_t host = HostMemoryBytes();
-  std::vector<DeviceSpec> devices;
-  for (const std::string& d : o.devices) {
-    ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(d, host));
-    devices.push_back(spec);
-  }
-  if (devices.empty()) {
-    ASSIGN_OR_RETURN(DeviceSpec cpu, ParseDevice("cpu", host));
-    devices.push_back(cpu);
-  }
-  if (!o.max_memory.empty())
-    RETURN_IF_ERROR(ApplyMaxMemory(o.max_memory, &devices));
-  RETURN_IF_ERROR(NormalizeDevices(&devices, host));
-  if (!o.reserve.empty()) RETURN_IF_ERROR(ApplyReserve(o.reserve, &devices));
+  // Job commands compute on the host unless told otherwise.
+  const std::vector<std::string> cpu_only = {"cpu"};
+  ASSIGN_OR_RETURN(std::vector<DeviceSpec> devices,
+                   DevicesFromFlags(o.devices.empty() ? cpu_only : o.devices,
+                                    o.max_memory, o.reserve, host));
   for (const DeviceSpec& d : devices)
     if (d.kind == DeviceKind::kCuda)
       return UnimplementedError("--device " + d.name +
@@ -59,7 +50,7 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
 StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
                           int64_t ctx, int64_t chunk_rows) {
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
-  ASSIGN_OR_RETURN(DType dtype, PlannedComputeDType(model_dir, precision));
+  ASSIGN_OR_RETURN(DType dtype, PlannedComputeDType(c, precision));
   JobSpec job;
   job.batch_tokens =
       ctx > 0 ? ctx : std::min<int64_t>(512, c.max_position_embeddings);

@@ -30,7 +30,7 @@ int64_t HostMemoryBytes();
 
 // The compute dtype the job will run at (for planning the weight bytes):
 // resolved from config.json's torch_dtype and the requested precision.
-StatusOr<DType> PlannedComputeDType(const std::string& model_dir,
+StatusOr<DType> PlannedComputeDType(const ModelConfig& config,
                                     Precision precision);
 
 // Plans `job` for `model_dir`, prints the table when asked, and returns

@@ -190,4 +190,27 @@ Status NormalizeDevices(std::vector<DeviceSpec>* devices, int64_t host_bytes) {
   return Status();
 }
 
+StatusOr<std::vector<DeviceSpec>> DevicesFromFlags(
+    const std::vector<std::string>& device_flags, std::string_view max_memory,
+    std::string_view reserve, int64_t host_bytes) {
+  std::vector<DeviceSpec> devices;
+  for (std::string_view group : device_flags) {
+    while (!group.empty()) {
+      const size_t comma = group.find(',');
+      const std::string_view item = group.substr(0, comma);
+      if (!item.empty()) {
+        ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(item, host_bytes));
+        devices.push_back(spec);
+      }
+      if (comma == std::string_view::npos) break;
+      group.remove_prefix(comma + 1);
+    }
+  }
+  if (!max_memory.empty())
+    RETURN_IF_ERROR(ApplyMaxMemory(max_memory, &devices));
+  RETURN_IF_ERROR(NormalizeDevices(&devices, host_bytes));
+  if (!reserve.empty()) RETURN_IF_ERROR(ApplyReserve(reserve, &devices));
+  return devices;
+}
+
 }  // namespace loom

@@ -61,6 +61,13 @@ Status ApplyReserve(std::string_view text, std::vector<DeviceSpec>* devices);
 // duplicates.
 Status NormalizeDevices(std::vector<DeviceSpec>* devices, int64_t host_bytes);
 
+// The device flags of every command that plans: --device (repeatable; each
+// may list several, comma-separated), --max-memory and --reserve, parsed,
+// normalized and with the reserve applied. `host_bytes`: this machine's RAM.
+StatusOr<std::vector<DeviceSpec>> DevicesFromFlags(
+    const std::vector<std::string>& device_flags, std::string_view max_memory,
+    std::string_view reserve, int64_t host_bytes);
+
 }  // namespace loom
 
 #endif  // LOOM_PLAN_DEVICES_H_

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/backend/cpu/kernels.h"
+#include "src/eval/job_plan.h"
 #include "src/model/registry.h"
 #include "src/plan/planner.h"
 #include "src/plan/report.h"
@@ -48,11 +49,6 @@ struct PlanArgs {
   std::string solve;
   bool json = false;
 };
-
-int64_t HostMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
 
 std::vector<std::string> SplitList(const std::string& s) {
   std::vector<std::string> out;
@@ -141,15 +137,8 @@ Status RunPlan(const PlanArgs& a, int* exit_code) {
   }
 
   const int64_t host = HostMemoryBytes();
-  for (const std::string& group : a.devices)
-    for (const std::string& d : SplitList(group)) {
-      ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(d, host));
-      in.devices.push_back(spec);
-    }
-  if (!a.max_memory.empty())
-    RETURN_IF_ERROR(ApplyMaxMemory(a.max_memory, &in.devices));
-  RETURN_IF_ERROR(NormalizeDevices(&in.devices, host));
-  if (!a.reserve.empty()) RETURN_IF_ERROR(ApplyReserve(a.reserve, &in.devices));
+  ASSIGN_OR_RETURN(in.devices,
+                   DevicesFromFlags(a.devices, a.max_memory, a.reserve, host));
   ASSIGN_OR_RETURN(in.strategy, ParseStrategy(a.strategy));
   if (!a.layers_per_device.empty()) {
     ASSIGN_OR_RETURN(in.layers_per_device,

@@ -1,6 +1,7 @@
 // Entry points of kernels.h: argument checks, OpenMP work splitting, and the
 // choice between the AVX-512 and portable per-row kernels (made once).
 #include "src/backend/cpu/kernels.h"
+#include "src/base/units.h"
 
 #include <omp.h>
 
@@ -73,7 +74,6 @@ void ParallelSpan(int64_t n, Fn fn) {
   }
 }
 
-constexpr int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "src/backend/cpu/kernels.h"
+#include "src/base/units.h"
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/base/check.h"
 
@@ -31,7 +32,6 @@ using dims = dnnl::memory::dims;
 // Columns of an f16 weight widened to f32 per panel (fallback path).
 constexpr int64_t kF16Panel = 256;
 
-constexpr int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 dt ToDnnl(DType d) {
   switch (d) {
