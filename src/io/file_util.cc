@@ -118,4 +118,58 @@ std::string JoinPath(const std::string& dir, const std::string& name) {
   return dir + "/" + name;
 }
 
+StatusOr<UniqueFd> ReplaceFileDurably(const std::string& path,
+                                      const FileFiller& fill) {
+  const std::string tmp = path + ".tmp";
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_RDWR | O_CREAT | O_TRUNC));
+  Status s = fill(fd.get(), tmp);
+  if (s.ok()) s = Fsync(fd.get(), tmp);
+  if (s.ok()) s = RenameFile(tmp, path);
+  if (!s.ok()) {
+    fd.Reset();
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  RETURN_IF_ERROR(FsyncParentDir(path));
+  return fd;
+}
+
 }  // namespace loom::io_internal
+
+namespace loom {
+
+using io_internal::UniqueFd;
+
+Status WriteFileDurably(const std::string& path, std::string_view content) {
+  return io_internal::ReplaceFileDurably(
+             path,
+             [&](int fd, const std::string& tmp) {
+               return io_internal::PwriteFully(
+                   fd, tmp, content.data(),
+                   static_cast<int64_t>(content.size()), 0);
+             })
+      .status();
+}
+
+Status AppendFileDurably(const std::string& path, std::string_view content) {
+  ASSIGN_OR_RETURN(UniqueFd fd, io_internal::OpenFile(path, O_WRONLY));
+  ASSIGN_OR_RETURN(int64_t size, io_internal::RegularFileSize(fd.get(), path));
+  RETURN_IF_ERROR(io_internal::PwriteFully(fd.get(), path, content.data(),
+                                           static_cast<int64_t>(content.size()),
+                                           size));
+  return io_internal::Fdatasync(fd.get(), path);
+}
+
+Status TruncateFileDurably(const std::string& path, int64_t size) {
+  ASSIGN_OR_RETURN(UniqueFd fd, io_internal::OpenFile(path, O_WRONLY));
+  ASSIGN_OR_RETURN(int64_t have, io_internal::RegularFileSize(fd.get(), path));
+  if (have < size)
+    return DataLossError(path + ": file has " + std::to_string(have) +
+                         " bytes, expected at least " + std::to_string(size));
+  if (have == size) return Status::Ok();
+  if (::ftruncate(fd.get(), size) != 0)
+    return io_internal::ErrnoStatus(path, "ftruncate", errno);
+  return io_internal::Fdatasync(fd.get(), path);
+}
+
+}  // namespace loom

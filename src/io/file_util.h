@@ -1,11 +1,16 @@
-// Small POSIX file utilities shared by the io module (internal to src/io).
-// Every failure is a Status whose message names the path, the operation and
-// strerror(errno). No state; thread-safe.
+// Small POSIX file utilities. Those in io_internal are shared by the io module
+// (internal to src/io); the durable writes at the end (namespace loom) are
+// public: every "replace a file so that a crash leaves the old or the new one"
+// in Loom goes through ReplaceFileDurably. Every failure is a Status whose
+// message names the path, the operation and strerror(errno). No state;
+// thread-safe.
 #ifndef LOOM_IO_FILE_UTIL_H_
 #define LOOM_IO_FILE_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "src/base/status.h"
 
@@ -70,6 +75,35 @@ bool PathExists(const std::string& path, bool* is_dir = nullptr);
 // "dir/name" (no doubled '/').
 std::string JoinPath(const std::string& dir, const std::string& name);
 
+// Writes the content of a file being created: `fd` is open O_RDWR on
+// `tmp_path`, empty.
+using FileFiller = std::function<Status(int fd, const std::string& tmp_path)>;
+
+// The one durable replace: creates `path + ".tmp"`, lets `fill` write it,
+// fsyncs it, renames it over `path` and fsyncs the directory, so `path` is
+// either the old file or the complete new one after a crash. On failure the
+// temporary file is removed and `path` is untouched. Returns the descriptor
+// of the new file, still open (callers that hold a lock or keep writing use
+// it; others let it close).
+StatusOr<UniqueFd> ReplaceFileDurably(const std::string& path,
+                                      const FileFiller& fill);
+
 }  // namespace loom::io_internal
+
+namespace loom {
+
+// Replaces `path` with `content` durably (see
+// io_internal::ReplaceFileDurably).
+Status WriteFileDurably(const std::string& path, std::string_view content);
+
+// Appends `content` at the end of the existing file `path` and fdatasyncs it.
+// NotFound if the file does not exist (it is never created here).
+Status AppendFileDurably(const std::string& path, std::string_view content);
+
+// Cuts the existing file `path` to `size` bytes and fdatasyncs it. NotFound if
+// it does not exist; DataLoss if it is shorter than `size` (nothing changes).
+Status TruncateFileDurably(const std::string& path, int64_t size);
+
+}  // namespace loom
 
 #endif  // LOOM_IO_FILE_UTIL_H_

@@ -273,6 +273,21 @@ Status LockFile(int fd, const std::string& path) {
   return Status::Ok();
 }
 
+// The file's size, checked to hold `rows` rows of `row_bytes` after the
+// header; DataLoss if it is shorter.
+StatusOr<int64_t> CheckDataBytes(int fd, const std::string& path,
+                                 int64_t data_offset, int64_t rows,
+                                 int64_t row_bytes) {
+  ASSIGN_OR_RETURN(int64_t size, io_internal::RegularFileSize(fd, path));
+  if (size < data_offset + rows * row_bytes) {
+    return DataLossError(
+        fmt::format("{}: header commits {} rows ({} bytes of data), but the "
+                    "file has only {}",
+                    path, rows, rows * row_bytes, size - data_offset));
+  }
+  return size;
+}
+
 }  // namespace
 
 std::optional<std::string> NpyDescr(DType dtype) {
@@ -342,24 +357,18 @@ StatusOr<std::unique_ptr<NpyWriter>> NpyWriter::Create(
   }
   w->data_offset_ = capacity;
 
-  const std::string tmp = path + ".tmp";
-  ASSIGN_OR_RETURN(UniqueFd fd, io_internal::OpenFile(
-                                    tmp, O_RDWR | O_CREAT | O_TRUNC, 0644));
-  auto fail = [&](const Status& s) {
-    fd.Reset();
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  Status s = LockFile(fd.get(), tmp);
-  if (!s.ok()) return fail(s);
-  const std::string header =
-      RenderHeader(w->major_, *descr, 0, row_shape, capacity);
-  LOOM_CHECK(static_cast<int64_t>(header.size()) == capacity);
-  s = io_internal::PwriteFully(fd.get(), tmp, header.data(), capacity, 0);
-  if (s.ok()) s = io_internal::Fsync(fd.get(), tmp);
-  if (s.ok()) s = io_internal::RenameFile(tmp, path);
-  if (!s.ok()) return fail(s);
-  RETURN_IF_ERROR(io_internal::FsyncParentDir(path));
+  // The lock is taken before the rename, so `path` is never seen unlocked.
+  ASSIGN_OR_RETURN(
+      UniqueFd fd,
+      io_internal::ReplaceFileDurably(
+          path, [&](int tmp_fd, const std::string& tmp) -> Status {
+            RETURN_IF_ERROR(LockFile(tmp_fd, tmp));
+            const std::string header =
+                RenderHeader(w->major_, *descr, 0, row_shape, capacity);
+            LOOM_CHECK(static_cast<int64_t>(header.size()) == capacity);
+            return io_internal::PwriteFully(tmp_fd, tmp, header.data(),
+                                            capacity, 0);
+          }));
   w->fd_ = fd.Release();
   return w;
 }
@@ -404,10 +413,14 @@ StatusOr<std::unique_ptr<NpyWriter>> NpyWriter::OpenForAppend(
                                      path, h.shape[0], kNpyMaxRows));
   }
   if (keep_rows && (*keep_rows < 0 || *keep_rows > h.shape[0])) {
-    return DataLossError(fmt::format(
-        "{}: {} rows are committed, cannot resume at row {}", path, h.shape[0],
-        *keep_rows));
+    return DataLossError(
+        fmt::format("{}: {} rows are committed, cannot resume at row {}", path,
+                    h.shape[0], *keep_rows));
   }
+  // Checked before anything is written: a failed open changes no byte.
+  ASSIGN_OR_RETURN(int64_t size, CheckDataBytes(fd.get(), path, h.data_offset,
+                                                keep_rows.value_or(h.shape[0]),
+                                                w->row_bytes_));
   w->fd_ = fd.get();
   if (keep_rows && *keep_rows < h.shape[0]) {
     // Roll back rows past the caller's commit point (written after its last
@@ -422,14 +435,7 @@ StatusOr<std::unique_ptr<NpyWriter>> NpyWriter::OpenForAppend(
   }
   w->fd_ = -1;
   w->rows_ = w->committed_rows_ = h.shape[0];
-  ASSIGN_OR_RETURN(int64_t size, io_internal::RegularFileSize(fd.get(), path));
   const int64_t committed_end = h.data_offset + h.data_bytes();
-  if (size < committed_end) {
-    return DataLossError(
-        fmt::format("{}: header commits {} rows ({} bytes of data), but the "
-                    "file has only {}",
-                    path, h.shape[0], h.data_bytes(), size - h.data_offset));
-  }
   if (size > committed_end) {
     // Uncommitted rows (or part of one) from an interrupted writer.
     if (::ftruncate(fd.get(), committed_end) != 0)

@@ -147,6 +147,38 @@ TEST(NpyWriterTest, ReopenTruncatesUncommittedRows) {
   EXPECT_EQ(std::memcmp(a->data.data(), rows.data(), rows.size() * 4), 0);
 }
 
+// A file cut below the rows to keep is refused before any byte changes (the
+// header is not rolled back first).
+TEST(NpyWriterTest, TruncatedFileIsRefusedUnchanged) {
+  TempDir dir;
+  const std::string path = dir.File("a.npy");
+  auto rows = Rows(0, 6, 4);
+  {
+    auto w = NpyWriter::Create(path, DType::kF32, {4});
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->AppendRows(rows.data(), 6).ok());
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  const int64_t offset = ReadNpyHeader(path)->data_offset;
+  ASSERT_EQ(::truncate(path.c_str(), offset + 3 * 16 + 5), 0);
+  const std::string before = ReadBytes(path);
+  for (int64_t keep : {4, 5, 6}) {
+    auto w = NpyWriter::OpenForAppend(path, keep);
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().code(), StatusCode::kDataLoss);
+    EXPECT_CONTAINS(w.status().message(),
+                    "header commits " + std::to_string(keep) + " rows");
+    EXPECT_EQ(ReadBytes(path), before) << "keep " << keep;
+  }
+  auto w = NpyWriter::OpenForAppend(path);
+  EXPECT_EQ(w.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(ReadBytes(path), before);
+  // Keeping what is there rolls back to it.
+  auto ok = NpyWriter::OpenForAppend(path, 3);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ((*ok)->committed_rows(), 3);
+}
+
 TEST(NpyWriterTest, CommittedBytesAreNeverRewritten) {
   TempDir dir;
   const std::string path = dir.File("a.npy");

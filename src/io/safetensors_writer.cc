@@ -48,6 +48,20 @@ Status FillMapped(int fd, const std::string& tmp, const std::string& name,
   return Status::Ok();
 }
 
+// Reserves `total` bytes for the file (a full disk fails here, not as SIGBUS
+// while filling a mapping).
+Status Reserve(int fd, const std::string& tmp, int64_t total) {
+  if (total <= 0) return Status::Ok();
+  const int err = ::posix_fallocate(fd, 0, total);
+  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+    return io_internal::ErrnoStatus(
+        tmp, fmt::format("reserving {} bytes", total).c_str(), err);
+  }
+  if (err != 0 && ::ftruncate(fd, total) != 0)
+    return io_internal::ErrnoStatus(tmp, "ftruncate", errno);
+  return Status::Ok();
+}
+
 }  // namespace
 
 void SafetensorsWriter::SetMetadata(const std::string& key,
@@ -185,50 +199,30 @@ Status SafetensorsWriter::Write(const std::string& path) const {
   const int64_t data_start = 8 + static_cast<int64_t>(text.size());
   const int64_t total = data_start + offset;
 
-  const std::string tmp = path + ".tmp";
-  ASSIGN_OR_RETURN(UniqueFd fd, io_internal::OpenFile(
-                                    tmp, O_RDWR | O_CREAT | O_TRUNC, 0644));
-  auto fail = [&](const Status& s) {
-    fd.Reset();
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  if (total > 0) {
-    int err = ::posix_fallocate(fd.get(), 0, total);
-    if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
-      return fail(io_internal::ErrnoStatus(
-          tmp, fmt::format("reserving {} bytes", total).c_str(), err));
-    }
-    if (err != 0 && ::ftruncate(fd.get(), total) != 0) {
-      return fail(io_internal::ErrnoStatus(tmp, "ftruncate", errno));
-    }
-  }
   std::string prefix(8, '\0');
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i)
     prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
   prefix += text;
-  Status s = io_internal::PwriteFully(fd.get(), tmp, prefix.data(),
-                                      static_cast<int64_t>(prefix.size()), 0);
-  if (!s.ok()) return fail(s);
-  for (const Placed& pl : placed) {
-    const Pending& p = tensors_[pl.tensor];
-    if (p.bytes == 0) continue;
-    if (p.fill) {
-      s = FillMapped(fd.get(), tmp, p.name, data_start + pl.begin, p.bytes,
-                     p.fill);
-    } else {
-      s = io_internal::PwriteFully(fd.get(), tmp, p.data, p.bytes,
-                                   data_start + pl.begin);
-    }
-    if (!s.ok()) return fail(s);
-  }
-  s = io_internal::Fsync(fd.get(), tmp);
-  if (!s.ok()) return fail(s);
-  fd.Reset();
-  s = io_internal::RenameFile(tmp, path);
-  if (!s.ok()) return fail(s);
-  return io_internal::FsyncParentDir(path);
+  return io_internal::ReplaceFileDurably(
+             path,
+             [&](int fd, const std::string& tmp) -> Status {
+               RETURN_IF_ERROR(Reserve(fd, tmp, total));
+               RETURN_IF_ERROR(io_internal::PwriteFully(
+                   fd, tmp, prefix.data(), static_cast<int64_t>(prefix.size()),
+                   0));
+               for (const Placed& pl : placed) {
+                 const Pending& p = tensors_[pl.tensor];
+                 if (p.bytes == 0) continue;
+                 RETURN_IF_ERROR(
+                     p.fill ? FillMapped(fd, tmp, p.name, data_start + pl.begin,
+                                         p.bytes, p.fill)
+                            : io_internal::PwriteFully(fd, tmp, p.data, p.bytes,
+                                                       data_start + pl.begin));
+               }
+               return Status::Ok();
+             })
+      .status();
 }
 
 }  // namespace loom
