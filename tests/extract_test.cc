@@ -347,7 +347,7 @@ TEST_F(ExtractTest, BadRowsFailClearlyOrAreRecordedWhenSkipped) {
     ASSERT_TRUE(kept.ok());
     EXPECT_EQ(kept->header.shape[0], 2);
 
-    o.on_error = "skip";
+    o.on_error = OnError::kSkip;
     o.out_dir = Path("skip_" + c.name);
     s = RunExtract(o);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -395,7 +395,8 @@ TEST_F(ExtractTest, OptionErrors) {
 // the same values as the .npy output and ragged offsets local to the shard.
 TEST_F(ExtractTest, SafetensorsShardsHoldTheSameRows) {
   std::string text;
-  for (int i = 0; i < 7; ++i) text += "Sue saw " + std::to_string(i) + " red birds.\n";
+  for (int i = 0; i < 7; ++i)
+    text += "Sue saw " + std::to_string(i) + " red birds.\n";
   WriteFile("in.txt", text);
   ExtractOptions o;
   o.model_dir = kModel;
@@ -405,24 +406,28 @@ TEST_F(ExtractTest, SafetensorsShardsHoldTheSameRows) {
   o.commit_every = 3;  // shards of 3, 3 and 1 rows
   o.out_dir = Path("npy");
   ASSERT_TRUE(RunExtract(o).ok());
-  o.format = "safetensors";
+  o.format = OutputFormat::kSafetensors;
   o.out_dir = Path("st");
   auto s = RunExtract(o);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  std::vector<float> last = ReadF32(Path("npy") + "/blocks.1.hook_mlp_out.last.npy");
-  std::vector<float> all = ReadF32(Path("npy") + "/blocks.1.hook_mlp_out.all.npy");
+  std::vector<float> last =
+      ReadF32(Path("npy") + "/blocks.1.hook_mlp_out.last.npy");
+  std::vector<float> all =
+      ReadF32(Path("npy") + "/blocks.1.hook_mlp_out.all.npy");
   std::vector<float> st_last, st_all;
   for (int shard = 0; shard < 3; ++shard) {
     char suffix[32];
     std::snprintf(suffix, sizeof suffix, ".shard-%05d.safetensors", shard);
     for (const std::string sel : {"last", "all"}) {
-      auto f = SafetensorsFile::Open(Path("st") + "/blocks.1.hook_mlp_out." + sel + suffix);
+      auto f = SafetensorsFile::Open(Path("st") + "/blocks.1.hook_mlp_out." +
+                                     sel + suffix);
       ASSERT_TRUE(f.ok()) << f.status().ToString();
       const TensorInfo* t = (*f)->Find("activations");
       ASSERT_NE(t, nullptr);
       const TensorView v = (*f)->View(*t);
       std::vector<float>& dst = sel == "last" ? st_last : st_all;
-      dst.insert(dst.end(), static_cast<const float*>(v.data), static_cast<const float*>(v.data) + v.numel());
+      dst.insert(dst.end(), static_cast<const float*>(v.data),
+                 static_cast<const float*>(v.data) + v.numel());
       EXPECT_EQ(t->shape[0] > 0, true);
       if (sel == "all") {
         const TensorInfo* offs = (*f)->Find("offsets");

@@ -1,6 +1,11 @@
 // The extraction job behind `loom extract`: prompts in, selected activations
 // out, as append-only .npy (or safetensors shards) with exact resume.
 //
+// Parts: extract_settings (options -> resolved settings), extract_manifest
+// (the commit record, checked on --resume), extract_rows (reading and
+// preparing input rows), extract_batches (token-budget packing),
+// extract_outputs (the hook sink, staging, the array files and the commit).
+//
 // Flow per window of `commit_every` input rows: read and tokenize the rows,
 // validate them (bad rows fail the job or are recorded as skipped), sort by
 // length and pack into batches of at most `batch_tokens` tokens, run the
@@ -23,30 +28,14 @@
 
 #include "src/base/status.h"
 #include "src/core/dtype.h"
+#include "src/eval/extract_settings.h"
+#include "src/eval/input.h"
 #include "src/eval/job_plan.h"
+#include "src/eval/row_selector.h"
 #include "src/model/hooks.h"
 #include "src/runtime/model.h"
 
 namespace loom {
-
-// A selector: which token positions of each row are kept.
-struct RowSelector {
-  enum class Kind { kLast, kFirst, kMean, kMax, kAll, kPos, kSpan };
-  Kind kind = Kind::kLast;
-  std::vector<int64_t> positions;  // kPos (negative = from the end)
-  int64_t span_begin = 0,
-          span_end = 0;   // kSpan [begin, end), negative = from the end
-  std::string spec;       // as written: "pos:0,-1"
-  std::string file_name;  // file-safe: "pos_0_-1"
-  bool ragged() const { return kind == Kind::kAll || kind == Kind::kSpan; }
-  // Rows per prompt for fixed-size selectors (pos: the number of positions).
-  int64_t rows_per_prompt() const {
-    return kind == Kind::kPos ? static_cast<int64_t>(positions.size()) : 1;
-  }
-};
-
-// "last", "first", "mean", "max", "all", "pos:I[,J...]", "span:A:B".
-StatusOr<RowSelector> ParseRowSelector(const std::string& text);
 
 struct ExtractOptions {
   std::string model_dir;
@@ -56,23 +45,22 @@ struct ExtractOptions {
                                    // "hook_resid_post" with layers
   std::vector<std::string>
       layers;  // "0.25", "-1", "*": combined with bare site names in `hooks`
-  std::vector<std::string> selectors = {"last"};
-  std::string template_text;     // "{text}" placeholder; empty = none
-  std::string add_bos = "auto";  // auto | yes | no
-  std::string dtype;             // f32 | bf16 | f16; empty = the compute dtype
-  std::string format = "npy";    // npy | safetensors
+  std::vector<std::string> selectors = {"last"};  // ParseRowSelector specs
+  std::string template_text;  // "{text}" placeholder; empty = none
+  eval::AddBos add_bos = eval::AddBos::kAuto;
+  std::optional<DType> dtype;  // f32 | bf16 | f16; none = the compute dtype
+  OutputFormat format = OutputFormat::kNpy;
   Precision precision = Precision::kAuto;
   int threads = 0;
   int64_t batch_tokens = 0;  // 0 = min(4096, max_position_embeddings)
   int64_t commit_every = 256;
-  std::string on_error = "fail";  // fail | skip
+  OnError on_error = OnError::kFail;
   bool resume = false;
   bool replace_invalid_utf8 = false;  // else invalid UTF-8 is a row error
-  JobPlanOptions plan;
+  JobPlanOptions plan;  // devices, caps, --show-plan, --verify-plan
   // Round activations to bf16 where HF's bf16 forward does (bf16 compute
   // only), to reproduce HF's bf16 hidden states.
-  bool hf_bf16_activations =
-      false;  // devices, caps, --show-plan, --verify-plan
+  bool hf_bf16_activations = false;
   // Called after every committed window: rows committed in total, tokens run
   // by this invocation, its seconds, and the fraction of the input read.
   std::function<void(int64_t rows, int64_t tokens, double seconds,

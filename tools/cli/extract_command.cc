@@ -10,13 +10,36 @@
 
 namespace loom::cli {
 
+namespace {
+
+struct ExtractCliOptions {
+  ExtractOptions job;
+  std::string precision = "auto";
+  // Words parsed into the job's enums in the callback.
+  std::string add_bos = "auto";
+  std::string dtype;
+  std::string format = "npy";
+  std::string on_error = "fail";
+  bool progress = false;
+  bool quiet = false;
+};
+
+// The flags given as words, into the job's enums.
+Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
+  ASSIGN_OR_RETURN(job->precision, ParsePrecision(opts.precision));
+  ASSIGN_OR_RETURN(job->add_bos, eval::ParseAddBos(opts.add_bos));
+  ASSIGN_OR_RETURN(job->format, ParseOutputFormat(opts.format));
+  ASSIGN_OR_RETURN(job->on_error, ParseOnError(opts.on_error));
+  if (!opts.dtype.empty()) {
+    ASSIGN_OR_RETURN(job->dtype, ParseOutputDType(opts.dtype));
+  }
+  return Status();
+}
+
+}  // namespace
+
 void AddExtractCommand(CLI::App& app, int* exit_code) {
-  struct Options {
-    ExtractOptions job;
-    std::string precision = "auto";
-    bool progress = false;
-    bool quiet = false;
-  };
+  using Options = ExtractCliOptions;
   auto opts = std::make_shared<Options>();
   ExtractOptions& j = opts->job;
   CLI::App* cmd = app.add_subcommand(
@@ -48,12 +71,12 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--template", j.template_text,
                   "Wrap each text prompt: \"…{text}…\"");
-  cmd->add_option("--add-bos", j.add_bos,
+  cmd->add_option("--add-bos", opts->add_bos,
                   "auto (the tokenizer's default), yes or no")
       ->capture_default_str();
-  cmd->add_option("--dtype", j.dtype,
+  cmd->add_option("--dtype", opts->dtype,
                   "Output dtype f32, bf16 or f16 (default: the compute dtype)");
-  cmd->add_option("--format", j.format, "npy or safetensors")
+  cmd->add_option("--format", opts->format, "npy or safetensors")
       ->capture_default_str();
   cmd->add_option("--precision", opts->precision, "auto, f32, bf16 or f16")
       ->capture_default_str();
@@ -64,7 +87,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--commit-every", j.commit_every,
                   "Rows per commit (the unit of resume)")
       ->capture_default_str();
-  cmd->add_option("--on-error", j.on_error,
+  cmd->add_option("--on-error", opts->on_error,
                   "fail or skip (skipped rows are recorded with the reason)")
       ->capture_default_str();
   cmd->add_flag(
@@ -81,12 +104,10 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--quiet", opts->quiet, "No progress and no summary");
   cmd->callback([opts, exit_code] {
     ExtractOptions job = opts->job;
-    StatusOr<Precision> p = ParsePrecision(opts->precision);
-    if (!p.ok()) {
-      *exit_code = ReportStatus("extract", p.status());
+    if (Status st = ParseWords(*opts, &job); !st.ok()) {
+      *exit_code = ReportStatus("extract", st);
       return;
     }
-    job.precision = *p;
     const bool show =
         !opts->quiet && (opts->progress || ::isatty(STDERR_FILENO));
     if (show) {

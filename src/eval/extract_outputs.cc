@@ -1,0 +1,525 @@
+#include "src/eval/extract_outputs.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/io/file_util.h"
+#include "src/io/safetensors_writer.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+int64_t HookWidth(HookSite site, const ModelConfig& c) {
+  switch (site) {
+    case HookSite::kQ:
+    case HookSite::kRotQ:
+    case HookSite::kZ:
+      return c.q_dim();
+    case HookSite::kK:
+    case HookSite::kV:
+    case HookSite::kRotK:
+      return c.kv_dim();
+    case HookSite::kMlpPre:
+    case HookSite::kMlpPost:
+      return c.intermediate_size;
+    case HookSite::kLogits:
+      return c.vocab_size;
+    default:
+      return c.hidden_size;
+  }
+}
+
+std::string ShapeText(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// --resume: `path` holds at least `rows` committed rows of `dtype` x
+// `row_shape`, whole on disk. Reads only the header and the file size.
+Status CheckNpyFile(const std::string& path, DType dtype,
+                    const std::vector<int64_t>& row_shape, int64_t rows) {
+  StatusOr<NpyHeader> h = ReadNpyHeader(path);
+  if (!h.ok() && h.status().code() == StatusCode::kNotFound)
+    return DataLossError("--resume: " + path + " is missing; the manifest " +
+                         "commits " + std::to_string(rows) + " rows to it");
+  if (!h.ok()) return h.status().WithContext("--resume");
+  std::vector<int64_t> want = row_shape;
+  want.insert(want.begin(), rows);
+  std::vector<int64_t> found_rows(h->shape.begin() + (h->shape.empty() ? 0 : 1),
+                                  h->shape.end());
+  if (h->shape.empty() || h->dtype != dtype || found_rows != row_shape)
+    return DataLossError("--resume: " + path + " holds " +
+                         std::string(DTypeName(h->dtype)) + " " +
+                         ShapeText(h->shape) + ", the manifest expects " +
+                         std::string(DTypeName(dtype)) + " " + ShapeText(want));
+  if (h->shape[0] < rows)
+    return DataLossError("--resume: " + path + " commits " +
+                         std::to_string(h->shape[0]) +
+                         " rows, the manifest commits " + std::to_string(rows));
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) return IoError("--resume: " + path + ": " + ec.message());
+  int64_t row_bytes = DTypeSize(dtype);
+  for (int64_t d : row_shape) row_bytes *= d;
+  const int64_t need = h->data_offset + rows * row_bytes;
+  if (static_cast<int64_t>(size) < need)
+    return DataLossError("--resume: " + path + " has " + std::to_string(size) +
+                         " bytes, its " + std::to_string(rows) +
+                         " committed rows need " + std::to_string(need) +
+                         " (truncated)");
+  return Status();
+}
+
+// The shard index of a file name "<...>.shard-NNNNN.safetensors", or -1.
+int64_t ShardIndex(const std::string& name) {
+  const size_t at = name.rfind(".shard-");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(name.c_str() + at + 7, nullptr, 10);
+}
+
+}  // namespace
+
+void ConvertActivations(const float* src, uint8_t* dst, DType dtype,
+                        int64_t n) {
+  cpu::ConvertFromF32(src, dst, dtype, n);
+}
+
+std::vector<int64_t> OutputArray::row_shape() const {
+  std::vector<int64_t> s;
+  if (sel.kind == RowSelector::Kind::kPos) s.push_back(sel.rows_per_prompt());
+  s.push_back(width);
+  return s;
+}
+
+// ---- OutputSet: layout and files
+// ---------------------------------------------
+
+OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
+                     OutputFormat format, std::string out_dir)
+    : dtype_(dtype), format_(format), out_dir_(std::move(out_dir)) {
+  for (const HookPoint& hp : settings.hooks.hooks()) {
+    for (const RowSelector& sel : settings.selectors) {
+      OutputArray out;
+      out.hook = hp;
+      out.hook_name = HookName(hp);
+      out.sel = sel;
+      out.width = HookWidth(hp.site, settings.config);
+      out.file = out.hook_name + "." + sel.file_name + ".npy";
+      arrays_.push_back(std::move(out));
+    }
+  }
+  for (const RowSelector& sel : settings.selectors) {
+    if (!sel.ragged()) continue;
+    RaggedIndex ri;
+    ri.file = sel.file_name + ".offsets.npy";
+    ragged_.push_back(std::move(ri));
+    for (OutputArray& out : arrays_)
+      if (out.sel.file_name == sel.file_name)
+        out.ragged = static_cast<int>(ragged_.size()) - 1;
+  }
+}
+
+std::string OutputSet::PathOf(const std::string& file) const {
+  return out_dir_ + "/" + file;
+}
+
+std::vector<std::string> OutputSet::InitialFiles() const {
+  std::vector<std::string> files;
+  if (format_ != OutputFormat::kNpy) return files;
+  for (const auto& out : arrays_) files.push_back(out.file);
+  for (const auto& ri : ragged_) files.push_back(ri.file);
+  return files;
+}
+
+std::vector<std::string> OutputSet::RaggedDataFiles() const {
+  std::vector<std::string> files;
+  for (const auto& out : arrays_)
+    if (out.sel.ragged()) files.push_back(out.file);
+  return files;
+}
+
+Json OutputSet::ArraysJson() const {
+  Json arrays = Json::array();
+  for (const auto& out : arrays_) {
+    Json a = {{"hook", out.hook_name},
+              {"selector", out.sel.spec},
+              {"dtype", std::string(DTypeLongName(dtype_))},
+              {"row_shape",
+               out.sel.ragged() || out.sel.kind != RowSelector::Kind::kPos
+                   ? Json{out.width}
+                   : Json{out.sel.rows_per_prompt(), out.width}}};
+    if (format_ == OutputFormat::kNpy) a["file"] = out.file;
+    if (out.sel.ragged())
+      a["offsets_file"] = out.sel.file_name + ".offsets.npy";
+    arrays.push_back(a);
+  }
+  return arrays;
+}
+
+Status OutputSet::Create() {
+  if (format_ != OutputFormat::kNpy) return Status();
+  for (auto& out : arrays_) {
+    ASSIGN_OR_RETURN(
+        out.npy, NpyWriter::Create(PathOf(out.file), dtype_, out.row_shape()));
+  }
+  for (auto& ri : ragged_) {
+    ASSIGN_OR_RETURN(ri.npy,
+                     NpyWriter::Create(PathOf(ri.file), DType::kI64, {}));
+    const int64_t zero = 0;
+    RETURN_IF_ERROR(ri.npy->AppendRows(&zero, 1));
+    RETURN_IF_ERROR(ri.npy->Commit());
+  }
+  return Status();
+}
+
+Status OutputSet::CheckCommitted(const ManifestProgress& progress,
+                                 const std::vector<std::string>& files) const {
+  return format_ == OutputFormat::kNpy ? CheckCommittedNpy(progress)
+                                       : CheckCommittedShards(progress, files);
+}
+
+Status OutputSet::CheckCommittedNpy(const ManifestProgress& p) const {
+  for (const auto& out : arrays_) {
+    // Ragged arrays hold concatenated rows: their committed count is
+    // recorded per file in the manifest.
+    const int64_t rows =
+        out.sel.ragged() ? p.ragged_rows.at(out.file) : p.rows_committed;
+    RETURN_IF_ERROR(
+        CheckNpyFile(PathOf(out.file), dtype_, out.row_shape(), rows));
+  }
+  for (const auto& ri : ragged_)
+    RETURN_IF_ERROR(
+        CheckNpyFile(PathOf(ri.file), DType::kI64, {}, p.rows_committed + 1));
+  return Status();
+}
+
+Status OutputSet::CheckCommittedShards(
+    const ManifestProgress& p, const std::vector<std::string>& files) const {
+  const int64_t want = p.shards * static_cast<int64_t>(arrays_.size());
+  if (static_cast<int64_t>(files.size()) != want)
+    return DataLossError("--resume: the manifest lists " +
+                         std::to_string(files.size()) + " shard files, " +
+                         std::to_string(p.shards) + " committed shards of " +
+                         std::to_string(arrays_.size()) + " arrays make " +
+                         std::to_string(want));
+  for (const std::string& f : files) {
+    std::error_code ec;
+    if (!fs::is_regular_file(PathOf(f), ec))
+      return DataLossError("--resume: committed shard " + PathOf(f) +
+                           " is missing");
+  }
+  return Status();
+}
+
+Status OutputSet::Reopen(const ManifestProgress& p) {
+  if (format_ == OutputFormat::kNpy) {
+    for (auto& out : arrays_) {
+      const int64_t keep =
+          out.sel.ragged() ? p.ragged_rows.at(out.file) : p.rows_committed;
+      ASSIGN_OR_RETURN(out.npy,
+                       NpyWriter::OpenForAppend(PathOf(out.file), keep));
+    }
+    for (auto& ri : ragged_) {
+      ASSIGN_OR_RETURN(ri.npy, NpyWriter::OpenForAppend(PathOf(ri.file),
+                                                        p.rows_committed + 1));
+    }
+    return Status();
+  }
+  // Drop shards written after the last commit record.
+  std::error_code ec;
+  for (fs::directory_iterator it(out_dir_, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const int64_t index = ShardIndex(name);
+    if (index < 0 || index < p.shards) continue;
+    std::error_code rm;
+    if (!fs::remove(it->path(), rm) && rm)
+      return IoError(it->path().string() + ": cannot remove: " + rm.message());
+  }
+  if (ec) return IoError("--out " + out_dir_ + ": " + ec.message());
+  return Status();
+}
+
+// ---- OutputSet: one window -------------------------------------------------
+
+void OutputSet::StageWindow(const std::vector<PreparedRow>& window) {
+  const int64_t W = static_cast<int64_t>(window.size());
+  const int64_t ds = DTypeSize(dtype_);
+  for (auto& ri : ragged_) ri.slot_begin.assign(W + 1, 0);
+  for (OutputArray& out : arrays_) {
+    if (out.ragged >= 0) {
+      RaggedIndex& ri = ragged_[out.ragged];
+      int64_t total = 0;
+      for (int64_t s = 0; s < W; ++s) {
+        ri.slot_begin[s] = total;
+        if (!window[s].ok()) continue;
+        SpanRange r;
+        ResolveSpan(out.sel, window[s].size(), &r);  // checked by RowPreparer
+        total += r.end - r.begin;
+      }
+      ri.slot_begin[W] = total;
+      ri.window_rows = total;
+      out.stage.assign(static_cast<size_t>(total * out.width * ds), 0);
+      continue;
+    }
+    out.stage.assign(
+        static_cast<size_t>(W * out.sel.rows_per_prompt() * out.width * ds), 0);
+    if (out.sel.kind == RowSelector::Kind::kMean)
+      out.acc.assign(W * out.width, 0.0);
+    if (out.sel.kind == RowSelector::Kind::kMax)
+      out.acc.assign(W * out.width, -std::numeric_limits<double>::infinity());
+  }
+}
+
+void OutputSet::Capture(const HookPoint& hook, const Batch& batch,
+                        const ActivationRows& rows) {
+  const int64_t row_end = rows.row_begin + rows.rows;
+  for (OutputArray& o : arrays_) {
+    if (!(o.hook == hook)) continue;
+    LOOM_CHECK_EQ(rows.cols, o.width);
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
+      if (e <= rows.row_begin || b >= row_end) continue;
+      const int64_t slot = (*slots_)[s];
+      if (o.sel.ragged())
+        CaptureRagged(o, slot, b, e - b, rows);
+      else if (o.sel.reduced())
+        CaptureReduced(o, slot, b, e - b, rows);
+      else
+        CaptureFixed(o, slot, b, e - b, rows);
+    }
+  }
+}
+
+// last / first / pos: the row of each selected position, when it is in this
+// block of rows.
+void OutputSet::CaptureFixed(OutputArray& o, int64_t slot, int64_t seq_begin,
+                             int64_t len, const ActivationRows& rows) {
+  const int64_t ds = DTypeSize(dtype_);
+  auto copy = [&](int64_t p, int64_t dst_row) {
+    const int64_t t = seq_begin + p;  // packed token index
+    if (t < rows.row_begin || t >= rows.row_begin + rows.rows) return;
+    ConvertActivations(rows.data + (t - rows.row_begin) * rows.ld,
+                       &o.stage[dst_row * o.width * ds], dtype_, o.width);
+  };
+  switch (o.sel.kind) {
+    case RowSelector::Kind::kLast:
+      copy(len - 1, slot);
+      break;
+    case RowSelector::Kind::kFirst:
+      copy(0, slot);
+      break;
+    default: {  // kPos
+      const int64_t n = static_cast<int64_t>(o.sel.positions.size());
+      for (int64_t k = 0; k < n; ++k)
+        copy(ResolvePosition(o.sel.positions[k], len), slot * n + k);
+    }
+  }
+}
+
+// mean / max: accumulated in double over the sequence's rows in this block.
+void OutputSet::CaptureReduced(OutputArray& o, int64_t slot, int64_t seq_begin,
+                               int64_t len, const ActivationRows& rows) {
+  double* acc = &o.acc[slot * o.width];
+  const bool mean = o.sel.kind == RowSelector::Kind::kMean;
+  const int64_t from = std::max(seq_begin, rows.row_begin);
+  const int64_t to = std::min(seq_begin + len, rows.row_begin + rows.rows);
+  for (int64_t t = from; t < to; ++t) {
+    const float* r = rows.data + (t - rows.row_begin) * rows.ld;
+    if (mean) {
+      for (int64_t j = 0; j < o.width; ++j) acc[j] += r[j];
+    } else {
+      for (int64_t j = 0; j < o.width; ++j)
+        acc[j] = std::max(acc[j], static_cast<double>(r[j]));
+    }
+  }
+}
+
+// all / span: every selected position, at the slot's rows of the window.
+void OutputSet::CaptureRagged(OutputArray& o, int64_t slot, int64_t seq_begin,
+                              int64_t len, const ActivationRows& rows) {
+  const int64_t ds = DTypeSize(dtype_);
+  SpanRange span;
+  LOOM_CHECK(ResolveSpan(o.sel, len, &span));
+  const RaggedIndex& ri = ragged_[o.ragged];
+  for (int64_t p = span.begin; p < span.end; ++p) {
+    const int64_t t = seq_begin + p;
+    if (t < rows.row_begin || t >= rows.row_begin + rows.rows) continue;
+    const int64_t dst_row = ri.slot_begin[slot] + (p - span.begin);
+    ConvertActivations(rows.data + (t - rows.row_begin) * rows.ld,
+                       &o.stage[dst_row * o.width * ds], dtype_, o.width);
+  }
+}
+
+void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
+  const int64_t W = static_cast<int64_t>(window.size());
+  const int64_t ds = DTypeSize(dtype_);
+  for (OutputArray& out : arrays_) {
+    if (out.sel.ragged()) continue;
+    const int64_t per = out.sel.rows_per_prompt() * out.width;
+    std::vector<float> row(per);
+    for (int64_t s = 0; s < W; ++s) {
+      if (window[s].ok() && !out.sel.reduced()) continue;  // stored by Capture
+      if (!window[s].ok()) {
+        std::fill(row.begin(), row.end(),
+                  std::numeric_limits<float>::quiet_NaN());
+      } else {
+        const double div = out.sel.kind == RowSelector::Kind::kMean
+                               ? static_cast<double>(window[s].size())
+                               : 1.0;
+        for (int64_t j = 0; j < out.width; ++j)
+          row[j] = static_cast<float>(out.acc[s * out.width + j] / div);
+      }
+      ConvertActivations(row.data(), &out.stage[s * per * ds], dtype_, per);
+    }
+  }
+}
+
+// ---- OutputSet: commit
+// ---------------------------------------------------------
+
+Status OutputSet::CommitArrays(int64_t window_size, ManifestProgress* progress,
+                               std::vector<std::string>* files) {
+  return format_ == OutputFormat::kNpy
+             ? CommitNpy(window_size, progress)
+             : CommitShards(window_size, progress, files);
+}
+
+Status OutputSet::CommitNpy(int64_t W, ManifestProgress* progress) {
+  for (OutputArray& out : arrays_) {
+    RETURN_IF_ERROR(out.npy->Append(out.stage.data(),
+                                    static_cast<int64_t>(out.stage.size())));
+    RETURN_IF_ERROR(out.npy->Commit());
+    if (out.sel.ragged())
+      progress->ragged_rows[out.file] = out.npy->committed_rows();
+  }
+  for (size_t r = 0; r < ragged_.size(); ++r) {
+    RaggedIndex& ri = ragged_[r];
+    // Global offsets: the data file's rows before this window + slot begins.
+    int64_t base = 0;
+    for (const OutputArray& out : arrays_)
+      if (out.ragged == static_cast<int>(r))
+        base = out.npy->committed_rows() - ri.window_rows;
+    std::vector<int64_t> ends(W);
+    for (int64_t s = 0; s < W; ++s) ends[s] = base + ri.slot_begin[s + 1];
+    RETURN_IF_ERROR(ri.npy->AppendRows(ends.data(), W));
+    RETURN_IF_ERROR(ri.npy->Commit());
+  }
+  return Status();
+}
+
+Status OutputSet::CommitShards(int64_t W, ManifestProgress* progress,
+                               std::vector<std::string>* files) {
+  char shard[32];
+  std::snprintf(shard, sizeof shard, ".shard-%05lld",
+                static_cast<long long>(progress->shards));
+  for (OutputArray& out : arrays_) {
+    const std::string name =
+        out.hook_name + "." + out.sel.file_name + shard + ".safetensors";
+    SafetensorsWriter w;
+    w.SetMetadata("first_row", std::to_string(progress->rows_committed));
+    w.SetMetadata("rows", std::to_string(W));
+    std::vector<int64_t> shape = out.row_shape();
+    shape.insert(shape.begin(),
+                 out.ragged >= 0 ? ragged_[out.ragged].window_rows : W);
+    RETURN_IF_ERROR(w.Add("activations", dtype_, Shape(shape), out.stage.data(),
+                          static_cast<int64_t>(out.stage.size())));
+    if (out.ragged >= 0) {
+      const std::vector<int64_t>& offs = ragged_[out.ragged].slot_begin;
+      RETURN_IF_ERROR(w.Add("offsets", DType::kI64, Shape({W + 1}), offs.data(),
+                            (W + 1) * 8));
+    }
+    RETURN_IF_ERROR(w.Write(PathOf(name)));
+    files->push_back(name);
+  }
+  ++progress->shards;
+  return Status();
+}
+
+// ---- ExtractSink
+// ---------------------------------------------------------------
+
+Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
+                                 int64_t /*seq*/, int64_t row_begin,
+                                 int64_t rows, int64_t cols, int64_t ld,
+                                 const float* data) {
+  outputs_->Capture(hook, batch,
+                    ActivationRows{.data = data,
+                                   .row_begin = row_begin,
+                                   .rows = rows,
+                                   .cols = cols,
+                                   .ld = ld});
+  return Status();
+}
+
+// ---- RowsLog
+// -------------------------------------------------------------------
+
+Status RowsLog::Create() { return WriteFileDurably(path_, ""); }
+
+Status RowsLog::CheckCommitted(int64_t committed_bytes) const {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path_, ec);
+  if (ec)
+    return DataLossError("--resume: " + path_ + ": " + ec.message() +
+                         "; the manifest commits " +
+                         std::to_string(committed_bytes) + " bytes of it");
+  if (static_cast<int64_t>(size) < committed_bytes)
+    return DataLossError("--resume: " + path_ + " has " + std::to_string(size) +
+                         " bytes, the manifest commits " +
+                         std::to_string(committed_bytes) + " (truncated)");
+  return Status();
+}
+
+Status RowsLog::Reopen(int64_t committed_bytes) {
+  return TruncateFileDurably(path_, committed_bytes);
+}
+
+std::string RowsLog::Records(const std::vector<PreparedRow>& window,
+                             int64_t* rows_ok, int64_t* rows_skipped) {
+  std::string text;
+  for (const PreparedRow& p : window) {
+    Json r = {{"row", p.index},
+              {"id", p.id},
+              {"tokens", p.size()},
+              {"status", p.ok() ? "ok" : "skipped"}};
+    if (!p.ok()) r["reason"] = p.reason;
+    text += r.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+    (p.ok() ? *rows_ok : *rows_skipped) += 1;
+  }
+  return text;
+}
+
+StatusOr<int64_t> RowsLog::Append(const std::string& records) {
+  RETURN_IF_ERROR(AppendFileDurably(path_, records));
+  return static_cast<int64_t>(records.size());
+}
+
+StatusOr<Json> RowsLog::ReadAll() const {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return NotFoundError(path_ + ": cannot open");
+  Json rows = Json::array();
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    Json r = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (r.is_discarded())
+      return DataLossError(path_ + ": line " + std::to_string(n) +
+                           " is not JSON");
+    rows.push_back(std::move(r));
+  }
+  if (in.bad()) return IoError(path_ + ": read error");
+  return rows;
+}
+
+}  // namespace loom

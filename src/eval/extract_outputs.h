@@ -1,0 +1,165 @@
+// The outputs of `loom extract`: one array per hook x selector, the hook sink
+// that fills the window's staging from the forward, the offsets of ragged
+// selectors, the array files (.npy, or safetensors shards) and rows.jsonl,
+// and the commit protocol (docs/formats/activations.md): arrays first (data,
+// then headers), then rows.jsonl, then the manifest.
+#ifndef LOOM_EVAL_EXTRACT_OUTPUTS_H_
+#define LOOM_EVAL_EXTRACT_OUTPUTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+#include "src/eval/extract_manifest.h"
+#include "src/eval/extract_rows.h"
+#include "src/eval/extract_settings.h"
+#include "src/io/npy.h"
+#include "src/model/hooks.h"
+#include "src/runtime/executor.h"
+
+namespace loom {
+
+// The one conversion of captured f32 activations to the output dtype.
+//   src: [n] f32; dst: [n] values of `dtype` (F32, BF16 or F16)
+void ConvertActivations(const float* src, uint8_t* dst, DType dtype, int64_t n);
+
+// Rows [row_begin, row_begin + rows) of a batch's packed tokens for one hook:
+// row r at data + (r - row_begin) * ld, `cols` f32 values each.
+struct ActivationRows {
+  const float* data = nullptr;  // [rows, ld] f32, valid during the call
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+};
+
+// One output array: a hook x selector pair.
+struct OutputArray {
+  HookPoint hook;
+  std::string hook_name;
+  RowSelector sel;
+  int64_t width = 0;  // values per selected row
+  std::string file;   // "<hook>.<selector>.npy"
+  int ragged = -1;    // index of its RaggedIndex, -1 for fixed selectors
+  std::unique_ptr<NpyWriter> npy;
+  // Window staging in the output dtype: fixed selectors [slots,
+  // rows_per_prompt, width]; ragged ones [window rows, width]; mean/max
+  // accumulate in `acc` [slots, width].
+  std::vector<uint8_t> stage;
+  std::vector<double> acc;
+  // The shape of one row of the array: [width] or [positions, width].
+  std::vector<int64_t> row_shape() const;
+};
+
+// Per ragged selector: its offsets file and the window's layout.
+struct RaggedIndex {
+  std::string file;  // "<selector>.offsets.npy"
+  std::unique_ptr<NpyWriter> npy;
+  std::vector<int64_t> slot_begin;  // [slots + 1]: first row of each slot
+  int64_t window_rows = 0;
+};
+
+class OutputSet {
+ public:
+  OutputSet(const ExtractSettings& settings, DType dtype, OutputFormat format,
+            std::string out_dir);
+
+  // The file list of a fresh manifest (empty for safetensors: shards are
+  // added as they are committed), the ragged data files (keys of
+  // progress.ragged_rows) and the manifest's "arrays".
+  std::vector<std::string> InitialFiles() const;
+  std::vector<std::string> RaggedDataFiles() const;
+  nlohmann::json ArraysJson() const;
+
+  // A new job: creates the empty arrays (npy) durably.
+  Status Create();
+  // --resume: checks, without writing anything, that every committed array
+  // (or shard in `files`) is there whole; DataLoss naming the file if not.
+  Status CheckCommitted(const ManifestProgress& progress,
+                        const std::vector<std::string>& files) const;
+  // --resume after CheckCommitted: reopens the arrays at the committed rows
+  // (dropping what was written after) or removes uncommitted shards.
+  Status Reopen(const ManifestProgress& progress);
+
+  // Sizes the staging for a window of prepared rows.
+  void StageWindow(const std::vector<PreparedRow>& window);
+  // Sets the window slot of each sequence of the next batch (borrowed).
+  void SetBatchSlots(const std::vector<int64_t>* slots) { slots_ = slots; }
+  // Copies what the selectors keep of `hook`'s rows into the staging.
+  void Capture(const HookPoint& hook, const Batch& batch,
+               const ActivationRows& rows);
+  // After the window's batches: mean/max finalised, skipped rows NaN.
+  void FinishWindow(const std::vector<PreparedRow>& window);
+  // Writes the window's rows (committed rows so far: progress->
+  // rows_committed) durably: appends and commits every .npy (recording
+  // ragged counts in `progress`), or writes one shard per array (adding it
+  // to `files` and counting it in progress->shards).
+  Status CommitArrays(int64_t window_size, ManifestProgress* progress,
+                      std::vector<std::string>* files);
+
+ private:
+  void CaptureFixed(OutputArray& o, int64_t slot, int64_t seq_begin,
+                    int64_t len, const ActivationRows& rows);
+  void CaptureReduced(OutputArray& o, int64_t slot, int64_t seq_begin,
+                      int64_t len, const ActivationRows& rows);
+  void CaptureRagged(OutputArray& o, int64_t slot, int64_t seq_begin,
+                     int64_t len, const ActivationRows& rows);
+  Status CommitNpy(int64_t window_size, ManifestProgress* progress);
+  Status CommitShards(int64_t window_size, ManifestProgress* progress,
+                      std::vector<std::string>* files);
+  Status CheckCommittedNpy(const ManifestProgress& progress) const;
+  Status CheckCommittedShards(const ManifestProgress& progress,
+                              const std::vector<std::string>& files) const;
+  std::string PathOf(const std::string& file) const;
+
+  DType dtype_;
+  OutputFormat format_;
+  std::string out_dir_;
+  std::vector<OutputArray> arrays_;
+  std::vector<RaggedIndex> ragged_;
+  const std::vector<int64_t>* slots_ = nullptr;
+};
+
+// The executor's hook sink for extraction: hands every captured block of rows
+// to the OutputSet. (The one adapter between the executor's hook interface
+// and the outputs.)
+class ExtractSink : public HookSink {
+ public:
+  explicit ExtractSink(OutputSet* outputs) : outputs_(outputs) {}
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
+                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
+                      const float* data) override;
+
+ private:
+  OutputSet* outputs_;
+};
+
+// rows.jsonl: one record per input row, appended per commit.
+class RowsLog {
+ public:
+  explicit RowsLog(std::string path) : path_(std::move(path)) {}
+  // A new job: creates the file empty.
+  Status Create();
+  // --resume: DataLoss unless the file holds at least `committed_bytes`.
+  Status CheckCommitted(int64_t committed_bytes) const;
+  // --resume after the check: cuts what was appended after the commit.
+  Status Reopen(int64_t committed_bytes);
+  // The window's records; counts ok and skipped rows.
+  static std::string Records(const std::vector<PreparedRow>& window,
+                             int64_t* rows_ok, int64_t* rows_skipped);
+  // Appends and syncs; returns the bytes appended.
+  StatusOr<int64_t> Append(const std::string& records);
+  // All records, for the completed manifest's "rows".
+  StatusOr<nlohmann::json> ReadAll() const;
+
+ private:
+  std::string path_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_EVAL_EXTRACT_OUTPUTS_H_

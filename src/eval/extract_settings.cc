@@ -1,0 +1,155 @@
+#include "src/eval/extract_settings.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "src/eval/extract.h"
+
+namespace loom {
+namespace {
+
+using Json = nlohmann::json;
+
+Status CheckPlainOptions(const ExtractOptions& o) {
+  if (o.commit_every <= 0)
+    return InvalidArgumentError("--commit-every must be > 0");
+  if (!o.template_text.empty() &&
+      o.template_text.find("{text}") == std::string::npos)
+    return InvalidArgumentError("--template '" + o.template_text +
+                                "' has no {text} placeholder");
+  if (o.dtype && !IsComputeDType(*o.dtype))
+    return InvalidArgumentError("--dtype '" + std::string(DTypeName(*o.dtype)) +
+                                "': expected f32, bf16 or f16");
+  return Status();
+}
+
+StatusOr<std::vector<RowSelector>> ParseSelectors(
+    const std::vector<std::string>& specs) {
+  std::vector<RowSelector> selectors;
+  for (const std::string& s : specs) {
+    ASSIGN_OR_RETURN(RowSelector sel, ParseRowSelector(s));
+    for (const auto& prev : selectors)
+      if (prev.file_name == sel.file_name)
+        return InvalidArgumentError("selector '" + s + "' given twice");
+    selectors.push_back(std::move(sel));
+  }
+  if (selectors.empty()) return InvalidArgumentError("no selectors (--select)");
+  return selectors;
+}
+
+}  // namespace
+
+StatusOr<std::string> AbsolutePath(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) return IoError(path + ": cannot make absolute: " + ec.message());
+  return p.lexically_normal().string();
+}
+
+StatusOr<OutputFormat> ParseOutputFormat(std::string_view text) {
+  if (text == "npy") return OutputFormat::kNpy;
+  if (text == "safetensors") return OutputFormat::kSafetensors;
+  return InvalidArgumentError("--format '" + std::string(text) +
+                              "': expected npy or safetensors");
+}
+
+std::string_view OutputFormatName(OutputFormat format) {
+  return format == OutputFormat::kNpy ? "npy" : "safetensors";
+}
+
+StatusOr<OnError> ParseOnError(std::string_view text) {
+  if (text == "fail") return OnError::kFail;
+  if (text == "skip") return OnError::kSkip;
+  return InvalidArgumentError("--on-error '" + std::string(text) +
+                              "': expected fail or skip");
+}
+
+std::string_view OnErrorName(OnError policy) {
+  return policy == OnError::kFail ? "fail" : "skip";
+}
+
+std::string_view AddBosName(eval::AddBos add_bos) {
+  switch (add_bos) {
+    case eval::AddBos::kAuto:
+      return "auto";
+    case eval::AddBos::kYes:
+      return "yes";
+    case eval::AddBos::kNo:
+      return "no";
+  }
+  return "?";
+}
+
+StatusOr<DType> ParseOutputDType(std::string_view text) {
+  const std::optional<DType> d = ParseDType(text);
+  if (!d || !IsComputeDType(*d))
+    return InvalidArgumentError("--dtype '" + std::string(text) +
+                                "': expected f32, bf16 or f16");
+  return *d;
+}
+
+StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& o) {
+  RETURN_IF_ERROR(CheckPlainOptions(o));
+  ExtractSettings s;
+  ASSIGN_OR_RETURN(s.config, LoadModelConfig(o.model_dir));
+  ASSIGN_OR_RETURN(s.hooks, ResolveExtractHooks(o.hooks, o.layers, s.config));
+  for (const HookPoint& hp : s.hooks.hooks())
+    s.hook_names.push_back(HookName(hp));
+  ASSIGN_OR_RETURN(s.selectors, ParseSelectors(o.selectors));
+  s.max_positions = s.config.max_position_embeddings;
+  s.batch_tokens = o.batch_tokens > 0
+                       ? o.batch_tokens
+                       : std::min<int64_t>(4096, s.max_positions);
+  return s;
+}
+
+JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
+                       DType planned_compute) {
+  JobSpec job;
+  job.batch_tokens = s.batch_tokens;
+  job.context = std::min(s.batch_tokens, s.max_positions);
+  job.hooks = s.hooks;
+  job.capture_dtype = o.dtype.value_or(planned_compute);
+  job.selector = Selector::kLast;
+  for (const RowSelector& sel : s.selectors) {
+    if (sel.ragged())
+      job.selector = Selector::kAll;
+    else if (sel.reduced() && job.selector != Selector::kAll)
+      job.selector = Selector::kMean;
+  }
+  // Staging holds a commit window.
+  job.seqs_per_batch = std::min(o.commit_every, job.batch_tokens);
+  job.weight_compute_dtype = planned_compute;
+  return job;
+}
+
+StatusOr<Json> SettingsJson(const ExtractOptions& o, const ExtractSettings& s,
+                            const std::string& config_sha256,
+                            DType compute_dtype, DType output_dtype) {
+  ASSIGN_OR_RETURN(std::string model_path, AbsolutePath(o.model_dir));
+  std::vector<std::string> selector_specs;
+  for (const auto& sel : s.selectors) selector_specs.push_back(sel.spec);
+  const ModelConfig& c = s.config;
+  return Json{
+      {"model",
+       {{"path", model_path},
+        {"config_sha256", config_sha256},
+        {"model_type", c.model_type},
+        {"architecture", c.architecture},
+        {"num_layers", c.num_layers},
+        {"hidden_size", c.hidden_size}}},
+      {"compute_dtype", std::string(DTypeLongName(compute_dtype))},
+      {"output_dtype", std::string(DTypeLongName(output_dtype))},
+      {"hooks", s.hook_names},
+      {"selectors", selector_specs},
+      {"template", o.template_text},
+      {"add_bos", std::string(AddBosName(o.add_bos))},
+      {"batch_tokens", s.batch_tokens},
+      {"commit_every", o.commit_every},
+      {"on_error", std::string(OnErrorName(o.on_error))},
+      {"format", std::string(OutputFormatName(o.format))},
+      {"hf_bf16_activations", o.hf_bf16_activations},
+  };
+}
+
+}  // namespace loom

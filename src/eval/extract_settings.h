@@ -1,0 +1,75 @@
+// The settings of an extraction job, parsed once: enums for the choices the
+// CLI spells as words (output format, on-error policy, --add-bos, --dtype),
+// and the resolved job (hooks, selectors, token budget) checked from
+// config.json before anything is planned or loaded.
+#ifndef LOOM_EVAL_EXTRACT_SETTINGS_H_
+#define LOOM_EVAL_EXTRACT_SETTINGS_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+#include "src/eval/input.h"
+#include "src/eval/row_selector.h"
+#include "src/model/config.h"
+#include "src/model/hooks.h"
+#include "src/plan/job.h"
+
+namespace loom {
+
+struct ExtractOptions;  // src/eval/extract.h
+
+// --format npy|safetensors.
+enum class OutputFormat { kNpy, kSafetensors };
+StatusOr<OutputFormat> ParseOutputFormat(std::string_view text);
+std::string_view OutputFormatName(OutputFormat format);
+
+// --on-error fail|skip.
+enum class OnError { kFail, kSkip };
+StatusOr<OnError> ParseOnError(std::string_view text);
+std::string_view OnErrorName(OnError policy);
+
+// --add-bos auto|yes|no (the enum is eval::AddBos, shared with perplexity).
+std::string_view AddBosName(eval::AddBos add_bos);
+
+// --dtype f32|bf16|f16 (the output dtype of the arrays).
+StatusOr<DType> ParseOutputDType(std::string_view text);
+
+// The job as resolved from the options and config.json.
+struct ExtractSettings {
+  ModelConfig config;
+  HookSet hooks;                        // deduplicated, in layer order
+  std::vector<std::string> hook_names;  // HookName of each, same order
+  std::vector<RowSelector> selectors;   // as given, distinct file names
+  int64_t batch_tokens = 0;             // resolved --batch-tokens
+  int64_t max_positions = 0;            // the model's max_position_embeddings
+};
+
+// Checks the options and resolves hooks, selectors and the token budget;
+// InvalidArgument (or the hook resolver's code) naming the bad option.
+StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& options);
+
+// The job the planner sizes: `planned_compute` is the compute dtype the
+// weights will be run at.
+JobSpec ExtractJobSpec(const ExtractOptions& options,
+                       const ExtractSettings& settings, DType planned_compute);
+
+// manifest.json's "settings": everything a --resume must find unchanged.
+// `config_sha256` is config.json's hash; IoError if the model path cannot be
+// made absolute.
+StatusOr<nlohmann::json> SettingsJson(const ExtractOptions& options,
+                                      const ExtractSettings& settings,
+                                      const std::string& config_sha256,
+                                      DType compute_dtype, DType output_dtype);
+
+// `path` made absolute and normalised (as recorded in the manifest); IoError
+// if the working directory cannot be read.
+StatusOr<std::string> AbsolutePath(const std::string& path);
+
+}  // namespace loom
+
+#endif  // LOOM_EVAL_EXTRACT_SETTINGS_H_

@@ -1,0 +1,437 @@
+// `loom extract --resume` on a damaged or mismatched job: every malformed
+// manifest, missing or truncated file and changed option is a clear error
+// (a Status naming the field or file, a non-zero exit from the CLI, never a
+// crash) and leaves every file of the job byte-identical.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/eval/extract.h"
+#include "src/eval/extract_manifest.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void Spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Every file of a directory: name -> bytes.
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    files[e.path().filename().string()] = Slurp(e.path().string());
+  return files;
+}
+
+class ExtractResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() /
+            ("loom_resume_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text;
+    for (int i = 0; i < 20; ++i)
+      text += "Ann has " + std::to_string(i) + " green cups.\n";
+    Spit(dir_ + "/in.txt", text);
+    o_.model_dir = kModel;
+    o_.input_path = dir_ + "/in.txt";
+    o_.out_dir = dir_ + "/out";
+    o_.hooks = {"blocks.0.hook_resid_post", "blocks.1.hook_mlp_out"};
+    o_.selectors = {"last", "all", "mean"};
+    o_.commit_every = 3;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A job interrupted after two commits (6 rows).
+  void Interrupt() {
+    ExtractOptions o = o_;
+    o.stop_after_commits = 2;
+    auto s = RunExtract(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_EQ(s->rows, 6);
+  }
+  std::string Out(const std::string& name) const {
+    return o_.out_dir + "/" + name;
+  }
+  // Rewrites manifest.json through `edit`.
+  void EditManifest(const std::function<void(Json&)>& edit) {
+    Json m = Json::parse(Slurp(Out("manifest.json")));
+    edit(m);
+    Spit(Out("manifest.json"), m.dump(2) + "\n");
+  }
+  // --resume with `o` fails with `code`, the message holds every `parts`,
+  // and no file in --out changed.
+  void ExpectResumeFails(const ExtractOptions& o, StatusCode code,
+                         const std::vector<std::string>& parts) {
+    const auto before = Snapshot(o_.out_dir);
+    ExtractOptions r = o;
+    r.resume = true;
+    auto s = RunExtract(r);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), code) << s.status().ToString();
+    for (const std::string& p : parts)
+      EXPECT_NE(s.status().message().find(p), std::string::npos)
+          << "expected \"" << p << "\" in: " << s.status().message();
+    EXPECT_EQ(Snapshot(o_.out_dir), before) << "files changed by " << parts[0];
+  }
+  void ExpectResumeFails(StatusCode code,
+                         const std::vector<std::string>& parts) {
+    ExpectResumeFails(o_, code, parts);
+  }
+  // Resuming with the original options completes the job byte-identical to
+  // an uninterrupted run.
+  void ExpectResumeMatchesUninterrupted() {
+    ExtractOptions ref = o_;
+    ref.out_dir = dir_ + "/ref";
+    ASSERT_TRUE(RunExtract(ref).ok());
+    ExtractOptions r = o_;
+    r.resume = true;
+    auto s = RunExtract(r);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(s->rows, 20);
+    EXPECT_EQ(Snapshot(o_.out_dir), Snapshot(ref.out_dir));
+  }
+
+  std::string dir_;
+  ExtractOptions o_;
+};
+
+TEST_F(ExtractResumeTest, WrongTypedFieldIsDataLoss) {
+  Interrupt();
+  const std::string original = Slurp(Out("manifest.json"));
+  EditManifest([](Json& m) { m["progress"]["rows_committed"] = "2"; });
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"manifest.json", "field progress.rows_committed",
+                     "expected an integer", "found a string", "\"2\""});
+  struct Case {
+    std::function<void(Json&)> edit;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      {[](Json& m) { m["progress"]["input_offset"] = 1.5; },
+       {"progress.input_offset", "expected an integer", "found a float"}},
+      {[](Json& m) { m["progress"]["shards"] = nullptr; },
+       {"progress.shards", "expected an integer", "found null"}},
+      {[](Json& m) {
+         m["progress"]["ragged_rows"]["blocks.0.hook_resid_post.all.npy"] =
+             Json::array();
+       },
+       {"progress.ragged_rows.blocks.0.hook_resid_post.all.npy",
+        "found an array"}},
+      {[](Json& m) { m["progress"] = 7; },
+       {"field progress", "expected an object", "found an integer (7)"}},
+      {[](Json& m) { m["complete"] = "no"; },
+       {"field complete", "expected a boolean", "found a string"}},
+      {[](Json& m) { m["input"]["sha256"] = 12; },
+       {"field input.sha256", "expected a string", "found an integer"}},
+      {[](Json& m) {
+         m["files"] = {"a.npy", 3};
+       },
+       {"field files[1]", "expected a string", "found an integer"}},
+      {[](Json& m) { m["settings"] = Json::array(); },
+       {"field settings", "expected an object", "found an array"}},
+      {[](Json& m) { m["version"] = "1"; },
+       {"field version", "expected an integer", "found a string"}},
+      {[](Json& m) { m["progress"]["rows_committed"] = -3; },
+       {"progress.rows_committed is -3"}},
+  };
+  for (const Case& c : cases) {
+    Spit(Out("manifest.json"), original);
+    EditManifest(c.edit);
+    ExpectResumeFails(StatusCode::kDataLoss, c.parts);
+  }
+  Spit(Out("manifest.json"), original);
+  ExpectResumeMatchesUninterrupted();
+}
+
+TEST_F(ExtractResumeTest, MissingFieldIsDataLoss) {
+  Interrupt();
+  const std::string original = Slurp(Out("manifest.json"));
+  const std::vector<std::vector<std::string>> fields = {
+      {"progress", "rows_committed"},
+      {"progress", "rows_ok"},
+      {"progress", "input_offset"},
+      {"progress", "rows_file_bytes"},
+      {"progress", "shards"},
+      {"input", "bytes"},
+      {"input", "sha256"},
+      {"complete"},
+      {"files"},
+      {"settings"},
+      {"progress"},
+      {"format"},
+  };
+  for (const auto& f : fields) {
+    Spit(Out("manifest.json"), original);
+    EditManifest([&](Json& m) {
+      Json* j = &m;
+      for (size_t i = 0; i + 1 < f.size(); ++i) j = &(*j)[f[i]];
+      j->erase(f.back());
+    });
+    std::string name;
+    for (const auto& k : f) name += (name.empty() ? "" : ".") + k;
+    ExpectResumeFails(StatusCode::kDataLoss,
+                      {"field " + name, "missing", "expected"});
+  }
+  // A ragged array's committed count.
+  Spit(Out("manifest.json"), original);
+  EditManifest([](Json& m) {
+    m["progress"]["ragged_rows"].erase("blocks.1.hook_mlp_out.all.npy");
+  });
+  ExpectResumeFails(
+      StatusCode::kDataLoss,
+      {"field progress.ragged_rows.blocks.1.hook_mlp_out.all.npy", "missing"});
+  Spit(Out("manifest.json"), original);
+  ExpectResumeMatchesUninterrupted();
+}
+
+TEST_F(ExtractResumeTest, TruncatedOrInvalidManifestIsDataLoss) {
+  Interrupt();
+  const std::string original = Slurp(Out("manifest.json"));
+  Spit(Out("manifest.json"), original.substr(0, original.size() / 2));
+  ExpectResumeFails(StatusCode::kDataLoss, {"manifest.json", "not valid JSON"});
+  Spit(Out("manifest.json"), "");
+  ExpectResumeFails(StatusCode::kDataLoss, {"manifest.json", "not valid JSON"});
+  Spit(Out("manifest.json"), "[1, 2, 3]\n");
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"manifest.json", "expected a JSON object", "an array"});
+  Spit(Out("manifest.json"), "{\"format\": \"something-else\"}");
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"format is \"something-else\"", "loom-activations"});
+  Spit(Out("manifest.json"), original);
+  ExpectResumeMatchesUninterrupted();
+}
+
+TEST_F(ExtractResumeTest, AbsentManifestIsNotFound) {
+  Interrupt();
+  fs::remove(Out("manifest.json"));
+  ExpectResumeFails(StatusCode::kNotFound,
+                    {"--resume", "manifest.json", "nothing to resume"});
+}
+
+TEST_F(ExtractResumeTest, MissingInputFileIsNotFound) {
+  Interrupt();
+  const std::string input = Slurp(o_.input_path);
+  fs::remove(o_.input_path);
+  ExpectResumeFails(StatusCode::kNotFound, {"--resume: input", "in.txt"});
+  Spit(o_.input_path, input);
+  ExpectResumeMatchesUninterrupted();
+}
+
+TEST_F(ExtractResumeTest, ChangedInputIsRefused) {
+  Interrupt();
+  const std::string input = Slurp(o_.input_path);
+  // Same size, one byte different: only the hash tells.
+  std::string changed = input;
+  changed[changed.size() - 3] = 'X';
+  Spit(o_.input_path, changed);
+  ExpectResumeFails(StatusCode::kFailedPrecondition,
+                    {"--resume: input", "changed: sha256"});
+  Spit(o_.input_path, input + "One more row.\n");
+  ExpectResumeFails(StatusCode::kFailedPrecondition,
+                    {"--resume: input", "bytes, the interrupted run read"});
+  Spit(o_.input_path, input);
+  ExpectResumeMatchesUninterrupted();
+}
+
+TEST_F(ExtractResumeTest, ChangedOptionsAreRefused) {
+  Interrupt();
+  // A copy of the model elsewhere: same config, another path.
+  const std::string model_copy = dir_ + "/model_copy";
+  fs::copy(kModel, model_copy, fs::copy_options::recursive);
+  struct Case {
+    std::string setting;
+    std::function<void(ExtractOptions&)> change;
+  };
+  const std::vector<Case> cases = {
+      {"hooks",
+       [](ExtractOptions& o) { o.hooks = {"blocks.0.hook_resid_post"}; }},
+      {"selectors",
+       [](ExtractOptions& o) {
+         o.selectors = {"last", "all"};
+       }},
+      {"output_dtype", [](ExtractOptions& o) { o.dtype = DType::kBF16; }},
+      {"compute_dtype",
+       [](ExtractOptions& o) { o.precision = Precision::kBF16; }},
+      {"model", [&](ExtractOptions& o) { o.model_dir = model_copy; }},
+      {"template", [](ExtractOptions& o) { o.template_text = "Q: {text}"; }},
+      {"add_bos", [](ExtractOptions& o) { o.add_bos = eval::AddBos::kNo; }},
+      {"batch_tokens", [](ExtractOptions& o) { o.batch_tokens = 100; }},
+      {"commit_every", [](ExtractOptions& o) { o.commit_every = 4; }},
+      {"on_error", [](ExtractOptions& o) { o.on_error = OnError::kSkip; }},
+      {"format",
+       [](ExtractOptions& o) { o.format = OutputFormat::kSafetensors; }},
+      {"hf_bf16_activations",
+       [](ExtractOptions& o) { o.hf_bf16_activations = true; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.setting);
+    ExtractOptions o = o_;
+    c.change(o);
+    ExpectResumeFails(o, StatusCode::kFailedPrecondition,
+                      {"setting '" + c.setting + "' differs", "there,",
+                       "now); resume with the same options"});
+  }
+  ExpectResumeMatchesUninterrupted();
+}
+
+TEST_F(ExtractResumeTest, MissingOrTruncatedArrayIsDataLoss) {
+  Interrupt();
+  const std::string last = Out("blocks.0.hook_resid_post.last.npy");
+  const std::string all = Out("blocks.1.hook_mlp_out.all.npy");
+  const std::string offsets = Out("all.offsets.npy");
+  for (const std::string& path : {last, all, offsets}) {
+    SCOPED_TRACE(path);
+    const std::string bytes = Slurp(path);
+    fs::remove(path);
+    ExpectResumeFails(StatusCode::kDataLoss,
+                      {"--resume: " + path + " is missing", "commits"});
+    // Cut inside the committed rows.
+    Spit(path, bytes.substr(0, bytes.size() - 10));
+    ExpectResumeFails(
+        StatusCode::kDataLoss,
+        {"--resume: " + path, "committed rows need", "(truncated)"});
+    // Cut inside the header.
+    Spit(path, bytes.substr(0, 20));
+    ExpectResumeFails(StatusCode::kDataLoss, {path, "npy header"});
+    Spit(path, bytes);
+  }
+  // An array that commits fewer rows than the manifest.
+  EditManifest([](Json& m) { m["progress"]["rows_committed"] = 9; });
+  EditManifest([](Json& m) { m["progress"]["rows_ok"] = 9; });
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"blocks.0.hook_resid_post.last.npy commits 6 rows",
+                     "the manifest commits 9"});
+}
+
+TEST_F(ExtractResumeTest, MissingOrTruncatedRowsLogIsDataLoss) {
+  Interrupt();
+  const std::string rows = Slurp(Out("rows.jsonl"));
+  fs::remove(Out("rows.jsonl"));
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"--resume: ", "rows.jsonl", "the manifest commits"});
+  Spit(Out("rows.jsonl"), rows.substr(0, rows.size() / 2));
+  ExpectResumeFails(StatusCode::kDataLoss, {"rows.jsonl has", "(truncated)"});
+  Spit(Out("rows.jsonl"), rows);
+  ExpectResumeMatchesUninterrupted();
+}
+
+TEST_F(ExtractResumeTest, MissingShardIsDataLoss) {
+  o_.format = OutputFormat::kSafetensors;
+  Interrupt();
+  const std::string shard =
+      Out("blocks.1.hook_mlp_out.mean.shard-00001.safetensors");
+  ASSERT_TRUE(fs::exists(shard));
+  const std::string bytes = Slurp(shard);
+  fs::remove(shard);
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"committed shard", "shard-00001", "is missing"});
+  Spit(shard, bytes);
+  ExpectResumeMatchesUninterrupted();
+}
+
+// Runs the CLI; returns the exit status (-signal if killed), output in *out.
+int RunCli(const std::string& args, std::string* out) {
+  FILE* p = popen(
+      (std::string(LOOM_BINARY) + " extract " + args + " 2>&1").c_str(), "r");
+  std::string s;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) s.append(buf, n);
+  const int rc = pclose(p);
+  *out = s;
+  if (WIFSIGNALED(rc)) return -WTERMSIG(rc);
+  return WEXITSTATUS(rc);
+}
+
+// Through the CLI: exit 1 with the message, not an abort (exit 134).
+TEST_F(ExtractResumeTest, CliExitsWithErrorNotCrash) {
+  Interrupt();
+  const std::string args = "--model " + kModel + " --input " + o_.input_path +
+                           " --out " + o_.out_dir +
+                           " --hooks blocks.0.hook_resid_post,blocks.1.hook_"
+                           "mlp_out --select last --select all --select mean "
+                           "--commit-every 3 --quiet --resume";
+  const std::string original = Slurp(Out("manifest.json"));
+  EditManifest([](Json& m) { m["progress"]["rows_committed"] = "2"; });
+  auto before = Snapshot(o_.out_dir);
+  std::string log;
+  EXPECT_EQ(RunCli(args, &log), 1) << log;
+  EXPECT_NE(log.find("loom extract: "), std::string::npos) << log;
+  EXPECT_NE(log.find("progress.rows_committed: expected an integer, found a "
+                     "string (\"2\")"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(Snapshot(o_.out_dir), before);
+
+  Spit(Out("manifest.json"), original);
+  const std::string input = Slurp(o_.input_path);
+  fs::remove(o_.input_path);
+  before = Snapshot(o_.out_dir);
+  EXPECT_EQ(RunCli(args, &log), 1) << log;
+  EXPECT_NE(log.find("--resume: input " + o_.input_path), std::string::npos)
+      << log;
+  EXPECT_EQ(Snapshot(o_.out_dir), before);
+
+  Spit(o_.input_path, input);
+  EXPECT_EQ(RunCli(args, &log), 0) << log;
+  EXPECT_NE(Slurp(Out("manifest.json")).find("\"complete\": true"),
+            std::string::npos);
+}
+
+// The manifest's accessors on their own.
+TEST(ManifestTest, CheckedAccessors) {
+  const std::string path =
+      (fs::temp_directory_path() /
+       ("loom_manifest_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  Manifest m =
+      Manifest::Create(path, Json{{"a", 1}}, Json{{"bytes", 5}}, Json::object(),
+                       Json::array(), {"x.npy"}, {"x.npy"});
+  ASSERT_TRUE(m.Save().ok());
+  auto loaded = Manifest::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded->GetInt({"input", "bytes"}), 5);
+  EXPECT_EQ(*loaded->GetBool({"complete"}), false);
+  EXPECT_EQ(*loaded->GetStrings({"files"}), std::vector<std::string>{"x.npy"});
+  auto p = loaded->ReadProgress({"x.npy"});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->ragged_rows.at("x.npy"), 0);
+  const Status wrong = loaded->GetString({"input", "bytes"}).status();
+  EXPECT_EQ(wrong.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(wrong.message(), path +
+                                 ": field input.bytes: expected a string, "
+                                 "found an integer (5)");
+  const Status deeper = loaded->GetInt({"input", "bytes", "x"}).status();
+  EXPECT_EQ(deeper.message(), path +
+                                  ": field input.bytes: expected an "
+                                  "object, found an integer (5)");
+  EXPECT_EQ(loaded->CheckSettings(Json{{"a", 2}}).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(loaded->CheckSettings(Json{{"a", 1}}).ok());
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace loom
