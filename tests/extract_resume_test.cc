@@ -390,7 +390,7 @@ TEST_F(ExtractResumeTest, CliExitsWithErrorNotCrash) {
   fs::remove(o_.input_path);
   before = Snapshot(o_.out_dir);
   EXPECT_EQ(RunCli(args, &log), 1) << log;
-  EXPECT_NE(log.find("--resume: input " + o_.input_path), std::string::npos)
+  EXPECT_NE(log.find("--resume: input: " + o_.input_path), std::string::npos)
       << log;
   EXPECT_EQ(Snapshot(o_.out_dir), before);
 

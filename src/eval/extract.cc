@@ -57,11 +57,11 @@ StatusOr<std::string> Sha256File(const std::string& path) {
   return Hex(md, len);
 }
 
-StatusOr<int64_t> FileSize(const std::string& path, const std::string& what) {
+StatusOr<int64_t> FileSize(const std::string& path) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   if (ec) {
-    std::string message = what + " " + path + ": " + ec.message();
+    std::string message = path + ": " + ec.message();
     return ec == std::errc::no_such_file_or_directory
                ? NotFoundError(std::move(message))
                : IoError(std::move(message));
@@ -104,7 +104,7 @@ struct JobState {
 StatusOr<Json> InputJson(const std::string& input_path) {
   ASSIGN_OR_RETURN(std::string sha, Sha256File(input_path));
   ASSIGN_OR_RETURN(std::string path, AbsolutePath(input_path));
-  ASSIGN_OR_RETURN(int64_t bytes, FileSize(input_path, "--input"));
+  ASSIGN_OR_RETURN(int64_t bytes, FileSize(input_path));
   return Json{{"path", path}, {"sha256", sha}, {"bytes", bytes}};
 }
 
@@ -129,18 +129,18 @@ StatusOr<JobState> StartJob(const ExtractOptions& o, Json settings,
         "--out " + o.out_dir +
         " already holds a job (manifest.json); use --resume to continue it or "
         "choose another directory (nothing was overwritten)");
+  StatusOr<Json> input = InputJson(o.input_path);
+  if (!input.ok()) return input.status().WithContext("--input");
+  ASSIGN_OR_RETURN(Json tokenizer, TokenizerJson(o.model_dir));
   fs::create_directories(o.out_dir, ec);
   if (ec) return IoError("--out " + o.out_dir + ": " + ec.message());
-  ASSIGN_OR_RETURN(Json input, InputJson(o.input_path));
-  ASSIGN_OR_RETURN(Json tokenizer, TokenizerJson(o.model_dir));
   JobState state;
-  state.input_bytes = input["bytes"].get<int64_t>();
+  state.input_bytes = (*input)["bytes"].get<int64_t>();
   state.files = outputs.InitialFiles();
   state.manifest =
-      Manifest::Create(manifest_path, std::move(settings), std::move(input),
+      Manifest::Create(manifest_path, std::move(settings), *std::move(input),
                        std::move(tokenizer), outputs.ArraysJson(), state.files,
                        outputs.RaggedDataFiles());
-  state.progress.ragged_rows.clear();
   for (const std::string& f : outputs.RaggedDataFiles())
     state.progress.ragged_rows[f] = 0;
   RETURN_IF_ERROR(outputs.Create());
@@ -154,8 +154,8 @@ Status CheckResumeInput(const Manifest& manifest, const std::string& path,
                         int64_t* input_bytes) {
   ASSIGN_OR_RETURN(*input_bytes, manifest.GetInt({"input", "bytes"}));
   ASSIGN_OR_RETURN(std::string sha, manifest.GetString({"input", "sha256"}));
-  StatusOr<int64_t> size = FileSize(path, "--resume: input");
-  if (!size.ok()) return size.status();
+  StatusOr<int64_t> size = FileSize(path);
+  if (!size.ok()) return size.status().WithContext("--resume: input");
   if (*size != *input_bytes)
     return FailedPreconditionError(
         "--resume: input " + path + " has " + std::to_string(*size) +
@@ -307,8 +307,7 @@ Json ExtractSummary::ToJson() const {
               {"verify_plan", verify_plan}};
 }
 
-// ---- The job
-// -----------------------------------------------------------------
+// ---- The job ----------------------------------------------------------------
 
 namespace {
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "src/backend/cpu/kernels.h"
@@ -81,6 +82,16 @@ Status CheckNpyFile(const std::string& path, DType dtype,
   return Status();
 }
 
+// The rows `out` commits: the window count, or for ragged arrays (which
+// hold concatenated rows) the count recorded per file; none if unrecorded.
+std::optional<int64_t> CommittedRows(const ManifestProgress& p,
+                                     const OutputArray& out) {
+  if (!out.sel.ragged()) return p.rows_committed;
+  const auto it = p.ragged_rows.find(out.file);
+  if (it == p.ragged_rows.end()) return std::nullopt;
+  return it->second;
+}
+
 // The shard index of a file name "<...>.shard-NNNNN.safetensors", or -1.
 int64_t ShardIndex(const std::string& name) {
   const size_t at = name.rfind(".shard-");
@@ -102,8 +113,7 @@ std::vector<int64_t> OutputArray::row_shape() const {
   return s;
 }
 
-// ---- OutputSet: layout and files
-// ---------------------------------------------
+// ---- OutputSet: layout and files --------------------------------------------
 
 OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
                      OutputFormat format, std::string out_dir)
@@ -191,12 +201,12 @@ Status OutputSet::CheckCommitted(const ManifestProgress& progress,
 
 Status OutputSet::CheckCommittedNpy(const ManifestProgress& p) const {
   for (const auto& out : arrays_) {
-    // Ragged arrays hold concatenated rows: their committed count is
-    // recorded per file in the manifest.
-    const int64_t rows =
-        out.sel.ragged() ? p.ragged_rows.at(out.file) : p.rows_committed;
+    const std::optional<int64_t> rows = CommittedRows(p, out);
+    if (!rows)
+      return DataLossError("--resume: the manifest records no row count for " +
+                           out.file);
     RETURN_IF_ERROR(
-        CheckNpyFile(PathOf(out.file), dtype_, out.row_shape(), rows));
+        CheckNpyFile(PathOf(out.file), dtype_, out.row_shape(), *rows));
   }
   for (const auto& ri : ragged_)
     RETURN_IF_ERROR(
@@ -225,10 +235,10 @@ Status OutputSet::CheckCommittedShards(
 Status OutputSet::Reopen(const ManifestProgress& p) {
   if (format_ == OutputFormat::kNpy) {
     for (auto& out : arrays_) {
-      const int64_t keep =
-          out.sel.ragged() ? p.ragged_rows.at(out.file) : p.rows_committed;
+      const std::optional<int64_t> keep = CommittedRows(p, out);
+      LOOM_CHECK(keep.has_value()) << out.file << ": CheckCommitted first";
       ASSIGN_OR_RETURN(out.npy,
-                       NpyWriter::OpenForAppend(PathOf(out.file), keep));
+                       NpyWriter::OpenForAppend(PathOf(out.file), *keep));
     }
     for (auto& ri : ragged_) {
       ASSIGN_OR_RETURN(ri.npy, NpyWriter::OpenForAppend(PathOf(ri.file),
@@ -251,7 +261,7 @@ Status OutputSet::Reopen(const ManifestProgress& p) {
   return Status();
 }
 
-// ---- OutputSet: one window -------------------------------------------------
+// ---- OutputSet: one window --------------------------------------------------
 
 void OutputSet::StageWindow(const std::vector<PreparedRow>& window) {
   const int64_t W = static_cast<int64_t>(window.size());
@@ -386,8 +396,7 @@ void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
   }
 }
 
-// ---- OutputSet: commit
-// ---------------------------------------------------------
+// ---- OutputSet: commit ------------------------------------------------------
 
 Status OutputSet::CommitArrays(int64_t window_size, ManifestProgress* progress,
                                std::vector<std::string>* files) {
@@ -447,8 +456,7 @@ Status OutputSet::CommitShards(int64_t W, ManifestProgress* progress,
   return Status();
 }
 
-// ---- ExtractSink
-// ---------------------------------------------------------------
+// ---- ExtractSink ------------------------------------------------------------
 
 Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                  int64_t /*seq*/, int64_t row_begin,
@@ -463,8 +471,7 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
   return Status();
 }
 
-// ---- RowsLog
-// -------------------------------------------------------------------
+// ---- RowsLog ----------------------------------------------------------------
 
 Status RowsLog::Create() { return WriteFileDurably(path_, ""); }
 

@@ -38,8 +38,7 @@ std::string ParseTokens(const Json& tokens, std::vector<int32_t>* out) {
 
 }  // namespace
 
-// ---- InputReader
-// -------------------------------------------------------------
+// ---- InputReader ------------------------------------------------------------
 
 StatusOr<std::unique_ptr<InputReader>> InputReader::Open(
     const std::string& path, int64_t offset, int64_t first_index) {
@@ -117,8 +116,7 @@ void InputReader::ParseJsonRow(std::string_view line, InputRow* row) const {
   }
 }
 
-// ---- RowPreparer
-// -------------------------------------------------------------
+// ---- RowPreparer ------------------------------------------------------------
 
 PreparedRow RowPreparer::Prepare(InputRow row) const {
   PreparedRow p;
@@ -194,8 +192,7 @@ std::string RowPreparer::CheckSelectors(int64_t n) const {
   return "";
 }
 
-// ---- ReadWindow
-// --------------------------------------------------------------
+// ---- ReadWindow -------------------------------------------------------------
 
 StatusOr<std::vector<PreparedRow>> ReadWindow(
     InputReader& reader, const RowPreparer& preparer, int64_t max_rows,

@@ -1,6 +1,7 @@
 #include "src/eval/input.h"
 
 #include <cctype>
+#include <charconv>
 #include <fstream>
 #include <sstream>
 
@@ -50,8 +51,9 @@ StatusOr<std::vector<int32_t>> ParseTokenIds(std::string_view text,
       return InvalidArgumentError(what +
                                   ": expected token ids (integers) at byte " +
                                   std::to_string(i));
-    const long long v = std::stoll(std::string(text.substr(i, j - i)));
-    if (v < 0 || v > INT32_MAX)
+    long long v = 0;
+    const auto [end, ec] = std::from_chars(text.data() + i, text.data() + j, v);
+    if (ec != std::errc() || end != text.data() + j || v < 0 || v > INT32_MAX)
       return InvalidArgumentError(
           what + ": token id " + std::string(text.substr(i, j - i)) +
           " at byte " + std::to_string(i) + " is out of range");
