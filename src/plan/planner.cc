@@ -31,8 +31,9 @@ struct Costs {
 
 // Resident bytes of one tensor: as stored, or converted once to the compute
 // dtype (64-byte aligned) when the job asks for one and the dtype differs.
+// Parts of quantized weights (values and scales) stay as stored.
 int64_t Resident(const PlannedTensor& t, const JobSpec& job) {
-  if (!job.weight_compute_dtype || !IsFloat(t.dtype) ||
+  if (!job.weight_compute_dtype || t.quantized || !IsFloat(t.dtype) ||
       t.dtype == *job.weight_compute_dtype)
     return t.bytes;
   return AlignUp(t.shape.numel() * DTypeSize(*job.weight_compute_dtype), 64);

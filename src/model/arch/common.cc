@@ -147,16 +147,27 @@ Status ParseDecoderBase(const ConfigReader& r, bool tie_default,
   return Status();
 }
 
+void AddSpec(std::vector<WeightSpec>* specs, std::string name, WeightRole role,
+             int64_t layer, Shape shape) {
+  WeightSpec s;
+  s.name = std::move(name);
+  s.role = role;
+  s.layer = layer;
+  s.shape = std::move(shape);
+  specs->push_back(std::move(s));
+}
+
 ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
   ArchWeights w;
   auto add = [&](std::string name, WeightRole role, int64_t layer,
                  Shape shape) {
-    WeightSpec s;
-    s.name = std::move(name);
-    s.role = role;
-    s.layer = layer;
-    s.shape = std::move(shape);
-    w.specs.push_back(std::move(s));
+    static constexpr WeightRole kLinear[] = {
+        WeightRole::kQ,     WeightRole::kK,      WeightRole::kV,
+        WeightRole::kQkv,   WeightRole::kO,      WeightRole::kGate,
+        WeightRole::kUp,    WeightRole::kGateUp, WeightRole::kDown,
+        WeightRole::kLmHead};
+    AddSpec(&w.specs, std::move(name), role, layer, std::move(shape));
+    for (WeightRole r : kLinear) w.specs.back().linear |= r == role;
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(),
                 KV = c.kv_dim();

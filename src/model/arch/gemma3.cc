@@ -12,10 +12,6 @@
 
 namespace loom::arch {
 
-Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
-Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c);
-DecoderNames Gemma2Names();
-
 namespace {
 
 Status ParseText(const ConfigReader& r, ModelConfig* c) {
