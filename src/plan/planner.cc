@@ -265,6 +265,16 @@ StatusOr<MemoryPlan> MakePlanImpl(const PlanInput& in) {
       << "MakePlan: config and weights are required";
   const ModelConfig& c = *in.config;
   RETURN_IF_ERROR(ValidateJob(c, in.job));
+  // Sub-byte types (F4) exist inside quantized weights only.
+  for (const auto& [what, d] :
+       {std::pair<const char*, std::optional<DType>>{"kv dtype",
+                                                     in.job.kv_dtype},
+        {"capture dtype", in.job.capture_dtype},
+        {"weight compute dtype", in.job.weight_compute_dtype}})
+    if (d && DTypeBits(*d) % 8 != 0)
+      return InvalidArgumentError(
+          std::string("plan: ") + what + " " + std::string(DTypeName(*d)) +
+          " is a sub-byte type (it only stores quantized weights)");
   const Tiers tiers = GetTiers(in.devices);
   if (tiers.compute.empty())
     return InvalidArgumentError(

@@ -114,6 +114,11 @@ StatusOr<WeightTable> BuildWeightTable(const std::string& model_dir,
                                        const WeightTableOptions& options) {
   namespace fs = std::filesystem;
   const DType fallback = options.assume_dtype.value_or(config.torch_dtype);
+  if (DTypeBits(fallback) % 8 != 0)
+    return InvalidArgumentError(
+        std::string("dense weight dtype ") + std::string(DTypeName(fallback)) +
+        (options.assume_dtype ? " (--assume-dtype)" : " (torch_dtype)") +
+        " is a sub-byte type (it only stores quantized weights)");
   const std::string index_path = model_dir + "/model.safetensors.index.json";
   std::error_code ec;
   std::optional<SafetensorsIndex> index;
