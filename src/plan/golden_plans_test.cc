@@ -498,5 +498,77 @@ TEST(GoldenWeights, IndexOnlyFp8ScaleDtypeDecidedByTotalSize) {
   EXPECT_TRUE(bf16_scales);
 }
 
+nlohmann::json ConfigJson(const std::string& name) {
+  std::ifstream in(ConfigDir(name) + "/config.json");
+  return nlohmann::json::parse(in);
+}
+
+StatusOr<ModelConfig> ParseEdited(const std::string& name,
+                                  void (*edit)(nlohmann::json& j)) {
+  nlohmann::json j = ConfigJson(name);
+  edit(j);
+  return ParseModelConfig(ConfigReader(name + "/config.json", j));
+}
+
+// MoE keys are parsed and validated once (arch/moe.cc) for every MoE
+// architecture; errors name the file, the keys and both values.
+TEST(GoldenDeclarations, MoeConfigErrorsNameTheKeys) {
+  auto topk = ParseEdited("Qwen3-30B-A3B", [](nlohmann::json& j) {
+    j["num_experts_per_tok"] = 200;
+  });
+  ASSERT_FALSE(topk.ok());
+  EXPECT_NE(topk.status().message().find(
+                "num_experts_per_tok = 200, num_experts = 128"),
+            std::string::npos)
+      << topk.status().message();
+  auto mixtral = ParseEdited("Mixtral-8x7B-v0.1", [](nlohmann::json& j) {
+    j["num_local_experts"] = 0;
+  });
+  ASSERT_FALSE(mixtral.ok());
+  EXPECT_NE(mixtral.status().message().find("num_local_experts = 0"),
+            std::string::npos)
+      << mixtral.status().message();
+  auto dense = ParseEdited("Qwen3-30B-A3B", [](nlohmann::json& j) {
+    j["mlp_only_layers"] = {3, 48};
+  });
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("mlp_only_layers holds 48"),
+            std::string::npos)
+      << dense.status().message();
+  auto types = ParseEdited(
+      "gpt-oss-20b", [](nlohmann::json& j) { j["layer_types"][3] = "local"; });
+  ASSERT_FALSE(types.ok());
+  EXPECT_NE(types.status().message().find("layer_types[3] = \"local\""),
+            std::string::npos)
+      << types.status().message();
+}
+
+// decoder_sparse_step / mlp_only_layers make some layers dense: those keep a
+// gated MLP of intermediate_size instead of a router and experts.
+TEST(GoldenDeclarations, QwenMoeDenseLayersDeclareADenseMlp) {
+  auto config = ParseEdited("Qwen3-30B-A3B", [](nlohmann::json& j) {
+    j["decoder_sparse_step"] = 2;
+    j["mlp_only_layers"] = {1};
+  });
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  // Sparse: (l + 1) % 2 == 0 and l != 1 -> layers 3, 5, ..., 47.
+  EXPECT_FALSE(config->moe.IsSparseLayer(0));
+  EXPECT_FALSE(config->moe.IsSparseLayer(1));
+  EXPECT_TRUE(config->moe.IsSparseLayer(3));
+  const ArchWeights decl = FindArch("qwen3_moe")->declare_weights(*config);
+  int64_t routers = 0, dense_up = 0, expert_up = 0;
+  for (const WeightSpec& s : decl.specs) {
+    routers += s.role == WeightRole::kRouter;
+    expert_up += s.role == WeightRole::kExpertUp;
+    if (s.role == WeightRole::kUp) {
+      ++dense_up;
+      EXPECT_EQ(s.shape, Shape({6144, 2048})) << s.name;
+    }
+  }
+  EXPECT_EQ(routers, 23);
+  EXPECT_EQ(expert_up, 23 * 128);
+  EXPECT_EQ(dense_up, 48 - 23);
+}
+
 }  // namespace
 }  // namespace loom

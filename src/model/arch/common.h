@@ -32,6 +32,12 @@ StatusOr<ActKind> ParseActivation(const ConfigReader& r, const std::string& key,
 // sliding_window (null/absent = none) on every layer (Mistral, Phi-3).
 Status ParseUniformSlidingWindow(const ConfigReader& r, ModelConfig* c);
 
+// layer_types (gpt-oss, Gemma 3): `window` on the layers marked
+// "sliding_attention", global on "full_attention"; anything else, or a list
+// whose length is not num_hidden_layers, is an error. False when absent.
+StatusOr<bool> ParseLayerTypes(const ConfigReader& r, int64_t window,
+                               ModelConfig* c);
+
 // Checks dimensions are positive and consistent (heads divisible by kv heads).
 Status ValidateDims(const std::string& source, const ModelConfig& c);
 

@@ -43,28 +43,8 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseMoe(r, keys, c));
   // Sliding window on the layers layer_types marks "sliding_attention".
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 0));
-  if (r.Has("layer_types")) {
-    const nlohmann::json& types = r.json().at("layer_types");
-    if (!types.is_array() ||
-        static_cast<int64_t>(types.size()) != c->num_layers)
-      return InvalidArgumentError(
-          r.source() +
-          ": layer_types must be an array of num_hidden_layers = " +
-          std::to_string(c->num_layers) + " strings");
-    for (int64_t i = 0; i < c->num_layers; ++i) {
-      if (!types[i].is_string())
-        return InvalidArgumentError(r.source() + ": layer_types[" +
-                                    std::to_string(i) + "] is not a string");
-      const std::string t = types[i].get<std::string>();
-      if (t == "sliding_attention") {
-        c->sliding_window[i] = window;
-      } else if (t != "full_attention") {
-        return InvalidArgumentError(
-            r.source() + ": layer_types[" + std::to_string(i) + "] = '" + t +
-            "', expected sliding_attention or full_attention");
-      }
-    }
-  } else {
+  ASSIGN_OR_RETURN(bool typed, ParseLayerTypes(r, window, c));
+  if (!typed) {
     for (int64_t i = 0; i < c->num_layers; i += 2)
       c->sliding_window[i] = window;
   }
