@@ -13,7 +13,9 @@
 
 #include "src/io/safetensors.h"
 #include "src/io/safetensors_writer.h"
+#include "src/model/bind.h"
 #include "src/model/inspect.h"
+#include "src/model/registry.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
@@ -284,6 +286,46 @@ TEST(QuantizedCheckpointTest, SchemeThatDisagreesWithTheTensorsIsAnError) {
   EXPECT_NE(bad.status().message().find("quant_method 'awq'"),
             std::string::npos)
       << bad.status().message();
+}
+
+// Expert weights bind by (role, layer, expert): per-expert tensors (Qwen3-MoE)
+// and one stacked [E, in, out] tensor (gpt-oss, kAllExperts); dense roles keep
+// their (role, layer) accessors.
+TEST(BindTest, ExpertWeightsByRoleLayerExpert) {
+  for (const std::string name : {"qwen3_moe", "gpt_oss"}) {
+    const std::string dir = kTiny + "/" + name;
+    if (!fs::exists(dir))
+      GTEST_SKIP() << "SKIPPED LOUDLY: " << dir << " not found";
+    SCOPED_TRACE(name);
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    const ArchWeights decl =
+        FindArch(config->model_type)->declare_weights(*config);
+    auto ckpt = Checkpoint::Open(dir);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    auto w = BoundWeights::Bind(*config, decl, **ckpt, DType::kF32);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const int64_t H = config->hidden_size, E = config->moe.num_experts;
+    const int64_t I = config->moe.expert_intermediate_size;
+    EXPECT_EQ(w->Require(WeightRole::kQ, 1).shape, Shape({config->q_dim(), H}));
+    EXPECT_EQ(w->Require(WeightRole::kRouter, 1).shape, Shape({E, H}));
+    if (name == "qwen3_moe") {
+      EXPECT_EQ(w->Require(WeightRole::kExpertUp, 1, E - 1).shape,
+                Shape({I, H}));
+      EXPECT_EQ(w->Require(WeightRole::kExpertDown, 0, 0).shape, Shape({H, I}));
+      EXPECT_EQ(w->Get(WeightRole::kExpertUp, 1, E), nullptr);
+      EXPECT_EQ(w->Get(WeightRole::kExpertUp, 1), nullptr);  // not dense
+    } else {
+      EXPECT_EQ(w->Require(WeightRole::kExpertGateUp, 1, kAllExperts).shape,
+                Shape({E, H, 2 * I}));
+      EXPECT_EQ(w->Layout(WeightRole::kExpertGateUp, 1, kAllExperts),
+                MatrixLayout::kInOut);
+      EXPECT_EQ(w->Require(WeightRole::kExpertGateUpBias, 1, kAllExperts).shape,
+                Shape({E, 2 * I}));
+      EXPECT_EQ(w->Require(WeightRole::kAttnSinks, 0).shape,
+                Shape({config->num_heads}));
+    }
+  }
 }
 
 }  // namespace
