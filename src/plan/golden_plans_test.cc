@@ -570,5 +570,18 @@ TEST(GoldenDeclarations, QwenMoeDenseLayersDeclareADenseMlp) {
   EXPECT_EQ(dense_up, 48 - 23);
 }
 
+// Exclusion lists: a module or any parent at a '.', '*' over any run of
+// characters, "re:" regular expressions.
+TEST(GoldenDeclarations, QuantExclusionPatterns) {
+  QuantConfig q;
+  q.excluded = {"model.layers.*.self_attn", "lm_head", "re:.*\\.mlp\\.gate$"};
+  EXPECT_TRUE(q.Excludes("model.layers.11.self_attn.q_proj"));
+  EXPECT_TRUE(q.Excludes("lm_head"));
+  EXPECT_TRUE(q.Excludes("model.layers.0.mlp.gate"));
+  EXPECT_FALSE(q.Excludes("model.layers.0.mlp.gate_proj"));
+  EXPECT_FALSE(q.Excludes("model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_FALSE(q.Excludes("lm_head_extra"));
+}
+
 }  // namespace
 }  // namespace loom
