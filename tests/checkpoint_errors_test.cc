@@ -13,7 +13,9 @@
 
 #include "src/io/safetensors.h"
 #include "src/io/safetensors_writer.h"
+#include "src/model/bind.h"
 #include "src/model/inspect.h"
+#include "src/model/registry.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
@@ -214,6 +216,116 @@ TEST(InspectTest, JsonHasRequiredKeys) {
   EXPECT_EQ(j["num_parameters"], 260032);
   EXPECT_EQ(j["bytes_by_dtype"]["F32"], 260032 * 4);
   EXPECT_TRUE(j["problems"].empty());
+}
+
+// The tiny quantized checkpoints of the shared goldens, one per format.
+const std::string kTiny = std::string(LOOM_SHARED_DIR) + "/golden/tiny";
+
+TEST(QuantizedCheckpointTest, InspectMatchesEveryFormat) {
+  if (!fs::exists(kTiny))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << kTiny << " not found";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"gpt_oss_mxfp4", "mxfp4"},
+      {"qwen3_fp8_block", "fp8-block[32x32]"},
+      {"llama_nvfp4_modelopt", "nvfp4-modelopt"},
+      {"llama_nvfp4_ct", "nvfp4-compressed-tensors"}};
+  for (const auto& [name, format] : cases) {
+    SCOPED_TRACE(name);
+    auto rep = InspectModel(kTiny + "/" + name);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_TRUE(rep->problems.empty()) << rep->problems[0];
+    // gpt-oss: gate_up and down per layer (3 layers); the dense ones: q, k,
+    // v, o, gate, up, down per layer (2 layers).
+    EXPECT_EQ(rep->weights_by_format[format], name == "gpt_oss_mxfp4" ? 6 : 14);
+    EXPECT_EQ(rep->ToJson()["quantization"], format);
+  }
+}
+
+TEST(QuantizedCheckpointTest, LoadingForExecutionIsUnimplemented) {
+  const std::string dir = kTiny + "/llama_nvfp4_modelopt";
+  if (!fs::exists(dir))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << dir << " not found";
+  auto m = Model::Load(dir, Precision::kF32);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(m.status().message().find("stored as nvfp4-modelopt"),
+            std::string::npos)
+      << m.status().message();
+}
+
+// A config whose quantization scheme disagrees with the stored tensors: the
+// error names the physical tensor, its role in the format and both shapes.
+TEST(QuantizedCheckpointTest, SchemeThatDisagreesWithTheTensorsIsAnError) {
+  const std::string src = kTiny + "/qwen3_fp8_block";
+  if (!fs::exists(src))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << src << " not found";
+  const fs::path dir = fs::temp_directory_path() /
+                       ("loom_fp8_scheme_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ifstream in(src + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["quantization_config"]["weight_block_size"] = {64, 64};
+  std::ofstream(dir / "config.json") << j.dump();
+  fs::create_symlink(src + "/model.safetensors", dir / "model.safetensors");
+  auto rep = InspectModel(dir.string());
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_EQ(rep->problems.size(), 1u);
+  const std::string& p = rep->problems[0];
+  EXPECT_NE(p.find("weight_scale_inv"), std::string::npos) << p;
+  EXPECT_NE(p.find("in file, expected"), std::string::npos) << p;
+  EXPECT_NE(p.find("block scales of"), std::string::npos) << p;
+  EXPECT_NE(p.find("fp8-block[64x64]"), std::string::npos) << p;
+
+  j["quantization_config"]["quant_method"] = "awq";
+  std::ofstream(dir / "config.json") << j.dump();
+  auto bad = InspectModel(dir.string());
+  fs::remove_all(dir);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(bad.status().message().find("quant_method 'awq'"),
+            std::string::npos)
+      << bad.status().message();
+}
+
+// Expert weights bind by (role, layer, expert): per-expert tensors (Qwen3-MoE)
+// and one stacked [E, in, out] tensor (gpt-oss, kAllExperts); dense roles keep
+// their (role, layer) accessors.
+TEST(BindTest, ExpertWeightsByRoleLayerExpert) {
+  for (const std::string name : {"qwen3_moe", "gpt_oss"}) {
+    const std::string dir = kTiny + "/" + name;
+    if (!fs::exists(dir))
+      GTEST_SKIP() << "SKIPPED LOUDLY: " << dir << " not found";
+    SCOPED_TRACE(name);
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    const ArchWeights decl =
+        FindArch(config->model_type)->declare_weights(*config);
+    auto ckpt = Checkpoint::Open(dir);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    auto w = BoundWeights::Bind(*config, decl, **ckpt, DType::kF32);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const int64_t H = config->hidden_size, E = config->moe.num_experts;
+    const int64_t I = config->moe.expert_intermediate_size;
+    EXPECT_EQ(w->Require(WeightRole::kQ, 1).shape, Shape({config->q_dim(), H}));
+    EXPECT_EQ(w->Require(WeightRole::kRouter, 1).shape, Shape({E, H}));
+    if (name == "qwen3_moe") {
+      EXPECT_EQ(w->Require(WeightRole::kExpertUp, 1, E - 1).shape,
+                Shape({I, H}));
+      EXPECT_EQ(w->Require(WeightRole::kExpertDown, 0, 0).shape, Shape({H, I}));
+      EXPECT_EQ(w->Get(WeightRole::kExpertUp, 1, E), nullptr);
+      EXPECT_EQ(w->Get(WeightRole::kExpertUp, 1), nullptr);  // not dense
+    } else {
+      EXPECT_EQ(w->Require(WeightRole::kExpertGateUp, 1, kAllExperts).shape,
+                Shape({E, H, 2 * I}));
+      EXPECT_EQ(w->Layout(WeightRole::kExpertGateUp, 1, kAllExperts),
+                MatrixLayout::kInOut);
+      EXPECT_EQ(w->Require(WeightRole::kExpertGateUpBias, 1, kAllExperts).shape,
+                Shape({E, 2 * I}));
+      EXPECT_EQ(w->Require(WeightRole::kAttnSinks, 0).shape,
+                Shape({config->num_heads}));
+    }
+  }
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 #include "src/core/dtype.h"
 
 #include <array>
+#include <cstdlib>
 #include <utility>
+
+#include "src/base/check.h"
 
 namespace loom {
 namespace {
@@ -12,7 +15,7 @@ struct DTypeNames {
   std::string_view long_name;
 };
 
-constexpr std::array<DTypeNames, 12> kNames = {{
+constexpr std::array<DTypeNames, 14> kNames = {{
     {DType::kF32, "F32", "float32"},
     {DType::kBF16, "BF16", "bfloat16"},
     {DType::kF16, "F16", "float16"},
@@ -25,9 +28,18 @@ constexpr std::array<DTypeNames, 12> kNames = {{
     {DType::kI32, "I32", "int32"},
     {DType::kI64, "I64", "int64"},
     {DType::kBool, "BOOL", "bool"},
+    {DType::kF8E8M0, "F8_E8M0", "float8_e8m0fnu"},
+    {DType::kF4E2M1, "F4", "float4_e2m1fn"},
 }};
 
 }  // namespace
+
+void DieSubByteDTypeSize(DType dtype) {
+  LOOM_CHECK(false) << "DTypeSize(" << DTypeName(dtype)
+                    << "): a sub-byte type has no per-element byte size; "
+                       "use DTypeBytes(dtype, numel)";
+  std::abort();
+}
 
 std::string_view DTypeName(DType dtype) {
   for (const auto& n : kNames)

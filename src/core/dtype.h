@@ -21,6 +21,10 @@ enum class DType : uint8_t {
   kI32,
   kI64,
   kBool,
+  // Scale and sub-byte element types of the quantized weight formats
+  // (src/core/format.h). Checkpoints usually store them inside U8 tensors.
+  kF8E8M0,  // MX shared exponent: 2^(b - 127), 255 = NaN
+  kF4E2M1,  // FP4 s.ee.m, 4 bits: two values per byte
 };
 
 // "F32", "BF16", ... as written in safetensors headers.
@@ -32,8 +36,18 @@ std::string_view DTypeLongName(DType dtype);
 // "float16").
 std::optional<DType> ParseDType(std::string_view name);
 
+// Bits of one element: 4 for kF4E2M1, 8 x bytes otherwise.
+constexpr int DTypeBits(DType dtype);
+
+// Aborts: a byte size was asked of a sub-byte type (use DTypeBytes).
+[[noreturn]] void DieSubByteDTypeSize(DType dtype);
+
+// Bytes of ONE element of a whole-byte type. Aborts for sub-byte types
+// (kF4E2M1), which have no per-element byte size: use DTypeBytes(dtype, n).
 constexpr int64_t DTypeSize(DType dtype) {
   switch (dtype) {
+    case DType::kF4E2M1:
+      DieSubByteDTypeSize(dtype);
     case DType::kF64:
     case DType::kI64:
       return 8;
@@ -49,9 +63,19 @@ constexpr int64_t DTypeSize(DType dtype) {
     case DType::kI8:
     case DType::kU8:
     case DType::kBool:
+    case DType::kF8E8M0:
       return 1;
   }
   return 0;
+}
+
+constexpr int DTypeBits(DType dtype) {
+  return dtype == DType::kF4E2M1 ? 4 : static_cast<int>(8 * DTypeSize(dtype));
+}
+
+// Exact bytes of `numel` densely packed elements: ceil(numel x bits / 8).
+constexpr int64_t DTypeBytes(DType dtype, int64_t numel) {
+  return (numel * DTypeBits(dtype) + 7) / 8;
 }
 
 // Types the CPU backend computes with (others are recognised, not computed).

@@ -47,7 +47,7 @@ struct TensorView {
   Shape shape;
 
   int64_t numel() const { return shape.numel(); }
-  int64_t bytes() const { return numel() * DTypeSize(dtype); }
+  int64_t bytes() const { return DTypeBytes(dtype, numel()); }
   template <typename T>
   T* as() const {
     return static_cast<T*>(data);

@@ -120,7 +120,8 @@ Status ParseEntry(const std::string& path, const std::string& name,
   }
   const std::string& dtype_name = jdtype.get_ref<const std::string&>();
   std::optional<DType> dtype = ParseDType(dtype_name);
-  if (!dtype || DTypeName(*dtype) != dtype_name) {
+  // Sub-byte types (F4) are read only inside U8 tensors (src/core/format.h).
+  if (!dtype || DTypeName(*dtype) != dtype_name || DTypeBits(*dtype) < 8) {
     if (std::find(kUnsupportedDTypes.begin(), kUnsupportedDTypes.end(),
                   dtype_name) != kUnsupportedDTypes.end()) {
       return UnimplementedError(fmt::format(

@@ -11,27 +11,6 @@
 namespace loom {
 namespace {
 
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-const Checkpoint::Entry* FindWithPrefixes(const Checkpoint& ckpt,
-                                          const ArchWeights& decl,
-                                          const std::string& name) {
-  if (const auto* e = ckpt.Find(name)) return e;
-  for (const auto& prefix : decl.optional_prefixes) {
-    if (name.rfind(prefix, 0) == 0) {
-      if (const auto* e = ckpt.Find(name.substr(prefix.size()))) return e;
-    }
-  }
-  return nullptr;
-}
-
-std::string FileOf(const Checkpoint& ckpt, const Checkpoint::Entry& e) {
-  return ckpt.files()[e.file]->path();
-}
-
 void ConvertTensor(const TensorView& src, void* dst, DType dst_dtype) {
   const int64_t n = src.numel();
   const uint8_t* s = static_cast<const uint8_t*>(src.data);
@@ -88,62 +67,67 @@ void FaultIn(const TensorView& v) {
 
 }  // namespace
 
-StatusOr<std::vector<WeightMatch>> MatchWeights(const ModelConfig& config,
-                                                const ArchWeights& decl,
-                                                const Checkpoint& ckpt) {
-  std::vector<WeightMatch> matches(decl.specs.size());
-  std::set<const Checkpoint::Entry*> consumed;
-  for (size_t i = 0; i < decl.specs.size(); ++i) {
-    const WeightSpec& spec = decl.specs[i];
-    const Checkpoint::Entry* e = FindWithPrefixes(ckpt, decl, spec.name);
-    if (e == nullptr && !spec.tied_to.empty()) {
-      e = FindWithPrefixes(ckpt, decl, spec.tied_to);
-      matches[i].tied = true;
-    }
-    if (e == nullptr) {
-      if (!spec.required) continue;
-      return NotFoundError("tensor " + spec.name +
-                           ": missing from the checkpoint (" +
-                           config.model_type + " declares it with shape " +
-                           spec.shape.ToString() + ")");
-    }
-    if (e->info.shape != spec.shape)
-      return InvalidArgumentError(
-          "tensor " + e->info.name + " in " + FileOf(ckpt, *e) + ": shape " +
-          e->info.shape.ToString() + " in file, expected " +
-          spec.shape.ToString() + " from config.json");
-    const DType want = spec.storage_dtype.value_or(e->info.dtype);
-    if (spec.storage_dtype ? e->info.dtype != want
-                           : !IsComputeDType(e->info.dtype))
-      return InvalidArgumentError(
-          "tensor " + e->info.name + " in " + FileOf(ckpt, *e) + ": dtype " +
-          std::string(DTypeName(e->info.dtype)) + ", expected " +
-          (spec.storage_dtype ? std::string(DTypeName(want))
-                              : "F32, BF16 or F16"));
-    matches[i].entry = e;
-    consumed.insert(e);
+std::vector<StoredTensor> StoredTensorsOf(const Checkpoint& ckpt) {
+  std::vector<StoredTensor> out;
+  out.reserve(ckpt.entries().size());
+  for (size_t i = 0; i < ckpt.entries().size(); ++i) {
+    const Checkpoint::Entry& e = ckpt.entries()[i];
+    out.push_back(StoredTensor{e.info.name, e.info.dtype, e.info.shape,
+                               ckpt.files()[e.file]->path(),
+                               static_cast<int64_t>(i)});
   }
-  for (const auto& e : ckpt.entries()) {
-    if (consumed.count(&e)) continue;
-    bool ignored = false;
-    for (const auto& suffix : decl.ignored_suffixes)
-      ignored |= EndsWith(e.info.name, suffix);
-    if (ignored) continue;
-    return InvalidArgumentError(
-        "tensor " + e.info.name + " in " + FileOf(ckpt, e) + " (shape " +
-        e.info.shape.ToString() + ") is not used by " + config.model_type +
-        " with this config.json (unexpected tensor: wrong model_type or "
-        "config?)");
+  return out;
+}
+
+StatusOr<std::vector<MatchedWeight>> MatchCheckpoint(const ModelConfig& config,
+                                                     const ArchWeights& decl,
+                                                     const Checkpoint& ckpt) {
+  const std::vector<StoredTensor> stored = StoredTensorsOf(ckpt);
+  MatchOptions o;
+  o.source = ckpt.files().size() == 1 ? ckpt.files()[0]->path()
+                                      : "the checkpoint's shards";
+  return MatchCheckpoint(config, decl, &stored, o);
+}
+
+BoundWeights::Slot* BoundWeights::SlotFor(const WeightSpec& spec) {
+  if (spec.expert != kNoExpert)
+    return &expert_slots_[{static_cast<int>(spec.role), spec.layer,
+                           spec.expert}];
+  const int64_t row = spec.layer < 0 ? num_layers_ : spec.layer;
+  return &slots_[static_cast<size_t>(row) * kNumWeightRoles +
+                 static_cast<int>(spec.role)];
+}
+
+const BoundWeights::Slot* BoundWeights::FindSlot(WeightRole role, int64_t layer,
+                                                 int64_t expert) const {
+  if (expert != kNoExpert) {
+    auto it = expert_slots_.find({static_cast<int>(role), layer, expert});
+    return it == expert_slots_.end() ? nullptr : &it->second;
   }
-  return matches;
+  const int64_t row = layer < 0 ? num_layers_ : layer;
+  return &slots_[static_cast<size_t>(row) * kNumWeightRoles +
+                 static_cast<int>(role)];
 }
 
 StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
                                           const ArchWeights& decl,
                                           const Checkpoint& ckpt,
                                           DType compute_dtype) {
-  ASSIGN_OR_RETURN(std::vector<WeightMatch> matches,
-                   MatchWeights(config, decl, ckpt));
+  ASSIGN_OR_RETURN(std::vector<MatchedWeight> matches,
+                   MatchCheckpoint(config, decl, ckpt));
+  for (size_t i = 0; i < matches.size(); ++i) {
+    if (matches[i].present && matches[i].format.quantized())
+      return UnimplementedError(
+          "weight " + decl.specs[i].name + " is stored as " +
+          matches[i].format.ToString() +
+          ": running quantized checkpoints is not implemented yet (loom "
+          "inspect and loom plan read them)");
+  }
+  // The entry each present weight binds (its values tensor).
+  auto entry_of = [&](size_t i) -> const Checkpoint::Entry* {
+    if (!matches[i].present) return nullptr;
+    return &ckpt.entries()[static_cast<size_t>(matches[i].tensors[0].id)];
+  };
   BoundWeights b;
   b.num_layers_ = config.num_layers;
   b.slots_.resize(static_cast<size_t>(config.num_layers + 1) * kNumWeightRoles);
@@ -153,11 +137,11 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
   int64_t arena_bytes = 0;
   std::set<const Checkpoint::Entry*> sized;
   for (size_t i = 0; i < matches.size(); ++i) {
-    if (!matches[i].entry || !sized.insert(matches[i].entry).second) continue;
-    const TensorInfo& info = matches[i].entry->info;
-    if (info.dtype != compute_dtype)
+    const Checkpoint::Entry* e = entry_of(i);
+    if (!e || !sized.insert(e).second) continue;
+    if (e->info.dtype != compute_dtype)
       arena_bytes +=
-          AlignUp(info.shape.numel() * DTypeSize(compute_dtype), kAlign);
+          AlignUp(e->info.shape.numel() * DTypeSize(compute_dtype), kAlign);
   }
   if (arena_bytes > 0) {
     void* p = std::aligned_alloc(kAlign, static_cast<size_t>(arena_bytes));
@@ -171,10 +155,11 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
   std::map<const Checkpoint::Entry*, TensorView> bound;
   int64_t offset = 0;
   for (size_t i = 0; i < matches.size(); ++i) {
-    if (!matches[i].entry) continue;
+    const Checkpoint::Entry* e = entry_of(i);
+    if (!e) continue;
     const WeightSpec& spec = decl.specs[i];
-    TensorView view = ckpt.View(*matches[i].entry);
-    if (auto it = bound.find(matches[i].entry); it != bound.end()) {
+    TensorView view = ckpt.View(*e);
+    if (auto it = bound.find(e); it != bound.end()) {
       view = it->second;
     } else if (view.dtype != compute_dtype) {
       uint8_t* dst = b.arena_.get() + offset;
@@ -186,28 +171,34 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
     } else {
       b.in_place_bytes_ += view.bytes();
     }
-    bound.emplace(matches[i].entry, view);
-    const int64_t row = spec.layer < 0 ? config.num_layers : spec.layer;
-    Slot& slot = b.slots_[static_cast<size_t>(row) * kNumWeightRoles +
-                          static_cast<int>(spec.role)];
-    slot.view = view;
-    slot.layout = spec.layout;
-    slot.present = true;
+    bound.emplace(e, view);
+    Slot* slot = b.SlotFor(spec);
+    slot->view = view;
+    slot->layout = spec.layout;
+    slot->present = true;
   }
   return b;
 }
 
 const TensorView* BoundWeights::Get(WeightRole role, int64_t layer) const {
-  const int64_t row = layer < 0 ? num_layers_ : layer;
-  const Slot& s = slots_[static_cast<size_t>(row) * kNumWeightRoles +
-                         static_cast<int>(role)];
-  return s.present ? &s.view : nullptr;
+  return Get(role, layer, kNoExpert);
 }
 
 const TensorView& BoundWeights::Require(WeightRole role, int64_t layer) const {
-  const TensorView* v = Get(role, layer);
-  LOOM_CHECK(v != nullptr) << "weight role " << static_cast<int>(role)
-                           << " layer " << layer << " not bound";
+  return Require(role, layer, kNoExpert);
+}
+
+const TensorView* BoundWeights::Get(WeightRole role, int64_t layer,
+                                    int64_t expert) const {
+  const Slot* s = FindSlot(role, layer, expert);
+  return s != nullptr && s->present ? &s->view : nullptr;
+}
+
+const TensorView& BoundWeights::Require(WeightRole role, int64_t layer,
+                                        int64_t expert) const {
+  const TensorView* v = Get(role, layer, expert);
+  LOOM_CHECK(v != nullptr) << "weight " << WeightRoleName(role) << " layer "
+                           << layer << " expert " << expert << " not bound";
   return *v;
 }
 
@@ -225,13 +216,18 @@ void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
       loom::FaultIn(s.view);
     }
   }
+  for (const auto& [key, s] : expert_slots_)
+    if (s.present && std::get<1>(key) <= last_layer) loom::FaultIn(s.view);
 }
 
 MatrixLayout BoundWeights::Layout(WeightRole role, int64_t layer) const {
-  const int64_t row = layer < 0 ? num_layers_ : layer;
-  return slots_[static_cast<size_t>(row) * kNumWeightRoles +
-                static_cast<int>(role)]
-      .layout;
+  return Layout(role, layer, kNoExpert);
+}
+
+MatrixLayout BoundWeights::Layout(WeightRole role, int64_t layer,
+                                  int64_t expert) const {
+  const Slot* s = FindSlot(role, layer, expert);
+  return s != nullptr ? s->layout : MatrixLayout::kOutIn;
 }
 
 }  // namespace loom

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/core/dtype.h"
+#include "src/core/format.h"
 
 namespace loom {
 
@@ -46,12 +47,39 @@ struct RopeConfig {
   float attention_scaling = 1.0f;
 };
 
+// Parsed once by src/model/arch/moe.cc (ParseMoe).
 struct MoEConfig {
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
   int64_t expert_intermediate_size = 0;
   int64_t shared_expert_intermediate_size = 0;  // 0 = none
+  bool shared_expert_gate = false;  // sigmoid gate on the shared expert
   bool norm_topk_prob = false;
+  bool router_bias = false;
+  // Qwen-MoE: layer l is sparse when l is not in mlp_only_layers and
+  // (l + 1) % decoder_sparse_step == 0; the others have a dense MLP of
+  // intermediate_size.
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+
+  bool IsSparseLayer(int64_t layer) const;
+};
+
+// The checkpoint's quantization scheme, from config.json's
+// quantization_config or hf_quant_config.json (src/model/quant.h).
+struct QuantConfig {
+  std::string method;   // quant_method / quant_algo as written; "" = none
+  std::string source;   // the file and key it came from
+  WeightFormat format;  // what Linear weights are stored as (kDense = none)
+  // Modules kept unquantized: exact names or prefixes at a '.', with '*'
+  // matching any run of characters; "re:" introduces a regular expression.
+  std::vector<std::string> excluded;
+  // ModelOpt FP8 KV cache: k_proj.k_scale / v_proj.v_scale F32 [] stored.
+  bool kv_cache_scales = false;
+
+  bool quantized() const { return format.quantized(); }
+  // True when `module` ("model.layers.0.mlp.gate") is kept unquantized.
+  bool Excludes(const std::string& module) const;
 };
 
 // A vision tower bundled with a language model (Gemma 3's SigLIP): declared
@@ -113,6 +141,7 @@ struct ModelConfig {
   int64_t eos_token_id = -1;
 
   MoEConfig moe;
+  QuantConfig quant;
   VisionConfig vision;
   // Prefix of the language model's tensor names inside a multimodal
   // checkpoint ("language_model."); empty for text-only checkpoints.

@@ -64,8 +64,14 @@ StatusOr<InspectReport> InspectModel(const std::string& dir) {
     rep.num_parameters += e.info.shape.numel();
     rep.bytes_by_dtype[std::string(DTypeName(e.info.dtype))] += e.info.bytes();
   }
-  StatusOr<std::vector<WeightMatch>> m = MatchWeights(rep.config, decl, **ckpt);
-  if (!m.ok()) rep.problems.push_back(m.status().message());
+  StatusOr<std::vector<MatchedWeight>> m =
+      MatchCheckpoint(rep.config, decl, **ckpt);
+  if (!m.ok()) {
+    rep.problems.push_back(m.status().message());
+    return rep;
+  }
+  for (const MatchedWeight& w : *m)
+    if (w.present && !w.tied) ++rep.weights_by_format[w.format.ToString()];
   return rep;
 }
 
@@ -91,6 +97,10 @@ nlohmann::json InspectReport::ToJson() const {
   j["sliding_window"] = c.sliding_window;
   j["num_parameters"] = num_parameters;
   j["bytes_by_dtype"] = bytes_by_dtype;
+  j["weights_by_format"] = weights_by_format;
+  j["quantization"] = c.quant.quantized()
+                          ? nlohmann::json(c.quant.format.ToString())
+                          : nlohmann::json(nullptr);
   j["weights_present"] = weights_present;
   j["files"] = files;
   j["problems"] = problems;
@@ -123,6 +133,12 @@ std::string InspectReport::ToText() const {
   for (const auto& [d, b] : bytes_by_dtype)
     o << "bytes " << d << std::string(12 - std::min<size_t>(11, d.size()), ' ')
       << b << "  (" << FormatBytes(b) << ")\n";
+  if (c.quant.quantized())
+    o << "quantization      " << c.quant.format.ToString() << " ("
+      << c.quant.source << ")\n";
+  for (const auto& [f, n] : weights_by_format)
+    o << "weights " << f << std::string(10 - std::min<size_t>(9, f.size()), ' ')
+      << n << "\n";
   if (!files.empty()) {
     o << "files            ";
     for (const auto& f : files) o << " " << f;

@@ -1,6 +1,7 @@
-// Inspection of a model directory: architecture, dimensions, parameter count
-// and bytes per storage dtype (tied tensors once), and every problem found in
-// the checkpoint. Backs `loom inspect`.
+// Inspection of a model directory: architecture, dimensions, parameter count,
+// bytes per storage dtype and weights per storage format (tied tensors once),
+// and every problem the checkpoint matcher (src/model/match.h) finds. Backs
+// `loom inspect`.
 #ifndef LOOM_MODEL_INSPECT_H_
 #define LOOM_MODEL_INSPECT_H_
 
@@ -23,6 +24,8 @@ struct InspectReport {
   std::vector<std::string> files;                 // safetensors files read
   int64_t num_parameters = 0;                     // tied tensors counted once
   std::map<std::string, int64_t> bytes_by_dtype;  // "BF16" -> bytes
+  // Logical weights per storage format ("BF16", "mxfp4", ...), tied ones once.
+  std::map<std::string, int64_t> weights_by_format;
   std::vector<std::string> problems;  // empty = checkpoint is consistent
 
   nlohmann::json ToJson() const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "src/model/arch/archs.h"
+#include "src/model/quant.h"
 
 namespace loom {
 
@@ -48,13 +49,21 @@ StatusOr<ModelConfig> ParseModelConfig(const ConfigReader& reader) {
     config.architecture =
         reader.json().at("architectures")[0].get<std::string>();
   RETURN_IF_ERROR(arch->parse_config(reader, &config));
+  RETURN_IF_ERROR(ParseQuantizationConfig(reader, &config));
+  // transformers' MXFP4 quantizer loads the unconverted modules in bf16 when
+  // config.json names no torch_dtype (gpt-oss's does not): they are stored so.
+  if (config.quant.format.kind == FormatKind::kMxfp4 &&
+      !reader.Has("torch_dtype"))
+    config.torch_dtype = DType::kBF16;
   return config;
 }
 
 StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   ASSIGN_OR_RETURN(ConfigReader reader,
                    ConfigReader::FromFile(model_dir + "/config.json"));
-  return ParseModelConfig(reader);
+  ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(reader));
+  RETURN_IF_ERROR(ReadHfQuantConfig(model_dir, &config));
+  return config;
 }
 
 }  // namespace loom

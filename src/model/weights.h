@@ -1,6 +1,10 @@
-// Weight declarations. Each architecture declares its tensors once (HF name,
-// role, shape, layout, required/optional/tied); the same table drives loading
-// and validation, `loom inspect`, and the planner's weight bytes.
+// Weight declarations. Each architecture declares its LOGICAL weights once
+// (HF name, role, layer, expert, shape, layout, required/optional/tied, and
+// whether it is a Linear weight a quantization scheme may store in another
+// format). The one checkpoint matcher (src/model/match.h) resolves each
+// weight's storage format (src/core/format.h), expands it to its physical
+// tensors (values, scales, global scales) and matches them; the same result
+// drives loading, `loom inspect` and the planner's weight bytes.
 #ifndef LOOM_MODEL_WEIGHTS_H_
 #define LOOM_MODEL_WEIGHTS_H_
 
@@ -8,9 +12,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/core/dtype.h"
+#include "src/core/format.h"
 #include "src/core/tensor.h"
 
 namespace loom {
@@ -48,33 +54,56 @@ enum class WeightRole : uint8_t {
   kUpBias,
   kDownBias,
   kPostMlpNorm,
-  // Mixture of experts (declared for planning; not run yet).
+  kAttnSinks,  // per-head sink logit (gpt-oss)
+  // Mixture of experts (declared for planning; not run yet). Expert weights
+  // carry WeightSpec::expert.
   kRouter,
   kRouterBias,
-  kExpert,
-  kSharedExpert,
-  kSharedExpertGate,
+  kExpertGate,
+  kExpertUp,
+  kExpertDown,
+  kExpertGateUp,  // fused gate/up rows (gpt-oss: interleaved)
+  kExpertGateUpBias,
+  kExpertDownBias,
+  kSharedExpertGateProj,  // the shared expert's gate/up/down projections
+  kSharedExpertUp,
+  kSharedExpertDown,
+  kSharedExpertGate,  // the shared expert's sigmoid gate [1, H] (Qwen2-MoE)
   kOther,
 };
 inline constexpr int kNumWeightRoles = static_cast<int>(WeightRole::kOther) + 1;
+
+// "q", "expert_gate_up", ... (for messages and `loom inspect`).
+std::string_view WeightRoleName(WeightRole role);
+
+// WeightSpec::expert values besides an expert index.
+inline constexpr int64_t kNoExpert = -1;
+inline constexpr int64_t kAllExperts = -2;  // one stacked [E, ...] tensor
 
 // Storage layout of a matrix: torch Linear's [out, in], or GPT-2 Conv1D's [in,
 // out].
 enum class MatrixLayout : uint8_t { kOutIn, kInOut };
 
+// One logical weight.
 struct WeightSpec {
-  std::string name;  // HF tensor name
+  // HF name of the weight as a dense tensor ("...q_proj.weight", gpt-oss's
+  // "...experts.gate_up_proj"); a quantized format derives its tensors' names
+  // from it (src/core/format.h).
+  std::string name;
   WeightRole role = WeightRole::kOther;
-  int64_t layer = -1;  // -1 = model-level
-  Shape shape;
+  int64_t layer = -1;          // -1 = model-level
+  int64_t expert = kNoExpert;  // expert index, or kAllExperts (stacked)
+  Shape shape;                 // dense stored shape (in `layout`)
   MatrixLayout layout = MatrixLayout::kOutIn;
   bool required = true;
   // If set and `name` is absent from the checkpoint, this tensor is used
   // instead (tied lm_head -> embed_tokens). Counted once.
   std::string tied_to;
-  // Storage dtype fixed by the format (e.g. MXFP4 blocks stored as U8);
-  // otherwise the checkpoint's (or --assume-dtype when planning).
-  std::optional<DType> storage_dtype;
+  // A Linear weight: the model's quantization scheme (ModelConfig::quant)
+  // stores it in its format unless the scheme excludes the module.
+  bool linear = false;
+  // A format fixed by the architecture, overriding the scheme.
+  std::optional<WeightFormat> format;
 };
 
 struct ArchWeights {

@@ -3,14 +3,18 @@
 // total_size to the byte, MoE declarations whose names equal the index's, and
 // the seed out-of-memory cases planned on paper.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "src/io/safetensors.h"
+#include "src/model/match.h"
 #include "src/model/registry.h"
 #include "src/plan/planner.h"
+#include "src/plan/report.h"
 #include "src/plan/test_util.h"
 
 namespace loom {
@@ -50,10 +54,17 @@ std::set<std::string> IndexNames(const std::string& name) {
   return names;
 }
 
-std::set<std::string> DeclaredNames(const Loaded& l) {
+// The physical tensor names the declaration expands to in the checkpoint's
+// storage format (config only: nothing read but config.json).
+std::set<std::string> DeclaredNames(const ModelConfig& config,
+                                    const ArchWeights& decl) {
+  auto matched = MatchCheckpoint(config, decl, nullptr, MatchOptions{});
+  EXPECT_TRUE(matched.ok()) << matched.status().message();
   std::set<std::string> names;
-  for (const WeightSpec& s : l.decl.specs)
-    if (s.tied_to.empty()) names.insert(s.name);
+  if (!matched.ok()) return names;
+  for (const MatchedWeight& w : *matched)
+    if (w.present && !w.tied)
+      for (const MatchedTensor& t : w.tensors) names.insert(t.tensor.name);
   return names;
 }
 
@@ -61,9 +72,34 @@ TEST(GoldenDeclarations, MoeNamesEqualTheIndexExactly) {
   for (const char* name :
        {"gpt-oss-20b", "Mixtral-8x7B-v0.1", "Mistral-7B-v0.1"}) {
     SCOPED_TRACE(name);
-    const Loaded l = Load(name, DType::kBF16);
-    EXPECT_EQ(DeclaredNames(l), IndexNames(name));
+    const Loaded l = Load(name);
+    EXPECT_EQ(DeclaredNames(l.config, l.decl), IndexNames(name));
   }
+}
+
+TEST(GoldenDeclarations, ExpertRolesAreSplit) {
+  const Loaded mixtral = Load("Mixtral-8x7B-v0.1");
+  int64_t gate = 0, up = 0, down = 0;
+  for (const WeightSpec& s : mixtral.decl.specs) {
+    gate += s.role == WeightRole::kExpertGate;
+    up += s.role == WeightRole::kExpertUp;
+    down += s.role == WeightRole::kExpertDown;
+    if (s.role == WeightRole::kExpertUp && s.layer == 3 && s.expert == 5) {
+      EXPECT_EQ(s.name, "model.layers.3.block_sparse_moe.experts.5.w3.weight");
+    }
+  }
+  EXPECT_EQ(gate, 32 * 8);
+  EXPECT_EQ(up, 32 * 8);
+  EXPECT_EQ(down, 32 * 8);
+  const Loaded oss = Load("gpt-oss-20b");
+  int64_t stacked = 0;
+  for (const WeightSpec& s : oss.decl.specs)
+    if (s.role == WeightRole::kExpertGateUp) {
+      EXPECT_EQ(s.expert, kAllExperts);
+      EXPECT_EQ(s.shape, Shape({32, 2880, 5760}));  // [E, in, out] as HF's
+      ++stacked;
+    }
+  EXPECT_EQ(stacked, 24);
 }
 
 TEST(GoldenWeights, IndexTotalSizeReproducedExactly) {
@@ -73,8 +109,10 @@ TEST(GoldenWeights, IndexTotalSizeReproducedExactly) {
     int64_t total_size;
     size_t tensors;
   };
+  // No --assume-dtype: the storage comes from the checkpoint's own metadata
+  // (gpt-oss: MXFP4 experts, the rest bf16 by the mxfp4 convention).
   for (const Case& c :
-       {Case{"gpt-oss-20b", DType::kBF16, 13'761'264'768, 459},
+       {Case{"gpt-oss-20b", std::nullopt, 13'761'264'768, 459},
         Case{"Mixtral-8x7B-v0.1", std::nullopt, 93'405'585'408, 995},
         Case{"Mistral-7B-v0.1", std::nullopt, 14'483'464'192, 291}}) {
     SCOPED_TRACE(c.name);
@@ -91,9 +129,11 @@ TEST(GoldenWeights, IndexTotalSizeReproducedExactly) {
 // with its SigLIP vision tower). Its files stay in the shared data directory
 // (their terms do not allow bundling them here).
 TEST(GoldenWeights, Gemma3MultimodalIndexReproducedExactly) {
-  const std::string dir = std::string(LOOM_SHARED_DIR) + "/models/configs/medgemma-27b-it";
+  const std::string dir =
+      std::string(LOOM_SHARED_DIR) + "/models/configs/medgemma-27b-it";
   if (!std::filesystem::exists(dir + "/model.safetensors.index.json"))
-    GTEST_SKIP() << "SKIPPED LOUDLY: " << dir << " not found; the gemma-3 golden plan is not checked here";
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << dir
+                 << " not found; the gemma-3 golden plan is not checked here";
   auto config = LoadModelConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status().message();
   EXPECT_EQ(config->model_type, "gemma3");
@@ -105,7 +145,8 @@ TEST(GoldenWeights, Gemma3MultimodalIndexReproducedExactly) {
   std::ifstream in(dir + "/model.safetensors.index.json");
   const nlohmann::json index = nlohmann::json::parse(in);
   std::set<std::string> index_names, declared;
-  for (const auto& [k, v] : index.at("weight_map").items()) index_names.insert(k);
+  for (const auto& [k, v] : index.at("weight_map").items())
+    index_names.insert(k);
   for (const WeightSpec& s : decl.specs)
     if (s.tied_to.empty()) declared.insert(s.name);
   EXPECT_EQ(declared, index_names);
@@ -117,7 +158,7 @@ TEST(GoldenWeights, Gemma3MultimodalIndexReproducedExactly) {
 }
 
 TEST(GoldenWeights, MxfpExpertsCountedAsStoredU8) {
-  const Loaded l = Load("gpt-oss-20b", DType::kBF16);
+  const Loaded l = Load("gpt-oss-20b");
   int64_t u8 = 0;
   for (const PlannedTensor& t : l.table.tensors) {
     if (t.name.find("_blocks") != std::string::npos ||
@@ -144,7 +185,7 @@ TEST(GoldenWeights, ConfigOnlyTotalsDerivedFromConfigs) {
        {Case{"Qwen3-30B-A3B", std::nullopt, 61'064'245'248, 18'867},
         Case{"Llama-3.1-70B", std::nullopt, 141'107'412'992, 723},
         Case{"Llama-3.1-8B", std::nullopt, 16'060'522'496, 291},
-        Case{"gpt-oss-120b", DType::kBF16, 65'248'815'744, 687}}) {
+        Case{"gpt-oss-120b", std::nullopt, 65'248'815'744, 687}}) {
     SCOPED_TRACE(c.name);
     const Loaded l = Load(c.name, c.assume);
     EXPECT_EQ(l.table.source, WeightSource::kConfig);
@@ -266,7 +307,7 @@ TEST(GoldenPlans, Llama70bBalancedOverTwoGpus) {
 // Seed: gpt-oss-120b, whose MXFP4 experts make it 65 GB as stored (not the
 // 117B x 2 bytes a parameter count suggests), on one 80 GB GPU.
 TEST(GoldenPlans, GptOss120bOnOneGpu) {
-  const Loaded l = Load("gpt-oss-120b", DType::kBF16);
+  const Loaded l = Load("gpt-oss-120b");
   PlanInput in = Input(l, {plan_test::Gpu(0, 80 * kGiB)});
   in.job.batch_tokens = 4096;
   in.job.context = 4096;
@@ -306,6 +347,240 @@ TEST(GoldenPlans, SolversAnswerByPlanning) {
   int gpus = 0;
   for (const DeviceSpec& d : *devs) gpus += d.kind == DeviceKind::kCuda;
   EXPECT_EQ(gpus, 2);
+}
+
+// Every config directory with an index reproduces its total_size to the byte
+// with no flag: the bundled copies always, the shared ones when present.
+void ExpectIndexedConfigsReproduceTotalSize(const std::string& root,
+                                            int* checked) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string dir = entry.path().string();
+    if (!std::filesystem::exists(dir + "/model.safetensors.index.json"))
+      continue;
+    SCOPED_TRACE(dir);
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    const ArchWeights decl =
+        FindArch(config->model_type)->declare_weights(*config);
+    auto table = BuildWeightTable(dir, *config, decl, WeightTableOptions{});
+    ASSERT_TRUE(table.ok()) << table.status().message();
+    ASSERT_TRUE(table->index_total_size.has_value());
+    EXPECT_EQ(table->total_bytes(), *table->index_total_size);
+    ++*checked;
+  }
+}
+
+TEST(GoldenWeights, EveryIndexedConfigReproducesTotalSizeWithoutFlags) {
+  int bundled = 0;
+  ExpectIndexedConfigsReproduceTotalSize(
+      std::string(LOOM_TESTDATA_DIR) + "/configs", &bundled);
+  EXPECT_EQ(bundled, 3);  // gpt-oss-20b, Mixtral-8x7B, Mistral-7B
+  const std::string shared = std::string(LOOM_SHARED_DIR) + "/models/configs";
+  if (!std::filesystem::exists(shared))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << shared
+                 << " not found; only the bundled configs were checked";
+  int shared_checked = 0;
+  ExpectIndexedConfigsReproduceTotalSize(shared, &shared_checked);
+  EXPECT_GE(shared_checked, 3);
+}
+
+// --assume-dtype still overrides the metadata, and a plan whose bytes
+// disagree with the index says so.
+TEST(GoldenWeights, AssumeDtypeOverridesAndDisagreementIsReported) {
+  const Loaded l = Load("gpt-oss-20b", DType::kF32);
+  EXPECT_EQ(l.table.assumed_dtype, DType::kF32);
+  EXPECT_GT(l.table.total_bytes(), int64_t{13'761'264'768});
+  PlanInput in = Input(l, {plan_test::Gpu(0, 80 * kGiB)});
+  in.job.batch_tokens = 256;
+  in.job.context = 256;
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const std::string table = FormatPlanTable(*plan);
+  EXPECT_NE(table.find("warning: the index's total_size is 13761264768 bytes"),
+            std::string::npos)
+      << table;
+}
+
+// The tiny quantized and MoE checkpoints (one per format): the planner's
+// table from their headers consumes every tensor and counts exactly the bytes
+// the files hold.
+TEST(GoldenWeights, TinyCheckpointsOfEveryFormatMatchTheirHeaders) {
+  const std::string tiny = std::string(LOOM_SHARED_DIR) + "/golden/tiny";
+  if (!std::filesystem::exists(tiny))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << tiny
+                 << " not found; the quantized checkpoints are not checked";
+  struct Case {
+    const char* name;
+    const char* format;  // of the quantized weights ("" = none)
+    int64_t quantized;   // logical weights stored in it
+  };
+  for (const Case& c :
+       {Case{"gpt_oss_mxfp4", "mxfp4", 3 * 2},
+        Case{"qwen3_fp8_block", "fp8-block[32x32]", 2 * 7},
+        Case{"llama_nvfp4_modelopt", "nvfp4-modelopt", 2 * 7},
+        Case{"llama_nvfp4_ct", "nvfp4-compressed-tensors", 2 * 7},
+        Case{"gpt_oss", "", 0}, Case{"mixtral", "", 0},
+        Case{"qwen2_moe", "", 0}, Case{"qwen3_moe", "", 0}}) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = tiny + "/" + c.name;
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    const ArchWeights decl =
+        FindArch(config->model_type)->declare_weights(*config);
+    auto table = BuildWeightTable(dir, *config, decl, WeightTableOptions{});
+    ASSERT_TRUE(table.ok()) << table.status().message();
+    EXPECT_EQ(table->source, WeightSource::kHeaders);
+    auto headers = ReadCheckpointHeaders(dir);
+    ASSERT_TRUE(headers.ok());
+    int64_t stored = 0;
+    size_t count = 0;
+    for (const SafetensorsHeader& h : headers->headers)
+      for (const TensorInfo& t : h.tensors) {
+        stored += t.bytes();
+        ++count;
+      }
+    EXPECT_EQ(table->total_bytes(), stored);
+    EXPECT_EQ(table->tensors.size(), count);
+    EXPECT_EQ(table->quantization, c.format);
+    // The same bytes from config.json alone (dtypes from the metadata).
+    auto from_config =
+        WeightTableFromNames(*config, decl, nullptr, config->torch_dtype, "");
+    ASSERT_TRUE(from_config.ok()) << from_config.status().message();
+    if (std::string(c.name) != "qwen3_fp8_block") {  // BF16 scales, F32 assumed
+      EXPECT_EQ(from_config->total_bytes(), stored);
+    }
+    auto matched = MatchCheckpoint(*config, decl, nullptr, MatchOptions{});
+    ASSERT_TRUE(matched.ok());
+    int64_t quantized = 0;
+    for (const MatchedWeight& w : *matched) quantized += w.format.quantized();
+    EXPECT_EQ(quantized, c.quantized);
+  }
+}
+
+// Planning from an index without shards: FP8 block scales are BF16 or F32 by
+// the checkpoint's choice; the index's total_size picks the one that fits.
+TEST(GoldenWeights, IndexOnlyFp8ScaleDtypeDecidedByTotalSize) {
+  const std::string src =
+      std::string(LOOM_SHARED_DIR) + "/golden/tiny/qwen3_fp8_block";
+  if (!std::filesystem::exists(src))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << src << " not found";
+  auto headers = ReadCheckpointHeaders(src);
+  ASSERT_TRUE(headers.ok());
+  nlohmann::json index;
+  int64_t total = 0;
+  for (const SafetensorsHeader& h : headers->headers)
+    for (const TensorInfo& t : h.tensors) {
+      index["weight_map"][t.name] = "model.safetensors";
+      total += t.bytes();
+    }
+  index["metadata"]["total_size"] = total;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("loom_fp8_index_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/config.json", dir / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  auto config = LoadModelConfig(dir.string());
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  const ArchWeights decl = FindArch("qwen3")->declare_weights(*config);
+  auto table =
+      BuildWeightTable(dir.string(), *config, decl, WeightTableOptions{});
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(table.ok()) << table.status().message();
+  EXPECT_EQ(table->source, WeightSource::kIndex);
+  EXPECT_EQ(table->total_bytes(), total);
+  bool bf16_scales = false;
+  for (const PlannedTensor& t : table->tensors)
+    if (t.component == ComponentKind::kBlockScales)
+      bf16_scales |= t.dtype == DType::kBF16;
+  EXPECT_TRUE(bf16_scales);
+}
+
+nlohmann::json ConfigJson(const std::string& name) {
+  std::ifstream in(ConfigDir(name) + "/config.json");
+  return nlohmann::json::parse(in);
+}
+
+StatusOr<ModelConfig> ParseEdited(const std::string& name,
+                                  void (*edit)(nlohmann::json& j)) {
+  nlohmann::json j = ConfigJson(name);
+  edit(j);
+  return ParseModelConfig(ConfigReader(name + "/config.json", j));
+}
+
+// MoE keys are parsed and validated once (arch/moe.cc) for every MoE
+// architecture; errors name the file, the keys and both values.
+TEST(GoldenDeclarations, MoeConfigErrorsNameTheKeys) {
+  auto topk = ParseEdited("Qwen3-30B-A3B", [](nlohmann::json& j) {
+    j["num_experts_per_tok"] = 200;
+  });
+  ASSERT_FALSE(topk.ok());
+  EXPECT_NE(topk.status().message().find(
+                "num_experts_per_tok = 200, num_experts = 128"),
+            std::string::npos)
+      << topk.status().message();
+  auto mixtral = ParseEdited("Mixtral-8x7B-v0.1", [](nlohmann::json& j) {
+    j["num_local_experts"] = 0;
+  });
+  ASSERT_FALSE(mixtral.ok());
+  EXPECT_NE(mixtral.status().message().find("num_local_experts = 0"),
+            std::string::npos)
+      << mixtral.status().message();
+  auto dense = ParseEdited("Qwen3-30B-A3B", [](nlohmann::json& j) {
+    j["mlp_only_layers"] = {3, 48};
+  });
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("mlp_only_layers holds 48"),
+            std::string::npos)
+      << dense.status().message();
+  auto types = ParseEdited(
+      "gpt-oss-20b", [](nlohmann::json& j) { j["layer_types"][3] = "local"; });
+  ASSERT_FALSE(types.ok());
+  EXPECT_NE(types.status().message().find("layer_types[3] = \"local\""),
+            std::string::npos)
+      << types.status().message();
+}
+
+// decoder_sparse_step / mlp_only_layers make some layers dense: those keep a
+// gated MLP of intermediate_size instead of a router and experts.
+TEST(GoldenDeclarations, QwenMoeDenseLayersDeclareADenseMlp) {
+  auto config = ParseEdited("Qwen3-30B-A3B", [](nlohmann::json& j) {
+    j["decoder_sparse_step"] = 2;
+    j["mlp_only_layers"] = {1};
+  });
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  // Sparse: (l + 1) % 2 == 0 and l != 1 -> layers 3, 5, ..., 47.
+  EXPECT_FALSE(config->moe.IsSparseLayer(0));
+  EXPECT_FALSE(config->moe.IsSparseLayer(1));
+  EXPECT_TRUE(config->moe.IsSparseLayer(3));
+  const ArchWeights decl = FindArch("qwen3_moe")->declare_weights(*config);
+  int64_t routers = 0, dense_up = 0, expert_up = 0;
+  for (const WeightSpec& s : decl.specs) {
+    routers += s.role == WeightRole::kRouter;
+    expert_up += s.role == WeightRole::kExpertUp;
+    if (s.role == WeightRole::kUp) {
+      ++dense_up;
+      EXPECT_EQ(s.shape, Shape({6144, 2048})) << s.name;
+    }
+  }
+  EXPECT_EQ(routers, 23);
+  EXPECT_EQ(expert_up, 23 * 128);
+  EXPECT_EQ(dense_up, 48 - 23);
+}
+
+// Exclusion lists: a module or any parent at a '.', '*' over any run of
+// characters, "re:" regular expressions.
+TEST(GoldenDeclarations, QuantExclusionPatterns) {
+  QuantConfig q;
+  q.excluded = {"model.layers.*.self_attn", "lm_head", "re:.*\\.mlp\\.gate$"};
+  EXPECT_TRUE(q.Excludes("model.layers.11.self_attn.q_proj"));
+  EXPECT_TRUE(q.Excludes("lm_head"));
+  EXPECT_TRUE(q.Excludes("model.layers.0.mlp.gate"));
+  EXPECT_FALSE(q.Excludes("model.layers.0.mlp.gate_proj"));
+  EXPECT_FALSE(q.Excludes("model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_FALSE(q.Excludes("lm_head_extra"));
 }
 
 }  // namespace

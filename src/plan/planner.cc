@@ -31,8 +31,9 @@ struct Costs {
 
 // Resident bytes of one tensor: as stored, or converted once to the compute
 // dtype (64-byte aligned) when the job asks for one and the dtype differs.
+// Parts of quantized weights (values and scales) stay as stored.
 int64_t Resident(const PlannedTensor& t, const JobSpec& job) {
-  if (!job.weight_compute_dtype || !IsFloat(t.dtype) ||
+  if (!job.weight_compute_dtype || t.quantized || !IsFloat(t.dtype) ||
       t.dtype == *job.weight_compute_dtype)
     return t.bytes;
   return AlignUp(t.shape.numel() * DTypeSize(*job.weight_compute_dtype), 64);
@@ -264,6 +265,16 @@ StatusOr<MemoryPlan> MakePlanImpl(const PlanInput& in) {
       << "MakePlan: config and weights are required";
   const ModelConfig& c = *in.config;
   RETURN_IF_ERROR(ValidateJob(c, in.job));
+  // Sub-byte types (F4) exist inside quantized weights only.
+  for (const auto& [what, d] :
+       {std::pair<const char*, std::optional<DType>>{"kv dtype",
+                                                     in.job.kv_dtype},
+        {"capture dtype", in.job.capture_dtype},
+        {"weight compute dtype", in.job.weight_compute_dtype}})
+    if (d && DTypeBits(*d) % 8 != 0)
+      return InvalidArgumentError(
+          std::string("plan: ") + what + " " + std::string(DTypeName(*d)) +
+          " is a sub-byte type (it only stores quantized weights)");
   const Tiers tiers = GetTiers(in.devices);
   if (tiers.compute.empty())
     return InvalidArgumentError(

@@ -244,5 +244,54 @@ TEST(Placement, GenerationAddsKvPerLayerCappedBySlidingWindow) {
   EXPECT_EQ(p->devices[0].kv, 2 * 64 * 2200 * 2);
 }
 
+// Quantized weights are held as stored when the job converts weights to a
+// compute dtype; dense ones are converted (numel x 4, 64-byte aligned).
+TEST(Weights, QuantizedPartsAreNotConverted) {
+  Model m = Make(MlpKind::kGated, 2);
+  m.config.quant.method = "modelopt";
+  m.config.quant.format.kind = FormatKind::kNvfp4ModelOpt;
+  m.config.quant.excluded = {"lm_head"};
+  const ArchWeights decl = FindArch("llama")->declare_weights(m.config);
+  auto t =
+      WeightTableFromNames(m.config, decl, nullptr, DType::kBF16, "synthetic");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  // Per layer: q [256, 256], k/v [64, 256], o [256, 256], gate/up [704, 256],
+  // down [256, 704], each as U8 values (out x in / 2), E4M3 scales
+  // (out x in / 16) and two F32 scalars: 9/16 byte per value + 8 bytes.
+  const int64_t values = 2 * 256 * 256 + 2 * 64 * 256 + 3 * 704 * 256;
+  const int64_t norms = 2 * 256 * 2;  // two bf16 RMSNorm weights
+  EXPECT_EQ(t->layer_bytes[0], values * 9 / 16 + 7 * 8 + norms);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &*t;
+  in.devices = {plan_test::Host(kGiB, true)};
+  in.costs = plan_test::FakeCosts();
+  in.job.batch_tokens = 16;
+  in.job.context = 16;
+  in.job.logits = true;
+  in.job.weight_compute_dtype = DType::kF32;
+  auto p = MakePlan(in);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  // Embedding, lm_head [1000, 256] and the norms become f32; the quantized
+  // projections stay as stored.
+  const int64_t f32_dense = 2 * 1000 * 256 * 4 + (2 * 2 + 1) * 256 * 4;
+  EXPECT_EQ(p->devices[0].weights, f32_dense + 2 * (values * 9 / 16 + 7 * 8));
+}
+
+TEST(Weights, SubByteJobDtypesAreErrors) {
+  Model m = Make(MlpKind::kGated, 2);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Host(kGiB, true)};
+  in.costs = plan_test::FakeCosts();
+  in.job.kv_dtype = DType::kF4E2M1;
+  auto p = MakePlan(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("kv dtype F4 is a sub-byte type"),
+            std::string::npos)
+      << p.status().message();
+}
+
 }  // namespace
 }  // namespace loom

@@ -1,120 +1,60 @@
 #include "src/plan/weight_table.h"
 
 #include <filesystem>
-#include <map>
 
 #include "src/io/safetensors.h"
+#include "src/model/match.h"
 
 namespace loom {
 namespace {
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// What the checkpoint holds for one tensor (dtype/shape unknown for an index).
-struct Stored {
-  std::string name;
-  std::optional<DType> dtype;
-  std::optional<Shape> shape;
-};
-
-using StoredMap = std::map<std::string, Stored>;
-
-// The checkpoint entry for a declared name: exact, or without an optional
-// prefix (GPT-2's "transformer.").
-const Stored* FindStored(const StoredMap& stored, const ArchWeights& decl,
-                         const std::string& name) {
-  if (auto it = stored.find(name); it != stored.end()) return &it->second;
-  for (const std::string& p : decl.optional_prefixes) {
-    if (name.rfind(p, 0) != 0) continue;
-    if (auto it = stored.find(name.substr(p.size())); it != stored.end())
-      return &it->second;
-  }
-  return nullptr;
-}
 
 bool IsPre(WeightRole r) {
   return r == WeightRole::kEmbed || r == WeightRole::kPosEmbed;
 }
 
-// Matches the declaration against `stored` (nullptr: every required tensor is
-// assumed present) and sums bytes.
+// Runs the matcher on `stored` (nullptr: config only) and sums bytes.
 StatusOr<WeightTable> Match(const ModelConfig& c, const ArchWeights& decl,
-                            const StoredMap* stored, DType fallback,
-                            const std::string& source) {
+                            const std::vector<StoredTensor>* stored,
+                            DType dense_dtype, const std::string& source) {
+  MatchOptions o;
+  o.source = source;
+  o.assumed_dense_dtype = dense_dtype;
+  ASSIGN_OR_RETURN(std::vector<MatchedWeight> matched,
+                   MatchCheckpoint(c, decl, stored, o));
   WeightTable t;
   t.source_path = source;
   t.layer_bytes.assign(c.num_layers, 0);
-  std::set<std::string> consumed;
-  for (const WeightSpec& spec : decl.specs) {
-    const Stored* s = nullptr;
-    Stored assumed{spec.name, std::nullopt, std::nullopt};
-    if (stored) {
-      s = FindStored(*stored, decl, spec.name);
-      if (s == nullptr && !spec.tied_to.empty() &&
-          FindStored(*stored, decl, spec.tied_to) != nullptr) {
-        t.tied_head = true;  // counted once, with the tensor it is tied to
-        continue;
-      }
-      if (s == nullptr) {
-        if (!spec.required) continue;
-        return NotFoundError("tensor " + spec.name + ": missing from " +
-                             source + " (" + c.model_type +
-                             " declares it with shape " +
-                             spec.shape.ToString() + ")");
-      }
-      consumed.insert(s->name);
-    } else {
-      if (!spec.tied_to.empty()) {
-        t.tied_head = true;
-        continue;
-      }
-      if (!spec.required) continue;
-      s = &assumed;
+  if (c.quant.quantized()) t.quantization = c.quant.format.ToString();
+  for (size_t i = 0; i < matched.size(); ++i) {
+    const MatchedWeight& w = matched[i];
+    const WeightSpec& spec = decl.specs[i];
+    if (!w.present) continue;
+    if (w.tied) {
+      t.tied_head = true;  // counted once, with the tensor it is tied to
+      continue;
     }
-    if (s->shape && *s->shape != spec.shape)
-      return InvalidArgumentError("tensor " + s->name + " in " + source +
-                                  ": shape " + s->shape->ToString() +
-                                  " in file, expected " +
-                                  spec.shape.ToString() + " from config.json");
-    if (s->dtype && spec.storage_dtype && *s->dtype != *spec.storage_dtype)
-      return InvalidArgumentError(
-          "tensor " + s->name + " in " + source + ": dtype " +
-          std::string(DTypeName(*s->dtype)) + ", expected " +
-          std::string(DTypeName(*spec.storage_dtype)) +
-          " (fixed by the format)");
-    PlannedTensor p;
-    p.name = s->name;
-    p.role = spec.role;
-    p.layer = spec.layer;
-    p.shape = spec.shape;
-    p.dtype = s->dtype ? *s->dtype : spec.storage_dtype.value_or(fallback);
-    p.bytes = p.shape.numel() * DTypeSize(p.dtype);
-    if (p.layer >= 0) {
-      LOOM_CHECK(p.layer < c.num_layers)
-          << "tensor " << p.name << " declared for layer " << p.layer;
-      t.layer_bytes[p.layer] += p.bytes;
-    } else if (IsPre(p.role)) {
-      t.pre_bytes += p.bytes;
-    } else {
-      t.post_bytes += p.bytes;
-    }
-    if (p.role == WeightRole::kEmbed) t.embed_bytes = p.bytes;
-    t.tensors.push_back(std::move(p));
-  }
-  if (stored) {
-    for (const auto& [name, s] : *stored) {
-      if (consumed.count(name)) continue;
-      bool ignored = false;
-      for (const auto& suffix : decl.ignored_suffixes)
-        ignored |= EndsWith(name, suffix);
-      if (ignored) continue;
-      return InvalidArgumentError("tensor " + name + " in " + source +
-                                  " is not used by " + c.model_type +
-                                  " with this config.json (unexpected tensor: "
-                                  "wrong model_type or config?)");
+    for (const MatchedTensor& m : w.tensors) {
+      PlannedTensor p;
+      p.name = m.stored_name;
+      p.role = spec.role;
+      p.layer = spec.layer;
+      p.expert = spec.expert;
+      p.shape = m.tensor.shape;
+      p.dtype = m.tensor.dtype;
+      p.bytes = m.tensor.bytes;
+      p.quantized = w.format.quantized();
+      p.component = m.tensor.component;
+      if (p.layer >= 0) {
+        LOOM_CHECK(p.layer < c.num_layers)
+            << "tensor " << p.name << " declared for layer " << p.layer;
+        t.layer_bytes[p.layer] += p.bytes;
+      } else if (IsPre(p.role)) {
+        t.pre_bytes += p.bytes;
+      } else {
+        t.post_bytes += p.bytes;
+      }
+      if (p.role == WeightRole::kEmbed) t.embed_bytes += p.bytes;
+      t.tensors.push_back(std::move(p));
     }
   }
   return t;
@@ -158,9 +98,10 @@ StatusOr<WeightTable> WeightTableFromNames(const ModelConfig& config,
     t.assumed_dtype = dtype;
     return t;
   }
-  StoredMap stored;
+  std::vector<StoredTensor> stored;
+  stored.reserve(names->size());
   for (const std::string& n : *names)
-    stored[n] = Stored{n, std::nullopt, std::nullopt};
+    stored.push_back(StoredTensor{n, std::nullopt, std::nullopt, "", -1});
   ASSIGN_OR_RETURN(WeightTable t, Match(config, decl, &stored, dtype, source));
   t.source = WeightSource::kIndex;
   t.assumed_dtype = dtype;
@@ -173,6 +114,11 @@ StatusOr<WeightTable> BuildWeightTable(const std::string& model_dir,
                                        const WeightTableOptions& options) {
   namespace fs = std::filesystem;
   const DType fallback = options.assume_dtype.value_or(config.torch_dtype);
+  if (DTypeBits(fallback) % 8 != 0)
+    return InvalidArgumentError(
+        std::string("dense weight dtype ") + std::string(DTypeName(fallback)) +
+        (options.assume_dtype ? " (--assume-dtype)" : " (torch_dtype)") +
+        " is a sub-byte type (it only stores quantized weights)");
   const std::string index_path = model_dir + "/model.safetensors.index.json";
   std::error_code ec;
   std::optional<SafetensorsIndex> index;
@@ -189,10 +135,11 @@ StatusOr<WeightTable> BuildWeightTable(const std::string& model_dir,
   if (shards_present) {
     ASSIGN_OR_RETURN(CheckpointHeaders headers,
                      ReadCheckpointHeaders(model_dir));
-    StoredMap stored;
+    std::vector<StoredTensor> stored;
     for (const SafetensorsHeader& h : headers.headers)
       for (const TensorInfo& info : h.tensors)
-        stored[info.name] = Stored{info.name, info.dtype, info.shape};
+        stored.push_back(
+            StoredTensor{info.name, info.dtype, info.shape, h.path, -1});
     const std::string source = headers.index_path.empty()
                                    ? model_dir + "/model.safetensors"
                                    : headers.index_path;
@@ -208,6 +155,22 @@ StatusOr<WeightTable> BuildWeightTable(const std::string& model_dir,
     ASSIGN_OR_RETURN(WeightTable t, WeightTableFromNames(config, decl, &names,
                                                          fallback, index_path));
     t.index_total_size = index->total_size;
+    // FP8 block scales are BF16 in some checkpoints and F32 in others, and
+    // config.json does not say which: the index's total_size decides when
+    // exactly one choice reproduces it.
+    if (t.index_total_size && t.total_bytes() != *t.index_total_size &&
+        config.quant.format.kind == FormatKind::kFp8Block) {
+      for (DType scale : {DType::kBF16, DType::kF16}) {
+        ModelConfig alt = config;
+        alt.quant.format.scale_dtype = scale;
+        ASSIGN_OR_RETURN(
+            WeightTable a,
+            WeightTableFromNames(alt, decl, &names, fallback, index_path));
+        if (a.total_bytes() != *t.index_total_size) continue;
+        a.index_total_size = t.index_total_size;
+        return a;
+      }
+    }
     return t;
   }
   return WeightTableFromNames(config, decl, nullptr, fallback,

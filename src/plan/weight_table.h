@@ -1,19 +1,23 @@
-// The planner's weight table: every declared tensor a run will hold, with its
-// REAL storage dtype and byte count, grouped by layer.
+// The planner's weight table: every physical tensor a run will hold, with its
+// REAL storage dtype and exact byte count, grouped by layer.
 //
 // Sources, best first (WeightSource):
 //   kHeaders: the safetensors headers of the model directory's weight files
 //             (read with pread, never mapped): dtypes and shapes as stored.
 //   kIndex:   model.safetensors.index.json without its shards (planning before
-//             a download): the tensor names come from the index, shapes from
-//             the declaration, dtypes from a format-fixed storage dtype
-//             (WeightSpec::storage_dtype, e.g. MXFP4 blocks are U8) or else
-//             the assumed dtype (--assume-dtype, default config.json's
-//             torch_dtype).
+//             a download): the tensor names come from the index, shapes and
+//             dtypes from the declaration in the checkpoint's own storage
+//             format (config.json's quantization_config or
+//             hf_quant_config.json: MXFP4 blocks are U8, NVFP4 scales E4M3,
+//             ...) and the dense dtype config.json's torch_dtype names
+//             (--assume-dtype overrides it). The sum is checked against the
+//             index's total_size (MemoryPlan::index_total_size; the plan
+//             table warns when they differ).
 //   kConfig:  config.json alone: the declaration's tensors, dtypes as above.
-// Both checkpoint sources are validated like the loader does: a required
-// tensor missing, a shape or fixed dtype that differs, or a tensor the
-// architecture does not use is an error naming the tensor.
+// All sources go through the one checkpoint matcher (src/model/match.h), as
+// the loader and `loom inspect` do: a required tensor missing, a shape or
+// dtype that differs, or a tensor the architecture does not use is an error
+// naming the tensor.
 //
 // Pure apart from reading the directory's metadata files; thread-compatible.
 #ifndef LOOM_PLAN_WEIGHT_TABLE_H_
@@ -40,10 +44,15 @@ std::string_view WeightSourceName(
 struct PlannedTensor {
   std::string name;  // name in the checkpoint (may lack an optional prefix)
   WeightRole role = WeightRole::kOther;
-  int64_t layer = -1;  // -1 = model-level
+  int64_t layer = -1;          // -1 = model-level
+  int64_t expert = kNoExpert;  // or an expert index / kAllExperts
   Shape shape;
   DType dtype = DType::kBF16;  // storage dtype
-  int64_t bytes = 0;           // numel x dtype size, as stored
+  int64_t bytes = 0;           // exact stored bytes
+  // Part of a quantized weight (values or scales): held as stored, never
+  // converted to a compute dtype.
+  bool quantized = false;
+  ComponentKind component = ComponentKind::kValues;
 };
 
 struct WeightTable {
@@ -61,8 +70,11 @@ struct WeightTable {
   int64_t embed_bytes = 0;  // the embedding alone (what a tied head shares)
   // The index's metadata.total_size, when an index was read.
   std::optional<int64_t> index_total_size;
-  // Dtype assumed for tensors whose dtype was not read (kIndex / kConfig).
+  // Dtype assumed for dense tensors whose dtype was not read (kIndex /
+  // kConfig): --assume-dtype, else config.json's torch_dtype.
   std::optional<DType> assumed_dtype;
+  // The checkpoint's quantization scheme ("" = none), e.g. "mxfp4".
+  std::string quantization;
 
   int64_t total_bytes() const;
   // Bytes of layers [begin, end).
@@ -70,8 +82,8 @@ struct WeightTable {
 };
 
 struct WeightTableOptions {
-  // Dtype for tensors whose dtype is not known from a header (index-only or
-  // config-only planning); default: config.json's torch_dtype.
+  // Dtype for dense tensors whose dtype is not known from a header (index-only
+  // or config-only planning); default: config.json's torch_dtype.
   std::optional<DType> assume_dtype;
 };
 
@@ -82,8 +94,8 @@ StatusOr<WeightTable> BuildWeightTable(const std::string& model_dir,
                                        const WeightTableOptions& options);
 
 // The pure core: the declaration matched against a list of checkpoint tensor
-// names (nullptr = config only), dtypes from the fixed storage dtype or
-// `dtype`. Used for kIndex and kConfig.
+// names (nullptr = config only), dense dtypes `dtype`, the others from the
+// storage format. Used for kIndex and kConfig.
 StatusOr<WeightTable> WeightTableFromNames(const ModelConfig& config,
                                            const ArchWeights& decl,
                                            const std::set<std::string>* names,

@@ -84,6 +84,30 @@ Status ParseUniformSlidingWindow(const ConfigReader& r, ModelConfig* c) {
   return Status();
 }
 
+StatusOr<bool> ParseLayerTypes(const ConfigReader& r, int64_t window,
+                               ModelConfig* c) {
+  if (!r.Has("layer_types")) return false;
+  const nlohmann::json& types = r.json().at("layer_types");
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != c->num_layers)
+    return InvalidArgumentError(
+        r.source() + ": layer_types must be an array of num_hidden_layers = " +
+        std::to_string(c->num_layers) + " strings, is " +
+        types.dump().substr(0, 80));
+  for (int64_t i = 0; i < c->num_layers; ++i) {
+    const nlohmann::json& t = types[i];
+    if (t == "sliding_attention") {
+      c->sliding_window[i] = window;
+    } else if (t == "full_attention") {
+      c->sliding_window[i] = 0;
+    } else {
+      return InvalidArgumentError(
+          r.source() + ": layer_types[" + std::to_string(i) + "] = " +
+          t.dump() + ", expected \"sliding_attention\" or \"full_attention\"");
+    }
+  }
+  return true;
+}
+
 Status ValidateDims(const std::string& source, const ModelConfig& c) {
   auto positive = [&](const char* key, int64_t v) -> Status {
     if (v <= 0)
@@ -147,16 +171,27 @@ Status ParseDecoderBase(const ConfigReader& r, bool tie_default,
   return Status();
 }
 
+void AddSpec(std::vector<WeightSpec>* specs, std::string name, WeightRole role,
+             int64_t layer, Shape shape) {
+  WeightSpec s;
+  s.name = std::move(name);
+  s.role = role;
+  s.layer = layer;
+  s.shape = std::move(shape);
+  specs->push_back(std::move(s));
+}
+
 ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
   ArchWeights w;
   auto add = [&](std::string name, WeightRole role, int64_t layer,
                  Shape shape) {
-    WeightSpec s;
-    s.name = std::move(name);
-    s.role = role;
-    s.layer = layer;
-    s.shape = std::move(shape);
-    w.specs.push_back(std::move(s));
+    static constexpr WeightRole kLinear[] = {
+        WeightRole::kQ,     WeightRole::kK,      WeightRole::kV,
+        WeightRole::kQkv,   WeightRole::kO,      WeightRole::kGate,
+        WeightRole::kUp,    WeightRole::kGateUp, WeightRole::kDown,
+        WeightRole::kLmHead};
+    AddSpec(&w.specs, std::move(name), role, layer, std::move(shape));
+    for (WeightRole r : kLinear) w.specs.back().linear |= r == role;
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(),
                 KV = c.kv_dim();

@@ -5,6 +5,7 @@
 #define LOOM_MODEL_ARCH_COMMON_H_
 
 #include <string>
+#include <vector>
 
 #include "src/base/status.h"
 #include "src/model/config.h"
@@ -31,6 +32,12 @@ StatusOr<ActKind> ParseActivation(const ConfigReader& r, const std::string& key,
 // sliding_window (null/absent = none) on every layer (Mistral, Phi-3).
 Status ParseUniformSlidingWindow(const ConfigReader& r, ModelConfig* c);
 
+// layer_types (gpt-oss, Gemma 3): `window` on the layers marked
+// "sliding_attention", global on "full_attention"; anything else, or a list
+// whose length is not num_hidden_layers, is an error. False when absent.
+StatusOr<bool> ParseLayerTypes(const ConfigReader& r, int64_t window,
+                               ModelConfig* c);
+
 // Checks dimensions are positive and consistent (heads divisible by kv heads).
 Status ValidateDims(const std::string& source, const ModelConfig& c);
 
@@ -45,8 +52,28 @@ struct DecoderNames {
 // Biases, fused projections and q/k norms follow the config's flags.
 // Declares model.embed_tokens, model.layers.{i}.{norms, self_attn.*, mlp.*},
 // model.norm and lm_head (tied to the embedding when c.tie_word_embeddings).
+// Projections (q/k/v/o, gate/up/down, lm_head) are marked Linear (quantizable).
 ArchWeights DeclareDecoderWeights(const ModelConfig& c,
                                   const DecoderNames& names);
+
+// Appends one logical weight (model-level when layer = -1) to a declaration.
+void AddSpec(std::vector<WeightSpec>* specs, std::string name, WeightRole role,
+             int64_t layer, Shape shape);
+
+// Family helpers, defined in the family's first file.
+// Qwen2/Qwen3 (qwen2.cc): with use_sliding_window, the window applies to
+// layers >= max_window_layers.
+Status ParseQwenSlidingWindow(const ConfigReader& r, ModelConfig* c);
+// Qwen3 attention (qwen3.cc): attention_bias (q/k/v/o), per-head q/k RMSNorm,
+// the Qwen sliding window.
+Status ParseQwen3Attention(const ConfigReader& r, ModelConfig* c);
+// Gemma (gemma.cc): what every Gemma generation shares (gelu, (1 + w) norms,
+// embeddings scaled by sqrt(hidden_size), tied head).
+Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
+// Gemma 2/3 (gemma2.cc): query_pre_attn_scalar -> attn_scale.
+Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c);
+// Gemma 2/3 (gemma2.cc): pre/post attention and feed-forward norm names.
+DecoderNames Gemma2Names();
 
 }  // namespace loom::arch
 

@@ -8,8 +8,6 @@
 
 namespace loom::arch {
 
-Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
-
 // Shared with Gemma 3: attention scale from query_pre_attn_scalar, and the
 // names of the four norms around attention and MLP.
 Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c) {

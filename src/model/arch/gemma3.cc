@@ -12,10 +12,6 @@
 
 namespace loom::arch {
 
-Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
-Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c);
-DecoderNames Gemma2Names();
-
 namespace {
 
 Status ParseText(const ConfigReader& r, ModelConfig* c) {
@@ -25,17 +21,8 @@ Status ParseText(const ConfigReader& r, ModelConfig* c) {
   c->post_mlp_norm = true;
   RETURN_IF_ERROR(ParseQueryPreAttnScalar(r, c));
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 4096));
-  if (r.Has("layer_types")) {
-    const auto& types = r.json().at("layer_types");
-    if (!types.is_array() ||
-        static_cast<int64_t>(types.size()) != c->num_layers)
-      return InvalidArgumentError(r.source() + ": layer_types must list " +
-                                  std::to_string(c->num_layers) +
-                                  " entries, has " +
-                                  types.dump().substr(0, 80));
-    for (int64_t i = 0; i < c->num_layers; ++i)
-      c->sliding_window[i] = types[i] == "sliding_attention" ? window : 0;
-  } else {
+  ASSIGN_OR_RETURN(bool typed, ParseLayerTypes(r, window, c));
+  if (!typed) {
     ASSIGN_OR_RETURN(int64_t pattern, r.Int("sliding_window_pattern", 6));
     for (int64_t i = 0; i < c->num_layers; ++i)
       c->sliding_window[i] = (i + 1) % pattern != 0 ? window : 0;

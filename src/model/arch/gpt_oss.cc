@@ -1,29 +1,19 @@
 // gpt-oss (planning only): attention with q/k/v/o biases and per-head
 // attention sinks, alternating sliding-window / full attention (layer_types),
-// YaRN RoPE, and a top-k MoE whose router has a bias. The official
-// checkpoints store the experts in MXFP4 (quantization_config.quant_method
-// "mxfp4"): per layer, for gate_up (out = 2 I, in = H) and down (out = H,
-// in = I):
-//   mlp.experts.<w>_blocks  U8   [E, out, in / 32, 16]  (two FP4 values a byte)
-//   mlp.experts.<w>_scales  U8   [E, out, in / 32]      (E8M0 shared exponents)
-//   mlp.experts.<w>_bias    BF16 [E, out]
-// Those U8 dtypes are fixed by the format (WeightSpec::storage_dtype), so a
-// plan from config.json + index alone counts them as stored, not as bf16
-// parameters. Everything listed in modules_to_not_convert (attention, router,
-// embeddings, lm_head) keeps the checkpoint's float dtype.
+// YaRN RoPE, and a top-k MoE whose router has a bias. The experts are stacked
+// tensors in HF's parameter layout, x @ W: `mlp.experts.gate_up_proj`
+// [E, H, 2I] (gate/up columns interleaved) and `down_proj` [E, I, H], with
+// biases [E, 2I] / [E, H]. The official checkpoints store them in MXFP4
+// (quantization_config.quant_method "mxfp4", src/core/format.h):
+// `<w>_blocks` U8 [E, out, in / 32, 16] and `<w>_scales` U8 (E8M0)
+// [E, out, in / 32]; everything in modules_to_not_convert (attention, router,
+// embeddings, lm_head) keeps the float dtype.
 #include "src/model/arch/archs.h"
 #include "src/model/arch/common.h"
+#include "src/model/arch/moe.h"
 
 namespace loom::arch {
-
-void AddSpec(std::vector<WeightSpec>* specs, std::string name, WeightRole role,
-             int64_t layer, Shape shape);
-
 namespace {
-
-// MXFP4: 32 FP4 values share one 8-bit exponent; a block is 16 bytes.
-constexpr int64_t kMxfp4Block = 32;
-constexpr int64_t kMxfp4BlockBytes = 16;
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
   // ParseDecoderBase knows no YaRN; parse the rest without rope_scaling and
@@ -46,68 +36,18 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   }
   ASSIGN_OR_RETURN(c->qkv_bias, r.Bool("attention_bias", true));
   c->o_bias = c->qkv_bias;
-  c->mlp = MlpKind::kMoE;
-  ASSIGN_OR_RETURN(c->moe.num_experts, r.Int("num_local_experts"));
-  if (r.Has("num_experts_per_tok")) {
-    ASSIGN_OR_RETURN(c->moe.experts_per_token, r.Int("num_experts_per_tok"));
-  } else {
-    ASSIGN_OR_RETURN(c->moe.experts_per_token, r.Int("experts_per_token"));
-  }
-  c->moe.expert_intermediate_size = c->intermediate_size;
-  c->moe.norm_topk_prob = true;
-  if (c->moe.num_experts <= 0 || c->moe.experts_per_token <= 0 ||
-      c->moe.experts_per_token > c->moe.num_experts)
-    return InvalidArgumentError(
-        r.source() +
-        ": num_experts_per_tok = " + std::to_string(c->moe.experts_per_token) +
-        ", num_local_experts = " + std::to_string(c->moe.num_experts) +
-        ", expected 0 < num_experts_per_tok <= num_local_experts");
-  if (c->hidden_size % kMxfp4Block != 0 ||
-      c->intermediate_size % kMxfp4Block != 0)
-    return InvalidArgumentError(
-        r.source() + ": hidden_size = " + std::to_string(c->hidden_size) +
-        " and intermediate_size = " + std::to_string(c->intermediate_size) +
-        " must be multiples of the MXFP4 block (32)");
+  MoeKeys keys;
+  keys.num_experts = "num_local_experts";
+  keys.norm_topk_prob = true;
+  keys.router_bias = true;
+  RETURN_IF_ERROR(ParseMoe(r, keys, c));
   // Sliding window on the layers layer_types marks "sliding_attention".
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 0));
-  if (r.Has("layer_types")) {
-    const nlohmann::json& types = r.json().at("layer_types");
-    if (!types.is_array() ||
-        static_cast<int64_t>(types.size()) != c->num_layers)
-      return InvalidArgumentError(
-          r.source() +
-          ": layer_types must be an array of num_hidden_layers = " +
-          std::to_string(c->num_layers) + " strings");
-    for (int64_t i = 0; i < c->num_layers; ++i) {
-      if (!types[i].is_string())
-        return InvalidArgumentError(r.source() + ": layer_types[" +
-                                    std::to_string(i) + "] is not a string");
-      const std::string t = types[i].get<std::string>();
-      if (t == "sliding_attention") {
-        c->sliding_window[i] = window;
-      } else if (t != "full_attention") {
-        return InvalidArgumentError(
-            r.source() + ": layer_types[" + std::to_string(i) + "] = '" + t +
-            "', expected sliding_attention or full_attention");
-      }
-    }
-  } else {
+  ASSIGN_OR_RETURN(bool typed, ParseLayerTypes(r, window, c));
+  if (!typed) {
     for (int64_t i = 0; i < c->num_layers; i += 2)
       c->sliding_window[i] = window;
   }
-  // The expert storage format.
-  ASSIGN_OR_RETURN(std::optional<ConfigReader> quant,
-                   r.Object("quantization_config"));
-  if (!quant)
-    return UnimplementedError(r.source() +
-                              ": gpt_oss without quantization_config "
-                              "(dequantized experts) is not supported yet; "
-                              "the official MXFP4 checkpoints are");
-  ASSIGN_OR_RETURN(std::string method, quant->String("quant_method"));
-  if (method != "mxfp4")
-    return UnimplementedError(
-        quant->source() + ": quantization_config.quant_method = '" + method +
-        "' is not supported for gpt_oss (mxfp4)");
   return Status();
 }
 
@@ -119,41 +59,49 @@ ArchWeights Declare(const ModelConfig& c) {
   const int64_t Q = c.q_dim(), KV = c.kv_dim();
   AddSpec(&s, "model.embed_tokens.weight", WeightRole::kEmbed, -1,
           {c.vocab_size, H});
-  auto mxfp4 = [&](const std::string& p, int64_t layer, int64_t out,
-                   int64_t in) {
-    AddSpec(&s, p + "_blocks", WeightRole::kExpert, layer,
-            {E, out, in / kMxfp4Block, kMxfp4BlockBytes});
-    s.back().storage_dtype = DType::kU8;
-    AddSpec(&s, p + "_scales", WeightRole::kExpert, layer,
-            {E, out, in / kMxfp4Block});
-    s.back().storage_dtype = DType::kU8;
-    AddSpec(&s, p + "_bias", WeightRole::kExpert, layer, {E, out});
+  // Stacked experts in the [in, out] layout (x @ W), Linear weights the
+  // quantization scheme converts.
+  auto experts = [&](const std::string& p, WeightRole role, WeightRole bias,
+                     int64_t layer, int64_t out, int64_t in) {
+    AddSpec(&s, p, role, layer, {E, in, out});
+    s.back().expert = kAllExperts;
+    s.back().layout = MatrixLayout::kInOut;
+    s.back().linear = true;
+    AddSpec(&s, p + "_bias", bias, layer, {E, out});
+    s.back().expert = kAllExperts;
+  };
+  auto linear = [&](std::string name, WeightRole role, int64_t layer,
+                    Shape shape) {
+    AddSpec(&s, std::move(name), role, layer, std::move(shape));
+    s.back().linear = true;
   };
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     AddSpec(&s, p + "input_layernorm.weight", WeightRole::kAttnNorm, i, {H});
-    AddSpec(&s, p + "self_attn.q_proj.weight", WeightRole::kQ, i, {Q, H});
-    AddSpec(&s, p + "self_attn.k_proj.weight", WeightRole::kK, i, {KV, H});
-    AddSpec(&s, p + "self_attn.v_proj.weight", WeightRole::kV, i, {KV, H});
+    linear(p + "self_attn.q_proj.weight", WeightRole::kQ, i, {Q, H});
+    linear(p + "self_attn.k_proj.weight", WeightRole::kK, i, {KV, H});
+    linear(p + "self_attn.v_proj.weight", WeightRole::kV, i, {KV, H});
     if (c.qkv_bias) {
       AddSpec(&s, p + "self_attn.q_proj.bias", WeightRole::kQBias, i, {Q});
       AddSpec(&s, p + "self_attn.k_proj.bias", WeightRole::kKBias, i, {KV});
       AddSpec(&s, p + "self_attn.v_proj.bias", WeightRole::kVBias, i, {KV});
     }
-    AddSpec(&s, p + "self_attn.o_proj.weight", WeightRole::kO, i, {H, Q});
+    linear(p + "self_attn.o_proj.weight", WeightRole::kO, i, {H, Q});
     if (c.o_bias)
       AddSpec(&s, p + "self_attn.o_proj.bias", WeightRole::kOBias, i, {H});
-    AddSpec(&s, p + "self_attn.sinks", WeightRole::kOther, i,
-            {c.num_heads});  // per-head sink logit
+    AddSpec(&s, p + "self_attn.sinks", WeightRole::kAttnSinks, i,
+            {c.num_heads});
     AddSpec(&s, p + "post_attention_layernorm.weight", WeightRole::kMlpNorm, i,
             {H});
-    AddSpec(&s, p + "mlp.router.weight", WeightRole::kRouter, i, {E, H});
+    linear(p + "mlp.router.weight", WeightRole::kRouter, i, {E, H});
     AddSpec(&s, p + "mlp.router.bias", WeightRole::kRouterBias, i, {E});
-    mxfp4(p + "mlp.experts.gate_up_proj", i, 2 * I, H);
-    mxfp4(p + "mlp.experts.down_proj", i, H, I);
+    experts(p + "mlp.experts.gate_up_proj", WeightRole::kExpertGateUp,
+            WeightRole::kExpertGateUpBias, i, 2 * I, H);
+    experts(p + "mlp.experts.down_proj", WeightRole::kExpertDown,
+            WeightRole::kExpertDownBias, i, H, I);
   }
   AddSpec(&s, "model.norm.weight", WeightRole::kFinalNorm, -1, {H});
-  AddSpec(&s, "lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H});
+  linear("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H});
   if (c.tie_word_embeddings) {
     s.back().required = false;
     s.back().tied_to = "model.embed_tokens.weight";

@@ -5,16 +5,18 @@
 
 namespace loom::arch {
 
-Status ParseQwenSlidingWindow(const ConfigReader& r, ModelConfig* c);
+Status ParseQwen3Attention(const ConfigReader& r, ModelConfig* c) {
+  ASSIGN_OR_RETURN(c->qkv_bias, r.Bool("attention_bias", false));
+  c->o_bias = c->qkv_bias;
+  c->qk_norm = QkNormKind::kPerHead;
+  return ParseQwenSlidingWindow(r, c);
+}
 
 namespace {
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/false, c));
-  ASSIGN_OR_RETURN(c->qkv_bias, r.Bool("attention_bias", false));
-  c->o_bias = c->qkv_bias;
-  c->qk_norm = QkNormKind::kPerHead;
-  return ParseQwenSlidingWindow(r, c);
+  return ParseQwen3Attention(r, c);
 }
 
 ArchWeights Declare(const ModelConfig& c) {

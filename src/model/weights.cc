@@ -1,0 +1,99 @@
+#include "src/model/weights.h"
+
+namespace loom {
+
+std::string_view WeightRoleName(WeightRole role) {
+  switch (role) {
+    case WeightRole::kEmbed:
+      return "embed";
+    case WeightRole::kPosEmbed:
+      return "pos_embed";
+    case WeightRole::kFinalNorm:
+      return "final_norm";
+    case WeightRole::kFinalNormBias:
+      return "final_norm_bias";
+    case WeightRole::kLmHead:
+      return "lm_head";
+    case WeightRole::kAttnNorm:
+      return "attn_norm";
+    case WeightRole::kAttnNormBias:
+      return "attn_norm_bias";
+    case WeightRole::kQ:
+      return "q";
+    case WeightRole::kK:
+      return "k";
+    case WeightRole::kV:
+      return "v";
+    case WeightRole::kQkv:
+      return "qkv";
+    case WeightRole::kQBias:
+      return "q_bias";
+    case WeightRole::kKBias:
+      return "k_bias";
+    case WeightRole::kVBias:
+      return "v_bias";
+    case WeightRole::kQkvBias:
+      return "qkv_bias";
+    case WeightRole::kO:
+      return "o";
+    case WeightRole::kOBias:
+      return "o_bias";
+    case WeightRole::kQNorm:
+      return "q_norm";
+    case WeightRole::kKNorm:
+      return "k_norm";
+    case WeightRole::kPostAttnNorm:
+      return "post_attn_norm";
+    case WeightRole::kMlpNorm:
+      return "mlp_norm";
+    case WeightRole::kMlpNormBias:
+      return "mlp_norm_bias";
+    case WeightRole::kGate:
+      return "gate";
+    case WeightRole::kUp:
+      return "up";
+    case WeightRole::kGateUp:
+      return "gate_up";
+    case WeightRole::kDown:
+      return "down";
+    case WeightRole::kGateBias:
+      return "gate_bias";
+    case WeightRole::kUpBias:
+      return "up_bias";
+    case WeightRole::kDownBias:
+      return "down_bias";
+    case WeightRole::kPostMlpNorm:
+      return "post_mlp_norm";
+    case WeightRole::kAttnSinks:
+      return "attn_sinks";
+    case WeightRole::kRouter:
+      return "router";
+    case WeightRole::kRouterBias:
+      return "router_bias";
+    case WeightRole::kExpertGate:
+      return "expert_gate";
+    case WeightRole::kExpertUp:
+      return "expert_up";
+    case WeightRole::kExpertDown:
+      return "expert_down";
+    case WeightRole::kExpertGateUp:
+      return "expert_gate_up";
+    case WeightRole::kExpertGateUpBias:
+      return "expert_gate_up_bias";
+    case WeightRole::kExpertDownBias:
+      return "expert_down_bias";
+    case WeightRole::kSharedExpertGateProj:
+      return "shared_expert_gate_proj";
+    case WeightRole::kSharedExpertUp:
+      return "shared_expert_up";
+    case WeightRole::kSharedExpertDown:
+      return "shared_expert_down";
+    case WeightRole::kSharedExpertGate:
+      return "shared_expert_gate";
+    case WeightRole::kOther:
+      return "other";
+  }
+  return "?";
+}
+
+}  // namespace loom
