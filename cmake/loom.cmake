@@ -7,12 +7,19 @@ set(LOOM_TESTDATA_DIR ${CMAKE_SOURCE_DIR}/tests/data)
 set(LOOM_MODELS_DIR ${CMAKE_SOURCE_DIR}/models)
 get_filename_component(LOOM_SHARED_DIR ${CMAKE_SOURCE_DIR}/../shared ABSOLUTE)
 
-# loom_library(NAME SRCS ... DEPS ...): a static library for one module.
+# loom_library(NAME SRCS ... DEPS ... PRIVATE_DEPS ...): a static library for
+# one module. DEPS are PUBLIC: only what the library's own headers include
+# (a consumer of those headers needs them too). Everything its .cc files alone
+# use goes in PRIVATE_DEPS. Which module may use which is the table in
+# docs/design/architecture.md (Layering), checked by tests/layering_test.cc.
+# The include root is the repository root ("src/base/status.h"): every
+# consumer of a library's headers needs it, so it is PUBLIC; being one root,
+# it cannot tell layers apart, which is why the layering test exists.
 function(loom_library name)
-  cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SRCS;DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SRCS})
   target_include_directories(${name} PUBLIC ${LOOM_ROOT})
-  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 
 # loom_test(NAME SRCS ... DEPS ... LABELS ...): a GoogleTest binary registered with CTest.
@@ -32,5 +39,10 @@ function(loom_test name)
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
-  gtest_discover_tests(${name} PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
+  # Test names are the suite, test and parameter names only: a parameterised
+  # suite gives every INSTANTIATE_TEST_SUITE_P a name generator, and CTest
+  # does not append the printed GetParam() (raw bytes for a struct, padding
+  # included, so names would change between builds).
+  gtest_discover_tests(${name} NO_PRETTY_VALUES
+    PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -14,10 +16,12 @@ struct Result {
   std::string out;
 };
 
-Result Loom(const std::string& args) {
+// Runs `loom <command> <args>`: stdout only, or stdout and stderr.
+Result RunLoom(const std::string& command, const std::string& args,
+           bool with_stderr) {
   Result r;
-  const std::string cmd =
-      std::string(LOOM_BINARY) + " plan " + args + " 2>/dev/null";
+  const std::string cmd = std::string(LOOM_BINARY) + " " + command + " " +
+                          args + (with_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
@@ -27,6 +31,8 @@ Result Loom(const std::string& args) {
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+Result Loom(const std::string& args) { return RunLoom("plan", args, false); }
 
 std::string Dir(const std::string& name) {
   return std::string(LOOM_TESTDATA_DIR) + "/configs/" + name;
@@ -103,6 +109,77 @@ TEST(PlanCli, UnsupportedArchitectureNamesTheSupportedOnes) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) err.append(buf, n);
   pclose(p);
   EXPECT_NE(err.find("not supported; supported:"), std::string::npos) << err;
+}
+
+TEST(PlanCli, ModelFlagAndPositionalPrintTheSameBytes) {
+  const std::string dir = Dir("Llama-3.1-70B");
+  const std::string job =
+      " --device cuda:0=80GiB --device cuda:1=80GiB --batch-tokens 2048 "
+      "--hooks hook_resid_post --layers 0,-1";
+  const Result positional = Loom(dir + job);
+  ASSERT_EQ(positional.rc, 0) << positional.out;
+  EXPECT_NE(positional.out.find("\nfits\n"), std::string::npos)
+      << positional.out;
+  const Result flag = Loom("--model " + dir + job);
+  EXPECT_EQ(flag.rc, 0);
+  EXPECT_EQ(flag.out, positional.out);
+  // Both, naming one directory (spelled differently): the same plan.
+  const Result both = Loom("--model " + dir + " " + dir + "/" + job);
+  EXPECT_EQ(both.rc, 0);
+  EXPECT_EQ(both.out, positional.out);
+}
+
+TEST(PlanCli, TwoDifferentModelDirsOrNoneAreUsageErrors) {
+  const Result two = RunLoom("plan",
+                         "--model " + Dir("Llama-3.1-70B") + " " +
+                             Dir("Qwen3-8B") + " --device cuda:0=80GiB",
+                         true);
+  EXPECT_EQ(two.rc, 2) << two.out;
+  EXPECT_NE(two.out.find("name different directories"), std::string::npos)
+      << two.out;
+  EXPECT_NE(two.out.find("Qwen3-8B"), std::string::npos) << two.out;
+  const Result none = RunLoom("plan", "--device cuda:0=80GiB", true);
+  EXPECT_EQ(none.rc, 2) << none.out;
+  EXPECT_NE(none.out.find("no model directory"), std::string::npos) << none.out;
+}
+
+// The description `loom <command> --help` gives for `flag`, whitespace
+// collapsed: what follows the option column (name, type, default, REQUIRED,
+// separated from the description by two spaces or a line break) up to the
+// next option.
+std::string FlagHelp(const std::string& command, const std::string& flag) {
+  const Result r = RunLoom(command, "--help", false);
+  EXPECT_EQ(r.rc, 0) << command << ": " << r.out;
+  const size_t at = r.out.find("\n  " + flag + " ");
+  if (at == std::string::npos) return "(" + flag + " missing)";
+  const size_t begin = at + 3;
+  size_t end = r.out.find("\n  -", begin);
+  if (end == std::string::npos) end = r.out.size();
+  const std::string entry = r.out.substr(begin, end - begin);
+  const size_t column = std::min(entry.find("  "), entry.find('\n'));
+  if (column == std::string::npos) return "";
+  std::istringstream in(entry.substr(column));
+  std::string words, word;
+  while (in >> word) words += (words.empty() ? "" : " ") + word;
+  return words;
+}
+
+TEST(PlanCli, DeviceFlagsHaveOneHelpTextInEveryCommand) {
+  for (const char* flag : {"--device", "--max-memory", "--reserve"}) {
+    const std::string plan = FlagHelp("plan", flag);
+    EXPECT_GT(plan.size(), 20u) << flag << ": " << plan;
+    for (const char* command : {"extract", "perplexity", "compare"})
+      EXPECT_EQ(FlagHelp(command, flag), plan) << command << " " << flag;
+  }
+  for (const char* flag : {"--show-plan", "--verify-plan"}) {
+    const std::string extract = FlagHelp("extract", flag);
+    EXPECT_GT(extract.size(), 20u) << flag << ": " << extract;
+    for (const char* command : {"perplexity", "compare"})
+      EXPECT_EQ(FlagHelp(command, flag), extract) << command << " " << flag;
+  }
+  // --hooks / --layers: one text for extract and plan.
+  EXPECT_EQ(FlagHelp("plan", "--hooks"), FlagHelp("extract", "--hooks"));
+  EXPECT_NE(FlagHelp("plan", "--model"), "(--model missing)");
 }
 
 }  // namespace

@@ -47,6 +47,26 @@ std::string AllSiteNames() {
   return s;
 }
 
+// "a,,b" -> {"a", "b"}.
+std::vector<std::string> SplitCommas(std::string_view s) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (begin <= s.size()) {
+    size_t end = s.find(',', begin);
+    if (end == std::string_view::npos) end = s.size();
+    if (end > begin) out.emplace_back(s.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return out;
+}
+
+// A per-layer site named without its layer: "hook_resid_post".
+bool IsBareLayerSite(std::string_view item) {
+  for (const auto& n : kSiteNames)
+    if (IsLayerSite(n.site) && item == n.name) return true;
+  return false;
+}
+
 }  // namespace
 
 std::string_view HookSiteName(HookSite site) {
@@ -175,10 +195,80 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
       if (c.rope.type == RopeConfig::Type::kNone)
         return missing("no rotary embeddings");
       break;
+    case HookSite::kMlpPre:
+    case HookSite::kMlpPost:
+      if (c.mlp == MlpKind::kMoE)
+        return InvalidArgumentError(
+            "hook " + HookName(h) + ": " + c.model_type +
+            " has MoE layers, where mlp.hook_pre / mlp.hook_post are not "
+            "defined (capture hook_mlp_out)");
+      break;
     default:
       break;
   }
   return Status();
+}
+
+StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c) {
+  RETURN_IF_ERROR(CheckHookExists(h, c));
+  switch (h.site) {
+    case HookSite::kQ:
+    case HookSite::kRotQ:
+    case HookSite::kZ:
+      return c.q_dim();
+    case HookSite::kK:
+    case HookSite::kV:
+    case HookSite::kRotK:
+      return c.kv_dim();
+    case HookSite::kMlpPre:
+    case HookSite::kMlpPost:
+      return c.intermediate_size;
+    case HookSite::kLogits:
+      return c.vocab_size;
+    case HookSite::kPattern:
+      return InvalidArgumentError(
+          "hook " + HookName(h) +
+          " has no row width: it is [heads, L, L] per sequence");
+    default:
+      return c.hidden_size;
+  }
+}
+
+StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
+                               const std::vector<std::string>& layers,
+                               const ModelConfig& c) {
+  std::vector<std::string> layer_specs;
+  for (const std::string& entry : layers)
+    for (std::string& l : SplitCommas(entry)) layer_specs.push_back(l);
+  HookSet set;
+  for (const std::string& entry : patterns) {
+    for (const std::string& item : SplitCommas(entry)) {
+      std::vector<std::string> expanded;
+      if (IsBareLayerSite(item)) {
+        if (layer_specs.empty())
+          return InvalidArgumentError("hook '" + item +
+                                      "' needs a layer: write blocks.{L}." +
+                                      item + " or give --layers");
+        // A fraction goes in braces: blocks.{0.5}.<site>.
+        for (const std::string& l : layer_specs)
+          expanded.push_back(
+              "blocks." +
+              (l.find('.') != std::string::npos ? "{" + l + "}" : l) + "." +
+              item);
+      } else {
+        expanded.push_back(item);
+      }
+      for (const std::string& p : expanded) {
+        ASSIGN_OR_RETURN(std::vector<HookPoint> points,
+                         ParseHookPattern(p, c.num_layers));
+        for (const HookPoint& hp : points) {
+          RETURN_IF_ERROR(CheckHookExists(hp, c));
+          set.Add(hp);
+        }
+      }
+    }
+  }
+  return set;
 }
 
 void HookSet::Add(const HookPoint& h) {

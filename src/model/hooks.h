@@ -77,8 +77,19 @@ StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t num_layers);
 
 // Whether the hook exists in this architecture (e.g. OLMo2 has no ln1/ln2,
 // only Gemma2/OLMo2 have ln1_post/ln2_post, only GPT-2 has hook_pos_embed,
-// rotary hooks need RoPE). Returns InvalidArgument naming the hook otherwise.
+// rotary hooks need RoPE, MoE layers define no mlp.hook_pre/post). Returns
+// InvalidArgument naming the hook otherwise, OutOfRange for a layer outside
+// the model.
 Status CheckHookExists(const HookPoint& hook, const ModelConfig& config);
+
+// Columns of one captured row (one token) of `hook`: q_dim for attn.hook_q,
+// hook_rot_q and hook_z; kv_dim for attn.hook_k, hook_v and hook_rot_k;
+// intermediate_size for mlp.hook_pre/post; vocab_size for logits;
+// hidden_size for every other site. The one function every consumer (the
+// planner, the extraction outputs) asks. Errors: the hook does not exist
+// (CheckHookExists), or it is attn.hook_pattern, which is [heads, L, L] per
+// sequence rather than rows of tokens (InvalidArgument).
+StatusOr<int64_t> HookWidth(const HookPoint& hook, const ModelConfig& config);
 
 // Deduplicated, sorted set of requested hooks.
 class HookSet {
@@ -98,6 +109,23 @@ class HookSet {
  private:
   std::vector<HookPoint> hooks_;
 };
+
+// The hook resolver behind --hooks / --layers (loom extract, loom plan).
+// Each entry of `patterns` is a comma-separated list of items; an item is a
+// full name (blocks.3.hook_resid_post, blocks.-1.attn.hook_q,
+// blocks.*.hook_mlp_out, blocks.{0.5}.hook_z: see ParseHookPattern), a
+// model-level name (hook_embed, hook_pos_embed, ln_final.hook_normalized,
+// logits), or a bare per-layer site (hook_resid_post) applied to every layer
+// of `layers`. Each entry of `layers` is a comma-separated list of layer
+// specs: an index (12), a negative index (-1 = last), a fraction (0.25;
+// 1.0 = last layer) or '*' (all layers). Every hook is checked to exist in
+// `config` (CheckHookExists). Empty items are skipped; the result is
+// deduplicated and sorted, and may be empty (callers decide whether that is
+// an error). Errors: a bare site with empty `layers`, an unknown hook, a bad
+// or out-of-range layer, a hook the architecture lacks.
+StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
+                               const std::vector<std::string>& layers,
+                               const ModelConfig& config);
 
 }  // namespace loom
 

@@ -45,42 +45,17 @@ StatusOr<CaptureTarget> ParseCaptureTarget(std::string_view s) {
 StatusOr<int64_t> CaptureBytes(const ModelConfig& c, const JobSpec& job,
                                const HookPoint& hook) {
   const int64_t T = job.batch_tokens, S = job.Seqs(), L = job.MaxSeqLen();
-  const int64_t rows = job.selector == Selector::kAll ? T : S;
-  int64_t cols = c.hidden_size;
-  switch (hook.site) {
-    case HookSite::kQ:
-    case HookSite::kRotQ:
-    case HookSite::kZ:
-      cols = c.q_dim();
-      break;
-    case HookSite::kK:
-    case HookSite::kV:
-    case HookSite::kRotK:
-      cols = c.kv_dim();
-      break;
-    case HookSite::kMlpPre:
-    case HookSite::kMlpPost:
-      if (c.mlp == MlpKind::kMoE)
-        return InvalidArgumentError("hook " + HookName(hook) + ": " +
-                                    c.model_type +
-                                    " has MoE layers, where mlp.hook_pre / "
-                                    "mlp.hook_post are not defined "
-                                    "(capture hook_mlp_out)");
-      cols = c.intermediate_size;
-      break;
-    case HookSite::kLogits:
-      cols = c.vocab_size;
-      break;
-    case HookSite::kPattern:
-      // [heads, L, L] per sequence; per-sequence selections keep the last
-      // query row of each head.
-      if (job.selector == Selector::kAll)
-        return S * c.num_heads * L * L * DTypeSize(job.capture_dtype);
-      return S * c.num_heads * L * DTypeSize(job.capture_dtype);
-    default:
-      break;
+  const int64_t elem = DTypeSize(job.capture_dtype);
+  if (hook.site == HookSite::kPattern) {
+    RETURN_IF_ERROR(CheckHookExists(hook, c));
+    // [heads, L, L] per sequence; per-sequence selections keep the last
+    // query row of each head.
+    if (job.selector == Selector::kAll) return S * c.num_heads * L * L * elem;
+    return S * c.num_heads * L * elem;
   }
-  return rows * cols * DTypeSize(job.capture_dtype);
+  ASSIGN_OR_RETURN(const int64_t cols, HookWidth(hook, c));
+  const int64_t rows = job.selector == Selector::kAll ? T : S;
+  return rows * cols * elem;
 }
 
 Status ValidateJob(const ModelConfig& c, const JobSpec& job) {

@@ -91,9 +91,11 @@ StatusOr<JobMode> ParseJobMode(std::string_view s);
 StatusOr<Selector> ParseSelector(std::string_view s);
 StatusOr<CaptureTarget> ParseCaptureTarget(std::string_view s);
 
-// Columns of one captured row of `hook` (heads x L for the pattern: one row
-// per query of each head) and rows per batch under `job`'s selector.
-// InvalidArgument for hooks MoE layers do not define (mlp.hook_pre/post).
+// Bytes of one batch's capture of `hook`: rows per batch under `job`'s
+// selector x HookWidth (src/model/hooks.h) x the capture dtype; the pattern
+// is [heads, L, L] per sequence (one query row per head when a per-sequence
+// selector keeps one row). Errors: the hook does not exist in the model
+// (CheckHookExists: e.g. mlp.hook_pre/post in MoE layers).
 StatusOr<int64_t> CaptureBytes(const ModelConfig& c, const JobSpec& job,
                                const HookPoint& hook);
 

@@ -6,7 +6,6 @@
 
 #include "src/base/units.h"
 #include "src/model/registry.h"
-#include "src/plan/report.h"
 
 namespace loom {
 namespace {
@@ -472,12 +471,6 @@ StatusOr<MemoryPlan> MakePlan(const PlanInput& input) {
   return plan;
 }
 
-Status CheckFits(const MemoryPlan& plan) {
-  if (plan.fits) return Status();
-  return ResourceExhaustedError("the plan does not fit:\n" +
-                                FormatPlanTable(plan));
-}
-
 StatusOr<int64_t> SolveMaxBatchTokens(const PlanInput& input, int64_t limit) {
   PlanInput q = input;
   q.suggest = false;
@@ -488,9 +481,7 @@ StatusOr<int64_t> SolveMaxBatchTokens(const PlanInput& input, int64_t limit) {
     return p.fits;
   };
   ASSIGN_OR_RETURN(bool one, fits(1));
-  if (!one)
-    return ResourceExhaustedError("not even a batch of 1 token fits:\n" +
-                                  FormatPlanTable(*MakePlanImpl(q)));
+  if (!one) return ResourceExhaustedError("not even a batch of 1 token fits");
   int64_t lo = 1, hi = 2;  // lo fits; find hi that does not
   while (hi <= limit) {
     ASSIGN_OR_RETURN(bool f, fits(hi));

@@ -105,10 +105,6 @@ struct MemoryPlan {
 // computing device); a plan that does not fit is returned with fits = false.
 StatusOr<MemoryPlan> MakePlan(const PlanInput& input);
 
-// ResourceExhausted with the byte breakdown and the suggestions when the plan
-// does not fit; OK otherwise. What job commands call before loading.
-Status CheckFits(const MemoryPlan& plan);
-
 // Solvers: the planner answers by planning (binary search; plans are monotone
 // in batch tokens and context). NotFound-free: ResourceExhausted when even the
 // smallest value does not fit.
@@ -122,8 +118,8 @@ StatusOr<std::vector<DeviceSpec>> SolveMinDevices(const PlanInput& input,
 
 // Convenience for job commands (extract, perplexity, compare): reads
 // MODEL_DIR's config.json and weight metadata and plans `job` on `devices`
-// (normalized here). The caller checks CheckFits before loading and prints
-// FormatPlanTable for --show-plan.
+// (normalized here). The caller checks CheckFits (report.h) before loading
+// and prints FormatPlanTable for --show-plan.
 StatusOr<MemoryPlan> PlanModelDir(
     const std::string& model_dir, const JobSpec& job,
     std::vector<DeviceSpec> devices, int64_t host_bytes,

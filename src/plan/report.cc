@@ -3,7 +3,6 @@
 #include <cstdio>
 
 #include "src/base/units.h"
-#include "src/plan/planner.h"
 
 namespace loom {
 namespace {
@@ -119,6 +118,12 @@ std::string FormatPlanTable(const MemoryPlan& p) {
         "captures to host, disk, more devices)\n";
   }
   return out;
+}
+
+Status CheckFits(const MemoryPlan& plan) {
+  if (plan.fits) return Status();
+  return ResourceExhaustedError("the plan does not fit:\n" +
+                                FormatPlanTable(plan));
 }
 
 nlohmann::json PlanToJson(const MemoryPlan& p) {

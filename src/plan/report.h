@@ -1,14 +1,17 @@
 // Presenting a MemoryPlan: the table `loom plan` prints (and job commands print
-// with --show-plan), and its JSON form.
+// with --show-plan), its JSON form, and the refusal job commands give when a
+// plan does not fit. One-way: the report reads the planner's types; the
+// planner never formats (the layering test holds plan/report apart).
 #ifndef LOOM_PLAN_REPORT_H_
 #define LOOM_PLAN_REPORT_H_
 
 #include <nlohmann/json.hpp>
 #include <string>
 
-namespace loom {
+#include "src/base/status.h"
+#include "src/plan/planner.h"
 
-struct MemoryPlan;
+namespace loom {
 
 // Per device: weights, activations, workspace, KV, staging, logits, total,
 // usable, free, headroom; then the layers each device holds, the problems
@@ -23,6 +26,11 @@ std::string FormatPlanTable(const MemoryPlan& plan);
 //   "embed", "head"}], "activation_regions": [...], "problems", "suggestions"}
 // Disk: capacity_bytes null.
 nlohmann::json PlanToJson(const MemoryPlan& plan);
+
+// ResourceExhausted with the byte breakdown (FormatPlanTable) and the
+// suggestions when the plan does not fit; OK otherwise. What job commands call
+// before loading.
+Status CheckFits(const MemoryPlan& plan);
 
 }  // namespace loom
 

@@ -344,7 +344,17 @@ TEST_P(SharedVectorsTest, MatchesAll) {
 
 INSTANTIATE_TEST_SUITE_P(Shared, SharedVectorsTest,
                          testing::Values("llama2", "llama3", "qwen3", "gpt2",
-                                         "mistral-7b-v0.1"));
+                                         "mistral-7b-v0.1"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           // "mistral_7b_v0_1": test names take [A-Za-z0-9_].
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (!(c >= 'a' && c <= 'z') &&
+                                 !(c >= 'A' && c <= 'Z') &&
+                                 !(c >= '0' && c <= '9'))
+                               c = '_';
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace loom::tok

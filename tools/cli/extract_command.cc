@@ -7,6 +7,7 @@
 #include "src/eval/extract.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/job_options.h"
+#include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 
@@ -14,6 +15,7 @@ namespace {
 
 struct ExtractCliOptions {
   ExtractOptions job;
+  PlanFlags plan;
   std::string precision = "auto";
   // Words parsed into the job's enums in the callback.
   std::string add_bos = "auto";
@@ -55,16 +57,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
          "--out", j.out_dir,
          "Output directory (manifest.json + one .npy per hook x selector)")
       ->required();
-  cmd->add_option("--hooks", j.hooks,
-                  "Hook names, comma-separated: blocks.12.hook_resid_post, "
-                  "blocks.{0.5}.hook_resid_post, "
-                  "blocks.-1.…, blocks.*.…, or a bare site name with --layers")
-      ->delimiter(',')
-      ->required();
-  cmd->add_option("--layers", j.layers,
-                  "Layers for bare hook names: indices, negatives or fractions "
-                  "(0.25,0.5,1.0)")
-      ->delimiter(',');
+  AddHookFlags(*cmd, &j.hooks, &j.layers)->required();
   cmd->add_option("--select", j.selectors,
                   "Selectors: last, first, mean, max, all, pos:I[,J…], "
                   "span:A:B (repeatable)")
@@ -97,13 +90,14 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
                 "Replace invalid UTF-8 in plain-text input with U+FFFD (as "
                 "Python's errors='replace') "
                 "instead of failing the row");
-  AddJobPlanOptions(cmd, &j.plan);
+  AddPlanFlags(*cmd, &opts->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--hf-bf16", j.hf_bf16_activations, kHfBf16Help);
   cmd->add_flag("--progress", opts->progress,
                 "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--quiet", opts->quiet, "No progress and no summary");
   cmd->callback([opts, exit_code] {
     ExtractOptions job = opts->job;
+    job.plan = opts->plan;  // the JobPlanOptions part
     if (Status st = ParseWords(*opts, &job); !st.ok()) {
       *exit_code = ReportStatus("extract", st);
       return;

@@ -1,6 +1,6 @@
-// Options shared by the job commands: the memory-plan flags (extract,
-// perplexity, compare) and the window options of the evaluations
-// (perplexity, compare). Declared once here; each command adds them.
+// Options shared by the evaluations (perplexity, compare): what text is
+// evaluated, how it is cut into windows, and the job commands' plan flags
+// (plan_flags.h). Declared once here; each command adds them.
 #ifndef LOOM_TOOLS_CLI_JOB_OPTIONS_H_
 #define LOOM_TOOLS_CLI_JOB_OPTIONS_H_
 
@@ -8,24 +8,9 @@
 #include <cstdint>
 #include <string>
 
-#include "src/eval/job_plan.h"
+#include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
-
-// --device, --max-memory, --reserve, --show-plan, --verify-plan.
-inline void AddJobPlanOptions(CLI::App* cmd, JobPlanOptions* o) {
-  cmd->add_option(
-      "--device", o->devices,
-      "Devices to plan on: cpu[=24GiB] (default: this machine's RAM)");
-  cmd->add_option("--max-memory", o->max_memory,
-                  "Caps per device, accelerate's syntax: cpu=50GiB");
-  cmd->add_option("--reserve", o->reserve,
-                  "Bytes kept free per device: 2GiB or cpu=2GiB");
-  cmd->add_flag("--show-plan", o->show_plan,
-                "Print the memory plan (stderr) before running");
-  cmd->add_flag("--verify-plan", o->verify_plan,
-                "After the run, compare resident memory with the plan");
-}
 
 // What text is evaluated and how it is cut into windows.
 struct WindowArgs {
@@ -36,7 +21,7 @@ struct WindowArgs {
   int threads = 0;
   bool json = false, quiet = false;
   bool hf_bf16 = false;
-  JobPlanOptions plan;
+  PlanFlags plan;  // --device ... --verify-plan (kJobCommand)
 };
 
 // --hf-bf16: what it means, shared by every command that computes.
@@ -72,7 +57,7 @@ inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a,
   cmd->add_option(
       "--chunk-rows", a->chunk_rows,
       "Logit rows computed at a time (memory: rows x vocab floats)");
-  AddJobPlanOptions(cmd, &a->plan);
+  AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--hf-bf16", a->hf_bf16, kHfBf16Help);
   cmd->add_option("--threads", a->threads, "CPU threads (default all)");
   cmd->add_flag("--json", a->json, "Print the result as JSON");

@@ -200,7 +200,12 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{4, DType::kBF16}, GemmCase{5, DType::kBF16},
                       GemmCase{17, DType::kBF16}, GemmCase{129, DType::kBF16},
                       GemmCase{1, DType::kF16}, GemmCase{17, DType::kF16},
-                      GemmCase{129, DType::kF16}));
+                      GemmCase{129, DType::kF16}),
+    [](const ::testing::TestParamInfo<GemmCase>& info) {
+      // "m17_BF16": the test name CTest shows.
+      return "m" + std::to_string(info.param.m) + "_" +
+             std::string(DTypeName(info.param.w_dtype));
+    });
 
 // bf16 GEMM against the exact f32 product: the only extra error is rounding
 // each activation to bf16, at most 2^-8 relative per element.
@@ -595,8 +600,20 @@ std::vector<AttnCase> AttnCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest,
-                         ::testing::ValuesIn(AttnCases()));
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
+    [](const ::testing::TestParamInfo<AttnCase>& info) {
+      // "d64_ratio2_window40_softcap30" (a fractional softcap: 2p5).
+      const AttnCase& c = info.param;
+      std::string cap = std::to_string(c.softcap);
+      cap.erase(cap.find_last_not_of('0') + 1);
+      if (cap.back() == '.') cap.pop_back();
+      for (char& ch : cap)
+        if (ch == '.') ch = 'p';
+      return "d" + std::to_string(c.head_dim) + "_ratio" +
+             std::to_string(c.ratio) + "_window" + std::to_string(c.window) +
+             "_softcap" + cap;
+    });
 
 // ---- Elementwise
 // -------------------------------------------------------------------------

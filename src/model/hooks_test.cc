@@ -1,0 +1,167 @@
+// The hook resolver (--hooks / --layers) and hook widths, on configs of real
+// checkpoints. Expected numbers come from their config.json: Llama-3.1-8B has
+// 32 layers, hidden 4096, 32 heads and 8 KV heads of 128, intermediate 14336,
+// vocab 128256; Qwen3-30B-A3B has 48 layers, every one an MoE layer.
+#include "src/model/hooks.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "src/model/registry.h"
+
+namespace loom {
+namespace {
+
+ModelConfig Config(const std::string& name) {
+  StatusOr<ModelConfig> c =
+      LoadModelConfig(std::string(LOOM_TESTDATA_DIR) + "/configs/" + name);
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return c.ok() ? *c : ModelConfig();
+}
+
+std::vector<std::string> Names(const HookSet& set) {
+  std::vector<std::string> out;
+  for (const HookPoint& h : set.hooks()) out.push_back(HookName(h));
+  return out;
+}
+
+// Resolves and returns the names, or the error message prefixed by "error: ".
+std::vector<std::string> Resolve(const std::vector<std::string>& hooks,
+                                 const std::vector<std::string>& layers,
+                                 const ModelConfig& c) {
+  StatusOr<HookSet> set = ResolveHooks(hooks, layers, c);
+  if (!set.ok()) return {"error: " + set.status().message()};
+  return Names(*set);
+}
+
+class ResolveHooksTest : public ::testing::Test {
+ protected:
+  ModelConfig llama_ = Config("Llama-3.1-8B");
+};
+
+TEST_F(ResolveHooksTest, FullNamesWithIndexNegativeStarAndFraction) {
+  ASSERT_EQ(llama_.num_layers, 32);
+  EXPECT_EQ(Resolve({"blocks.3.hook_resid_post"}, {}, llama_),
+            std::vector<std::string>{"blocks.3.hook_resid_post"});
+  EXPECT_EQ(Resolve({"blocks.-1.attn.hook_q"}, {}, llama_),
+            std::vector<std::string>{"blocks.31.attn.hook_q"});
+  // floor(0.5 x 32) = 16; {1.0} is the last layer, {1} too.
+  EXPECT_EQ(Resolve({"blocks.{0.5}.attn.hook_z", "blocks.{1.0}.attn.hook_z"},
+                    {}, llama_),
+            (std::vector<std::string>{"blocks.16.attn.hook_z",
+                                      "blocks.31.attn.hook_z"}));
+  EXPECT_EQ(Resolve({"blocks.{1}.hook_mlp_out"}, {}, llama_),
+            std::vector<std::string>{"blocks.31.hook_mlp_out"});
+  const std::vector<std::string> star =
+      Resolve({"blocks.*.hook_resid_pre"}, {}, llama_);
+  ASSERT_EQ(star.size(), 32u);
+  EXPECT_EQ(star.front(), "blocks.0.hook_resid_pre");
+  EXPECT_EQ(star.back(), "blocks.31.hook_resid_pre");
+}
+
+TEST_F(ResolveHooksTest, BareSitesTakeEveryLayerOfLayers) {
+  // Indices, negatives and fractions, given as separate entries or one
+  // comma-separated entry (the CLI may hand either).
+  const std::vector<std::string> want = {
+      "blocks.0.hook_resid_post", "blocks.8.hook_resid_post",
+      "blocks.30.hook_resid_post", "blocks.31.hook_resid_post"};
+  EXPECT_EQ(Resolve({"hook_resid_post"}, {"0", "0.25", "-2", "1.0"}, llama_),
+            want);
+  EXPECT_EQ(Resolve({"hook_resid_post"}, {"0,0.25,-2,1.0"}, llama_), want);
+  EXPECT_EQ(Resolve({"hook_resid_post"}, {"*"}, llama_).size(), 32u);
+}
+
+TEST_F(ResolveHooksTest, CommaListsModelLevelNamesAndDeduplication) {
+  // Model-level names ignore --layers; duplicates collapse; the set is in
+  // layer order (model-level hooks before the blocks).
+  EXPECT_EQ(Resolve({"hook_embed,blocks.1.hook_resid_post",
+                     "hook_resid_post,ln_final.hook_normalized", "logits"},
+                    {"1", "-31"}, llama_),
+            (std::vector<std::string>{"hook_embed", "ln_final.hook_normalized",
+                                      "logits", "blocks.1.hook_resid_post"}));
+  // Empty items are skipped; nothing requested is an empty set, not an error.
+  EXPECT_EQ(Resolve({",,"}, {}, llama_), std::vector<std::string>{});
+}
+
+TEST_F(ResolveHooksTest, ClearErrors) {
+  auto error = [&](const std::vector<std::string>& hooks,
+                   const std::vector<std::string>& layers) {
+    const std::vector<std::string> r = Resolve(hooks, layers, llama_);
+    return r.size() == 1 && r[0].rfind("error: ", 0) == 0 ? r[0] : "";
+  };
+  EXPECT_NE(error({"hook_resid_post"}, {})
+                .find("needs a layer: write blocks.{L}.hook_resid_post or give "
+                      "--layers"),
+            std::string::npos);
+  EXPECT_NE(error({"hook_resid_psot"}, {"0"}).find("unknown hook"),
+            std::string::npos);
+  EXPECT_NE(error({"blocks.2.hook_nope"}, {}).find("unknown site 'hook_nope'"),
+            std::string::npos);
+  const std::string range = error({"blocks.32.hook_resid_post"}, {});
+  EXPECT_NE(range.find("out of range"), std::string::npos) << range;
+  EXPECT_NE(range.find("32 layers"), std::string::npos) << range;
+  EXPECT_NE(error({"hook_resid_post"}, {"-33"}).find("out of range"),
+            std::string::npos);
+  EXPECT_NE(error({"hook_resid_post"}, {"1.5"}).find("outside [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(error({"hook_resid_post"}, {"x"}).find("not an integer"),
+            std::string::npos);
+  // Llama has no learned positions and no post-norms.
+  EXPECT_NE(error({"hook_pos_embed"}, {}).find("does not exist in llama"),
+            std::string::npos);
+  EXPECT_NE(error({"ln1_post.hook_normalized"}, {"0"})
+                .find("does not exist in llama"),
+            std::string::npos);
+}
+
+TEST(HookWidthTest, EverySiteOfADenseModel) {
+  const ModelConfig c = Config("Llama-3.1-8B");
+  auto width = [&](HookSite site, int64_t layer) -> int64_t {
+    StatusOr<int64_t> w = HookWidth({site, layer}, c);
+    EXPECT_TRUE(w.ok()) << HookName({site, layer}) << ": "
+                        << w.status().message();
+    return w.ok() ? *w : -1;
+  };
+  for (HookSite s : {HookSite::kResidPre, HookSite::kLn1, HookSite::kAttnOut,
+                     HookSite::kResidMid, HookSite::kLn2, HookSite::kMlpOut,
+                     HookSite::kResidPost})
+    EXPECT_EQ(width(s, 5), 4096) << HookSiteName(s);
+  EXPECT_EQ(width(HookSite::kEmbed, -1), 4096);
+  EXPECT_EQ(width(HookSite::kFinalNorm, -1), 4096);
+  for (HookSite s : {HookSite::kQ, HookSite::kRotQ, HookSite::kZ})
+    EXPECT_EQ(width(s, 0), 32 * 128) << HookSiteName(s);
+  for (HookSite s : {HookSite::kK, HookSite::kV, HookSite::kRotK})
+    EXPECT_EQ(width(s, 31), 8 * 128) << HookSiteName(s);
+  EXPECT_EQ(width(HookSite::kMlpPre, 1), 14336);
+  EXPECT_EQ(width(HookSite::kMlpPost, 1), 14336);
+  EXPECT_EQ(width(HookSite::kLogits, -1), 128256);
+}
+
+TEST(HookWidthTest, HooksWithoutARowWidthAreErrors) {
+  const ModelConfig llama = Config("Llama-3.1-8B");
+  // The pattern is [heads, L, L] per sequence.
+  StatusOr<int64_t> pattern = HookWidth({HookSite::kPattern, 0}, llama);
+  ASSERT_FALSE(pattern.ok());
+  EXPECT_NE(pattern.status().message().find("blocks.0.attn.hook_pattern"),
+            std::string::npos);
+  EXPECT_EQ(HookWidth({HookSite::kResidPost, 32}, llama).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_FALSE(HookWidth({HookSite::kPosEmbed, -1}, llama).ok());
+
+  // MoE layers have no single gate pre-activation.
+  const ModelConfig moe = Config("Qwen3-30B-A3B");
+  ASSERT_EQ(moe.mlp, MlpKind::kMoE);
+  StatusOr<int64_t> pre = HookWidth({HookSite::kMlpPre, 0}, moe);
+  ASSERT_FALSE(pre.ok());
+  EXPECT_NE(pre.status().message().find("MoE"), std::string::npos);
+  EXPECT_EQ(*HookWidth({HookSite::kMlpOut, 47}, moe), 2048);
+  EXPECT_EQ(*HookWidth({HookSite::kQ, 47}, moe), 32 * 128);
+  EXPECT_EQ(*HookWidth({HookSite::kK, 47}, moe), 4 * 128);
+  // The resolver refuses it too.
+  EXPECT_FALSE(ResolveHooks({"mlp.hook_post"}, {"*"}, moe).ok());
+}
+
+}  // namespace
+}  // namespace loom

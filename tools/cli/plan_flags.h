@@ -1,0 +1,81 @@
+// The device and memory-plan flags of every command that plans (`loom plan`
+// and the job commands extract, perplexity, compare), and the --hooks /
+// --layers pair of the commands that capture (extract, plan). Each flag is
+// declared here once, with one help text; a command adds the set it takes.
+#ifndef LOOM_TOOLS_CLI_PLAN_FLAGS_H_
+#define LOOM_TOOLS_CLI_PLAN_FLAGS_H_
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "src/eval/job_plan.h"
+
+namespace loom::cli {
+
+// The flags' values. The shared ones live in the JobPlanOptions base, which
+// the job commands hand to PlanJobOrRefuse as they are.
+struct PlanFlags : JobPlanOptions {
+  // `loom plan` only.
+  std::string assume_dtype;           // --assume-dtype
+  std::string strategy = "balanced";  // --strategy
+  std::string layers_per_device;      // --layers-per-device
+  std::string solve;                  // --solve
+};
+
+// Which command adds the flags.
+enum class PlanFlagUse {
+  kPlanCommand,  // --device --max-memory --reserve --assume-dtype --strategy
+                 // --layers-per-device --solve
+  kJobCommand,   // --device --max-memory --reserve --show-plan --verify-plan
+};
+
+inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
+  cmd.add_option("--device", f->devices,
+                 "Devices to plan on, repeatable: cpu[=SIZE] (default: this "
+                 "machine's RAM), cuda:N=SIZE (declared; job commands run on "
+                 "the CPU only), disk (weights streamed from the checkpoint)");
+  cmd.add_option("--max-memory", f->max_memory,
+                 "Caps per device, accelerate's syntax: 0=38GiB,1=90GiB,"
+                 "cpu=50GiB");
+  cmd.add_option("--reserve", f->reserve,
+                 "Bytes kept free: SIZE for every device, or "
+                 "cuda:0=2GiB,cpu=4GiB");
+  if (use == PlanFlagUse::kJobCommand) {
+    cmd.add_flag("--show-plan", f->show_plan,
+                 "Print the memory plan (stderr) before running");
+    cmd.add_flag("--verify-plan", f->verify_plan,
+                 "After the run, compare resident memory with the plan");
+    return;
+  }
+  cmd.add_option("--assume-dtype", f->assume_dtype,
+                 "Dtype of tensors whose headers are absent (index or config "
+                 "only); default torch_dtype");
+  cmd.add_option("--strategy", f->strategy, "balanced, sequential or manual");
+  cmd.add_option("--layers-per-device", f->layers_per_device,
+                 "Layer counts per device in order (manual): 20,28");
+  cmd.add_option("--solve", f->solve,
+                 "max-batch-tokens, max-context or min-devices");
+}
+
+// --hooks and --layers, read by ResolveHooks (src/model/hooks.h). Returns the
+// --hooks option (extract makes it required).
+inline CLI::Option* AddHookFlags(CLI::App& cmd, std::vector<std::string>* hooks,
+                                 std::vector<std::string>* layers) {
+  CLI::Option* h =
+      cmd.add_option("--hooks", *hooks,
+                     "Hook names, comma-separated or repeated: "
+                     "blocks.12.hook_resid_post, blocks.{0.5}.hook_resid_post, "
+                     "blocks.-1.…, blocks.*.…, ln_final.hook_normalized, "
+                     "logits, or a bare site (hook_resid_post) with --layers")
+          ->delimiter(',');
+  cmd.add_option("--layers", *layers,
+                 "Layers for bare hook sites: indices, negative indices, "
+                 "fractions or * (0,12,-1 or 0.25,0.5,1.0)")
+      ->delimiter(',');
+  return h;
+}
+
+}  // namespace loom::cli
+
+#endif  // LOOM_TOOLS_CLI_PLAN_FLAGS_H_
