@@ -600,20 +600,20 @@ std::vector<AttnCase> AttnCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
-    [](const ::testing::TestParamInfo<AttnCase>& info) {
-      // "d64_ratio2_window40_softcap30" (a fractional softcap: 2p5).
-      const AttnCase& c = info.param;
-      std::string cap = std::to_string(c.softcap);
-      cap.erase(cap.find_last_not_of('0') + 1);
-      if (cap.back() == '.') cap.pop_back();
-      for (char& ch : cap)
-        if (ch == '.') ch = 'p';
-      return "d" + std::to_string(c.head_dim) + "_ratio" +
-             std::to_string(c.ratio) + "_window" + std::to_string(c.window) +
-             "_softcap" + cap;
-    });
+INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           // "d64_ratio2_window40_softcap30" (a fractional
+                           // softcap: 2p5).
+                           const AttnCase& c = info.param;
+                           std::string cap = std::to_string(c.softcap);
+                           cap.erase(cap.find_last_not_of('0') + 1);
+                           if (cap.back() == '.') cap.pop_back();
+                           for (char& ch : cap)
+                             if (ch == '.') ch = 'p';
+                           return "d" + std::to_string(c.head_dim) + "_ratio" +
+                                  std::to_string(c.ratio) + "_window" +
+                                  std::to_string(c.window) + "_softcap" + cap;
+                         });
 
 // ---- Elementwise
 // -------------------------------------------------------------------------
