@@ -252,40 +252,14 @@ double SecondsSince(Clock::time_point start) {
 StatusOr<HookSet> ResolveExtractHooks(const std::vector<std::string>& hooks,
                                       const std::vector<std::string>& layers,
                                       const ModelConfig& c) {
-  HookSet set;
-  for (const std::string& h : hooks) {
-    std::vector<std::string> patterns;
-    const bool bare = h.rfind("blocks.", 0) != 0 && h != "hook_embed" &&
-                      h != "hook_pos_embed" &&
-                      h != "ln_final.hook_normalized" && h != "logits";
-    if (bare) {
-      if (layers.empty())
-        return InvalidArgumentError("hook '" + h +
-                                    "' needs a layer: write blocks.{L}." + h +
-                                    " or give --layers");
-      for (const std::string& l : layers) {
-        const bool fraction = l.find('.') != std::string::npos;
-        patterns.push_back("blocks." + (fraction ? "{" + l + "}" : l) + "." +
-                           h);
-      }
-    } else {
-      patterns.push_back(h);
-    }
-    for (const std::string& p : patterns) {
-      ASSIGN_OR_RETURN(std::vector<HookPoint> points,
-                       ParseHookPattern(p, c.num_layers));
-      for (const HookPoint& hp : points) {
-        RETURN_IF_ERROR(CheckHookExists(hp, c));
-        if (hp.site == HookSite::kPattern)
-          return UnimplementedError(
-              "hook " + HookName(hp) +
-              ": attention patterns are [heads, L, L] per prompt and are not "
-              "extracted by "
-              "`loom extract` (request hook_z or hook_attn_out instead)");
-        set.Add(hp);
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(HookSet set, ResolveHooks(hooks, layers, c));
+  for (const HookPoint& hp : set.hooks())
+    if (hp.site == HookSite::kPattern)
+      return UnimplementedError(
+          "hook " + HookName(hp) +
+          ": attention patterns are [heads, L, L] per prompt and are not "
+          "extracted by `loom extract` (request hook_z or hook_attn_out "
+          "instead)");
   if (set.empty()) return InvalidArgumentError("no hooks requested (--hooks)");
   return set;
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "src/backend/cpu/kernels.h"
+#include "src/base/check.h"
 #include "src/io/file_util.h"
 #include "src/io/safetensors_writer.h"
 
@@ -18,26 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
-
-int64_t HookWidth(HookSite site, const ModelConfig& c) {
-  switch (site) {
-    case HookSite::kQ:
-    case HookSite::kRotQ:
-    case HookSite::kZ:
-      return c.q_dim();
-    case HookSite::kK:
-    case HookSite::kV:
-    case HookSite::kRotK:
-      return c.kv_dim();
-    case HookSite::kMlpPre:
-    case HookSite::kMlpPost:
-      return c.intermediate_size;
-    case HookSite::kLogits:
-      return c.vocab_size;
-    default:
-      return c.hidden_size;
-  }
-}
 
 std::string ShapeText(const std::vector<int64_t>& dims) {
   std::string s = "[";
@@ -124,7 +105,10 @@ OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
       out.hook = hp;
       out.hook_name = HookName(hp);
       out.sel = sel;
-      out.width = HookWidth(hp.site, settings.config);
+      // The resolver accepted only hooks that exist and have a width.
+      StatusOr<int64_t> width = HookWidth(hp, settings.config);
+      LOOM_CHECK(width.ok()) << width.status().ToString();
+      out.width = *width;
       out.file = out.hook_name + "." + sel.file_name + ".npy";
       arrays_.push_back(std::move(out));
     }
