@@ -266,8 +266,9 @@ class ExtractSink : public HookSink {
   }
 
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
-                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                      const float* data) override {
+                      int64_t row_begin, const ActivationView& view) override {
+    const int64_t rows = view.rows, cols = view.cols, ld = view.ld;
+    const float* data = view.f32();
     const int64_t ds = DTypeSize(dtype_);
     for (size_t oi = 0; oi < outputs_->size(); ++oi) {
       Output& o = (*outputs_)[oi];
