@@ -161,9 +161,9 @@ TEST_P(PlacementTest, TwoDevicesBitIdenticalAndArenasAsPlanned) {
       EXPECT_EQ(d.logits.bytes(), dp->logits);
       EXPECT_GT(d.activations.bytes(), 0);
     }
-    EXPECT_EQ((*placed)->arena_bytes(),
-              2 * (*single)->arena_bytes() -
-                  (*single)->device(0).logits.bytes());
+    EXPECT_EQ(
+        (*placed)->arena_bytes(),
+        2 * (*single)->arena_bytes() - (*single)->device(0).logits.bytes());
   }
 }
 

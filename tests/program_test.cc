@@ -4,6 +4,8 @@
 // decides for the same job from config.json and the safetensors headers.
 // Also: the program declares the MoE steps and buffers, per-layer facts come
 // from LayerConfig, and the executor refuses MoE layers with a clear error.
+#include "src/plan/program.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -14,7 +16,6 @@
 #include "src/model/layer_config.h"
 #include "src/model/registry.h"
 #include "src/plan/planner.h"
-#include "src/plan/program.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 #include "tests/golden_util.h"
@@ -29,12 +30,18 @@ struct ModelCase {
 
 // The architectures tests/golden_parity_test.cc checks against HF.
 std::vector<ModelCase> GoldenModels() {
-  return {{"stories260K", true},  {"llama", false},
-          {"llama3rope_bf16", false}, {"mistral_sw16_sharded", false},
-          {"qwen2", false},       {"qwen3", false},
-          {"gemma", false},       {"gemma2", false},
-          {"phi3", false},        {"gpt2", false},
-          {"olmo", false},        {"olmo2", false}};
+  return {{"stories260K", true},
+          {"llama", false},
+          {"llama3rope_bf16", false},
+          {"mistral_sw16_sharded", false},
+          {"qwen2", false},
+          {"qwen3", false},
+          {"gemma", false},
+          {"gemma2", false},
+          {"phi3", false},
+          {"gpt2", false},
+          {"olmo", false},
+          {"olmo2", false}};
 }
 
 std::string ModelDir(const ModelCase& m) {
@@ -56,10 +63,10 @@ HookSet MidResidual(const ModelConfig& c) {
 HookSet EveryHookAndLogits(const ModelConfig& c) {
   HookSet h;
   for (int64_t l = 0; l < c.num_layers; ++l)
-    for (HookSite s : {HookSite::kResidPre, HookSite::kQ, HookSite::kZ,
-                       HookSite::kPattern, HookSite::kAttnOut,
-                       HookSite::kMlpPre, HookSite::kMlpPost, HookSite::kMlpOut,
-                       HookSite::kResidPost})
+    for (HookSite s :
+         {HookSite::kResidPre, HookSite::kQ, HookSite::kZ, HookSite::kPattern,
+          HookSite::kAttnOut, HookSite::kMlpPre, HookSite::kMlpPost,
+          HookSite::kMlpOut, HookSite::kResidPost})
       h.Add({s, l});
   h.Add({HookSite::kEmbed, -1});
   h.Add({HookSite::kFinalNorm, -1});
@@ -177,11 +184,11 @@ TEST(ProgramTest, ExecutorArenasEqualThePlanForEveryGoldenArchitecture) {
 }
 
 TEST(ProgramTest, MoeStepsAndBuffersAreDeclaredAndPlanned) {
-  for (const char* name : {"Qwen3-30B-A3B", "Mixtral-8x7B-v0.1",
-                           "gpt-oss-20b"}) {
+  for (const char* name :
+       {"Qwen3-30B-A3B", "Mixtral-8x7B-v0.1", "gpt-oss-20b"}) {
     SCOPED_TRACE(name);
-    auto c = LoadModelConfig(std::string(LOOM_TESTDATA_DIR) + "/configs/" +
-                             name);
+    auto c =
+        LoadModelConfig(std::string(LOOM_TESTDATA_DIR) + "/configs/" + name);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const Program p = BuildProgram(*c);
     ASSERT_EQ(p.blocks.size(), 1u);
@@ -189,9 +196,9 @@ TEST(ProgramTest, MoeStepsAndBuffersAreDeclaredAndPlanned) {
     std::vector<StepId> ids;
     for (const ProgramStep& s : p.blocks[0]) ids.push_back(s.id);
     const std::vector<StepId> moe = {
-        StepId::kRouter,          StepId::kExpertGather,
-        StepId::kExpertGateUp,    StepId::kExpertActivation,
-        StepId::kExpertDown,      StepId::kExpertScatterAdd};
+        StepId::kRouter,       StepId::kExpertGather,
+        StepId::kExpertGateUp, StepId::kExpertActivation,
+        StepId::kExpertDown,   StepId::kExpertScatterAdd};
     auto at = std::search(ids.begin(), ids.end(), moe.begin(), moe.end());
     EXPECT_NE(at, ids.end()) << "the routed-expert steps, in order";
     EXPECT_EQ(std::count(ids.begin(), ids.end(), StepId::kUpProj), 0);
@@ -219,9 +226,9 @@ TEST(ProgramTest, MoeStepsAndBuffersAreDeclaredAndPlanned) {
     // Live over their steps only: router logits die at the router.
     EXPECT_EQ(region(BufferId::kRouterLogits)->first_step,
               region(BufferId::kRouterLogits)->last_step);
-    EXPECT_EQ(l.steps[static_cast<size_t>(
-                  region(BufferId::kRouteIds)->last_step)],
-              "expert loop: weighted scatter-add");
+    EXPECT_EQ(
+        l.steps[static_cast<size_t>(region(BufferId::kRouteIds)->last_step)],
+        "expert loop: weighted scatter-add");
   }
 }
 
@@ -276,8 +283,7 @@ TEST(ProgramTest, ExecutorRefusesMoeLayersWithAClearError) {
   auto ex = Executor::Create(**model, hooks, {.max_tokens = 8});
   ASSERT_FALSE(ex.ok());
   EXPECT_EQ(ex.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(ex.status().message().find("mixture-of-experts"),
-            std::string::npos)
+  EXPECT_NE(ex.status().message().find("mixture-of-experts"), std::string::npos)
       << ex.status().ToString();
   std::filesystem::remove_all(dir);
 }

@@ -6,8 +6,7 @@ namespace loom {
 
 const float* ActivationView::f32() const {
   LOOM_CHECK(host_f32()) << "activation view is " << DTypeName(dtype)
-                         << " on device kind "
-                         << static_cast<int>(device.kind)
+                         << " on device kind " << static_cast<int>(device.kind)
                          << ", not host f32";
   return static_cast<const float*>(data);
 }

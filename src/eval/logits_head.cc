@@ -53,8 +53,8 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
   plan.naive_bytes = plan.total_bytes;
   ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan, *backend));
   if (scratch > 0)
-    backend->SetGemmScratchpad(
-        head->arena_.region(BufferId::kGemmScratchpad), scratch);
+    backend->SetGemmScratchpad(head->arena_.region(BufferId::kGemmScratchpad),
+                               scratch);
   return head;
 }
 

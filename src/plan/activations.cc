@@ -1,8 +1,7 @@
 #include "src/plan/activations.h"
 
-#include <array>
-
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include "src/base/units.h"
@@ -191,9 +190,11 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
     // The largest scratch over the forward's GEMM shapes (both weight
     // layouts: the declaration, not the config, knows which one a model uses).
     std::vector<std::array<int64_t, 3>> shapes = {
-        {T, Q, H}, {T, KV, H}, {T, Q + 2 * KV, H}, {T, H, Q}, {T, I, H}, {T, 2 * I, H}, {T, H, I}};
+        {T, Q, H}, {T, KV, H},    {T, Q + 2 * KV, H}, {T, H, Q},
+        {T, I, H}, {T, 2 * I, H}, {T, H, I}};
     if (moe) {
-      const int64_t Ie = c.moe.expert_intermediate_size, S = c.moe.shared_expert_intermediate_size;
+      const int64_t Ie = c.moe.expert_intermediate_size,
+                    S = c.moe.shared_expert_intermediate_size;
       shapes.push_back({T, 2 * Ie, H});
       shapes.push_back({T, H, Ie});
       if (S > 0) {
@@ -201,11 +202,16 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
         shapes.push_back({T, H, S});
       }
     }
-    if (job.NeedsLogits()) shapes.push_back({std::min(job.logits_chunk_rows, T), c.vocab_size, H});
+    if (job.NeedsLogits())
+      shapes.push_back({std::min(job.logits_chunk_rows, T), c.vocab_size, H});
     int64_t scratch = 0;
     for (const auto& [m, n, k] : shapes)
-      for (bool k_major : {false, true}) scratch = std::max(scratch, costs.gemm_scratchpad(m, n, k, w_dtype, k_major));
-    if (scratch > 0) ws(BufferId::kGemmScratchpad, scratch, "max over the forward's GEMM shapes");
+      for (bool k_major : {false, true})
+        scratch =
+            std::max(scratch, costs.gemm_scratchpad(m, n, k, w_dtype, k_major));
+    if (scratch > 0)
+      ws(BufferId::kGemmScratchpad, scratch,
+         "max over the forward's GEMM shapes");
   }
   if (costs.attention_workspace)
     ws(BufferId::kAttnWorkspace,

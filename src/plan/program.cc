@@ -36,7 +36,8 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
   const B attn_in = l.pre_attn_norm ? B::kAttnIn : B::kResidual;
   const B mlp_in = l.pre_mlp_norm ? B::kMlpIn : B::kResidual;
 
-  ProgramStep ln1{S::kLn1, {B::kResidual}, {}, {{HookSite::kResidPre, B::kResidual}}};
+  ProgramStep ln1{
+      S::kLn1, {B::kResidual}, {}, {{HookSite::kResidPre, B::kResidual}}};
   if (l.pre_attn_norm) {
     ln1.writes = {B::kAttnIn};
     ln1.hooks.push_back({HookSite::kLn1, B::kAttnIn});
@@ -61,7 +62,8 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
   attn.condition = HookSite::kPattern;
   attn.conditional_buffer = B::kPattern;
   s.push_back(attn);
-  s.push_back({S::kOProj, {B::kZ}, {B::kAttnOut}, {{HookSite::kAttnOut, B::kAttnOut}}});
+  s.push_back(
+      {S::kOProj, {B::kZ}, {B::kAttnOut}, {{HookSite::kAttnOut, B::kAttnOut}}});
   s.push_back({S::kAttnResidualAdd,
                {B::kAttnOut, B::kResidual},
                {B::kResidual},
@@ -79,7 +81,8 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
     const B act = plain ? B::kMlpFc : B::kMlpAct;
     s.push_back({S::kUpProj, {mlp_in}, {up}, {{HookSite::kMlpPre, up}}});
     s.push_back({S::kActivation, {up}, {act}, {{HookSite::kMlpPost, act}}});
-    s.push_back({S::kDownProj, {act}, {B::kMlpOut}, {{HookSite::kMlpOut, B::kMlpOut}}});
+    s.push_back(
+        {S::kDownProj, {act}, {B::kMlpOut}, {{HookSite::kMlpOut, B::kMlpOut}}});
   } else {
     s.push_back({S::kRouter,
                  {mlp_in, B::kRouterLogits},
@@ -90,20 +93,20 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
                  {B::kExpertRows, B::kExpertIn, B::kMlpOut},
                  {}});
     s.push_back({S::kExpertGateUp, {B::kExpertIn}, {B::kExpertGateUp}, {}});
-    s.push_back({S::kExpertActivation, {B::kExpertGateUp}, {B::kExpertAct}, {}});
+    s.push_back(
+        {S::kExpertActivation, {B::kExpertGateUp}, {B::kExpertAct}, {}});
     s.push_back({S::kExpertDown, {B::kExpertAct}, {B::kExpertOut}, {}});
     s.push_back({S::kExpertScatterAdd,
-                 {B::kExpertOut, B::kExpertRows, B::kRouteWeights,
+                 {B::kExpertOut, B::kExpertRows, B::kRouteIds, B::kRouteWeights,
                   B::kMlpOut},
                  {B::kMlpOut},
                  {}});
     if (l.shared_expert())
-      s.push_back({S::kSharedExpert,
-                   {mlp_in, B::kSharedGateUp, B::kSharedAct, B::kSharedOut,
-                    B::kMlpOut},
-                   {B::kSharedGateUp, B::kSharedAct, B::kSharedOut,
-                    B::kMlpOut},
-                   {}});
+      s.push_back(
+          {S::kSharedExpert,
+           {mlp_in, B::kSharedGateUp, B::kSharedAct, B::kSharedOut, B::kMlpOut},
+           {B::kSharedGateUp, B::kSharedAct, B::kSharedOut, B::kMlpOut},
+           {}});
   }
   s.push_back({S::kMlpResidualAdd,
                {B::kMlpOut, B::kResidual},
@@ -122,64 +125,116 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
 
 std::string_view BufferName(BufferId id) {
   switch (id) {
-    case B::kPositions: return "positions";
-    case B::kResidual: return "residual";
-    case B::kPosEmbed: return "position embeddings";
-    case B::kRopeInvFreq: return "rope inv_freq";
-    case B::kRopeCos: return "rope cos";
-    case B::kRopeSin: return "rope sin";
-    case B::kAttnIn: return "attention input";
-    case B::kQkv: return "qkv";
-    case B::kPattern: return "attention pattern";
-    case B::kZ: return "attention z";
-    case B::kAttnOut: return "attention out";
-    case B::kMlpIn: return "mlp input";
-    case B::kMlpFc: return "mlp fc";
-    case B::kMlpGateUp: return "mlp gate|up";
-    case B::kMlpAct: return "mlp activated";
-    case B::kRouterLogits: return "router logits";
-    case B::kRouteIds: return "routes (expert ids)";
-    case B::kRouteWeights: return "routes (weights)";
-    case B::kExpertRows: return "expert tokens (row ids)";
-    case B::kExpertIn: return "expert input";
-    case B::kExpertGateUp: return "expert gate|up";
-    case B::kExpertAct: return "expert activated";
-    case B::kExpertOut: return "expert out";
-    case B::kSharedGateUp: return "shared expert gate|up";
-    case B::kSharedAct: return "shared expert activated";
-    case B::kSharedOut: return "shared expert out";
-    case B::kMlpOut: return "mlp out";
-    case B::kFinalNorm: return "final norm";
-    case B::kGemmInputCopy: return "gemm input copy";
-    case B::kGemmScratchpad: return "gemm scratchpad";
-    case B::kAttnWorkspace: return "attention workspace";
-    case B::kLogitsChunk: return "logits chunk";
+    case B::kPositions:
+      return "positions";
+    case B::kResidual:
+      return "residual";
+    case B::kPosEmbed:
+      return "position embeddings";
+    case B::kRopeInvFreq:
+      return "rope inv_freq";
+    case B::kRopeCos:
+      return "rope cos";
+    case B::kRopeSin:
+      return "rope sin";
+    case B::kAttnIn:
+      return "attention input";
+    case B::kQkv:
+      return "qkv";
+    case B::kPattern:
+      return "attention pattern";
+    case B::kZ:
+      return "attention z";
+    case B::kAttnOut:
+      return "attention out";
+    case B::kMlpIn:
+      return "mlp input";
+    case B::kMlpFc:
+      return "mlp fc";
+    case B::kMlpGateUp:
+      return "mlp gate|up";
+    case B::kMlpAct:
+      return "mlp activated";
+    case B::kRouterLogits:
+      return "router logits";
+    case B::kRouteIds:
+      return "routes (expert ids)";
+    case B::kRouteWeights:
+      return "routes (weights)";
+    case B::kExpertRows:
+      return "expert tokens (row ids)";
+    case B::kExpertIn:
+      return "expert input";
+    case B::kExpertGateUp:
+      return "expert gate|up";
+    case B::kExpertAct:
+      return "expert activated";
+    case B::kExpertOut:
+      return "expert out";
+    case B::kSharedGateUp:
+      return "shared expert gate|up";
+    case B::kSharedAct:
+      return "shared expert activated";
+    case B::kSharedOut:
+      return "shared expert out";
+    case B::kMlpOut:
+      return "mlp out";
+    case B::kFinalNorm:
+      return "final norm";
+    case B::kGemmInputCopy:
+      return "gemm input copy";
+    case B::kGemmScratchpad:
+      return "gemm scratchpad";
+    case B::kAttnWorkspace:
+      return "attention workspace";
+    case B::kLogitsChunk:
+      return "logits chunk";
   }
   return "?";
 }
 
 std::string_view StepName(StepId id) {
   switch (id) {
-    case S::kEmbed: return "embed";
-    case S::kLn1: return "ln1";
-    case S::kQkvProj: return "qkv proj";
-    case S::kAttention: return "attention";
-    case S::kOProj: return "o proj";
-    case S::kAttnResidualAdd: return "attention residual add";
-    case S::kLn2: return "ln2";
-    case S::kUpProj: return "gate/up proj";
-    case S::kActivation: return "activation";
-    case S::kDownProj: return "down proj";
-    case S::kRouter: return "router + top-k";
-    case S::kExpertGather: return "expert loop: gather tokens";
-    case S::kExpertGateUp: return "expert loop: gate/up proj";
-    case S::kExpertActivation: return "expert loop: activation";
-    case S::kExpertDown: return "expert loop: down proj";
-    case S::kExpertScatterAdd: return "expert loop: weighted scatter-add";
-    case S::kSharedExpert: return "shared expert";
-    case S::kMlpResidualAdd: return "mlp residual add";
-    case S::kFinalNorm: return "final norm";
-    case S::kLogits: return "logits";
+    case S::kEmbed:
+      return "embed";
+    case S::kLn1:
+      return "ln1";
+    case S::kQkvProj:
+      return "qkv proj";
+    case S::kAttention:
+      return "attention";
+    case S::kOProj:
+      return "o proj";
+    case S::kAttnResidualAdd:
+      return "attention residual add";
+    case S::kLn2:
+      return "ln2";
+    case S::kUpProj:
+      return "gate/up proj";
+    case S::kActivation:
+      return "activation";
+    case S::kDownProj:
+      return "down proj";
+    case S::kRouter:
+      return "router + top-k";
+    case S::kExpertGather:
+      return "expert loop: gather tokens";
+    case S::kExpertGateUp:
+      return "expert loop: gate/up proj";
+    case S::kExpertActivation:
+      return "expert loop: activation";
+    case S::kExpertDown:
+      return "expert loop: down proj";
+    case S::kExpertScatterAdd:
+      return "expert loop: weighted scatter-add";
+    case S::kSharedExpert:
+      return "shared expert";
+    case S::kMlpResidualAdd:
+      return "mlp residual add";
+    case S::kFinalNorm:
+      return "final norm";
+    case S::kLogits:
+      return "logits";
   }
   return "?";
 }
@@ -239,7 +294,8 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
                 Ie = c.moe.expert_intermediate_size,
                 Sh = c.moe.shared_expert_intermediate_size;
   switch (id) {
-    case B::kPositions: return {{T}, DType::kI32};
+    case B::kPositions:
+      return {{T}, DType::kI32};
     case B::kResidual:
     case B::kPosEmbed:
     case B::kAttnIn:
@@ -249,30 +305,48 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
     case B::kFinalNorm:
     case B::kSharedOut:
     case B::kExpertOut:
-    case B::kExpertIn: return {{T, H}, A};
-    case B::kRopeInvFreq: return {{half}, DType::kF32};
+    case B::kExpertIn:
+      return {{T, H}, A};
+    case B::kRopeInvFreq:
+      return {{half}, DType::kF32};
     case B::kRopeCos:
-    case B::kRopeSin: return {{T, half}, DType::kF32};
-    case B::kQkv: return {{T, Q + 2 * KV}, A};
-    case B::kPattern: return {{c.num_heads, L, L}, A};
-    case B::kZ: return {{T, Q}, A};
+    case B::kRopeSin:
+      return {{T, half}, DType::kF32};
+    case B::kQkv:
+      return {{T, Q + 2 * KV}, A};
+    case B::kPattern:
+      return {{c.num_heads, L, L}, A};
+    case B::kZ:
+      return {{T, Q}, A};
     case B::kMlpFc:
-    case B::kMlpAct: return {{T, I}, A};
-    case B::kMlpGateUp: return {{T, 2 * I}, A};
-    case B::kRouterLogits: return {{T, E}, DType::kF32};
-    case B::kRouteIds: return {{T, K}, DType::kI32};
-    case B::kRouteWeights: return {{T, K}, DType::kF32};
+    case B::kMlpAct:
+      return {{T, I}, A};
+    case B::kMlpGateUp:
+      return {{T, 2 * I}, A};
+    case B::kRouterLogits:
+      return {{T, E}, DType::kF32};
+    case B::kRouteIds:
+      return {{T, K}, DType::kI32};
+    case B::kRouteWeights:
+      return {{T, K}, DType::kF32};
     // Per expert: at most every token of the batch (all may pick it); over
     // the experts of a layer the rows add up to exactly T * k.
-    case B::kExpertRows: return {{T}, DType::kI32};
-    case B::kExpertGateUp: return {{T, 2 * Ie}, A};
-    case B::kExpertAct: return {{T, Ie}, A};
-    case B::kSharedGateUp: return {{T, 2 * Sh}, A};
-    case B::kSharedAct: return {{T, Sh}, A};
-    case B::kLogitsChunk: return {{logits_rows, c.vocab_size}, DType::kF32};
+    case B::kExpertRows:
+      return {{T}, DType::kI32};
+    case B::kExpertGateUp:
+      return {{T, 2 * Ie}, A};
+    case B::kExpertAct:
+      return {{T, Ie}, A};
+    case B::kSharedGateUp:
+      return {{T, 2 * Sh}, A};
+    case B::kSharedAct:
+      return {{T, Sh}, A};
+    case B::kLogitsChunk:
+      return {{logits_rows, c.vocab_size}, DType::kF32};
     case B::kGemmInputCopy:
     case B::kGemmScratchpad:
-    case B::kAttnWorkspace: return {{}, DType::kU8};
+    case B::kAttnWorkspace:
+      return {{}, DType::kU8};
   }
   return {};
 }

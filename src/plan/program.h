@@ -32,38 +32,38 @@ namespace loom {
 // (ties in the arena packing are broken by this order).
 enum class BufferId : uint8_t {
   // ---- Activations (the liveness-packed arena) ----
-  kPositions,       // [T] i32, whole program
-  kResidual,        // [T, H], whole program
-  kPosEmbed,        // [T, H] learned position embeddings (GPT-2)
-  kRopeInvFreq,     // [R/2] f32, to the end of the blocks
-  kRopeCos,         // [T, R/2] f32, to the end of the blocks
-  kRopeSin,         // [T, R/2] f32, to the end of the blocks
-  kAttnIn,          // [T, H] ln1 output
-  kQkv,             // [T, Q + 2 KV] q | k | v per token
-  kPattern,         // [heads, L, L] attention probabilities (hooked only)
-  kZ,               // [T, Q] attention output before o_proj
-  kAttnOut,         // [T, H] o_proj output (post-attention norm in place)
-  kMlpIn,           // [T, H] ln2 output
-  kMlpFc,           // [T, I] plain MLP fc (activation in place)
-  kMlpGateUp,       // [T, 2I] gated MLP gate | up
-  kMlpAct,          // [T, I] act(gate) * up
-  kRouterLogits,    // [T, E] f32
-  kRouteIds,        // [T, k] i32 expert ids
-  kRouteWeights,    // [T, k] f32 routing weights
-  kExpertRows,      // [T] i32 rows of the tokens routed to one expert
-  kExpertIn,        // [T, H] gathered rows of one expert
-  kExpertGateUp,    // [T, 2 Ie]
-  kExpertAct,       // [T, Ie]
-  kExpertOut,       // [T, H]
-  kSharedGateUp,    // [T, 2 S]
-  kSharedAct,       // [T, S]
-  kSharedOut,       // [T, H]
-  kMlpOut,          // [T, H] MLP output (post-MLP norm in place)
-  kFinalNorm,       // [T, H]
+  kPositions,     // [T] i32, whole program
+  kResidual,      // [T, H], whole program
+  kPosEmbed,      // [T, H] learned position embeddings (GPT-2)
+  kRopeInvFreq,   // [R/2] f32, to the end of the blocks
+  kRopeCos,       // [T, R/2] f32, to the end of the blocks
+  kRopeSin,       // [T, R/2] f32, to the end of the blocks
+  kAttnIn,        // [T, H] ln1 output
+  kQkv,           // [T, Q + 2 KV] q | k | v per token
+  kPattern,       // [heads, L, L] attention probabilities (hooked only)
+  kZ,             // [T, Q] attention output before o_proj
+  kAttnOut,       // [T, H] o_proj output (post-attention norm in place)
+  kMlpIn,         // [T, H] ln2 output
+  kMlpFc,         // [T, I] plain MLP fc (activation in place)
+  kMlpGateUp,     // [T, 2I] gated MLP gate | up
+  kMlpAct,        // [T, I] act(gate) * up
+  kRouterLogits,  // [T, E] f32
+  kRouteIds,      // [T, k] i32 expert ids
+  kRouteWeights,  // [T, k] f32 routing weights
+  kExpertRows,    // [T] i32 rows of the tokens routed to one expert
+  kExpertIn,      // [T, H] gathered rows of one expert
+  kExpertGateUp,  // [T, 2 Ie]
+  kExpertAct,     // [T, Ie]
+  kExpertOut,     // [T, H]
+  kSharedGateUp,  // [T, 2 S]
+  kSharedAct,     // [T, S]
+  kSharedOut,     // [T, H]
+  kMlpOut,        // [T, H] MLP output (post-MLP norm in place)
+  kFinalNorm,     // [T, H]
   // ---- Kernel workspace (each kernel its own region, all resident) ----
-  kGemmInputCopy,    // 16-bit copy of a GEMM input
-  kGemmScratchpad,   // the GEMM library's scratch
-  kAttnWorkspace,    // attention tiles
+  kGemmInputCopy,   // 16-bit copy of a GEMM input
+  kGemmScratchpad,  // the GEMM library's scratch
+  kAttnWorkspace,   // attention tiles
   // ---- Logits ----
   kLogitsChunk,  // [C, V] f32
 };
@@ -73,26 +73,26 @@ inline constexpr int kNumBuffers = static_cast<int>(BufferId::kLogitsChunk) + 1;
 std::string_view BufferName(BufferId id);
 
 enum class StepId : uint8_t {
-  kEmbed,              // token (+ position) embeddings, positions, RoPE tables
-  kLn1,                // pre-attention norm
-  kQkvProj,            // q/k/v projections, clip, q/k norms
-  kAttention,          // RoPE on q/k, attention (probabilities when hooked)
-  kOProj,              // output projection
-  kAttnResidualAdd,    // post-attention norm, residual += attention out
-  kLn2,                // pre-MLP norm
-  kUpProj,             // dense: gate/up (or fc) projection
-  kActivation,         // dense: act (gated: act(gate) * up)
-  kDownProj,           // dense: down projection
-  kRouter,             // MoE: router logits + top-k (ids, weights)
-  kExpertGather,       // MoE: per expert, gather its tokens' rows
-  kExpertGateUp,       // MoE: per expert, gate/up projection
-  kExpertActivation,   // MoE: per expert, act(gate) * up
-  kExpertDown,         // MoE: per expert, down projection
-  kExpertScatterAdd,   // MoE: per expert, mlp out[rows] += weight * out
-  kSharedExpert,       // MoE: shared expert MLP (x its sigmoid gate, if any)
-  kMlpResidualAdd,     // post-MLP norm, residual += mlp out
-  kFinalNorm,          // final norm
-  kLogits,             // lm_head (+ final softcap), chunk by chunk
+  kEmbed,             // token (+ position) embeddings, positions, RoPE tables
+  kLn1,               // pre-attention norm
+  kQkvProj,           // q/k/v projections, clip, q/k norms
+  kAttention,         // RoPE on q/k, attention (probabilities when hooked)
+  kOProj,             // output projection
+  kAttnResidualAdd,   // post-attention norm, residual += attention out
+  kLn2,               // pre-MLP norm
+  kUpProj,            // dense: gate/up (or fc) projection
+  kActivation,        // dense: act (gated: act(gate) * up)
+  kDownProj,          // dense: down projection
+  kRouter,            // MoE: router logits + top-k (ids, weights)
+  kExpertGather,      // MoE: per expert, gather its tokens' rows
+  kExpertGateUp,      // MoE: per expert, gate/up projection
+  kExpertActivation,  // MoE: per expert, act(gate) * up
+  kExpertDown,        // MoE: per expert, down projection
+  kExpertScatterAdd,  // MoE: per expert, mlp out[rows] += weight * out
+  kSharedExpert,      // MoE: shared expert MLP (x its sigmoid gate, if any)
+  kMlpResidualAdd,    // post-MLP norm, residual += mlp out
+  kFinalNorm,         // final norm
+  kLogits,            // lm_head (+ final softcap), chunk by chunk
 };
 
 // The planner's display name ("qkv proj", ...).
@@ -120,8 +120,8 @@ struct Program {
   std::vector<ProgramStep> prologue;  // embed
   // Distinct step lists; layer l runs blocks[layer_block[l]].
   std::vector<std::vector<ProgramStep>> blocks;
-  std::vector<int> layer_block;      // [num_layers]
-  std::vector<LayerConfig> layers;   // [num_layers]
+  std::vector<int> layer_block;       // [num_layers]
+  std::vector<LayerConfig> layers;    // [num_layers]
   std::vector<ProgramStep> epilogue;  // final norm, logits
 
   const std::vector<ProgramStep>& LayerSteps(int64_t layer) const {

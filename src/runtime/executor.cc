@@ -133,8 +133,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
     ex->devices_.push_back(std::move(d));
   }
   Device& last = ex->devices_.back();
-  ASSIGN_OR_RETURN(last.logits, Arena::Allocate(ex->layout_.logits,
-                                                *last.backend));
+  ASSIGN_OR_RETURN(last.logits,
+                   Arena::Allocate(ex->layout_.logits, *last.backend));
   const Arena& a = ex->devices_.front().activations;
   LOOM_CHECK(a.region(BufferId::kPositions) && a.region(BufferId::kResidual) &&
              a.region(BufferId::kQkv) && a.region(BufferId::kZ) &&
@@ -331,12 +331,10 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       RETURN_IF_ERROR(Emit(HookSite::kEmbed, -1, batch, d, H, H, x, sink));
       if (c_.learned_positions) {
         float* h = buf(BufferId::kPosEmbed);
-        const TensorView& wpe =
-            model_.weights().Require(WeightRole::kPosEmbed);
+        const TensorView& wpe = model_.weights().Require(WeightRole::kPosEmbed);
         be.Gather(wpe.data, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T,
                   H, h);
-        RETURN_IF_ERROR(
-            Emit(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
+        RETURN_IF_ERROR(Emit(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
         be.Add(h, x, T * H);
         RoundActivations(d, x, T, H, H);
       }
@@ -357,10 +355,10 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
     case StepId::kQkvProj: {
       const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV;
       const float* in = buf(step.reads[0]);  // [T, H]
-      float* qkv = buf(BufferId::kQkv);       // [T, Q + 2 KV]
-      float* q = qkv;                         // [T, Q]  row stride ld
-      float* k = qkv + Q;                     // [T, KV] row stride ld
-      float* v = qkv + Q + KV;                // [T, KV] row stride ld
+      float* qkv = buf(BufferId::kQkv);      // [T, Q + 2 KV]
+      float* q = qkv;                        // [T, Q]  row stride ld
+      float* k = qkv + Q;                    // [T, KV] row stride ld
+      float* v = qkv + Q + KV;               // [T, KV] row stride ld
       if (lc->fused_qkv) {
         Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
       } else {
@@ -378,8 +376,8 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         const TensorView& kn = model_.weights().Require(WeightRole::kKNorm, l);
         const bool per_head = lc->qk_norm == QkNormKind::kPerHead;
         const int64_t hd = c_.head_dim;
-        be.RmsNormRows(q, T, ld, per_head ? c_.num_heads : 1,
-                       per_head ? hd : Q, qn.data, qn.dtype, lc->norm_eps);
+        be.RmsNormRows(q, T, ld, per_head ? c_.num_heads : 1, per_head ? hd : Q,
+                       qn.data, qn.dtype, lc->norm_eps);
         be.RmsNormRows(k, T, ld, per_head ? c_.num_kv_heads : 1,
                        per_head ? hd : KV, kn.data, kn.dtype, lc->norm_eps);
         RoundActivations(d, qkv, T, Q + KV, ld);
@@ -498,8 +496,8 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       } else {
         Linear(d, in, T, WeightRole::kGate, WeightRole::kGateBias, l, up,
                2 * I);
-        Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up + I,
-               2 * I, /*same_x=*/true);
+        Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up + I, 2 * I,
+               /*same_x=*/true);
       }
       RoundActivations(d, up, T, 2 * I, 2 * I);
       return Emit(HookSite::kMlpPre, l, batch, d, I, 2 * I, up, sink);
@@ -521,8 +519,8 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
 
     case StepId::kDownProj: {
       float* o = buf(BufferId::kMlpOut);
-      Linear(d, buf(step.reads[0]), T, WeightRole::kDown,
-             WeightRole::kDownBias, l, o, H);
+      Linear(d, buf(step.reads[0]), T, WeightRole::kDown, WeightRole::kDownBias,
+             l, o, H);
       RoundActivations(d, o, T, H, H);
       return Emit(HookSite::kMlpOut, l, batch, d, H, H, o, sink);
     }
@@ -534,10 +532,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
     case StepId::kExpertDown:
     case StepId::kExpertScatterAdd:
     case StepId::kSharedExpert:
-      return UnimplementedError("executor: step '" +
-                                std::string(StepName(step.id)) + "' of layer " +
-                                std::to_string(l) +
-                                " (mixture of experts) is not implemented");
+      return UnimplementedError(
+          "executor: step '" + std::string(StepName(step.id)) + "' of layer " +
+          std::to_string(l) + " (mixture of experts) is not implemented");
 
     case StepId::kMlpResidualAdd: {
       float* o = buf(BufferId::kMlpOut);

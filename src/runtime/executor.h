@@ -86,7 +86,7 @@ struct ExecutorOptions {
   // Placement: contiguous segments from layer 0 to the model's last layer
   // (e.g. the plan's layer -> device assignment). Segments whose layers are
   // not run (hooks stop earlier) get no arenas.
-  std::vector<ExecutorSegment> segments;
+  std::vector<ExecutorSegment> segments = {};
 };
 
 // The model head on `rows` rows of final-norm output: logits [rows, V] =

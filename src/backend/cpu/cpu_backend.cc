@@ -124,8 +124,8 @@ void CpuBackend::RmsNorm(const float* x, const void* w, DType w_dtype,
   cpu::RmsNorm(x, w, w_dtype, offset, eps, y, rows, dim);
 }
 
-void CpuBackend::RmsNormBf16(const float* x, const void* w, float eps,
-                             float* y, int64_t rows, int64_t dim) {
+void CpuBackend::RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                             int64_t rows, int64_t dim) {
   cpu::RmsNormBf16(x, w, eps, y, rows, dim);
 }
 
@@ -201,8 +201,7 @@ void CpuBackend::Clamp(float* x, int64_t rows, int64_t cols, int64_t ld,
                        float lo, float hi) {
   cpu::Clamp(x, rows, cols, ld, lo, hi);
 }
-void CpuBackend::RoundToBf16(float* x, int64_t rows, int64_t cols,
-                             int64_t ld) {
+void CpuBackend::RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) {
   cpu::RoundToBf16(x, rows, cols, ld);
 }
 
