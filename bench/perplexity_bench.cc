@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "src/backend/cpu/kernels.h"
+#include "src/backend/registry.h"
 #include "src/eval/perplexity.h"
 #include "src/model/synth.h"
 #include "bench/bench_util.h"
@@ -23,6 +23,12 @@
 
 namespace loom {
 namespace {
+
+// Threads are a process-wide setting of the CPU backend.
+void SetThreads(int n) {
+  auto backend = CreateBackend("cpu");
+  if (backend.ok()) (*backend)->SetNumThreads(n);
+}
 
 const Model& PplModel() {
   static std::unique_ptr<Model> model = [] {
@@ -45,7 +51,7 @@ std::vector<int32_t> Stream(int64_t n, int64_t vocab) {
 }
 
 void BM_PlainForwardLogits(benchmark::State& state) {
-  cpu::SetNumThreads(static_cast<int>(state.range(0)));
+  SetThreads(static_cast<int>(state.range(0)));
   const int64_t ctx = state.range(1);
   const Model& model = PplModel();
   HookSet hooks;
@@ -69,7 +75,7 @@ void BM_PlainForwardLogits(benchmark::State& state) {
 }
 
 void BM_Perplexity(benchmark::State& state) {
-  cpu::SetNumThreads(static_cast<int>(state.range(0)));
+  SetThreads(static_cast<int>(state.range(0)));
   const int64_t ctx = state.range(1);
   const Model& model = PplModel();
   const std::vector<int32_t> ids =

@@ -15,7 +15,7 @@
 #include <memory>
 
 #include "bench/bench_util.h"
-#include "src/backend/cpu/kernels.h"
+#include "src/backend/registry.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
@@ -44,7 +44,13 @@ void BM_Prefill(benchmark::State& state) {
       state.range(0) == 32 ? Precision::kF32 : Precision::kBF16;
   const int threads = static_cast<int>(state.range(1));
   const int64_t tokens = state.range(2);
-  cpu::SetNumThreads(threads);
+  auto backend = CreateBackend("cpu");
+  if (!backend.ok()) {
+    state.SkipWithError(backend.status().ToString().c_str());
+    return;
+  }
+  Backend& be = **backend;
+  be.SetNumThreads(threads);
   const Model& model = GetModel(precision);
   const ModelConfig& c = model.config();
   HookSet hooks;
@@ -68,27 +74,23 @@ void BM_Prefill(benchmark::State& state) {
   // Baseline in the same process: the forward's GEMMs alone.
   std::vector<float> x(tokens * c.intermediate_size, 0.01f),
       y(tokens * 2 * c.intermediate_size);
-  const size_t ws_bytes = static_cast<size_t>(cpu::GemmWorkspaceBytes(
+  const size_t ws_bytes = static_cast<size_t>(be.Costs().gemm_workspace(
       tokens, c.intermediate_size, model.compute_dtype()));
   std::unique_ptr<void, decltype(&std::free)> ws(
       std::aligned_alloc(64, (ws_bytes + 127) / 64 * 64), &std::free);
-  cpu::GemmContext gemm;
   auto run_gemms = [&] {
     for (int64_t l = 0; l < c.num_layers; ++l) {
       for (WeightRole r :
            {WeightRole::kQ, WeightRole::kK, WeightRole::kV, WeightRole::kO,
             WeightRole::kGate, WeightRole::kUp, WeightRole::kDown}) {
         const TensorView& w = model.weights().Require(r, l);
-        cpu::GemmArgs a;
-        a.x = x.data();
-        a.w = w.data;
-        a.w_dtype = w.dtype;
-        a.m = tokens;
-        a.n = w.shape[0];
-        a.k = w.shape[1];
-        a.y = y.data();
-        a.workspace = ws.get();
-        gemm.Gemm(a);
+        GemmOp op;
+        op.x = x.data();
+        op.w = MakeWeightOperand(w, MatrixLayout::kOutIn);
+        op.m = tokens;
+        op.y = y.data();
+        op.workspace = ws.get();
+        be.Gemm(op);
       }
     }
   };

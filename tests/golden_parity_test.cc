@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 
-#include "src/backend/cpu/kernels.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 #include "tests/golden_util.h"

@@ -83,8 +83,10 @@ std::vector<int32_t> GoldenFile::Ids(const std::string& name,
 }
 
 Status CaptureSink::OnActivation(const HookPoint& hook, const Batch& batch,
-                                 int64_t seq, int64_t row_begin, int64_t rows,
-                                 int64_t cols, int64_t ld, const float* data) {
+                                 int64_t seq, int64_t row_begin,
+                                 const ActivationView& view) {
+  const int64_t rows = view.rows, cols = view.cols, ld = view.ld;
+  const float* data = view.f32();
   Tensor& t = tensors_[{hook, seq}];
   t.cols = cols;
   const int64_t total_rows = seq >= 0 ? rows : batch.num_tokens();

@@ -42,8 +42,7 @@ class GoldenFile {
 class CaptureSink : public HookSink {
  public:
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
-                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                      const float* data) override;
+                      int64_t row_begin, const ActivationView& view) override;
   struct Tensor {
     std::vector<float> data;
     int64_t cols = 0;

@@ -2,8 +2,7 @@
 // between <!-- layering-table --> and <!-- /layering-table --> and checks every
 // #include "src/..." / "tools/..." of src/, tools/, bench/ and tests/
 // against it. The rules are stated beside the table (docs/design/
-// architecture.md, "Layering"); this file holds none of its own, except the
-// temporary allow-list below.
+// architecture.md, "Layering"); this file holds none of its own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,25 +17,6 @@
 #include <vector>
 
 namespace {
-
-// Includes that break the table today, each being removed by the backend
-// work of issue 9 (eval/ and tools/ reach the CPU backend only through the
-// backend interface; the executor through the registry). An entry that no
-// longer matches an include fails the test, so this list only shrinks: empty
-// it, do not extend it.
-struct Allowed {
-  const char* file;
-  const char* module;  // the module it may include for now
-};
-constexpr Allowed kTemporarilyAllowed[] = {
-    {"src/eval/extract.cc", "backend/cpu"},
-    {"src/eval/extract_outputs.cc", "backend/cpu"},
-    {"src/eval/logits_head.h", "backend/cpu"},
-    {"src/runtime/executor.cc", "backend/cpu"},
-    {"tools/cli/compare_command.cc", "backend/cpu"},
-    {"tools/cli/perplexity_command.cc", "backend/cpu"},
-    {"tools/cli/plan_command.cc", "backend/cpu"},
-};
 
 struct Module {
   std::string name;
@@ -171,11 +151,9 @@ struct Source {
   std::string text;
 };
 
-// Every violation of `t` in `sources`, one line each. `used` collects the
-// allow-list entries that matched.
+// Every violation of `t` in `sources`, one line each.
 std::vector<std::string> Violations(const Table& t,
-                                    const std::vector<Source>& sources,
-                                    std::set<std::string>* used) {
+                                    const std::vector<Source>& sources) {
   std::vector<std::string> out;
   const Module* tests = nullptr;
   for (const Module& m : t.modules)
@@ -203,13 +181,6 @@ std::vector<std::string> Violations(const Table& t,
         continue;
       }
       if (to == from || from->anything || from->deps.count(to->name)) continue;
-      bool allowed = false;
-      for (const Allowed& a : kTemporarilyAllowed)
-        if (s.path == a.file && to->name == a.module) {
-          allowed = true;
-          if (used) used->insert(std::string(a.file) + " -> " + a.module);
-        }
-      if (allowed) continue;
       out.push_back(where + ": " + from->name + " includes \"" + target +
                     "\" (" + to->name + "), which its row does not list");
     }
@@ -271,16 +242,10 @@ TEST(Layering, EveryIncludeFollowsTheTable) {
     ASSERT_FALSE(ec) << dir << ": " << ec.message();
   }
   ASSERT_GT(sources.size(), 100u) << "found too few sources under " << root;
-  std::set<std::string> used;
-  const std::vector<std::string> bad = Violations(t, sources, &used);
+  const std::vector<std::string> bad = Violations(t, sources);
   EXPECT_TRUE(bad.empty())
       << "includes that break docs/design/architecture.md (Layering):\n"
       << Join(bad);
-  for (const Allowed& a : kTemporarilyAllowed) {
-    const std::string key = std::string(a.file) + " -> " + a.module;
-    EXPECT_TRUE(used.count(key))
-        << key << " is fixed: remove it from kTemporarilyAllowed";
-  }
 }
 
 // The checker itself: a table and sources in memory.
@@ -303,8 +268,7 @@ TEST(Layering, CatchesForbiddenIncludesAndUnknownPlaces) {
       {"src/plan/planner_test.cc", "#include \"src/eval/job_plan.h\"\n"},
       {"tests/x.cc", "#include \"src/backend/cpu/kernels.h\"\n"},
   };
-  EXPECT_TRUE(Violations(t, ok, nullptr).empty())
-      << Join(Violations(t, ok, nullptr));
+  EXPECT_TRUE(Violations(t, ok).empty()) << Join(Violations(t, ok));
 
   const std::vector<Source> bad = {
       // The planner may not read its report (the loop issue 9 broke).
@@ -318,7 +282,7 @@ TEST(Layering, CatchesForbiddenIncludesAndUnknownPlaces) {
       {"src/newdir/a.cc", "\n"},
       {"src/eval/b.cc", "#include \"src/nowhere/c.h\"\n"},
   };
-  const std::vector<std::string> v = Violations(t, bad, nullptr);
+  const std::vector<std::string> v = Violations(t, bad);
   ASSERT_EQ(v.size(), 5u) << Join(v);
   EXPECT_NE(v[0].find("src/plan/planner.cc:2: plan includes"),
             std::string::npos)

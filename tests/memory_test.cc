@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <new>
 
+#include "src/backend/cpu/cpu_backend.h"
 #include "src/model/synth.h"
 #include "src/plan/planner.h"
 #include "src/plan/report.h"
@@ -150,9 +151,9 @@ HookSet EveryHook(const ModelConfig& c) {
 
 class NullSink : public HookSink {
  public:
-  Status OnActivation(const HookPoint&, const Batch&, int64_t, int64_t, int64_t,
-                      int64_t, int64_t, const float* data) override {
-    sum_ += data[0];  // read, do not store
+  Status OnActivation(const HookPoint&, const Batch&, int64_t, int64_t,
+                      const ActivationView& view) override {
+    sum_ += view.f32()[0];  // read, do not store
     return Status();
   }
   double sum_ = 0;
@@ -208,7 +209,7 @@ TEST(MemoryTest, ExecutorAllocatesExactlyThePlannedArenas) {
   ASSERT_TRUE(ex.ok());
   const ActivationLayout plan =
       PlanActivations((*model)->config(), Executor::MakeJob(**model, hooks, o),
-                      Executor::CpuKernelCosts());
+                      cpu::CpuKernelCosts());
   EXPECT_EQ((*ex)->arena_bytes(), plan.activations.total_bytes +
                                       plan.workspace.total_bytes +
                                       plan.logits.total_bytes);
@@ -244,7 +245,7 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
   auto cpu = ParseDevice("cpu=24GiB", 24LL << 30);
   ASSERT_TRUE(cpu.ok());
   auto plan =
-      PlanModelDir(dir, job, {*cpu}, 24LL << 30, Executor::CpuKernelCosts());
+      PlanModelDir(dir, job, {*cpu}, 24LL << 30, cpu::CpuKernelCosts());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   int64_t planned = 0;
   for (const auto& d : plan->devices)

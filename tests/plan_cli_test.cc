@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -180,6 +183,72 @@ TEST(PlanCli, DeviceFlagsHaveOneHelpTextInEveryCommand) {
   // --hooks / --layers: one text for extract and plan.
   EXPECT_EQ(FlagHelp("plan", "--hooks"), FlagHelp("extract", "--hooks"));
   EXPECT_NE(FlagHelp("plan", "--model"), "(--model missing)");
+}
+
+// Runs `loom ARGS` and returns stdout and stderr together.
+Result LoomAll(const std::string& args) {
+  Result r;
+  const std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The activations / workspace / logits columns of the `cpu` row of a plan
+// table (fixed-width columns: device, weights, activations, workspace, kv,
+// staging, logits).
+std::vector<std::string> CpuArenaColumns(const std::string& table) {
+  size_t at = table.find("\ncpu ");
+  if (at == std::string::npos) return {};
+  const std::string row =
+      table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+  auto column = [&](int i) {  // "%-8s" then " %11s" per column
+    const size_t begin = 8 + static_cast<size_t>(i) * 12 + 1;
+    return row.size() >= begin + 11 ? row.substr(begin, 11) : std::string();
+  };
+  return {column(1), column(2), column(5)};
+}
+
+TEST(PlanCli, PlanAndExtractShowPlanPrintTheSameArenaBytes) {
+  // One job two ways: `loom plan` from the model directory, and the plan
+  // `loom extract --show-plan` prints before it runs. Kernel costs come from
+  // the CPU backend in both (the GEMM scratchpad included).
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "loom_plan_cli_show_plan")
+          .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream in(dir + "/input.jsonl");
+    in << "{\"id\": \"a\", \"text\": \"Once upon a time\"}\n";
+  }
+  for (const char* hooks :
+       {"blocks.1.hook_resid_post", "blocks.0.hook_mlp_out,ln_final.hook_normalized"}) {
+    SCOPED_TRACE(hooks);
+    const Result plan =
+        LoomAll("plan " + model +
+                " --device cpu --batch-tokens 256 --ctx 256 --hooks " + hooks);
+    ASSERT_EQ(plan.rc, 0) << plan.out;
+    std::filesystem::remove_all(dir + "/out");
+    const Result extract =
+        LoomAll("extract --model " + model + " --input " + dir +
+                "/input.jsonl --out " + dir + "/out --hooks " + hooks +
+                " --batch-tokens 256 --precision f32 --show-plan");
+    ASSERT_EQ(extract.rc, 0) << extract.out;
+    const std::vector<std::string> a = CpuArenaColumns(plan.out);
+    const std::vector<std::string> b = CpuArenaColumns(extract.out);
+    ASSERT_EQ(a.size(), 3u) << plan.out;
+    EXPECT_EQ(a, b) << "loom plan:\n" << plan.out << "\nloom extract:\n"
+                    << extract.out;
+    EXPECT_NE(a[1].find_first_not_of(' '), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -28,9 +28,10 @@ class ReferenceSink : public HookSink {
   ReferenceSink(float* hidden, float* layers, int64_t layer_stride)
       : hidden_(hidden), layers_(layers), layer_stride_(layer_stride) {}
   Status OnActivation(const HookPoint& hook, const Batch&, int64_t,
-                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                      const float* data) override {
-    LOOM_CHECK(row_begin == 0 && ld == cols);
+                      int64_t row_begin, const ActivationView& view) override {
+    const int64_t rows = view.rows, cols = view.cols;
+    const float* data = view.f32();
+    LOOM_CHECK(row_begin == 0 && view.ld == cols);
     if (hook.site == HookSite::kFinalNorm) {
       std::memcpy(hidden_, data, sizeof(float) * rows * cols);
     } else if (hook.site == HookSite::kResidPost && layers_ != nullptr) {
@@ -57,9 +58,10 @@ class CandidateSink : public HookSink {
         layer_stride_(layer_stride),
         sums_(sums) {}
   Status OnActivation(const HookPoint& hook, const Batch&, int64_t,
-                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                      const float* data) override {
-    LOOM_CHECK(row_begin == 0 && ld == cols);
+                      int64_t row_begin, const ActivationView& view) override {
+    const int64_t rows = view.rows, cols = view.cols;
+    const float* data = view.f32();
+    LOOM_CHECK(row_begin == 0 && view.ld == cols);
     if (hook.site == HookSite::kFinalNorm) {
       std::memcpy(hidden_, data, sizeof(float) * rows * cols);
     } else if (hook.site == HookSite::kResidPost && ref_layers_ != nullptr) {

@@ -10,7 +10,7 @@
 #include <memory>
 #include <optional>
 
-#include "src/backend/cpu/kernels.h"
+#include "src/backend/registry.h"
 #include "src/eval/extract_batches.h"
 #include "src/eval/extract_manifest.h"
 #include "src/eval/extract_outputs.h"
@@ -294,6 +294,7 @@ struct RunContext {
   RowsLog& rows_log;
   JobState& state;
   Clock::time_point start;
+  Backend& backend;  // runs the forward and converts the outputs
 };
 
 // Reads, runs and commits windows until the input ends, or the test hook
@@ -313,7 +314,8 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
           {.max_tokens = s.batch_tokens,
            .max_seq_len = std::min(s.batch_tokens, s.max_positions),
            .logits_chunk_rows = 256,
-           .hf_bf16_activations = o.hf_bf16_activations}));
+           .hf_bf16_activations = o.hf_bf16_activations,
+           .backend = &ctx.backend}));
   const RowPreparer preparer({.template_text = o.template_text,
                               .add_bos = o.add_bos,
                               .replace_invalid_utf8 = o.replace_invalid_utf8,
@@ -356,7 +358,8 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
 
 StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   const Clock::time_point start = Clock::now();
-  if (o.threads > 0) cpu::SetNumThreads(o.threads);
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
+  if (o.threads > 0) backend->SetNumThreads(o.threads);
   // Everything that depends only on config.json and the options is checked
   // before planning, so bad options fail before anything is loaded.
   ASSIGN_OR_RETURN(ExtractSettings settings, ResolveExtractSettings(o));
@@ -372,7 +375,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o));
   const DType compute = loaded.model->compute_dtype();
   const DType out_dtype = o.dtype.value_or(compute);
-  OutputSet outputs(settings, out_dtype, o.format, o.out_dir);
+  OutputSet outputs(settings, out_dtype, o.format, o.out_dir, backend.get());
   RowsLog rows_log(o.out_dir + "/rows.jsonl");
   ASSIGN_OR_RETURN(std::string config_sha,
                    Sha256File(o.model_dir + "/config.json"));
@@ -388,7 +391,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     done.complete = true;
     return done;
   }
-  RunContext ctx{o, settings, loaded, outputs, rows_log, state, start};
+  RunContext ctx{o,        settings, loaded, outputs,
+                 rows_log, state,    start,  *backend};
   bool stopped = false;
   ASSIGN_OR_RETURN(ExtractSummary summary, RunWindows(ctx, &stopped));
   if (stopped) return summary;

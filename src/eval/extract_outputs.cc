@@ -9,7 +9,6 @@
 #include <optional>
 #include <sstream>
 
-#include "src/backend/cpu/kernels.h"
 #include "src/base/check.h"
 #include "src/io/file_util.h"
 #include "src/io/safetensors_writer.h"
@@ -82,9 +81,9 @@ int64_t ShardIndex(const std::string& name) {
 
 }  // namespace
 
-void ConvertActivations(const float* src, uint8_t* dst, DType dtype,
-                        int64_t n) {
-  cpu::ConvertFromF32(src, dst, dtype, n);
+void ConvertActivations(Backend& host, const float* src, uint8_t* dst,
+                        DType dtype, int64_t n) {
+  host.ConvertFromF32(src, dst, dtype, n);
 }
 
 std::vector<int64_t> OutputArray::row_shape() const {
@@ -97,8 +96,11 @@ std::vector<int64_t> OutputArray::row_shape() const {
 // ---- OutputSet: layout and files --------------------------------------------
 
 OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
-                     OutputFormat format, std::string out_dir)
-    : dtype_(dtype), format_(format), out_dir_(std::move(out_dir)) {
+                     OutputFormat format, std::string out_dir, Backend* host)
+    : dtype_(dtype),
+      format_(format),
+      host_(host),
+      out_dir_(std::move(out_dir)) {
   for (const HookPoint& hp : settings.hooks.hooks()) {
     for (const RowSelector& sel : settings.selectors) {
       OutputArray out;
@@ -304,7 +306,7 @@ void OutputSet::CaptureFixed(OutputArray& o, int64_t slot, int64_t seq_begin,
   auto copy = [&](int64_t p, int64_t dst_row) {
     const int64_t t = seq_begin + p;  // packed token index
     if (t < rows.row_begin || t >= rows.row_begin + rows.rows) return;
-    ConvertActivations(rows.data + (t - rows.row_begin) * rows.ld,
+    ConvertActivations(*host_, rows.data + (t - rows.row_begin) * rows.ld,
                        &o.stage[dst_row * o.width * ds], dtype_, o.width);
   };
   switch (o.sel.kind) {
@@ -351,7 +353,7 @@ void OutputSet::CaptureRagged(OutputArray& o, int64_t slot, int64_t seq_begin,
     const int64_t t = seq_begin + p;
     if (t < rows.row_begin || t >= rows.row_begin + rows.rows) continue;
     const int64_t dst_row = ri.slot_begin[slot] + (p - span.begin);
-    ConvertActivations(rows.data + (t - rows.row_begin) * rows.ld,
+    ConvertActivations(*host_, rows.data + (t - rows.row_begin) * rows.ld,
                        &o.stage[dst_row * o.width * ds], dtype_, o.width);
   }
 }
@@ -375,7 +377,8 @@ void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
         for (int64_t j = 0; j < out.width; ++j)
           row[j] = static_cast<float>(out.acc[s * out.width + j] / div);
       }
-      ConvertActivations(row.data(), &out.stage[s * per * ds], dtype_, per);
+      ConvertActivations(*host_, row.data(), &out.stage[s * per * ds], dtype_,
+                         per);
     }
   }
 }
@@ -444,14 +447,20 @@ Status OutputSet::CommitShards(int64_t W, ManifestProgress* progress,
 
 Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                  int64_t /*seq*/, int64_t row_begin,
-                                 int64_t rows, int64_t cols, int64_t ld,
-                                 const float* data) {
+                                 const ActivationView& view) {
+  // Selection happens on the host: a device view would first need a
+  // device-side selection (the CUDA backend's job).
+  if (!view.host_f32())
+    return UnimplementedError("extract: hook " + HookName(hook) +
+                              " was delivered in device memory or as " +
+                              std::string(DTypeName(view.dtype)) +
+                              "; extraction reads host f32 views only");
   outputs_->Capture(hook, batch,
-                    ActivationRows{.data = data,
+                    ActivationRows{.data = view.f32(),
                                    .row_begin = row_begin,
-                                   .rows = rows,
-                                   .cols = cols,
-                                   .ld = ld});
+                                   .rows = view.rows,
+                                   .cols = view.cols,
+                                   .ld = view.ld});
   return Status();
 }
 

@@ -23,9 +23,11 @@
 
 namespace loom {
 
-// The one conversion of captured f32 activations to the output dtype.
+// The one conversion of captured f32 activations to the output dtype, by the
+// host backend.
 //   src: [n] f32; dst: [n] values of `dtype` (F32, BF16 or F16)
-void ConvertActivations(const float* src, uint8_t* dst, DType dtype, int64_t n);
+void ConvertActivations(Backend& host, const float* src, uint8_t* dst,
+                        DType dtype, int64_t n);
 
 // Rows [row_begin, row_begin + rows) of a batch's packed tokens for one hook:
 // row r at data + (r - row_begin) * ld, `cols` f32 values each.
@@ -65,8 +67,9 @@ struct RaggedIndex {
 
 class OutputSet {
  public:
+  // `host` converts captured rows to `dtype` (borrowed).
   OutputSet(const ExtractSettings& settings, DType dtype, OutputFormat format,
-            std::string out_dir);
+            std::string out_dir, Backend* host);
 
   // The file list of a fresh manifest (empty for safetensors: shards are
   // added as they are committed), the ragged data files (keys of
@@ -118,6 +121,7 @@ class OutputSet {
 
   DType dtype_;
   OutputFormat format_;
+  Backend* host_;
   std::string out_dir_;
   std::vector<OutputArray> arrays_;
   std::vector<RaggedIndex> ragged_;
@@ -131,8 +135,7 @@ class ExtractSink : public HookSink {
  public:
   explicit ExtractSink(OutputSet* outputs) : outputs_(outputs) {}
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
-                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                      const float* data) override;
+                      int64_t row_begin, const ActivationView& view) override;
 
  private:
   OutputSet* outputs_;

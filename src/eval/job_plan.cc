@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "src/backend/registry.h"
 #include "src/model/registry.h"
 #include "src/plan/devices.h"
 #include "src/plan/report.h"
@@ -38,8 +39,9 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
       return UnimplementedError("--device " + d.name +
                                 ": this build runs on the CPU only; plan GPU "
                                 "placements with `loom plan`");
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
   ASSIGN_OR_RETURN(MemoryPlan plan, PlanModelDir(model_dir, job, devices, host,
-                                                 Executor::CpuKernelCosts()));
+                                                 backend->Costs()));
   if (o.show_plan)
     std::fprintf(stderr, "loom %s: memory plan\n%s\n", command.c_str(),
                  FormatPlanTable(plan).c_str());

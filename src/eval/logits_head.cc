@@ -1,6 +1,8 @@
 #include "src/eval/logits_head.h"
 
+#include "src/backend/registry.h"
 #include "src/base/check.h"
+#include "src/base/units.h"
 
 namespace loom::eval {
 
@@ -11,52 +13,63 @@ LogitsHead::LogitsHead(const Model& model, int64_t chunk_rows)
       hidden_(model.config().hidden_size) {}
 
 StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
-                                                         int64_t chunk_rows) {
+                                                         int64_t chunk_rows,
+                                                         Backend* backend) {
   if (chunk_rows <= 0)
     return InvalidArgumentError("logits chunk rows must be > 0, got " +
                                 std::to_string(chunk_rows));
   auto head = std::unique_ptr<LogitsHead>(new LogitsHead(model, chunk_rows));
+  if (backend == nullptr) {
+    ASSIGN_OR_RETURN(head->owned_backend_, CreateBackend("cpu"));
+    backend = head->owned_backend_.get();
+  }
+  head->backend_ = backend;
+  const KernelCosts costs = backend->Costs();
   const TensorView& w = model.weights().Require(WeightRole::kLmHead);
   ArenaPlan plan;
-  auto add = [&](const char* name, int64_t bytes) {
+  auto add = [&](BufferId id, const char* name, int64_t bytes) {
     PlannedRegion r;
+    r.id = id;
     r.name = name;
     r.bytes = bytes;
     r.offset = plan.total_bytes;
-    plan.total_bytes +=
-        (bytes + ArenaPlan::kAlign - 1) / ArenaPlan::kAlign * ArenaPlan::kAlign;
+    plan.total_bytes += AlignUp(bytes, ArenaPlan::kAlign);
     plan.regions.push_back(r);
   };
-  add("eval logits chunk [C, V]",
+  add(BufferId::kLogitsChunk, "eval logits chunk [C, V]",
       chunk_rows * head->vocab_ * int64_t{sizeof(float)});
-  add("eval lm_head input copy",
-      cpu::GemmWorkspaceBytes(chunk_rows, head->hidden_, w.dtype));
-  const bool out_in =
-      model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kOutIn;
-  const int64_t scratch = cpu::GemmScratchpadBytes(
-      chunk_rows, head->vocab_, head->hidden_, w.dtype,
-      out_in ? cpu::WeightLayout::kOutIn : cpu::WeightLayout::kInOut);
-  add("eval lm_head scratchpad", scratch);
+  add(BufferId::kGemmInputCopy, "eval lm_head input copy",
+      costs.gemm_workspace
+          ? costs.gemm_workspace(chunk_rows, head->hidden_, w.dtype)
+          : 0);
+  const bool k_major =
+      model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kInOut;
+  const int64_t scratch =
+      costs.gemm_scratchpad
+          ? costs.gemm_scratchpad(chunk_rows, head->vocab_, head->hidden_,
+                                  w.dtype, k_major)
+          : 0;
+  add(BufferId::kGemmScratchpad, "eval lm_head scratchpad", scratch);
   plan.naive_bytes = plan.total_bytes;
-  ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan));
+  ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan, *backend));
   if (scratch > 0)
-    head->gemm_.SetScratchpad(head->arena_.region("eval lm_head scratchpad"),
-                              scratch);
+    backend->SetGemmScratchpad(head->arena_.region(BufferId::kGemmScratchpad),
+                               scratch);
   return head;
 }
 
 const float* LogitsHead::Compute(const float* hidden, int64_t rows) {
   LOOM_CHECK(rows > 0 && rows <= chunk_rows_)
       << "rows=" << rows << " chunk_rows=" << chunk_rows_;
-  float* logits = arena_.as<float>("eval logits chunk [C, V]");
-  ComputeLogits(model_, gemm_, hidden, rows, logits,
-                arena_.region("eval lm_head input copy"));
+  float* logits = arena_.as<float>(BufferId::kLogitsChunk);
+  ComputeLogits(model_, *backend_, hidden, rows, logits,
+                arena_.region(BufferId::kGemmInputCopy));
   return logits;
 }
 
 void LogitsHead::LogSumExp(int64_t rows, double* lse) const {
-  cpu::LogSumExp(arena_.as<float>("eval logits chunk [C, V]"), rows, vocab_,
-                 lse);
+  backend_->LogSumExp(arena_.as<float>(BufferId::kLogitsChunk), rows, vocab_,
+                      lse);
 }
 
 int64_t ArgMax(const float* x, int64_t n) {

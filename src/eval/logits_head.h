@@ -3,15 +3,15 @@
 // captures ln_final.hook_normalized ([T, hidden], cheap) and computes logits
 // only for the rows it scores, chunk by chunk, so logits memory stays
 // O(chunk x vocab) and two models' logits for the same rows can be held at
-// once (compare). Mirrors the executor's lm_head step exactly (same GEMM
-// call, same softcap).
+// once (compare). Mirrors the executor's lm_head step exactly (same
+// ComputeLogits through the Backend interface).
 #ifndef LOOM_EVAL_LOGITS_HEAD_H_
 #define LOOM_EVAL_LOGITS_HEAD_H_
 
 #include <cstdint>
 #include <memory>
 
-#include "src/backend/cpu/kernels.h"
+#include "src/backend/backend.h"
 #include "src/base/status.h"
 #include "src/runtime/arena.h"
 #include "src/runtime/executor.h"
@@ -21,8 +21,10 @@ namespace loom::eval {
 
 class LogitsHead {
  public:
-  static StatusOr<std::unique_ptr<LogitsHead>> Create(const Model& model,
-                                                      int64_t chunk_rows);
+  // `backend` (not owned; one not shared with another consumer) runs the
+  // head; null = a CPU backend owned by the head.
+  static StatusOr<std::unique_ptr<LogitsHead>> Create(
+      const Model& model, int64_t chunk_rows, Backend* backend = nullptr);
 
   // logits [rows, vocab] (row stride vocab) of hidden [rows, hidden_size]
   // (row stride hidden_size), rows <= chunk_rows(). Valid until the next call.
@@ -40,9 +42,9 @@ class LogitsHead {
   LogitsHead(const Model& model, int64_t chunk_rows);
   const Model& model_;
   int64_t chunk_rows_, vocab_, hidden_;
+  std::unique_ptr<Backend> owned_backend_;
+  Backend* backend_ = nullptr;
   Arena arena_;
-
-  cpu::GemmContext gemm_;
 };
 
 // Index of the first maximum of x[0, n).

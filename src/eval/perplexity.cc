@@ -27,9 +27,10 @@ class ScoringSink : public HookSink {
   double nll() const { return nll_; }
 
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
-                      int64_t row_begin, int64_t rows, int64_t cols, int64_t ld,
-                      const float* data) override {
+                      int64_t row_begin, const ActivationView& view) override {
     if (hook.site != HookSite::kFinalNorm) return Status();
+    const int64_t rows = view.rows, cols = view.cols, ld = view.ld;
+    const float* data = view.f32();
     LOOM_CHECK(row_begin == 0 && rows == static_cast<int64_t>(ids_.size()) &&
                ld == cols && cols == head_->hidden());
     const int64_t V = head_->vocab();

@@ -1,12 +1,14 @@
 // The activation, workspace and logits arenas of one device's forward pass,
 // laid out by liveness.
 //
-// The forward is written as a fixed program of steps: the steps before the
-// blocks (embedding), one generic block (every layer runs the same steps on
-// the same regions, one layer after another), and the steps after the blocks
-// (final norm, logits). Each region is live over [first_step, last_step] of
-// that program; regions that carry values from layer to layer (the residual
-// stream, RoPE tables) are live over the whole program. Regions whose
+// The steps and their buffers come from the forward program
+// (src/plan/program.h), the same one the executor runs: the steps before the
+// blocks (embedding), each distinct block once (every layer runs its block's
+// steps on the same regions, one layer after another), and the steps after
+// the blocks (final norm, logits). A region is live from the first step that
+// touches it to the last; regions that carry values from layer to layer (the
+// residual stream and positions over the whole program, the RoPE tables
+// through the blocks) are live over that span. Regions whose
 // lifetimes intersect never share bytes; the others may. Offsets are chosen
 // greedily (largest region first, lowest 64-byte-aligned offset that does not
 // collide), so the layout is deterministic and never larger than the sum of
@@ -28,6 +30,7 @@
 #include "src/model/config.h"
 #include "src/model/hooks.h"
 #include "src/plan/job.h"
+#include "src/plan/program.h"
 
 namespace loom {
 
@@ -50,7 +53,8 @@ struct KernelCosts {
 };
 
 struct PlannedRegion {
-  std::string name;   // "qkv", "residual", ...
+  BufferId id = BufferId::kResidual;  // what the executor looks up
+  std::string name;   // display only: BufferName(id)
   std::string shape;  // "[T, Q+2KV] f32" with the numbers: "[2048, 6144] f32"
   int64_t bytes = 0;
   int64_t offset = 0;  // 64-byte aligned
@@ -64,12 +68,13 @@ struct ArenaPlan {
   std::vector<PlannedRegion> regions;
   int64_t total_bytes = 0;  // the arena: max(offset + aligned bytes)
   int64_t naive_bytes = 0;  // sum of aligned region bytes (no reuse)
-  // Index of the region named `name`, or -1.
-  int Find(std::string_view name) const;
+  // Index of the region of buffer `id`, or -1.
+  int Find(BufferId id) const;
 };
 
 struct ActivationLayout {
-  std::vector<std::string> steps;  // the program, in order
+  std::vector<std::string> steps;  // the program, in order (StepName)
+  std::vector<StepId> step_ids;    // the same steps, typed
   int block_first_step = 0;        // the generic block's steps
   int block_last_step = 0;
   ArenaPlan activations;  // packed by liveness

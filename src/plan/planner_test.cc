@@ -161,7 +161,7 @@ TEST(PlanProperties, LivenessBeatsTheExecutorsSumOfRegions) {
   EXPECT_LT(l.activations.total_bytes, l.activations.naive_bytes);
   // The residual stream is live over the whole program.
   const PlannedRegion& x =
-      l.activations.regions[l.activations.Find("residual")];
+      l.activations.regions[l.activations.Find(BufferId::kResidual)];
   EXPECT_EQ(x.first_step, 0);
   EXPECT_EQ(x.last_step, static_cast<int>(l.steps.size()) - 1);
 }

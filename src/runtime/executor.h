@@ -1,14 +1,20 @@
-// Executor: runs the forward pass of a Model on the CPU backend over packed
-// batches of variable-length sequences (no padding compute, no KV cache),
-// calling a HookSink at every requested hook point.
+// Executor: runs the forward program (src/plan/program.h) of a Model over
+// packed batches of variable-length sequences (no padding compute, no KV
+// cache) through the Backend interface, calling a HookSink at every requested
+// hook point.
 //
-// All activation memory comes from one arena sized at Create() for the
-// largest batch (max_tokens, max_seq_len); Forward() allocates nothing. The
-// forward stops after the deepest layer any requested hook needs; the final
-// norm and lm_head run only when ln_final / logits are requested.
+// Placement: the layers run as contiguous segments, each on its own backend
+// (device), with its own arenas sized by the plan; the residual stream, the
+// positions and the RoPE tables are copied to the next segment's device at a
+// boundary. The first segment also runs the embedding, the last the final
+// norm and lm_head. One segment on one CPU backend is the default.
 //
-// Not thread-safe: one Forward at a time per executor (the kernels use all
-// threads set by cpu::SetNumThreads).
+// All activation memory comes from arenas sized at Create() for the largest
+// batch (max_tokens, max_seq_len); Forward() allocates nothing. The forward
+// stops after the deepest layer any requested hook needs; the final norm and
+// lm_head run only when ln_final / logits are requested.
+//
+// Not thread-safe: one Forward at a time per executor (and per backend).
 #ifndef LOOM_RUNTIME_EXECUTOR_H_
 #define LOOM_RUNTIME_EXECUTOR_H_
 
@@ -16,18 +22,18 @@
 #include <memory>
 #include <span>
 
+#include <vector>
+
+#include "src/backend/backend.h"
 #include "src/base/status.h"
 #include "src/model/hooks.h"
 #include "src/plan/activations.h"
 #include "src/plan/job.h"
+#include "src/plan/program.h"
 #include "src/runtime/arena.h"
 #include "src/runtime/model.h"
 
 namespace loom {
-
-namespace cpu {
-class GemmContext;
-}
 
 // Packed sequences: sequence s is ids[seq_start[s] .. seq_start[s+1]); its
 // positions are 0 .. length-1.
@@ -41,17 +47,26 @@ struct Batch {
   }
 };
 
-// Receives captured activations. `data` is valid only during the call.
-// For token-major hooks: rows [row_begin, row_begin + rows) of the batch's
-// packed tokens, each row `cols` f32 values, consecutive rows `ld` apart.
-// For attn.hook_pattern: one call per sequence `seq`, data [heads, L, L] dense
+// Receives captured activations as views of the device's buffers, valid only
+// during the call (view.rows rows of view.cols values, view.ld apart, in
+// view.dtype on view.device: f32 in host memory on the CPU backend).
+// For token-major hooks: rows [row_begin, row_begin + view.rows) of the
+// batch's packed tokens (seq = -1).
+// For attn.hook_pattern: one call per sequence `seq`, [heads, L, L] dense
 // (rows = heads * L, cols = L, ld = L, row_begin = seq_start[seq]).
 class HookSink {
  public:
   virtual ~HookSink() = default;
   virtual Status OnActivation(const HookPoint& hook, const Batch& batch,
-                              int64_t seq, int64_t row_begin, int64_t rows,
-                              int64_t cols, int64_t ld, const float* data) = 0;
+                              int64_t seq, int64_t row_begin,
+                              const ActivationView& view) = 0;
+};
+
+// Layers [first_layer, last_layer] run on `backend` (not owned).
+struct ExecutorSegment {
+  Backend* backend = nullptr;
+  int64_t first_layer = 0;
+  int64_t last_layer = -1;
 };
 
 struct ExecutorOptions {
@@ -65,15 +80,21 @@ struct ExecutorOptions {
   // adds, MLP intermediates, logits), to reproduce HF's bf16 numbers. Off:
   // activations stay f32 and only GEMM inputs are rounded (more accurate).
   bool hf_bf16_activations = false;
+  // One device: the backend every step runs on (not owned); null = a CPU
+  // backend owned by the executor. Ignored when `segments` is given.
+  Backend* backend = nullptr;
+  // Placement: contiguous segments from layer 0 to the model's last layer
+  // (e.g. the plan's layer -> device assignment). Segments whose layers are
+  // not run (hooks stop earlier) get no arenas.
+  std::vector<ExecutorSegment> segments = {};
 };
 
 // The model head on `rows` rows of final-norm output: logits [rows, V] =
 // hidden [rows, H] x lm_head^T, then the final softcap (Gemma2). `workspace`
-// holds cpu::GemmWorkspaceBytes(rows, H, lm_head dtype) bytes. Shared by the
-// executor and the evaluation code that computes logits chunk by chunk.
-void ComputeLogits(const Model& model, cpu::GemmContext& gemm,
-                   const float* hidden, int64_t rows, float* logits,
-                   void* workspace);
+// holds backend.Costs().gemm_workspace(rows, H, lm_head dtype) bytes. Shared
+// by the executor and the evaluation code that computes logits chunk by chunk.
+void ComputeLogits(const Model& model, Backend& backend, const float* hidden,
+                   int64_t rows, float* logits, void* workspace);
 
 class Executor {
  public:
@@ -85,49 +106,67 @@ class Executor {
   // the capacities and max_position_embeddings.
   Status Forward(const Batch& batch, HookSink* sink);
 
-  // The planned layout this executor allocated (activations by liveness,
-  // kernel workspace, logits chunk) and the bytes of its three arenas.
+  // The planned layout every device's arenas follow (activations by
+  // liveness, kernel workspace; the logits chunk on the last device) and the
+  // bytes of all arenas of all devices.
   const ActivationLayout& layout() const { return layout_; }
-  int64_t arena_bytes() const {
-    return act_.bytes() + ws_.bytes() + logits_.bytes();
-  }
+  int64_t arena_bytes() const;
   // The job the layout was planned for (batch tokens, context, hooks, logits).
   static JobSpec MakeJob(const Model& model, const HookSet& hooks,
                          const ExecutorOptions& options);
-  // The backend's workspace functions, for the planner.
-  static KernelCosts CpuKernelCosts();
   const HookSet& hooks() const { return hooks_; }
   int64_t last_layer() const { return last_layer_; }
+  const Program& program() const { return program_; }
+
+  // The segments that run (clipped to the layers run), with their arenas.
+  struct Device {
+    Backend* backend = nullptr;
+    int64_t first_layer = 0, last_layer = -1;
+    Arena activations, workspace, logits;  // logits: last device only
+    int64_t bytes() const {
+      return activations.bytes() + workspace.bytes() + logits.bytes();
+    }
+  };
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+  const Device& device(int i) const { return devices_[static_cast<size_t>(i)]; }
 
  private:
   Executor(const Model& model, const HookSet& hooks,
            const ExecutorOptions& options);
-  struct Regions;
-  Status RunLayer(int64_t layer, const Batch& batch, HookSink* sink);
-  Status Emit(HookSite site, int64_t layer, const Batch& batch, int64_t cols,
-              int64_t ld, const float* data, HookSink* sink);
+  // Runs one step of the program on device `d` (`layer` = -1 outside the
+  // blocks).
+  Status RunStep(const ProgramStep& step, Device& d, int64_t layer,
+                 const Batch& batch, HookSink* sink);
+  // Copies the values carried across layers from device `from` to `to`.
+  Status Transfer(const Device& from, Device& to, const Batch& batch);
+  Status Emit(HookSite site, int64_t layer, const Batch& batch, const Device& d,
+              int64_t cols, int64_t ld, const float* data, HookSink* sink);
   // `same_x`: x is the input of the previous Linear call, whose 16-bit copy in
   // the workspace is reused instead of converting x again.
-  void Linear(const float* x, int64_t m, WeightRole w, WeightRole bias,
-              int64_t layer, float* y, int64_t ldy, bool accumulate = false,
+  void Linear(Device& d, const float* x, int64_t m, WeightRole w,
+              WeightRole bias, int64_t layer, float* y, int64_t ldy,
               bool same_x = false);
-  void Norm(WeightRole w, WeightRole b, int64_t layer, const float* x, float* y,
-            int64_t rows, int64_t dim);
-  void ComputeRope(const Batch& batch);
+  void Norm(Device& d, NormKind kind, float eps, float offset, WeightRole w,
+            WeightRole b, int64_t layer, const float* x, float* y, int64_t rows,
+            int64_t dim);
+  void ComputeRope(Device& d, const Batch& batch);
   // Rounds rows x cols values (row stride ld) to bf16 in place when
   // options_.hf_bf16_activations is set.
-  void RoundActivations(float* data, int64_t rows, int64_t cols,
-                        int64_t ld) const;
+  void RoundActivations(Device& d, float* data, int64_t rows, int64_t cols,
+                        int64_t ld) const {
+    if (options_.hf_bf16_activations)
+      d.backend->RoundToBf16(data, rows, cols, ld);
+  }
 
   const Model& model_;
   const ModelConfig& c_;
   HookSet hooks_;
   ExecutorOptions options_;
   int64_t last_layer_ = -1;
+  Program program_;
   ActivationLayout layout_;
-  Arena act_, ws_, logits_;
-  std::unique_ptr<Regions> r_;
-  std::unique_ptr<cpu::GemmContext> gemm_;
+  std::unique_ptr<Backend> owned_backend_;
+  std::vector<Device> devices_;
 };
 
 }  // namespace loom

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "src/backend/cpu/kernels.h"
+#include "src/backend/registry.h"
 #include "src/eval/compare.h"
 #include "src/eval/input.h"
 #include "src/runtime/model.h"
@@ -42,7 +42,11 @@ Status RunCompare(const CompareArgs& args) {
   ASSIGN_OR_RETURN(Precision precision_a, ParsePrecision(args.precision));
   ASSIGN_OR_RETURN(Precision precision_b,
                    ParsePrecision(args.reference_precision));
-  cpu::SetNumThreads(args.threads);
+  {
+    // Threads are a process-wide setting of the CPU backend.
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
+    backend->SetNumThreads(args.threads);
+  }
   // Plan both models first (they are resident together); refuse before
   // loading if either, or both together, do not fit.
   ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx, args.chunk_rows));

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "src/backend/cpu/kernels.h"
+#include "src/backend/registry.h"
 #include "src/eval/input.h"
 #include "src/eval/perplexity.h"
 #include "src/runtime/model.h"
@@ -29,7 +29,11 @@ Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
   ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
-  cpu::SetNumThreads(args.threads);
+  {
+    // Threads are a process-wide setting of the CPU backend.
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
+    backend->SetNumThreads(args.threads);
+  }
   // Plan first; refuse before loading if the job does not fit.
   ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx, args.chunk_rows));
   const int64_t rss_before = CurrentRssBytes();

@@ -18,7 +18,7 @@
 #include <system_error>
 #include <vector>
 
-#include "src/backend/cpu/kernels.h"
+#include "src/backend/registry.h"
 #include "src/eval/job_plan.h"
 #include "src/model/hooks.h"
 #include "src/model/registry.h"
@@ -135,11 +135,10 @@ Status RunPlan(const PlanArgs& a, const std::string& model_dir,
   }
   if (in.strategy == Strategy::kManual && in.layers_per_device.empty())
     return InvalidArgumentError("--strategy manual needs --layers-per-device");
-  // The CPU backend's kernel costs (a CUDA backend will pass its own).
-  in.costs.gemm_workspace = cpu::GemmWorkspaceBytes;
-  in.costs.attention_workspace = cpu::AttentionWorkspaceBytes;
-  in.costs.num_threads = cpu::NumThreads();
-  in.costs.activation_dtype = DType::kF32;
+  // Kernel costs from the backend, as every job command takes them (a CUDA
+  // backend will give its own).
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
+  in.costs = backend->Costs();
 
   nlohmann::json solved;
   std::string solved_line;

@@ -13,6 +13,7 @@
 
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/base/check.h"
+#include "src/base/float16.h"
 
 namespace loom::cpu {
 namespace {
@@ -327,6 +328,59 @@ void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse) {
 #pragma omp parallel for schedule( \
     static) if (rows * vocab >= kMinParallelElems && rows > 1)
   for (int64_t r = 0; r < rows; ++r) lse[r] = fn(logits + r * vocab, vocab);
+}
+
+// ---- Row operations (bf16 emulation, clamps, expert gather/scatter) -------
+
+void RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                 int64_t rows, int64_t dim) {
+  LOOM_CHECK(w != nullptr);
+  RmsNorm(x, nullptr, DType::kBF16, 0.0f, eps, y, rows, dim);
+  const uint16_t* g = static_cast<const uint16_t*>(w);
+#pragma omp parallel for schedule(static) if (rows * dim > 16384)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < dim; ++j)
+      y[r * dim + j] = RoundBf16(Bf16ToF32(g[j]) * RoundBf16(y[r * dim + j]));
+}
+
+void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                 int64_t dim, const void* w, DType w_dtype, float eps) {
+  LOOM_CHECK(tokens >= 0 && groups >= 1 && dim >= 1 && ld >= groups * dim);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t)
+    RmsNorm(x + t * ld, w, w_dtype, 0.0f, eps, x + t * ld, groups, dim);
+}
+
+void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
+           float hi) {
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      x[r * ld + j] = std::clamp(x[r * ld + j], lo, hi);
+}
+
+void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) {
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) x[r * ld + j] = RoundBf16(x[r * ld + j]);
+}
+
+void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
+                int64_t cols, float* out) {
+#pragma omp parallel for schedule(static) if (n * cols > 16384)
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(out + i * cols, x + static_cast<int64_t>(rows[i]) * ldx,
+                sizeof(float) * static_cast<size_t>(cols));
+}
+
+void ScatterAddRows(const float* x, const int32_t* rows, const float* w,
+                    int64_t n, int64_t cols, float* y, int64_t ldy) {
+#pragma omp parallel for schedule(static) if (n * cols > 16384)
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = w ? w[i] : 1.0f;
+    float* dst = y + static_cast<int64_t>(rows[i]) * ldy;
+    for (int64_t j = 0; j < cols; ++j) dst[j] += s * x[i * cols + j];
+  }
 }
 
 // ---- Threads

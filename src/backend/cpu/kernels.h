@@ -109,6 +109,19 @@ void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
                float eps, float* y, int64_t rows, int64_t dim);
 
+// Hugging Face's bf16 Llama RMSNorm (two roundings):
+//   y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))   (w: bf16 gain)
+//   x, y: [rows, dim] dense (may alias); w: [dim] bf16
+void RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                 int64_t rows, int64_t dim);
+
+// RMSNorm in place over `groups` consecutive groups of `dim` values of each
+// of `tokens` rows (q/k norms: per head, groups = heads; or over the whole
+// projection, groups = 1), gain w [dim] (w_dtype), no offset.
+//   x: [tokens, groups * dim] with row stride ld
+void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                 int64_t dim, const void* w, DType w_dtype, float eps);
+
 // ---- Rotary embeddings ----------------------------------------------------
 
 // Fills cos/sin tables [tokens, half] (half = rotary_dim / 2) for
@@ -193,6 +206,20 @@ void Softcap(float* x, int64_t n, float cap);
 void Add(const float* x, float* y, int64_t n);
 // x *= s. x: [n]
 void Scale(float* x, int64_t n, float s);
+// x[r, j] = min(max(x[r, j], lo), hi). x: [rows, cols] with row stride ld
+void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
+           float hi);
+// x[r, j] = bf16(x[r, j]) (round to nearest even, stored as f32).
+//   x: [rows, cols] with row stride ld
+void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld);
+// out[i, :] = x[rows[i], :]. x: [*, cols] row stride ldx; rows: [n];
+// out: [n, cols] dense
+void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
+                int64_t cols, float* out);
+// y[rows[i], :] += w[i] * x[i, :] (w null = 1), rows distinct.
+//   x: [n, cols] dense; rows, w: [n]; y: [*, cols] row stride ldy
+void ScatterAddRows(const float* x, const int32_t* rows, const float* w,
+                    int64_t n, int64_t cols, float* y, int64_t ldy);
 // Embedding gather: out[t, :] = table[ids[t], :] (table [vocab, dim] in
 // table_dtype) converted to f32. ids are validated by the caller.
 //   ids: [tokens]; out: [tokens, dim]

@@ -768,6 +768,103 @@ TEST(Elementwise, GatherExact) {
   }
 }
 
+// ---- Row operations -----------------------------------------------------------
+
+TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
+  for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{129}}) {
+    for (int64_t dim : {int64_t{7}, int64_t{2051}}) {
+      const std::vector<float> x = Random(rows * dim, 31, -3.0f, 3.0f);
+      const std::vector<uint16_t> w = To16(Random(dim, 32), DType::kBF16);
+      std::vector<float> got(rows * dim), composed(rows * dim),
+          want(rows * dim);
+      RmsNormBf16(x.data(), w.data(), 1e-6f, got.data(), rows, dim);
+      // The definition with the optimised RMSNorm: bit-identical.
+      RmsNorm(x.data(), nullptr, DType::kBF16, 0.0f, 1e-6f, composed.data(),
+              rows, dim);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < dim; ++j)
+          composed[r * dim + j] = RoundBf16(
+              Bf16ToF32(w[j]) * RoundBf16(composed[r * dim + j]));
+      ExpectBitwise("rmsnorm bf16 vs composition", got.data(), composed.data(),
+                    rows * dim * 4);
+      ref::RmsNormBf16(x.data(), w.data(), 1e-6f, want.data(), rows, dim);
+      // The normalised value differs from the reference by the RMSNorm bound
+      // ((dim/2 + 6) u); each of the two bf16 roundings can then move it by
+      // one bf16 step (2^-8 relative) more than the reference's did.
+      std::vector<double> tol(rows * dim);
+      for (int64_t i = 0; i < rows * dim; ++i)
+        tol[i] = (2.0 / 256 + (0.5 * dim + 6.0) * kU) * std::abs(want[i]) +
+                 1e-30;
+      ExpectNear("rmsnorm bf16 rows=" + std::to_string(rows), got.data(),
+                 want.data(), tol, rows * dim);
+    }
+  }
+}
+
+TEST(RowOps, RmsNormRowsIsPerTokenRmsNorm) {
+  const int64_t tokens = 37, heads = 4, hd = 16, ld = heads * hd + 24;
+  for (int64_t groups : {heads, int64_t{1}}) {
+    const int64_t dim = heads * hd / groups;
+    const std::vector<float> x = Random(tokens * ld, 33, -2.0f, 2.0f);
+    const std::vector<uint16_t> w = To16(Random(dim, 34), DType::kBF16);
+    std::vector<float> got = x, per_token = x, want = x;
+    RmsNormRows(got.data(), tokens, ld, groups, dim, w.data(), DType::kBF16,
+                1e-6f);
+    for (int64_t t = 0; t < tokens; ++t)
+      RmsNorm(per_token.data() + t * ld, w.data(), DType::kBF16, 0.0f, 1e-6f,
+              per_token.data() + t * ld, groups, dim);
+    ExpectBitwise("rmsnorm rows", got.data(), per_token.data(),
+                  tokens * ld * 4);
+    ref::RmsNormRows(want.data(), tokens, ld, groups, dim, w.data(),
+                     DType::kBF16, 1e-6f);
+    std::vector<double> tol(tokens * ld);
+    for (int64_t i = 0; i < tokens * ld; ++i)
+      tol[i] = (0.5 * dim + 6.0) * kU * std::abs(want[i]) + 1e-30;
+    ExpectNear("rmsnorm rows vs reference", got.data(), want.data(), tol,
+               tokens * ld);
+  }
+}
+
+TEST(RowOps, ClampAndRoundExact) {
+  const int64_t rows = 300, cols = 70, ld = 81;  // > 16384 values: threaded
+  std::vector<float> x = Random(rows * ld, 35, -4.0f, 4.0f);
+  std::vector<float> got = x, want = x;
+  Clamp(got.data(), rows, cols, ld, -1.5f, 2.0f);
+  ref::Clamp(want.data(), rows, cols, ld, -1.5f, 2.0f);
+  ExpectBitwise("clamp", got.data(), want.data(), rows * ld * 4);
+  EXPECT_EQ(got[cols], x[cols]);  // the padding between rows is untouched
+  got = x;
+  want = x;
+  RoundToBf16(got.data(), rows, cols, ld);
+  ref::RoundToBf16(want.data(), rows, cols, ld);
+  ExpectBitwise("round bf16", got.data(), want.data(), rows * ld * 4);
+  EXPECT_EQ(got[cols], x[cols]);
+  EXPECT_EQ(got[0], RoundBf16(x[0]));
+}
+
+TEST(RowOps, GatherAndScatterAddRows) {
+  const int64_t src_rows = 50, cols = 33, ldx = 40, n = 17;
+  const std::vector<float> x = Random(src_rows * ldx, 36);
+  std::vector<int32_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>((i * 7) % src_rows);
+  std::vector<float> got(n * cols), want(n * cols);
+  GatherRows(x.data(), ldx, rows.data(), n, cols, got.data());
+  ref::GatherRows(x.data(), ldx, rows.data(), n, cols, want.data());
+  ExpectBitwise("gather rows", got.data(), want.data(), n * cols * 4);
+  const std::vector<float> w = Random(n, 37, 0.0f, 1.0f);
+  std::vector<float> y = Random(src_rows * ldx, 38);
+  std::vector<float> y_ref = y;
+  ScatterAddRows(got.data(), rows.data(), w.data(), n, cols, y.data(), ldx);
+  ref::ScatterAddRows(want.data(), rows.data(), w.data(), n, cols,
+                      y_ref.data(), ldx);
+  // One product and one sum per element, each rounded once (<= 2 u, plus
+  // the product's rounding carried through the sum).
+  std::vector<double> tol(src_rows * ldx);
+  for (int64_t i = 0; i < src_rows * ldx; ++i)
+    tol[i] = 3 * kU * (std::abs(y_ref[i]) + 1.0) + 1e-30;
+  ExpectNear("scatter-add rows", y.data(), y_ref.data(), tol, src_rows * ldx);
+}
+
 TEST(LogSumExp, MatchesReference) {
   for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{17}}) {
     for (int64_t vocab :

@@ -287,4 +287,47 @@ void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse) {
   }
 }
 
+void RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                 int64_t rows, int64_t dim) {
+  RmsNorm(x, nullptr, DType::kBF16, 0.0f, eps, y, rows, dim);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < dim; ++i)
+      y[r * dim + i] = RoundBf16(LoadAsF32(w, DType::kBF16, i) *
+                                 RoundBf16(y[r * dim + i]));
+}
+
+void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                 int64_t dim, const void* w, DType w_dtype, float eps) {
+  for (int64_t t = 0; t < tokens; ++t)
+    RmsNorm(x + t * ld, w, w_dtype, 0.0f, eps, x + t * ld, groups, dim);
+}
+
+void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
+           float hi) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      float& v = x[r * ld + j];
+      if (v < lo) v = lo;
+      if (v > hi) v = hi;
+    }
+}
+
+void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) x[r * ld + j] = RoundBf16(x[r * ld + j]);
+}
+
+void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
+                int64_t cols, float* out) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = x[rows[i] * ldx + j];
+}
+
+void ScatterAddRows(const float* x, const int32_t* rows, const float* w,
+                    int64_t n, int64_t cols, float* y, int64_t ldy) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      y[rows[i] * ldy + j] += (w ? w[i] : 1.0f) * x[i * cols + j];
+}
+
 }  // namespace loom::cpu::ref

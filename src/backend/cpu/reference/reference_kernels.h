@@ -60,6 +60,19 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
 // logits [rows, vocab], lse [rows].
 void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse);
 
+// Row operations, see kernels.h.
+void RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                 int64_t rows, int64_t dim);
+void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                 int64_t dim, const void* w, DType w_dtype, float eps);
+void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
+           float hi);
+void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld);
+void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
+                int64_t cols, float* out);
+void ScatterAddRows(const float* x, const int32_t* rows, const float* w,
+                    int64_t n, int64_t cols, float* y, int64_t ldy);
+
 }  // namespace loom::cpu::ref
 
 #endif  // LOOM_BACKEND_CPU_REFERENCE_REFERENCE_KERNELS_H_

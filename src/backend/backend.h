@@ -1,0 +1,285 @@
+// Backend: the interface between the forward program and a device.
+//
+// A Backend instance is one device (or the host) plus the state one stream of
+// work needs there (e.g. the CPU's cached GEMM primitives). It owns memory
+// (device, host and pinned host buffers), runs the ops the forward program
+// needs, tells the planner what each op costs in scratch bytes (Costs) and
+// says what it can compute (Capabilities). The runtime (executor, logits
+// head) and the evaluation code call only this interface; only a backend's
+// own directory (src/backend/<name>/) includes its kernels.
+//
+// Conventions (every op):
+//   - Activations are row-major arrays of the backend's activation dtype
+//     (Costs().activation_dtype; f32 on the CPU backend, hence float*), in
+//     this device's memory, with explicit sizes and row strides.
+//   - Weights are passed with their storage format (WeightStorage): the
+//     backend converts or dequantizes as it computes. Ops never allocate;
+//     scratch comes from caller-provided workspaces sized by Costs().
+//   - Ops are issued in order on the instance's stream. On a synchronous
+//     backend (the CPU) an op has finished when it returns; elsewhere the
+//     results are visible after Synchronize() (or to later ops on the same
+//     instance).
+//   - An instance is not thread-safe: one stream of work at a time. Create
+//     one instance per consumer (executor segment, logits head).
+//
+// Optional slots have synchronous default implementations: CopyAsync (=
+// Copy) and Synchronize (= nothing to wait for). A device backend overrides
+// them to overlap copies with compute.
+#ifndef LOOM_BACKEND_BACKEND_H_
+#define LOOM_BACKEND_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+#include "src/core/format.h"
+#include "src/model/config.h"
+#include "src/model/weights.h"
+#include "src/plan/activations.h"
+#include "src/plan/devices.h"
+
+namespace loom {
+
+// Where a buffer lives: a device of some kind and its index ("cuda:1" =
+// {kCuda, 1}); the host is {kCpu, 0}.
+struct DeviceRef {
+  DeviceKind kind = DeviceKind::kCpu;
+  int index = 0;
+  bool operator==(const DeviceRef&) const = default;
+};
+
+enum class MemoryKind {
+  kDevice,      // the backend's device memory (the host's RAM on the CPU)
+  kHost,        // ordinary host memory
+  kPinnedHost,  // page-locked host memory (fast device <-> host copies)
+};
+
+// An owned allocation; freed by the backend that made it when the last copy
+// of the Buffer goes away.
+struct Buffer {
+  std::shared_ptr<void> memory;
+  int64_t bytes = 0;
+  MemoryKind kind = MemoryKind::kDevice;
+  DeviceRef device;
+  void* data() const { return memory.get(); }
+};
+
+// A hooked activation as the consumer sees it: rows of `cols` values, row r
+// at data + r * ld elements, in `dtype`, in the memory of `device`. A device
+// backend hands out device views, so a consumer can select rows on the device
+// before anything is copied; f32() is for host-resident f32 views.
+struct ActivationView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  DeviceRef device;
+  int64_t rows = 0, cols = 0, ld = 0;
+
+  bool host_f32() const {
+    return dtype == DType::kF32 && device.kind == DeviceKind::kCpu;
+  }
+  // The data as host f32 (checked: the view must be host_f32()).
+  const float* f32() const;
+};
+
+// ---- Weight operands ---------------------------------------------------------
+
+// How a GEMM weight operand is stored: a row of the format table
+// (src/core/format.h; kDense = plain `dtype` values, f32/bf16/f16; the
+// block-quantized kinds keep their scales in WeightOperand::scales), the
+// dtype of the values and the matrix layout. Backends list the storages they
+// take in Capabilities::weight_formats.
+struct WeightStorage {
+  FormatKind kind = FormatKind::kDense;
+  DType dtype = DType::kF32;
+  MatrixLayout layout = MatrixLayout::kOutIn;  // [N, K] or [K, N]
+  bool operator==(const WeightStorage&) const = default;
+};
+
+// y[m, n] = x[m, k] W^T: W is [n, k] (kOutIn) or [k, n] (kInOut).
+struct WeightOperand {
+  const void* data = nullptr;
+  WeightStorage format;
+  int64_t n = 0, k = 0;
+  const void* scales = nullptr;  // quantized formats only
+};
+
+// y = x W^T (+ bias) (+ y if accumulate).
+struct GemmOp {
+  const float* x = nullptr;  // [m, k] row stride k
+  int64_t m = 0;
+  WeightOperand w;
+  const void* bias = nullptr;  // [n] in bias_dtype, may be null
+  DType bias_dtype = DType::kF32;
+  float* y = nullptr;  // [m, n] row stride ldy (0 = n)
+  int64_t ldy = 0;
+  bool accumulate = false;
+  // Scratch of Costs().gemm_workspace(m, k, dtype) bytes.
+  void* workspace = nullptr;
+  // The previous Gemm on this instance had the same x contents, m, k, weight
+  // dtype and workspace: its converted copy of x in the workspace is reused.
+  bool reuse_x_workspace = false;
+};
+
+// ---- Attention ---------------------------------------------------------------
+
+// Causal self-attention over packed variable-length sequences; see
+// cpu::AttentionArgs for the exact semantics of every field.
+struct AttentionOp {
+  const float* q = nullptr;  // [T, q_heads, head_dim], row stride q_rs
+  int64_t q_rs = 0;
+  const float* k = nullptr;  // [T, kv_heads, head_dim], row stride k_rs
+  int64_t k_rs = 0;
+  const float* v = nullptr;  // [T, kv_heads, head_dim], row stride v_rs
+  int64_t v_rs = 0;
+  float* z = nullptr;                  // [T, q_heads * head_dim] dense
+  const int64_t* seq_start = nullptr;  // [num_seqs + 1] (host memory)
+  int64_t num_seqs = 0;
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0;  // GQA: q_heads % kv_heads
+  float scale = 1.0f;
+  float softcap = 0.0f;  // 0 = none
+  int64_t window = 0;    // sliding window; 0 = global
+  // [q_heads] per-head sink logits (gpt-oss), null = none. A backend without
+  // sinks returns Unimplemented.
+  const float* sinks = nullptr;
+  DType sinks_dtype = DType::kF32;
+  float* probs = nullptr;  // [q_heads, L, L] of sequence probs_seq, or null
+  int64_t probs_seq = -1;
+  void* workspace = nullptr;  // Costs().attention_workspace(...) bytes
+};
+
+enum class ActivationFn { kSilu, kGeluTanh, kGeluExact, kRelu };
+ActivationFn ToActivationFn(ActKind act);
+
+// What a backend computes.
+struct BackendCapabilities {
+  std::vector<DType> compute_dtypes;         // GEMM compute precisions
+  std::vector<WeightStorage> weight_formats;  // GEMM weight operands
+  bool attention_sinks = false;
+  bool async_copy = false;  // CopyAsync overlaps with compute
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual DeviceRef device() const = 0;
+  virtual BackendCapabilities Capabilities() const = 0;
+  // What each op costs in scratch bytes, for the planner.
+  virtual KernelCosts Costs() const = 0;
+  // Threads the backend's host-side work uses (0 = all cores); returns the
+  // count used.
+  virtual int SetNumThreads(int n) = 0;
+  virtual int NumThreads() const = 0;
+
+  // ---- Memory ----
+  // `bytes` (at least 64), 64-byte aligned, zero-filled and resident.
+  virtual StatusOr<Buffer> Allocate(int64_t bytes, MemoryKind kind) = 0;
+  // Copies `bytes` from `src` (memory of `src_device`) to `dst` (memory of
+  // `dst_device`); one of them is this backend's device or the host.
+  virtual Status Copy(void* dst, DeviceRef dst_device, const void* src,
+                      DeviceRef src_device, int64_t bytes) = 0;
+  // Optional: a copy ordered on this instance's stream that may still be in
+  // flight when it returns (complete after Synchronize()).
+  virtual Status CopyAsync(void* dst, DeviceRef dst_device, const void* src,
+                           DeviceRef src_device, int64_t bytes) {
+    return Copy(dst, dst_device, src, src_device, bytes);
+  }
+  // Optional: waits for everything issued on this instance.
+  virtual Status Synchronize() { return Status(); }
+
+  // ---- GEMM ----
+  // Library scratch used by every Gemm of this instance (borrowed; sized by
+  // Costs().gemm_scratchpad over the shapes that will run).
+  virtual void SetGemmScratchpad(void* scratch, int64_t bytes) = 0;
+  virtual void Gemm(const GemmOp& op) = 0;
+
+  // ---- Norms: x, y [rows, dim] dense (may alias); w, b [dim] in w_dtype ----
+  // y = x * rsqrt(mean(x^2) + eps) * (w + offset); w may be null.
+  virtual void RmsNorm(const float* x, const void* w, DType w_dtype,
+                       float offset, float eps, float* y, int64_t rows,
+                       int64_t dim) = 0;
+  // Hugging Face's bf16 Llama RMSNorm: y = bf16(w * bf16(normalized)), w bf16.
+  virtual void RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                           int64_t rows, int64_t dim) = 0;
+  // RMSNorm of `groups` groups of `dim` values in each of `tokens` rows
+  // (row stride ld): q/k norms per head (groups = heads) or over the whole
+  // projection (groups = 1). In place. x: [tokens, groups * dim] stride ld.
+  virtual void RmsNormRows(float* x, int64_t tokens, int64_t ld,
+                           int64_t groups, int64_t dim, const void* w,
+                           DType w_dtype, float eps) = 0;
+  // y = (x - mean) * rsqrt(var + eps) * w + b; w, b may be null.
+  virtual void LayerNorm(const float* x, const void* w, const void* b,
+                         DType w_dtype, float eps, float* y, int64_t rows,
+                         int64_t dim) = 0;
+
+  // ---- RoPE ----
+  // cos/sin [tokens, half] for positions [tokens] and inv_freq [half].
+  virtual void RopeTables(const int32_t* positions, int64_t tokens,
+                          const float* inv_freq, int64_t half,
+                          float attention_scaling, float* cos, float* sin) = 0;
+  // In place on x [tokens, heads, head_dim] (row stride row_stride).
+  virtual void ApplyRope(float* x, int64_t tokens, int64_t heads,
+                         int64_t head_dim, int64_t row_stride,
+                         const float* cos, const float* sin, int64_t half) = 0;
+
+  // ---- Attention ----
+  virtual Status Attention(const AttentionOp& op) = 0;
+
+  // ---- Elementwise ----
+  // x: [n] in place.
+  virtual void Activation(ActivationFn fn, float* x, int64_t n) = 0;
+  // out[r, i] = fn(gate[r, i]) * up[r, i]; gate/up row strides gate_rs/up_rs,
+  // out dense [rows, n].
+  virtual void GatedActivation(ActivationFn fn, const float* gate,
+                               int64_t gate_rs, const float* up, int64_t up_rs,
+                               float* out, int64_t rows, int64_t n) = 0;
+  virtual void Add(const float* x, float* y, int64_t n) = 0;     // y += x, [n]
+  virtual void Scale(float* x, int64_t n, float s) = 0;          // x *= s, [n]
+  virtual void Softcap(float* x, int64_t n, float cap) = 0;      // [n]
+  // x[r, j] = clamp(x[r, j], lo, hi); x [rows, cols] row stride ld.
+  virtual void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld,
+                     float lo, float hi) = 0;
+  // x[r, j] = bf16(x[r, j]) (round to nearest even, kept as f32);
+  // x [rows, cols] row stride ld.
+  virtual void RoundToBf16(float* x, int64_t rows, int64_t cols,
+                           int64_t ld) = 0;
+
+  // ---- Gather / scatter ----
+  // Embedding: out[t, :] = table[ids[t], :]; table [vocab, dim] in
+  // table_dtype, ids [tokens] (validated by the caller), out [tokens, dim].
+  virtual void Gather(const void* table, DType table_dtype,
+                      const int32_t* ids, int64_t tokens, int64_t dim,
+                      float* out) = 0;
+  // Experts: out[i, :] = x[rows[i], :]; x row stride ldx, out [n, cols].
+  virtual void GatherRows(const float* x, int64_t ldx, const int32_t* rows,
+                          int64_t n, int64_t cols, float* out) = 0;
+  // Experts: y[rows[i], :] += weights[i] * x[i, :]; x [n, cols] dense,
+  // y row stride ldy; weights may be null (= 1).
+  virtual void ScatterAddRows(const float* x, const int32_t* rows,
+                              const float* weights, int64_t n, int64_t cols,
+                              float* y, int64_t ldy) = 0;
+
+  // ---- Conversion ----
+  virtual void ConvertFromF32(const float* src, void* dst, DType dtype,
+                              int64_t n) = 0;
+  virtual void ConvertToF32(const void* src, DType dtype, float* dst,
+                            int64_t n) = 0;
+
+  // ---- Head ----
+  // lse[r] = logsumexp(logits[r, :]) for logits [rows, vocab] (one chunk of
+  // the head; lse in host memory, double).
+  virtual void LogSumExp(const float* logits, int64_t rows, int64_t vocab,
+                         double* lse) = 0;
+};
+
+// The weight operand of a bound weight (its storage format and [n, k]).
+WeightOperand MakeWeightOperand(const TensorView& w, MatrixLayout layout);
+
+}  // namespace loom
+
+#endif  // LOOM_BACKEND_BACKEND_H_

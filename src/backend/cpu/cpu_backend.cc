@@ -1,0 +1,240 @@
+#include "src/backend/cpu/cpu_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "src/base/check.h"
+#include "src/base/units.h"
+
+namespace loom::cpu {
+namespace {
+
+Activation ToCpu(ActivationFn fn) {
+  switch (fn) {
+    case ActivationFn::kSilu:
+      return Activation::kSilu;
+    case ActivationFn::kGeluTanh:
+      return Activation::kGeluTanh;
+    case ActivationFn::kGeluExact:
+      return Activation::kGeluExact;
+    case ActivationFn::kRelu:
+      return Activation::kRelu;
+  }
+  return Activation::kSilu;
+}
+
+WeightLayout ToCpu(MatrixLayout layout) {
+  return layout == MatrixLayout::kOutIn ? WeightLayout::kOutIn
+                                        : WeightLayout::kInOut;
+}
+
+int64_t GemmScratchpad(int64_t m, int64_t n, int64_t k, DType w_dtype,
+                       bool k_major) {
+  return GemmScratchpadBytes(
+      m, n, k, w_dtype, k_major ? WeightLayout::kInOut : WeightLayout::kOutIn);
+}
+
+}  // namespace
+
+KernelCosts CpuKernelCosts() {
+  KernelCosts k;
+  k.gemm_workspace = &GemmWorkspaceBytes;
+  k.gemm_scratchpad = &GemmScratchpad;
+  k.attention_workspace = &AttentionWorkspaceBytes;
+  k.num_threads = NumThreads();
+  k.activation_dtype = DType::kF32;
+  return k;
+}
+
+CpuBackend::CpuBackend() : gemm_(std::make_unique<GemmContext>()) {}
+CpuBackend::~CpuBackend() = default;
+
+BackendCapabilities CpuBackend::Capabilities() const {
+  BackendCapabilities c;
+  c.compute_dtypes = {DType::kF32, DType::kBF16, DType::kF16};
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
+    for (MatrixLayout l : {MatrixLayout::kOutIn, MatrixLayout::kInOut})
+      c.weight_formats.push_back(WeightStorage{FormatKind::kDense, d, l});
+  c.attention_sinks = false;
+  c.async_copy = false;
+  return c;
+}
+
+KernelCosts CpuBackend::Costs() const { return CpuKernelCosts(); }
+
+int CpuBackend::SetNumThreads(int n) { return cpu::SetNumThreads(n); }
+int CpuBackend::NumThreads() const { return cpu::NumThreads(); }
+
+StatusOr<Buffer> CpuBackend::Allocate(int64_t bytes, MemoryKind kind) {
+  if (bytes < 0)
+    return InvalidArgumentError("cpu: cannot allocate " +
+                                std::to_string(bytes) + " bytes");
+  const int64_t n = AlignUp(std::max<int64_t>(bytes, 64), 64);
+  void* p = std::aligned_alloc(64, static_cast<size_t>(n));
+  if (p == nullptr)
+    return ResourceExhaustedError("cpu: cannot allocate " + FormatBytes(n));
+  // Touch every page now, so the first forward does not fault them in.
+  std::memset(p, 0, static_cast<size_t>(n));
+  Buffer b;
+  b.memory = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  b.bytes = n;
+  b.kind = kind;
+  return b;
+}
+
+Status CpuBackend::Copy(void* dst, DeviceRef dst_device, const void* src,
+                        DeviceRef src_device, int64_t bytes) {
+  if (dst_device.kind != DeviceKind::kCpu ||
+      src_device.kind != DeviceKind::kCpu)
+    return UnimplementedError(
+        "cpu backend: copies to or from a non-host device");
+  if (bytes > 0 && dst != src)
+    std::memmove(dst, src, static_cast<size_t>(bytes));
+  return Status();
+}
+
+void CpuBackend::SetGemmScratchpad(void* scratch, int64_t bytes) {
+  gemm_->SetScratchpad(scratch, bytes);
+}
+
+void CpuBackend::Gemm(const GemmOp& op) {
+  LOOM_CHECK(op.w.format.kind == FormatKind::kDense)
+      << "cpu backend: quantized weight formats are not supported";
+  GemmArgs a;
+  a.x = op.x;
+  a.w = op.w.data;
+  a.w_dtype = op.w.format.dtype;
+  a.layout = ToCpu(op.w.format.layout);
+  a.n = op.w.n;
+  a.k = op.w.k;
+  a.m = op.m;
+  a.bias = op.bias;
+  a.bias_dtype = op.bias_dtype;
+  a.y = op.y;
+  a.ldy = op.ldy;
+  a.accumulate = op.accumulate;
+  a.workspace = op.workspace;
+  a.reuse_x_workspace = op.reuse_x_workspace;
+  gemm_->Gemm(a);
+}
+
+void CpuBackend::RmsNorm(const float* x, const void* w, DType w_dtype,
+                         float offset, float eps, float* y, int64_t rows,
+                         int64_t dim) {
+  cpu::RmsNorm(x, w, w_dtype, offset, eps, y, rows, dim);
+}
+
+void CpuBackend::RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                             int64_t rows, int64_t dim) {
+  cpu::RmsNormBf16(x, w, eps, y, rows, dim);
+}
+
+void CpuBackend::RmsNormRows(float* x, int64_t tokens, int64_t ld,
+                             int64_t groups, int64_t dim, const void* w,
+                             DType w_dtype, float eps) {
+  cpu::RmsNormRows(x, tokens, ld, groups, dim, w, w_dtype, eps);
+}
+
+void CpuBackend::LayerNorm(const float* x, const void* w, const void* b,
+                           DType w_dtype, float eps, float* y, int64_t rows,
+                           int64_t dim) {
+  cpu::LayerNorm(x, w, b, w_dtype, eps, y, rows, dim);
+}
+
+void CpuBackend::RopeTables(const int32_t* positions, int64_t tokens,
+                            const float* inv_freq, int64_t half,
+                            float attention_scaling, float* cos, float* sin) {
+  cpu::RopeTables(positions, tokens, inv_freq, half, attention_scaling, cos,
+                  sin);
+}
+
+void CpuBackend::ApplyRope(float* x, int64_t tokens, int64_t heads,
+                           int64_t head_dim, int64_t row_stride,
+                           const float* cos, const float* sin, int64_t half) {
+  cpu::ApplyRope(x, tokens, heads, head_dim, row_stride, cos, sin, half);
+}
+
+Status CpuBackend::Attention(const AttentionOp& op) {
+  if (op.sinks != nullptr)
+    return UnimplementedError(
+        "cpu backend: attention sinks are not implemented");
+  AttentionArgs a;
+  a.q = op.q;
+  a.q_rs = op.q_rs;
+  a.k = op.k;
+  a.k_rs = op.k_rs;
+  a.v = op.v;
+  a.v_rs = op.v_rs;
+  a.z = op.z;
+  a.seq_start = op.seq_start;
+  a.num_seqs = op.num_seqs;
+  a.q_heads = op.q_heads;
+  a.kv_heads = op.kv_heads;
+  a.head_dim = op.head_dim;
+  a.scale = op.scale;
+  a.softcap = op.softcap;
+  a.window = op.window;
+  a.probs = op.probs;
+  a.probs_seq = op.probs_seq;
+  a.workspace = op.workspace;
+  cpu::Attention(*gemm_, a);
+  return Status();
+}
+
+void CpuBackend::Activation(ActivationFn fn, float* x, int64_t n) {
+  cpu::ApplyActivation(ToCpu(fn), x, n);
+}
+
+void CpuBackend::GatedActivation(ActivationFn fn, const float* gate,
+                                 int64_t gate_rs, const float* up,
+                                 int64_t up_rs, float* out, int64_t rows,
+                                 int64_t n) {
+  cpu::GatedActivation(ToCpu(fn), gate, gate_rs, up, up_rs, out, rows, n);
+}
+
+void CpuBackend::Add(const float* x, float* y, int64_t n) { cpu::Add(x, y, n); }
+void CpuBackend::Scale(float* x, int64_t n, float s) { cpu::Scale(x, n, s); }
+void CpuBackend::Softcap(float* x, int64_t n, float cap) {
+  cpu::Softcap(x, n, cap);
+}
+void CpuBackend::Clamp(float* x, int64_t rows, int64_t cols, int64_t ld,
+                       float lo, float hi) {
+  cpu::Clamp(x, rows, cols, ld, lo, hi);
+}
+void CpuBackend::RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) {
+  cpu::RoundToBf16(x, rows, cols, ld);
+}
+
+void CpuBackend::Gather(const void* table, DType table_dtype,
+                        const int32_t* ids, int64_t tokens, int64_t dim,
+                        float* out) {
+  cpu::Gather(table, table_dtype, ids, tokens, dim, out);
+}
+
+void CpuBackend::GatherRows(const float* x, int64_t ldx, const int32_t* rows,
+                            int64_t n, int64_t cols, float* out) {
+  cpu::GatherRows(x, ldx, rows, n, cols, out);
+}
+
+void CpuBackend::ScatterAddRows(const float* x, const int32_t* rows,
+                                const float* weights, int64_t n, int64_t cols,
+                                float* y, int64_t ldy) {
+  cpu::ScatterAddRows(x, rows, weights, n, cols, y, ldy);
+}
+
+void CpuBackend::ConvertFromF32(const float* src, void* dst, DType dtype,
+                                int64_t n) {
+  cpu::ConvertFromF32(src, dst, dtype, n);
+}
+
+void CpuBackend::ConvertToF32(const void* src, DType dtype, float* dst,
+                              int64_t n) {
+  cpu::ConvertToF32(src, dtype, dst, n);
+}
+
+void CpuBackend::LogSumExp(const float* logits, int64_t rows, int64_t vocab,
+                           double* lse) {
+  cpu::LogSumExp(logits, rows, vocab, lse);
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,84 @@
+// CpuBackend: the Backend interface (src/backend/backend.h) on the host, with
+// the kernels of kernels.h (oneDNN GEMM, vectorised OpenMP kernels). Memory
+// is ordinary host memory for every MemoryKind; every op is synchronous.
+// One instance per consumer: it owns a GemmContext (cached primitives and
+// the borrowed scratchpad).
+#ifndef LOOM_BACKEND_CPU_CPU_BACKEND_H_
+#define LOOM_BACKEND_CPU_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "src/backend/backend.h"
+#include "src/backend/cpu/kernels.h"
+
+namespace loom::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend();
+  ~CpuBackend() override;
+
+  std::string_view name() const override { return "cpu"; }
+  DeviceRef device() const override { return {}; }
+  BackendCapabilities Capabilities() const override;
+  KernelCosts Costs() const override;
+  int SetNumThreads(int n) override;
+  int NumThreads() const override;
+
+  StatusOr<Buffer> Allocate(int64_t bytes, MemoryKind kind) override;
+  Status Copy(void* dst, DeviceRef dst_device, const void* src,
+              DeviceRef src_device, int64_t bytes) override;
+
+  void SetGemmScratchpad(void* scratch, int64_t bytes) override;
+  void Gemm(const GemmOp& op) override;
+
+  void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
+               float eps, float* y, int64_t rows, int64_t dim) override;
+  void RmsNormBf16(const float* x, const void* w, float eps, float* y,
+                   int64_t rows, int64_t dim) override;
+  void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                   int64_t dim, const void* w, DType w_dtype,
+                   float eps) override;
+  void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
+                 float eps, float* y, int64_t rows, int64_t dim) override;
+  void RopeTables(const int32_t* positions, int64_t tokens,
+                  const float* inv_freq, int64_t half, float attention_scaling,
+                  float* cos, float* sin) override;
+  void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                 int64_t row_stride, const float* cos, const float* sin,
+                 int64_t half) override;
+  Status Attention(const AttentionOp& op) override;
+  void Activation(ActivationFn fn, float* x, int64_t n) override;
+  void GatedActivation(ActivationFn fn, const float* gate, int64_t gate_rs,
+                       const float* up, int64_t up_rs, float* out,
+                       int64_t rows, int64_t n) override;
+  void Add(const float* x, float* y, int64_t n) override;
+  void Scale(float* x, int64_t n, float s) override;
+  void Softcap(float* x, int64_t n, float cap) override;
+  void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
+             float hi) override;
+  void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) override;
+  void Gather(const void* table, DType table_dtype, const int32_t* ids,
+              int64_t tokens, int64_t dim, float* out) override;
+  void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
+                  int64_t cols, float* out) override;
+  void ScatterAddRows(const float* x, const int32_t* rows, const float* weights,
+                      int64_t n, int64_t cols, float* y, int64_t ldy) override;
+  void ConvertFromF32(const float* src, void* dst, DType dtype,
+                      int64_t n) override;
+  void ConvertToF32(const void* src, DType dtype, float* dst,
+                    int64_t n) override;
+  void LogSumExp(const float* logits, int64_t rows, int64_t vocab,
+                 double* lse) override;
+
+ private:
+  std::unique_ptr<GemmContext> gemm_;
+};
+
+// The CPU backend's planner costs (what CpuBackend::Costs returns), for code
+// that plans without creating a backend.
+KernelCosts CpuKernelCosts();
+
+}  // namespace loom::cpu
+
+#endif  // LOOM_BACKEND_CPU_CPU_BACKEND_H_

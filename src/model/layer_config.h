@@ -1,0 +1,62 @@
+// LayerConfig: what one decoder layer computes, derived from the ModelConfig
+// in one function (MakeLayerConfigs). The forward program (src/plan/program.h)
+// and the executor read per-layer facts from here, never from model-wide
+// flags, so a model whose layers differ (dense and MoE layers, sliding and
+// global attention, per-layer RoPE) is described by data, not by code paths.
+#ifndef LOOM_MODEL_LAYER_CONFIG_H_
+#define LOOM_MODEL_LAYER_CONFIG_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "src/model/config.h"
+
+namespace loom {
+
+struct LayerConfig {
+  int64_t layer = 0;
+
+  // ---- Norms (kind, epsilon and gain offset are shared by every norm) ----
+  NormKind norm = NormKind::kRms;
+  float norm_eps = 1e-5f;
+  float norm_offset = 0.0f;     // 1 for Gemma's (1 + w)
+  bool pre_attn_norm = true;    // input_layernorm / ln_1
+  bool post_attn_norm = false;  // Gemma2 / OLMo2
+  bool pre_mlp_norm = true;     // post_attention_layernorm / ln_2
+  bool post_mlp_norm = false;   // Gemma2 / OLMo2
+
+  // ---- Attention ----
+  bool fused_qkv = false;  // one [q; k; v] projection
+  QkNormKind qk_norm = QkNormKind::kNone;
+  float clip_qkv = 0.0f;  // 0 = none
+  int64_t window = 0;     // sliding window in tokens; 0 = global
+  // Multiplier of q.k (1/sqrt(head_dim) unless the config says otherwise),
+  // already divided by (layer + 1) where GPT-2's option asks for it.
+  float attn_scale = 0.0f;
+  float attn_softcap = 0.0f;  // 0 = none
+  bool attn_sinks = false;    // a learned per-head sink logit (gpt-oss)
+  RopeConfig rope;            // type kNone = no rotary embedding
+  int64_t rope_half = 0;      // rotary_dim / 2 (0 = none)
+
+  // ---- MLP ----
+  MlpKind mlp = MlpKind::kGated;  // kMoE: routed experts
+  ActKind act = ActKind::kSilu;
+  // MoE only.
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t expert_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;  // 0 = no shared expert
+  bool norm_topk_prob = false;
+
+  bool moe() const { return mlp == MlpKind::kMoE; }
+  bool shared_expert() const { return shared_expert_intermediate_size > 0; }
+};
+
+// Layer `layer` of `c` (0 <= layer < c.num_layers).
+LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer);
+// Every layer of `c`, in order.
+std::vector<LayerConfig> MakeLayerConfigs(const ModelConfig& c);
+
+}  // namespace loom
+
+#endif  // LOOM_MODEL_LAYER_CONFIG_H_

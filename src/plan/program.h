@@ -1,0 +1,147 @@
+// The forward program: one description of the forward pass that the planner
+// sizes and the executor runs.
+//
+// A Program is built once from the ModelConfig. It holds the steps before the
+// blocks (embedding), one step list per distinct layer kind (a "block": every
+// layer runs the steps of its block on the same buffers, one layer after
+// another), and the steps after the blocks (final norm, logits). Each step
+// names, by typed id, the buffers it reads and writes and the hook sites it
+// delivers (from which buffer). The planner (PlanActivations) derives each
+// buffer's size and liveness from these accesses; the executor dispatches the
+// same steps and finds its buffers by the same ids. Names are for display
+// only (plan tables and JSON); nothing looks a buffer up by name.
+//
+// Layers of one model share a block unless their step lists differ (a dense
+// layer and an MoE layer do; two layers differing only in their attention
+// window or RoPE parameters do not: those are LayerConfig data).
+#ifndef LOOM_PLAN_PROGRAM_H_
+#define LOOM_PLAN_PROGRAM_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "src/core/dtype.h"
+#include "src/model/config.h"
+#include "src/model/hooks.h"
+#include "src/model/layer_config.h"
+
+namespace loom {
+
+// Every buffer the forward uses, in the order the planner declares them
+// (ties in the arena packing are broken by this order).
+enum class BufferId : uint8_t {
+  // ---- Activations (the liveness-packed arena) ----
+  kPositions,     // [T] i32, whole program
+  kResidual,      // [T, H], whole program
+  kPosEmbed,      // [T, H] learned position embeddings (GPT-2)
+  kRopeInvFreq,   // [R/2] f32, to the end of the blocks
+  kRopeCos,       // [T, R/2] f32, to the end of the blocks
+  kRopeSin,       // [T, R/2] f32, to the end of the blocks
+  kAttnIn,        // [T, H] ln1 output
+  kQkv,           // [T, Q + 2 KV] q | k | v per token
+  kPattern,       // [heads, L, L] attention probabilities (hooked only)
+  kZ,             // [T, Q] attention output before o_proj
+  kAttnOut,       // [T, H] o_proj output (post-attention norm in place)
+  kMlpIn,         // [T, H] ln2 output
+  kMlpFc,         // [T, I] plain MLP fc (activation in place)
+  kMlpGateUp,     // [T, 2I] gated MLP gate | up
+  kMlpAct,        // [T, I] act(gate) * up
+  kRouterLogits,  // [T, E] f32
+  kRouteIds,      // [T, k] i32 expert ids
+  kRouteWeights,  // [T, k] f32 routing weights
+  kExpertRows,    // [T] i32 rows of the tokens routed to one expert
+  kExpertIn,      // [T, H] gathered rows of one expert
+  kExpertGateUp,  // [T, 2 Ie]
+  kExpertAct,     // [T, Ie]
+  kExpertOut,     // [T, H]
+  kSharedGateUp,  // [T, 2 S]
+  kSharedAct,     // [T, S]
+  kSharedOut,     // [T, H]
+  kMlpOut,        // [T, H] MLP output (post-MLP norm in place)
+  kFinalNorm,     // [T, H]
+  // ---- Kernel workspace (each kernel its own region, all resident) ----
+  kGemmInputCopy,   // 16-bit copy of a GEMM input
+  kGemmScratchpad,  // the GEMM library's scratch
+  kAttnWorkspace,   // attention tiles
+  // ---- Logits ----
+  kLogitsChunk,  // [C, V] f32
+};
+inline constexpr int kNumBuffers = static_cast<int>(BufferId::kLogitsChunk) + 1;
+
+// The planner's display name ("qkv", "residual", ...).
+std::string_view BufferName(BufferId id);
+
+enum class StepId : uint8_t {
+  kEmbed,             // token (+ position) embeddings, positions, RoPE tables
+  kLn1,               // pre-attention norm
+  kQkvProj,           // q/k/v projections, clip, q/k norms
+  kAttention,         // RoPE on q/k, attention (probabilities when hooked)
+  kOProj,             // output projection
+  kAttnResidualAdd,   // post-attention norm, residual += attention out
+  kLn2,               // pre-MLP norm
+  kUpProj,            // dense: gate/up (or fc) projection
+  kActivation,        // dense: act (gated: act(gate) * up)
+  kDownProj,          // dense: down projection
+  kRouter,            // MoE: router logits + top-k (ids, weights)
+  kExpertGather,      // MoE: per expert, gather its tokens' rows
+  kExpertGateUp,      // MoE: per expert, gate/up projection
+  kExpertActivation,  // MoE: per expert, act(gate) * up
+  kExpertDown,        // MoE: per expert, down projection
+  kExpertScatterAdd,  // MoE: per expert, mlp out[rows] += weight * out
+  kSharedExpert,      // MoE: shared expert MLP (x its sigmoid gate, if any)
+  kMlpResidualAdd,    // post-MLP norm, residual += mlp out
+  kFinalNorm,         // final norm
+  kLogits,            // lm_head (+ final softcap), chunk by chunk
+};
+
+// The planner's display name ("qkv proj", ...).
+std::string_view StepName(StepId id);
+
+// A hook site a step delivers, from which buffer.
+struct HookEmit {
+  HookSite site;
+  BufferId buffer;
+};
+
+struct ProgramStep {
+  StepId id;
+  std::vector<BufferId> reads;
+  std::vector<BufferId> writes;
+  std::vector<HookEmit> hooks;
+  // Written only when this hook site is requested at the layer (the
+  // attention pattern); kNone-like sentinel: `conditional` false.
+  bool conditional = false;
+  HookSite condition = HookSite::kEmbed;
+  BufferId conditional_buffer = BufferId::kPattern;
+};
+
+struct Program {
+  std::vector<ProgramStep> prologue;  // embed
+  // Distinct step lists; layer l runs blocks[layer_block[l]].
+  std::vector<std::vector<ProgramStep>> blocks;
+  std::vector<int> layer_block;       // [num_layers]
+  std::vector<LayerConfig> layers;    // [num_layers]
+  std::vector<ProgramStep> epilogue;  // final norm, logits
+
+  const std::vector<ProgramStep>& LayerSteps(int64_t layer) const {
+    return blocks[static_cast<size_t>(layer_block[static_cast<size_t>(layer)])];
+  }
+};
+
+// The program of `c`.
+Program BuildProgram(const ModelConfig& c);
+
+// Dimensions and element type of a buffer for a batch of T tokens whose
+// longest sequence has L tokens (`act` = the activation dtype). Workspace
+// buffers have no dims (their bytes come from the backend's costs).
+struct BufferShape {
+  std::vector<int64_t> dims;
+  DType dtype = DType::kF32;
+};
+BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
+                    int64_t logits_rows, DType act);
+
+}  // namespace loom
+
+#endif  // LOOM_PLAN_PROGRAM_H_

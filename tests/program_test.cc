@@ -1,0 +1,292 @@
+// The planner and the executor walk the same forward program: for every
+// golden architecture and several jobs, the executor's arenas (bytes, and the
+// address of every region relative to its arena) equal what the planner
+// decides for the same job from config.json and the safetensors headers.
+// Also: the program declares the MoE steps and buffers, per-layer facts come
+// from LayerConfig, and the executor refuses MoE layers with a clear error.
+#include "src/plan/program.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "src/backend/registry.h"
+#include "src/model/layer_config.h"
+#include "src/model/registry.h"
+#include "src/plan/planner.h"
+#include "src/runtime/executor.h"
+#include "src/runtime/model.h"
+#include "tests/golden_util.h"
+
+namespace loom::testing {
+namespace {
+
+struct ModelCase {
+  std::string name;
+  bool bundled;  // inside the repository (else under the shared goldens)
+};
+
+// The architectures tests/golden_parity_test.cc checks against HF.
+std::vector<ModelCase> GoldenModels() {
+  return {{"stories260K", true},
+          {"llama", false},
+          {"llama3rope_bf16", false},
+          {"mistral_sw16_sharded", false},
+          {"qwen2", false},
+          {"qwen3", false},
+          {"gemma", false},
+          {"gemma2", false},
+          {"phi3", false},
+          {"gpt2", false},
+          {"olmo", false},
+          {"olmo2", false}};
+}
+
+std::string ModelDir(const ModelCase& m) {
+  return m.bundled ? std::string(LOOM_MODELS_DIR) + "/" + m.name
+                   : SharedGoldenDir() + "/tiny/" + m.name;
+}
+
+struct JobCase {
+  std::string name;
+  int64_t max_tokens, max_seq_len, chunk_rows;
+  HookSet (*hooks)(const ModelConfig& c);
+};
+
+HookSet MidResidual(const ModelConfig& c) {
+  HookSet h;
+  h.Add({HookSite::kResidPost, c.num_layers / 2});
+  return h;
+}
+HookSet EveryHookAndLogits(const ModelConfig& c) {
+  HookSet h;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    for (HookSite s :
+         {HookSite::kResidPre, HookSite::kQ, HookSite::kZ, HookSite::kPattern,
+          HookSite::kAttnOut, HookSite::kMlpPre, HookSite::kMlpPost,
+          HookSite::kMlpOut, HookSite::kResidPost})
+      h.Add({s, l});
+  h.Add({HookSite::kEmbed, -1});
+  h.Add({HookSite::kFinalNorm, -1});
+  h.Add({HookSite::kLogits, -1});
+  return h;
+}
+HookSet FinalNormOnly(const ModelConfig&) {
+  HookSet h;
+  h.Add({HookSite::kFinalNorm, -1});
+  return h;
+}
+HookSet EmbedOnly(const ModelConfig&) {
+  HookSet h;
+  h.Add({HookSite::kEmbed, -1});
+  return h;
+}
+
+std::vector<JobCase> Jobs() {
+  return {{"mid_residual_batch64", 64, 32, 256, MidResidual},
+          {"every_hook_logits_batch96", 96, 48, 32, EveryHookAndLogits},
+          {"final_norm_batch128", 128, 128, 256, FinalNormOnly},
+          {"logits_odd_batch17", 17, 17, 5, EveryHookAndLogits},
+          {"embed_only_batch40", 40, 20, 256, EmbedOnly}};
+}
+
+// Every region of `plan` is where `arena` put it, and the bytes agree.
+void ExpectArenaIsPlan(const std::string& what, const Arena& arena,
+                       const ArenaPlan& plan, int64_t planned_device_bytes) {
+  EXPECT_EQ(arena.bytes(), plan.total_bytes) << what;
+  EXPECT_EQ(arena.bytes(), planned_device_bytes) << what;
+  ASSERT_EQ(arena.plan().regions.size(), plan.regions.size()) << what;
+  for (size_t i = 0; i < plan.regions.size(); ++i) {
+    const PlannedRegion& r = plan.regions[i];
+    SCOPED_TRACE(what + " region " + r.name);
+    EXPECT_EQ(arena.plan().regions[i].id, r.id);
+    EXPECT_EQ(arena.plan().regions[i].bytes, r.bytes);
+    ASSERT_NE(arena.region(r.id), nullptr);
+    EXPECT_EQ(static_cast<const uint8_t*>(arena.region(r.id)) -
+                  static_cast<const uint8_t*>(arena.base()),
+              r.offset);
+    EXPECT_LE(r.offset + r.bytes, arena.bytes());
+  }
+}
+
+TEST(ProgramTest, ExecutorArenasEqualThePlanForEveryGoldenArchitecture) {
+  int checked = 0;
+  for (const ModelCase& m : GoldenModels()) {
+    if (!m.bundled && SharedGoldenDir().empty()) {
+      std::fprintf(stderr,
+                   "SKIPPED LOUDLY: shared golden directory %s/golden not "
+                   "found; %s is not checked\n",
+                   LOOM_SHARED_DIR, m.name.c_str());
+      continue;
+    }
+    auto model = Model::Load(ModelDir(m), Precision::kF32);
+    ASSERT_TRUE(model.ok()) << m.name << ": " << model.status().ToString();
+    const ModelConfig& c = (*model)->config();
+    auto backend = CreateBackend("cpu");
+    ASSERT_TRUE(backend.ok());
+    auto cpu = ParseDevice("cpu=64GiB", int64_t{64} << 30);
+    ASSERT_TRUE(cpu.ok());
+    for (const JobCase& j : Jobs()) {
+      const std::string what = m.name + " / " + j.name;
+      SCOPED_TRACE(what);
+      const HookSet hooks = j.hooks(c);
+      ExecutorOptions o;
+      o.max_tokens = j.max_tokens;
+      o.max_seq_len = j.max_seq_len;
+      o.logits_chunk_rows = j.chunk_rows;
+      auto ex = Executor::Create(**model, hooks, o);
+      ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+      // The planner, as `loom plan` / --show-plan call it: from the model
+      // directory's metadata, on the host, with the backend's costs.
+      const JobSpec job = Executor::MakeJob(**model, hooks, o);
+      auto plan = PlanModelDir(ModelDir(m), job, {*cpu}, int64_t{64} << 30,
+                               (*backend)->Costs());
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      ASSERT_EQ((*ex)->num_devices(), 1);
+      const DevicePlan* host = nullptr;
+      for (const DevicePlan& d : plan->devices)
+        if (d.device.kind == DeviceKind::kCpu) host = &d;
+      ASSERT_NE(host, nullptr);
+      const Executor::Device& d = (*ex)->device(0);
+      ExpectArenaIsPlan(what + " activations", d.activations,
+                        plan->layout.activations, host->activations);
+      ExpectArenaIsPlan(what + " workspace", d.workspace,
+                        plan->layout.workspace, host->workspace);
+      if (job.NeedsLogits()) {
+        ExpectArenaIsPlan(what + " logits", d.logits, plan->layout.logits,
+                          host->logits);
+      } else {
+        EXPECT_TRUE(plan->layout.logits.regions.empty());
+        EXPECT_EQ(host->logits, 0);
+      }
+      EXPECT_EQ((*ex)->layout().step_ids, plan->layout.step_ids);
+      // The regions the executor touches are the ones the plan holds.
+      EXPECT_EQ(d.activations.region(BufferId::kPattern) != nullptr,
+                hooks.Contains(HookSite::kPattern, 0));
+      EXPECT_EQ(d.activations.region(BufferId::kFinalNorm) != nullptr,
+                job.NeedsFinalNorm());
+      // And a forward runs in them.
+      std::vector<int32_t> ids(static_cast<size_t>(j.max_tokens));
+      for (size_t t = 0; t < ids.size(); ++t)
+        ids[t] = static_cast<int32_t>((t * 31 + 7) % c.vocab_size);
+      std::vector<int64_t> starts = {0};
+      for (int64_t s = j.max_seq_len; s < j.max_tokens; s += j.max_seq_len)
+        starts.push_back(s);
+      starts.push_back(j.max_tokens);
+      CaptureSink sink;
+      EXPECT_TRUE((*ex)->Forward(Batch{ids, starts}, &sink).ok());
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(ProgramTest, MoeStepsAndBuffersAreDeclaredAndPlanned) {
+  for (const char* name :
+       {"Qwen3-30B-A3B", "Mixtral-8x7B-v0.1", "gpt-oss-20b"}) {
+    SCOPED_TRACE(name);
+    auto c =
+        LoadModelConfig(std::string(LOOM_TESTDATA_DIR) + "/configs/" + name);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const Program p = BuildProgram(*c);
+    ASSERT_EQ(p.blocks.size(), 1u);
+    ASSERT_EQ(p.layer_block.size(), static_cast<size_t>(c->num_layers));
+    std::vector<StepId> ids;
+    for (const ProgramStep& s : p.blocks[0]) ids.push_back(s.id);
+    const std::vector<StepId> moe = {
+        StepId::kRouter,       StepId::kExpertGather,
+        StepId::kExpertGateUp, StepId::kExpertActivation,
+        StepId::kExpertDown,   StepId::kExpertScatterAdd};
+    auto at = std::search(ids.begin(), ids.end(), moe.begin(), moe.end());
+    EXPECT_NE(at, ids.end()) << "the routed-expert steps, in order";
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), StepId::kUpProj), 0);
+
+    JobSpec job;
+    job.batch_tokens = 256;
+    job.context = 128;
+    job.hooks.Add({HookSite::kResidPost, 1});
+    const ActivationLayout l =
+        PlanActivations(*c, job, (*CreateBackend("cpu"))->Costs());
+    const int64_t T = 256, k = c->moe.experts_per_token;
+    auto region = [&](BufferId id) -> const PlannedRegion* {
+      const int i = l.activations.Find(id);
+      return i < 0 ? nullptr : &l.activations.regions[static_cast<size_t>(i)];
+    };
+    ASSERT_NE(region(BufferId::kRouteIds), nullptr);
+    // Routed rows: exactly T * k (expert id, weight) pairs per layer.
+    EXPECT_EQ(region(BufferId::kRouteIds)->bytes, T * k * 4);
+    EXPECT_EQ(region(BufferId::kRouteWeights)->bytes, T * k * 4);
+    // One expert at a time holds at most every token.
+    EXPECT_EQ(region(BufferId::kExpertRows)->bytes, T * 4);
+    EXPECT_EQ(region(BufferId::kExpertGateUp)->bytes,
+              T * 2 * c->moe.expert_intermediate_size * 4);
+    EXPECT_EQ(region(BufferId::kMlpGateUp), nullptr);
+    // Live over their steps only: router logits die at the router.
+    EXPECT_EQ(region(BufferId::kRouterLogits)->first_step,
+              region(BufferId::kRouterLogits)->last_step);
+    EXPECT_EQ(
+        l.steps[static_cast<size_t>(region(BufferId::kRouteIds)->last_step)],
+        "expert loop: weighted scatter-add");
+  }
+}
+
+TEST(ProgramTest, LayerConfigCarriesPerLayerFacts) {
+  ModelConfig c;
+  c.num_layers = 4;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.attn_scale = 0.5f;
+  c.attn_scale_by_inverse_layer = true;
+  c.sliding_window = {16, 0, 16, 0};
+  c.rope.type = RopeConfig::Type::kDefault;
+  c.rope.rotary_dim = 8;
+  const std::vector<LayerConfig> ls = MakeLayerConfigs(c);
+  ASSERT_EQ(ls.size(), 4u);
+  EXPECT_EQ(ls[0].window, 16);
+  EXPECT_EQ(ls[1].window, 0);
+  EXPECT_FLOAT_EQ(ls[0].attn_scale, 0.5f);
+  EXPECT_FLOAT_EQ(ls[3].attn_scale, 0.5f / 4);
+  EXPECT_EQ(ls[2].rope_half, 4);
+  // Windows and scales are data: one block serves every layer.
+  const Program p = BuildProgram(c);
+  EXPECT_EQ(p.blocks.size(), 1u);
+  for (int b = 0; b < kNumBuffers; ++b)
+    EXPECT_NE(BufferName(static_cast<BufferId>(b)), "?");
+}
+
+TEST(ProgramTest, ExecutorRefusesMoeLayersWithAClearError) {
+  const std::string fixtures =
+      std::string(LOOM_SHARED_DIR) + "/models/moe-fixtures-atenia";
+  if (!std::filesystem::exists(fixtures + "/gqa_mixtral.safetensors"))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << fixtures
+                 << " not found; the MoE refusal is not checked";
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "loom_program_test_moe")
+          .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_symlink(fixtures + "/gqa_mixtral_config.json",
+                                  dir + "/config.json");
+  std::filesystem::create_symlink(fixtures + "/gqa_mixtral.safetensors",
+                                  dir + "/model.safetensors");
+  auto model = Model::Load(dir, Precision::kF32);
+  if (!model.ok())
+    GTEST_SKIP() << "SKIPPED LOUDLY: the MoE fixture does not load here: "
+                 << model.status().ToString();
+  HookSet hooks;
+  hooks.Add({HookSite::kResidPost, 0});
+  auto ex = Executor::Create(**model, hooks, {.max_tokens = 8});
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(ex.status().message().find("mixture-of-experts"), std::string::npos)
+      << ex.status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace loom::testing
