@@ -21,7 +21,7 @@ struct Result {
 
 // Runs `loom <command> <args>`: stdout only, or stdout and stderr.
 Result RunLoom(const std::string& command, const std::string& args,
-           bool with_stderr) {
+               bool with_stderr) {
   Result r;
   const std::string cmd = std::string(LOOM_BINARY) + " " + command + " " +
                           args + (with_stderr ? " 2>&1" : " 2>/dev/null");
@@ -42,10 +42,10 @@ std::string Dir(const std::string& name) {
 }
 
 TEST(PlanCli, JsonFromConfigAndIndexAloneCountsStoredBytes) {
-  // gpt-oss-20b: MXFP4 experts as stored U8; the index's total_size exactly.
-  const Result r = Loom(
-      Dir("gpt-oss-20b") +
-      " --device cuda:0=80GiB --assume-dtype bf16 --batch-tokens 1024 --json");
+  // gpt-oss-20b: MXFP4 experts as stored U8; the index's total_size exactly,
+  // with the storage read from config.json (no --assume-dtype).
+  const Result r = Loom(Dir("gpt-oss-20b") +
+                        " --device cuda:0=80GiB --batch-tokens 1024 --json");
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j.at("fits").get<bool>());
@@ -58,6 +58,14 @@ TEST(PlanCli, JsonFromConfigAndIndexAloneCountsStoredBytes) {
     weights += d.at("weights_bytes").get<int64_t>();
   }
   EXPECT_EQ(weights, 13'761'264'768);
+  EXPECT_EQ(j.at("weights").at("index_total_size").get<int64_t>(),
+            13'761'264'768);
+  EXPECT_EQ(j.at("weights").at("quantization"), "mxfp4");
+  // The table names the format in its header line.
+  const Result table =
+      Loom(Dir("gpt-oss-20b") + " --device cuda:0=80GiB --batch-tokens 1024");
+  ASSERT_EQ(table.rc, 0) << table.out;
+  EXPECT_NE(table.out.find(", mxfp4"), std::string::npos) << table.out;
   EXPECT_EQ(j.at("devices")[0].at("name"), "cuda:0");
   EXPECT_EQ(j.at("devices")[0].at("capacity_bytes").get<int64_t>(),
             int64_t{80} << 30);
@@ -134,9 +142,9 @@ TEST(PlanCli, ModelFlagAndPositionalPrintTheSameBytes) {
 
 TEST(PlanCli, TwoDifferentModelDirsOrNoneAreUsageErrors) {
   const Result two = RunLoom("plan",
-                         "--model " + Dir("Llama-3.1-70B") + " " +
-                             Dir("Qwen3-8B") + " --device cuda:0=80GiB",
-                         true);
+                             "--model " + Dir("Llama-3.1-70B") + " " +
+                                 Dir("Qwen3-8B") + " --device cuda:0=80GiB",
+                             true);
   EXPECT_EQ(two.rc, 2) << two.out;
   EXPECT_NE(two.out.find("name different directories"), std::string::npos)
       << two.out;
@@ -186,18 +194,7 @@ TEST(PlanCli, DeviceFlagsHaveOneHelpTextInEveryCommand) {
 }
 
 // Runs `loom ARGS` and returns stdout and stderr together.
-Result LoomAll(const std::string& args) {
-  Result r;
-  const std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result LoomAll(const std::string& args) { return RunLoom(args, "", true); }
 
 // The activations / workspace / logits columns of the `cpu` row of a plan
 // table (fixed-width columns: device, weights, activations, workspace, kv,
@@ -228,8 +225,8 @@ TEST(PlanCli, PlanAndExtractShowPlanPrintTheSameArenaBytes) {
     std::ofstream in(dir + "/input.jsonl");
     in << "{\"id\": \"a\", \"text\": \"Once upon a time\"}\n";
   }
-  for (const char* hooks :
-       {"blocks.1.hook_resid_post", "blocks.0.hook_mlp_out,ln_final.hook_normalized"}) {
+  for (const char* hooks : {"blocks.1.hook_resid_post",
+                            "blocks.0.hook_mlp_out,ln_final.hook_normalized"}) {
     SCOPED_TRACE(hooks);
     const Result plan =
         LoomAll("plan " + model +
@@ -244,7 +241,8 @@ TEST(PlanCli, PlanAndExtractShowPlanPrintTheSameArenaBytes) {
     const std::vector<std::string> a = CpuArenaColumns(plan.out);
     const std::vector<std::string> b = CpuArenaColumns(extract.out);
     ASSERT_EQ(a.size(), 3u) << plan.out;
-    EXPECT_EQ(a, b) << "loom plan:\n" << plan.out << "\nloom extract:\n"
+    EXPECT_EQ(a, b) << "loom plan:\n"
+                    << plan.out << "\nloom extract:\n"
                     << extract.out;
     EXPECT_NE(a[1].find_first_not_of(' '), std::string::npos);
   }

@@ -284,6 +284,7 @@ StatusOr<MemoryPlan> MakePlanImpl(const PlanInput& in) {
   plan.weight_bytes = in.weights->total_bytes();
   plan.index_total_size = in.weights->index_total_size;
   plan.assumed_dtype = in.weights->assumed_dtype;
+  plan.quantization = in.weights->quantization;
   plan.job = in.job;
   plan.strategy = in.strategy;
   plan.num_layers = c.num_layers;

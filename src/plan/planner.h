@@ -89,6 +89,7 @@ struct MemoryPlan {
   int64_t weight_bytes = 0;  // all declared tensors as stored
   std::optional<int64_t> index_total_size;
   std::optional<DType> assumed_dtype;
+  std::string quantization;  // the checkpoint's scheme ("" = none): "mxfp4"
   JobSpec job;
   Strategy strategy = Strategy::kBalanced;
   int64_t num_layers = 0;

@@ -35,10 +35,11 @@ std::string FormatPlanTable(const MemoryPlan& p) {
   const JobSpec& j = p.job;
   std::snprintf(
       line, sizeof(line),
-      "model %s: %lld layers (%lld run), weights %s from %s%s\n",
+      "model %s: %lld layers (%lld run), weights %s from %s%s%s\n",
       p.model_type.c_str(), static_cast<long long>(p.num_layers),
       static_cast<long long>(p.layers_run), FormatBytes(p.weight_bytes).c_str(),
       std::string(WeightSourceName(p.weight_source)).c_str(),
+      p.quantization.empty() ? "" : (", " + p.quantization).c_str(),
       p.assumed_dtype
           ? (", assumed " + std::string(DTypeName(*p.assumed_dtype))).c_str()
           : "");
@@ -141,6 +142,8 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
       p.index_total_size ? json(*p.index_total_size) : json(nullptr);
   w["assumed_dtype"] =
       p.assumed_dtype ? json(DTypeName(*p.assumed_dtype)) : json(nullptr);
+  w["quantization"] =
+      p.quantization.empty() ? json(nullptr) : json(p.quantization);
   j["weights"] = w;
   json job;
   job["mode"] = JobModeName(p.job.mode);

@@ -305,6 +305,23 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
   return devices_.back().backend->Synchronize();
 }
 
+Status Executor::BranchResidualAdd(Device& d, const LayerConfig& lc,
+                                   bool post_norm, WeightRole post_norm_role,
+                                   HookSite post_site, HookSite resid_site,
+                                   int64_t l, float* branch, float* x,
+                                   const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens(), H = c_.hidden_size;
+  if (post_norm) {
+    Norm(d, lc.norm, lc.norm_eps, lc.norm_offset, post_norm_role,
+         WeightRole::kOther, l, branch, branch, T, H);
+    RoundActivations(d, branch, T, H, H);
+    RETURN_IF_ERROR(Emit(post_site, l, batch, d, H, H, branch, sink));
+  }
+  d.backend->Add(branch, x, T * H);
+  RoundActivations(d, x, T, H, H);
+  return Emit(resid_site, l, batch, d, H, H, x, sink);
+}
+
 Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
                          const Batch& batch, HookSink* sink) {
   const int64_t T = batch.num_tokens(), H = c_.hidden_size;
@@ -460,18 +477,11 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       return Emit(HookSite::kAttnOut, l, batch, d, H, H, o, sink);
     }
 
-    case StepId::kAttnResidualAdd: {
-      float* o = buf(BufferId::kAttnOut);
-      if (lc->post_attn_norm) {
-        Norm(d, lc->norm, lc->norm_eps, lc->norm_offset,
-             WeightRole::kPostAttnNorm, WeightRole::kOther, l, o, o, T, H);
-        RoundActivations(d, o, T, H, H);
-        RETURN_IF_ERROR(Emit(HookSite::kLn1Post, l, batch, d, H, H, o, sink));
-      }
-      be.Add(o, x, T * H);
-      RoundActivations(d, x, T, H, H);
-      return Emit(HookSite::kResidMid, l, batch, d, H, H, x, sink);
-    }
+    case StepId::kAttnResidualAdd:
+      return BranchResidualAdd(d, *lc, lc->post_attn_norm,
+                               WeightRole::kPostAttnNorm, HookSite::kLn1Post,
+                               HookSite::kResidMid, l, buf(BufferId::kAttnOut),
+                               x, batch, sink);
 
     case StepId::kLn2: {
       if (!lc->pre_mlp_norm) return Status();
@@ -536,18 +546,11 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
           "executor: step '" + std::string(StepName(step.id)) + "' of layer " +
           std::to_string(l) + " (mixture of experts) is not implemented");
 
-    case StepId::kMlpResidualAdd: {
-      float* o = buf(BufferId::kMlpOut);
-      if (lc->post_mlp_norm) {
-        Norm(d, lc->norm, lc->norm_eps, lc->norm_offset,
-             WeightRole::kPostMlpNorm, WeightRole::kOther, l, o, o, T, H);
-        RoundActivations(d, o, T, H, H);
-        RETURN_IF_ERROR(Emit(HookSite::kLn2Post, l, batch, d, H, H, o, sink));
-      }
-      be.Add(o, x, T * H);
-      RoundActivations(d, x, T, H, H);
-      return Emit(HookSite::kResidPost, l, batch, d, H, H, x, sink);
-    }
+    case StepId::kMlpResidualAdd:
+      return BranchResidualAdd(d, *lc, lc->post_mlp_norm,
+                               WeightRole::kPostMlpNorm, HookSite::kLn2Post,
+                               HookSite::kResidPost, l, buf(BufferId::kMlpOut),
+                               x, batch, sink);
 
     case StepId::kFinalNorm: {
       float* h = buf(BufferId::kFinalNorm);

@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <memory>
 #include <span>
-
 #include <vector>
 
 #include "src/backend/backend.h"
@@ -150,6 +149,13 @@ class Executor {
             WeightRole b, int64_t layer, const float* x, float* y, int64_t rows,
             int64_t dim);
   void ComputeRope(Device& d, const Batch& batch);
+  // The end of a branch: the optional post-branch norm of `branch` [T, H] in
+  // place (hook `post_site`), then residual x [T, H] += branch (hook
+  // `resid_site`).
+  Status BranchResidualAdd(Device& d, const LayerConfig& lc, bool post_norm,
+                           WeightRole post_norm_role, HookSite post_site,
+                           HookSite resid_site, int64_t layer, float* branch,
+                           float* x, const Batch& batch, HookSink* sink);
   // Rounds rows x cols values (row stride ld) to bf16 in place when
   // options_.hf_bf16_activations is set.
   void RoundActivations(Device& d, float* data, int64_t rows, int64_t cols,
