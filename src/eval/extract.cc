@@ -15,6 +15,7 @@
 #include "src/eval/extract_manifest.h"
 #include "src/eval/extract_outputs.h"
 #include "src/eval/extract_rows.h"
+#include "src/io/file_util.h"
 #include "src/model/hooks.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/memory_stats.h"
@@ -55,18 +56,6 @@ StatusOr<std::string> Sha256File(const std::string& path) {
   unsigned len = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &len);
   return Hex(md, len);
-}
-
-StatusOr<int64_t> FileSize(const std::string& path) {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) {
-    std::string message = path + ": " + ec.message();
-    return ec == std::errc::no_such_file_or_directory
-               ? NotFoundError(std::move(message))
-               : IoError(std::move(message));
-  }
-  return static_cast<int64_t>(size);
 }
 
 // The model, and its tokenizer when it has one (token-id rows work without).

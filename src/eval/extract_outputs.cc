@@ -48,14 +48,13 @@ Status CheckNpyFile(const std::string& path, DType dtype,
     return DataLossError("--resume: " + path + " commits " +
                          std::to_string(h->shape[0]) +
                          " rows, the manifest commits " + std::to_string(rows));
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) return IoError("--resume: " + path + ": " + ec.message());
+  StatusOr<int64_t> size = FileSize(path);
+  if (!size.ok()) return size.status().WithContext("--resume");
   int64_t row_bytes = DTypeSize(dtype);
   for (int64_t d : row_shape) row_bytes *= d;
   const int64_t need = h->data_offset + rows * row_bytes;
-  if (static_cast<int64_t>(size) < need)
-    return DataLossError("--resume: " + path + " has " + std::to_string(size) +
+  if (*size < need)
+    return DataLossError("--resume: " + path + " has " + std::to_string(*size) +
                          " bytes, its " + std::to_string(rows) +
                          " committed rows need " + std::to_string(need) +
                          " (truncated)");
@@ -469,14 +468,14 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
 Status RowsLog::Create() { return WriteFileDurably(path_, ""); }
 
 Status RowsLog::CheckCommitted(int64_t committed_bytes) const {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path_, ec);
-  if (ec)
-    return DataLossError("--resume: " + path_ + ": " + ec.message() +
+  StatusOr<int64_t> size = FileSize(path_);
+  if (!size.ok())
+    return DataLossError("--resume: " + size.status().message() +
                          "; the manifest commits " +
                          std::to_string(committed_bytes) + " bytes of it");
-  if (static_cast<int64_t>(size) < committed_bytes)
-    return DataLossError("--resume: " + path_ + " has " + std::to_string(size) +
+  if (*size < committed_bytes)
+    return DataLossError("--resume: " + path_ + " has " +
+                         std::to_string(*size) +
                          " bytes, the manifest commits " +
                          std::to_string(committed_bytes) + " (truncated)");
   return Status();

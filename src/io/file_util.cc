@@ -140,6 +140,13 @@ namespace loom {
 
 using io_internal::UniqueFd;
 
+StatusOr<int64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    return io_internal::ErrnoStatus(path, "stat", errno);
+  return static_cast<int64_t>(st.st_size);
+}
+
 Status WriteFileDurably(const std::string& path, std::string_view content) {
   return io_internal::ReplaceFileDurably(
              path,

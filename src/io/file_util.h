@@ -92,6 +92,10 @@ StatusOr<UniqueFd> ReplaceFileDurably(const std::string& path,
 
 namespace loom {
 
+// The size in bytes of the file `path`: NotFound when it does not exist,
+// IoError for any other failure (both naming the path).
+StatusOr<int64_t> FileSize(const std::string& path);
+
 // Replaces `path` with `content` durably (see
 // io_internal::ReplaceFileDurably).
 Status WriteFileDurably(const std::string& path, std::string_view content);

@@ -8,6 +8,23 @@
 #include "src/model/rope.h"
 
 namespace loom {
+namespace {
+
+// An f32 view of `rows` rows of `cols` values, `ld` apart, in the memory of
+// backend `be`.
+ActivationView F32View(const Backend& be, const float* data, int64_t rows,
+                       int64_t cols, int64_t ld) {
+  ActivationView v;
+  v.data = data;
+  v.dtype = DType::kF32;
+  v.device = be.device();
+  v.rows = rows;
+  v.cols = cols;
+  v.ld = ld;
+  return v;
+}
+
+}  // namespace
 
 Executor::Executor(const Model& model, const HookSet& hooks,
                    const ExecutorOptions& options)
@@ -148,14 +165,9 @@ Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch,
                       const Device& d, int64_t cols, int64_t ld,
                       const float* data, HookSink* sink) {
   if (sink == nullptr || !hooks_.Contains(site, layer)) return Status();
-  ActivationView v;
-  v.data = data;
-  v.dtype = DType::kF32;
-  v.device = d.backend->device();
-  v.rows = batch.num_tokens();
-  v.cols = cols;
-  v.ld = ld;
-  return sink->OnActivation(HookPoint{site, layer}, batch, -1, 0, v);
+  return sink->OnActivation(
+      HookPoint{site, layer}, batch, -1, 0,
+      F32View(*d.backend, data, batch.num_tokens(), cols, ld));
 }
 
 void Executor::Linear(Device& d, const float* x, int64_t m, WeightRole wrole,
@@ -177,9 +189,11 @@ void Executor::Linear(Device& d, const float* x, int64_t m, WeightRole wrole,
   d.backend->Gemm(op);
 }
 
-void Executor::Norm(Device& d, NormKind kind, float eps, float offset,
-                    WeightRole wrole, WeightRole brole, int64_t layer,
-                    const float* x, float* y, int64_t rows, int64_t dim) {
+Status Executor::Norm(Device& d, NormKind kind, float eps, float offset,
+                      WeightRole wrole, WeightRole brole, int64_t layer,
+                      const float* x, float* y, HookSite site,
+                      const Batch& batch, HookSink* sink) {
+  const int64_t rows = batch.num_tokens(), dim = c_.hidden_size;
   const TensorView* w = model_.weights().Get(wrole, layer);
   const TensorView* b = model_.weights().Get(brole, layer);
   const DType wd = w ? w->dtype : DType::kF32;
@@ -203,6 +217,8 @@ void Executor::Norm(Device& d, NormKind kind, float eps, float offset,
       be.LayerNorm(x, nullptr, nullptr, wd, eps, y, rows, dim);
       break;
   }
+  RoundActivations(d, y, rows, dim, dim);
+  return Emit(site, layer, batch, d, dim, dim, y, sink);
 }
 
 void Executor::ComputeRope(Device& d, const Batch& batch) {
@@ -311,12 +327,10 @@ Status Executor::BranchResidualAdd(Device& d, const LayerConfig& lc,
                                    int64_t l, float* branch, float* x,
                                    const Batch& batch, HookSink* sink) {
   const int64_t T = batch.num_tokens(), H = c_.hidden_size;
-  if (post_norm) {
-    Norm(d, lc.norm, lc.norm_eps, lc.norm_offset, post_norm_role,
-         WeightRole::kOther, l, branch, branch, T, H);
-    RoundActivations(d, branch, T, H, H);
-    RETURN_IF_ERROR(Emit(post_site, l, batch, d, H, H, branch, sink));
-  }
+  if (post_norm)
+    RETURN_IF_ERROR(Norm(d, lc.norm, lc.norm_eps, lc.norm_offset,
+                         post_norm_role, WeightRole::kOther, l, branch, branch,
+                         post_site, batch, sink));
   d.backend->Add(branch, x, T * H);
   RoundActivations(d, x, T, H, H);
   return Emit(resid_site, l, batch, d, H, H, x, sink);
@@ -362,11 +376,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
     case StepId::kLn1: {
       RETURN_IF_ERROR(Emit(HookSite::kResidPre, l, batch, d, H, H, x, sink));
       if (!lc->pre_attn_norm) return Status();
-      float* h = buf(BufferId::kAttnIn);
-      Norm(d, lc->norm, lc->norm_eps, lc->norm_offset, WeightRole::kAttnNorm,
-           WeightRole::kAttnNormBias, l, x, h, T, H);
-      RoundActivations(d, h, T, H, H);
-      return Emit(HookSite::kLn1, l, batch, d, H, H, h, sink);
+      return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset,
+                  WeightRole::kAttnNorm, WeightRole::kAttnNormBias, l, x,
+                  buf(BufferId::kAttnIn), HookSite::kLn1, batch, sink);
     }
 
     case StepId::kQkvProj: {
@@ -452,15 +464,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
           one.probs_seq = 0;
           RETURN_IF_ERROR(be.Attention(one));
           const int64_t len = batch.seq_start[s + 1] - batch.seq_start[s];
-          ActivationView view;
-          view.data = probs;
-          view.device = be.device();
-          view.rows = c_.num_heads * len;
-          view.cols = len;
-          view.ld = len;
-          RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kPattern, l},
-                                             batch, s, batch.seq_start[s],
-                                             view));
+          RETURN_IF_ERROR(sink->OnActivation(
+              HookPoint{HookSite::kPattern, l}, batch, s, batch.seq_start[s],
+              F32View(be, probs, c_.num_heads * len, len, len)));
         }
       } else {
         RETURN_IF_ERROR(be.Attention(op));
@@ -485,11 +491,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
 
     case StepId::kLn2: {
       if (!lc->pre_mlp_norm) return Status();
-      float* h = buf(BufferId::kMlpIn);
-      Norm(d, lc->norm, lc->norm_eps, lc->norm_offset, WeightRole::kMlpNorm,
-           WeightRole::kMlpNormBias, l, x, h, T, H);
-      RoundActivations(d, h, T, H, H);
-      return Emit(HookSite::kLn2, l, batch, d, H, H, h, sink);
+      return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset,
+                  WeightRole::kMlpNorm, WeightRole::kMlpNormBias, l, x,
+                  buf(BufferId::kMlpIn), HookSite::kLn2, batch, sink);
     }
 
     case StepId::kUpProj: {
@@ -553,11 +557,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
                                x, batch, sink);
 
     case StepId::kFinalNorm: {
-      float* h = buf(BufferId::kFinalNorm);
-      Norm(d, c_.norm, c_.norm_eps, c_.norm_offset, WeightRole::kFinalNorm,
-           WeightRole::kFinalNormBias, -1, x, h, T, H);
-      RoundActivations(d, h, T, H, H);
-      return Emit(HookSite::kFinalNorm, -1, batch, d, H, H, h, sink);
+      return Norm(d, c_.norm, c_.norm_eps, c_.norm_offset,
+                  WeightRole::kFinalNorm, WeightRole::kFinalNormBias, -1, x,
+                  buf(BufferId::kFinalNorm), HookSite::kFinalNorm, batch, sink);
     }
 
     case StepId::kLogits: {
@@ -569,16 +571,10 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         ComputeLogits(model_, be, h + r0 * H, rows, logits,
                       d.workspace.region(BufferId::kGemmInputCopy));
         RoundActivations(d, logits, rows, V, V);
-        if (sink) {
-          ActivationView view;
-          view.data = logits;
-          view.device = be.device();
-          view.rows = rows;
-          view.cols = V;
-          view.ld = V;
+        if (sink)
           RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1},
-                                             batch, -1, r0, view));
-        }
+                                             batch, -1, r0,
+                                             F32View(be, logits, rows, V, V)));
       }
       return Status();
     }

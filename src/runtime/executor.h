@@ -145,9 +145,11 @@ class Executor {
   void Linear(Device& d, const float* x, int64_t m, WeightRole w,
               WeightRole bias, int64_t layer, float* y, int64_t ldy,
               bool same_x = false);
-  void Norm(Device& d, NormKind kind, float eps, float offset, WeightRole w,
-            WeightRole b, int64_t layer, const float* x, float* y, int64_t rows,
-            int64_t dim);
+  // y [T, H] = norm(x [T, H]) with weights `w` / bias `b` of `layer` (x and y
+  // may alias), rounded where HF's bf16 forward rounds, delivered to `site`.
+  Status Norm(Device& d, NormKind kind, float eps, float offset, WeightRole w,
+              WeightRole b, int64_t layer, const float* x, float* y,
+              HookSite site, const Batch& batch, HookSink* sink);
   void ComputeRope(Device& d, const Batch& batch);
   // The end of a branch: the optional post-branch norm of `branch` [T, H] in
   // place (hook `post_site`), then residual x [T, H] += branch (hook
