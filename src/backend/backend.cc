@@ -35,4 +35,44 @@ WeightOperand MakeWeightOperand(const TensorView& w, MatrixLayout layout) {
   return op;
 }
 
+namespace {
+
+// Slice `e` of a stacked [E, ...] view (a view of one expert's [...]).
+TensorView ExpertSlice(const TensorView& v, int64_t e) {
+  LOOM_CHECK(v.shape.rank() >= 2 && e >= 0 && e < v.shape[0])
+      << "expert " << e << " of a stacked tensor of shape "
+      << v.shape.ToString();
+  std::vector<int64_t> dims(v.shape.dims().begin() + 1, v.shape.dims().end());
+  TensorView s{nullptr, v.dtype, Shape(std::move(dims))};
+  s.data = static_cast<uint8_t*>(v.data) + e * s.bytes();
+  return s;
+}
+
+}  // namespace
+
+WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
+                              int64_t layer, int64_t expert) {
+  if (expert != kNoExpert && w.Get(role, layer, expert) == nullptr) {
+    // Stacked experts.
+    const TensorView& all = w.Require(role, layer, kAllExperts);
+    return MakeWeightOperand(ExpertSlice(all, expert),
+                             w.Layout(role, layer, kAllExperts));
+  }
+  return MakeWeightOperand(w.Require(role, layer, expert),
+                           w.Layout(role, layer, expert));
+}
+
+BiasOperand BiasOf(const BoundWeights& w, WeightRole role, int64_t layer,
+                   int64_t expert) {
+  const TensorView* b = w.Get(role, layer, expert);
+  if (b == nullptr && expert != kNoExpert) {
+    if (const TensorView* all = w.Get(role, layer, kAllExperts)) {
+      const TensorView s = ExpertSlice(*all, expert);
+      return {s.data, s.dtype};
+    }
+  }
+  if (b == nullptr) return {};
+  return {b->data, b->dtype};
+}
+
 }  // namespace loom

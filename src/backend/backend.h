@@ -37,6 +37,7 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/core/format.h"
+#include "src/model/bind.h"
 #include "src/model/config.h"
 #include "src/model/weights.h"
 #include "src/plan/activations.h"
@@ -85,7 +86,8 @@ struct ActivationView {
   const float* f32() const;
 };
 
-// ---- Weight operands ---------------------------------------------------------
+// ---- Weight operands
+// ---------------------------------------------------------
 
 // How a GEMM weight operand is stored: a row of the format table
 // (src/core/format.h; kDense = plain `dtype` values, f32/bf16/f16; the
@@ -124,7 +126,8 @@ struct GemmOp {
   bool reuse_x_workspace = false;
 };
 
-// ---- Attention ---------------------------------------------------------------
+// ---- Attention
+// ---------------------------------------------------------------
 
 // Causal self-attention over packed variable-length sequences; see
 // cpu::AttentionArgs for the exact semantics of every field.
@@ -156,7 +159,7 @@ ActivationFn ToActivationFn(ActKind act);
 
 // What a backend computes.
 struct BackendCapabilities {
-  std::vector<DType> compute_dtypes;         // GEMM compute precisions
+  std::vector<DType> compute_dtypes;          // GEMM compute precisions
   std::vector<WeightStorage> weight_formats;  // GEMM weight operands
   bool attention_sinks = false;
   bool async_copy = false;  // CopyAsync overlaps with compute
@@ -209,9 +212,9 @@ class Backend {
   // RMSNorm of `groups` groups of `dim` values in each of `tokens` rows
   // (row stride ld): q/k norms per head (groups = heads) or over the whole
   // projection (groups = 1). In place. x: [tokens, groups * dim] stride ld.
-  virtual void RmsNormRows(float* x, int64_t tokens, int64_t ld,
-                           int64_t groups, int64_t dim, const void* w,
-                           DType w_dtype, float eps) = 0;
+  virtual void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                           int64_t dim, const void* w, DType w_dtype,
+                           float eps) = 0;
   // y = (x - mean) * rsqrt(var + eps) * w + b; w, b may be null.
   virtual void LayerNorm(const float* x, const void* w, const void* b,
                          DType w_dtype, float eps, float* y, int64_t rows,
@@ -224,8 +227,8 @@ class Backend {
                           float attention_scaling, float* cos, float* sin) = 0;
   // In place on x [tokens, heads, head_dim] (row stride row_stride).
   virtual void ApplyRope(float* x, int64_t tokens, int64_t heads,
-                         int64_t head_dim, int64_t row_stride,
-                         const float* cos, const float* sin, int64_t half) = 0;
+                         int64_t head_dim, int64_t row_stride, const float* cos,
+                         const float* sin, int64_t half) = 0;
 
   // ---- Attention ----
   virtual Status Attention(const AttentionOp& op) = 0;
@@ -238,12 +241,12 @@ class Backend {
   virtual void GatedActivation(ActivationFn fn, const float* gate,
                                int64_t gate_rs, const float* up, int64_t up_rs,
                                float* out, int64_t rows, int64_t n) = 0;
-  virtual void Add(const float* x, float* y, int64_t n) = 0;     // y += x, [n]
-  virtual void Scale(float* x, int64_t n, float s) = 0;          // x *= s, [n]
-  virtual void Softcap(float* x, int64_t n, float cap) = 0;      // [n]
+  virtual void Add(const float* x, float* y, int64_t n) = 0;  // y += x, [n]
+  virtual void Scale(float* x, int64_t n, float s) = 0;       // x *= s, [n]
+  virtual void Softcap(float* x, int64_t n, float cap) = 0;   // [n]
   // x[r, j] = clamp(x[r, j], lo, hi); x [rows, cols] row stride ld.
-  virtual void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld,
-                     float lo, float hi) = 0;
+  virtual void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
+                     float hi) = 0;
   // x[r, j] = bf16(x[r, j]) (round to nearest even, kept as f32);
   // x [rows, cols] row stride ld.
   virtual void RoundToBf16(float* x, int64_t rows, int64_t cols,
@@ -252,9 +255,8 @@ class Backend {
   // ---- Gather / scatter ----
   // Embedding: out[t, :] = table[ids[t], :]; table [vocab, dim] in
   // table_dtype, ids [tokens] (validated by the caller), out [tokens, dim].
-  virtual void Gather(const void* table, DType table_dtype,
-                      const int32_t* ids, int64_t tokens, int64_t dim,
-                      float* out) = 0;
+  virtual void Gather(const void* table, DType table_dtype, const int32_t* ids,
+                      int64_t tokens, int64_t dim, float* out) = 0;
   // Experts: out[i, :] = x[rows[i], :]; x row stride ldx, out [n, cols].
   virtual void GatherRows(const float* x, int64_t ldx, const int32_t* rows,
                           int64_t n, int64_t cols, float* out) = 0;
@@ -279,6 +281,21 @@ class Backend {
 
 // The weight operand of a bound weight (its storage format and [n, k]).
 WeightOperand MakeWeightOperand(const TensorView& w, MatrixLayout layout);
+
+// The GEMM operand of bound weight (role, layer), or of expert `expert` of an
+// expert role: the expert's own tensor (Mixtral, Qwen-MoE) or slice `expert`
+// of a stacked [E, ...] tensor (gpt-oss). Checked: the weight is bound.
+WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
+                              int64_t layer, int64_t expert = kNoExpert);
+
+// A bias vector [n] in `dtype`; data == nullptr when the model has none.
+struct BiasOperand {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+// The bias (role, layer), or expert `expert`'s row of a stacked [E, n] bias.
+BiasOperand BiasOf(const BoundWeights& w, WeightRole role, int64_t layer,
+                   int64_t expert = kNoExpert);
 
 }  // namespace loom
 

@@ -47,6 +47,26 @@ struct RopeConfig {
   float attention_scaling = 1.0f;
 };
 
+// How a router turns logits [T, E] into k (expert, weight) pairs per token.
+enum class RouterKind : uint8_t {
+  // softmax over all E experts, then the top k probabilities (renormalised
+  // to sum 1 when MoEConfig::norm_topk_prob): Mixtral, Qwen-MoE.
+  kSoftmaxTopK,
+  // the top k logits, then softmax over those k only: gpt-oss.
+  kTopKSoftmax,
+};
+
+// An expert's activation between its gate/up and down projections.
+enum class ExpertActKind : uint8_t {
+  // act(gate) * up with separate gate and up projections (Mixtral w1/w3,
+  // Qwen gate_proj/up_proj), `ModelConfig::act`.
+  kGated,
+  // gpt-oss: one gate_up projection whose columns interleave gate (even) and
+  // up (odd); gate = min(gate, limit), up = clamp(up, -limit, limit),
+  // out = (up + 1) * gate * sigmoid(alpha * gate).
+  kClampedSwigluInterleaved,
+};
+
 // Parsed once by src/model/arch/moe.cc (ParseMoe).
 struct MoEConfig {
   int64_t num_experts = 0;
@@ -56,6 +76,13 @@ struct MoEConfig {
   bool shared_expert_gate = false;  // sigmoid gate on the shared expert
   bool norm_topk_prob = false;
   bool router_bias = false;
+  RouterKind router = RouterKind::kSoftmaxTopK;
+  ExpertActKind expert_act = ExpertActKind::kGated;
+  // kClampedSwigluInterleaved: alpha and limit (HF 4.55 hard-codes 1.702 and
+  // 7.0 in the eager experts; config.swiglu_limit is 7.0 in every release).
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+  bool expert_bias = false;  // gate_up / down biases per expert (gpt-oss)
   // Qwen-MoE: layer l is sparse when l is not in mlp_only_layers and
   // (l + 1) % decoder_sparse_step == 0; the others have a dense MLP of
   // intermediate_size.

@@ -42,8 +42,7 @@ void ComputeLogits(const Model& model, Backend& backend, const float* hidden,
                    int64_t rows, float* logits, void* workspace) {
   const ModelConfig& c = model.config();
   GemmOp op;
-  op.w = MakeWeightOperand(model.weights().Require(WeightRole::kLmHead),
-                           model.weights().Layout(WeightRole::kLmHead));
+  op.w = WeightOperandOf(model.weights(), WeightRole::kLmHead, -1);
   LOOM_CHECK(op.w.n == c.vocab_size && op.w.k == c.hidden_size)
       << "lm_head shape " << op.w.n << "x" << op.w.k;
   op.x = hidden;
@@ -174,12 +173,10 @@ void Executor::Linear(Device& d, const float* x, int64_t m, WeightRole wrole,
                       WeightRole brole, int64_t layer, float* y, int64_t ldy,
                       bool same_x) {
   GemmOp op;
-  op.w = MakeWeightOperand(model_.weights().Require(wrole, layer),
-                           model_.weights().Layout(wrole, layer));
-  if (const TensorView* b = model_.weights().Get(brole, layer)) {
-    op.bias = b->data;
-    op.bias_dtype = b->dtype;
-  }
+  op.w = WeightOperandOf(model_.weights(), wrole, layer);
+  const BiasOperand b = BiasOf(model_.weights(), brole, layer);
+  op.bias = b.data;
+  op.bias_dtype = b.dtype;
   op.x = x;
   op.m = m;
   op.y = y;

@@ -41,6 +41,14 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   keys.norm_topk_prob = true;
   keys.router_bias = true;
   RETURN_IF_ERROR(ParseMoe(r, keys, c));
+  c->moe.router = RouterKind::kTopKSoftmax;
+  c->moe.expert_act = ExpertActKind::kClampedSwigluInterleaved;
+  c->moe.expert_bias = true;
+  ASSIGN_OR_RETURN(double limit, r.Float("swiglu_limit", 7.0));
+  if (!(limit > 0))
+    return InvalidArgumentError(r.source() + ": swiglu_limit = " +
+                                std::to_string(limit) + ", expected > 0");
+  c->moe.swiglu_limit = static_cast<float>(limit);
   // Sliding window on the layers layer_types marks "sliding_attention".
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 0));
   ASSIGN_OR_RETURN(bool typed, ParseLayerTypes(r, window, c));
