@@ -269,6 +269,10 @@ std::vector<ModelCase> Cases() {
       {"gpt2", "gpt2", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
+      // Quantized weights, decoded as the GEMM runs (weight-only).
+      {"qwen3_fp8_block", "qwen3_fp8_block", false},
+      {"llama_nvfp4_modelopt", "llama_nvfp4_modelopt", false},
+      {"llama_nvfp4_ct", "llama_nvfp4_ct", false},
   };
 }
 

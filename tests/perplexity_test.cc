@@ -457,6 +457,44 @@ TEST_F(CliTest, CompareWithItselfJson) {
     EXPECT_TRUE(j.contains(key)) << key;
 }
 
+// Quantized checkpoints through the CLI: perplexity of the NVFP4 model equals
+// the golden log-probs (one window over seq6), and compare of the same
+// quantized model stored as ModelOpt against compressed-tensors finds KL at
+// f32 noise (their effective weights differ by f32 rounding only).
+TEST_F(CliTest, QuantizedPerplexityAndCompare) {
+  if (SharedGoldenDir().empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden directory not found";
+  const std::string modelopt = SharedGoldenDir() + "/tiny/llama_nvfp4_modelopt";
+  const std::string ct = SharedGoldenDir() + "/tiny/llama_nvfp4_ct";
+  auto golden = GoldenFile::Open(ct + "/goldens_f32.safetensors");
+  ASSERT_TRUE(golden);
+  const std::vector<int32_t> ids = golden->Ids("seq6.input_ids");
+  const std::vector<float> lp = golden->F32("seq6.logprob_next");
+  const std::string tokens = ::testing::TempDir() + "/loom_quant_ids.txt";
+  {
+    std::ofstream out(tokens);
+    for (int32_t id : ids) out << id << " ";
+  }
+  double nll = 0;
+  for (float v : lp) nll -= v;
+  const std::string n = std::to_string(ids.size());
+  CliResult r = RunCli("perplexity --model " + ct + " --tokens " + tokens +
+                       " --ctx " + n + " --precision f32 --json --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["tokens_scored"].get<size_t>(), lp.size());
+  EXPECT_NEAR(j["nll_sum"].get<double>(), nll, 1e-4 * lp.size());
+  r = RunCli("compare --model " + modelopt + " --reference " + ct +
+             " --tokens " + tokens +
+             " --ctx 64 --precision f32 --reference-precision f32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_LT(std::abs(j["kl_max"].get<double>()), 1e-6);
+  EXPECT_LT(std::abs(j["kl_mean"].get<double>()), 1e-7);
+  EXPECT_LT(std::abs(j["ln_ppl_ratio"].get<double>()), 1e-6);
+  EXPECT_EQ(j["same_top1"], 1.0);
+}
+
 // ---- compare ----
 
 TEST(CompareTest, ModelWithItselfHasZeroKlAndDrift) {

@@ -41,7 +41,10 @@ std::vector<ModelCase> GoldenModels() {
           {"phi3", false},
           {"gpt2", false},
           {"olmo", false},
-          {"olmo2", false}};
+          {"olmo2", false},
+          {"qwen3_fp8_block", false},
+          {"llama_nvfp4_modelopt", false},
+          {"llama_nvfp4_ct", false}};
 }
 
 std::string ModelDir(const ModelCase& m) {
@@ -167,6 +170,9 @@ TEST(ProgramTest, ExecutorArenasEqualThePlanForEveryGoldenArchitecture) {
                 hooks.Contains(HookSite::kPattern, 0));
       EXPECT_EQ(d.activations.region(BufferId::kFinalNorm) != nullptr,
                 job.NeedsFinalNorm());
+      // Quantized weights decode into their planned workspace.
+      EXPECT_EQ(d.workspace.region(BufferId::kWeightDecode) != nullptr,
+                c.quant.quantized());
       // And a forward runs in them.
       std::vector<int32_t> ids(static_cast<size_t>(j.max_tokens));
       for (size_t t = 0; t < ids.size(); ++t)

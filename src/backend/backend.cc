@@ -1,5 +1,7 @@
 #include "src/backend/backend.h"
 
+#include <cstring>
+
 #include "src/base/check.h"
 
 namespace loom {
@@ -48,12 +50,52 @@ TensorView ExpertSlice(const TensorView& v, int64_t e) {
   return s;
 }
 
+// The operand of a quantized weight, or of expert `expert` of a stacked one
+// (kNoExpert: the whole tensor is one matrix).
+WeightOperand QuantizedOperand(const BoundWeights::Quantized& q, int64_t expert,
+                               DType compute) {
+  const bool stacked = expert != kNoExpert;
+  LOOM_CHECK(q.logical.rank() == (stacked ? 3 : 2))
+      << "quantized weight of logical shape " << q.logical.ToString()
+      << (stacked ? " sliced per expert" : " used as one matrix");
+  WeightOperand op;
+  op.format.kind = q.format.kind;
+  op.format.dtype = GetFormatInfo(q.format.kind).value_element;
+  op.format.layout = MatrixLayout::kOutIn;
+  op.n = q.logical.dim(-2);
+  op.k = q.logical.dim(-1);
+  op.data = stacked ? ExpertSlice(q.values, expert).data : q.values.data;
+  if (q.scales.data != nullptr)
+    op.scales = stacked ? ExpertSlice(q.scales, expert).data : q.scales.data;
+  op.scales_dtype = q.scales_element;
+  op.block_out = q.block_out;
+  op.block_in = q.block_in;
+  if (q.global.data != nullptr) {
+    // [] / [1] per tensor, [E] / [E, 1] per stacked expert (f32, checked at
+    // bind).
+    const int64_t i = stacked && q.global.numel() > 1 ? expert : 0;
+    LOOM_CHECK(i < q.global.numel())
+        << "expert " << i << " of a global scale of shape "
+        << q.global.shape.ToString();
+    std::memcpy(&op.global_scale,
+                static_cast<const uint8_t*>(q.global.data) + 4 * i, 4);
+  }
+  op.divide_global = q.format.kind == FormatKind::kNvfp4CompressedTensors;
+  op.decode_dtype = compute;
+  return op;
+}
+
 }  // namespace
 
 WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
                               int64_t layer, int64_t expert) {
+  if (const BoundWeights::Quantized* q = w.GetQuantized(role, layer, expert))
+    return QuantizedOperand(*q, kNoExpert, w.compute_dtype());
   if (expert != kNoExpert && w.Get(role, layer, expert) == nullptr) {
     // Stacked experts.
+    if (const BoundWeights::Quantized* q =
+            w.GetQuantized(role, layer, kAllExperts))
+      return QuantizedOperand(*q, expert, w.compute_dtype());
     const TensorView& all = w.Require(role, layer, kAllExperts);
     return MakeWeightOperand(ExpertSlice(all, expert),
                              w.Layout(role, layer, kAllExperts));

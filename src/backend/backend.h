@@ -102,11 +102,26 @@ struct WeightStorage {
 };
 
 // y[m, n] = x[m, k] W^T: W is [n, k] (kOutIn) or [k, n] (kInOut).
+//
+// Quantized weights (format.kind != kDense) are views of the stored bytes:
+// `data` holds the codes (format.dtype = their element type, kF8E4M3 or
+// kF4E2M1; layout kOutIn [n, k]), `scales` the block scales (scales_dtype:
+// kF8E8M0 for MXFP4, kF8E4M3 for NVFP4, kBF16/kF32 for FP8 block), each
+// covering [block_out, block_in] values, and `global_scale` the per-tensor
+// (per-expert) scale, divided when `divide_global` (compressed-tensors).
+// The backend decodes them (src/core/quant_codes.h) to `decode_dtype`, the
+// model's compute dtype, as it multiplies.
 struct WeightOperand {
   const void* data = nullptr;
   WeightStorage format;
   int64_t n = 0, k = 0;
   const void* scales = nullptr;  // quantized formats only
+  DType scales_dtype = DType::kF32;
+  int64_t block_out = 1, block_in = 0;
+  float global_scale = 1.0f;
+  bool divide_global = false;
+  DType decode_dtype = DType::kF32;
+  bool quantized() const { return format.kind != FormatKind::kDense; }
 };
 
 // y = x W^T (+ bias) (+ y if accumulate).
@@ -199,6 +214,12 @@ class Backend {
   // Library scratch used by every Gemm of this instance (borrowed; sized by
   // Costs().gemm_scratchpad over the shapes that will run).
   virtual void SetGemmScratchpad(void* scratch, int64_t bytes) = 0;
+  // Workspace every Gemm of a quantized weight decodes into (borrowed; sized
+  // by Costs().weight_decode_workspace over the quantized GEMMs that run).
+  virtual void SetWeightDecodeWorkspace(void* workspace, int64_t bytes) {
+    (void)workspace;
+    (void)bytes;
+  }
   virtual void Gemm(const GemmOp& op) = 0;
 
   // ---- Norms: x, y [rows, dim] dense (may alias); w, b [dim] in w_dtype ----
@@ -285,6 +306,9 @@ WeightOperand MakeWeightOperand(const TensorView& w, MatrixLayout layout);
 // The GEMM operand of bound weight (role, layer), or of expert `expert` of an
 // expert role: the expert's own tensor (Mixtral, Qwen-MoE) or slice `expert`
 // of a stacked [E, ...] tensor (gpt-oss). Checked: the weight is bound.
+// Quantized weights keep their stored format: values, block scales and the
+// global scale of the expert (stacked [E, ...] tensors are sliced alike; an
+// MXFP4 gate_up_proj_blocks [E, 2I, H/32, 16] gives n = 2I, k = H, kOutIn).
 WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
                               int64_t layer, int64_t expert = kNoExpert);
 

@@ -26,6 +26,10 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
   head->backend_ = backend;
   const KernelCosts costs = backend->Costs();
   const TensorView& w = model.weights().Require(WeightRole::kLmHead);
+  // A quantized lm_head computes in the model's compute dtype.
+  const BoundWeights::Quantized* quant =
+      model.weights().GetQuantized(WeightRole::kLmHead, -1);
+  const DType w_dtype = quant ? model.weights().compute_dtype() : w.dtype;
   ArenaPlan plan;
   auto add = [&](BufferId id, const char* name, int64_t bytes) {
     PlannedRegion r;
@@ -40,21 +44,30 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
       chunk_rows * head->vocab_ * int64_t{sizeof(float)});
   add(BufferId::kGemmInputCopy, "eval lm_head input copy",
       costs.gemm_workspace
-          ? costs.gemm_workspace(chunk_rows, head->hidden_, w.dtype)
+          ? costs.gemm_workspace(chunk_rows, head->hidden_, w_dtype)
           : 0);
   const bool k_major =
       model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kInOut;
   const int64_t scratch =
       costs.gemm_scratchpad
           ? costs.gemm_scratchpad(chunk_rows, head->vocab_, head->hidden_,
-                                  w.dtype, k_major)
+                                  w_dtype, k_major)
           : 0;
   add(BufferId::kGemmScratchpad, "eval lm_head scratchpad", scratch);
+  const int64_t decode =
+      quant && costs.weight_decode_workspace
+          ? costs.weight_decode_workspace(head->vocab_, head->hidden_,
+                                          quant->format.kind, w_dtype)
+          : 0;
+  if (decode > 0) add(BufferId::kWeightDecode, "eval lm_head decode", decode);
   plan.naive_bytes = plan.total_bytes;
   ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan, *backend));
   if (scratch > 0)
     backend->SetGemmScratchpad(head->arena_.region(BufferId::kGemmScratchpad),
                                scratch);
+  if (decode > 0)
+    backend->SetWeightDecodeWorkspace(
+        head->arena_.region(BufferId::kWeightDecode), decode);
   return head;
 }
 

@@ -7,6 +7,7 @@
 
 #include "src/base/float16.h"
 #include "src/base/units.h"
+#include "src/core/quant_codes.h"
 
 namespace loom {
 namespace {
@@ -55,6 +56,7 @@ void ConvertTensor(const TensorView& src, void* dst, DType dst_dtype) {
 // Reads one byte per page so the mapped tensor is resident now: memory use is
 // then what the plan says from the start, and no forward pays page faults.
 void FaultIn(const TensorView& v) {
+  if (v.data == nullptr) return;
   const auto* p = static_cast<const volatile uint8_t*>(v.data);
   const int64_t n = v.bytes();
   constexpr int64_t kPage = 4096;
@@ -115,22 +117,54 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
                                           DType compute_dtype) {
   ASSIGN_OR_RETURN(std::vector<MatchedWeight> matches,
                    MatchCheckpoint(config, decl, ckpt));
-  for (size_t i = 0; i < matches.size(); ++i) {
-    if (matches[i].present && matches[i].format.quantized())
-      return UnimplementedError(
-          "weight " + decl.specs[i].name + " is stored as " +
-          matches[i].format.ToString() +
-          ": running quantized checkpoints is not implemented yet (loom "
-          "inspect and loom plan read them)");
-  }
-  // The entry each present weight binds (its values tensor).
+  // The entry each present dense weight binds (its values tensor).
   auto entry_of = [&](size_t i) -> const Checkpoint::Entry* {
-    if (!matches[i].present) return nullptr;
+    if (!matches[i].present || matches[i].format.quantized()) return nullptr;
     return &ckpt.entries()[static_cast<size_t>(matches[i].tensors[0].id)];
   };
   BoundWeights b;
   b.num_layers_ = config.num_layers;
+  b.compute_dtype_ = compute_dtype;
   b.slots_.resize(static_cast<size_t>(config.num_layers + 1) * kNumWeightRoles);
+  // Quantized weights: views of their components, in place.
+  for (size_t i = 0; i < matches.size(); ++i) {
+    const MatchedWeight& m = matches[i];
+    if (!m.present || !m.format.quantized()) continue;
+    const WeightSpec& spec = decl.specs[i];
+    Quantized q;
+    q.format = m.format;
+    q.logical = LogicalWeightShape(spec);
+    FormatBlock(m.format, &q.block_out, &q.block_in);
+    for (const MatchedTensor& t : m.tensors) {
+      const TensorView v = ckpt.View(ckpt.entries()[static_cast<size_t>(t.id)]);
+      b.in_place_bytes_ += v.bytes();
+      switch (t.tensor.component) {
+        case ComponentKind::kValues:
+          q.values = v;
+          break;
+        case ComponentKind::kBlockScales:
+          q.scales = v;
+          q.scales_element = t.tensor.element;
+          break;
+        case ComponentKind::kGlobalScale:
+          q.global = v;
+          break;
+        case ComponentKind::kInputScale:
+        case ComponentKind::kKvCacheScale:
+          break;  // weight-only semantics: activations stay unquantized
+      }
+    }
+    if (q.global.data != nullptr && q.global.dtype != DType::kF32)
+      return InvalidArgumentError(
+          "tensor " + spec.name + " global scale: dtype " +
+          std::string(DTypeName(q.global.dtype)) + ", expected F32");
+    Slot* slot = b.SlotFor(spec);
+    slot->view = q.values;
+    slot->layout = MatrixLayout::kOutIn;
+    slot->present = true;
+    slot->quantized = true;
+    slot->quant = std::move(q);
+  }
   // Size the conversion arena: one aligned region per converted tensor.
   constexpr int64_t kAlign = 64;
   // A tensor bound twice (a tied lm_head) is converted once.
@@ -180,6 +214,12 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
   return b;
 }
 
+const BoundWeights::Quantized* BoundWeights::GetQuantized(
+    WeightRole role, int64_t layer, int64_t expert) const {
+  const Slot* s = FindSlot(role, layer, expert);
+  return s != nullptr && s->present && s->quantized ? &s->quant : nullptr;
+}
+
 const TensorView* BoundWeights::Get(WeightRole role, int64_t layer) const {
   return Get(role, layer, kNoExpert);
 }
@@ -214,10 +254,14 @@ void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
            r == WeightRole::kLmHead))
         continue;
       loom::FaultIn(s.view);
+      if (s.quantized) loom::FaultIn(s.quant.scales);
     }
   }
-  for (const auto& [key, s] : expert_slots_)
-    if (s.present && std::get<1>(key) <= last_layer) loom::FaultIn(s.view);
+  for (const auto& [key, s] : expert_slots_) {
+    if (!s.present || std::get<1>(key) > last_layer) continue;
+    loom::FaultIn(s.view);
+    if (s.quantized) loom::FaultIn(s.quant.scales);
+  }
 }
 
 MatrixLayout BoundWeights::Layout(WeightRole role, int64_t layer) const {

@@ -2,8 +2,10 @@
 // matcher (src/model/match.h) finds every declared tensor (or its tie
 // target), checks shapes and dtypes and that every checkpoint tensor is
 // consumed; then tensors whose storage dtype differs from the compute dtype
-// are converted once into an owned weight arena. Quantized weights are
-// matched but not run yet: binding them is Unimplemented.
+// are converted once into an owned weight arena. Quantized weights are bound
+// in place, in their stored format (values, block scales and global scale
+// are views into the mapping; never a dequantized copy): the GEMM decodes
+// them. Input and KV-cache scales are matched and ignored (weight-only).
 #ifndef LOOM_MODEL_BIND_H_
 #define LOOM_MODEL_BIND_H_
 
@@ -39,6 +41,17 @@ StatusOr<std::vector<MatchedWeight>> MatchCheckpoint(
 // at load).
 class BoundWeights {
  public:
+  // A weight kept in its quantized storage format (views into the mapping).
+  struct Quantized {
+    WeightFormat format;
+    Shape logical;      // [..., out, in] (stacked experts: [E, out, in])
+    TensorView values;  // the codes as stored (U8 / F8_E4M3)
+    TensorView scales;  // block scales as stored; data null if none
+    TensorView global;  // per-tensor scale ([] / [1] / [E]); null if none
+    DType scales_element = DType::kF32;  // what the scale bytes encode
+    int64_t block_out = 1, block_in = 0;
+  };
+
   const TensorView* Get(WeightRole role, int64_t layer = -1) const;
   const TensorView& Require(WeightRole role, int64_t layer = -1) const;
   MatrixLayout Layout(WeightRole role, int64_t layer = -1) const;
@@ -52,6 +65,13 @@ class BoundWeights {
   // plan says from the start and no forward pays page faults. Weights of
   // layers a job does not run are never read.
   void FaultIn(int64_t last_layer, bool head) const;
+  // The quantized storage of a weight, or nullptr when it is dense (Get()
+  // then returns its values tensor as stored).
+  const Quantized* GetQuantized(WeightRole role, int64_t layer,
+                                int64_t expert = kNoExpert) const;
+  // The dtype GEMMs compute in (dense weights are stored in it; quantized
+  // ones are decoded to it).
+  DType compute_dtype() const { return compute_dtype_; }
   int64_t converted_bytes() const { return converted_bytes_; }
   int64_t in_place_bytes() const { return in_place_bytes_; }
 
@@ -65,6 +85,8 @@ class BoundWeights {
     TensorView view;
     MatrixLayout layout = MatrixLayout::kOutIn;
     bool present = false;
+    bool quantized = false;
+    Quantized quant;
   };
   Slot* SlotFor(const WeightSpec& spec);
   const Slot* FindSlot(WeightRole role, int64_t layer, int64_t expert) const;
@@ -74,6 +96,7 @@ class BoundWeights {
   // Expert weights: (role, layer, expert) -> slot.
   std::map<std::tuple<int, int64_t, int64_t>, Slot> expert_slots_;
   std::shared_ptr<uint8_t> arena_;
+  DType compute_dtype_ = DType::kF32;
   int64_t converted_bytes_ = 0;
   int64_t in_place_bytes_ = 0;
 };

@@ -22,14 +22,6 @@ std::string ModuleOf(const std::string& name) {
                                  : name;
 }
 
-// The [..., out, in] shape of a weight declared in `layout`.
-Shape LogicalShape(const WeightSpec& s) {
-  if (s.layout == MatrixLayout::kOutIn || s.shape.rank() < 2) return s.shape;
-  std::vector<int64_t> d = s.shape.dims();
-  std::swap(d[d.size() - 1], d[d.size() - 2]);
-  return Shape(std::move(d));
-}
-
 class Lookup {
  public:
   Lookup(const std::vector<StoredTensor>& stored, const ArchWeights& decl)
@@ -60,7 +52,7 @@ StatusOr<std::vector<PhysicalTensor>> Expand(const ModelConfig& c,
   ASSIGN_OR_RETURN(
       std::vector<PhysicalTensor> ts,
       ExpandWeight(format, spec.name,
-                   format.quantized() ? LogicalShape(spec) : spec.shape));
+                   format.quantized() ? LogicalWeightShape(spec) : spec.shape));
   if (c.quant.kv_cache_scales &&
       (spec.role == WeightRole::kK || spec.role == WeightRole::kV)) {
     PhysicalTensor t;
@@ -86,6 +78,13 @@ std::string Describe(const PhysicalTensor& t, const WeightSpec& spec,
 }
 
 }  // namespace
+
+Shape LogicalWeightShape(const WeightSpec& s) {
+  if (s.layout == MatrixLayout::kOutIn || s.shape.rank() < 2) return s.shape;
+  std::vector<int64_t> d = s.shape.dims();
+  std::swap(d[d.size() - 1], d[d.size() - 2]);
+  return Shape(std::move(d));
+}
 
 int64_t MatchedWeight::bytes() const {
   if (!present || tied) return 0;
@@ -181,8 +180,9 @@ StatusOr<std::vector<MatchedWeight>> MatchCheckpoint(
                                        : std::string(DTypeName(t.dtype))) +
               Describe(t, spec, w.format));
         if (dense || t.dtype_varies) {
-          t.dtype = *s->dtype;
-          if (dense) t.element = t.dtype;
+          // A dense tensor, or a component whose stored dtype is the
+          // checkpoint's choice (FP8 block scales): it encodes that dtype.
+          t.dtype = t.element = *s->dtype;
           t.bytes = DTypeBytes(t.dtype, t.shape.numel());
         }
       }

@@ -58,6 +58,11 @@ struct MatchOptions {
 WeightFormat ResolveFormat(const ModelConfig& config, const WeightSpec& spec,
                            std::optional<DType> dense_dtype);
 
+// The [..., out, in] shape of a declared weight (its shape with the last two
+// dimensions swapped when declared [in, out]): the shape a quantized format
+// stores.
+Shape LogicalWeightShape(const WeightSpec& spec);
+
 // Matches `decl` against `stored` (nullptr: config only, every required weight
 // assumed present, a tied one tied). Returns one MatchedWeight per
 // decl.specs entry, in order. Errors name the tensor and file: a required

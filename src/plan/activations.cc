@@ -5,6 +5,8 @@
 #include <limits>
 
 #include "src/base/units.h"
+#include "src/model/match.h"
+#include "src/model/registry.h"
 
 namespace loom {
 namespace {
@@ -212,6 +214,29 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
     if (scratch > 0)
       ws(BufferId::kGemmScratchpad, scratch,
          "max over the forward's GEMM shapes");
+  }
+  if (costs.weight_decode_workspace && c.quant.quantized()) {
+    // The largest panel over the GEMMs whose weights the checkpoint stores
+    // quantized (the declaration and the quantization config decide which).
+    int64_t decode = 0;
+    std::string what;
+    if (const ArchDef* arch = FindArch(c.model_type); arch != nullptr) {
+      const ArchWeights decl = arch->declare_weights(c);
+      for (const WeightSpec& spec : decl.specs) {
+        const WeightFormat f = ResolveFormat(c, spec, std::nullopt);
+        if (!f.quantized() || spec.shape.rank() < 2) continue;
+        const Shape s = LogicalWeightShape(spec);
+        const int64_t n = s.dim(-2), k = s.dim(-1);
+        const int64_t b = costs.weight_decode_workspace(n, k, f.kind, w_dtype);
+        if (b > decode) {
+          decode = b;
+          what = f.ToString() + " n=" + std::to_string(n) +
+                 " k=" + std::to_string(k) + " -> " +
+                 std::string(DTypeName(w_dtype));
+        }
+      }
+    }
+    if (decode > 0) ws(BufferId::kWeightDecode, decode, what);
   }
   if (costs.attention_workspace)
     ws(BufferId::kAttnWorkspace,

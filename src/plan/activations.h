@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "src/core/dtype.h"
+#include "src/core/format.h"
 #include "src/model/config.h"
 #include "src/model/hooks.h"
 #include "src/plan/job.h"
@@ -47,6 +48,11 @@ struct KernelCosts {
   // (cpu::AttentionWorkspaceBytes). nullptr = none.
   int64_t (*attention_workspace)(int64_t max_seq_len, int64_t q_heads,
                                  int64_t head_dim, int num_threads) = nullptr;
+  // Bytes one GEMM of an [n, k] weight stored in `kind` needs to decode its
+  // weights into (in the compute dtype `compute`); 0 for dense weights
+  // (cpu::QuantDecodeWorkspaceBytes). nullptr = none.
+  int64_t (*weight_decode_workspace)(int64_t n, int64_t k, FormatKind kind,
+                                     DType compute) = nullptr;
   int num_threads = 1;
   // Element type of the forward's activations (f32 on the CPU backend).
   DType activation_dtype = DType::kF32;

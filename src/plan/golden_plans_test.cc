@@ -585,3 +585,78 @@ TEST(GoldenDeclarations, QuantExclusionPatterns) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// A stand-in decode cost that keeps n and k apart (a whole [n, k] weight in
+// the compute dtype), so the region shows which weights the planner counted.
+int64_t FakeDecode(int64_t n, int64_t k, FormatKind kind, DType compute) {
+  return kind == FormatKind::kDense ? 0 : n * k * DTypeSize(compute);
+}
+
+// The weight decode region of `config` planned for a bf16 job.
+const PlannedRegion* DecodeRegion(const ModelConfig& config,
+                                  ActivationLayout* layout) {
+  JobSpec job;
+  job.batch_tokens = 256;
+  job.context = 256;
+  job.weight_compute_dtype = DType::kBF16;
+  KernelCosts costs = plan_test::FakeCosts();
+  costs.weight_decode_workspace = FakeDecode;
+  *layout = PlanActivations(config, job, costs);
+  const int i = layout->workspace.Find(BufferId::kWeightDecode);
+  return i < 0 ? nullptr : &layout->workspace.regions[static_cast<size_t>(i)];
+}
+
+// The decode workspace covers the largest Linear the quantization config
+// stores quantized, and no module it excludes (attention and router of
+// gpt-oss, lm_head and routers of the Qwen3 FP8/NVFP4 exports); a dense
+// checkpoint has none.
+TEST(GoldenPlans, WeightDecodeWorkspaceFollowsTheQuantizationConfig) {
+  ActivationLayout layout;
+  {
+    const Loaded l = Load("gpt-oss-20b");
+    const PlannedRegion* r = DecodeRegion(l.config, &layout);
+    ASSERT_NE(r, nullptr);
+    // The MXFP4 gate_up_proj: [2I, H] (attention is not converted).
+    const int64_t H = l.config.hidden_size,
+                  I = l.config.moe.expert_intermediate_size;
+    EXPECT_EQ(r->bytes, 2 * I * H * 2);
+    EXPECT_NE(r->shape.find("mxfp4"), std::string::npos) << r->shape;
+  }
+  {
+    const Loaded l = Load("Llama-3.1-8B");
+    EXPECT_EQ(DecodeRegion(l.config, &layout), nullptr);
+  }
+  const std::string shared = std::string(LOOM_SHARED_DIR) + "/models/configs/";
+  if (!std::filesystem::exists(shared + "Qwen3-30B-A3B-FP8"))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << shared
+                 << " not found; only the bundled configs were checked";
+  struct Case {
+    const char* dir;
+    const char* format;
+  };
+  for (const Case& c : {Case{"Qwen3-30B-A3B-FP8", "fp8-block[128x128]"},
+                        Case{"nvidia-Qwen3-30B-A3B-NVFP4", "nvfp4-modelopt"},
+                        Case{"nvidia-Qwen3-32B-NVFP4", "nvfp4-modelopt"}}) {
+    SCOPED_TRACE(c.dir);
+    auto config = LoadModelConfig(shared + c.dir);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    const PlannedRegion* r = DecodeRegion(*config, &layout);
+    ASSERT_NE(r, nullptr);
+    // The largest quantized Linear: q/o [Q, H] for the MoE models (experts
+    // and the excluded router are smaller, lm_head [V, H] is excluded), the
+    // MLP [I, H] for the dense 32B.
+    const int64_t H = config->hidden_size, Q = config->q_dim();
+    const int64_t I = config->moe.num_experts > 0
+                          ? config->moe.expert_intermediate_size
+                          : config->intermediate_size;
+    EXPECT_EQ(r->bytes, std::max(Q, I) * H * 2);
+    EXPECT_LT(r->bytes, config->vocab_size * H * 2);
+    EXPECT_NE(r->shape.find(c.format), std::string::npos) << r->shape;
+  }
+}
+
+}  // namespace
+}  // namespace loom

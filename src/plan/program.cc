@@ -185,6 +185,8 @@ std::string_view BufferName(BufferId id) {
       return "gemm input copy";
     case B::kGemmScratchpad:
       return "gemm scratchpad";
+    case B::kWeightDecode:
+      return "weight decode workspace";
     case B::kAttnWorkspace:
       return "attention workspace";
     case B::kLogitsChunk:
@@ -345,6 +347,7 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
       return {{logits_rows, c.vocab_size}, DType::kF32};
     case B::kGemmInputCopy:
     case B::kGemmScratchpad:
+    case B::kWeightDecode:
     case B::kAttnWorkspace:
       return {{}, DType::kU8};
   }

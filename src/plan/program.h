@@ -63,6 +63,7 @@ enum class BufferId : uint8_t {
   // ---- Kernel workspace (each kernel its own region, all resident) ----
   kGemmInputCopy,   // 16-bit copy of a GEMM input
   kGemmScratchpad,  // the GEMM library's scratch
+  kWeightDecode,    // a panel of quantized weights decoded for one GEMM
   kAttnWorkspace,   // attention tiles
   // ---- Logits ----
   kLogitsChunk,  // [C, V] f32

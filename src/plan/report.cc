@@ -108,6 +108,16 @@ std::string FormatPlanTable(const MemoryPlan& p) {
                 FormatBytes(p.layout.activations.naive_bytes).c_str(),
                 p.layout.activations.regions.size());
   out += line;
+  if (const int i = p.layout.workspace.Find(BufferId::kWeightDecode); i >= 0) {
+    // The "decompression tax" of quantized weights: one decoded panel, part
+    // of every computing device's workspace.
+    const PlannedRegion& r = p.layout.workspace.regions[static_cast<size_t>(i)];
+    std::snprintf(line, sizeof(line),
+                  "weight decode workspace: %s (%s), in each computing "
+                  "device's workspace\n",
+                  FormatBytes(r.bytes).c_str(), r.shape.c_str());
+    out += line;
+  }
   out += p.fits ? "fits\n" : "DOES NOT FIT\n";
   for (const std::string& s : p.problems) out += "  " + s + "\n";
   if (!p.suggestions.empty()) {

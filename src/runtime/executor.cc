@@ -146,6 +146,11 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
       d.backend->SetGemmScratchpad(
           d.workspace.region(BufferId::kGemmScratchpad),
           ex->layout_.workspace.regions[static_cast<size_t>(i)].bytes);
+    if (const int i = ex->layout_.workspace.Find(BufferId::kWeightDecode);
+        i >= 0)
+      d.backend->SetWeightDecodeWorkspace(
+          d.workspace.region(BufferId::kWeightDecode),
+          ex->layout_.workspace.regions[static_cast<size_t>(i)].bytes);
     ex->devices_.push_back(std::move(d));
   }
   Device& last = ex->devices_.back();

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/backend/cpu/quant_decode.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
 
@@ -40,6 +41,7 @@ KernelCosts CpuKernelCosts() {
   KernelCosts k;
   k.gemm_workspace = &GemmWorkspaceBytes;
   k.gemm_scratchpad = &GemmScratchpad;
+  k.weight_decode_workspace = &QuantDecodeWorkspaceBytes;
   k.attention_workspace = &AttentionWorkspaceBytes;
   k.num_threads = NumThreads();
   k.activation_dtype = DType::kF32;
@@ -55,6 +57,15 @@ BackendCapabilities CpuBackend::Capabilities() const {
   for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
     for (MatrixLayout l : {MatrixLayout::kOutIn, MatrixLayout::kInOut})
       c.weight_formats.push_back(WeightStorage{FormatKind::kDense, d, l});
+  // Quantized weights ([n, k] codes), decoded to any compute dtype.
+  c.weight_formats.push_back(WeightStorage{
+      FormatKind::kFp8PerTensor, DType::kF8E4M3, MatrixLayout::kOutIn});
+  c.weight_formats.push_back(WeightStorage{
+      FormatKind::kFp8Block, DType::kF8E4M3, MatrixLayout::kOutIn});
+  for (FormatKind f : {FormatKind::kMxfp4, FormatKind::kNvfp4ModelOpt,
+                       FormatKind::kNvfp4CompressedTensors})
+    c.weight_formats.push_back(
+        WeightStorage{f, DType::kF4E2M1, MatrixLayout::kOutIn});
   c.attention_sinks = false;
   c.async_copy = false;
   return c;
@@ -97,13 +108,18 @@ void CpuBackend::SetGemmScratchpad(void* scratch, int64_t bytes) {
   gemm_->SetScratchpad(scratch, bytes);
 }
 
+void CpuBackend::SetWeightDecodeWorkspace(void* workspace, int64_t bytes) {
+  LOOM_CHECK(bytes == 0 || reinterpret_cast<uintptr_t>(workspace) % 64 == 0)
+      << "weight decode workspace not 64-byte aligned";
+  decode_workspace_ = workspace;
+  decode_workspace_bytes_ = bytes;
+}
+
 void CpuBackend::Gemm(const GemmOp& op) {
-  LOOM_CHECK(op.w.format.kind == FormatKind::kDense)
-      << "cpu backend: quantized weight formats are not supported";
   GemmArgs a;
   a.x = op.x;
   a.w = op.w.data;
-  a.w_dtype = op.w.format.dtype;
+  a.w_dtype = op.w.quantized() ? op.w.decode_dtype : op.w.format.dtype;
   a.layout = ToCpu(op.w.format.layout);
   a.n = op.w.n;
   a.k = op.w.k;
@@ -115,6 +131,23 @@ void CpuBackend::Gemm(const GemmOp& op) {
   a.accumulate = op.accumulate;
   a.workspace = op.workspace;
   a.reuse_x_workspace = op.reuse_x_workspace;
+  if (op.w.quantized()) {
+    LOOM_CHECK(op.w.format.layout == MatrixLayout::kOutIn)
+        << "quantized weights are [n, k]";
+    QuantMatrix q;
+    q.kind = op.w.format.kind;
+    q.values = op.w.data;
+    q.scales = op.w.scales;
+    q.scale_dtype = op.w.scales_dtype;
+    q.n = op.w.n;
+    q.k = op.w.k;
+    q.block_out = op.w.block_out;
+    q.block_in = op.w.block_in;
+    q.global_scale = op.w.global_scale;
+    q.divide_global = op.w.divide_global;
+    gemm_->GemmQuantized(a, q, decode_workspace_, decode_workspace_bytes_);
+    return;
+  }
   gemm_->Gemm(a);
 }
 

@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
               DeviceRef src_device, int64_t bytes) override;
 
   void SetGemmScratchpad(void* scratch, int64_t bytes) override;
+  void SetWeightDecodeWorkspace(void* workspace, int64_t bytes) override;
   void Gemm(const GemmOp& op) override;
 
   void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
@@ -73,6 +74,8 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<GemmContext> gemm_;
+  void* decode_workspace_ = nullptr;  // borrowed, see SetWeightDecodeWorkspace
+  int64_t decode_workspace_bytes_ = 0;
 };
 
 // The CPU backend's planner costs (what CpuBackend::Costs returns), for code

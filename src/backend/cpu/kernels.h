@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "src/core/dtype.h"
+#include "src/core/quant_codes.h"
 
 namespace loom::cpu {
 
@@ -72,6 +73,16 @@ class GemmContext {
   // y = x W^T (+ bias) (+ y if accumulate). Checks its arguments with
   // LOOM_CHECK.
   void Gemm(const GemmArgs& args);
+
+  // y = x W^T (+ bias) (+ y) with W [n, k] stored quantized (`w`): each
+  // panel of kQuantPanelRows weight rows is decoded (DecodeRows) into
+  // `decode_workspace` in `args.w_dtype` (the compute dtype: f32, bf16 or
+  // f16), then multiplied as a dense [n_panel, k] weight. args.w, n, k and
+  // layout are taken from `w` (kOutIn). `decode_workspace` holds at least
+  // QuantDecodeWorkspaceBytes(n, k, w.kind, args.w_dtype) bytes, 64-byte
+  // aligned; args.workspace is the usual x-copy scratch.
+  void GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
+                     void* decode_workspace, int64_t decode_workspace_bytes);
 
   // Batched strided matmul (the QK^T / PV shapes of attention; Attention
   // itself uses a dedicated kernel): for b in [0, batch):

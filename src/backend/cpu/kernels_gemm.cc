@@ -19,9 +19,10 @@
 #include <unordered_map>
 
 #include "src/backend/cpu/kernels.h"
-#include "src/base/units.h"
 #include "src/backend/cpu/kernels_internal.h"
+#include "src/backend/cpu/quant_decode.h"
 #include "src/base/check.h"
+#include "src/base/units.h"
 
 namespace loom::cpu {
 namespace {
@@ -420,6 +421,43 @@ void GemmContext::Gemm(const GemmArgs& args) {
   } catch (const dnnl::error& e) {
     LOOM_CHECK(false) << "oneDNN GEMM m=" << args.m << " n=" << args.n
                       << " k=" << args.k << ": " << e.what();
+  }
+}
+
+void GemmContext::GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
+                                void* decode_workspace,
+                                int64_t decode_workspace_bytes) {
+  LOOM_CHECK(w.kind != FormatKind::kDense && w.n > 0 && w.k > 0)
+      << "quantized GEMM of a dense or empty weight: n=" << w.n << " k=" << w.k;
+  const int64_t need =
+      QuantDecodeWorkspaceBytes(w.n, w.k, w.kind, args.w_dtype);
+  LOOM_CHECK(decode_workspace != nullptr && decode_workspace_bytes >= need)
+      << "quantized GEMM n=" << w.n << " k=" << w.k << " ("
+      << FormatName(w.kind) << " -> " << DTypeName(args.w_dtype)
+      << "): weight decode workspace of " << decode_workspace_bytes
+      << " bytes, needs " << need << " (planned by the weight decode term)";
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(decode_workspace) % 64 == 0)
+      << "decode workspace not 64-byte aligned";
+  if (args.m == 0) return;
+  const int64_t ldy = args.ldy == 0 ? w.n : args.ldy;
+  const int64_t bias_size =
+      args.bias != nullptr ? DTypeSize(args.bias_dtype) : 0;
+  for (int64_t j0 = 0; j0 < w.n; j0 += kQuantPanelRows) {
+    const int64_t nc = std::min(kQuantPanelRows, w.n - j0);
+    DecodeRows(w, j0, nc, args.w_dtype, decode_workspace);  // [nc, k]
+    GemmArgs p = args;
+    p.w = decode_workspace;
+    p.layout = WeightLayout::kOutIn;
+    p.n = nc;
+    p.k = w.k;
+    p.ldy = ldy;
+    p.y = args.y + j0;
+    p.bias = args.bias != nullptr
+                 ? static_cast<const uint8_t*>(args.bias) + j0 * bias_size
+                 : nullptr;
+    // Every panel multiplies the same x: its 16-bit copy is made once.
+    p.reuse_x_workspace = args.reuse_x_workspace || j0 > 0;
+    Gemm(p);
   }
 }
 

@@ -1,0 +1,108 @@
+// Quantized GEMM (weights kept as MXFP4 / NVFP4 codes, decoded one panel at
+// a time into the compute dtype) against the bf16 GEMM of the same shape,
+// both measured in the same run: counters `vs_bf16` (quantized throughput /
+// bf16 throughput) and `bytes_vs_bf16` (stored weight bytes / bf16 bytes).
+// Goal: vs_bf16 >= 0.8 at bytes_vs_bf16 <= 0.3. Compute dtype bf16.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/backend/cpu/quant_decode.h"
+#include "src/base/float16.h"
+#include "src/core/format.h"
+
+namespace loom::cpu {
+namespace {
+
+struct Buf {
+  explicit Buf(int64_t bytes)
+      : p(std::aligned_alloc(64,
+                             (std::max<int64_t>(bytes, 64) + 63) / 64 * 64)) {}
+  ~Buf() { std::free(p); }
+  void* p;
+};
+
+GemmContext& Ctx() {
+  static GemmContext* ctx = new GemmContext();
+  return *ctx;
+}
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// Args: M, N, K, format (0 = mxfp4, 1 = nvfp4-modelopt).
+void BM_QuantGemmVsBf16(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const FormatKind kind =
+      state.range(3) == 0 ? FormatKind::kMxfp4 : FormatKind::kNvfp4ModelOpt;
+  const int64_t block = kind == FormatKind::kMxfp4 ? 32 : 16;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(m * k), y(m * n);
+  for (auto& v : x) v = dist(rng);
+  std::vector<uint8_t> codes(n * k / 2), scales(n * k / block);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng() & 0xFF);
+  for (auto& s : scales)
+    s = static_cast<uint8_t>(kind == FormatKind::kMxfp4 ? 118 + rng() % 8
+                                                        : 0x30 + rng() % 32);
+  QuantMatrix q;
+  q.kind = kind;
+  q.values = codes.data();
+  q.scales = scales.data();
+  q.scale_dtype = kind == FormatKind::kMxfp4 ? DType::kF8E8M0 : DType::kF8E4M3;
+  q.n = n;
+  q.k = k;
+  q.block_in = block;
+  q.global_scale = 0.01f;
+  // The bf16 weight of the same shape: the decoded values, rounded.
+  std::vector<uint16_t> w16(n * k);
+  DecodeRows(q, 0, n, DType::kBF16, w16.data());
+  Buf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+  const int64_t decode_bytes =
+      QuantDecodeWorkspaceBytes(n, k, kind, DType::kBF16);
+  Buf decode(decode_bytes);
+  GemmArgs a;
+  a.x = x.data();
+  a.w_dtype = DType::kBF16;
+  a.y = y.data();
+  a.m = m, a.n = n, a.k = k;
+  a.workspace = ws.p;
+  GemmArgs d = a;
+  d.w = w16.data();
+  Ctx().Gemm(d);  // warm-up: primitive creation
+  Ctx().GemmQuantized(a, q, decode.p, decode_bytes);
+  double t_bf16 = 0, t_quant = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Ctx().Gemm(d);
+    const auto t1 = std::chrono::steady_clock::now();
+    Ctx().GemmQuantized(a, q, decode.p, decode_bytes);
+    const auto t2 = std::chrono::steady_clock::now();
+    t_bf16 += Seconds(t1 - t0);
+    t_quant += Seconds(t2 - t1);
+    state.SetIterationTime(Seconds(t2 - t1));
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double flops = 2.0 * m * n * k * state.iterations();
+  state.counters["quant_GFLOPs"] = flops / t_quant * 1e-9;
+  state.counters["bf16_GFLOPs"] = flops / t_bf16 * 1e-9;
+  state.counters["vs_bf16"] = t_bf16 / t_quant;
+  const double quant_bytes = static_cast<double>(
+      codes.size() + scales.size() + (kind == FormatKind::kMxfp4 ? 0 : 4));
+  state.counters["bytes_vs_bf16"] = quant_bytes / (2.0 * n * k);
+}
+BENCHMARK(BM_QuantGemmVsBf16)
+    ->ArgNames({"M", "N", "K", "nvfp4"})
+    ->ArgsProduct({{128, 512}, {5760}, {2880}, {0, 1}})
+    ->ArgsProduct({{128, 512}, {4096}, {4096}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace loom::cpu
