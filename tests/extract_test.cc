@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -141,6 +142,62 @@ TEST_F(ExtractTest, TokenRowsMatchGoldenHiddenStates) {
         }
         EXPECT_TRUE(Compare(&mean[r * 64], m.data(), 64, 1e-4, 1e-4).ok)
             << hook << " mean row " << r;
+      }
+    }
+  }
+}
+
+// MoE hooks through extract (qwen3_moe, seq4): router logits match HF's
+// gate logits; expert ids are written as exact integers and, with the
+// weights, are HF's routing recomputed from the golden logits (softmax over
+// all experts, top k, renormalised: norm_topk_prob).
+TEST_F(ExtractTest, MoeRouterHooksMatchGoldenRouting) {
+  if (SharedGoldenDir().empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  const std::string gdir = SharedGoldenDir() + "/tiny/qwen3_moe";
+  auto golden = GoldenFile::Open(gdir + "/goldens_f32.safetensors");
+  ASSERT_NE(golden, nullptr);
+  nlohmann::json row = {{"id", "seq4"},
+                        {"tokens", golden->Ids("seq4.input_ids")}};
+  WriteFile("moe.jsonl", row.dump() + "\n");
+  ExtractOptions o;
+  o.model_dir = gdir;
+  o.input_path = Path("moe.jsonl");
+  o.out_dir = Path("out_moe");
+  o.hooks = {"mlp.hook_router_logits", "mlp.hook_expert_ids",
+             "mlp.hook_expert_weights"};
+  o.layers = {"*"};
+  o.selectors = {"all"};
+  o.precision = Precision::kF32;
+  auto s = RunExtract(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const int64_t E = 4, K = 2;
+  for (int64_t l = 0; l < 2; ++l) {
+    const std::string b = o.out_dir + "/blocks." + std::to_string(l);
+    const std::vector<float> g =
+        golden->F32("seq4.router_logits." + std::to_string(l));  // [T, E]
+    const int64_t T = static_cast<int64_t>(g.size()) / E;
+    std::vector<int64_t> shape;
+    auto logits = ReadF32(b + ".mlp.hook_router_logits.all.npy", &shape);
+    ASSERT_EQ(shape, (std::vector<int64_t>{T, E}));
+    EXPECT_TRUE(Compare(logits.data(), g.data(), T * E, 1e-4, 1e-4).ok);
+    auto ids = ReadF32(b + ".mlp.hook_expert_ids.all.npy", &shape);
+    ASSERT_EQ(shape, (std::vector<int64_t>{T, K}));
+    auto w = ReadF32(b + ".mlp.hook_expert_weights.all.npy");
+    for (int64_t t = 0; t < T; ++t) {
+      // HF's routing from the golden logits, in double.
+      std::vector<double> p(E);
+      double m = g[t * E], sum = 0;
+      for (int64_t e = 0; e < E; ++e) m = std::max(m, double{g[t * E + e]});
+      for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(g[t * E + e] - m);
+      std::vector<int> order = {0, 1, 2, 3};
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int c) { return p[a] > p[c]; });
+      const double top = p[order[0]] + p[order[1]];
+      for (int64_t k = 0; k < K; ++k) {
+        EXPECT_EQ(ids[t * K + k], static_cast<float>(order[k]))
+            << "layer " << l << " token " << t << " slot " << k;
+        EXPECT_NEAR(w[t * K + k], p[order[k]] / top, 1e-4);
       }
     }
   }

@@ -68,6 +68,8 @@ HookSet AllHooks(const ModelConfig& c) {
     hooks.Add({HookSite::kResidPre, l});
     hooks.Add({HookSite::kAttnOut, l});
     hooks.Add({HookSite::kMlpOut, l});
+    if (c.mlp == MlpKind::kMoE && c.moe.IsSparseLayer(l))
+      hooks.Add({HookSite::kRouterLogits, l});
   }
   hooks.Add({HookSite::kResidPost, c.num_layers - 1});
   hooks.Add({HookSite::kPattern, 0});
@@ -101,6 +103,12 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
     const bool bf16 = (*model)->compute_dtype() == DType::kBF16;
+    if (bf16 && c.mlp == MlpKind::kMoE)
+      GTEST_SKIP() << "SKIPPED: " << mc.name
+                   << " is a mixture-of-experts model; in bf16 near-tied "
+                      "router logits pick other experts (golden README: "
+                      "errors of tens of percent), so the dense bf16 bounds "
+                      "do not apply; MoE numerics are checked in f32";
     auto golden =
         GoldenFile::Open(GoldenDir(mc) + (bf16 ? "/goldens_bf16.safetensors"
                                                : "/goldens_f32.safetensors"));
@@ -144,6 +152,10 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
         cmp("mlp_out." + std::to_string(k),
             "blocks." + std::to_string(k) + ".hook_mlp_out",
             sink.Get({HookSite::kMlpOut, k}).data.data());
+        if (hooks.Contains(HookSite::kRouterLogits, k))
+          cmp("router_logits." + std::to_string(k),
+              "blocks." + std::to_string(k) + ".mlp.hook_router_logits",
+              sink.Get({HookSite::kRouterLogits, k}).data.data());
       }
       cmp("layer_out." + std::to_string(L - 1),
           "blocks." + std::to_string(L - 1) + ".hook_resid_post",
@@ -273,6 +285,9 @@ std::vector<ModelCase> Cases() {
       {"qwen3_fp8_block", "qwen3_fp8_block", false},
       {"llama_nvfp4_modelopt", "llama_nvfp4_modelopt", false},
       {"llama_nvfp4_ct", "llama_nvfp4_ct", false},
+      {"mixtral", "mixtral", false},
+      {"qwen2_moe", "qwen2_moe", false},
+      {"qwen3_moe", "qwen3_moe", false},
   };
 }
 

@@ -86,8 +86,19 @@ Status CaptureSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                  int64_t seq, int64_t row_begin,
                                  const ActivationView& view) {
   const int64_t rows = view.rows, cols = view.cols, ld = view.ld;
-  const float* data = view.f32();
   Tensor& t = tensors_[{hook, seq}];
+  if (view.dtype == DType::kI32) {
+    // Integer hooks (mlp.hook_expert_ids) are kept as exact f32 values.
+    t.cols = cols;
+    t.data.resize(static_cast<size_t>(batch.num_tokens() * cols));
+    const int32_t* ids = static_cast<const int32_t*>(view.data);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        t.data[(row_begin + r) * cols + j] =
+            static_cast<float>(ids[r * ld + j]);
+    return Status();
+  }
+  const float* data = view.f32();
   t.cols = cols;
   const int64_t total_rows = seq >= 0 ? rows : batch.num_tokens();
   if (static_cast<int64_t>(t.data.size()) != total_rows * cols)

@@ -169,7 +169,8 @@ TEST_P(PlacementTest, TwoDevicesBitIdenticalAndArenasAsPlanned) {
 
 std::vector<Case> Cases() {
   return {{"stories260K", true}, {"llama", false}, {"gemma2", false},
-          {"gpt2", false},       {"olmo2", false}, {"phi3", false}};
+          {"gpt2", false},       {"olmo2", false}, {"phi3", false},
+          {"qwen2_moe", false}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PlacementTest, ::testing::ValuesIn(Cases()),

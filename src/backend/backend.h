@@ -287,6 +287,31 @@ class Backend {
                               const float* weights, int64_t n, int64_t cols,
                               float* y, int64_t ldy) = 0;
 
+  // ---- Mixture of experts ----
+  // Top-k routing of `tokens` rows of router logits [tokens, experts] (row
+  // stride ld, f32): ids [tokens, k] i32 and weights [tokens, k] f32 in slot
+  // order (descending score; equal scores: lower expert id first).
+  // kSoftmaxTopK: p = softmax over all experts (f32), the k largest p
+  // (renormalised to sum 1 when `renormalize`); kTopKSoftmax: the k largest
+  // logits, weights = softmax over those k.
+  virtual void TopKRoute(const float* logits, int64_t tokens, int64_t experts,
+                         int64_t ld, int64_t k, RouterKind kind,
+                         bool renormalize, int32_t* ids, float* weights) = 0;
+  // gpt-oss's clamped SwiGLU on interleaved gate_up [rows, 2n] (row stride
+  // gu_rs; gate = even columns, up = odd): g = min(gate, limit),
+  // u = clamp(up, -limit, limit), out [rows, n] dense =
+  // (u + 1) * g * sigmoid(alpha * g).
+  virtual void ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
+                             int64_t rows, int64_t n, float alpha,
+                             float limit) = 0;
+  // Shared expert: y[r, :] += sigmoid(gate_logit[r]) * x[r, :]; x [rows,
+  // cols] dense, y row stride ldy, gate_logit [rows].
+  virtual void SigmoidGateAddRows(const float* x, const float* gate_logit,
+                                  int64_t rows, int64_t cols, float* y,
+                                  int64_t ldy) = 0;
+  // x [n] = 0.
+  virtual void SetZero(float* x, int64_t n) = 0;
+
   // ---- Conversion ----
   virtual void ConvertFromF32(const float* src, void* dst, DType dtype,
                               int64_t n) = 0;

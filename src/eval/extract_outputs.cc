@@ -449,6 +449,32 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                  const ActivationView& view) {
   // Selection happens on the host: a device view would first need a
   // device-side selection (the CUDA backend's job).
+  if (view.dtype == DType::kI32 && view.device.kind == DeviceKind::kCpu) {
+    const int64_t exact = outputs_->dtype() == DType::kBF16  ? 256
+                          : outputs_->dtype() == DType::kF16 ? 2048
+                                                             : (1 << 24);
+    const int32_t* v = static_cast<const int32_t*>(view.data);
+    ints_.resize(static_cast<size_t>(view.rows * view.cols));
+    for (int64_t r = 0; r < view.rows; ++r)
+      for (int64_t j = 0; j < view.cols; ++j) {
+        const int32_t x = v[r * view.ld + j];
+        if (x < -exact || x > exact)
+          return InvalidArgumentError(
+              "extract: hook " + HookName(hook) + " holds the integer " +
+              std::to_string(x) + ", which " +
+              std::string(DTypeName(outputs_->dtype())) +
+              " does not represent exactly (|x| <= " + std::to_string(exact) +
+              "); use --dtype f32");
+        ints_[static_cast<size_t>(r * view.cols + j)] = static_cast<float>(x);
+      }
+    outputs_->Capture(hook, batch,
+                      ActivationRows{.data = ints_.data(),
+                                     .row_begin = row_begin,
+                                     .rows = view.rows,
+                                     .cols = view.cols,
+                                     .ld = view.cols});
+    return Status();
+  }
   if (!view.host_f32())
     return UnimplementedError("extract: hook " + HookName(hook) +
                               " was delivered in device memory or as " +

@@ -70,6 +70,7 @@ class OutputSet {
   // `host` converts captured rows to `dtype` (borrowed).
   OutputSet(const ExtractSettings& settings, DType dtype, OutputFormat format,
             std::string out_dir, Backend* host);
+  DType dtype() const { return dtype_; }
 
   // The file list of a fresh manifest (empty for safetensors: shards are
   // added as they are committed), the ragged data files (keys of
@@ -131,6 +132,10 @@ class OutputSet {
 // The executor's hook sink for extraction: hands every captured block of rows
 // to the OutputSet. (The one adapter between the executor's hook interface
 // and the outputs.)
+// Integer hooks (mlp.hook_expert_ids, delivered as i32) are written as exact
+// values of the output dtype: every id must be an integer that dtype holds
+// exactly (f32: < 2^24, f16: <= 2048, bf16: <= 256), else the capture fails
+// with an error naming the hook and the id.
 class ExtractSink : public HookSink {
  public:
   explicit ExtractSink(OutputSet* outputs) : outputs_(outputs) {}
@@ -139,6 +144,7 @@ class ExtractSink : public HookSink {
 
  private:
   OutputSet* outputs_;
+  std::vector<float> ints_;  // [rows, cols] an integer hook's values as f32
 };
 
 // rows.jsonl: one record per input row, appended per commit.

@@ -30,6 +30,9 @@ constexpr SiteName kSiteNames[] = {
     {HookSite::kLn1Post, "ln1_post.hook_normalized"},
     {HookSite::kResidMid, "hook_resid_mid"},
     {HookSite::kLn2, "ln2.hook_normalized"},
+    {HookSite::kRouterLogits, "mlp.hook_router_logits"},
+    {HookSite::kExpertIds, "mlp.hook_expert_ids"},
+    {HookSite::kExpertWeights, "mlp.hook_expert_weights"},
     {HookSite::kMlpPre, "mlp.hook_pre"},
     {HookSite::kMlpPost, "mlp.hook_post"},
     {HookSite::kMlpOut, "hook_mlp_out"},
@@ -197,11 +200,21 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
       break;
     case HookSite::kMlpPre:
     case HookSite::kMlpPost:
-      if (c.mlp == MlpKind::kMoE)
+      if (c.mlp == MlpKind::kMoE && c.moe.IsSparseLayer(h.layer))
         return InvalidArgumentError(
-            "hook " + HookName(h) + ": " + c.model_type +
-            " has MoE layers, where mlp.hook_pre / mlp.hook_post are not "
-            "defined (capture hook_mlp_out)");
+            "hook " + HookName(h) + ": layer " + std::to_string(h.layer) +
+            " of " + c.model_type +
+            " is a mixture-of-experts (MoE) layer, where mlp.hook_pre / "
+            "mlp.hook_post are not defined (capture hook_mlp_out, "
+            "mlp.hook_router_logits, mlp.hook_expert_ids or "
+            "mlp.hook_expert_weights)");
+      break;
+    case HookSite::kRouterLogits:
+    case HookSite::kExpertIds:
+    case HookSite::kExpertWeights:
+      if (c.mlp != MlpKind::kMoE || !c.moe.IsSparseLayer(h.layer))
+        return missing("layer " + std::to_string(h.layer) +
+                       " is not a mixture-of-experts layer");
       break;
     default:
       break;
@@ -225,6 +238,11 @@ StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c) {
       return c.intermediate_size;
     case HookSite::kLogits:
       return c.vocab_size;
+    case HookSite::kRouterLogits:
+      return c.moe.num_experts;
+    case HookSite::kExpertIds:
+    case HookSite::kExpertWeights:
+      return c.moe.experts_per_token;
     case HookSite::kPattern:
       return InvalidArgumentError(
           "hook " + HookName(h) +

@@ -35,8 +35,12 @@ enum class HookSite : uint8_t {
   kAttnOut,  // hook_attn_out: o_proj output (before any post-attention norm)
   kLn1Post,  // ln1_post.hook_normalized: post-attention norm output (Gemma2,
              // OLMo2)
-  kResidMid,   // hook_resid_mid: residual after the attention add
-  kLn2,        // ln2.hook_normalized: MLP input norm output
+  kResidMid,  // hook_resid_mid: residual after the attention add
+  kLn2,       // ln2.hook_normalized: MLP input norm output
+  // MoE layers only (MoEConfig::IsSparseLayer):
+  kRouterLogits,   // mlp.hook_router_logits: [T, E] pre-softmax (+ bias)
+  kExpertIds,      // mlp.hook_expert_ids: [T, k] chosen experts (i32 view)
+  kExpertWeights,  // mlp.hook_expert_weights: [T, k] applied routing weights
   kMlpPre,     // mlp.hook_pre: gate pre-activation (GPT-2: fc output) [T, I]
   kMlpPost,    // mlp.hook_post: act(gate) * up (GPT-2: act(fc)) [T, I]
   kMlpOut,     // hook_mlp_out: MLP output (before any post-MLP norm)
@@ -77,14 +81,17 @@ StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t num_layers);
 
 // Whether the hook exists in this architecture (e.g. OLMo2 has no ln1/ln2,
 // only Gemma2/OLMo2 have ln1_post/ln2_post, only GPT-2 has hook_pos_embed,
-// rotary hooks need RoPE, MoE layers define no mlp.hook_pre/post). Returns
+// rotary hooks need RoPE, MoE layers define no mlp.hook_pre/post, the
+// router hooks exist on MoE layers only). Returns
 // InvalidArgument naming the hook otherwise, OutOfRange for a layer outside
 // the model.
 Status CheckHookExists(const HookPoint& hook, const ModelConfig& config);
 
 // Columns of one captured row (one token) of `hook`: q_dim for attn.hook_q,
 // hook_rot_q and hook_z; kv_dim for attn.hook_k, hook_v and hook_rot_k;
-// intermediate_size for mlp.hook_pre/post; vocab_size for logits;
+// intermediate_size for mlp.hook_pre/post; num_experts for
+// mlp.hook_router_logits; experts_per_token for mlp.hook_expert_ids /
+// hook_expert_weights; vocab_size for logits;
 // hidden_size for every other site. The one function every consumer (the
 // planner, the extraction outputs) asks. Errors: the hook does not exist
 // (CheckHookExists), or it is attn.hook_pattern, which is [heads, L, L] per

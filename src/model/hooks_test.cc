@@ -161,6 +161,29 @@ TEST(HookWidthTest, HooksWithoutARowWidthAreErrors) {
   EXPECT_EQ(*HookWidth({HookSite::kK, 47}, moe), 4 * 128);
   // The resolver refuses it too.
   EXPECT_FALSE(ResolveHooks({"mlp.hook_post"}, {"*"}, moe).ok());
+
+  // The router hooks: [T, E] logits, [T, k] ids and weights, on MoE layers
+  // only (config: 128 experts, 8 per token).
+  EXPECT_EQ(*HookWidth({HookSite::kRouterLogits, 47}, moe), 128);
+  EXPECT_EQ(*HookWidth({HookSite::kExpertIds, 0}, moe), 8);
+  EXPECT_EQ(*HookWidth({HookSite::kExpertWeights, 3}, moe), 8);
+  StatusOr<HookSet> routed = ResolveHooks(
+      {"mlp.hook_router_logits,blocks.-1.mlp.hook_expert_ids"}, {"0"}, moe);
+  ASSERT_TRUE(routed.ok()) << routed.status().ToString();
+  EXPECT_TRUE(routed->Contains(HookSite::kRouterLogits, 0));
+  EXPECT_TRUE(routed->Contains(HookSite::kExpertIds, 47));
+  StatusOr<int64_t> dense = HookWidth({HookSite::kRouterLogits, 0}, llama);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("blocks.0.mlp.hook_router_logits"),
+            std::string::npos)
+      << dense.status().ToString();
+  // A Qwen-MoE layer made dense by mlp_only_layers has mlp.hook_pre and no
+  // router.
+  ModelConfig mixed = moe;
+  mixed.moe.mlp_only_layers = {0};
+  EXPECT_TRUE(HookWidth({HookSite::kMlpPre, 0}, mixed).ok());
+  EXPECT_FALSE(HookWidth({HookSite::kExpertIds, 0}, mixed).ok());
+  EXPECT_FALSE(HookWidth({HookSite::kMlpPre, 1}, mixed).ok());
 }
 
 }  // namespace

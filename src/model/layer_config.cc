@@ -33,12 +33,23 @@ LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
 
   l.mlp = c.mlp;
   l.act = c.act;
-  if (c.mlp == MlpKind::kMoE) {
-    l.num_experts = c.moe.num_experts;
-    l.experts_per_token = c.moe.experts_per_token;
-    l.expert_intermediate_size = c.moe.expert_intermediate_size;
-    l.shared_expert_intermediate_size = c.moe.shared_expert_intermediate_size;
-    l.norm_topk_prob = c.moe.norm_topk_prob;
+  if (c.mlp == MlpKind::kMoE && !c.moe.IsSparseLayer(layer)) {
+    // Qwen-MoE's dense layers (decoder_sparse_step, mlp_only_layers).
+    l.mlp = MlpKind::kGated;
+  } else if (c.mlp == MlpKind::kMoE) {
+    const MoEConfig& m = c.moe;
+    l.num_experts = m.num_experts;
+    l.experts_per_token = m.experts_per_token;
+    l.expert_intermediate_size = m.expert_intermediate_size;
+    l.shared_expert_intermediate_size = m.shared_expert_intermediate_size;
+    l.shared_expert_gate = m.shared_expert_gate;
+    l.norm_topk_prob = m.norm_topk_prob;
+    l.router = m.router;
+    l.router_bias = m.router_bias;
+    l.expert_act = m.expert_act;
+    l.swiglu_alpha = m.swiglu_alpha;
+    l.swiglu_limit = m.swiglu_limit;
+    l.expert_bias = m.expert_bias;
   }
   return l;
 }

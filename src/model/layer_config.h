@@ -41,12 +41,20 @@ struct LayerConfig {
   // ---- MLP ----
   MlpKind mlp = MlpKind::kGated;  // kMoE: routed experts
   ActKind act = ActKind::kSilu;
-  // MoE only.
+  // MoE only (a sparse layer: MoEConfig::IsSparseLayer; the other layers of
+  // an MoE model are gated MLPs of intermediate_size).
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
   int64_t expert_intermediate_size = 0;
   int64_t shared_expert_intermediate_size = 0;  // 0 = no shared expert
-  bool norm_topk_prob = false;
+  bool shared_expert_gate = false;  // sigmoid(x . w) scales the shared expert
+  bool norm_topk_prob = false;      // kSoftmaxTopK: renormalise the k weights
+  RouterKind router = RouterKind::kSoftmaxTopK;
+  bool router_bias = false;
+  ExpertActKind expert_act = ExpertActKind::kGated;
+  float swiglu_alpha = 0.0f;  // kClampedSwigluInterleaved only
+  float swiglu_limit = 0.0f;
+  bool expert_bias = false;  // gate_up / down biases per expert
 
   bool moe() const { return mlp == MlpKind::kMoE; }
   bool shared_expert() const { return shared_expert_intermediate_size > 0; }

@@ -81,9 +81,31 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
                 {"num_key_value_heads", 2},
                 {"vocab_size", 4096},
                 {"max_position_embeddings", 2048}});
+  } else if (o.preset == "qwen3-30b-a3b") {
+    // Qwen3-30B-A3B's real layer shapes (128 experts, 8 per token, expert
+    // intermediate 768), reduced depth and vocabulary.
+    cfg.update({{"architectures", {"Qwen3MoeForCausalLM"}},
+                {"model_type", "qwen3_moe"},
+                {"hidden_size", 2048},
+                {"intermediate_size", 6144},
+                {"moe_intermediate_size", 768},
+                {"num_experts", 128},
+                {"num_experts_per_tok", 8},
+                {"norm_topk_prob", true},
+                {"decoder_sparse_step", 1},
+                {"mlp_only_layers", nlohmann::json::array()},
+                {"num_hidden_layers", 2},
+                {"num_attention_heads", 32},
+                {"num_key_value_heads", 4},
+                {"head_dim", 128},
+                {"rms_norm_eps", 1e-6},
+                {"rope_theta", 1000000.0},
+                {"vocab_size", 32000},
+                {"max_position_embeddings", 4096}});
   } else {
-    return InvalidArgumentError("--preset '" + o.preset +
-                                "': expected tinyllama-1.1b or small");
+    return InvalidArgumentError(
+        "--preset '" + o.preset +
+        "': expected tinyllama-1.1b, small or qwen3-30b-a3b");
   }
   if (o.num_layers > 0) cfg["num_hidden_layers"] = o.num_layers;
   if (o.vocab_size > 0) cfg["vocab_size"] = o.vocab_size;
@@ -101,7 +123,8 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
     if (!out) return IoError(out_dir + "/config.json: write failed");
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(out_dir));
-  const ArchWeights decl = FindArch("llama")->declare_weights(config);
+  const ArchWeights decl =
+      FindArch(cfg["model_type"].get<std::string>())->declare_weights(config);
   SafetensorsWriter writer;
   writer.SetMetadata("format", "pt");
   int64_t params = 0;

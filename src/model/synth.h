@@ -14,7 +14,9 @@
 namespace loom {
 
 struct SynthOptions {
-  std::string preset = "tinyllama-1.1b";  // or "small" (hidden 256, 4 layers)
+  // or "small" (hidden 256, 4 layers), or "qwen3-30b-a3b" (Qwen3-30B-A3B's
+  // layer shapes: 128 experts top-8 of 768, 2 layers, vocab 32000).
+  std::string preset = "tinyllama-1.1b";
   int64_t num_layers = 0;                 // 0 = the preset's
   int64_t vocab_size = 0;                 // 0 = the preset's
   DType dtype = DType::kBF16;

@@ -197,11 +197,17 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
     if (moe) {
       const int64_t Ie = c.moe.expert_intermediate_size,
                     S = c.moe.shared_expert_intermediate_size;
+      // Router; experts' gate and up (each Ie, or fused 2 Ie) and down on at
+      // most T rows; the shared expert and its [1, H] gate.
+      shapes.push_back({T, c.moe.num_experts, H});
+      shapes.push_back({T, Ie, H});
       shapes.push_back({T, 2 * Ie, H});
       shapes.push_back({T, H, Ie});
       if (S > 0) {
+        shapes.push_back({T, S, H});
         shapes.push_back({T, 2 * S, H});
         shapes.push_back({T, H, S});
+        shapes.push_back({T, 1, H});
       }
     }
     if (job.NeedsLogits())

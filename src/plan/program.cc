@@ -85,28 +85,40 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
         {S::kDownProj, {act}, {B::kMlpOut}, {{HookSite::kMlpOut, B::kMlpOut}}});
   } else {
     s.push_back({S::kRouter,
-                 {mlp_in, B::kRouterLogits},
+                 {mlp_in},
                  {B::kRouterLogits, B::kRouteIds, B::kRouteWeights},
-                 {}});
+                 {{HookSite::kRouterLogits, B::kRouterLogits},
+                  {HookSite::kExpertIds, B::kRouteIds},
+                  {HookSite::kExpertWeights, B::kRouteWeights}}});
     s.push_back({S::kExpertGather,
-                 {mlp_in, B::kRouteIds},
-                 {B::kExpertRows, B::kExpertIn, B::kMlpOut},
+                 {mlp_in, B::kRouteIds, B::kRouteWeights},
+                 {B::kExpertOffsets, B::kExpertRows, B::kExpertRowWeights,
+                  B::kExpertIn},
                  {}});
-    s.push_back({S::kExpertGateUp, {B::kExpertIn}, {B::kExpertGateUp}, {}});
+    s.push_back({S::kExpertGateUp,
+                 {B::kExpertIn, B::kExpertOffsets},
+                 {B::kExpertGateUp},
+                 {}});
     s.push_back(
         {S::kExpertActivation, {B::kExpertGateUp}, {B::kExpertAct}, {}});
-    s.push_back({S::kExpertDown, {B::kExpertAct}, {B::kExpertOut}, {}});
+    s.push_back({S::kExpertDown,
+                 {B::kExpertAct, B::kExpertOffsets},
+                 {B::kExpertOut},
+                 {}});
     s.push_back({S::kExpertScatterAdd,
-                 {B::kExpertOut, B::kExpertRows, B::kRouteIds, B::kRouteWeights,
-                  B::kMlpOut},
+                 {B::kExpertOut, B::kExpertOffsets, B::kExpertRows,
+                  B::kExpertRowWeights},
                  {B::kMlpOut},
                  {}});
-    if (l.shared_expert())
-      s.push_back(
-          {S::kSharedExpert,
-           {mlp_in, B::kSharedGateUp, B::kSharedAct, B::kSharedOut, B::kMlpOut},
-           {B::kSharedGateUp, B::kSharedAct, B::kSharedOut, B::kMlpOut},
-           {}});
+    if (l.shared_expert()) {
+      ProgramStep shared{
+          S::kSharedExpert,
+          {mlp_in, B::kMlpOut},
+          {B::kSharedGateUp, B::kSharedAct, B::kSharedOut, B::kMlpOut},
+          {}};
+      if (l.shared_expert_gate) shared.writes.push_back(B::kSharedGateLogit);
+      s.push_back(shared);
+    }
   }
   s.push_back({S::kMlpResidualAdd,
                {B::kMlpOut, B::kResidual},
@@ -161,22 +173,28 @@ std::string_view BufferName(BufferId id) {
       return "routes (expert ids)";
     case B::kRouteWeights:
       return "routes (weights)";
+    case B::kExpertOffsets:
+      return "expert row offsets";
     case B::kExpertRows:
-      return "expert tokens (row ids)";
+      return "routed rows (token ids)";
+    case B::kExpertRowWeights:
+      return "routed rows (weights)";
     case B::kExpertIn:
-      return "expert input";
+      return "routed rows (input)";
     case B::kExpertGateUp:
-      return "expert gate|up";
+      return "routed rows (gate|up)";
     case B::kExpertAct:
-      return "expert activated";
+      return "routed rows (activated)";
     case B::kExpertOut:
-      return "expert out";
+      return "routed rows (out)";
     case B::kSharedGateUp:
       return "shared expert gate|up";
     case B::kSharedAct:
       return "shared expert activated";
     case B::kSharedOut:
       return "shared expert out";
+    case B::kSharedGateLogit:
+      return "shared expert gate logit";
     case B::kMlpOut:
       return "mlp out";
     case B::kFinalNorm:
@@ -220,15 +238,15 @@ std::string_view StepName(StepId id) {
     case S::kRouter:
       return "router + top-k";
     case S::kExpertGather:
-      return "expert loop: gather tokens";
+      return "experts: group + gather routed rows";
     case S::kExpertGateUp:
-      return "expert loop: gate/up proj";
+      return "experts: gate/up proj";
     case S::kExpertActivation:
-      return "expert loop: activation";
+      return "experts: activation";
     case S::kExpertDown:
-      return "expert loop: down proj";
+      return "experts: down proj";
     case S::kExpertScatterAdd:
-      return "expert loop: weighted scatter-add";
+      return "experts: weighted scatter-add";
     case S::kSharedExpert:
       return "shared expert";
     case S::kMlpResidualAdd:
@@ -306,8 +324,6 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
     case B::kMlpOut:
     case B::kFinalNorm:
     case B::kSharedOut:
-    case B::kExpertOut:
-    case B::kExpertIn:
       return {{T, H}, A};
     case B::kRopeInvFreq:
       return {{half}, DType::kF32};
@@ -331,14 +347,23 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
       return {{T, K}, DType::kI32};
     case B::kRouteWeights:
       return {{T, K}, DType::kF32};
-    // Per expert: at most every token of the batch (all may pick it); over
-    // the experts of a layer the rows add up to exactly T * k.
+    // Routed rows: every token's k (token, expert) pairs, grouped by expert:
+    // exactly T * k rows per layer whatever the routing.
+    case B::kExpertOffsets:
+      return {{E + 1}, DType::kI32};
     case B::kExpertRows:
-      return {{T}, DType::kI32};
+      return {{T * K}, DType::kI32};
+    case B::kExpertRowWeights:
+      return {{T * K}, DType::kF32};
+    case B::kExpertIn:
+    case B::kExpertOut:
+      return {{T * K, H}, A};
     case B::kExpertGateUp:
-      return {{T, 2 * Ie}, A};
+      return {{T * K, 2 * Ie}, A};
     case B::kExpertAct:
-      return {{T, Ie}, A};
+      return {{T * K, Ie}, A};
+    case B::kSharedGateLogit:
+      return {{T}, DType::kF32};
     case B::kSharedGateUp:
       return {{T, 2 * Sh}, A};
     case B::kSharedAct:

@@ -47,19 +47,24 @@ enum class BufferId : uint8_t {
   kMlpFc,         // [T, I] plain MLP fc (activation in place)
   kMlpGateUp,     // [T, 2I] gated MLP gate | up
   kMlpAct,        // [T, I] act(gate) * up
-  kRouterLogits,  // [T, E] f32
-  kRouteIds,      // [T, k] i32 expert ids
+  kRouterLogits,  // [T, E] f32 (+ router bias)
+  kRouteIds,      // [T, k] i32 expert ids, in top-k slot order
   kRouteWeights,  // [T, k] f32 routing weights
-  kExpertRows,    // [T] i32 rows of the tokens routed to one expert
-  kExpertIn,      // [T, H] gathered rows of one expert
-  kExpertGateUp,  // [T, 2 Ie]
-  kExpertAct,     // [T, Ie]
-  kExpertOut,     // [T, H]
-  kSharedGateUp,  // [T, 2 S]
-  kSharedAct,     // [T, S]
-  kSharedOut,     // [T, H]
-  kMlpOut,        // [T, H] MLP output (post-MLP norm in place)
-  kFinalNorm,     // [T, H]
+  // Routed rows: the T * k (token, slot) pairs grouped by expert (stable in
+  // token order); exactly T * k rows whatever the routing.
+  kExpertOffsets,     // [E + 1] i32 first routed row of each expert
+  kExpertRows,        // [T * k] i32 token of each routed row
+  kExpertRowWeights,  // [T * k] f32 routing weight of each routed row
+  kExpertIn,          // [T * k, H] gathered token rows, by expert
+  kExpertGateUp,      // [T * k, 2 Ie] gate | up (gpt-oss: interleaved)
+  kExpertAct,         // [T * k, Ie]
+  kExpertOut,         // [T * k, H]
+  kSharedGateUp,      // [T, 2 S]
+  kSharedAct,         // [T, S]
+  kSharedOut,         // [T, H]
+  kSharedGateLogit,   // [T] f32 x . shared_expert_gate
+  kMlpOut,            // [T, H] MLP output (post-MLP norm in place)
+  kFinalNorm,         // [T, H]
   // ---- Kernel workspace (each kernel its own region, all resident) ----
   kGemmInputCopy,   // 16-bit copy of a GEMM input
   kGemmScratchpad,  // the GEMM library's scratch
@@ -84,12 +89,12 @@ enum class StepId : uint8_t {
   kUpProj,            // dense: gate/up (or fc) projection
   kActivation,        // dense: act (gated: act(gate) * up)
   kDownProj,          // dense: down projection
-  kRouter,            // MoE: router logits + top-k (ids, weights)
-  kExpertGather,      // MoE: per expert, gather its tokens' rows
-  kExpertGateUp,      // MoE: per expert, gate/up projection
-  kExpertActivation,  // MoE: per expert, act(gate) * up
-  kExpertDown,        // MoE: per expert, down projection
-  kExpertScatterAdd,  // MoE: per expert, mlp out[rows] += weight * out
+  kRouter,            // MoE: router logits [T, E], top-k ids/weights [T, k]
+  kExpertGather,      // MoE: group the T k routed rows by expert, gather them
+  kExpertGateUp,      // MoE: gate/up GEMM(s) of each expert on its rows
+  kExpertActivation,  // MoE: activation of all T k routed rows
+  kExpertDown,        // MoE: down GEMM of each expert on its rows
+  kExpertScatterAdd,  // MoE: mlp out = sum of weight * out, in expert order
   kSharedExpert,      // MoE: shared expert MLP (x its sigmoid gate, if any)
   kMlpResidualAdd,    // post-MLP norm, residual += mlp out
   kFinalNorm,         // final norm

@@ -10,6 +10,9 @@
 namespace loom {
 namespace {
 
+// The CPU router's per-token scratch holds this many experts.
+constexpr int64_t kMaxExperts = 4096;
+
 // An f32 view of `rows` rows of `cols` values, `ld` apart, in the memory of
 // backend `be`.
 ActivationView F32View(const Backend& be, const float* data, int64_t rows,
@@ -85,12 +88,13 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
                         ? c.num_layers - 1
                         : hooks.LastLayerNeeded(c.num_layers);
   ex->program_ = BuildProgram(c);
-  for (int64_t l = 0; l <= ex->last_layer_; ++l)
-    if (ex->program_.layers[static_cast<size_t>(l)].moe())
-      return UnimplementedError(
-          "executor: layer " + std::to_string(l) + " of " + c.model_type +
-          " is a mixture-of-experts layer; the MoE forward is not "
-          "implemented yet (its steps are planned only)");
+  for (const LayerConfig& lc : ex->program_.layers)
+    if (lc.moe() && lc.num_experts > kMaxExperts)
+      return UnimplementedError("executor: layer " + std::to_string(lc.layer) +
+                                " of " + c.model_type + " has " +
+                                std::to_string(lc.num_experts) +
+                                " experts; the router supports at most " +
+                                std::to_string(kMaxExperts));
 
   // The segments: the given placement, or every layer on one backend.
   std::vector<ExecutorSegment> segments = o.segments;
@@ -180,6 +184,24 @@ void Executor::Linear(Device& d, const float* x, int64_t m, WeightRole wrole,
   GemmOp op;
   op.w = WeightOperandOf(model_.weights(), wrole, layer);
   const BiasOperand b = BiasOf(model_.weights(), brole, layer);
+  op.bias = b.data;
+  op.bias_dtype = b.dtype;
+  op.x = x;
+  op.m = m;
+  op.y = y;
+  op.ldy = ldy;
+  op.workspace = d.workspace.region(BufferId::kGemmInputCopy);
+  op.reuse_x_workspace = same_x;
+  d.backend->Gemm(op);
+}
+
+void Executor::ExpertLinear(Device& d, const float* x, int64_t m,
+                            WeightRole wrole, WeightRole brole, int64_t layer,
+                            int64_t expert, float* y, int64_t ldy,
+                            bool same_x) {
+  GemmOp op;
+  op.w = WeightOperandOf(model_.weights(), wrole, layer, expert);
+  const BiasOperand b = BiasOf(model_.weights(), brole, layer, expert);
   op.bias = b.data;
   op.bias_dtype = b.dtype;
   op.x = x;
@@ -541,18 +563,183 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       return Emit(HookSite::kMlpOut, l, batch, d, H, H, o, sink);
     }
 
-    case StepId::kRouter:
-    case StepId::kExpertGather:
-    case StepId::kExpertGateUp:
-    case StepId::kExpertActivation:
-    case StepId::kExpertDown:
-    case StepId::kExpertScatterAdd:
-    case StepId::kSharedExpert:
-      return UnimplementedError(
-          "executor: step '" + std::string(StepName(step.id)) + "' of layer " +
-          std::to_string(l) + " (mixture of experts) is not implemented");
+    case StepId::kRouter: {
+      const int64_t E = lc->num_experts, K = lc->experts_per_token;
+      const float* in = buf(step.reads[0]);               // [T, H]
+      float* logits = buf(BufferId::kRouterLogits);       // [T, E] f32
+      int32_t* ids = a.as<int32_t>(BufferId::kRouteIds);  // [T, k] i32
+      float* w = buf(BufferId::kRouteWeights);            // [T, k] f32
+      Linear(d, in, T, WeightRole::kRouter,
+             lc->router_bias ? WeightRole::kRouterBias : WeightRole::kOther, l,
+             logits, E);
+      RETURN_IF_ERROR(
+          Emit(HookSite::kRouterLogits, l, batch, d, E, E, logits, sink));
+      be.TopKRoute(logits, T, E, E, K, lc->router, lc->norm_topk_prob, ids, w);
+      if (sink != nullptr && hooks_.Contains(HookSite::kExpertIds, l)) {
+        ActivationView v = F32View(be, nullptr, T, K, K);
+        v.data = ids;
+        v.dtype = DType::kI32;
+        RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kExpertIds, l},
+                                           batch, -1, 0, v));
+      }
+      return Emit(HookSite::kExpertWeights, l, batch, d, K, K, w, sink);
+    }
+
+    case StepId::kExpertGather: {
+      // Counting sort of the T k (token, slot) pairs by expert, stable in
+      // token order, on the host (the CPU backend's memory is the host's; a
+      // device backend needs ids on the host here, or a grouped GEMM that
+      // reads the offsets on the device).
+      if (be.device().kind != DeviceKind::kCpu)
+        return UnimplementedError(
+            "executor: grouping routed rows by expert reads the expert ids on "
+            "the host; backend '" +
+            std::string(be.name()) + "' keeps them in device memory");
+      const int64_t E = lc->num_experts, K = lc->experts_per_token;
+      const int32_t* ids = a.as<int32_t>(BufferId::kRouteIds);  // [T, k]
+      const float* w = buf(BufferId::kRouteWeights);            // [T, k]
+      int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);   // [E + 1]
+      int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);     // [T k]
+      float* row_w = buf(BufferId::kExpertRowWeights);          // [T k]
+      std::fill(off, off + E + 1, 0);
+      for (int64_t i = 0; i < T * K; ++i) {
+        if (ids[i] < 0 || ids[i] >= E)
+          return InternalError("executor: router chose expert " +
+                               std::to_string(ids[i]) + " of " +
+                               std::to_string(E) + " (layer " +
+                               std::to_string(l) + ")");
+        ++off[ids[i] + 1];
+      }
+      for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
+      // off[e] is the next free row of expert e while filling; shifted back
+      // afterwards.
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s < K; ++s) {
+          const int32_t r = off[ids[t * K + s]]++;
+          rows[r] = static_cast<int32_t>(t);
+          row_w[r] = w[t * K + s];
+        }
+      for (int64_t e = E; e > 0; --e) off[e] = off[e - 1];
+      off[0] = 0;
+      be.GatherRows(buf(step.reads[0]), H, rows, T * K, H,
+                    buf(BufferId::kExpertIn));
+      return Status();
+    }
+
+    case StepId::kExpertGateUp: {
+      const int64_t Ie = lc->expert_intermediate_size;
+      const int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);
+      const float* in = buf(BufferId::kExpertIn);  // [T k, H]
+      float* gu = buf(BufferId::kExpertGateUp);    // [T k, 2 Ie]
+      const bool fused =
+          lc->expert_act == ExpertActKind::kClampedSwigluInterleaved;
+      for (int64_t e = 0; e < lc->num_experts; ++e) {
+        const int64_t n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        const float* x = in + off[e] * H;  // [n, H]
+        float* y = gu + off[e] * 2 * Ie;   // [n, 2 Ie]
+        if (fused) {
+          ExpertLinear(d, x, n, WeightRole::kExpertGateUp,
+                       WeightRole::kExpertGateUpBias, l, e, y, 2 * Ie);
+        } else {
+          ExpertLinear(d, x, n, WeightRole::kExpertGate, WeightRole::kOther, l,
+                       e, y, 2 * Ie);
+          ExpertLinear(d, x, n, WeightRole::kExpertUp, WeightRole::kOther, l, e,
+                       y + Ie, 2 * Ie, /*same_x=*/true);
+        }
+      }
+      RoundActivations(d, gu, T * lc->experts_per_token, 2 * Ie, 2 * Ie);
+      return Status();
+    }
+
+    case StepId::kExpertActivation: {
+      const int64_t Ie = lc->expert_intermediate_size,
+                    R = T * lc->experts_per_token;
+      const float* gu = buf(BufferId::kExpertGateUp);  // [R, 2 Ie]
+      float* act = buf(BufferId::kExpertAct);          // [R, Ie]
+      if (lc->expert_act == ExpertActKind::kClampedSwigluInterleaved)
+        be.ClampedSwiglu(gu, 2 * Ie, act, R, Ie, lc->swiglu_alpha,
+                         lc->swiglu_limit);
+      else
+        be.GatedActivation(ToActivationFn(lc->act), gu, 2 * Ie, gu + Ie, 2 * Ie,
+                           act, R, Ie);
+      RoundActivations(d, act, R, Ie, Ie);
+      return Status();
+    }
+
+    case StepId::kExpertDown: {
+      const int64_t Ie = lc->expert_intermediate_size;
+      const int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);
+      const float* act = buf(BufferId::kExpertAct);  // [T k, Ie]
+      float* out = buf(BufferId::kExpertOut);        // [T k, H]
+      for (int64_t e = 0; e < lc->num_experts; ++e) {
+        const int64_t n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        ExpertLinear(
+            d, act + off[e] * Ie, n, WeightRole::kExpertDown,
+            lc->expert_bias ? WeightRole::kExpertDownBias : WeightRole::kOther,
+            l, e, out + off[e] * H, H);
+      }
+      RoundActivations(d, out, T * lc->experts_per_token, H, H);
+      return Status();
+    }
+
+    case StepId::kExpertScatterAdd: {
+      // HF's loop over experts 0..E-1 adding weight * out into the zeroed
+      // output (index_add_): the same order gives the same f32 sums. Within
+      // one expert the rows are distinct tokens.
+      const int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);
+      const int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);
+      const float* row_w = buf(BufferId::kExpertRowWeights);
+      const float* out = buf(BufferId::kExpertOut);  // [T k, H]
+      float* y = buf(BufferId::kMlpOut);             // [T, H]
+      be.SetZero(y, T * H);
+      for (int64_t e = 0; e < lc->num_experts; ++e) {
+        const int64_t n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        be.ScatterAddRows(out + off[e] * H, rows + off[e], row_w + off[e], n, H,
+                          y, H);
+      }
+      RoundActivations(d, y, T, H, H);
+      return Status();
+    }
+
+    case StepId::kSharedExpert: {
+      const int64_t S = lc->shared_expert_intermediate_size;
+      const float* in = buf(step.reads[0]);      // [T, H]
+      float* gu = buf(BufferId::kSharedGateUp);  // [T, 2 S]
+      float* act = buf(BufferId::kSharedAct);    // [T, S]
+      float* out = buf(BufferId::kSharedOut);    // [T, H]
+      Linear(d, in, T, WeightRole::kSharedExpertGateProj, WeightRole::kOther, l,
+             gu, 2 * S);
+      Linear(d, in, T, WeightRole::kSharedExpertUp, WeightRole::kOther, l,
+             gu + S, 2 * S, /*same_x=*/true);
+      RoundActivations(d, gu, T, 2 * S, 2 * S);
+      be.GatedActivation(ToActivationFn(lc->act), gu, 2 * S, gu + S, 2 * S, act,
+                         T, S);
+      RoundActivations(d, act, T, S, S);
+      Linear(d, act, T, WeightRole::kSharedExpertDown, WeightRole::kOther, l,
+             out, H);
+      RoundActivations(d, out, T, H, H);
+      float* y = buf(BufferId::kMlpOut);  // [T, H]
+      if (lc->shared_expert_gate) {
+        float* g = buf(BufferId::kSharedGateLogit);  // [T] f32
+        Linear(d, in, T, WeightRole::kSharedExpertGate, WeightRole::kOther, l,
+               g, 1);
+        be.SigmoidGateAddRows(out, g, T, H, y, H);
+      } else {
+        be.Add(out, y, T * H);
+      }
+      RoundActivations(d, y, T, H, H);
+      return Status();
+    }
 
     case StepId::kMlpResidualAdd:
+      // An MoE block's output is complete only here (routed sum + shared
+      // expert); a dense MLP's was delivered by its down projection.
+      if (lc->moe())
+        RETURN_IF_ERROR(Emit(HookSite::kMlpOut, l, batch, d, H, H,
+                             buf(BufferId::kMlpOut), sink));
       return BranchResidualAdd(d, *lc, lc->post_mlp_norm,
                                WeightRole::kPostMlpNorm, HookSite::kLn2Post,
                                HookSite::kResidPost, l, buf(BufferId::kMlpOut),

@@ -145,6 +145,11 @@ class Executor {
   void Linear(Device& d, const float* x, int64_t m, WeightRole w,
               WeightRole bias, int64_t layer, float* y, int64_t ldy,
               bool same_x = false);
+  // The same for expert `expert` of an expert role (its own tensor or its
+  // slice of a stacked one: WeightOperandOf / BiasOf).
+  void ExpertLinear(Device& d, const float* x, int64_t m, WeightRole w,
+                    WeightRole bias, int64_t layer, int64_t expert, float* y,
+                    int64_t ldy, bool same_x = false);
   // y [T, H] = norm(x [T, H]) with weights `w` / bias `b` of `layer` (x and y
   // may alias), rounded where HF's bf16 forward rounds, delivered to `site`.
   Status Norm(Device& d, NormKind kind, float eps, float offset, WeightRole w,

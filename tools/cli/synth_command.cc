@@ -17,14 +17,16 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd =
       app.add_subcommand("synth",
-                         "Write a synthetic llama checkpoint with seeded "
+                         "Write a synthetic checkpoint with seeded "
                          "random weights (benchmarks, memory tests)");
   cmd->add_option("OUT_DIR", opts->out_dir,
                   "Directory to write config.json and model.safetensors into")
       ->required();
   cmd->add_option("--preset", opts->synth.preset,
                   "tinyllama-1.1b (hidden 2048, 22 layers, 32/4 heads, "
-                  "intermediate 5632, vocab 32000) or small")
+                  "intermediate 5632, vocab 32000), small, or qwen3-30b-a3b "
+                  "(Qwen3-30B-A3B layer shapes: 128 experts top-8 of 768, "
+                  "2 layers, vocab 32000)")
       ->capture_default_str();
   cmd->add_option("--layers", opts->synth.num_layers,
                   "Override the number of layers");

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "src/backend/cpu/quant_decode.h"
+#include "src/backend/cpu/kernels_moe.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
 
@@ -254,6 +255,30 @@ void CpuBackend::ScatterAddRows(const float* x, const int32_t* rows,
                                 float* y, int64_t ldy) {
   cpu::ScatterAddRows(x, rows, weights, n, cols, y, ldy);
 }
+
+void CpuBackend::TopKRoute(const float* logits, int64_t tokens, int64_t experts,
+                           int64_t ld, int64_t k, RouterKind kind,
+                           bool renormalize, int32_t* ids, float* weights) {
+  cpu::TopKRoute(logits, tokens, experts, ld, k,
+                 kind == RouterKind::kSoftmaxTopK
+                     ? cpu::TopKMode::kSoftmaxThenTopK
+                     : cpu::TopKMode::kTopKThenSoftmax,
+                 renormalize, ids, weights);
+}
+
+void CpuBackend::ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
+                               int64_t rows, int64_t n, float alpha,
+                               float limit) {
+  cpu::ClampedSwiglu(gate_up, gu_rs, out, rows, n, alpha, limit);
+}
+
+void CpuBackend::SigmoidGateAddRows(const float* x, const float* gate_logit,
+                                    int64_t rows, int64_t cols, float* y,
+                                    int64_t ldy) {
+  cpu::SigmoidGateAddRows(x, gate_logit, rows, cols, y, ldy);
+}
+
+void CpuBackend::SetZero(float* x, int64_t n) { cpu::SetZero(x, n); }
 
 void CpuBackend::ConvertFromF32(const float* src, void* dst, DType dtype,
                                 int64_t n) {

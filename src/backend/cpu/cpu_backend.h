@@ -51,8 +51,8 @@ class CpuBackend final : public Backend {
   Status Attention(const AttentionOp& op) override;
   void Activation(ActivationFn fn, float* x, int64_t n) override;
   void GatedActivation(ActivationFn fn, const float* gate, int64_t gate_rs,
-                       const float* up, int64_t up_rs, float* out,
-                       int64_t rows, int64_t n) override;
+                       const float* up, int64_t up_rs, float* out, int64_t rows,
+                       int64_t n) override;
   void Add(const float* x, float* y, int64_t n) override;
   void Scale(float* x, int64_t n, float s) override;
   void Softcap(float* x, int64_t n, float cap) override;
@@ -65,6 +65,15 @@ class CpuBackend final : public Backend {
                   int64_t cols, float* out) override;
   void ScatterAddRows(const float* x, const int32_t* rows, const float* weights,
                       int64_t n, int64_t cols, float* y, int64_t ldy) override;
+  void TopKRoute(const float* logits, int64_t tokens, int64_t experts,
+                 int64_t ld, int64_t k, RouterKind kind, bool renormalize,
+                 int32_t* ids, float* weights) override;
+  void ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
+                     int64_t rows, int64_t n, float alpha,
+                     float limit) override;
+  void SigmoidGateAddRows(const float* x, const float* gate_logit, int64_t rows,
+                          int64_t cols, float* y, int64_t ldy) override;
+  void SetZero(float* x, int64_t n) override;
   void ConvertFromF32(const float* src, void* dst, DType dtype,
                       int64_t n) override;
   void ConvertToF32(const void* src, DType dtype, float* dst,

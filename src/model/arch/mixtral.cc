@@ -1,7 +1,8 @@
-// Mixtral (planning only): Llama attention with a sparse MoE feed-forward in
+// Mixtral: Llama attention with a sparse MoE feed-forward in
 // every layer: a router `block_sparse_moe.gate` [E, H] and E SiLU-gated
 // experts `block_sparse_moe.experts.{e}.w1` (gate) [I, H], `w3` (up) [I, H],
-// `w2` (down) [H, I]; top-k routing with softmax over the chosen logits.
+// `w2` (down) [H, I]; routing: softmax over all E logits, the top k,
+// renormalised to sum 1.
 #include "src/model/arch/archs.h"
 #include "src/model/arch/common.h"
 #include "src/model/arch/moe.h"
@@ -29,6 +30,6 @@ ArchWeights Declare(const ModelConfig& c) {
 
 }  // namespace
 
-const ArchDef kMixtral = {"mixtral", Parse, Declare, /*runnable=*/false};
+const ArchDef kMixtral = {"mixtral", Parse, Declare, /*runnable=*/true};
 
 }  // namespace loom::arch

@@ -1,4 +1,4 @@
-// Qwen2-MoE (planning only): Qwen2 attention (q/k/v biases) with a sparse MoE
+// Qwen2-MoE: Qwen2 attention (q/k/v biases) with a sparse MoE
 // feed-forward: router `mlp.gate` [E, H], E SiLU-gated experts
 // `mlp.experts.{e}.{gate,up,down}_proj` (I_e = moe_intermediate_size), plus a
 // shared expert `mlp.shared_expert.*` (shared_expert_intermediate_size) whose
@@ -28,6 +28,6 @@ ArchWeights Declare(const ModelConfig& c) {
 
 }  // namespace
 
-const ArchDef kQwen2Moe = {"qwen2_moe", Parse, Declare, /*runnable=*/false};
+const ArchDef kQwen2Moe = {"qwen2_moe", Parse, Declare, /*runnable=*/true};
 
 }  // namespace loom::arch

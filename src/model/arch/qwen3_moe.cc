@@ -1,4 +1,4 @@
-// Qwen3-MoE (planning only): Qwen3 attention (per-head q/k RMSNorm) with a
+// Qwen3-MoE: Qwen3 attention (per-head q/k RMSNorm) with a
 // sparse MoE feed-forward on the layers decoder_sparse_step / mlp_only_layers
 // select: router `mlp.gate` [E, H] and E SiLU-gated experts
 // `mlp.experts.{e}.{gate,up}_proj` [I_e, H], `down_proj` [H, I_e]
@@ -26,6 +26,6 @@ ArchWeights Declare(const ModelConfig& c) {
 
 }  // namespace
 
-const ArchDef kQwen3Moe = {"qwen3_moe", Parse, Declare, /*runnable=*/false};
+const ArchDef kQwen3Moe = {"qwen3_moe", Parse, Declare, /*runnable=*/true};
 
 }  // namespace loom::arch

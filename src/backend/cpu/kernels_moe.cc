@@ -1,0 +1,107 @@
+#include "src/backend/cpu/kernels_moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "src/base/check.h"
+
+namespace loom::cpu {
+namespace {
+
+// Whether (v, j) comes after (pv, pj) in the selection order: descending
+// value, ascending index on equal values.
+inline bool After(float v, int64_t j, float pv, int64_t pj) {
+  return v < pv || (v == pv && j > pj);
+}
+
+// The k best columns of s [cols] in selection order, into ids [k].
+void SelectTopK(const float* s, int64_t cols, int64_t k, int32_t* ids) {
+  float pv = 0.0f;
+  int64_t pj = -1;
+  for (int64_t slot = 0; slot < k; ++slot) {
+    int64_t best = -1;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (pj >= 0 && !After(s[j], j, pv, pj)) continue;
+      if (best < 0 || s[j] > s[best]) best = j;
+    }
+    ids[slot] = static_cast<int32_t>(best);
+    pv = s[best];
+    pj = best;
+  }
+}
+
+inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
+               int64_t k, TopKMode mode, bool renormalize, int32_t* ids,
+               float* weights) {
+  LOOM_CHECK(k > 0 && k <= cols && cols <= 4096)
+      << "k=" << k << " cols=" << cols;
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * ld;
+    int32_t* id = ids + r * k;
+    float* w = weights + r * k;
+    if (mode == TopKMode::kSoftmaxThenTopK) {
+      float p[4096];  // [cols] probabilities (cols <= 4096, checked)
+      float m = x[0];
+      for (int64_t j = 1; j < cols; ++j) m = std::max(m, x[j]);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < cols; ++j) {
+        p[j] = std::exp(x[j] - m);
+        sum += p[j];
+      }
+      for (int64_t j = 0; j < cols; ++j) p[j] /= sum;
+      SelectTopK(p, cols, k, id);
+      float ksum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        w[i] = p[id[i]];
+        ksum += w[i];
+      }
+      if (renormalize)
+        for (int64_t i = 0; i < k; ++i) w[i] /= ksum;
+    } else {
+      SelectTopK(x, cols, k, id);
+      const float m = x[id[0]];  // the largest
+      float sum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        w[i] = std::exp(x[id[i]] - m);
+        sum += w[i];
+      }
+      for (int64_t i = 0; i < k; ++i) w[i] /= sum;
+    }
+  }
+}
+
+void ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
+                   int64_t rows, int64_t n, float alpha, float limit) {
+#pragma omp parallel for schedule(static) if (rows * n > 16384)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gu = gate_up + r * gu_rs;
+    float* o = out + r * n;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = std::min(gu[2 * i], limit);
+      const float u = std::clamp(gu[2 * i + 1], -limit, limit);
+      const float glu = g * Sigmoid(g * alpha);
+      o[i] = (u + 1.0f) * glu;
+    }
+  }
+}
+
+void SigmoidGateAddRows(const float* x, const float* g, int64_t rows,
+                        int64_t cols, float* y, int64_t ldy) {
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = Sigmoid(g[r]);
+    for (int64_t j = 0; j < cols; ++j) y[r * ldy + j] += s * x[r * cols + j];
+  }
+}
+
+void SetZero(float* x, int64_t n) {
+  std::memset(x, 0, sizeof(float) * static_cast<size_t>(n));
+}
+
+}  // namespace loom::cpu

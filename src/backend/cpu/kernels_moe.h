@@ -1,0 +1,42 @@
+// CPU kernels of the mixture-of-experts block: top-k routing, the clamped
+// interleaved SwiGLU, the sigmoid-gated row add and zero fill. Plain arrays,
+// no model knowledge; each has a scalar reference in
+// reference/reference_moe.h and a test against it (kernels_moe_test.cc).
+#ifndef LOOM_BACKEND_CPU_KERNELS_MOE_H_
+#define LOOM_BACKEND_CPU_KERNELS_MOE_H_
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+enum class TopKMode {
+  kSoftmaxThenTopK,  // p = softmax over all columns, the k largest p
+  kTopKThenSoftmax,  // the k largest logits, softmax over those k
+};
+
+// For each of `rows` rows of `cols` logits (row stride ld): the k selected
+// columns in descending order of their score (equal scores: lower column
+// first) into ids [rows, k], and their weights into weights [rows, k]. With
+// kSoftmaxThenTopK and `renormalize`, the k probabilities are divided by
+// their sum. Softmax in f32 (max subtracted). 0 < k <= cols.
+void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
+               int64_t k, TopKMode mode, bool renormalize, int32_t* ids,
+               float* weights);
+
+// gate_up [rows, 2n] (row stride gu_rs) holds gate in the even columns and up
+// in the odd ones: g = min(gate, limit), u = clamp(up, -limit, limit),
+// out[r, i] = (u + 1) * (g * sigmoid(alpha * g)).   out: [rows, n] dense
+void ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
+                   int64_t rows, int64_t n, float alpha, float limit);
+
+// y[r, :] += sigmoid(g[r]) * x[r, :].   x: [rows, cols] dense; g: [rows];
+// y: [rows, cols] row stride ldy
+void SigmoidGateAddRows(const float* x, const float* g, int64_t rows,
+                        int64_t cols, float* y, int64_t ldy);
+
+// x[0, n) = 0.
+void SetZero(float* x, int64_t n);
+
+}  // namespace loom::cpu
+
+#endif  // LOOM_BACKEND_CPU_KERNELS_MOE_H_
