@@ -204,14 +204,17 @@ TEST(PlacementErrors, SegmentsMustCoverTheLayersContiguously) {
   EXPECT_NE(ex.status().message().find("no backend"), std::string::npos);
 }
 
-TEST(PlacementErrors, CpuBackendRefusesSinksAndDeviceCopies) {
+TEST(PlacementErrors, CpuBackendRefusesBadSinksAndDeviceCopies) {
   auto b = CreateBackend("cpu");
   ASSERT_TRUE(b.ok());
-  float sink = 0.0f;
+  EXPECT_TRUE((*b)->Capabilities().attention_sinks);
+  uint8_t sink = 0;
   AttentionOp op;
   op.sinks = &sink;
+  op.sinks_dtype = DType::kU8;
   const Status s = (*b)->Attention(op);
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("U8"), std::string::npos) << s.ToString();
   float x = 1.0f, y = 0.0f;
   const Status c = (*b)->Copy(&y, DeviceRef{DeviceKind::kCuda, 0}, &x,
                               DeviceRef{}, sizeof(float));

@@ -160,9 +160,9 @@ struct AttentionOp {
   float scale = 1.0f;
   float softcap = 0.0f;  // 0 = none
   int64_t window = 0;    // sliding window; 0 = global
-  // [q_heads] per-head sink logits (gpt-oss), null = none. A backend without
-  // sinks returns Unimplemented.
-  const float* sinks = nullptr;
+  // [q_heads] per-head sink logits (gpt-oss) in sinks_dtype, null = none. A
+  // backend without sinks returns Unimplemented.
+  const void* sinks = nullptr;
   DType sinks_dtype = DType::kF32;
   float* probs = nullptr;  // [q_heads, L, L] of sequence probs_seq, or null
   int64_t probs_seq = -1;

@@ -36,14 +36,22 @@ enum class QkNormKind {
 
 // Rotary embedding parameters, after rope_scaling is applied.
 struct RopeConfig {
-  enum class Type { kNone, kDefault, kLinear, kDynamic, kLlama3 };
+  enum class Type { kNone, kDefault, kLinear, kDynamic, kLlama3, kYarn };
   Type type = Type::kNone;
   double theta = 10000.0;
   int64_t rotary_dim = 0;  // <= head_dim; partial rotary if smaller
+  // kYarn: max_position_embeddings / original_max_position_embeddings when
+  // the latter is given (HF overrides rope_scaling.factor with it).
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 0;
+  // kYarn: the ramp between the correction dims of beta_fast and beta_slow
+  // rotations; truncate floors/ceils them (HF's default true).
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  // Multiplies cos and sin (YaRN's attention_factor; 1 otherwise).
   float attention_scaling = 1.0f;
 };
 

@@ -24,6 +24,8 @@ std::string RopeName(RopeConfig::Type t) {
       return "dynamic";
     case RopeConfig::Type::kLlama3:
       return "llama3";
+    case RopeConfig::Type::kYarn:
+      return "yarn";
   }
   return "?";
 }

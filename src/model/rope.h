@@ -15,6 +15,20 @@ namespace loom {
 void ComputeInvFreq(const RopeConfig& rope, int64_t max_position_embeddings,
                     int64_t seq_len, float* inv_freq);
 
+// YaRN's ramp bounds (HF's find_correction_range): the correction dim of r
+// rotations is rotary_dim * ln(original_max / (2 pi r)) / (2 ln theta);
+// low = corr(beta_fast), high = corr(beta_slow), floored / ceiled when
+// truncate, then clamped to [0, rotary_dim - 1].
+struct YarnRange {
+  double low = 0.0, high = 0.0;
+};
+YarnRange ComputeYarnRange(const RopeConfig& rope);
+
+// YaRN's attention_factor (HF's get_mscale): 0.1 * m * ln(factor) + 1 for
+// factor > 1, else 1; m = 1, or mscale / mscale_all_dim when both are
+// non-zero (then the ratio of the two).
+double YarnAttentionFactor(double factor, double mscale, double mscale_all_dim);
+
 }  // namespace loom
 
 #endif  // LOOM_MODEL_ROPE_H_

@@ -456,10 +456,13 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         RETURN_IF_ERROR(Emit(HookSite::kRotQ, l, batch, d, Q, ld, q, sink));
         RETURN_IF_ERROR(Emit(HookSite::kRotK, l, batch, d, KV, ld, k, sink));
       }
-      if (lc->attn_sinks)
-        return UnimplementedError("executor: attention sinks (layer " +
-                                  std::to_string(l) + ") are not implemented");
       AttentionOp op;
+      if (lc->attn_sinks) {  // [num_heads] sink logits (gpt-oss)
+        const TensorView& sinks =
+            model_.weights().Require(WeightRole::kAttnSinks, l);
+        op.sinks = sinks.data;
+        op.sinks_dtype = sinks.dtype;
+      }
       op.q = q;
       op.q_rs = ld;
       op.k = k;

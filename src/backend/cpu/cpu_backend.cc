@@ -67,7 +67,7 @@ BackendCapabilities CpuBackend::Capabilities() const {
                        FormatKind::kNvfp4CompressedTensors})
     c.weight_formats.push_back(
         WeightStorage{f, DType::kF4E2M1, MatrixLayout::kOutIn});
-  c.attention_sinks = false;
+  c.attention_sinks = true;
   c.async_copy = false;
   return c;
 }
@@ -189,9 +189,11 @@ void CpuBackend::ApplyRope(float* x, int64_t tokens, int64_t heads,
 }
 
 Status CpuBackend::Attention(const AttentionOp& op) {
-  if (op.sinks != nullptr)
-    return UnimplementedError(
-        "cpu backend: attention sinks are not implemented");
+  if (op.sinks != nullptr && op.sinks_dtype != DType::kF32 &&
+      op.sinks_dtype != DType::kBF16 && op.sinks_dtype != DType::kF16)
+    return InvalidArgumentError(
+        std::string("cpu backend: attention sinks of dtype ") +
+        std::string(DTypeName(op.sinks_dtype)) + ", expected F32, BF16 or F16");
   AttentionArgs a;
   a.q = op.q;
   a.q_rs = op.q_rs;
@@ -208,6 +210,8 @@ Status CpuBackend::Attention(const AttentionOp& op) {
   a.scale = op.scale;
   a.softcap = op.softcap;
   a.window = op.window;
+  a.sinks = op.sinks;
+  a.sinks_dtype = op.sinks_dtype;
   a.probs = op.probs;
   a.probs_seq = op.probs_seq;
   a.workspace = op.workspace;

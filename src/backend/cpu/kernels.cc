@@ -1,7 +1,6 @@
 // Entry points of kernels.h: argument checks, OpenMP work splitting, and the
 // choice between the AVX-512 and portable per-row kernels (made once).
 #include "src/backend/cpu/kernels.h"
-#include "src/base/units.h"
 
 #include <omp.h>
 
@@ -14,6 +13,7 @@
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/base/check.h"
 #include "src/base/float16.h"
+#include "src/base/units.h"
 
 namespace loom::cpu {
 namespace {
@@ -74,7 +74,6 @@ void ParallelSpan(int64_t n, Fn fn) {
     if (b < e) fn(b, e);
   }
 }
-
 
 }  // namespace
 
@@ -241,6 +240,8 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
         t.window = a.window;
         t.scale = a.scale;
         t.softcap = a.softcap;
+        t.has_sink = a.sinks != nullptr;
+        t.sink = t.has_sink ? LoadScalarAsF32(a.sinks, a.sinks_dtype, h) : 0.0f;
         t.probs = (probs != nullptr && s == a.probs_seq)
                       ? probs + (h * len + t.i0) * len
                       : nullptr;

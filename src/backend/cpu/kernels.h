@@ -54,7 +54,8 @@ int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype);
 // primitive descriptor; nothing is executed or allocated). A context given a
 // scratchpad of at least the maximum over its shapes (SetScratchpad) runs
 // every GEMM without allocating.
-int64_t GemmScratchpadBytes(int64_t m, int64_t n, int64_t k, DType w_dtype, WeightLayout layout);
+int64_t GemmScratchpadBytes(int64_t m, int64_t n, int64_t k, DType w_dtype,
+                            WeightLayout layout);
 
 // Caches oneDNN primitives per (shape, dtype, layout, flags). Not thread-safe:
 // one context per executing thread group.
@@ -161,9 +162,13 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
 // Query head h uses kv head h / (q_heads / kv_heads) (GQA).
 // scores = (q . k) * scale; if softcap > 0: scores = softcap * tanh(scores /
 // softcap); key j is visible to query i (positions within the sequence) iff j
-// <= i and (window <= 0 or i - j < window). Softmax in f32. If probs is
-// non-null and the sequence index equals probs_seq, the probabilities of that
-// sequence are written to probs [q_heads, L, L] (zeros where masked).
+// <= i and (window <= 0 or i - j < window). Softmax in f32. With sinks
+// (gpt-oss), query head h's row also holds one extra logit sinks[h]: the max
+// and the softmax run over the visible keys plus the sink, then the sink
+// column is dropped, so a row's key probabilities sum to 1 - p(sink). If
+// probs is non-null and the sequence index equals probs_seq, the
+// probabilities of that sequence are written to probs [q_heads, L, L] (zeros
+// where masked; without the sink column).
 struct AttentionArgs {
   const float* q;
   int64_t q_rs;
@@ -178,6 +183,9 @@ struct AttentionArgs {
   float scale;
   float softcap = 0.0f;
   int64_t window = 0;
+  // [q_heads] sink logits in sinks_dtype (F32/BF16/F16), or null = none.
+  const void* sinks = nullptr;
+  DType sinks_dtype = DType::kF32;
   float* probs = nullptr;
   int64_t probs_seq = -1;
   // Scratch of at least AttentionWorkspaceBytes(...) bytes, 64-byte aligned.

@@ -541,8 +541,9 @@ void TileNV(const AttnTile& t) {
     for (int64_t r = 0; r < t.rows; ++r) dst[r] = vp[r * vs + p];
     for (int64_t r = t.rows; r < 16 * NV; ++r) dst[r] = 0.0f;
   }
+  // The running max starts at the sink logit: it covers keys and sink.
   for (int64_t r = 0; r < kB; ++r)
-    rmax[r] = -std::numeric_limits<float>::infinity();
+    rmax[r] = t.has_sink ? t.sink : -std::numeric_limits<float>::infinity();
   Scores<NV>(t, qt, st, rmax);
 
   __m512 mx[NV], sum[NV];
@@ -552,7 +553,9 @@ void TileNV(const AttnTile& t) {
     mx[v] = _mm512_mask_blend_ps(
         _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
         _mm512_setzero_ps(), m);
-    sum[v] = _mm512_setzero_ps();
+    // The sink's exp joins the row sum; its column is dropped (no V row).
+    sum[v] = t.has_sink ? Exp(_mm512_sub_ps(_mm512_set1_ps(t.sink), mx[v]))
+                        : _mm512_setzero_ps();
   }
   std::memset(o, 0, sizeof(float) * kB * vs);
   for (int64_t c0 = 0; c0 < t.nk; c0 += kKeyChunk) {

@@ -46,8 +46,10 @@ struct AttnTile {
   int64_t head_dim;
   int64_t window;  // <= 0: none
   float scale, softcap;
-  float* probs;  // probs row of query i0 for this head: [rows, seq_len] (row
-                 // stride probs_rs), or null
+  bool has_sink;  // the head's sink logit joins every row's softmax
+  float sink;     // (then its column is dropped)
+  float* probs;   // probs row of query i0 for this head: [rows, seq_len] (row
+                  // stride probs_rs), or null
   int64_t probs_rs;
   float* scratch;  // AttnTileScratchFloats(max nk, head_dim) floats, 64-byte
                    // aligned

@@ -193,7 +193,7 @@ void AttentionTile(const AttnTile& t) {
   float* rmax = st + t.nk * B;
   float* rsum = rmax + B;
   for (int64_t r = 0; r < t.rows; ++r) {
-    rmax[r] = kNegInf;
+    rmax[r] = t.has_sink ? t.sink : kNegInf;  // the max covers the sink
     rsum[r] = 0.0f;
   }
   // Scores.
@@ -214,7 +214,11 @@ void AttentionTile(const AttnTile& t) {
       st[jj * B + r] = s;
     }
   }
-  // Softmax over keys, per query row.
+  // Softmax over keys (and the sink, whose column is then dropped), per
+  // query row.
+  if (t.has_sink) {
+    for (int64_t r = 0; r < t.rows; ++r) rsum[r] = std::exp(t.sink - rmax[r]);
+  }
   for (int64_t jj = 0; jj < t.nk; ++jj) {
     for (int64_t r = 0; r < t.rows; ++r) {
       float& s = st[jj * B + r];

@@ -483,12 +483,13 @@ TEST(Rope, TablesAndApply) {
 struct AttnCase {
   int64_t head_dim, ratio, window;
   float softcap;
+  bool sinks = false;  // bf16 per-head sink logits (gpt-oss)
 };
 
 class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionTest, MatchesReference) {
-  const auto [d, ratio, window, softcap] = GetParam();
+  const auto [d, ratio, window, softcap, sinks] = GetParam();
   const int64_t kv_heads = 2, q_heads = kv_heads * ratio;
   const std::vector<int64_t> lens = {1, 7, 33, 300};
   std::vector<int64_t> starts = {0};
@@ -508,6 +509,14 @@ TEST_P(AttentionTest, MatchesReference) {
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   a.softcap = softcap;
   a.window = window;
+  // Sinks from -2 to 4: from a small share of each row to most of it.
+  std::vector<uint16_t> sink_bf16;
+  for (float x : Random(q_heads, 52, -2.0f, 4.0f))
+    sink_bf16.push_back(F32ToBf16(x));
+  if (sinks) {
+    a.sinks = sink_bf16.data();
+    a.sinks_dtype = DType::kBF16;
+  }
   const int64_t probs_seq = 3, pl = lens[probs_seq];
   std::vector<float> got(T * q_heads * d), want(T * q_heads * d);
   std::vector<float> pgot(q_heads * pl * pl, -1.0f), pwant(q_heads * pl * pl);
@@ -567,7 +576,8 @@ TEST_P(AttentionTest, MatchesReference) {
   const std::string name = "attention d=" + std::to_string(d) +
                            " ratio=" + std::to_string(ratio) +
                            " window=" + std::to_string(window) +
-                           " softcap=" + std::to_string(softcap);
+                           " softcap=" + std::to_string(softcap) +
+                           (sinks ? " sinks" : "");
   ExpectNear(name + " z", got.data(), want.data(), tol,
              static_cast<int64_t>(got.size()));
   ExpectNear(name + " probs", pgot.data(), pwant.data(), ptol,
@@ -597,6 +607,11 @@ std::vector<AttnCase> AttnCases() {
   cases.push_back({64, 2, 5, 0.0f});    // window shorter than a block
   cases.push_back({64, 1, 64, 50.0f});  // window == block
   cases.push_back({80, 1, 0, 0.0f});    // head_dim not a multiple of 16
+  // Attention sinks: global and sliding (window shorter than, equal to and
+  // longer than a block), GQA, head dims with and without a tail.
+  for (int64_t d : {16, 64, 80})
+    for (int64_t window : {0, 8, 64, 128})
+      cases.push_back({d, d == 64 ? 4 : 2, window, 0.0f, true});
   return cases;
 }
 
@@ -612,8 +627,57 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
                              if (ch == '.') ch = 'p';
                            return "d" + std::to_string(c.head_dim) + "_ratio" +
                                   std::to_string(c.ratio) + "_window" +
-                                  std::to_string(c.window) + "_softcap" + cap;
+                                  std::to_string(c.window) + "_softcap" + cap +
+                                  (c.sinks ? "_sinks" : "");
                          });
+
+// Exact math: with q = 0 every visible score is 0, so each of the n visible
+// keys of query i gets 1 / (n + exp(sink)) and z is the mean of their values
+// times n / (n + exp(sink)). Checks that the sink joins the normalisation
+// and that its column is dropped, on a sliding window across a block edge.
+TEST(AttentionSinks, UniformScoresGiveTheSinkItsShare) {
+  const int64_t d = 16, heads = 2, len = 70, window = 8;
+  std::vector<float> q(len * heads * d, 0.0f);
+  std::vector<float> k = Random(len * d, 53, -1.0f, 1.0f);
+  std::vector<float> v = Random(len * d, 54, -1.0f, 1.0f);
+  const std::vector<float> sinks = {0.0f, 2.5f};
+  const std::vector<int64_t> starts = {0, len};
+  std::vector<float> z(len * heads * d), probs(heads * len * len);
+  AlignedBuf ws(AttentionWorkspaceBytes(len, heads, d, NumThreads()));
+  AttentionArgs a;
+  a.q = q.data(), a.q_rs = heads * d;
+  a.k = k.data(), a.k_rs = d;
+  a.v = v.data(), a.v_rs = d;
+  a.z = z.data();
+  a.seq_start = starts.data();
+  a.num_seqs = 1;
+  a.q_heads = heads, a.kv_heads = 1, a.head_dim = d;
+  a.scale = 0.25f;
+  a.window = window;
+  a.sinks = sinks.data();
+  a.probs = probs.data(), a.probs_seq = 0;
+  a.workspace = ws.p;
+  GemmContext ctx;
+  Attention(ctx, a);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t n = std::min<int64_t>(i + 1, window);
+      const double p = 1.0 / (static_cast<double>(n) + std::exp(sinks[h]));
+      for (int64_t j = 0; j < len; ++j) {
+        const bool visible = j <= i && i - j < window;
+        EXPECT_NEAR(probs[(h * len + i) * len + j], visible ? p : 0.0,
+                    (n + 8) * kU * p)
+            << "h=" << h << " i=" << i << " j=" << j;
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        double want = 0.0;
+        for (int64_t j = i - n + 1; j <= i; ++j) want += p * v[j * d + c];
+        EXPECT_NEAR(z[i * heads * d + h * d + c], want, (n + 8) * kU)
+            << "h=" << h << " i=" << i << " c=" << c;
+      }
+    }
+  }
+}
 
 // ---- Elementwise
 // -------------------------------------------------------------------------

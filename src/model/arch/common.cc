@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "src/model/rope.h"
+
 namespace loom::arch {
 
 StatusOr<ActKind> ParseActivation(const ConfigReader& r, const std::string& key,
@@ -17,6 +19,55 @@ StatusOr<ActKind> ParseActivation(const ConfigReader& r, const std::string& key,
       "' is not a supported activation (silu, gelu, gelu_pytorch_tanh, "
       "gelu_new, relu)");
 }
+
+namespace {
+
+// YaRN as HF 4.55's _compute_yarn_parameters reads it: `factor` is required
+// but replaced by max_position_embeddings / original_max_position_embeddings
+// when the latter is given; attention_factor defaults to get_mscale (with the
+// mscale / mscale_all_dim ratio when both are non-zero); beta_fast / beta_slow
+// default to 32 / 1 when absent or 0; truncate defaults to true.
+Status ParseYarn(const ConfigReader& s, int64_t max_pos, RopeConfig* rope) {
+  rope->type = RopeConfig::Type::kYarn;
+  rope->original_max_position_embeddings = max_pos;
+  if (s.Has("original_max_position_embeddings")) {
+    ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
+                     s.Int("original_max_position_embeddings"));
+    if (rope->original_max_position_embeddings <= 0)
+      return InvalidArgumentError(
+          s.source() + ": original_max_position_embeddings = " +
+          std::to_string(rope->original_max_position_embeddings) +
+          ", expected > 0");
+    rope->factor = static_cast<double>(max_pos) /
+                   static_cast<double>(rope->original_max_position_embeddings);
+  }
+  ASSIGN_OR_RETURN(double beta_fast, s.Float("beta_fast", 0.0));
+  ASSIGN_OR_RETURN(double beta_slow, s.Float("beta_slow", 0.0));
+  rope->beta_fast = beta_fast != 0.0 ? beta_fast : 32.0;
+  rope->beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
+  if (!(rope->beta_fast > 0 && rope->beta_slow > 0))
+    return InvalidArgumentError(
+        s.source() + ": beta_fast = " + std::to_string(rope->beta_fast) +
+        ", beta_slow = " + std::to_string(rope->beta_slow) + ", expected > 0");
+  ASSIGN_OR_RETURN(rope->truncate, s.Bool("truncate", true));
+  double attention_factor = 0.0;
+  if (s.Has("attention_factor")) {
+    ASSIGN_OR_RETURN(attention_factor, s.Float("attention_factor"));
+  } else {
+    ASSIGN_OR_RETURN(double mscale, s.Float("mscale", 0.0));
+    ASSIGN_OR_RETURN(double mscale_all_dim, s.Float("mscale_all_dim", 0.0));
+    attention_factor =
+        YarnAttentionFactor(rope->factor, mscale, mscale_all_dim);
+  }
+  if (!(attention_factor > 0))
+    return InvalidArgumentError(s.source() + ": yarn attention_factor = " +
+                                std::to_string(attention_factor) +
+                                ", expected > 0");
+  rope->attention_scaling = static_cast<float>(attention_factor);
+  return Status();
+}
+
+}  // namespace
 
 Status ParseRope(const ConfigReader& r, ModelConfig* c) {
   RopeConfig& rope = c->rope;
@@ -43,7 +94,8 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c) {
     ASSIGN_OR_RETURN(type, scaling->String("type", "default"));
   }
   if (type == "default") return Status();
-  if (type == "linear" || type == "dynamic" || type == "llama3") {
+  if (type == "linear" || type == "dynamic" || type == "llama3" ||
+      type == "yarn") {
     ASSIGN_OR_RETURN(rope.factor, scaling->Float("factor"));
     if (!(rope.factor > 0))
       return InvalidArgumentError(scaling->source() +
@@ -66,10 +118,12 @@ Status ParseRope(const ConfigReader& r, ModelConfig* c) {
                                   std::to_string(rope.high_freq_factor) +
                                   " must exceed low_freq_factor " +
                                   std::to_string(rope.low_freq_factor));
+  } else if (type == "yarn") {
+    RETURN_IF_ERROR(ParseYarn(*scaling, c->max_position_embeddings, &rope));
   } else {
     return UnimplementedError(
         r.source() + ": rope_scaling type '" + type +
-        "' is not supported (default, linear, dynamic, llama3)");
+        "' is not supported (default, linear, dynamic, llama3, yarn)");
   }
   return Status();
 }

@@ -1,10 +1,11 @@
-// gpt-oss (planning only): attention with q/k/v/o biases and per-head
-// attention sinks, alternating sliding-window / full attention (layer_types),
-// YaRN RoPE, and a top-k MoE whose router has a bias. The experts are stacked
-// tensors in HF's parameter layout, x @ W: `mlp.experts.gate_up_proj`
-// [E, H, 2I] (gate/up columns interleaved) and `down_proj` [E, I, H], with
-// biases [E, 2I] / [E, H]. The official checkpoints store them in MXFP4
-// (quantization_config.quant_method "mxfp4", src/core/format.h):
+// gpt-oss (planning only until the MoE forward lands): attention with q/k/v/o
+// biases and per-head attention sinks, sliding-window / full attention per
+// layer (layer_types), YaRN RoPE (rotate-half), and a top-k MoE whose router
+// has a bias. The experts are stacked tensors in HF's parameter layout, x @ W:
+// `mlp.experts.gate_up_proj` [E, H, 2I] (gate/up columns interleaved) and
+// `down_proj` [E, I, H], with biases [E, 2I] / [E, H]. The official checkpoints
+// store them in MXFP4 (quantization_config.quant_method "mxfp4",
+// src/core/format.h):
 // `<w>_blocks` U8 [E, out, in / 32, 16] and `<w>_scales` U8 (E8M0)
 // [E, out, in / 32]; everything in modules_to_not_convert (attention, router,
 // embeddings, lm_head) keeps the float dtype.
@@ -16,24 +17,8 @@ namespace loom::arch {
 namespace {
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
-  // ParseDecoderBase knows no YaRN; parse the rest without rope_scaling and
-  // keep YaRN's factor (the planner needs no rotary tables).
-  nlohmann::json j = r.json();
-  j.erase("rope_scaling");
-  const ConfigReader base(r.source(), std::move(j));
-  RETURN_IF_ERROR(ParseDecoderBase(base, /*tie_default=*/false, c));
-  ASSIGN_OR_RETURN(std::optional<ConfigReader> scaling,
-                   r.Object("rope_scaling"));
-  if (scaling) {
-    ASSIGN_OR_RETURN(std::string type, scaling->String("rope_type", "default"));
-    if (type != "yarn" && type != "default")
-      return UnimplementedError(r.source() + ": rope_scaling type '" + type +
-                                "' is not supported for gpt_oss (yarn)");
-    ASSIGN_OR_RETURN(c->rope.factor, scaling->Float("factor", 1.0));
-    ASSIGN_OR_RETURN(c->rope.original_max_position_embeddings,
-                     scaling->Int("original_max_position_embeddings",
-                                  c->max_position_embeddings));
-  }
+  // rope_scaling (YaRN in every release) is parsed by ParseDecoderBase.
+  RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/false, c));
   ASSIGN_OR_RETURN(c->qkv_bias, r.Bool("attention_bias", true));
   c->o_bias = c->qkv_bias;
   MoeKeys keys;
@@ -49,12 +34,17 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
     return InvalidArgumentError(r.source() + ": swiglu_limit = " +
                                 std::to_string(limit) + ", expected > 0");
   c->moe.swiglu_limit = static_cast<float>(limit);
-  // Sliding window on the layers layer_types marks "sliding_attention".
-  ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 0));
+  // Sliding window on the layers layer_types marks "sliding_attention"
+  // (HF GptOssConfig defaults: sliding_window 128; without layer_types, layer
+  // i slides iff (i + 1) % 2 == 1, i.e. layers 0, 2, 4, ...).
+  ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 128));
+  if (window <= 0)
+    return InvalidArgumentError(r.source() + ": sliding_window = " +
+                                std::to_string(window) + ", expected > 0");
   ASSIGN_OR_RETURN(bool typed, ParseLayerTypes(r, window, c));
   if (!typed) {
-    for (int64_t i = 0; i < c->num_layers; i += 2)
-      c->sliding_window[i] = window;
+    for (int64_t i = 0; i < c->num_layers; ++i)
+      c->sliding_window[i] = (i + 1) % 2 != 0 ? window : 0;
   }
   return Status();
 }

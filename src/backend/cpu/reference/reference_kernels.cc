@@ -151,7 +151,12 @@ void Attention(const AttentionArgs& a) {
       const int64_t kvh = h / group;
       for (int64_t i = 0; i < len; ++i) {
         const float* q = a.q + (t0 + i) * a.q_rs + h * d;
-        double mx = -std::numeric_limits<double>::infinity();
+        // The sink logit (if any) joins the max and the normalisation; its
+        // own probability is not part of the output.
+        const bool has_sink = a.sinks != nullptr;
+        const double sink =
+            has_sink ? LoadAsF32(a.sinks, a.sinks_dtype, h) : 0.0;
+        double mx = has_sink ? sink : -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < len; ++j) {
           const bool visible = j <= i && (a.window <= 0 || i - j < a.window);
           if (!visible) {
@@ -167,7 +172,7 @@ void Attention(const AttentionArgs& a) {
           scores[i * len + j] = dot;
           mx = std::max(mx, dot);
         }
-        double sum = 0.0;
+        double sum = has_sink ? std::exp(sink - mx) : 0.0;
         for (int64_t j = 0; j < len; ++j) {
           double& e = scores[i * len + j];
           e = std::isinf(e) ? 0.0 : std::exp(e - mx);
@@ -292,8 +297,8 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
   RmsNorm(x, nullptr, DType::kBF16, 0.0f, eps, y, rows, dim);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < dim; ++i)
-      y[r * dim + i] = RoundBf16(LoadAsF32(w, DType::kBF16, i) *
-                                 RoundBf16(y[r * dim + i]));
+      y[r * dim + i] =
+          RoundBf16(LoadAsF32(w, DType::kBF16, i) * RoundBf16(y[r * dim + i]));
 }
 
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,

@@ -40,7 +40,8 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                int64_t half);
 
 // Naive attention: materialises the full [L, L] score matrix per (sequence,
-// head), masks, softmaxes in double. Ignores args.workspace.
+// head), masks, softmaxes in double (over keys plus the sink logit when
+// args.sinks is set; the sink column is dropped). Ignores args.workspace.
 void Attention(const AttentionArgs& args);
 
 // Elementwise, see kernels.h.
