@@ -288,6 +288,8 @@ std::vector<ModelCase> Cases() {
       {"mixtral", "mixtral", false},
       {"qwen2_moe", "qwen2_moe", false},
       {"qwen3_moe", "qwen3_moe", false},
+      {"gpt_oss", "gpt_oss", false},
+      {"gpt_oss_mxfp4", "gpt_oss_mxfp4", false},
   };
 }
 

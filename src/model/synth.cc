@@ -8,6 +8,8 @@
 
 #include "src/base/float16.h"
 #include "src/io/safetensors_writer.h"
+#include "src/model/match.h"
+#include "src/model/mxfp4_encode.h"
 #include "src/model/registry.h"
 
 namespace loom {
@@ -48,6 +50,63 @@ void Fill(uint8_t* dst, int64_t n, DType dtype, float center, float a,
         std::memcpy(dst + 2 * i, &h, 2);
       }
     }
+  }
+}
+
+// U(-1, 1) value of element i of a tensor: counter-based, so any pass over
+// any subset of the elements sees the same values.
+float UniformAt(uint64_t seed, int64_t i) {
+  uint64_t s = seed ^ (static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull);
+  const double u = static_cast<double>(SplitMix(s) >> 11) * 0x1.0p-53;
+  return static_cast<float>(2.0 * u - 1.0);
+}
+
+// A stacked expert matrix in MXFP4: the logical W [E, out, in] (x @ W^T per
+// expert, HF's gate_up_proj / down_proj transposed) with W ~ U(-a, a),
+// encoded block by block. Fills the `_blocks` [E, out, in/32, 16] or the
+// `_scales` [E, out, in/32] tensor (one pass each; both encode the same
+// values).
+void FillMxfp4(uint8_t* dst, int64_t rows, int64_t in, float a, uint64_t seed,
+               bool scales) {
+  const int64_t groups = in / kMxfp4Block;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float x[kMxfp4Block];
+    uint8_t codes[kMxfp4Block / 2];
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < kMxfp4Block; ++i)
+        x[i] = a * UniformAt(seed, r * in + g * kMxfp4Block + i);
+      const uint8_t scale = EncodeMxfp4Block(x, codes);
+      if (scales) {
+        dst[r * groups + g] = scale;
+      } else {
+        std::memcpy(dst + (r * groups + g) * (kMxfp4Block / 2), codes,
+                    kMxfp4Block / 2);
+      }
+    }
+  }
+}
+
+// Per-layer "sliding_attention" / "full_attention", sliding first (gpt-oss).
+nlohmann::json AlternatingLayerTypes(int64_t layers) {
+  nlohmann::json t = nlohmann::json::array();
+  for (int64_t i = 0; i < layers; ++i)
+    t.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+  return t;
+}
+
+bool IsBias(WeightRole r) {
+  switch (r) {
+    case WeightRole::kQBias:
+    case WeightRole::kKBias:
+    case WeightRole::kVBias:
+    case WeightRole::kOBias:
+    case WeightRole::kRouterBias:
+    case WeightRole::kExpertGateUpBias:
+    case WeightRole::kExpertDownBias:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -102,13 +161,58 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
                 {"rope_theta", 1000000.0},
                 {"vocab_size", 32000},
                 {"max_position_embeddings", 4096}});
+  } else if (o.preset == "gpt-oss-20b") {
+    // openai/gpt-oss-20b's config.json values, 2 layers and a 32768-token
+    // vocabulary (201088 would add 2.1 GB of embeddings and lm_head);
+    // experts in MXFP4 as in the released checkpoint.
+    cfg = {{"architectures", {"GptOssForCausalLM"}},
+           {"model_type", "gpt_oss"},
+           {"attention_bias", true},
+           {"attention_dropout", 0.0},
+           {"experts_per_token", 4},
+           {"num_experts_per_tok", 4},
+           {"num_local_experts", 32},
+           {"head_dim", 64},
+           {"hidden_act", "silu"},
+           {"hidden_size", 2880},
+           {"intermediate_size", 2880},
+           {"initial_context_length", 4096},
+           {"max_position_embeddings", 131072},
+           {"num_attention_heads", 64},
+           {"num_key_value_heads", 8},
+           {"num_hidden_layers", 2},
+           {"rms_norm_eps", 1e-5},
+           {"rope_theta", 150000},
+           {"rope_scaling",
+            {{"rope_type", "yarn"},
+             {"factor", 32.0},
+             {"beta_fast", 32.0},
+             {"beta_slow", 1.0},
+             {"original_max_position_embeddings", 4096},
+             {"truncate", false}}},
+           {"sliding_window", 128},
+           {"swiglu_limit", 7.0},
+           {"router_aux_loss_coef", 0.9},
+           {"output_router_logits", false},
+           {"tie_word_embeddings", false},
+           {"vocab_size", 32768},
+           {"eos_token_id", 2},
+           {"pad_token_id", 0},
+           {"quantization_config",
+            {{"modules_to_not_convert",
+              {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+               "model.embed_tokens", "lm_head"}},
+             {"quant_method", "mxfp4"}}}};
   } else {
     return InvalidArgumentError(
         "--preset '" + o.preset +
-        "': expected tinyllama-1.1b, small or qwen3-30b-a3b");
+        "': expected tinyllama-1.1b, small, qwen3-30b-a3b or gpt-oss-20b");
   }
   if (o.num_layers > 0) cfg["num_hidden_layers"] = o.num_layers;
   if (o.vocab_size > 0) cfg["vocab_size"] = o.vocab_size;
+  if (cfg["model_type"] == "gpt_oss")
+    cfg["layer_types"] =
+        AlternatingLayerTypes(cfg["num_hidden_layers"].get<int64_t>());
   if (!IsComputeDType(o.dtype))
     return InvalidArgumentError("--dtype must be f32, bf16 or f16");
   cfg["torch_dtype"] = std::string(DTypeLongName(o.dtype));
@@ -123,25 +227,64 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
     if (!out) return IoError(out_dir + "/config.json: write failed");
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(out_dir));
-  const ArchWeights decl =
-      FindArch(cfg["model_type"].get<std::string>())->declare_weights(config);
+  const ArchWeights decl = FindArch(config.model_type)->declare_weights(config);
+  // The storage format of every weight (quantized where config.json's
+  // quantization_config says so), and its physical tensors.
+  MatchOptions match_options;
+  match_options.source = out_dir + "/config.json";
+  match_options.assumed_dense_dtype = o.dtype;
+  ASSIGN_OR_RETURN(std::vector<MatchedWeight> matched,
+                   MatchCheckpoint(config, decl, nullptr, match_options));
   SafetensorsWriter writer;
   writer.SetMetadata("format", "pt");
   int64_t params = 0;
-  for (const WeightSpec& s : decl.specs) {
+  for (size_t wi = 0; wi < decl.specs.size(); ++wi) {
+    const WeightSpec& s = decl.specs[wi];
     if (!s.required) continue;
     const int64_t n = s.shape.numel();
     params += n;
+    const uint64_t seed = o.seed * 0x9e3779b97f4a7c15ull ^ HashName(s.name);
+    if (matched[wi].format.kind == FormatKind::kMxfp4) {
+      // Logical [..., out, in]: rows = everything but `in`.
+      const int64_t in =
+          s.layout == MatrixLayout::kInOut ? s.shape.dim(-2) : s.shape.dim(-1);
+      const int64_t rows = n / in;
+      const float a = std::sqrt(3.0f / static_cast<float>(in));
+      for (const MatchedTensor& mt : matched[wi].tensors) {
+        const PhysicalTensor& t = mt.tensor;
+        if (t.component != ComponentKind::kValues &&
+            t.component != ComponentKind::kBlockScales)
+          return InternalError("synth: unexpected MXFP4 component of " +
+                               t.name);
+        const bool scales = t.component == ComponentKind::kBlockScales;
+        RETURN_IF_ERROR(writer.AddFill(
+            t.name, t.dtype, t.shape, [=](uint8_t* dst, int64_t) {
+              FillMxfp4(dst, rows, in, a, seed, scales);
+              return Status();
+            }));
+      }
+      continue;
+    }
+    if (matched[wi].format.quantized())
+      return UnimplementedError("synth: weight " + s.name + " in format " +
+                                matched[wi].format.ToString() +
+                                " (only MXFP4 is written)");
     float center = 0, a;
-    if (s.shape.rank() == 1) {
+    if (IsBias(s.role)) {
+      a = 0.1f * std::sqrt(3.0f);  // std 0.1
+    } else if (s.role == WeightRole::kAttnSinks) {
+      a = std::sqrt(3.0f);  // std 1
+    } else if (s.shape.rank() == 1) {
       center = 1.0f;
       a = 0.1f;
     } else if (s.role == WeightRole::kEmbed) {
       a = 0.02f * std::sqrt(3.0f);
     } else {
-      a = std::sqrt(3.0f / static_cast<float>(s.shape[1]));
+      // fan_in: the last dimension, or the one before it for [in, out].
+      a = std::sqrt(3.0f / static_cast<float>(s.layout == MatrixLayout::kInOut
+                                                  ? s.shape.dim(-2)
+                                                  : s.shape.dim(-1)));
     }
-    const uint64_t seed = o.seed * 0x9e3779b97f4a7c15ull ^ HashName(s.name);
     const DType dtype = o.dtype;
     RETURN_IF_ERROR(
         writer.AddFill(s.name, dtype, s.shape, [=](uint8_t* dst, int64_t) {

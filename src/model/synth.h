@@ -14,17 +14,20 @@
 namespace loom {
 
 struct SynthOptions {
-  // or "small" (hidden 256, 4 layers), or "qwen3-30b-a3b" (Qwen3-30B-A3B's
-  // layer shapes: 128 experts top-8 of 768, 2 layers, vocab 32000).
+  // "tinyllama-1.1b", "small" (hidden 256, 4 layers), "qwen3-30b-a3b"
+  // (Qwen3-30B-A3B's layer shapes: 128 experts top-8 of 768, 2 layers, vocab
+  // 32000) or "gpt-oss-20b" (2 layers, vocabulary 32768, MXFP4 experts).
   std::string preset = "tinyllama-1.1b";
-  int64_t num_layers = 0;                 // 0 = the preset's
-  int64_t vocab_size = 0;                 // 0 = the preset's
+  int64_t num_layers = 0;  // 0 = the preset's
+  int64_t vocab_size = 0;  // 0 = the preset's
   DType dtype = DType::kBF16;
   uint64_t seed = 1;
 };
 
-// Writes `out_dir`/config.json and `out_dir`/model.safetensors (a llama
-// architecture). Returns the number of parameters written.
+// Writes `out_dir`/config.json and `out_dir`/model.safetensors (llama, or
+// gpt_oss for the gpt-oss preset: biases ~ N-like std 0.1, sinks std 1,
+// experts encoded to MXFP4 by src/model/mxfp4_encode.h). Returns the number of
+// logical parameters written.
 StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
                                       const SynthOptions& options);
 

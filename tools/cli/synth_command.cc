@@ -1,4 +1,5 @@
-// loom synth OUT_DIR [--preset tinyllama-1.1b|small] [--layers N] [--vocab N]
+// loom synth OUT_DIR [--preset tinyllama-1.1b|small|gpt-oss-20b] [--layers N]
+// [--vocab N]
 // [--dtype bf16] [--seed N]
 #include <cstdio>
 #include <memory>
@@ -15,18 +16,20 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
     SynthOptions synth;
   };
   auto opts = std::make_shared<Options>();
-  CLI::App* cmd =
-      app.add_subcommand("synth",
-                         "Write a synthetic checkpoint with seeded "
-                         "random weights (benchmarks, memory tests)");
+  CLI::App* cmd = app.add_subcommand(
+      "synth",
+      "Write a synthetic checkpoint (llama, Qwen3-MoE, or "
+      "gpt-oss with MXFP4 experts) with seeded random weights "
+      "(benchmarks, memory tests)");
   cmd->add_option("OUT_DIR", opts->out_dir,
                   "Directory to write config.json and model.safetensors into")
       ->required();
   cmd->add_option("--preset", opts->synth.preset,
                   "tinyllama-1.1b (hidden 2048, 22 layers, 32/4 heads, "
-                  "intermediate 5632, vocab 32000), small, or qwen3-30b-a3b "
+                  "intermediate 5632, vocab 32000), small, qwen3-30b-a3b "
                   "(Qwen3-30B-A3B layer shapes: 128 experts top-8 of 768, "
-                  "2 layers, vocab 32000)")
+                  "2 layers, vocab 32000) or gpt-oss-20b (gpt-oss-20b's "
+                  "shapes, 2 layers, vocab 32768, MXFP4 experts)")
       ->capture_default_str();
   cmd->add_option("--layers", opts->synth.num_layers,
                   "Override the number of layers");

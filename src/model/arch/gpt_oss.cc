@@ -109,6 +109,6 @@ ArchWeights Declare(const ModelConfig& c) {
 
 }  // namespace
 
-const ArchDef kGptOss = {"gpt_oss", Parse, Declare, /*runnable=*/false};
+const ArchDef kGptOss = {"gpt_oss", Parse, Declare, /*runnable=*/true};
 
 }  // namespace loom::arch
