@@ -67,6 +67,14 @@ void BM_QuantGemmVsBf16(benchmark::State& state) {
   const int64_t decode_bytes =
       QuantDecodeWorkspaceBytes(n, k, kind, DType::kBF16);
   Buf decode(decode_bytes);
+  // The planned GEMM scratchpad, as the executor gives it (without one,
+  // oneDNN allocates its scratch on every call).
+  const int64_t panel = std::min(n, kQuantPanelRows);
+  const int64_t scratch = std::max(
+      GemmScratchpadBytes(m, n, k, DType::kBF16, WeightLayout::kOutIn),
+      GemmScratchpadBytes(m, panel, k, DType::kBF16, WeightLayout::kOutIn));
+  Buf scratchpad(scratch);
+  Ctx().SetScratchpad(scratchpad.p, scratch);
   GemmArgs a;
   a.x = x.data();
   a.w_dtype = DType::kBF16;
@@ -102,6 +110,40 @@ BENCHMARK(BM_QuantGemmVsBf16)
     ->ArgsProduct({{128, 512}, {5760}, {2880}, {0, 1}})
     ->ArgsProduct({{128, 512}, {4096}, {4096}, {0, 1}})
     ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Decoding a whole [N, K] weight into the compute dtype, alone.
+// Args: N, K, format (0 = mxfp4, 1 = nvfp4-modelopt), out (0 = f32, 1 = bf16).
+void BM_QuantDecode(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  const FormatKind kind =
+      state.range(2) == 0 ? FormatKind::kMxfp4 : FormatKind::kNvfp4ModelOpt;
+  const DType out = state.range(3) == 0 ? DType::kF32 : DType::kBF16;
+  const int64_t block = kind == FormatKind::kMxfp4 ? 32 : 16;
+  std::mt19937 rng(7);
+  std::vector<uint8_t> codes(n * k / 2), scales(n * k / block);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng() & 0xFF);
+  for (auto& s : scales) s = static_cast<uint8_t>(120 + rng() % 4);
+  QuantMatrix q;
+  q.kind = kind;
+  q.values = codes.data();
+  q.scales = scales.data();
+  q.n = n;
+  q.k = k;
+  q.block_in = block;
+  q.global_scale = 0.01f;
+  Buf dst(n * k * DTypeSize(out));
+  for (auto _ : state) {
+    DecodeRows(q, 0, n, out, dst.p);
+    benchmark::DoNotOptimize(dst.p);
+  }
+  state.counters["Gelem/s"] =
+      benchmark::Counter(static_cast<double>(n * k) * state.iterations() * 1e-9,
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_QuantDecode)
+    ->ArgNames({"N", "K", "nvfp4", "bf16"})
+    ->ArgsProduct({{4096}, {4096}, {0, 1}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

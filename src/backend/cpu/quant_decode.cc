@@ -4,6 +4,8 @@
 #include <array>
 #include <cstring>
 
+#include "src/backend/cpu/kernels_internal.h"
+#include "src/backend/cpu/quant_decode_internal.h"
 #include "src/base/check.h"
 #include "src/base/float16.h"
 #include "src/base/units.h"
@@ -94,6 +96,24 @@ void DecodeRows(const QuantMatrix& m, int64_t row0, int64_t rows,
   const int64_t esize = DTypeSize(out_dtype);
   auto* o = static_cast<uint8_t*>(out);
   constexpr int64_t kMaxStack = 8192;
+  // FP4 into f32 or bf16 on AVX-512: 16 values per instruction sequence.
+  constexpr int64_t kMaxBlocks = 2048;
+  const int64_t block = m.kind == FormatKind::kMxfp4 ? 32 : 16;
+  if (fp4 && HasAvx512() && m.k / block <= kMaxBlocks &&
+      (out_dtype == DType::kF32 || out_dtype == DType::kBF16)) {
+    const int64_t blocks = m.k / block;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = row0 + i;
+      float factors[kMaxBlocks];
+      for (int64_t g = 0; g < blocks; ++g)
+        factors[g] = BlockFactor(m, r, g * block);
+      avx512::DecodeFp4Row(
+          static_cast<const uint8_t*>(m.values) + r * (m.k / 2), factors, m.k,
+          block, E2M1Table(), out_dtype, o + i * m.k * esize);
+    }
+    return;
+  }
 #pragma omp parallel
   {
     // f32 row staging for 16-bit outputs (rows longer than kMaxStack are

@@ -13,7 +13,7 @@
 namespace loom::cpu {
 
 // Weight rows (output columns) a quantized GEMM decodes per panel.
-inline constexpr int64_t kQuantPanelRows = 256;
+inline constexpr int64_t kQuantPanelRows = 512;
 
 // Bytes of the decode workspace of one GEMM with an [n, k] weight stored in
 // `kind`, computed in `compute` (f32, bf16 or f16): one panel of
