@@ -25,7 +25,7 @@ enum class MlpKind {
   kGated,       // down(act(gate(x)) * up(x)), separate gate/up weights
   kGatedFused,  // same with one [2I, H] gate_up weight (gate rows first)
   kPlain,       // proj(act(fc(x)))  (GPT-2)
-  kMoE,         // mixture of experts (planning only for now)
+  kMoE,         // mixture of experts (MoEConfig; dense layers per LayerConfig)
 };
 
 enum class QkNormKind {

@@ -55,7 +55,7 @@ enum class WeightRole : uint8_t {
   kDownBias,
   kPostMlpNorm,
   kAttnSinks,  // per-head sink logit (gpt-oss)
-  // Mixture of experts (declared for planning; not run yet). Expert weights
+  // Mixture of experts. Expert weights
   // carry WeightSpec::expert.
   kRouter,
   kRouterBias,

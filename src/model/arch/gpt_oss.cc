@@ -1,4 +1,4 @@
-// gpt-oss (planning only until the MoE forward lands): attention with q/k/v/o
+// gpt-oss: attention with q/k/v/o
 // biases and per-head attention sinks, sliding-window / full attention per
 // layer (layer_types), YaRN RoPE (rotate-half), and a top-k MoE whose router
 // has a bias. The experts are stacked tensors in HF's parameter layout, x @ W:
