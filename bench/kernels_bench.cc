@@ -78,6 +78,12 @@ void GemmShapes(benchmark::internal::Benchmark* b) {
     b->Args({m, 5632, 2048, 1});
     b->Args({m, 5632, 2048, 0});
   }
+  // Expert-sized (Qwen3-30B-A3B: gate/up [768, 2048], down [2048, 768]): the
+  // few rows each expert receives in a prefill batch.
+  for (int64_t m : {4, 8, 16, 32, 64}) {
+    b->Args({m, 768, 2048, 1});
+    b->Args({m, 2048, 768, 1});
+  }
   b->ArgNames({"M", "N", "K", "bf16"});
 }
 BENCHMARK(BM_Gemm)
