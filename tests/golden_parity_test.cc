@@ -2,10 +2,14 @@
 // state, module output, final norm, logits, next-token log-prob and layer-0
 // attention pattern, for every stored sequence and the padded batch, in f32
 // (atol/rtol 1e-4) and bf16 (atol 5 % of max|x|; log-probs 0.25 — the bounds
-// the golden README derives from HF's own bf16-vs-f32 spread).
+// the golden README derives from HF's own bf16-vs-f32 spread). MoE models in
+// bf16 are compared where their routing matches HF's (routing flips on
+// near-tied router logits; see CheckMoeBf16WhereRoutingMatches).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "src/runtime/executor.h"
@@ -96,6 +100,88 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
                       "this machine";
   }
 
+  // MoE in bf16: near-tied router logits pick other experts for some tokens
+  // (golden README: errors of tens of percent there), so the dense bf16
+  // bounds cannot hold everywhere. Checked instead on seq4, the sequence whose
+  // router logits are stored, layer by layer while the routing agrees: at a
+  // sparse layer, the tokens whose bf16 expert choice equals HF's f32 top-k
+  // must have the layer's output (hidden.{l+1}) within the dense bf16 bound of
+  // HF's f32 value, and at least 3/4 of the tokens must route the same. Once
+  // a token routes differently, attention carries the difference to other
+  // tokens in later layers, so the layers after it are not compared.
+  void CheckMoeBf16WhereRoutingMatches(const Model& model) {
+    const ModelCase& mc = GetParam();
+    const ModelConfig& c = model.config();
+    const int64_t E = c.moe.num_experts, K = c.moe.experts_per_token,
+                  H = c.hidden_size, L = c.num_layers;
+    auto golden = GoldenFile::Open(GoldenDir(mc) + "/goldens_f32.safetensors");
+    ASSERT_NE(golden, nullptr);
+    const std::vector<int32_t> ids = golden->Ids("seq4.input_ids");
+    const int64_t T = static_cast<int64_t>(ids.size());
+    HookSet hooks;
+    for (int64_t l = 0; l + 1 < L; ++l) {
+      hooks.Add({HookSite::kResidPost, l});
+      if (c.moe.IsSparseLayer(l)) hooks.Add({HookSite::kExpertIds, l});
+    }
+    auto ex = Executor::Create(model, hooks, {.max_tokens = T});
+    ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+    const std::vector<int64_t> starts = {0, T};
+    CaptureSink sink;
+    ASSERT_TRUE((*ex)->Forward(Batch{ids, starts}, &sink).ok());
+    int64_t sparse_checked = 0;
+    for (int64_t l = 0; l + 1 < L; ++l) {
+      const std::vector<float> out =
+          golden->F32("seq4.hidden." + std::to_string(l + 1));  // [T, H]
+      const float* ours = sink.Get({HookSite::kResidPost, l}).data.data();
+      std::vector<bool> same(static_cast<size_t>(T), true);
+      int64_t n_same = T;
+      if (c.moe.IsSparseLayer(l)) {
+        const std::vector<float> router =
+            golden->F32("seq4.router_logits." + std::to_string(l));  // [T, E]
+        ASSERT_EQ(static_cast<int64_t>(router.size()), T * E);
+        const std::vector<float>& mine_ids =
+            sink.Get({HookSite::kExpertIds, l}).data;  // [T, K] exact ints
+        n_same = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          // HF's choice: the k largest f32 logits (softmax is monotonic, so
+          // both router kinds pick these).
+          std::vector<int> order(static_cast<size_t>(E));
+          for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+            return router[t * E + a] > router[t * E + b];
+          });
+          std::vector<int> hf(order.begin(), order.begin() + K), mine;
+          for (int64_t s = 0; s < K; ++s)
+            mine.push_back(static_cast<int>(mine_ids[t * K + s]));
+          std::sort(hf.begin(), hf.end());
+          std::sort(mine.begin(), mine.end());
+          same[static_cast<size_t>(t)] = hf == mine;
+          n_same += hf == mine;
+        }
+        ++sparse_checked;
+      }
+      const double tol = 0.05 * MaxAbs(out);
+      double worst = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; same[static_cast<size_t>(t)] && h < H; ++h)
+          worst = std::max(
+              worst,
+              std::fabs(static_cast<double>(ours[t * H + h]) - out[t * H + h]));
+      std::printf(
+          "%s bf16 layer %lld: %lld of %lld tokens route as HF f32; "
+          "their max |err| %.3g (bound %.3g)\n",
+          mc.name.c_str(), static_cast<long long>(l),
+          static_cast<long long>(n_same), static_cast<long long>(T), worst,
+          tol);
+      EXPECT_GE(n_same, (3 * T + 3) / 4)
+          << mc.name << " layer " << l << ": too many routing flips";
+      EXPECT_LE(worst, tol)
+          << mc.name << " layer " << l << " output where the routing matches";
+      if (n_same < T) break;
+    }
+    EXPECT_GT(sparse_checked, 0) << mc.name << ": no sparse layer compared";
+  }
+
   // Runs every stored sequence through one executor and compares.
   void RunSequences(Precision precision) {
     const ModelCase& mc = GetParam();
@@ -103,12 +189,10 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
     const bool bf16 = (*model)->compute_dtype() == DType::kBF16;
-    if (bf16 && c.mlp == MlpKind::kMoE)
-      GTEST_SKIP() << "SKIPPED: " << mc.name
-                   << " is a mixture-of-experts model; in bf16 near-tied "
-                      "router logits pick other experts (golden README: "
-                      "errors of tens of percent), so the dense bf16 bounds "
-                      "do not apply; MoE numerics are checked in f32";
+    if (bf16 && c.mlp == MlpKind::kMoE) {
+      CheckMoeBf16WhereRoutingMatches(**model);
+      return;
+    }
     auto golden =
         GoldenFile::Open(GoldenDir(mc) + (bf16 ? "/goldens_bf16.safetensors"
                                                : "/goldens_f32.safetensors"));
