@@ -1,24 +1,21 @@
 // Weight storage formats: ONE table (format.cc) of how a logical weight
 // matrix [..., out, in] is stored in a checkpoint, as values plus scales:
 //
-//   format                    values                      block scales global /
-//   input scales dense                     F32 | BF16 | F16            - -
-//   fp8-per-tensor (ModelOpt) weight F8_E4M3 [out, in]    - weight_scale F32
-//   [], input_scale F32 [] fp8-block                 weight F8_E4M3 [out, in]
-//   weight_scale_inv BF16|F32       -
-//                                                           [ceil(out/bo),
-//                                                           ceil(in/bi)]
-//   mxfp4 (gpt-oss)           <w>_blocks U8               <w>_scales U8 (E8M0)
-//   -
-//                               [out, in/32, 16]            [out, in/32]
-//   nvfp4-modelopt            weight U8 [out, in/2]       weight_scale F8_E4M3
-//   weight_scale_2 F32 [],
-//                                                           [out, in/16]
-//                                                           input_scale F32 []
-//   nvfp4-compressed-tensors  weight_packed U8            weight_scale F8_E4M3
-//   weight_global_scale F32 [1],
-//                               [out, in/2]                 [out, in/16]
-//                               input_global_scale F32 [1]
+// clang-format off
+//   format            values                   block scales            global / input scales
+//   dense             F32 | BF16 | F16         -                       -
+//   fp8-per-tensor    weight F8_E4M3           -                       weight_scale F32 [],
+//     (ModelOpt)        [out, in]                                        input_scale F32 []
+//   fp8-block         weight F8_E4M3           weight_scale_inv        -
+//                       [out, in]                BF16 | F32
+//                                                [ceil(out/bo), ceil(in/bi)]
+//   mxfp4 (gpt-oss)   <w>_blocks U8            <w>_scales U8 (E8M0)    -
+//                       [out, in/32, 16]         [out, in/32]
+//   nvfp4-modelopt    weight U8 [out, in/2]    weight_scale F8_E4M3    weight_scale_2 F32 [],
+//                                                [out, in/16]            input_scale F32 []
+//   nvfp4-compressed- weight_packed U8         weight_scale F8_E4M3    weight_global_scale F32 [1],
+//     tensors           [out, in/2]              [out, in/16]            input_global_scale F32 [1]
+// clang-format on
 //
 // FP4 values are E2M1 codes, two per byte (the even element in the low
 // nibble). Leading dimensions (stacked experts [E, out, in]) prefix every
