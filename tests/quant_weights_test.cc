@@ -32,21 +32,6 @@ std::string TinyDir(const std::string& name) {
   return root.empty() ? "" : root + "/tiny/" + name;
 }
 
-QuantMatrix ToMatrix(const WeightOperand& op) {
-  QuantMatrix q;
-  q.kind = op.format.kind;
-  q.values = op.data;
-  q.scales = op.scales;
-  q.scale_dtype = op.scales_dtype;
-  q.n = op.n;
-  q.k = op.k;
-  q.block_out = op.block_out;
-  q.block_in = op.block_in;
-  q.global_scale = op.global_scale;
-  q.divide_global = op.divide_global;
-  return q;
-}
-
 class DequantizedWeightsTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DequantizedWeightsTest, DecodeIsBitExact) {
@@ -69,7 +54,7 @@ TEST_P(DequantizedWeightsTest, DecodeIsBitExact) {
     ASSERT_TRUE(op.quantized()) << spec.name;
     ASSERT_EQ(op.n, shape[0]) << spec.name;
     ASSERT_EQ(op.k, shape[1]) << spec.name;
-    const QuantMatrix q = ToMatrix(op);
+    const QuantMatrix q = QuantMatrixOf(op);
     std::vector<float> ref(want.size()), fast(want.size());
     DecodeRowsReference(q, 0, q.n, ref.data());
     cpu::DecodeRows(q, 0, q.n, DType::kF32, fast.data());
@@ -139,7 +124,7 @@ TEST(Mxfp4ExpertsTest, DecodeMatchesTheReadmeRule) {
         ASSERT_EQ(op.k, in);
         ASSERT_EQ(op.decode_dtype, compute);
         std::vector<float> got(out * in);
-        cpu::DecodeRows(ToMatrix(op), 0, out, DType::kF32, got.data());
+        cpu::DecodeRows(QuantMatrixOf(op), 0, out, DType::kF32, got.data());
         for (int64_t o = 0; o < out; ++o)
           for (int64_t g = 0; g < G; ++g)
             for (int64_t j = 0; j < 16; ++j) {

@@ -27,6 +27,21 @@ ActivationFn ToActivationFn(ActKind act) {
   return ActivationFn::kSilu;
 }
 
+QuantMatrix QuantMatrixOf(const WeightOperand& w) {
+  QuantMatrix q;
+  q.kind = w.format.kind;
+  q.values = w.data;
+  q.scales = w.scales;
+  q.scale_dtype = w.scales_dtype;
+  q.n = w.n;
+  q.k = w.k;
+  q.block_out = w.block_out;
+  q.block_in = w.block_in;
+  q.global_scale = w.global_scale;
+  q.divide_global = w.divide_global;
+  return q;
+}
+
 WeightOperand MakeWeightOperand(const TensorView& w, MatrixLayout layout) {
   WeightOperand op;
   op.data = w.data;

@@ -37,6 +37,7 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/core/format.h"
+#include "src/core/quant_codes.h"
 #include "src/model/bind.h"
 #include "src/model/config.h"
 #include "src/model/weights.h"
@@ -324,6 +325,9 @@ class Backend {
   virtual void LogSumExp(const float* logits, int64_t rows, int64_t vocab,
                          double* lse) = 0;
 };
+
+// A quantized operand as the decoders (src/core/quant_codes.h) take it.
+QuantMatrix QuantMatrixOf(const WeightOperand& w);
 
 // The weight operand of a bound weight (its storage format and [n, k]).
 WeightOperand MakeWeightOperand(const TensorView& w, MatrixLayout layout);

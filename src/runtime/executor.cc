@@ -181,18 +181,7 @@ Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch,
 void Executor::Linear(Device& d, const float* x, int64_t m, WeightRole wrole,
                       WeightRole brole, int64_t layer, float* y, int64_t ldy,
                       bool same_x) {
-  GemmOp op;
-  op.w = WeightOperandOf(model_.weights(), wrole, layer);
-  const BiasOperand b = BiasOf(model_.weights(), brole, layer);
-  op.bias = b.data;
-  op.bias_dtype = b.dtype;
-  op.x = x;
-  op.m = m;
-  op.y = y;
-  op.ldy = ldy;
-  op.workspace = d.workspace.region(BufferId::kGemmInputCopy);
-  op.reuse_x_workspace = same_x;
-  d.backend->Gemm(op);
+  ExpertLinear(d, x, m, wrole, brole, layer, kNoExpert, y, ldy, same_x);
 }
 
 void Executor::ExpertLinear(Device& d, const float* x, int64_t m,

@@ -146,7 +146,7 @@ class Executor {
               WeightRole bias, int64_t layer, float* y, int64_t ldy,
               bool same_x = false);
   // The same for expert `expert` of an expert role (its own tensor or its
-  // slice of a stacked one: WeightOperandOf / BiasOf).
+  // slice of a stacked one: WeightOperandOf / BiasOf); kNoExpert = Linear.
   void ExpertLinear(Device& d, const float* x, int64_t m, WeightRole w,
                     WeightRole bias, int64_t layer, int64_t expert, float* y,
                     int64_t ldy, bool same_x = false);

@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "src/backend/cpu/quant_decode.h"
 #include "src/backend/cpu/kernels_moe.h"
+#include "src/backend/cpu/quant_decode.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
 
@@ -135,18 +135,8 @@ void CpuBackend::Gemm(const GemmOp& op) {
   if (op.w.quantized()) {
     LOOM_CHECK(op.w.format.layout == MatrixLayout::kOutIn)
         << "quantized weights are [n, k]";
-    QuantMatrix q;
-    q.kind = op.w.format.kind;
-    q.values = op.w.data;
-    q.scales = op.w.scales;
-    q.scale_dtype = op.w.scales_dtype;
-    q.n = op.w.n;
-    q.k = op.w.k;
-    q.block_out = op.w.block_out;
-    q.block_in = op.w.block_in;
-    q.global_scale = op.w.global_scale;
-    q.divide_global = op.w.divide_global;
-    gemm_->GemmQuantized(a, q, decode_workspace_, decode_workspace_bytes_);
+    gemm_->GemmQuantized(a, QuantMatrixOf(op.w), decode_workspace_,
+                         decode_workspace_bytes_);
     return;
   }
   gemm_->Gemm(a);
