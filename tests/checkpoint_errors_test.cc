@@ -91,6 +91,44 @@ class CheckpointErrorsTest : public ::testing::Test {
   std::unique_ptr<SafetensorsFile> file_;
 };
 
+// Sum of the data-offset spans of the header's tensors whose name contains
+// one of `needles` (every tensor when empty): the stored bytes, read
+// independently of the matcher.
+int64_t HeaderBytes(const std::string& path,
+                    const std::vector<std::string>& needles = {}) {
+  auto h = ReadSafetensorsHeader(path);
+  EXPECT_TRUE(h.ok()) << h.status().ToString();
+  if (!h.ok()) return -1;
+  int64_t sum = 0;
+  for (const TensorInfo& t : h->tensors) {
+    bool match = needles.empty();
+    for (const auto& n : needles) match |= t.name.find(n) != std::string::npos;
+    if (match) sum += t.bytes();
+  }
+  return sum;
+}
+
+int64_t GroupBytes(const InspectReport& rep) {
+  int64_t sum = 0;
+  for (const WeightGroup& g : rep.groups) sum += g.bytes;
+  return sum;
+}
+
+int64_t DtypeBytes(const InspectReport& rep) {
+  int64_t sum = 0;
+  for (const auto& [dtype, bytes] : rep.bytes_by_dtype) sum += bytes;
+  return sum;
+}
+
+// The groups of `family` (one per format it is stored in).
+std::vector<WeightGroup> GroupsOf(const InspectReport& rep,
+                                  const std::string& family) {
+  std::vector<WeightGroup> out;
+  for (const WeightGroup& g : rep.groups)
+    if (g.family == family) out.push_back(g);
+  return out;
+}
+
 TEST_F(CheckpointErrorsTest, ValidCopyLoads) {
   WriteCheckpoint([](auto&) {});
   auto m = Model::Load(dir_.string(), Precision::kF32);
@@ -111,6 +149,29 @@ TEST_F(CheckpointErrorsTest, UnusedTensor) {
   });
   ExpectError(StatusCode::kInvalidArgument,
               {"model.layers.9.extra.weight", "not used by llama"});
+}
+
+// A stored tensor the architecture ignores (a RoPE buffer) is no weight, yet
+// its bytes are stored: it forms the "unused" group, so the groups still add
+// up to the dtype totals and the file.
+TEST_F(CheckpointErrorsTest, IgnoredTensorFormsTheUnusedGroup) {
+  WriteCheckpoint([](auto& t) {
+    t["model.layers.0.self_attn.rotary_emb.inv_freq"] =
+        t.at("model.norm.weight");
+  });
+  auto rep = InspectModel(dir_.string());
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_TRUE(rep->problems.empty()) << rep->problems[0];
+  const std::vector<WeightGroup> unused = GroupsOf(*rep, "unused");
+  ASSERT_EQ(unused.size(), 1u);
+  EXPECT_EQ(unused[0].format, "F32");
+  EXPECT_EQ(unused[0].weights, 0);
+  EXPECT_EQ(unused[0].tensors, 1);
+  EXPECT_EQ(unused[0].bytes, HeaderBytes((dir_ / "model.safetensors").string(),
+                                         {"rotary_emb.inv_freq"}));
+  EXPECT_EQ(GroupBytes(*rep), DtypeBytes(*rep));
+  EXPECT_EQ(GroupBytes(*rep),
+            HeaderBytes((dir_ / "model.safetensors").string()));
 }
 
 TEST_F(CheckpointErrorsTest, MisShapedTensor) {
@@ -238,7 +299,119 @@ TEST(QuantizedCheckpointTest, InspectMatchesEveryFormat) {
     // v, o, gate, up, down per layer (2 layers).
     EXPECT_EQ(rep->weights_by_format[format], name == "gpt_oss_mxfp4" ? 6 : 14);
     EXPECT_EQ(rep->ToJson()["quantization"], format);
+    EXPECT_EQ(GroupBytes(*rep), DtypeBytes(*rep));
   }
+}
+
+// Stored bytes per (role family, format): they cover exactly the bytes of the
+// file, as the dtype totals do; the tied lm_head is counted once (with the
+// embeddings, no lm_head group).
+TEST(InspectTest, GroupBytesAddUpToTheStoredBytes) {
+  auto rep = InspectModel(kModel);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_FALSE(rep->groups.empty());
+  const int64_t file_bytes = HeaderBytes(kModel + "/model.safetensors");
+  EXPECT_EQ(GroupBytes(*rep), DtypeBytes(*rep));
+  EXPECT_EQ(GroupBytes(*rep), file_bytes);
+  EXPECT_TRUE(GroupsOf(*rep, "lm_head").empty());
+  int64_t weights = 0;
+  for (const WeightGroup& g : rep->groups) {
+    EXPECT_EQ(g.format, "F32") << g.family;
+    EXPECT_FALSE(g.dtype_assumed) << g.family;
+    EXPECT_EQ(g.tensors, g.weights) << g.family;  // dense: one tensor each
+    weights += g.weights;
+  }
+  EXPECT_EQ(weights, rep->weights_by_format["F32"]);
+  const nlohmann::json j = rep->ToJson();
+  ASSERT_EQ(j["groups"].size(), rep->groups.size());
+  EXPECT_EQ(j["groups"][0]["family"], "embeddings");
+  EXPECT_EQ(j["groups"][0]["bytes"],
+            HeaderBytes(kModel + "/model.safetensors", {"embed_tokens"}));
+  EXPECT_NE(rep->ToText().find("attention q/k/v/o"), std::string::npos);
+}
+
+// gpt-oss MXFP4: the expert projections are stored as blocks + scales; their
+// groups hold exactly those tensors' bytes.
+TEST(QuantizedCheckpointTest, InspectGroupsOfGptOssMxfp4) {
+  const std::string dir = kTiny + "/gpt_oss_mxfp4";
+  if (!fs::exists(dir))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << dir << " not found";
+  auto rep = InspectModel(dir);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_TRUE(rep->problems.empty()) << rep->problems[0];
+  const std::string file = dir + "/model.safetensors";
+  EXPECT_EQ(GroupBytes(*rep), DtypeBytes(*rep));
+  EXPECT_EQ(GroupBytes(*rep), HeaderBytes(file));
+  for (const std::string proj : {"gate_up_proj", "down_proj"}) {
+    const std::string family =
+        proj == "down_proj" ? "experts down" : "experts gate/up";
+    SCOPED_TRACE(family);
+    const std::vector<WeightGroup> gs = GroupsOf(*rep, family);
+    ASSERT_EQ(gs.size(), 1u);
+    EXPECT_EQ(gs[0].format, "mxfp4");
+    EXPECT_EQ(gs[0].weights, rep->config.num_layers);
+    EXPECT_EQ(gs[0].tensors, 2 * rep->config.num_layers);  // blocks + scales
+    const int64_t expected = HeaderBytes(
+        file, {"experts." + proj + "_blocks", "experts." + proj + "_scales"});
+    EXPECT_GT(expected, 0);
+    EXPECT_EQ(gs[0].bytes, expected);
+  }
+  // The expert biases stay dense.
+  const std::vector<WeightGroup> biases = GroupsOf(*rep, "expert biases");
+  ASSERT_EQ(biases.size(), 1u);
+  EXPECT_EQ(biases[0].format, "BF16");
+}
+
+// ModelOpt NVFP4: every attention and MLP projection is nvfp4-modelopt (with
+// its scales, global scales, input scales and the KV-cache scales), lm_head
+// and the embeddings are dense BF16.
+TEST(QuantizedCheckpointTest, InspectGroupsOfNvfp4ModelOpt) {
+  const std::string dir = kTiny + "/llama_nvfp4_modelopt";
+  if (!fs::exists(dir))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << dir << " not found";
+  auto rep = InspectModel(dir);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_TRUE(rep->problems.empty()) << rep->problems[0];
+  const std::string file = dir + "/model.safetensors";
+  EXPECT_EQ(GroupBytes(*rep), DtypeBytes(*rep));
+  EXPECT_EQ(GroupBytes(*rep), HeaderBytes(file));
+  const auto expect_one = [&](const std::string& family,
+                              const std::string& format,
+                              const std::vector<std::string>& needles) {
+    SCOPED_TRACE(family);
+    const std::vector<WeightGroup> gs = GroupsOf(*rep, family);
+    ASSERT_EQ(gs.size(), 1u);
+    EXPECT_EQ(gs[0].format, format);
+    EXPECT_EQ(gs[0].bytes, HeaderBytes(file, needles));
+  };
+  expect_one("attention q/k/v/o", "nvfp4-modelopt", {".self_attn."});
+  expect_one("mlp gate/up/down", "nvfp4-modelopt", {".mlp."});
+  expect_one("lm_head", "BF16", {"lm_head."});
+  expect_one("embeddings", "BF16", {"embed_tokens."});
+}
+
+// config.json alone: the groups come from the declared shapes with the
+// config's dtype, flagged as assumed; for a checkpoint stored in that dtype
+// they equal the groups read from the file.
+TEST_F(CheckpointErrorsTest, InspectGroupsFromConfigOnlyAreAssumed) {
+  auto from_file = InspectModel(kModel);
+  auto from_config = InspectModel(dir_.string());
+  ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+  ASSERT_TRUE(from_config.ok()) << from_config.status().ToString();
+  ASSERT_EQ(from_config->groups.size(), from_file->groups.size());
+  for (size_t i = 0; i < from_file->groups.size(); ++i) {
+    const WeightGroup& a = from_config->groups[i];
+    const WeightGroup& b = from_file->groups[i];
+    SCOPED_TRACE(b.family);
+    EXPECT_TRUE(a.dtype_assumed);
+    EXPECT_EQ(a.family, b.family);
+    EXPECT_EQ(a.format, b.format);
+    EXPECT_EQ(a.weights, b.weights);
+    EXPECT_EQ(a.tensors, b.tensors);
+    EXPECT_EQ(a.bytes, b.bytes);
+  }
+  EXPECT_NE(from_config->ToText().find("dtype assumed"), std::string::npos);
+  EXPECT_EQ(from_config->ToJson()["groups"][0]["dtype_assumed"], true);
 }
 
 // Loading keeps quantized weights in their stored format: every quantized

@@ -1,6 +1,9 @@
 #include "src/model/inspect.h"
 
 #include <filesystem>
+#include <iomanip>
+#include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -30,7 +33,146 @@ std::string RopeName(RopeConfig::Type t) {
   return "?";
 }
 
+// Weight families in display order; stored tensors no weight uses come last.
+enum class Family : int {
+  kEmbeddings,
+  kNorms,
+  kAttention,
+  kAttentionBiases,
+  kAttentionSinks,
+  kMlp,
+  kMlpBiases,
+  kRouter,
+  kExpertsGateUp,
+  kExpertsDown,
+  kExpertBiases,
+  kSharedExpert,
+  kLmHead,
+  kOther,
+  kUnused,
+};
+constexpr std::string_view kFamilyNames[] = {
+    "embeddings",       "norms",           "attention q/k/v/o",
+    "attention biases", "attention sinks", "mlp gate/up/down",
+    "mlp biases",       "router",          "experts gate/up",
+    "experts down",     "expert biases",   "shared expert",
+    "lm_head",          "other",           "unused"};
+static_assert(std::size(kFamilyNames) ==
+              static_cast<size_t>(Family::kUnused) + 1);
+
+std::string_view NameOf(Family f) { return kFamilyNames[static_cast<int>(f)]; }
+
+Family FamilyOf(WeightRole role) {
+  using R = WeightRole;
+  switch (role) {
+    case R::kEmbed:
+    case R::kPosEmbed:
+      return Family::kEmbeddings;
+    case R::kFinalNorm:
+    case R::kFinalNormBias:
+    case R::kAttnNorm:
+    case R::kAttnNormBias:
+    case R::kQNorm:
+    case R::kKNorm:
+    case R::kPostAttnNorm:
+    case R::kMlpNorm:
+    case R::kMlpNormBias:
+    case R::kPostMlpNorm:
+      return Family::kNorms;
+    case R::kQ:
+    case R::kK:
+    case R::kV:
+    case R::kQkv:
+    case R::kO:
+      return Family::kAttention;
+    case R::kQBias:
+    case R::kKBias:
+    case R::kVBias:
+    case R::kQkvBias:
+    case R::kOBias:
+      return Family::kAttentionBiases;
+    case R::kAttnSinks:
+      return Family::kAttentionSinks;
+    case R::kGate:
+    case R::kUp:
+    case R::kGateUp:
+    case R::kDown:
+      return Family::kMlp;
+    case R::kGateBias:
+    case R::kUpBias:
+    case R::kDownBias:
+      return Family::kMlpBiases;
+    case R::kRouter:
+    case R::kRouterBias:
+      return Family::kRouter;
+    case R::kExpertGate:
+    case R::kExpertUp:
+    case R::kExpertGateUp:
+      return Family::kExpertsGateUp;
+    case R::kExpertDown:
+      return Family::kExpertsDown;
+    case R::kExpertGateUpBias:
+    case R::kExpertDownBias:
+      return Family::kExpertBiases;
+    case R::kSharedExpertGateProj:
+    case R::kSharedExpertUp:
+    case R::kSharedExpertDown:
+    case R::kSharedExpertGate:
+      return Family::kSharedExpert;
+    case R::kLmHead:
+      return Family::kLmHead;
+    case R::kOther:
+      return Family::kOther;
+  }
+  return Family::kOther;
+}
+
+// Groups the matched weights by (family, format); tied weights are skipped
+// (their tensors are the target's, counted there). With `entries`, stored
+// tensors no weight matched (the architecture's ignored suffixes) form the
+// "unused" group, one per dtype, so the groups cover every stored byte.
+std::vector<WeightGroup> GroupWeights(
+    const ArchWeights& decl, const std::vector<MatchedWeight>& matched,
+    const std::vector<Checkpoint::Entry>* entries) {
+  std::map<std::pair<Family, std::string>, WeightGroup> by_key;
+  std::set<int64_t> used_ids;
+  for (size_t i = 0; i < matched.size(); ++i) {
+    const MatchedWeight& w = matched[i];
+    if (!w.present || w.tied) continue;
+    const Family family = FamilyOf(decl.specs[i].role);
+    WeightGroup& g = by_key[{family, w.format.ToString()}];
+    g.family = std::string(NameOf(family));
+    g.format = w.format.ToString();
+    ++g.weights;
+    g.bytes += w.bytes();
+    for (const MatchedTensor& t : w.tensors) {
+      ++g.tensors;
+      g.dtype_assumed |= t.dtype_assumed;
+      used_ids.insert(t.id);
+    }
+  }
+  if (entries) {
+    for (size_t i = 0; i < entries->size(); ++i) {
+      if (used_ids.count(static_cast<int64_t>(i))) continue;
+      const TensorInfo& info = (*entries)[i].info;
+      const std::string dtype(DTypeName(info.dtype));
+      WeightGroup& g = by_key[{Family::kUnused, dtype}];
+      g.family = std::string(NameOf(Family::kUnused));
+      g.format = dtype;
+      ++g.tensors;
+      g.bytes += info.bytes();
+    }
+  }
+  std::vector<WeightGroup> out;
+  for (auto& [key, g] : by_key) out.push_back(std::move(g));
+  return out;
+}
+
 }  // namespace
+
+std::string_view WeightFamilyName(WeightRole role) {
+  return NameOf(FamilyOf(role));
+}
 
 StatusOr<InspectReport> InspectModel(const std::string& dir) {
   InspectReport rep;
@@ -44,11 +186,22 @@ StatusOr<InspectReport> InspectModel(const std::string& dir) {
   if (!has_single && !has_index) {
     rep.problems.push_back(
         "no model.safetensors or model.safetensors.index.json in " + dir +
-        " (parameter count from the declared shapes)");
-    std::set<std::string> seen;
+        " (parameter count and group bytes from the declared shapes, dtype "
+        "assumed " +
+        std::string(DTypeName(rep.config.torch_dtype)) + ")");
     for (const auto& s : decl.specs)
       if (s.tied_to.empty() || !rep.config.tie_word_embeddings)
         rep.num_parameters += s.shape.numel();
+    MatchOptions o;
+    o.source = "config.json";
+    o.assumed_dense_dtype = rep.config.torch_dtype;
+    StatusOr<std::vector<MatchedWeight>> m =
+        MatchCheckpoint(rep.config, decl, nullptr, o);
+    if (!m.ok()) {
+      rep.problems.push_back(m.status().message());
+      return rep;
+    }
+    rep.groups = GroupWeights(decl, *m, nullptr);
     return rep;
   }
   StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
@@ -74,6 +227,7 @@ StatusOr<InspectReport> InspectModel(const std::string& dir) {
   }
   for (const MatchedWeight& w : *m)
     if (w.present && !w.tied) ++rep.weights_by_format[w.format.ToString()];
+  rep.groups = GroupWeights(decl, *m, &(*ckpt)->entries());
   return rep;
 }
 
@@ -100,6 +254,15 @@ nlohmann::json InspectReport::ToJson() const {
   j["num_parameters"] = num_parameters;
   j["bytes_by_dtype"] = bytes_by_dtype;
   j["weights_by_format"] = weights_by_format;
+  nlohmann::json gs = nlohmann::json::array();
+  for (const WeightGroup& g : groups)
+    gs.push_back({{"family", g.family},
+                  {"format", g.format},
+                  {"weights", g.weights},
+                  {"tensors", g.tensors},
+                  {"bytes", g.bytes},
+                  {"dtype_assumed", g.dtype_assumed}});
+  j["groups"] = std::move(gs);
   j["quantization"] = c.quant.quantized()
                           ? nlohmann::json(c.quant.format.ToString())
                           : nlohmann::json(nullptr);
@@ -141,6 +304,27 @@ std::string InspectReport::ToText() const {
   for (const auto& [f, n] : weights_by_format)
     o << "weights " << f << std::string(10 - std::min<size_t>(9, f.size()), ' ')
       << n << "\n";
+  if (!groups.empty()) {
+    bool assumed = false;
+    int64_t total = 0;
+    for (const WeightGroup& g : groups) {
+      assumed |= g.dtype_assumed;
+      total += g.bytes;
+    }
+    o << "weight groups     stored bytes per role family and format"
+      << (assumed ? " (declared shapes, dtype assumed)" : "") << "\n";
+    o << "  " << std::left << std::setw(20) << "family" << std::setw(26)
+      << "format" << std::right << std::setw(8) << "weights" << std::setw(9)
+      << "tensors" << std::setw(14) << "bytes"
+      << "\n";
+    for (const WeightGroup& g : groups)
+      o << "  " << std::left << std::setw(20) << g.family << std::setw(26)
+        << g.format << std::right << std::setw(8) << g.weights << std::setw(9)
+        << g.tensors << std::setw(14) << g.bytes << "  ("
+        << FormatBytes(g.bytes) << ")\n";
+    o << "  " << std::left << std::setw(63) << "total" << std::right
+      << std::setw(14) << total << "  (" << FormatBytes(total) << ")\n";
+  }
   if (!files.empty()) {
     o << "files            ";
     for (const auto& f : files) o << " " << f;

@@ -15,8 +15,9 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd =
       app.add_subcommand("inspect",
-                         "Architecture, dimensions, parameters and bytes per "
-                         "dtype of a model directory; "
+                         "Architecture, dimensions, parameters, bytes per "
+                         "dtype and per weight group (role family x format) "
+                         "of a model directory; "
                          "checks the checkpoint against the architecture");
   cmd->add_option("MODEL_DIR", opts->model_dir, "Hugging Face model directory")
       ->required();
