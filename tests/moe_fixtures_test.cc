@@ -19,12 +19,16 @@
 //   qwen_moe_tiny     Qwen2-MoE (shared expert + sigmoid gate, q/k/v bias,
 //                     norm_topk_prob false), packed experts rewritten to
 //                     `mlp.experts.{e}.gate_proj/up_proj/down_proj`.
+//   qwen3_moe_layer0  one qwen3_moe MoE block only (router
+//                     `mlp.router.weight`, packed experts) with one input
+//                     vector and HF's block output. Run as layer 0 of a
+//                     synthetic 1-layer, 1-token qwen3_moe model whose
+//                     embedding is the input, whose attention adds zero
+//                     (o_proj = 0) and whose post-attention RMSNorm gain is
+//                     sqrt(mean(x^2) + eps), so the block sees the input
+//                     (to f32 rounding); its hook_mlp_out is compared with
+//                     HF's output relative to its magnitude.
 // Not run:
-//   qwen3_moe_layer0  one qwen3_moe MoE block only (no attention, no
-//                     embeddings; router stored as `mlp.router.weight`) with
-//                     an input vector and HF's block output: Loom runs whole
-//                     models only, and wrapping the block in a synthetic
-//                     1-layer model is not done yet.
 //   deepseek_full     DeepseekV2 (multi-head latent attention, kv_lora_rank):
 //                     Loom implements no deepseek architecture. Its reference
 //                     is also f32-vs-f64 with ~1e-3 drift, above the f32 bound.
@@ -41,6 +45,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -81,8 +86,10 @@ std::string TempModelDir(const std::string& name) {
 // per-expert 2-D tensors named by `naming`; every other tensor is copied
 // as is (the router `mlp.router.weight` becomes `mlp.gate.weight`, and
 // Mixtral's `mlp.` prefix becomes `block_sparse_moe.`). Writes `out`.
-Status RewritePacked(const std::string& src, Naming naming,
-                     const std::string& out) {
+// `extra` may add more tensors before the file is written.
+Status RewritePacked(
+    const std::string& src, Naming naming, const std::string& out,
+    const std::function<Status(SafetensorsWriter&)>& extra = nullptr) {
   ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(src));
   SafetensorsWriter w;
   for (const TensorInfo& info : file->header().tensors) {
@@ -128,6 +135,7 @@ Status RewritePacked(const std::string& src, Naming naming,
       }
     }
   }
+  if (extra) RETURN_IF_ERROR(extra(w));
   return w.Write(out);
 }
 
@@ -251,6 +259,108 @@ INSTANTIATE_TEST_SUITE_P(
                                  "qwen_moe_tiny.safetensors",
                                  "qwen_moe_tiny.json", Naming::kQwen}),
     [](const auto& info) { return info.param.name; });
+
+TEST(MoeFixtureBlockTest, Qwen3MoeLayer0BlockMatchesHfFloat64Reference) {
+  const std::string fx = FixtureDir();
+  if (fx.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << LOOM_SHARED_DIR
+                 << "/models/moe-fixtures-atenia not found; the MoE "
+                    "fixtures are not checked on this machine";
+  const nlohmann::json ref = ReadJson(fx + "/qwen3_moe_layer0.json");
+  const int64_t H = ref.at("d_model").get<int64_t>();
+  const std::vector<float> x = ref.at("input").get<std::vector<float>>();
+  const std::vector<double> hf = ref.at("hf_ref").get<std::vector<double>>();
+  ASSERT_EQ(static_cast<int64_t>(x.size()), H);
+  ASSERT_EQ(static_cast<int64_t>(hf.size()), H);
+  const double eps = 1e-6;
+  nlohmann::json cfg = {{"model_type", "qwen3_moe"},
+                        {"architectures", {"Qwen3MoeForCausalLM"}},
+                        {"hidden_size", H},
+                        {"intermediate_size", ref.at("d_ff")},
+                        {"moe_intermediate_size", ref.at("d_ff")},
+                        {"num_experts", ref.at("num_experts")},
+                        {"num_experts_per_tok", ref.at("experts_per_token")},
+                        {"norm_topk_prob", ref.at("norm_topk_prob")},
+                        {"decoder_sparse_step", 1},
+                        {"mlp_only_layers", nlohmann::json::array()},
+                        {"num_hidden_layers", 1},
+                        {"num_attention_heads", 1},
+                        {"num_key_value_heads", 1},
+                        {"head_dim", H},
+                        {"vocab_size", 1},
+                        {"max_position_embeddings", 16},
+                        {"rms_norm_eps", eps},
+                        {"rope_theta", 10000.0},
+                        {"tie_word_embeddings", false},
+                        {"torch_dtype", "float32"}};
+  ASSERT_FALSE(ref.at("has_shared").get<bool>());
+  const std::string dir = TempModelDir("qwen3_moe_layer0");
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  // The block's input through RMSNorm: x * rsqrt(mean(x^2) + eps) * g with
+  // g = sqrt(mean(x^2) + eps) is x up to f32 rounding.
+  double ms = 0;
+  for (float v : x) ms += static_cast<double>(v) * v;
+  const float gain = static_cast<float>(std::sqrt(ms / H + eps));
+  const std::vector<float> ones(static_cast<size_t>(H), 1.0f),
+      gains(static_cast<size_t>(H), gain),
+      zeros(static_cast<size_t>(H * H), 0.0f),
+      eye_like(static_cast<size_t>(H * H), 0.01f);
+  const std::string p = "model.layers.0.";
+  auto extra = [&](SafetensorsWriter& w) -> Status {
+    auto add = [&](const std::string& name, const std::vector<float>& v,
+                   Shape shape) {
+      return w.Add(name, DType::kF32, shape, v.data(),
+                   static_cast<int64_t>(v.size() * sizeof(float)));
+    };
+    RETURN_IF_ERROR(add("model.embed_tokens.weight", x, Shape{1, H}));
+    RETURN_IF_ERROR(add(p + "input_layernorm.weight", ones, Shape{H}));
+    for (const char* proj : {"q_proj", "k_proj", "v_proj"})
+      RETURN_IF_ERROR(
+          add(p + "self_attn." + proj + ".weight", eye_like, Shape{H, H}));
+    RETURN_IF_ERROR(add(p + "self_attn.o_proj.weight", zeros, Shape{H, H}));
+    RETURN_IF_ERROR(add(p + "self_attn.q_norm.weight", ones, Shape{H}));
+    RETURN_IF_ERROR(add(p + "self_attn.k_norm.weight", ones, Shape{H}));
+    RETURN_IF_ERROR(
+        add(p + "post_attention_layernorm.weight", gains, Shape{H}));
+    RETURN_IF_ERROR(add("model.norm.weight", ones, Shape{H}));
+    return add("lm_head.weight", ones, Shape{1, H});
+  };
+  ASSERT_TRUE(RewritePacked(fx + "/qwen3_moe_layer0.safetensors", Naming::kQwen,
+                            dir + "/model.safetensors", extra)
+                  .ok());
+  auto model = Model::Load(dir, Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  HookSet hooks;
+  hooks.Add({HookSite::kLn2, 0});
+  hooks.Add({HookSite::kMlpOut, 0});
+  auto ex = Executor::Create(**model, hooks, {.max_tokens = 1});
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  const std::vector<int32_t> ids = {0};
+  const std::vector<int64_t> starts = {0, 1};
+  CaptureSink sink;
+  ASSERT_TRUE((*ex)->Forward(Batch{ids, starts}, &sink).ok());
+  fs::remove_all(dir);
+  // The block saw the input (to a few f32 roundings).
+  const float* in = sink.Get({HookSite::kLn2, 0}).data.data();
+  double max_x = 0;
+  for (float v : x) max_x = std::max(max_x, std::fabs(static_cast<double>(v)));
+  const CompareResult ri = Compare(in, x.data(), H, 1e-6 * max_x, 1e-6);
+  EXPECT_TRUE(ri.ok) << "block input: " << ri.message;
+  // Its output matches HF's at the f32 bound relative to the output's size
+  // (the values are ~1e-3: an absolute 1e-4 would accept anything).
+  const std::vector<float> expected(hf.begin(), hf.end());
+  double max_ref = 0;
+  for (float v : expected)
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(v)));
+  ASSERT_GT(max_ref, 0.0);
+  const CompareResult r = Compare(sink.Get({HookSite::kMlpOut, 0}).data.data(),
+                                  expected.data(), H, kTol * max_ref, kTol);
+  std::printf(
+      "[ moe fixture ] qwen3_moe_layer0: block output max |err| vs HF f64 = "
+      "%.3g (max |out| %.3g)\n",
+      r.max_abs_err, max_ref);
+  EXPECT_TRUE(r.ok) << "qwen3_moe_layer0 block output: " << r.message;
+}
 
 }  // namespace
 }  // namespace loom::testing
