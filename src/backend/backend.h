@@ -179,6 +179,8 @@ struct BackendCapabilities {
   std::vector<WeightStorage> weight_formats;  // GEMM weight operands
   bool attention_sinks = false;
   bool async_copy = false;  // CopyAsync overlaps with compute
+  // TopKRoute takes at most this many experts per token (0 = no MoE).
+  int64_t max_route_experts = 0;
 };
 
 class Backend {

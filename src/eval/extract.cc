@@ -187,7 +187,7 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
 Status RunWindow(const std::vector<PreparedRow>& window, int64_t batch_tokens,
                  Executor& ex, OutputSet& outputs, int64_t* tokens) {
   outputs.StageWindow(window);
-  ExtractSink sink(&outputs);
+  ExtractSink sink(&outputs, batch_tokens);
   BatchPacker packer(window, batch_tokens);
   PackedBatch b;
   b.ids.reserve(batch_tokens);

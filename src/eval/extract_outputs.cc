@@ -442,6 +442,13 @@ Status OutputSet::CommitShards(int64_t W, ManifestProgress* progress,
   return Status();
 }
 
+int64_t OutputSet::IntegerHookWidth() const {
+  int64_t w = 0;
+  for (const OutputArray& o : arrays_)
+    if (IsIntegerSite(o.hook.site)) w = std::max(w, o.width);
+  return w;
+}
+
 // ---- ExtractSink ------------------------------------------------------------
 
 Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
@@ -454,7 +461,11 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                           : outputs_->dtype() == DType::kF16 ? 2048
                                                              : (1 << 24);
     const int32_t* v = static_cast<const int32_t*>(view.data);
-    ints_.resize(static_cast<size_t>(view.rows * view.cols));
+    if (view.rows * view.cols > static_cast<int64_t>(ints_.size()))
+      return InternalError(
+          "extract: hook " + HookName(hook) + " delivered " +
+          std::to_string(view.rows) + " x " + std::to_string(view.cols) +
+          " integers; the sink was sized for " + std::to_string(ints_.size()));
     for (int64_t r = 0; r < view.rows; ++r)
       for (int64_t j = 0; j < view.cols; ++j) {
         const int32_t x = v[r * view.ld + j];

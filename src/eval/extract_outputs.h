@@ -71,6 +71,8 @@ class OutputSet {
   OutputSet(const ExtractSettings& settings, DType dtype, OutputFormat format,
             std::string out_dir, Backend* host);
   DType dtype() const { return dtype_; }
+  // Values per token of the widest integer hook (IsIntegerSite); 0 = none.
+  int64_t IntegerHookWidth() const;
 
   // The file list of a fresh manifest (empty for safetensors: shards are
   // added as they are committed), the ragged data files (keys of
@@ -138,7 +140,11 @@ class OutputSet {
 // with an error naming the hook and the id.
 class ExtractSink : public HookSink {
  public:
-  explicit ExtractSink(OutputSet* outputs) : outputs_(outputs) {}
+  // Batches of up to `max_tokens` tokens: the staging of integer hooks is
+  // sized here, before any forward.
+  ExtractSink(OutputSet* outputs, int64_t max_tokens)
+      : outputs_(outputs),
+        ints_(static_cast<size_t>(max_tokens * outputs->IntegerHookWidth())) {}
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
                       int64_t row_begin, const ActivationView& view) override;
 

@@ -50,6 +50,8 @@ enum class HookSite : uint8_t {
 inline constexpr int kNumHookSites = static_cast<int>(HookSite::kResidPost) + 1;
 
 constexpr bool IsLayerSite(HookSite s) { return s >= HookSite::kResidPre; }
+// Sites delivered as i32 views (expert ids); the others are float.
+constexpr bool IsIntegerSite(HookSite s) { return s == HookSite::kExpertIds; }
 
 struct HookPoint {
   HookSite site = HookSite::kResidPost;

@@ -10,9 +10,6 @@
 namespace loom {
 namespace {
 
-// The CPU router's per-token scratch holds this many experts.
-constexpr int64_t kMaxExperts = 4096;
-
 // An f32 view of `rows` rows of `cols` values, `ld` apart, in the memory of
 // backend `be`.
 ActivationView F32View(const Backend& be, const float* data, int64_t rows,
@@ -88,13 +85,6 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
                         ? c.num_layers - 1
                         : hooks.LastLayerNeeded(c.num_layers);
   ex->program_ = BuildProgram(c);
-  for (const LayerConfig& lc : ex->program_.layers)
-    if (lc.moe() && lc.num_experts > kMaxExperts)
-      return UnimplementedError("executor: layer " + std::to_string(lc.layer) +
-                                " of " + c.model_type + " has " +
-                                std::to_string(lc.num_experts) +
-                                " experts; the router supports at most " +
-                                std::to_string(kMaxExperts));
 
   // The segments: the given placement, or every layer on one backend.
   std::vector<ExecutorSegment> segments = o.segments;
@@ -118,6 +108,16 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
           std::to_string(s.first_layer) + ", " + std::to_string(s.last_layer) +
           "]; segments must be contiguous and non-empty from layer " +
           std::to_string(next));
+    const int64_t max_experts = s.backend->Capabilities().max_route_experts;
+    for (int64_t l = s.first_layer; l <= s.last_layer; ++l) {
+      const LayerConfig& lc = ex->program_.layers[static_cast<size_t>(l)];
+      if (lc.moe() && lc.num_experts > max_experts)
+        return UnimplementedError(
+            "executor: layer " + std::to_string(l) + " of " + c.model_type +
+            " has " + std::to_string(lc.num_experts) + " experts; backend '" +
+            std::string(s.backend->name()) + "' routes at most " +
+            std::to_string(max_experts));
+    }
     next = s.last_layer + 1;
   }
   if (next != std::max<int64_t>(c.num_layers, 1) && c.num_layers > 0)
@@ -568,6 +568,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
           Emit(HookSite::kRouterLogits, l, batch, d, E, E, logits, sink));
       be.TopKRoute(logits, T, E, E, K, lc->router, lc->norm_topk_prob, ids, w);
       if (sink != nullptr && hooks_.Contains(HookSite::kExpertIds, l)) {
+        static_assert(IsIntegerSite(HookSite::kExpertIds));
         ActivationView v = F32View(be, nullptr, T, K, K);
         v.data = ids;
         v.dtype = DType::kI32;

@@ -69,6 +69,7 @@ BackendCapabilities CpuBackend::Capabilities() const {
         WeightStorage{f, DType::kF4E2M1, MatrixLayout::kOutIn});
   c.attention_sinks = true;
   c.async_copy = false;
+  c.max_route_experts = kMaxRouteColumns;
   return c;
 }
 

@@ -38,7 +38,7 @@ inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
                int64_t k, TopKMode mode, bool renormalize, int32_t* ids,
                float* weights) {
-  LOOM_CHECK(k > 0 && k <= cols && cols <= 4096)
+  LOOM_CHECK(k > 0 && k <= cols && cols <= kMaxRouteColumns)
       << "k=" << k << " cols=" << cols;
 #pragma omp parallel for schedule(static) if (rows * cols > 16384)
   for (int64_t r = 0; r < rows; ++r) {
@@ -46,7 +46,7 @@ void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
     int32_t* id = ids + r * k;
     float* w = weights + r * k;
     if (mode == TopKMode::kSoftmaxThenTopK) {
-      float p[4096];  // [cols] probabilities (cols <= 4096, checked)
+      float p[kMaxRouteColumns];  // [cols] probabilities (checked above)
       float m = x[0];
       for (int64_t j = 1; j < cols; ++j) m = std::max(m, x[j]);
       float sum = 0.0f;

@@ -14,11 +14,15 @@ enum class TopKMode {
   kTopKThenSoftmax,  // the k largest logits, softmax over those k
 };
 
+// The most columns (experts) TopKRoute takes: its per-row scratch.
+inline constexpr int64_t kMaxRouteColumns = 4096;
+
 // For each of `rows` rows of `cols` logits (row stride ld): the k selected
 // columns in descending order of their score (equal scores: lower column
 // first) into ids [rows, k], and their weights into weights [rows, k]. With
 // kSoftmaxThenTopK and `renormalize`, the k probabilities are divided by
-// their sum. Softmax in f32 (max subtracted). 0 < k <= cols.
+// their sum. Softmax in f32 (max subtracted). 0 < k <= cols <=
+// kMaxRouteColumns.
 void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
                int64_t k, TopKMode mode, bool renormalize, int32_t* ids,
                float* weights);
