@@ -123,6 +123,8 @@ struct WeightOperand {
   bool divide_global = false;
   DType decode_dtype = DType::kF32;
   bool quantized() const { return format.kind != FormatKind::kDense; }
+  // The dtype the GEMM multiplies in: the stored one, or decode_dtype.
+  DType gemm_dtype() const { return quantized() ? decode_dtype : format.dtype; }
 };
 
 // y = x W^T (+ bias) (+ y if accumulate).

@@ -25,11 +25,10 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
   }
   head->backend_ = backend;
   const KernelCosts costs = backend->Costs();
-  const TensorView& w = model.weights().Require(WeightRole::kLmHead);
   // A quantized lm_head computes in the model's compute dtype.
-  const BoundWeights::Quantized* quant =
-      model.weights().GetQuantized(WeightRole::kLmHead, -1);
-  const DType w_dtype = quant ? model.weights().compute_dtype() : w.dtype;
+  const WeightOperand w =
+      WeightOperandOf(model.weights(), WeightRole::kLmHead, -1);
+  const DType w_dtype = w.gemm_dtype();
   ArenaPlan plan;
   auto add = [&](BufferId id, const char* name, int64_t bytes) {
     PlannedRegion r;
@@ -46,8 +45,7 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
       costs.gemm_workspace
           ? costs.gemm_workspace(chunk_rows, head->hidden_, w_dtype)
           : 0);
-  const bool k_major =
-      model.weights().Layout(WeightRole::kLmHead) == MatrixLayout::kInOut;
+  const bool k_major = w.format.layout == MatrixLayout::kInOut;
   const int64_t scratch =
       costs.gemm_scratchpad
           ? costs.gemm_scratchpad(chunk_rows, head->vocab_, head->hidden_,
@@ -55,9 +53,8 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
           : 0;
   add(BufferId::kGemmScratchpad, "eval lm_head scratchpad", scratch);
   const int64_t decode =
-      quant && costs.weight_decode_workspace
-          ? costs.weight_decode_workspace(head->vocab_, head->hidden_,
-                                          quant->format.kind, w_dtype)
+      w.quantized() && costs.weight_decode_workspace
+          ? costs.weight_decode_workspace(w.n, w.k, w.format.kind, w_dtype)
           : 0;
   if (decode > 0) add(BufferId::kWeightDecode, "eval lm_head decode", decode);
   plan.naive_bytes = plan.total_bytes;

@@ -121,7 +121,7 @@ void CpuBackend::Gemm(const GemmOp& op) {
   GemmArgs a;
   a.x = op.x;
   a.w = op.w.data;
-  a.w_dtype = op.w.quantized() ? op.w.decode_dtype : op.w.format.dtype;
+  a.w_dtype = op.w.gemm_dtype();
   a.layout = ToCpu(op.w.format.layout);
   a.n = op.w.n;
   a.k = op.w.k;
