@@ -158,7 +158,12 @@ struct AttentionOp {
   int64_t v_rs = 0;
   float* z = nullptr;                  // [T, q_heads * head_dim] dense
   const int64_t* seq_start = nullptr;  // [num_seqs + 1] (host memory)
+  // The same offsets in this backend's memory (a device backend reads
+  // these; null on the host backend).
+  const int64_t* seq_start_device = nullptr;
   int64_t num_seqs = 0;
+  // Longest sequence of the op (0: computed from seq_start).
+  int64_t max_seq_len = 0;
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0;  // GQA: q_heads % kv_heads
   float scale = 1.0f;
   float softcap = 0.0f;  // 0 = none
@@ -167,6 +172,10 @@ struct AttentionOp {
   // backend without sinks returns Unimplemented.
   const void* sinks = nullptr;
   DType sinks_dtype = DType::kF32;
+  // The model's compute dtype: a device backend may run q k^T and p v in it
+  // (rounding q, k, v and p to it, f32 accumulation) when it is 16-bit; f32
+  // = f32 arithmetic throughout (what the CPU backend always does).
+  DType compute = DType::kF32;
   float* probs = nullptr;  // [q_heads, L, L] of sequence probs_seq, or null
   int64_t probs_seq = -1;
   void* workspace = nullptr;  // Costs().attention_workspace(...) bytes
@@ -316,6 +325,17 @@ class Backend {
                                   int64_t ldy) = 0;
   // x [n] = 0.
   virtual void SetZero(float* x, int64_t n) = 0;
+  // Groups the tokens * k routed (token, slot) pairs of ids/weights [tokens,
+  // k] by expert, stable in token order: offsets [experts + 1] (first routed
+  // row of each expert; offsets[experts] = tokens * k), rows [tokens * k]
+  // (the token of each routed row), row_weights [tokens * k]. All in this
+  // backend's memory; `host_offsets` [experts + 1] (host memory) receives a
+  // copy of the offsets (a device backend synchronises for it). An id outside
+  // [0, experts) is an Internal error naming it.
+  virtual Status GroupByExpert(const int32_t* ids, const float* weights,
+                               int64_t tokens, int64_t k, int64_t experts,
+                               int32_t* offsets, int32_t* rows,
+                               float* row_weights, int32_t* host_offsets) = 0;
 
   // ---- Conversion ----
   virtual void ConvertFromF32(const float* src, void* dst, DType dtype,
@@ -325,10 +345,36 @@ class Backend {
 
   // ---- Head ----
   // lse[r] = logsumexp(logits[r, :]) for logits [rows, vocab] (one chunk of
-  // the head; lse in host memory, double).
+  // the head; lse in host memory, double; rows <= kMaxHeadRows on a device
+  // backend).
   virtual void LogSumExp(const float* logits, int64_t rows, int64_t vocab,
                          double* lse) = 0;
+  // logprob[r] = logits[r, targets[r]] - logsumexp(logits[r, :]) in double
+  // (targets and logprob in host memory; rows <= kMaxHeadRows).
+  virtual void TargetLogProbs(const float* logits, int64_t rows, int64_t vocab,
+                              const int32_t* targets, double* logprob) = 0;
+
+  // ---- Capture: selection before anything leaves the device ----
+  // dst row i = src row index[i] in `dtype` (F32 / BF16 / F16): src [*, cols]
+  // f32 row stride ld; index [n] i32 and dst [n, cols] dense in memory this
+  // backend's kernels can reach (its own, or pinned host memory from
+  // Allocate(kPinnedHost)). Asynchronous on a device backend.
+  virtual void GatherRowsConvert(const float* src, int64_t ld,
+                                 const int32_t* index, int64_t n, int64_t cols,
+                                 void* dst, DType dtype) = 0;
+  // out[g, :] = sum (or max) over rows [begin[g], end[g]) of src [*, cols]
+  // (row stride ld), in double, combined with out's values when
+  // `accumulate`. begin/end [segments] i32 and out [segments, cols] as for
+  // GatherRowsConvert.
+  virtual void SegmentReduce(const float* src, int64_t ld,
+                             const int32_t* begin, const int32_t* end,
+                             int64_t segments, int64_t cols, bool max,
+                             bool accumulate, double* out) = 0;
 };
+
+// Rows of one head chunk a device backend scores at once (TargetLogProbs,
+// LogSumExp).
+inline constexpr int64_t kMaxHeadRows = 4096;
 
 // A quantized operand as the decoders (src/core/quant_codes.h) take it.
 QuantMatrix QuantMatrixOf(const WeightOperand& w);

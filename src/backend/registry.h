@@ -1,5 +1,6 @@
-// The backends this build has, by name ("cpu"). Adding a backend: its
-// directory src/backend/<name>/ and one line in registry.cc.
+// The backends this build has, by name ("cpu", and "cuda" when built with
+// LOOM_CUDA). Adding a backend: its directory src/backend/<name>/ and one line
+// in registry.cc. A device index follows the name: "cuda:1" (default 0).
 #ifndef LOOM_BACKEND_REGISTRY_H_
 #define LOOM_BACKEND_REGISTRY_H_
 
@@ -13,7 +14,7 @@
 
 namespace loom {
 
-using BackendFactory = std::unique_ptr<Backend> (*)();
+using BackendFactory = StatusOr<std::unique_ptr<Backend>> (*)(int index);
 
 struct BackendEntry {
   std::string_view name;
@@ -23,8 +24,26 @@ struct BackendEntry {
 // Every registered backend, in registration order.
 const std::vector<BackendEntry>& Backends();
 
-// A new instance of backend `name`; NotFound naming the known backends.
+// A new instance of backend `name` ("cpu", "cuda", "cuda:1"); NotFound naming
+// the known backends, or the backend's own error (no such device, no driver).
 StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name);
+// The instance for a planned device (DeviceKind::kCpu -> "cpu", kCuda ->
+// "cuda:N").
+StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind kind, int index);
+
+// A GPU as `loom devices` lists it.
+struct GpuDescription {
+  int index = 0;
+  std::string name;
+  int major = 0, minor = 0;
+  int64_t total_bytes = 0, free_bytes = 0;
+  int multiprocessors = 0;
+};
+// The GPUs this build can use (empty without the CUDA backend or a device;
+// `reason` says why).
+std::vector<GpuDescription> ListGpus(std::string* reason);
+// Whether this build has the CUDA backend.
+bool HasCudaBackend();
 
 }  // namespace loom
 

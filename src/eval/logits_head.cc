@@ -14,7 +14,8 @@ LogitsHead::LogitsHead(const Model& model, int64_t chunk_rows)
 
 StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
                                                          int64_t chunk_rows,
-                                                         Backend* backend) {
+                                                         Backend* backend,
+                                                         const BoundWeights* weights) {
   if (chunk_rows <= 0)
     return InvalidArgumentError("logits chunk rows must be > 0, got " +
                                 std::to_string(chunk_rows));
@@ -24,10 +25,11 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
     backend = head->owned_backend_.get();
   }
   head->backend_ = backend;
+  head->weights_ = weights != nullptr ? weights : &model.weights();
   const KernelCosts costs = backend->Costs();
   // A quantized lm_head computes in the model's compute dtype.
   const WeightOperand w =
-      WeightOperandOf(model.weights(), WeightRole::kLmHead, -1);
+      WeightOperandOf(*head->weights_, WeightRole::kLmHead, -1);
   const DType w_dtype = w.gemm_dtype();
   ArenaPlan plan;
   auto add = [&](BufferId id, const char* name, int64_t bytes) {
@@ -72,7 +74,7 @@ const float* LogitsHead::Compute(const float* hidden, int64_t rows) {
   LOOM_CHECK(rows > 0 && rows <= chunk_rows_)
       << "rows=" << rows << " chunk_rows=" << chunk_rows_;
   float* logits = arena_.as<float>(BufferId::kLogitsChunk);
-  ComputeLogits(model_, *backend_, hidden, rows, logits,
+  ComputeLogits(model_.config(), *weights_, *backend_, hidden, rows, logits,
                 arena_.region(BufferId::kGemmInputCopy));
   return logits;
 }
@@ -80,6 +82,12 @@ const float* LogitsHead::Compute(const float* hidden, int64_t rows) {
 void LogitsHead::LogSumExp(int64_t rows, double* lse) const {
   backend_->LogSumExp(arena_.as<float>(BufferId::kLogitsChunk), rows, vocab_,
                       lse);
+}
+
+void LogitsHead::TargetLogProbs(int64_t rows, const int32_t* targets,
+                                double* logprob) const {
+  backend_->TargetLogProbs(arena_.as<float>(BufferId::kLogitsChunk), rows,
+                           vocab_, targets, logprob);
 }
 
 int64_t ArgMax(const float* x, int64_t n) {

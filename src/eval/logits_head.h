@@ -22,9 +22,12 @@ namespace loom::eval {
 class LogitsHead {
  public:
   // `backend` (not owned; one not shared with another consumer) runs the
-  // head; null = a CPU backend owned by the head.
+  // head; null = a CPU backend owned by the head. `weights`: the lm_head to
+  // use (a device's copy, e.g. Executor::Device::weights); null = the
+  // model's.
   static StatusOr<std::unique_ptr<LogitsHead>> Create(
-      const Model& model, int64_t chunk_rows, Backend* backend = nullptr);
+      const Model& model, int64_t chunk_rows, Backend* backend = nullptr,
+      const BoundWeights* weights = nullptr);
 
   // logits [rows, vocab] (row stride vocab) of hidden [rows, hidden_size]
   // (row stride hidden_size), rows <= chunk_rows(). Valid until the next call.
@@ -32,6 +35,11 @@ class LogitsHead {
 
   // lse[r] = logsumexp(logits[r, :]) of the last Compute, in double.
   void LogSumExp(int64_t rows, double* lse) const;
+  // logprob[r] = logits[r, targets[r]] - lse[r] of the last Compute, in
+  // double (targets, logprob: host memory).
+  void TargetLogProbs(int64_t rows, const int32_t* targets,
+                      double* logprob) const;
+  Backend& backend() const { return *backend_; }
 
   int64_t chunk_rows() const { return chunk_rows_; }
   int64_t vocab() const { return vocab_; }
@@ -44,6 +52,7 @@ class LogitsHead {
   int64_t chunk_rows_, vocab_, hidden_;
   std::unique_ptr<Backend> owned_backend_;
   Backend* backend_ = nullptr;
+  const BoundWeights* weights_ = nullptr;
   Arena arena_;
 };
 

@@ -242,6 +242,33 @@ const TensorView& BoundWeights::Require(WeightRole role, int64_t layer,
   return *v;
 }
 
+BoundWeights BoundWeights::Placed(PlaceFn place, void* context) const {
+  BoundWeights b = *this;
+  auto move = [&](Slot& slot, int64_t layer) {
+    if (!slot.present) return;
+    void* data = place(context, layer, slot.view);
+    if (data == nullptr) {
+      slot = Slot();
+      return;
+    }
+    slot.view.data = data;
+    if (!slot.quantized) return;
+    slot.quant.values.data = data;
+    if (slot.quant.scales.data != nullptr) {
+      slot.quant.scales.data = place(context, layer, slot.quant.scales);
+      LOOM_CHECK(slot.quant.scales.data != nullptr)
+          << "block scales dropped while their codes were kept";
+    }
+  };
+  for (int64_t row = 0; row <= num_layers_; ++row)
+    for (int r = 0; r < kNumWeightRoles; ++r)
+      move(b.slots_[static_cast<size_t>(row) * kNumWeightRoles +
+                    static_cast<size_t>(r)],
+           row == num_layers_ ? -1 : row);
+  for (auto& [key, slot] : b.expert_slots_) move(slot, std::get<1>(key));
+  return b;
+}
+
 void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
   for (int64_t row = 0; row <= num_layers_; ++row) {
     if (row < num_layers_ && row > last_layer) continue;

@@ -75,6 +75,17 @@ class BoundWeights {
   int64_t converted_bytes() const { return converted_bytes_; }
   int64_t in_place_bytes() const { return in_place_bytes_; }
 
+  // A copy of these bindings placed elsewhere (a device's weight arena):
+  // `place(layer, view)` is called once for every tensor view of every bound
+  // weight (layer -1 = model-level; a quantized weight's codes and block
+  // scales; its global scale, read on the host, is not passed and stays) and
+  // returns where that view's bytes now live, or nullptr to leave the weight
+  // out of the copy (e.g. layers another device runs). A view shared by two
+  // weights (a tied lm_head) is passed twice.
+  using PlaceFn = void* (*)(void* context, int64_t layer,
+                            const TensorView& view);
+  BoundWeights Placed(PlaceFn place, void* context) const;
+
   static StatusOr<BoundWeights> Bind(const ModelConfig& config,
                                      const ArchWeights& decl,
                                      const Checkpoint& checkpoint,

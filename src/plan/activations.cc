@@ -127,7 +127,8 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
     if (s.conditional && hooked(s.condition)) touch(s.conditional_buffer, i);
   }
   // Values carried from layer to layer.
-  for (BufferId b : {BufferId::kPositions, BufferId::kResidual})
+  for (BufferId b :
+       {BufferId::kPositions, BufferId::kSeqStart, BufferId::kResidual})
     if (live[static_cast<int>(b)].first >= 0)
       live[static_cast<int>(b)].last = s_end;
   for (BufferId b :

@@ -49,7 +49,7 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
                {{HookSite::kQ, B::kQkv},
                 {HookSite::kK, B::kQkv},
                 {HookSite::kV, B::kQkv}}});
-  ProgramStep attn{S::kAttention, {B::kQkv}, {B::kZ}, {}};
+  ProgramStep attn{S::kAttention, {B::kQkv, B::kSeqStart}, {B::kZ}, {}};
   if (l.rope_half > 0) {
     attn.reads.push_back(B::kRopeCos);
     attn.reads.push_back(B::kRopeSin);
@@ -139,6 +139,8 @@ std::string_view BufferName(BufferId id) {
   switch (id) {
     case B::kPositions:
       return "positions";
+    case B::kSeqStart:
+      return "sequence offsets";
     case B::kResidual:
       return "residual";
     case B::kPosEmbed:
@@ -266,7 +268,7 @@ Program BuildProgram(const ModelConfig& c) {
       c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
   ProgramStep embed{S::kEmbed,
                     {},
-                    {B::kPositions, B::kResidual},
+                    {B::kPositions, B::kSeqStart, B::kResidual},
                     {{HookSite::kEmbed, B::kResidual}}};
   if (c.learned_positions) {
     embed.writes.push_back(B::kPosEmbed);
@@ -316,6 +318,8 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
   switch (id) {
     case B::kPositions:
       return {{T}, DType::kI32};
+    case B::kSeqStart:
+      return {{T + 1}, DType::kI64};
     case B::kResidual:
     case B::kPosEmbed:
     case B::kAttnIn:

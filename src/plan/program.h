@@ -33,6 +33,7 @@ namespace loom {
 enum class BufferId : uint8_t {
   // ---- Activations (the liveness-packed arena) ----
   kPositions,     // [T] i32, whole program
+  kSeqStart,      // [T + 1] i64 sequence offsets, whole program
   kResidual,      // [T, H], whole program
   kPosEmbed,      // [T, H] learned position embeddings (GPT-2)
   kRopeInvFreq,   // [R/2] f32, to the end of the blocks

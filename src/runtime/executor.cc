@@ -38,11 +38,18 @@ int64_t Executor::arena_bytes() const {
   return total;
 }
 
-void ComputeLogits(const Model& model, Backend& backend, const float* hidden,
-                   int64_t rows, float* logits, void* workspace) {
-  const ModelConfig& c = model.config();
+int64_t Executor::uploaded_weight_bytes() const {
+  int64_t total = 0;
+  for (const Device& d : devices_)
+    if (d.uploaded) total += d.uploaded->bytes();
+  return total;
+}
+
+void ComputeLogits(const ModelConfig& c, const BoundWeights& weights,
+                   Backend& backend, const float* hidden, int64_t rows,
+                   float* logits, void* workspace) {
   GemmOp op;
-  op.w = WeightOperandOf(model.weights(), WeightRole::kLmHead, -1);
+  op.w = WeightOperandOf(weights, WeightRole::kLmHead, -1);
   LOOM_CHECK(op.w.n == c.vocab_size && op.w.k == c.hidden_size)
       << "lm_head shape " << op.w.n << "x" << op.w.k;
   op.x = hidden;
@@ -135,12 +142,29 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
       return InvalidArgumentError(
           "executor: segments on backends with different activation dtypes");
   ex->layout_ = PlanActivations(c, MakeJob(model, hooks, o), costs);
-  for (const ExecutorSegment& s : segments) {
+  const bool runs_head = hooks.NeedsFinalNorm();
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const ExecutorSegment& s = segments[i];
     if (s.first_layer > std::max<int64_t>(ex->last_layer_, 0)) break;
     Device d;
     d.backend = s.backend;
     d.first_layer = s.first_layer;
     d.last_layer = std::min(s.last_layer, ex->last_layer_);
+    d.host_memory = d.backend->device().kind == DeviceKind::kCpu;
+    if (d.host_memory) {
+      d.weights = &model.weights();
+    } else {
+      WeightSelection sel;
+      sel.first_layer = d.first_layer;
+      sel.last_layer = d.last_layer;
+      sel.embed = i == 0;
+      sel.head = runs_head && (i + 1 == segments.size() ||
+                               segments[i + 1].first_layer > ex->last_layer_);
+      ASSIGN_OR_RETURN(DeviceWeights w,
+                       DeviceWeights::Upload(model.weights(), sel, *d.backend));
+      d.uploaded = std::make_unique<DeviceWeights>(std::move(w));
+      d.weights = &d.uploaded->weights();
+    }
     ASSIGN_OR_RETURN(d.activations,
                      Arena::Allocate(ex->layout_.activations, *d.backend));
     ASSIGN_OR_RETURN(d.workspace,
@@ -160,12 +184,21 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
   Device& last = ex->devices_.back();
   ASSIGN_OR_RETURN(last.logits,
                    Arena::Allocate(ex->layout_.logits, *last.backend));
+  ex->host_positions_.resize(static_cast<size_t>(o.max_tokens));
+  ex->host_seq_start_.resize(static_cast<size_t>(o.max_tokens) + 1);
+  if (c.rope.type != RopeConfig::Type::kNone)
+    ex->host_inv_freq_.resize(static_cast<size_t>(c.rope.rotary_dim / 2));
+  int64_t max_experts = 0;
+  for (const LayerConfig& lc : ex->program_.layers)
+    max_experts = std::max(max_experts, lc.moe() ? lc.num_experts : 0);
+  ex->host_expert_offsets_.resize(static_cast<size_t>(max_experts) + 1);
   const Arena& a = ex->devices_.front().activations;
   LOOM_CHECK(a.region(BufferId::kPositions) && a.region(BufferId::kResidual) &&
              a.region(BufferId::kQkv) && a.region(BufferId::kZ) &&
              a.region(BufferId::kAttnOut) && a.region(BufferId::kMlpOut))
       << "planned layout lacks a core region";
-  model.weights().FaultIn(ex->last_layer_, hooks.NeedsFinalNorm());
+  if (ex->devices_.front().host_memory)
+    model.weights().FaultIn(ex->last_layer_, hooks.NeedsFinalNorm());
   return ex;
 }
 
@@ -189,8 +222,8 @@ void Executor::ExpertLinear(Device& d, const float* x, int64_t m,
                             int64_t expert, float* y, int64_t ldy,
                             bool same_x) {
   GemmOp op;
-  op.w = WeightOperandOf(model_.weights(), wrole, layer, expert);
-  const BiasOperand b = BiasOf(model_.weights(), brole, layer, expert);
+  op.w = WeightOperandOf(*d.weights, wrole, layer, expert);
+  const BiasOperand b = BiasOf(*d.weights, brole, layer, expert);
   op.bias = b.data;
   op.bias_dtype = b.dtype;
   op.x = x;
@@ -207,8 +240,8 @@ Status Executor::Norm(Device& d, NormKind kind, float eps, float offset,
                       const float* x, float* y, HookSite site,
                       const Batch& batch, HookSink* sink) {
   const int64_t rows = batch.num_tokens(), dim = c_.hidden_size;
-  const TensorView* w = model_.weights().Get(wrole, layer);
-  const TensorView* b = model_.weights().Get(brole, layer);
+  const TensorView* w = d.weights->Get(wrole, layer);
+  const TensorView* b = d.weights->Get(brole, layer);
   const DType wd = w ? w->dtype : DType::kF32;
   Backend& be = *d.backend;
   switch (kind) {
@@ -234,26 +267,60 @@ Status Executor::Norm(Device& d, NormKind kind, float eps, float offset,
   return Emit(site, layer, batch, d, dim, dim, y, sink);
 }
 
-void Executor::ComputeRope(Device& d, const Batch& batch) {
+Status Executor::ComputeRope(Device& d, const Batch& batch) {
   // inv_freq is recomputed every forward: its region is dead after the blocks
-  // and may share bytes with the final norm. It is computed on the host into
-  // the device's buffer (host memory on the CPU backend).
+  // and may share bytes with the final norm. It is computed on the host (into
+  // the device's buffer when that is host memory, else copied there).
   const Arena& a = d.activations;
   float* inv_freq = a.as<float>(BufferId::kRopeInvFreq);
+  float* host = d.host_memory ? inv_freq : host_inv_freq_.data();
   const int32_t* positions = a.as<int32_t>(BufferId::kPositions);
   float* cos = a.as<float>(BufferId::kRopeCos);
   float* sin = a.as<float>(BufferId::kRopeSin);
   const int64_t half = c_.rope.rotary_dim / 2;
-  if (c_.rope.type != RopeConfig::Type::kDynamic)
-    ComputeInvFreq(c_.rope, c_.max_position_embeddings, 0, inv_freq);
+  const bool dynamic = c_.rope.type == RopeConfig::Type::kDynamic;
+  auto upload = [&]() -> Status {
+    if (d.host_memory) return Status();
+    return d.backend->Copy(inv_freq, d.backend->device(), host, DeviceRef{},
+                           half * int64_t{sizeof(float)});
+  };
+  if (!dynamic) {
+    ComputeInvFreq(c_.rope, c_.max_position_embeddings, 0, host);
+    RETURN_IF_ERROR(upload());
+  }
   for (int64_t s = 0; s < batch.num_seqs(); ++s) {
     const int64_t b = batch.seq_start[s], len = batch.seq_start[s + 1] - b;
-    if (c_.rope.type == RopeConfig::Type::kDynamic)
-      ComputeInvFreq(c_.rope, c_.max_position_embeddings, len, inv_freq);
+    if (dynamic) {
+      // The previous sequence's tables read inv_freq: wait before rewriting.
+      if (!d.host_memory) RETURN_IF_ERROR(d.backend->Synchronize());
+      ComputeInvFreq(c_.rope, c_.max_position_embeddings, len, host);
+      RETURN_IF_ERROR(upload());
+    }
     d.backend->RopeTables(positions + b, len, inv_freq, half,
                           c_.rope.attention_scaling, cos + b * half,
                           sin + b * half);
   }
+  return Status();
+}
+
+Status Executor::WriteBatchMetadata(const Batch& batch) {
+  Device& d = devices_.front();
+  const int64_t T = batch.num_tokens(), S = batch.num_seqs();
+  int32_t* pos = d.activations.as<int32_t>(BufferId::kPositions);
+  int64_t* seq = d.activations.as<int64_t>(BufferId::kSeqStart);
+  int32_t* host_pos = d.host_memory ? pos : host_positions_.data();
+  int64_t* host_seq = d.host_memory ? seq : host_seq_start_.data();
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t t = batch.seq_start[s]; t < batch.seq_start[s + 1]; ++t)
+      host_pos[t] = static_cast<int32_t>(t - batch.seq_start[s]);
+  std::copy(batch.seq_start.begin(), batch.seq_start.end(), host_seq);
+  if (d.host_memory) return Status();
+  // The previous batch's steps may still read these regions.
+  RETURN_IF_ERROR(d.backend->Synchronize());
+  RETURN_IF_ERROR(d.backend->Copy(pos, d.backend->device(), host_pos,
+                                  DeviceRef{}, T * int64_t{sizeof(int32_t)}));
+  return d.backend->Copy(seq, d.backend->device(), host_seq, DeviceRef{},
+                         (S + 1) * int64_t{sizeof(int64_t)});
 }
 
 Status Executor::Transfer(const Device& from, Device& to, const Batch& batch) {
@@ -267,6 +334,7 @@ Status Executor::Transfer(const Device& from, Device& to, const Batch& batch) {
   const Carried carried[] = {
       {BufferId::kResidual, T * H * int64_t{sizeof(float)}},
       {BufferId::kPositions, T * int64_t{sizeof(int32_t)}},
+      {BufferId::kSeqStart, (batch.num_seqs() + 1) * int64_t{sizeof(int64_t)}},
       {BufferId::kRopeCos, T * half * int64_t{sizeof(float)}},
       {BufferId::kRopeSin, T * half * int64_t{sizeof(float)}},
   };
@@ -290,9 +358,6 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
     return OutOfRangeError("batch of " + std::to_string(T) +
                            " tokens exceeds the planned capacity of " +
                            std::to_string(options_.max_tokens));
-  // Positions are written by the host into the first device's buffer (host
-  // memory on the CPU backend).
-  int32_t* pos = devices_.front().activations.as<int32_t>(BufferId::kPositions);
   for (int64_t s = 0; s < batch.num_seqs(); ++s) {
     const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
     if (e <= b)
@@ -308,7 +373,6 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
                              std::to_string(e - b) +
                              " tokens, more than max_position_embeddings = " +
                              std::to_string(c_.max_position_embeddings));
-    for (int64_t t = b; t < e; ++t) pos[t] = static_cast<int32_t>(t - b);
   }
   for (int64_t t = 0; t < T; ++t)
     if (batch.ids[t] < 0 || batch.ids[t] >= c_.vocab_size)
@@ -316,6 +380,7 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
                              " at position " + std::to_string(t) +
                              " is outside the vocabulary [0, " +
                              std::to_string(c_.vocab_size) + ")");
+  RETURN_IF_ERROR(WriteBatchMetadata(batch));
 
   for (const ProgramStep& step : program_.prologue)
     RETURN_IF_ERROR(RunStep(step, devices_.front(), -1, batch, sink));
@@ -361,7 +426,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
 
   switch (step.id) {
     case StepId::kEmbed: {
-      const TensorView& embed = model_.weights().Require(WeightRole::kEmbed);
+      const TensorView& embed = d.weights->Require(WeightRole::kEmbed);
       be.Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
       RoundActivations(d, x, T, H, H);
       if (c_.embedding_scale != 1.0f) {
@@ -375,14 +440,15 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       RETURN_IF_ERROR(Emit(HookSite::kEmbed, -1, batch, d, H, H, x, sink));
       if (c_.learned_positions) {
         float* h = buf(BufferId::kPosEmbed);
-        const TensorView& wpe = model_.weights().Require(WeightRole::kPosEmbed);
+        const TensorView& wpe = d.weights->Require(WeightRole::kPosEmbed);
         be.Gather(wpe.data, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T,
                   H, h);
         RETURN_IF_ERROR(Emit(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
         be.Add(h, x, T * H);
         RoundActivations(d, x, T, H, H);
       }
-      if (a.region(BufferId::kRopeCos) != nullptr) ComputeRope(d, batch);
+      if (a.region(BufferId::kRopeCos) != nullptr)
+        return ComputeRope(d, batch);
       return Status();
     }
 
@@ -414,8 +480,8 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       if (lc->clip_qkv > 0)
         be.Clamp(qkv, T, ld, ld, -lc->clip_qkv, lc->clip_qkv);
       if (lc->qk_norm != QkNormKind::kNone) {
-        const TensorView& qn = model_.weights().Require(WeightRole::kQNorm, l);
-        const TensorView& kn = model_.weights().Require(WeightRole::kKNorm, l);
+        const TensorView& qn = d.weights->Require(WeightRole::kQNorm, l);
+        const TensorView& kn = d.weights->Require(WeightRole::kKNorm, l);
         const bool per_head = lc->qk_norm == QkNormKind::kPerHead;
         const int64_t hd = c_.head_dim;
         be.RmsNormRows(q, T, ld, per_head ? c_.num_heads : 1, per_head ? hd : Q,
@@ -447,8 +513,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       }
       AttentionOp op;
       if (lc->attn_sinks) {  // [num_heads] sink logits (gpt-oss)
-        const TensorView& sinks =
-            model_.weights().Require(WeightRole::kAttnSinks, l);
+        const TensorView& sinks = d.weights->Require(WeightRole::kAttnSinks, l);
         op.sinks = sinks.data;
         op.sinks_dtype = sinks.dtype;
       }
@@ -459,12 +524,18 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       op.v = v;
       op.v_rs = ld;
       op.z = z;
+      const int64_t* seq_device = a.as<int64_t>(BufferId::kSeqStart);
       op.seq_start = batch.seq_start.data();
+      op.seq_start_device = seq_device;
       op.num_seqs = batch.num_seqs();
+      for (int64_t s = 0; s < batch.num_seqs(); ++s)
+        op.max_seq_len = std::max(op.max_seq_len,
+                                  batch.seq_start[s + 1] - batch.seq_start[s]);
       op.q_heads = c_.num_heads;
       op.kv_heads = c_.num_kv_heads;
       op.head_dim = hd;
       op.scale = lc->attn_scale;
+      op.compute = model_.compute_dtype();
       op.softcap = lc->attn_softcap;
       op.window = lc->window;
       op.workspace = d.workspace.region(BufferId::kAttnWorkspace);
@@ -475,7 +546,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         for (int64_t s = 0; s < batch.num_seqs(); ++s) {
           AttentionOp one = op;
           one.seq_start = batch.seq_start.data() + s;
+          one.seq_start_device = seq_device + s;
           one.num_seqs = 1;
+          one.max_seq_len = batch.seq_start[s + 1] - batch.seq_start[s];
           one.probs = probs;
           one.probs_seq = 0;
           RETURN_IF_ERROR(be.Attention(one));
@@ -579,49 +652,28 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
     }
 
     case StepId::kExpertGather: {
-      // Counting sort of the T k (token, slot) pairs by expert, stable in
-      // token order, on the host (the CPU backend's memory is the host's; a
-      // device backend needs ids on the host here, or a grouped GEMM that
-      // reads the offsets on the device).
-      if (be.device().kind != DeviceKind::kCpu)
-        return UnimplementedError(
-            "executor: grouping routed rows by expert reads the expert ids on "
-            "the host; backend '" +
-            std::string(be.name()) + "' keeps them in device memory");
+      // Group the T k (token, slot) pairs by expert, stable in token order;
+      // the per-expert offsets come back to the host, which issues one GEMM
+      // per expert with rows.
       const int64_t E = lc->num_experts, K = lc->experts_per_token;
-      const int32_t* ids = a.as<int32_t>(BufferId::kRouteIds);  // [T, k]
-      const float* w = buf(BufferId::kRouteWeights);            // [T, k]
-      int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);   // [E + 1]
-      int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);     // [T k]
-      float* row_w = buf(BufferId::kExpertRowWeights);          // [T k]
-      std::fill(off, off + E + 1, 0);
-      for (int64_t i = 0; i < T * K; ++i) {
-        if (ids[i] < 0 || ids[i] >= E)
-          return InternalError("executor: router chose expert " +
-                               std::to_string(ids[i]) + " of " +
-                               std::to_string(E) + " (layer " +
-                               std::to_string(l) + ")");
-        ++off[ids[i] + 1];
-      }
-      for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
-      // off[e] is the next free row of expert e while filling; shifted back
-      // afterwards.
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t s = 0; s < K; ++s) {
-          const int32_t r = off[ids[t * K + s]]++;
-          rows[r] = static_cast<int32_t>(t);
-          row_w[r] = w[t * K + s];
-        }
-      for (int64_t e = E; e > 0; --e) off[e] = off[e - 1];
-      off[0] = 0;
-      be.GatherRows(buf(step.reads[0]), H, rows, T * K, H,
+      int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);  // [E + 1]
+      Status st = be.GroupByExpert(
+          a.as<int32_t>(BufferId::kRouteIds), buf(BufferId::kRouteWeights), T,
+          K, E, off, a.as<int32_t>(BufferId::kExpertRows),
+          buf(BufferId::kExpertRowWeights),
+          d.host_memory ? off : host_expert_offsets_.data());
+      if (!st.ok())
+        return InternalError("executor: layer " + std::to_string(l) + ": " +
+                             st.message());
+      be.GatherRows(buf(step.reads[0]), H,
+                    a.as<int32_t>(BufferId::kExpertRows), T * K, H,
                     buf(BufferId::kExpertIn));
       return Status();
     }
 
     case StepId::kExpertGateUp: {
       const int64_t Ie = lc->expert_intermediate_size;
-      const int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);
+      const int32_t* off = HostExpertOffsets(d);
       const float* in = buf(BufferId::kExpertIn);  // [T k, H]
       float* gu = buf(BufferId::kExpertGateUp);    // [T k, 2 Ie]
       const bool fused =
@@ -662,7 +714,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
 
     case StepId::kExpertDown: {
       const int64_t Ie = lc->expert_intermediate_size;
-      const int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);
+      const int32_t* off = HostExpertOffsets(d);
       const float* act = buf(BufferId::kExpertAct);  // [T k, Ie]
       float* out = buf(BufferId::kExpertOut);        // [T k, H]
       for (int64_t e = 0; e < lc->num_experts; ++e) {
@@ -681,7 +733,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       // HF's loop over experts 0..E-1 adding weight * out into the zeroed
       // output (index_add_): the same order gives the same f32 sums. Within
       // one expert the rows are distinct tokens.
-      const int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);
+      const int32_t* off = HostExpertOffsets(d);
       const int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);
       const float* row_w = buf(BufferId::kExpertRowWeights);
       const float* out = buf(BufferId::kExpertOut);  // [T k, H]
@@ -750,7 +802,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       const int64_t V = c_.vocab_size;
       for (int64_t r0 = 0; r0 < T; r0 += options_.logits_chunk_rows) {
         const int64_t rows = std::min(options_.logits_chunk_rows, T - r0);
-        ComputeLogits(model_, be, h + r0 * H, rows, logits,
+        ComputeLogits(c_, *d.weights, be, h + r0 * H, rows, logits,
                       d.workspace.region(BufferId::kGemmInputCopy));
         RoundActivations(d, logits, rows, V, V);
         if (sink)

@@ -5,9 +5,13 @@
 //
 // Placement: the layers run as contiguous segments, each on its own backend
 // (device), with its own arenas sized by the plan; the residual stream, the
-// positions and the RoPE tables are copied to the next segment's device at a
-// boundary. The first segment also runs the embedding, the last the final
-// norm and lm_head. One segment on one CPU backend is the default.
+// positions, the sequence offsets and the RoPE tables are copied to the next
+// segment's device at a boundary. The first segment also runs the embedding,
+// the last the final norm and lm_head. One segment on one CPU backend is the
+// default. A segment on a device backend (memory not the host's) reads its
+// weights from one copy in that device's memory (DeviceWeights, made at
+// Create); the host writes the batch's positions, sequence offsets and RoPE
+// frequencies into small host buffers (sized at Create) and copies them over.
 //
 // All activation memory comes from arenas sized at Create() for the largest
 // batch (max_tokens, max_seq_len); Forward() allocates nothing. The forward
@@ -30,6 +34,7 @@
 #include "src/plan/job.h"
 #include "src/plan/program.h"
 #include "src/runtime/arena.h"
+#include "src/runtime/device_weights.h"
 #include "src/runtime/model.h"
 
 namespace loom {
@@ -89,11 +94,13 @@ struct ExecutorOptions {
 };
 
 // The model head on `rows` rows of final-norm output: logits [rows, V] =
-// hidden [rows, H] x lm_head^T, then the final softcap (Gemma2). `workspace`
-// holds backend.Costs().gemm_workspace(rows, H, lm_head dtype) bytes. Shared
-// by the executor and the evaluation code that computes logits chunk by chunk.
-void ComputeLogits(const Model& model, Backend& backend, const float* hidden,
-                   int64_t rows, float* logits, void* workspace);
+// hidden [rows, H] x lm_head^T, then the final softcap (Gemma2), with the
+// lm_head of `weights` (the model's, or a device's copy). `workspace` holds
+// backend.Costs().gemm_workspace(rows, H, lm_head dtype) bytes. Shared by the
+// executor and the evaluation code that computes logits chunk by chunk.
+void ComputeLogits(const ModelConfig& c, const BoundWeights& weights,
+                   Backend& backend, const float* hidden, int64_t rows,
+                   float* logits, void* workspace);
 
 class Executor {
  public:
@@ -122,12 +129,20 @@ class Executor {
     Backend* backend = nullptr;
     int64_t first_layer = 0, last_layer = -1;
     Arena activations, workspace, logits;  // logits: last device only
+    // The weights its steps read: the model's (host memory) or `uploaded`.
+    const BoundWeights* weights = nullptr;
+    std::unique_ptr<DeviceWeights> uploaded;
+    // The backend's memory is the host's (the CPU backend).
+    bool host_memory = true;
     int64_t bytes() const {
       return activations.bytes() + workspace.bytes() + logits.bytes();
     }
   };
   int num_devices() const { return static_cast<int>(devices_.size()); }
   const Device& device(int i) const { return devices_[static_cast<size_t>(i)]; }
+  // Bytes of weights copied to device memory (0 when every segment reads the
+  // host's).
+  int64_t uploaded_weight_bytes() const;
 
  private:
   Executor(const Model& model, const HookSet& hooks,
@@ -136,6 +151,9 @@ class Executor {
   // blocks).
   Status RunStep(const ProgramStep& step, Device& d, int64_t layer,
                  const Batch& batch, HookSink* sink);
+  // Writes the batch's positions and sequence offsets into the first
+  // device's arena.
+  Status WriteBatchMetadata(const Batch& batch);
   // Copies the values carried across layers from device `from` to `to`.
   Status Transfer(const Device& from, Device& to, const Batch& batch);
   Status Emit(HookSite site, int64_t layer, const Batch& batch, const Device& d,
@@ -155,7 +173,7 @@ class Executor {
   Status Norm(Device& d, NormKind kind, float eps, float offset, WeightRole w,
               WeightRole b, int64_t layer, const float* x, float* y,
               HookSite site, const Batch& batch, HookSink* sink);
-  void ComputeRope(Device& d, const Batch& batch);
+  Status ComputeRope(Device& d, const Batch& batch);
   // The end of a branch: the optional post-branch norm of `branch` [T, H] in
   // place (hook `post_site`), then residual x [T, H] += branch (hook
   // `resid_site`).
@@ -165,6 +183,12 @@ class Executor {
                            float* x, const Batch& batch, HookSink* sink);
   // Rounds rows x cols values (row stride ld) to bf16 in place when
   // options_.hf_bf16_activations is set.
+  // The expert offsets of the last GroupByExpert, in host memory.
+  const int32_t* HostExpertOffsets(const Device& d) const {
+    return d.host_memory
+               ? d.activations.as<int32_t>(BufferId::kExpertOffsets)
+               : host_expert_offsets_.data();
+  }
   void RoundActivations(Device& d, float* data, int64_t rows, int64_t cols,
                         int64_t ld) const {
     if (options_.hf_bf16_activations)
@@ -180,6 +204,13 @@ class Executor {
   ActivationLayout layout_;
   std::unique_ptr<Backend> owned_backend_;
   std::vector<Device> devices_;
+  // Host-side staging of per-batch values for device backends (sized at
+  // Create): positions [max_tokens] i32, sequence offsets [max_tokens + 1]
+  // i64, RoPE inv_freq [rotary_dim / 2] f32, expert offsets [E + 1] i32.
+  std::vector<int32_t> host_positions_;
+  std::vector<int64_t> host_seq_start_;
+  std::vector<float> host_inv_freq_;
+  std::vector<int32_t> host_expert_offsets_;
 };
 
 }  // namespace loom

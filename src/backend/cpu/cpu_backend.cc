@@ -1,5 +1,6 @@
 #include "src/backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -275,6 +276,22 @@ void CpuBackend::SigmoidGateAddRows(const float* x, const float* gate_logit,
 
 void CpuBackend::SetZero(float* x, int64_t n) { cpu::SetZero(x, n); }
 
+Status CpuBackend::GroupByExpert(const int32_t* ids, const float* weights,
+                                 int64_t tokens, int64_t k, int64_t experts,
+                                 int32_t* offsets, int32_t* rows,
+                                 float* row_weights, int32_t* host_offsets) {
+  const int64_t bad = cpu::GroupByExpert(ids, weights, tokens, k, experts,
+                                         offsets, rows, row_weights);
+  if (bad >= 0)
+    return InternalError("router chose expert " + std::to_string(ids[bad]) +
+                         " of " + std::to_string(experts) + " (token " +
+                         std::to_string(bad / k) + ", slot " +
+                         std::to_string(bad % k) + ")");
+  if (host_offsets != offsets)
+    std::copy(offsets, offsets + experts + 1, host_offsets);
+  return Status();
+}
+
 void CpuBackend::ConvertFromF32(const float* src, void* dst, DType dtype,
                                 int64_t n) {
   cpu::ConvertFromF32(src, dst, dtype, n);
@@ -288,6 +305,29 @@ void CpuBackend::ConvertToF32(const void* src, DType dtype, float* dst,
 void CpuBackend::LogSumExp(const float* logits, int64_t rows, int64_t vocab,
                            double* lse) {
   cpu::LogSumExp(logits, rows, vocab, lse);
+}
+
+void CpuBackend::TargetLogProbs(const float* logits, int64_t rows,
+                                int64_t vocab, const int32_t* targets,
+                                double* logprob) {
+  cpu::LogSumExp(logits, rows, vocab, logprob);
+  for (int64_t r = 0; r < rows; ++r)
+    logprob[r] =
+        static_cast<double>(logits[r * vocab + targets[r]]) - logprob[r];
+}
+
+void CpuBackend::GatherRowsConvert(const float* src, int64_t ld,
+                                   const int32_t* index, int64_t n,
+                                   int64_t cols, void* dst, DType dtype) {
+  cpu::GatherRowsConvert(src, ld, index, n, cols, dst, dtype);
+}
+
+void CpuBackend::SegmentReduce(const float* src, int64_t ld,
+                               const int32_t* begin, const int32_t* end,
+                               int64_t segments, int64_t cols, bool max,
+                               bool accumulate, double* out) {
+  cpu::SegmentReduce(src, ld, begin, end, segments, cols, max, accumulate,
+                     out);
 }
 
 }  // namespace loom::cpu

@@ -74,12 +74,24 @@ class CpuBackend final : public Backend {
   void SigmoidGateAddRows(const float* x, const float* gate_logit, int64_t rows,
                           int64_t cols, float* y, int64_t ldy) override;
   void SetZero(float* x, int64_t n) override;
+  Status GroupByExpert(const int32_t* ids, const float* weights, int64_t tokens,
+                       int64_t k, int64_t experts, int32_t* offsets,
+                       int32_t* rows, float* row_weights,
+                       int32_t* host_offsets) override;
   void ConvertFromF32(const float* src, void* dst, DType dtype,
                       int64_t n) override;
   void ConvertToF32(const void* src, DType dtype, float* dst,
                     int64_t n) override;
   void LogSumExp(const float* logits, int64_t rows, int64_t vocab,
                  double* lse) override;
+  void TargetLogProbs(const float* logits, int64_t rows, int64_t vocab,
+                      const int32_t* targets, double* logprob) override;
+  void GatherRowsConvert(const float* src, int64_t ld, const int32_t* index,
+                         int64_t n, int64_t cols, void* dst,
+                         DType dtype) override;
+  void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
+                     const int32_t* end, int64_t segments, int64_t cols,
+                     bool max, bool accumulate, double* out) override;
 
  private:
   std::unique_ptr<GemmContext> gemm_;

@@ -2,6 +2,8 @@
 // choice between the AVX-512 and portable per-row kernels (made once).
 #include "src/backend/cpu/kernels.h"
 
+#include <limits>
+
 #include <omp.h>
 
 #include <algorithm>
@@ -329,6 +331,36 @@ void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse) {
 #pragma omp parallel for schedule( \
     static) if (rows * vocab >= kMinParallelElems && rows > 1)
   for (int64_t r = 0; r < rows; ++r) lse[r] = fn(logits + r * vocab, vocab);
+}
+
+// ---- Capture ---------------------------------------------------------------
+
+void GatherRowsConvert(const float* src, int64_t ld, const int32_t* index,
+                       int64_t n, int64_t cols, void* dst, DType dtype) {
+  const int64_t ds = DTypeSize(dtype);
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n; ++i)
+    ConvertFromF32(src + index[i] * ld, out + i * cols * ds, dtype, cols);
+}
+
+void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
+                   const int32_t* end, int64_t segments, int64_t cols,
+                   bool max, bool accumulate, double* out) {
+  for (int64_t g = 0; g < segments; ++g) {
+    double* o = out + g * cols;
+    if (!accumulate)
+      std::fill(o, o + cols,
+                max ? -std::numeric_limits<double>::infinity() : 0.0);
+    for (int64_t r = begin[g]; r < end[g]; ++r) {
+      const float* x = src + r * ld;
+      if (max) {
+        for (int64_t j = 0; j < cols; ++j)
+          o[j] = std::max(o[j], static_cast<double>(x[j]));
+      } else {
+        for (int64_t j = 0; j < cols; ++j) o[j] += x[j];
+      }
+    }
+  }
 }
 
 // ---- Row operations (bf16 emulation, clamps, expert gather/scatter) -------

@@ -257,6 +257,20 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
 //   lse: [rows]
 void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse);
 
+// ---- Capture ---------------------------------------------------------------
+
+// dst row i = src row index[i] converted to dtype (F32/BF16/F16).
+//   src: [*, cols] row stride ld; index: [n]; dst: [n, cols] dense in dtype
+void GatherRowsConvert(const float* src, int64_t ld, const int32_t* index,
+                       int64_t n, int64_t cols, void* dst, DType dtype);
+// out[g, :] = sum (max) over rows [begin[g], end[g]) of src, in double,
+// combined with out when `accumulate` (rows in order: the sums are exactly
+// the sequential double sums).
+//   src: [*, cols] row stride ld; begin, end: [segments]; out: [segments, cols]
+void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
+                   const int32_t* end, int64_t segments, int64_t cols,
+                   bool max, bool accumulate, double* out);
+
 // ---- Threads ---------------------------------------------------------------
 
 // Sets the OpenMP/oneDNN thread count (0 = all cores). Returns the count used.

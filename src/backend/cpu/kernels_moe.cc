@@ -104,4 +104,26 @@ void SetZero(float* x, int64_t n) {
   std::memset(x, 0, sizeof(float) * static_cast<size_t>(n));
 }
 
+int64_t GroupByExpert(const int32_t* ids, const float* w, int64_t tokens,
+                      int64_t k, int64_t experts, int32_t* offsets,
+                      int32_t* rows, float* row_w) {
+  std::fill(offsets, offsets + experts + 1, 0);
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    if (ids[i] < 0 || ids[i] >= experts) return i;
+    ++offsets[ids[i] + 1];
+  }
+  for (int64_t e = 0; e < experts; ++e) offsets[e + 1] += offsets[e];
+  // offsets[e] is the next free row of expert e while filling; shifted back
+  // afterwards.
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t r = offsets[ids[t * k + s]]++;
+      rows[r] = static_cast<int32_t>(t);
+      row_w[r] = w[t * k + s];
+    }
+  for (int64_t e = experts; e > 0; --e) offsets[e] = offsets[e - 1];
+  offsets[0] = 0;
+  return -1;
+}
+
 }  // namespace loom::cpu

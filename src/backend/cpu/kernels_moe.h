@@ -41,6 +41,14 @@ void SigmoidGateAddRows(const float* x, const float* g, int64_t rows,
 // x[0, n) = 0.
 void SetZero(float* x, int64_t n);
 
+// Counting sort of the tokens * k (token, slot) pairs of ids/w [tokens, k] by
+// expert, stable in token order: offsets [experts + 1], rows [tokens * k]
+// (token of each routed row), row_w [tokens * k]. Returns -1, or the flat
+// index of the first id outside [0, experts) (outputs then unspecified).
+int64_t GroupByExpert(const int32_t* ids, const float* w, int64_t tokens,
+                      int64_t k, int64_t experts, int32_t* offsets,
+                      int32_t* rows, float* row_w);
+
 }  // namespace loom::cpu
 
 #endif  // LOOM_BACKEND_CPU_KERNELS_MOE_H_
