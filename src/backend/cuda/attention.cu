@@ -94,19 +94,20 @@ __device__ __forceinline__ bool BlockTile(const int64_t* seq_start,
   return *i0 < *len;
 }
 
-// ---- f32 path -----------------------------------------------------------------
+// ---- f32 path
+// -----------------------------------------------------------------
 
-constexpr int kF32Rows = 16;     // query rows per block
-constexpr int kF32Keys = 32;     // keys per tile (one per lane)
-constexpr int kF32Threads = 256;  // 8 warps: warp w scores rows w and w + 8
+constexpr int kF32Rows = 16;       // query rows per block
+constexpr int kF32Keys = 32;       // keys per tile (one per lane)
+constexpr int kF32Threads = 256;   // 8 warps: warp w scores rows w and w + 8
 constexpr int kF32MaxChunks = 16;  // head_dim <= 16 * 16 = 256
 
 struct F32Params {
-  const float* q;  // [T, q_heads, hd], row stride q_rs
-  const float* k;  // [T, kv_heads, hd], row stride k_rs
-  const float* v;  // [T, kv_heads, hd], row stride v_rs
-  float* z;        // [T, q_heads * hd] dense
-  float* probs;    // [q_heads, L, L] of the single sequence, or null
+  const float* q;            // [T, q_heads, hd], row stride q_rs
+  const float* k;            // [T, kv_heads, hd], row stride k_rs
+  const float* v;            // [T, kv_heads, hd], row stride v_rs
+  float* z;                  // [T, q_heads * hd] dense
+  float* probs;              // [q_heads, L, L] of the single sequence, or null
   const int64_t* seq_start;  // [num_seqs + 1], device
   const void* sinks;         // [q_heads] in sinks_dtype, or null
   int64_t q_rs, k_rs, v_rs;
@@ -133,10 +134,10 @@ __global__ void __launch_bounds__(kF32Threads)
   const int hd = p.hd, ks = p.ks;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   extern __shared__ float smem[];
-  float* qs = smem;                       // [16, hd]
-  float* kt = qs + kF32Rows * hd;         // [32, ks]
-  float* vt = kt + kF32Keys * ks;         // [32, hd]
-  float* ps = vt + kF32Keys * hd;         // [16, 33]
+  float* qs = smem;                // [16, hd]
+  float* kt = qs + kF32Rows * hd;  // [32, ks]
+  float* vt = kt + kF32Keys * ks;  // [32, hd]
+  float* ps = vt + kF32Keys * hd;  // [16, 33]
   const int rows = static_cast<int>(Min64(kF32Rows, len - i0));
   const int64_t z_rs = static_cast<int64_t>(p.q_heads) * hd;
 
@@ -163,8 +164,7 @@ __global__ void __launch_bounds__(kF32Threads)
     for (int e = tid; e < kF32Keys * hd; e += kF32Threads) {
       const int r = e / hd, c = e - r * hd;
       const int64_t j = j0 + r;
-      kt[r * ks + c] =
-          j < j_hi ? p.k[(t0 + j) * p.k_rs + kvh * hd + c] : 0.0f;
+      kt[r * ks + c] = j < j_hi ? p.k[(t0 + j) * p.k_rs + kvh * hd + c] : 0.0f;
     }
   };
 
@@ -241,7 +241,8 @@ __global__ void __launch_bounds__(kF32Threads)
   }
 }
 
-// ---- tensor-core path ---------------------------------------------------------
+// ---- tensor-core path
+// ---------------------------------------------------------
 
 constexpr int kFaRows = 64;  // query rows per block: 4 warps x 16
 constexpr int kFaThreads = 128;
@@ -295,10 +296,10 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t* r, const void* p) {
 }
 
 struct FaParams {
-  const float* q;  // [T, q_heads, hd], row stride q_rs
-  const float* k;  // [T, kv_heads, hd], row stride k_rs
-  const float* v;  // [T, kv_heads, hd], row stride v_rs
-  float* z;        // [T, q_heads * hd] dense
+  const float* q;            // [T, q_heads, hd], row stride q_rs
+  const float* k;            // [T, kv_heads, hd], row stride k_rs
+  const float* v;            // [T, kv_heads, hd], row stride v_rs
+  float* z;                  // [T, q_heads * hd] dense
   const int64_t* seq_start;  // [num_seqs + 1], device
   const void* sinks;         // [q_heads] in sinks_dtype, or null
   int64_t q_rs, k_rs, v_rs;
@@ -351,8 +352,8 @@ __global__ void __launch_bounds__(kFaThreads)
     FlashAttnKernel(const FaParams p) {
   constexpr int kBK = FaKeys<HD>();
   constexpr int kLd = FaLd<HD>();
-  constexpr int kNT = kBK / 8;   // score n-tiles (8 keys each)
-  constexpr int kDT = HD / 8;    // output n-tiles (8 columns each)
+  constexpr int kNT = kBK / 8;  // score n-tiles (8 keys each)
+  constexpr int kDT = HD / 8;   // output n-tiles (8 columns each)
   int64_t t0, len, i0;
   if (!BlockTile(p.seq_start, p.n_tiles, kFaRows, &t0, &len, &i0)) return;
   const int h = blockIdx.y;
@@ -429,8 +430,8 @@ __global__ void __launch_bounds__(kFaThreads)
       for (int c = 0; c < 4; ++c) {
         const int a = c >> 1;
         const int64_t j = j0 + 8 * n + 2 * tig + (c & 1);
-        s[n][c] = FinishScore(s[n][c], p.scale, p.softcap, qi[a], j, len,
-                              p.window);
+        s[n][c] =
+            FinishScore(s[n][c], p.scale, p.softcap, qi[a], j, len, p.window);
         tmax[a] = fmaxf(tmax[a], s[n][c]);
       }
     float alpha[2], m_use[2], tsum[2] = {0.0f, 0.0f};
@@ -547,9 +548,8 @@ void Attention(const AttentionArgs& a, cudaStream_t s) {
       a.q_heads > 65535 || !AttentionSupportsHeadDim(a.head_dim))
     return;  // the backend validates these first
   const int64_t group = a.q_heads / a.kv_heads;
-  const bool tensor_cores =
-      a.probs == nullptr &&
-      (a.compute == DType::kBF16 || a.compute == DType::kF16);
+  const bool tensor_cores = a.probs == nullptr && (a.compute == DType::kBF16 ||
+                                                   a.compute == DType::kF16);
   if (tensor_cores) {
     FaParams fp;
     fp.q = a.q;
