@@ -139,9 +139,8 @@ std::string ShapeOf(const Matmul& mm) {
          " k=" + std::to_string(mm.k) + " " + std::string(DTypeName(mm.dtype)) +
          (mm.a_trans ? " [n, k]" : " [k, n]") +
          " lda=" + std::to_string(mm.lda) + " ldy=" + std::to_string(mm.ldd) +
-         (mm.bias != nullptr
-              ? " bias " + std::string(DTypeName(mm.bias_dtype))
-              : std::string()) +
+         (mm.bias != nullptr ? " bias " + std::string(DTypeName(mm.bias_dtype))
+                             : std::string()) +
          (mm.accumulate ? " accumulate" : "");
 }
 
@@ -165,6 +164,9 @@ struct GemmRunner::State {
   }
 
   StatusOr<Plan*> GetPlan(const Matmul& mm);
+  // Whether quantized `w` decodes to `dtype` with the decode workspace set.
+  Status CheckQuantized(const WeightOperand& w, DType dtype,
+                        const std::string& shape) const;
   Status Run(const Matmul& mm, cudaStream_t stream);
 };
 
@@ -195,8 +197,8 @@ StatusOr<Plan*> GemmRunner::State::GetPlan(const Matmul& mm) {
   auto fail = [&](const char* what, cublasStatus_t st) -> Status {
     p.Destroy();
     if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-    return InternalError(std::string("cuBLASLt ") + what + " failed: " +
-                         LtStatus(st) + " (GEMM " + shape + ")");
+    return InternalError(std::string("cuBLASLt ") + what +
+                         " failed: " + LtStatus(st) + " (GEMM " + shape + ")");
   };
   cublasStatus_t st =
       cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -222,8 +224,8 @@ StatusOr<Plan*> GemmRunner::State::GetPlan(const Matmul& mm) {
 
   st = cublasLtMatmulPreferenceCreate(&pref);
   if (st != CUBLAS_STATUS_SUCCESS) return fail("preference", st);
-  const uint64_t max_ws = static_cast<uint64_t>(std::max<int64_t>(
-      workspace != nullptr ? workspace_bytes : 0, 0));
+  const uint64_t max_ws = static_cast<uint64_t>(
+      std::max<int64_t>(workspace != nullptr ? workspace_bytes : 0, 0));
   const uint32_t align_a = AlignmentOf(mm.a), align_b = AlignmentOf(mm.b),
                  align_d = AlignmentOf(mm.d);
   st = cublasLtMatmulPreferenceSetAttribute(
@@ -267,8 +269,8 @@ StatusOr<Plan*> GemmRunner::State::GetPlan(const Matmul& mm) {
       // bias added by AddBiasRows.
       found = 0;
       const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
-      st = cublasLtMatmulDescSetAttribute(
-          p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof(none));
+      st = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                          &none, sizeof(none));
       if (st != CUBLAS_STATUS_SUCCESS) return fail("epilogue reset", st);
     }
   }
@@ -295,17 +297,52 @@ Status GemmRunner::State::Run(const Matmul& mm, cudaStream_t stream) {
         p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &mm.bias, sizeof(mm.bias));
   const float alpha = 1.0f, beta = mm.accumulate ? 1.0f : 0.0f;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmul(handle, p.desc, &alpha, mm.a, p.a, mm.b, p.b, &beta,
-                        mm.d, p.c, mm.d, p.c, &p.algo, workspace,
-                        static_cast<size_t>(workspace != nullptr
-                                                ? workspace_bytes
-                                                : 0),
-                        stream);
+    st = cublasLtMatmul(
+        handle, p.desc, &alpha, mm.a, p.a, mm.b, p.b, &beta, mm.d, p.c, mm.d,
+        p.c, &p.algo, workspace,
+        static_cast<size_t>(workspace != nullptr ? workspace_bytes : 0),
+        stream);
   if (st != CUBLAS_STATUS_SUCCESS)
-    return InternalError("cublasLtMatmul failed: " + LtStatus(st) +
-                         " (GEMM " + ShapeOf(mm) + ")");
+    return InternalError("cublasLtMatmul failed: " + LtStatus(st) + " (GEMM " +
+                         ShapeOf(mm) + ")");
   if (mm.bias != nullptr && !p.bias_in_epilogue)
     AddBiasRows(mm.d, mm.ldd, mm.m, mm.n, mm.bias, mm.bias_dtype, stream);
+  return Status();
+}
+
+Status GemmRunner::State::CheckQuantized(const WeightOperand& w, DType dtype,
+                                         const std::string& shape) const {
+  if (w.format.layout != MatrixLayout::kOutIn)
+    return InvalidArgumentError("cuda gemm " + shape +
+                                ": quantized weights are [n, k]");
+  const FormatKind kind = w.format.kind;
+  const bool fp4 = kind == FormatKind::kMxfp4 ||
+                   kind == FormatKind::kNvfp4ModelOpt ||
+                   kind == FormatKind::kNvfp4CompressedTensors;
+  if (fp4) {
+    const int64_t block = kind == FormatKind::kMxfp4 ? 32 : 16;
+    if (w.k % block != 0 || w.scales == nullptr)
+      return InvalidArgumentError("cuda gemm " + shape +
+                                  ": FP4 weights need k a multiple of " +
+                                  std::to_string(block) + " and block scales");
+  } else if (kind == FormatKind::kFp8Block) {
+    if (w.block_in <= 0 || w.block_out <= 0 || w.scales == nullptr)
+      return InvalidArgumentError("cuda gemm " + shape +
+                                  ": FP8 block weights need scales and a block "
+                                  "[" +
+                                  std::to_string(w.block_out) + ", " +
+                                  std::to_string(w.block_in) + "]");
+  } else if (kind != FormatKind::kFp8PerTensor) {
+    return InvalidArgumentError("cuda gemm " + shape + ": unknown format");
+  }
+  const int64_t need = DecodeWorkspaceBytes(w.n, w.k, kind, dtype);
+  if (decode == nullptr || decode_bytes < need)
+    return FailedPreconditionError(
+        "cuda gemm " + shape + " (decoded to " + std::string(DTypeName(dtype)) +
+        "): weight decode workspace of " + std::to_string(decode_bytes) +
+        " bytes, needs " + std::to_string(need) +
+        " (planned by the weight decode term)");
+
   return Status();
 }
 
@@ -342,14 +379,13 @@ GemmRunner::~GemmRunner() = default;
 
 void GemmRunner::SetWorkspace(void* workspace, int64_t bytes) {
   state_->workspace = workspace;
-  state_->workspace_bytes = workspace != nullptr ? std::max<int64_t>(bytes, 0)
-                                                 : 0;
+  state_->workspace_bytes =
+      workspace != nullptr ? std::max<int64_t>(bytes, 0) : 0;
 }
 
 void GemmRunner::SetDecodeWorkspace(void* workspace, int64_t bytes) {
   state_->decode = workspace;
-  state_->decode_bytes = workspace != nullptr ? std::max<int64_t>(bytes, 0)
-                                              : 0;
+  state_->decode_bytes = workspace != nullptr ? std::max<int64_t>(bytes, 0) : 0;
 }
 
 Status GemmRunner::Run(const GemmOp& op, cudaStream_t stream) {
@@ -357,11 +393,10 @@ Status GemmRunner::Run(const GemmOp& op, cudaStream_t stream) {
   const int64_t m = op.m, n = w.n, k = w.k;
   const int64_t ldy = op.ldy == 0 ? n : op.ldy;
   const DType dtype = w.gemm_dtype();
-  const std::string shape = "m=" + std::to_string(m) +
-                            " n=" + std::to_string(n) +
-                            " k=" + std::to_string(k) + " " +
-                            std::string(FormatName(w.format.kind)) + " " +
-                            std::string(DTypeName(w.format.dtype));
+  const std::string shape =
+      "m=" + std::to_string(m) + " n=" + std::to_string(n) +
+      " k=" + std::to_string(k) + " " + std::string(FormatName(w.format.kind)) +
+      " " + std::string(DTypeName(w.format.dtype));
   if (m < 0 || n <= 0 || k <= 0 || ldy < n)
     return InvalidArgumentError("cuda gemm: bad shape " + shape +
                                 " ldy=" + std::to_string(ldy));
@@ -376,12 +411,13 @@ Status GemmRunner::Run(const GemmOp& op, cudaStream_t stream) {
     return InvalidArgumentError("cuda gemm " + shape + ": bias dtype " +
                                 std::string(DTypeName(op.bias_dtype)));
 
+  if (w.quantized()) RETURN_IF_ERROR(state_->CheckQuantized(w, dtype, shape));
+  if (dtype != DType::kF32 && op.workspace == nullptr)
+    return InvalidArgumentError("cuda gemm " + shape +
+                                ": 16-bit GEMM without a workspace");
   // B: x as is (f32), or its 16-bit copy in the op's workspace ([m, k] dense).
   const void* b = op.x;
   if (dtype != DType::kF32) {
-    if (op.workspace == nullptr)
-      return InvalidArgumentError("cuda gemm " + shape +
-                                  ": 16-bit GEMM without a workspace");
     if (!op.reuse_x_workspace)
       ConvertRows(op.x, k, op.workspace, k, dtype, m, k, stream);
     b = op.workspace;
@@ -406,37 +442,7 @@ Status GemmRunner::Run(const GemmOp& op, cudaStream_t stream) {
     return state_->Run(mm, stream);
   }
 
-  // ---- Quantized: validate, then decode and multiply panel by panel.
-  if (w.format.layout != MatrixLayout::kOutIn)
-    return InvalidArgumentError("cuda gemm " + shape +
-                                ": quantized weights are [n, k]");
-  const FormatKind kind = w.format.kind;
-  const bool fp4 = kind == FormatKind::kMxfp4 ||
-                   kind == FormatKind::kNvfp4ModelOpt ||
-                   kind == FormatKind::kNvfp4CompressedTensors;
-  if (fp4) {
-    const int64_t block = kind == FormatKind::kMxfp4 ? 32 : 16;
-    if (k % block != 0 || w.scales == nullptr)
-      return InvalidArgumentError(
-          "cuda gemm " + shape + ": FP4 weights need k a multiple of " +
-          std::to_string(block) + " and block scales");
-  } else if (kind == FormatKind::kFp8Block) {
-    if (w.block_in <= 0 || w.block_out <= 0 || w.scales == nullptr)
-      return InvalidArgumentError(
-          "cuda gemm " + shape + ": FP8 block weights need scales and a block "
-          "[" + std::to_string(w.block_out) + ", " +
-          std::to_string(w.block_in) + "]");
-  } else if (kind != FormatKind::kFp8PerTensor) {
-    return InvalidArgumentError("cuda gemm " + shape + ": unknown format");
-  }
-  const int64_t need = DecodeWorkspaceBytes(n, k, kind, dtype);
-  if (state_->decode == nullptr || state_->decode_bytes < need)
-    return FailedPreconditionError(
-        "cuda gemm " + shape + " (decoded to " + std::string(DTypeName(dtype)) +
-        "): weight decode workspace of " +
-        std::to_string(state_->decode_bytes) + " bytes, needs " +
-        std::to_string(need) + " (planned by the weight decode term)");
-
+  // ---- Quantized (validated above): decode and multiply panel by panel.
   const QuantMatrix q = QuantMatrixOf(w);
   const int64_t bias_size = op.bias != nullptr ? DTypeSize(op.bias_dtype) : 0;
   mm.a = state_->decode;  // [rows, k] row-major = column-major [k, rows]

@@ -209,8 +209,8 @@ void DecodeRows(const QuantMatrix& m, int64_t row0, int64_t rows, void* out,
   const dim3 grid = RowsGrid(rows, m.k);
   switch (dtype) {
     case DType::kF32:
-      DecodeRowsKernel<float, void><<<grid, kThreads, 0, s>>>(
-          m, row0, rows, static_cast<float*>(out));
+      DecodeRowsKernel<float, void>
+          <<<grid, kThreads, 0, s>>>(m, row0, rows, static_cast<float*>(out));
       break;
     case DType::kBF16:
       DecodeRowsKernel<uint16_t, Bf16Tag><<<grid, kThreads, 0, s>>>(
