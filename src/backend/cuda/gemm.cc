@@ -378,9 +378,17 @@ StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create() {
 GemmRunner::~GemmRunner() = default;
 
 void GemmRunner::SetWorkspace(void* workspace, int64_t bytes) {
-  state_->workspace = workspace;
-  state_->workspace_bytes =
-      workspace != nullptr ? std::max<int64_t>(bytes, 0) : 0;
+  // cuBLASLt wants a 256-byte aligned workspace; a planned region may only be
+  // 64-byte aligned: use the aligned part (at most 192 bytes less).
+  const auto a = reinterpret_cast<uintptr_t>(workspace);
+  const uintptr_t skip = (256 - a % 256) % 256;
+  if (workspace == nullptr || bytes <= static_cast<int64_t>(skip)) {
+    state_->workspace = nullptr;
+    state_->workspace_bytes = 0;
+    return;
+  }
+  state_->workspace = static_cast<char*>(workspace) + skip;
+  state_->workspace_bytes = bytes - static_cast<int64_t>(skip);
 }
 
 void GemmRunner::SetDecodeWorkspace(void* workspace, int64_t bytes) {
