@@ -38,7 +38,14 @@ __device__ __forceinline__ uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Exact widening; a NaN keeps its sign and payload (shifted into the top
+// bits) with the quiet bit set, as the host's conversion (the device
+// instruction's NaN result is not specified that way).
 __device__ __forceinline__ float F16ToF32(uint16_t h) {
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0)
+    return __uint_as_float((static_cast<uint32_t>(h & 0x8000u) << 16) |
+                           0x7fc00000u |
+                           (static_cast<uint32_t>(h & 0x3ffu) << 13));
   return __half2float(__ushort_as_half(h));
 }
 

@@ -19,6 +19,15 @@ int GridFor(int64_t n) {
   return static_cast<int>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
 }
 
+// Exact widening; NaN as the host widens it (sign, payload, quiet bit).
+__device__ __forceinline__ float F16ToF32(uint16_t h) {
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0)
+    return __uint_as_float((static_cast<uint32_t>(h & 0x8000u) << 16) |
+                           0x7fc00000u |
+                           (static_cast<uint32_t>(h & 0x3ffu) << 13));
+  return __half2float(__ushort_as_half(h));
+}
+
 // out [tokens, dim] f32 = table [vocab, dim] (dtype) rows ids [tokens].
 __global__ void GatherKernel(const void* table, DType dtype, const int32_t* ids,
                              int64_t tokens, int64_t dim, float* out) {
@@ -32,8 +41,7 @@ __global__ void GatherKernel(const void* table, DType dtype, const int32_t* ids,
           static_cast<uint32_t>(static_cast<const uint16_t*>(table)[src])
           << 16);
     else if (dtype == DType::kF16)
-      out[i] = __half2float(
-          __ushort_as_half(static_cast<const uint16_t*>(table)[src]));
+      out[i] = F16ToF32(static_cast<const uint16_t*>(table)[src]);
     else
       out[i] = static_cast<const float*>(table)[src];
   }
