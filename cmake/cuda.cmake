@@ -24,8 +24,11 @@ if(NOT LOOM_CUDA STREQUAL "off")
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
-    # CMake 3.25 knows no C++20 flag for nvcc; src/backend/cuda passes
-    # -std=c++20 itself.
+    # CMake 3.25 knows no C++20 flag for nvcc (13 has one): tell it.
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(LOOM_HAVE_CUDA ON)
     message(STATUS "loom: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                    "architectures ${CMAKE_CUDA_ARCHITECTURES})")

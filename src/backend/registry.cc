@@ -37,6 +37,14 @@ const std::vector<BackendEntry>& Backends() {
   return kBackends;
 }
 
+KernelCosts BackendCosts(DeviceKind kind) {
+#ifdef LOOM_HAVE_CUDA
+  if (kind == DeviceKind::kCuda) return cuda::CudaKernelCosts();
+#endif
+  (void)kind;
+  return cpu::CpuKernelCosts();
+}
+
 bool HasCudaBackend() {
 #ifdef LOOM_HAVE_CUDA
   return true;

@@ -42,6 +42,9 @@ struct GpuDescription {
 // The GPUs this build can use (empty without the CUDA backend or a device;
 // `reason` says why).
 std::vector<GpuDescription> ListGpus(std::string* reason);
+// The planner's kernel costs of the backend for `kind` (the CPU's for the
+// host and the disk tier, and for kCuda in a build without CUDA).
+KernelCosts BackendCosts(DeviceKind kind);
 // Whether this build has the CUDA backend.
 bool HasCudaBackend();
 

@@ -65,10 +65,12 @@ struct LoadedModel {
   std::string tokenizer_error;
 };
 
-StatusOr<LoadedModel> LoadModelAndTokenizer(const ExtractOptions& o) {
+StatusOr<LoadedModel> LoadModelAndTokenizer(const ExtractOptions& o,
+                                            int gpu_capability) {
   LoadedModel m;
   std::string warning;
-  ASSIGN_OR_RETURN(m.model, Model::Load(o.model_dir, o.precision, &warning));
+  ASSIGN_OR_RETURN(m.model, Model::Load(o.model_dir, o.precision, &warning,
+                                        gpu_capability));
   if (!warning.empty())
     std::fprintf(stderr, "loom extract: warning: %s\n", warning.c_str());
   StatusOr<std::unique_ptr<tok::Tokenizer>> t =
@@ -185,15 +187,16 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
 
 // Runs the window's batches through the model into the outputs' staging.
 Status RunWindow(const std::vector<PreparedRow>& window, int64_t batch_tokens,
-                 Executor& ex, OutputSet& outputs, int64_t* tokens) {
+                 Executor& ex, OutputSet& outputs, ExtractSink& sink,
+                 int64_t* tokens) {
   outputs.StageWindow(window);
-  ExtractSink sink(&outputs, batch_tokens);
   BatchPacker packer(window, batch_tokens);
   PackedBatch b;
   b.ids.reserve(batch_tokens);
   while (packer.Next(&b)) {
     outputs.SetBatchSlots(&b.slots);
     RETURN_IF_ERROR(ex.Forward(Batch{b.ids, b.starts}, &sink));
+    sink.Flush();  // Forward has synchronised every device
     *tokens += static_cast<int64_t>(b.ids.size());
   }
   outputs.FinishWindow(window);
@@ -283,7 +286,7 @@ struct RunContext {
   RowsLog& rows_log;
   JobState& state;
   Clock::time_point start;
-  Backend& backend;  // runs the forward and converts the outputs
+  JobBackends& backends;  // run the forward (segments of the plan)
 };
 
 // Reads, runs and commits windows until the input ends, or the test hook
@@ -304,7 +307,15 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
            .max_seq_len = std::min(s.batch_tokens, s.max_positions),
            .logits_chunk_rows = 256,
            .hf_bf16_activations = o.hf_bf16_activations,
-           .backend = &ctx.backend}));
+           .segments = ctx.backends.segments}));
+  // Selection on the device for segments not on the host; the sink's
+  // staging is sized here, once for the job.
+  ExtractSink sink(&ctx.outputs, s.batch_tokens);
+  std::vector<Backend*> device_backends;
+  for (int i = 0; i < ex->num_devices(); ++i)
+    if (!ex->device(i).host_memory)
+      device_backends.push_back(ex->device(i).backend);
+  RETURN_IF_ERROR(sink.EnableDevices(device_backends));
   const RowPreparer preparer({.template_text = o.template_text,
                               .add_bos = o.add_bos,
                               .replace_invalid_utf8 = o.replace_invalid_utf8,
@@ -323,8 +334,8 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
         ReadWindow(*reader, preparer, o.commit_every, o.replace_invalid_utf8,
                    o.on_error, state.progress.rows_committed, &eof));
     if (window.empty()) break;
-    RETURN_IF_ERROR(
-        RunWindow(window, s.batch_tokens, *ex, ctx.outputs, &summary.tokens));
+    RETURN_IF_ERROR(RunWindow(window, s.batch_tokens, *ex, ctx.outputs, sink,
+                              &summary.tokens));
     RETURN_IF_ERROR(CommitWindow(window, reader->offset(), ctx.outputs,
                                  ctx.rows_log, state));
     ++commits;
@@ -361,7 +372,10 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
       MemoryPlan plan,
       PlanJobOrRefuse("extract", o.model_dir,
                       ExtractJobSpec(o, settings, planned_compute), o.plan));
-  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelAndTokenizer(o));
+  // One backend per device the plan computes on (the host's is `backend`).
+  ASSIGN_OR_RETURN(JobBackends backends, CreateJobBackends(plan, backend.get()));
+  ASSIGN_OR_RETURN(LoadedModel loaded,
+                   LoadModelAndTokenizer(o, backends.gpu_capability));
   const DType compute = loaded.model->compute_dtype();
   const DType out_dtype = o.dtype.value_or(compute);
   OutputSet outputs(settings, out_dtype, o.format, o.out_dir, backend.get());
@@ -381,7 +395,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     return done;
   }
   RunContext ctx{o,        settings, loaded, outputs,
-                 rows_log, state,    start,  *backend};
+                 rows_log, state,    start,  backends};
   bool stopped = false;
   ASSIGN_OR_RETURN(ExtractSummary summary, RunWindows(ctx, &stopped));
   if (stopped) return summary;

@@ -1,5 +1,7 @@
 #include "src/eval/extract_outputs.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -357,6 +359,80 @@ void OutputSet::CaptureRagged(OutputArray& o, int64_t slot, int64_t seq_begin,
   }
 }
 
+void OutputSet::PickRows(const HookPoint& hook, const Batch& batch,
+                         int64_t row_begin, int64_t rows,
+                         DevicePicks* picks) {
+  const int64_t row_end = row_begin + rows;
+  const int64_t ds = DTypeSize(dtype_);
+  for (OutputArray& o : arrays_) {
+    if (!(o.hook == hook)) continue;
+    auto pick = [&](int64_t t, int64_t dst_row) {
+      if (t < row_begin || t >= row_end) return;
+      picks->rows.push_back(static_cast<int32_t>(t - row_begin));
+      picks->dst.push_back(&o.stage[dst_row * o.width * ds]);
+    };
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
+      if (e <= row_begin || b >= row_end) continue;
+      const int64_t slot = (*slots_)[s], len = e - b;
+      if (o.sel.ragged()) {
+        // As CaptureRagged.
+        SpanRange span;
+        LOOM_CHECK(ResolveSpan(o.sel, len, &span));
+        const RaggedIndex& ri = ragged_[o.ragged];
+        for (int64_t p = span.begin; p < span.end; ++p)
+          pick(b + p, ri.slot_begin[slot] + (p - span.begin));
+      } else if (o.sel.reduced()) {
+        // As CaptureReduced.
+        const int64_t from = std::max(b, row_begin), to = std::min(e, row_end);
+        picks->seg_begin.push_back(static_cast<int32_t>(from - row_begin));
+        picks->seg_end.push_back(static_cast<int32_t>(to - row_begin));
+        picks->seg_acc.push_back(&o.acc[slot * o.width]);
+        picks->seg_max.push_back(o.sel.kind == RowSelector::Kind::kMax);
+      } else {
+        // As CaptureFixed.
+        switch (o.sel.kind) {
+          case RowSelector::Kind::kLast:
+            pick(b + len - 1, slot);
+            break;
+          case RowSelector::Kind::kFirst:
+            pick(b, slot);
+            break;
+          default: {
+            const int64_t n = static_cast<int64_t>(o.sel.positions.size());
+            for (int64_t k = 0; k < n; ++k) {
+              const int64_t p = ResolvePosition(o.sel.positions[k], len);
+              if (p >= 0 && p < len) pick(b + p, slot * n + k);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+int64_t OutputSet::MaxPickedRows(int64_t max_tokens) const {
+  int64_t n = 0;
+  for (const OutputArray& o : arrays_)
+    if (!o.sel.reduced()) n += max_tokens * o.sel.rows_per_prompt();
+  return n;
+}
+
+int64_t OutputSet::MaxPickedBytes(int64_t max_tokens) const {
+  int64_t n = 0;
+  for (const OutputArray& o : arrays_)
+    if (!o.sel.reduced())
+      n += max_tokens * o.sel.rows_per_prompt() * o.width * DTypeSize(dtype_);
+  return n;
+}
+
+int64_t OutputSet::MaxSegmentValues(int64_t max_tokens) const {
+  int64_t n = 0;
+  for (const OutputArray& o : arrays_)
+    if (o.sel.reduced()) n += max_tokens * o.width;
+  return n;
+}
+
 void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
   const int64_t W = static_cast<int64_t>(window.size());
   const int64_t ds = DTypeSize(dtype_);
@@ -451,11 +527,143 @@ int64_t OutputSet::IntegerHookWidth() const {
 
 // ---- ExtractSink ------------------------------------------------------------
 
+Status ExtractSink::EnableDevices(const std::vector<Backend*>& devices) {
+  devices_ = devices;
+  if (devices_.empty()) return Status();
+  Backend& be = *devices_.front();
+  const int64_t T = max_tokens_;
+  const int64_t rows = outputs_->MaxPickedRows(T);
+  const int64_t segments = outputs_->MaxSegmentValues(T);
+  ASSIGN_OR_RETURN(pinned_rows_,
+                   be.Allocate(std::max<int64_t>(outputs_->MaxPickedBytes(T), 64),
+                               MemoryKind::kPinnedHost));
+  // Row indices, then each reduced array's segment bounds (<= 2 T each).
+  ASSIGN_OR_RETURN(pinned_index_,
+                   be.Allocate((rows + 2 * segments + 16) * 4,
+                               MemoryKind::kPinnedHost));
+  ASSIGN_OR_RETURN(pinned_sums_, be.Allocate(std::max<int64_t>(segments * 8, 64),
+                                             MemoryKind::kPinnedHost));
+  const size_t n = static_cast<size_t>(rows + segments);
+  picks_.rows.reserve(n);
+  picks_.dst.reserve(n);
+  picks_.seg_begin.reserve(n);
+  picks_.seg_end.reserve(n);
+  picks_.seg_acc.reserve(n);
+  picks_.seg_max.reserve(n);
+  pending_.reserve(n);
+  pending_segments_.reserve(n);
+  return Status();
+}
+
+Status ExtractSink::OnDeviceActivation(const HookPoint& hook,
+                                       const Batch& batch, int64_t row_begin,
+                                       const ActivationView& view) {
+  Backend* be = nullptr;
+  for (Backend* b : devices_)
+    if (b->device() == view.device) be = b;
+  if (be == nullptr || view.dtype != DType::kF32)
+    return InternalError("extract: hook " + HookName(hook) +
+                         " was delivered in the memory of a device the sink "
+                         "was not given, or as " +
+                         std::string(DTypeName(view.dtype)));
+  picks_.rows.clear();
+  picks_.dst.clear();
+  picks_.seg_begin.clear();
+  picks_.seg_end.clear();
+  picks_.seg_acc.clear();
+  picks_.seg_max.clear();
+  outputs_->PickRows(hook, batch, row_begin, view.rows, &picks_);
+  const int64_t n = static_cast<int64_t>(picks_.rows.size());
+  const int64_t g = static_cast<int64_t>(picks_.seg_begin.size());
+  const int64_t ds = DTypeSize(outputs_->dtype());
+  const int64_t row_bytes = view.cols * ds;
+  int32_t* index = static_cast<int32_t*>(pinned_index_.data());
+  const int64_t index_cap = pinned_index_.bytes / 4;
+  if (bytes_used_ + n * row_bytes > pinned_rows_.bytes ||
+      index_used_ + n + 2 * g > index_cap ||
+      (sums_used_ + g * view.cols) * 8 > pinned_sums_.bytes)
+    return InternalError("extract: the device capture staging of hook " +
+                         HookName(hook) + " is full (" + std::to_string(n) +
+                         " rows, " + std::to_string(g) +
+                         " segments); it was sized for " +
+                         std::to_string(max_tokens_) + " tokens per batch");
+  if (n > 0) {
+    int32_t* idx = index + index_used_;
+    std::copy(picks_.rows.begin(), picks_.rows.end(), idx);
+    uint8_t* stage = static_cast<uint8_t*>(pinned_rows_.data()) + bytes_used_;
+    be->GatherRowsConvert(static_cast<const float*>(view.data), view.ld, idx,
+                          n, view.cols, stage, outputs_->dtype());
+    for (int64_t i = 0; i < n; ++i)
+      pending_.push_back({picks_.dst[i], stage + i * row_bytes, row_bytes});
+    index_used_ += n;
+    bytes_used_ += n * row_bytes;
+  }
+  // Sums and maxima in double: one SegmentReduce per kind.
+  for (const bool max : {false, true}) {
+    int64_t k = 0;
+    int32_t* begin = index + index_used_;
+    for (int64_t i = 0; i < g; ++i)
+      if (static_cast<bool>(picks_.seg_max[i]) == max)
+        begin[k++] = picks_.seg_begin[i];
+    if (k == 0) continue;
+    int32_t* end = begin + k;
+    double* sums = static_cast<double*>(pinned_sums_.data()) + sums_used_;
+    k = 0;
+    for (int64_t i = 0; i < g; ++i) {
+      if (static_cast<bool>(picks_.seg_max[i]) != max) continue;
+      end[k] = picks_.seg_end[i];
+      pending_segments_.push_back(
+          {picks_.seg_acc[i], sums + k * view.cols, view.cols, max});
+      ++k;
+    }
+    be->SegmentReduce(static_cast<const float*>(view.data), view.ld, begin,
+                      end, k, view.cols, max, /*accumulate=*/false, sums);
+    index_used_ += 2 * k;
+    sums_used_ += k * view.cols;
+  }
+  return Status();
+}
+
+void ExtractSink::Flush() {
+  for (const Pending& p : pending_)
+    std::memcpy(p.dst, p.src, static_cast<size_t>(p.bytes));
+  for (const PendingSegment& s : pending_segments_)
+    for (int64_t j = 0; j < s.width; ++j)
+      s.acc[j] = s.max ? std::max(s.acc[j], s.sums[j]) : s.acc[j] + s.sums[j];
+  pending_.clear();
+  pending_segments_.clear();
+  rows_used_ = bytes_used_ = index_used_ = sums_used_ = 0;
+}
+
 Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                  int64_t /*seq*/, int64_t row_begin,
                                  const ActivationView& view) {
-  // Selection happens on the host: a device view would first need a
-  // device-side selection (the CUDA backend's job).
+  if (view.device.kind != DeviceKind::kCpu) {
+    if (view.dtype == DType::kF32 && hook.site != HookSite::kPattern)
+      return OnDeviceActivation(hook, batch, row_begin, view);
+    if (view.dtype == DType::kI32 && view.ld == view.cols &&
+        view.rows * view.cols <= static_cast<int64_t>(device_ints_.size())) {
+      // Expert ids: a few integers per token, checked and widened on the
+      // host.
+      for (Backend* b : devices_)
+        if (b->device() == view.device) {
+          RETURN_IF_ERROR(b->Copy(device_ints_.data(), DeviceRef{}, view.data,
+                                  view.device, view.rows * view.cols * 4));
+          ActivationView host = view;
+          host.data = device_ints_.data();
+          host.device = DeviceRef{};
+          return OnActivation(hook, batch, -1, row_begin, host);
+        }
+    }
+    return UnimplementedError(
+        "extract: hook " + HookName(hook) +
+        (hook.site == HookSite::kPattern
+             ? " (attention probabilities) is captured on the host only; run "
+               "the layers that deliver it on the CPU"
+             : " arrived in device memory as " +
+                   std::string(DTypeName(view.dtype)) +
+                   "; only f32 device views are selected on the device"));
+  }
   if (view.dtype == DType::kI32 && view.device.kind == DeviceKind::kCpu) {
     const int64_t exact = outputs_->dtype() == DType::kBF16  ? 256
                           : outputs_->dtype() == DType::kF16 ? 2048

@@ -98,6 +98,28 @@ class OutputSet {
   // Copies what the selectors keep of `hook`'s rows into the staging.
   void Capture(const HookPoint& hook, const Batch& batch,
                const ActivationRows& rows);
+  // Device capture: what the selectors keep of rows [row_begin, row_begin +
+  // rows) of `hook`'s block, without reading the rows. Rows to copy: the
+  // block row (relative to row_begin) and its place in the window staging;
+  // segments to reduce (mean / max): block rows [begin, end) and the
+  // accumulator [width] they combine into. Appends to the vectors (whose
+  // capacity the caller reserved).
+  struct DevicePicks {
+    std::vector<int32_t> rows;          // [n] block rows to copy
+    std::vector<uint8_t*> dst;          // [n] staging row of each
+    std::vector<int32_t> seg_begin;     // [g]
+    std::vector<int32_t> seg_end;       // [g]
+    std::vector<double*> seg_acc;       // [g] accumulator [width] each
+    std::vector<uint8_t> seg_max;       // [g] 1 = max, 0 = sum
+  };
+  void PickRows(const HookPoint& hook, const Batch& batch, int64_t row_begin,
+                int64_t rows, DevicePicks* picks);
+  // Upper bounds for one batch of `max_tokens` tokens over every hook: rows
+  // copied x their bytes in the output dtype, copied rows, and segments x
+  // width reduced.
+  int64_t MaxPickedBytes(int64_t max_tokens) const;
+  int64_t MaxPickedRows(int64_t max_tokens) const;
+  int64_t MaxSegmentValues(int64_t max_tokens) const;
   // After the window's batches: mean/max finalised, skipped rows NaN.
   void FinishWindow(const std::vector<PreparedRow>& window);
   // Writes the window's rows (committed rows so far: progress->
@@ -138,19 +160,61 @@ class OutputSet {
 // values of the output dtype: every id must be an integer that dtype holds
 // exactly (f32: < 2^24, f16: <= 2048, bf16: <= 256), else the capture fails
 // with an error naming the hook and the id.
+//
+// Views in device memory (a GPU segment) are selected on the device: the
+// sink computes which rows the selectors keep, the device backend gathers
+// just those rows, converted to the output dtype, straight into pinned host
+// staging (mapped memory: no separate copy), and reduces mean / max segments
+// in double there; Flush(), after the batch's forward has finished, moves
+// them into the window's staging. All of it is sized at EnableDevices(),
+// before any forward.
 class ExtractSink : public HookSink {
  public:
   // Batches of up to `max_tokens` tokens: the staging of integer hooks is
   // sized here, before any forward.
   ExtractSink(OutputSet* outputs, int64_t max_tokens)
       : outputs_(outputs),
-        ints_(static_cast<size_t>(max_tokens * outputs->IntegerHookWidth())) {}
+        max_tokens_(max_tokens),
+        ints_(static_cast<size_t>(max_tokens * outputs->IntegerHookWidth())),
+        device_ints_(ints_.size()) {}
+  // The device backends whose views may arrive (one per executor segment
+  // that is not on the host): allocates the pinned staging of the device
+  // path from the first of them.
+  Status EnableDevices(const std::vector<Backend*>& devices);
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
                       int64_t row_begin, const ActivationView& view) override;
+  // After a forward (whose backends have synchronised): completes the
+  // device captures of that batch.
+  void Flush();
 
  private:
+  Status OnDeviceActivation(const HookPoint& hook, const Batch& batch,
+                            int64_t row_begin, const ActivationView& view);
   OutputSet* outputs_;
+  int64_t max_tokens_;
   std::vector<float> ints_;  // [rows, cols] an integer hook's values as f32
+  // An integer hook's values copied from a device: [rows, cols] i32.
+  std::vector<int32_t> device_ints_;
+  // ---- Device path ----
+  std::vector<Backend*> devices_;
+  Buffer pinned_rows_;    // [picked bytes] gathered rows, output dtype
+  Buffer pinned_index_;   // [picked rows + 2 segments] i32 row indices
+  Buffer pinned_sums_;    // [segment values] f64 reductions
+  int64_t rows_used_ = 0, bytes_used_ = 0, index_used_ = 0, sums_used_ = 0;
+  OutputSet::DevicePicks picks_;
+  struct Pending {
+    uint8_t* dst;
+    const uint8_t* src;
+    int64_t bytes;
+  };
+  struct PendingSegment {
+    double* acc;
+    const double* sums;
+    int64_t width;
+    bool max;
+  };
+  std::vector<Pending> pending_;
+  std::vector<PendingSegment> pending_segments_;
 };
 
 // rows.jsonl: one record per input row, appended per commit.

@@ -34,19 +34,71 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
   ASSIGN_OR_RETURN(std::vector<DeviceSpec> devices,
                    DevicesFromFlags(o.devices.empty() ? cpu_only : o.devices,
                                     o.max_memory, o.reserve, host));
-  for (const DeviceSpec& d : devices)
-    if (d.kind == DeviceKind::kCuda)
-      return UnimplementedError("--device " + d.name +
-                                ": this build runs on the CPU only; plan GPU "
-                                "placements with `loom plan`");
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
-  ASSIGN_OR_RETURN(MemoryPlan plan, PlanModelDir(model_dir, job, devices, host,
-                                                 backend->Costs()));
+  bool gpu = false;
+  for (const DeviceSpec& d : devices) {
+    if (d.kind != DeviceKind::kCuda || !d.compute) continue;
+    gpu = true;
+    if (!HasCudaBackend())
+      return UnimplementedError(
+          "--device " + d.name +
+          ": this build has no CUDA backend (configure with -DLOOM_CUDA=on "
+          "where the CUDA toolkit is installed); plan GPU placements with "
+          "`loom plan`");
+  }
+  // The kernels' costs of the backend the layers run on (a placement is of
+  // one kind of accelerator, plus the host).
+  const KernelCosts costs =
+      BackendCosts(gpu ? DeviceKind::kCuda : DeviceKind::kCpu);
+  ASSIGN_OR_RETURN(MemoryPlan plan,
+                   PlanModelDir(model_dir, job, devices, host, costs));
   if (o.show_plan)
     std::fprintf(stderr, "loom %s: memory plan\n%s\n", command.c_str(),
                  FormatPlanTable(plan).c_str());
   RETURN_IF_ERROR(CheckFits(plan));
   return plan;
+}
+
+StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan,
+                                        Backend* host) {
+  JobBackends jb;
+  std::vector<Backend*> by_device(plan.devices.size(), nullptr);
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    const DeviceSpec& d = plan.devices[i].device;
+    if (!plan.devices[i].computes()) continue;
+    if (d.kind != DeviceKind::kCuda) {
+      by_device[i] = host;  // the host, and the disk tier it streams from
+      continue;
+    }
+    const int index = std::stoi(d.name.substr(d.name.find(':') + 1));
+    StatusOr<std::unique_ptr<Backend>> b =
+        CreateBackend(DeviceKind::kCuda, index);
+    if (!b.ok())
+      return FailedPreconditionError("--device " + d.name + ": " +
+                                     b.status().message());
+    by_device[i] = b->get();
+    jb.owned.push_back(std::move(*b));
+    std::string reason;
+    for (const GpuDescription& g : ListGpus(&reason))
+      if (g.index == index) {
+        const int cap = g.major * 10 + g.minor;
+        jb.gpu_capability =
+            jb.gpu_capability == 0 ? cap : std::min(jb.gpu_capability, cap);
+      }
+  }
+  Backend* last = host;
+  for (int64_t l = 0; l < plan.num_layers; ++l) {
+    const int dev = plan.layer_device[static_cast<size_t>(l)];
+    Backend* b = dev >= 0 ? by_device[static_cast<size_t>(dev)] : last;
+    if (b == nullptr) b = host;
+    if (jb.segments.empty() || jb.segments.back().backend != b)
+      jb.segments.push_back({b, l, l});
+    else
+      jb.segments.back().last_layer = l;
+    last = b;
+  }
+  // (No layers: no segments; the executor then runs on its own host
+  // backend.)
+  return jb;
 }
 
 StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,

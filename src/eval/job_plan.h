@@ -13,6 +13,7 @@
 
 #include "src/base/status.h"
 #include "src/plan/planner.h"
+#include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
 namespace loom {
@@ -39,6 +40,20 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
                                      const std::string& model_dir,
                                      const JobSpec& job,
                                      const JobPlanOptions& options);
+
+// The backends a plan computes on and the executor segments of its layer
+// placement: one backend per computing device (the host's is borrowed), the
+// layers of each device as contiguous segments in layer order (layers the
+// plan does not run go to the last segment; disk-streamed layers run on the
+// host).
+struct JobBackends {
+  std::vector<std::unique_ptr<Backend>> owned;
+  std::vector<ExecutorSegment> segments;
+  // The lowest compute capability of the GPUs used (0 = none), for the
+  // precision rules (ResolvePrecisionOn).
+  int gpu_capability = 0;
+};
+StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan, Backend* host);
 
 // The job an evaluation (perplexity / compare) runs per window: `ctx` tokens
 // to the final norm, logits `chunk_rows` rows at a time. ctx 0 = the

@@ -63,6 +63,42 @@ StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype,
   return DType::kF32;
 }
 
+DType GpuAutoPrecision(int capability, DType checkpoint_dtype) {
+  if (checkpoint_dtype == DType::kF32) return DType::kF32;
+  if (checkpoint_dtype == DType::kF16) return DType::kF16;
+  return capability >= 80 ? DType::kBF16 : DType::kF16;
+}
+
+StatusOr<DType> ResolvePrecisionOn(Precision requested, DType checkpoint_dtype,
+                                   int gpu_capability, std::string* warning) {
+  if (gpu_capability <= 0)
+    return ResolvePrecision(requested, checkpoint_dtype, warning);
+  if (warning) warning->clear();
+  const std::string cap = std::to_string(gpu_capability / 10) + "." +
+                          std::to_string(gpu_capability % 10);
+  switch (requested) {
+    case Precision::kF32:
+      return DType::kF32;
+    case Precision::kBF16:
+      if (gpu_capability < 80)
+        return FailedPreconditionError(
+            "--precision bf16: a GPU of compute capability " + cap +
+            " has no bf16 tensor cores (8.0 and later do); use f16 or f32");
+      return DType::kBF16;
+    case Precision::kF16:
+      return DType::kF16;
+    case Precision::kAuto:
+      break;
+  }
+  const DType pick = GpuAutoPrecision(gpu_capability, checkpoint_dtype);
+  if (warning && pick != checkpoint_dtype && IsComputeDType(checkpoint_dtype))
+    *warning = "checkpoint dtype " +
+               std::string(DTypeLongName(checkpoint_dtype)) +
+               " is not computed natively on a GPU of capability " + cap +
+               "; computing in " + std::string(DTypeLongName(pick));
+  return pick;
+}
+
 DType CheckpointDType(const Checkpoint& ckpt) {
   std::map<DType, int64_t> bytes;
   for (const auto& e : ckpt.entries())
@@ -76,7 +112,8 @@ DType CheckpointDType(const Checkpoint& ckpt) {
 
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
                                              Precision precision,
-                                             std::string* warning) {
+                                             std::string* warning,
+                                             int gpu_capability) {
   auto m = std::unique_ptr<Model>(new Model());
   m->dir_ = model_dir;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
@@ -89,7 +126,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
   ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
   ASSIGN_OR_RETURN(
       m->compute_dtype_,
-      ResolvePrecision(precision, CheckpointDType(*m->checkpoint_), warning));
+      ResolvePrecisionOn(precision, CheckpointDType(*m->checkpoint_),
+                         gpu_capability, warning));
   ASSIGN_OR_RETURN(m->weights_,
                    BoundWeights::Bind(m->config_, m->decl_, *m->checkpoint_,
                                       m->compute_dtype_));

@@ -30,6 +30,20 @@ StatusOr<Precision> ParsePrecision(std::string_view text);
 StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype,
                                  std::string* warning);
 
+// The precision `auto` picks on a GPU of compute capability `capability`
+// (major * 10 + minor) for a checkpoint stored in `checkpoint_dtype`: f32
+// checkpoints stay f32; otherwise bf16 on capability >= 8.0 (Ampere and
+// later), f16 below.
+DType GpuAutoPrecision(int capability, DType checkpoint_dtype);
+
+// ResolvePrecision for a job whose layers run on GPUs of the lowest compute
+// capability `gpu_capability` (0 = on the host: ResolvePrecision). Explicit
+// requests a GPU cannot run (bf16 below 8.0) are errors naming the
+// capability; auto follows GpuAutoPrecision, with `warning` saying when the
+// checkpoint's dtype was not kept.
+StatusOr<DType> ResolvePrecisionOn(Precision requested, DType checkpoint_dtype,
+                                   int gpu_capability, std::string* warning);
+
 // Whether the CPU backend computes with `dtype` at speed here.
 bool CpuSupportsComputeDType(DType dtype);
 
@@ -40,9 +54,13 @@ class Model {
  public:
   // Loads `model_dir` (config.json + safetensors) at the given precision.
   // `warning` (may be null) receives a precision fallback message.
+  // `gpu_capability`: the lowest compute capability of the GPUs the job's
+  // layers run on (0 = the host), for the precision rules
+  // (ResolvePrecisionOn).
   static StatusOr<std::unique_ptr<Model>> Load(const std::string& model_dir,
                                                Precision precision,
-                                               std::string* warning = nullptr);
+                                               std::string* warning = nullptr,
+                                               int gpu_capability = 0);
 
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return config_; }

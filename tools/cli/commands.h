@@ -18,6 +18,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code);
 void AddPlanCommand(CLI::App& app, int* exit_code);
 void AddPerplexityCommand(CLI::App& app, int* exit_code);
 void AddCompareCommand(CLI::App& app, int* exit_code);
+void AddDevicesCommand(CLI::App& app, int* exit_code);
 
 // Prints "loom <command>: <status message>" to stderr and returns 1 when
 // `status` is an error, else 0.

@@ -334,8 +334,7 @@ Status CudaBackend::Attention(const AttentionOp& op) {
   if (!AttentionSupportsHeadDim(op.head_dim))
     return UnimplementedError(name_ + ": attention with head_dim " +
                               std::to_string(op.head_dim) +
-                              " (the fused kernel takes 32, 64, 80, 96, 128, "
-                              "160, 192, 256)");
+                              " (the kernels take head dims 1 to 256)");
   AttentionArgs a;
   a.q = op.q;
   a.q_rs = op.q_rs;
