@@ -17,6 +17,7 @@
 #include <new>
 
 #include "src/backend/cpu/cpu_backend.h"
+#include "src/model/registry.h"
 #include "src/model/synth.h"
 #include "src/plan/planner.h"
 #include "src/plan/report.h"
@@ -288,6 +289,45 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
   RecordProperty("peak_bytes", peak_reset ? std::to_string(peak) : std::string("n/a"));
   EXPECT_NEAR(ratio, 1.0, 0.01)
       << "planned " << planned << " measured " << measured;
+}
+
+// The llama-3.1-8b preset has Llama-3.1-8B's shapes: one layer of it (and a
+// small vocabulary) writes exactly that layer's parameter count, and the
+// config reads back with llama3 RoPE scaling.
+TEST(MemoryTest, SynthLlama31Preset) {
+  const std::string dir = (fs::temp_directory_path() /
+                           ("loom_synth_llama31_" + std::to_string(::getpid())))
+                              .string();
+  SynthOptions so;
+  so.preset = "llama-3.1-8b";
+  so.num_layers = 1;
+  so.vocab_size = 512;
+  so.dtype = DType::kBF16;
+  auto params = WriteSyntheticModel(dir, so);
+  ASSERT_TRUE(params.ok()) << params.status().ToString();
+  // q, o 4096^2; k, v 4096 x 1024; gate, up, down 4096 x 14336; two norms.
+  const int64_t layer = 2 * 4096LL * 4096 + 2 * 4096LL * 1024 +
+                        3 * 4096LL * 14336 + 2 * 4096;
+  EXPECT_EQ(*params, layer + 2 * 512LL * 4096 + 4096);
+  // The full model: Llama-3.1-8B's 8,030,261,248 parameters.
+  EXPECT_EQ(32 * layer + 2 * 128256LL * 4096 + 4096, 8030261248LL);
+  auto c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->hidden_size, 4096);
+  EXPECT_EQ(c->intermediate_size, 14336);
+  EXPECT_EQ(c->num_layers, 1);
+  EXPECT_EQ(c->num_heads, 32);
+  EXPECT_EQ(c->num_kv_heads, 8);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->vocab_size, 512);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+  EXPECT_FLOAT_EQ(c->norm_eps, 1e-5f);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->rope.type, RopeConfig::Type::kLlama3);
+  EXPECT_DOUBLE_EQ(c->rope.theta, 500000.0);
+  EXPECT_DOUBLE_EQ(c->rope.factor, 8.0);
+  EXPECT_EQ(c->rope.original_max_position_embeddings, 8192);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -140,6 +140,28 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
                 {"num_key_value_heads", 2},
                 {"vocab_size", 4096},
                 {"max_position_embeddings", 2048}});
+  } else if (o.preset == "llama-3.1-8b") {
+    // meta-llama/Llama-3.1-8B's config.json values (llama3 RoPE scaling, the
+    // full 128256-token vocabulary).
+    cfg.update({{"hidden_size", 4096},
+                {"intermediate_size", 14336},
+                {"num_hidden_layers", 32},
+                {"num_attention_heads", 32},
+                {"num_key_value_heads", 8},
+                {"head_dim", 128},
+                {"vocab_size", 128256},
+                {"max_position_embeddings", 131072},
+                {"rope_theta", 500000.0},
+                {"rope_scaling",
+                 {{"rope_type", "llama3"},
+                  {"factor", 8.0},
+                  {"low_freq_factor", 1.0},
+                  {"high_freq_factor", 4.0},
+                  {"original_max_position_embeddings", 8192}}},
+                {"attention_bias", false},
+                {"mlp_bias", false},
+                {"bos_token_id", 128000},
+                {"eos_token_id", 128001}});
   } else if (o.preset == "qwen3-30b-a3b") {
     // Qwen3-30B-A3B's real layer shapes (128 experts, 8 per token, expert
     // intermediate 768), reduced depth and vocabulary.
@@ -206,7 +228,8 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
   } else {
     return InvalidArgumentError(
         "--preset '" + o.preset +
-        "': expected tinyllama-1.1b, small, qwen3-30b-a3b or gpt-oss-20b");
+        "': expected tinyllama-1.1b, small, llama-3.1-8b, qwen3-30b-a3b or "
+        "gpt-oss-20b");
   }
   if (o.num_layers > 0) cfg["num_hidden_layers"] = o.num_layers;
   if (o.vocab_size > 0) cfg["vocab_size"] = o.vocab_size;

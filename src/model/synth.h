@@ -14,7 +14,9 @@
 namespace loom {
 
 struct SynthOptions {
-  // "tinyllama-1.1b", "small" (hidden 256, 4 layers), "qwen3-30b-a3b"
+  // "tinyllama-1.1b", "small" (hidden 256, 4 layers), "llama-3.1-8b"
+  // (Llama-3.1-8B's config: 32 layers, vocab 128256, llama3 RoPE scaling;
+  // 16 GB in bf16), "qwen3-30b-a3b"
   // (Qwen3-30B-A3B's layer shapes: 128 experts top-8 of 768, 2 layers, vocab
   // 32000) or "gpt-oss-20b" (2 layers, vocabulary 32768, MXFP4 experts).
   std::string preset = "tinyllama-1.1b";

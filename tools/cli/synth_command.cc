@@ -1,4 +1,6 @@
-// loom synth OUT_DIR [--preset tinyllama-1.1b|small|gpt-oss-20b] [--layers N]
+// loom synth OUT_DIR
+// [--preset tinyllama-1.1b|small|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b]
+// [--layers N]
 // [--vocab N]
 // [--dtype bf16] [--seed N]
 #include <cstdio>
@@ -26,7 +28,10 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--preset", opts->synth.preset,
                   "tinyllama-1.1b (hidden 2048, 22 layers, 32/4 heads, "
-                  "intermediate 5632, vocab 32000), small, qwen3-30b-a3b "
+                  "intermediate 5632, vocab 32000), small, llama-3.1-8b "
+                  "(Llama-3.1-8B's config: hidden 4096, 32 layers, 32/8 "
+                  "heads, intermediate 14336, vocab 128256, llama3 RoPE "
+                  "scaling; 16 GB in bf16), qwen3-30b-a3b "
                   "(Qwen3-30B-A3B layer shapes: 128 experts top-8 of 768, "
                   "2 layers, vocab 32000) or gpt-oss-20b (gpt-oss-20b's "
                   "shapes, 2 layers, vocab 32768, MXFP4 experts)")
