@@ -250,3 +250,45 @@ TEST(PlanCli, PlanAndExtractShowPlanPrintTheSameArenaBytes) {
 }
 
 }  // namespace
+
+namespace loom {
+namespace {
+
+// `loom devices`: the host always; GPUs when the build has the CUDA backend
+// and a device is visible, else the reason (exit 0 either way).
+TEST(DevicesCli, ListsTheHostAndEveryGpuOrWhyNone) {
+  const Result r = RunLoom("devices", "--json", false);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["host"]["device"], "cpu");
+  EXPECT_GT(j["host"]["memory_bytes"].get<int64_t>(), 0);
+  ASSERT_TRUE(j["gpus"].is_array());
+  if (j["gpus"].empty()) {
+    EXPECT_FALSE(j["no_gpu_reason"].get<std::string>().empty());
+  } else {
+    for (const auto& g : j["gpus"]) {
+      EXPECT_GT(g["memory_total_bytes"].get<int64_t>(), 0);
+      const std::string cap = g["capability"];
+      const int major = std::stoi(cap.substr(0, cap.find('.')));
+      EXPECT_EQ(g["auto_precision"], major >= 8 ? "bf16" : "f16") << cap;
+    }
+  }
+  const Result text = RunLoom("devices", "", false);
+  ASSERT_EQ(text.rc, 0);
+  EXPECT_NE(text.out.find("cpu"), std::string::npos) << text.out;
+}
+
+// A job on a GPU the build or the machine lacks is refused before loading,
+// naming the device.
+TEST(DevicesCli, JobOnAMissingGpuIsAClearError) {
+  const Result r = RunLoom(
+      "perplexity",
+      "--model " + std::string(LOOM_MODELS_DIR) +
+          "/stories260K --tokens /dev/null --device cuda:7=1GiB",
+      true);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("cuda:7"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace loom

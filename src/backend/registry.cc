@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "src/backend/cpu/cpu_backend.h"
+#include "src/backend/cuda/costs.h"
 #ifdef LOOM_HAVE_CUDA
 #include "src/backend/cuda/cuda_backend.h"
 #endif
@@ -38,10 +39,7 @@ const std::vector<BackendEntry>& Backends() {
 }
 
 KernelCosts BackendCosts(DeviceKind kind) {
-#ifdef LOOM_HAVE_CUDA
   if (kind == DeviceKind::kCuda) return cuda::CudaKernelCosts();
-#endif
-  (void)kind;
   return cpu::CpuKernelCosts();
 }
 

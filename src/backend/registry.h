@@ -43,7 +43,7 @@ struct GpuDescription {
 // `reason` says why).
 std::vector<GpuDescription> ListGpus(std::string* reason);
 // The planner's kernel costs of the backend for `kind` (the CPU's for the
-// host and the disk tier, and for kCuda in a build without CUDA).
+// host and the disk tier; the CUDA backend's for kCuda, in every build).
 KernelCosts BackendCosts(DeviceKind kind);
 // Whether this build has the CUDA backend.
 bool HasCudaBackend();

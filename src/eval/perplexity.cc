@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "src/backend/registry.h"
 #include "src/base/check.h"
 #include "src/eval/logits_head.h"
 #include "src/runtime/executor.h"
@@ -14,7 +15,10 @@ namespace {
 // Scores one window from its final-norm rows as the executor delivers them.
 class ScoringSink : public HookSink {
  public:
-  ScoringSink(LogitsHead* head, double* lse) : head_(head), lse_(lse) {}
+  // `producer`: the backend that computes the final-norm rows (synchronised
+  // before the head, which may run on another instance, reads them).
+  ScoringSink(LogitsHead* head, double* lse, Backend* producer)
+      : head_(head), lse_(lse), producer_(producer) {}
 
   void SetWindow(std::span<const int32_t> window_ids, int64_t row_begin,
                  int64_t row_end, float* logprob_out) {
@@ -30,27 +34,29 @@ class ScoringSink : public HookSink {
                       int64_t row_begin, const ActivationView& view) override {
     if (hook.site != HookSite::kFinalNorm) return Status();
     const int64_t rows = view.rows, cols = view.cols, ld = view.ld;
-    const float* data = view.f32();
-    LOOM_CHECK(row_begin == 0 && rows == static_cast<int64_t>(ids_.size()) &&
-               ld == cols && cols == head_->hidden());
-    const int64_t V = head_->vocab();
+    LOOM_CHECK(view.dtype == DType::kF32 && row_begin == 0 &&
+               rows == static_cast<int64_t>(ids_.size()) && ld == cols &&
+               cols == head_->hidden());
+    if (!(view.device == DeviceRef{})) RETURN_IF_ERROR(producer_->Synchronize());
+    const float* data = static_cast<const float*>(view.data);
     for (int64_t r0 = row_begin_; r0 < row_end_; r0 += head_->chunk_rows()) {
       const int64_t n = std::min(head_->chunk_rows(), row_end_ - r0);
-      const float* logits = head_->Compute(data + r0 * ld, n);
-      head_->LogSumExp(n, lse_);
+      head_->Compute(data + r0 * ld, n);
+      // log p(ids[t + 1] | ids[..t]) = logit[target] - logsumexp, in double.
+      head_->TargetLogProbs(n, ids_.data() + r0 + 1, lse_);
       for (int64_t i = 0; i < n; ++i) {
-        const double lp =
-            static_cast<double>(logits[i * V + ids_[r0 + i + 1]]) - lse_[i];
-        nll_ -= lp;
-        if (out_ != nullptr) out_[r0 - row_begin_ + i] = static_cast<float>(lp);
+        nll_ -= lse_[i];
+        if (out_ != nullptr)
+          out_[r0 - row_begin_ + i] = static_cast<float>(lse_[i]);
       }
     }
-    return Status();
+    return head_->backend().Synchronize();
   }
 
  private:
   LogitsHead* head_;
   double* lse_;
+  Backend* producer_;
   std::span<const int32_t> ids_;
   int64_t row_begin_ = 0, row_end_ = 0;
   float* out_ = nullptr;
@@ -96,9 +102,20 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   eo.max_seq_len = plan.max_window_tokens;
   eo.logits_chunk_rows = options.logits_chunk_rows;
   eo.hf_bf16_activations = options.hf_bf16_activations;
+  eo.segments = options.segments;
   ASSIGN_OR_RETURN(auto executor, Executor::Create(model, hooks, eo));
+  // The head runs where the final norm is computed.
+  const Executor::Device& last =
+      executor->device(executor->num_devices() - 1);
+  std::unique_ptr<Backend> head_backend;
+  if (!last.host_memory) {
+    const DeviceRef d = last.backend->device();
+    ASSIGN_OR_RETURN(head_backend, CreateBackend(d.kind, d.index));
+  }
   ASSIGN_OR_RETURN(auto head,
-                   LogitsHead::Create(model, options.logits_chunk_rows));
+                   LogitsHead::Create(model, options.logits_chunk_rows,
+                                      head_backend.get(),
+                                      head_backend ? last.weights : nullptr));
 
   PerplexityResult r;
   r.protocol = plan.protocol;
@@ -117,7 +134,7 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
       head->bytes() + static_cast<int64_t>(window_ids.size() * sizeof(int32_t) +
                                            lse.size() * sizeof(double));
 
-  ScoringSink sink(head.get(), lse.data());
+  ScoringSink sink(head.get(), lse.data(), last.backend);
   const auto start = std::chrono::steady_clock::now();
   int64_t scored = 0;
   for (size_t wi = 0; wi < plan.windows.size(); ++wi) {

@@ -16,6 +16,7 @@
 
 #include "src/base/status.h"
 #include "src/eval/windows.h"
+#include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
 namespace loom::eval {
@@ -29,6 +30,11 @@ struct EvalOptions {
   // Round activations to bf16 where HF's bf16 forward does (bf16 models
   // only; see ExecutorOptions::hf_bf16_activations).
   bool hf_bf16_activations = false;
+  // Placement (CreateJobBackends): the layers' segments; empty = every layer
+  // on a host backend of the executor's own. When the final norm is
+  // computed on a device, the head runs on that device too (a second
+  // backend instance there, reading the device's copy of lm_head).
+  std::vector<ExecutorSegment> segments;
 };
 
 struct PerplexityResult {

@@ -54,6 +54,12 @@ struct KernelCosts {
   int64_t (*weight_decode_workspace)(int64_t n, int64_t k, FormatKind kind,
                                      DType compute) = nullptr;
   int num_threads = 1;
+  // Bytes the backend's runtime holds on every GPU it computes on, outside
+  // the planned arenas: the CUDA context with its loaded modules, the
+  // library handles and the backend's fixed scratch (0 on the host). A
+  // documented constant of the backend (docs/design/cuda-backend.md), checked
+  // against cudaMemGetInfo by the `cuda` tests.
+  int64_t device_runtime_bytes = 0;
   // Element type of the forward's activations (f32 on the CPU backend).
   DType activation_dtype = DType::kF32;
 };

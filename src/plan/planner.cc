@@ -149,6 +149,8 @@ std::vector<DevicePlan> Evaluate(const PlanInput& in, const Costs& k,
     if (!out[d].computes()) continue;
     out[d].activations = k.act;
     out[d].workspace = k.ws;
+    if (out[d].device.kind == DeviceKind::kCuda)
+      out[d].runtime = in.costs.device_runtime_bytes;
   }
   if (tiers.host >= 0) out[tiers.host].staging += k.host_staging;
   return out;
@@ -424,7 +426,8 @@ void AddSuggestions(const PlanInput& in, MemoryPlan* plan) {
 
 int64_t DevicePlan::total() const {
   if (device.kind == DeviceKind::kDisk) return 0;
-  return weights + activations + workspace + kv + staging + logits + stream;
+  return weights + activations + workspace + kv + staging + logits + stream +
+         runtime;
 }
 
 std::string_view StrategyName(Strategy s) {

@@ -20,6 +20,8 @@
 //   logits      [chunk, V] f32 on the device running the lm_head
 //   stream      with the disk tier: two layers' weights (compute one, read the
 //               next) on the device that runs the streamed layers
+//   runtime     on a GPU: the CUDA context, modules and library handles (a
+//               measured constant of the backend, KernelCosts)
 // See docs/design/memory-plan.md.
 #ifndef LOOM_PLAN_PLANNER_H_
 #define LOOM_PLAN_PLANNER_H_
@@ -70,6 +72,9 @@ struct DevicePlan {
   int64_t streamed_layers = 0;  // disk layers this device computes
   int64_t weights = 0, activations = 0, workspace = 0, kv = 0, staging = 0,
           logits = 0, stream = 0;
+  // A GPU's runtime (KernelCosts::device_runtime_bytes): context, modules,
+  // library handles.
+  int64_t runtime = 0;
 
   bool computes() const {
     return !layers.empty() || holds_embed || holds_head || streamed_layers > 0;

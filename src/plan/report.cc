@@ -71,10 +71,11 @@ std::string FormatPlanTable(const MemoryPlan& p) {
   out += line;
   std::snprintf(
       line, sizeof(line),
-      "%-8s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s  %s\n",
+      "%-8s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s "
+      "%11s  %s\n",
       "device", "weights", "activations", "workspace", "kv", "staging",
-      "logits", "stream", "total", "reserve", "usable", "free", "headroom",
-      "layers");
+      "logits", "stream", "runtime", "total", "reserve", "usable", "free",
+      "headroom", "layers");
   out += line;
   for (const DevicePlan& d : p.devices) {
     const bool disk = d.device.kind == DeviceKind::kDisk;
@@ -88,11 +89,12 @@ std::string FormatPlanTable(const MemoryPlan& p) {
     if (!d.device.compute && !disk) layers = "(host: staging only)";
     std::snprintf(line, sizeof(line),
                   "%-8s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s "
-                  "%11s  %s%s\n",
+                  "%11s %11s  %s%s\n",
                   d.device.name.c_str(), Bytes(d.weights).c_str(),
                   Bytes(d.activations).c_str(), Bytes(d.workspace).c_str(),
                   Bytes(d.kv).c_str(), Bytes(d.staging).c_str(),
                   Bytes(d.logits).c_str(), Bytes(d.stream).c_str(),
+                  Bytes(d.runtime).c_str(),
                   disk ? "-" : FormatBytes(d.total()).c_str(),
                   disk ? "-" : Bytes(d.device.reserve).c_str(),
                   disk ? "unlimited" : FormatBytes(d.device.usable()).c_str(),
@@ -189,6 +191,7 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
     e["staging_bytes"] = d.staging;
     e["logits_bytes"] = d.logits;
     e["stream_bytes"] = d.stream;
+    e["runtime_bytes"] = d.runtime;
     e["total_bytes"] = d.total();
     e["free_bytes"] = disk ? json(nullptr) : json(d.free());
     e["headroom_bytes"] = disk ? json(nullptr) : json(d.headroom());

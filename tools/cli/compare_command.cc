@@ -57,6 +57,14 @@ Status RunCompare(const CompareArgs& args) {
     return InvalidArgumentError("--save-reference needs the reference model (--reference)");
   const int64_t rss_before = CurrentRssBytes();
   ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
+  // compare reads both models' logits on the host; it does not run on GPUs
+  // yet (perplexity and extract do).
+  for (const DevicePlan& d : plan_a.devices)
+    if (d.device.kind == DeviceKind::kCuda && d.computes())
+      return UnimplementedError("--device " + d.device.name +
+                                ": loom compare runs on the host only in this "
+                                "version; use --device cpu (perplexity and "
+                                "extract run on GPUs)");
   MemoryPlan plan_b;
   if (!saved) {
     ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b, args.ctx, args.chunk_rows));

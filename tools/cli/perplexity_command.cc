@@ -29,18 +29,19 @@ Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
   ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
-  {
-    // Threads are a process-wide setting of the CPU backend.
-    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
-    backend->SetNumThreads(args.threads);
-  }
+  // Threads are a process-wide setting of the CPU backend; this instance
+  // also runs any layers the plan puts on the host.
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
+  host->SetNumThreads(args.threads);
   // Plan first; refuse before loading if the job does not fit.
   ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx, args.chunk_rows));
   const int64_t rss_before = CurrentRssBytes();
   ASSIGN_OR_RETURN(MemoryPlan memory_plan, PlanJobOrRefuse("perplexity", args.model_dir, job, args.plan));
+  ASSIGN_OR_RETURN(JobBackends backends,
+                   CreateJobBackends(memory_plan, host.get()));
   std::string warning;
-  ASSIGN_OR_RETURN(auto model,
-                   Model::Load(args.model_dir, precision, &warning));
+  ASSIGN_OR_RETURN(auto model, Model::Load(args.model_dir, precision, &warning,
+                                           backends.gpu_capability));
   if (!warning.empty() && !args.quiet)
     std::fprintf(stderr, "loom perplexity: %s\n", warning.c_str());
   const ModelConfig& c = model->config();
@@ -65,6 +66,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
   eval::EvalOptions eo;
   eo.logits_chunk_rows = args.chunk_rows;
   eo.hf_bf16_activations = args.hf_bf16;
+  eo.segments = backends.segments;
   eo.progress = MakeWindowProgress(args.quiet, "perplexity");
   ASSIGN_OR_RETURN(eval::PerplexityResult r,
                    eval::EvaluatePerplexity(*model, input.ids, plan, eo));

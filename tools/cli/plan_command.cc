@@ -135,10 +135,12 @@ Status RunPlan(const PlanArgs& a, const std::string& model_dir,
   }
   if (in.strategy == Strategy::kManual && in.layers_per_device.empty())
     return InvalidArgumentError("--strategy manual needs --layers-per-device");
-  // Kernel costs from the backend, as every job command takes them (a CUDA
-  // backend will give its own).
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
-  in.costs = backend->Costs();
+  // Kernel costs of the backend the layers run on, as every job command takes
+  // them: the CUDA backend's when a GPU computes (in every build).
+  bool gpu = false;
+  for (const DeviceSpec& d : in.devices)
+    gpu = gpu || (d.kind == DeviceKind::kCuda && d.compute);
+  in.costs = BackendCosts(gpu ? DeviceKind::kCuda : DeviceKind::kCpu);
 
   nlohmann::json solved;
   std::string solved_line;

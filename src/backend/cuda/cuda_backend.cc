@@ -29,11 +29,6 @@ std::string CudaMessage(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-int64_t AttentionWorkspace(int64_t max_seq_len, int64_t q_heads,
-                           int64_t head_dim, int /*num_threads*/) {
-  return AttentionWorkspaceBytes(max_seq_len, q_heads, head_dim);
-}
-
 cudaMemcpyKind KindOf(DeviceRef dst, DeviceRef src) {
   const bool d = dst.kind == DeviceKind::kCuda, s = src.kind == DeviceKind::kCuda;
   if (d && s) return cudaMemcpyDeviceToDevice;
@@ -74,17 +69,6 @@ std::vector<GpuInfo> ListGpus(std::string* reason) {
     gpus.push_back(g);
   }
   return gpus;
-}
-
-KernelCosts CudaKernelCosts() {
-  KernelCosts k;
-  k.gemm_workspace = &GemmInputCopyBytes;
-  k.gemm_scratchpad = &GemmLibraryWorkspaceBytes;
-  k.weight_decode_workspace = &DecodeWorkspaceBytes;
-  k.attention_workspace = &AttentionWorkspace;
-  k.num_threads = 1;
-  k.activation_dtype = DType::kF32;
-  return k;
 }
 
 CudaBackend::CudaBackend(int device)

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "src/backend/backend.h"
+#include "src/backend/cuda/costs.h"
 
 namespace loom::cuda {
 
@@ -151,9 +152,6 @@ class CudaBackend final : public Backend {
   Buffer scratch_device_, scratch_host_;
   Status error_;
 };
-
-// The CUDA backend's planner costs (what CudaBackend::Costs returns).
-KernelCosts CudaKernelCosts();
 
 }  // namespace loom::cuda
 

@@ -346,23 +346,6 @@ Status GemmRunner::State::CheckQuantized(const WeightOperand& w, DType dtype,
   return Status();
 }
 
-int64_t GemmInputCopyBytes(int64_t m, int64_t k, DType w_dtype) {
-  if (m <= 0 || k <= 0) return 0;
-  return w_dtype == DType::kBF16 || w_dtype == DType::kF16 ? m * k * 2 : 0;
-}
-
-int64_t GemmLibraryWorkspaceBytes(int64_t m, int64_t n, int64_t k,
-                                  DType /*w_dtype*/, bool /*k_major*/) {
-  if (m <= 0 || n <= 0 || k <= 0) return 0;
-  return kCublasLtWorkspace;
-}
-
-int64_t DecodeWorkspaceBytes(int64_t n, int64_t k, FormatKind kind,
-                             DType compute) {
-  if (kind == FormatKind::kDense || n <= 0 || k <= 0) return 0;
-  return std::min(n, kDecodePanelRows) * k * DTypeSize(compute);
-}
-
 StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create() {
   std::unique_ptr<GemmRunner> r(new GemmRunner());
   r->state_ = std::make_unique<State>();

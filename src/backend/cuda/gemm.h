@@ -19,25 +19,10 @@
 #include <memory>
 
 #include "src/backend/backend.h"
+#include "src/backend/cuda/costs.h"
 #include "src/base/status.h"
 
 namespace loom::cuda {
-
-// Rows of a quantized W decoded at once.
-inline constexpr int64_t kDecodePanelRows = 4096;
-// cuBLASLt's workspace (the planner's gemm_scratchpad for every shape; 32 MiB
-// is what NVIDIA recommends for Hopper).
-inline constexpr int64_t kCublasLtWorkspace = int64_t{32} << 20;
-
-// KernelCosts::gemm_workspace: the 16-bit copy of x (0 for f32 weights).
-int64_t GemmInputCopyBytes(int64_t m, int64_t k, DType w_dtype);
-// KernelCosts::gemm_scratchpad.
-int64_t GemmLibraryWorkspaceBytes(int64_t m, int64_t n, int64_t k,
-                                  DType w_dtype, bool k_major);
-// KernelCosts::weight_decode_workspace: one panel of W in `compute` (0 for
-// dense weights).
-int64_t DecodeWorkspaceBytes(int64_t n, int64_t k, FormatKind kind,
-                             DType compute);
 
 class GemmRunner {
  public:
