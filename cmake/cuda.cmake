@@ -30,6 +30,10 @@ if(NOT LOOM_CUDA STREQUAL "off")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(LOOM_HAVE_CUDA ON)
+    # The CUDA backend is a shared plugin (src/backend/cuda/plugin.h) that
+    # links the project's static libraries: they are built position
+    # independent.
+    set(CMAKE_POSITION_INDEPENDENT_CODE ON)
     message(STATUS "loom: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                    "architectures ${CMAKE_CUDA_ARCHITECTURES})")
   elseif(LOOM_CUDA STREQUAL "on")

@@ -27,6 +27,21 @@ ActivationFn ToActivationFn(ActKind act) {
   return ActivationFn::kSilu;
 }
 
+std::vector<WeightStorage> StandardWeightFormats() {
+  std::vector<WeightStorage> f;
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
+    for (MatrixLayout l : {MatrixLayout::kOutIn, MatrixLayout::kInOut})
+      f.push_back(WeightStorage{FormatKind::kDense, d, l});
+  f.push_back(WeightStorage{FormatKind::kFp8PerTensor, DType::kF8E4M3,
+                            MatrixLayout::kOutIn});
+  f.push_back(
+      WeightStorage{FormatKind::kFp8Block, DType::kF8E4M3, MatrixLayout::kOutIn});
+  for (FormatKind k : {FormatKind::kMxfp4, FormatKind::kNvfp4ModelOpt,
+                       FormatKind::kNvfp4CompressedTensors})
+    f.push_back(WeightStorage{k, DType::kF4E2M1, MatrixLayout::kOutIn});
+  return f;
+}
+
 QuantMatrix QuantMatrixOf(const WeightOperand& w) {
   QuantMatrix q;
   q.kind = w.format.kind;

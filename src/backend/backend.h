@@ -184,6 +184,11 @@ struct AttentionOp {
 enum class ActivationFn { kSilu, kGeluTanh, kGeluExact, kRelu };
 ActivationFn ToActivationFn(ActKind act);
 
+// The weight storages both backends take: dense f32 / bf16 / f16 in either
+// layout, FP8 (per-tensor, block) and the FP4 formats (MXFP4, NVFP4) as
+// [n, k] codes, decoded to the compute dtype.
+std::vector<WeightStorage> StandardWeightFormats();
+
 // What a backend computes.
 struct BackendCapabilities {
   std::vector<DType> compute_dtypes;          // GEMM compute precisions

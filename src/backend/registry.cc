@@ -1,12 +1,17 @@
 #include "src/backend/registry.h"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <string>
+#include <mutex>
 
 #include "src/backend/cpu/cpu_backend.h"
 #include "src/backend/cuda/costs.h"
-#ifdef LOOM_HAVE_CUDA
-#include "src/backend/cuda/cuda_backend.h"
-#endif
+#include "src/backend/cuda/plugin.h"
 
 namespace loom {
 namespace {
@@ -19,10 +24,64 @@ StatusOr<std::unique_ptr<Backend>> MakeCpu(int index) {
 }
 
 #ifdef LOOM_HAVE_CUDA
+// The CUDA plugin (src/backend/cuda/plugin.h), loaded once on first use and
+// never unloaded. Looked for at $LOOM_CUDA_PLUGIN, beside the executable, in
+// ../lib from it, then where this build put it.
+struct CudaPlugin {
+  LoomCudaCreateFn create = nullptr;
+  LoomCudaListFn list = nullptr;
+  std::string error;  // why it could not be loaded
+};
+
+const CudaPlugin& LoadCudaPlugin() {
+  static CudaPlugin plugin;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("LOOM_CUDA_PLUGIN"); env && *env)
+      candidates.push_back(env);
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+      std::string dir(exe, static_cast<size_t>(n));
+      dir = dir.substr(0, dir.rfind('/'));
+      candidates.push_back(dir + "/" + cuda::kPluginFile);
+      candidates.push_back(dir + "/../lib/" + cuda::kPluginFile);
+    }
+    candidates.push_back(LOOM_CUDA_PLUGIN_DEFAULT);
+    std::string tried;
+    for (const std::string& path : candidates) {
+      void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h == nullptr) {
+        const char* e = dlerror();
+        tried += "\n  " + path + ": " + (e ? e : "not loadable");
+        continue;
+      }
+      auto abi = reinterpret_cast<LoomCudaAbiFn>(dlsym(h, "loom_cuda_abi"));
+      if (abi == nullptr || abi() != cuda::kLoomCudaPluginAbi) {
+        tried += "\n  " + path + ": not a plugin of this build (ABI)";
+        continue;
+      }
+      plugin.create =
+          reinterpret_cast<LoomCudaCreateFn>(dlsym(h, "loom_cuda_create"));
+      plugin.list = reinterpret_cast<LoomCudaListFn>(dlsym(h, "loom_cuda_list"));
+      if (plugin.create && plugin.list) return;
+      tried += "\n  " + path + ": entry points missing";
+    }
+    plugin.error = "the CUDA backend plugin " + std::string(cuda::kPluginFile) +
+                   " could not be loaded (set LOOM_CUDA_PLUGIN to its path):" +
+                   tried;
+  });
+  return plugin;
+}
+
 StatusOr<std::unique_ptr<Backend>> MakeCuda(int index) {
-  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> b,
-                   cuda::CudaBackend::Create(index));
-  return std::unique_ptr<Backend>(std::move(b));
+  const CudaPlugin& p = LoadCudaPlugin();
+  if (p.create == nullptr) return FailedPreconditionError(p.error);
+  char error[1024] = {0};
+  Backend* b = p.create(index, error, sizeof(error));
+  if (b == nullptr) return FailedPreconditionError(error);
+  return std::unique_ptr<Backend>(b);
 }
 #endif
 
@@ -92,9 +151,19 @@ StatusOr<std::unique_ptr<Backend>> CreateBackend(DeviceKind kind, int index) {
 std::vector<GpuDescription> ListGpus(std::string* reason) {
   std::vector<GpuDescription> out;
 #ifdef LOOM_HAVE_CUDA
-  for (const cuda::GpuInfo& g : cuda::ListGpus(reason))
-    out.push_back({g.index, g.name, g.major, g.minor, g.total_bytes,
-                   g.free_bytes, g.multiprocessors});
+  const CudaPlugin& p = LoadCudaPlugin();
+  if (p.list == nullptr) {
+    if (reason) *reason = p.error;
+    return out;
+  }
+  LoomGpuInfo gpus[64];
+  char why[1024] = {0};
+  const int n = p.list(gpus, 64, why, sizeof(why));
+  if (n == 0 && reason) *reason = why;
+  for (int i = 0; i < std::min(n, 64); ++i)
+    out.push_back({gpus[i].index, gpus[i].name, gpus[i].major, gpus[i].minor,
+                   gpus[i].total_bytes, gpus[i].free_bytes,
+                   gpus[i].multiprocessors});
 #else
   if (reason)
     *reason = "this build has no CUDA backend (configured with LOOM_CUDA=off "

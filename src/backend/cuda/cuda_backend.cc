@@ -123,17 +123,7 @@ Status CudaBackend::Init() {
 BackendCapabilities CudaBackend::Capabilities() const {
   BackendCapabilities c;
   c.compute_dtypes = {DType::kF32, DType::kBF16, DType::kF16};
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
-    for (MatrixLayout l : {MatrixLayout::kOutIn, MatrixLayout::kInOut})
-      c.weight_formats.push_back(WeightStorage{FormatKind::kDense, d, l});
-  c.weight_formats.push_back(WeightStorage{
-      FormatKind::kFp8PerTensor, DType::kF8E4M3, MatrixLayout::kOutIn});
-  c.weight_formats.push_back(WeightStorage{
-      FormatKind::kFp8Block, DType::kF8E4M3, MatrixLayout::kOutIn});
-  for (FormatKind f : {FormatKind::kMxfp4, FormatKind::kNvfp4ModelOpt,
-                       FormatKind::kNvfp4CompressedTensors})
-    c.weight_formats.push_back(
-        WeightStorage{f, DType::kF4E2M1, MatrixLayout::kOutIn});
+  c.weight_formats = StandardWeightFormats();
   c.attention_sinks = true;
   c.async_copy = true;
   c.max_route_experts = 1024;

@@ -8,36 +8,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "src/backend/cuda/device_util.cuh"
 #include "src/backend/cuda/kernels.h"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-int GridFor(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
-}
-
-__device__ __forceinline__ uint16_t ToBf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// NaN keeps its sign and top payload bits with the quiet bit set (the host's
-// conversion); everything else is the device's round-to-nearest-even.
-__device__ __forceinline__ uint16_t ToF16(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u |
-                                 ((u >> 13) & 0x3ffu));
-  return __half_as_ushort(__float2half_rn(f));
-}
 
 // dst [n, cols] dense in dtype = src rows index[i] (src row stride ld).
 __global__ void GatherRowsConvertKernel(const float* src, int64_t ld,
@@ -49,9 +25,9 @@ __global__ void GatherRowsConvertKernel(const float* src, int64_t ld,
     const int64_t r = i / cols, c = i % cols;
     const float v = src[static_cast<int64_t>(index[r]) * ld + c];
     if (dtype == DType::kBF16)
-      static_cast<uint16_t*>(dst)[i] = ToBf16(v);
+      static_cast<uint16_t*>(dst)[i] = F32ToBf16(v);
     else if (dtype == DType::kF16)
-      static_cast<uint16_t*>(dst)[i] = ToF16(v);
+      static_cast<uint16_t*>(dst)[i] = F32ToF16(v);
     else
       static_cast<float*>(dst)[i] = v;
   }

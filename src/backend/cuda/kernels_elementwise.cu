@@ -9,61 +9,12 @@
 
 #include <cstdint>
 
+#include "src/backend/cuda/device_util.cuh"
 #include "src/backend/cuda/kernels.h"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-// Grid-stride loops run on at most this many blocks.
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-int GridFor(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
-}
-
-// ---- bf16 / f16 <-> f32, bit for bit as src/base/float16.h ----------------
-
-__device__ __forceinline__ float Bf16ToF32(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-
-// Round to nearest even; NaN -> quiet NaN keeping the top payload bits.
-__device__ __forceinline__ uint16_t F32ToBf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// Exact widening; a NaN keeps its sign and payload (shifted into the top
-// bits) with the quiet bit set, as the host's conversion (the device
-// instruction's NaN result is not specified that way).
-__device__ __forceinline__ float F16ToF32(uint16_t h) {
-  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0)
-    return __uint_as_float((static_cast<uint32_t>(h & 0x8000u) << 16) |
-                           0x7fc00000u |
-                           (static_cast<uint32_t>(h & 0x3ffu) << 13));
-  return __half2float(__ushort_as_half(h));
-}
-
-// Round to nearest even (overflow to inf, subnormals kept), as the host's
-// _Float16 cast. NaN: sign, the top 9 payload bits and the quiet bit, as
-// x86's conversion does (the device instruction would return a canonical
-// NaN instead).
-__device__ __forceinline__ uint16_t F32ToF16(float f) {
-  const uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u |
-                                 ((u >> 13) & 0x3ffu));
-  return __half_as_ushort(__float2half_rn(f));
-}
-
-__device__ __forceinline__ float RoundBf16(float f) {
-  return Bf16ToF32(F32ToBf16(f));
-}
 
 // ---- Activations (the CPU's portable formulas) ----------------------------
 

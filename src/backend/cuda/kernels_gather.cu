@@ -6,27 +6,12 @@
 
 #include <cstdint>
 
+#include "src/backend/cuda/device_util.cuh"
 #include "src/backend/cuda/kernels.h"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-int GridFor(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
-}
-
-// Exact widening; NaN as the host widens it (sign, payload, quiet bit).
-__device__ __forceinline__ float F16ToF32(uint16_t h) {
-  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0)
-    return __uint_as_float((static_cast<uint32_t>(h & 0x8000u) << 16) |
-                           0x7fc00000u |
-                           (static_cast<uint32_t>(h & 0x3ffu) << 13));
-  return __half2float(__ushort_as_half(h));
-}
 
 // out [tokens, dim] f32 = table [vocab, dim] (dtype) rows ids [tokens].
 __global__ void GatherKernel(const void* table, DType dtype, const int32_t* ids,

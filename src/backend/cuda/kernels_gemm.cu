@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "src/backend/cuda/device_util.cuh"
 #include "src/backend/cuda/kernels.h"
 
 namespace loom::cuda {
@@ -26,7 +27,6 @@ void AddBiasRows(float* y, int64_t ldy, int64_t rows, int64_t cols,
 
 namespace {
 
-constexpr int kThreads = 256;
 // gridDim.y limit; rows beyond it are covered by a grid-stride loop.
 constexpr int64_t kMaxGridY = 65535;
 // Blocks along a row (columns beyond are covered by a grid-stride loop).
@@ -109,16 +109,6 @@ __device__ __forceinline__ float ScaleFactor(const QuantMatrix& m, int64_t r,
   }
 }
 
-// f32 -> bf16 bits exactly as F32ToBf16 (src/base/float16.h): round to
-// nearest even, NaN -> quiet NaN with the sign and high payload kept.
-__device__ __forceinline__ uint16_t ToBf16Bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 // BF16 and F16 both travel as uint16_t; the tag picks the rounding.
 struct Bf16Tag {};
 struct F16Tag {};
@@ -126,7 +116,7 @@ template <typename Tag>
 __device__ __forceinline__ uint16_t Round16(float v);
 template <>
 __device__ __forceinline__ uint16_t Round16<Bf16Tag>(float v) {
-  return ToBf16Bits(v);
+  return F32ToBf16(v);
 }
 template <>
 __device__ __forceinline__ uint16_t Round16<F16Tag>(float v) {

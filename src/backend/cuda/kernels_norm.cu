@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "src/backend/cuda/device_util.cuh"
 #include "src/backend/cuda/kernels.h"
 
 namespace loom::cuda {
@@ -24,19 +25,10 @@ constexpr int64_t kWarpRowMax = 512;
 
 __device__ __forceinline__ float LoadW(const void* w, DType dtype, int64_t i) {
   if (dtype == DType::kBF16)
-    return __uint_as_float(
-        static_cast<uint32_t>(static_cast<const uint16_t*>(w)[i]) << 16);
+    return Bf16ToF32(static_cast<const uint16_t*>(w)[i]);
   if (dtype == DType::kF16)
-    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(w)[i]));
+    return F16ToF32(static_cast<const uint16_t*>(w)[i]);
   return static_cast<const float*>(w)[i];
-}
-
-__device__ __forceinline__ float RoundBf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return __uint_as_float(((u >> 16) | 0x40u) << 16);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return __uint_as_float((u >> 16) << 16);
 }
 
 // Sum of v over the kGroup threads of a row (every thread gets it). `shared`

@@ -7,18 +7,12 @@
 // kernel does.
 #include <cstdint>
 
+#include "src/backend/cuda/device_util.cuh"
 #include "src/backend/cuda/kernels.h"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-int GridFor(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
-}
 
 // cos/sin [tokens, half] for positions [tokens], inv_freq [half].
 __global__ void RopeTablesKernel(const int32_t* positions, int64_t tokens,
