@@ -667,7 +667,8 @@ StatusOr<MemoryPlan> PlanModelDir(const std::string& model_dir,
                                   std::vector<DeviceSpec> devices,
                                   int64_t host_bytes, const KernelCosts& costs,
                                   Strategy strategy,
-                                  std::optional<DType> assume_dtype) {
+                                  std::optional<DType> assume_dtype,
+                                  bool offload) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   const ArchWeights decl = FindArch(config.model_type)->declare_weights(config);
   WeightTableOptions options;
@@ -682,6 +683,7 @@ StatusOr<MemoryPlan> PlanModelDir(const std::string& model_dir,
   in.devices = std::move(devices);
   in.strategy = strategy;
   in.costs = costs;
+  in.offload = offload;
   return MakePlan(in);
 }
 

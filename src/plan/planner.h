@@ -157,7 +157,7 @@ StatusOr<MemoryPlan> PlanModelDir(
     const std::string& model_dir, const JobSpec& job,
     std::vector<DeviceSpec> devices, int64_t host_bytes,
     const KernelCosts& costs, Strategy strategy = Strategy::kBalanced,
-    std::optional<DType> assume_dtype = std::nullopt);
+    std::optional<DType> assume_dtype = std::nullopt, bool offload = false);
 
 }  // namespace loom
 
