@@ -167,6 +167,133 @@ TEST_P(PlacementTest, TwoDevicesBitIdenticalAndArenasAsPlanned) {
   }
 }
 
+// CPU offload on CPU backends: layers [split, n) are offloaded (their
+// weights staged in pinned host memory, streamed into two buffers by a copier
+// instance; Copy = memcpy, WaitFor a no-op). Every hook is bit-identical to
+// the resident run, and the arenas, the two buffers and the staged bytes are
+// the planner's numbers for the same split with --offload.
+TEST_P(PlacementTest, OffloadedSegmentBitIdenticalAndBytesAsPlanned) {
+  const Case& m = GetParam();
+  std::vector<Precision> precisions = {Precision::kF32};
+  if (CpuSupportsComputeDType(DType::kBF16))
+    precisions.push_back(Precision::kBF16);
+  else
+    std::fprintf(stderr, "SKIPPED LOUDLY: no bf16 compute on this CPU\n");
+  for (Precision precision : precisions) {
+    SCOPED_TRACE(precision == Precision::kF32 ? "f32" : "bf16");
+    auto model = Model::Load(ModelDir(m), precision);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    const ModelConfig& c = (*model)->config();
+    ASSERT_GE(c.num_layers, 2) << "a split needs two layers";
+    const HookSet hooks = EveryHook(c);
+    const std::vector<int64_t> starts = {0, 13, 20, 41};
+    std::vector<int32_t> ids(41);
+    for (size_t t = 0; t < ids.size(); ++t)
+      ids[t] = static_cast<int32_t>((t * 17 + 3) % c.vocab_size);
+    const Batch batch{ids, starts};
+
+    ExecutorOptions base;
+    base.max_tokens = 48;
+    base.max_seq_len = 24;
+    base.logits_chunk_rows = 16;
+    base.hf_bf16_activations = precision == Precision::kBF16;
+
+    auto one_backend = CreateBackend("cpu");
+    ASSERT_TRUE(one_backend.ok());
+    ExecutorOptions one = base;
+    one.backend = one_backend->get();
+    auto single = Executor::Create(**model, hooks, one);
+    ASSERT_TRUE(single.ok()) << single.status().ToString();
+    CaptureSink want;
+    ASSERT_TRUE((*single)->Forward(batch, &want).ok());
+
+    // Layers [0, split) resident, [split, n) offloaded, on one backend
+    // instance (as on one GPU); with one layer only, the stream never
+    // reuses a buffer, so split = 0 (all offloaded) is run too.
+    auto dev = CreateBackend("cpu");
+    ASSERT_TRUE(dev.ok());
+    for (const int64_t split : {c.num_layers / 2, int64_t{0}}) {
+      SCOPED_TRACE("split " + std::to_string(split));
+      ExecutorOptions two = base;
+      if (split > 0) two.segments.push_back({dev->get(), 0, split - 1});
+      two.segments.push_back({dev->get(), split, c.num_layers - 1, true});
+      auto placed = Executor::Create(**model, hooks, two);
+      ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+      const int off = split > 0 ? 1 : 0;
+      ASSERT_EQ((*placed)->num_devices(), off + 1);
+      // Twice: the second forward restarts the stream over used buffers.
+      for (int run = 0; run < 2; ++run) {
+        CaptureSink got;
+        ASSERT_TRUE((*placed)->Forward(batch, &got).ok());
+        int compared = 0;
+        for (const HookPoint& h : hooks.hooks()) {
+          const int64_t seqs = h.site == HookSite::kPattern ? 3 : 1;
+          for (int64_t s = 0; s < seqs; ++s) {
+            const int64_t seq = h.site == HookSite::kPattern ? s : -1;
+            const auto& a = want.Get(h, seq);
+            const auto& b = got.Get(h, seq);
+            ASSERT_EQ(a.data.size(), b.data.size()) << HookName(h);
+            EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(),
+                                  a.data.size() * sizeof(float)),
+                      0)
+                << HookName(h) << " differs with offloaded layers (run "
+                << run << ")";
+            ++compared;
+          }
+        }
+        EXPECT_GT(compared, 10);
+      }
+
+      // The planner, same split, --offload: cuda:0 computes everything.
+      auto arch = FindArch(c.model_type);
+      ASSERT_NE(arch, nullptr);
+      const ArchWeights decl = arch->declare_weights(c);
+      auto table = BuildWeightTable(ModelDir(m), c, decl, {});
+      ASSERT_TRUE(table.ok()) << table.status().ToString();
+      auto devices =
+          DevicesFromFlags({"cuda:0=64GiB"}, "", "", int64_t{64} << 30);
+      ASSERT_TRUE(devices.ok()) << devices.status().ToString();
+      PlanInput in;
+      in.config = &c;
+      in.weights = &*table;
+      in.job = Executor::MakeJob(**model, hooks, two);
+      in.devices = *devices;
+      in.strategy = Strategy::kManual;
+      in.layers_per_device = {split};
+      in.costs = (*dev)->Costs();
+      in.suggest = false;
+      in.offload = true;
+      auto plan = MakePlan(in);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      ASSERT_EQ(plan->devices.size(), 2u);
+      const DevicePlan& gpu = plan->devices[0];
+      const DevicePlan& host = plan->devices[1];
+      ASSERT_EQ(host.device.kind, DeviceKind::kCpu);
+      EXPECT_EQ(gpu.offloaded_layers, c.num_layers - split);
+      const Executor::Device& d = (*placed)->device(off);
+      ASSERT_TRUE(d.offload && d.uploaded && d.uploaded->streamed());
+      EXPECT_EQ(d.first_layer, split);
+      EXPECT_EQ(d.last_layer, c.num_layers - 1);
+      for (int64_t l = split; l < c.num_layers; ++l) {
+        EXPECT_EQ(plan->layer_device[l], 1) << l;
+        EXPECT_EQ(ComputeDeviceOf(*plan, l), 0) << l;
+      }
+      // Pinned host staging = the host's weights; two buffers = the stream.
+      EXPECT_EQ((*placed)->staged_weight_bytes(), host.weights);
+      EXPECT_EQ(d.uploaded->staged_bytes(), host.weights);
+      EXPECT_EQ(2 * d.uploaded->stream_buffer_bytes(), gpu.stream);
+      EXPECT_GT(gpu.stream, 0);
+      EXPECT_EQ(d.activations.bytes(), gpu.activations);
+      EXPECT_EQ(d.workspace.bytes(), gpu.workspace);
+      EXPECT_EQ(d.logits.bytes(), gpu.logits);
+      EXPECT_EQ(host.activations + host.workspace + host.logits, 0);
+      // One backend instance: one set of arenas, as for the resident run.
+      EXPECT_EQ(d.shares_arenas, split > 0);
+      EXPECT_EQ((*placed)->arena_bytes(), (*single)->arena_bytes());
+    }
+  }
+}
+
 std::vector<Case> Cases() {
   return {{"stories260K", true}, {"llama", false}, {"gemma2", false},
           {"gpt2", false},       {"olmo2", false}, {"phi3", false},

@@ -96,6 +96,36 @@ TEST(PlanCli, DoesNotFitExitsNonZeroWithBreakdownAndSuggestions) {
   EXPECT_FALSE(nlohmann::json::parse(j.out).at("fits").get<bool>());
 }
 
+// --offload: the layers that do not fit the GPU stay in host memory and run
+// on the GPU (its stream term); without a GPU the flag is refused by name.
+TEST(PlanCli, OffloadPutsTheRestOnTheHostComputedOnTheGpu) {
+  const std::string args = Dir("Llama-3.1-70B") +
+                           " --device cuda:0=80GiB --device cpu=512GiB "
+                           "--batch-tokens 2048 --offload";
+  const Result j = Loom(args + " --json");
+  ASSERT_EQ(j.rc, 0) << j.out;
+  const nlohmann::json p = nlohmann::json::parse(j.out);
+  EXPECT_TRUE(p.at("fits").get<bool>());
+  EXPECT_TRUE(p.at("offload").get<bool>());
+  const auto& gpu = p.at("devices")[0];
+  const auto& host = p.at("devices")[1];
+  EXPECT_EQ(gpu.at("name"), "cuda:0");
+  EXPECT_EQ(host.at("name"), "cpu");
+  const int64_t offloaded = gpu.at("offloaded_layers").get<int64_t>();
+  EXPECT_GT(offloaded, 0);
+  EXPECT_EQ(host.at("layers").size(), static_cast<size_t>(offloaded));
+  EXPECT_GT(gpu.at("stream_bytes").get<int64_t>(), 0);
+  EXPECT_EQ(host.at("activations_bytes").get<int64_t>(), 0);
+  const Result table = Loom(args);
+  ASSERT_EQ(table.rc, 0) << table.out;
+  EXPECT_NE(table.out.find("offloaded from host"), std::string::npos)
+      << table.out;
+  const Result none =
+      RunLoom("plan", Dir("Llama-3.1-70B") + " --device cpu --offload", true);
+  EXPECT_NE(none.rc, 0);
+  EXPECT_NE(none.out.find("--offload"), std::string::npos) << none.out;
+}
+
 TEST(PlanCli, SolveMaxBatchTokens) {
   const Result r = Loom(Dir("Qwen3-30B-A3B") +
                         " --device cuda:0=80GiB --device cpu=512GiB --hooks "
@@ -176,7 +206,8 @@ std::string FlagHelp(const std::string& command, const std::string& flag) {
 }
 
 TEST(PlanCli, DeviceFlagsHaveOneHelpTextInEveryCommand) {
-  for (const char* flag : {"--device", "--max-memory", "--reserve"}) {
+  for (const char* flag :
+       {"--device", "--max-memory", "--reserve", "--offload"}) {
     const std::string plan = FlagHelp("plan", flag);
     EXPECT_GT(plan.size(), 20u) << flag << ": " << plan;
     for (const char* command : {"extract", "perplexity", "compare"})

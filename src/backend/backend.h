@@ -23,8 +23,9 @@
 //     one instance per consumer (executor segment, logits head).
 //
 // Optional slots have synchronous default implementations: CopyAsync (=
-// Copy) and Synchronize (= nothing to wait for). A device backend overrides
-// them to overlap copies with compute.
+// Copy), Synchronize and WaitFor (= nothing to wait for). A device backend
+// overrides them to overlap copies with compute (two instances on one device:
+// one copies, one computes, ordered with WaitFor).
 #ifndef LOOM_BACKEND_BACKEND_H_
 #define LOOM_BACKEND_BACKEND_H_
 
@@ -228,6 +229,16 @@ class Backend {
   }
   // Optional: waits for everything issued on this instance.
   virtual Status Synchronize() { return Status(); }
+  // Optional: work issued on this instance after the call starts only once
+  // all work issued on `other` so far has finished (the host does not wait).
+  // `other` may be another instance on the same device (a copier beside a
+  // compute instance) or on another device. Allocates nothing (each device
+  // instance records into one event made at construction). On a synchronous
+  // backend everything issued has finished already: nothing to do.
+  virtual Status WaitFor(Backend& other) {
+    (void)other;
+    return Status();
+  }
 
   // ---- GEMM ----
   // Library scratch used by every Gemm of this instance (borrowed; sized by

@@ -50,7 +50,8 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
   const KernelCosts costs =
       BackendCosts(gpu ? DeviceKind::kCuda : DeviceKind::kCpu);
   ASSIGN_OR_RETURN(MemoryPlan plan,
-                   PlanModelDir(model_dir, job, devices, host, costs));
+                   PlanModelDir(model_dir, job, devices, host, costs,
+                                Strategy::kBalanced, std::nullopt, o.offload));
   if (o.show_plan)
     std::fprintf(stderr, "loom %s: memory plan\n%s\n", command.c_str(),
                  FormatPlanTable(plan).c_str());
@@ -86,15 +87,23 @@ StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan,
       }
   }
   Backend* last = host;
+  bool last_offload = false;
   for (int64_t l = 0; l < plan.num_layers; ++l) {
-    const int dev = plan.layer_device[static_cast<size_t>(l)];
+    // Disk-streamed layers keep their holder (the disk: the host's backend);
+    // offloaded ones run on the GPU that computes them, streamed.
+    bool offload = IsOffloaded(plan, l);
+    const int dev = offload ? ComputeDeviceOf(plan, l)
+                            : plan.layer_device[static_cast<size_t>(l)];
     Backend* b = dev >= 0 ? by_device[static_cast<size_t>(dev)] : last;
     if (b == nullptr) b = host;
-    if (jb.segments.empty() || jb.segments.back().backend != b)
-      jb.segments.push_back({b, l, l});
+    if (dev < 0) offload = last_offload;  // not run: the last segment's
+    if (jb.segments.empty() || jb.segments.back().backend != b ||
+        jb.segments.back().offload != offload)
+      jb.segments.push_back({b, l, l, offload});
     else
       jb.segments.back().last_layer = l;
     last = b;
+    last_offload = offload;
   }
   // (No layers: no segments; the executor then runs on its own host
   // backend.)

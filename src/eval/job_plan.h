@@ -24,6 +24,9 @@ struct JobPlanOptions {
   std::string reserve;               // --reserve 2GiB | cpu=2GiB
   bool show_plan = false;            // print the plan table on stderr
   bool verify_plan = false;          // measure resident memory and compare
+  // --offload: layers placed on the host run on the last GPU, their weights
+  // streamed from pinned host memory (PlanInput::offload).
+  bool offload = false;
 };
 
 // Physical RAM of this machine.
@@ -45,7 +48,9 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
 // placement: one backend per computing device (the host's is borrowed), the
 // layers of each device as contiguous segments in layer order (layers the
 // plan does not run go to the last segment; disk-streamed layers run on the
-// host).
+// host). Offloaded layers (plan.offload) form an offload segment on the GPU
+// that computes them (ComputeDeviceOf); that GPU's resident layers and its
+// offloaded ones share its one backend instance (and its arenas).
 struct JobBackends {
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<ExecutorSegment> segments;

@@ -18,6 +18,9 @@ bool IsFloat(DType d) {
 // Per-layer and model-level bytes a placement adds up.
 struct Costs {
   std::vector<int64_t> layer_weights;  // resident bytes per layer
+  // Offload: bytes of a layer's pinned host copy and of one device buffer
+  // holding it (each tensor 64-byte aligned, as DeviceWeights lays it out).
+  std::vector<int64_t> layer_streamed;
   std::vector<int64_t> layer_kv;
   std::vector<int64_t>
       layer_staging;  // captures staged on the computing device
@@ -45,12 +48,14 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
   const JobSpec& job = in.job;
   Costs k;
   k.layer_weights.assign(c.num_layers, 0);
+  k.layer_streamed.assign(c.num_layers, 0);
   k.layer_kv.assign(c.num_layers, 0);
   k.layer_staging.assign(c.num_layers, 0);
   for (const PlannedTensor& t : in.weights->tensors) {
     const int64_t b = Resident(t, job);
     if (t.layer >= 0) {
       k.layer_weights[t.layer] += b;
+      k.layer_streamed[t.layer] += AlignUp(std::max<int64_t>(b, 1), 64);
     } else if (t.role == WeightRole::kEmbed ||
                t.role == WeightRole::kPosEmbed) {
       k.pre_weights += b;
@@ -89,28 +94,39 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
 }
 
 // Index of the host and of the disk in the device list (-1 if absent), and
-// the computing devices in order.
+// the computing devices in order. With offload the host is a weight tier
+// (`offload`), not a computing device, and `gpu_last` computes its layers.
 struct Tiers {
   std::vector<int> compute;
   int host = -1;
   int disk = -1;
+  int offload = -1;
+  int gpu_last = -1;  // the last computing GPU
+  // Where the layers that do not stay on a computing device go.
+  int tail() const { return disk >= 0 ? disk : offload; }
 };
 
-Tiers GetTiers(const std::vector<DeviceSpec>& devices) {
+Tiers GetTiers(const std::vector<DeviceSpec>& devices, bool offload) {
   Tiers t;
   for (size_t i = 0; i < devices.size(); ++i) {
+    const int index = static_cast<int>(i);
     if (devices[i].kind == DeviceKind::kDisk) {
-      t.disk = static_cast<int>(i);
-    } else {
-      if (devices[i].kind == DeviceKind::kCpu) t.host = static_cast<int>(i);
-      if (devices[i].compute) t.compute.push_back(static_cast<int>(i));
+      t.disk = index;
+      continue;
     }
+    if (devices[i].kind == DeviceKind::kCpu) t.host = index;
+    if (devices[i].kind == DeviceKind::kCuda && devices[i].compute)
+      t.gpu_last = index;
+    if (offload && devices[i].kind == DeviceKind::kCpu) continue;
+    if (devices[i].compute) t.compute.push_back(index);
   }
+  if (offload) t.offload = t.host;
   return t;
 }
 
 // The exact per-device bytes of an assignment (layer -> device index; -1 for
-// layers not run). Disk layers are computed by the last computing device.
+// layers not run). Disk layers are computed by the last computing device,
+// offloaded (host) layers by the last GPU.
 std::vector<DevicePlan> Evaluate(const PlanInput& in, const Costs& k,
                                  const Tiers& tiers,
                                  const std::vector<int>& assign,
@@ -118,15 +134,23 @@ std::vector<DevicePlan> Evaluate(const PlanInput& in, const Costs& k,
   std::vector<DevicePlan> out(in.devices.size());
   for (size_t i = 0; i < out.size(); ++i) out[i].device = in.devices[i];
   const int streamer = tiers.compute.back();
-  auto runner = [&](int dev) { return dev == tiers.disk ? streamer : dev; };
-  int64_t max_disk_layer = 0;
+  auto runner = [&](int dev) {
+    if (dev == tiers.disk) return streamer;
+    return dev == tiers.offload ? tiers.gpu_last : dev;
+  };
+  int64_t max_disk_layer = 0, max_offloaded_layer = 0;
   for (int64_t l = 0; l < layers_run; ++l) {
     const int d = assign[l];
     out[d].layers.push_back(l);
-    out[d].weights += k.layer_weights[l];
+    out[d].weights +=
+        d == tiers.offload ? k.layer_streamed[l] : k.layer_weights[l];
     if (d == tiers.disk) {
       max_disk_layer = std::max(max_disk_layer, k.layer_weights[l]);
       out[streamer].streamed_layers += 1;
+    }
+    if (d == tiers.offload) {
+      max_offloaded_layer = std::max(max_offloaded_layer, k.layer_streamed[l]);
+      out[tiers.gpu_last].offloaded_layers += 1;
     }
     out[runner(d)].kv += k.layer_kv[l];
     out[runner(d)].staging += k.layer_staging[l];
@@ -145,6 +169,11 @@ std::vector<DevicePlan> Evaluate(const PlanInput& in, const Costs& k,
       out[post].weights += k.tied_copy;
   }
   if (max_disk_layer > 0) out[streamer].stream = 2 * max_disk_layer;
+  // Offload: two device buffers of the largest offloaded layer (copy one
+  // while the other is computed); the host keeps every offloaded layer.
+  if (max_offloaded_layer > 0)
+    out[tiers.gpu_last].stream = 2 * max_offloaded_layer;
+  if (tiers.offload >= 0) out[tiers.offload].weights_only = true;
   for (int d : tiers.compute) {
     if (!out[d].computes()) continue;
     out[d].activations = k.act;
@@ -172,20 +201,23 @@ double MaxUtilization(const std::vector<DevicePlan>& ds) {
 
 // Balanced: contiguous ranges over the computing devices, the first
 // `resident` layers, minimising the largest utilization (dynamic programming
-// over split points with an exact segment cost); the rest on disk.
+// over split points with an exact segment cost); the rest on disk or, with
+// offload, on the host (computed by the last GPU: the last computing device).
 std::vector<int> Balanced(const PlanInput& in, const Costs& k,
                           const Tiers& tiers, int64_t layers_run,
                           int64_t resident) {
   const int nd = static_cast<int>(tiers.compute.size());
   const int64_t n = resident;
-  const bool disk = resident < layers_run;
+  const bool disk = resident < layers_run;  // a tail: disk or offload
   std::vector<int64_t> prefix(n + 1, 0);
   for (int64_t l = 0; l < n; ++l)
     prefix[l + 1] =
         prefix[l] + k.layer_weights[l] + k.layer_kv[l] + k.layer_staging[l];
   int64_t max_disk = 0, disk_extra = 0;
+  const std::vector<int64_t>& tail_layer =
+      tiers.offload >= 0 ? k.layer_streamed : k.layer_weights;
   for (int64_t l = n; l < layers_run; ++l) {
-    max_disk = std::max(max_disk, k.layer_weights[l]);
+    max_disk = std::max(max_disk, tail_layer[l]);
     disk_extra += k.layer_kv[l] + k.layer_staging[l];
   }
   auto seg = [&](int j, int64_t a, int64_t b) -> double {
@@ -234,20 +266,20 @@ std::vector<int> Balanced(const PlanInput& in, const Costs& k,
     for (int64_t l = a; l < b; ++l) assign[l] = tiers.compute[j];
     b = a;
   }
-  for (int64_t l = n; l < layers_run; ++l) assign[l] = tiers.disk;
+  for (int64_t l = n; l < layers_run; ++l) assign[l] = tiers.tail();
   return assign;
 }
 
 // Sequential: each device takes layers while it still fits, in order; what
-// is left goes to disk, or overfills the last device.
+// is left goes to disk (or the offload host), or overfills the last device.
 std::vector<int> Sequential(const PlanInput& in, const Costs& k,
                             const Tiers& tiers, int64_t layers_run) {
   std::vector<int> assign(in.config->num_layers, -1);
-  const int rest = tiers.disk >= 0 ? tiers.disk : tiers.compute.back();
+  const int rest = tiers.tail() >= 0 ? tiers.tail() : tiers.compute.back();
   int64_t next = 0;
   for (size_t j = 0; j < tiers.compute.size() && next < layers_run; ++j) {
     const int dev = tiers.compute[j];
-    const bool takes_all = j + 1 == tiers.compute.size() && tiers.disk < 0;
+    const bool takes_all = j + 1 == tiers.compute.size() && tiers.tail() < 0;
     while (next < layers_run) {
       for (int64_t l = next; l < layers_run; ++l) assign[l] = rest;
       assign[next] = dev;
@@ -276,7 +308,21 @@ StatusOr<MemoryPlan> MakePlanImpl(const PlanInput& in) {
       return InvalidArgumentError(
           std::string("plan: ") + what + " " + std::string(DTypeName(*d)) +
           " is a sub-byte type (it only stores quantized weights)");
-  const Tiers tiers = GetTiers(in.devices);
+  const Tiers tiers = GetTiers(in.devices, in.offload);
+  if (in.offload) {
+    if (tiers.gpu_last < 0)
+      return InvalidArgumentError(
+          "--offload needs a GPU to compute the offloaded layers: give "
+          "--device cuda:N=SIZE");
+    if (tiers.disk >= 0)
+      return InvalidArgumentError(
+          "--offload and --device disk cannot be combined (offloaded layers "
+          "run on the last GPU, disk-streamed ones on the host)");
+    if (tiers.host < 0)
+      return InvalidArgumentError(
+          "--offload needs the host (cpu) device to hold the offloaded "
+          "layers");
+  }
   if (tiers.compute.empty())
     return InvalidArgumentError(
         "plan: no device computes (give --device cpu or --device cuda:N=SIZE)");
@@ -289,6 +335,7 @@ StatusOr<MemoryPlan> MakePlanImpl(const PlanInput& in) {
   plan.quantization = in.weights->quantization;
   plan.job = in.job;
   plan.strategy = in.strategy;
+  plan.offload = in.offload;
   plan.num_layers = c.num_layers;
   plan.layers_run = in.job.LayersRun(c.num_layers);
   plan.layout = PlanActivations(c, in.job, in.costs);
@@ -299,9 +346,10 @@ StatusOr<MemoryPlan> MakePlanImpl(const PlanInput& in) {
   switch (in.strategy) {
     case Strategy::kBalanced: {
       assign = Balanced(in, k, tiers, n, n);
-      if (tiers.disk >= 0 &&
+      if (tiers.tail() >= 0 &&
           MaxUtilization(Evaluate(in, k, tiers, assign, n)) > 1.0) {
-        // Offload the fewest trailing layers to disk that makes it fit.
+        // Move the fewest trailing layers to disk (or the offload host) that
+        // makes it fit.
         std::vector<int> best = assign;
         double best_u = std::numeric_limits<double>::infinity();
         for (int64_t resident = n - 1; resident >= 0; --resident) {
@@ -336,12 +384,12 @@ StatusOr<MemoryPlan> MakePlanImpl(const PlanInput& in) {
       }
       int64_t sum = 0;
       for (int64_t x : counts) sum += x;
-      if (sum > n || (sum < n && tiers.disk < 0))
+      if (sum > n || (sum < n && tiers.tail() < 0))
         return InvalidArgumentError(
             "--layers-per-device counts add up to " + std::to_string(sum) +
             ", but " + std::to_string(n) + " layers run" +
             (sum < n ? " (add --device disk to stream the rest)" : ""));
-      for (; next < n; ++next) assign[next] = tiers.disk;
+      for (; next < n; ++next) assign[next] = tiers.tail();
       break;
     }
   }
@@ -388,8 +436,22 @@ void AddSuggestions(const PlanInput& in, MemoryPlan* plan) {
     if (auto p = MakePlanImpl(h); p.ok() && p->fits)
       plan->suggestions.push_back("--dtype bf16 (captures at half the bytes)");
   }
-  const Tiers tiers = GetTiers(in.devices);
-  if (tiers.disk < 0) {
+  const Tiers tiers = GetTiers(in.devices, in.offload);
+  if (!in.offload && tiers.disk < 0 && tiers.gpu_last >= 0) {
+    PlanInput o = q;
+    o.offload = true;
+    if (o.strategy == Strategy::kManual) o.strategy = Strategy::kBalanced;
+    if (auto p = MakePlanImpl(o); p.ok() && p->fits) {
+      int64_t offloaded = 0;
+      for (int64_t l = 0; l < p->num_layers; ++l)
+        offloaded += IsOffloaded(*p, l);
+      plan->suggestions.push_back(
+          "--offload (" + std::to_string(offloaded) +
+          " layers in pinned host memory, computed on " +
+          p->devices[static_cast<size_t>(tiers.gpu_last)].device.name + ")");
+    }
+  }
+  if (!in.offload && tiers.disk < 0) {
     PlanInput d = q;
     DeviceSpec disk;
     disk.name = "disk";
@@ -423,6 +485,31 @@ void AddSuggestions(const PlanInput& in, MemoryPlan* plan) {
 }
 
 }  // namespace
+
+int ComputeDeviceOf(const MemoryPlan& plan, int64_t layer) {
+  if (layer < 0 || layer >= static_cast<int64_t>(plan.layer_device.size()))
+    return -1;
+  const int d = plan.layer_device[static_cast<size_t>(layer)];
+  if (d < 0) return -1;
+  const DeviceKind kind = plan.devices[static_cast<size_t>(d)].device.kind;
+  const bool disk = kind == DeviceKind::kDisk;
+  if (!disk && !(plan.offload && kind == DeviceKind::kCpu)) return d;
+  for (size_t i = 0; i < plan.devices.size(); ++i) {
+    const DevicePlan& p = plan.devices[i];
+    if (disk ? p.streamed_layers > 0 : p.offloaded_layers > 0)
+      return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool IsOffloaded(const MemoryPlan& plan, int64_t layer) {
+  if (!plan.offload || layer < 0 ||
+      layer >= static_cast<int64_t>(plan.layer_device.size()))
+    return false;
+  const int d = plan.layer_device[static_cast<size_t>(layer)];
+  return d >= 0 &&
+         plan.devices[static_cast<size_t>(d)].device.kind == DeviceKind::kCpu;
+}
 
 int64_t DevicePlan::total() const {
   if (device.kind == DeviceKind::kDisk) return 0;
@@ -583,7 +670,8 @@ StatusOr<MemoryPlan> PlanModelDir(const std::string& model_dir,
                                   std::vector<DeviceSpec> devices,
                                   int64_t host_bytes, const KernelCosts& costs,
                                   Strategy strategy,
-                                  std::optional<DType> assume_dtype) {
+                                  std::optional<DType> assume_dtype,
+                                  bool offload) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   const ArchWeights decl = FindArch(config.model_type)->declare_weights(config);
   WeightTableOptions options;
@@ -598,6 +686,7 @@ StatusOr<MemoryPlan> PlanModelDir(const std::string& model_dir,
   in.devices = std::move(devices);
   in.strategy = strategy;
   in.costs = costs;
+  in.offload = offload;
   return MakePlan(in);
 }
 

@@ -19,9 +19,20 @@
 //               the host's when they go to the host
 //   logits      [chunk, V] f32 on the device running the lm_head
 //   stream      with the disk tier: two layers' weights (compute one, read the
-//               next) on the device that runs the streamed layers
+//               next) on the device that runs the streamed layers; with
+//               offload: two offloaded layers' weights on the last GPU
 //   runtime     on a GPU: the CUDA context, modules and library handles (a
 //               measured constant of the backend, KernelCosts)
+//
+// Offload (PlanInput::offload, --offload): the host is a weight tier for the
+// GPUs. Layers placed on the host (the trailing layers that do not fit the
+// GPUs under the balanced strategy; what the GPUs leave under sequential and
+// manual) keep their weights in (pinned) host memory and are computed by the
+// last GPU, which copies them in layer by layer into two buffers of the
+// largest such layer (its `stream`). layer_device keeps naming the host for
+// them (it holds them); ComputeDeviceOf says who computes a layer. Offloaded
+// layers are counted as the executor lays them out: each tensor 64-byte
+// aligned, on the host (the pinned copy) and in each of the two buffers.
 // See docs/design/memory-plan.md.
 #ifndef LOOM_PLAN_PLANNER_H_
 #define LOOM_PLAN_PLANNER_H_
@@ -60,8 +71,14 @@ struct PlanInput {
   std::vector<int64_t> layers_per_device;  // kManual
   KernelCosts costs;
   // When the plan does not fit, try the alternatives (smaller batch, shorter
-  // context, captures to host, disk, more devices) and list those that fit.
+  // context, captures to host, disk, offload, more devices) and list those
+  // that fit.
   bool suggest = true;
+  // Layers placed on the host are computed by the last GPU, their weights
+  // streamed from pinned host memory (needs a GPU device; not with disk).
+  // The host then computes nothing; manual counts are the GPUs' (the rest
+  // goes to the host).
+  bool offload = false;
 };
 
 struct DevicePlan {
@@ -69,7 +86,10 @@ struct DevicePlan {
   std::vector<int64_t> layers;  // resident layers (disk: streamed ones)
   bool holds_embed = false;
   bool holds_head = false;
-  int64_t streamed_layers = 0;  // disk layers this device computes
+  int64_t streamed_layers = 0;   // disk layers this device computes
+  int64_t offloaded_layers = 0;  // host-resident layers this GPU computes
+  // The host under offload: holds offloaded layers, computes nothing.
+  bool weights_only = false;
   int64_t weights = 0, activations = 0, workspace = 0, kv = 0, staging = 0,
           logits = 0, stream = 0;
   // A GPU's runtime (KernelCosts::device_runtime_bytes): context, modules,
@@ -77,7 +97,9 @@ struct DevicePlan {
   int64_t runtime = 0;
 
   bool computes() const {
-    return !layers.empty() || holds_embed || holds_head || streamed_layers > 0;
+    if (weights_only) return false;
+    return !layers.empty() || holds_embed || holds_head ||
+           streamed_layers > 0 || offloaded_layers > 0;
   }
   // Bytes held (disk: 0; its weights stay in the checkpoint).
   int64_t total() const;
@@ -101,11 +123,21 @@ struct MemoryPlan {
   int64_t layers_run = 0;
   ActivationLayout layout;
   std::vector<DevicePlan> devices;
-  std::vector<int>
-      layer_device;  // [num_layers]: index into devices; -1 = not run
+  // [num_layers]: index into devices of the device holding the layer's
+  // weights; -1 = not run. A layer held by the disk is computed by the device
+  // with streamed_layers > 0; one held by the host when `offload` is set by
+  // the GPU with offloaded_layers > 0 (ComputeDeviceOf).
+  std::vector<int> layer_device;
+  bool offload = false;  // PlanInput::offload
   std::vector<std::string> problems;     // one line per overfull device
   std::vector<std::string> suggestions;  // alternatives that fit
 };
+
+// The index into plan.devices of the device that computes `layer` (-1 = not
+// run): layer_device, except for disk-streamed and offloaded layers.
+int ComputeDeviceOf(const MemoryPlan& plan, int64_t layer);
+// Whether `layer` is offloaded: held by the host, computed by a GPU.
+bool IsOffloaded(const MemoryPlan& plan, int64_t layer);
 
 // Errors for invalid input (bad job, manual counts that do not add up, no
 // computing device); a plan that does not fit is returned with fits = false.
@@ -130,7 +162,7 @@ StatusOr<MemoryPlan> PlanModelDir(
     const std::string& model_dir, const JobSpec& job,
     std::vector<DeviceSpec> devices, int64_t host_bytes,
     const KernelCosts& costs, Strategy strategy = Strategy::kBalanced,
-    std::optional<DType> assume_dtype = std::nullopt);
+    std::optional<DType> assume_dtype = std::nullopt, bool offload = false);
 
 }  // namespace loom
 

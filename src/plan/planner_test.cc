@@ -7,6 +7,7 @@
 
 #include <random>
 
+#include "src/base/units.h"
 #include "src/model/registry.h"
 #include "src/plan/test_util.h"
 
@@ -224,6 +225,153 @@ TEST(Placement, DiskTierStreamsTheLayersThatDoNotFit) {
   EXPECT_EQ(disk->devices[0].streamed_layers,
             static_cast<int64_t>(d.layers.size()));
   EXPECT_GT(disk->devices[0].stream, 0);
+}
+
+// --offload: the host's layers keep their weights on the host; their compute
+// (activations, workspace, kv, staging, the head) moves to the last GPU,
+// which gets two buffers of the largest offloaded layer (stream).
+TEST(Offload, HostLayersComputeOnTheLastGpuByteExact) {
+  const Model m = Make(MlpKind::kGated, 16);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Gpu(0, 64 * kMiB), plan_test::Host(kGiB, true)};
+  in.costs = plan_test::FakeCosts();
+  in.job.mode = JobMode::kGeneration;
+  in.job.batch_tokens = 64;
+  in.job.context = 64;
+  in.job.logits = true;
+  in.strategy = Strategy::kManual;
+  in.layers_per_device = {10, 6};
+  in.suggest = false;
+  auto res = MakePlan(in);  // the host computes layers 10..15
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  in.offload = true;
+  in.layers_per_device = {10};  // the GPUs' counts; the rest is offloaded
+  auto off = MakePlan(in);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  ASSERT_TRUE(off->fits) << FormatPlanTable(*off);
+  EXPECT_TRUE(off->offload);
+  const DevicePlan &rg = res->devices[0], &rh = res->devices[1];
+  const DevicePlan &og = off->devices[0], &oh = off->devices[1];
+  ASSERT_EQ(oh.device.kind, DeviceKind::kCpu);
+  // Offloaded layers as the executor lays them out: 64-byte aligned tensors.
+  std::vector<int64_t> aligned(16, 0);
+  for (const PlannedTensor& t : m.table.tensors)
+    if (t.layer >= 0) aligned[t.layer] += AlignUp(t.bytes, 64);
+  int64_t host_layers = 0, largest = 0, unaligned = 0;
+  for (int64_t l = 10; l < 16; ++l) {
+    host_layers += aligned[l];
+    unaligned += m.table.layer_bytes[l];
+    largest = std::max(largest, aligned[l]);
+    EXPECT_EQ(off->layer_device[l], 1) << l;  // held by the host
+    EXPECT_EQ(ComputeDeviceOf(*off, l), 0) << l;
+    EXPECT_TRUE(IsOffloaded(*off, l));
+  }
+  EXPECT_EQ(ComputeDeviceOf(*off, 3), 0);
+  EXPECT_FALSE(IsOffloaded(*off, 3));
+  EXPECT_FALSE(IsOffloaded(*res, 12));
+  EXPECT_EQ(ComputeDeviceOf(*res, 12), 1);
+  // The host holds the offloaded layers' weights and computes nothing.
+  EXPECT_EQ(oh.layers, rh.layers);
+  EXPECT_EQ(oh.weights, host_layers);
+  EXPECT_TRUE(oh.weights_only);
+  EXPECT_FALSE(oh.computes());
+  EXPECT_EQ(oh.activations + oh.workspace + oh.kv + oh.logits + oh.stream, 0);
+  EXPECT_EQ(oh.staging, 0);  // no captures staged on the host here
+  // The GPU computes every layer: the host's kv, the head, two buffers.
+  EXPECT_EQ(og.offloaded_layers, 6);
+  EXPECT_EQ(og.stream, 2 * largest);
+  EXPECT_EQ(og.kv, rg.kv + rh.kv);
+  EXPECT_GT(rh.kv, 0);
+  EXPECT_EQ(og.logits, rh.logits);
+  EXPECT_EQ(og.activations, rg.activations);
+  EXPECT_EQ(og.workspace, rg.workspace);
+  const int64_t head = rh.weights - unaligned;  // final norm, lm_head
+  EXPECT_GT(head, 0);
+  EXPECT_EQ(og.weights, rg.weights + head);
+  EXPECT_EQ(og.total(), rg.total() + (rh.total() - rh.activations -
+                                      rh.workspace - unaligned) +
+                            2 * largest);
+  EXPECT_TRUE(og.holds_head && !oh.holds_head);
+  // Shown in the table and the JSON.
+  EXPECT_NE(FormatPlanTable(*off).find("6 offloaded from host"),
+            std::string::npos)
+      << FormatPlanTable(*off);
+  EXPECT_EQ(PlanToJson(*off)["devices"][0]["offloaded_layers"], 6);
+}
+
+TEST(Offload, BalancedOffloadsTheTrailingLayersThatDoNotFit) {
+  const Model m = Make(MlpKind::kGated, 16);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Gpu(0, 12 * kMiB), plan_test::Host(kGiB, false)};
+  in.costs = plan_test::FakeCosts();
+  in.job.batch_tokens = 64;
+  in.job.logits = true;
+  auto over = MakePlan(in);
+  ASSERT_TRUE(over.ok());
+  ASSERT_FALSE(over->fits);
+  bool suggested = false;
+  for (const std::string& s : over->suggestions)
+    suggested |= s.rfind("--offload", 0) == 0;
+  EXPECT_TRUE(suggested) << FormatPlanTable(*over);
+  in.offload = true;
+  auto off = MakePlan(in);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  ASSERT_TRUE(off->fits) << FormatPlanTable(*off);
+  const DevicePlan &g = off->devices[0], &h = off->devices[1];
+  ASSERT_GT(h.layers.size(), 0u);
+  ASSERT_LT(h.layers.size(), 16u);
+  EXPECT_EQ(h.layers.back(), 15);  // the trailing layers
+  EXPECT_EQ(g.offloaded_layers, static_cast<int64_t>(h.layers.size()));
+  std::vector<int64_t> aligned(16, 0);
+  for (const PlannedTensor& t : m.table.tensors)
+    if (t.layer >= 0) aligned[t.layer] += AlignUp(t.bytes, 64);
+  int64_t largest = 0, held = 0;
+  for (int64_t l : h.layers) {
+    largest = std::max(largest, aligned[l]);
+    held += aligned[l];
+  }
+  EXPECT_EQ(g.stream, 2 * largest);
+  EXPECT_EQ(h.weights, held);
+  EXPECT_EQ(h.activations, 0);
+  // Fewest offloaded: one layer more on the GPU does not fit.
+  in.strategy = Strategy::kManual;
+  in.layers_per_device = {static_cast<int64_t>(g.layers.size()) + 1};
+  auto more = MakePlan(in);
+  ASSERT_TRUE(more.ok());
+  EXPECT_FALSE(more->fits) << FormatPlanTable(*more);
+}
+
+TEST(Offload, NeedsAGpuAndNoDisk) {
+  const Model m = Make(MlpKind::kGated, 4);
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Host(kGiB, true)};
+  in.costs = plan_test::FakeCosts();
+  in.job.batch_tokens = 16;
+  in.job.logits = true;
+  in.offload = true;
+  auto p = MakePlan(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("--offload"), std::string::npos);
+  EXPECT_NE(p.status().message().find("GPU"), std::string::npos);
+  in.devices = {plan_test::Gpu(0, kGiB), plan_test::Host(kGiB, false),
+                plan_test::Disk()};
+  p = MakePlan(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("--device disk"), std::string::npos);
+  // Everything fits on the GPU: nothing is offloaded.
+  in.devices.pop_back();
+  p = MakePlan(in);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->devices[0].offloaded_layers, 0);
+  EXPECT_EQ(p->devices[0].stream, 0);
+  EXPECT_EQ(p->devices[0].layers.size(), 4u);
 }
 
 TEST(Placement, GenerationAddsKvPerLayerCappedBySlidingWindow) {

@@ -56,7 +56,7 @@ std::string FormatPlanTable(const MemoryPlan& p) {
       line, sizeof(line),
       "job: %s, %lld batch tokens, context %lld, %lld sequence(s)/batch, %zu "
       "hooks (%s, select %s, to %s)%s, "
-      "strategy %s\n",
+      "strategy %s%s\n",
       std::string(JobModeName(j.mode)).c_str(),
       static_cast<long long>(j.batch_tokens), static_cast<long long>(j.context),
       static_cast<long long>(j.Seqs()), j.hooks.hooks().size(),
@@ -67,7 +67,8 @@ std::string FormatPlanTable(const MemoryPlan& p) {
           ? (", logits in chunks of " + std::to_string(j.logits_chunk_rows))
                 .c_str()
           : "",
-      std::string(StrategyName(p.strategy)).c_str());
+      std::string(StrategyName(p.strategy)).c_str(),
+      p.offload ? ", offload (host layers computed on the last GPU)" : "");
   out += line;
   std::snprintf(
       line, sizeof(line),
@@ -85,8 +86,15 @@ std::string FormatPlanTable(const MemoryPlan& p) {
     if (d.streamed_layers > 0)
       layers +=
           " (+" + std::to_string(d.streamed_layers) + " streamed from disk)";
+    if (d.offloaded_layers > 0)
+      layers += " (+" + std::to_string(d.offloaded_layers) +
+                " offloaded from host)";
     if (disk) layers += " (streamed)";
-    if (!d.device.compute && !disk) layers = "(host: staging only)";
+    if (d.weights_only && !d.layers.empty()) {
+      layers += " (offloaded: weights only)";
+    } else if ((!d.device.compute || d.weights_only) && !disk) {
+      layers = "(host: staging only)";
+    }
     std::snprintf(line, sizeof(line),
                   "%-8s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s "
                   "%11s %11s  %s%s\n",
@@ -147,6 +155,7 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
   j["num_layers"] = p.num_layers;
   j["layers_run"] = p.layers_run;
   j["strategy"] = StrategyName(p.strategy);
+  j["offload"] = p.offload;
   json w;
   w["bytes"] = p.weight_bytes;
   w["source"] = WeightSourceName(p.weight_source);
@@ -197,6 +206,7 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
     e["headroom_bytes"] = disk ? json(nullptr) : json(d.headroom());
     e["layers"] = d.layers;
     e["streamed_layers"] = d.streamed_layers;
+    e["offloaded_layers"] = d.offloaded_layers;
     e["embed"] = d.holds_embed;
     e["head"] = d.holds_head;
     devices.push_back(std::move(e));

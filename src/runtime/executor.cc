@@ -38,6 +38,13 @@ int64_t Executor::arena_bytes() const {
   return total;
 }
 
+int64_t Executor::staged_weight_bytes() const {
+  int64_t total = 0;
+  for (const Device& d : devices_)
+    if (d.uploaded) total += d.uploaded->staged_bytes();
+  return total;
+}
+
 int64_t Executor::uploaded_weight_bytes() const {
   int64_t total = 0;
   for (const Device& d : devices_)
@@ -151,7 +158,29 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
     d.first_layer = s.first_layer;
     d.last_layer = std::min(s.last_layer, ex->last_layer_);
     d.host_memory = d.backend->device().kind == DeviceKind::kCpu;
-    if (d.host_memory) {
+    d.offload = s.offload;
+    if (d.offload) {
+      WeightSelection sel;
+      sel.first_layer = d.first_layer;
+      sel.last_layer = d.last_layer;
+      sel.embed = i == 0;
+      sel.head = runs_head && (i + 1 == segments.size() ||
+                               segments[i + 1].first_layer > ex->last_layer_);
+      const DeviceRef where = d.backend->device();
+      StatusOr<std::unique_ptr<Backend>> copier =
+          CreateBackend(where.kind, where.index);
+      if (!copier.ok())
+        return FailedPreconditionError(
+            "executor: offload segment " + std::to_string(i) +
+            ": cannot make the copier instance of '" +
+            std::string(d.backend->name()) + "': " +
+            copier.status().message());
+      d.copier = std::move(*copier);
+      ASSIGN_OR_RETURN(DeviceWeights w, DeviceWeights::UploadStreamed(
+                                            model.weights(), sel, *d.backend));
+      d.uploaded = std::make_unique<DeviceWeights>(std::move(w));
+      d.weights = &d.uploaded->weights();
+    } else if (d.host_memory) {
       d.weights = &model.weights();
     } else {
       WeightSelection sel;
@@ -165,10 +194,16 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
       d.uploaded = std::make_unique<DeviceWeights>(std::move(w));
       d.weights = &d.uploaded->weights();
     }
-    ASSIGN_OR_RETURN(d.activations,
-                     Arena::Allocate(ex->layout_.activations, *d.backend));
-    ASSIGN_OR_RETURN(d.workspace,
-                     Arena::Allocate(ex->layout_.workspace, *d.backend));
+    if (!ex->devices_.empty() && ex->devices_.back().backend == d.backend) {
+      d.shares_arenas = true;
+      d.activations = ex->devices_.back().activations;
+      d.workspace = ex->devices_.back().workspace;
+    } else {
+      ASSIGN_OR_RETURN(d.activations,
+                       Arena::Allocate(ex->layout_.activations, *d.backend));
+      ASSIGN_OR_RETURN(d.workspace,
+                       Arena::Allocate(ex->layout_.workspace, *d.backend));
+    }
     if (const int i = ex->layout_.workspace.Find(BufferId::kGemmScratchpad);
         i >= 0)
       d.backend->SetGemmScratchpad(
@@ -338,6 +373,8 @@ Status Executor::Transfer(const Device& from, Device& to, const Batch& batch) {
       {BufferId::kRopeCos, T * half * int64_t{sizeof(float)}},
       {BufferId::kRopeSin, T * half * int64_t{sizeof(float)}},
   };
+  // The copies run on `to`: they start after `from`'s work so far.
+  RETURN_IF_ERROR(to.backend->WaitFor(*from.backend));
   for (const Carried& c : carried) {
     if (c.bytes == 0) continue;
     RETURN_IF_ERROR(to.backend->Copy(
@@ -386,10 +423,14 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
     RETURN_IF_ERROR(RunStep(step, devices_.front(), -1, batch, sink));
   for (size_t i = 0; i < devices_.size(); ++i) {
     Device& d = devices_[i];
-    if (i > 0) RETURN_IF_ERROR(Transfer(devices_[i - 1], d, batch));
-    for (int64_t layer = d.first_layer; layer <= d.last_layer; ++layer)
+    if (i > 0 && !d.shares_arenas)
+      RETURN_IF_ERROR(Transfer(devices_[i - 1], d, batch));
+    if (d.offload) RETURN_IF_ERROR(StartStream(d));
+    for (int64_t layer = d.first_layer; layer <= d.last_layer; ++layer) {
       for (const ProgramStep& step : program_.LayerSteps(layer))
         RETURN_IF_ERROR(RunStep(step, d, layer, batch, sink));
+      if (d.offload) RETURN_IF_ERROR(AdvanceStream(d, layer));
+    }
   }
   for (const ProgramStep& step : program_.epilogue) {
     if (step.id == StepId::kFinalNorm && !hooks_.NeedsFinalNorm()) break;
@@ -814,6 +855,37 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
     }
   }
   return InternalError("executor: unknown step");
+}
+
+Status Executor::CopyLayer(Device& d, int64_t layer) {
+  const DeviceWeights& w = *d.uploaded;
+  return d.copier->CopyAsync(w.Slot(w.SlotOf(layer)), d.copier->device(),
+                             w.StagedLayer(layer), DeviceRef{},
+                             w.LayerBytes(layer));
+}
+
+Status Executor::StartStream(Device& d) {
+  Backend& compute = *d.backend;
+  Backend& copier = *d.copier;
+  // The previous forward's last layers may still read both buffers.
+  RETURN_IF_ERROR(copier.WaitFor(compute));
+  RETURN_IF_ERROR(CopyLayer(d, d.first_layer));
+  RETURN_IF_ERROR(compute.WaitFor(copier));
+  if (d.first_layer + 1 <= d.last_layer)
+    RETURN_IF_ERROR(CopyLayer(d, d.first_layer + 1));
+  return Status();
+}
+
+Status Executor::AdvanceStream(Device& d, int64_t layer) {
+  if (layer + 1 > d.last_layer) return Status();
+  Backend& compute = *d.backend;
+  Backend& copier = *d.copier;
+  // Layer + 1 runs after its copy (issued before layer ran, or at the start).
+  RETURN_IF_ERROR(compute.WaitFor(copier));
+  if (layer + 2 > d.last_layer) return Status();
+  // Layer is done with its buffer: layer + 2 takes it.
+  RETURN_IF_ERROR(copier.WaitFor(compute));
+  return CopyLayer(d, layer + 2);
 }
 
 }  // namespace loom

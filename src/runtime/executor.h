@@ -13,6 +13,23 @@
 // Create); the host writes the batch's positions, sequence offsets and RoPE
 // frequencies into small host buffers (sized at Create) and copies them over.
 //
+// Offload (ExecutorSegment::offload): the segment's layer weights stay in
+// host memory, copied once at Create into one pinned host allocation
+// (DeviceWeights::UploadStreamed), and are streamed into two device buffers
+// of the largest layer; layer l always runs from buffer (l - first) % 2.
+// The copies are issued on a second backend instance of the segment's device
+// (the "copier", made by the executor through the registry at Create), and
+// ordered against the compute instance with Backend::WaitFor:
+//   copier: L0 -> buf0; compute waits; copier: L1 -> buf1;
+//   for each layer l: compute runs l; compute waits for the copier (layer
+//   l+1's copy, issued earlier); the copier waits for compute (layer l done,
+//   buf[l % 2] free); copier: L(l+2) -> buf[l % 2].
+// So the copy of layer l+1 overlaps the compute of layer l. On a synchronous
+// (CPU) backend the copies are memcpys and the waits no-ops. Model-level
+// weights (embeddings, final norm, lm_head) of an offloaded segment stay
+// resident. Consecutive segments on one backend instance share one set of
+// arenas. See docs/design/memory-plan.md, "CPU offload".
+//
 // All activation memory comes from arenas sized at Create() for the largest
 // batch (max_tokens, max_seq_len); Forward() allocates nothing. The forward
 // stops after the deepest layer any requested hook needs; the final norm and
@@ -66,11 +83,14 @@ class HookSink {
                               const ActivationView& view) = 0;
 };
 
-// Layers [first_layer, last_layer] run on `backend` (not owned).
+// Layers [first_layer, last_layer] run on `backend` (not owned). `offload`:
+// their weights are streamed from pinned host memory, layer by layer (see
+// above; the plan's offloaded layers).
 struct ExecutorSegment {
   Backend* backend = nullptr;
   int64_t first_layer = 0;
   int64_t last_layer = -1;
+  bool offload = false;
 };
 
 struct ExecutorOptions {
@@ -134,8 +154,18 @@ class Executor {
     std::unique_ptr<DeviceWeights> uploaded;
     // The backend's memory is the host's (the CPU backend).
     bool host_memory = true;
+    // Offload: `uploaded` is streamed (its layers in pinned host memory, two
+    // device buffers); `copier` (same device) issues the layer copies.
+    bool offload = false;
+    std::unique_ptr<Backend> copier;
+    // Runs on the same backend instance as the previous device (e.g. a GPU's
+    // resident layers, then its offloaded ones): its activation and
+    // workspace arenas are the previous device's (one set per device, as
+    // planned) and nothing is transferred between them.
+    bool shares_arenas = false;
     int64_t bytes() const {
-      return activations.bytes() + workspace.bytes() + logits.bytes();
+      return (shares_arenas ? 0 : activations.bytes() + workspace.bytes()) +
+             logits.bytes();
     }
   };
   int num_devices() const { return static_cast<int>(devices_.size()); }
@@ -143,6 +173,9 @@ class Executor {
   // Bytes of weights copied to device memory (0 when every segment reads the
   // host's).
   int64_t uploaded_weight_bytes() const;
+  // Bytes of offloaded layers' weights in pinned host memory (0 without an
+  // offloaded segment).
+  int64_t staged_weight_bytes() const;
 
  private:
   Executor(const Model& model, const HookSet& hooks,
@@ -156,6 +189,13 @@ class Executor {
   Status WriteBatchMetadata(const Batch& batch);
   // Copies the values carried across layers from device `from` to `to`.
   Status Transfer(const Device& from, Device& to, const Batch& batch);
+  // Offload: issues the copy of `layer`'s weights into its buffer on the
+  // copier; StartStream copies the segment's first two layers, AdvanceStream
+  // (after `layer` ran) makes layer + 1 wait for its copy and copies
+  // layer + 2 into the buffer `layer` has freed.
+  Status CopyLayer(Device& d, int64_t layer);
+  Status StartStream(Device& d);
+  Status AdvanceStream(Device& d, int64_t layer);
   Status Emit(HookSite site, int64_t layer, const Batch& batch, const Device& d,
               int64_t cols, int64_t ld, const float* data, HookSink* sink);
   // `same_x`: x is the input of the previous Linear call, whose 16-bit copy in

@@ -1,9 +1,10 @@
 // Whole models on the GPU (label `cuda`): every hook of every bundled and
 // shared tiny model computed by the CUDA backend against the CPU backend
 // (itself checked against Hugging Face's goldens by golden_parity_test), a
-// two-segment placement on one GPU bit-identical to one segment, and the
-// device memory an executor takes equal to its planned arenas and uploaded
-// weights. Skipped, loudly, without a GPU.
+// two-segment placement on one GPU bit-identical to one segment, offloaded
+// layers (streamed from pinned host memory) bit-identical to resident ones,
+// and the device memory an executor takes equal to its planned arenas and
+// uploaded weights. Skipped, loudly, without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -228,6 +229,57 @@ TEST_P(CudaModelTest, TwoSegmentsBitIdenticalToOne) {
                           a.data.size() * sizeof(float)),
               0)
         << HookName(h) << " differs between one and two segments";
+  }
+}
+
+// CPU offload on the GPU: layers [0, split) resident on cuda:0, [split, n)
+// offloaded (weights in pinned host memory, streamed into two device buffers
+// by a copier instance, ordered with WaitFor), on the same instance; also
+// every layer offloaded. Every hook bit for bit as the resident run, twice
+// (the second forward restarts the stream over used buffers).
+TEST_P(CudaModelTest, OffloadedLayersBitIdenticalToResident) {
+  auto gpu = REQUIRE_GPU();
+  auto model = Model::Load(ModelDir(GetParam()), Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const ModelConfig& c = (*model)->config();
+  const HookSet hooks = TokenHooks(c);
+  std::vector<int32_t> ids;
+  const Batch batch = ThreeSequences(c, &ids, {0, 13, 20, 41});
+  ExecutorOptions o;
+  o.max_tokens = 48;
+  o.max_seq_len = 24;
+  o.logits_chunk_rows = 16;
+  ExecutorOptions one = o;
+  one.backend = gpu.get();
+  auto single = Executor::Create(**model, hooks, one);
+  ASSERT_TRUE(single.ok()) << single.status().ToString();
+  HostCopySink want({gpu.get()});
+  ASSERT_TRUE((*single)->Forward(batch, &want).ok());
+
+  for (const int64_t split : {c.num_layers / 2, int64_t{0}}) {
+    SCOPED_TRACE("split " + std::to_string(split));
+    ExecutorOptions off = o;
+    if (split > 0) off.segments.push_back({gpu.get(), 0, split - 1});
+    off.segments.push_back({gpu.get(), split, c.num_layers - 1, true});
+    auto placed = Executor::Create(**model, hooks, off);
+    ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+    const Executor::Device& d = (*placed)->device((*placed)->num_devices() - 1);
+    ASSERT_TRUE(d.offload && d.uploaded && d.uploaded->streamed());
+    EXPECT_GT((*placed)->staged_weight_bytes(), 0);
+    for (int run = 0; run < 2; ++run) {
+      HostCopySink got({gpu.get()});
+      ASSERT_TRUE((*placed)->Forward(batch, &got).ok());
+      for (const HookPoint& h : hooks.hooks()) {
+        const auto& a = want.captured().Get(h);
+        const auto& b = got.captured().Get(h);
+        ASSERT_EQ(a.data.size(), b.data.size()) << HookName(h);
+        EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(),
+                              a.data.size() * sizeof(float)),
+                  0)
+            << HookName(h) << " differs with offloaded layers (run " << run
+            << ")";
+      }
+    }
   }
 }
 

@@ -128,6 +128,7 @@ Status RunPlan(const PlanArgs& a, const std::string& model_dir,
   ASSIGN_OR_RETURN(in.devices,
                    DevicesFromFlags(f.devices, f.max_memory, f.reserve, host));
   ASSIGN_OR_RETURN(in.strategy, ParseStrategy(f.strategy));
+  in.offload = f.offload;
   if (!f.layers_per_device.empty()) {
     ASSIGN_OR_RETURN(in.layers_per_device,
                      ParseLayersPerDevice(f.layers_per_device));

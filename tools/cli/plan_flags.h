@@ -25,9 +25,10 @@ struct PlanFlags : JobPlanOptions {
 
 // Which command adds the flags.
 enum class PlanFlagUse {
-  kPlanCommand,  // --device --max-memory --reserve --assume-dtype --strategy
-                 // --layers-per-device --solve
-  kJobCommand,   // --device --max-memory --reserve --show-plan --verify-plan
+  kPlanCommand,  // --device --max-memory --reserve --offload --assume-dtype
+                 // --strategy --layers-per-device --solve
+  kJobCommand,   // --device --max-memory --reserve --offload --show-plan
+                 // --verify-plan
 };
 
 inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
@@ -41,6 +42,10 @@ inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
   cmd.add_option("--reserve", f->reserve,
                  "Bytes kept free: SIZE for every device, or "
                  "cuda:0=2GiB,cpu=4GiB");
+  cmd.add_flag("--offload", f->offload,
+               "Layers placed on the host run on the last GPU, their weights "
+               "streamed from pinned host memory, two layers' buffers on that "
+               "GPU");
   if (use == PlanFlagUse::kJobCommand) {
     cmd.add_flag("--show-plan", f->show_plan,
                  "Print the memory plan (stderr) before running");

@@ -81,6 +81,7 @@ CudaBackend::~CudaBackend() {
     gemm_.reset();
     scratch_device_ = Buffer();
     scratch_host_ = Buffer();
+    if (issued_ != nullptr) cudaEventDestroy(issued_);
     cudaStreamDestroy(stream_);
   }
 }
@@ -114,6 +115,9 @@ Status CudaBackend::Init() {
   if ((e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)) !=
       cudaSuccess)
     return FailedPreconditionError(name_ + ": " + CudaMessage(e));
+  if ((e = cudaEventCreateWithFlags(&issued_, cudaEventDisableTiming)) !=
+      cudaSuccess)
+    return FailedPreconditionError(name_ + ": event: " + CudaMessage(e));
   ASSIGN_OR_RETURN(gemm_, GemmRunner::Create());
   ASSIGN_OR_RETURN(scratch_device_, Allocate(kScratch, MemoryKind::kDevice));
   ASSIGN_OR_RETURN(scratch_host_, Allocate(kScratch, MemoryKind::kPinnedHost));
@@ -235,6 +239,31 @@ Status CudaBackend::Synchronize() {
   Check("synchronize");
   Status s = error_;
   return s;
+}
+
+Status CudaBackend::WaitFor(Backend& other) {
+  if (&other == this) return Status();
+  auto* o = dynamic_cast<CudaBackend*>(&other);
+  if (o == nullptr) {
+    // A host backend has finished everything it was given when it returned.
+    if (other.device().kind == DeviceKind::kCpu) return Status();
+    return InvalidArgumentError(name_ + ": cannot wait for backend '" +
+                                std::string(other.name()) + "'");
+  }
+  cudaSetDevice(o->device_);
+  cudaError_t e = cudaEventRecord(o->issued_, o->stream_);
+  if (e == cudaSuccess) {
+    cudaSetDevice(device_);
+    e = cudaStreamWaitEvent(stream_, o->issued_, 0);
+  } else {
+    cudaSetDevice(device_);
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return InternalError(name_ + ": wait for " + o->name_ + ": " +
+                         CudaMessage(e));
+  }
+  return Status();
 }
 
 // ---- GEMM ------------------------------------------------------------------

@@ -68,6 +68,10 @@ class CudaBackend final : public Backend {
   Status CopyAsync(void* dst, DeviceRef dst_device, const void* src,
                    DeviceRef src_device, int64_t bytes) override;
   Status Synchronize() override;
+  // Records `other`'s event on its stream and makes this stream wait for it
+  // (other: a CUDA instance on any device; a host backend is synchronous and
+  // needs no wait).
+  Status WaitFor(Backend& other) override;
 
   void SetGemmScratchpad(void* scratch, int64_t bytes) override;
   void SetWeightDecodeWorkspace(void* workspace, int64_t bytes) override;
@@ -148,6 +152,9 @@ class CudaBackend final : public Backend {
   int capability_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  // Recorded on stream_ when another instance waits for this one (WaitFor);
+  // made once at Init, so a forward allocates nothing.
+  cudaEvent_t issued_ = nullptr;
   std::unique_ptr<GemmRunner> gemm_;
   Buffer scratch_device_, scratch_host_;
   Status error_;
