@@ -292,6 +292,9 @@ TEST(DevicesCli, ListsTheHostAndEveryGpuOrWhyNone) {
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["host"]["device"], "cpu");
+  const std::string host_auto = j["host"]["auto_precision"];
+  EXPECT_TRUE(host_auto == "bf16" || host_auto == "f16" || host_auto == "f32")
+      << host_auto;
   EXPECT_GT(j["host"]["memory_bytes"].get<int64_t>(), 0);
   ASSERT_TRUE(j["gpus"].is_array());
   if (j["gpus"].empty()) {

@@ -3,6 +3,7 @@
 // compute capability, memory total / free, multiprocessors, the precision
 // `auto` picks: bf16 on capability >= 8.0, f16 below, where f32 checkpoints
 // stay f32).
+#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,16 @@
 #include "tools/cli/commands.h"
 
 namespace loom::cli {
+namespace {
+
+// "bf16", as --precision spells it.
+std::string PrecisionName(DType d) {
+  std::string s(DTypeName(d));
+  for (char& c : s) c = static_cast<char>(std::tolower(c));
+  return s;
+}
+
+}  // namespace
 
 void AddDevicesCommand(CLI::App& app, int* exit_code) {
   auto json = std::make_shared<bool>(false);
@@ -31,7 +42,7 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
     const StatusOr<DType> host_auto =
         ResolvePrecision(Precision::kAuto, DType::kBF16, &host_warning);
     const std::string host_precision =
-        host_auto.ok() ? std::string(DTypeName(*host_auto)) : "f32";
+        host_auto.ok() ? PrecisionName(*host_auto) : "f32";
     nlohmann::json out;
     out["cuda_backend"] = HasCudaBackend();
     out["host"] = {{"device", "cpu"},
@@ -47,7 +58,7 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
                              {"memory_total_bytes", g.total_bytes},
                              {"memory_free_bytes", g.free_bytes},
                              {"multiprocessors", g.multiprocessors},
-                             {"auto_precision", DTypeName(pick)}});
+                             {"auto_precision", PrecisionName(pick)}});
     }
     if (gpus.empty()) out["no_gpu_reason"] = reason;
     if (*json) {
