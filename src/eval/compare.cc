@@ -21,23 +21,54 @@ struct DriftSums {
   double diff2 = 0, ref2 = 0, cand2 = 0, dot = 0;
 };
 
+// The backends whose memory an executor's views may be in (its segments not
+// on the host).
+std::vector<Backend*> DeviceBackends(const Executor& ex) {
+  std::vector<Backend*> out;
+  for (int i = 0; i < ex.num_devices(); ++i)
+    if (!ex.device(i).host_memory) out.push_back(ex.device(i).backend);
+  return out;
+}
+
+// A dense [rows, cols] f32 view as host f32: the view itself when it is in
+// host memory, else copied into `staging` (rows * cols floats) through the
+// backend of its device.
+StatusOr<const float*> HostRows(const ActivationView& view,
+                                const std::vector<Backend*>& devices,
+                                float* staging) {
+  if (view.device.kind == DeviceKind::kCpu) return view.f32();
+  for (Backend* b : devices)
+    if (b->device() == view.device) {
+      RETURN_IF_ERROR(b->Copy(staging, DeviceRef{}, view.data, view.device,
+                              view.rows * view.cols * int64_t{sizeof(float)}));
+      return staging;
+    }
+  return InternalError("compare: a view of a device no executor segment has");
+}
+
 // B (reference): keeps the final-norm rows and, with drift, every layer's
 // residual stream of the window.
 class ReferenceSink : public HookSink {
  public:
-  ReferenceSink(float* hidden, float* layers, int64_t layer_stride)
-      : hidden_(hidden), layers_(layers), layer_stride_(layer_stride) {}
+  ReferenceSink(float* hidden, float* layers, int64_t layer_stride,
+                std::vector<Backend*> devices = {})
+      : hidden_(hidden),
+        layers_(layers),
+        layer_stride_(layer_stride),
+        devices_(std::move(devices)) {}
   Status OnActivation(const HookPoint& hook, const Batch&, int64_t,
                       int64_t row_begin, const ActivationView& view) override {
     const int64_t rows = view.rows, cols = view.cols;
-    const float* data = view.f32();
     LOOM_CHECK(row_begin == 0 && view.ld == cols);
+    float* dst = nullptr;
     if (hook.site == HookSite::kFinalNorm) {
-      std::memcpy(hidden_, data, sizeof(float) * rows * cols);
+      dst = hidden_;
     } else if (hook.site == HookSite::kResidPost && layers_ != nullptr) {
-      std::memcpy(layers_ + hook.layer * layer_stride_, data,
-                  sizeof(float) * rows * cols);
+      dst = layers_ + hook.layer * layer_stride_;
     }
+    if (dst == nullptr) return Status();
+    ASSIGN_OR_RETURN(const float* data, HostRows(view, devices_, dst));
+    if (data != dst) std::memcpy(dst, data, sizeof(float) * rows * cols);
     return Status();
   }
 
@@ -45,26 +76,34 @@ class ReferenceSink : public HookSink {
   float* hidden_;
   float* layers_;
   int64_t layer_stride_;
+  std::vector<Backend*> devices_;
 };
 
 // A (candidate): keeps the final-norm rows; reduces every layer's residual
 // stream against B's as it arrives.
 class CandidateSink : public HookSink {
  public:
+  // `staging` [layer_stride] floats: a device layer's rows on the host
+  // (unused when every view is in host memory).
   CandidateSink(float* hidden, const float* ref_layers, int64_t layer_stride,
-                DriftSums* sums)
+                DriftSums* sums, std::vector<Backend*> devices = {},
+                float* staging = nullptr)
       : hidden_(hidden),
         ref_layers_(ref_layers),
         layer_stride_(layer_stride),
-        sums_(sums) {}
+        sums_(sums),
+        devices_(std::move(devices)),
+        staging_(staging) {}
   Status OnActivation(const HookPoint& hook, const Batch&, int64_t,
                       int64_t row_begin, const ActivationView& view) override {
     const int64_t rows = view.rows, cols = view.cols;
-    const float* data = view.f32();
     LOOM_CHECK(row_begin == 0 && view.ld == cols);
     if (hook.site == HookSite::kFinalNorm) {
-      std::memcpy(hidden_, data, sizeof(float) * rows * cols);
+      ASSIGN_OR_RETURN(const float* data, HostRows(view, devices_, hidden_));
+      if (data != hidden_)
+        std::memcpy(hidden_, data, sizeof(float) * rows * cols);
     } else if (hook.site == HookSite::kResidPost && ref_layers_ != nullptr) {
+      ASSIGN_OR_RETURN(const float* data, HostRows(view, devices_, staging_));
       const float* ref = ref_layers_ + hook.layer * layer_stride_;
       const int64_t n = rows * cols;
       double diff2 = 0, ref2 = 0, cand2 = 0, dot = 0;
@@ -90,6 +129,8 @@ class CandidateSink : public HookSink {
   const float* ref_layers_;
   int64_t layer_stride_;
   DriftSums* sums_;
+  std::vector<Backend*> devices_;
+  float* staging_;
 };
 
 // Running sums of the per-token statistics.
@@ -302,8 +343,11 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   eo.max_seq_len = T;
   eo.logits_chunk_rows = C;
   eo.hf_bf16_activations = options.hf_bf16_activations;
+  ExecutorOptions eo_b = eo;
+  eo.segments = options.segments;
+  eo_b.segments = options.reference_segments;
   ASSIGN_OR_RETURN(auto exec_a, Executor::Create(a, hooks, eo));
-  ASSIGN_OR_RETURN(auto exec_b, Executor::Create(b, hooks, eo));
+  ASSIGN_OR_RETURN(auto exec_b, Executor::Create(b, hooks, eo_b));
   ASSIGN_OR_RETURN(auto head_a, LogitsHead::Create(a, C));
   ASSIGN_OR_RETURN(auto head_b, LogitsHead::Create(b, C));
 
@@ -311,6 +355,9 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   std::vector<int32_t> window_ids(T);
   std::vector<float> hidden_a(T * Ha), hidden_b(T * Hb);
   std::vector<float> ref_layers(options.drift ? L * T * Hb : 0);
+  const std::vector<Backend*> devices_a = DeviceBackends(*exec_a);
+  std::vector<float> drift_staging(
+      options.drift && !devices_a.empty() ? T * Ha : 0);
   std::vector<DriftSums> drift_sums(options.drift ? L : 0);
   std::vector<double> lse_a(C), lse_b(C), row_kl(C);
   std::vector<uint8_t> row_same(C);
@@ -324,15 +371,17 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
       exec_a->arena_bytes() + exec_b->arena_bytes() + head_a->bytes() +
       head_b->bytes() +
       static_cast<int64_t>(sizeof(float) * (hidden_a.size() + hidden_b.size() +
-                                            ref_layers.size()) +
+                                            ref_layers.size() +
+                                            drift_staging.size()) +
                            sizeof(double) * (4 * C + token_kl.size()) +
                            sizeof(int32_t) * T);
 
   ReferenceSink sink_b(hidden_b.data(),
-                       options.drift ? ref_layers.data() : nullptr, T * Hb);
+                       options.drift ? ref_layers.data() : nullptr, T * Hb,
+                       DeviceBackends(*exec_b));
   CandidateSink sink_a(hidden_a.data(),
                        options.drift ? ref_layers.data() : nullptr, T * Hb,
-                       drift_sums.data());
+                       drift_sums.data(), devices_a, drift_staging.data());
   SavedReference save;
   std::vector<int32_t> save_ids;
   std::vector<float> save_lp, save_target;
@@ -465,6 +514,7 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
   eo.max_seq_len = T;
   eo.logits_chunk_rows = C;
   eo.hf_bf16_activations = options.hf_bf16_activations;
+  eo.segments = options.segments;
   ASSIGN_OR_RETURN(auto exec, Executor::Create(a, hooks, eo));
   ASSIGN_OR_RETURN(auto head, LogitsHead::Create(a, C));
   std::vector<int32_t> window_ids(T), ref_ids(C * k);
@@ -479,7 +529,8 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
     f.read(static_cast<char*>(dst), n * row_bytes);
     return f.good() ? Status() : DataLossError(dir + ": short read at row " + std::to_string(row));
   };
-  CandidateSink sink(hidden.data(), nullptr, T * H, nullptr);
+  CandidateSink sink(hidden.data(), nullptr, T * H, nullptr,
+                     DeviceBackends(*exec));
   CompareResult r;
   r.protocol = plan.protocol;
   r.ctx = plan.ctx;

@@ -40,7 +40,13 @@ struct LayerDrift {
   double sqnr_db = 0;
 };
 
+// EvalOptions::segments places the candidate A; reference_segments the
+// reference B (each its own backends). The forwards run where they are
+// placed; the rows the comparison reads (final norm, and each layer's
+// residual stream with drift) are copied to the host, where both heads and
+// the statistics run.
 struct CompareOptions : EvalOptions {
+  std::vector<ExecutorSegment> reference_segments;
   bool drift = false;
   // With a directory: the reference's top_k log-probs and the log-prob of
   // the correct token, per scored token, are written there (see

@@ -42,11 +42,11 @@ Status RunCompare(const CompareArgs& args) {
   ASSIGN_OR_RETURN(Precision precision_a, ParsePrecision(args.precision));
   ASSIGN_OR_RETURN(Precision precision_b,
                    ParsePrecision(args.reference_precision));
-  {
-    // Threads are a process-wide setting of the CPU backend.
-    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
-    backend->SetNumThreads(args.threads);
-  }
+  // Threads are a process-wide setting of the CPU backend. Each model runs
+  // on its own backends (these run any layers its plan puts on the host).
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host_a, CreateBackend("cpu"));
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host_b, CreateBackend("cpu"));
+  host_a->SetNumThreads(args.threads);
   // Plan both models first (they are resident together); refuse before
   // loading if either, or both together, do not fit.
   ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx, args.chunk_rows));
@@ -57,14 +57,6 @@ Status RunCompare(const CompareArgs& args) {
     return InvalidArgumentError("--save-reference needs the reference model (--reference)");
   const int64_t rss_before = CurrentRssBytes();
   ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
-  // compare reads both models' logits on the host; it does not run on GPUs
-  // yet (perplexity and extract do).
-  for (const DevicePlan& d : plan_a.devices)
-    if (d.device.kind == DeviceKind::kCuda && d.computes())
-      return UnimplementedError("--device " + d.device.name +
-                                ": loom compare runs on the host only in this "
-                                "version; use --device cpu (perplexity and "
-                                "extract run on GPUs)");
   MemoryPlan plan_b;
   if (!saved) {
     ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b, args.ctx, args.chunk_rows));
@@ -77,15 +69,23 @@ Status RunCompare(const CompareArgs& args) {
                                     ", usable " + FormatBytes(d.device.usable()) + " (model " +
                                     FormatBytes(PlannedHostBytes(plan_a)) + " + reference " +
                                     FormatBytes(PlannedHostBytes(plan_b)) + ")");
+  ASSIGN_OR_RETURN(JobBackends backends_a,
+                   CreateJobBackends(plan_a, host_a.get()));
+  JobBackends backends_b;
+  if (!saved) {
+    ASSIGN_OR_RETURN(backends_b, CreateJobBackends(plan_b, host_b.get()));
+  }
   std::string warning;
-  ASSIGN_OR_RETURN(auto a, Model::Load(args.model_dir, precision_a, &warning));
+  ASSIGN_OR_RETURN(auto a, Model::Load(args.model_dir, precision_a, &warning,
+                                       backends_a.gpu_capability));
   if (!warning.empty() && !args.quiet)
     std::fprintf(stderr, "loom compare: %s: %s\n", args.model_dir.c_str(),
                  warning.c_str());
   warning.clear();
   std::unique_ptr<Model> b;
   if (!saved) {
-    ASSIGN_OR_RETURN(b, Model::Load(args.reference_dir, precision_b, &warning));
+    ASSIGN_OR_RETURN(b, Model::Load(args.reference_dir, precision_b, &warning,
+                                    backends_b.gpu_capability));
     if (!warning.empty() && !args.quiet)
       std::fprintf(stderr, "loom compare: %s: %s\n", args.reference_dir.c_str(), warning.c_str());
   }
@@ -119,6 +119,8 @@ Status RunCompare(const CompareArgs& args) {
                         eval::MakeWindowOptions(protocol, ctx, args.stride,
                                                 args.max_windows, input)));
   eval::CompareOptions o;
+  o.segments = backends_a.segments;
+  o.reference_segments = backends_b.segments;
   o.logits_chunk_rows = args.chunk_rows;
   o.drift = args.drift;
   o.hf_bf16_activations = args.hf_bf16;
