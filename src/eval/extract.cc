@@ -374,6 +374,9 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
                       ExtractJobSpec(o, settings, planned_compute), o.plan));
   // One backend per device the plan computes on (the host's is `backend`).
   ASSIGN_OR_RETURN(JobBackends backends, CreateJobBackends(plan, backend.get()));
+  if (o.compute_backend_for_tests != nullptr)
+    for (ExecutorSegment& seg : backends.segments)
+      seg.backend = o.compute_backend_for_tests;
   ASSIGN_OR_RETURN(LoadedModel loaded,
                    LoadModelAndTokenizer(o, backends.gpu_capability));
   const DType compute = loaded.model->compute_dtype();

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "src/backend/backend.h"
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/eval/extract_settings.h"
@@ -68,6 +69,11 @@ struct ExtractOptions {
       progress;
   // Test hook: stop (as if killed) after this many commits; 0 = never.
   int64_t stop_after_commits = 0;
+  // Test hook: every layer runs on this backend (not owned) instead of the
+  // plan's devices, e.g. a host-memory stand-in that reports itself as a GPU
+  // so that the device paths (weights upload, selection on the device) run
+  // where there is no GPU.
+  Backend* compute_backend_for_tests = nullptr;
 };
 
 struct ExtractSummary {

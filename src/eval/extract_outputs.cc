@@ -632,7 +632,7 @@ void ExtractSink::Flush() {
       s.acc[j] = s.max ? std::max(s.acc[j], s.sums[j]) : s.acc[j] + s.sums[j];
   pending_.clear();
   pending_segments_.clear();
-  rows_used_ = bytes_used_ = index_used_ = sums_used_ = 0;
+  bytes_used_ = index_used_ = sums_used_ = 0;
 }
 
 Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,

@@ -200,7 +200,7 @@ class ExtractSink : public HookSink {
   Buffer pinned_rows_;    // [picked bytes] gathered rows, output dtype
   Buffer pinned_index_;   // [picked rows + 2 segments] i32 row indices
   Buffer pinned_sums_;    // [segment values] f64 reductions
-  int64_t rows_used_ = 0, bytes_used_ = 0, index_used_ = 0, sums_used_ = 0;
+  int64_t bytes_used_ = 0, index_used_ = 0, sums_used_ = 0;
   OutputSet::DevicePicks picks_;
   struct Pending {
     uint8_t* dst;
