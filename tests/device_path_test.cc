@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "src/eval/compare.h"
 #include "src/eval/extract.h"
+#include "src/eval/perplexity.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 #include "tests/golden_util.h"
@@ -206,6 +208,49 @@ TEST(DevicePathExtract, EverySelectorByteIdenticalToTheHostJob) {
     EXPECT_GT(files, 10);
   }
   fs::remove_all(dir);
+}
+
+// Perplexity with the forward on the "device" and the head on a second
+// instance of it (TargetLogProbs), and compare with both forwards there:
+// every number equal to the host run.
+TEST(DevicePathEval, PerplexityAndCompareEqualTheHostRun) {
+  auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const ModelConfig& c = (*model)->config();
+  std::vector<int32_t> ids(300);
+  for (size_t t = 0; t < ids.size(); ++t)
+    ids[t] = static_cast<int32_t>(1 + (t * 37) % (c.vocab_size - 1));
+  auto plan = eval::PlanWindows(
+      static_cast<int64_t>(ids.size()),
+      {.protocol = eval::Protocol::kHfStride, .ctx = 64, .stride = 32});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  eval::EvalOptions eo;
+  eo.logits_chunk_rows = 16;
+  eo.keep_token_logprobs = true;
+  auto host = eval::EvaluatePerplexity(**model, ids, *plan, eo);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  HostAsDevice gpu;
+  eo.segments = {{&gpu, 0, c.num_layers - 1}};
+  auto dev = eval::EvaluatePerplexity(**model, ids, *plan, eo);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  EXPECT_EQ(host->nll_sum, dev->nll_sum);
+  EXPECT_EQ(host->token_logprob, dev->token_logprob);
+
+  eval::CompareOptions co;
+  co.logits_chunk_rows = 16;
+  co.drift = true;
+  auto cmp_host = eval::CompareModels(**model, **model, ids, *plan, co);
+  ASSERT_TRUE(cmp_host.ok()) << cmp_host.status().ToString();
+  HostAsDevice gpu_a(0), gpu_b(1);
+  co.segments = {{&gpu_a, 0, c.num_layers - 1}};
+  co.reference_segments = {{&gpu_b, 0, c.num_layers - 1}};
+  auto cmp_dev = eval::CompareModels(**model, **model, ids, *plan, co);
+  ASSERT_TRUE(cmp_dev.ok()) << cmp_dev.status().ToString();
+  EXPECT_EQ(cmp_host->kl.value, cmp_dev->kl.value);
+  EXPECT_EQ(cmp_host->ppl_a, cmp_dev->ppl_a);
+  ASSERT_EQ(cmp_host->drift.size(), cmp_dev->drift.size());
+  EXPECT_GT(gpu_a.copies(), 0);
 }
 
 }  // namespace

@@ -26,6 +26,9 @@ class HostAsDevice final : public Backend {
   }
   std::string_view name() const override { return "host-as-device"; }
   DeviceRef device() const override { return {DeviceKind::kCuda, index_}; }
+  StatusOr<std::unique_ptr<Backend>> NewInstance() const override {
+    return std::unique_ptr<Backend>(new HostAsDevice(index_));
+  }
   BackendCapabilities Capabilities() const override {
     return cpu_->Capabilities();
   }

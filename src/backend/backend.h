@@ -206,6 +206,10 @@ class Backend {
 
   virtual std::string_view name() const = 0;
   virtual DeviceRef device() const = 0;
+  // A new, independent instance on the same device (its own stream and
+  // library state): a second consumer there (the logits head, the offload
+  // copier).
+  virtual StatusOr<std::unique_ptr<Backend>> NewInstance() const = 0;
   virtual BackendCapabilities Capabilities() const = 0;
   // What each op costs in scratch bytes, for the planner.
   virtual KernelCosts Costs() const = 0;

@@ -109,8 +109,7 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
       executor->device(executor->num_devices() - 1);
   std::unique_ptr<Backend> head_backend;
   if (!last.host_memory) {
-    const DeviceRef d = last.backend->device();
-    ASSIGN_OR_RETURN(head_backend, CreateBackend(d.kind, d.index));
+    ASSIGN_OR_RETURN(head_backend, last.backend->NewInstance());
   }
   ASSIGN_OR_RETURN(auto head,
                    LogitsHead::Create(model, options.logits_chunk_rows,

@@ -166,9 +166,7 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
       sel.embed = i == 0;
       sel.head = runs_head && (i + 1 == segments.size() ||
                                segments[i + 1].first_layer > ex->last_layer_);
-      const DeviceRef where = d.backend->device();
-      StatusOr<std::unique_ptr<Backend>> copier =
-          CreateBackend(where.kind, where.index);
+      StatusOr<std::unique_ptr<Backend>> copier = d.backend->NewInstance();
       if (!copier.ok())
         return FailedPreconditionError(
             "executor: offload segment " + std::to_string(i) +

@@ -20,6 +20,9 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   DeviceRef device() const override { return {}; }
+  StatusOr<std::unique_ptr<Backend>> NewInstance() const override {
+    return std::unique_ptr<Backend>(new CpuBackend());
+  }
   BackendCapabilities Capabilities() const override;
   KernelCosts Costs() const override;
   int SetNumThreads(int n) override;

@@ -92,6 +92,11 @@ StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   return b;
 }
 
+StatusOr<std::unique_ptr<Backend>> CudaBackend::NewInstance() const {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, Create(device_));
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
 Status CudaBackend::Init() {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);

@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return name_; }
   DeviceRef device() const override { return {DeviceKind::kCuda, device_}; }
+  StatusOr<std::unique_ptr<Backend>> NewInstance() const override;
   BackendCapabilities Capabilities() const override;
   KernelCosts Costs() const override;
   int SetNumThreads(int n) override;
