@@ -33,6 +33,9 @@ TOKENS = {
     "llama3": ("<|begin_of_text|>", "<|end_of_text|>"),
     "qwen3": ("", "<|im_end|>"),
     "gpt-oss": ("<|startoftext|>", "<|return|>"),
+    "llama3.1": ("<|begin_of_text|>", "<|eot_id|>"),
+    "gemma3": ("<bos>", "<eos>"),
+    "mistral-instruct": ("<s>", "</s>"),
 }
 
 WEATHER_TOOL = {
@@ -125,7 +128,7 @@ GPT_OSS_TOOL = [
 def cases():
     """(template, case name, context) triples."""
     out = []
-    for t in ("llama3", "qwen3", "gpt-oss"):
+    for t in TOKENS:
         bos, eos = TOKENS[t]
         base = {"bos_token": bos, "eos_token": eos, NOW_KEY: NOW_EPOCH}
 
@@ -157,6 +160,29 @@ def cases():
                 [{"role": "user", "content": "x"},
                  {"role": "assistant",
                   "content": "<|channel|>final<|message|>hi"}], False)
+        if t == "llama3.1":
+            add("tool_call_gen", TOOL_CALL, True, tools=[WEATHER_TOOL])
+            add("tools_in_system", SYSTEM_USER, True, tools=[WEATHER_TOOL],
+                tools_in_user_message=False, date_string="01 Jan 2025")
+            add("builtin_tools_call",
+                [{"role": "user", "content": "Search cats"},
+                 {"role": "assistant", "tool_calls": [
+                     {"function": {"name": "brave_search",
+                                   "arguments": {"query": "cats"}}}]}],
+                False, builtin_tools=["brave_search", "code_interpreter"])
+        if t == "gemma3":
+            add("multimodal_content",
+                [{"role": "system",
+                  "content": [{"type": "text", "text": "Describe."}]},
+                 {"role": "user",
+                  "content": [{"type": "image"},
+                              {"type": "text", "text": " What is this? "}]}],
+                True)
+        if t == "mistral-instruct":
+            add("alternating_three_turns",
+                [{"role": "user", "content": "A"},
+                 {"role": "assistant", "content": "B"},
+                 {"role": "user", "content": "C"}], True)
     return out
 
 
