@@ -68,6 +68,7 @@ struct Value {
   std::shared_ptr<std::vector<Value>> list;
   std::shared_ptr<DictData> dict;
   const Node* macro = nullptr;
+  bool tuple = false;  // a list that came from a tuple (repr only)
 
   static Value Undef(std::string name) {
     Value v;
@@ -98,6 +99,11 @@ struct Value {
   static Value List(std::vector<Value> items = {}) {
     Value v = Make(T::kList);
     v.list = std::make_shared<std::vector<Value>>(std::move(items));
+    return v;
+  }
+  static Value Tuple(std::vector<Value> items) {
+    Value v = List(std::move(items));
+    v.tuple = true;
     return v;
   }
   static Value Dict();
@@ -444,12 +450,13 @@ std::string Repr(const Value& v) {
     case Value::T::kString:
       return PyReprStr(v.s);
     case Value::T::kList: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
         out += Repr((*v.list)[k]);
       }
-      return out + "]";
+      if (v.tuple && v.list->size() == 1) out += ",";
+      return out + (v.tuple ? ")" : "]");
     }
     case Value::T::kDict:
     case Value::T::kNamespace: {
@@ -694,6 +701,7 @@ struct Chunk {
   bool strip_before = false;  // `{%-`: strip whitespace before the tag
   bool strip_after = false;   // `-%}`: strip whitespace after the tag
   bool no_lstrip = false;     // `{%+`: lstrip_blocks off for this tag
+  bool raw_begin = false;     // `{% raw %}`: trim_blocks does not apply
 };
 
 class Lexer {
@@ -752,6 +760,7 @@ class Lexer {
       const bool is_raw = c.k == Chunk::K::kStmt && c.toks.size() == 1 &&
                           c.toks[0].k == Tok::K::kName &&
                           c.toks[0].s == "raw";
+      c.raw_begin = is_raw;
       chunks.push_back(std::move(c));
       if (is_raw) RETURN_IF_ERROR(LexRaw(&chunks, &p));
     }
@@ -1039,7 +1048,8 @@ class Lexer {
           while (b < c.text.size() && IsPySpace(c.text[b])) ++b;
           line_start = b > 0 && c.text[b - 1] == '\n';
           c.text.erase(0, b);
-        } else if (is_block(prev) && !c.text.empty() && c.text[0] == '\n') {
+        } else if (is_block(prev) && !prev.raw_begin && !c.text.empty() &&
+                   c.text[0] == '\n') {
           c.text.erase(0, 1);
           line_start = true;
         }
@@ -1197,6 +1207,7 @@ class ExprParser {
     ASSIGN_OR_RETURN(ExprPtr first, ParseExpr());
     if (!PeekOp(",")) return first;
     auto e = Make(Expr::K::kList, first->pos);
+    e->name = "tuple";
     e->args.push_back(std::move(first));
     while (PeekOp(",")) {
       ++p_;
@@ -1525,7 +1536,9 @@ class ExprParser {
       ++p_;
       if (PeekOp(")")) {
         ++p_;
-        return Make(Expr::K::kList, pos);
+        auto e = Make(Expr::K::kList, pos);
+        e->name = "tuple";
+        return e;
       }
       ASSIGN_OR_RETURN(ExprPtr first, ParseExpr());
       if (PeekOp(")")) {
@@ -1533,6 +1546,7 @@ class ExprParser {
         return first;
       }
       auto e = Make(Expr::K::kList, pos);
+      e->name = "tuple";
       e->args.push_back(std::move(first));
       while (PeekOp(",")) {
         ++p_;
@@ -2106,7 +2120,8 @@ class Renderer {
           ASSIGN_OR_RETURN(Value v, Eval(*a, f));
           items.push_back(std::move(v));
         }
-        return Value::List(std::move(items));
+        return e.name == "tuple" ? Value::Tuple(std::move(items))
+                                 : Value::List(std::move(items));
       }
       case Expr::K::kDict: {
         Value d = Value::Dict();
@@ -2545,7 +2560,7 @@ class Renderer {
         std::vector<Value> out;
         for (const auto& [k, v] : obj.dict->items) {
           if (name == "items") {
-            out.push_back(Value::List({Value::Str(k), v}));
+            out.push_back(Value::Tuple({Value::Str(k), v}));
           } else {
             out.push_back(name == "keys" ? Value::Str(k) : v);
           }
@@ -2828,6 +2843,12 @@ class Renderer {
         if (r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty()) {
           return Value::Int(x);
         }
+        char* end = nullptr;
+        const double d = std::strtod(s.c_str(), &end);
+        if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d) &&
+            std::fabs(d) < 9.2e18) {
+          return Value::Int(static_cast<int64_t>(d));
+        }
       }
       return args.Get(0, "default", Value::Int(0));
     }
@@ -2854,11 +2875,21 @@ class Renderer {
       const Value prec = args.Get(0, "precision", Value::Int(0));
       const std::string method = ToStr(args.Get(1, "method",
                                                 Value::Str("common")));
-      const double scale = std::pow(10.0, prec.is_number() ? prec.AsInt() : 0);
+      const int64_t digits = prec.is_number() ? prec.AsInt() : 0;
+      if (method == "common" && v.t != T::kFloat) return v;  // int stays int
+      if (method == "common" && digits >= 0 && digits <= 30) {
+        // Python's round(): correctly rounded, ties to even, on the exact
+        // binary value -- which is what printf does.
+        char buf[400];
+        std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(digits),
+                      v.f);
+        return Value::Float(std::strtod(buf, nullptr));
+      }
+      const double scale = std::pow(10.0, static_cast<double>(digits));
       const double x = v.AsDouble() * scale;
       double r;
       if (method == "common") {
-        r = std::round(x);
+        r = std::nearbyint(x);
       } else if (method == "floor") {
         r = std::floor(x);
       } else if (method == "ceil") {
@@ -3046,7 +3077,7 @@ class Renderer {
         return AsciiLower(a.first) < AsciiLower(b.first);
       });
       std::vector<Value> out;
-      for (auto& [k, x] : items) out.push_back(Value::List({Value::Str(k), x}));
+      for (auto& [k, x] : items) out.push_back(Value::Tuple({Value::Str(k), x}));
       return Value::List(std::move(out));
     }
     return ErrorAt(pos, "unsupported filter '" + name + "'");

@@ -275,6 +275,24 @@ TEST(ChatTemplateTest, TestsAndMethods) {
             "1 5 ['k'] [1]");
 }
 
+// Python/jinja2 details checked against jinja2 3.1.6.
+TEST(ChatTemplateTest, PythonDetails) {
+  EXPECT_EQ(R("{{ 2.5|round }} {{ -2.5|round }} {{ 2.675|round(2) }} "
+              "{{ 7|round }} {{ 1.5|round(0, 'floor') }}"),
+            "2.0 -2.0 2.67 7 1.0");
+  EXPECT_EQ(R("{{ (1, 2) }}{{ () }}{{ (1,) }}{{ {'b': 1}|items|list }}"
+              "{% set t = 1, 2 %}{{ t }}"),
+            "(1, 2)()(1,)[('b', 1)](1, 2)");
+  EXPECT_EQ(R("{{ '3.7'|int }}{{ 'x'|int }}{{ 3.9|int }}{{ \"it's\" ~ [\"it's\"] }}"),
+            "303it's[\"it's\"]");
+  EXPECT_EQ(R("{{ 1/3 }} {{ 10/5 }} {{ 123456789012345678.0 }} {{ 0.0001 }}"),
+            "0.3333333333333333 2.0 1.2345678901234568e+17 0.0001");
+  // trim_blocks does not apply after {% raw %}; lstrip does before endraw.
+  EXPECT_EQ(R("{% raw %}\n  a\n  {% endraw %}\nz"), "\n  a\nz");
+  EXPECT_EQ(R("line1\r\nline2\r\n{% if true %}\r\nx\r\n{% endif %}\r\n"),
+            "line1\nline2\nx\n");
+}
+
 TEST(ChatTemplateTest, StrftimeNowIsFixedByContext) {
   const OJson ctx = OJson::parse(R"({"__loom_now_epoch": 1736937000})");
   EXPECT_EQ(R("{{ strftime_now('%Y-%m-%d %H:%M') }} {{ strftime_now('%d %b %Y') }}",
