@@ -22,8 +22,10 @@
 namespace loom::tok {
 namespace {
 
-constexpr int kMaxParseDepth = 256;
-constexpr int kMaxEvalDepth = 512;
+constexpr int kMaxParseDepth = 256;   // block nesting
+constexpr int kMaxExprDepth = 128;    // expression nesting (parser)
+constexpr int kMaxEvalDepth = 256;
+constexpr int kMaxValueDepth = 256;  // nesting of lists / dicts in values
 constexpr int64_t kMaxLoopIterations = 1'000'000;
 constexpr size_t kMaxOutputBytes = size_t{64} << 20;
 
@@ -187,8 +189,31 @@ const char* TypeName(const Value& v) {
   return "?";
 }
 
+// Depth of nested containers in `v`, counting stops past `limit` (so
+// cycles through namespaces terminate).
+int ValueDepth(const Value& v, int limit) {
+  if (limit < 0) return 1;
+  int d = 0;
+  if (v.t == Value::T::kList) {
+    for (const Value& x : *v.list) d = std::max(d, ValueDepth(x, limit - 1));
+    return d + 1;
+  }
+  if (v.t == Value::T::kDict || v.t == Value::T::kNamespace) {
+    for (const auto& kv : v.dict->items) {
+      d = std::max(d, ValueDepth(kv.second, limit - 1));
+      if (d > limit) break;
+    }
+    return d + 1;
+  }
+  return 0;
+}
+
 template <typename J>
-Value FromJson(const J& j) {
+Value FromJson(const J& j, int depth, bool* too_deep) {
+  if (depth > kMaxValueDepth) {
+    *too_deep = true;
+    return Value::None();
+  }
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value::None();
@@ -210,13 +235,14 @@ Value FromJson(const J& j) {
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(FromJson(e));
+      for (const auto& e : j) items.push_back(FromJson(e, depth + 1, too_deep));
       return Value::List(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Value d = Value::Dict();
       for (auto it = j.begin(); it != j.end(); ++it) {
-        d.dict->items.emplace_back(it.key(), FromJson(it.value()));
+        d.dict->items.emplace_back(it.key(),
+                                   FromJson(it.value(), depth + 1, too_deep));
       }
       return d;
     }
@@ -1180,7 +1206,7 @@ class ExprParser {
 
   StatusOr<ExprPtr> ParseExpr(bool allow_cond = true) {
     DepthGuard g(this);
-    if (depth_ > kMaxParseDepth) {
+    if (depth_ > kMaxExprDepth) {
       return ErrorAt(Here(), "expression nested too deeply");
     }
     ASSIGN_OR_RETURN(ExprPtr left, ParseOr());
@@ -1268,7 +1294,7 @@ class ExprParser {
   StatusOr<ExprPtr> ParseNot() {
     if (PeekName("not")) {
       DepthGuard g(this);
-      if (depth_ > kMaxParseDepth) {
+      if (depth_ > kMaxExprDepth) {
         return ErrorAt(Here(), "expression nested too deeply");
       }
       const Pos pos = Here();
@@ -1346,7 +1372,7 @@ class ExprParser {
   }
   StatusOr<ExprPtr> ParseUnary(bool with_filter) {
     DepthGuard g(this);
-    if (depth_ > kMaxParseDepth) {
+    if (depth_ > kMaxExprDepth) {
       return ErrorAt(Here(), "expression nested too deeply");
     }
     ExprPtr node;
@@ -1978,6 +2004,10 @@ class Renderer {
   }
 
   Status Assign(const Node& n, Frame* f, Value v) {
+    if (ValueDepth(v, kMaxValueDepth) > kMaxValueDepth) {
+      return ErrorAt(n.pos, "value nested too deeply (or a namespace that "
+                            "contains itself)");
+    }
     if (!n.attr.empty()) {
       const Value* ns = f->Find(n.text);
       if (ns == nullptr || ns->t != Value::T::kNamespace) {
@@ -1985,6 +2015,17 @@ class Renderer {
                                   "' on non-namespace '" + n.text + "'");
       }
       ns->dict->Set(n.attr, std::move(v));
+      if (ValueDepth(*ns, kMaxValueDepth) > kMaxValueDepth) {
+        // Break the cycle (or over-deep value) before reporting it.
+        auto& items = ns->dict->items;
+        items.erase(std::remove_if(items.begin(), items.end(),
+                                   [&](const auto& kv) {
+                                     return kv.first == n.attr;
+                                   }),
+                    items.end());
+        return ErrorAt(n.pos, "value nested too deeply (or a namespace that "
+                              "contains itself)");
+      }
       return Status::Ok();
     }
     if (n.names.size() == 1) {
@@ -3137,7 +3178,12 @@ StatusOr<std::string> RenderImpl(const ChatTemplateProgram& prog,
       if (it.value().is_number_integer()) now = it.value().template get<int64_t>();
       continue;
     }
-    top.vars[it.key()] = FromJson(it.value());
+    bool too_deep = false;
+    top.vars[it.key()] = FromJson(it.value(), 0, &too_deep);
+    if (too_deep) {
+      return InvalidArgumentError("chat template context: '" + it.key() +
+                                  "' is nested too deeply");
+    }
   }
   Renderer r(&top, now);
   std::string out;

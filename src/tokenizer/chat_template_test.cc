@@ -402,6 +402,18 @@ TEST(ChatTemplateErrorTest, DepthAndLoopLimits) {
                           "{% endfor %}"),
               HasSubstr("loop iterations"));
   EXPECT_THAT(RenderError("{{ range(10000000) }}"), HasSubstr("too large"));
+  EXPECT_THAT(RenderError("{% set x = [] %}{% set ns = namespace(x=[]) %}"
+                          "{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+                          "{% endfor %}{{ ns.x }}"),
+              HasSubstr("nested too deeply"));
+  EXPECT_THAT(RenderError("{% set ns = namespace() %}{% set ns.me = ns %}"
+                          "{{ ns }}"),
+              HasSubstr("contains itself"));
+  std::string deep_json;
+  for (int k = 0; k < 1000; ++k) deep_json += "[";
+  for (int k = 0; k < 1000; ++k) deep_json += "]";
+  EXPECT_THAT(RenderError("{{ x }}", OJson::parse("{\"x\": " + deep_json + "}")),
+              HasSubstr("nested too deeply"));
 }
 
 }  // namespace
