@@ -22,8 +22,8 @@
 namespace loom::tok {
 namespace {
 
-constexpr int kMaxParseDepth = 256;   // block nesting
-constexpr int kMaxExprDepth = 128;    // expression nesting (parser)
+constexpr int kMaxParseDepth = 256;  // block nesting
+constexpr int kMaxExprDepth = 128;   // expression nesting (parser)
 constexpr int kMaxEvalDepth = 256;
 constexpr int kMaxValueDepth = 256;  // nesting of lists / dicts in values
 constexpr int64_t kMaxLoopIterations = 1'000'000;
@@ -262,9 +262,11 @@ std::vector<size_t> CodePoints(std::string_view s) {
   while (i < s.size()) {
     out.push_back(i);
     const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3
-                          : (c >> 3) == 30  ? 4
-                                            : 1;
+    size_t n = c < 0x80         ? 1
+               : (c >> 5) == 6  ? 2
+               : (c >> 4) == 14 ? 3
+               : (c >> 3) == 30 ? 4
+                                : 1;
     if (i + n > s.size()) n = 1;
     i += n;
   }
@@ -291,8 +293,8 @@ std::string PyStrip(std::string_view s, bool left, bool right,
   const std::vector<size_t> set_cp = CodePoints(*chars);
   auto in_set = [&](std::string_view cp) {
     for (size_t k = 0; k + 1 < set_cp.size(); ++k) {
-      if (std::string_view(*chars).substr(set_cp[k], set_cp[k + 1] -
-                                                         set_cp[k]) == cp) {
+      if (std::string_view(*chars).substr(set_cp[k],
+                                          set_cp[k + 1] - set_cp[k]) == cp) {
         return true;
       }
     }
@@ -380,8 +382,8 @@ std::string PyFloat(double d) {
   if (std::isnan(d)) return "nan";
   if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
   char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof(buf), d,
-                         std::chars_format::scientific);
+  auto r =
+      std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
   std::string sci(buf, r.ptr);
   std::string sign;
   if (!sci.empty() && sci[0] == '-') {
@@ -398,8 +400,8 @@ std::string PyFloat(double d) {
   std::string out;
   if (exp >= -4 && exp < 16) {
     if (exp >= 0) {
-      std::string ip = digits.substr(0, std::min<size_t>(digits.size(),
-                                                         exp + 1));
+      std::string ip =
+          digits.substr(0, std::min<size_t>(digits.size(), exp + 1));
       while (ip.size() < static_cast<size_t>(exp + 1)) ip += '0';
       std::string fp = digits.size() > static_cast<size_t>(exp + 1)
                            ? digits.substr(exp + 1)
@@ -420,8 +422,8 @@ std::string PyFloat(double d) {
 }
 
 std::string PyReprStr(const std::string& s) {
-  const bool dq = s.find('\'') != std::string::npos &&
-                  s.find('"') == std::string::npos;
+  const bool dq =
+      s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
   const char q = dq ? '"' : '\'';
   std::string out(1, q);
   for (const char ch : s) {
@@ -784,8 +786,7 @@ class Lexer {
       c.k = kind == '{' ? Chunk::K::kExpr : Chunk::K::kStmt;
       ASSIGN_OR_RETURN(p, LexTag(q, &c));
       const bool is_raw = c.k == Chunk::K::kStmt && c.toks.size() == 1 &&
-                          c.toks[0].k == Tok::K::kName &&
-                          c.toks[0].s == "raw";
+                          c.toks[0].k == Tok::K::kName && c.toks[0].s == "raw";
       c.raw_begin = is_raw;
       chunks.push_back(std::move(c));
       if (is_raw) RETURN_IF_ERROR(LexRaw(&chunks, &p));
@@ -864,7 +865,8 @@ class Lexer {
     while (true) {
       while (p < src_.size() && IsPySpace(src_[p])) ++p;
       if (p >= src_.size()) {
-        return ErrorAt(c->pos, expr ? "unterminated '{{'" : "unterminated '{%'");
+        return ErrorAt(c->pos,
+                       expr ? "unterminated '{{'" : "unterminated '{%'");
       }
       if (depth == 0) {
         if (src_.compare(p, 2, end) == 0) {
@@ -981,9 +983,9 @@ class Lexer {
       } else if (ch >= '0' && ch <= '9') {
         size_t q = p;
         bool is_float = false;
-        while (q < src_.size() && (std::isdigit(static_cast<unsigned char>(
-                                       src_[q])) ||
-                                   src_[q] == '_')) {
+        while (q < src_.size() &&
+               (std::isdigit(static_cast<unsigned char>(src_[q])) ||
+                src_[q] == '_')) {
           ++q;
         }
         if (q + 1 < src_.size() && src_[q] == '.' &&
@@ -1017,8 +1019,7 @@ class Lexer {
           t.f = std::strtod(text.c_str(), nullptr);
         } else {
           t.k = Tok::K::kInt;
-          auto r = std::from_chars(text.data(), text.data() + text.size(),
-                                   t.i);
+          auto r = std::from_chars(text.data(), text.data() + text.size(), t.i);
           if (r.ec != std::errc()) {
             return ErrorAt(t.pos, "integer literal out of range");
           }
@@ -1028,9 +1029,9 @@ class Lexer {
       } else if (IsAlpha(ch) || ch == '_') {
         t.k = Tok::K::kName;
         size_t q = p;
-        while (q < src_.size() && (IsAlpha(src_[q]) || src_[q] == '_' ||
-                                   std::isdigit(static_cast<unsigned char>(
-                                       src_[q])))) {
+        while (q < src_.size() &&
+               (IsAlpha(src_[q]) || src_[q] == '_' ||
+                std::isdigit(static_cast<unsigned char>(src_[q])))) {
           ++q;
         }
         t.s = src_.substr(p, q - p);
@@ -1044,8 +1045,8 @@ class Lexer {
         if (t.s.empty()) {
           if (std::string_view("+-*/%~<>=()[]{}.,:|").find(ch) ==
               std::string_view::npos) {
-            return ErrorAt(t.pos, "unexpected character '" +
-                                      std::string(1, ch) + "'");
+            return ErrorAt(t.pos,
+                           "unexpected character '" + std::string(1, ch) + "'");
           }
           t.s = std::string(1, ch);
           if (ch == '(' || ch == '[' || ch == '{') ++depth;
@@ -1112,11 +1113,11 @@ struct Expr {
     kLiteral,
     kName,
     kList,
-    kDict,  // args: key, value, key, value...
-    kAttr,  // args[0].name
-    kItem,  // args[0][args[1]]
-    kSlice,  // args[0][args[1]:args[2]:args[3]] (null parts allowed)
-    kCall,   // args[0](args[1:]) with kw names
+    kDict,    // args: key, value, key, value...
+    kAttr,    // args[0].name
+    kItem,    // args[0][args[1]]
+    kSlice,   // args[0][args[1]:args[2]:args[3]] (null parts allowed)
+    kCall,    // args[0](args[1:]) with kw names
     kFilter,  // args[0] | name(args[1:])
     kTest,    // args[0] is [not] name(args[1:])
     kNot,
@@ -1155,12 +1156,12 @@ struct Node {
   };
   K k = K::kText;
   Pos pos;
-  std::string text;  // text; set / macro name
-  std::string attr;  // `set ns.attr`
+  std::string text;                // text; set / macro name
+  std::string attr;                // `set ns.attr`
   std::vector<std::string> names;  // for / set targets; macro params
-  std::vector<ExprPtr> exprs;  // if conds; for: iter, filter; set value;
-                               // macro defaults (null when none)
-  std::vector<Body> bodies;    // if: per cond + else; for: body, else
+  std::vector<ExprPtr> exprs;      // if conds; for: iter, filter; set value;
+                                   // macro defaults (null when none)
+  std::vector<Body> bodies;        // if: per cond + else; for: body, else
 };
 
 // --------------------------------------------------------------- Parser
@@ -1186,8 +1187,8 @@ class ExprParser {
   }
   Status Expect(std::string_view op) {
     if (!PeekOp(op)) {
-      return ErrorAt(Here(), "expected '" + std::string(op) + "', got " +
-                                 Describe());
+      return ErrorAt(Here(),
+                     "expected '" + std::string(op) + "', got " + Describe());
     }
     ++p_;
     return Status::Ok();
@@ -1413,8 +1414,8 @@ class ExprParser {
         }
         t->args.push_back(std::move(node));
         static const char* kArgTests[] = {
-            "divisibleby", "eq", "equalto", "ne", "lt", "le", "gt",
-            "ge", "sameas", "in", "greaterthan", "lessthan"};
+            "divisibleby", "eq", "equalto", "ne", "lt",          "le",
+            "gt",          "ge", "sameas",  "in", "greaterthan", "lessthan"};
         const bool takes_arg =
             std::find_if(std::begin(kArgTests), std::end(kArgTests),
                          [&](const char* n) { return t->name == n; }) !=
@@ -1526,7 +1527,8 @@ class ExprParser {
   }
 
   StatusOr<ExprPtr> ParsePrimary() {
-    if (AtEnd()) return ErrorAt(Here(), "expected an expression, got end of tag");
+    if (AtEnd())
+      return ErrorAt(Here(), "expected an expression, got end of tag");
     const Tok& t = t_[p_];
     const Pos pos = t.pos;
     auto lit = [&](Value v) {
@@ -1645,9 +1647,8 @@ class Parser {
 
   // Parses nodes until one of `enders` (a block tag name); the ender chunk
   // is left at chunks_[i_ - 1].
-  StatusOr<Body> ParseBody(std::vector<std::string> enders,
-                           std::string* ender, Pos opened,
-                           std::string_view opener) {
+  StatusOr<Body> ParseBody(std::vector<std::string> enders, std::string* ender,
+                           Pos opened, std::string_view opener) {
     if (++depth_ > kMaxParseDepth) {
       return ErrorAt(opened, "blocks nested too deeply");
     }
@@ -1711,8 +1712,8 @@ class Parser {
       n->exprs.push_back(std::move(cond));
       while (true) {
         std::string ender;
-        ASSIGN_OR_RETURN(Body b, ParseBody({"elif", "else", "endif"}, &ender,
-                                           c.pos, "if"));
+        ASSIGN_OR_RETURN(
+            Body b, ParseBody({"elif", "else", "endif"}, &ender, c.pos, "if"));
         n->bodies.push_back(std::move(b));
         const Chunk& ec = chunks_[i_ - 1];
         ExprParser ee(ec.toks, 1, ec.end_pos);
@@ -1824,7 +1825,8 @@ class Parser {
         if (ep.PeekOp(",")) {
           ep.Skip();
         } else if (!ep.PeekOp(")")) {
-          return ErrorAt(ep.Here(), "expected ',' or ')', got " + ep.Describe());
+          return ErrorAt(ep.Here(),
+                         "expected ',' or ')', got " + ep.Describe());
         }
       }
       ep.Skip();
@@ -1832,8 +1834,7 @@ class Parser {
       const int saved_loops = loop_depth_;
       loop_depth_ = 0;
       std::string ender;
-      ASSIGN_OR_RETURN(Body b,
-                       ParseBody({"endmacro"}, &ender, c.pos, "macro"));
+      ASSIGN_OR_RETURN(Body b, ParseBody({"endmacro"}, &ender, c.pos, "macro"));
       loop_depth_ = saved_loops;
       n->bodies.push_back(std::move(b));
       return n;
@@ -1850,8 +1851,8 @@ class Parser {
       RETURN_IF_ERROR(ep.ExpectEnd());
       n->k = Node::K::kBlock;
       std::string ender;
-      ASSIGN_OR_RETURN(Body b, ParseBody({"endgeneration"}, &ender, c.pos,
-                                         "generation"));
+      ASSIGN_OR_RETURN(
+          Body b, ParseBody({"endgeneration"}, &ender, c.pos, "generation"));
       n->bodies.push_back(std::move(b));
       return n;
     }
@@ -1863,15 +1864,15 @@ class Parser {
       n->bodies.push_back(std::move(b));
       return n;
     }
-    static const char* kEnders[] = {"elif",   "else",      "endif",
-                                    "endfor", "endmacro",  "endset",
+    static const char* kEnders[] = {"elif",   "else",         "endif",
+                                    "endfor", "endmacro",     "endset",
                                     "endraw", "endgeneration"};
     for (const char* e : kEnders) {
       if (name == e) return ErrorAt(c.pos, "unexpected '" + name + "'");
     }
     static const char* kUnsupported[] = {
-        "call",    "filter",  "include", "import", "from",       "extends",
-        "block",   "with",    "do",      "trans",  "autoescape", "endcall"};
+        "call",  "filter", "include", "import", "from",       "extends",
+        "block", "with",   "do",      "trans",  "autoescape", "endcall"};
     for (const char* u : kUnsupported) {
       if (name == u) {
         return ErrorAt(c.pos, "unsupported tag '" + name + "'");
@@ -1932,8 +1933,7 @@ class Renderer {
   Status Exec(const Body& body, Frame* f, std::string* out, Flow* flow) {
     Guard g(this);
     if (depth_ > kMaxEvalDepth) {
-      return ErrorAt(body.empty() ? Pos{} : body[0]->pos,
-                     "recursion too deep");
+      return ErrorAt(body.empty() ? Pos{} : body[0]->pos, "recursion too deep");
     }
     for (const auto& n : body) {
       RETURN_IF_ERROR(ExecNode(*n, f, out, flow));
@@ -2005,8 +2005,9 @@ class Renderer {
 
   Status Assign(const Node& n, Frame* f, Value v) {
     if (ValueDepth(v, kMaxValueDepth) > kMaxValueDepth) {
-      return ErrorAt(n.pos, "value nested too deeply (or a namespace that "
-                            "contains itself)");
+      return ErrorAt(n.pos,
+                     "value nested too deeply (or a namespace that "
+                     "contains itself)");
     }
     if (!n.attr.empty()) {
       const Value* ns = f->Find(n.text);
@@ -2018,13 +2019,13 @@ class Renderer {
       if (ValueDepth(*ns, kMaxValueDepth) > kMaxValueDepth) {
         // Break the cycle (or over-deep value) before reporting it.
         auto& items = ns->dict->items;
-        items.erase(std::remove_if(items.begin(), items.end(),
-                                   [&](const auto& kv) {
-                                     return kv.first == n.attr;
-                                   }),
-                    items.end());
-        return ErrorAt(n.pos, "value nested too deeply (or a namespace that "
-                              "contains itself)");
+        items.erase(
+            std::remove_if(items.begin(), items.end(),
+                           [&](const auto& kv) { return kv.first == n.attr; }),
+            items.end());
+        return ErrorAt(n.pos,
+                       "value nested too deeply (or a namespace that "
+                       "contains itself)");
       }
       return Status::Ok();
     }
@@ -2062,8 +2063,8 @@ class Renderer {
         return chars;
       }
       default:
-        return ErrorAt(pos, std::string("'") + TypeName(v) +
-                                "' object is not iterable");
+        return ErrorAt(
+            pos, std::string("'") + TypeName(v) + "' object is not iterable");
     }
   }
 
@@ -2080,8 +2081,7 @@ class Renderer {
       }
       ASSIGN_OR_RETURN(std::vector<Value> parts, Iterate(item, n.pos));
       if (parts.size() != n.names.size()) {
-        return ErrorAt(n.pos, "cannot unpack " +
-                                  std::to_string(parts.size()) +
+        return ErrorAt(n.pos, "cannot unpack " + std::to_string(parts.size()) +
                                   " values into " +
                                   std::to_string(n.names.size()) + " names");
       }
@@ -2210,8 +2210,8 @@ class Renderer {
         if (v.undefined()) return Undefined(e.pos, v);
         if (!v.is_number()) {
           return ErrorAt(e.pos, std::string("bad operand type for unary ") +
-                                    (e.k == Expr::K::kNeg ? "-" : "+") +
-                                    ": '" + TypeName(v) + "'");
+                                    (e.k == Expr::K::kNeg ? "-" : "+") + ": '" +
+                                    TypeName(v) + "'");
         }
         if (e.k == Expr::K::kPos) {
           return v.t == Value::T::kBool ? Value::Int(v.b) : v;
@@ -2308,8 +2308,8 @@ class Renderer {
       cp = CodePoints(obj.s);
       len = static_cast<int64_t>(cp.size()) - 1;
     } else {
-      return ErrorAt(e.pos, std::string("cannot slice '") + TypeName(obj) +
-                                "'");
+      return ErrorAt(e.pos,
+                     std::string("cannot slice '") + TypeName(obj) + "'");
     }
     auto adjust = [&](std::optional<int64_t> x, int64_t def) {
       if (!x) return def;
@@ -2372,7 +2372,8 @@ class Renderer {
     }
     ASSIGN_OR_RETURN(Value fn, Eval(callee, f));
     if (fn.undefined()) {
-      return ErrorAt(callee.pos, "'" + fn.s + "' is undefined (not a function)");
+      return ErrorAt(callee.pos,
+                     "'" + fn.s + "' is undefined (not a function)");
     }
     return CallValue(fn, args, e.pos);
   }
@@ -2380,8 +2381,8 @@ class Renderer {
   StatusOr<Value> CallValue(const Value& fn, const Args& args, Pos pos) {
     if (fn.t == Value::T::kMacro) return CallMacro(*fn.macro, args, pos);
     if (fn.t != Value::T::kBuiltin) {
-      return ErrorAt(pos, std::string("'") + TypeName(fn) +
-                              "' object is not callable");
+      return ErrorAt(
+          pos, std::string("'") + TypeName(fn) + "' object is not callable");
     }
     const std::string& name = fn.s;
     if (name == "raise_exception") {
@@ -2477,15 +2478,13 @@ class Renderer {
                              const Args& args, Pos pos) {
     if (obj.undefined()) {
       return ErrorAt(pos, "'" + (obj.s.empty() ? std::string("value") : obj.s) +
-                              "' is undefined (calling method '" + name +
-                              "')");
+                              "' is undefined (calling method '" + name + "')");
     }
     if (obj.is_str()) {
       const std::string& s = obj.s;
       if (name == "strip" || name == "lstrip" || name == "rstrip") {
         const Value chars = args.Get(0, "chars");
-        const std::string* set =
-            chars.is_str() ? &chars.s : nullptr;
+        const std::string* set = chars.is_str() ? &chars.s : nullptr;
         return Value::Str(PyStrip(s, name != "rstrip", name != "lstrip", set));
       }
       if (name == "upper") return Value::Str(AsciiUpper(s));
@@ -2506,9 +2505,9 @@ class Renderer {
         }
         for (const std::string& c : cands) {
           if (c.size() > s.size()) continue;
-          if (name == "startswith" ? s.compare(0, c.size(), c) == 0
-                                   : s.compare(s.size() - c.size(), c.size(),
-                                               c) == 0) {
+          if (name == "startswith"
+                  ? s.compare(0, c.size(), c) == 0
+                  : s.compare(s.size() - c.size(), c.size(), c) == 0) {
             return Value::Bool(true);
           }
         }
@@ -2561,8 +2560,8 @@ class Renderer {
         if (!a.is_str() || !b.is_str()) {
           return ErrorAt(pos, "replace() arguments must be strings");
         }
-        return Value::Str(ReplaceAll(s, a.s, b.s, c.is_number() ? c.AsInt()
-                                                                : -1));
+        return Value::Str(
+            ReplaceAll(s, a.s, b.s, c.is_number() ? c.AsInt() : -1));
       }
       if (name == "find" || name == "count") {
         const Value a = args.Get(0, "sub");
@@ -2570,9 +2569,8 @@ class Renderer {
         if (name == "find") {
           const size_t hit = s.find(a.s);
           if (hit == std::string::npos) return Value::Int(-1);
-          return Value::Int(static_cast<int64_t>(CodePoints(s.substr(0, hit))
-                                                     .size()) -
-                            1);
+          return Value::Int(
+              static_cast<int64_t>(CodePoints(s.substr(0, hit)).size()) - 1);
         }
         int64_t n = 0;
         if (a.s.empty()) {
@@ -2619,12 +2617,12 @@ class Renderer {
       }
       return ErrorAt(pos, "unsupported dict method '" + name + "'");
     }
-    return ErrorAt(pos, "unsupported method '" + name + "' on '" +
-                            TypeName(obj) + "'");
+    return ErrorAt(
+        pos, "unsupported method '" + name + "' on '" + TypeName(obj) + "'");
   }
 
-  StatusOr<Value> Binary(const std::string& op, const Value& a,
-                         const Value& b, Pos pos) {
+  StatusOr<Value> Binary(const std::string& op, const Value& a, const Value& b,
+                         Pos pos) {
     if (op == "~") return Value::Str(ToStr(a) + ToStr(b));
     if (op == "==") return Value::Bool(Equal(a, b));
     if (op == "!=") return Value::Bool(!Equal(a, b));
@@ -2704,10 +2702,9 @@ class Renderer {
     const int64_t x = a.AsInt(), y = b.AsInt();
     int64_t r = 0;
     if (op == "+" || op == "-" || op == "*") {
-      const bool overflow =
-          op == "+"   ? __builtin_add_overflow(x, y, &r)
-          : op == "-" ? __builtin_sub_overflow(x, y, &r)
-                      : __builtin_mul_overflow(x, y, &r);
+      const bool overflow = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                            : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                        : __builtin_mul_overflow(x, y, &r);
       if (overflow) return ErrorAt(pos, "integer overflow");
       return Value::Int(r);
     }
@@ -2736,8 +2733,7 @@ class Renderer {
     return type_error();
   }
 
-  StatusOr<bool> Contains(const Value& container, const Value& item,
-                          Pos pos) {
+  StatusOr<bool> Contains(const Value& container, const Value& item, Pos pos) {
     switch (container.t) {
       case Value::T::kString:
         if (!item.is_str()) {
@@ -2834,10 +2830,9 @@ class Renderer {
     }
     if (name == "tojson") {
       const Value ind = args.Get(0, "indent", Value::None());
-      const int indent = ind.t == T::kInt ? static_cast<int>(
-                                                std::clamp<int64_t>(ind.i, 0,
-                                                                    64))
-                                          : -1;
+      const int indent =
+          ind.t == T::kInt ? static_cast<int>(std::clamp<int64_t>(ind.i, 0, 64))
+                           : -1;
       const bool sort_keys = Truthy(args.Get(99, "sort_keys"));
       std::string out;
       if (!PyJson(v, indent, sort_keys, 0, &out)) {
@@ -2914,16 +2909,15 @@ class Renderer {
     if (name == "round") {
       if (!v.is_number()) return ErrorAt(pos, "round needs a number");
       const Value prec = args.Get(0, "precision", Value::Int(0));
-      const std::string method = ToStr(args.Get(1, "method",
-                                                Value::Str("common")));
+      const std::string method =
+          ToStr(args.Get(1, "method", Value::Str("common")));
       const int64_t digits = prec.is_number() ? prec.AsInt() : 0;
       if (method == "common" && v.t != T::kFloat) return v;  // int stays int
       if (method == "common" && digits >= 0 && digits <= 30) {
         // Python's round(): correctly rounded, ties to even, on the exact
         // binary value -- which is what printf does.
         char buf[400];
-        std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(digits),
-                      v.f);
+        std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(digits), v.f);
         return Value::Float(std::strtod(buf, nullptr));
       }
       const double scale = std::pow(10.0, static_cast<double>(digits));
@@ -2980,8 +2974,8 @@ class Renderer {
       if (name == "capitalize") return Value::Str(PyCapitalize(s));
       if (name == "trim") {
         const Value chars = args.Get(0, "chars", Value::None());
-        return Value::Str(PyStrip(s, true, true,
-                                  chars.is_str() ? &chars.s : nullptr));
+        return Value::Str(
+            PyStrip(s, true, true, chars.is_str() ? &chars.s : nullptr));
       }
       // jinja2's title: words start after whitespace, '-', '(', '{', '[',
       // '<'.
@@ -3004,8 +2998,8 @@ class Renderer {
       const std::string s = ToStr(v);
       const Value a = args.Get(0, "old"), b = args.Get(1, "new");
       const Value c = args.Get(2, "count", Value::None());
-      return Value::Str(ReplaceAll(s, ToStr(a), ToStr(b),
-                                   c.is_number() ? c.AsInt() : -1));
+      return Value::Str(
+          ReplaceAll(s, ToStr(a), ToStr(b), c.is_number() ? c.AsInt() : -1));
     }
     if (name == "escape" || name == "e") {
       const std::string s = ToStr(v);
@@ -3088,7 +3082,8 @@ class Renderer {
       }
       std::string test;
       if (k < args.pos.size()) {
-        if (!args.pos[k].is_str()) return ErrorAt(pos, name + ": bad test name");
+        if (!args.pos[k].is_str())
+          return ErrorAt(pos, name + ": bad test name");
         test = args.pos[k].s;
       }
       Args targs;
@@ -3118,7 +3113,8 @@ class Renderer {
         return AsciiLower(a.first) < AsciiLower(b.first);
       });
       std::vector<Value> out;
-      for (auto& [k, x] : items) out.push_back(Value::Tuple({Value::Str(k), x}));
+      for (auto& [k, x] : items)
+        out.push_back(Value::Tuple({Value::Str(k), x}));
       return Value::List(std::move(out));
     }
     return ErrorAt(pos, "unsupported filter '" + name + "'");
@@ -3131,9 +3127,8 @@ class Renderer {
     size_t p = 0;
     while (true) {
       const size_t dot = path.find('.', p);
-      const std::string part = path.substr(p, dot == std::string::npos
-                                                  ? std::string::npos
-                                                  : dot - p);
+      const std::string part = path.substr(
+          p, dot == std::string::npos ? std::string::npos : dot - p);
       if (cur.undefined()) return cur;
       if (cur.is_list() && !part.empty() &&
           std::all_of(part.begin(), part.end(),
@@ -3175,7 +3170,8 @@ StatusOr<std::string> RenderImpl(const ChatTemplateProgram& prog,
   std::optional<int64_t> now;
   for (auto it = context.begin(); it != context.end(); ++it) {
     if (it.key() == ChatTemplate::kNowEpochKey) {
-      if (it.value().is_number_integer()) now = it.value().template get<int64_t>();
+      if (it.value().is_number_integer())
+        now = it.value().template get<int64_t>();
       continue;
     }
     bool too_deep = false;
@@ -3263,8 +3259,8 @@ StatusOr<ChatTemplate> LoadChatTemplate(const std::string& model_dir) {
   std::error_code ec;
   Json config = Json::object();
   if (fs::exists(config_path, ec)) {
-    ASSIGN_OR_RETURN(config,
-                     ReadJsonFile(config_path.string(), "tokenizer_config.json"));
+    ASSIGN_OR_RETURN(
+        config, ReadJsonFile(config_path.string(), "tokenizer_config.json"));
     if (!config.is_object()) {
       return DataLossError("tokenizer_config.json: not a JSON object");
     }

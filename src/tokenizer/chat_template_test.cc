@@ -35,7 +35,8 @@ std::string ReadFile(const std::string& path) {
 TEST(ChatTemplateGoldenTest, MatchesJinja2ByteForByte) {
   const std::string text = ReadFile(kData + "/expected.json");
   ASSERT_FALSE(text.empty()) << "missing " << kData << "/expected.json";
-  const OJson expected = OJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  const OJson expected =
+      OJson::parse(text, nullptr, /*allow_exceptions=*/false);
   ASSERT_TRUE(expected.is_object());
   std::map<std::string, ChatTemplate> templates;
   int checked = 0;
@@ -130,8 +131,9 @@ TEST(ChatTemplateTest, TextAndExpressions) {
             "1|2|3.5|1024|1.5");
   EXPECT_EQ(R("{{ 'a' ~ 1 ~ none }}|{{ 'x' * 3 }}|{{ \"q\\\"\\n\" }}"),
             "a1None|xxx|q\"\n");
-  EXPECT_EQ(R("{{ true }} {{ False }} {{ none }} {{ [1, 'a'] }} {{ {'k': 1} }}"),
-            "True False None [1, 'a'] {'k': 1}");
+  EXPECT_EQ(
+      R("{{ true }} {{ False }} {{ none }} {{ [1, 'a'] }} {{ {'k': 1} }}"),
+      "True False None [1, 'a'] {'k': 1}");
   EXPECT_EQ(R("{{ 1 < 2 and 2 <= 2 and 3 > 2 and not 1 == 2 }}"), "True");
   EXPECT_EQ(R("{{ 'b' in 'abc' }} {{ 2 in [1, 2] }} {{ 'k' not in {'k': 1} }}"),
             "True True False");
@@ -144,9 +146,9 @@ TEST(ChatTemplateTest, TextAndExpressions) {
 TEST(ChatTemplateTest, AttributesSubscriptsAndSlices) {
   const OJson ctx = OJson::parse(
       R"({"m": {"role": "user", "list": [1, 2, 3, 4]}, "s": "héllo"})");
-  EXPECT_EQ(R("{{ m.role }} {{ m['role'] }} {{ m.list[-1] }} {{ m.list.0 }}",
-              ctx),
-            "user user 4 1");
+  EXPECT_EQ(
+      R("{{ m.role }} {{ m['role'] }} {{ m.list[-1] }} {{ m.list.0 }}", ctx),
+      "user user 4 1");
   EXPECT_EQ(R("{{ m.list[1:] }} {{ m.list[::-1] }} {{ m.list[1:3] }} "
               "{{ m.list[::2] }} {{ s[1:3] }} {{ s[::-1] }}",
               ctx),
@@ -165,7 +167,8 @@ TEST(ChatTemplateTest, IfElifElse) {
 }
 
 TEST(ChatTemplateTest, ForLoops) {
-  const OJson ctx = OJson::parse(R"({"xs": ["a", "b", "c"], "d": {"k": 1, "j": 2}})");
+  const OJson ctx =
+      OJson::parse(R"({"xs": ["a", "b", "c"], "d": {"k": 1, "j": 2}})");
   EXPECT_EQ(R("{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ x }}"
               "{% if loop.first %}F{% endif %}{% if loop.last %}L{% endif %}"
               "{{ loop.length }};{% endfor %}",
@@ -202,7 +205,8 @@ TEST(ChatTemplateTest, SetMacroRawComments) {
   EXPECT_EQ(R("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}"
               "{% endmacro %}{{ f(3) }}"),
             "321");
-  EXPECT_EQ(R("{% raw %}{{ not evaluated }}{% endraw %}"), "{{ not evaluated }}");
+  EXPECT_EQ(R("{% raw %}{{ not evaluated }}{% endraw %}"),
+            "{{ not evaluated }}");
   EXPECT_EQ(R("a{# comment #}b"), "ab");
 }
 
@@ -210,7 +214,8 @@ TEST(ChatTemplateTest, WhitespaceControl) {
   // trim_blocks: the newline after a block tag goes.
   EXPECT_EQ(R("{% if true %}\nx\n{% endif %}\ny"), "x\ny");
   // lstrip_blocks: indentation before a block tag goes.
-  EXPECT_EQ(R("a\n    {% if true %}\n    b\n    {% endif %}\nc"), "a\n    b\nc");
+  EXPECT_EQ(R("a\n    {% if true %}\n    b\n    {% endif %}\nc"),
+            "a\n    b\nc");
   // Not before an expression.
   EXPECT_EQ(R("a\n  {{ 'b' }}\n"), "a\n  b");
   // `-` strips all whitespace, newlines included.
@@ -262,12 +267,13 @@ TEST(ChatTemplateTest, TestsAndMethods) {
               "{{ 3 is odd }}{{ 4 is even }}{{ 'a' is iterable }}"
               "{{ 1 is not string }}{{ 6 is divisibleby 3 }}"),
             "TrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrue");
-  EXPECT_EQ(R("{{ ' x '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ ' a'.lstrip() }}"
-              "|{{ 'a '.rstrip() }}|{{ 'a,b'.split(',') }}|{{ ' a  b '.split() }}"
-              "|{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}"
-              "|{{ 'aBc'.upper() }}{{ 'aBc'.lower() }}|{{ 'a-a'.replace('a', 'b') }}"
-              "|{{ 'ab cd'.title() }}"),
-            "x|a|a|a|['a', 'b']|['a', 'b']|TrueTrue|ABCabc|b-b|Ab Cd");
+  EXPECT_EQ(
+      R("{{ ' x '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ ' a'.lstrip() }}"
+        "|{{ 'a '.rstrip() }}|{{ 'a,b'.split(',') }}|{{ ' a  b '.split() }}"
+        "|{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}"
+        "|{{ 'aBc'.upper() }}{{ 'aBc'.lower() }}|{{ 'a-a'.replace('a', 'b') }}"
+        "|{{ 'ab cd'.title() }}"),
+      "x|a|a|a|['a', 'b']|['a', 'b']|TrueTrue|ABCabc|b-b|Ab Cd");
   const OJson ctx = OJson::parse(R"({"d": {"k": 1}})");
   EXPECT_EQ(R("{{ d.get('k') }} {{ d.get('z', 5) }} {{ d.keys()|list }} "
               "{{ d.values()|list }}",
@@ -283,8 +289,9 @@ TEST(ChatTemplateTest, PythonDetails) {
   EXPECT_EQ(R("{{ (1, 2) }}{{ () }}{{ (1,) }}{{ {'b': 1}|items|list }}"
               "{% set t = 1, 2 %}{{ t }}"),
             "(1, 2)()(1,)[('b', 1)](1, 2)");
-  EXPECT_EQ(R("{{ '3.7'|int }}{{ 'x'|int }}{{ 3.9|int }}{{ \"it's\" ~ [\"it's\"] }}"),
-            "303it's[\"it's\"]");
+  EXPECT_EQ(
+      R("{{ '3.7'|int }}{{ 'x'|int }}{{ 3.9|int }}{{ \"it's\" ~ [\"it's\"] }}"),
+      "303it's[\"it's\"]");
   EXPECT_EQ(R("{{ 1/3 }} {{ 10/5 }} {{ 123456789012345678.0 }} {{ 0.0001 }}"),
             "0.3333333333333333 2.0 1.2345678901234568e+17 0.0001");
   // trim_blocks does not apply after {% raw %}; lstrip does before endraw.
@@ -295,16 +302,18 @@ TEST(ChatTemplateTest, PythonDetails) {
 
 TEST(ChatTemplateTest, StrftimeNowIsFixedByContext) {
   const OJson ctx = OJson::parse(R"({"__loom_now_epoch": 1736937000})");
-  EXPECT_EQ(R("{{ strftime_now('%Y-%m-%d %H:%M') }} {{ strftime_now('%d %b %Y') }}",
-              ctx),
-            "2025-01-15 10:30 15 Jan 2025");
+  EXPECT_EQ(
+      R("{{ strftime_now('%Y-%m-%d %H:%M') }} {{ strftime_now('%d %b %Y') }}",
+        ctx),
+      "2025-01-15 10:30 15 Jan 2025");
 }
 
 TEST(ChatTemplateTest, PlainJsonContextWorks) {
   auto t = ChatTemplate::Parse("{{ messages[0]['content'] }}{{ bos_token }}");
   ASSERT_TRUE(t.ok());
   t->set_special_tokens("<s>", "</s>");
-  auto out = t->Render(nlohmann::json::parse(R"({"messages":[{"content":"x"}]})"));
+  auto out =
+      t->Render(nlohmann::json::parse(R"({"messages":[{"content":"x"}]})"));
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_EQ(*out, "x<s>");
 }
@@ -366,7 +375,8 @@ TEST(ChatTemplateErrorTest, MalformedTemplatesAreErrorsNotCrashes) {
   for (size_t n = 0; n < src.size(); n += 7) {
     auto t = ChatTemplate::Parse(src.substr(0, n));
     if (t.ok()) {
-      (void)t->Render(OJson::parse(R"({"messages":[{"role":"user","content":"x"}]})"));
+      (void)t->Render(
+          OJson::parse(R"({"messages":[{"role":"user","content":"x"}]})"));
     }
   }
 }
@@ -376,7 +386,8 @@ TEST(ChatTemplateErrorTest, UndefinedAndTypeErrors) {
             "chat template 1:8: 'b' is undefined (reading attribute 'c')");
   EXPECT_THAT(RenderError("{{ 'a' + 1 }}"),
               HasSubstr("unsupported operand types for +: 'str' and 'int'"));
-  EXPECT_THAT(RenderError("{{ 'a' + nope }}"), HasSubstr("'nope' is undefined"));
+  EXPECT_THAT(RenderError("{{ 'a' + nope }}"),
+              HasSubstr("'nope' is undefined"));
   EXPECT_THAT(RenderError("{{ 1 // 0 }}"), HasSubstr("division by zero"));
   EXPECT_THAT(RenderError("{% set x = 1 %}{% set x.a = 2 %}"),
               HasSubstr("non-namespace"));
@@ -385,10 +396,10 @@ TEST(ChatTemplateErrorTest, UndefinedAndTypeErrors) {
 }
 
 TEST(ChatTemplateErrorTest, DepthAndLoopLimits) {
-  std::string deep = "{{ " + std::string(5000, '(') + "1" +
-                     std::string(5000, ')') + " }}";
+  std::string deep =
+      "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
   EXPECT_THAT(ParseError(deep), HasSubstr("nested too deeply"));
-  std::string nots = "{{ " ;
+  std::string nots = "{{ ";
   for (int k = 0; k < 5000; ++k) nots += "not ";
   nots += "1 }}";
   EXPECT_THAT(ParseError(nots), HasSubstr("nested too deeply"));
@@ -412,8 +423,9 @@ TEST(ChatTemplateErrorTest, DepthAndLoopLimits) {
   std::string deep_json;
   for (int k = 0; k < 1000; ++k) deep_json += "[";
   for (int k = 0; k < 1000; ++k) deep_json += "]";
-  EXPECT_THAT(RenderError("{{ x }}", OJson::parse("{\"x\": " + deep_json + "}")),
-              HasSubstr("nested too deeply"));
+  EXPECT_THAT(
+      RenderError("{{ x }}", OJson::parse("{\"x\": " + deep_json + "}")),
+      HasSubstr("nested too deeply"));
 }
 
 }  // namespace
