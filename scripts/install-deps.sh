@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   python3 python3-numpy  # tests open our .npy output with numpy
+  python3-jinja2       # regenerates expected chat template renders; tests do not need it
 )
 
 missing=()
