@@ -254,6 +254,8 @@ StatusOr<std::vector<Generation>> Generator::Generate(
       const size_t i = next_prompt++;
       const std::vector<int32_t>& prompt = prompts[i];
       results[i].prompt_ids = prompt;
+      results[i].token_ids.reserve(static_cast<size_t>(
+          std::min(options.max_new_tokens, options_.context)));
       if (options.max_new_tokens == 0) {
         results[i].stop_reason = "max_tokens";
         continue;
