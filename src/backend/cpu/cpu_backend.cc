@@ -206,6 +206,16 @@ Status CpuBackend::Attention(const AttentionOp& op) {
     if (op.probs != nullptr)
       return UnimplementedError(
           "cpu backend: attention probabilities with a KV cache");
+    for (int64_t s = 0; s < op.num_seqs; ++s) {
+      const int64_t end =
+          op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
+      const bool ring = op.window > 0 && op.window <= op.kv_capacity;
+      if (op.q_pos0[s] < 0 || (end > op.kv_capacity && !ring))
+        return OutOfRangeError(
+            "cpu backend: kv attention of sequence " + std::to_string(s) +
+            " reaches position " + std::to_string(end) + " of a cache of " +
+            std::to_string(op.kv_capacity) + " positions");
+    }
     a.k_cache = op.k_cache;
     a.v_cache = op.v_cache;
     a.kv_capacity = op.kv_capacity;
