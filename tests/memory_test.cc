@@ -17,6 +17,7 @@
 #include <new>
 
 #include "src/backend/cpu/cpu_backend.h"
+#include "src/backend/registry.h"
 #include "src/model/registry.h"
 #include "src/model/synth.h"
 #include "src/plan/planner.h"
@@ -195,6 +196,47 @@ TEST(MemoryTest, ForwardMakesNoHeapAllocations) {
     RecordProperty(std::string(name) + "_library_allocations",
                    std::to_string(g_library_allocs.load()));
   }
+}
+
+// Prefill chunks and decode steps over a KV cache allocate nothing either.
+TEST(MemoryTest, KvCacheForwardsMakeNoHeapAllocations) {
+  auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  HookSet hooks;
+  hooks.Add({HookSite::kFinalNorm, -1});
+  hooks.Add({HookSite::kLogits, -1});
+  auto ex = Executor::Create(**model, hooks, {.max_tokens = 16});
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  auto backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok());
+  auto cache = KvCache::Create((*model)->config(), 2, 64, **backend);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  std::vector<int32_t> ids(16);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int32_t>(1 + (i * 37) % 500);
+  const std::vector<int64_t> slots = {0, 1};
+  NullSink sink;
+  // Prefill both slots (7 and 9 tokens), then decode steps of one token each.
+  std::vector<int64_t> starts = {0, 7, 16}, pos0 = {0, 0};
+  auto step = [&]() {
+    return (*ex)->Forward(Batch{std::span<const int32_t>(ids).first(
+                                    static_cast<size_t>(starts.back())),
+                                starts},
+                          &sink, {cache->get(), slots, pos0});
+  };
+  ASSERT_TRUE(step().ok());
+  starts = {0, 1, 2};
+  pos0 = {7, 9};
+  ASSERT_TRUE(step().ok());  // warm-up: kernels for the decode shapes
+  pos0 = {8, 10};
+  g_allocs = 0;
+  g_counting = true;
+  Status st = step();
+  g_counting = false;
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(g_allocs.load(), 0)
+      << "heap allocations by Loom's code during a decode step";
 }
 
 TEST(MemoryTest, ExecutorAllocatesExactlyThePlannedArenas) {

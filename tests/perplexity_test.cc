@@ -334,7 +334,9 @@ struct CliResult {
 
 CliResult RunCli(const std::string& args) {
   CliResult r;
-  const std::string err_path = ::testing::TempDir() + "/loom_cli_stderr.txt";
+  // One file per test process: ctest runs the CLI tests in parallel.
+  const std::string err_path = ::testing::TempDir() + "/loom_cli_stderr_" +
+                               std::to_string(getpid()) + ".txt";
   FILE* p = popen(
       (std::string(LOOM_BINARY) + " " + args + " 2>" + err_path).c_str(), "r");
   if (p == nullptr) return r;
@@ -395,6 +397,30 @@ TEST_F(CliTest, PerplexityTokensFileAndProtocols) {
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find("perplexity   111.52"), std::string::npos)
       << text.out;
+}
+
+// `loom generate --json`: HF's greedy continuation of stories260K (the ids
+// of golden/real/stories260K greedy_f32 after its 16 prompt ids).
+TEST_F(CliTest, GenerateGreedyJson) {
+  const CliResult r = RunCli(
+      "generate --model " + StoriesDir() +
+      " --prompt 'Once upon a time, there was a little girl named Lily.'"
+      " --max-tokens 32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["text"],
+            "She loved to play outside in the park. One day, she saw a big, "
+            "red ball. She wanted");
+  EXPECT_EQ(j["token_ids"].size(), 32u);
+  EXPECT_EQ(j["token_ids"][0], 338);
+  EXPECT_EQ(j["prompt_ids"].size(), 16u);
+  EXPECT_EQ(j["stop_reason"], "max_tokens");
+  const CliResult bad = RunCli("generate --model " + StoriesDir() +
+                               " --prompt 'Once upon a time' --ctx 3");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("has 5 tokens, more than the context of 3"),
+            std::string::npos)
+      << bad.err;
 }
 
 TEST_F(CliTest, ClearErrors) {

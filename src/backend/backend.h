@@ -180,6 +180,23 @@ struct AttentionOp {
   float* probs = nullptr;  // [q_heads, L, L] of sequence probs_seq, or null
   int64_t probs_seq = -1;
   void* workspace = nullptr;  // Costs().attention_workspace(...) bytes
+  // ---- KV cache (generation; k_cache null = the plain op above) ----
+  // Sequence s's tokens are new tokens at positions q_pos0[s] + i of cache
+  // slot kv_slot[s]; k/v hold only their rows. The op stores the new K/V
+  // rows into the slot's cache, and each new query at position p attends to
+  // the slot's keys at positions [0, p] (window: (p - window, p]): earlier
+  // positions from the cache, the new ones from k/v. The cache must hold the
+  // slot's positions [q_pos0[s] - kv_capacity, q_pos0[s]) (those a query
+  // can see). probs must be null. workspace: Costs().kv_attention_workspace
+  // bytes (instead of attention_workspace). A backend without it returns
+  // Unimplemented.
+  float* k_cache = nullptr;  // [slots, kv_capacity, kv_heads * head_dim]
+  float* v_cache = nullptr;  // [slots, kv_capacity, kv_heads * head_dim]
+  // Positions per slot; position p is row p % kv_capacity (a ring when
+  // smaller than the positions seen: sliding-window layers).
+  int64_t kv_capacity = 0;
+  const int64_t* kv_slot = nullptr;  // [num_seqs] host memory
+  const int64_t* q_pos0 = nullptr;   // [num_seqs] host memory
 };
 
 enum class ActivationFn { kSilu, kGeluTanh, kGeluExact, kRelu };

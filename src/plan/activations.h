@@ -48,6 +48,12 @@ struct KernelCosts {
   // (cpu::AttentionWorkspaceBytes). nullptr = none.
   int64_t (*attention_workspace)(int64_t max_seq_len, int64_t q_heads,
                                  int64_t head_dim, int num_threads) = nullptr;
+  // Scratch bytes of attention over a KV cache (AttentionOp::k_cache) with
+  // up to `context` positions per sequence (cpu::KvAttentionWorkspaceBytes).
+  // nullptr = the backend has no such op.
+  int64_t (*kv_attention_workspace)(int64_t context, int64_t q_heads,
+                                    int64_t kv_heads, int64_t head_dim,
+                                    int num_threads) = nullptr;
   // Bytes one GEMM of an [n, k] weight stored in `kind` needs to decode its
   // weights into (in the compute dtype `compute`); 0 for dense weights
   // (cpu::QuantDecodeWorkspaceBytes). nullptr = none.

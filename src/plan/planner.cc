@@ -6,6 +6,7 @@
 
 #include "src/base/units.h"
 #include "src/model/registry.h"
+#include "src/plan/kv_layout.h"
 
 namespace loom {
 namespace {
@@ -68,11 +69,8 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
   if (job.mode == JobMode::kGeneration) {
     const DType kv_dtype = job.kv_dtype.value_or(c.torch_dtype);
     const int64_t seqs = job.kv_seqs > 0 ? job.kv_seqs : job.Seqs();
-    for (int64_t l = 0; l < layers_run; ++l) {
-      const int64_t w = c.sliding_window.empty() ? 0 : c.sliding_window[l];
-      const int64_t len = w > 0 ? std::min(w, job.context) : job.context;
-      k.layer_kv[l] = 2 * c.kv_dim() * len * seqs * DTypeSize(kv_dtype);
-    }
+    for (int64_t l = 0; l < layers_run; ++l)
+      k.layer_kv[l] = KvLayerBytes(c, l, job.context, seqs, kv_dtype);
   }
   for (const HookPoint& h : job.hooks.hooks()) {
     ASSIGN_OR_RETURN(int64_t bytes, CaptureBytes(c, job, h));

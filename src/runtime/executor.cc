@@ -326,7 +326,9 @@ Status Executor::ComputeRope(Device& d, const Batch& batch) {
     if (dynamic) {
       // The previous sequence's tables read inv_freq: wait before rewriting.
       if (!d.host_memory) RETURN_IF_ERROR(d.backend->Synchronize());
-      ComputeInvFreq(c_.rope, c_.max_position_embeddings, len, host);
+      // The sequence length the scaling sees: its last position + 1.
+      ComputeInvFreq(c_.rope, c_.max_position_embeddings, Pos0(s) + len,
+                     host);
       RETURN_IF_ERROR(upload());
     }
     d.backend->RopeTables(positions + b, len, inv_freq, half,
@@ -345,7 +347,7 @@ Status Executor::WriteBatchMetadata(const Batch& batch) {
   int64_t* host_seq = d.host_memory ? seq : host_seq_start_.data();
   for (int64_t s = 0; s < S; ++s)
     for (int64_t t = batch.seq_start[s]; t < batch.seq_start[s + 1]; ++t)
-      host_pos[t] = static_cast<int32_t>(t - batch.seq_start[s]);
+      host_pos[t] = static_cast<int32_t>(Pos0(s) + t - batch.seq_start[s]);
   std::copy(batch.seq_start.begin(), batch.seq_start.end(), host_seq);
   if (d.host_memory) return Status();
   // The previous batch's steps may still read these regions.
@@ -383,6 +385,90 @@ Status Executor::Transfer(const Device& from, Device& to, const Batch& batch) {
 }
 
 Status Executor::Forward(const Batch& batch, HookSink* sink) {
+  return RunForward(batch, sink, nullptr);
+}
+
+Status Executor::Forward(const Batch& batch, HookSink* sink,
+                         const KvBatch& kv) {
+  return RunForward(batch, sink, &kv);
+}
+
+Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
+  const KvCache* cache = kv.cache;
+  if (cache == nullptr)
+    return InvalidArgumentError("executor: KvBatch without a cache");
+  const int64_t S = batch.num_seqs();
+  if (static_cast<int64_t>(kv.slot.size()) != S ||
+      static_cast<int64_t>(kv.pos0.size()) != S)
+    return InvalidArgumentError(
+        "executor: KvBatch has " + std::to_string(kv.slot.size()) +
+        " slots and " + std::to_string(kv.pos0.size()) +
+        " first positions for " + std::to_string(S) + " sequences");
+  if (cache->num_layers() != c_.num_layers)
+    return InvalidArgumentError("executor: the KV cache has " +
+                                std::to_string(cache->num_layers()) +
+                                " layers, the model " +
+                                std::to_string(c_.num_layers));
+  for (const Device& d : devices_)
+    if (!(d.backend->device() == cache->device()))
+      return UnimplementedError(
+          "executor: the KV cache lives on one device; layers " +
+          std::to_string(d.first_layer) + "-" + std::to_string(d.last_layer) +
+          " run on another");
+  if (last_layer_ + 1 < c_.num_layers)
+    return InvalidArgumentError(
+        "executor: a forward with a KV cache runs every layer (hook the "
+        "final norm or the logits); this one stops after layer " +
+        std::to_string(last_layer_));
+  for (int64_t l = 0; l <= last_layer_; ++l)
+    if (hooks_.Contains(HookSite::kPattern, l))
+      return UnimplementedError(
+          "executor: attention patterns cannot be hooked with a KV cache");
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t slot = kv.slot[static_cast<size_t>(s)];
+    const int64_t p0 = kv.pos0[static_cast<size_t>(s)];
+    const int64_t len = batch.seq_start[s + 1] - batch.seq_start[s];
+    if (slot < 0 || slot >= cache->slots())
+      return OutOfRangeError("sequence " + std::to_string(s) + ": KV slot " +
+                             std::to_string(slot) + " outside [0, " +
+                             std::to_string(cache->slots()) + ")");
+    for (int64_t r = 0; r < s; ++r)
+      if (kv.slot[static_cast<size_t>(r)] == slot)
+        return InvalidArgumentError("sequences " + std::to_string(r) +
+                                    " and " + std::to_string(s) +
+                                    " share KV slot " + std::to_string(slot));
+    if (p0 < 0 || p0 > cache->length(slot))
+      return InvalidArgumentError(
+          "sequence " + std::to_string(s) + " starts at position " +
+          std::to_string(p0) + " but KV slot " + std::to_string(slot) +
+          " holds positions [0, " + std::to_string(cache->length(slot)) + ")");
+    // Going back (p0 < length) is exact unless a ring already overwrote
+    // positions the new queries see.
+    if (p0 < cache->length(slot))
+      for (int64_t l = 0; l < c_.num_layers; ++l)
+        if (cache->positions(l) < cache->length(slot))
+          return InvalidArgumentError(
+              "sequence " + std::to_string(s) + " restarts at position " +
+              std::to_string(p0) + " of KV slot " + std::to_string(slot) +
+              ", whose sliding-window ring of layer " + std::to_string(l) +
+              " has moved past it; Reset the slot instead");
+    if (p0 + len > cache->context())
+      return OutOfRangeError(
+          "sequence " + std::to_string(s) + " needs " +
+          std::to_string(p0 + len) +
+          " positions, more than the KV cache's " +
+          std::to_string(cache->context()) + " per sequence");
+    if (p0 + len > c_.max_position_embeddings)
+      return OutOfRangeError("sequence " + std::to_string(s) + " needs " +
+                             std::to_string(p0 + len) +
+                             " positions, more than max_position_embeddings = " +
+                             std::to_string(c_.max_position_embeddings));
+  }
+  return Status();
+}
+
+Status Executor::RunForward(const Batch& batch, HookSink* sink,
+                            const KvBatch* kv) {
   const int64_t T = batch.num_tokens();
   if (batch.num_seqs() < 1 || batch.seq_start[0] != 0 ||
       batch.seq_start[batch.num_seqs()] != T)
@@ -415,6 +501,13 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
                              " at position " + std::to_string(t) +
                              " is outside the vocabulary [0, " +
                              std::to_string(c_.vocab_size) + ")");
+  if (kv != nullptr) RETURN_IF_ERROR(CheckKv(batch, *kv));
+  // kv_ is the cache of this forward only.
+  struct ClearKv {
+    const KvBatch*& kv;
+    ~ClearKv() { kv = nullptr; }
+  } clear{kv_};
+  kv_ = kv;
   RETURN_IF_ERROR(WriteBatchMetadata(batch));
 
   for (const ProgramStep& step : program_.prologue)
@@ -435,7 +528,13 @@ Status Executor::Forward(const Batch& batch, HookSink* sink) {
     if (step.id == StepId::kLogits && !hooks_.NeedsLogits()) break;
     RETURN_IF_ERROR(RunStep(step, devices_.back(), -1, batch, sink));
   }
-  return devices_.back().backend->Synchronize();
+  RETURN_IF_ERROR(devices_.back().backend->Synchronize());
+  if (kv != nullptr)
+    for (int64_t s = 0; s < batch.num_seqs(); ++s)
+      kv->cache->set_length(kv->slot[static_cast<size_t>(s)],
+                            Pos0(s) + batch.seq_start[s + 1] -
+                                batch.seq_start[s]);
+  return Status();
 }
 
 Status Executor::BranchResidualAdd(Device& d, const LayerConfig& lc,
@@ -578,7 +677,16 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       op.softcap = lc->attn_softcap;
       op.window = lc->window;
       op.workspace = d.workspace.region(BufferId::kAttnWorkspace);
-      if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {
+      if (kv_ != nullptr) {
+        // New K/V rows go to the cache; queries see the cached prefix.
+        op.k_cache = kv_->cache->k(l);
+        op.v_cache = kv_->cache->v(l);
+        op.kv_capacity = kv_->cache->positions(l);
+        op.kv_slot = kv_->slot.data();
+        op.q_pos0 = kv_->pos0.data();
+        op.workspace = kv_->cache->workspace();
+        RETURN_IF_ERROR(be.Attention(op));
+      } else if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {
         // One sequence at a time so each sequence's probabilities can be
         // delivered.
         float* probs = buf(BufferId::kPattern);

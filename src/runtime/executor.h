@@ -1,6 +1,6 @@
 // Executor: runs the forward program (src/plan/program.h) of a Model over
-// packed batches of variable-length sequences (no padding compute, no KV
-// cache) through the Backend interface, calling a HookSink at every requested
+// packed batches of variable-length sequences (no padding compute; a KV
+// cache for generation, see KvBatch) through the Backend interface, calling a HookSink at every requested
 // hook point.
 //
 // Placement: the layers run as contiguous segments, each on its own backend
@@ -52,6 +52,7 @@
 #include "src/plan/program.h"
 #include "src/runtime/arena.h"
 #include "src/runtime/device_weights.h"
+#include "src/runtime/kv_cache.h"
 #include "src/runtime/model.h"
 
 namespace loom {
@@ -66,6 +67,18 @@ struct Batch {
   int64_t num_seqs() const {
     return static_cast<int64_t>(seq_start.size()) - 1;
   }
+};
+
+// Generation: the KV cache slot and first position of each sequence of a
+// batch. Sequence s's tokens take positions pos0[s], pos0[s] + 1, ... of
+// cache slot slot[s] (distinct within a batch); pos0[s] <= the slot's
+// length (positions before it are in the cache). The forward stores their
+// keys and values there and attends over the slot's positions [0, pos0[s] +
+// length), exactly as a pass over the whole prefix would.
+struct KvBatch {
+  KvCache* cache = nullptr;
+  std::span<const int64_t> slot;  // [S]
+  std::span<const int64_t> pos0;  // [S]
 };
 
 // Receives captured activations as views of the device's buffers, valid only
@@ -131,6 +144,12 @@ class Executor {
   // Runs one batch. Validates ids against the vocabulary and lengths against
   // the capacities and max_position_embeddings.
   Status Forward(const Batch& batch, HookSink* sink);
+  // The same with a KV cache (generation, chunked prefill): positions start
+  // at kv.pos0, the keys and values go to the cache, and attention runs over
+  // the cached prefix (see KvBatch). The cache must live on the device every
+  // segment runs on; attention patterns cannot be hooked. On success each
+  // slot's length becomes pos0 + its sequence's length.
+  Status Forward(const Batch& batch, HookSink* sink, const KvBatch& kv);
 
   // The planned layout every device's arenas follow (activations by
   // liveness, kernel workspace; the logits chunk on the last device) and the
@@ -184,6 +203,14 @@ class Executor {
   // blocks).
   Status RunStep(const ProgramStep& step, Device& d, int64_t layer,
                  const Batch& batch, HookSink* sink);
+  // Forward with an optional KV cache (kv_ is set for its duration).
+  Status RunForward(const Batch& batch, HookSink* sink, const KvBatch* kv);
+  // Checks a KvBatch against the batch and the cache.
+  Status CheckKv(const Batch& batch, const KvBatch& kv) const;
+  // First position of sequence s: 0, or kv_->pos0[s].
+  int64_t Pos0(int64_t s) const {
+    return kv_ == nullptr ? 0 : kv_->pos0[static_cast<size_t>(s)];
+  }
   // Writes the batch's positions and sequence offsets into the first
   // device's arena.
   Status WriteBatchMetadata(const Batch& batch);
@@ -251,6 +278,8 @@ class Executor {
   std::vector<int64_t> host_seq_start_;
   std::vector<float> host_inv_freq_;
   std::vector<int32_t> host_expert_offsets_;
+  // The KV cache of the forward in progress (null: none).
+  const KvBatch* kv_ = nullptr;
 };
 
 }  // namespace loom

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   loom::cli::AddExtractCommand(app, &exit_code);
   loom::cli::AddPlanCommand(app, &exit_code);
   loom::cli::AddPerplexityCommand(app, &exit_code);
+  loom::cli::AddGenerateCommand(app, &exit_code);
   loom::cli::AddCompareCommand(app, &exit_code);
   loom::cli::AddDevicesCommand(app, &exit_code);
   try {

@@ -45,6 +45,7 @@ KernelCosts CpuKernelCosts() {
   k.gemm_scratchpad = &GemmScratchpad;
   k.weight_decode_workspace = &QuantDecodeWorkspaceBytes;
   k.attention_workspace = &AttentionWorkspaceBytes;
+  k.kv_attention_workspace = &KvAttentionWorkspaceBytes;
   k.num_threads = NumThreads();
   k.activation_dtype = DType::kF32;
   return k;
@@ -196,6 +197,31 @@ Status CpuBackend::Attention(const AttentionOp& op) {
   a.probs = op.probs;
   a.probs_seq = op.probs_seq;
   a.workspace = op.workspace;
+  if (op.k_cache != nullptr) {
+    if (op.v_cache == nullptr || op.kv_slot == nullptr ||
+        op.q_pos0 == nullptr || op.kv_capacity <= 0)
+      return InvalidArgumentError(
+          "cpu backend: kv attention needs v_cache, kv_slot, q_pos0 and a "
+          "positive kv_capacity");
+    if (op.probs != nullptr)
+      return UnimplementedError(
+          "cpu backend: attention probabilities with a KV cache");
+    for (int64_t s = 0; s < op.num_seqs; ++s) {
+      const int64_t end =
+          op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
+      const bool ring = op.window > 0 && op.window <= op.kv_capacity;
+      if (op.q_pos0[s] < 0 || (end > op.kv_capacity && !ring))
+        return OutOfRangeError(
+            "cpu backend: kv attention of sequence " + std::to_string(s) +
+            " reaches position " + std::to_string(end) + " of a cache of " +
+            std::to_string(op.kv_capacity) + " positions");
+    }
+    a.k_cache = op.k_cache;
+    a.v_cache = op.v_cache;
+    a.kv_capacity = op.kv_capacity;
+    a.kv_slot = op.kv_slot;
+    a.q_pos0 = op.q_pos0;
+  }
   cpu::Attention(*gemm_, a);
   return Status();
 }

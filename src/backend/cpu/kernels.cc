@@ -175,6 +175,173 @@ int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads,
          AttnThreadStrideBytes(std::max<int64_t>(max_seq_len, 1), head_dim);
 }
 
+int64_t KvAttentionWorkspaceBytes(int64_t context, int64_t q_heads,
+                                  int64_t kv_heads, int64_t head_dim,
+                                  int num_threads) {
+  LOOM_CHECK(context >= 0 && kv_heads > 0 && head_dim > 0 && num_threads > 0);
+  const int64_t panel = AlignUp(2 * std::max<int64_t>(context, 1) * kv_heads *
+                                    head_dim * int64_t{sizeof(float)},
+                                64);
+  return panel +
+         AttentionWorkspaceBytes(context, q_heads, head_dim, num_threads);
+}
+
+namespace {
+
+// Attention over a KV cache (AttentionArgs::k_cache). Keys are read as one
+// contiguous run of rows per sequence: from the slot's cache directly when
+// it holds every position up to the new ones without wrapping (the new rows
+// are stored first), else from a panel in the workspace where the ring's
+// rows and the new rows are laid out in position order (the new rows are
+// stored into the ring after the attention, so no row a new query needs is
+// overwritten before it is read). The tiles are the plain path's, at the new
+// queries' positions, so masking and arithmetic are the same.
+void KvAttention(const AttentionArgs& a) {
+  LOOM_CHECK(a.v_cache != nullptr && a.kv_slot != nullptr &&
+             a.q_pos0 != nullptr && a.kv_capacity > 0);
+  LOOM_CHECK(a.probs == nullptr) << "attention probabilities with a KV cache";
+  const int64_t group = a.q_heads / a.kv_heads;
+  const int64_t d = a.head_dim;
+  const int64_t kvd = a.kv_heads * d;
+  const int64_t cap = a.kv_capacity;
+  constexpr int64_t B = kAttnBlock;
+  const int64_t z_rs = a.q_heads * d;
+  // The panel rows and the longest key run of this call.
+  int64_t panel_rows = 0, max_nk = 1;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t len = a.seq_start[s + 1] - a.seq_start[s];
+    const int64_t p0 = a.q_pos0[s], end = p0 + len;
+    LOOM_CHECK(len >= 0 && p0 >= 0);
+    const int64_t lo =
+        a.window > 0 ? std::max<int64_t>(0, p0 - a.window + 1) : 0;
+    if (end > cap) {
+      LOOM_CHECK(a.window > 0 && a.window <= cap)
+          << "kv cache of " << cap << " positions, sequence ends at " << end;
+      panel_rows = std::max(panel_rows, end - lo);
+    }
+    max_nk = std::max(max_nk, end - lo);
+  }
+  float* panel_k = static_cast<float*>(a.workspace);  // [panel_rows, kvd]
+  float* panel_v = panel_k + panel_rows * kvd;        // [panel_rows, kvd]
+  char* tiles = static_cast<char*>(a.workspace) +
+                AlignUp(2 * panel_rows * kvd * int64_t{sizeof(float)}, 64);
+  const int64_t stride_bytes = AttnThreadStrideBytes(max_nk, d);
+  int nt = omp_get_max_threads();
+  if (a.workspace_bytes > 0) {
+    const int64_t fit =
+        (a.workspace_bytes - (tiles - static_cast<char*>(a.workspace))) /
+        stride_bytes;
+    LOOM_CHECK_GE(fit, 1) << "kv attention workspace too small: "
+                          << a.workspace_bytes << " bytes";
+    nt = static_cast<int>(std::min<int64_t>(nt, fit));
+  }
+  const auto tile_fn = Kernels().attention_tile;
+  auto copy_rows = [kvd](const float* src, int64_t src_rs, float* dst,
+                         int64_t rows) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * kvd, src + r * src_rs, sizeof(float) * kvd);
+  };
+  // Tiles of sequence s over keys whose position `base` is row 0 of kbase /
+  // vbase (row stride kvd).
+  auto run_tile = [&](int64_t s, int64_t item, const float* kbase,
+                      const float* vbase, int64_t base, float* scratch) {
+    const int64_t t0 = a.seq_start[s], len = a.seq_start[s + 1] - t0;
+    const int64_t nb = (len + B - 1) / B;
+    const int64_t qb = nb - 1 - item / a.q_heads;
+    const int64_t h = item % a.q_heads;
+    const int64_t kvh = h / group;
+    AttnTile t;
+    t.i0 = a.q_pos0[s] + qb * B;
+    t.rows = std::min(B, len - qb * B);
+    t.j_lo = a.window > 0 ? std::max<int64_t>(0, t.i0 - a.window + 1) : 0;
+    t.nk = t.i0 + t.rows - t.j_lo;
+    t.q = a.q + (t0 + qb * B) * a.q_rs + h * d;
+    t.k = kbase + (t.j_lo - base) * kvd + kvh * d;
+    t.v = vbase + (t.j_lo - base) * kvd + kvh * d;
+    t.z = a.z + (t0 + qb * B) * z_rs + h * d;
+    t.q_rs = a.q_rs;
+    t.k_rs = kvd;
+    t.v_rs = kvd;
+    t.z_rs = z_rs;
+    t.head_dim = d;
+    t.window = a.window;
+    t.scale = a.scale;
+    t.softcap = a.softcap;
+    t.has_sink = a.sinks != nullptr;
+    t.sink = t.has_sink ? LoadScalarAsF32(a.sinks, a.sinks_dtype, h) : 0.0f;
+    t.probs = nullptr;
+    t.probs_rs = 0;
+    t.scratch = scratch;
+    tile_fn(t);
+  };
+  auto direct = [&](int64_t s) {
+    return a.q_pos0[s] + a.seq_start[s + 1] - a.seq_start[s] <= cap;
+  };
+  // Sequences whose positions fit the cache unwrapped: store, then attend.
+  bool any_direct = false;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    if (!direct(s)) continue;
+    any_direct = true;
+    const int64_t t0 = a.seq_start[s], len = a.seq_start[s + 1] - t0;
+    const int64_t row = a.kv_slot[s] * cap + a.q_pos0[s];
+    copy_rows(a.k + t0 * a.k_rs, a.k_rs, a.k_cache + row * kvd, len);
+    copy_rows(a.v + t0 * a.v_rs, a.v_rs, a.v_cache + row * kvd, len);
+  }
+  if (any_direct) {
+#pragma omp parallel num_threads(nt)
+    {
+      float* scratch = reinterpret_cast<float*>(
+          tiles + omp_get_thread_num() * stride_bytes);
+      for (int64_t s = 0; s < a.num_seqs; ++s) {
+        if (!direct(s)) continue;
+        const int64_t len = a.seq_start[s + 1] - a.seq_start[s];
+        const int64_t nb = (len + B - 1) / B;
+        const float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;
+        const float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t item = 0; item < nb * a.q_heads; ++item)
+          run_tile(s, item, kc, vc, 0, scratch);
+      }
+    }
+  }
+  // Ring sequences, one at a time: unroll into the panel, attend, store.
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    if (direct(s)) continue;
+    const int64_t t0 = a.seq_start[s], len = a.seq_start[s + 1] - t0;
+    const int64_t p0 = a.q_pos0[s];
+    const int64_t lo = std::max<int64_t>(0, p0 - a.window + 1);
+    float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
+    float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
+    for (int64_t j = lo; j < p0; ++j) {
+      std::memcpy(panel_k + (j - lo) * kvd, kc + (j % cap) * kvd,
+                  sizeof(float) * kvd);
+      std::memcpy(panel_v + (j - lo) * kvd, vc + (j % cap) * kvd,
+                  sizeof(float) * kvd);
+    }
+    copy_rows(a.k + t0 * a.k_rs, a.k_rs, panel_k + (p0 - lo) * kvd, len);
+    copy_rows(a.v + t0 * a.v_rs, a.v_rs, panel_v + (p0 - lo) * kvd, len);
+    const int64_t nb = (len + B - 1) / B;
+#pragma omp parallel num_threads(nt)
+    {
+      float* scratch = reinterpret_cast<float*>(
+          tiles + omp_get_thread_num() * stride_bytes);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < nb * a.q_heads; ++item)
+        run_tile(s, item, panel_k, panel_v, lo, scratch);
+    }
+    // Only the last `cap` new rows survive in the ring.
+    for (int64_t i = std::max<int64_t>(0, len - cap); i < len; ++i) {
+      const int64_t row = (p0 + i) % cap;
+      std::memcpy(kc + row * kvd, a.k + (t0 + i) * a.k_rs,
+                  sizeof(float) * kvd);
+      std::memcpy(vc + row * kvd, a.v + (t0 + i) * a.v_rs,
+                  sizeof(float) * kvd);
+    }
+  }
+}
+
+}  // namespace
+
 void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
   LOOM_CHECK(a.q != nullptr && a.k != nullptr && a.v != nullptr &&
              a.z != nullptr && a.seq_start != nullptr);
@@ -184,6 +351,7 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
   LOOM_CHECK(a.workspace != nullptr) << "attention needs a workspace";
   LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0)
       << "workspace not 64-byte aligned";
+  if (a.k_cache != nullptr) return KvAttention(a);
   const int64_t group = a.q_heads / a.kv_heads;
   const int64_t d = a.head_dim;
   int64_t max_len = 1;

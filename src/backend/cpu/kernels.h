@@ -195,6 +195,17 @@ struct AttentionArgs {
   // When given, the kernel uses no more threads than the workspace has room
   // for.
   int64_t workspace_bytes = 0;
+  // KV cache (AttentionOp::k_cache): k/v hold the new rows of sequence s at
+  // positions q_pos0[s] + i of slot kv_slot[s]; k_cache/v_cache [slots,
+  // kv_capacity, kv_heads * head_dim], position p at row p % kv_capacity.
+  // The new rows are stored into the cache and queries attend to positions
+  // [0, p] (window respected) with the same masking, softcap and sinks as
+  // above. probs must be null; the workspace is KvAttentionWorkspaceBytes.
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  int64_t kv_capacity = 0;
+  const int64_t* kv_slot = nullptr;  // [num_seqs]
+  const int64_t* q_pos0 = nullptr;   // [num_seqs]
 };
 // Workspace for sequences of up to max_seq_len tokens on num_threads threads:
 // O(64 x max_seq_len) floats per thread (query tiles of 64 rows; see
@@ -205,6 +216,13 @@ int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads,
 // visited. Deterministic and independent of the thread count. `ctx` is not
 // used by the current implementation (a dedicated AVX-512 tile kernel).
 void Attention(GemmContext& ctx, const AttentionArgs& args);
+// Workspace of attention over a KV cache of up to `context` positions per
+// sequence: the tile scratch of AttentionWorkspaceBytes(context, ...) plus
+// one staging panel of K and V rows [2, context, kv_heads * head_dim] (a
+// sliding-window ring is unrolled there in position order).
+int64_t KvAttentionWorkspaceBytes(int64_t context, int64_t q_heads,
+                                  int64_t kv_heads, int64_t head_dim,
+                                  int num_threads);
 
 // ---- Elementwise
 // -------------------------------------------------------------

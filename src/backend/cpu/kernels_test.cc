@@ -631,6 +631,114 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
                                   (c.sinks ? "_sinks" : "");
                          });
 
+// Attention over a KV cache, prefilled chunk by chunk (decode = chunks of
+// one token), equals the one-pass attention over the whole sequences: the
+// kernel runs the same tiles at the same positions, so bit for bit. Sliding
+// windows use a ring of `window` positions (chunks longer than the ring
+// included); the reference does the same in double.
+TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
+  const auto [d, ratio, window, softcap, sinks] = GetParam();
+  const int64_t kv_heads = 2, q_heads = kv_heads * ratio, kvd = kv_heads * d;
+  // Two sequences in slots 2 and 0 of a 3-slot cache.
+  const std::vector<int64_t> lens = {300, 45};
+  const std::vector<int64_t> slots = {2, 0};
+  const int64_t context = 320, num_slots = 3;
+  const int64_t cap = window > 0 ? std::min(window, context) : context;
+  std::vector<int64_t> starts = {0};
+  for (int64_t l : lens) starts.push_back(starts.back() + l);
+  const int64_t T = starts.back();
+  const int64_t rs = (q_heads + 2 * kv_heads) * d;
+  const std::vector<float> qkv = Random(T * rs, 61, -2.0f, 2.0f);
+  std::vector<uint16_t> sink_bf16;
+  for (float x : Random(q_heads, 62, -2.0f, 4.0f))
+    sink_bf16.push_back(F32ToBf16(x));
+  AttentionArgs a;
+  a.q = qkv.data(), a.q_rs = rs;
+  a.k = qkv.data() + q_heads * d, a.k_rs = rs;
+  a.v = qkv.data() + (q_heads + kv_heads) * d, a.v_rs = rs;
+  a.seq_start = starts.data();
+  a.num_seqs = 2;
+  a.q_heads = q_heads, a.kv_heads = kv_heads, a.head_dim = d;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  a.softcap = softcap;
+  a.window = window;
+  if (sinks) {
+    a.sinks = sink_bf16.data();
+    a.sinks_dtype = DType::kBF16;
+  }
+  AlignedBuf ws(KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d,
+                                          NumThreads()));
+  a.workspace = ws.p;
+  std::vector<float> full(T * q_heads * d), full_ref(T * q_heads * d);
+  GemmContext ctx;
+  a.z = full.data();
+  Attention(ctx, a);
+  a.z = full_ref.data();
+  ref::Attention(a);
+
+  // [slots, cap, kvd] caches of the kernel and of the reference.
+  std::vector<float> kc(num_slots * cap * kvd), vc(kc.size());
+  std::vector<float> kc_ref(kc.size()), vc_ref(kc.size());
+  std::vector<float> got(T * q_heads * d), got_ref(T * q_heads * d);
+  // Chunk sizes, cycled per sequence until it is consumed.
+  const std::vector<int64_t> chunks = {37, 1, 64, 100, 1, 1, 70};
+  std::vector<int64_t> done = {0, 0};
+  for (size_t step = 0; done[0] < lens[0] || done[1] < lens[1]; ++step) {
+    // This step's new rows of each unfinished sequence, packed.
+    std::vector<float> rows;            // [n, rs]
+    std::vector<int64_t> sub = {0};     // [S + 1]
+    std::vector<int64_t> sub_slot, p0;  // [S]
+    std::vector<int64_t> src_row;       // first packed token of each
+    for (int s = 0; s < 2; ++s) {
+      if (done[s] >= lens[s]) continue;
+      const int64_t n = std::min(chunks[(step + s) % chunks.size()],
+                                 lens[s] - done[s]);
+      rows.insert(rows.end(), qkv.begin() + (starts[s] + done[s]) * rs,
+                  qkv.begin() + (starts[s] + done[s] + n) * rs);
+      sub.push_back(sub.back() + n);
+      sub_slot.push_back(slots[s]);
+      p0.push_back(done[s]);
+      src_row.push_back(starts[s] + done[s]);
+      done[s] += n;
+    }
+    const int64_t n_rows = sub.back();
+    std::vector<float> z(n_rows * q_heads * d), z_ref(z.size());
+    AttentionArgs c = a;
+    c.q = rows.data();
+    c.k = rows.data() + q_heads * d;
+    c.v = rows.data() + (q_heads + kv_heads) * d;
+    c.seq_start = sub.data();
+    c.num_seqs = static_cast<int64_t>(sub_slot.size());
+    c.kv_capacity = cap;
+    c.kv_slot = sub_slot.data();
+    c.q_pos0 = p0.data();
+    c.k_cache = kc.data(), c.v_cache = vc.data();
+    c.z = z.data();
+    Attention(ctx, c);
+    c.k_cache = kc_ref.data(), c.v_cache = vc_ref.data();
+    c.z = z_ref.data();
+    ref::KvAttention(c);
+    for (int64_t s = 0; s < c.num_seqs; ++s) {
+      const int64_t n = sub[s + 1] - sub[s];
+      std::copy(z.begin() + sub[s] * q_heads * d,
+                z.begin() + sub[s + 1] * q_heads * d,
+                got.begin() + src_row[s] * q_heads * d);
+      std::copy(z_ref.begin() + sub[s] * q_heads * d,
+                z_ref.begin() + (sub[s] + n) * q_heads * d,
+                got_ref.begin() + src_row[s] * q_heads * d);
+    }
+  }
+  const std::string name = "kv attention d=" + std::to_string(d) +
+                           " ratio=" + std::to_string(ratio) +
+                           " window=" + std::to_string(window);
+  ExpectBitwise(name + " vs one pass", got.data(), full.data(),
+                static_cast<int64_t>(got.size()) * 4);
+  // The two double-precision references differ only in f64 round-off.
+  std::vector<double> tol(got.size(), 1e-9);
+  ExpectNear(name + " reference", got_ref.data(), full_ref.data(), tol,
+             static_cast<int64_t>(got.size()));
+}
+
 // Exact math: with q = 0 every visible score is 0, so each of the n visible
 // keys of query i gets 1 / (n + exp(sink)) and z is the mean of their values
 // times n / (n + exp(sink)). Checks that the sink joins the normalisation

@@ -335,6 +335,10 @@ void CudaBackend::ApplyRope(float* x, int64_t tokens, int64_t heads,
 // ---- Attention ---------------------------------------------------------------
 
 Status CudaBackend::Attention(const AttentionOp& op) {
+  if (op.k_cache != nullptr)
+    return UnimplementedError(
+        "cuda backend: attention over a KV cache (generation) is not "
+        "implemented on cuda yet");
   if (op.seq_start_device == nullptr)
     return InvalidArgumentError(name_ +
                                 ": attention needs the sequence offsets in "

@@ -198,6 +198,69 @@ void Attention(const AttentionArgs& a) {
   }
 }
 
+void KvAttention(const AttentionArgs& a) {
+  const int64_t group = a.q_heads / a.kv_heads;
+  const int64_t d = a.head_dim, kvd = a.kv_heads * a.head_dim;
+  const int64_t cap = a.kv_capacity;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t t0 = a.seq_start[s];
+    const int64_t len = a.seq_start[s + 1] - t0;
+    const int64_t p0 = a.q_pos0[s];
+    const float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;
+    const float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;
+    // Key / value row of position j (kv head kvh) for this sequence.
+    auto key = [&](int64_t j, int64_t kvh) {
+      return j >= p0 ? a.k + (t0 + j - p0) * a.k_rs + kvh * d
+                     : kc + (j % cap) * kvd + kvh * d;
+    };
+    auto value = [&](int64_t j, int64_t kvh) {
+      return j >= p0 ? a.v + (t0 + j - p0) * a.v_rs + kvh * d
+                     : vc + (j % cap) * kvd + kvh * d;
+    };
+    for (int64_t h = 0; h < a.q_heads; ++h) {
+      const int64_t kvh = h / group;
+      const bool has_sink = a.sinks != nullptr;
+      const double sink = has_sink ? LoadAsF32(a.sinks, a.sinks_dtype, h) : 0.0;
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t p = p0 + i;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1)
+                                        : 0;
+        const float* q = a.q + (t0 + i) * a.q_rs + h * d;
+        std::vector<double> e(static_cast<size_t>(p + 1 - lo));
+        double mx = has_sink ? sink : -std::numeric_limits<double>::infinity();
+        for (int64_t j = lo; j <= p; ++j) {
+          const float* k = key(j, kvh);
+          double dot = 0.0;
+          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
+          dot *= a.scale;
+          if (a.softcap > 0.0f) dot = a.softcap * std::tanh(dot / a.softcap);
+          e[static_cast<size_t>(j - lo)] = dot;
+          mx = std::max(mx, dot);
+        }
+        double sum = has_sink ? std::exp(sink - mx) : 0.0;
+        for (double& x : e) {
+          x = std::exp(x - mx);
+          sum += x;
+        }
+        float* z = a.z + (t0 + i) * a.q_heads * d + h * d;
+        for (int64_t c = 0; c < d; ++c) {
+          double acc = 0.0;
+          for (int64_t j = lo; j <= p; ++j)
+            acc += e[static_cast<size_t>(j - lo)] / sum * value(j, kvh)[c];
+          z[c] = static_cast<float>(acc);
+        }
+      }
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t row = a.kv_slot[s] * cap + (p0 + i) % cap;
+      std::memcpy(a.k_cache + row * kvd, a.k + (t0 + i) * a.k_rs,
+                  sizeof(float) * kvd);
+      std::memcpy(a.v_cache + row * kvd, a.v + (t0 + i) * a.v_rs,
+                  sizeof(float) * kvd);
+    }
+  }
+}
+
 float ActivationScalar(Activation act, float xf) {
   const double x = xf;
   switch (act) {

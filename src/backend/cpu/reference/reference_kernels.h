@@ -43,6 +43,12 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
 // head), masks, softmaxes in double (over keys plus the sink logit when
 // args.sinks is set; the sink column is dropped). Ignores args.workspace.
 void Attention(const AttentionArgs& args);
+// Naive attention over a KV cache (args.k_cache set): for each new query at
+// position p = q_pos0[s] + i, the keys at positions [0, p] (window applied)
+// are taken from the new rows (positions >= q_pos0[s]) or from the cache row
+// j % kv_capacity of the slot, in double; then every new row is stored into
+// the cache in position order.
+void KvAttention(const AttentionArgs& args);
 
 // Elementwise, see kernels.h.
 float ActivationScalar(Activation act, float x);

@@ -1,0 +1,333 @@
+#include "src/eval/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "src/backend/registry.h"
+#include "src/tokenizer/tokenizer.h"
+
+namespace loom::eval {
+
+Status ValidateSampling(const SamplingOptions& o) {
+  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
+    return InvalidArgumentError("temperature must be >= 0, got " +
+                                std::to_string(o.temperature));
+  if (o.top_k < 0)
+    return InvalidArgumentError("top_k must be >= 0, got " +
+                                std::to_string(o.top_k));
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
+    return InvalidArgumentError("top_p must be in (0, 1], got " +
+                                std::to_string(o.top_p));
+  return Status();
+}
+
+int32_t SelectToken(const float* logits, int64_t vocab,
+                    const SamplingOptions& o, std::mt19937_64& rng,
+                    SamplingScratch& scratch) {
+  if (o.temperature == 0.0f) return static_cast<int32_t>(ArgMax(logits, vocab));
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  float* x = scratch.values.data();  // [V]
+  for (int64_t i = 0; i < vocab; ++i) x[i] = logits[i] / o.temperature;
+  int32_t* order = scratch.order.data();  // [V]
+  for (int64_t i = 0; i < vocab; ++i) order[i] = static_cast<int32_t>(i);
+  if (o.top_k > 0 && o.top_k < vocab) {
+    // The k-th largest value; everything strictly below it is removed.
+    std::nth_element(order, order + o.top_k - 1, order + vocab,
+                     [x](int32_t a, int32_t b) { return x[a] > x[b]; });
+    const float kth = x[order[o.top_k - 1]];
+    for (int64_t i = 0; i < vocab; ++i)
+      if (x[i] < kth) x[i] = kNegInf;
+  }
+  double* p = scratch.probs.data();  // [V]
+  auto softmax = [&]() {
+    float mx = kNegInf;
+    for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, x[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      p[i] = x[i] == kNegInf ? 0.0 : std::exp(double{x[i]} - mx);
+      sum += p[i];
+    }
+    for (int64_t i = 0; i < vocab; ++i) p[i] /= sum;
+  };
+  softmax();
+  if (o.top_p < 1.0f) {
+    // Ascending probability, ties: higher id first (lower ids are dropped
+    // last).
+    for (int64_t i = 0; i < vocab; ++i) order[i] = static_cast<int32_t>(i);
+    std::sort(order, order + vocab, [p](int32_t a, int32_t b) {
+      return p[a] != p[b] ? p[a] < p[b] : a > b;
+    });
+    double cum = 0.0;
+    for (int64_t r = 0; r + 1 < vocab; ++r) {  // the most probable stays
+      cum += p[order[r]];
+      if (cum > 1.0 - static_cast<double>(o.top_p)) break;
+      x[order[r]] = kNegInf;
+    }
+    softmax();
+  }
+  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+  double cum = 0.0;
+  int32_t last = -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (p[i] == 0.0) continue;
+    last = static_cast<int32_t>(i);
+    cum += p[i];
+    if (cum > u) return last;
+  }
+  return last;  // round-off: u above the summed mass
+}
+
+StatusOr<std::vector<int32_t>> LoadStopIds(const Model& model) {
+  std::vector<int32_t> ids;
+  auto add = [&ids](int64_t id) {
+    if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end())
+      ids.push_back(static_cast<int32_t>(id));
+  };
+  add(model.config().eos_token_id);
+  const std::filesystem::path path =
+      std::filesystem::path(model.dir()) / "generation_config.json";
+  if (!std::filesystem::exists(path)) return ids;
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded())
+    return InvalidArgumentError("cannot parse " + path.string());
+  if (j.contains("eos_token_id")) {
+    const nlohmann::json& e = j["eos_token_id"];
+    if (e.is_number_integer()) {
+      add(e.get<int64_t>());
+    } else if (e.is_array()) {
+      for (const nlohmann::json& x : e)
+        if (x.is_number_integer()) add(x.get<int64_t>());
+    }
+  }
+  return ids;
+}
+
+// Copies the final-norm row of each sequence's last token to last_hidden_.
+class Generator::LastRowSink : public HookSink {
+ public:
+  explicit LastRowSink(std::vector<float>& out) : out_(out) {}
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t,
+                      int64_t, const ActivationView& view) override {
+    if (hook.site != HookSite::kFinalNorm) return Status();
+    if (!view.host_f32())
+      return UnimplementedError(
+          "generate: final-norm rows outside host memory (not yet)");
+    const float* rows = view.f32();
+    for (int64_t s = 0; s < batch.num_seqs(); ++s)
+      std::copy(rows + (batch.seq_start[s + 1] - 1) * view.ld,
+                rows + (batch.seq_start[s + 1] - 1) * view.ld + view.cols,
+                out_.begin() + s * view.cols);
+    return Status();
+  }
+
+ private:
+  std::vector<float>& out_;
+};
+
+Generator::Generator(const Model& model, const Options& options)
+    : model_(model), options_(options) {}
+
+Generator::~Generator() = default;
+
+StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
+                                                       const Options& options) {
+  const ModelConfig& c = model.config();
+  Options o = options;
+  if (o.context <= 0)
+    o.context = std::min<int64_t>(2048, c.max_position_embeddings);
+  if (o.slots <= 0 || o.prefill_chunk <= 0)
+    return InvalidArgumentError("generate: slots (" + std::to_string(o.slots) +
+                                ") and prefill_chunk (" +
+                                std::to_string(o.prefill_chunk) +
+                                ") must be > 0");
+  if (o.context > c.max_position_embeddings)
+    return OutOfRangeError("generate: context of " + std::to_string(o.context) +
+                           " positions exceeds max_position_embeddings = " +
+                           std::to_string(c.max_position_embeddings));
+  o.prefill_chunk = std::min(o.prefill_chunk, o.context);
+  auto g = std::unique_ptr<Generator>(new Generator(model, o));
+  Backend* backend = o.backend;
+  if (backend == nullptr) {
+    ASSIGN_OR_RETURN(g->owned_backend_, CreateBackend("cpu"));
+    backend = g->owned_backend_.get();
+  }
+  HookSet hooks;
+  hooks.Add({HookSite::kFinalNorm, -1});
+  ExecutorOptions eo;
+  eo.max_tokens = std::max(o.prefill_chunk, o.slots);
+  eo.max_seq_len = o.prefill_chunk;
+  eo.backend = backend;
+  ASSIGN_OR_RETURN(g->executor_, Executor::Create(model, hooks, eo));
+  ASSIGN_OR_RETURN(g->cache_, KvCache::Create(c, o.slots, o.context, *backend));
+  ASSIGN_OR_RETURN(g->head_, LogitsHead::Create(model, o.slots));
+  g->ids_.resize(static_cast<size_t>(eo.max_tokens));
+  g->seq_start_.resize(static_cast<size_t>(o.slots) + 1);
+  g->slot_.resize(static_cast<size_t>(o.slots));
+  g->pos0_.resize(static_cast<size_t>(o.slots));
+  g->last_hidden_.resize(static_cast<size_t>(o.slots * c.hidden_size));
+  g->sink_ = std::make_unique<LastRowSink>(g->last_hidden_);
+  return g;
+}
+
+StatusOr<const float*> Generator::StepLogits(const Batch& batch,
+                                             const KvBatch& kv) {
+  if (batch.num_seqs() > options_.slots)
+    return OutOfRangeError("generate: " + std::to_string(batch.num_seqs()) +
+                           " sequences in one step, more than the " +
+                           std::to_string(options_.slots) + " slots");
+  RETURN_IF_ERROR(executor_->Forward(batch, sink_.get(), kv));
+  return head_->Compute(last_hidden_.data(), batch.num_seqs());
+}
+
+StatusOr<std::vector<Generation>> Generator::Generate(
+    const std::vector<std::vector<int32_t>>& prompts,
+    const GenerateOptions& options, const tok::Tokenizer* tokenizer) {
+  RETURN_IF_ERROR(ValidateSampling(options.sampling));
+  if (options.max_new_tokens < 0)
+    return InvalidArgumentError("generate: max_new_tokens must be >= 0");
+  if (!options.stop_strings.empty() && tokenizer == nullptr)
+    return InvalidArgumentError("generate: stop strings need a tokenizer");
+  const int64_t V = model_.config().vocab_size;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(prompts[i].size());
+    if (n == 0)
+      return InvalidArgumentError("generate: prompt " + std::to_string(i) +
+                                  " is empty");
+    if (n > options_.context)
+      return OutOfRangeError("generate: prompt " + std::to_string(i) +
+                             " has " + std::to_string(n) +
+                             " tokens, more than the context of " +
+                             std::to_string(options_.context) + " positions");
+  }
+  std::vector<Generation> results(prompts.size());
+  struct Active {
+    size_t prompt = 0;
+    int64_t slot = 0;
+    int64_t pos = 0;   // positions in the cache
+    int32_t next = 0;  // the token to feed
+    std::mt19937_64 rng;
+  };
+  std::vector<Active> active;
+  active.reserve(static_cast<size_t>(options_.slots));
+  std::vector<int64_t> free_slots;
+  for (int64_t s = options_.slots - 1; s >= 0; --s) free_slots.push_back(s);
+  SamplingScratch scratch(V);
+
+  // Records token `tok` of `a`; true when its sequence is finished.
+  auto take = [&](Active& a, int32_t tok) -> StatusOr<bool> {
+    Generation& g = results[a.prompt];
+    g.token_ids.push_back(tok);
+    a.next = tok;
+    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), tok) !=
+        options.stop_ids.end()) {
+      g.stop_reason = "stop_id";
+      return true;
+    }
+    if (!options.stop_strings.empty()) {
+      ASSIGN_OR_RETURN(std::string text, tokenizer->Decode(g.token_ids, true));
+      for (const std::string& s : options.stop_strings)
+        if (!s.empty() && text.find(s) != std::string::npos) {
+          g.stop_reason = "stop_string";
+          return true;
+        }
+    }
+    if (static_cast<int64_t>(g.token_ids.size()) >= options.max_new_tokens) {
+      g.stop_reason = "max_tokens";
+      return true;
+    }
+    if (a.pos >= options_.context) {  // no room to feed `tok`
+      g.stop_reason = "context";
+      return true;
+    }
+    return false;
+  };
+
+  size_t next_prompt = 0;
+  while (next_prompt < prompts.size() || !active.empty()) {
+    // Joining: prefill new prompts into free slots, chunk by chunk.
+    while (!free_slots.empty() && next_prompt < prompts.size()) {
+      const size_t i = next_prompt++;
+      const std::vector<int32_t>& prompt = prompts[i];
+      results[i].prompt_ids = prompt;
+      results[i].token_ids.reserve(static_cast<size_t>(
+          std::min(options.max_new_tokens, options_.context)));
+      if (options.max_new_tokens == 0) {
+        results[i].stop_reason = "max_tokens";
+        continue;
+      }
+      Active a;
+      a.prompt = i;
+      a.slot = free_slots.back();
+      a.rng.seed(options.sampling.seed + i);
+      cache_->Reset(a.slot);
+      const int64_t n = static_cast<int64_t>(prompt.size());
+      const float* logits = nullptr;
+      for (int64_t p0 = 0; p0 < n; p0 += options_.prefill_chunk) {
+        const int64_t len = std::min(options_.prefill_chunk, n - p0);
+        seq_start_[0] = 0;
+        seq_start_[1] = len;
+        slot_[0] = a.slot;
+        pos0_[0] = p0;
+        const Batch b{std::span<const int32_t>(prompt).subspan(p0, len),
+                      std::span<const int64_t>(seq_start_.data(), 2)};
+        ASSIGN_OR_RETURN(
+            logits, StepLogits(b, {cache_.get(), {slot_.data(), 1},
+                                   {pos0_.data(), 1}}));
+      }
+      a.pos = n;
+      ASSIGN_OR_RETURN(
+          bool done,
+          take(a, SelectToken(logits, V, options.sampling, a.rng, scratch)));
+      if (done) continue;  // the slot stays free
+      free_slots.pop_back();
+      active.push_back(std::move(a));
+    }
+    if (active.empty()) continue;
+    // One decode step: one token per active sequence.
+    const int64_t S = static_cast<int64_t>(active.size());
+    seq_start_[0] = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const Active& a = active[static_cast<size_t>(s)];
+      ids_[static_cast<size_t>(s)] = a.next;
+      seq_start_[static_cast<size_t>(s) + 1] = s + 1;
+      slot_[static_cast<size_t>(s)] = a.slot;
+      pos0_[static_cast<size_t>(s)] = a.pos;
+    }
+    const Batch b{std::span<const int32_t>(ids_.data(), static_cast<size_t>(S)),
+                  std::span<const int64_t>(seq_start_.data(),
+                                           static_cast<size_t>(S) + 1)};
+    ASSIGN_OR_RETURN(const float* logits,
+                     StepLogits(b, {cache_.get(),
+                                    {slot_.data(), static_cast<size_t>(S)},
+                                    {pos0_.data(), static_cast<size_t>(S)}}));
+    // Leaving: finished sequences free their slots (order kept).
+    size_t kept = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      Active& a = active[static_cast<size_t>(s)];
+      a.pos += 1;
+      ASSIGN_OR_RETURN(bool done,
+                       take(a, SelectToken(logits + s * V, V, options.sampling,
+                                           a.rng, scratch)));
+      if (done) {
+        free_slots.push_back(a.slot);
+      } else {
+        if (kept != static_cast<size_t>(s)) active[kept] = std::move(a);
+        ++kept;
+      }
+    }
+    active.resize(kept);
+  }
+  if (tokenizer != nullptr) {
+    for (Generation& g : results) {
+      ASSIGN_OR_RETURN(g.text, tokenizer->Decode(g.token_ids, true));
+    }
+  }
+  return results;
+}
+
+}  // namespace loom::eval

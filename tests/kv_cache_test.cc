@@ -1,0 +1,183 @@
+// The KV cache against the planner and against the one-pass forward:
+//   - KvCache's bytes are exactly the planner's `kv` term (one sizing
+//     function, src/plan/kv_layout.h);
+//   - a prompt prefilled in chunks carrying the cache (down to one-token
+//     decode steps) gives the hidden states of one full pass, on the bundled
+//     stories260K and every shared tiny golden model (f32).
+#include "src/runtime/kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "src/backend/registry.h"
+#include "src/plan/kv_layout.h"
+#include "src/plan/planner.h"
+#include "src/runtime/executor.h"
+#include "src/runtime/model.h"
+#include "tests/golden_util.h"
+
+namespace loom {
+namespace {
+
+using testing::SharedGoldenDir;
+
+// stories260K, then every shared tiny model (none when ../shared is absent;
+// reported loudly).
+std::vector<std::string> ModelDirs() {
+  std::vector<std::string> dirs = {std::string(LOOM_MODELS_DIR) +
+                                   "/stories260K"};
+  const std::string shared = SharedGoldenDir();
+  if (shared.empty()) {
+    std::fprintf(stderr,
+                 "SKIPPED LOUDLY: shared golden directory not found; only "
+                 "stories260K is checked\n");
+    return dirs;
+  }
+  std::vector<std::string> tiny;
+  for (const auto& e : std::filesystem::directory_iterator(shared + "/tiny"))
+    if (std::filesystem::exists(e.path() / "config.json"))
+      tiny.push_back(e.path().string());
+  std::sort(tiny.begin(), tiny.end());
+  dirs.insert(dirs.end(), tiny.begin(), tiny.end());
+  return dirs;
+}
+
+std::string Name(const std::string& dir) {
+  return std::filesystem::path(dir).filename().string();
+}
+
+// Appends every token-major hook's rows, per hook point, in call order.
+class RowSink : public HookSink {
+ public:
+  Status OnActivation(const HookPoint& hook, const Batch&, int64_t,
+                      int64_t, const ActivationView& view) override {
+    std::vector<float>& out = rows_[hook];
+    const float* p = view.f32();
+    for (int64_t r = 0; r < view.rows; ++r)
+      out.insert(out.end(), p + r * view.ld, p + r * view.ld + view.cols);
+    return Status();
+  }
+  const std::map<HookPoint, std::vector<float>>& rows() const {
+    return rows_;
+  }
+
+ private:
+  std::map<HookPoint, std::vector<float>> rows_;
+};
+
+TEST(KvCacheTest, BytesEqualThePlannersKvTerm) {
+  auto backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  for (const std::string& dir : ModelDirs()) {
+    SCOPED_TRACE(Name(dir));
+    auto model = Model::Load(dir, Precision::kF32);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    const ModelConfig& c = (*model)->config();
+    for (int64_t context : {1, 20, 100}) {
+      const int64_t slots = 3;
+      auto cache = KvCache::Create(c, slots, context, **backend);
+      ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+      JobSpec job;
+      job.mode = JobMode::kGeneration;
+      job.batch_tokens = context;
+      job.context = context;
+      job.kv_seqs = slots;
+      job.kv_dtype = DType::kF32;
+      auto cpu = ParseDevice("cpu=64GiB", int64_t{64} << 30);
+      ASSERT_TRUE(cpu.ok());
+      auto plan = PlanModelDir(dir, job, {*cpu}, int64_t{64} << 30,
+                               (*backend)->Costs());
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      int64_t planned = 0;
+      for (const DevicePlan& d : plan->devices) planned += d.kv;
+      EXPECT_EQ((*cache)->storage_bytes(), planned) << "context " << context;
+      for (int64_t l = 0; l < c.num_layers; ++l) {
+        EXPECT_EQ((*cache)->positions(l), KvPositions(c, l, context));
+        EXPECT_LE((*cache)->positions(l), context);
+      }
+    }
+  }
+}
+
+TEST(KvCacheTest, ChunkedPrefillEqualsOnePass) {
+  for (const std::string& dir : ModelDirs()) {
+    SCOPED_TRACE(Name(dir));
+    auto model = Model::Load(dir, Precision::kF32);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    const ModelConfig& c = (*model)->config();
+    HookSet hooks;
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      hooks.Add({HookSite::kResidPost, l});
+    hooks.Add({HookSite::kFinalNorm, -1});
+    // A prompt long enough to wrap every sliding-window ring of the tiny
+    // models (windows of 16 and below).
+    const int64_t n = std::min<int64_t>(70, c.max_position_embeddings);
+    std::mt19937 rng(7);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int32_t& id : ids)
+      id = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
+
+    ExecutorOptions full_opts;
+    full_opts.max_tokens = n;
+    auto full = Executor::Create(**model, hooks, full_opts);
+    ASSERT_TRUE(full.ok()) << full.status().ToString();
+    RowSink want;
+    const std::vector<int64_t> one = {0, n};
+    ASSERT_TRUE((*full)->Forward(Batch{ids, one}, &want).ok());
+
+    // Chunks of 23, 1, 9, 1, 17, ... tokens, then one-token steps.
+    const std::vector<int64_t> chunks = {23, 1, 9, 1, 17, 5, 1, 1, 13};
+    ExecutorOptions kv_opts;
+    kv_opts.max_tokens = 23;
+    auto chunked = Executor::Create(**model, hooks, kv_opts);
+    ASSERT_TRUE(chunked.ok()) << chunked.status().ToString();
+    auto backend = CreateBackend("cpu");
+    ASSERT_TRUE(backend.ok());
+    auto cache = KvCache::Create(c, /*slots=*/2, /*context=*/n, **backend);
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    RowSink got;
+    const std::vector<int64_t> slot = {1};
+    for (int64_t p0 = 0, i = 0; p0 < n; ++i) {
+      const int64_t len =
+          std::min(i < static_cast<int64_t>(chunks.size()) ? chunks[i] : 1,
+                   n - p0);
+      const std::vector<int64_t> seq = {0, len};
+      const std::vector<int64_t> pos0 = {p0};
+      const Batch b{std::span<const int32_t>(ids).subspan(p0, len), seq};
+      const Status st = (*chunked)->Forward(b, &got, {cache->get(), slot, pos0});
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      p0 += len;
+      EXPECT_EQ((*cache)->length(1), p0);
+    }
+    // Differences come only from GEMM reduction order (decode-sized GEMMs
+    // of m <= 4 rows stream the weights in another order than the batched
+    // ones): per dot product at most K u sum |x w| (u = 2^-24), carried
+    // through the layers. We allow 2e-5 of each hook's largest magnitude:
+    // ~300 u for the K <= 512 dot products of these models.
+    double worst = 0.0;
+    for (const auto& [hook, rows] : want.rows()) {
+      SCOPED_TRACE(HookName(hook));
+      const std::vector<float>& g = got.rows().at(hook);
+      ASSERT_EQ(g.size(), rows.size());
+      double scale = 0.0;
+      for (float x : rows) scale = std::max(scale, std::abs(double{x}));
+      double err = 0.0;
+      for (size_t j = 0; j < rows.size(); ++j)
+        err = std::max(err, std::abs(double{g[j]} - rows[j]));
+      EXPECT_LE(err, 2e-5 * std::max(scale, 1.0));
+      worst = std::max(worst, err / std::max(scale, 1.0));
+    }
+    std::printf("%s: chunked prefill vs one pass, max relative error %.3g\n",
+                Name(dir).c_str(), worst);
+  }
+}
+
+}  // namespace
+}  // namespace loom
