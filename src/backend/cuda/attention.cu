@@ -529,12 +529,6 @@ void LaunchFlashDim(const FaParams& fp, int64_t num_seqs, int64_t q_heads,
 
 }  // namespace
 
-// No scratch: both kernels keep their row statistics in registers.
-int64_t AttentionWorkspaceBytes(int64_t /*max_seq_len*/, int64_t /*q_heads*/,
-                                int64_t /*head_dim*/) {
-  return 0;
-}
-
 // The f32 kernel takes any head_dim <= 256; the tensor-core kernel pads the
 // head dim up to 64, 80, 96, 128 or 256, so it too takes every head_dim <=
 // 256 (no 16-bit request needs the f32 fallback).

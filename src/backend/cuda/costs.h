@@ -1,7 +1,7 @@
 // The CUDA backend's planner costs: pure functions of shapes and constants,
 // built in every configuration (no CUDA headers), so `loom plan` plans GPU
-// placements on machines without the toolkit. The kernels that use these
-// sizes (gemm.cc, attention.cu) assert they agree (cuda tests).
+// placements on machines without the toolkit. gemm.cc sizes its panels and
+// workspace from these same constants; the attention kernels need none.
 #ifndef LOOM_BACKEND_CUDA_COSTS_H_
 #define LOOM_BACKEND_CUDA_COSTS_H_
 
@@ -35,8 +35,7 @@ int64_t GemmLibraryWorkspaceBytes(int64_t m, int64_t n, int64_t k,
 int64_t DecodeWorkspaceBytes(int64_t n, int64_t k, FormatKind kind,
                              DType compute);
 // KernelCosts::attention_workspace: the attention kernels keep their row
-// statistics in registers (0; equal to AttentionWorkspaceBytes of
-// kernels.h).
+// statistics in registers (0).
 int64_t AttentionScratchBytes(int64_t max_seq_len, int64_t q_heads,
                               int64_t head_dim, int num_threads);
 

@@ -95,8 +95,9 @@ void Gather(const void* table, DType table_dtype, const int32_t* ids,
 // out[i, :] = x[rows[i], :]; x row stride ldx, out [n, cols] dense.
 void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
                 int64_t cols, float* out, cudaStream_t s);
-// y[rows[i], :] += weights[i] * x[i, :] (weights null = 1), in i order for
-// equal rows (deterministic: no atomics). x [n, cols] dense, y row stride ldy.
+// y[rows[i], :] += weights[i] * x[i, :] (weights null = 1); the rows of one
+// call are distinct, as the CPU kernel requires (deterministic: no atomics).
+// x [n, cols] dense, y row stride ldy.
 void ScatterAddRows(const float* x, const int32_t* rows, const float* weights,
                     int64_t n, int64_t cols, float* y, int64_t ldy,
                     cudaStream_t s);
@@ -176,13 +177,10 @@ struct AttentionArgs {
   // With probs: the single sequence's probabilities [q_heads, L, L] are
   // written too (num_seqs must be 1; computed by the f32 path).
   float* probs = nullptr;
-  // Scratch of AttentionWorkspaceBytes(...) bytes (may be null when that is
-  // 0).
+  // Scratch of the planner's attention workspace (AttentionScratchBytes,
+  // costs.h: 0, the kernels keep their row statistics in registers).
   void* workspace = nullptr;
 };
-// Bytes of scratch Attention needs for sequences up to max_seq_len.
-int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads,
-                                int64_t head_dim);
 // Head dims the kernels support (e.g. 64, 80, 96, 128, 256); the backend
 // refuses others with a clear error.
 bool AttentionSupportsHeadDim(int64_t head_dim);
