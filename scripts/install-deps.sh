@@ -17,6 +17,8 @@ PACKAGES=(
   libbenchmark-dev
   python3 python3-numpy  # tests open our .npy output with numpy
   python3-jinja2       # regenerates expected chat template renders; tests do not need it
+  libcpp-httplib-dev   # HTTP server of `loom serve` (and the client its tests drive it with)
+  libyaml-cpp-dev      # `loom serve --config` (YAML)
 )
 
 missing=()
