@@ -107,12 +107,17 @@ StatusOr<std::vector<int32_t>> LoadStopIds(const Model& model) {
   return ids;
 }
 
-// Copies the final-norm row of each sequence's last token to last_hidden_.
+// Copies the final-norm row of each sequence's last token to last_hidden_,
+// and passes every hook on to the step's capture sink, if any.
 class Generator::LastRowSink : public HookSink {
  public:
   explicit LastRowSink(std::vector<float>& out) : out_(out) {}
-  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t,
-                      int64_t, const ActivationView& view) override {
+  void set_capture(HookSink* capture) { capture_ = capture; }
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
+                      int64_t row_begin, const ActivationView& view) override {
+    if (capture_ != nullptr)
+      RETURN_IF_ERROR(
+          capture_->OnActivation(hook, batch, seq, row_begin, view));
     if (hook.site != HookSite::kFinalNorm) return Status();
     if (!view.host_f32())
       return UnimplementedError(
@@ -127,6 +132,7 @@ class Generator::LastRowSink : public HookSink {
 
  private:
   std::vector<float>& out_;
+  HookSink* capture_ = nullptr;
 };
 
 Generator::Generator(const Model& model, const Options& options)
@@ -150,16 +156,22 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
                            " positions exceeds max_position_embeddings = " +
                            std::to_string(c.max_position_embeddings));
   o.prefill_chunk = std::min(o.prefill_chunk, o.context);
+  if (o.batch_tokens <= 0) o.batch_tokens = std::max(o.prefill_chunk, o.slots);
+  if (o.batch_tokens < std::max(o.prefill_chunk, o.slots))
+    return InvalidArgumentError(
+        "generate: batch_tokens (" + std::to_string(o.batch_tokens) +
+        ") must hold a prefill chunk (" + std::to_string(o.prefill_chunk) +
+        ") and one token per slot (" + std::to_string(o.slots) + ")");
   auto g = std::unique_ptr<Generator>(new Generator(model, o));
   Backend* backend = o.backend;
   if (backend == nullptr) {
     ASSIGN_OR_RETURN(g->owned_backend_, CreateBackend("cpu"));
     backend = g->owned_backend_.get();
   }
-  HookSet hooks;
+  HookSet hooks = o.capture_hooks;
   hooks.Add({HookSite::kFinalNorm, -1});
   ExecutorOptions eo;
-  eo.max_tokens = std::max(o.prefill_chunk, o.slots);
+  eo.max_tokens = o.batch_tokens;
   eo.max_seq_len = o.prefill_chunk;
   eo.backend = backend;
   ASSIGN_OR_RETURN(g->executor_, Executor::Create(model, hooks, eo));
@@ -176,11 +188,20 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
 
 StatusOr<const float*> Generator::StepLogits(const Batch& batch,
                                              const KvBatch& kv) {
+  return StepLogits(batch, kv, nullptr);
+}
+
+StatusOr<const float*> Generator::StepLogits(const Batch& batch,
+                                             const KvBatch& kv,
+                                             HookSink* capture) {
   if (batch.num_seqs() > options_.slots)
     return OutOfRangeError("generate: " + std::to_string(batch.num_seqs()) +
                            " sequences in one step, more than the " +
                            std::to_string(options_.slots) + " slots");
-  RETURN_IF_ERROR(executor_->Forward(batch, sink_.get(), kv));
+  sink_->set_capture(capture);
+  const Status st = executor_->Forward(batch, sink_.get(), kv);
+  sink_->set_capture(nullptr);
+  RETURN_IF_ERROR(st);
   return head_->Compute(last_hidden_.data(), batch.num_seqs());
 }
 

@@ -97,6 +97,12 @@ class Generator {
     int64_t slots = 1;      // sequences decoded together
     int64_t context = 0;    // positions per sequence; 0 = min(2048, max pos)
     int64_t prefill_chunk = 256;  // prompt tokens per forward
+    // Tokens per forward (a batch may mix prefill chunks and decode tokens);
+    // 0 = max(prefill_chunk, slots).
+    int64_t batch_tokens = 0;
+    // Hooks besides the final norm that StepLogits may deliver to a capture
+    // sink (e.g. the server's hidden-state layers).
+    HookSet capture_hooks;
     // The executor's backend (not owned); null = a CPU backend it owns.
     Backend* backend = nullptr;
   };
@@ -114,10 +120,18 @@ class Generator {
   // Forward of `batch` with the cache (see KvBatch) and logits of the last
   // token of each sequence: [num_seqs, vocab], valid until the next call.
   StatusOr<const float*> StepLogits(const Batch& batch, const KvBatch& kv);
+  // The same, delivering every hook of Options::capture_hooks (and the final
+  // norm) to `capture` (may be null) as the forward produces it.
+  StatusOr<const float*> StepLogits(const Batch& batch, const KvBatch& kv,
+                                    HookSink* capture);
 
   KvCache& cache() { return *cache_; }
   const Executor& executor() const { return *executor_; }
+  const LogitsHead& head() const { return *head_; }
   int64_t context() const { return options_.context; }
+  int64_t slots() const { return options_.slots; }
+  int64_t prefill_chunk() const { return options_.prefill_chunk; }
+  int64_t batch_tokens() const { return options_.batch_tokens; }
 
  private:
   class LastRowSink;

@@ -1,0 +1,560 @@
+#include "src/serve/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <span>
+
+#include "src/backend/registry.h"
+#include "src/runtime/executor.h"
+
+namespace loom::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// U+FFFD, what Decode gives for an incomplete UTF-8 sequence at the end.
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+
+}  // namespace
+
+StatusOr<GenResult> Ticket::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  if (!status_.ok()) return status_;
+  return std::move(result_);
+}
+
+struct Engine::Pending {
+  std::shared_ptr<Ticket> ticket;
+  GenRequest request;
+  int64_t capture_need = 0;
+  Clock::time_point submitted;
+};
+
+struct Engine::Seq {
+  std::unique_ptr<Pending> p;
+  int64_t slot = 0;
+  int64_t fed = 0;         // positions in the KV cache
+  int64_t prompt_fed = 0;  // prompt tokens fed
+  int32_t next = -1;       // the token to feed when decoding
+  std::mt19937_64 rng;
+  GenResult result;
+  int64_t capacity_rows = 0;  // rows each capture buffer holds
+  size_t emitted = 0;         // bytes of text passed to on_token
+  Clock::time_point admitted;
+  // This step's share of the forward.
+  int64_t step_pos0 = 0, step_len = 0;
+  bool decoding() const {
+    return prompt_fed == static_cast<int64_t>(p->request.prompt.size());
+  }
+};
+
+// Copies the rows each sequence of the step asked for into its capture
+// buffers, straight from the forward's buffers.
+class Engine::CaptureSink : public HookSink {
+ public:
+  void Begin(const std::vector<Seq*>* seqs) { seqs_ = seqs; }
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t,
+                      int64_t row_begin, const ActivationView& view) override {
+    if (seqs_ == nullptr) return Status();
+    bool wanted = false;
+    for (const Seq* s : *seqs_)
+      for (const HookPoint& h : s->p->request.hooks) wanted |= h == hook;
+    if (!wanted) return Status();
+    if (!view.host_f32())
+      return UnimplementedError("serve: captures outside host memory");
+    const float* data = view.f32();  // [view.rows, ld]
+    const int64_t row_end = row_begin + view.rows;
+    for (size_t i = 0; i < seqs_->size(); ++i) {
+      Seq& s = *(*seqs_)[i];
+      const std::vector<HookPoint>& hooks = s.p->request.hooks;
+      const auto it = std::find(hooks.begin(), hooks.end(), hook);
+      if (it == hooks.end()) continue;
+      const size_t h = static_cast<size_t>(it - hooks.begin());
+      const int64_t width = s.result.widths[h];
+      float* dst = s.result.captures[h].data();  // [capacity_rows, width]
+      const int64_t b = batch.seq_start[i], e = batch.seq_start[i + 1];
+      const bool all = s.p->request.rows == CaptureRows::kAll;
+      for (int64_t r = std::max(b, row_begin); r < std::min(e, row_end); ++r) {
+        if (!all && r != e - 1) continue;
+        const int64_t row = all ? s.step_pos0 + (r - b) : 0;
+        if (row >= s.capacity_rows) continue;  // never: sized at admission
+        std::memcpy(dst + row * width, data + (r - row_begin) * view.ld,
+                    static_cast<size_t>(width) * sizeof(float));
+      }
+    }
+    return Status();
+  }
+
+ private:
+  const std::vector<Seq*>* seqs_ = nullptr;
+};
+
+Engine::Engine(const std::string& id, const std::string& dir,
+               const EngineOptions& options)
+    : id_(id), dir_(dir), options_(options) {}
+
+Engine::~Engine() { Shutdown(true); }
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    const std::string& id, const std::string& dir,
+    const EngineOptions& options) {
+  const Clock::time_point t0 = Clock::now();
+  auto e = std::unique_ptr<Engine>(new Engine(id, dir, options));
+  if (options.slots <= 0 || options.prefill_chunk <= 0 ||
+      options.capture_bytes <= 0 || options.max_queue < 0)
+    return InvalidArgumentError(
+        "serve: slots (" + std::to_string(options.slots) +
+        "), streaming_chunk_size (" + std::to_string(options.prefill_chunk) +
+        ") and capture_bytes (" + std::to_string(options.capture_bytes) +
+        ") must be > 0, max_queue (" + std::to_string(options.max_queue) +
+        ") >= 0");
+  ASSIGN_OR_RETURN(e->model_, Model::Load(dir, options.precision));
+  ASSIGN_OR_RETURN(e->tokenizer_, tok::Tokenizer::Load(dir));
+  StatusOr<tok::ChatTemplate> tpl = tok::LoadChatTemplate(dir);
+  if (tpl.ok()) {
+    e->chat_template_ = std::move(tpl).value();
+  } else if (tpl.status().code() != StatusCode::kNotFound) {
+    return tpl.status().WithContext("chat template of " + dir);
+  }
+  ASSIGN_OR_RETURN(e->stop_ids_, eval::LoadStopIds(*e->model_));
+  const ModelConfig& c = e->model_->config();
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    e->capturable_.Add({HookSite::kResidPre, l});
+  e->capturable_.Add({HookSite::kFinalNorm, -1});
+  if (!options.extra_hooks.empty()) {
+    ASSIGN_OR_RETURN(HookSet extra, ResolveHooks(options.extra_hooks, {}, c));
+    for (const HookPoint& h : extra.hooks()) {
+      if (h.site == HookSite::kPattern || IsIntegerSite(h.site))
+        return InvalidArgumentError(
+            "memory.activation_cache_filter: " + HookName(h) +
+            " cannot be served (attention patterns and expert ids are not "
+            "rows of floats per token)");
+      if (h.site == HookSite::kLogits)
+        return InvalidArgumentError(
+            "memory.activation_cache_filter: logits cannot be served (one "
+            "row per token of vocab_size floats); use the generated text");
+      e->capturable_.Add(h);
+    }
+  }
+  ASSIGN_OR_RETURN(e->backend_, CreateBackend("cpu"));
+  e->backend_->SetNumThreads(options.threads);
+  eval::Generator::Options go;
+  go.slots = options.slots;
+  go.context = options.context;
+  go.prefill_chunk = options.prefill_chunk;
+  go.batch_tokens = options.batch_tokens > 0
+                        ? options.batch_tokens
+                        : options.prefill_chunk + options.slots;
+  for (const HookPoint& h : e->capturable_.hooks())
+    if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
+  go.backend = e->backend_.get();
+  ASSIGN_OR_RETURN(e->gen_, eval::Generator::Create(*e->model_, go));
+  e->context_ = e->gen_->context();
+  e->sink_ = std::make_unique<CaptureSink>();
+  const BoundWeights& w = e->model_->weights();
+  e->memory_.weights = w.converted_bytes() + w.in_place_bytes();
+  e->memory_.arenas = e->gen_->executor().arena_bytes();
+  e->memory_.kv =
+      e->gen_->cache().storage_bytes() + e->gen_->cache().workspace_bytes();
+  e->memory_.head = e->gen_->head().bytes();
+  e->memory_.capture = options.capture_bytes;
+  const int64_t slots = e->gen_->slots();
+  for (int64_t s = slots - 1; s >= 0; --s) e->free_slots_.push_back(s);
+  const int64_t batch_tokens = e->gen_->batch_tokens();
+  e->ids_.resize(static_cast<size_t>(batch_tokens));
+  e->seq_start_.resize(static_cast<size_t>(slots) + 1);
+  e->slot_.resize(static_cast<size_t>(slots));
+  e->pos0_.resize(static_cast<size_t>(slots));
+  e->active_.reserve(static_cast<size_t>(slots));
+  e->scratch_ = std::make_unique<eval::SamplingScratch>(c.vocab_size);
+  e->load_seconds_ =
+      std::chrono::duration<double>(Clock::now() - t0).count();
+  Engine* self = e.get();
+  e->thread_ = std::thread([self] { self->Loop(); });
+  return e;
+}
+
+StatusOr<HookPoint> Engine::LayerHook(int64_t index) const {
+  const int64_t n = model_->config().num_layers;
+  const int64_t i = index < 0 ? index + n + 1 : index;
+  if (i < 0 || i > n)
+    return OutOfRangeError("hidden state layer " + std::to_string(index) +
+                           " is outside [" + std::to_string(-(n + 1)) + ", " +
+                           std::to_string(n) + "] for a model of " +
+                           std::to_string(n) + " layers");
+  if (i == n) return HookPoint{HookSite::kFinalNorm, -1};
+  return HookPoint{HookSite::kResidPre, i};
+}
+
+bool Engine::Capturable(const HookPoint& hook) const {
+  return capturable_.Contains(hook);
+}
+
+StatusOr<int64_t> Engine::HookWidthOf(const HookPoint& hook) const {
+  return HookWidth(hook, model_->config());
+}
+
+int64_t Engine::WidthOf(const HookPoint& hook) const {
+  StatusOr<int64_t> w = HookWidth(hook, model_->config());
+  return w.ok() ? *w : 0;  // capturable hooks exist: never 0
+}
+
+int64_t Engine::CaptureNeed(const GenRequest& r) const {
+  int64_t width = 0;
+  for (const HookPoint& h : r.hooks) width += WidthOf(h);
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  const int64_t rows =
+      r.rows == CaptureRows::kLast
+          ? 1
+          : std::min(n + std::max<int64_t>(r.max_new_tokens - 1, 0), context_);
+  return rows * width * static_cast<int64_t>(sizeof(float));
+}
+
+StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
+  const ModelConfig& c = model_->config();
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  if (n == 0) return InvalidArgumentError("the prompt has no tokens");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab_size)
+      return InvalidArgumentError(
+          "token " + std::to_string(i) + " of the prompt is " +
+          std::to_string(r.prompt[i]) + ", outside the vocabulary [0, " +
+          std::to_string(c.vocab_size) + ")");
+  if (n > context_)
+    return OutOfRangeError("the prompt has " + std::to_string(n) +
+                           " tokens, more than the context of " +
+                           std::to_string(context_) + " positions");
+  if (r.max_new_tokens < 0)
+    return InvalidArgumentError("max_tokens must be >= 0, got " +
+                                std::to_string(r.max_new_tokens));
+  RETURN_IF_ERROR(eval::ValidateSampling(r.sampling));
+  for (const HookPoint& h : r.hooks)
+    if (!Capturable(h))
+      return InvalidArgumentError(
+          "hook " + HookName(h) +
+          " is not captured by this server (hidden-state layers and "
+          "memory.activation_cache_filter)");
+  auto p = std::make_unique<Pending>();
+  p->capture_need = CaptureNeed(r);
+  if (p->capture_need > options_.capture_bytes)
+    return OutOfRangeError(
+        "the hidden states asked for need " +
+        std::to_string(p->capture_need) + " bytes, more than the server's "
+        "capture budget of " + std::to_string(options_.capture_bytes) +
+        " bytes (batching.capture_bytes); ask for fewer layers or rows");
+  p->ticket = std::make_shared<Ticket>();
+  p->request = std::move(r);
+  p->submitted = Clock::now();
+  std::shared_ptr<Ticket> ticket = p->ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!accepting_)
+      return FailedPreconditionError("model " + id_ + " is shutting down");
+    const size_t bound = static_cast<size_t>(options_.max_queue) +
+                         free_slots_.size();
+    if (queue_.size() >= bound) {
+      ++stats_.requests_rejected;
+      return ResourceExhaustedError(
+          "model " + id_ + ": " + std::to_string(queue_.size()) +
+          " requests are already waiting (server.max_queue = " +
+          std::to_string(options_.max_queue) + ")");
+    }
+    queue_.push_back(std::move(p));
+    stats_.queued = static_cast<int64_t>(queue_.size());
+  }
+  cv_.notify_all();
+  return ticket;
+}
+
+void Engine::Shutdown(bool drain) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepting_ = false;
+    if (!stop_) drain_ = drain;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id())
+    thread_.join();
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+EngineMemory Engine::Memory() const {
+  EngineMemory m = memory_;
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t slots = gen_->slots();
+  const int64_t used = slots - static_cast<int64_t>(free_slots_.size());
+  m.kv_used = gen_->cache().storage_bytes() / slots * used;
+  m.capture_used = stats_.capture_reserved;
+  return m;
+}
+
+void Engine::Admit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!queue_.empty()) {
+    if (queue_.front()->ticket->cancelled()) {
+      std::unique_ptr<Pending> p = std::move(queue_.front());
+      queue_.pop_front();
+      ++stats_.requests_cancelled;
+      std::lock_guard<std::mutex> tl(p->ticket->mu_);
+      p->ticket->status_ = FailedPreconditionError("request cancelled while queued");
+      p->ticket->done_ = true;
+      p->ticket->cv_.notify_all();
+      continue;
+    }
+    if (free_slots_.empty() ||
+        stats_.capture_reserved + queue_.front()->capture_need >
+            options_.capture_bytes)
+      break;
+    auto s = std::make_unique<Seq>();
+    s->p = std::move(queue_.front());
+    queue_.pop_front();
+    s->slot = free_slots_.back();
+    free_slots_.pop_back();
+    stats_.capture_reserved += s->p->capture_need;
+    ++stats_.requests_admitted;
+    stats_.prompt_tokens += static_cast<int64_t>(s->p->request.prompt.size());
+    s->admitted = Clock::now();
+    s->result.queue_ms = MsSince(s->p->submitted);
+    const GenRequest& r = s->p->request;
+    s->rng.seed(r.sampling.seed);
+    s->result.prompt_ids = r.prompt;
+    const int64_t n = static_cast<int64_t>(r.prompt.size());
+    s->capacity_rows =
+        r.rows == CaptureRows::kLast
+            ? 1
+            : std::min(n + std::max<int64_t>(r.max_new_tokens - 1, 0),
+                       context_);
+    for (const HookPoint& h : r.hooks) {
+      const int64_t w = WidthOf(h);
+      s->result.widths.push_back(w);
+      s->result.captures.emplace_back(
+          static_cast<size_t>(s->capacity_rows * w), 0.0f);
+    }
+    s->result.token_ids.reserve(
+        static_cast<size_t>(std::min(r.max_new_tokens, context_)));
+    gen_->cache().Reset(s->slot);
+    active_.push_back(std::move(s));
+  }
+  stats_.queued = static_cast<int64_t>(queue_.size());
+  stats_.active = static_cast<int64_t>(active_.size());
+}
+
+void Engine::Finish(Seq& s, Status status) {
+  GenResult& res = s.result;
+  if (status.ok() && !res.token_ids.empty()) {
+    StatusOr<std::string> text = tokenizer_->Decode(res.token_ids, true);
+    if (text.ok()) {
+      res.text = std::move(text).value();
+    } else {
+      status = text.status();
+    }
+  }
+  // Rows captured: 1, or every position fed.
+  res.rows = s.p->request.rows == CaptureRows::kLast
+                 ? 1
+                 : std::min(s.fed, s.capacity_rows);
+  for (size_t h = 0; h < res.captures.size(); ++h)
+    res.captures[h].resize(static_cast<size_t>(res.rows * res.widths[h]));
+  res.run_ms = MsSince(s.admitted);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_slots_.push_back(s.slot);
+    stats_.capture_reserved -= s.p->capture_need;
+    stats_.generated_tokens += static_cast<int64_t>(res.token_ids.size());
+    if (!status.ok()) {
+      ++stats_.requests_failed;
+    } else if (res.stop_reason == "cancelled") {
+      ++stats_.requests_cancelled;
+    } else {
+      ++stats_.requests_completed;
+    }
+  }
+  gen_->cache().Reset(s.slot);
+  Ticket& t = *s.p->ticket;
+  {
+    std::lock_guard<std::mutex> lock(t.mu_);
+    t.status_ = std::move(status);
+    t.result_ = std::move(res);
+    t.done_ = true;
+  }
+  t.cv_.notify_all();
+}
+
+Status Engine::Step() {
+  Admit();
+  // Cancelled sequences leave before the forward.
+  for (size_t i = 0; i < active_.size();) {
+    if (active_[i]->p->ticket->cancelled()) {
+      active_[i]->result.stop_reason = "cancelled";
+      Finish(*active_[i], Status());
+      active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  if (active_.empty()) return Status();
+  // Compose the forward: decode tokens first, then prefill chunks.
+  std::vector<Seq*> step;  // at most `slots` pointers
+  step.reserve(active_.size());
+  const int64_t budget = gen_->batch_tokens();
+  int64_t tokens = 0;
+  seq_start_[0] = 0;
+  auto add = [&](Seq& s, const int32_t* ids, int64_t len) {
+    std::copy(ids, ids + len, ids_.begin() + tokens);
+    s.step_pos0 = s.fed;
+    s.step_len = len;
+    slot_[step.size()] = s.slot;
+    pos0_[step.size()] = s.fed;
+    tokens += len;
+    seq_start_[step.size() + 1] = tokens;
+    step.push_back(&s);
+  };
+  for (const auto& s : active_)
+    if (s->decoding()) add(*s, &s->next, 1);
+  for (const auto& s : active_) {
+    if (s->decoding() || tokens >= budget) continue;
+    const std::vector<int32_t>& prompt = s->p->request.prompt;
+    const int64_t len =
+        std::min({gen_->prefill_chunk(),
+                  static_cast<int64_t>(prompt.size()) - s->prompt_fed,
+                  budget - tokens});
+    add(*s, prompt.data() + s->prompt_fed, len);
+  }
+  const size_t S = step.size();
+  const Batch batch{std::span<const int32_t>(ids_.data(),
+                                             static_cast<size_t>(tokens)),
+                    std::span<const int64_t>(seq_start_.data(), S + 1)};
+  const KvBatch kv{&gen_->cache(), {slot_.data(), S}, {pos0_.data(), S}};
+  sink_->Begin(&step);
+  const Clock::time_point t0 = Clock::now();
+  StatusOr<const float*> logits = gen_->StepLogits(batch, kv, sink_.get());
+  sink_->Begin(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.forwards;
+    stats_.forward_tokens += tokens;
+    stats_.forward_seqs += static_cast<int64_t>(S);
+    stats_.max_forward_seqs =
+        std::max(stats_.max_forward_seqs, static_cast<int64_t>(S));
+    stats_.forward_seconds +=
+        std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  if (!logits.ok()) {
+    // The forward failed: every sequence in it ends with the error; the
+    // engine goes on serving the others.
+    for (Seq* s : step) Finish(*s, logits.status());
+    std::erase_if(active_, [&](const std::unique_ptr<Seq>& s) {
+      return std::find(step.begin(), step.end(), s.get()) != step.end();
+    });
+    return Status();
+  }
+  const int64_t V = model_->config().vocab_size;
+  std::vector<Seq*> done;
+  for (size_t i = 0; i < S; ++i) {
+    Seq& s = *step[i];
+    const bool was_prefill = !s.decoding();
+    s.fed += s.step_len;
+    if (was_prefill) {
+      s.prompt_fed += s.step_len;
+      if (!s.decoding()) continue;  // more of the prompt to read
+    }
+    const GenRequest& r = s.p->request;
+    if (r.max_new_tokens == 0) {
+      s.result.stop_reason = "prompt";
+      done.push_back(&s);
+      continue;
+    }
+    const int32_t tok = eval::SelectToken(*logits + static_cast<int64_t>(i) * V,
+                                          V, r.sampling, s.rng, *scratch_);
+    s.result.token_ids.push_back(tok);
+    s.next = tok;
+    bool stop = false;
+    if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) !=
+        r.stop_ids.end()) {
+      s.result.stop_reason = "stop_id";
+      stop = true;
+    }
+    if (r.on_token || !r.stop_strings.empty()) {
+      StatusOr<std::string> text =
+          tokenizer_->Decode(s.result.token_ids, true);
+      if (!text.ok()) {
+        Finish(s, text.status());
+        s.p = nullptr;
+        continue;
+      }
+      if (!stop)
+        for (const std::string& str : r.stop_strings)
+          if (!str.empty() && text->find(str) != std::string::npos) {
+            s.result.stop_reason = "stop_string";
+            stop = true;
+          }
+      if (r.on_token) {
+        std::string piece;
+        const bool partial = text->size() >= kReplacement.size() &&
+                             text->ends_with(kReplacement) && !stop;
+        if (!partial && text->size() > s.emitted) {
+          piece = text->substr(s.emitted);
+          s.emitted = text->size();
+        }
+        r.on_token(tok, piece);
+      }
+    }
+    if (!stop &&
+        static_cast<int64_t>(s.result.token_ids.size()) >= r.max_new_tokens) {
+      s.result.stop_reason = "max_tokens";
+      stop = true;
+    }
+    if (!stop && s.fed >= context_) {
+      s.result.stop_reason = "context";
+      stop = true;
+    }
+    if (stop) done.push_back(&s);
+  }
+  for (Seq* s : done) Finish(*s, Status());
+  std::erase_if(active_, [&](const std::unique_ptr<Seq>& s) {
+    return s->p == nullptr ||
+           std::find(done.begin(), done.end(), s.get()) != done.end();
+  });
+  return Status();
+}
+
+void Engine::Loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock,
+               [this] { return stop_ || !queue_.empty() || !active_.empty(); });
+      if (stop_ && (!drain_ || (queue_.empty() && active_.empty()))) break;
+    }
+    Step().IgnoreError();
+  }
+  // Not drained: what is left ends with an error.
+  const Status gone = FailedPreconditionError("model " + id_ + " was unloaded");
+  for (auto& s : active_) Finish(*s, gone);
+  active_.clear();
+  std::deque<std::unique_ptr<Pending>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(queue_);
+  }
+  for (auto& p : left) {
+    std::lock_guard<std::mutex> lock(p->ticket->mu_);
+    p->ticket->status_ = gone;
+    p->ticket->done_ = true;
+    p->ticket->cv_.notify_all();
+  }
+}
+
+}  // namespace loom::serve

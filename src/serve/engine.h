@@ -1,0 +1,245 @@
+// Engine: one loaded model behind `loom serve`, with a scheduler that packs
+// every in-flight request into shared forwards (continuous batching) and an
+// admission rule that keeps every byte inside what was planned at load.
+//
+// At Create the engine builds, once, everything a forward touches:
+//   - the executor's arenas for `batch_tokens` tokens per forward (prefill
+//     chunks and decode tokens packed together, no padding),
+//   - the KV cache: `slots` sequences x `context` positions (the planner's
+//     kv term, src/plan/kv_layout.h),
+//   - the logits head for one row per slot,
+//   - a capture budget of `capture_bytes` host bytes for the hidden states
+//     requests ask for.
+// These are the engine's planned bytes (Memory()); nothing is allocated for
+// a forward afterwards, and a request is admitted only when what it needs is
+// free:
+//   - one KV slot (a request's prompt must fit the context; generation stops
+//     when the context is full, stop_reason "context"),
+//   - its capture bytes: rows x sum of hook widths x 4 (rows = 1 for the
+//     last row, prompt + max_new_tokens for every row).
+// A request that does not fit now waits in a FIFO queue of at most
+// `max_queue` requests (admitted in arrival order: a large request is not
+// overtaken forever by small ones); past that Submit returns
+// ResourceExhausted (the server's 503 + Retry-After). A request that could
+// never fit (prompt longer than the context, captures larger than the whole
+// budget) is refused at Submit with OutOfRange naming both numbers.
+//
+// Scheduling, one forward per iteration of the scheduler thread:
+//   1. admit queued requests while a slot and their capture bytes are free;
+//   2. one token for every sequence that is decoding;
+//   3. prefill chunks (at most `prefill_chunk` tokens each) of sequences still
+//      reading their prompt, in admission order, while the forward's token
+//      budget lasts;
+//   4. the forward with the KV cache, then one token selected per sequence
+//      whose prompt is complete; finished sequences free their slot and
+//      capture bytes before the next iteration.
+// A prompt longer than a chunk is prefilled over several forwards carrying
+// the KV cache: its hidden states equal a one-pass forward's to f32 round-off
+// (docs/design/generation.md), unlike TheLoom's independent chunks.
+//
+// Thread-safety: Submit, Cancel, Stats, Memory and the const accessors may be
+// called from any thread; the model, tokenizer and template are immutable.
+#ifndef LOOM_SERVE_ENGINE_H_
+#define LOOM_SERVE_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/backend/backend.h"
+#include "src/base/status.h"
+#include "src/eval/generate.h"
+#include "src/model/hooks.h"
+#include "src/runtime/model.h"
+#include "src/tokenizer/chat_template.h"
+#include "src/tokenizer/tokenizer.h"
+
+namespace loom::serve {
+
+struct EngineOptions {
+  Precision precision = Precision::kAuto;
+  int64_t slots = 8;             // sequences decoded together
+  int64_t context = 0;           // KV positions per slot; 0 = min(2048, max)
+  int64_t prefill_chunk = 512;   // prompt tokens per forward per sequence
+  int64_t batch_tokens = 0;      // tokens per forward; 0 = chunk + slots
+  int64_t capture_bytes = 256 << 20;  // hidden states of in-flight requests
+  int64_t max_queue = 256;       // requests waiting for admission
+  // Hooks capturable besides TheLoom's hidden-state layers (every
+  // blocks.K.hook_resid_pre and ln_final.hook_normalized): extract patterns
+  // such as "blocks.*.hook_mlp_out".
+  std::vector<std::string> extra_hooks;
+  int threads = 0;  // CPU threads (0 = all)
+};
+
+// Which captured rows a request keeps.
+enum class CaptureRows {
+  kLast,  // the last position fed to the model (the one that chose the last
+          // token; for a prompt only: its last token)
+  kAll,   // every position fed: the prompt, then each generated token but
+          // the last (which is never fed)
+};
+
+struct GenRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 0;  // 0: the prompt's forward only (embeddings)
+  eval::SamplingOptions sampling;
+  std::vector<int32_t> stop_ids;
+  std::vector<std::string> stop_strings;
+  std::vector<HookPoint> hooks;  // each one of Engine::capturable()
+  CaptureRows rows = CaptureRows::kLast;
+  // Called on the scheduler thread for every generated token with the text
+  // it completes (UTF-8 held back until whole); keep it short.
+  std::function<void(int32_t id, const std::string& piece)> on_token;
+};
+
+struct GenResult {
+  std::vector<int32_t> prompt_ids;
+  std::vector<int32_t> token_ids;  // generated ids
+  std::string text;                // decoded token_ids
+  // stop_id | stop_string | max_tokens | context | prompt (no generation
+  // asked) | cancelled
+  std::string stop_reason;
+  // captures[h]: [rows, widths[h]] f32 for request.hooks[h].
+  std::vector<std::vector<float>> captures;
+  std::vector<int64_t> widths;
+  int64_t rows = 0;
+  double queue_ms = 0, run_ms = 0;  // waiting for admission; admitted to done
+};
+
+// One submitted request: its result, once done.
+class Ticket {
+ public:
+  // Blocks until the request finishes (or fails).
+  StatusOr<GenResult> Wait();
+  // Asks the scheduler to stop the request at its next step (stop_reason
+  // "cancelled"); a queued request is dropped.
+  void Cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  friend class Engine;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  GenResult result_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct EngineStats {
+  int64_t requests_admitted = 0, requests_completed = 0,
+          requests_failed = 0, requests_rejected = 0, requests_cancelled = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t forwards = 0, forward_tokens = 0, forward_seqs = 0;
+  int64_t max_forward_seqs = 0;
+  double forward_seconds = 0;
+  int64_t queued = 0, active = 0;
+  int64_t capture_reserved = 0;
+};
+
+// Planned bytes of an engine (host memory), and what is in use now.
+struct EngineMemory {
+  int64_t weights = 0;     // the model's weights (mapped checkpoint and any
+                           // converted copy)
+  int64_t arenas = 0;      // executor activations + workspace + logits
+  int64_t kv = 0;          // KV cache (slots x context) + its workspace
+  int64_t head = 0;        // logits head (one row per slot)
+  int64_t capture = 0;     // capture budget
+  int64_t planned() const { return weights + arenas + kv + head + capture; }
+  // In use: KV of the occupied slots, captures reserved.
+  int64_t kv_used = 0;
+  int64_t capture_used = 0;
+};
+
+class Engine {
+ public:
+  // Loads `dir` (config.json, safetensors, tokenizer) under the name `id`,
+  // plans and allocates everything, and starts the scheduler thread.
+  static StatusOr<std::unique_ptr<Engine>> Create(const std::string& id,
+                                                  const std::string& dir,
+                                                  const EngineOptions& options);
+  // Stops (Shutdown(true)) and frees.
+  ~Engine();
+
+  // Queues a request (see the header comment for the errors).
+  StatusOr<std::shared_ptr<Ticket>> Submit(GenRequest request);
+  // Stops accepting requests; with `drain` the queued and running ones
+  // finish first, else they end with an error. Idempotent.
+  void Shutdown(bool drain);
+
+  // TheLoom's hidden-state layer index (HF's output_hidden_states index;
+  // negative from the end: -1 = n = the final norm) as a hook.
+  StatusOr<HookPoint> LayerHook(int64_t index) const;
+  // Whether `hook` is captured by this engine's forwards, and which are.
+  bool Capturable(const HookPoint& hook) const;
+  const HookSet& capturable() const { return capturable_; }
+  StatusOr<int64_t> HookWidthOf(const HookPoint& hook) const;
+
+  const std::string& id() const { return id_; }
+  const std::string& dir() const { return dir_; }
+  const Model& model() const { return *model_; }
+  const tok::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The model's chat template, if it has one.
+  const tok::ChatTemplate* chat_template() const {
+    return chat_template_ ? &*chat_template_ : nullptr;
+  }
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  const EngineOptions& options() const { return options_; }
+  int64_t context() const { return context_; }
+  double load_seconds() const { return load_seconds_; }
+  EngineStats Stats() const;
+  EngineMemory Memory() const;
+
+ private:
+  struct Pending;
+  struct Seq;
+  class CaptureSink;
+  Engine(const std::string& id, const std::string& dir,
+         const EngineOptions& options);
+  void Loop();
+  // One scheduler iteration (admission, forward, token selection).
+  Status Step();
+  void Admit();
+  void Finish(Seq& s, Status status);
+  int64_t CaptureNeed(const GenRequest& r) const;
+  int64_t WidthOf(const HookPoint& hook) const;
+
+  const std::string id_, dir_;
+  EngineOptions options_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<tok::Tokenizer> tokenizer_;
+  std::optional<tok::ChatTemplate> chat_template_;
+  std::vector<int32_t> stop_ids_;
+  std::unique_ptr<Backend> backend_;  // the CPU backend the forwards run on
+  std::unique_ptr<eval::Generator> gen_;
+  std::unique_ptr<CaptureSink> sink_;
+  HookSet capturable_;
+  int64_t context_ = 0;
+  double load_seconds_ = 0;
+  EngineMemory memory_;
+
+  mutable std::mutex mu_;  // guards the queue, flags and stats
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Pending>> queue_;
+  bool accepting_ = true, stop_ = false, drain_ = true;
+  EngineStats stats_;
+  // Scheduler-thread state.
+  std::vector<std::unique_ptr<Seq>> active_;
+  std::vector<int64_t> free_slots_;
+  std::unique_ptr<eval::SamplingScratch> scratch_;
+  std::vector<int32_t> ids_;
+  std::vector<int64_t> seq_start_, slot_, pos0_;
+  std::thread thread_;
+};
+
+}  // namespace loom::serve
+
+#endif  // LOOM_SERVE_ENGINE_H_

@@ -1,0 +1,280 @@
+// The serving engine: concurrent requests batched into shared forwards give
+// each request exactly what it gets alone (tokens bit for bit, hidden states
+// equal to a one-pass forward to f32 round-off), admission refuses what can
+// never fit and queues what does not fit now, cancellation frees the slot.
+#include "src/serve/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/runtime/executor.h"
+
+namespace loom::serve {
+namespace {
+
+std::string Stories() { return std::string(LOOM_MODELS_DIR) + "/stories260K"; }
+
+std::vector<int32_t> RandomPrompt(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& t : ids)
+    t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return ids;
+}
+
+// Every row of every hooked activation of a plain one-pass forward.
+class AllRows : public HookSink {
+ public:
+  Status OnActivation(const HookPoint& hook, const Batch&, int64_t,
+                      int64_t row_begin, const ActivationView& view) override {
+    std::vector<float>& dst = rows[hook];
+    dst.resize(static_cast<size_t>((row_begin + view.rows) * view.cols));
+    for (int64_t r = 0; r < view.rows; ++r)
+      std::copy(view.f32() + r * view.ld, view.f32() + r * view.ld + view.cols,
+                dst.begin() + (row_begin + r) * view.cols);
+    return Status();
+  }
+  std::map<HookPoint, std::vector<float>> rows;
+};
+
+TEST(ServeEngineTest, BatchedGreedyEqualsOneAtATime) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 4;
+  o.context = 96;
+  o.prefill_chunk = 7;  // prompts span several forwards, mixed with decodes
+  auto engine = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  const int64_t V = e.model().config().vocab_size;
+  // Reference: the same prompts through the Generator one at a time.
+  eval::Generator::Options go;
+  go.context = 96;
+  auto gen = eval::Generator::Create(e.model(), go);
+  ASSERT_TRUE(gen.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 10; ++i)
+    prompts.push_back(RandomPrompt(3 + 5 * i, V, 100 + i));
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenRequest r;
+    r.prompt = prompts[i];
+    r.max_new_tokens = 12 + static_cast<int64_t>(i % 4) * 5;
+    auto t = e.Submit(r);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tickets.push_back(*t);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto got = tickets[i]->Wait();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    eval::GenerateOptions g;
+    g.max_new_tokens = 12 + static_cast<int64_t>(i % 4) * 5;
+    auto want = (*gen)->Generate({prompts[i]}, g);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(got->token_ids, (*want)[0].token_ids) << "prompt " << i;
+    EXPECT_EQ(got->stop_reason, "max_tokens");
+  }
+  const EngineStats st = e.Stats();
+  EXPECT_EQ(st.requests_completed, 10);
+  EXPECT_GT(st.max_forward_seqs, 1) << "requests were never batched";
+  EXPECT_EQ(st.capture_reserved, 0);
+}
+
+TEST(ServeEngineTest, HiddenStatesEqualOnePassForward) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 3;
+  o.context = 128;
+  o.prefill_chunk = 5;
+  o.extra_hooks = {"blocks.*.hook_mlp_out"};
+  auto engine = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  const ModelConfig& c = e.model().config();
+  std::vector<HookPoint> hooks;
+  for (int64_t i = 0; i <= c.num_layers; ++i) {
+    auto h = e.LayerHook(i);
+    ASSERT_TRUE(h.ok());
+    hooks.push_back(*h);
+  }
+  hooks.push_back({HookSite::kMlpOut, 1});
+  // Three prompts at once: every row (prefill only), the last row, and a
+  // generation whose rows cover the generated tokens fed back.
+  const std::vector<int32_t> p0 = RandomPrompt(23, c.vocab_size, 7);
+  const std::vector<int32_t> p1 = RandomPrompt(11, c.vocab_size, 8);
+  const std::vector<int32_t> p2 = RandomPrompt(9, c.vocab_size, 9);
+  GenRequest r0, r1, r2;
+  r0.prompt = p0;
+  r0.hooks = hooks;
+  r0.rows = CaptureRows::kAll;
+  r1.prompt = p1;
+  r1.hooks = hooks;
+  r1.rows = CaptureRows::kLast;
+  r2.prompt = p2;
+  r2.hooks = hooks;
+  r2.rows = CaptureRows::kAll;
+  r2.max_new_tokens = 6;
+  auto t0 = e.Submit(r0), t1 = e.Submit(r1), t2 = e.Submit(r2);
+  ASSERT_TRUE(t0.ok() && t1.ok() && t2.ok());
+  auto g0 = (*t0)->Wait(), g1 = (*t1)->Wait(), g2 = (*t2)->Wait();
+  ASSERT_TRUE(g0.ok() && g1.ok() && g2.ok());
+  EXPECT_EQ(g0->stop_reason, "prompt");
+  EXPECT_EQ(g0->rows, 23);
+  EXPECT_EQ(g1->rows, 1);
+  ASSERT_EQ(g2->token_ids.size(), 6u);
+  EXPECT_EQ(g2->rows, 9 + 5);  // the last generated token is never fed
+
+  // One pass over each full sequence.
+  auto check = [&](const std::vector<int32_t>& ids, const GenResult& got,
+                   int64_t first_row) {
+    HookSet set;
+    for (const HookPoint& h : hooks) set.Add(h);
+    ExecutorOptions eo;
+    eo.max_tokens = static_cast<int64_t>(ids.size());
+    auto ex = Executor::Create(e.model(), set, eo);
+    ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+    const std::vector<int64_t> starts = {0, static_cast<int64_t>(ids.size())};
+    AllRows sink;
+    ASSERT_TRUE((*ex)->Forward({ids, starts}, &sink).ok());
+    for (size_t h = 0; h < hooks.size(); ++h) {
+      SCOPED_TRACE(HookName(hooks[h]));
+      const std::vector<float>& want = sink.rows[hooks[h]];
+      const int64_t w = got.widths[h];
+      float scale = 0;
+      for (float v : want) scale = std::max(scale, std::fabs(v));
+      for (int64_t r = 0; r < got.rows; ++r)
+        for (int64_t j = 0; j < w; ++j)
+          ASSERT_NEAR(got.captures[h][r * w + j],
+                      want[(first_row + r) * w + j], 2e-5f * scale)
+              << "row " << r << " col " << j;
+    }
+  };
+  check(p0, *g0, 0);
+  check(p1, *g1, 10);
+  std::vector<int32_t> full = p2;
+  full.insert(full.end(), g2->token_ids.begin(), g2->token_ids.end() - 1);
+  check(full, *g2, 0);
+}
+
+TEST(ServeEngineTest, AdmissionRefusesWhatCanNeverFitAndQueuesTheRest) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 1;
+  o.context = 32;
+  o.max_queue = 2;
+  o.capture_bytes = 64 * 4 * 40;  // 40 rows of one 64-wide hook
+  auto engine = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  ASSERT_EQ(e.model().config().hidden_size, 64);
+  GenRequest too_long;
+  too_long.prompt.assign(33, 5);
+  auto s = e.Submit(too_long);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.status().message().find("33"), std::string::npos);
+  EXPECT_NE(s.status().message().find("32"), std::string::npos);
+
+  GenRequest big;  // 30 + 19 rows x 3 hooks > budget
+  big.prompt.assign(30, 5);
+  big.max_new_tokens = 20;
+  big.rows = CaptureRows::kAll;
+  big.hooks = {{HookSite::kResidPre, 0}, {HookSite::kResidPre, 1},
+               {HookSite::kFinalNorm, -1}};
+  s = e.Submit(big);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.status().message().find("capture budget"), std::string::npos);
+
+  GenRequest bad_tok;
+  bad_tok.prompt = {1, 100000};
+  EXPECT_EQ(e.Submit(bad_tok).status().code(), StatusCode::kInvalidArgument);
+  GenRequest bad_hook;
+  bad_hook.prompt = {1, 2};
+  bad_hook.hooks = {{HookSite::kMlpOut, 0}};
+  EXPECT_EQ(e.Submit(bad_hook).status().code(), StatusCode::kInvalidArgument);
+
+  // One slot, a queue of two: a burst of ten gets some accepted, the rest
+  // ResourceExhausted; everything accepted finishes.
+  std::vector<std::shared_ptr<Ticket>> ok;
+  int rejected = 0;
+  for (int i = 0; i < 10; ++i) {
+    GenRequest r;
+    r.prompt = {1, 2, 3};
+    r.max_new_tokens = 20;
+    auto t = e.Submit(r);
+    if (t.ok()) {
+      ok.push_back(*t);
+    } else {
+      EXPECT_EQ(t.status().code(), StatusCode::kResourceExhausted);
+      ++rejected;
+    }
+  }
+  EXPECT_GE(rejected, 10 - 3);
+  for (auto& t : ok) EXPECT_TRUE(t->Wait().ok());
+  EXPECT_EQ(e.Stats().requests_rejected, rejected);
+  EXPECT_EQ(e.Memory().capture_used, 0);
+  EXPECT_EQ(e.Memory().kv_used, 0);
+}
+
+TEST(ServeEngineTest, CancelFreesTheSlot) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 1;
+  o.context = 256;
+  auto engine = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  std::atomic<int> seen{0};
+  std::shared_ptr<Ticket> first;
+  GenRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_new_tokens = 250;
+  r.on_token = [&](int32_t, const std::string&) {
+    if (++seen == 3) first->Cancel();
+  };
+  auto t = e.Submit(r);
+  ASSERT_TRUE(t.ok());
+  first = *t;
+  auto got = first->Wait();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->stop_reason, "cancelled");
+  EXPECT_LT(got->token_ids.size(), 10u);
+  GenRequest next;
+  next.prompt = {1, 2};
+  next.max_new_tokens = 2;
+  auto t2 = e.Submit(next);
+  ASSERT_TRUE(t2.ok());
+  EXPECT_TRUE((*t2)->Wait().ok());
+}
+
+TEST(ServeEngineTest, LayerIndicesFollowTheLoom) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 1;
+  o.context = 16;
+  auto engine = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const int64_t n = (*engine)->model().config().num_layers;
+  EXPECT_EQ(*(*engine)->LayerHook(-1), (HookPoint{HookSite::kFinalNorm, -1}));
+  EXPECT_EQ(*(*engine)->LayerHook(n), (HookPoint{HookSite::kFinalNorm, -1}));
+  EXPECT_EQ(*(*engine)->LayerHook(0), (HookPoint{HookSite::kResidPre, 0}));
+  EXPECT_EQ(*(*engine)->LayerHook(-(n + 1)), (HookPoint{HookSite::kResidPre, 0}));
+  EXPECT_EQ(*(*engine)->LayerHook(-2),
+            (HookPoint{HookSite::kResidPre, n - 1}));
+  auto bad = (*engine)->LayerHook(n + 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(std::to_string(n + 1)),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom::serve
