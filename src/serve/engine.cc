@@ -102,9 +102,9 @@ Engine::Engine(const std::string& id, const std::string& dir,
 
 Engine::~Engine() { Shutdown(true); }
 
-StatusOr<std::unique_ptr<Engine>> Engine::Create(
-    const std::string& id, const std::string& dir,
-    const EngineOptions& options) {
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
+                                                 const std::string& dir,
+                                                 const EngineOptions& options) {
   const Clock::time_point t0 = Clock::now();
   auto e = std::unique_ptr<Engine>(new Engine(id, dir, options));
   if (options.slots <= 0 || options.prefill_chunk <= 0 ||
@@ -174,8 +174,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(
   e->pos0_.resize(static_cast<size_t>(slots));
   e->active_.reserve(static_cast<size_t>(slots));
   e->scratch_ = std::make_unique<eval::SamplingScratch>(c.vocab_size);
-  e->load_seconds_ =
-      std::chrono::duration<double>(Clock::now() - t0).count();
+  e->load_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
   Engine* self = e.get();
   e->thread_ = std::thread([self] { self->Loop(); });
   return e;
@@ -245,9 +244,10 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
   p->capture_need = CaptureNeed(r);
   if (p->capture_need > options_.capture_bytes)
     return OutOfRangeError(
-        "the hidden states asked for need " +
-        std::to_string(p->capture_need) + " bytes, more than the server's "
-        "capture budget of " + std::to_string(options_.capture_bytes) +
+        "the hidden states asked for need " + std::to_string(p->capture_need) +
+        " bytes, more than the server's "
+        "capture budget of " +
+        std::to_string(options_.capture_bytes) +
         " bytes (batching.capture_bytes); ask for fewer layers or rows");
   p->ticket = std::make_shared<Ticket>();
   p->request = std::move(r);
@@ -257,8 +257,8 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!accepting_)
       return FailedPreconditionError("model " + id_ + " is shutting down");
-    const size_t bound = static_cast<size_t>(options_.max_queue) +
-                         free_slots_.size();
+    const size_t bound =
+        static_cast<size_t>(options_.max_queue) + free_slots_.size();
     if (queue_.size() >= bound) {
       ++stats_.requests_rejected;
       return ResourceExhaustedError(
@@ -307,10 +307,14 @@ void Engine::Admit() {
       std::unique_ptr<Pending> p = std::move(queue_.front());
       queue_.pop_front();
       ++stats_.requests_cancelled;
-      std::lock_guard<std::mutex> tl(p->ticket->mu_);
-      p->ticket->status_ = FailedPreconditionError("request cancelled while queued");
-      p->ticket->done_ = true;
+      {
+        std::lock_guard<std::mutex> tl(p->ticket->mu_);
+        p->ticket->status_ =
+            FailedPreconditionError("request cancelled while queued");
+        p->ticket->done_ = true;
+      }
       p->ticket->cv_.notify_all();
+      if (p->request.on_finish) p->request.on_finish();
       continue;
     }
     if (free_slots_.empty() ||
@@ -339,8 +343,8 @@ void Engine::Admit() {
     for (const HookPoint& h : r.hooks) {
       const int64_t w = WidthOf(h);
       s->result.widths.push_back(w);
-      s->result.captures.emplace_back(
-          static_cast<size_t>(s->capacity_rows * w), 0.0f);
+      s->result.captures.emplace_back(static_cast<size_t>(s->capacity_rows * w),
+                                      0.0f);
     }
     s->result.token_ids.reserve(
         static_cast<size_t>(std::min(r.max_new_tokens, context_)));
@@ -371,6 +375,7 @@ void Engine::Finish(Seq& s, Status status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     free_slots_.push_back(s.slot);
+    --stats_.active;
     stats_.capture_reserved -= s.p->capture_need;
     stats_.generated_tokens += static_cast<int64_t>(res.token_ids.size());
     if (!status.ok()) {
@@ -390,6 +395,7 @@ void Engine::Finish(Seq& s, Status status) {
     t.done_ = true;
   }
   t.cv_.notify_all();
+  if (s.p->request.on_finish) s.p->request.on_finish();
 }
 
 Status Engine::Step() {
@@ -426,16 +432,15 @@ Status Engine::Step() {
   for (const auto& s : active_) {
     if (s->decoding() || tokens >= budget) continue;
     const std::vector<int32_t>& prompt = s->p->request.prompt;
-    const int64_t len =
-        std::min({gen_->prefill_chunk(),
-                  static_cast<int64_t>(prompt.size()) - s->prompt_fed,
-                  budget - tokens});
+    const int64_t len = std::min(
+        {gen_->prefill_chunk(),
+         static_cast<int64_t>(prompt.size()) - s->prompt_fed, budget - tokens});
     add(*s, prompt.data() + s->prompt_fed, len);
   }
   const size_t S = step.size();
-  const Batch batch{std::span<const int32_t>(ids_.data(),
-                                             static_cast<size_t>(tokens)),
-                    std::span<const int64_t>(seq_start_.data(), S + 1)};
+  const Batch batch{
+      std::span<const int32_t>(ids_.data(), static_cast<size_t>(tokens)),
+      std::span<const int64_t>(seq_start_.data(), S + 1)};
   const KvBatch kv{&gen_->cache(), {slot_.data(), S}, {pos0_.data(), S}};
   sink_->Begin(&step);
   const Clock::time_point t0 = Clock::now();
@@ -487,8 +492,7 @@ Status Engine::Step() {
       stop = true;
     }
     if (r.on_token || !r.stop_strings.empty()) {
-      StatusOr<std::string> text =
-          tokenizer_->Decode(s.result.token_ids, true);
+      StatusOr<std::string> text = tokenizer_->Decode(s.result.token_ids, true);
       if (!text.ok()) {
         Finish(s, text.status());
         s.p = nullptr;
@@ -550,10 +554,13 @@ void Engine::Loop() {
     left.swap(queue_);
   }
   for (auto& p : left) {
-    std::lock_guard<std::mutex> lock(p->ticket->mu_);
-    p->ticket->status_ = gone;
-    p->ticket->done_ = true;
+    {
+      std::lock_guard<std::mutex> lock(p->ticket->mu_);
+      p->ticket->status_ = gone;
+      p->ticket->done_ = true;
+    }
     p->ticket->cv_.notify_all();
+    if (p->request.on_finish) p->request.on_finish();
   }
 }
 

@@ -66,12 +66,12 @@ namespace loom::serve {
 
 struct EngineOptions {
   Precision precision = Precision::kAuto;
-  int64_t slots = 8;             // sequences decoded together
-  int64_t context = 0;           // KV positions per slot; 0 = min(2048, max)
-  int64_t prefill_chunk = 512;   // prompt tokens per forward per sequence
-  int64_t batch_tokens = 0;      // tokens per forward; 0 = chunk + slots
+  int64_t slots = 8;            // sequences decoded together
+  int64_t context = 0;          // KV positions per slot; 0 = min(2048, max)
+  int64_t prefill_chunk = 512;  // prompt tokens per forward per sequence
+  int64_t batch_tokens = 0;     // tokens per forward; 0 = chunk + slots
   int64_t capture_bytes = 256 << 20;  // hidden states of in-flight requests
-  int64_t max_queue = 256;       // requests waiting for admission
+  int64_t max_queue = 256;            // requests waiting for admission
   // Hooks capturable besides TheLoom's hidden-state layers (every
   // blocks.K.hook_resid_pre and ln_final.hook_normalized): extract patterns
   // such as "blocks.*.hook_mlp_out".
@@ -98,6 +98,8 @@ struct GenRequest {
   // Called on the scheduler thread for every generated token with the text
   // it completes (UTF-8 held back until whole); keep it short.
   std::function<void(int32_t id, const std::string& piece)> on_token;
+  // Called on the scheduler thread once the ticket holds the result.
+  std::function<void()> on_finish;
 };
 
 struct GenResult {
@@ -135,8 +137,8 @@ class Ticket {
 };
 
 struct EngineStats {
-  int64_t requests_admitted = 0, requests_completed = 0,
-          requests_failed = 0, requests_rejected = 0, requests_cancelled = 0;
+  int64_t requests_admitted = 0, requests_completed = 0, requests_failed = 0,
+          requests_rejected = 0, requests_cancelled = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
   int64_t forwards = 0, forward_tokens = 0, forward_seqs = 0;
   int64_t max_forward_seqs = 0;
@@ -147,12 +149,12 @@ struct EngineStats {
 
 // Planned bytes of an engine (host memory), and what is in use now.
 struct EngineMemory {
-  int64_t weights = 0;     // the model's weights (mapped checkpoint and any
-                           // converted copy)
-  int64_t arenas = 0;      // executor activations + workspace + logits
-  int64_t kv = 0;          // KV cache (slots x context) + its workspace
-  int64_t head = 0;        // logits head (one row per slot)
-  int64_t capture = 0;     // capture budget
+  int64_t weights = 0;  // the model's weights (mapped checkpoint and any
+                        // converted copy)
+  int64_t arenas = 0;   // executor activations + workspace + logits
+  int64_t kv = 0;       // KV cache (slots x context) + its workspace
+  int64_t head = 0;     // logits head (one row per slot)
+  int64_t capture = 0;  // capture budget
   int64_t planned() const { return weights + arenas + kv + head + capture; }
   // In use: KV of the occupied slots, captures reserved.
   int64_t kv_used = 0;

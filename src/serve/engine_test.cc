@@ -152,8 +152,8 @@ TEST(ServeEngineTest, HiddenStatesEqualOnePassForward) {
       for (float v : want) scale = std::max(scale, std::fabs(v));
       for (int64_t r = 0; r < got.rows; ++r)
         for (int64_t j = 0; j < w; ++j)
-          ASSERT_NEAR(got.captures[h][r * w + j],
-                      want[(first_row + r) * w + j], 2e-5f * scale)
+          ASSERT_NEAR(got.captures[h][r * w + j], want[(first_row + r) * w + j],
+                      2e-5f * scale)
               << "row " << r << " col " << j;
     }
   };
@@ -187,7 +187,8 @@ TEST(ServeEngineTest, AdmissionRefusesWhatCanNeverFitAndQueuesTheRest) {
   big.prompt.assign(30, 5);
   big.max_new_tokens = 20;
   big.rows = CaptureRows::kAll;
-  big.hooks = {{HookSite::kResidPre, 0}, {HookSite::kResidPre, 1},
+  big.hooks = {{HookSite::kResidPre, 0},
+               {HookSite::kResidPre, 1},
                {HookSite::kFinalNorm, -1}};
   s = e.Submit(big);
   ASSERT_FALSE(s.ok());
@@ -267,9 +268,9 @@ TEST(ServeEngineTest, LayerIndicesFollowTheLoom) {
   EXPECT_EQ(*(*engine)->LayerHook(-1), (HookPoint{HookSite::kFinalNorm, -1}));
   EXPECT_EQ(*(*engine)->LayerHook(n), (HookPoint{HookSite::kFinalNorm, -1}));
   EXPECT_EQ(*(*engine)->LayerHook(0), (HookPoint{HookSite::kResidPre, 0}));
-  EXPECT_EQ(*(*engine)->LayerHook(-(n + 1)), (HookPoint{HookSite::kResidPre, 0}));
-  EXPECT_EQ(*(*engine)->LayerHook(-2),
-            (HookPoint{HookSite::kResidPre, n - 1}));
+  EXPECT_EQ(*(*engine)->LayerHook(-(n + 1)),
+            (HookPoint{HookSite::kResidPre, 0}));
+  EXPECT_EQ(*(*engine)->LayerHook(-2), (HookPoint{HookSite::kResidPre, n - 1}));
   auto bad = (*engine)->LayerHook(n + 1);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find(std::to_string(n + 1)),

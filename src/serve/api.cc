@@ -1,0 +1,406 @@
+#include "src/serve/api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "src/base/float16.h"
+
+namespace loom::serve {
+namespace {
+
+std::string Shown(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+Status FieldError(std::string_view name, std::string_view expected,
+                  const json& got) {
+  return InvalidArgumentError("field `" + std::string(name) + "`: expected " +
+                              std::string(expected) + ", got " + Shown(got));
+}
+
+const json* Field(const json& j, std::string_view name) {
+  const auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+}  // namespace
+
+StatusOr<int64_t> GetInt(const json& j, std::string_view name, int64_t def,
+                         int64_t lo, int64_t hi) {
+  const json* v = Field(j, name);
+  if (v == nullptr) return def;
+  const std::string range =
+      "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() >
+            static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return FieldError(name, range, *v);
+    x = v->get<int64_t>();
+  } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
+             std::floor(v->get<double>()) == v->get<double>() &&
+             std::fabs(v->get<double>()) < 9e15) {
+    x = static_cast<int64_t>(v->get<double>());  // 8.0 is accepted as 8
+  } else {
+    return FieldError(name, range, *v);
+  }
+  if (x < lo || x > hi) return FieldError(name, range, *v);
+  return x;
+}
+
+StatusOr<double> GetNumber(const json& j, std::string_view name, double def,
+                           double lo, double hi) {
+  const json* v = Field(j, name);
+  if (v == nullptr) return def;
+  std::string range =
+      "a number in [" + json(lo).dump() + ", " + json(hi).dump() + "]";
+  if (!v->is_number()) return FieldError(name, range, *v);
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) return FieldError(name, range, *v);
+  return x;
+}
+
+StatusOr<bool> GetBool(const json& j, std::string_view name, bool def) {
+  const json* v = Field(j, name);
+  if (v == nullptr) return def;
+  if (!v->is_boolean()) return FieldError(name, "true or false", *v);
+  return v->get<bool>();
+}
+
+StatusOr<std::string> GetString(const json& j, std::string_view name,
+                                std::string_view def) {
+  const json* v = Field(j, name);
+  if (v == nullptr) return std::string(def);
+  if (!v->is_string()) return FieldError(name, "a string", *v);
+  return v->get<std::string>();
+}
+
+StatusOr<std::vector<std::string>> GetStrings(const json& j,
+                                              std::string_view name) {
+  const json* v = Field(j, name);
+  std::vector<std::string> out;
+  if (v == nullptr) return out;
+  if (v->is_string()) return std::vector<std::string>{v->get<std::string>()};
+  if (!v->is_array()) return FieldError(name, "a string or a list", *v);
+  for (const json& x : *v) {
+    if (!x.is_string()) return FieldError(name, "a list of strings", *v);
+    out.push_back(x.get<std::string>());
+  }
+  return out;
+}
+
+StatusOr<json> ParseBody(std::string_view body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) {
+    // Find the position with the throwing parser (exceptions stay here).
+    try {
+      (void)json::parse(body);
+    } catch (const json::parse_error& e) {
+      return InvalidArgumentError(std::string("malformed JSON body: ") +
+                                  e.what());
+    } catch (const std::exception& e) {
+      return InvalidArgumentError(std::string("malformed JSON body: ") +
+                                  e.what());
+    }
+    return InvalidArgumentError("malformed JSON body");
+  }
+  if (!j.is_object())
+    return InvalidArgumentError("the body must be a JSON object, got " +
+                                std::string(j.type_name()));
+  return j;
+}
+
+StatusOr<ArrayFormat> ParseArrayFormat(std::string_view s) {
+  if (s == "list") return ArrayFormat::kList;
+  if (s == "base64") return ArrayFormat::kBase64;
+  return InvalidArgumentError(
+      "field `hidden_state_format`: expected \"list\" "
+      "or \"base64\", got \"" +
+      std::string(s) + "\"");
+}
+
+StatusOr<DType> ParseReturnDType(std::string_view s) {
+  if (s == "float32" || s == "f32" || s == "fp32") return DType::kF32;
+  if (s == "bfloat16" || s == "bf16") return DType::kBF16;
+  if (s == "float16" || s == "f16" || s == "fp16") return DType::kF16;
+  return InvalidArgumentError(
+      "hidden state dtype: expected float32, bfloat16 or float16, got \"" +
+      std::string(s) + "\"");
+}
+
+std::string_view ReturnDTypeName(DType d) {
+  switch (d) {
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+
+std::string Base64Encode(const void* data, size_t bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto* p = static_cast<const uint8_t*>(data);
+  std::string out;
+  out.reserve((bytes + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < bytes; i += 3) {
+    const uint32_t v = (p[i] << 16) | (p[i + 1] << 8) | p[i + 2];
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += kAlphabet[v & 63];
+  }
+  if (i + 1 == bytes) {
+    const uint32_t v = p[i] << 16;
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += "==";
+  } else if (i + 2 == bytes) {
+    const uint32_t v = (p[i] << 16) | (p[i + 1] << 8);
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += '=';
+  }
+  return out;
+}
+
+StatusOr<std::string> Base64Decode(std::string_view text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (text.size() % 4 != 0)
+    return InvalidArgumentError("base64: length " +
+                                std::to_string(text.size()) +
+                                " is not a multiple of 4");
+  std::string out;
+  for (size_t i = 0; i < text.size(); i += 4) {
+    uint32_t v = 0;
+    int pad = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const char c = text[i + k];
+      int x = 0;
+      if (c == '=' && i + 4 == text.size() && k >= 2) {
+        ++pad;
+      } else if (pad > 0 || (x = value(c)) < 0) {
+        return InvalidArgumentError("base64: invalid character at offset " +
+                                    std::to_string(i + k));
+      }
+      v = (v << 6) | static_cast<uint32_t>(x);
+    }
+    out += static_cast<char>(v >> 16);
+    if (pad < 2) out += static_cast<char>((v >> 8) & 255);
+    if (pad < 1) out += static_cast<char>(v & 255);
+  }
+  return out;
+}
+
+json EncodeArray(const float* values, int64_t rows, int64_t cols, bool vector,
+                 DType dtype, ArrayFormat format) {
+  const int64_t n = (vector ? 1 : rows) * cols;
+  json out;
+  out["shape"] = vector ? json::array({cols}) : json::array({rows, cols});
+  out["dtype"] = std::string(ReturnDTypeName(dtype));
+  auto rounded = [dtype](float x) {
+    if (dtype == DType::kBF16) return RoundBf16(x);
+    if (dtype == DType::kF16) return F16ToF32(F32ToF16(x));
+    return x;
+  };
+  if (format == ArrayFormat::kBase64) {
+    if (dtype == DType::kF32) {
+      out["data"] = Base64Encode(values, static_cast<size_t>(n) * 4);
+    } else {
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        h[static_cast<size_t>(i)] =
+            dtype == DType::kBF16 ? F32ToBf16(values[i]) : F32ToF16(values[i]);
+      out["data"] = Base64Encode(h.data(), h.size() * 2);
+    }
+    out["encoding"] = "base64";
+    return out;
+  }
+  auto row = [&](int64_t r) {
+    json a = json::array();
+    for (int64_t c = 0; c < cols; ++c)
+      a.push_back(rounded(values[r * cols + c]));
+    return a;
+  };
+  if (vector) {
+    out["data"] = row(0);
+  } else {
+    json d = json::array();
+    for (int64_t r = 0; r < rows; ++r) d.push_back(row(r));
+    out["data"] = std::move(d);
+  }
+  return out;
+}
+
+StatusOr<Pooling> ParsePooling(std::string_view s) {
+  if (s == "last_token" || s == "last") return Pooling::kLastToken;
+  if (s == "first_token" || s == "first" || s == "cls")
+    return Pooling::kFirstToken;
+  if (s == "mean") return Pooling::kMean;
+  return InvalidArgumentError(
+      "field `pooling`: expected last_token, first_token or mean, got \"" +
+      std::string(s) + "\"");
+}
+
+std::vector<float> Pool(const float* rows, int64_t n, int64_t cols,
+                        Pooling pooling, bool normalize) {
+  std::vector<float> out(static_cast<size_t>(cols));
+  if (pooling == Pooling::kMean) {
+    for (int64_t c = 0; c < cols; ++c) {
+      double sum = 0;
+      for (int64_t r = 0; r < n; ++r) sum += rows[r * cols + c];
+      out[static_cast<size_t>(c)] = static_cast<float>(sum / n);
+    }
+  } else {
+    const int64_t r = pooling == Pooling::kFirstToken ? 0 : n - 1;
+    std::copy(rows + r * cols, rows + (r + 1) * cols, out.begin());
+  }
+  if (normalize) {
+    double ss = 0;
+    for (float x : out) ss += double{x} * x;
+    const double norm = std::sqrt(ss);
+    if (norm > 0)
+      for (float& x : out) x = static_cast<float>(x / norm);
+  }
+  return out;
+}
+
+StatusOr<std::vector<float>> SelectRows(const RowSelector& s, const float* rows,
+                                        int64_t n, int64_t cols,
+                                        int64_t* out_rows) {
+  using Kind = RowSelector::Kind;
+  std::vector<float> out;
+  auto take = [&](int64_t r) {
+    out.insert(out.end(), rows + r * cols, rows + (r + 1) * cols);
+  };
+  switch (s.kind) {
+    case Kind::kLast:
+      take(n - 1);
+      break;
+    case Kind::kFirst:
+      take(0);
+      break;
+    case Kind::kMean:
+    case Kind::kMax:
+      out.resize(static_cast<size_t>(cols));
+      for (int64_t c = 0; c < cols; ++c) {
+        double acc = s.kind == Kind::kMean ? 0.0 : -INFINITY;
+        for (int64_t r = 0; r < n; ++r)
+          acc = s.kind == Kind::kMean
+                    ? acc + rows[r * cols + c]
+                    : std::max<double>(acc, rows[r * cols + c]);
+        out[static_cast<size_t>(c)] =
+            static_cast<float>(s.kind == Kind::kMean ? acc / n : acc);
+      }
+      break;
+    case Kind::kPos:
+      for (int64_t q : s.positions) {
+        const int64_t p = ResolvePosition(q, n);
+        if (p < 0 || p >= n)
+          return OutOfRangeError("selector " + s.spec + ": position " +
+                                 std::to_string(q) + " is outside the " +
+                                 std::to_string(n) + " rows");
+        take(p);
+      }
+      break;
+    case Kind::kAll:
+    case Kind::kSpan: {
+      SpanRange range;
+      if (!ResolveSpan(s, n, &range))
+        return OutOfRangeError("selector " + s.spec + " is outside the " +
+                               std::to_string(n) + " rows");
+      for (int64_t r = range.begin; r < range.end; ++r) take(r);
+      break;
+    }
+  }
+  *out_rows = static_cast<int64_t>(out.size()) / std::max<int64_t>(cols, 1);
+  return out;
+}
+
+StatusOr<json> AnalyzeVector(const std::vector<double>& v) {
+  if (v.empty()) return InvalidArgumentError("the vector is empty");
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      return InvalidArgumentError("element " + std::to_string(i) +
+                                  " is not finite");
+  const double n = static_cast<double>(v.size());
+  double sum = 0, ss = 0, mn = v[0], mx = v[0];
+  int64_t zeros = 0;
+  for (double x : v) {
+    sum += x;
+    ss += x * x;
+    mn = std::min(mn, x);
+    mx = std::max(mx, x);
+    zeros += std::fabs(x) < 1e-6;
+  }
+  const double mean = sum / n;
+  double var = 0;
+  for (double x : v) var += (x - mean) * (x - mean);
+  std::vector<double> sorted = v;
+  std::sort(sorted.begin(), sorted.end());
+  auto quantile = [&](double q) {
+    const double pos = q * (n - 1);
+    const size_t lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, sorted.size() - 1);
+    return sorted[lo] +
+           (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+  };
+  return json{{"dimension", v.size()},
+              {"mean", mean},
+              {"std", std::sqrt(var / n)},
+              {"min", mn},
+              {"max", mx},
+              {"l2_norm", std::sqrt(ss)},
+              {"sparsity", static_cast<double>(zeros) / n},
+              {"quartiles",
+               {{"q1", quantile(0.25)},
+                {"median", quantile(0.5)},
+                {"q3", quantile(0.75)}}}};
+}
+
+int HttpStatusOf(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kFailedPrecondition:
+      return 503;
+    case StatusCode::kUnimplemented:
+      return 501;
+    default:
+      return 500;
+  }
+}
+
+json ErrorBody(int http_status, std::string_view message) {
+  std::string type = http_status < 500
+                         ? "invalid_request_error"
+                         : (http_status == 503 ? "overloaded" : "server_error");
+  return json{
+      {"detail", message},
+      {"error", {{"message", message}, {"type", type}, {"code", http_status}}}};
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,89 @@
+// The JSON side of `loom serve`'s routes, apart from HTTP so that it can be
+// tested alone: typed field readers whose errors name the field and the value,
+// hidden-state arrays in TheLoom's {data, shape, dtype, encoding} form,
+// pooling, row selectors over captured rows, /analyze statistics, and the
+// status -> HTTP code mapping. See docs/server.md.
+#ifndef LOOM_SERVE_API_H_
+#define LOOM_SERVE_API_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+#include "src/eval/row_selector.h"
+
+namespace loom::serve {
+
+using nlohmann::json;
+
+// Field readers: `j` must be an object (else InvalidArgument); a missing or
+// null field gives the default; a wrong type or a value outside [lo, hi] is
+// InvalidArgument "field `name`: expected ..., got ...".
+StatusOr<int64_t> GetInt(const json& j, std::string_view name, int64_t def,
+                         int64_t lo, int64_t hi);
+StatusOr<double> GetNumber(const json& j, std::string_view name, double def,
+                           double lo, double hi);
+StatusOr<bool> GetBool(const json& j, std::string_view name, bool def);
+StatusOr<std::string> GetString(const json& j, std::string_view name,
+                                std::string_view def);
+// A string or a list of strings ([] when missing).
+StatusOr<std::vector<std::string>> GetStrings(const json& j,
+                                              std::string_view name);
+// The body of a request as a JSON object (InvalidArgument with the parser's
+// position otherwise).
+StatusOr<json> ParseBody(std::string_view body);
+
+// How arrays are returned: nested JSON lists, or base64 of the little-endian
+// bytes (TheLoom's hidden_state_format "list" | "base64").
+enum class ArrayFormat { kList, kBase64 };
+StatusOr<ArrayFormat> ParseArrayFormat(std::string_view s);
+// "float32" | "bfloat16" | "float16" (and f32, bf16, f16).
+StatusOr<DType> ParseReturnDType(std::string_view s);
+std::string_view ReturnDTypeName(DType d);  // "float32", ...
+
+// {data, shape, dtype[, encoding: "base64"]}: `values` [rows, cols] f32
+// (rows = 0: shape [cols], a vector), rounded to `dtype` (bf16/f16 values
+// are what the dtype holds; base64 then carries 2-byte values).
+json EncodeArray(const float* values, int64_t rows, int64_t cols, bool vector,
+                 DType dtype, ArrayFormat format);
+std::string Base64Encode(const void* data, size_t bytes);
+StatusOr<std::string> Base64Decode(std::string_view text);
+
+// Pooling of [rows, cols] for /embed: "last_token", "first_token", "mean"
+// (sums in double); `normalize` divides by the L2 norm (a zero vector stays
+// zero).
+enum class Pooling { kLastToken, kFirstToken, kMean };
+StatusOr<Pooling> ParsePooling(std::string_view s);
+std::vector<float> Pool(const float* rows, int64_t n, int64_t cols,
+                        Pooling pooling, bool normalize);
+
+// A row selector of `loom extract` applied to captured rows [n, cols]:
+// last, first, mean (double sums), max, all, pos:..., span:A:B. Returns the
+// selected rows [k, cols]; a position or span outside the rows is
+// OutOfRange naming it and n.
+StatusOr<std::vector<float>> SelectRows(const RowSelector& s, const float* rows,
+                                        int64_t n, int64_t cols,
+                                        int64_t* out_rows);
+
+// /analyze: mean, std (population), min, max, l2_norm, sparsity (fraction of
+// entries with |x| < 1e-6), quartiles q1/median/q3 (linear interpolation,
+// numpy's default) of one vector. InvalidArgument for an empty vector or a
+// non-finite value (naming its index).
+StatusOr<json> AnalyzeVector(const std::vector<double>& v);
+
+// The HTTP status of an error Status: InvalidArgument / OutOfRange 400,
+// NotFound 404, ResourceExhausted 503 (with Retry-After), FailedPrecondition
+// 503, Unimplemented 501, anything else 500.
+int HttpStatusOf(const Status& s);
+// {"detail": message, "error": {"message", "type", "code"}}: FastAPI's and
+// OpenAI's error shapes in one object.
+json ErrorBody(int http_status, std::string_view message);
+
+}  // namespace loom::serve
+
+#endif  // LOOM_SERVE_API_H_

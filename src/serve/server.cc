@@ -1,0 +1,1225 @@
+#include "src/serve/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <set>
+
+#include "src/serve/api.h"
+
+namespace loom::serve {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string Fmt(double x) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.17g", x);
+  return b;
+}
+
+// Host memory in bytes (the device of a CPU engine).
+int64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<int64_t>(pages) * size : 0;
+}
+
+// A model name relative to a models directory: letters, digits, '.', '_',
+// '-', '/' separating non-empty parts, none "." or "..".
+bool SafeName(std::string_view id) {
+  if (id.empty() || id.size() > 256 || id.front() == '/' || id.back() == '/')
+    return false;
+  size_t start = 0;
+  while (start <= id.size()) {
+    size_t end = id.find('/', start);
+    if (end == std::string_view::npos) end = id.size();
+    const std::string_view part = id.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    for (char c : part)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' &&
+          c != '_' && c != '-')
+        return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+// Events of one streamed response, filled by the scheduler thread and
+// drained by the HTTP worker that writes them.
+struct StreamState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> events;
+  bool finished = false;
+  void Push(std::string e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+  void Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+    }
+    cv.notify_all();
+  }
+};
+
+std::string Sse(std::string_view event, const json& data) {
+  std::string s;
+  if (!event.empty()) s += "event: " + std::string(event) + "\n";
+  s += "data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) +
+       "\n\n";
+  return s;
+}
+
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// What a generation request asks for, parsed once.
+struct GenFields {
+  GenRequest request;
+  // TheLoom's hidden_state_layers: key (as requested) -> hook.
+  std::vector<std::pair<std::string, HookPoint>> layers;
+  // Loom's hooks + selectors.
+  std::vector<HookPoint> hooks;
+  std::vector<RowSelector> selectors;
+  bool return_hidden = true;
+  bool full_sequence = false;
+  ArrayFormat format = ArrayFormat::kList;
+  DType dtype = DType::kF32;
+};
+
+}  // namespace
+
+class Server::Impl {
+ public:
+  explicit Impl(const ServerOptions& o) : o_(o) {}
+
+  ServerOptions o_;
+  httplib::Server http_;
+  std::mutex models_mu_;  // guards models_ and loading
+  std::map<std::string, std::shared_ptr<Engine>> models_;
+  std::atomic<bool> draining_{false};
+  std::mutex metrics_mu_;
+  std::map<std::pair<std::string, int>, int64_t> requests_;  // route, code
+  int64_t models_loaded_total_ = 0;
+  Clock::time_point started_ = Clock::now();
+  int listen_socket_ = -1;
+
+  // ---- Models
+
+  StatusOr<std::string> Resolve(const std::string& name, std::string* dir) {
+    for (const std::string& p : o_.model_paths) {
+      const fs::path path(p);
+      if (name == p || name == path.filename().string()) {
+        *dir = p;
+        return path.filename().string();
+      }
+    }
+    if (!SafeName(name))
+      return InvalidArgumentError(
+          "model `" + name +
+          "`: a model id is a name relative to a configured models directory "
+          "(letters, digits, '.', '_', '-', '/'; no absolute path, no '..')");
+    for (const std::string& root : o_.model_dirs) {
+      std::error_code ec;
+      const fs::path base = fs::weakly_canonical(root, ec);
+      if (ec) continue;
+      const fs::path candidate = fs::weakly_canonical(base / name, ec);
+      if (ec) continue;
+      const std::string b = base.string() + "/";
+      if (candidate.string().compare(0, b.size(), b) != 0) continue;
+      if (fs::exists(candidate / "config.json", ec)) {
+        *dir = candidate.string();
+        return name;
+      }
+    }
+    return NotFoundError("model `" + name +
+                         "` not found: not a loaded model, not the --model "
+                         "directory, and not under models.dirs");
+  }
+
+  StatusOr<std::shared_ptr<Engine>> Load(const std::string& name) {
+    std::lock_guard<std::mutex> lock(models_mu_);
+    const auto it = models_.find(name);
+    if (it != models_.end()) return it->second;
+    std::string dir;
+    ASSIGN_OR_RETURN(std::string id, Resolve(name, &dir));
+    const auto again = models_.find(id);
+    if (again != models_.end()) return again->second;
+    if (static_cast<int>(models_.size()) >= o_.max_loaded)
+      return ResourceExhaustedError(
+          "cannot load `" + id + "`: " + std::to_string(models_.size()) +
+          " models are loaded, models.max_loaded = " +
+          std::to_string(o_.max_loaded) + " (DELETE /models/{id} first)");
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                     Engine::Create(id, dir, o_.engine));
+    // Admission of the model itself: what is planned for every loaded model
+    // must fit the host's memory x memory_fraction.
+    const int64_t capacity = static_cast<int64_t>(
+        static_cast<double>(HostMemoryBytes()) * o_.memory_fraction);
+    int64_t committed = e->Memory().planned();
+    for (const auto& [_, m] : models_) committed += m->Memory().planned();
+    if (capacity > 0 && committed > capacity)
+      return ResourceExhaustedError(
+          "cannot load `" + id + "`: the loaded models would plan " +
+          std::to_string(committed) + " bytes, more than " +
+          std::to_string(capacity) + " (host memory x gpu.memory_fraction)");
+    if (capacity > 0 &&
+        static_cast<double>(committed) > o_.memory_warning_threshold * capacity)
+      std::fprintf(stderr,
+                   "loom serve: warning: planned memory %lld bytes is above "
+                   "memory_warning_threshold %.2f of %lld bytes\n",
+                   static_cast<long long>(committed),
+                   o_.memory_warning_threshold,
+                   static_cast<long long>(capacity));
+    std::shared_ptr<Engine> shared(std::move(e));
+    models_[id] = shared;
+    ++models_loaded_total_;
+    std::fprintf(stderr, "loom serve: loaded %s from %s (%.2f s)\n", id.c_str(),
+                 dir.c_str(), shared->load_seconds());
+    return shared;
+  }
+
+  Status Unload(const std::string& id) {
+    std::shared_ptr<Engine> e;
+    {
+      std::lock_guard<std::mutex> lock(models_mu_);
+      const auto it = models_.find(id);
+      if (it == models_.end())
+        return NotFoundError("model `" + id + "` is not loaded");
+      e = it->second;
+      models_.erase(it);
+    }
+    e->Shutdown(true);  // in-flight requests finish first
+    return Status();
+  }
+
+  // The engine a request names (`model`), or the only one loaded.
+  StatusOr<std::shared_ptr<Engine>> EngineFor(const json& body) {
+    ASSIGN_OR_RETURN(std::string name, GetString(body, "model", ""));
+    if (name.empty()) {
+      std::lock_guard<std::mutex> lock(models_mu_);
+      if (models_.size() == 1) return models_.begin()->second;
+      return InvalidArgumentError(
+          models_.empty()
+              ? "field `model` is required: no model is loaded"
+              : "field `model` is required: " + std::to_string(models_.size()) +
+                    " models are loaded");
+    }
+    return Load(name);
+  }
+
+  // ---- Requests
+
+  StatusOr<std::vector<int32_t>> Tokens(const Engine& e, const json& prompt,
+                                        bool add_special) {
+    std::vector<int32_t> ids;
+    if (prompt.is_string()) {
+      ASSIGN_OR_RETURN(
+          tok::Encoding enc,
+          e.tokenizer().Encode(prompt.get<std::string>(), add_special));
+      ids = std::move(enc.ids);
+    } else if (prompt.is_array()) {
+      for (const json& t : prompt) {
+        if (!t.is_number_integer())
+          return InvalidArgumentError(
+              "field `prompt`: expected a string or a list of token ids, got "
+              "an element " +
+              Dump(t));
+        const int64_t v = t.get<int64_t>();
+        if (v < 0 || v >= e.model().config().vocab_size)
+          return InvalidArgumentError(
+              "field `prompt`: token id " + std::to_string(v) +
+              " outside the vocabulary [0, " +
+              std::to_string(e.model().config().vocab_size) + ")");
+        ids.push_back(static_cast<int32_t>(v));
+      }
+    } else {
+      return InvalidArgumentError(
+          "field `prompt`: expected a string or a list of token ids, got " +
+          std::string(prompt.type_name()));
+    }
+    if (ids.empty()) return InvalidArgumentError("the prompt has no tokens");
+    const int64_t limit = o_.max_prompt_tokens > 0
+                              ? std::min(o_.max_prompt_tokens, e.context())
+                              : e.context();
+    if (static_cast<int64_t>(ids.size()) > limit)
+      return InvalidArgumentError(
+          "the prompt has " + std::to_string(ids.size()) +
+          " tokens, more than the limit of " + std::to_string(limit) +
+          (o_.max_prompt_tokens > 0 ? " (server.max_prompt_tokens)"
+                                    : " (the serving context)"));
+    return ids;
+  }
+
+  StatusOr<GenFields> ParseGen(const Engine& e, const json& b,
+                               std::vector<int32_t> prompt, bool chat) {
+    GenFields f;
+    GenRequest& r = f.request;
+    r.prompt = std::move(prompt);
+    ASSIGN_OR_RETURN(r.max_new_tokens, GetInt(b, "max_tokens", 256, 0, 8192));
+    ASSIGN_OR_RETURN(double t, GetNumber(b, "temperature", 0.7, 0.0, 2.0));
+    ASSIGN_OR_RETURN(double p,
+                     GetNumber(b, "top_p", chat ? 1.0 : 0.9, 0.0, 1.0));
+    if (p == 0.0)
+      return InvalidArgumentError(
+          "field `top_p`: expected a number in (0, 1], got 0");
+    ASSIGN_OR_RETURN(r.sampling.top_k, GetInt(b, "top_k", 0, 0, 1 << 30));
+    ASSIGN_OR_RETURN(int64_t seed, GetInt(b, "seed", 0, 0,
+                                          std::numeric_limits<int64_t>::max()));
+    r.sampling.temperature = static_cast<float>(t);
+    r.sampling.top_p = static_cast<float>(p);
+    r.sampling.seed = static_cast<uint64_t>(seed);
+    ASSIGN_OR_RETURN(r.stop_strings, GetStrings(b, "stop"));
+    r.stop_ids = e.stop_ids();
+    ASSIGN_OR_RETURN(bool ignore_eos, GetBool(b, "ignore_eos", false));
+    if (ignore_eos) r.stop_ids.clear();
+    ASSIGN_OR_RETURN(f.return_hidden, GetBool(b, "return_hidden_states", true));
+    ASSIGN_OR_RETURN(f.full_sequence,
+                     GetBool(b, "return_full_sequence", false));
+    ASSIGN_OR_RETURN(bool attention, GetBool(b, "return_attention", false));
+    if (attention)
+      return UnimplementedError(
+          "return_attention is not supported by loom serve (attention "
+          "patterns are available from `loom extract --hooks "
+          "blocks.L.attn.hook_pattern`)");
+    ASSIGN_OR_RETURN(std::string fmt,
+                     GetString(b, "hidden_state_format", "list"));
+    ASSIGN_OR_RETURN(f.format, ParseArrayFormat(fmt));
+    f.dtype = o_.hidden_dtype;
+    if (b.contains("hidden_state_dtype")) {
+      ASSIGN_OR_RETURN(std::string d, GetString(b, "hidden_state_dtype", ""));
+      ASSIGN_OR_RETURN(f.dtype, ParseReturnDType(d));
+    }
+    // Layers: a list of ints, one int, or "all" (TheLoom: -n .. -1).
+    std::vector<int64_t> layers = o_.default_layers;
+    const int64_t n = e.model().config().num_layers;
+    if (b.contains("hidden_state_layers") &&
+        !b["hidden_state_layers"].is_null()) {
+      const json& l = b["hidden_state_layers"];
+      layers.clear();
+      if (l.is_string() && l.get<std::string>() == "all") {
+        for (int64_t i = -n; i <= -1; ++i) layers.push_back(i);
+      } else if (l.is_number_integer()) {
+        layers.push_back(l.get<int64_t>());
+      } else if (l.is_array()) {
+        for (const json& x : l) {
+          if (!x.is_number_integer())
+            return InvalidArgumentError(
+                "field `hidden_state_layers`: expected integers or \"all\", "
+                "got " +
+                Dump(l));
+          layers.push_back(x.get<int64_t>());
+        }
+      } else {
+        return InvalidArgumentError(
+            "field `hidden_state_layers`: expected integers or \"all\", got " +
+            Dump(l));
+      }
+    }
+    if (f.return_hidden)
+      for (int64_t l : layers) {
+        ASSIGN_OR_RETURN(HookPoint h, e.LayerHook(l));
+        f.layers.emplace_back(std::to_string(l), h);
+      }
+    ASSIGN_OR_RETURN(std::vector<std::string> hooks, GetStrings(b, "hooks"));
+    if (!hooks.empty()) {
+      ASSIGN_OR_RETURN(HookSet set,
+                       ResolveHooks(hooks, {}, e.model().config()));
+      f.hooks = set.hooks();
+      ASSIGN_OR_RETURN(std::vector<std::string> sel, GetStrings(b, "select"));
+      if (sel.empty()) sel = {"last"};
+      for (const std::string& s : sel) {
+        ASSIGN_OR_RETURN(RowSelector rs, ParseRowSelector(s));
+        f.selectors.push_back(rs);
+      }
+    }
+    bool all_rows = f.full_sequence;
+    for (const RowSelector& s : f.selectors)
+      all_rows |= s.kind != RowSelector::Kind::kLast;
+    r.rows = all_rows ? CaptureRows::kAll : CaptureRows::kLast;
+    for (const auto& [_, h] : f.layers)
+      if (std::find(r.hooks.begin(), r.hooks.end(), h) == r.hooks.end())
+        r.hooks.push_back(h);
+    for (const HookPoint& h : f.hooks)
+      if (std::find(r.hooks.begin(), r.hooks.end(), h) == r.hooks.end())
+        r.hooks.push_back(h);
+    return f;
+  }
+
+  // The capture of `hook` in a result: [rows, width].
+  static const float* Capture(const GenFields& f, const GenResult& g,
+                              const HookPoint& hook, int64_t* width) {
+    const auto& hooks = f.request.hooks;
+    const size_t i = static_cast<size_t>(
+        std::find(hooks.begin(), hooks.end(), hook) - hooks.begin());
+    *width = g.widths[i];
+    return g.captures[i].data();
+  }
+
+  // TheLoom's generation response, plus Loom's fields.
+  StatusOr<json> GenResponse(const Engine& e, const GenFields& f,
+                             const GenResult& g) {
+    json j;
+    j["text"] = g.text;
+    j["token_count"] = g.token_ids.size();
+    j["token_ids"] = g.token_ids;
+    j["stop_reason"] = g.stop_reason;
+    if (f.return_hidden) {
+      json hs = json::object(), seq = json::object();
+      for (const auto& [key, hook] : f.layers) {
+        int64_t w = 0;
+        const float* rows = Capture(f, g, hook, &w);
+        hs[key] =
+            EncodeArray(rows + (g.rows - 1) * w, 1, w, true, f.dtype, f.format);
+        if (f.full_sequence) {
+          const int64_t first = static_cast<int64_t>(g.prompt_ids.size()) - 1;
+          const int64_t count = std::max<int64_t>(g.rows - first, 0);
+          seq[key] =
+              EncodeArray(rows + first * w, count, w, false, f.dtype, f.format);
+        }
+      }
+      j["hidden_states"] = std::move(hs);
+      if (f.full_sequence) j["sequence_hidden_states"] = std::move(seq);
+    }
+    if (!f.hooks.empty()) {
+      json acts = json::object();
+      for (const HookPoint& h : f.hooks) {
+        int64_t w = 0;
+        const float* rows = Capture(f, g, h, &w);
+        json per = json::object();
+        for (const RowSelector& s : f.selectors) {
+          int64_t k = 0;
+          ASSIGN_OR_RETURN(std::vector<float> sel,
+                           SelectRows(s, rows, g.rows, w, &k));
+          per[s.spec] = EncodeArray(sel.data(), k, w, false, f.dtype, f.format);
+        }
+        acts[HookName(h)] = std::move(per);
+      }
+      j["activations"] = std::move(acts);
+      j["activation_rows"] = g.rows;
+    }
+    const double seconds = (g.queue_ms + g.run_ms) / 1000.0;
+    j["metadata"] = {{"model", e.id()},
+                     {"input_tokens", g.prompt_ids.size()},
+                     {"output_tokens", g.token_ids.size()},
+                     {"inference_time_ms", g.queue_ms + g.run_ms},
+                     {"queue_time_ms", g.queue_ms},
+                     {"tokens_per_second",
+                      g.run_ms > 0 ? static_cast<double>(g.token_ids.size()) /
+                                         (g.run_ms / 1000.0)
+                                   : 0.0},
+                     {"total_seconds", seconds}};
+    return j;
+  }
+
+  // ---- HTTP plumbing
+
+  void Reply(httplib::Response& res, int status, const json& body) {
+    res.status = status;
+    res.set_content(Dump(body), "application/json");
+  }
+  void ReplyError(httplib::Response& res, const Status& s) {
+    const int code = HttpStatusOf(s);
+    if (s.code() == StatusCode::kResourceExhausted)
+      res.set_header("Retry-After", "1");
+    Reply(res, code, ErrorBody(code, s.message()));
+  }
+
+  using Handler =
+      std::function<Status(const httplib::Request&, httplib::Response&)>;
+  // Wraps a route: errors become JSON error replies, every reply is counted.
+  httplib::Server::Handler Route(const std::string& name, Handler h) {
+    return
+        [this, name, h](const httplib::Request& req, httplib::Response& res) {
+          Status s;
+          try {
+            s = h(req, res);
+          } catch (const std::exception& e) {
+            s = InternalError(std::string("unexpected exception: ") + e.what());
+          } catch (...) {
+            s = InternalError("unexpected exception");
+          }
+          if (!s.ok()) ReplyError(res, s);
+          std::lock_guard<std::mutex> lock(metrics_mu_);
+          ++requests_[{name, res.status}];
+        };
+  }
+
+  std::vector<std::shared_ptr<Engine>> Engines() {
+    std::lock_guard<std::mutex> lock(models_mu_);
+    std::vector<std::shared_ptr<Engine>> out;
+    for (const auto& [_, e] : models_) out.push_back(e);
+    return out;
+  }
+
+  json ModelInfo(const Engine& e) {
+    const ModelConfig& c = e.model().config();
+    const EngineMemory m = e.Memory();
+    return {{"model_id", e.id()},
+            {"path", e.dir()},
+            {"device", "cpu"},
+            {"dtype", std::string(DTypeName(e.model().compute_dtype()))},
+            {"architecture", c.model_type},
+            {"hidden_size", c.hidden_size},
+            {"num_layers", c.num_layers},
+            {"vocab_size", c.vocab_size},
+            {"context", e.context()},
+            {"slots", e.options().slots},
+            {"loader_type", "loom"},
+            {"load_time_seconds", e.load_seconds()},
+            {"has_chat_template", e.chat_template() != nullptr},
+            {"memory_planned_bytes", m.planned()}};
+  }
+
+  // ---- Routes
+
+  void Register() {
+    http_.Get(
+        "/health", Route("/health", [this](const auto&, auto& res) {
+          json models = json::array();
+          for (const auto& e : Engines()) models.push_back(e->id());
+          Reply(
+              res, 200,
+              {{"status", draining_ ? "draining" : "healthy"},
+               {"model_loaded", models.empty() ? json(nullptr) : models[0]},
+               {"models", models},
+               {"gpu_info", {{"has_gpu", false}}},
+               {"uptime_seconds",
+                std::chrono::duration<double>(Clock::now() - started_).count()},
+               {"config", o_.config}});
+          return Status();
+        }));
+    http_.Get("/models", Route("/models", [this](const auto&, auto& res) {
+                json list = json::array();
+                for (const auto& e : Engines()) list.push_back(ModelInfo(*e));
+                Reply(res, 200,
+                      {{"models", list},
+                       {"loaded_count", list.size()},
+                       {"max_loaded", o_.max_loaded}});
+                return Status();
+              }));
+    http_.Post("/models/load",
+               Route("/models/load", [this](const auto& req, auto& res) {
+                 ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+                 ASSIGN_OR_RETURN(std::string name, GetString(b, "model", ""));
+                 if (name.empty())
+                   return InvalidArgumentError("field `model` is required");
+                 ASSIGN_OR_RETURN(std::string device,
+                                  GetString(b, "device", "cpu"));
+                 if (device != "cpu" && device != "auto")
+                   return UnimplementedError(
+                       "device `" + device +
+                       "`: loom serve runs models on the CPU for now (the "
+                       "CUDA backend has no KV-cache attention yet)");
+                 ASSIGN_OR_RETURN(auto e, Load(name));
+                 Reply(res, 200, ModelInfo(*e));
+                 return Status();
+               }));
+    http_.Delete(R"(/models/(.+))",
+                 Route("/models/{id}", [this](const auto& req, auto& res) {
+                   std::string id = req.matches[1];
+                   for (size_t p; (p = id.find("--")) != std::string::npos;)
+                     id.replace(p, 2, "/");
+                   RETURN_IF_ERROR(Unload(id));
+                   Reply(res, 200, {{"model_id", id}, {"unloaded", true}});
+                   return Status();
+                 }));
+    auto generate = [this](const auto& req, auto& res) -> Status {
+      ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+      ASSIGN_OR_RETURN(auto e, EngineFor(b));
+      if (!b.contains("prompt"))
+        return InvalidArgumentError("field `prompt` is required");
+      ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
+      ASSIGN_OR_RETURN(auto ids, Tokens(*e, b["prompt"], special));
+      ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), false));
+      ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
+      ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
+      ASSIGN_OR_RETURN(json out, GenResponse(*e, f, g));
+      Reply(res, 200, out);
+      return Status();
+    };
+    http_.Post("/generate", Route("/generate", generate));
+    http_.Post("/v1/generate", Route("/v1/generate", generate));
+    http_.Post("/generate/stream",
+               Route("/generate/stream", [this](const auto& req, auto& res) {
+                 return Stream(req, res, /*chat=*/false);
+               }));
+    http_.Post("/generate/batch",
+               Route("/generate/batch", [this](const auto& req, auto& res) {
+                 return Batch(req, res);
+               }));
+    http_.Post("/embed", Route("/embed", [this](const auto& req, auto& res) {
+                 return Embed(req, res, false);
+               }));
+    http_.Post("/embed/batch",
+               Route("/embed/batch", [this](const auto& req, auto& res) {
+                 return Embed(req, res, true);
+               }));
+    http_.Post(
+        "/v1/chat/completions",
+        Route("/v1/chat/completions",
+              [this](const auto& req, auto& res) { return Chat(req, res); }));
+    http_.Get("/gpu/status",
+              Route("/gpu/status", [this](const auto&, auto& res) {
+                Reply(res, 200, GpuStatus());
+                return Status();
+              }));
+    http_.Get("/metrics", Route("/metrics", [this](const auto&, auto& res) {
+                res.set_content(Metrics(),
+                                "text/plain; version=0.0.4; charset=utf-8");
+                return Status();
+              }));
+    http_.Post("/analyze",
+               Route("/analyze", [this](const auto& req, auto& res) {
+                 ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+                 const char* key = b.contains("embedding") ? "embedding"
+                                   : b.contains("vector")  ? "vector"
+                                                           : "data";
+                 if (!b.contains(key) || !b[key].is_array())
+                   return InvalidArgumentError(
+                       "field `embedding`: expected a list of numbers");
+                 std::vector<double> v;
+                 for (const json& x : b[key]) {
+                   if (!x.is_number())
+                     return InvalidArgumentError(
+                         "field `embedding`: expected numbers, got " + Dump(x));
+                   v.push_back(x.get<double>());
+                 }
+                 ASSIGN_OR_RETURN(json out, AnalyzeVector(v));
+                 Reply(res, 200, out);
+                 return Status();
+               }));
+  }
+
+  // SSE for /generate/stream (events: token, done, error) and for streamed
+  // chat (openai or theloom formats).
+  Status Stream(const httplib::Request& req, httplib::Response& res, bool chat,
+                json body = nullptr, std::string format = "") {
+    json b;
+    if (chat) {
+      b = std::move(body);
+    } else {
+      ASSIGN_OR_RETURN(b, ParseBody(req.body));
+    }
+    ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    std::vector<int32_t> ids;
+    if (chat) {
+      ASSIGN_OR_RETURN(ids, ChatTokens(*e, b));
+    } else {
+      if (!b.contains("prompt"))
+        return InvalidArgumentError("field `prompt` is required");
+      ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
+      ASSIGN_OR_RETURN(ids, Tokens(*e, b["prompt"], special));
+    }
+    ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), chat));
+    auto st = std::make_shared<StreamState>();
+    const std::string id =
+        "chatcmpl-" + std::to_string(std::time(nullptr)) + "-" +
+        std::to_string(reinterpret_cast<uintptr_t>(st.get()) % 100000);
+    const int64_t created = std::time(nullptr);
+    auto index = std::make_shared<int64_t>(0);
+    const std::string model_id = e->id();
+    f.request.on_token = [st, chat, format, id, created, model_id, index](
+                             int32_t tok, const std::string& piece) {
+      if (!chat) {
+        st->Push(
+            Sse("token",
+                {{"token", piece}, {"token_id", tok}, {"index", (*index)++}}));
+      } else if (!piece.empty()) {
+        if (format == "openai") {
+          st->Push(Sse("", {{"id", id},
+                            {"object", "chat.completion.chunk"},
+                            {"created", created},
+                            {"model", model_id},
+                            {"choices",
+                             {{{"index", 0},
+                               {"delta", {{"content", piece}}},
+                               {"finish_reason", nullptr}}}}}));
+        } else {
+          st->Push(Sse("content_block_delta",
+                       {{"type", "content_block_delta"},
+                        {"index", 0},
+                        {"delta", {{"type", "text_delta"}, {"text", piece}}}}));
+        }
+      }
+    };
+    f.request.on_finish = [st] { st->Finish(); };
+    ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
+    if (chat && format == "openai")
+      st->Push(Sse("", {{"id", id},
+                        {"object", "chat.completion.chunk"},
+                        {"created", created},
+                        {"model", model_id},
+                        {"choices",
+                         {{{"index", 0},
+                           {"delta", {{"role", "assistant"}, {"content", ""}}},
+                           {"finish_reason", nullptr}}}}}));
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, st, ticket, e, f, chat, format, id,
+                              created](size_t, httplib::DataSink& sink) {
+          std::unique_lock<std::mutex> lock(st->mu);
+          st->cv.wait_for(lock, std::chrono::milliseconds(200),
+                          [&] { return !st->events.empty() || st->finished; });
+          while (!st->events.empty()) {
+            std::string ev = std::move(st->events.front());
+            st->events.pop_front();
+            lock.unlock();
+            if (!sink.write(ev.data(), ev.size())) {
+              ticket->Cancel();
+              return false;
+            }
+            lock.lock();
+          }
+          if (!st->finished) {
+            if (!sink.is_writable()) {
+              ticket->Cancel();
+              return false;
+            }
+            return true;
+          }
+          lock.unlock();
+          const std::string last =
+              FinalEvent(*e, f, *ticket, chat, format, id, created);
+          sink.write(last.data(), last.size());
+          sink.done();
+          return true;
+        });
+    return Status();
+  }
+
+  std::string FinalEvent(const Engine& e, const GenFields& f, Ticket& ticket,
+                         bool chat, const std::string& format,
+                         const std::string& id, int64_t created) {
+    StatusOr<GenResult> g = ticket.Wait();
+    StatusOr<json> body =
+        g.ok() ? GenResponse(e, f, *g) : StatusOr<json>(g.status());
+    if (!body.ok()) {
+      if (chat && format == "openai")
+        return Sse("", ErrorBody(HttpStatusOf(body.status()),
+                                 body.status().message())) +
+               "data: [DONE]\n\n";
+      return Sse("error", {{"type", "error"},
+                           {"error",
+                            {{"message", body.status().message()},
+                             {"code", HttpStatusOf(body.status())}}}});
+    }
+    if (!chat) {
+      json d = *body;
+      return Sse("done", d);
+    }
+    const json usage = {
+        {"prompt_tokens", g->prompt_ids.size()},
+        {"completion_tokens", g->token_ids.size()},
+        {"total_tokens", g->prompt_ids.size() + g->token_ids.size()}};
+    const std::string finish =
+        g->stop_reason == "max_tokens" || g->stop_reason == "context" ? "length"
+                                                                      : "stop";
+    if (format == "openai") {
+      return Sse("", {{"id", id},
+                      {"object", "chat.completion.chunk"},
+                      {"created", created},
+                      {"model", e.id()},
+                      {"choices",
+                       {{{"index", 0},
+                         {"delta", json::object()},
+                         {"finish_reason", finish}}}},
+                      {"usage", usage}}) +
+             "data: [DONE]\n\n";
+    }
+    json delta = {{"type", "message_delta"},
+                  {"delta", {{"stop_reason", finish}}},
+                  {"usage", usage},
+                  {"metadata", (*body)["metadata"]}};
+    if (f.return_hidden) delta["hidden_state"] = ChatHiddenState(f, *g);
+    return Sse("message_delta", delta);
+  }
+
+  // TheLoom's chat hidden state: the final layer's last row.
+  json ChatHiddenState(const GenFields& f, const GenResult& g) {
+    if (f.layers.empty()) return nullptr;
+    int64_t w = 0;
+    const float* rows = Capture(f, g, f.layers.back().second, &w);
+    std::vector<float> last(rows + (g.rows - 1) * w, rows + g.rows * w);
+    json a = EncodeArray(last.data(), 1, w, true, f.dtype, f.format);
+    return {{"final", a["data"]},
+            {"shape", a["shape"]},
+            {"layer", std::stoll(f.layers.back().first)},
+            {"dtype", a["dtype"]}};
+  }
+
+  StatusOr<std::vector<int32_t>> ChatTokens(const Engine& e, const json& b) {
+    if (!b.contains("messages") || !b["messages"].is_array() ||
+        b["messages"].empty())
+      return InvalidArgumentError(
+          "field `messages`: expected a non-empty list of {role, content}");
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    std::string plain;
+    for (const json& m : b["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !m.contains("content") || !m["content"].is_string())
+        return InvalidArgumentError(
+            "field `messages`: each message needs string `role` and "
+            "`content`, got " +
+            Dump(m));
+      messages.push_back({{"role", m["role"].get<std::string>()},
+                          {"content", m["content"].get<std::string>()}});
+      std::string role = m["role"].get<std::string>();
+      if (!role.empty()) role[0] = static_cast<char>(std::toupper(role[0]));
+      plain += role + ": " + m["content"].get<std::string>() + "\n";
+    }
+    if (e.chat_template() == nullptr) {
+      // TheLoom's fallback for models without a template.
+      return Tokens(e, json(plain + "Assistant:"), true);
+    }
+    nlohmann::ordered_json ctx = {{"messages", messages},
+                                  {"add_generation_prompt", true}};
+    ASSIGN_OR_RETURN(std::string text, e.chat_template()->Render(ctx));
+    // The template writes the special tokens itself (as HF's
+    // apply_chat_template(tokenize=True) does).
+    return Tokens(e, json(text), false);
+  }
+
+  std::string ChatFormat(const json& b) {
+    std::string f = b.value("stream_format", std::string());
+    if (f.empty()) f = o_.chat_stream_format;
+    if (f == "auto")
+      f = b.contains("return_hidden_states") ? "theloom" : "openai";
+    return f;
+  }
+
+  Status Chat(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    ASSIGN_OR_RETURN(std::string sf, GetString(b, "stream_format", ""));
+    if (!sf.empty() && sf != "openai" && sf != "theloom")
+      return InvalidArgumentError(
+          "field `stream_format`: expected \"openai\" or \"theloom\", got \"" +
+          sf + "\"");
+    ASSIGN_OR_RETURN(bool stream, GetBool(b, "stream", false));
+    // A chat's hidden state is the final layer's unless asked otherwise.
+    if (!b.contains("hidden_state_layers")) b["hidden_state_layers"] = {-1};
+    if (stream) return Stream(req, res, true, b, ChatFormat(b));
+    ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    ASSIGN_OR_RETURN(auto ids, ChatTokens(*e, b));
+    ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), true));
+    ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
+    ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
+    ASSIGN_OR_RETURN(json body, GenResponse(*e, f, g));
+    const std::string finish =
+        g.stop_reason == "max_tokens" || g.stop_reason == "context" ? "length"
+                                                                    : "stop";
+    json out = {{"id", "chatcmpl-" + std::to_string(std::time(nullptr))},
+                {"object", "chat.completion"},
+                {"created", std::time(nullptr)},
+                {"model", e->id()},
+                {"choices",
+                 {{{"index", 0},
+                   {"message", {{"role", "assistant"}, {"content", g.text}}},
+                   {"finish_reason", finish}}}},
+                {"usage",
+                 {{"prompt_tokens", g.prompt_ids.size()},
+                  {"completion_tokens", g.token_ids.size()},
+                  {"total_tokens", g.prompt_ids.size() + g.token_ids.size()}}},
+                {"text", g.text},
+                {"metadata", body["metadata"]}};
+    if (f.return_hidden) out["hidden_state"] = ChatHiddenState(f, g);
+    if (body.contains("activations")) out["activations"] = body["activations"];
+    Reply(res, 200, out);
+    return Status();
+  }
+
+  Status Batch(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    if (!b.contains("prompts") || !b["prompts"].is_array() ||
+        b["prompts"].empty())
+      return InvalidArgumentError(
+          "field `prompts`: expected a non-empty list of prompts");
+    const size_t n = b["prompts"].size();
+    if (static_cast<int64_t>(n) > o_.max_batch_prompts)
+      return InvalidArgumentError("field `prompts`: " + std::to_string(n) +
+                                  " prompts, more than "
+                                  "server.max_batch_prompts = " +
+                                  std::to_string(o_.max_batch_prompts));
+    ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
+    const Clock::time_point t0 = Clock::now();
+    std::vector<GenFields> fields;
+    for (size_t i = 0; i < n; ++i) {
+      StatusOr<std::vector<int32_t>> ids = Tokens(*e, b["prompts"][i], special);
+      if (!ids.ok())
+        return ids.status().WithContext("prompt " + std::to_string(i));
+      ASSIGN_OR_RETURN(GenFields f,
+                       ParseGen(*e, b, std::move(ids).value(), false));
+      fields.push_back(std::move(f));
+    }
+    // Every prompt goes to the engine at once: they share forwards.
+    std::vector<std::shared_ptr<Ticket>> tickets;
+    for (size_t i = 0; i < n; ++i) {
+      StatusOr<std::shared_ptr<Ticket>> t = e->Submit(fields[i].request);
+      if (!t.ok()) {
+        for (auto& s : tickets) s->Cancel();
+        return t.status().WithContext("prompt " + std::to_string(i));
+      }
+      tickets.push_back(*t);
+    }
+    json results = json::array();
+    int64_t total = 0;
+    Status first_error;
+    for (size_t i = 0; i < n; ++i) {
+      StatusOr<GenResult> g = tickets[i]->Wait();
+      if (!g.ok()) {
+        if (first_error.ok()) first_error = g.status();
+        continue;
+      }
+      total += static_cast<int64_t>(g->token_ids.size());
+      ASSIGN_OR_RETURN(json r, GenResponse(*e, fields[i], *g));
+      results.push_back(std::move(r));
+    }
+    RETURN_IF_ERROR(first_error);
+    Reply(
+        res, 200,
+        {{"results", results},
+         {"total_tokens", total},
+         {"total_time_ms",
+          std::chrono::duration<double, std::milli>(Clock::now() - t0).count()},
+         {"prompts_processed", n}});
+    return Status();
+  }
+
+  Status Embed(const httplib::Request& req, httplib::Response& res,
+               bool batch) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    std::vector<json> texts;
+    if (batch) {
+      if (!b.contains("texts") || !b["texts"].is_array() || b["texts"].empty())
+        return InvalidArgumentError(
+            "field `texts`: expected a non-empty list of strings");
+      if (static_cast<int64_t>(b["texts"].size()) > o_.max_batch_prompts)
+        return InvalidArgumentError(
+            "field `texts`: " + std::to_string(b["texts"].size()) +
+            " texts, more than server.max_batch_prompts = " +
+            std::to_string(o_.max_batch_prompts));
+      for (const json& t : b["texts"]) texts.push_back(t);
+    } else {
+      if (!b.contains("text"))
+        return InvalidArgumentError("field `text` is required");
+      texts.push_back(b["text"]);
+    }
+    ASSIGN_OR_RETURN(std::string pooling_name,
+                     GetString(b, "pooling", "last_token"));
+    ASSIGN_OR_RETURN(Pooling pooling, ParsePooling(pooling_name));
+    ASSIGN_OR_RETURN(bool normalize, GetBool(b, "normalize", false));
+    ASSIGN_OR_RETURN(int64_t layer, GetInt(b, "layer", -1, -100000, 100000));
+    ASSIGN_OR_RETURN(HookPoint hook, e->LayerHook(layer));
+    ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
+    const Clock::time_point t0 = Clock::now();
+    std::vector<std::shared_ptr<Ticket>> tickets;
+    int64_t tokens = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      StatusOr<std::vector<int32_t>> ids = Tokens(*e, texts[i], special);
+      if (!ids.ok())
+        return ids.status().WithContext("text " + std::to_string(i));
+      tokens += static_cast<int64_t>(ids->size());
+      GenRequest r;
+      r.prompt = std::move(ids).value();
+      r.max_new_tokens = 0;
+      r.hooks = {hook};
+      r.rows = pooling == Pooling::kLastToken ? CaptureRows::kLast
+                                              : CaptureRows::kAll;
+      StatusOr<std::shared_ptr<Ticket>> t = e->Submit(std::move(r));
+      if (!t.ok()) {
+        for (auto& s : tickets) s->Cancel();
+        return t.status().WithContext("text " + std::to_string(i));
+      }
+      tickets.push_back(*t);
+    }
+    json embeddings = json::array();
+    int64_t width = 0;
+    for (auto& t : tickets) {
+      ASSIGN_OR_RETURN(GenResult g, t->Wait());
+      width = g.widths[0];
+      embeddings.push_back(
+          Pool(g.captures[0].data(), g.rows, width, pooling, normalize));
+    }
+    const json meta = {
+        {"model", e->id()},
+        {"pooling", pooling_name},
+        {"normalized", normalize},
+        {"layer", layer},
+        {"input_tokens", tokens},
+        {"inference_time_ms",
+         std::chrono::duration<double, std::milli>(Clock::now() - t0).count()}};
+    if (batch) {
+      Reply(res, 200,
+            {{"embeddings", embeddings},
+             {"shape", {embeddings.size(), width}},
+             {"metadata", meta}});
+    } else {
+      Reply(res, 200,
+            {{"embedding", embeddings[0]},
+             {"shape", {width}},
+             {"metadata", meta}});
+    }
+    return Status();
+  }
+
+  json GpuStatus() {
+    const int64_t total = HostMemoryBytes();
+    const int64_t capacity =
+        static_cast<int64_t>(static_cast<double>(total) * o_.memory_fraction);
+    int64_t planned = 0, used = 0;
+    json models = json::array();
+    for (const auto& e : Engines()) {
+      const EngineMemory m = e->Memory();
+      planned += m.planned();
+      used += m.weights + m.arenas + m.head + m.kv_used + m.capture_used;
+      models.push_back(
+          {{"model_id", e->id()},
+           {"planned_bytes",
+            {{"weights", m.weights},
+             {"arenas", m.arenas},
+             {"kv", m.kv},
+             {"head", m.head},
+             {"capture", m.capture},
+             {"total", m.planned()}}},
+           {"used_bytes", {{"kv", m.kv_used}, {"capture", m.capture_used}}}});
+    }
+    const double usage =
+        capacity > 0 ? static_cast<double>(planned) / capacity : 0.0;
+    json warnings = json::array();
+    if (usage > o_.memory_warning_threshold)
+      warnings.push_back(
+          {{"device", "cpu"},
+           {"message", "planned memory is above memory_warning_threshold"},
+           {"usage_fraction", usage},
+           {"threshold", o_.memory_warning_threshold}});
+    return {
+        {"has_gpu", false},
+        {"note", "loom serve computes on the CPU; the devices list the host"},
+        {"memory_fraction", o_.memory_fraction},
+        {"memory_warning_threshold", o_.memory_warning_threshold},
+        {"devices",
+         {{{"device", "cpu"},
+           {"total_bytes", total},
+           {"capacity_bytes", capacity},
+           {"planned_bytes", planned},
+           {"used_bytes", used},
+           {"usage_fraction", usage},
+           {"models", models}}}},
+        {"warnings", warnings}};
+  }
+
+  std::string Metrics() {
+    std::string s;
+    auto family = [&](const char* name, const char* type, const char* help) {
+      s += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name +
+           " " + type + "\n";
+    };
+    family("loom_http_requests_total", "counter",
+           "HTTP requests by route and status code.");
+    {
+      std::lock_guard<std::mutex> lock(metrics_mu_);
+      for (const auto& [k, v] : requests_)
+        s += "loom_http_requests_total{route=\"" + k.first + "\",code=\"" +
+             std::to_string(k.second) + "\"} " + std::to_string(v) + "\n";
+    }
+    const auto engines = Engines();
+    family("loom_models_loaded", "gauge", "Models loaded.");
+    s += "loom_models_loaded " + std::to_string(engines.size()) + "\n";
+    struct Counter {
+      const char* name;
+      const char* type;
+      const char* help;
+      double (*get)(const EngineStats&);
+    };
+    static const Counter kCounters[] = {
+        {"loom_requests_admitted_total", "counter", "Requests admitted.",
+         [](const EngineStats& x) { return double(x.requests_admitted); }},
+        {"loom_requests_completed_total", "counter", "Requests completed.",
+         [](const EngineStats& x) { return double(x.requests_completed); }},
+        {"loom_requests_failed_total", "counter", "Requests failed.",
+         [](const EngineStats& x) { return double(x.requests_failed); }},
+        {"loom_requests_rejected_total", "counter",
+         "Requests refused because the queue was full (503).",
+         [](const EngineStats& x) { return double(x.requests_rejected); }},
+        {"loom_requests_cancelled_total", "counter", "Requests cancelled.",
+         [](const EngineStats& x) { return double(x.requests_cancelled); }},
+        {"loom_prompt_tokens_total", "counter", "Prompt tokens admitted.",
+         [](const EngineStats& x) { return double(x.prompt_tokens); }},
+        {"loom_generated_tokens_total", "counter", "Tokens generated.",
+         [](const EngineStats& x) { return double(x.generated_tokens); }},
+        {"loom_forwards_total", "counter", "Forwards run.",
+         [](const EngineStats& x) { return double(x.forwards); }},
+        {"loom_forward_tokens_total", "counter", "Tokens over all forwards.",
+         [](const EngineStats& x) { return double(x.forward_tokens); }},
+        {"loom_forward_sequences_total", "counter",
+         "Sequences over all forwards (divide by forwards: the mean batch).",
+         [](const EngineStats& x) { return double(x.forward_seqs); }},
+        {"loom_forward_seconds_total", "counter", "Seconds in forwards.",
+         [](const EngineStats& x) { return x.forward_seconds; }},
+        {"loom_queue_depth", "gauge", "Requests waiting for admission.",
+         [](const EngineStats& x) { return double(x.queued); }},
+        {"loom_active_sequences", "gauge", "Sequences admitted.",
+         [](const EngineStats& x) { return double(x.active); }},
+    };
+    std::vector<EngineStats> stats;
+    for (const auto& e : engines) stats.push_back(e->Stats());
+    for (const Counter& c : kCounters) {
+      family(c.name, c.type, c.help);
+      for (size_t i = 0; i < engines.size(); ++i)
+        s += std::string(c.name) + "{model=\"" + engines[i]->id() + "\"} " +
+             Fmt(c.get(stats[i])) + "\n";
+    }
+    family("loom_memory_planned_bytes", "gauge",
+           "Bytes planned at load, by component.");
+    for (const auto& e : engines) {
+      const EngineMemory m = e->Memory();
+      for (const auto& [k, v] :
+           std::vector<std::pair<const char*, int64_t>>{{"weights", m.weights},
+                                                        {"arenas", m.arenas},
+                                                        {"kv", m.kv},
+                                                        {"head", m.head},
+                                                        {"capture", m.capture}})
+        s += "loom_memory_planned_bytes{model=\"" + e->id() +
+             "\",component=\"" + k + "\"} " + std::to_string(v) + "\n";
+    }
+    family("loom_memory_used_bytes", "gauge",
+           "Bytes of the KV cache and capture budget in use.");
+    for (const auto& e : engines) {
+      const EngineMemory m = e->Memory();
+      s += "loom_memory_used_bytes{model=\"" + e->id() +
+           "\",component=\"kv\"} " + std::to_string(m.kv_used) + "\n";
+      s += "loom_memory_used_bytes{model=\"" + e->id() +
+           "\",component=\"capture\"} " + std::to_string(m.capture_used) + "\n";
+    }
+    return s;
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  Stop();
+  for (const auto& e : impl_->Engines()) e->Shutdown(true);
+}
+
+StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
+  if (o.max_body_bytes <= 0 || o.max_loaded < 1 || o.max_batch_prompts < 1)
+    return InvalidArgumentError(
+        "serve: max_body_bytes, max_loaded and max_batch_prompts must be > 0");
+  auto impl = std::make_unique<Impl>(o);
+  Impl* p = impl.get();
+  const size_t threads = o.threads > 0 ? static_cast<size_t>(o.threads)
+                                       : static_cast<size_t>(std::min<int64_t>(
+                                             o.engine.max_queue + 16, 512));
+  p->http_.new_task_queue = [threads] {
+    return new httplib::ThreadPool(threads);
+  };
+  p->http_.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
+  // The library listens with a backlog of 5: a burst of clients would see
+  // resets. Remember the listening socket (after setting the options the
+  // library would have set) so that Bind() can listen again with a deep
+  // backlog.
+  p->http_.set_socket_options([p](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    p->listen_socket_ = sock;
+  });
+  p->http_.set_keep_alive_timeout(5);
+  p->http_.set_read_timeout(30);
+  p->http_.set_write_timeout(30);
+  p->http_.set_pre_routing_handler([p](const httplib::Request& req,
+                                       httplib::Response& res) {
+    if (p->draining_ && req.path != "/health") {
+      res.set_header("Retry-After", "5");
+      p->Reply(res, 503, ErrorBody(503, "the server is shutting down"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (!p->o_.auth_token.empty() && req.path != "/health" &&
+        req.get_header_value("Authorization") != "Bearer " + p->o_.auth_token) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      p->Reply(res, 401,
+               ErrorBody(401,
+                         "missing or wrong bearer token "
+                         "(Authorization: Bearer <token>)"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (!p->o_.cors_origins.empty()) {
+      const std::string origin = req.get_header_value("Origin");
+      for (const std::string& allowed : p->o_.cors_origins)
+        if (allowed == "*" || allowed == origin) {
+          res.set_header("Access-Control-Allow-Origin",
+                         allowed == "*" ? "*" : origin);
+          break;
+        }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  p->http_.set_error_handler(
+      [p](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return;  // a route's own error reply
+        std::string msg = "HTTP " + std::to_string(res.status);
+        if (res.status == 404) msg = "no route " + req.method + " " + req.path;
+        if (res.status == 413)
+          msg = "request body larger than server.max_body_bytes = " +
+                std::to_string(p->o_.max_body_bytes);
+        p->Reply(res, res.status, ErrorBody(res.status, msg));
+      });
+  p->Register();
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+StatusOr<std::string> Server::LoadModel(const std::string& name) {
+  ASSIGN_OR_RETURN(auto e, impl_->Load(name));
+  return e->id();
+}
+
+Status Server::UnloadModel(const std::string& id) { return impl_->Unload(id); }
+
+StatusOr<int> Server::Bind() {
+  const ServerOptions& o = impl_->o_;
+  if (o.port == 0) {
+    const int port = impl_->http_.bind_to_any_port(o.host);
+    if (port <= 0) return IoError("cannot bind " + o.host + " to a free port");
+    port_ = port;
+  } else {
+    if (!impl_->http_.bind_to_port(o.host, o.port))
+      return IoError("cannot bind " + o.host + ":" + std::to_string(o.port) +
+                     " (in use, or not an address of this machine)");
+    port_ = o.port;
+  }
+  if (impl_->listen_socket_ >= 0) ::listen(impl_->listen_socket_, SOMAXCONN);
+  return port_;
+}
+
+Status Server::Run() {
+  if (port_ == 0) return FailedPreconditionError("serve: Bind() first");
+  const bool ok = impl_->http_.listen_after_bind();
+  // listen returns once the workers have finished their requests.
+  for (const auto& e : impl_->Engines()) e->Shutdown(true);
+  if (!ok && !impl_->draining_)
+    return IoError("the HTTP server stopped unexpectedly");
+  return Status();
+}
+
+void Server::Stop() {
+  impl_->draining_ = true;
+  impl_->http_.stop();
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,87 @@
+// `loom serve`: TheLoom's HTTP API over the batching engine (engine.h).
+// Routes, fields and differences from TheLoom: docs/server.md.
+//
+// The server holds the loaded models (at most max_loaded), each an Engine
+// with its own planned memory and scheduler; HTTP worker threads parse a
+// request, submit it to the model's engine and wait for its ticket, so
+// concurrent requests meet in the engine's shared forwards. Models load only
+// from configured places: a directory given on the command line, or a name
+// relative to one of `model_dirs` (no absolute paths, no `..`, no symlink
+// leaving the directory).
+//
+// Safety: binds 127.0.0.1 unless told otherwise; with an auth token every
+// route but /health needs "Authorization: Bearer <token>"; bodies over
+// max_body_bytes get 413, prompts over max_prompt_tokens 400; malformed JSON,
+// wrong types and unknown models get 4xx with a message; a full queue gets
+// 503 with Retry-After. Stop() (SIGTERM in the CLI) refuses new requests,
+// lets the in-flight ones finish, then unloads the models.
+#ifndef LOOM_SERVE_SERVER_H_
+#define LOOM_SERVE_SERVER_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+#include "src/serve/engine.h"
+
+namespace loom::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;         // 0 = any free port (see Server::port())
+  std::string auth_token;  // "" = none
+  int64_t max_body_bytes = 8 << 20;
+  int64_t max_prompt_tokens = 0;  // 0 = the model's serving context
+  int64_t max_batch_prompts = 100;
+  int threads = 0;  // HTTP workers; 0 = max_queue + 16, at most 512
+  std::string chat_stream_format = "auto";  // auto | openai | theloom
+  // Where models may come from: names relative to these directories, and
+  // these exact model directories (the CLI's --model).
+  std::vector<std::string> model_dirs;
+  std::vector<std::string> model_paths;
+  int max_loaded = 3;
+  std::vector<int64_t> default_layers = {-1};
+  DType hidden_dtype = DType::kF32;
+  double memory_fraction = 0.9;
+  double memory_warning_threshold = 0.85;
+  int64_t shutdown_timeout_seconds = 30;
+  std::vector<std::string> cors_origins;
+  EngineOptions engine;
+  nlohmann::json config;  // the effective configuration, echoed in /health
+};
+
+class Server {
+ public:
+  static StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
+  ~Server();
+
+  // Loads a model by id (a configured directory's name or a name under
+  // model_dirs); returns its id. Loading an already loaded model is a no-op.
+  StatusOr<std::string> LoadModel(const std::string& name);
+  Status UnloadModel(const std::string& id);
+
+  // Binds the listening socket; the port (useful with port 0).
+  StatusOr<int> Bind();
+  // Serves until Stop(); returns once in-flight requests are done and the
+  // models are unloaded.
+  Status Run();
+  // Thread-safe; returns at once.
+  void Stop();
+  int port() const { return port_; }
+
+ private:
+  class Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace loom::serve
+
+#endif  // LOOM_SERVE_SERVER_H_

@@ -1,0 +1,629 @@
+// `loom serve` over real HTTP on a loopback port with the bundled model:
+// every route, hidden states equal to `loom extract`'s, the streaming
+// formats, malformed requests of every kind, authentication, a full queue,
+// and a bounded load test (64 concurrent clients).
+#include "src/serve/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "src/eval/extract.h"
+#include "src/eval/generate.h"
+#include "src/io/npy.h"
+#include "src/serve/api.h"
+
+namespace loom::serve {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Stories() { return std::string(LOOM_MODELS_DIR) + "/stories260K"; }
+
+// A server on a free loopback port, run on a thread.
+class Running {
+ public:
+  explicit Running(ServerOptions o) {
+    o.host = "127.0.0.1";
+    o.port = 0;
+    if (o.model_paths.empty()) o.model_paths = {Stories()};
+    auto s = Server::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+    auto id = server_->LoadModel(Stories());
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    auto port = server_->Bind();
+    EXPECT_TRUE(port.ok()) << port.status().ToString();
+    thread_ = std::thread([this] { status_ = server_->Run(); });
+  }
+  ~Running() { Stop(); }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    server_->Stop();
+    thread_.join();
+    EXPECT_TRUE(status_.ok()) << status_.ToString();
+  }
+  httplib::Client Client() const {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60);
+    return c;
+  }
+  Server& server() { return *server_; }
+
+ private:
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  Status status_;
+};
+
+ServerOptions Defaults() {
+  ServerOptions o;
+  o.engine.precision = Precision::kF32;
+  o.engine.slots = 4;
+  o.engine.context = 256;
+  o.engine.prefill_chunk = 16;
+  return o;
+}
+
+json Post(httplib::Client& c, const std::string& path, const json& body,
+          int* status = nullptr) {
+  auto r = c.Post(path, body.dump(), "application/json");
+  EXPECT_TRUE(r) << path << ": no response";
+  if (!r) return json();
+  if (status != nullptr) *status = r->status;
+  json j = json::parse(r->body, nullptr, false);
+  return j;
+}
+
+std::vector<float> DecodeF32(const json& array) {
+  EXPECT_EQ(array.value("encoding", ""), "base64");
+  auto bytes = Base64Decode(array["data"].get<std::string>());
+  EXPECT_TRUE(bytes.ok());
+  std::vector<float> v(bytes->size() / 4);
+  std::memcpy(v.data(), bytes->data(), bytes->size());
+  return v;
+}
+
+// SSE events of a body: (event name, data).
+std::vector<std::pair<std::string, std::string>> Events(const std::string& s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    std::string block = s.substr(pos, end - pos), name, data;
+    size_t line = 0;
+    while (line < block.size()) {
+      size_t nl = block.find('\n', line);
+      if (nl == std::string::npos) nl = block.size();
+      const std::string l = block.substr(line, nl - line);
+      if (l.rfind("event: ", 0) == 0) name = l.substr(7);
+      if (l.rfind("data: ", 0) == 0) data = l.substr(6);
+      line = nl + 1;
+    }
+    out.emplace_back(name, data);
+    pos = end + 2;
+  }
+  return out;
+}
+
+TEST(ServeHttpTest, HealthModelsLoadUnload) {
+  ServerOptions o = Defaults();
+  Running s(o);
+  auto c = s.Client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  json health = json::parse(h->body);
+  EXPECT_EQ(health["status"], "healthy");
+  EXPECT_EQ(health["model_loaded"], "stories260K");
+  auto m = c.Get("/models");
+  ASSERT_TRUE(m);
+  json models = json::parse(m->body);
+  ASSERT_EQ(models["models"].size(), 1u);
+  EXPECT_EQ(models["models"][0]["num_layers"], 5);
+  EXPECT_EQ(models["models"][0]["hidden_size"], 64);
+  int status = 0;
+  json loaded = Post(c, "/models/load", {{"model", "stories260K"}}, &status);
+  EXPECT_EQ(status, 200) << loaded.dump();
+  auto d = c.Delete("/models/stories260K");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->status, 200) << d->body;
+  d = c.Delete("/models/stories260K");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->status, 404);
+  // No model loaded and none named: a 400 saying so.
+  json e = Post(c, "/generate", {{"prompt", "Once"}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(e["detail"].get<std::string>().find("no model is loaded"),
+            std::string::npos);
+  // Named: loaded on demand.
+  json g = Post(c, "/generate",
+                {{"model", "stories260K"},
+                 {"prompt", "Once"},
+                 {"max_tokens", 2},
+                 {"temperature", 0}},
+                &status);
+  EXPECT_EQ(status, 200) << g.dump();
+}
+
+TEST(ServeHttpTest, GreedyGenerateMatchesTheGenerator) {
+  Running s(Defaults());
+  auto c = s.Client();
+  int status = 0;
+  json g = Post(c, "/generate",
+                {{"prompt", "Once upon a time"},
+                 {"max_tokens", 20},
+                 {"temperature", 0},
+                 {"hidden_state_layers", {-1, 0, 3}},
+                 {"return_full_sequence", true}},
+                &status);
+  ASSERT_EQ(status, 200) << g.dump();
+  auto model = Model::Load(Stories(), Precision::kF32);
+  auto tok = tok::Tokenizer::Load(Stories());
+  ASSERT_TRUE(model.ok() && tok.ok());
+  auto enc = (*tok)->Encode("Once upon a time", true);
+  eval::Generator::Options go;
+  go.context = 256;
+  auto gen = eval::Generator::Create(**model, go);
+  eval::GenerateOptions opts;
+  opts.max_new_tokens = 20;
+  opts.stop_ids = *eval::LoadStopIds(**model);
+  auto want = (*gen)->Generate({enc->ids}, opts, tok->get());
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(g["token_ids"].get<std::vector<int32_t>>(), (*want)[0].token_ids);
+  EXPECT_EQ(g["text"], (*want)[0].text);
+  EXPECT_EQ(g["token_count"], (*want)[0].token_ids.size());
+  for (const char* key : {"-1", "0", "3"}) {
+    EXPECT_EQ(g["hidden_states"][key]["shape"], json::array({64}));
+    EXPECT_EQ(g["hidden_states"][key]["data"].size(), 64u);
+    EXPECT_EQ(g["sequence_hidden_states"][key]["shape"],
+              json::array({(*want)[0].token_ids.size(), 64}));
+  }
+  EXPECT_GT(g["metadata"]["tokens_per_second"].get<double>(), 0.0);
+}
+
+// The hidden states of /generate (prompt only, Loom's hooks + selectors)
+// equal `loom extract`'s for the same prompt, to chunked-prefill round-off.
+TEST(ServeHttpTest, HiddenStatesEqualLoomExtract) {
+  Running s(Defaults());
+  auto c = s.Client();
+  const std::string prompt =
+      "Lily and Ben went to the park. They saw a big tree with red apples, "
+      "and Lily wanted one, so Ben climbed up to get it for her.";
+  const fs::path dir = fs::temp_directory_path() / "loom_serve_extract";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "in.jsonl") << json({{"text", prompt}}).dump() << "\n";
+  ExtractOptions eo;
+  eo.model_dir = Stories();
+  eo.input_path = (dir / "in.jsonl").string();
+  eo.out_dir = (dir / "out").string();
+  eo.hooks = {"blocks.2.hook_resid_pre", "blocks.4.hook_mlp_out",
+              "ln_final.hook_normalized"};
+  eo.selectors = {"last", "mean", "all", "pos:0,-2"};
+  eo.precision = Precision::kF32;
+  auto sum = RunExtract(eo);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ServerOptions unused;
+  (void)unused;
+  int status = 0;
+  json g = Post(c, "/generate",
+                {{"prompt", prompt},
+                 {"max_tokens", 0},
+                 {"hooks", eo.hooks},
+                 {"select", eo.selectors},
+                 {"hidden_state_format", "base64"}},
+                &status);
+  // blocks.4.hook_mlp_out is not capturable without activation_cache_filter.
+  EXPECT_EQ(status, 400) << g.dump();
+  EXPECT_NE(g["detail"].get<std::string>().find("blocks.4.hook_mlp_out"),
+            std::string::npos);
+  s.Stop();
+
+  ServerOptions o = Defaults();
+  o.engine.extra_hooks = {"blocks.*.hook_mlp_out"};
+  Running s2(o);
+  auto c2 = s2.Client();
+  g = Post(c2, "/generate",
+           {{"prompt", prompt},
+            {"max_tokens", 0},
+            {"hooks", eo.hooks},
+            {"select", eo.selectors},
+            {"hidden_state_format", "base64"}},
+           &status);
+  ASSERT_EQ(status, 200) << g.dump();
+  for (const std::string& hook : eo.hooks)
+    for (const std::string& sel : {"last", "mean", "all", "pos:0,-2"}) {
+      SCOPED_TRACE(hook + " " + sel);
+      std::string file = sel == std::string("pos:0,-2") ? "pos_0_-2" : sel;
+      auto npy = ReadNpy((dir / "out" / (hook + "." + file + ".npy")).string());
+      ASSERT_TRUE(npy.ok()) << npy.status().ToString();
+      std::vector<float> want(npy->data.size() / 4);
+      std::memcpy(want.data(), npy->data.data(), npy->data.size());
+      const std::vector<float> got = DecodeF32(g["activations"][hook][sel]);
+      ASSERT_EQ(got.size(), want.size());
+      float scale = 0;
+      for (float v : want) scale = std::max(scale, std::fabs(v));
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-5f * scale) << "element " << i;
+    }
+  fs::remove_all(dir);
+}
+
+TEST(ServeHttpTest, StreamBatchEmbedChatAnalyze) {
+  Running s(Defaults());
+  auto c = s.Client();
+  int status = 0;
+  const json req = {
+      {"prompt", "The cat"}, {"max_tokens", 12}, {"temperature", 0}};
+  json single = Post(c, "/generate", req, &status);
+  ASSERT_EQ(status, 200);
+
+  // SSE: token events, then done with the same text.
+  auto r = c.Post("/generate/stream", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"),
+            std::string::npos);
+  auto events = Events(r->body);
+  ASSERT_GE(events.size(), 2u);
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_EQ(events[i].first, "token");
+    streamed += json::parse(events[i].second)["token"].get<std::string>();
+  }
+  EXPECT_EQ(events.back().first, "done");
+  EXPECT_EQ(json::parse(events.back().second)["text"], single["text"]);
+  EXPECT_EQ(streamed, single["text"]);
+
+  // Batch: the same results as one at a time.
+  json batch = Post(c, "/generate/batch",
+                    {{"prompts", {"The cat", "A dog ran", "The cat"}},
+                     {"max_tokens", 12},
+                     {"temperature", 0}},
+                    &status);
+  ASSERT_EQ(status, 200) << batch.dump();
+  ASSERT_EQ(batch["results"].size(), 3u);
+  EXPECT_EQ(batch["results"][0]["token_ids"], single["token_ids"]);
+  EXPECT_EQ(batch["results"][2]["token_ids"], single["token_ids"]);
+  EXPECT_EQ(batch["prompts_processed"], 3);
+
+  // Embeddings: mean pooling of the final norm, normalized.
+  json emb =
+      Post(c, "/embed",
+           {{"text", "The cat sat"}, {"pooling", "mean"}, {"normalize", true}},
+           &status);
+  ASSERT_EQ(status, 200) << emb.dump();
+  EXPECT_EQ(emb["shape"], json::array({64}));
+  double norm = 0;
+  for (double x : emb["embedding"]) norm += x * x;
+  EXPECT_NEAR(norm, 1.0, 1e-5);
+  json gen_all = Post(c, "/generate",
+                      {{"prompt", "The cat sat"},
+                       {"max_tokens", 0},
+                       {"return_full_sequence", true}},
+                      &status);
+  ASSERT_EQ(status, 200);
+  json eb =
+      Post(c, "/embed/batch",
+           {{"texts", {"The cat sat", "A dog"}}, {"pooling", "last_token"}},
+           &status);
+  ASSERT_EQ(status, 200) << eb.dump();
+  EXPECT_EQ(eb["shape"], json::array({2, 64}));
+  json last = Post(c, "/generate",
+                   {{"prompt", "The cat sat"}, {"max_tokens", 0}}, &status);
+  for (size_t i = 0; i < 64; ++i)
+    EXPECT_FLOAT_EQ(eb["embeddings"][0][i].get<float>(),
+                    last["hidden_states"]["-1"]["data"][i].get<float>());
+
+  // Chat, OpenAI and TheLoom shapes in one response.
+  json chat = Post(c, "/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                    {"max_tokens", 5},
+                    {"temperature", 0}},
+                   &status);
+  ASSERT_EQ(status, 200) << chat.dump();
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], chat["text"]);
+  EXPECT_EQ(chat["usage"]["completion_tokens"].get<int>() +
+                chat["usage"]["prompt_tokens"].get<int>(),
+            chat["usage"]["total_tokens"].get<int>());
+  EXPECT_EQ(chat["hidden_state"]["final"].size(), 64u);
+  EXPECT_EQ(chat["hidden_state"]["layer"], -1);
+  // Streams: OpenAI chunks then [DONE]; TheLoom's events.
+  r = c.Post("/v1/chat/completions",
+             json({{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                   {"max_tokens", 5},
+                   {"temperature", 0},
+                   {"stream", true}})
+                 .dump(),
+             "application/json");
+  ASSERT_TRUE(r);
+  events = Events(r->body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back().second, "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json chunk = json::parse(events[i].second);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    text += chunk["choices"][0]["delta"].value("content", "");
+  }
+  EXPECT_EQ(text, chat["text"]);
+  r = c.Post("/v1/chat/completions",
+             json({{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                   {"max_tokens", 5},
+                   {"temperature", 0},
+                   {"stream", true},
+                   {"return_hidden_states", true}})
+                 .dump(),
+             "application/json");
+  ASSERT_TRUE(r);
+  events = Events(r->body);
+  ASSERT_GE(events.size(), 1u);
+  text.clear();
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_EQ(events[i].first, "content_block_delta");
+    text += json::parse(events[i].second)["delta"]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, chat["text"]);
+  EXPECT_EQ(events.back().first, "message_delta");
+  json md = json::parse(events.back().second);
+  EXPECT_EQ(md["hidden_state"]["final"].size(), 64u);
+  EXPECT_EQ(md["usage"]["completion_tokens"],
+            chat["usage"]["completion_tokens"]);
+
+  // /analyze, against values worked out by hand.
+  json a =
+      Post(c, "/analyze", {{"embedding", {1.0, 2.0, 3.0, 4.0, 0.0}}}, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  EXPECT_DOUBLE_EQ(a["mean"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(a["std"].get<double>(), std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(a["l2_norm"].get<double>(), std::sqrt(30.0));
+  EXPECT_DOUBLE_EQ(a["sparsity"].get<double>(), 0.2);
+  EXPECT_DOUBLE_EQ(a["quartiles"]["q1"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(a["quartiles"]["median"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(a["quartiles"]["q3"].get<double>(), 3.0);
+
+  // /gpu/status and /metrics.
+  auto gs = c.Get("/gpu/status");
+  ASSERT_TRUE(gs);
+  json gpu = json::parse(gs->body);
+  const json& host = gpu["devices"][0];
+  EXPECT_GT(host["planned_bytes"].get<int64_t>(), 0);
+  EXPECT_LE(host["used_bytes"].get<int64_t>(),
+            host["planned_bytes"].get<int64_t>());
+  auto me = c.Get("/metrics");
+  ASSERT_TRUE(me);
+  EXPECT_NE(me->body.find("loom_http_requests_total{route=\"/generate\","
+                          "code=\"200\"}"),
+            std::string::npos);
+  EXPECT_NE(me->body.find("loom_generated_tokens_total{model=\"stories260K\"}"),
+            std::string::npos);
+}
+
+TEST(ServeHttpTest, MalformedRequestsGet4xx) {
+  ServerOptions o = Defaults();
+  o.max_body_bytes = 4096;
+  o.max_prompt_tokens = 50;
+  Running s(o);
+  auto c = s.Client();
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string needle;  // in the message
+  };
+  const std::vector<Case> cases = {
+      {"/generate", "{not json", 400, "malformed JSON"},
+      {"/generate", "[1,2]", 400, "JSON object"},
+      {"/generate", "{}", 400, "prompt"},
+      {"/generate", R"({"prompt": 5})", 400, "prompt"},
+      {"/generate", R"({"prompt": "a", "max_tokens": "ten"})", 400,
+       "max_tokens"},
+      {"/generate", R"({"prompt": "a", "max_tokens": -1})", 400, "max_tokens"},
+      {"/generate", R"({"prompt": "a", "temperature": 5})", 400, "temperature"},
+      {"/generate", R"({"prompt": "a", "top_p": 0})", 400, "top_p"},
+      {"/generate", R"({"prompt": "a", "hidden_state_layers": [9]})", 400,
+       "outside"},
+      {"/generate", R"({"prompt": "a", "hidden_state_layers": "some"})", 400,
+       "hidden_state_layers"},
+      {"/generate", R"({"prompt": "a", "hidden_state_format": "xml"})", 400,
+       "hidden_state_format"},
+      {"/generate", R"({"prompt": "a", "return_attention": true})", 501,
+       "return_attention"},
+      {"/generate", R"({"prompt": "a", "hooks": ["blocks.99.hook_z"]})", 400,
+       "99"},
+      {"/generate",
+       R"({"prompt": "a", "hooks": ["hook_resid_pre"], "select": ["pos:7"], "max_tokens": 0})",
+       400, ""},
+      {"/generate", R"({"prompt": [1, 99999]})", 400, "99999"},
+      {"/generate", R"({"model": "../etc", "prompt": "a"})", 400, "model"},
+      {"/generate", R"({"model": "/etc", "prompt": "a"})", 400, "model"},
+      {"/generate", R"({"model": "nope", "prompt": "a"})", 404, "nope"},
+      {"/generate",
+       json({{"prompt", std::string(300, 'a') + " b c d e f g h"}}).dump(), 400,
+       "max_prompt_tokens"},
+      {"/generate", json({{"prompt", std::string(5000, 'a')}}).dump(), 413,
+       "max_body_bytes"},
+      {"/generate/batch", R"({"prompts": []})", 400, "prompts"},
+      {"/embed", R"({"text": "a", "pooling": "median"})", 400, "pooling"},
+      {"/embed/batch", R"({"texts": "a"})", 400, "texts"},
+      {"/v1/chat/completions", R"({"messages": [{"role": 1}]})", 400,
+       "messages"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "stream_format": "x"})",
+       400, "stream_format"},
+      {"/analyze", R"({"embedding": ["x"]})", 400, "embedding"},
+      {"/analyze", R"({"embedding": []})", 400, "empty"},
+      {"/models/load", R"({"model": "stories260K", "device": "cuda:0"})", 501,
+       "cuda"},
+      {"/nowhere", "{}", 404, "no route"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.path + " " + k.body.substr(0, 100));
+    auto r = c.Post(k.path, k.body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, k.status) << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    EXPECT_NE(j["detail"].get<std::string>().find(k.needle), std::string::npos)
+        << j["detail"];
+  }
+  // The server is still serving.
+  int status = 0;
+  Post(c, "/generate", {{"prompt", "a"}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
+TEST(ServeHttpTest, BearerToken) {
+  ServerOptions o = Defaults();
+  o.auth_token = "s3cret";
+  Running s(o);
+  auto c = s.Client();
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);  // health stays open for probes
+  r = c.Get("/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  c.set_bearer_token_auth("wrong");
+  r = c.Get("/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  c.set_bearer_token_auth("s3cret");
+  r = c.Get("/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST(ServeHttpTest, FullQueueGets503WithRetryAfter) {
+  ServerOptions o = Defaults();
+  o.engine.slots = 1;
+  o.engine.max_queue = 0;
+  o.threads = 16;
+  Running s(o);
+  std::atomic<int> ok{0}, busy{0}, other{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 8; ++i)
+    clients.emplace_back([&] {
+      auto c = s.Client();
+      auto r = c.Post("/generate",
+                      json({{"prompt", "Once"},
+                            {"max_tokens", 60},
+                            {"temperature", 0},
+                            {"ignore_eos", true}})
+                          .dump(),
+                      "application/json");
+      if (r && r->status == 200) {
+        ++ok;
+      } else if (r && r->status == 503 && r->has_header("Retry-After")) {
+        ++busy;
+      } else {
+        ++other;
+      }
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_GE(ok.load(), 1);
+  EXPECT_GE(busy.load(), 1);
+  EXPECT_EQ(other.load(), 0);
+}
+
+// 64 concurrent clients, 256 requests: all finish with 200 (or a documented
+// 503), requests share forwards, memory stays within the plan.
+TEST(ServeHttpTest, LoadTest64Clients) {
+  ServerOptions o = Defaults();
+  o.engine.slots = 16;
+  o.engine.max_queue = 256;
+  Running s(o);
+  std::atomic<int> ok{0}, busy{0}, other{0};
+  std::atomic<int64_t> max_used{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 64; ++i)
+    clients.emplace_back([&, i] {
+      auto c = s.Client();
+      for (int k = 0; k < 4; ++k) {
+        auto r = c.Post(
+            "/generate",
+            json({{"prompt", "Once upon a time " + std::to_string(i * 7 + k)},
+                  {"max_tokens", 16},
+                  {"temperature", 0.8},
+                  {"seed", i},
+                  {"hidden_state_layers", {-1, 2}}})
+                .dump(),
+            "application/json");
+        if (r && r->status == 200) {
+          ++ok;
+        } else if (r && r->status == 503) {
+          ++busy;
+        } else {
+          ++other;
+          ADD_FAILURE() << "k=" << k << " "
+                        << (r ? std::to_string(r->status) + " " + r->body
+                              : "no response: " +
+                                    httplib::to_string(r.error()));
+        }
+        if (k == 1) {
+          auto g = c.Get("/gpu/status");
+          if (g) {
+            json d = json::parse(g->body)["devices"][0];
+            int64_t used = d["used_bytes"], planned = d["planned_bytes"];
+            EXPECT_LE(used, planned);
+            int64_t prev = max_used.load();
+            while (used > prev && !max_used.compare_exchange_weak(prev, used)) {
+            }
+          }
+        }
+      }
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(ok.load() + busy.load(), 256);
+  EXPECT_GE(ok.load(), 200);
+  auto c = s.Client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  // Requests met in forwards: more sequences than forwards on average.
+  auto value = [&](const std::string& name) {
+    const std::string key = name + "{model=\"stories260K\"} ";
+    const size_t p = m->body.find(key);
+    EXPECT_NE(p, std::string::npos) << name;
+    return p == std::string::npos ? 0.0
+                                  : std::stod(m->body.substr(p + key.size()));
+  };
+  EXPECT_GT(value("loom_forward_sequences_total"),
+            2 * value("loom_forwards_total"));
+  EXPECT_EQ(value("loom_active_sequences"), 0);
+}
+
+TEST(ServeHttpTest, StopFinishesInFlightRequests) {
+  ServerOptions o = Defaults();
+  Running s(o);
+  std::atomic<int> status{0};
+  std::string text;
+  std::thread client([&] {
+    auto c = s.Client();
+    auto r = c.Post("/generate",
+                    json({{"prompt", "Once"},
+                          {"max_tokens", 200},
+                          {"temperature", 0},
+                          {"ignore_eos", true}})
+                        .dump(),
+                    "application/json");
+    status = r ? r->status : -1;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  s.Stop();
+  client.join();
+  EXPECT_EQ(status.load(), 200);
+}
+
+}  // namespace
+}  // namespace loom::serve
