@@ -410,7 +410,7 @@ server:
   transport: http
   http_host: 0.0.0.0
   http_port: 8080
-  unix_socket: /tmp/loom.sock
+  unix_socket: /run/theloom/loom.sock
   cors_origins: ["*"]
   cors_allow_credentials: false
 gpu:
