@@ -20,6 +20,7 @@ void AddPerplexityCommand(CLI::App& app, int* exit_code);
 void AddCompareCommand(CLI::App& app, int* exit_code);
 void AddDevicesCommand(CLI::App& app, int* exit_code);
 void AddGenerateCommand(CLI::App& app, int* exit_code);
+void AddServeCommand(CLI::App& app, int* exit_code);
 
 // Prints "loom <command>: <status message>" to stderr and returns 1 when
 // `status` is an error, else 0.

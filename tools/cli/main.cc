@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   loom::cli::AddPlanCommand(app, &exit_code);
   loom::cli::AddPerplexityCommand(app, &exit_code);
   loom::cli::AddGenerateCommand(app, &exit_code);
+  loom::cli::AddServeCommand(app, &exit_code);
   loom::cli::AddCompareCommand(app, &exit_code);
   loom::cli::AddDevicesCommand(app, &exit_code);
   try {

@@ -1,0 +1,173 @@
+// `loom serve --model DIR [--host H] [--port N] [--config FILE] [--threads N]`:
+// TheLoom's HTTP API (src/serve/server.h, docs/server.md). The configuration
+// is the YAML file (src/serve/config.h), then LOOM_<SECTION>__<KEY>
+// environment variables, then these flags. SIGTERM / SIGINT stop it
+// gracefully: new requests get 503, requests in flight finish.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/base/units.h"
+#include "src/runtime/model.h"
+#include "src/serve/api.h"
+#include "src/serve/config.h"
+#include "src/serve/server.h"
+#include "tools/cli/commands.h"
+
+extern char** environ;
+
+namespace loom::cli {
+namespace {
+
+struct ServeArgs {
+  std::vector<std::string> models;
+  std::string host;
+  int port = -1;
+  std::string config;
+  int threads = 0;
+};
+
+StatusOr<Precision> PrecisionOf(const serve::ServeConfig& c) {
+  const std::string& mode = c.memory.precision_mode;
+  std::string p = mode;
+  if (mode == "auto") {
+    const std::string& d = c.models.default_dtype;
+    p = d == "float32" || d == "f32"     ? "f32"
+        : d == "bfloat16" || d == "bf16" ? "bf16"
+        : d == "float16" || d == "f16"   ? "f16"
+                                         : "auto";
+  } else if (mode == "fp32") {
+    p = "f32";
+  } else if (mode == "fp16") {
+    p = "f16";
+  }
+  return ParsePrecision(p);
+}
+
+Status RunServe(const ServeArgs& args) {
+  serve::ServeConfig config;
+  if (!args.config.empty()) {
+    ASSIGN_OR_RETURN(config, serve::LoadServeConfig(args.config));
+  }
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e)
+    env.emplace_back(*e);
+  RETURN_IF_ERROR(serve::ApplyEnvOverrides(env, config));
+  if (!args.host.empty()) config.server.http_host = args.host;
+  if (args.port >= 0) config.server.http_port = args.port;
+  RETURN_IF_ERROR(serve::ValidateServeConfig(config));
+  if (!config.logging.file.empty() &&
+      std::freopen(config.logging.file.c_str(), "a", stderr) == nullptr)
+    return IoError("logging.file: cannot open " + config.logging.file);
+  for (const std::string& w : config.warnings)
+    std::fprintf(stderr, "loom serve: warning: %s\n", w.c_str());
+  if (!config.gpu.devices.empty())
+    std::fprintf(stderr,
+                 "loom serve: warning: gpu.devices is set, but loom serve "
+                 "computes on the CPU for now (the CUDA backend has no "
+                 "KV-cache attention yet)\n");
+  if (args.models.empty() && config.models.preload.empty() &&
+      config.models.dirs.empty())
+    return InvalidArgumentError(
+        "nothing to serve: give --model DIR, or models.dirs / models.preload "
+        "in --config");
+
+  serve::ServerOptions o;
+  o.host = config.server.http_host;
+  o.port = config.server.http_port;
+  o.auth_token = config.server.auth_token;
+  o.max_body_bytes = config.server.max_body_bytes;
+  o.max_prompt_tokens = config.server.max_prompt_tokens;
+  o.max_batch_prompts = config.server.max_batch_prompts;
+  o.threads = config.server.threads;
+  o.chat_stream_format = config.server.chat_stream_format;
+  o.cors_origins = config.server.cors_origins;
+  o.shutdown_timeout_seconds = config.server.shutdown_timeout_seconds;
+  o.model_dirs = config.models.dirs;
+  o.model_paths = args.models;
+  o.max_loaded = config.models.max_loaded;
+  o.default_layers = config.hidden_states.default_layers;
+  ASSIGN_OR_RETURN(o.hidden_dtype,
+                   serve::ParseReturnDType(config.hidden_states.precision));
+  o.memory_fraction = config.gpu.memory_fraction;
+  o.memory_warning_threshold = config.memory.memory_warning_threshold;
+  ASSIGN_OR_RETURN(o.engine.precision, PrecisionOf(config));
+  o.engine.slots = config.batching.slots;
+  o.engine.context = config.batching.context;
+  o.engine.prefill_chunk = config.memory.streaming_chunk_size;
+  o.engine.batch_tokens = config.batching.batch_tokens;
+  o.engine.capture_bytes = config.batching.capture_bytes;
+  o.engine.max_queue = config.server.max_queue;
+  o.engine.extra_hooks = config.memory.activation_cache_filter;
+  o.engine.threads = args.threads;
+  o.config = config.ToJson();
+
+  // Signals go to one waiting thread only: block them here, before any
+  // thread exists, so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  ASSIGN_OR_RETURN(std::unique_ptr<serve::Server> server,
+                   serve::Server::Create(o));
+  for (const std::string& m : args.models)
+    RETURN_IF_ERROR(server->LoadModel(m).status());
+  for (const std::string& m : config.models.preload)
+    RETURN_IF_ERROR(server->LoadModel(m).status());
+  ASSIGN_OR_RETURN(int port, server->Bind());
+  std::fprintf(stderr, "loom serve: listening on http://%s:%d\n",
+               o.host.c_str(), port);
+  std::fflush(stderr);
+
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    const timespec tick{0, 200'000'000};
+    while (!done.load()) {
+      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig == SIGTERM || sig == SIGINT) {
+        std::fprintf(stderr,
+                     "loom serve: %s: finishing the requests in flight\n",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        server->Stop();
+        return;
+      }
+    }
+  });
+  const Status st = server->Run();
+  done = true;
+  waiter.join();
+  std::fprintf(stderr, "loom serve: stopped\n");
+  return st;
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve TheLoom's HTTP API (generation, hidden states, chat)");
+  cmd->add_option("--model", args->models,
+                  "Model directory to load at start (repeatable); the "
+                  "`model` field of requests may then be omitted");
+  cmd->add_option("--host", args->host,
+                  "Address to bind (default 127.0.0.1; server.http_host)");
+  cmd->add_option("--port", args->port,
+                  "Port (default 8080; 0 = any free port; server.http_port)");
+  cmd->add_option("--config", args->config,
+                  "YAML configuration (docs/design/serve-config.md)");
+  cmd->add_option("--threads", args->threads, "CPU threads (0 = all)");
+  cmd->callback([args, exit_code] {
+    *exit_code = ReportStatus("serve", RunServe(*args));
+  });
+}
+
+}  // namespace loom::cli
