@@ -355,10 +355,20 @@ void Engine::Admit() {
   stats_.active = static_cast<int64_t>(active_.size());
 }
 
+StatusOr<std::string> Engine::DecodeText(const std::vector<int32_t>& ids) {
+  // Ids past the tokenizer's vocabulary (padding rows of a larger embedding)
+  // decode to nothing, as they have no text.
+  const int64_t known = tokenizer_->vocab_size();
+  decode_ids_.clear();
+  for (int32_t id : ids)
+    if (id < known) decode_ids_.push_back(id);
+  return tokenizer_->Decode(decode_ids_, true);
+}
+
 void Engine::Finish(Seq& s, Status status) {
   GenResult& res = s.result;
   if (status.ok() && !res.token_ids.empty()) {
-    StatusOr<std::string> text = tokenizer_->Decode(res.token_ids, true);
+    StatusOr<std::string> text = DecodeText(res.token_ids);
     if (text.ok()) {
       res.text = std::move(text).value();
     } else {

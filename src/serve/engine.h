@@ -213,6 +213,8 @@ class Engine {
   void Finish(Seq& s, Status status);
   int64_t CaptureNeed(const GenRequest& r) const;
   int64_t WidthOf(const HookPoint& hook) const;
+  // Text of generated ids (scheduler thread only).
+  StatusOr<std::string> DecodeText(const std::vector<int32_t>& ids);
 
   const std::string id_, dir_;
   EngineOptions options_;
@@ -237,7 +239,7 @@ class Engine {
   std::vector<std::unique_ptr<Seq>> active_;
   std::vector<int64_t> free_slots_;
   std::unique_ptr<eval::SamplingScratch> scratch_;
-  std::vector<int32_t> ids_;
+  std::vector<int32_t> ids_, decode_ids_;
   std::vector<int64_t> seq_start_, slot_, pos0_;
   std::thread thread_;
 };
