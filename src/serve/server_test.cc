@@ -619,7 +619,16 @@ TEST(ServeHttpTest, StopFinishesInFlightRequests) {
                     "application/json");
     status = r ? r->status : -1;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Stop once the request is admitted (it is then in flight).
+  auto c = s.Client();
+  bool admitted = false;
+  for (int i = 0; i < 1000 && !admitted; ++i) {
+    auto m = c.Get("/metrics");
+    admitted = m && m->body.find("loom_active_sequences{model=\"stories260K\"} 1") !=
+                        std::string::npos;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(admitted);
   s.Stop();
   client.join();
   EXPECT_EQ(status.load(), 200);
