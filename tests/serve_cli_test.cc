@@ -10,12 +10,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "src/io/npy.h"
 
 namespace {
 
@@ -187,6 +191,51 @@ TEST(ServeCliTest, ConfigFileEnvAndErrors) {
   EXPECT_EQ(r->status, 400);
   kill(c.pid(), SIGTERM);
   EXPECT_EQ(c.Wait(), 0) << c.err();
+  fs::remove_all(dir);
+}
+
+// `loom generate --hooks`: the prompt's hidden states equal `loom
+// extract`'s (chunked prefill: to f32 round-off).
+TEST(ServeCliTest, GenerateHooksEqualExtract) {
+  const fs::path dir = fs::temp_directory_path() / "loom_generate_hooks";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string prompt = "Tom had a red ball. He threw it high";
+  std::ofstream(dir / "in.jsonl") << json({{"text", prompt}}).dump() << "\n";
+  const std::string hooks = "blocks.1.hook_resid_post,ln_final.hook_normalized";
+  {
+    Child c({"extract", "--model", Stories(), "--input",
+             (dir / "in.jsonl").string(), "--out", (dir / "out").string(),
+             "--hooks", hooks, "--select", "all", "--precision", "f32"});
+    ASSERT_EQ(c.Wait(), 0) << c.err();
+  }
+  FILE* p = popen((std::string(LOOM_BINARY) + " generate --model " + Stories() +
+                   " --prompt '" + prompt + "' --max-tokens 0 --hooks " +
+                   hooks + " --select all --prefill-chunk 3")
+                      .c_str(),
+                  "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["token_ids"].size(), 0u);
+  for (const std::string hook :
+       {"blocks.1.hook_resid_post", "ln_final.hook_normalized"}) {
+    SCOPED_TRACE(hook);
+    auto npy = loom::ReadNpy((dir / "out" / (hook + ".all.npy")).string());
+    ASSERT_TRUE(npy.ok()) << npy.status().ToString();
+    std::vector<float> want(npy->data.size() / 4);
+    std::memcpy(want.data(), npy->data.data(), npy->data.size());
+    const json& got = j["activations"][hook]["all"];
+    ASSERT_EQ(got["shape"][0].get<size_t>() * 64, want.size());
+    float scale = 0;
+    for (float v : want) scale = std::max(scale, std::fabs(v));
+    for (size_t r = 0; r < want.size() / 64; ++r)
+      for (size_t k = 0; k < 64; ++k)
+        ASSERT_NEAR(got["data"][r][k].get<float>(), want[r * 64 + k],
+                    2e-5f * scale);
+  }
   fs::remove_all(dir);
 }
 

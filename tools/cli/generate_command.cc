@@ -1,10 +1,12 @@
 // `loom generate --model DIR --prompt TEXT [--max-tokens N] [--temperature T]
-//  [--top-k K] [--top-p P] [--seed S] [--stop STR]... [--ctx N] [--json]`:
+//  [--top-k K] [--top-p P] [--seed S] [--stop STR]... [--ctx N] [--json]
+//  [--hooks H,... [--layers L,...] [--select S]...] [--prefill-chunk N]`:
 // continues a prompt with the KV cache (src/eval/generate.h) on the CPU
 // backend. Greedy by default (temperature 0). Stops at the model's eos ids
 // (config.json / generation_config.json), a stop string, --max-tokens or a
 // full context.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -13,7 +15,10 @@
 
 #include "src/backend/registry.h"
 #include "src/eval/generate.h"
+#include "src/eval/row_selector.h"
 #include "src/runtime/model.h"
+#include "src/serve/api.h"
+#include "src/serve/engine.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tools/cli/commands.h"
 
@@ -33,10 +38,91 @@ struct GenerateArgs {
   int64_t ctx = 0;
   int threads = 0;
   bool json = false;
+  std::vector<std::string> hooks;   // extract's hook patterns
+  std::vector<std::string> layers;  // with bare site names
+  std::vector<std::string> select = {"last"};
+  int64_t chunk = 256;
 };
+
+// With --hooks: the serving engine (one slot) captures the hooks at every
+// position fed (the prompt, then each generated token but the last), and the
+// selectors of `loom extract` pick the rows written to the JSON.
+Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
+  serve::EngineOptions eo;
+  eo.precision = precision;
+  eo.slots = 1;
+  eo.context = args.ctx;
+  eo.prefill_chunk = args.chunk;
+  eo.extra_hooks = args.hooks;
+  eo.threads = args.threads;
+  eo.max_queue = 1;
+  std::vector<RowSelector> selectors;
+  for (const std::string& s : args.select) {
+    ASSIGN_OR_RETURN(RowSelector r, ParseRowSelector(s));
+    selectors.push_back(r);
+  }
+  // Bare site names with --layers resolve like extract's.
+  std::vector<std::string> patterns;
+  {
+    ASSIGN_OR_RETURN(auto probe, Model::Load(args.model_dir, precision));
+    ASSIGN_OR_RETURN(HookSet set,
+                     ResolveHooks(args.hooks, args.layers, probe->config()));
+    if (set.empty()) return InvalidArgumentError("--hooks: no hook selected");
+    for (const HookPoint& h : set.hooks()) patterns.push_back(HookName(h));
+  }
+  eo.extra_hooks = patterns;
+  ASSIGN_OR_RETURN(
+      auto engine,
+      serve::Engine::Create(std::filesystem::path(args.model_dir).filename(),
+                            args.model_dir, eo));
+  ASSIGN_OR_RETURN(tok::Encoding enc,
+                   engine->tokenizer().Encode(args.prompt, true));
+  serve::GenRequest r;
+  r.prompt = enc.ids;
+  r.max_new_tokens = args.max_tokens;
+  r.sampling.temperature = args.temperature;
+  r.sampling.top_k = args.top_k;
+  r.sampling.top_p = args.top_p;
+  r.sampling.seed = args.seed;
+  r.stop_strings = args.stop;
+  r.stop_ids = engine->stop_ids();
+  for (const std::string& p : patterns) {
+    ASSIGN_OR_RETURN(auto hs,
+                     ParseHookPattern(p, engine->model().config().num_layers));
+    r.hooks.insert(r.hooks.end(), hs.begin(), hs.end());
+  }
+  r.rows = serve::CaptureRows::kAll;
+  ASSIGN_OR_RETURN(auto ticket, engine->Submit(r));
+  ASSIGN_OR_RETURN(serve::GenResult g, ticket->Wait());
+  nlohmann::json acts = nlohmann::json::object();
+  for (size_t h = 0; h < r.hooks.size(); ++h) {
+    nlohmann::json per = nlohmann::json::object();
+    for (const RowSelector& s : selectors) {
+      int64_t k = 0;
+      ASSIGN_OR_RETURN(
+          std::vector<float> rows,
+          serve::SelectRows(s, g.captures[h].data(), g.rows, g.widths[h], &k));
+      per[s.spec] = serve::EncodeArray(rows.data(), k, g.widths[h], false,
+                                       DType::kF32, serve::ArrayFormat::kList);
+    }
+    acts[HookName(r.hooks[h])] = std::move(per);
+  }
+  const nlohmann::json j = {{"model", args.model_dir},
+                            {"prompt", args.prompt},
+                            {"prompt_ids", g.prompt_ids},
+                            {"token_ids", g.token_ids},
+                            {"text", g.text},
+                            {"stop_reason", g.stop_reason},
+                            {"activation_rows", g.rows},
+                            {"activations", acts}};
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+            << "\n";
+  return Status::Ok();
+}
 
 Status RunGenerate(const GenerateArgs& args) {
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
+  if (!args.hooks.empty()) return RunGenerateWithHooks(args, precision);
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
   host->SetNumThreads(args.threads);
   ASSIGN_OR_RETURN(auto model, Model::Load(args.model_dir, precision));
@@ -53,6 +139,7 @@ Status RunGenerate(const GenerateArgs& args) {
   RETURN_IF_ERROR(eval::ValidateSampling(o.sampling));
   eval::Generator::Options go;
   go.context = args.ctx;
+  go.prefill_chunk = args.chunk;
   go.backend = host.get();
   ASSIGN_OR_RETURN(auto gen, eval::Generator::Create(*model, go));
   ASSIGN_OR_RETURN(std::vector<eval::Generation> out,
@@ -100,6 +187,21 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", args->threads, "CPU threads (0 = all)");
   cmd->add_flag("--json", args->json,
                 "JSON: text, token_ids (generated), prompt_ids, stop_reason");
+  cmd->add_option("--hooks", args->hooks,
+                  "Hidden states to return (extract's hook patterns, e.g. "
+                  "blocks.2.hook_resid_post,ln_final.hook_normalized); "
+                  "implies --json, adds `activations`")
+      ->delimiter(',');
+  cmd->add_option("--layers", args->layers,
+                  "Layers for bare site names in --hooks (as extract)")
+      ->delimiter(',');
+  cmd->add_option("--select", args->select,
+                  "Row selectors over the positions fed (prompt, then "
+                  "generated tokens but the last): last (default), first, "
+                  "mean, max, all, pos:I,J, span:A:B");
+  cmd->add_option("--prefill-chunk,--streaming-chunk-size", args->chunk,
+                  "Prompt tokens per forward (default 256); longer prompts "
+                  "are prefilled in chunks carrying the KV cache (exact)");
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("generate", RunGenerate(*args));
   });
