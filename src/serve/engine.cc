@@ -262,9 +262,10 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
     if (queue_.size() >= bound) {
       ++stats_.requests_rejected;
       return ResourceExhaustedError(
-          "model " + id_ + ": " + std::to_string(queue_.size()) +
-          " requests are already waiting (server.max_queue = " +
-          std::to_string(options_.max_queue) + ")");
+          "model " + id_ + " is busy: every slot is taken and " +
+          std::to_string(queue_.size()) +
+          " requests are waiting (server.max_queue = " +
+          std::to_string(options_.max_queue) + "); retry later");
     }
     queue_.push_back(std::move(p));
     stats_.queued = static_cast<int64_t>(queue_.size());

@@ -16,7 +16,8 @@
 //   - one KV slot (a request's prompt must fit the context; generation stops
 //     when the context is full, stop_reason "context"),
 //   - its capture bytes: rows x sum of hook widths x 4 (rows = 1 for the
-//     last row, prompt + max_new_tokens for every row).
+//     last row; for every row: prompt + max_new_tokens - 1, at most the
+//     context, as the last generated token is never fed).
 // A request that does not fit now waits in a FIFO queue of at most
 // `max_queue` requests (admitted in arrival order: a large request is not
 // overtaken forever by small ones); past that Submit returns

@@ -11,6 +11,7 @@
 #include <deque>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "src/serve/api.h"
 
@@ -50,6 +51,17 @@ bool SafeName(std::string_view id) {
     start = end + 1;
   }
   return true;
+}
+
+// Compares a presented secret with the expected one in time that depends on
+// the lengths only.
+bool SameSecret(std::string_view given, std::string_view want) {
+  unsigned diff = given.size() == want.size() ? 0u : 1u;
+  for (size_t i = 0; i < given.size(); ++i)
+    diff |=
+        static_cast<unsigned char>(given[i]) ^
+        static_cast<unsigned char>(want[i % std::max<size_t>(want.size(), 1)]);
+  return diff == 0;
 }
 
 // Events of one streamed response, filled by the scheduler thread and
@@ -109,7 +121,8 @@ class Server::Impl {
 
   ServerOptions o_;
   httplib::Server http_;
-  std::mutex models_mu_;  // guards models_ and loading
+  std::mutex load_mu_;    // serializes loads (held while a model loads)
+  std::mutex models_mu_;  // guards models_ (never held while loading)
   std::map<std::string, std::shared_ptr<Engine>> models_;
   std::atomic<bool> draining_{false};
   std::mutex metrics_mu_;
@@ -122,9 +135,11 @@ class Server::Impl {
 
   StatusOr<std::string> Resolve(const std::string& name, std::string* dir) {
     for (const std::string& p : o_.model_paths) {
-      const fs::path path(p);
-      if (name == p || name == path.filename().string()) {
-        *dir = p;
+      fs::path path = fs::path(p).lexically_normal();
+      if (path.filename().empty()) path = path.parent_path();  // "dir/"
+      if (name == p || name == path.string() ||
+          name == path.filename().string()) {
+        *dir = path.string();
         return path.filename().string();
       }
     }
@@ -151,19 +166,26 @@ class Server::Impl {
                          "directory, and not under models.dirs");
   }
 
-  StatusOr<std::shared_ptr<Engine>> Load(const std::string& name) {
+  std::shared_ptr<Engine> Find(const std::string& id) {
     std::lock_guard<std::mutex> lock(models_mu_);
-    const auto it = models_.find(name);
-    if (it != models_.end()) return it->second;
+    const auto it = models_.find(id);
+    return it == models_.end() ? nullptr : it->second;
+  }
+
+  StatusOr<std::shared_ptr<Engine>> Load(const std::string& name) {
+    if (auto e = Find(name)) return e;
+    std::lock_guard<std::mutex> load_lock(load_mu_);
     std::string dir;
     ASSIGN_OR_RETURN(std::string id, Resolve(name, &dir));
-    const auto again = models_.find(id);
-    if (again != models_.end()) return again->second;
-    if (static_cast<int>(models_.size()) >= o_.max_loaded)
-      return ResourceExhaustedError(
-          "cannot load `" + id + "`: " + std::to_string(models_.size()) +
-          " models are loaded, models.max_loaded = " +
-          std::to_string(o_.max_loaded) + " (DELETE /models/{id} first)");
+    if (auto e = Find(id)) return e;
+    {
+      std::lock_guard<std::mutex> lock(models_mu_);
+      if (static_cast<int>(models_.size()) >= o_.max_loaded)
+        return FailedPreconditionError(
+            "cannot load `" + id + "`: " + std::to_string(models_.size()) +
+            " models are loaded, models.max_loaded = " +
+            std::to_string(o_.max_loaded) + " (DELETE /models/{id} first)");
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
                      Engine::Create(id, dir, o_.engine));
     // Admission of the model itself: what is planned for every loaded model
@@ -171,7 +193,7 @@ class Server::Impl {
     const int64_t capacity = static_cast<int64_t>(
         static_cast<double>(HostMemoryBytes()) * o_.memory_fraction);
     int64_t committed = e->Memory().planned();
-    for (const auto& [_, m] : models_) committed += m->Memory().planned();
+    for (const auto& m : Engines()) committed += m->Memory().planned();
     if (capacity > 0 && committed > capacity)
       return ResourceExhaustedError(
           "cannot load `" + id + "`: the loaded models would plan " +
@@ -186,8 +208,11 @@ class Server::Impl {
                    o_.memory_warning_threshold,
                    static_cast<long long>(capacity));
     std::shared_ptr<Engine> shared(std::move(e));
-    models_[id] = shared;
-    ++models_loaded_total_;
+    {
+      std::lock_guard<std::mutex> lock(models_mu_);
+      models_[id] = shared;
+      ++models_loaded_total_;
+    }
     std::fprintf(stderr, "loom serve: loaded %s from %s (%.2f s)\n", id.c_str(),
                  dir.c_str(), shared->load_seconds());
     return shared;
@@ -225,7 +250,8 @@ class Server::Impl {
   // ---- Requests
 
   StatusOr<std::vector<int32_t>> Tokens(const Engine& e, const json& prompt,
-                                        bool add_special) {
+                                        bool add_special,
+                                        const std::string& field = "prompt") {
     std::vector<int32_t> ids;
     if (prompt.is_string()) {
       ASSIGN_OR_RETURN(
@@ -242,17 +268,19 @@ class Server::Impl {
         const int64_t v = t.get<int64_t>();
         if (v < 0 || v >= e.model().config().vocab_size)
           return InvalidArgumentError(
-              "field `prompt`: token id " + std::to_string(v) +
+              "field `" + field + "`: token id " + std::to_string(v) +
               " outside the vocabulary [0, " +
               std::to_string(e.model().config().vocab_size) + ")");
         ids.push_back(static_cast<int32_t>(v));
       }
     } else {
       return InvalidArgumentError(
-          "field `prompt`: expected a string or a list of token ids, got " +
+          "field `" + field +
+          "`: expected a string or a list of token ids, got " +
           std::string(prompt.type_name()));
     }
-    if (ids.empty()) return InvalidArgumentError("the prompt has no tokens");
+    if (ids.empty())
+      return InvalidArgumentError("field `" + field + "` has no tokens");
     const int64_t limit = o_.max_prompt_tokens > 0
                               ? std::min(o_.max_prompt_tokens, e.context())
                               : e.context();
@@ -300,9 +328,10 @@ class Server::Impl {
                      GetString(b, "hidden_state_format", "list"));
     ASSIGN_OR_RETURN(f.format, ParseArrayFormat(fmt));
     f.dtype = o_.hidden_dtype;
-    if (b.contains("hidden_state_dtype")) {
-      ASSIGN_OR_RETURN(std::string d, GetString(b, "hidden_state_dtype", ""));
-      ASSIGN_OR_RETURN(f.dtype, ParseReturnDType(d));
+    ASSIGN_OR_RETURN(std::string dtype_name,
+                     GetString(b, "hidden_state_dtype", ""));
+    if (!dtype_name.empty()) {
+      ASSIGN_OR_RETURN(f.dtype, ParseReturnDType(dtype_name));
     }
     // Layers: a list of ints, one int, or "all" (TheLoom: -n .. -1).
     std::vector<int64_t> layers = o_.default_layers;
@@ -387,7 +416,9 @@ class Server::Impl {
             EncodeArray(rows + (g.rows - 1) * w, 1, w, true, f.dtype, f.format);
         if (f.full_sequence) {
           const int64_t first = static_cast<int64_t>(g.prompt_ids.size()) - 1;
-          const int64_t count = std::max<int64_t>(g.rows - first, 0);
+          const int64_t count =
+              std::min<int64_t>(std::max<int64_t>(g.rows - first, 0),
+                                static_cast<int64_t>(g.token_ids.size()));
           seq[key] =
               EncodeArray(rows + first * w, count, w, false, f.dtype, f.format);
         }
@@ -668,6 +699,7 @@ class Server::Impl {
                          {{{"index", 0},
                            {"delta", {{"role", "assistant"}, {"content", ""}}},
                            {"finish_reason", nullptr}}}}}));
+    res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream", [this, st, ticket, e, f, chat, format, id,
@@ -756,10 +788,12 @@ class Server::Impl {
     const float* rows = Capture(f, g, f.layers.back().second, &w);
     std::vector<float> last(rows + (g.rows - 1) * w, rows + g.rows * w);
     json a = EncodeArray(last.data(), 1, w, true, f.dtype, f.format);
-    return {{"final", a["data"]},
-            {"shape", a["shape"]},
-            {"layer", std::stoll(f.layers.back().first)},
-            {"dtype", a["dtype"]}};
+    json out = {{"final", a["data"]},
+                {"shape", a["shape"]},
+                {"layer", std::stoll(f.layers.back().first)},
+                {"dtype", a["dtype"]}};
+    if (a.contains("encoding")) out["encoding"] = a["encoding"];
+    return out;
   }
 
   StatusOr<std::vector<int32_t>> ChatTokens(const Engine& e, const json& b) {
@@ -794,8 +828,7 @@ class Server::Impl {
     return Tokens(e, json(text), false);
   }
 
-  std::string ChatFormat(const json& b) {
-    std::string f = b.value("stream_format", std::string());
+  std::string ChatFormat(const json& b, std::string f) {
     if (f.empty()) f = o_.chat_stream_format;
     if (f == "auto")
       f = b.contains("return_hidden_states") ? "theloom" : "openai";
@@ -812,7 +845,7 @@ class Server::Impl {
     ASSIGN_OR_RETURN(bool stream, GetBool(b, "stream", false));
     // A chat's hidden state is the final layer's unless asked otherwise.
     if (!b.contains("hidden_state_layers")) b["hidden_state_layers"] = {-1};
-    if (stream) return Stream(req, res, true, b, ChatFormat(b));
+    if (stream) return Stream(req, res, true, b, ChatFormat(b, sf));
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
     ASSIGN_OR_RETURN(auto ids, ChatTokens(*e, b));
     ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), true));
@@ -931,7 +964,8 @@ class Server::Impl {
     std::vector<std::shared_ptr<Ticket>> tickets;
     int64_t tokens = 0;
     for (size_t i = 0; i < texts.size(); ++i) {
-      StatusOr<std::vector<int32_t>> ids = Tokens(*e, texts[i], special);
+      StatusOr<std::vector<int32_t>> ids =
+          Tokens(*e, texts[i], special, batch ? "texts" : "text");
       if (!ids.ok())
         return ids.status().WithContext("text " + std::to_string(i));
       tokens += static_cast<int64_t>(ids->size());
@@ -1143,33 +1177,48 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
   p->http_.set_keep_alive_timeout(5);
   p->http_.set_read_timeout(30);
   p->http_.set_write_timeout(30);
-  p->http_.set_pre_routing_handler([p](const httplib::Request& req,
-                                       httplib::Response& res) {
-    if (p->draining_ && req.path != "/health") {
-      res.set_header("Retry-After", "5");
-      p->Reply(res, 503, ErrorBody(503, "the server is shutting down"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!p->o_.auth_token.empty() && req.path != "/health" &&
-        req.get_header_value("Authorization") != "Bearer " + p->o_.auth_token) {
-      res.set_header("WWW-Authenticate", "Bearer");
-      p->Reply(res, 401,
-               ErrorBody(401,
-                         "missing or wrong bearer token "
-                         "(Authorization: Bearer <token>)"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (!p->o_.cors_origins.empty()) {
-      const std::string origin = req.get_header_value("Origin");
-      for (const std::string& allowed : p->o_.cors_origins)
-        if (allowed == "*" || allowed == origin) {
-          res.set_header("Access-Control-Allow-Origin",
-                         allowed == "*" ? "*" : origin);
-          break;
+  p->http_.set_pre_routing_handler(
+      [p](const httplib::Request& req, httplib::Response& res) {
+        if (p->draining_ && req.path != "/health") {
+          res.set_header("Retry-After", "5");
+          p->Reply(res, 503, ErrorBody(503, "the server is shutting down"));
+          return httplib::Server::HandlerResponse::Handled;
         }
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
+        bool cors = false;
+        if (!p->o_.cors_origins.empty()) {
+          const std::string origin = req.get_header_value("Origin");
+          for (const std::string& allowed : p->o_.cors_origins)
+            if (allowed == "*" || allowed == origin) {
+              res.set_header("Access-Control-Allow-Origin",
+                             allowed == "*" ? "*" : origin);
+              if (p->o_.cors_allow_credentials)
+                res.set_header("Access-Control-Allow-Credentials", "true");
+              cors = true;
+              break;
+            }
+        }
+        if (req.method == "OPTIONS") {  // CORS preflight: no token needed
+          if (cors) {
+            res.set_header("Access-Control-Allow-Methods",
+                           "GET, POST, DELETE, OPTIONS");
+            res.set_header("Access-Control-Allow-Headers",
+                           "Authorization, Content-Type");
+          }
+          res.status = cors ? 204 : 404;
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        if (!p->o_.auth_token.empty() && req.path != "/health" &&
+            !SameSecret(req.get_header_value("Authorization"),
+                        "Bearer " + p->o_.auth_token)) {
+          res.set_header("WWW-Authenticate", "Bearer");
+          p->Reply(res, 401,
+                   ErrorBody(401,
+                             "missing or wrong bearer token "
+                             "(Authorization: Bearer <token>)"));
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
+      });
   p->http_.set_error_handler(
       [p](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;  // a route's own error reply
@@ -1209,7 +1258,36 @@ StatusOr<int> Server::Bind() {
 
 Status Server::Run() {
   if (port_ == 0) return FailedPreconditionError("serve: Bind() first");
+  // Stop() may come before the listener runs (a signal during start-up):
+  // a watcher stops the listener once it runs, and after
+  // shutdown_timeout_seconds of draining ends what is still running.
+  std::atomic<bool> listening_done{false};
+  std::thread watcher([this, &listening_done] {
+    bool stopped = false, cut = false;
+    Clock::time_point since{};
+    while (!listening_done.load()) {
+      if (impl_->draining_) {
+        if (since == Clock::time_point{}) since = Clock::now();
+        if (!stopped && impl_->http_.is_running()) {
+          impl_->http_.stop();
+          stopped = true;
+        }
+        if (!cut &&
+            Clock::now() - since >
+                std::chrono::seconds(impl_->o_.shutdown_timeout_seconds)) {
+          std::fprintf(stderr,
+                       "loom serve: shutdown_timeout_seconds passed: ending "
+                       "the requests still running\n");
+          for (const auto& e : impl_->Engines()) e->Shutdown(false);
+          cut = true;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
   const bool ok = impl_->http_.listen_after_bind();
+  listening_done = true;
+  watcher.join();
   // listen returns once the workers have finished their requests.
   for (const auto& e : impl_->Engines()) e->Shutdown(true);
   if (!ok && !impl_->draining_)

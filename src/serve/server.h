@@ -51,7 +51,8 @@ struct ServerOptions {
   double memory_fraction = 0.9;
   double memory_warning_threshold = 0.85;
   int64_t shutdown_timeout_seconds = 30;
-  std::vector<std::string> cors_origins;
+  std::vector<std::string> cors_origins;  // "*" or origins; [] = no CORS
+  bool cors_allow_credentials = false;
   EngineOptions engine;
   nlohmann::json config;  // the effective configuration, echoed in /health
 };

@@ -504,6 +504,35 @@ TEST(ServeHttpTest, BearerToken) {
   EXPECT_EQ(r->status, 200);
 }
 
+TEST(ServeHttpTest, CorsPreflightAndStopBeforeRun) {
+  ServerOptions o = Defaults();
+  o.cors_origins = {"http://app.example"};
+  o.auth_token = "t";
+  Running s(o);
+  auto c = s.Client();
+  httplib::Headers h = {{"Origin", "http://app.example"},
+                        {"Access-Control-Request-Method", "POST"}};
+  auto r = c.Options("/generate", h);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 204);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"),
+            "http://app.example");
+  EXPECT_NE(
+      r->get_header_value("Access-Control-Allow-Headers").find("Authorization"),
+      std::string::npos);
+  s.Stop();
+  // A Stop() before Run() (a signal during start-up) is not lost.
+  ServerOptions d = Defaults();
+  d.host = "127.0.0.1";
+  d.port = 0;
+  auto server = Server::Create(d);
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->Bind().ok());
+  (*server)->Stop();
+  std::thread run([&] { EXPECT_TRUE((*server)->Run().ok()); });
+  run.join();  // returns: the watcher stops the listener once it runs
+}
+
 TEST(ServeHttpTest, FullQueueGets503WithRetryAfter) {
   ServerOptions o = Defaults();
   o.engine.slots = 1;
@@ -624,8 +653,9 @@ TEST(ServeHttpTest, StopFinishesInFlightRequests) {
   bool admitted = false;
   for (int i = 0; i < 1000 && !admitted; ++i) {
     auto m = c.Get("/metrics");
-    admitted = m && m->body.find("loom_active_sequences{model=\"stories260K\"} 1") !=
-                        std::string::npos;
+    admitted =
+        m && m->body.find("loom_active_sequences{model=\"stories260K\"} 1") !=
+                 std::string::npos;
     if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_TRUE(admitted);

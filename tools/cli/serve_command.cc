@@ -89,6 +89,7 @@ Status RunServe(const ServeArgs& args) {
   o.threads = config.server.threads;
   o.chat_stream_format = config.server.chat_stream_format;
   o.cors_origins = config.server.cors_origins;
+  o.cors_allow_credentials = config.server.cors_allow_credentials;
   o.shutdown_timeout_seconds = config.server.shutdown_timeout_seconds;
   o.model_dirs = config.models.dirs;
   o.model_paths = args.models;
