@@ -221,6 +221,24 @@ StatusOr<Streamer> CreateStreamer(const ExtractSettings& s, const Model& model,
   return st;
 }
 
+// --streaming-chunk-size before anything is loaded: the cache lives on one
+// device whose backend has attention over a KV cache.
+Status CheckStreamingBackends(const JobBackends& backends) {
+  for (const ExecutorSegment& seg : backends.segments) {
+    if (seg.backend->Costs().kv_attention_workspace == nullptr)
+      return UnimplementedError(
+          "--streaming-chunk-size: backend '" +
+          std::string(seg.backend->name()) +
+          "' has no attention over a KV cache yet (run the job on the CPU: "
+          "--device cpu)");
+    if (!(seg.backend->device() == backends.segments.front().backend->device()))
+      return UnimplementedError(
+          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
+          "device; this plan computes on several (run on one device)");
+  }
+  return Status();
+}
+
 // Runs one streamed row (window slot `slot`) alone, chunk by chunk, through
 // the cache: each chunk's tokens take their positions in the row and attend
 // to every earlier position, so every hook's rows are a full pass's.
@@ -461,6 +479,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   if (o.compute_backend_for_tests != nullptr)
     for (ExecutorSegment& seg : backends.segments)
       seg.backend = o.compute_backend_for_tests;
+  if (settings.streaming()) RETURN_IF_ERROR(CheckStreamingBackends(backends));
   ASSIGN_OR_RETURN(LoadedModel loaded,
                    LoadModelAndTokenizer(o, backends.gpu_capability));
   const DType compute = loaded.model->compute_dtype();
