@@ -56,17 +56,15 @@ std::string Name(const std::string& dir) {
 // Appends every token-major hook's rows, per hook point, in call order.
 class RowSink : public HookSink {
  public:
-  Status OnActivation(const HookPoint& hook, const Batch&, int64_t,
-                      int64_t, const ActivationView& view) override {
+  Status OnActivation(const HookPoint& hook, const Batch&, int64_t, int64_t,
+                      const ActivationView& view) override {
     std::vector<float>& out = rows_[hook];
     const float* p = view.f32();
     for (int64_t r = 0; r < view.rows; ++r)
       out.insert(out.end(), p + r * view.ld, p + r * view.ld + view.cols);
     return Status();
   }
-  const std::map<HookPoint, std::vector<float>>& rows() const {
-    return rows_;
-  }
+  const std::map<HookPoint, std::vector<float>>& rows() const { return rows_; }
 
  private:
   std::map<HookPoint, std::vector<float>> rows_;
@@ -145,13 +143,13 @@ TEST(KvCacheTest, ChunkedPrefillEqualsOnePass) {
     RowSink got;
     const std::vector<int64_t> slot = {1};
     for (int64_t p0 = 0, i = 0; p0 < n; ++i) {
-      const int64_t len =
-          std::min(i < static_cast<int64_t>(chunks.size()) ? chunks[i] : 1,
-                   n - p0);
+      const int64_t len = std::min(
+          i < static_cast<int64_t>(chunks.size()) ? chunks[i] : 1, n - p0);
       const std::vector<int64_t> seq = {0, len};
       const std::vector<int64_t> pos0 = {p0};
       const Batch b{std::span<const int32_t>(ids).subspan(p0, len), seq};
-      const Status st = (*chunked)->Forward(b, &got, {cache->get(), slot, pos0});
+      const Status st =
+          (*chunked)->Forward(b, &got, {cache->get(), slot, pos0});
       ASSERT_TRUE(st.ok()) << st.ToString();
       p0 += len;
       EXPECT_EQ((*cache)->length(1), p0);
@@ -176,6 +174,76 @@ TEST(KvCacheTest, ChunkedPrefillEqualsOnePass) {
     }
     std::printf("%s: chunked prefill vs one pass, max relative error %.3g\n",
                 Name(dir).c_str(), worst);
+  }
+}
+
+// A forward that stops early (the deepest hook above the last layer, as an
+// extraction of early layers) runs with a cache of just the layers it runs:
+// chunked equals one pass, and a cache of any other layer count is refused
+// (a layer the forward skipped would keep stale rows).
+TEST(KvCacheTest, CacheOfTheLayersRunWhenHooksStopEarly) {
+  auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const ModelConfig& c = (*model)->config();
+  HookSet hooks;
+  hooks.Add({HookSite::kResidPost, 0});
+  hooks.Add({HookSite::kResidPost, 1});
+  const int64_t n = 50;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>(1 + (i * 37) % 500);
+  ExecutorOptions opts;
+  opts.max_tokens = n;
+  auto ex = Executor::Create(**model, hooks, opts);
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  ASSERT_EQ((*ex)->last_layer(), 1);
+  RowSink want;
+  const std::vector<int64_t> one = {0, n};
+  ASSERT_TRUE((*ex)->Forward(Batch{ids, one}, &want).ok());
+  auto backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok());
+  const std::vector<int64_t> slot = {0};
+  for (int64_t layers : {int64_t{1}, c.num_layers}) {
+    auto wrong = KvCache::Create(c, 1, n, **backend, layers);
+    ASSERT_TRUE(wrong.ok()) << wrong.status().ToString();
+    const std::vector<int64_t> seq = {0, 8}, pos0 = {0};
+    const Status st =
+        (*ex)->Forward(Batch{std::span<const int32_t>(ids).first(8), seq},
+                       &want, {wrong->get(), slot, pos0});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("holds layers [0, " + std::to_string(layers) +
+                                "), this forward runs layers [0, 2)"),
+              std::string::npos)
+        << st.message();
+  }
+  EXPECT_FALSE(KvCache::Create(c, 1, n, **backend, c.num_layers + 1).ok());
+  auto cache = KvCache::Create(c, 1, n, **backend, 2);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  EXPECT_EQ((*cache)->num_layers(), 2);
+  int64_t bytes = 0;
+  for (int64_t l = 0; l < 2; ++l)
+    bytes += KvLayerBytes(c, l, n, 1, DType::kF32);
+  EXPECT_EQ((*cache)->storage_bytes(), bytes);
+  RowSink got;
+  for (int64_t p0 = 0; p0 < n; p0 += 7) {
+    const int64_t len = std::min<int64_t>(7, n - p0);
+    const std::vector<int64_t> seq = {0, len}, pos0 = {p0};
+    const Status st = (*ex)->Forward(
+        Batch{std::span<const int32_t>(ids).subspan(p0, len), seq}, &got,
+        {cache->get(), slot, pos0});
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  for (const auto& [hook, rows] : want.rows()) {
+    SCOPED_TRACE(HookName(hook));
+    const std::vector<float>& g = got.rows().at(hook);
+    ASSERT_EQ(g.size(), rows.size());
+    double scale = 0.0, err = 0.0;
+    for (size_t j = 0; j < rows.size(); ++j) {
+      scale = std::max(scale, std::abs(double{rows[j]}));
+      err = std::max(err, std::abs(double{g[j]} - rows[j]));
+    }
+    EXPECT_LE(err, 2e-5 * scale);
   }
 }
 

@@ -239,6 +239,44 @@ TEST(MemoryTest, KvCacheForwardsMakeNoHeapAllocations) {
       << "heap allocations by Loom's code during a decode step";
 }
 
+// So do the chunks of a streamed extraction row whose hooks stop early: a
+// cache of the layers run (0-1), one slot, chunks carrying it.
+TEST(MemoryTest, StreamedChunksOfEarlyHooksMakeNoHeapAllocations) {
+  auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  HookSet hooks;
+  hooks.Add({HookSite::kResidPost, 1});
+  auto ex = Executor::Create(**model, hooks, {.max_tokens = 16});
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  auto backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok());
+  auto cache = KvCache::Create((*model)->config(), 1, 64, **backend,
+                               (*ex)->last_layer() + 1);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  std::vector<int32_t> ids(48);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int32_t>(1 + (i * 37) % 500);
+  const std::vector<int64_t> slot = {0}, starts = {0, 16};
+  std::vector<int64_t> pos0 = {0};
+  NullSink sink;
+  auto chunk = [&]() {
+    return (*ex)->Forward(Batch{std::span<const int32_t>(ids).subspan(
+                                    static_cast<size_t>(pos0[0]), 16),
+                                starts},
+                          &sink, {cache->get(), slot, pos0});
+  };
+  ASSERT_TRUE(chunk().ok());  // warm-up
+  pos0 = {16};
+  g_allocs = 0;
+  g_counting = true;
+  Status st = chunk();
+  g_counting = false;
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(g_allocs.load(), 0)
+      << "heap allocations by Loom's code during a streamed chunk";
+}
+
 TEST(MemoryTest, ExecutorAllocatesExactlyThePlannedArenas) {
   auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
                            Precision::kF32);
@@ -287,8 +325,7 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
   job.selector = Selector::kLast;  // the sink below keeps nothing
   auto cpu = ParseDevice("cpu=24GiB", 24LL << 30);
   ASSERT_TRUE(cpu.ok());
-  auto plan =
-      PlanModelDir(dir, job, {*cpu}, 24LL << 30, cpu::CpuKernelCosts());
+  auto plan = PlanModelDir(dir, job, {*cpu}, 24LL << 30, cpu::CpuKernelCosts());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   int64_t planned = 0;
   for (const auto& d : plan->devices)
@@ -299,7 +336,8 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
   malloc_trim(0);
   int64_t measured_held = 0;
   const int64_t before = CurrentRssBytes();
-  const bool peak_reset = ResetPeakRss();  // the peak is only reported; some kernels forbid the reset
+  const bool peak_reset = ResetPeakRss();  // the peak is only reported; some
+                                           // kernels forbid the reset
   {
     auto model = Model::Load(dir, Precision::kBF16);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -328,7 +366,8 @@ TEST(MemoryTest, ResidentMemoryWithinOnePercentOfPlan) {
       "transient peak %lld bytes\n",
       static_cast<long long>(planned), static_cast<long long>(measured), ratio,
       static_cast<long long>(peak));
-  RecordProperty("peak_bytes", peak_reset ? std::to_string(peak) : std::string("n/a"));
+  RecordProperty("peak_bytes",
+                 peak_reset ? std::to_string(peak) : std::string("n/a"));
   EXPECT_NEAR(ratio, 1.0, 0.01)
       << "planned " << planned << " measured " << measured;
 }
@@ -348,8 +387,8 @@ TEST(MemoryTest, SynthLlama31Preset) {
   auto params = WriteSyntheticModel(dir, so);
   ASSERT_TRUE(params.ok()) << params.status().ToString();
   // q, o 4096^2; k, v 4096 x 1024; gate, up, down 4096 x 14336; two norms.
-  const int64_t layer = 2 * 4096LL * 4096 + 2 * 4096LL * 1024 +
-                        3 * 4096LL * 14336 + 2 * 4096;
+  const int64_t layer =
+      2 * 4096LL * 4096 + 2 * 4096LL * 1024 + 3 * 4096LL * 14336 + 2 * 4096;
   EXPECT_EQ(*params, layer + 2 * 512LL * 4096 + 4096);
   // The full model: Llama-3.1-8B's 8,030,261,248 parameters.
   EXPECT_EQ(32 * layer + 2 * 128256LL * 4096 + 4096, 8030261248LL);

@@ -280,6 +280,68 @@ TEST(PlanCli, PlanAndExtractShowPlanPrintTheSameArenaBytes) {
   std::filesystem::remove_all(dir);
 }
 
+// A streamed extraction's KV cache two ways: `loom plan --kv-context M`
+// and `loom extract --streaming-chunk-size N --max-row-tokens M --show-plan`
+// print the same kv (one sequence of M positions of every layer run) and
+// workspace (the cache's attention workspace included) columns.
+TEST(PlanCli, KvContextAndExtractStreamingPlanTheSameCache) {
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "loom_plan_cli_kv_context")
+          .string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/input.jsonl")
+      << "{\"id\": \"a\", \"text\": \"Once upon a time\"}\n";
+  auto columns = [](const std::string& table) {
+    std::vector<std::string> c = CpuArenaColumns(table);
+    size_t at = table.find("\ncpu ");
+    if (at == std::string::npos) return c;
+    const std::string row =
+        table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+    c.push_back(row.size() >= 8 + 3 * 12 + 12 ? row.substr(8 + 3 * 12 + 1, 11)
+                                              : "");  // kv
+    return c;
+  };
+  for (const char* hooks :
+       {"blocks.1.hook_resid_post", "ln_final.hook_normalized"}) {
+    SCOPED_TRACE(hooks);
+    const Result plan = LoomAll("plan " + model +
+                                " --device cpu --batch-tokens 64 --ctx 64 "
+                                "--kv-context 300 --hooks " +
+                                std::string(hooks));
+    ASSERT_EQ(plan.rc, 0) << plan.out;
+    EXPECT_NE(plan.out.find("KV cache of 1 x 300 positions"), std::string::npos)
+        << plan.out;
+    std::filesystem::remove_all(dir + "/out");
+    const Result extract =
+        LoomAll("extract --model " + model + " --input " + dir +
+                "/input.jsonl --out " + dir + "/out --hooks " + hooks +
+                " --batch-tokens 64 --streaming-chunk-size 16 "
+                "--max-row-tokens 300 --precision f32 --show-plan");
+    ASSERT_EQ(extract.rc, 0) << extract.out;
+    const std::vector<std::string> a = columns(plan.out);
+    const std::vector<std::string> b = columns(extract.out);
+    ASSERT_EQ(a.size(), 4u) << plan.out;
+    EXPECT_EQ(a[1], b[1]) << "workspace\nloom plan:\n"
+                          << plan.out << "\nloom extract:\n"
+                          << extract.out;
+    EXPECT_EQ(a[3], b[3]) << "kv\nloom plan:\n"
+                          << plan.out << "\nloom extract:\n"
+                          << extract.out;
+    EXPECT_NE(a[3].find_first_not_of(' '), std::string::npos);
+    EXPECT_EQ(a[3].find('-'), std::string::npos) << a[3];
+  }
+  // --kv-context is for analysis jobs; generation's --ctx sizes its cache.
+  const Result gen =
+      LoomAll("plan " + model +
+              " --device cpu --batch-tokens 64 --mode generation "
+              "--kv-context 64");
+  EXPECT_NE(gen.rc, 0) << gen.out;
+  EXPECT_NE(gen.out.find("kv context = 64"), std::string::npos) << gen.out;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 namespace loom {
@@ -315,11 +377,11 @@ TEST(DevicesCli, ListsTheHostAndEveryGpuOrWhyNone) {
 // A job on a GPU the build or the machine lacks is refused before loading,
 // naming the device.
 TEST(DevicesCli, JobOnAMissingGpuIsAClearError) {
-  const Result r = RunLoom(
-      "perplexity",
-      "--model " + std::string(LOOM_MODELS_DIR) +
-          "/stories260K --tokens /dev/null --device cuda:7=1GiB",
-      true);
+  const Result r =
+      RunLoom("perplexity",
+              "--model " + std::string(LOOM_MODELS_DIR) +
+                  "/stories260K --tokens /dev/null --device cuda:7=1GiB",
+              true);
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("cuda:7"), std::string::npos) << r.out;
 }

@@ -18,6 +18,7 @@
 #include "src/io/file_util.h"
 #include "src/model/hooks.h"
 #include "src/runtime/executor.h"
+#include "src/runtime/kv_cache.h"
 #include "src/runtime/memory_stats.h"
 #include "src/tokenizer/tokenizer.h"
 
@@ -69,8 +70,8 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const ExtractOptions& o,
                                             int gpu_capability) {
   LoadedModel m;
   std::string warning;
-  ASSIGN_OR_RETURN(m.model, Model::Load(o.model_dir, o.precision, &warning,
-                                        gpu_capability));
+  ASSIGN_OR_RETURN(
+      m.model, Model::Load(o.model_dir, o.precision, &warning, gpu_capability));
   if (!warning.empty())
     std::fprintf(stderr, "loom extract: warning: %s\n", warning.c_str());
   StatusOr<std::unique_ptr<tok::Tokenizer>> t =
@@ -169,7 +170,9 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   JobState state;
   state.manifest = std::move(loaded).value();
   const Manifest& m = *state.manifest;
-  RETURN_IF_ERROR(m.CheckSettings(settings));
+  // Jobs started before streaming existed ran with it off.
+  RETURN_IF_ERROR(m.CheckSettings(
+      settings, Json{{"streaming_chunk_size", 0}, {"max_row_tokens", 0}}));
   ASSIGN_OR_RETURN(state.progress, m.ReadProgress(outputs.RaggedDataFiles()));
   RETURN_IF_ERROR(CheckResumeInput(m, o.input_path, &state.input_bytes));
   ASSIGN_OR_RETURN(state.complete, m.GetBool({"complete"}));
@@ -185,10 +188,91 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   return state;
 }
 
-// Runs the window's batches through the model into the outputs' staging.
+// The KV cache that streamed rows are prefilled through (one slot of
+// --max-row-tokens positions, the layers the executor runs), and the
+// per-chunk metadata; all sized once for the job.
+struct Streamer {
+  int64_t chunk = 0;  // --streaming-chunk-size
+  std::unique_ptr<KvCache> cache;
+  std::vector<int64_t> starts = std::vector<int64_t>(2, 0);  // [2]
+  std::vector<int64_t> slots = std::vector<int64_t>(1, 0);   // [1]: window slot
+  int64_t kv_slot = 0;  // the cache's one slot
+  int64_t pos0 = 0;
+};
+
+// --streaming-chunk-size: the cache on the device every segment of `ex`
+// computes on (the planned `kv` term: KvLayerBytes per layer run).
+StatusOr<Streamer> CreateStreamer(const ExtractSettings& s, const Model& model,
+                                  const Executor& ex) {
+  Streamer st;
+  st.chunk = s.streaming_chunk_size;
+  if (ex.num_devices() == 0)
+    return InternalError("extract: the executor runs on no device");
+  Backend& be = *ex.device(0).backend;
+  for (int i = 1; i < ex.num_devices(); ++i)
+    if (!(ex.device(i).backend->device() == be.device()))
+      return UnimplementedError(
+          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
+          "device; this plan computes on several (run on one device)");
+  StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(
+      model.config(), /*slots=*/1, s.max_row_tokens, be, ex.last_layer() + 1);
+  if (!cache.ok()) return cache.status().WithContext("--streaming-chunk-size");
+  st.cache = std::move(cache).value();
+  return st;
+}
+
+// --streaming-chunk-size before anything is loaded: the cache lives on one
+// device whose backend has attention over a KV cache.
+Status CheckStreamingBackends(const JobBackends& backends) {
+  for (const ExecutorSegment& seg : backends.segments) {
+    if (seg.backend->Costs().kv_attention_workspace == nullptr)
+      return UnimplementedError(
+          "--streaming-chunk-size: backend '" +
+          std::string(seg.backend->name()) +
+          "' has no attention over a KV cache yet (run the job on the CPU: "
+          "--device cpu)");
+    if (!(seg.backend->device() == backends.segments.front().backend->device()))
+      return UnimplementedError(
+          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
+          "device; this plan computes on several (run on one device)");
+  }
+  return Status();
+}
+
+// Runs one streamed row (window slot `slot`) alone, chunk by chunk, through
+// the cache: each chunk's tokens take their positions in the row and attend
+// to every earlier position, so every hook's rows are a full pass's.
+Status StreamRow(const std::vector<PreparedRow>& window, int64_t slot,
+                 Streamer& st, Executor& ex, OutputSet& outputs,
+                 ExtractSink& sink, int64_t* tokens) {
+  const PreparedRow& row = window[static_cast<size_t>(slot)];
+  const int64_t n = row.size();
+  st.cache->Reset(st.kv_slot);
+  st.slots[0] = slot;
+  outputs.SetBatchSlots(&st.slots);
+  for (int64_t p0 = 0; p0 < n; p0 += st.chunk) {
+    const int64_t len = std::min(st.chunk, n - p0);
+    st.starts[1] = len;
+    st.pos0 = p0;
+    outputs.SetChunk(p0, n);
+    const Batch b{std::span<const int32_t>(row.ids).subspan(
+                      static_cast<size_t>(p0), static_cast<size_t>(len)),
+                  std::span<const int64_t>(st.starts)};
+    const Status status = ex.Forward(
+        b, &sink, KvBatch{st.cache.get(), {&st.kv_slot, 1}, {&st.pos0, 1}});
+    outputs.ClearChunk();
+    RETURN_IF_ERROR(status);
+    sink.Flush();  // Forward has synchronised every device
+    *tokens += len;
+  }
+  return Status();
+}
+
+// Runs the window's batches (and its streamed rows) through the model into
+// the outputs' staging.
 Status RunWindow(const std::vector<PreparedRow>& window, int64_t batch_tokens,
-                 Executor& ex, OutputSet& outputs, ExtractSink& sink,
-                 int64_t* tokens) {
+                 Executor& ex, Streamer* streamer, OutputSet& outputs,
+                 ExtractSink& sink, int64_t* tokens) {
   outputs.StageWindow(window);
   BatchPacker packer(window, batch_tokens);
   PackedBatch b;
@@ -198,6 +282,12 @@ Status RunWindow(const std::vector<PreparedRow>& window, int64_t batch_tokens,
     RETURN_IF_ERROR(ex.Forward(Batch{b.ids, b.starts}, &sink));
     sink.Flush();  // Forward has synchronised every device
     *tokens += static_cast<int64_t>(b.ids.size());
+  }
+  // Rows longer than a batch: validated only when streaming is on.
+  for (int64_t slot : StreamedRows(window, batch_tokens)) {
+    LOOM_CHECK(streamer != nullptr) << "a row exceeds --batch-tokens";
+    RETURN_IF_ERROR(
+        StreamRow(window, slot, *streamer, ex, outputs, sink, tokens));
   }
   outputs.FinishWindow(window);
   return Status();
@@ -243,15 +333,20 @@ double SecondsSince(Clock::time_point start) {
 
 StatusOr<HookSet> ResolveExtractHooks(const std::vector<std::string>& hooks,
                                       const std::vector<std::string>& layers,
-                                      const ModelConfig& c) {
+                                      const ModelConfig& c, bool streaming) {
   ASSIGN_OR_RETURN(HookSet set, ResolveHooks(hooks, layers, c));
   for (const HookPoint& hp : set.hooks())
     if (hp.site == HookSite::kPattern)
       return UnimplementedError(
           "hook " + HookName(hp) +
           ": attention patterns are [heads, L, L] per prompt and are not "
-          "extracted by `loom extract` (request hook_z or hook_attn_out "
-          "instead)");
+          "extracted by `loom extract`" +
+          (streaming
+               ? std::string("; with --streaming-chunk-size a long row's "
+                             "attention runs chunk by chunk over the KV cache, "
+                             "so its pattern is never formed whole")
+               : std::string()) +
+          " (request hook_z or hook_attn_out instead)");
   if (set.empty()) return InvalidArgumentError("no hooks requested (--hooks)");
   return set;
 }
@@ -316,10 +411,15 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
     if (!ex->device(i).host_memory)
       device_backends.push_back(ex->device(i).backend);
   RETURN_IF_ERROR(sink.EnableDevices(device_backends));
+  std::optional<Streamer> streamer;
+  if (s.streaming()) {
+    ASSIGN_OR_RETURN(streamer, CreateStreamer(s, *ctx.loaded.model, *ex));
+  }
   const RowPreparer preparer({.template_text = o.template_text,
                               .add_bos = o.add_bos,
                               .replace_invalid_utf8 = o.replace_invalid_utf8,
                               .batch_tokens = s.batch_tokens,
+                              .max_row_tokens = s.max_row_tokens,
                               .max_positions = s.max_positions,
                               .vocab_size = c.vocab_size,
                               .config_bos_id = c.bos_token_id},
@@ -334,8 +434,9 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
         ReadWindow(*reader, preparer, o.commit_every, o.replace_invalid_utf8,
                    o.on_error, state.progress.rows_committed, &eof));
     if (window.empty()) break;
-    RETURN_IF_ERROR(RunWindow(window, s.batch_tokens, *ex, ctx.outputs, sink,
-                              &summary.tokens));
+    RETURN_IF_ERROR(RunWindow(window, s.batch_tokens, *ex,
+                              streamer ? &*streamer : nullptr, ctx.outputs,
+                              sink, &summary.tokens));
     RETURN_IF_ERROR(CommitWindow(window, reader->offset(), ctx.outputs,
                                  ctx.rows_log, state));
     ++commits;
@@ -373,10 +474,12 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
       PlanJobOrRefuse("extract", o.model_dir,
                       ExtractJobSpec(o, settings, planned_compute), o.plan));
   // One backend per device the plan computes on (the host's is `backend`).
-  ASSIGN_OR_RETURN(JobBackends backends, CreateJobBackends(plan, backend.get()));
+  ASSIGN_OR_RETURN(JobBackends backends,
+                   CreateJobBackends(plan, backend.get()));
   if (o.compute_backend_for_tests != nullptr)
     for (ExecutorSegment& seg : backends.segments)
       seg.backend = o.compute_backend_for_tests;
+  if (settings.streaming()) RETURN_IF_ERROR(CheckStreamingBackends(backends));
   ASSIGN_OR_RETURN(LoadedModel loaded,
                    LoadModelAndTokenizer(o, backends.gpu_capability));
   const DType compute = loaded.model->compute_dtype();

@@ -9,10 +9,12 @@
 // Flow per window of `commit_every` input rows: read and tokenize the rows,
 // validate them (bad rows fail the job or are recorded as skipped), sort by
 // length and pack into batches of at most `batch_tokens` tokens, run the
-// forward with the requested hooks, apply the selectors to the compute
-// buffers (only the selected rows are copied out, converted to the output
-// dtype), then append the window's rows in input order and commit: data and
-// .npy headers are synced first, then rows.jsonl, then manifest.json (the
+// forward with the requested hooks (with --streaming-chunk-size, each row
+// longer than a batch then runs alone, chunk by chunk through a KV cache of
+// one sequence: exact, docs/design/generation.md), apply the selectors to the
+// compute buffers (only the selected rows are copied out, converted to the
+// output dtype), then append the window's rows in input order and commit: data
+// and .npy headers are synced first, then rows.jsonl, then manifest.json (the
 // commit record). A kill at any moment loses at most the uncommitted window;
 // --resume reopens the outputs at the manifest's row count without reading
 // what exists.
@@ -54,6 +56,15 @@ struct ExtractOptions {
   Precision precision = Precision::kAuto;
   int threads = 0;
   int64_t batch_tokens = 0;  // 0 = min(4096, max_position_embeddings)
+  // Exact streaming of long rows (TheLoom's streaming_chunk_size, except that
+  // the chunks carry the KV cache, so the hidden states are a full pass's):
+  // a row of batch_tokens < n <= max_row_tokens tokens runs alone, prefilled
+  // in chunks of this many tokens (<= batch_tokens) through a KV cache of one
+  // sequence. 0 = off: such a row is a row error.
+  int64_t streaming_chunk_size = 0;
+  // The longest row streamed (sizes the planned KV cache); 0 = min(32768,
+  // max_position_embeddings). Only with streaming_chunk_size.
+  int64_t max_row_tokens = 0;
   int64_t commit_every = 256;
   OnError on_error = OnError::kFail;
   bool resume = false;
@@ -94,9 +105,12 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& options);
 
 // Resolves hook patterns and --layers into the set of hooks to capture
 // (deduplicated, in layer order), each checked to exist in the architecture.
+// `streaming`: --streaming-chunk-size is on (named in the refusal of
+// attention patterns).
 StatusOr<HookSet> ResolveExtractHooks(const std::vector<std::string>& hooks,
                                       const std::vector<std::string>& layers,
-                                      const ModelConfig& config);
+                                      const ModelConfig& config,
+                                      bool streaming = false);
 
 }  // namespace loom
 

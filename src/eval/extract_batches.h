@@ -1,7 +1,9 @@
-// Batch packing for `loom extract`: the runnable rows of one commit window,
-// longest first (stable, so ties keep input order), packed greedily into
-// batches of at most `batch_tokens` tokens. A window always packs the same
-// way, which is what makes a resumed job byte-identical.
+// Batch packing for `loom extract`: the runnable rows of one commit window
+// that fit a batch, longest first (stable, so ties keep input order), packed
+// greedily into batches of at most `batch_tokens` tokens. A window always
+// packs the same way, which is what makes a resumed job byte-identical. Rows
+// longer than a batch (--streaming-chunk-size) are left to StreamedRows.
+
 #ifndef LOOM_EVAL_EXTRACT_BATCHES_H_
 #define LOOM_EVAL_EXTRACT_BATCHES_H_
 
@@ -22,7 +24,7 @@ struct PackedBatch {
 
 class BatchPacker {
  public:
-  // Borrows `window` (rows longer than `batch_tokens` must be skipped rows).
+  // Borrows `window`; its ok rows longer than `batch_tokens` are left out.
   BatchPacker(const std::vector<PreparedRow>& window, int64_t batch_tokens);
   // Fills the next batch (reusing its buffers); false when all rows ran.
   bool Next(PackedBatch* batch);
@@ -33,6 +35,11 @@ class BatchPacker {
   std::vector<int64_t> order_;  // ok rows, longest first
   size_t next_ = 0;
 };
+
+// The window slots of the ok rows longer than `batch_tokens` (streamed one
+// at a time, in window order).
+std::vector<int64_t> StreamedRows(const std::vector<PreparedRow>& window,
+                                  int64_t batch_tokens);
 
 }  // namespace loom
 

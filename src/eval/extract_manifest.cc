@@ -197,11 +197,15 @@ StatusOr<ManifestProgress> Manifest::ReadProgress(
   return p;
 }
 
-Status Manifest::CheckSettings(const Json& now) const {
+Status Manifest::CheckSettings(const Json& now, const Json& absent) const {
   ASSIGN_OR_RETURN(const Json* recorded, GetObject({"settings"}));
   for (const auto& [key, value] : now.items()) {
     const auto it = recorded->find(key);
-    const Json there = it == recorded->end() ? Json() : *it;
+    Json there;
+    if (it != recorded->end())
+      there = *it;
+    else if (absent.is_object() && absent.contains(key))
+      there = absent[key];
     if (there != value)
       return FailedPreconditionError(
           "--resume: setting '" + key + "' differs from the interrupted run (" +

@@ -60,7 +60,11 @@ class Manifest {
       const std::vector<std::string>& ragged_files) const;
   // FailedPrecondition naming the first setting of `now` that differs from
   // the recorded one (both values), DataLoss if "settings" is not an object.
-  Status CheckSettings(const nlohmann::json& now) const;
+  // A setting the manifest does not record (written before the setting
+  // existed) is taken as its value in `absent` (an object), if there.
+  Status CheckSettings(
+      const nlohmann::json& now,
+      const nlohmann::json& absent = nlohmann::json::object()) const;
 
   void SetProgress(const ManifestProgress& progress);
   void SetFiles(const std::vector<std::string>& files);

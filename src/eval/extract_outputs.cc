@@ -1,10 +1,9 @@
 #include "src/eval/extract_outputs.h"
 
-#include <cstring>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -279,6 +278,24 @@ void OutputSet::StageWindow(const std::vector<PreparedRow>& window) {
   }
 }
 
+OutputSet::SeqRows OutputSet::Locate(const Batch& batch, int64_t s,
+                                     int64_t row_begin, int64_t row_end) const {
+  const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
+  SeqRows q;
+  q.slot = (*slots_)[s];
+  if (chunk_row_tokens_ > 0) {  // a chunk of a streamed row
+    LOOM_CHECK_EQ(batch.num_seqs(), 1);
+    q.origin = b - chunk_pos0_;
+    q.len = chunk_row_tokens_;
+  } else {
+    q.origin = b;
+    q.len = e - b;
+  }
+  q.lo = std::max(b, row_begin);
+  q.hi = std::min(e, row_end);
+  return q;
+}
+
 void OutputSet::Capture(const HookPoint& hook, const Batch& batch,
                         const ActivationRows& rows) {
   const int64_t row_end = rows.row_begin + rows.rows;
@@ -288,51 +305,50 @@ void OutputSet::Capture(const HookPoint& hook, const Batch& batch,
     for (int64_t s = 0; s < batch.num_seqs(); ++s) {
       const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
       if (e <= rows.row_begin || b >= row_end) continue;
-      const int64_t slot = (*slots_)[s];
+      const SeqRows q = Locate(batch, s, rows.row_begin, row_end);
       if (o.sel.ragged())
-        CaptureRagged(o, slot, b, e - b, rows);
+        CaptureRagged(o, q, rows);
       else if (o.sel.reduced())
-        CaptureReduced(o, slot, b, e - b, rows);
+        CaptureReduced(o, q, rows);
       else
-        CaptureFixed(o, slot, b, e - b, rows);
+        CaptureFixed(o, q, rows);
     }
   }
 }
 
 // last / first / pos: the row of each selected position, when it is in this
-// block of rows.
-void OutputSet::CaptureFixed(OutputArray& o, int64_t slot, int64_t seq_begin,
-                             int64_t len, const ActivationRows& rows) {
+// block of rows (and, for a streamed row, in this chunk).
+void OutputSet::CaptureFixed(OutputArray& o, const SeqRows& q,
+                             const ActivationRows& rows) {
   const int64_t ds = DTypeSize(dtype_);
   auto copy = [&](int64_t p, int64_t dst_row) {
-    const int64_t t = seq_begin + p;  // packed token index
-    if (t < rows.row_begin || t >= rows.row_begin + rows.rows) return;
+    const int64_t t = q.origin + p;  // packed token index
+    if (t < q.lo || t >= q.hi) return;
     ConvertActivations(*host_, rows.data + (t - rows.row_begin) * rows.ld,
                        &o.stage[dst_row * o.width * ds], dtype_, o.width);
   };
   switch (o.sel.kind) {
     case RowSelector::Kind::kLast:
-      copy(len - 1, slot);
+      copy(q.len - 1, q.slot);
       break;
     case RowSelector::Kind::kFirst:
-      copy(0, slot);
+      copy(0, q.slot);
       break;
     default: {  // kPos
       const int64_t n = static_cast<int64_t>(o.sel.positions.size());
       for (int64_t k = 0; k < n; ++k)
-        copy(ResolvePosition(o.sel.positions[k], len), slot * n + k);
+        copy(ResolvePosition(o.sel.positions[k], q.len), q.slot * n + k);
     }
   }
 }
 
-// mean / max: accumulated in double over the sequence's rows in this block.
-void OutputSet::CaptureReduced(OutputArray& o, int64_t slot, int64_t seq_begin,
-                               int64_t len, const ActivationRows& rows) {
-  double* acc = &o.acc[slot * o.width];
+// mean / max: accumulated in double over the sequence's rows in this block,
+// in token order (across the chunks of a streamed row too).
+void OutputSet::CaptureReduced(OutputArray& o, const SeqRows& q,
+                               const ActivationRows& rows) {
+  double* acc = &o.acc[q.slot * o.width];
   const bool mean = o.sel.kind == RowSelector::Kind::kMean;
-  const int64_t from = std::max(seq_begin, rows.row_begin);
-  const int64_t to = std::min(seq_begin + len, rows.row_begin + rows.rows);
-  for (int64_t t = from; t < to; ++t) {
+  for (int64_t t = q.lo; t < q.hi; ++t) {
     const float* r = rows.data + (t - rows.row_begin) * rows.ld;
     if (mean) {
       for (int64_t j = 0; j < o.width; ++j) acc[j] += r[j];
@@ -343,66 +359,69 @@ void OutputSet::CaptureReduced(OutputArray& o, int64_t slot, int64_t seq_begin,
   }
 }
 
-// all / span: every selected position, at the slot's rows of the window.
-void OutputSet::CaptureRagged(OutputArray& o, int64_t slot, int64_t seq_begin,
-                              int64_t len, const ActivationRows& rows) {
+// all / span: every selected position in this block, at the slot's rows of
+// the window.
+void OutputSet::CaptureRagged(OutputArray& o, const SeqRows& q,
+                              const ActivationRows& rows) {
   const int64_t ds = DTypeSize(dtype_);
   SpanRange span;
-  LOOM_CHECK(ResolveSpan(o.sel, len, &span));
+  LOOM_CHECK(ResolveSpan(o.sel, q.len, &span));
   const RaggedIndex& ri = ragged_[o.ragged];
-  for (int64_t p = span.begin; p < span.end; ++p) {
-    const int64_t t = seq_begin + p;
-    if (t < rows.row_begin || t >= rows.row_begin + rows.rows) continue;
-    const int64_t dst_row = ri.slot_begin[slot] + (p - span.begin);
+  const int64_t from = std::max(span.begin, q.lo - q.origin);
+  const int64_t to = std::min(span.end, q.hi - q.origin);
+  for (int64_t p = from; p < to; ++p) {
+    const int64_t t = q.origin + p;
+    const int64_t dst_row = ri.slot_begin[q.slot] + (p - span.begin);
     ConvertActivations(*host_, rows.data + (t - rows.row_begin) * rows.ld,
                        &o.stage[dst_row * o.width * ds], dtype_, o.width);
   }
 }
 
 void OutputSet::PickRows(const HookPoint& hook, const Batch& batch,
-                         int64_t row_begin, int64_t rows,
-                         DevicePicks* picks) {
+                         int64_t row_begin, int64_t rows, DevicePicks* picks) {
   const int64_t row_end = row_begin + rows;
   const int64_t ds = DTypeSize(dtype_);
   for (OutputArray& o : arrays_) {
     if (!(o.hook == hook)) continue;
-    auto pick = [&](int64_t t, int64_t dst_row) {
-      if (t < row_begin || t >= row_end) return;
-      picks->rows.push_back(static_cast<int32_t>(t - row_begin));
-      picks->dst.push_back(&o.stage[dst_row * o.width * ds]);
-    };
     for (int64_t s = 0; s < batch.num_seqs(); ++s) {
       const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
       if (e <= row_begin || b >= row_end) continue;
-      const int64_t slot = (*slots_)[s], len = e - b;
+      const SeqRows q = Locate(batch, s, row_begin, row_end);
+      auto pick = [&](int64_t p, int64_t dst_row) {
+        const int64_t t = q.origin + p;
+        if (t < q.lo || t >= q.hi) return;
+        picks->rows.push_back(static_cast<int32_t>(t - row_begin));
+        picks->dst.push_back(&o.stage[dst_row * o.width * ds]);
+      };
       if (o.sel.ragged()) {
         // As CaptureRagged.
         SpanRange span;
-        LOOM_CHECK(ResolveSpan(o.sel, len, &span));
+        LOOM_CHECK(ResolveSpan(o.sel, q.len, &span));
         const RaggedIndex& ri = ragged_[o.ragged];
-        for (int64_t p = span.begin; p < span.end; ++p)
-          pick(b + p, ri.slot_begin[slot] + (p - span.begin));
+        const int64_t from = std::max(span.begin, q.lo - q.origin);
+        const int64_t to = std::min(span.end, q.hi - q.origin);
+        for (int64_t p = from; p < to; ++p)
+          pick(p, ri.slot_begin[q.slot] + (p - span.begin));
       } else if (o.sel.reduced()) {
         // As CaptureReduced.
-        const int64_t from = std::max(b, row_begin), to = std::min(e, row_end);
-        picks->seg_begin.push_back(static_cast<int32_t>(from - row_begin));
-        picks->seg_end.push_back(static_cast<int32_t>(to - row_begin));
-        picks->seg_acc.push_back(&o.acc[slot * o.width]);
+        picks->seg_begin.push_back(static_cast<int32_t>(q.lo - row_begin));
+        picks->seg_end.push_back(static_cast<int32_t>(q.hi - row_begin));
+        picks->seg_acc.push_back(&o.acc[q.slot * o.width]);
         picks->seg_max.push_back(o.sel.kind == RowSelector::Kind::kMax);
       } else {
         // As CaptureFixed.
         switch (o.sel.kind) {
           case RowSelector::Kind::kLast:
-            pick(b + len - 1, slot);
+            pick(q.len - 1, q.slot);
             break;
           case RowSelector::Kind::kFirst:
-            pick(b, slot);
+            pick(0, q.slot);
             break;
           default: {
             const int64_t n = static_cast<int64_t>(o.sel.positions.size());
             for (int64_t k = 0; k < n; ++k) {
-              const int64_t p = ResolvePosition(o.sel.positions[k], len);
-              if (p >= 0 && p < len) pick(b + p, slot * n + k);
+              const int64_t p = ResolvePosition(o.sel.positions[k], q.len);
+              if (p >= 0 && p < q.len) pick(p, q.slot * n + k);
             }
           }
         }
@@ -534,15 +553,16 @@ Status ExtractSink::EnableDevices(const std::vector<Backend*>& devices) {
   const int64_t T = max_tokens_;
   const int64_t rows = outputs_->MaxPickedRows(T);
   const int64_t segments = outputs_->MaxSegmentValues(T);
-  ASSIGN_OR_RETURN(pinned_rows_,
-                   be.Allocate(std::max<int64_t>(outputs_->MaxPickedBytes(T), 64),
-                               MemoryKind::kPinnedHost));
+  ASSIGN_OR_RETURN(
+      pinned_rows_,
+      be.Allocate(std::max<int64_t>(outputs_->MaxPickedBytes(T), 64),
+                  MemoryKind::kPinnedHost));
   // Row indices, then each reduced array's segment bounds (<= 2 T each).
-  ASSIGN_OR_RETURN(pinned_index_,
-                   be.Allocate((rows + 2 * segments + 16) * 4,
+  ASSIGN_OR_RETURN(pinned_index_, be.Allocate((rows + 2 * segments + 16) * 4,
+                                              MemoryKind::kPinnedHost));
+  ASSIGN_OR_RETURN(pinned_sums_,
+                   be.Allocate(std::max<int64_t>(segments * 8, 64),
                                MemoryKind::kPinnedHost));
-  ASSIGN_OR_RETURN(pinned_sums_, be.Allocate(std::max<int64_t>(segments * 8, 64),
-                                             MemoryKind::kPinnedHost));
   const size_t n = static_cast<size_t>(rows + segments);
   picks_.rows.reserve(n);
   picks_.dst.reserve(n);
@@ -591,8 +611,8 @@ Status ExtractSink::OnDeviceActivation(const HookPoint& hook,
     int32_t* idx = index + index_used_;
     std::copy(picks_.rows.begin(), picks_.rows.end(), idx);
     uint8_t* stage = static_cast<uint8_t*>(pinned_rows_.data()) + bytes_used_;
-    be->GatherRowsConvert(static_cast<const float*>(view.data), view.ld, idx,
-                          n, view.cols, stage, outputs_->dtype());
+    be->GatherRowsConvert(static_cast<const float*>(view.data), view.ld, idx, n,
+                          view.cols, stage, outputs_->dtype());
     for (int64_t i = 0; i < n; ++i)
       pending_.push_back({picks_.dst[i], stage + i * row_bytes, row_bytes});
     index_used_ += n;
@@ -616,8 +636,8 @@ Status ExtractSink::OnDeviceActivation(const HookPoint& hook,
           {picks_.seg_acc[i], sums + k * view.cols, view.cols, max});
       ++k;
     }
-    be->SegmentReduce(static_cast<const float*>(view.data), view.ld, begin,
-                      end, k, view.cols, max, /*accumulate=*/false, sums);
+    be->SegmentReduce(static_cast<const float*>(view.data), view.ld, begin, end,
+                      k, view.cols, max, /*accumulate=*/false, sums);
     index_used_ += 2 * k;
     sums_used_ += k * view.cols;
   }

@@ -95,6 +95,16 @@ class OutputSet {
   void StageWindow(const std::vector<PreparedRow>& window);
   // Sets the window slot of each sequence of the next batch (borrowed).
   void SetBatchSlots(const std::vector<int64_t>* slots) { slots_ = slots; }
+  // The next batches are chunks of a streamed row: one sequence holding
+  // positions [pos0, pos0 + its length) of a row of `row_tokens` tokens.
+  // Selectors resolve positions against the whole row (last = row_tokens -
+  // 1, ...), and mean / max accumulate over the chunks. ClearChunk: every
+  // sequence is a whole row (the packed batches).
+  void SetChunk(int64_t pos0, int64_t row_tokens) {
+    chunk_pos0_ = pos0;
+    chunk_row_tokens_ = row_tokens;
+  }
+  void ClearChunk() { SetChunk(0, 0); }
   // Copies what the selectors keep of `hook`'s rows into the staging.
   void Capture(const HookPoint& hook, const Batch& batch,
                const ActivationRows& rows);
@@ -105,12 +115,12 @@ class OutputSet {
   // accumulator [width] they combine into. Appends to the vectors (whose
   // capacity the caller reserved).
   struct DevicePicks {
-    std::vector<int32_t> rows;          // [n] block rows to copy
-    std::vector<uint8_t*> dst;          // [n] staging row of each
-    std::vector<int32_t> seg_begin;     // [g]
-    std::vector<int32_t> seg_end;       // [g]
-    std::vector<double*> seg_acc;       // [g] accumulator [width] each
-    std::vector<uint8_t> seg_max;       // [g] 1 = max, 0 = sum
+    std::vector<int32_t> rows;       // [n] block rows to copy
+    std::vector<uint8_t*> dst;       // [n] staging row of each
+    std::vector<int32_t> seg_begin;  // [g]
+    std::vector<int32_t> seg_end;    // [g]
+    std::vector<double*> seg_acc;    // [g] accumulator [width] each
+    std::vector<uint8_t> seg_max;    // [g] 1 = max, 0 = sum
   };
   void PickRows(const HookPoint& hook, const Batch& batch, int64_t row_begin,
                 int64_t rows, DevicePicks* picks);
@@ -130,12 +140,24 @@ class OutputSet {
                       std::vector<std::string>* files);
 
  private:
-  void CaptureFixed(OutputArray& o, int64_t slot, int64_t seq_begin,
-                    int64_t len, const ActivationRows& rows);
-  void CaptureReduced(OutputArray& o, int64_t slot, int64_t seq_begin,
-                      int64_t len, const ActivationRows& rows);
-  void CaptureRagged(OutputArray& o, int64_t slot, int64_t seq_begin,
-                     int64_t len, const ActivationRows& rows);
+  // Where sequence `s` of a batch lies in its row, seen from the block of
+  // packed rows [row_begin, row_end) a hook delivered.
+  struct SeqRows {
+    int64_t slot = 0;    // window slot
+    int64_t origin = 0;  // packed index of the row's position 0 (before the
+                         // batch for a later chunk of a streamed row)
+    int64_t len = 0;     // tokens of the whole row
+    int64_t lo = 0;      // the sequence's packed tokens in the block:
+    int64_t hi = 0;      //   [lo, hi), non-empty
+  };
+  SeqRows Locate(const Batch& batch, int64_t s, int64_t row_begin,
+                 int64_t row_end) const;
+  void CaptureFixed(OutputArray& o, const SeqRows& q,
+                    const ActivationRows& rows);
+  void CaptureReduced(OutputArray& o, const SeqRows& q,
+                      const ActivationRows& rows);
+  void CaptureRagged(OutputArray& o, const SeqRows& q,
+                     const ActivationRows& rows);
   Status CommitNpy(int64_t window_size, ManifestProgress* progress);
   Status CommitShards(int64_t window_size, ManifestProgress* progress,
                       std::vector<std::string>* files);
@@ -151,6 +173,7 @@ class OutputSet {
   std::vector<OutputArray> arrays_;
   std::vector<RaggedIndex> ragged_;
   const std::vector<int64_t>* slots_ = nullptr;
+  int64_t chunk_pos0_ = 0, chunk_row_tokens_ = 0;  // SetChunk
 };
 
 // The executor's hook sink for extraction: hands every captured block of rows
@@ -197,9 +220,9 @@ class ExtractSink : public HookSink {
   std::vector<int32_t> device_ints_;
   // ---- Device path ----
   std::vector<Backend*> devices_;
-  Buffer pinned_rows_;    // [picked bytes] gathered rows, output dtype
-  Buffer pinned_index_;   // [picked rows + 2 segments] i32 row indices
-  Buffer pinned_sums_;    // [segment values] f64 reductions
+  Buffer pinned_rows_;   // [picked bytes] gathered rows, output dtype
+  Buffer pinned_index_;  // [picked rows + 2 segments] i32 row indices
+  Buffer pinned_sums_;   // [segment values] f64 reductions
   int64_t bytes_used_ = 0, index_used_ = 0, sums_used_ = 0;
   OutputSet::DevicePicks picks_;
   struct Pending {

@@ -161,9 +161,16 @@ std::string RowPreparer::Validate(const std::vector<int32_t>& ids) const {
     return "too long for the model: " + std::to_string(n) +
            " tokens > max_position_embeddings " +
            std::to_string(o_.max_positions);
-  if (n > o_.batch_tokens)
+  if (n > o_.batch_tokens && o_.max_row_tokens == 0)
     return std::to_string(n) + " tokens > --batch-tokens " +
-           std::to_string(o_.batch_tokens) + " (raise --batch-tokens)";
+           std::to_string(o_.batch_tokens) +
+           " (raise --batch-tokens, or stream long rows exactly with "
+           "--streaming-chunk-size)";
+  if (n > o_.batch_tokens && n > o_.max_row_tokens)
+    return "too long to stream: " + std::to_string(n) +
+           " tokens > --max-row-tokens " + std::to_string(o_.max_row_tokens) +
+           " (raise --max-row-tokens, at most max_position_embeddings " +
+           std::to_string(o_.max_positions) + "; it sizes the KV cache)";
   for (int32_t id : ids)
     if (id >= o_.vocab_size)
       return "token id " + std::to_string(id) + " outside the vocabulary [0, " +

@@ -73,8 +73,9 @@ struct PreparedRow {
   int64_t size() const { return static_cast<int64_t>(ids.size()); }
 };
 
-// Tokenizes and validates rows: template, BOS rule, length limits, the
-// vocabulary, and that every selector fits the row.
+// Tokenizes and validates rows: template, BOS rule, length limits (the
+// model's positions; --batch-tokens, or --max-row-tokens when long rows are
+// streamed), the vocabulary, and that every selector fits the row.
 class RowPreparer {
  public:
   struct Options {
@@ -82,6 +83,9 @@ class RowPreparer {
     eval::AddBos add_bos = eval::AddBos::kAuto;
     bool replace_invalid_utf8 = false;
     int64_t batch_tokens = 0;
+    // Rows of batch_tokens < n <= max_row_tokens are streamed (0 = off:
+    // longer than batch_tokens is a row error).
+    int64_t max_row_tokens = 0;
     int64_t max_positions = 0;
     int64_t vocab_size = 0;
     int64_t config_bos_id = -1;  // for token rows

@@ -37,6 +37,48 @@ StatusOr<std::vector<RowSelector>> ParseSelectors(
   return selectors;
 }
 
+// --streaming-chunk-size / --max-row-tokens against the resolved batch
+// budget; fills s->streaming_chunk_size and s->max_row_tokens.
+Status ResolveStreaming(const ExtractOptions& o, ExtractSettings* s) {
+  if (o.streaming_chunk_size < 0)
+    return InvalidArgumentError(
+        "--streaming-chunk-size must be >= 0 (0 = off), "
+        "got " +
+        std::to_string(o.streaming_chunk_size));
+  if (o.max_row_tokens < 0)
+    return InvalidArgumentError("--max-row-tokens must be > 0, got " +
+                                std::to_string(o.max_row_tokens));
+  if (o.streaming_chunk_size == 0) {
+    if (o.max_row_tokens > 0)
+      return InvalidArgumentError(
+          "--max-row-tokens needs --streaming-chunk-size (it is the longest "
+          "row streamed through the KV cache)");
+    return Status();
+  }
+  if (o.streaming_chunk_size > s->batch_tokens)
+    return InvalidArgumentError(
+        "--streaming-chunk-size " + std::to_string(o.streaming_chunk_size) +
+        " exceeds --batch-tokens " + std::to_string(s->batch_tokens) +
+        " (a chunk is one forward)");
+  const int64_t m = o.max_row_tokens > 0
+                        ? o.max_row_tokens
+                        : std::min(kDefaultMaxRowTokens, s->max_positions);
+  if (m > s->max_positions)
+    return InvalidArgumentError(
+        "--max-row-tokens " + std::to_string(m) +
+        " exceeds the model's max_position_embeddings " +
+        std::to_string(s->max_positions));
+  if (m < std::min(s->batch_tokens, s->max_positions))
+    return InvalidArgumentError(
+        "--max-row-tokens " + std::to_string(m) + " is below --batch-tokens " +
+        std::to_string(s->batch_tokens) +
+        " (rows up to --batch-tokens run in one pass; streaming is for longer "
+        "ones)");
+  s->streaming_chunk_size = o.streaming_chunk_size;
+  s->max_row_tokens = m;
+  return Status();
+}
+
 }  // namespace
 
 StatusOr<std::string> AbsolutePath(const std::string& path) {
@@ -92,7 +134,8 @@ StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& o) {
   RETURN_IF_ERROR(CheckPlainOptions(o));
   ExtractSettings s;
   ASSIGN_OR_RETURN(s.config, LoadModelConfig(o.model_dir));
-  ASSIGN_OR_RETURN(s.hooks, ResolveExtractHooks(o.hooks, o.layers, s.config));
+  ASSIGN_OR_RETURN(s.hooks, ResolveExtractHooks(o.hooks, o.layers, s.config,
+                                                o.streaming_chunk_size > 0));
   for (const HookPoint& hp : s.hooks.hooks())
     s.hook_names.push_back(HookName(hp));
   ASSIGN_OR_RETURN(s.selectors, ParseSelectors(o.selectors));
@@ -100,6 +143,7 @@ StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& o) {
   s.batch_tokens = o.batch_tokens > 0
                        ? o.batch_tokens
                        : std::min<int64_t>(4096, s.max_positions);
+  RETURN_IF_ERROR(ResolveStreaming(o, &s));
   return s;
 }
 
@@ -120,6 +164,12 @@ JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
   // Staging holds a commit window.
   job.seqs_per_batch = std::min(o.commit_every, job.batch_tokens);
   job.weight_compute_dtype = planned_compute;
+  // Streamed long rows: one KV cache of one sequence of the longest row
+  // (its dtype: the backend's activations', the planner's default).
+  if (s.streaming()) {
+    job.kv_context = s.max_row_tokens;
+    job.kv_seqs = 1;
+  }
   return job;
 }
 
@@ -149,6 +199,8 @@ StatusOr<Json> SettingsJson(const ExtractOptions& o, const ExtractSettings& s,
       {"on_error", std::string(OnErrorName(o.on_error))},
       {"format", std::string(OutputFormatName(o.format))},
       {"hf_bf16_activations", o.hf_bf16_activations},
+      {"streaming_chunk_size", s.streaming_chunk_size},
+      {"max_row_tokens", s.max_row_tokens},
   };
 }
 

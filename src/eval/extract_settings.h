@@ -47,7 +47,18 @@ struct ExtractSettings {
   std::vector<RowSelector> selectors;   // as given, distinct file names
   int64_t batch_tokens = 0;             // resolved --batch-tokens
   int64_t max_positions = 0;            // the model's max_position_embeddings
+  // --streaming-chunk-size (0 = off) and the resolved --max-row-tokens (0
+  // when off): rows of batch_tokens < n <= max_row_tokens tokens are
+  // prefilled in chunks through a KV cache of one sequence of
+  // max_row_tokens positions.
+  int64_t streaming_chunk_size = 0;
+  int64_t max_row_tokens = 0;
+  bool streaming() const { return streaming_chunk_size > 0; }
 };
+
+// --max-row-tokens when not given: the model's max_position_embeddings,
+// capped at this (it sizes the KV cache of streamed rows).
+inline constexpr int64_t kDefaultMaxRowTokens = 32768;
 
 // Checks the options and resolves hooks, selectors and the token budget;
 // InvalidArgument (or the hook resolver's code) naming the bad option.

@@ -71,6 +71,16 @@ Status ValidateJob(const ModelConfig& c, const JobSpec& job) {
                                 " exceeds max_position_embeddings = " +
                                 std::to_string(c.max_position_embeddings) +
                                 " of " + c.model_type);
+  if (job.kv_context < 0 ||
+      (job.kv_context > 0 && job.mode == JobMode::kGeneration))
+    return InvalidArgumentError(
+        "kv context = " + std::to_string(job.kv_context) +
+        ", expected >= 0 (and 0 for generation, whose --ctx sizes the cache)");
+  if (job.kv_context > c.max_position_embeddings)
+    return InvalidArgumentError(
+        "kv context = " + std::to_string(job.kv_context) +
+        " exceeds max_position_embeddings = " +
+        std::to_string(c.max_position_embeddings) + " of " + c.model_type);
   if (job.logits_chunk_rows <= 0)
     return InvalidArgumentError(
         "logits chunk = " + std::to_string(job.logits_chunk_rows) +

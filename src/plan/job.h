@@ -14,7 +14,8 @@
 
 namespace loom {
 
-// analysis: one forward per batch, no KV cache (extract, perplexity, compare).
+// analysis: one forward per batch (extract, perplexity, compare); no KV cache
+//   unless `kv_context` is set (extract's streamed long rows).
 // generation: a KV cache for `context` tokens per sequence.
 enum class JobMode { kAnalysis, kGeneration };
 
@@ -39,8 +40,17 @@ struct JobSpec {
   // 0 = ceil(batch_tokens / context), i.e. full-length sequences packed.
   int64_t seqs_per_batch = 0;
   // generation: sequences holding a KV cache; 0 = seqs_per_batch.
+  // analysis with kv_context: 0 = one sequence.
   int64_t kv_seqs = 0;
-  std::optional<DType> kv_dtype;  // default: config.json's torch_dtype
+  // generation: default config.json's torch_dtype; analysis: the backend's
+  // activation dtype (KernelCosts::activation_dtype), as KvCache allocates.
+  std::optional<DType> kv_dtype;
+  // analysis: a KV cache of `kv_seqs` sequences of `kv_context` positions of
+  // the layers run, through which rows longer than a batch are prefilled
+  // chunk by chunk (`loom extract --streaming-chunk-size`, sized by
+  // --max-row-tokens); 0 = none. Must be 0 for generation (`context` sizes
+  // its cache).
+  int64_t kv_context = 0;
 
   HookSet hooks;
   DType capture_dtype = DType::kF32;
@@ -71,6 +81,12 @@ struct JobSpec {
   // Longest sequence in a forward: min(context, batch_tokens).
   int64_t MaxSeqLen() const {
     return context < batch_tokens ? context : batch_tokens;
+  }
+  // A KV cache is held (generation, or analysis with kv_context).
+  bool HasKv() const { return mode == JobMode::kGeneration || kv_context > 0; }
+  // Positions per sequence of the KV cache (0 = none).
+  int64_t KvContext() const {
+    return mode == JobMode::kGeneration ? context : kv_context;
   }
   bool NeedsLogits() const {
     return logits || mode == JobMode::kGeneration || hooks.NeedsLogits();

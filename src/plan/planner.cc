@@ -29,6 +29,9 @@ struct Costs {
   int64_t pre_staging = 0, post_staging = 0;  // model-level captures on device
   int64_t host_staging = 0;
   int64_t act = 0, ws = 0, logits = 0;
+  // The KV cache's attention workspace (KernelCosts::kv_attention_workspace),
+  // one per cache, on the device that computes layer 0.
+  int64_t kv_ws = 0;
   bool needs_head = false;
 };
 
@@ -66,11 +69,20 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
     if (t.role == WeightRole::kEmbed && in.weights->tied_head) k.tied_copy = b;
   }
   k.needs_head = job.NeedsFinalNorm();
-  if (job.mode == JobMode::kGeneration) {
-    const DType kv_dtype = job.kv_dtype.value_or(c.torch_dtype);
-    const int64_t seqs = job.kv_seqs > 0 ? job.kv_seqs : job.Seqs();
+  if (job.HasKv()) {
+    // Generation: the model's dtype unless told; analysis (extract's
+    // streamed rows): as KvCache allocates, in the activation dtype.
+    const bool gen = job.mode == JobMode::kGeneration;
+    const DType kv_dtype =
+        job.kv_dtype.value_or(gen ? c.torch_dtype : in.costs.activation_dtype);
+    const int64_t seqs = job.kv_seqs > 0 ? job.kv_seqs : gen ? job.Seqs() : 1;
+    const int64_t context = job.KvContext();
     for (int64_t l = 0; l < layers_run; ++l)
-      k.layer_kv[l] = KvLayerBytes(c, l, job.context, seqs, kv_dtype);
+      k.layer_kv[l] = KvLayerBytes(c, l, context, seqs, kv_dtype);
+    if (in.costs.kv_attention_workspace != nullptr && layers_run > 0)
+      k.kv_ws =
+          in.costs.kv_attention_workspace(context, c.num_heads, c.num_kv_heads,
+                                          c.head_dim, in.costs.num_threads);
   }
   for (const HookPoint& h : job.hooks.hooks()) {
     ASSIGN_OR_RETURN(int64_t bytes, CaptureBytes(c, job, h));
@@ -179,6 +191,7 @@ std::vector<DevicePlan> Evaluate(const PlanInput& in, const Costs& k,
     if (out[d].device.kind == DeviceKind::kCuda)
       out[d].runtime = in.costs.device_runtime_bytes;
   }
+  out[pre].workspace += k.kv_ws;
   if (tiers.host >= 0) out[tiers.host].staging += k.host_staging;
   return out;
 }
@@ -226,7 +239,7 @@ std::vector<int> Balanced(const PlanInput& in, const Costs& k,
     if (runs) bytes += k.act + k.ws;
     if (a < b || (n == 0 && j == 0)) {
       bytes += prefix[b] - prefix[a];
-      if (a == 0) bytes += k.pre_weights + k.pre_staging;
+      if (a == 0) bytes += k.pre_weights + k.pre_staging + k.kv_ws;
     }
     const bool head =
         k.needs_head && ((disk && last) || (!disk && a < b && b == n) ||
@@ -421,6 +434,26 @@ void AddSuggestions(const PlanInput& in, MemoryPlan* plan) {
   if (auto ctx = SolveMaxContext(q); ctx.ok() && *ctx < job.context)
     plan->suggestions.push_back("--ctx " + std::to_string(*ctx) +
                                 " (the longest context that fits)");
+  if (job.mode == JobMode::kAnalysis && job.kv_context > 1) {
+    // The longest streamed row whose KV cache fits (binary search).
+    PlanInput r = q;
+    auto fits = [&](int64_t m) {
+      r.job.kv_context = m;
+      StatusOr<MemoryPlan> p = MakePlanImpl(r);
+      return p.ok() && p->fits;
+    };
+    if (fits(1)) {
+      int64_t lo = 1, hi = job.kv_context;  // lo fits, hi does not
+      while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+      }
+      plan->suggestions.push_back(
+          "--max-row-tokens " + std::to_string(lo) +
+          " (loom plan: --kv-context; the longest streamed row whose KV cache "
+          "fits)");
+    }
+  }
   if (job.capture_to == CaptureTarget::kDevice && !job.hooks.empty()) {
     PlanInput h = q;
     h.job.capture_to = CaptureTarget::kHost;

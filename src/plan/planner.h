@@ -12,9 +12,12 @@
 //               layer 0, + final norm / lm_head on the device running the last
 //               layer (a tied lm_head held twice if those differ)
 //   activations the liveness-packed activation arena (PlanActivations)
-//   workspace   the kernels' scratch (KernelCosts)
+//   workspace   the kernels' scratch (KernelCosts); with a KV cache, its
+//               attention workspace on the device running layer 0
 //   kv          generation: 2 x kv_dim x min(ctx, window) x sequences x dtype
-//               for each of its layers
+//               for each of its layers; analysis with kv_context (extract's
+//               streamed long rows): the same for one sequence of kv_context
+//               positions in the activation dtype
 //   staging     captures of its layers' hooks when captures stay on device;
 //               the host's when they go to the host
 //   logits      [chunk, V] f32 on the device running the lm_head

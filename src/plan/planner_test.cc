@@ -290,9 +290,10 @@ TEST(Offload, HostLayersComputeOnTheLastGpuByteExact) {
   const int64_t head = rh.weights - unaligned;  // final norm, lm_head
   EXPECT_GT(head, 0);
   EXPECT_EQ(og.weights, rg.weights + head);
-  EXPECT_EQ(og.total(), rg.total() + (rh.total() - rh.activations -
-                                      rh.workspace - unaligned) +
-                            2 * largest);
+  EXPECT_EQ(og.total(),
+            rg.total() +
+                (rh.total() - rh.activations - rh.workspace - unaligned) +
+                2 * largest);
   EXPECT_TRUE(og.holds_head && !oh.holds_head);
   // Shown in the table and the JSON.
   EXPECT_NE(FormatPlanTable(*off).find("6 offloaded from host"),
@@ -390,6 +391,65 @@ TEST(Placement, GenerationAddsKvPerLayerCappedBySlidingWindow) {
   // 2 (k, v) x kv_dim 64 x (1000 + 100 + 1000 + 100) tokens x 1 sequence x
   // bf16.
   EXPECT_EQ(p->devices[0].kv, 2 * 64 * 2200 * 2);
+}
+
+int64_t FakeKvWorkspace(int64_t context, int64_t, int64_t, int64_t, int) {
+  return context * 1000;
+}
+
+// An analysis job with kv_context (extract's streamed long rows): one
+// sequence of kv_context positions of the layers run (here 0-1 of 4), in the
+// activation dtype; the cache's attention workspace joins the workspace of
+// the device that computes layer 0.
+TEST(Placement, AnalysisKvContextHoldsOneSequenceOfTheLayersRun) {
+  Model m = Make(MlpKind::kGated, 4);
+  m.config.sliding_window = {0, 100, 0, 100};
+  PlanInput in;
+  in.config = &m.config;
+  in.weights = &m.table;
+  in.devices = {plan_test::Host(kGiB, true)};
+  in.costs = plan_test::FakeCosts();
+  in.costs.kv_attention_workspace = FakeKvWorkspace;
+  in.job.batch_tokens = 64;
+  in.job.context = 64;
+  in.job.hooks.Add(HookPoint{HookSite::kResidPost, 1});
+  auto off = MakePlan(in);
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_EQ(off->devices[0].kv, 0);
+  in.job.kv_context = 1000;
+  auto p = MakePlan(in);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->layers_run, 2);
+  // 2 (k, v) x kv_dim 64 x (1000 + 100) positions x 1 sequence x f32.
+  EXPECT_EQ(p->devices[0].kv, 2 * 64 * 1100 * 4);
+  EXPECT_EQ(p->devices[0].workspace - off->devices[0].workspace, 1000 * 1000);
+  EXPECT_NE(FormatPlanTable(*p).find("KV cache of 1 x 1000 positions"),
+            std::string::npos)
+      << FormatPlanTable(*p);
+  EXPECT_EQ(PlanToJson(*p)["job"]["kv_context"], 1000);
+  in.job.kv_seqs = 3;
+  in.job.kv_dtype = DType::kBF16;
+  EXPECT_EQ(MakePlan(in)->devices[0].kv, 2 * 64 * 1100 * 3 * 2);
+  // Too small a host: the refusal suggests the longest row that fits.
+  in.job.kv_seqs = 0;
+  in.job.kv_dtype.reset();
+  in.devices = {plan_test::Host(
+      off->devices[0].total() + 2 * 64 * 600 * 4 + 600 * 1000, true)};
+  auto small = MakePlan(in);
+  ASSERT_TRUE(small.ok()) << small.status().message();
+  EXPECT_FALSE(small->fits);
+  bool suggested = false;
+  for (const std::string& s : small->suggestions)
+    suggested |= s.rfind("--max-row-tokens ", 0) == 0;
+  EXPECT_TRUE(suggested) << FormatPlanTable(*small);
+  // Bad values.
+  in.job.kv_context = -1;
+  EXPECT_FALSE(MakePlan(in).ok());
+  in.job.kv_context = 10'000;  // > max_position_embeddings
+  EXPECT_FALSE(MakePlan(in).ok());
+  in.job.kv_context = 16;
+  in.job.mode = JobMode::kGeneration;
+  EXPECT_FALSE(MakePlan(in).ok());
 }
 
 // Quantized weights are held as stored when the job converts weights to a

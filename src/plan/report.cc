@@ -55,7 +55,7 @@ std::string FormatPlanTable(const MemoryPlan& p) {
   std::snprintf(
       line, sizeof(line),
       "job: %s, %lld batch tokens, context %lld, %lld sequence(s)/batch, %zu "
-      "hooks (%s, select %s, to %s)%s, "
+      "hooks (%s, select %s, to %s)%s%s, "
       "strategy %s%s\n",
       std::string(JobModeName(j.mode)).c_str(),
       static_cast<long long>(j.batch_tokens), static_cast<long long>(j.context),
@@ -65,6 +65,12 @@ std::string FormatPlanTable(const MemoryPlan& p) {
       j.capture_to == CaptureTarget::kHost ? "host" : "device",
       j.NeedsLogits()
           ? (", logits in chunks of " + std::to_string(j.logits_chunk_rows))
+                .c_str()
+          : "",
+      j.mode == JobMode::kAnalysis && j.kv_context > 0
+          ? (", KV cache of " + std::to_string(j.kv_seqs > 0 ? j.kv_seqs : 1) +
+             " x " + std::to_string(j.kv_context) +
+             " positions (streamed long rows)")
                 .c_str()
           : "",
       std::string(StrategyName(p.strategy)).c_str(),
@@ -87,8 +93,8 @@ std::string FormatPlanTable(const MemoryPlan& p) {
       layers +=
           " (+" + std::to_string(d.streamed_layers) + " streamed from disk)";
     if (d.offloaded_layers > 0)
-      layers += " (+" + std::to_string(d.offloaded_layers) +
-                " offloaded from host)";
+      layers +=
+          " (+" + std::to_string(d.offloaded_layers) + " offloaded from host)";
     if (disk) layers += " (streamed)";
     if (d.weights_only && !d.layers.empty()) {
       layers += " (offloaded: weights only)";
@@ -178,6 +184,10 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
       p.job.capture_to == CaptureTarget::kHost ? "host" : "device";
   job["logits"] = p.job.NeedsLogits();
   job["logits_chunk_rows"] = p.job.logits_chunk_rows;
+  if (p.job.mode == JobMode::kAnalysis && p.job.kv_context > 0) {
+    job["kv_context"] = p.job.kv_context;
+    job["kv_seqs"] = p.job.kv_seqs > 0 ? p.job.kv_seqs : 1;
+  }
   j["job"] = job;
   json devices = json::array();
   for (const DevicePlan& d : p.devices) {

@@ -1,7 +1,7 @@
 // Executor: runs the forward program (src/plan/program.h) of a Model over
 // packed batches of variable-length sequences (no padding compute; a KV
-// cache for generation, see KvBatch) through the Backend interface, calling a HookSink at every requested
-// hook point.
+// cache for generation, see KvBatch) through the Backend interface, calling a
+// HookSink at every requested hook point.
 //
 // Placement: the layers run as contiguous segments, each on its own backend
 // (device), with its own arenas sized by the plan; the residual stream, the
@@ -147,8 +147,10 @@ class Executor {
   // The same with a KV cache (generation, chunked prefill): positions start
   // at kv.pos0, the keys and values go to the cache, and attention runs over
   // the cached prefix (see KvBatch). The cache must live on the device every
-  // segment runs on; attention patterns cannot be hooked. On success each
-  // slot's length becomes pos0 + its sequence's length.
+  // segment runs on and hold exactly the layers this executor runs
+  // (last_layer() + 1: every layer when the final norm or logits are
+  // hooked); attention patterns cannot be hooked. On success each slot's
+  // length becomes pos0 + its sequence's length.
   Status Forward(const Batch& batch, HookSink* sink, const KvBatch& kv);
 
   // The planned layout every device's arenas follow (activations by
@@ -252,9 +254,8 @@ class Executor {
   // options_.hf_bf16_activations is set.
   // The expert offsets of the last GroupByExpert, in host memory.
   const int32_t* HostExpertOffsets(const Device& d) const {
-    return d.host_memory
-               ? d.activations.as<int32_t>(BufferId::kExpertOffsets)
-               : host_expert_offsets_.data();
+    return d.host_memory ? d.activations.as<int32_t>(BufferId::kExpertOffsets)
+                         : host_expert_offsets_.data();
   }
   void RoundActivations(Device& d, float* data, int64_t rows, int64_t cols,
                         int64_t ld) const {

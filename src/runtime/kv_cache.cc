@@ -9,11 +9,17 @@ namespace loom {
 StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
                                                    int64_t slots,
                                                    int64_t context,
-                                                   Backend& backend) {
+                                                   Backend& backend,
+                                                   int64_t layers) {
   if (slots <= 0 || context <= 0)
     return InvalidArgumentError("kv cache: slots (" + std::to_string(slots) +
                                 ") and context (" + std::to_string(context) +
                                 ") must be > 0");
+  if (layers < 0) layers = c.num_layers;
+  if (layers > c.num_layers)
+    return InvalidArgumentError("kv cache: " + std::to_string(layers) +
+                                " layers, the model has " +
+                                std::to_string(c.num_layers));
   const KernelCosts costs = backend.Costs();
   if (costs.kv_attention_workspace == nullptr)
     return UnimplementedError("kv cache: backend '" +
@@ -25,7 +31,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
   cache->dtype_ = costs.activation_dtype;
   cache->device_ = backend.device();
   cache->lengths_.assign(static_cast<size_t>(slots), 0);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  for (int64_t l = 0; l < layers; ++l) {
     Layer layer;
     layer.positions = KvPositions(c, l, context);
     const int64_t bytes = KvLayerBytes(c, l, context, slots, cache->dtype_);

@@ -1,5 +1,6 @@
 // KvCache: the keys and values of earlier positions, per layer, for `slots`
-// sequences of up to `context` positions each (generation).
+// sequences of up to `context` positions each (generation; the streamed long
+// rows of `loom extract --streaming-chunk-size`).
 //
 // Layout (src/plan/kv_layout.h): layer l holds K [slots, P_l, kv_dim] and
 // V [slots, P_l, kv_dim] in the backend's activation dtype (f32 on the CPU),
@@ -30,13 +31,15 @@ namespace loom {
 
 class KvCache {
  public:
-  // `slots` sequences of up to `context` positions (both > 0) in the memory
-  // of `backend` (not owned; must outlive the cache). Unimplemented when the
-  // backend has no attention over a KV cache.
+  // `slots` sequences of up to `context` positions (both > 0) of layers
+  // [0, layers) (-1 = every layer of the model) in the memory of `backend`
+  // (not owned; must outlive the cache). Unimplemented when the backend has
+  // no attention over a KV cache.
   static StatusOr<std::unique_ptr<KvCache>> Create(const ModelConfig& c,
                                                    int64_t slots,
                                                    int64_t context,
-                                                   Backend& backend);
+                                                   Backend& backend,
+                                                   int64_t layers = -1);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t slots() const { return slots_; }

@@ -77,6 +77,16 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--batch-tokens", j.batch_tokens,
                   "Token budget per batch (default min(4096, max positions))");
+  cmd->add_option("--streaming-chunk-size", j.streaming_chunk_size,
+                  "Rows longer than --batch-tokens run alone, prefilled in "
+                  "chunks of N tokens that carry the KV cache: the hidden "
+                  "states of one full pass (unlike TheLoom's independent "
+                  "chunks). 0 = off: such rows are errors")
+      ->capture_default_str();
+  cmd->add_option("--max-row-tokens", j.max_row_tokens,
+                  "With --streaming-chunk-size: the longest row streamed; "
+                  "sizes the planned KV cache (default min(32768, max "
+                  "positions))");
   cmd->add_option("--commit-every", j.commit_every,
                   "Rows per commit (the unit of resume)")
       ->capture_default_str();

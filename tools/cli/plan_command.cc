@@ -1,6 +1,6 @@
 // loom plan (--model DIR | MODEL_DIR) [--device D]... [--max-memory M]
 //   [--reserve R] [--mode analysis|generation] [--batch-tokens N] [--ctx N]
-//   [--hooks H]... [--layers L] [--select all|last|mean]
+//   [--hooks H]... [--layers L] [--select all|last|mean] [--kv-context N]
 //   [--dtype f32|bf16|f16] [--capture-to host|device] [--assume-dtype bf16]
 //   [--strategy balanced|sequential|manual] [--layers-per-device 20,28]
 //   [--solve max-batch-tokens|max-context|min-devices] [--json]
@@ -47,6 +47,7 @@ struct PlanArgs {
   bool logits = false;
   int64_t logits_chunk = 256;
   std::string kv_dtype;
+  int64_t kv_context = 0;
   bool json = false;
 };
 
@@ -123,6 +124,7 @@ Status RunPlan(const PlanArgs& a, const std::string& model_dir,
   if (!a.kv_dtype.empty()) {
     ASSIGN_OR_RETURN(job.kv_dtype, ParseDTypeArg("--kv-dtype", a.kv_dtype));
   }
+  job.kv_context = a.kv_context;
 
   const int64_t host = HostMemoryBytes();
   ASSIGN_OR_RETURN(in.devices,
@@ -227,7 +229,12 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--logits-chunk", a->logits_chunk,
                   "Rows of logits computed at a time");
   cmd->add_option("--kv-dtype", a->kv_dtype,
-                  "KV cache dtype (default: the model's torch_dtype)");
+                  "KV cache dtype (default: the model's torch_dtype; analysis "
+                  "with --kv-context: the activation dtype)");
+  cmd->add_option("--kv-context", a->kv_context,
+                  "analysis: a KV cache of one sequence of N positions for "
+                  "rows streamed in chunks (as `loom extract "
+                  "--streaming-chunk-size` with --max-row-tokens N)");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, exit_code] {
     StatusOr<std::string> model_dir = ModelDir(*a);
