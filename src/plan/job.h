@@ -41,6 +41,11 @@ struct JobSpec {
   // generation: sequences holding a KV cache; 0 = seqs_per_batch.
   int64_t kv_seqs = 0;
   std::optional<DType> kv_dtype;  // default: config.json's torch_dtype
+  // generation, paged KV (src/plan/kv_layout.h KvPaging): global layers hold
+  // kv_pages pages of kv_page_size positions shared by the sequences;
+  // 0 = contiguous (context positions per sequence).
+  int64_t kv_page_size = 0;
+  int64_t kv_pages = 0;
 
   HookSet hooks;
   DType capture_dtype = DType::kF32;

@@ -70,7 +70,8 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
     const DType kv_dtype = job.kv_dtype.value_or(c.torch_dtype);
     const int64_t seqs = job.kv_seqs > 0 ? job.kv_seqs : job.Seqs();
     for (int64_t l = 0; l < layers_run; ++l)
-      k.layer_kv[l] = KvLayerBytes(c, l, job.context, seqs, kv_dtype);
+      k.layer_kv[l] = KvLayerBytes(c, l, job.context, seqs, kv_dtype,
+                                   KvPaging{job.kv_page_size, job.kv_pages});
   }
   for (const HookPoint& h : job.hooks.hooks()) {
     ASSIGN_OR_RETURN(int64_t bytes, CaptureBytes(c, job, h));

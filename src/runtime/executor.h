@@ -1,7 +1,7 @@
 // Executor: runs the forward program (src/plan/program.h) of a Model over
 // packed batches of variable-length sequences (no padding compute; a KV
-// cache for generation, see KvBatch) through the Backend interface, calling a HookSink at every requested
-// hook point.
+// cache for generation, see KvBatch) through the Backend interface, calling a
+// HookSink at every requested hook point.
 //
 // Placement: the layers run as contiguous segments, each on its own backend
 // (device), with its own arenas sized by the plan; the residual stream, the
@@ -75,6 +75,9 @@ struct Batch {
 // length (positions before it are in the cache). The forward stores their
 // keys and values there and attends over the slot's positions [0, pos0[s] +
 // length), exactly as a pass over the whole prefix would.
+// A paged cache (KvCache::paged) must have pages reserved for every
+// position a sequence writes: pos0[s] + its length <=
+// cache->reserved_positions(slot[s]) (KvCache::Reserve).
 struct KvBatch {
   KvCache* cache = nullptr;
   std::span<const int64_t> slot;  // [S]
@@ -252,9 +255,8 @@ class Executor {
   // options_.hf_bf16_activations is set.
   // The expert offsets of the last GroupByExpert, in host memory.
   const int32_t* HostExpertOffsets(const Device& d) const {
-    return d.host_memory
-               ? d.activations.as<int32_t>(BufferId::kExpertOffsets)
-               : host_expert_offsets_.data();
+    return d.host_memory ? d.activations.as<int32_t>(BufferId::kExpertOffsets)
+                         : host_expert_offsets_.data();
   }
   void RoundActivations(Device& d, float* data, int64_t rows, int64_t cols,
                         int64_t ld) const {
@@ -280,6 +282,9 @@ class Executor {
   std::vector<int32_t> host_expert_offsets_;
   // The KV cache of the forward in progress (null: none).
   const KvBatch* kv_ = nullptr;
+  // A paged cache: the page tables of the forward's sequences, [S,
+  // pages_per_seq] (AttentionOp::kv_page_table).
+  std::vector<int32_t> kv_page_rows_;
 };
 
 }  // namespace loom

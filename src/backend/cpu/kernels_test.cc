@@ -573,11 +573,10 @@ TEST_P(AttentionTest, MatchesReference) {
       }
     }
   }
-  const std::string name = "attention d=" + std::to_string(d) +
-                           " ratio=" + std::to_string(ratio) +
-                           " window=" + std::to_string(window) +
-                           " softcap=" + std::to_string(softcap) +
-                           (sinks ? " sinks" : "");
+  const std::string name =
+      "attention d=" + std::to_string(d) + " ratio=" + std::to_string(ratio) +
+      " window=" + std::to_string(window) +
+      " softcap=" + std::to_string(softcap) + (sinks ? " sinks" : "");
   ExpectNear(name + " z", got.data(), want.data(), tol,
              static_cast<int64_t>(got.size()));
   ExpectNear(name + " probs", pgot.data(), pwant.data(), ptol,
@@ -636,8 +635,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
 // kernel runs the same tiles at the same positions, so bit for bit. Sliding
 // windows use a ring of `window` positions (chunks longer than the ring
 // included); the reference does the same in double.
-TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
-  const auto [d, ratio, window, softcap, sinks] = GetParam();
+// Chunked attention over a KV cache (page_size 0: the contiguous [slots,
+// cap, kvd] layout; else a paged pool whose pages are handed to the two
+// sequences in a scrambled order) against the one-pass kernel, bitwise.
+void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
+                          float softcap, bool sinks, int64_t page_size) {
   const int64_t kv_heads = 2, q_heads = kv_heads * ratio, kvd = kv_heads * d;
   // Two sequences in slots 2 and 0 of a 3-slot cache.
   const std::vector<int64_t> lens = {300, 45};
@@ -666,8 +668,8 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
     a.sinks = sink_bf16.data();
     a.sinks_dtype = DType::kBF16;
   }
-  AlignedBuf ws(KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d,
-                                          NumThreads()));
+  AlignedBuf ws(
+      KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d, NumThreads()));
   a.workspace = ws.p;
   std::vector<float> full(T * q_heads * d), full_ref(T * q_heads * d);
   GemmContext ctx;
@@ -676,8 +678,25 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
   a.z = full_ref.data();
   ref::Attention(a);
 
-  // [slots, cap, kvd] caches of the kernel and of the reference.
-  std::vector<float> kc(num_slots * cap * kvd), vc(kc.size());
+  // Paged: a pool of pages (more than the two sequences need), assigned in
+  // a scrambled order; table[slot] lists a slot's pages.
+  const int64_t pages_per_seq =
+      page_size > 0 ? (context + page_size - 1) / page_size : 0;
+  const int64_t num_pages = 2 * pages_per_seq + 3;
+  std::vector<std::vector<int32_t>> table(num_slots);
+  if (page_size > 0) {
+    std::vector<int32_t> perm(num_pages);
+    for (int64_t i = 0; i < num_pages; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(1234));
+    for (size_t s = 0; s < slots.size(); ++s)
+      table[slots[s]].assign(perm.begin() + s * pages_per_seq,
+                             perm.begin() + (s + 1) * pages_per_seq);
+  }
+  // [slots, cap, kvd] caches of the kernel and of the reference (paged:
+  // [num_pages, page_size, kvd]).
+  const int64_t cache_rows =
+      page_size > 0 ? num_pages * page_size : num_slots * cap;
+  std::vector<float> kc(cache_rows * kvd), vc(kc.size());
   std::vector<float> kc_ref(kc.size()), vc_ref(kc.size());
   std::vector<float> got(T * q_heads * d), got_ref(T * q_heads * d);
   // Chunk sizes, cycled per sequence until it is consumed.
@@ -691,8 +710,8 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
     std::vector<int64_t> src_row;       // first packed token of each
     for (int s = 0; s < 2; ++s) {
       if (done[s] >= lens[s]) continue;
-      const int64_t n = std::min(chunks[(step + s) % chunks.size()],
-                                 lens[s] - done[s]);
+      const int64_t n =
+          std::min(chunks[(step + s) % chunks.size()], lens[s] - done[s]);
       rows.insert(rows.end(), qkv.begin() + (starts[s] + done[s]) * rs,
                   qkv.begin() + (starts[s] + done[s] + n) * rs);
       sub.push_back(sub.back() + n);
@@ -710,6 +729,16 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
     c.seq_start = sub.data();
     c.num_seqs = static_cast<int64_t>(sub_slot.size());
     c.kv_capacity = cap;
+    std::vector<int32_t> step_table;  // [S, pages_per_seq]
+    if (page_size > 0) {
+      for (int64_t slot : sub_slot)
+        step_table.insert(step_table.end(), table[slot].begin(),
+                          table[slot].end());
+      c.kv_capacity = context;
+      c.kv_page_table = step_table.data();
+      c.kv_pages_per_seq = pages_per_seq;
+      c.kv_page_size = page_size;
+    }
     c.kv_slot = sub_slot.data();
     c.q_pos0 = p0.data();
     c.k_cache = kc.data(), c.v_cache = vc.data();
@@ -730,13 +759,30 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
   }
   const std::string name = "kv attention d=" + std::to_string(d) +
                            " ratio=" + std::to_string(ratio) +
-                           " window=" + std::to_string(window);
+                           " window=" + std::to_string(window) +
+                           " page_size=" + std::to_string(page_size);
   ExpectBitwise(name + " vs one pass", got.data(), full.data(),
                 static_cast<int64_t>(got.size()) * 4);
   // The two double-precision references differ only in f64 round-off.
   std::vector<double> tol(got.size(), 1e-9);
   ExpectNear(name + " reference", got_ref.data(), full_ref.data(), tol,
              static_cast<int64_t>(got.size()));
+}
+
+TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
+  const auto [d, ratio, window, softcap, sinks] = GetParam();
+  KvChunksEqualOnePass(d, ratio, window, softcap, sinks, /*page_size=*/0);
+}
+
+// A paged cache (pages in a scrambled order; page sizes that do and do not
+// divide the chunks and blocks) gives the one-pass z bitwise too. Window
+// cases run the paged layer with the window (the kernel's gather honours it)
+// and, in the same steps, a ring cache is what KvCacheChunksEqualOnePass
+// checks.
+TEST_P(AttentionTest, PagedKvCacheChunksEqualOnePass) {
+  const auto [d, ratio, window, softcap, sinks] = GetParam();
+  for (int64_t page_size : {1, 7, 16, 64})
+    KvChunksEqualOnePass(d, ratio, window, softcap, sinks, page_size);
 }
 
 // Exact math: with q = 0 every visible score is 0, so each of the n visible
@@ -940,7 +986,8 @@ TEST(Elementwise, GatherExact) {
   }
 }
 
-// ---- Row operations -----------------------------------------------------------
+// ---- Row operations
+// -----------------------------------------------------------
 
 TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
   for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{129}}) {
@@ -955,8 +1002,8 @@ TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
               rows, dim);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < dim; ++j)
-          composed[r * dim + j] = RoundBf16(
-              Bf16ToF32(w[j]) * RoundBf16(composed[r * dim + j]));
+          composed[r * dim + j] =
+              RoundBf16(Bf16ToF32(w[j]) * RoundBf16(composed[r * dim + j]));
       ExpectBitwise("rmsnorm bf16 vs composition", got.data(), composed.data(),
                     rows * dim * 4);
       ref::RmsNormBf16(x.data(), w.data(), 1e-6f, want.data(), rows, dim);
@@ -965,8 +1012,8 @@ TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
       // one bf16 step (2^-8 relative) more than the reference's did.
       std::vector<double> tol(rows * dim);
       for (int64_t i = 0; i < rows * dim; ++i)
-        tol[i] = (2.0 / 256 + (0.5 * dim + 6.0) * kU) * std::abs(want[i]) +
-                 1e-30;
+        tol[i] =
+            (2.0 / 256 + (0.5 * dim + 6.0) * kU) * std::abs(want[i]) + 1e-30;
       ExpectNear("rmsnorm bf16 rows=" + std::to_string(rows), got.data(),
                  want.data(), tol, rows * dim);
     }
@@ -1018,7 +1065,8 @@ TEST(RowOps, GatherAndScatterAddRows) {
   const int64_t src_rows = 50, cols = 33, ldx = 40, n = 17;
   const std::vector<float> x = Random(src_rows * ldx, 36);
   std::vector<int32_t> rows(n);
-  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>((i * 7) % src_rows);
+  for (int64_t i = 0; i < n; ++i)
+    rows[i] = static_cast<int32_t>((i * 7) % src_rows);
   std::vector<float> got(n * cols), want(n * cols);
   GatherRows(x.data(), ldx, rows.data(), n, cols, got.data());
   ref::GatherRows(x.data(), ldx, rows.data(), n, cols, want.data());
@@ -1027,8 +1075,8 @@ TEST(RowOps, GatherAndScatterAddRows) {
   std::vector<float> y = Random(src_rows * ldx, 38);
   std::vector<float> y_ref = y;
   ScatterAddRows(got.data(), rows.data(), w.data(), n, cols, y.data(), ldx);
-  ref::ScatterAddRows(want.data(), rows.data(), w.data(), n, cols,
-                      y_ref.data(), ldx);
+  ref::ScatterAddRows(want.data(), rows.data(), w.data(), n, cols, y_ref.data(),
+                      ldx);
   // One product and one sum per element, each rounded once (<= 2 u, plus
   // the product's rounding carried through the sum).
   std::vector<double> tol(src_rows * ldx);
