@@ -415,9 +415,10 @@ class Backend {
   // (row stride ld), in double, combined with out's values when
   // `accumulate`. begin/end [segments] i32 and out [segments, cols] as for
   // GatherRowsConvert.
-  virtual void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
-                             const int32_t* end, int64_t segments, int64_t cols,
-                             bool max, bool accumulate, double* out) = 0;
+  virtual void SegmentReduce(const float* src, int64_t ld,
+                             const int32_t* begin, const int32_t* end,
+                             int64_t segments, int64_t cols, bool max,
+                             bool accumulate, double* out) = 0;
 };
 
 // Rows of one head chunk a device backend scores at once (TargetLogProbs,

@@ -171,7 +171,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
         return FailedPreconditionError(
             "executor: offload segment " + std::to_string(i) +
             ": cannot make the copier instance of '" +
-            std::string(d.backend->name()) + "': " + copier.status().message());
+            std::string(d.backend->name()) + "': " +
+            copier.status().message());
       d.copier = std::move(*copier);
       ASSIGN_OR_RETURN(DeviceWeights w, DeviceWeights::UploadStreamed(
                                             model.weights(), sel, *d.backend));
@@ -326,7 +327,8 @@ Status Executor::ComputeRope(Device& d, const Batch& batch) {
       // The previous sequence's tables read inv_freq: wait before rewriting.
       if (!d.host_memory) RETURN_IF_ERROR(d.backend->Synchronize());
       // The sequence length the scaling sees: its last position + 1.
-      ComputeInvFreq(c_.rope, c_.max_position_embeddings, Pos0(s) + len, host);
+      ComputeInvFreq(c_.rope, c_.max_position_embeddings, Pos0(s) + len,
+                     host);
       RETURN_IF_ERROR(upload());
     }
     d.backend->RopeTables(positions + b, len, inv_freq, half,
@@ -403,9 +405,10 @@ Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
         " slots and " + std::to_string(kv.pos0.size()) +
         " first positions for " + std::to_string(S) + " sequences");
   if (cache->num_layers() != c_.num_layers)
-    return InvalidArgumentError(
-        "executor: the KV cache has " + std::to_string(cache->num_layers()) +
-        " layers, the model " + std::to_string(c_.num_layers));
+    return InvalidArgumentError("executor: the KV cache has " +
+                                std::to_string(cache->num_layers()) +
+                                " layers, the model " +
+                                std::to_string(c_.num_layers));
   for (const Device& d : devices_)
     if (!(d.backend->device() == cache->device()))
       return UnimplementedError(
@@ -431,9 +434,9 @@ Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
                              std::to_string(cache->slots()) + ")");
     for (int64_t r = 0; r < s; ++r)
       if (kv.slot[static_cast<size_t>(r)] == slot)
-        return InvalidArgumentError("sequences " + std::to_string(r) + " and " +
-                                    std::to_string(s) + " share KV slot " +
-                                    std::to_string(slot));
+        return InvalidArgumentError("sequences " + std::to_string(r) +
+                                    " and " + std::to_string(s) +
+                                    " share KV slot " + std::to_string(slot));
     if (p0 < 0 || p0 > cache->length(slot))
       return InvalidArgumentError(
           "sequence " + std::to_string(s) + " starts at position " +
@@ -452,7 +455,8 @@ Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
     if (p0 + len > cache->context())
       return OutOfRangeError(
           "sequence " + std::to_string(s) + " needs " +
-          std::to_string(p0 + len) + " positions, more than the KV cache's " +
+          std::to_string(p0 + len) +
+          " positions, more than the KV cache's " +
           std::to_string(cache->context()) + " per sequence");
     if (p0 + len > cache->reserved_positions(slot))
       return FailedPreconditionError(
@@ -464,11 +468,10 @@ Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
           std::to_string(cache->reserved_positions(slot)) +
           " (KvCache::Reserve)");
     if (p0 + len > c_.max_position_embeddings)
-      return OutOfRangeError(
-          "sequence " + std::to_string(s) + " needs " +
-          std::to_string(p0 + len) +
-          " positions, more than max_position_embeddings = " +
-          std::to_string(c_.max_position_embeddings));
+      return OutOfRangeError("sequence " + std::to_string(s) + " needs " +
+                             std::to_string(p0 + len) +
+                             " positions, more than max_position_embeddings = " +
+                             std::to_string(c_.max_position_embeddings));
   }
   return Status();
 }
@@ -546,9 +549,9 @@ Status Executor::RunForward(const Batch& batch, HookSink* sink,
   RETURN_IF_ERROR(devices_.back().backend->Synchronize());
   if (kv != nullptr)
     for (int64_t s = 0; s < batch.num_seqs(); ++s)
-      kv->cache->set_length(
-          kv->slot[static_cast<size_t>(s)],
-          Pos0(s) + batch.seq_start[s + 1] - batch.seq_start[s]);
+      kv->cache->set_length(kv->slot[static_cast<size_t>(s)],
+                            Pos0(s) + batch.seq_start[s + 1] -
+                                batch.seq_start[s]);
   return Status();
 }
 
@@ -600,7 +603,8 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         be.Add(h, x, T * H);
         RoundActivations(d, x, T, H, H);
       }
-      if (a.region(BufferId::kRopeCos) != nullptr) return ComputeRope(d, batch);
+      if (a.region(BufferId::kRopeCos) != nullptr)
+        return ComputeRope(d, batch);
       return Status();
     }
 
@@ -832,8 +836,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       if (!st.ok())
         return InternalError("executor: layer " + std::to_string(l) + ": " +
                              st.message());
-      be.GatherRows(buf(step.reads[0]), H, a.as<int32_t>(BufferId::kExpertRows),
-                    T * K, H, buf(BufferId::kExpertIn));
+      be.GatherRows(buf(step.reads[0]), H,
+                    a.as<int32_t>(BufferId::kExpertRows), T * K, H,
+                    buf(BufferId::kExpertIn));
       return Status();
     }
 

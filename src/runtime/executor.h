@@ -255,8 +255,9 @@ class Executor {
   // options_.hf_bf16_activations is set.
   // The expert offsets of the last GroupByExpert, in host memory.
   const int32_t* HostExpertOffsets(const Device& d) const {
-    return d.host_memory ? d.activations.as<int32_t>(BufferId::kExpertOffsets)
-                         : host_expert_offsets_.data();
+    return d.host_memory
+               ? d.activations.as<int32_t>(BufferId::kExpertOffsets)
+               : host_expert_offsets_.data();
   }
   void RoundActivations(Device& d, float* data, int64_t rows, int64_t cols,
                         int64_t ld) const {

@@ -207,7 +207,8 @@ Status CpuBackend::Attention(const AttentionOp& op) {
       return UnimplementedError(
           "cpu backend: attention probabilities with a KV cache");
     for (int64_t s = 0; s < op.num_seqs; ++s) {
-      const int64_t end = op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
+      const int64_t end =
+          op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
       const bool ring = op.window > 0 && op.window <= op.kv_capacity;
       if (op.q_pos0[s] < 0 ||
           (end > op.kv_capacity && (!ring || op.kv_page_size > 0)))
@@ -368,7 +369,8 @@ void CpuBackend::SegmentReduce(const float* src, int64_t ld,
                                const int32_t* begin, const int32_t* end,
                                int64_t segments, int64_t cols, bool max,
                                bool accumulate, double* out) {
-  cpu::SegmentReduce(src, ld, begin, end, segments, cols, max, accumulate, out);
+  cpu::SegmentReduce(src, ld, begin, end, segments, cols, max, accumulate,
+                     out);
 }
 
 }  // namespace loom::cpu

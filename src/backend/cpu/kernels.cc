@@ -306,8 +306,8 @@ void KvAttention(const AttentionArgs& a) {
   if (any_direct) {
 #pragma omp parallel num_threads(nt)
     {
-      float* scratch =
-          reinterpret_cast<float*>(tiles + omp_get_thread_num() * stride_bytes);
+      float* scratch = reinterpret_cast<float*>(
+          tiles + omp_get_thread_num() * stride_bytes);
       for (int64_t s = 0; s < a.num_seqs; ++s) {
         if (!direct(s)) continue;
         const int64_t len = a.seq_start[s + 1] - a.seq_start[s];
@@ -364,8 +364,8 @@ void KvAttention(const AttentionArgs& a) {
     const int64_t nb = (len + B - 1) / B;
 #pragma omp parallel num_threads(nt)
     {
-      float* scratch =
-          reinterpret_cast<float*>(tiles + omp_get_thread_num() * stride_bytes);
+      float* scratch = reinterpret_cast<float*>(
+          tiles + omp_get_thread_num() * stride_bytes);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < nb * a.q_heads; ++item)
         run_tile(s, item, panel_k, panel_v, lo, scratch);
@@ -376,8 +376,10 @@ void KvAttention(const AttentionArgs& a) {
     float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
     for (int64_t i = std::max<int64_t>(0, len - cap); i < len; ++i) {
       const int64_t row = (p0 + i) % cap;
-      std::memcpy(kc + row * kvd, a.k + (t0 + i) * a.k_rs, sizeof(float) * kvd);
-      std::memcpy(vc + row * kvd, a.v + (t0 + i) * a.v_rs, sizeof(float) * kvd);
+      std::memcpy(kc + row * kvd, a.k + (t0 + i) * a.k_rs,
+                  sizeof(float) * kvd);
+      std::memcpy(vc + row * kvd, a.v + (t0 + i) * a.v_rs,
+                  sizeof(float) * kvd);
     }
   }
 }
@@ -554,8 +556,8 @@ void GatherRowsConvert(const float* src, int64_t ld, const int32_t* index,
 }
 
 void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
-                   const int32_t* end, int64_t segments, int64_t cols, bool max,
-                   bool accumulate, double* out) {
+                   const int32_t* end, int64_t segments, int64_t cols,
+                   bool max, bool accumulate, double* out) {
   for (int64_t g = 0; g < segments; ++g) {
     double* o = out + g * cols;
     if (!accumulate)

@@ -295,8 +295,8 @@ void GatherRowsConvert(const float* src, int64_t ld, const int32_t* index,
 // the sequential double sums).
 //   src: [*, cols] row stride ld; begin, end: [segments]; out: [segments, cols]
 void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
-                   const int32_t* end, int64_t segments, int64_t cols, bool max,
-                   bool accumulate, double* out);
+                   const int32_t* end, int64_t segments, int64_t cols,
+                   bool max, bool accumulate, double* out);
 
 // ---- Threads ---------------------------------------------------------------
 

@@ -573,10 +573,11 @@ TEST_P(AttentionTest, MatchesReference) {
       }
     }
   }
-  const std::string name =
-      "attention d=" + std::to_string(d) + " ratio=" + std::to_string(ratio) +
-      " window=" + std::to_string(window) +
-      " softcap=" + std::to_string(softcap) + (sinks ? " sinks" : "");
+  const std::string name = "attention d=" + std::to_string(d) +
+                           " ratio=" + std::to_string(ratio) +
+                           " window=" + std::to_string(window) +
+                           " softcap=" + std::to_string(softcap) +
+                           (sinks ? " sinks" : "");
   ExpectNear(name + " z", got.data(), want.data(), tol,
              static_cast<int64_t>(got.size()));
   ExpectNear(name + " probs", pgot.data(), pwant.data(), ptol,
@@ -668,8 +669,8 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
     a.sinks = sink_bf16.data();
     a.sinks_dtype = DType::kBF16;
   }
-  AlignedBuf ws(
-      KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d, NumThreads()));
+  AlignedBuf ws(KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d,
+                                          NumThreads()));
   a.workspace = ws.p;
   std::vector<float> full(T * q_heads * d), full_ref(T * q_heads * d);
   GemmContext ctx;
@@ -710,8 +711,8 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
     std::vector<int64_t> src_row;       // first packed token of each
     for (int s = 0; s < 2; ++s) {
       if (done[s] >= lens[s]) continue;
-      const int64_t n =
-          std::min(chunks[(step + s) % chunks.size()], lens[s] - done[s]);
+      const int64_t n = std::min(chunks[(step + s) % chunks.size()],
+                                 lens[s] - done[s]);
       rows.insert(rows.end(), qkv.begin() + (starts[s] + done[s]) * rs,
                   qkv.begin() + (starts[s] + done[s] + n) * rs);
       sub.push_back(sub.back() + n);
@@ -1002,8 +1003,8 @@ TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
               rows, dim);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < dim; ++j)
-          composed[r * dim + j] =
-              RoundBf16(Bf16ToF32(w[j]) * RoundBf16(composed[r * dim + j]));
+          composed[r * dim + j] = RoundBf16(
+              Bf16ToF32(w[j]) * RoundBf16(composed[r * dim + j]));
       ExpectBitwise("rmsnorm bf16 vs composition", got.data(), composed.data(),
                     rows * dim * 4);
       ref::RmsNormBf16(x.data(), w.data(), 1e-6f, want.data(), rows, dim);
@@ -1012,8 +1013,8 @@ TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
       // one bf16 step (2^-8 relative) more than the reference's did.
       std::vector<double> tol(rows * dim);
       for (int64_t i = 0; i < rows * dim; ++i)
-        tol[i] =
-            (2.0 / 256 + (0.5 * dim + 6.0) * kU) * std::abs(want[i]) + 1e-30;
+        tol[i] = (2.0 / 256 + (0.5 * dim + 6.0) * kU) * std::abs(want[i]) +
+                 1e-30;
       ExpectNear("rmsnorm bf16 rows=" + std::to_string(rows), got.data(),
                  want.data(), tol, rows * dim);
     }
@@ -1065,8 +1066,7 @@ TEST(RowOps, GatherAndScatterAddRows) {
   const int64_t src_rows = 50, cols = 33, ldx = 40, n = 17;
   const std::vector<float> x = Random(src_rows * ldx, 36);
   std::vector<int32_t> rows(n);
-  for (int64_t i = 0; i < n; ++i)
-    rows[i] = static_cast<int32_t>((i * 7) % src_rows);
+  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>((i * 7) % src_rows);
   std::vector<float> got(n * cols), want(n * cols);
   GatherRows(x.data(), ldx, rows.data(), n, cols, got.data());
   ref::GatherRows(x.data(), ldx, rows.data(), n, cols, want.data());
@@ -1075,8 +1075,8 @@ TEST(RowOps, GatherAndScatterAddRows) {
   std::vector<float> y = Random(src_rows * ldx, 38);
   std::vector<float> y_ref = y;
   ScatterAddRows(got.data(), rows.data(), w.data(), n, cols, y.data(), ldx);
-  ref::ScatterAddRows(want.data(), rows.data(), w.data(), n, cols, y_ref.data(),
-                      ldx);
+  ref::ScatterAddRows(want.data(), rows.data(), w.data(), n, cols,
+                      y_ref.data(), ldx);
   // One product and one sum per element, each rounded once (<= 2 u, plus
   // the product's rounding carried through the sum).
   std::vector<double> tol(src_rows * ldx);

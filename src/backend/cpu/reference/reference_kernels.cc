@@ -231,16 +231,15 @@ void KvAttention(const AttentionArgs& a) {
       const double sink = has_sink ? LoadAsF32(a.sinks, a.sinks_dtype, h) : 0.0;
       for (int64_t i = 0; i < len; ++i) {
         const int64_t p = p0 + i;
-        const int64_t lo =
-            a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1)
+                                        : 0;
         const float* q = a.q + (t0 + i) * a.q_rs + h * d;
         std::vector<double> e(static_cast<size_t>(p + 1 - lo));
         double mx = has_sink ? sink : -std::numeric_limits<double>::infinity();
         for (int64_t j = lo; j <= p; ++j) {
           const float* k = key(j, kvh);
           double dot = 0.0;
-          for (int64_t c = 0; c < d; ++c)
-            dot += static_cast<double>(q[c]) * k[c];
+          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
           dot *= a.scale;
           if (a.softcap > 0.0f) dot = a.softcap * std::tanh(dot / a.softcap);
           e[static_cast<size_t>(j - lo)] = dot;
