@@ -264,7 +264,7 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
         " KV pages of " + std::to_string(gen_->cache().page_size()) +
         " positions (prompt + max_tokens), more than the server's " +
         std::to_string(gen_->cache().num_pages()) +
-        " (batching.kv_tokens); ask for fewer tokens");
+        " (its whole KV pool); ask for fewer tokens");
   p->capture_need = CaptureNeed(r);
   if (p->capture_need > options_.capture_bytes)
     return OutOfRangeError(
