@@ -119,9 +119,9 @@ TEST(KvCacheTest, BytesEqualThePlannersKvTerm) {
           const bool global =
               c.sliding_window.empty() || c.sliding_window[l] <= 0;
           EXPECT_EQ((*paged)->layer_paged(l), global);
-          want += global ? 2 * paging.num_pages * paging.page_size *
-                               c.kv_dim() * 4
-                         : KvLayerBytes(c, l, context, slots, DType::kF32);
+          want += global
+                      ? 2 * paging.num_pages * paging.page_size * c.kv_dim() * 4
+                      : KvLayerBytes(c, l, context, slots, DType::kF32);
         }
         EXPECT_EQ((*paged)->storage_bytes(), pplanned)
             << "context " << context << " page size " << paging.page_size;
@@ -315,7 +315,7 @@ TEST_P(KvCacheLayoutTest, ChunkedPrefillEqualsOnePass) {
 INSTANTIATE_TEST_SUITE_P(Layouts, KvCacheLayoutTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return std::string(info.param ? "Paged"
-                                                          : "Contiguous");
+                                                         : "Contiguous");
                          });
 
 }  // namespace

@@ -175,8 +175,8 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
   eo.max_seq_len = o.prefill_chunk;
   eo.backend = backend;
   ASSIGN_OR_RETURN(g->executor_, Executor::Create(model, hooks, eo));
-  ASSIGN_OR_RETURN(g->cache_, KvCache::Create(c, o.slots, o.context, *backend,
-                                              o.paging));
+  ASSIGN_OR_RETURN(g->cache_,
+                   KvCache::Create(c, o.slots, o.context, *backend, o.paging));
   ASSIGN_OR_RETURN(g->head_, LogitsHead::Create(model, o.slots));
   g->ids_.resize(static_cast<size_t>(eo.max_tokens));
   g->seq_start_.resize(static_cast<size_t>(o.slots) + 1);
@@ -291,7 +291,8 @@ StatusOr<std::vector<Generation>> Generator::Generate(
         if (active.empty())
           return ResourceExhaustedError(
               "generate: prompt " + std::to_string(i) + " needs " +
-              std::to_string(cache_->PagesFor(need)) + " KV pages, the pool has " +
+              std::to_string(cache_->PagesFor(need)) +
+              " KV pages, the pool has " +
               std::to_string(cache_->free_pages()) + " free of " +
               std::to_string(cache_->num_pages()));
         --next_prompt;  // wait for running sequences to free pages

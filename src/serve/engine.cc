@@ -157,15 +157,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
   for (const HookPoint& h : e->capturable_.hooks())
     if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
   go.backend = e->backend_.get();
-  if (options.kv_tokens < 0 || (options.kv_tokens > 0 && options.page_size <= 0))
-    return InvalidArgumentError(
-        "kv_tokens (" + std::to_string(options.kv_tokens) +
-        ") must be >= 0 and page_size (" + std::to_string(options.page_size) +
-        ") > 0");
+  if (options.kv_tokens < 0 ||
+      (options.kv_tokens > 0 && options.page_size <= 0))
+    return InvalidArgumentError("kv_tokens (" +
+                                std::to_string(options.kv_tokens) +
+                                ") must be >= 0 and page_size (" +
+                                std::to_string(options.page_size) + ") > 0");
   if (options.kv_tokens > 0)
-    go.paging = {options.page_size,
-                 (options.kv_tokens + options.page_size - 1) /
-                     options.page_size};
+    go.paging = {
+        options.page_size,
+        (options.kv_tokens + options.page_size - 1) / options.page_size};
   ASSIGN_OR_RETURN(e->gen_, eval::Generator::Create(*e->model_, go));
   e->context_ = e->gen_->context();
   e->sink_ = std::make_unique<CaptureSink>();
@@ -260,8 +261,8 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
   p->pages_need = PagesNeed(r);
   if (p->pages_need > gen_->cache().num_pages())
     return OutOfRangeError(
-        "the request needs " + std::to_string(p->pages_need) +
-        " KV pages of " + std::to_string(gen_->cache().page_size()) +
+        "the request needs " + std::to_string(p->pages_need) + " KV pages of " +
+        std::to_string(gen_->cache().page_size()) +
         " positions (prompt + max_tokens), more than the server's " +
         std::to_string(gen_->cache().num_pages()) +
         " (its whole KV pool); ask for fewer tokens");
