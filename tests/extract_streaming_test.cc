@@ -513,7 +513,7 @@ TEST_F(ExtractStreamingTest, PlanHoldsTheKvCache) {
     int64_t want = 0;
     for (int64_t l = 0; l < layers; ++l)
       want += KvLayerBytes(c, l, 300, 1, DType::kF32);
-    auto cache = KvCache::Create(c, 1, 300, **backend, layers);
+    auto cache = KvCache::Create(c, 1, 300, **backend, {}, layers);
     ASSERT_TRUE(cache.ok()) << cache.status().ToString();
     EXPECT_EQ((*cache)->storage_bytes(), want);
     const DevicePlan& d = plan->devices[0];

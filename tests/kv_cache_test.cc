@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -100,11 +101,128 @@ TEST(KvCacheTest, BytesEqualThePlannersKvTerm) {
         EXPECT_EQ((*cache)->positions(l), KvPositions(c, l, context));
         EXPECT_LE((*cache)->positions(l), context);
       }
+      // Paged: global layers hold the page pool, window layers their rings.
+      for (const KvPaging paging : {KvPaging{16, 5}, KvPaging{7, 1}}) {
+        auto paged = KvCache::Create(c, slots, context, **backend, paging);
+        ASSERT_TRUE(paged.ok()) << paged.status().ToString();
+        JobSpec pjob = job;
+        pjob.kv_page_size = paging.page_size;
+        pjob.kv_pages = paging.num_pages;
+        auto pplan = PlanModelDir(dir, pjob, {*cpu}, int64_t{64} << 30,
+                                  (*backend)->Costs());
+        ASSERT_TRUE(pplan.ok()) << pplan.status().ToString();
+        int64_t pplanned = 0, want = 0;
+        for (const DevicePlan& d : pplan->devices) pplanned += d.kv;
+        for (int64_t l = 0; l < c.num_layers; ++l) {
+          const bool global =
+              c.sliding_window.empty() || c.sliding_window[l] <= 0;
+          EXPECT_EQ((*paged)->layer_paged(l), global);
+          want += global
+                      ? 2 * paging.num_pages * paging.page_size * c.kv_dim() * 4
+                      : KvLayerBytes(c, l, context, slots, DType::kF32);
+        }
+        EXPECT_EQ((*paged)->storage_bytes(), pplanned)
+            << "context " << context << " page size " << paging.page_size;
+        EXPECT_EQ((*paged)->storage_bytes(), want);
+      }
     }
   }
 }
 
-TEST(KvCacheTest, ChunkedPrefillEqualsOnePass) {
+TEST(KvCacheTest, ReserveAndReset) {
+  auto backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok());
+  auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const ModelConfig& c = (*model)->config();
+  // 3 slots of 50 positions, 8 pages of 16 positions.
+  auto made = KvCache::Create(c, 3, 50, **backend, {16, 8});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  KvCache& kv = **made;
+  EXPECT_TRUE(kv.paged());
+  EXPECT_EQ(kv.page_size(), 16);
+  EXPECT_EQ(kv.pages_per_seq(), 4);
+  EXPECT_EQ(kv.free_pages(), 8);
+  EXPECT_EQ(kv.PagesFor(0), 0);
+  EXPECT_EQ(kv.PagesFor(1), 1);
+  EXPECT_EQ(kv.PagesFor(16), 1);
+  EXPECT_EQ(kv.PagesFor(17), 2);
+  EXPECT_EQ(kv.PagesFor(50), 4);
+
+  ASSERT_TRUE(kv.Reserve(0, 17).ok());
+  EXPECT_EQ(kv.reserved_pages(0), 2);
+  EXPECT_EQ(kv.reserved_positions(0), 32);
+  EXPECT_EQ(kv.free_pages(), 6);
+  ASSERT_TRUE(kv.Reserve(0, 10).ok());  // already covered: nothing taken
+  EXPECT_EQ(kv.free_pages(), 6);
+  ASSERT_TRUE(kv.Reserve(1, 50).ok());  // grows to the whole context
+  EXPECT_EQ(kv.reserved_positions(1), 50);
+  EXPECT_EQ(kv.free_pages(), 2);
+  // All or nothing: 3 pages needed, 2 free.
+  Status st = kv.Reserve(2, 40);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_NE(st.message().find("3 more pages"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("2 of 8 pages are free"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(kv.free_pages(), 2);
+  EXPECT_EQ(kv.reserved_pages(2), 0);
+  st = kv.Reserve(2, 51);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  EXPECT_EQ(kv.Reserve(3, 1).code(), StatusCode::kOutOfRange);
+  // The tables hold distinct pages; Reset returns them.
+  std::vector<int32_t> seen;
+  for (int64_t slot : {0, 1})
+    for (int64_t i = 0; i < kv.reserved_pages(slot); ++i)
+      seen.push_back(kv.page_table(slot)[i]);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
+  EXPECT_EQ(kv.page_table(0)[2], -1);
+  kv.Reset(1);
+  EXPECT_EQ(kv.free_pages(), 6);
+  EXPECT_EQ(kv.reserved_pages(1), 0);
+  EXPECT_EQ(kv.page_table(1)[0], -1);
+  ASSERT_TRUE(kv.Reserve(2, 40).ok());
+  EXPECT_EQ(kv.free_pages(), 3);
+
+  // A forward past the reserved pages is refused before anything is written.
+  ExecutorOptions opts;
+  opts.max_tokens = 40;
+  HookSet hooks;
+  hooks.Add({HookSite::kFinalNorm, -1});
+  auto ex = Executor::Create(**model, hooks, opts);
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  std::vector<int32_t> ids(33, 5);
+  const std::vector<int64_t> seq = {0, 33};
+  const std::vector<int64_t> slot = {0}, pos0 = {0};
+  RowSink sink;
+  st = (*ex)->Forward(Batch{ids, seq}, &sink, {&kv, slot, pos0});
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("cover only 32"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(kv.length(0), 0);
+  ASSERT_TRUE(kv.Reserve(0, 33).ok());
+  st = (*ex)->Forward(Batch{ids, seq}, &sink, {&kv, slot, pos0});
+  EXPECT_TRUE(st.ok()) << st.ToString();
+
+  // Without paging: no pages, every position covered.
+  auto flat = KvCache::Create(c, 2, 50, **backend);
+  ASSERT_TRUE(flat.ok());
+  EXPECT_FALSE((*flat)->paged());
+  EXPECT_EQ((*flat)->PagesFor(50), 0);
+  EXPECT_TRUE((*flat)->Reserve(1, 50).ok());
+  EXPECT_EQ((*flat)->Reserve(1, 51).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ((*flat)->reserved_positions(0), 50);
+  EXPECT_FALSE(KvCache::Create(c, 2, 50, **backend, {16, 0}).ok());
+}
+
+class KvCacheLayoutTest : public ::testing::TestWithParam<bool> {};
+
+// GetParam(): a paged cache (pages of 4 positions in a scrambled order) or
+// the contiguous one.
+TEST_P(KvCacheLayoutTest, ChunkedPrefillEqualsOnePass) {
+  const bool paged = GetParam();
   for (const std::string& dir : ModelDirs()) {
     SCOPED_TRACE(Name(dir));
     auto model = Model::Load(dir, Precision::kF32);
@@ -138,13 +256,24 @@ TEST(KvCacheTest, ChunkedPrefillEqualsOnePass) {
     ASSERT_TRUE(chunked.ok()) << chunked.status().ToString();
     auto backend = CreateBackend("cpu");
     ASSERT_TRUE(backend.ok());
-    auto cache = KvCache::Create(c, /*slots=*/2, /*context=*/n, **backend);
+    // Paged: pages of 4 positions; slot 0 grabs and drops pages as slot 1
+    // grows, so slot 1's pages come in a scrambled order.
+    const KvPaging paging =
+        paged ? KvPaging{4, (2 * n + 3) / 4 + 2} : KvPaging{};
+    auto cache =
+        KvCache::Create(c, /*slots=*/2, /*context=*/n, **backend, paging);
     ASSERT_TRUE(cache.ok()) << cache.status().ToString();
     RowSink got;
     const std::vector<int64_t> slot = {1};
     for (int64_t p0 = 0, i = 0; p0 < n; ++i) {
-      const int64_t len = std::min(
-          i < static_cast<int64_t>(chunks.size()) ? chunks[i] : 1, n - p0);
+      const int64_t len =
+          std::min(i < static_cast<int64_t>(chunks.size()) ? chunks[i] : 1,
+                   n - p0);
+      if (paged) {
+        ASSERT_TRUE((*cache)->Reserve(0, std::min(n, 4 * (i % 5))).ok());
+        ASSERT_TRUE((*cache)->Reserve(1, p0 + len).ok());
+        if (i % 3 == 2) (*cache)->Reset(0);
+      }
       const std::vector<int64_t> seq = {0, len};
       const std::vector<int64_t> pos0 = {p0};
       const Batch b{std::span<const int32_t>(ids).subspan(p0, len), seq};
@@ -153,6 +282,11 @@ TEST(KvCacheTest, ChunkedPrefillEqualsOnePass) {
       ASSERT_TRUE(st.ok()) << st.ToString();
       p0 += len;
       EXPECT_EQ((*cache)->length(1), p0);
+    }
+    if (paged) {
+      // Not in order: the test would not scramble anything otherwise.
+      const int32_t* table = (*cache)->page_table(1);
+      EXPECT_FALSE(std::is_sorted(table, table + (*cache)->reserved_pages(1)));
     }
     // Differences come only from GEMM reduction order (decode-sized GEMMs
     // of m <= 4 rows stream the weights in another order than the batched
@@ -172,10 +306,16 @@ TEST(KvCacheTest, ChunkedPrefillEqualsOnePass) {
       EXPECT_LE(err, 2e-5 * std::max(scale, 1.0));
       worst = std::max(worst, err / std::max(scale, 1.0));
     }
-    std::printf("%s: chunked prefill vs one pass, max relative error %.3g\n",
-                Name(dir).c_str(), worst);
+    std::printf("%s%s: chunked prefill vs one pass, max relative error %.3g\n",
+                Name(dir).c_str(), paged ? " (paged)" : "", worst);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, KvCacheLayoutTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Paged"
+                                                         : "Contiguous");
+                         });
 
 // A forward that stops early (the deepest hook above the last layer, as an
 // extraction of early layers) runs with a cache of just the layers it runs:
@@ -205,7 +345,7 @@ TEST(KvCacheTest, CacheOfTheLayersRunWhenHooksStopEarly) {
   ASSERT_TRUE(backend.ok());
   const std::vector<int64_t> slot = {0};
   for (int64_t layers : {int64_t{1}, c.num_layers}) {
-    auto wrong = KvCache::Create(c, 1, n, **backend, layers);
+    auto wrong = KvCache::Create(c, 1, n, **backend, {}, layers);
     ASSERT_TRUE(wrong.ok()) << wrong.status().ToString();
     const std::vector<int64_t> seq = {0, 8}, pos0 = {0};
     const Status st =
@@ -217,8 +357,8 @@ TEST(KvCacheTest, CacheOfTheLayersRunWhenHooksStopEarly) {
               std::string::npos)
         << st.message();
   }
-  EXPECT_FALSE(KvCache::Create(c, 1, n, **backend, c.num_layers + 1).ok());
-  auto cache = KvCache::Create(c, 1, n, **backend, 2);
+  EXPECT_FALSE(KvCache::Create(c, 1, n, **backend, {}, c.num_layers + 1).ok());
+  auto cache = KvCache::Create(c, 1, n, **backend, {}, 2);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
   EXPECT_EQ((*cache)->num_layers(), 2);
   int64_t bytes = 0;

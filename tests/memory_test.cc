@@ -251,7 +251,7 @@ TEST(MemoryTest, StreamedChunksOfEarlyHooksMakeNoHeapAllocations) {
   ASSERT_TRUE(ex.ok()) << ex.status().ToString();
   auto backend = CreateBackend("cpu");
   ASSERT_TRUE(backend.ok());
-  auto cache = KvCache::Create((*model)->config(), 1, 64, **backend,
+  auto cache = KvCache::Create((*model)->config(), 1, 64, **backend, {},
                                (*ex)->last_layer() + 1);
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
   std::vector<int32_t> ids(48);

@@ -197,6 +197,18 @@ struct AttentionOp {
   int64_t kv_capacity = 0;
   const int64_t* kv_slot = nullptr;  // [num_seqs] host memory
   const int64_t* q_pos0 = nullptr;   // [num_seqs] host memory
+  // Paged layer (kv_page_size > 0): k_cache / v_cache are
+  // [kv_num_pages, kv_page_size, kv_heads * head_dim] shared pools, and
+  // sequence s's position p is row kv_page_table[s * kv_pages_per_seq + p /
+  // kv_page_size] * kv_page_size + p % kv_page_size (kv_slot is then not
+  // used to address rows). kv_capacity is the positions a sequence can hold
+  // (<= kv_pages_per_seq * kv_page_size); the table must hold valid page ids
+  // for every position up to q_pos0[s] + its length.
+  const int32_t* kv_page_table = nullptr;  // [num_seqs, kv_pages_per_seq]
+                                           // host memory
+  int64_t kv_pages_per_seq = 0;
+  int64_t kv_page_size = 0;  // 0 = not paged
+  int64_t kv_num_pages = 0;
 };
 
 enum class ActivationFn { kSilu, kGeluTanh, kGeluExact, kRelu };

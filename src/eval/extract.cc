@@ -215,7 +215,8 @@ StatusOr<Streamer> CreateStreamer(const ExtractSettings& s, const Model& model,
           "--streaming-chunk-size: the KV cache of a streamed row lives on one "
           "device; this plan computes on several (run on one device)");
   StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(
-      model.config(), /*slots=*/1, s.max_row_tokens, be, ex.last_layer() + 1);
+      model.config(), /*slots=*/1, s.max_row_tokens, be, KvPaging{},
+      ex.last_layer() + 1);
   if (!cache.ok()) return cache.status().WithContext("--streaming-chunk-size");
   st.cache = std::move(cache).value();
   return st;

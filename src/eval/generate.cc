@@ -175,7 +175,8 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
   eo.max_seq_len = o.prefill_chunk;
   eo.backend = backend;
   ASSIGN_OR_RETURN(g->executor_, Executor::Create(model, hooks, eo));
-  ASSIGN_OR_RETURN(g->cache_, KvCache::Create(c, o.slots, o.context, *backend));
+  ASSIGN_OR_RETURN(g->cache_,
+                   KvCache::Create(c, o.slots, o.context, *backend, o.paging));
   ASSIGN_OR_RETURN(g->head_, LogitsHead::Create(model, o.slots));
   g->ids_.resize(static_cast<size_t>(eo.max_tokens));
   g->seq_start_.resize(static_cast<size_t>(o.slots) + 1);
@@ -281,12 +282,27 @@ StatusOr<std::vector<Generation>> Generator::Generate(
         results[i].stop_reason = "max_tokens";
         continue;
       }
+      const int64_t n = static_cast<int64_t>(prompt.size());
+      // Pages for every position the sequence can feed (a paged cache).
+      const int64_t need =
+          std::min(n + options.max_new_tokens, options_.context);
+      cache_->Reset(free_slots.back());
+      if (cache_->PagesFor(need) > cache_->free_pages()) {
+        if (active.empty())
+          return ResourceExhaustedError(
+              "generate: prompt " + std::to_string(i) + " needs " +
+              std::to_string(cache_->PagesFor(need)) +
+              " KV pages, the pool has " +
+              std::to_string(cache_->free_pages()) + " free of " +
+              std::to_string(cache_->num_pages()));
+        --next_prompt;  // wait for running sequences to free pages
+        break;
+      }
+      RETURN_IF_ERROR(cache_->Reserve(free_slots.back(), need));
       Active a;
       a.prompt = i;
       a.slot = free_slots.back();
       a.rng.seed(options.sampling.seed + i);
-      cache_->Reset(a.slot);
-      const int64_t n = static_cast<int64_t>(prompt.size());
       const float* logits = nullptr;
       for (int64_t p0 = 0; p0 < n; p0 += options_.prefill_chunk) {
         const int64_t len = std::min(options_.prefill_chunk, n - p0);
@@ -304,7 +320,10 @@ StatusOr<std::vector<Generation>> Generator::Generate(
       ASSIGN_OR_RETURN(
           bool done,
           take(a, SelectToken(logits, V, options.sampling, a.rng, scratch)));
-      if (done) continue;  // the slot stays free
+      if (done) {  // the slot stays free
+        cache_->Reset(a.slot);
+        continue;
+      }
       free_slots.pop_back();
       active.push_back(std::move(a));
     }
@@ -335,6 +354,7 @@ StatusOr<std::vector<Generation>> Generator::Generate(
                        take(a, SelectToken(logits + s * V, V, options.sampling,
                                            a.rng, scratch)));
       if (done) {
+        cache_->Reset(a.slot);  // its pages go back to the pool
         free_slots.push_back(a.slot);
       } else {
         if (kept != static_cast<size_t>(s)) active[kept] = std::move(a);

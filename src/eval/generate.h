@@ -105,6 +105,11 @@ class Generator {
     HookSet capture_hooks;
     // The executor's backend (not owned); null = a CPU backend it owns.
     Backend* backend = nullptr;
+    // Paged KV (KvCache, src/plan/kv_layout.h); page_size 0 = contiguous.
+    // Generate reserves min(prompt + max_new_tokens, context) positions when
+    // a prompt takes a slot (waiting for pages as for slots) and frees them
+    // when its sequence ends.
+    KvPaging paging;
   };
   static StatusOr<std::unique_ptr<Generator>> Create(const Model& model,
                                                      const Options& options);

@@ -94,6 +94,12 @@ Status ValidateJob(const ModelConfig& c, const JobSpec& job) {
         "sequences per batch = " + std::to_string(job.seqs_per_batch) +
         ", expected in [0, batch tokens = " + std::to_string(job.batch_tokens) +
         "]");
+  if (job.kv_page_size < 0 || job.kv_pages < 0 ||
+      (job.kv_page_size > 0) != (job.kv_pages > 0))
+    return InvalidArgumentError(
+        "kv paging: page size " + std::to_string(job.kv_page_size) +
+        " and pages " + std::to_string(job.kv_pages) +
+        ", expected both > 0 (paged) or both 0 (contiguous)");
   for (const HookPoint& h : job.hooks.hooks()) {
     RETURN_IF_ERROR(CheckHookExists(h, c));
     RETURN_IF_ERROR(CaptureBytes(c, job, h).status());

@@ -51,6 +51,11 @@ struct JobSpec {
   // --max-row-tokens); 0 = none. Must be 0 for generation (`context` sizes
   // its cache).
   int64_t kv_context = 0;
+  // generation, paged KV (src/plan/kv_layout.h KvPaging): global layers hold
+  // kv_pages pages of kv_page_size positions shared by the sequences;
+  // 0 = contiguous (context positions per sequence).
+  int64_t kv_page_size = 0;
+  int64_t kv_pages = 0;
 
   HookSet hooks;
   DType capture_dtype = DType::kF32;

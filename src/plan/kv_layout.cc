@@ -17,4 +17,18 @@ int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
          DTypeSize(dtype);
 }
 
+bool KvLayerPaged(const ModelConfig& c, int64_t layer, const KvPaging& paging) {
+  if (paging.page_size <= 0) return false;
+  return c.sliding_window.empty() ||
+         c.sliding_window[static_cast<size_t>(layer)] <= 0;
+}
+
+int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
+                     int64_t slots, DType dtype, const KvPaging& paging) {
+  if (!KvLayerPaged(c, layer, paging))
+    return KvLayerBytes(c, layer, context, slots, dtype);
+  return 2 * c.kv_dim() * paging.num_pages * paging.page_size *
+         DTypeSize(dtype);
+}
+
 }  // namespace loom

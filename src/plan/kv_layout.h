@@ -8,6 +8,12 @@
 // `context` positions per slot (position p at row p); a sliding-window layer
 // keeps min(context, window) (a ring buffer: position p at row
 // p % positions).
+//
+// Paged (KvPaging::page_size > 0): every global layer instead holds K and V
+// as [num_pages, page_size, kv_dim], one pool shared by all slots; a slot's
+// page table (the same for every global layer) maps its position p to row
+// table[p / page_size] * page_size + p % page_size. Sliding-window layers
+// keep their per-slot ring (already bounded by the window).
 #ifndef LOOM_PLAN_KV_LAYOUT_H_
 #define LOOM_PLAN_KV_LAYOUT_H_
 
@@ -18,6 +24,17 @@
 
 namespace loom {
 
+// Paging of the global layers' KV (page_size 0 = contiguous: `context`
+// positions per slot).
+struct KvPaging {
+  int64_t page_size = 0;  // positions per page; 0 = not paged
+  int64_t num_pages = 0;  // pages in the shared pool
+};
+
+// Whether layer `layer` keeps its KV in pages under `paging`: a paged cache's
+// global (non-window) layers.
+bool KvLayerPaged(const ModelConfig& c, int64_t layer, const KvPaging& paging);
+
 // Positions per slot layer `layer` keeps for a context of `context` tokens:
 // min(context, window) for a sliding-window layer, else context.
 int64_t KvPositions(const ModelConfig& c, int64_t layer, int64_t context);
@@ -26,6 +43,13 @@ int64_t KvPositions(const ModelConfig& c, int64_t layer, int64_t context);
 // x DTypeSize(dtype).
 int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
                      int64_t slots, DType dtype);
+
+// The same with paging: a paged layer (KvLayerPaged) holds 2 x num_pages x
+// page_size x kv_dim x DTypeSize(dtype) bytes, any other layer
+// KvLayerBytes(c, layer, context, slots, dtype). The one function KvCache
+// and the planner's kv term both use.
+int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
+                     int64_t slots, DType dtype, const KvPaging& paging);
 
 }  // namespace loom
 

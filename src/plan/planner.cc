@@ -78,7 +78,8 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
     const int64_t seqs = job.kv_seqs > 0 ? job.kv_seqs : gen ? job.Seqs() : 1;
     const int64_t context = job.KvContext();
     for (int64_t l = 0; l < layers_run; ++l)
-      k.layer_kv[l] = KvLayerBytes(c, l, context, seqs, kv_dtype);
+      k.layer_kv[l] = KvLayerBytes(c, l, context, seqs, kv_dtype,
+                                   KvPaging{job.kv_page_size, job.kv_pages});
     if (in.costs.kv_attention_workspace != nullptr && layers_run > 0)
       k.kv_ws =
           in.costs.kv_attention_workspace(context, c.num_heads, c.num_kv_heads,

@@ -454,6 +454,15 @@ Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
           "sequence " + std::to_string(s) + " needs " +
           std::to_string(p0 + len) + " positions, more than the KV cache's " +
           std::to_string(cache->context()) + " per sequence");
+    if (p0 + len > cache->reserved_positions(slot))
+      return FailedPreconditionError(
+          "sequence " + std::to_string(s) + " needs " +
+          std::to_string(p0 + len) + " positions of KV slot " +
+          std::to_string(slot) + ", whose " +
+          std::to_string(cache->reserved_pages(slot)) + " reserved pages of " +
+          std::to_string(cache->page_size()) + " positions cover only " +
+          std::to_string(cache->reserved_positions(slot)) +
+          " (KvCache::Reserve)");
     if (p0 + len > c_.max_position_embeddings)
       return OutOfRangeError(
           "sequence " + std::to_string(s) + " needs " +
@@ -505,6 +514,15 @@ Status Executor::RunForward(const Batch& batch, HookSink* sink,
     ~ClearKv() { kv = nullptr; }
   } clear{kv_};
   kv_ = kv;
+  if (kv != nullptr && kv->cache->paged()) {
+    const int64_t S = batch.num_seqs(), n = kv->cache->pages_per_seq();
+    kv_page_rows_.resize(static_cast<size_t>(S * n));
+    for (int64_t s = 0; s < S; ++s) {
+      const int32_t* row =
+          kv->cache->page_table(kv->slot[static_cast<size_t>(s)]);
+      std::copy(row, row + n, kv_page_rows_.begin() + s * n);
+    }
+  }
   RETURN_IF_ERROR(WriteBatchMetadata(batch));
 
   for (const ProgramStep& step : program_.prologue)
@@ -680,6 +698,12 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         op.kv_capacity = kv_->cache->positions(l);
         op.kv_slot = kv_->slot.data();
         op.q_pos0 = kv_->pos0.data();
+        if (kv_->cache->layer_paged(l)) {
+          op.kv_page_table = kv_page_rows_.data();
+          op.kv_pages_per_seq = kv_->cache->pages_per_seq();
+          op.kv_page_size = kv_->cache->page_size();
+          op.kv_num_pages = kv_->cache->num_pages();
+        }
         op.workspace = kv_->cache->workspace();
         RETURN_IF_ERROR(be.Attention(op));
       } else if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {

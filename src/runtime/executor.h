@@ -75,6 +75,9 @@ struct Batch {
 // length (positions before it are in the cache). The forward stores their
 // keys and values there and attends over the slot's positions [0, pos0[s] +
 // length), exactly as a pass over the whole prefix would.
+// A paged cache (KvCache::paged) must have pages reserved for every
+// position a sequence writes: pos0[s] + its length <=
+// cache->reserved_positions(slot[s]) (KvCache::Reserve).
 struct KvBatch {
   KvCache* cache = nullptr;
   std::span<const int64_t> slot;  // [S]
@@ -281,6 +284,9 @@ class Executor {
   std::vector<int32_t> host_expert_offsets_;
   // The KV cache of the forward in progress (null: none).
   const KvBatch* kv_ = nullptr;
+  // A paged cache: the page tables of the forward's sequences, [S,
+  // pages_per_seq] (AttentionOp::kv_page_table).
+  std::vector<int32_t> kv_page_rows_;
 };
 
 }  // namespace loom

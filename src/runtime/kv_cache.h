@@ -11,6 +11,15 @@
 // tokens and `slots` sequences (KvLayerBytes; tested), plus one attention
 // workspace (Costs().kv_attention_workspace) shared by all layers.
 //
+// Paged (KvPaging::page_size > 0, docs/design/generation.md "Paged KV"):
+// every global layer holds K [num_pages, page_size, kv_dim] and V [num_pages,
+// page_size, kv_dim], one pool shared by the slots; each slot has a page
+// table (int32 page ids, at most ceil(context / page_size) entries, the same
+// for every global layer), and its position p lives at row
+// table[p / page_size] * page_size + p % page_size. Sliding-window layers
+// keep their per-slot ring. A slot's positions must be covered by pages
+// (Reserve) before a forward writes them; Reset returns its pages.
+//
 // Everything is allocated at Create; a forward only writes rows. The cache
 // also records how many positions each slot holds (length), so that a
 // forward cannot attend to positions never written.
@@ -19,6 +28,7 @@
 #ifndef LOOM_RUNTIME_KV_CACHE_H_
 #define LOOM_RUNTIME_KV_CACHE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -26,6 +36,7 @@
 #include "src/backend/backend.h"
 #include "src/base/status.h"
 #include "src/model/config.h"
+#include "src/plan/kv_layout.h"
 
 namespace loom {
 
@@ -35,10 +46,13 @@ class KvCache {
   // [0, layers) (-1 = every layer of the model) in the memory of `backend`
   // (not owned; must outlive the cache). Unimplemented when the backend has
   // no attention over a KV cache.
+  // `paging`: page_size 0 = contiguous (above); else page_size > 0 and
+  // num_pages > 0.
   static StatusOr<std::unique_ptr<KvCache>> Create(const ModelConfig& c,
                                                    int64_t slots,
                                                    int64_t context,
                                                    Backend& backend,
+                                                   KvPaging paging = {},
                                                    int64_t layers = -1);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -46,11 +60,17 @@ class KvCache {
   int64_t context() const { return context_; }
   DType dtype() const { return dtype_; }
   DeviceRef device() const { return device_; }
-  // Rows per slot of `layer` (P_l above).
+  // Rows per slot of `layer` (P_l above; a paged layer: context, the
+  // positions a slot can address through its page table).
   int64_t positions(int64_t layer) const {
     return layers_[static_cast<size_t>(layer)].positions;
   }
-  // K [slots, P_l, kv_dim] and V [slots, P_l, kv_dim] of `layer`.
+  // Whether `layer` is paged (a global layer of a paged cache).
+  bool layer_paged(int64_t layer) const {
+    return layers_[static_cast<size_t>(layer)].paged;
+  }
+  // K [slots, P_l, kv_dim] and V [slots, P_l, kv_dim] of `layer` (paged:
+  // [num_pages, page_size, kv_dim] each).
   float* k(int64_t layer) const {
     return static_cast<float*>(layers_[static_cast<size_t>(layer)].k);
   }
@@ -70,8 +90,46 @@ class KvCache {
   void set_length(int64_t slot, int64_t n) {
     lengths_[static_cast<size_t>(slot)] = n;
   }
-  // Frees a slot for a new sequence (its rows are simply overwritten).
-  void Reset(int64_t slot) { set_length(slot, 0); }
+  // Frees a slot for a new sequence (its rows are simply overwritten) and
+  // returns its pages to the pool.
+  void Reset(int64_t slot);
+
+  // ---- Pages (a paged cache; host side, not thread-safe) ----
+  bool paged() const { return paging_.page_size > 0; }
+  // Positions per page; 0 when not paged.
+  int64_t page_size() const { return paging_.page_size; }
+  int64_t num_pages() const { return paging_.num_pages; }
+  // Entries of a page table: ceil(context / page_size) (0 when not paged).
+  int64_t pages_per_seq() const { return pages_per_seq_; }
+  // Pages not reserved by any slot (0 when not paged).
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  // Pages covering `positions` positions: ceil(positions / page_size) (0
+  // when not paged).
+  int64_t PagesFor(int64_t positions) const;
+  // Makes the page table of `slot` cover positions [0, positions), taking
+  // pages from the pool as needed (all or nothing). OutOfRange when
+  // `positions` exceeds the context or `slot` is not a slot;
+  // ResourceExhausted naming the pages needed and free when the pool is
+  // short. A cache without paging covers every position: only the checks.
+  Status Reserve(int64_t slot, int64_t positions);
+  // Pages held by `slot`, and the positions they cover (without paging:
+  // 0 and context).
+  int64_t reserved_pages(int64_t slot) const {
+    return paged() ? reserved_[static_cast<size_t>(slot)] : 0;
+  }
+  int64_t reserved_positions(int64_t slot) const {
+    return paged() ? std::min(context_, reserved_pages(slot) * page_size())
+                   : context_;
+  }
+  // The page table of `slot`: [pages_per_seq] page ids, the first
+  // reserved_pages(slot) valid (the rest -1). Null when not paged.
+  const int32_t* page_table(int64_t slot) const {
+    return paged() ? page_tables_.data() + slot * pages_per_seq_ : nullptr;
+  }
+  // Bytes of one page over every paged layer (K and V), and the ring bytes
+  // of one slot over the unpaged layers.
+  int64_t page_bytes() const { return page_bytes_; }
+  int64_t slot_ring_bytes() const { return slot_ring_bytes_; }
 
  private:
   struct Layer {
@@ -79,9 +137,16 @@ class KvCache {
     void* k = nullptr;
     void* v = nullptr;
     int64_t positions = 0;
+    bool paged = false;
   };
   KvCache() = default;
   int64_t slots_ = 0, context_ = 0;
+  KvPaging paging_;
+  int64_t pages_per_seq_ = 0;
+  int64_t page_bytes_ = 0, slot_ring_bytes_ = 0;
+  std::vector<int32_t> page_tables_;  // [slots, pages_per_seq], -1 = none
+  std::vector<int64_t> reserved_;     // [slots] pages held
+  std::vector<int32_t> free_;         // free page ids, taken from the back
   DType dtype_ = DType::kF32;
   DeviceRef device_;
   std::vector<Layer> layers_;

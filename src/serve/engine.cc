@@ -7,6 +7,7 @@
 #include <span>
 
 #include "src/backend/registry.h"
+#include "src/base/check.h"
 #include "src/runtime/executor.h"
 
 namespace loom::serve {
@@ -34,6 +35,7 @@ struct Engine::Pending {
   std::shared_ptr<Ticket> ticket;
   GenRequest request;
   int64_t capture_need = 0;
+  int64_t pages_need = 0;  // KV pages (a paged cache)
   Clock::time_point submitted;
 };
 
@@ -155,6 +157,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
   for (const HookPoint& h : e->capturable_.hooks())
     if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
   go.backend = e->backend_.get();
+  if (options.kv_tokens < 0 ||
+      (options.kv_tokens > 0 && options.page_size <= 0))
+    return InvalidArgumentError("kv_tokens (" +
+                                std::to_string(options.kv_tokens) +
+                                ") must be >= 0 and page_size (" +
+                                std::to_string(options.page_size) + ") > 0");
+  if (options.kv_tokens > 0)
+    go.paging = {
+        options.page_size,
+        (options.kv_tokens + options.page_size - 1) / options.page_size};
   ASSIGN_OR_RETURN(e->gen_, eval::Generator::Create(*e->model_, go));
   e->context_ = e->gen_->context();
   e->sink_ = std::make_unique<CaptureSink>();
@@ -216,6 +228,11 @@ int64_t Engine::CaptureNeed(const GenRequest& r) const {
   return rows * width * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t Engine::PagesNeed(const GenRequest& r) const {
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  return gen_->cache().PagesFor(std::min(n + r.max_new_tokens, context_));
+}
+
 StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
   const ModelConfig& c = model_->config();
   const int64_t n = static_cast<int64_t>(r.prompt.size());
@@ -241,6 +258,14 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
           " is not captured by this server (hidden-state layers and "
           "memory.activation_cache_filter)");
   auto p = std::make_unique<Pending>();
+  p->pages_need = PagesNeed(r);
+  if (p->pages_need > gen_->cache().num_pages())
+    return OutOfRangeError(
+        "the request needs " + std::to_string(p->pages_need) + " KV pages of " +
+        std::to_string(gen_->cache().page_size()) +
+        " positions (prompt + max_tokens), more than the server's " +
+        std::to_string(gen_->cache().num_pages()) +
+        " (its whole KV pool); ask for fewer tokens");
   p->capture_need = CaptureNeed(r);
   if (p->capture_need > options_.capture_bytes)
     return OutOfRangeError(
@@ -296,7 +321,10 @@ EngineMemory Engine::Memory() const {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t slots = gen_->slots();
   const int64_t used = slots - static_cast<int64_t>(free_slots_.size());
-  m.kv_used = gen_->cache().storage_bytes() / slots * used;
+  const KvCache& kv = gen_->cache();
+  m.kv_used = kv.paged() ? pages_reserved_ * kv.page_bytes() +
+                               used * kv.slot_ring_bytes()
+                         : kv.storage_bytes() / slots * used;
   m.capture_used = stats_.capture_reserved;
   return m;
 }
@@ -320,7 +348,8 @@ void Engine::Admit() {
     }
     if (free_slots_.empty() ||
         stats_.capture_reserved + queue_.front()->capture_need >
-            options_.capture_bytes)
+            options_.capture_bytes ||
+        queue_.front()->pages_need > gen_->cache().free_pages())
       break;
     auto s = std::make_unique<Seq>();
     s->p = std::move(queue_.front());
@@ -350,6 +379,11 @@ void Engine::Admit() {
     s->result.token_ids.reserve(
         static_cast<size_t>(std::min(r.max_new_tokens, context_)));
     gen_->cache().Reset(s->slot);
+    // Cannot fail: the pages are free and fit the context.
+    const Status reserved = gen_->cache().Reserve(
+        s->slot, std::min(n + r.max_new_tokens, context_));
+    LOOM_CHECK(reserved.ok()) << reserved.ToString();
+    pages_reserved_ += gen_->cache().reserved_pages(s->slot);
     active_.push_back(std::move(s));
   }
   stats_.queued = static_cast<int64_t>(queue_.size());
@@ -386,6 +420,8 @@ void Engine::Finish(Seq& s, Status status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     free_slots_.push_back(s.slot);
+    pages_reserved_ -= gen_->cache().reserved_pages(s.slot);
+    gen_->cache().Reset(s.slot);  // its pages go back to the pool
     --stats_.active;
     stats_.capture_reserved -= s.p->capture_need;
     stats_.generated_tokens += static_cast<int64_t>(res.token_ids.size());
@@ -397,7 +433,6 @@ void Engine::Finish(Seq& s, Status status) {
       ++stats_.requests_completed;
     }
   }
-  gen_->cache().Reset(s.slot);
   Ticket& t = *s.p->ticket;
   {
     std::lock_guard<std::mutex> lock(t.mu_);

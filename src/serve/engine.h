@@ -6,7 +6,11 @@
 //   - the executor's arenas for `batch_tokens` tokens per forward (prefill
 //     chunks and decode tokens packed together, no padding),
 //   - the KV cache: `slots` sequences x `context` positions (the planner's
-//     kv term, src/plan/kv_layout.h),
+//     kv term, src/plan/kv_layout.h), or, with `kv_tokens` > 0, a paged
+//     cache: the global layers hold ceil(kv_tokens / page_size) pages of
+//     `page_size` positions shared by the slots (sliding-window layers keep
+//     one ring per slot), so the KV is planned for a declared number of
+//     concurrent tokens rather than slots x context,
 //   - the logits head for one row per slot,
 //   - a capture budget of `capture_bytes` host bytes for the hidden states
 //     requests ask for.
@@ -15,6 +19,8 @@
 // free:
 //   - one KV slot (a request's prompt must fit the context; generation stops
 //     when the context is full, stop_reason "context"),
+//   - with a paged cache, PagesFor(min(prompt + max_new_tokens, context))
+//     free KV pages, reserved at admission and freed when it finishes,
 //   - its capture bytes: rows x sum of hook widths x 4 (rows = 1 for the
 //     last row; for every row: prompt + max_new_tokens - 1, at most the
 //     context, as the last generated token is never fed).
@@ -23,17 +29,19 @@
 // overtaken forever by small ones); past that Submit returns
 // ResourceExhausted (the server's 503 + Retry-After). A request that could
 // never fit (prompt longer than the context, captures larger than the whole
-// budget) is refused at Submit with OutOfRange naming both numbers.
+// budget, more KV pages than the whole pool) is refused at Submit with
+// OutOfRange naming both numbers.
 //
 // Scheduling, one forward per iteration of the scheduler thread:
-//   1. admit queued requests while a slot and their capture bytes are free;
+//   1. admit queued requests while a slot, their KV pages and their capture
+//      bytes are free;
 //   2. one token for every sequence that is decoding;
 //   3. prefill chunks (at most `prefill_chunk` tokens each) of sequences still
 //      reading their prompt, in admission order, while the forward's token
 //      budget lasts;
 //   4. the forward with the KV cache, then one token selected per sequence
-//      whose prompt is complete; finished sequences free their slot and
-//      capture bytes before the next iteration.
+//      whose prompt is complete; finished sequences free their slot, pages
+//      and capture bytes before the next iteration.
 // A prompt longer than a chunk is prefilled over several forwards carrying
 // the KV cache: its hidden states equal a one-pass forward's to f32 round-off
 // (docs/design/generation.md), unlike TheLoom's independent chunks.
@@ -73,6 +81,10 @@ struct EngineOptions {
   int64_t batch_tokens = 0;     // tokens per forward; 0 = chunk + slots
   int64_t capture_bytes = 256 << 20;  // hidden states of in-flight requests
   int64_t max_queue = 256;            // requests waiting for admission
+  // KV positions of the global layers shared by all slots (a paged cache of
+  // ceil(kv_tokens / page_size) pages); 0 = slots x context, contiguous.
+  int64_t kv_tokens = 0;
+  int64_t page_size = 16;  // positions per KV page (kv_tokens > 0)
   // Hooks capturable besides TheLoom's hidden-state layers (every
   // blocks.K.hook_resid_pre and ln_final.hook_normalized): extract patterns
   // such as "blocks.*.hook_mlp_out".
@@ -153,11 +165,13 @@ struct EngineMemory {
   int64_t weights = 0;  // the model's weights (mapped checkpoint and any
                         // converted copy)
   int64_t arenas = 0;   // executor activations + workspace + logits
-  int64_t kv = 0;       // KV cache (slots x context) + its workspace
+  int64_t kv = 0;       // KV cache (slots x context, or the page pool and
+                        // the window rings) + its workspace
   int64_t head = 0;     // logits head (one row per slot)
   int64_t capture = 0;  // capture budget
   int64_t planned() const { return weights + arenas + kv + head + capture; }
-  // In use: KV of the occupied slots, captures reserved.
+  // In use: KV of the occupied slots (paged: the reserved pages plus the
+  // window rings of the occupied slots), captures reserved.
   int64_t kv_used = 0;
   int64_t capture_used = 0;
 };
@@ -213,6 +227,8 @@ class Engine {
   void Admit();
   void Finish(Seq& s, Status status);
   int64_t CaptureNeed(const GenRequest& r) const;
+  // KV pages a request reserves (0 without paging).
+  int64_t PagesNeed(const GenRequest& r) const;
   int64_t WidthOf(const HookPoint& hook) const;
   // Text of generated ids (scheduler thread only).
   StatusOr<std::string> DecodeText(const std::vector<int32_t>& ids);
@@ -239,6 +255,7 @@ class Engine {
   // Scheduler-thread state.
   std::vector<std::unique_ptr<Seq>> active_;
   std::vector<int64_t> free_slots_;
+  int64_t pages_reserved_ = 0;  // guarded by mu_ (Memory reads it)
   std::unique_ptr<eval::SamplingScratch> scratch_;
   std::vector<int32_t> ids_, decode_ids_;
   std::vector<int64_t> seq_start_, slot_, pos0_;

@@ -226,6 +226,66 @@ TEST(ServeEngineTest, AdmissionRefusesWhatCanNeverFitAndQueuesTheRest) {
   EXPECT_EQ(e.Memory().kv_used, 0);
 }
 
+// A paged cache of 8 pages of 8 positions for 4 slots of 96: concurrent
+// requests wait for pages as well as slots, and every one gets the tokens of
+// the contiguous engine; a request needing more pages than the pool is
+// refused at Submit; kv_used returns to 0.
+TEST(ServeEngineTest, PagedKvWaitsForPagesAndEqualsContiguous) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 4;
+  o.context = 96;
+  o.prefill_chunk = 7;
+  auto flat = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(flat.ok()) << flat.status().ToString();
+  o.kv_tokens = 64;
+  o.page_size = 8;
+  auto paged = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(paged.ok()) << paged.status().ToString();
+  Engine& e = **paged;
+  EXPECT_LT(e.Memory().kv, (*flat)->Memory().kv);
+  const int64_t V = e.model().config().vocab_size;
+
+  GenRequest huge;  // min(60 + 20, 96) = 80 positions: 10 pages > 8
+  huge.prompt = RandomPrompt(60, V, 7);
+  huge.max_new_tokens = 20;
+  auto refused = e.Submit(huge);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(refused.status().message().find("10 KV pages"), std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("server's 8"), std::string::npos)
+      << refused.status().message();
+
+  std::vector<GenRequest> requests;
+  for (int i = 0; i < 8; ++i) {  // 2 to 6 pages each
+    GenRequest r;
+    r.prompt = RandomPrompt(3 + 4 * i, V, 200 + i);
+    r.max_new_tokens = 8 + static_cast<int64_t>(i % 4) * 3;
+    requests.push_back(r);
+  }
+  std::vector<std::shared_ptr<Ticket>> got, want;
+  for (const GenRequest& r : requests) {
+    auto t = e.Submit(r);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    got.push_back(*t);
+    auto w = (*flat)->Submit(r);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    want.push_back(*w);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto g = got[i]->Wait();
+    auto w = want[i]->Wait();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(g->token_ids, w->token_ids) << "request " << i;
+    EXPECT_EQ(g->stop_reason, w->stop_reason) << "request " << i;
+  }
+  EXPECT_EQ(e.Stats().requests_completed, 8);
+  EXPECT_EQ(e.Memory().kv_used, 0);
+  EXPECT_EQ((*flat)->Memory().kv_used, 0);
+}
+
 TEST(ServeEngineTest, CancelFreesTheSlot) {
   EngineOptions o;
   o.precision = Precision::kF32;

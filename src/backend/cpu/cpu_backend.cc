@@ -210,11 +210,39 @@ Status CpuBackend::Attention(const AttentionOp& op) {
       const int64_t end =
           op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
       const bool ring = op.window > 0 && op.window <= op.kv_capacity;
-      if (op.q_pos0[s] < 0 || (end > op.kv_capacity && !ring))
-        return OutOfRangeError(
-            "cpu backend: kv attention of sequence " + std::to_string(s) +
-            " reaches position " + std::to_string(end) + " of a cache of " +
-            std::to_string(op.kv_capacity) + " positions");
+      if (op.q_pos0[s] < 0 ||
+          (end > op.kv_capacity && (!ring || op.kv_page_size > 0)))
+        return OutOfRangeError("cpu backend: kv attention of sequence " +
+                               std::to_string(s) + " reaches position " +
+                               std::to_string(end) + " of a cache of " +
+                               std::to_string(op.kv_capacity) + " positions");
+    }
+    if (op.kv_page_size > 0) {
+      if (op.kv_page_table == nullptr || op.kv_pages_per_seq <= 0 ||
+          op.kv_num_pages <= 0 ||
+          op.kv_capacity > op.kv_pages_per_seq * op.kv_page_size)
+        return InvalidArgumentError(
+            "cpu backend: paged kv attention needs a page table of "
+            "kv_pages_per_seq >= kv_capacity / kv_page_size pages per "
+            "sequence and kv_num_pages > 0");
+      for (int64_t s = 0; s < op.num_seqs; ++s) {
+        const int64_t end =
+            op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
+        const int64_t pages = (end + op.kv_page_size - 1) / op.kv_page_size;
+        for (int64_t i = 0; i < pages; ++i) {
+          const int32_t page = op.kv_page_table[s * op.kv_pages_per_seq + i];
+          if (page < 0 || page >= op.kv_num_pages)
+            return OutOfRangeError(
+                "cpu backend: kv attention of sequence " + std::to_string(s) +
+                " reaches position " + std::to_string(end) + " but entry " +
+                std::to_string(i) + " of its page table is " +
+                std::to_string(page) + ", not a page of [0, " +
+                std::to_string(op.kv_num_pages) + ")");
+        }
+      }
+      a.kv_page_table = op.kv_page_table;
+      a.kv_pages_per_seq = op.kv_pages_per_seq;
+      a.kv_page_size = op.kv_page_size;
     }
     a.k_cache = op.k_cache;
     a.v_cache = op.v_cache;

@@ -2,14 +2,13 @@
 // choice between the AVX-512 and portable per-row kernels (made once).
 #include "src/backend/cpu/kernels.h"
 
-#include <limits>
-
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 #include "src/backend/cpu/kernels_internal.h"
@@ -195,7 +194,11 @@ namespace {
 // rows and the new rows are laid out in position order (the new rows are
 // stored into the ring after the attention, so no row a new query needs is
 // overwritten before it is read). The tiles are the plain path's, at the new
-// queries' positions, so masking and arithmetic are the same.
+// queries' positions, so masking and arithmetic are the same. A paged cache
+// (kv_page_size > 0) always goes through the panel: the new rows are stored
+// into their pages, then the visible rows are gathered from the pages in
+// position order (bit-identical to the contiguous layout: same tiles over
+// the same values).
 void KvAttention(const AttentionArgs& a) {
   LOOM_CHECK(a.v_cache != nullptr && a.kv_slot != nullptr &&
              a.q_pos0 != nullptr && a.kv_capacity > 0);
@@ -204,6 +207,9 @@ void KvAttention(const AttentionArgs& a) {
   const int64_t d = a.head_dim;
   const int64_t kvd = a.kv_heads * d;
   const int64_t cap = a.kv_capacity;
+  const bool paged = a.kv_page_size > 0;
+  LOOM_CHECK(!paged || (a.kv_page_table != nullptr &&
+                        a.kv_pages_per_seq * a.kv_page_size >= cap));
   constexpr int64_t B = kAttnBlock;
   const int64_t z_rs = a.q_heads * d;
   // The panel rows and the longest key run of this call.
@@ -214,7 +220,11 @@ void KvAttention(const AttentionArgs& a) {
     LOOM_CHECK(len >= 0 && p0 >= 0);
     const int64_t lo =
         a.window > 0 ? std::max<int64_t>(0, p0 - a.window + 1) : 0;
-    if (end > cap) {
+    if (paged) {
+      LOOM_CHECK(end <= cap) << "paged kv cache of " << cap
+                             << " positions, sequence ends at " << end;
+      panel_rows = std::max(panel_rows, end - lo);
+    } else if (end > cap) {
       LOOM_CHECK(a.window > 0 && a.window <= cap)
           << "kv cache of " << cap << " positions, sequence ends at " << end;
       panel_rows = std::max(panel_rows, end - lo);
@@ -275,7 +285,13 @@ void KvAttention(const AttentionArgs& a) {
     tile_fn(t);
   };
   auto direct = [&](int64_t s) {
-    return a.q_pos0[s] + a.seq_start[s + 1] - a.seq_start[s] <= cap;
+    return !paged && a.q_pos0[s] + a.seq_start[s + 1] - a.seq_start[s] <= cap;
+  };
+  // Row of position p of sequence s in a paged cache.
+  auto page_row = [&](int64_t s, int64_t p) {
+    const int64_t page =
+        a.kv_page_table[s * a.kv_pages_per_seq + p / a.kv_page_size];
+    return page * a.kv_page_size + p % a.kv_page_size;
   };
   // Sequences whose positions fit the cache unwrapped: store, then attend.
   bool any_direct = false;
@@ -304,22 +320,47 @@ void KvAttention(const AttentionArgs& a) {
       }
     }
   }
-  // Ring sequences, one at a time: unroll into the panel, attend, store.
+  // Ring and paged sequences, one at a time: unroll into the panel, attend
+  // (a ring stores its new rows after that; pages are never overwritten, so
+  // a paged sequence stores them first and gathers every visible row from
+  // its pages).
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     if (direct(s)) continue;
     const int64_t t0 = a.seq_start[s], len = a.seq_start[s + 1] - t0;
     const int64_t p0 = a.q_pos0[s];
-    const int64_t lo = std::max<int64_t>(0, p0 - a.window + 1);
-    float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
-    float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
-    for (int64_t j = lo; j < p0; ++j) {
-      std::memcpy(panel_k + (j - lo) * kvd, kc + (j % cap) * kvd,
-                  sizeof(float) * kvd);
-      std::memcpy(panel_v + (j - lo) * kvd, vc + (j % cap) * kvd,
-                  sizeof(float) * kvd);
+    const int64_t lo =
+        a.window > 0 ? std::max<int64_t>(0, p0 - a.window + 1) : 0;
+    if (paged) {
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t row = page_row(s, p0 + i);
+        std::memcpy(a.k_cache + row * kvd, a.k + (t0 + i) * a.k_rs,
+                    sizeof(float) * kvd);
+        std::memcpy(a.v_cache + row * kvd, a.v + (t0 + i) * a.v_rs,
+                    sizeof(float) * kvd);
+      }
+      // [lo, p0 + len) in position order, a page's run at a time.
+      for (int64_t j = lo; j < p0 + len;) {
+        const int64_t run =
+            std::min(a.kv_page_size - j % a.kv_page_size, p0 + len - j);
+        const int64_t row = page_row(s, j);
+        std::memcpy(panel_k + (j - lo) * kvd, a.k_cache + row * kvd,
+                    sizeof(float) * kvd * run);
+        std::memcpy(panel_v + (j - lo) * kvd, a.v_cache + row * kvd,
+                    sizeof(float) * kvd * run);
+        j += run;
+      }
+    } else {
+      float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
+      float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
+      for (int64_t j = lo; j < p0; ++j) {
+        std::memcpy(panel_k + (j - lo) * kvd, kc + (j % cap) * kvd,
+                    sizeof(float) * kvd);
+        std::memcpy(panel_v + (j - lo) * kvd, vc + (j % cap) * kvd,
+                    sizeof(float) * kvd);
+      }
+      copy_rows(a.k + t0 * a.k_rs, a.k_rs, panel_k + (p0 - lo) * kvd, len);
+      copy_rows(a.v + t0 * a.v_rs, a.v_rs, panel_v + (p0 - lo) * kvd, len);
     }
-    copy_rows(a.k + t0 * a.k_rs, a.k_rs, panel_k + (p0 - lo) * kvd, len);
-    copy_rows(a.v + t0 * a.v_rs, a.v_rs, panel_v + (p0 - lo) * kvd, len);
     const int64_t nb = (len + B - 1) / B;
 #pragma omp parallel num_threads(nt)
     {
@@ -329,7 +370,10 @@ void KvAttention(const AttentionArgs& a) {
       for (int64_t item = 0; item < nb * a.q_heads; ++item)
         run_tile(s, item, panel_k, panel_v, lo, scratch);
     }
+    if (paged) continue;
     // Only the last `cap` new rows survive in the ring.
+    float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
+    float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
     for (int64_t i = std::max<int64_t>(0, len - cap); i < len; ++i) {
       const int64_t row = (p0 + i) % cap;
       std::memcpy(kc + row * kvd, a.k + (t0 + i) * a.k_rs,

@@ -206,6 +206,15 @@ struct AttentionArgs {
   int64_t kv_capacity = 0;
   const int64_t* kv_slot = nullptr;  // [num_seqs]
   const int64_t* q_pos0 = nullptr;   // [num_seqs]
+  // Paged cache (kv_page_size > 0, AttentionOp::kv_page_table): k_cache /
+  // v_cache [num_pages, kv_page_size, kv_heads * head_dim]; position p of
+  // sequence s at row kv_page_table[s * kv_pages_per_seq + p / kv_page_size]
+  // * kv_page_size + p % kv_page_size. The new rows are stored into their
+  // pages, then the visible keys are gathered in position order into the
+  // workspace panel and the same tiles run over it.
+  const int32_t* kv_page_table = nullptr;  // [num_seqs, kv_pages_per_seq]
+  int64_t kv_pages_per_seq = 0;
+  int64_t kv_page_size = 0;
 };
 // Workspace for sequences of up to max_seq_len tokens on num_threads threads:
 // O(64 x max_seq_len) floats per thread (query tiles of 64 rows; see

@@ -636,8 +636,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
 // kernel runs the same tiles at the same positions, so bit for bit. Sliding
 // windows use a ring of `window` positions (chunks longer than the ring
 // included); the reference does the same in double.
-TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
-  const auto [d, ratio, window, softcap, sinks] = GetParam();
+// Chunked attention over a KV cache (page_size 0: the contiguous [slots,
+// cap, kvd] layout; else a paged pool whose pages are handed to the two
+// sequences in a scrambled order) against the one-pass kernel, bitwise.
+void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
+                          float softcap, bool sinks, int64_t page_size) {
   const int64_t kv_heads = 2, q_heads = kv_heads * ratio, kvd = kv_heads * d;
   // Two sequences in slots 2 and 0 of a 3-slot cache.
   const std::vector<int64_t> lens = {300, 45};
@@ -676,8 +679,25 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
   a.z = full_ref.data();
   ref::Attention(a);
 
-  // [slots, cap, kvd] caches of the kernel and of the reference.
-  std::vector<float> kc(num_slots * cap * kvd), vc(kc.size());
+  // Paged: a pool of pages (more than the two sequences need), assigned in
+  // a scrambled order; table[slot] lists a slot's pages.
+  const int64_t pages_per_seq =
+      page_size > 0 ? (context + page_size - 1) / page_size : 0;
+  const int64_t num_pages = 2 * pages_per_seq + 3;
+  std::vector<std::vector<int32_t>> table(num_slots);
+  if (page_size > 0) {
+    std::vector<int32_t> perm(num_pages);
+    for (int64_t i = 0; i < num_pages; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(1234));
+    for (size_t s = 0; s < slots.size(); ++s)
+      table[slots[s]].assign(perm.begin() + s * pages_per_seq,
+                             perm.begin() + (s + 1) * pages_per_seq);
+  }
+  // [slots, cap, kvd] caches of the kernel and of the reference (paged:
+  // [num_pages, page_size, kvd]).
+  const int64_t cache_rows =
+      page_size > 0 ? num_pages * page_size : num_slots * cap;
+  std::vector<float> kc(cache_rows * kvd), vc(kc.size());
   std::vector<float> kc_ref(kc.size()), vc_ref(kc.size());
   std::vector<float> got(T * q_heads * d), got_ref(T * q_heads * d);
   // Chunk sizes, cycled per sequence until it is consumed.
@@ -710,6 +730,16 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
     c.seq_start = sub.data();
     c.num_seqs = static_cast<int64_t>(sub_slot.size());
     c.kv_capacity = cap;
+    std::vector<int32_t> step_table;  // [S, pages_per_seq]
+    if (page_size > 0) {
+      for (int64_t slot : sub_slot)
+        step_table.insert(step_table.end(), table[slot].begin(),
+                          table[slot].end());
+      c.kv_capacity = context;
+      c.kv_page_table = step_table.data();
+      c.kv_pages_per_seq = pages_per_seq;
+      c.kv_page_size = page_size;
+    }
     c.kv_slot = sub_slot.data();
     c.q_pos0 = p0.data();
     c.k_cache = kc.data(), c.v_cache = vc.data();
@@ -730,13 +760,30 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
   }
   const std::string name = "kv attention d=" + std::to_string(d) +
                            " ratio=" + std::to_string(ratio) +
-                           " window=" + std::to_string(window);
+                           " window=" + std::to_string(window) +
+                           " page_size=" + std::to_string(page_size);
   ExpectBitwise(name + " vs one pass", got.data(), full.data(),
                 static_cast<int64_t>(got.size()) * 4);
   // The two double-precision references differ only in f64 round-off.
   std::vector<double> tol(got.size(), 1e-9);
   ExpectNear(name + " reference", got_ref.data(), full_ref.data(), tol,
              static_cast<int64_t>(got.size()));
+}
+
+TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
+  const auto [d, ratio, window, softcap, sinks] = GetParam();
+  KvChunksEqualOnePass(d, ratio, window, softcap, sinks, /*page_size=*/0);
+}
+
+// A paged cache (pages in a scrambled order; page sizes that do and do not
+// divide the chunks and blocks) gives the one-pass z bitwise too. Window
+// cases run the paged layer with the window (the kernel's gather honours it)
+// and, in the same steps, a ring cache is what KvCacheChunksEqualOnePass
+// checks.
+TEST_P(AttentionTest, PagedKvCacheChunksEqualOnePass) {
+  const auto [d, ratio, window, softcap, sinks] = GetParam();
+  for (int64_t page_size : {1, 7, 16, 64})
+    KvChunksEqualOnePass(d, ratio, window, softcap, sinks, page_size);
 }
 
 // Exact math: with q = 0 every visible score is 0, so each of the n visible
@@ -940,7 +987,8 @@ TEST(Elementwise, GatherExact) {
   }
 }
 
-// ---- Row operations -----------------------------------------------------------
+// ---- Row operations
+// -----------------------------------------------------------
 
 TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
   for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{129}}) {

@@ -206,16 +206,24 @@ void KvAttention(const AttentionArgs& a) {
     const int64_t t0 = a.seq_start[s];
     const int64_t len = a.seq_start[s + 1] - t0;
     const int64_t p0 = a.q_pos0[s];
-    const float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;
-    const float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;
+    // Cache row of position j of this sequence: its page's row when paged,
+    // else row j % cap of the slot.
+    auto cache_row = [&](int64_t j) -> int64_t {
+      if (a.kv_page_size > 0)
+        return int64_t{a.kv_page_table[s * a.kv_pages_per_seq +
+                                       j / a.kv_page_size]} *
+                   a.kv_page_size +
+               j % a.kv_page_size;
+      return a.kv_slot[s] * cap + j % cap;
+    };
     // Key / value row of position j (kv head kvh) for this sequence.
     auto key = [&](int64_t j, int64_t kvh) {
       return j >= p0 ? a.k + (t0 + j - p0) * a.k_rs + kvh * d
-                     : kc + (j % cap) * kvd + kvh * d;
+                     : a.k_cache + cache_row(j) * kvd + kvh * d;
     };
     auto value = [&](int64_t j, int64_t kvh) {
       return j >= p0 ? a.v + (t0 + j - p0) * a.v_rs + kvh * d
-                     : vc + (j % cap) * kvd + kvh * d;
+                     : a.v_cache + cache_row(j) * kvd + kvh * d;
     };
     for (int64_t h = 0; h < a.q_heads; ++h) {
       const int64_t kvh = h / group;
@@ -252,7 +260,7 @@ void KvAttention(const AttentionArgs& a) {
       }
     }
     for (int64_t i = 0; i < len; ++i) {
-      const int64_t row = a.kv_slot[s] * cap + (p0 + i) % cap;
+      const int64_t row = cache_row(p0 + i);
       std::memcpy(a.k_cache + row * kvd, a.k + (t0 + i) * a.k_rs,
                   sizeof(float) * kvd);
       std::memcpy(a.v_cache + row * kvd, a.v + (t0 + i) * a.v_rs,

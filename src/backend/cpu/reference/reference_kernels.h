@@ -46,7 +46,8 @@ void Attention(const AttentionArgs& args);
 // Naive attention over a KV cache (args.k_cache set): for each new query at
 // position p = q_pos0[s] + i, the keys at positions [0, p] (window applied)
 // are taken from the new rows (positions >= q_pos0[s]) or from the cache row
-// j % kv_capacity of the slot, in double; then every new row is stored into
+// j % kv_capacity of the slot (paged: row page_table[j / page_size] *
+// page_size + j % page_size), in double; then every new row is stored into
 // the cache in position order.
 void KvAttention(const AttentionArgs& args);
 
