@@ -142,6 +142,8 @@ const std::vector<Field>& Fields() {
       {LOOM_SERVE_FIELD(batching, context), Rule().Min(0)},
       {LOOM_SERVE_FIELD(batching, batch_tokens), Rule().Min(0)},
       {LOOM_SERVE_FIELD(batching, capture_bytes), Rule().Min(1).Bytes()},
+      {LOOM_SERVE_FIELD(batching, kv_tokens), Rule().Min(0)},
+      {LOOM_SERVE_FIELD(batching, page_size), Rule().Min(0)},
       {LOOM_SERVE_FIELD(logging, level),
        Rule().Choices({"debug", "info", "warning", "error"}).FoldCase()},
       {LOOM_SERVE_FIELD(logging, file), Rule().Nullable()},
@@ -836,6 +838,11 @@ Status ValidateServeConfig(const ServeConfig& config) {
         "gpu.default_device: expected -1 (the CPU) or one of gpu.devices " +
         ListOfInts(gpu.devices) + ", found " +
         std::to_string(gpu.default_device));
+  }
+  if (config.batching.kv_tokens > 0 && config.batching.page_size == 0) {
+    return InvalidArgumentError(
+        "batching.kv_tokens: " + std::to_string(config.batching.kv_tokens) +
+        " KV tokens need pages, but batching.page_size is 0");
   }
   const ModelsSection& models = config.models;
   if (static_cast<int64_t>(models.preload.size()) > models.max_loaded) {

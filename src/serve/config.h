@@ -48,6 +48,8 @@
 //     context: 0               # 0 = min(2048, the model's maximum)
 //     batch_tokens: 0          # 0 = memory.streaming_chunk_size + slots
 //     capture_bytes: 256MiB
+//     kv_tokens: 0         # default; KV positions shared by all sequences
+//     page_size: 16        # default; positions per KV page (0 = no pages)
 //   logging:
 //     level: info              # debug | info | warning | error, any case
 //     file: ""                 # "" or null: standard error
@@ -148,6 +150,12 @@ struct BatchingSection {
   int64_t batch_tokens = 0;
   // Host bytes for captured hidden states of in-flight requests; > 0.
   int64_t capture_bytes = 256 << 20;
+  // KV positions of the global layers shared by all sequences (pages of
+  // page_size positions); 0 = slots x context. >= 0.
+  int64_t kv_tokens = 0;
+  // Positions per KV page; 0 = no pages (each slot holds `context`
+  // positions; kv_tokens must then be 0). >= 0.
+  int64_t page_size = 16;
 };
 
 struct LoggingSection {

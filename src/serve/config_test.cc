@@ -59,6 +59,8 @@ void ExpectDefaults(const ServeConfig& c) {
   EXPECT_EQ(c.batching.context, 0);
   EXPECT_EQ(c.batching.batch_tokens, 0);
   EXPECT_EQ(c.batching.capture_bytes, 256 << 20);
+  EXPECT_EQ(c.batching.kv_tokens, 0);
+  EXPECT_EQ(c.batching.page_size, 16);
   EXPECT_EQ(c.logging.level, "info");
   EXPECT_EQ(c.logging.file, "");
   EXPECT_EQ(c.logging.format, "");
@@ -116,6 +118,8 @@ batching:
   context: 1024
   batch_tokens: 300
   capture_bytes: 1048576
+  kv_tokens: 4096
+  page_size: 32
 logging:
   level: WARNING
   file: serve.log
@@ -162,6 +166,8 @@ TEST(ServeConfigTest, FullExampleSetsEveryKey) {
   EXPECT_EQ(c.batching.context, 1024);
   EXPECT_EQ(c.batching.batch_tokens, 300);
   EXPECT_EQ(c.batching.capture_bytes, 1 << 20);
+  EXPECT_EQ(c.batching.kv_tokens, 4096);
+  EXPECT_EQ(c.batching.page_size, 32);
   EXPECT_EQ(c.logging.level, "warning");  // any case, stored lower case
   EXPECT_EQ(c.logging.file, "serve.log");
   EXPECT_EQ(c.logging.format, "json");
@@ -211,7 +217,7 @@ TEST(ServeConfigTest, ToJsonHasEverySectionAndKeyAndHidesTheToken) {
   EXPECT_EQ(d["server"]["auth_token"], "");  // nothing to hide
   const std::vector<std::pair<std::string, size_t>> sizes = {
       {"server", 13}, {"gpu", 3},      {"models", 4}, {"hidden_states", 2},
-      {"memory", 4},  {"batching", 4}, {"logging", 3}};
+      {"memory", 4},  {"batching", 6}, {"logging", 3}};
   for (const auto& [section, keys] : sizes) {
     ASSERT_TRUE(d.contains(section)) << section;
     EXPECT_EQ(d[section].size(), keys) << section;
@@ -343,6 +349,10 @@ TEST(ServeConfigTest, RelationsBetweenKeysAreChecked) {
   EXPECT_CONTAINS(ParseError("models:\n  preload: [a, b]\n  max_loaded: 1\n"),
                   "models.preload: 2 models to load at start, more than "
                   "models.max_loaded (1)");
+  EXPECT_CONTAINS(
+      ParseError("batching:\n  kv_tokens: 4096\n  page_size: 0\n"),
+      "batching.kv_tokens: 4096 KV tokens need pages, but batching.page_size "
+      "is 0");
 }
 
 TEST(ServeConfigTest, MalformedYamlNamesLineAndColumn) {

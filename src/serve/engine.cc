@@ -157,16 +157,23 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
   for (const HookPoint& h : e->capturable_.hooks())
     if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
   go.backend = e->backend_.get();
-  if (options.kv_tokens < 0 ||
-      (options.kv_tokens > 0 && options.page_size <= 0))
-    return InvalidArgumentError("kv_tokens (" +
-                                std::to_string(options.kv_tokens) +
-                                ") must be >= 0 and page_size (" +
-                                std::to_string(options.page_size) + ") > 0");
-  if (options.kv_tokens > 0)
-    go.paging = {
-        options.page_size,
-        (options.kv_tokens + options.page_size - 1) / options.page_size};
+  if (options.kv_tokens < 0 || options.page_size < 0 ||
+      (options.kv_tokens > 0 && options.page_size == 0))
+    return InvalidArgumentError(
+        "kv_tokens (" + std::to_string(options.kv_tokens) +
+        ") must be >= 0 and page_size (" + std::to_string(options.page_size) +
+        ") >= 0, and > 0 when kv_tokens is given");
+  if (options.page_size > 0) {
+    // The same default context as the generator's.
+    const int64_t context =
+        options.context > 0
+            ? options.context
+            : std::min<int64_t>(2048, c.max_position_embeddings);
+    const int64_t tokens =
+        options.kv_tokens > 0 ? options.kv_tokens : options.slots * context;
+    go.paging = {options.page_size,
+                 (tokens + options.page_size - 1) / options.page_size};
+  }
   ASSIGN_OR_RETURN(e->gen_, eval::Generator::Create(*e->model_, go));
   e->context_ = e->gen_->context();
   e->sink_ = std::make_unique<CaptureSink>();

@@ -5,12 +5,13 @@
 // At Create the engine builds, once, everything a forward touches:
 //   - the executor's arenas for `batch_tokens` tokens per forward (prefill
 //     chunks and decode tokens packed together, no padding),
-//   - the KV cache: `slots` sequences x `context` positions (the planner's
-//     kv term, src/plan/kv_layout.h), or, with `kv_tokens` > 0, a paged
-//     cache: the global layers hold ceil(kv_tokens / page_size) pages of
-//     `page_size` positions shared by the slots (sliding-window layers keep
-//     one ring per slot), so the KV is planned for a declared number of
-//     concurrent tokens rather than slots x context,
+//   - the KV cache (the planner's kv term, src/plan/kv_layout.h): by
+//     default paged: the global layers hold ceil(kv_tokens / page_size)
+//     pages of `page_size` positions shared by the slots (sliding-window
+//     layers keep one ring per slot), so the KV is planned for a declared
+//     number of concurrent tokens (kv_tokens; 0 = slots x context) and a
+//     request holds only the pages it needs; with page_size 0, every slot
+//     holds `context` positions of its own,
 //   - the logits head for one row per slot,
 //   - a capture budget of `capture_bytes` host bytes for the hidden states
 //     requests ask for.
@@ -81,10 +82,12 @@ struct EngineOptions {
   int64_t batch_tokens = 0;     // tokens per forward; 0 = chunk + slots
   int64_t capture_bytes = 256 << 20;  // hidden states of in-flight requests
   int64_t max_queue = 256;            // requests waiting for admission
-  // KV positions of the global layers shared by all slots (a paged cache of
-  // ceil(kv_tokens / page_size) pages); 0 = slots x context, contiguous.
+  // KV positions of the global layers shared by all slots: a paged cache of
+  // ceil(kv_tokens / page_size) pages; 0 = slots x context.
   int64_t kv_tokens = 0;
-  int64_t page_size = 16;  // positions per KV page (kv_tokens > 0)
+  // Positions per KV page; 0 = no pages: every slot holds `context`
+  // positions of its own (kv_tokens must then be 0).
+  int64_t page_size = 16;
   // Hooks capturable besides TheLoom's hidden-state layers (every
   // blocks.K.hook_resid_pre and ln_final.hook_normalized): extract patterns
   // such as "blocks.*.hook_mlp_out".

@@ -236,6 +236,7 @@ TEST(ServeEngineTest, PagedKvWaitsForPagesAndEqualsContiguous) {
   o.slots = 4;
   o.context = 96;
   o.prefill_chunk = 7;
+  o.page_size = 0;  // contiguous: every slot holds its 96 positions
   auto flat = Engine::Create("stories", Stories(), o);
   ASSERT_TRUE(flat.ok()) << flat.status().ToString();
   o.kv_tokens = 64;

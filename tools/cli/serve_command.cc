@@ -105,6 +105,8 @@ Status RunServe(const ServeArgs& args) {
   o.engine.prefill_chunk = config.memory.streaming_chunk_size;
   o.engine.batch_tokens = config.batching.batch_tokens;
   o.engine.capture_bytes = config.batching.capture_bytes;
+  o.engine.kv_tokens = config.batching.kv_tokens;
+  o.engine.page_size = config.batching.page_size;
   o.engine.max_queue = config.server.max_queue;
   o.engine.extra_hooks = config.memory.activation_cache_filter;
   o.engine.threads = args.threads;
