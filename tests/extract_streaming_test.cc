@@ -135,22 +135,8 @@ double ExpectClose(const std::string& got, const std::string& want) {
   return worst;
 }
 
-class ExtractStreamingTest : public ::testing::Test {
+class ExtractStreamingTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("loom_streaming_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string Path(const std::string& name) const {
-    return (dir_ / name).string();
-  }
-  void WriteFile(const std::string& name, const std::string& content) {
-    std::ofstream(Path(name), std::ios::binary) << content;
-  }
   // Every file of job `a` equals job `b`'s, byte for byte.
   void ExpectSameFiles(const std::string& a, const std::string& b,
                        bool manifest = true) {
@@ -163,7 +149,6 @@ class ExtractStreamingTest : public ::testing::Test {
     }
     EXPECT_GT(n, 3);
   }
-  fs::path dir_;
 };
 
 // stories260K (5 layers, 512 positions): rows of 65..500 tokens with

@@ -28,22 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
 
-class ExtractTest : public ::testing::Test {
+class ExtractTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("loom_extract_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string Path(const std::string& name) const {
-    return (dir_ / name).string();
-  }
-  void WriteFile(const std::string& name, const std::string& content) {
-    std::ofstream(Path(name), std::ios::binary) << content;
-  }
   std::vector<float> ReadF32(const std::string& path,
                              std::vector<int64_t>* shape = nullptr) {
     auto a = ReadNpy(path);
@@ -54,7 +40,6 @@ class ExtractTest : public ::testing::Test {
     std::memcpy(v.data(), a->data.data(), v.size() * 4);
     return v;
   }
-  fs::path dir_;
 };
 
 std::string Slurp(const std::string& path) {

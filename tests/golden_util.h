@@ -4,8 +4,12 @@
 #ifndef LOOM_TESTS_GOLDEN_UTIL_H_
 #define LOOM_TESTS_GOLDEN_UTIL_H_
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -67,6 +71,27 @@ CompareResult Compare(const float* actual, const float* expected, int64_t n,
 // log_softmax(logits[t])[ids[t+1]] for t = 0..T-2, in double.
 std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V,
                                 const int32_t* ids);
+
+// A fixture with a fresh directory per test, named after the process and
+// the test, removed afterwards; Path() and WriteFile() work inside it.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("loom_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const {
+    return (dir_ / name).string();
+  }
+  void WriteFile(const std::string& name, const std::string& content) {
+    std::ofstream(Path(name), std::ios::binary) << content;
+  }
+  std::filesystem::path dir_;
+};
 
 }  // namespace loom::testing
 

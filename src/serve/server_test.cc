@@ -212,16 +212,13 @@ TEST(ServeHttpTest, HiddenStatesEqualLoomExtract) {
   eo.precision = Precision::kF32;
   auto sum = RunExtract(eo);
   ASSERT_TRUE(sum.ok()) << sum.status().ToString();
-  ServerOptions unused;
-  (void)unused;
+  const json request = {{"prompt", prompt},
+                        {"max_tokens", 0},
+                        {"hooks", eo.hooks},
+                        {"select", eo.selectors},
+                        {"hidden_state_format", "base64"}};
   int status = 0;
-  json g = Post(c, "/generate",
-                {{"prompt", prompt},
-                 {"max_tokens", 0},
-                 {"hooks", eo.hooks},
-                 {"select", eo.selectors},
-                 {"hidden_state_format", "base64"}},
-                &status);
+  json g = Post(c, "/generate", request, &status);
   // blocks.4.hook_mlp_out is not capturable without activation_cache_filter.
   EXPECT_EQ(status, 400) << g.dump();
   EXPECT_NE(g["detail"].get<std::string>().find("blocks.4.hook_mlp_out"),
@@ -232,13 +229,7 @@ TEST(ServeHttpTest, HiddenStatesEqualLoomExtract) {
   o.engine.extra_hooks = {"blocks.*.hook_mlp_out"};
   Running s2(o);
   auto c2 = s2.Client();
-  g = Post(c2, "/generate",
-           {{"prompt", prompt},
-            {"max_tokens", 0},
-            {"hooks", eo.hooks},
-            {"select", eo.selectors},
-            {"hidden_state_format", "base64"}},
-           &status);
+  g = Post(c2, "/generate", request, &status);
   ASSERT_EQ(status, 200) << g.dump();
   for (const std::string& hook : eo.hooks)
     for (const std::string& sel : {"last", "mean", "all", "pos:0,-2"}) {

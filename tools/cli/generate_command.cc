@@ -44,6 +44,15 @@ struct GenerateArgs {
   int64_t chunk = 256;
 };
 
+eval::SamplingOptions SamplingOf(const GenerateArgs& args) {
+  eval::SamplingOptions s;
+  s.temperature = args.temperature;
+  s.top_k = args.top_k;
+  s.top_p = args.top_p;
+  s.seed = args.seed;
+  return s;
+}
+
 // With --hooks: the serving engine (one slot) captures the hooks at every
 // position fed (the prompt, then each generated token but the last), and the
 // selectors of `loom extract` pick the rows written to the JSON.
@@ -80,10 +89,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   serve::GenRequest r;
   r.prompt = enc.ids;
   r.max_new_tokens = args.max_tokens;
-  r.sampling.temperature = args.temperature;
-  r.sampling.top_k = args.top_k;
-  r.sampling.top_p = args.top_p;
-  r.sampling.seed = args.seed;
+  r.sampling = SamplingOf(args);
   r.stop_strings = args.stop;
   r.stop_ids = engine->stop_ids();
   for (const std::string& p : patterns) {
@@ -130,10 +136,7 @@ Status RunGenerate(const GenerateArgs& args) {
   ASSIGN_OR_RETURN(tok::Encoding enc, tokenizer->Encode(args.prompt, true));
   eval::GenerateOptions o;
   o.max_new_tokens = args.max_tokens;
-  o.sampling.temperature = args.temperature;
-  o.sampling.top_k = args.top_k;
-  o.sampling.top_p = args.top_p;
-  o.sampling.seed = args.seed;
+  o.sampling = SamplingOf(args);
   o.stop_strings = args.stop;
   ASSIGN_OR_RETURN(o.stop_ids, eval::LoadStopIds(*model));
   RETURN_IF_ERROR(eval::ValidateSampling(o.sampling));
