@@ -588,6 +588,9 @@ Status Engine::Step() {
 }
 
 void Engine::Loop() {
+  // OpenMP's thread count is per calling thread: set it on this one, which
+  // runs every forward.
+  backend_->SetNumThreads(options_.threads);
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
