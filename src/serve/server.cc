@@ -124,6 +124,7 @@ class Server::Impl {
   std::mutex load_mu_;    // serializes loads (held while a model loads)
   std::mutex models_mu_;  // guards models_ (never held while loading)
   std::map<std::string, std::shared_ptr<Engine>> models_;
+  std::map<std::string, Clock::time_point> last_used_;  // by model id
   std::atomic<bool> draining_{false};
   std::mutex metrics_mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;  // route, code
@@ -169,7 +170,41 @@ class Server::Impl {
   std::shared_ptr<Engine> Find(const std::string& id) {
     std::lock_guard<std::mutex> lock(models_mu_);
     const auto it = models_.find(id);
-    return it == models_.end() ? nullptr : it->second;
+    if (it == models_.end()) return nullptr;
+    last_used_[id] = Clock::now();
+    return it->second;
+  }
+
+  // Makes room for one more model under models.max_loaded, as TheLoom does:
+  // the least recently used model with nothing queued or running is
+  // unloaded. FailedPrecondition when every loaded model is busy.
+  Status MakeRoom(const std::string& id) {
+    std::shared_ptr<Engine> victim;
+    {
+      std::lock_guard<std::mutex> lock(models_mu_);
+      if (static_cast<int>(models_.size()) < o_.max_loaded) return Status();
+      Clock::time_point oldest = Clock::time_point::max();
+      for (const auto& [name, e] : models_) {
+        const EngineStats st = e->Stats();
+        if (st.active > 0 || st.queued > 0) continue;
+        if (last_used_[name] < oldest) {
+          oldest = last_used_[name];
+          victim = e;
+        }
+      }
+      if (victim == nullptr)
+        return FailedPreconditionError(
+            "cannot load `" + id +
+            "`: models.max_loaded = " + std::to_string(o_.max_loaded) +
+            " models are loaded and every one is busy");
+      models_.erase(victim->id());
+      last_used_.erase(victim->id());
+    }
+    std::fprintf(stderr,
+                 "loom serve: unloading %s (least recently used) to load %s\n",
+                 victim->id().c_str(), id.c_str());
+    victim->Shutdown(true);
+    return Status();
   }
 
   StatusOr<std::shared_ptr<Engine>> Load(const std::string& name) {
@@ -178,14 +213,7 @@ class Server::Impl {
     std::string dir;
     ASSIGN_OR_RETURN(std::string id, Resolve(name, &dir));
     if (auto e = Find(id)) return e;
-    {
-      std::lock_guard<std::mutex> lock(models_mu_);
-      if (static_cast<int>(models_.size()) >= o_.max_loaded)
-        return FailedPreconditionError(
-            "cannot load `" + id + "`: " + std::to_string(models_.size()) +
-            " models are loaded, models.max_loaded = " +
-            std::to_string(o_.max_loaded) + " (DELETE /models/{id} first)");
-    }
+    RETURN_IF_ERROR(MakeRoom(id));
     ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
                      Engine::Create(id, dir, o_.engine));
     // Admission of the model itself: what is planned for every loaded model
@@ -211,6 +239,7 @@ class Server::Impl {
     {
       std::lock_guard<std::mutex> lock(models_mu_);
       models_[id] = shared;
+      last_used_[id] = Clock::now();
       ++models_loaded_total_;
     }
     std::fprintf(stderr, "loom serve: loaded %s from %s (%.2f s)\n", id.c_str(),
@@ -227,6 +256,7 @@ class Server::Impl {
         return NotFoundError("model `" + id + "` is not loaded");
       e = it->second;
       models_.erase(it);
+      last_used_.erase(id);
     }
     e->Shutdown(true);  // in-flight requests finish first
     return Status();

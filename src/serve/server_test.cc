@@ -154,6 +154,42 @@ TEST(ServeHttpTest, HealthModelsLoadUnload) {
   EXPECT_EQ(status, 200) << g.dump();
 }
 
+// models.max_loaded reached: the least recently used idle model is
+// unloaded to make room (TheLoom's LRU); names resolve under models.dirs.
+TEST(ServeHttpTest, MaxLoadedEvictsTheLeastRecentlyUsed) {
+  const fs::path root = fs::temp_directory_path() / "loom_serve_models";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  for (const char* name : {"a", "b"})
+    fs::copy(Stories(), root / name, fs::copy_options::recursive);
+  ServerOptions o = Defaults();
+  o.model_dirs = {root.string()};
+  o.max_loaded = 1;
+  Running s(o);  // stories260K (the --model directory) is loaded
+  auto c = s.Client();
+  int status = 0;
+  const json req = {{"prompt", "Once"}, {"max_tokens", 2}, {"temperature", 0}};
+  json a = req, b = req;
+  a["model"] = "a";
+  b["model"] = "b";
+  Post(c, "/generate", a, &status);
+  EXPECT_EQ(status, 200);
+  auto m = c.Get("/models");
+  ASSERT_TRUE(m);
+  json models = json::parse(m->body)["models"];
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0]["model_id"], "a");
+  json g = Post(c, "/generate", b, &status);
+  EXPECT_EQ(status, 200) << g.dump();
+  m = c.Get("/models");
+  ASSERT_TRUE(m);
+  models = json::parse(m->body)["models"];
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0]["model_id"], "b");
+  s.Stop();
+  fs::remove_all(root);
+}
+
 TEST(ServeHttpTest, GreedyGenerateMatchesTheGenerator) {
   Running s(Defaults());
   auto c = s.Client();
