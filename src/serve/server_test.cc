@@ -190,6 +190,56 @@ TEST(ServeHttpTest, MaxLoadedEvictsTheLeastRecentlyUsed) {
   fs::remove_all(root);
 }
 
+// A model with a chat template: the messages are rendered by it (special
+// tokens written by the template, not added again) and generation continues
+// the rendered prompt.
+TEST(ServeHttpTest, ChatUsesTheModelsTemplate) {
+  const fs::path dir = fs::temp_directory_path() / "loom_serve_chat" / "tpl";
+  fs::remove_all(dir.parent_path());
+  fs::create_directories(dir.parent_path());
+  fs::copy(Stories(), dir, fs::copy_options::recursive);
+  std::ofstream(dir / "chat_template.jinja")
+      << "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content "
+         "}}\n"
+         "{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
+  ServerOptions o = Defaults();
+  o.model_paths = {dir.string()};
+  o.host = "127.0.0.1";
+  o.port = 0;
+  auto server = Server::Create(o);
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->LoadModel(dir.string()).ok());
+  ASSERT_TRUE((*server)->Bind().ok());
+  std::thread run([&] { EXPECT_TRUE((*server)->Run().ok()); });
+  httplib::Client c("127.0.0.1", (*server)->port());
+  c.set_read_timeout(60);
+  int status = 0;
+  json chat = Post(c, "/v1/chat/completions",
+                   {{"messages",
+                     {{{"role", "system"}, {"content", "Be brief."}},
+                      {{"role", "user"}, {"content", "Tell a story."}}}},
+                    {"max_tokens", 6},
+                    {"temperature", 0}},
+                   &status);
+  EXPECT_EQ(status, 200) << chat.dump();
+  const std::string rendered =
+      "<s>[system] Be brief.\n[user] Tell a story.\n[assistant] ";
+  auto tok = tok::Tokenizer::Load(dir.string());
+  ASSERT_TRUE(tok.ok());
+  auto enc = (*tok)->Encode(rendered, false);
+  ASSERT_TRUE(enc.ok());
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], enc->ids.size());
+  ASSERT_FALSE(enc->ids.empty());
+  EXPECT_EQ(enc->ids[0], (*tok)->bos_id());  // the template's BOS, once
+  json gen = Post(c, "/generate",
+                  {{"prompt", enc->ids}, {"max_tokens", 6}, {"temperature", 0}},
+                  &status);
+  EXPECT_EQ(gen["text"], chat["text"]);
+  (*server)->Stop();
+  run.join();
+  fs::remove_all(dir.parent_path());
+}
+
 TEST(ServeHttpTest, GreedyGenerateMatchesTheGenerator) {
   Running s(Defaults());
   auto c = s.Client();
