@@ -13,6 +13,9 @@
 #include <set>
 #include <thread>
 
+#include "src/io/safetensors.h"
+#include "src/model/registry.h"
+#include "src/plan/kv_layout.h"
 #include "src/serve/api.h"
 
 namespace loom::serve {
@@ -207,6 +210,27 @@ class Server::Impl {
     return Status();
   }
 
+  // What a model's plan holds at least, known before anything is allocated:
+  // its stored weights, the KV cache (f32 on the CPU) and the capture budget.
+  StatusOr<int64_t> PlanLowerBound(const std::string& dir) const {
+    ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(dir));
+    ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(dir));
+    const EngineOptions& eo = o_.engine;
+    const int64_t context =
+        eo.context > 0 ? eo.context
+                       : std::min<int64_t>(2048, c.max_position_embeddings);
+    KvPaging paging;
+    if (eo.page_size > 0) {
+      const int64_t tokens =
+          eo.kv_tokens > 0 ? eo.kv_tokens : eo.slots * context;
+      paging = {eo.page_size, (tokens + eo.page_size - 1) / eo.page_size};
+    }
+    int64_t bytes = ck->total_bytes() + eo.capture_bytes;
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      bytes += KvLayerBytes(c, l, context, eo.slots, DType::kF32, paging);
+    return bytes;
+  }
+
   StatusOr<std::shared_ptr<Engine>> Load(const std::string& name) {
     if (auto e = Find(name)) return e;
     std::lock_guard<std::mutex> load_lock(load_mu_);
@@ -214,12 +238,25 @@ class Server::Impl {
     ASSIGN_OR_RETURN(std::string id, Resolve(name, &dir));
     if (auto e = Find(id)) return e;
     RETURN_IF_ERROR(MakeRoom(id));
+    const int64_t capacity = static_cast<int64_t>(
+        static_cast<double>(HostMemoryBytes()) * o_.memory_fraction);
+    {
+      // Refuse before allocating anything when the stored weights and the
+      // KV cache alone (a lower bound of the plan) do not fit.
+      ASSIGN_OR_RETURN(int64_t lower, PlanLowerBound(dir));
+      int64_t committed = lower;
+      for (const auto& m : Engines()) committed += m->Memory().planned();
+      if (capacity > 0 && committed > capacity)
+        return ResourceExhaustedError(
+            "cannot load `" + id + "`: its weights and KV cache alone need " +
+            std::to_string(lower) + " bytes; with the loaded models " +
+            std::to_string(committed) + " bytes, more than " +
+            std::to_string(capacity) + " (host memory x gpu.memory_fraction)");
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
                      Engine::Create(id, dir, o_.engine));
     // Admission of the model itself: what is planned for every loaded model
     // must fit the host's memory x memory_fraction.
-    const int64_t capacity = static_cast<int64_t>(
-        static_cast<double>(HostMemoryBytes()) * o_.memory_fraction);
     int64_t committed = e->Memory().planned();
     for (const auto& m : Engines()) committed += m->Memory().planned();
     if (capacity > 0 && committed > capacity)

@@ -240,6 +240,24 @@ TEST(ServeHttpTest, ChatUsesTheModelsTemplate) {
   fs::remove_all(dir.parent_path());
 }
 
+// A model whose weights and KV cache alone exceed host memory x
+// memory_fraction is refused before anything is allocated.
+TEST(ServeHttpTest, LoadRefusedBeforeAllocatingWhenThePlanCannotFit) {
+  ServerOptions o = Defaults();
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.model_paths = {Stories()};
+  o.memory_fraction = 1e-7;  // a few hundred bytes to a few KiB
+  auto server = Server::Create(o);
+  ASSERT_TRUE(server.ok());
+  auto id = (*server)->LoadModel(Stories());
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(id.status().message().find("weights and KV cache alone"),
+            std::string::npos)
+      << id.status().message();
+}
+
 TEST(ServeHttpTest, GreedyGenerateMatchesTheGenerator) {
   Running s(Defaults());
   auto c = s.Client();
