@@ -100,7 +100,8 @@ StatusOr<json> ParseBody(std::string_view body) {
   if (j.is_discarded()) {
     // Find the position with the throwing parser (exceptions stay here).
     try {
-      (void)json::parse(body);
+      const json reparsed = json::parse(body);  // throws with the position
+      static_cast<void>(reparsed);
     } catch (const json::parse_error& e) {
       return InvalidArgumentError(std::string("malformed JSON body: ") +
                                   e.what());
