@@ -16,6 +16,7 @@
 #include "src/backend/registry.h"
 #include "src/eval/generate.h"
 #include "src/eval/row_selector.h"
+#include "src/model/registry.h"
 #include "src/runtime/model.h"
 #include "src/serve/api.h"
 #include "src/serve/engine.h"
@@ -62,7 +63,6 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   eo.slots = 1;
   eo.context = args.ctx;
   eo.prefill_chunk = args.chunk;
-  eo.extra_hooks = args.hooks;
   eo.threads = args.threads;
   eo.max_queue = 1;
   std::vector<RowSelector> selectors;
@@ -70,16 +70,12 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
     ASSIGN_OR_RETURN(RowSelector r, ParseRowSelector(s));
     selectors.push_back(r);
   }
-  // Bare site names with --layers resolve like extract's.
-  std::vector<std::string> patterns;
-  {
-    ASSIGN_OR_RETURN(auto probe, Model::Load(args.model_dir, precision));
-    ASSIGN_OR_RETURN(HookSet set,
-                     ResolveHooks(args.hooks, args.layers, probe->config()));
-    if (set.empty()) return InvalidArgumentError("--hooks: no hook selected");
-    for (const HookPoint& h : set.hooks()) patterns.push_back(HookName(h));
-  }
-  eo.extra_hooks = patterns;
+  // Bare site names with --layers resolve like extract's; config.json alone
+  // answers that (the weights load once, in the engine).
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(args.model_dir));
+  ASSIGN_OR_RETURN(HookSet set, ResolveHooks(args.hooks, args.layers, config));
+  if (set.empty()) return InvalidArgumentError("--hooks: no hook selected");
+  for (const HookPoint& h : set.hooks()) eo.extra_hooks.push_back(HookName(h));
   ASSIGN_OR_RETURN(
       auto engine,
       serve::Engine::Create(std::filesystem::path(args.model_dir).filename(),
@@ -92,11 +88,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   r.sampling = SamplingOf(args);
   r.stop_strings = args.stop;
   r.stop_ids = engine->stop_ids();
-  for (const std::string& p : patterns) {
-    ASSIGN_OR_RETURN(auto hs,
-                     ParseHookPattern(p, engine->model().config().num_layers));
-    r.hooks.insert(r.hooks.end(), hs.begin(), hs.end());
-  }
+  r.hooks = set.hooks();
   r.rows = serve::CaptureRows::kAll;
   ASSIGN_OR_RETURN(auto ticket, engine->Submit(r));
   ASSIGN_OR_RETURN(serve::GenResult g, ticket->Wait());
