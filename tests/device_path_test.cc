@@ -55,31 +55,7 @@ class AsHostSink : public HookSink {
   std::vector<float> ints_;
 };
 
-struct Case {
-  std::string name;
-  bool bundled;
-};
-
-std::string ModelDir(const Case& m) {
-  return m.bundled ? std::string(LOOM_MODELS_DIR) + "/" + m.name
-                   : SharedGoldenDir() + "/tiny/" + m.name;
-}
-
-HookSet TokenHooks(const ModelConfig& c) {
-  HookSet h;
-  h.Add({HookSite::kEmbed, -1});
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    for (HookSite s :
-         {HookSite::kResidPre, HookSite::kLn1, HookSite::kQ, HookSite::kRotK,
-          HookSite::kZ, HookSite::kAttnOut, HookSite::kResidMid,
-          HookSite::kMlpPre, HookSite::kMlpOut, HookSite::kResidPost,
-          HookSite::kRouterLogits, HookSite::kExpertIds,
-          HookSite::kExpertWeights})
-      if (CheckHookExists({s, l}, c).ok()) h.Add({s, l});
-  h.Add({HookSite::kFinalNorm, -1});
-  h.Add({HookSite::kLogits, -1});
-  return h;
-}
+using Case = ModelCase;
 
 class DevicePathTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -97,10 +73,10 @@ TEST_P(DevicePathTest, EveryHookEqualsTheHostRun) {
     if (precision == Precision::kBF16 && !CpuSupportsComputeDType(DType::kBF16))
       continue;
     SCOPED_TRACE(precision == Precision::kF32 ? "f32" : "bf16");
-    auto model = Model::Load(ModelDir(GetParam()), precision);
+    auto model = Model::Load(ModelCaseDir(GetParam()), precision);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
-    const HookSet hooks = TokenHooks(c);
+    const HookSet hooks = EveryHookOf(c, /*with_pattern=*/false);
     const std::vector<int64_t> starts = {0, 13, 20, 41};
     std::vector<int32_t> ids(41);
     for (size_t t = 0; t < ids.size(); ++t)
@@ -179,8 +155,8 @@ TEST(DevicePathExtract, EverySelectorByteIdenticalToTheHostJob) {
     o.model_dir = std::string(LOOM_MODELS_DIR) + "/stories260K";
     o.input_path = (dir / "in.jsonl").string();
     o.hooks = {"blocks.*.hook_resid_post", "ln_final.hook_normalized"};
-    o.selectors = {"last", "first", "mean", "max", "all", "pos:0,-2",
-                   "span:1:4"};
+    o.selectors = {"last", "first",    "mean",    "max",
+                   "all",  "pos:0,-2", "span:1:4"};
     o.precision = Precision::kF32;
     o.dtype = *ParseDType(dtype);
     o.batch_tokens = 40;  // several batches

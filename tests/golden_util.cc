@@ -10,6 +10,27 @@
 
 namespace loom::testing {
 
+std::string ModelCaseDir(const ModelCase& m) {
+  return m.bundled ? std::string(LOOM_MODELS_DIR) + "/" + m.name
+                   : SharedGoldenDir() + "/tiny/" + m.name;
+}
+
+HookSet EveryHookOf(const ModelConfig& c, bool with_pattern) {
+  HookSet h;
+  h.Add({HookSite::kEmbed, -1});
+  if (c.learned_positions) h.Add({HookSite::kPosEmbed, -1});
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    for (int s = static_cast<int>(HookSite::kResidPre); s < kNumHookSites;
+         ++s) {
+      const HookPoint hook{static_cast<HookSite>(s), l};
+      if (hook.site == HookSite::kPattern && !with_pattern) continue;
+      if (CheckHookExists(hook, c).ok()) h.Add(hook);
+    }
+  h.Add({HookSite::kFinalNorm, -1});
+  h.Add({HookSite::kLogits, -1});
+  return h;
+}
+
 std::string SharedGoldenDir() {
   const std::string dir = std::string(LOOM_SHARED_DIR) + "/golden";
   return std::filesystem::exists(dir) ? dir : "";

@@ -23,6 +23,20 @@ namespace loom::testing {
 
 // The shared golden directory beside the repository, or "" if absent.
 std::string SharedGoldenDir();
+
+// A model of a parameterised test: bundled under models/, or one of the
+// shared tiny golden models.
+struct ModelCase {
+  std::string name;
+  bool bundled = false;
+};
+// models/<name> or <shared>/golden/tiny/<name>.
+std::string ModelCaseDir(const ModelCase& m);
+
+// Every hook `c` has: the embeddings (and learned positions), every layer
+// site that exists in each layer (CheckHookExists; attn.hook_pattern only
+// `with_pattern`), the final norm and the logits.
+HookSet EveryHookOf(const ModelConfig& c, bool with_pattern);
 // Bundled golden data inside the repository (always present).
 std::string BundledGoldenDir();
 

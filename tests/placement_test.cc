@@ -20,34 +20,7 @@
 namespace loom::testing {
 namespace {
 
-struct Case {
-  std::string name;
-  bool bundled;
-};
-
-std::string ModelDir(const Case& m) {
-  return m.bundled ? std::string(LOOM_MODELS_DIR) + "/" + m.name
-                   : SharedGoldenDir() + "/tiny/" + m.name;
-}
-
-// Every site of every layer that the model has, the pattern, the head.
-HookSet EveryHook(const ModelConfig& c) {
-  HookSet h;
-  h.Add({HookSite::kEmbed, -1});
-  if (c.learned_positions) h.Add({HookSite::kPosEmbed, -1});
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    for (HookSite s :
-         {HookSite::kResidPre, HookSite::kLn1, HookSite::kQ, HookSite::kK,
-          HookSite::kV, HookSite::kRotQ, HookSite::kRotK, HookSite::kPattern,
-          HookSite::kZ, HookSite::kAttnOut, HookSite::kLn1Post,
-          HookSite::kResidMid, HookSite::kLn2, HookSite::kMlpPre,
-          HookSite::kMlpPost, HookSite::kMlpOut, HookSite::kLn2Post,
-          HookSite::kResidPost})
-      if (CheckHookExists({s, l}, c).ok()) h.Add({s, l});
-  h.Add({HookSite::kFinalNorm, -1});
-  h.Add({HookSite::kLogits, -1});
-  return h;
-}
+using Case = ModelCase;
 
 class PlacementTest : public ::testing::TestWithParam<Case> {
  protected:
@@ -68,11 +41,11 @@ TEST_P(PlacementTest, TwoDevicesBitIdenticalAndArenasAsPlanned) {
     std::fprintf(stderr, "SKIPPED LOUDLY: no bf16 compute on this CPU\n");
   for (Precision precision : precisions) {
     SCOPED_TRACE(precision == Precision::kF32 ? "f32" : "bf16");
-    auto model = Model::Load(ModelDir(m), precision);
+    auto model = Model::Load(ModelCaseDir(m), precision);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
     ASSERT_GE(c.num_layers, 2) << "a split needs two layers";
-    const HookSet hooks = EveryHook(c);
+    const HookSet hooks = EveryHookOf(c, /*with_pattern=*/true);
     // Three packed sequences of different lengths.
     const std::vector<int64_t> starts = {0, 13, 20, 41};
     std::vector<int32_t> ids(41);
@@ -130,7 +103,7 @@ TEST_P(PlacementTest, TwoDevicesBitIdenticalAndArenasAsPlanned) {
     auto arch = FindArch(c.model_type);
     ASSERT_NE(arch, nullptr);
     const ArchWeights decl = arch->declare_weights(c);
-    auto table = BuildWeightTable(ModelDir(m), c, decl, {});
+    auto table = BuildWeightTable(ModelCaseDir(m), c, decl, {});
     ASSERT_TRUE(table.ok()) << table.status().ToString();
     auto devices = DevicesFromFlags({"cuda:0=64GiB", "cuda:1=64GiB"}, "", "",
                                     int64_t{64} << 30);
@@ -181,11 +154,11 @@ TEST_P(PlacementTest, OffloadedSegmentBitIdenticalAndBytesAsPlanned) {
     std::fprintf(stderr, "SKIPPED LOUDLY: no bf16 compute on this CPU\n");
   for (Precision precision : precisions) {
     SCOPED_TRACE(precision == Precision::kF32 ? "f32" : "bf16");
-    auto model = Model::Load(ModelDir(m), precision);
+    auto model = Model::Load(ModelCaseDir(m), precision);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
     ASSERT_GE(c.num_layers, 2) << "a split needs two layers";
-    const HookSet hooks = EveryHook(c);
+    const HookSet hooks = EveryHookOf(c, /*with_pattern=*/true);
     const std::vector<int64_t> starts = {0, 13, 20, 41};
     std::vector<int32_t> ids(41);
     for (size_t t = 0; t < ids.size(); ++t)
@@ -236,8 +209,8 @@ TEST_P(PlacementTest, OffloadedSegmentBitIdenticalAndBytesAsPlanned) {
             EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(),
                                   a.data.size() * sizeof(float)),
                       0)
-                << HookName(h) << " differs with offloaded layers (run "
-                << run << ")";
+                << HookName(h) << " differs with offloaded layers (run " << run
+                << ")";
             ++compared;
           }
         }
@@ -248,7 +221,7 @@ TEST_P(PlacementTest, OffloadedSegmentBitIdenticalAndBytesAsPlanned) {
       auto arch = FindArch(c.model_type);
       ASSERT_NE(arch, nullptr);
       const ArchWeights decl = arch->declare_weights(c);
-      auto table = BuildWeightTable(ModelDir(m), c, decl, {});
+      auto table = BuildWeightTable(ModelCaseDir(m), c, decl, {});
       ASSERT_TRUE(table.ok()) << table.status().ToString();
       auto devices =
           DevicesFromFlags({"cuda:0=64GiB"}, "", "", int64_t{64} << 30);

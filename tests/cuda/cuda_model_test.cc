@@ -40,8 +40,8 @@ class HostCopySink : public HookSink {
     const int64_t esize = DTypeSize(view.dtype);
     const int64_t bytes = ((view.rows - 1) * view.ld + view.cols) * esize;
     host_.resize(static_cast<size_t>(bytes));
-    RETURN_IF_ERROR(be->Copy(host_.data(), DeviceRef{}, view.data, view.device,
-                             bytes));
+    RETURN_IF_ERROR(
+        be->Copy(host_.data(), DeviceRef{}, view.data, view.device, bytes));
     ActivationView h = view;
     h.data = host_.data();
     h.device = DeviceRef{};
@@ -68,36 +68,7 @@ class HostCopySink : public HookSink {
   CaptureSink inner_;
 };
 
-struct Case {
-  std::string name;
-  bool bundled;
-};
-
-std::string ModelDir(const Case& m) {
-  return m.bundled ? std::string(LOOM_MODELS_DIR) + "/" + m.name
-                   : SharedGoldenDir() + "/tiny/" + m.name;
-}
-
-// Every token-major hook the model has (the pattern is checked by
-// cuda_attention_test), the head.
-HookSet TokenHooks(const ModelConfig& c) {
-  HookSet h;
-  h.Add({HookSite::kEmbed, -1});
-  if (c.learned_positions) h.Add({HookSite::kPosEmbed, -1});
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    for (HookSite s :
-         {HookSite::kResidPre, HookSite::kLn1, HookSite::kQ, HookSite::kK,
-          HookSite::kV, HookSite::kRotQ, HookSite::kRotK, HookSite::kZ,
-          HookSite::kAttnOut, HookSite::kLn1Post, HookSite::kResidMid,
-          HookSite::kLn2, HookSite::kMlpPre, HookSite::kMlpPost,
-          HookSite::kMlpOut, HookSite::kLn2Post, HookSite::kResidPost,
-          HookSite::kRouterLogits, HookSite::kExpertIds,
-          HookSite::kExpertWeights})
-      if (CheckHookExists({s, l}, c).ok()) h.Add({s, l});
-  h.Add({HookSite::kFinalNorm, -1});
-  h.Add({HookSite::kLogits, -1});
-  return h;
-}
+using Case = ModelCase;
 
 Batch ThreeSequences(const ModelConfig& c, std::vector<int32_t>* ids,
                      const std::vector<int64_t>& starts) {
@@ -108,17 +79,26 @@ Batch ThreeSequences(const ModelConfig& c, std::vector<int32_t>* ids,
 }
 
 const std::vector<Case>& Cases() {
-  static const std::vector<Case> k = {
-      {"stories260K", true},    {"llama", false},
-      {"llama3rope_bf16", false}, {"qwen2", false},
-      {"qwen3", false},         {"gemma", false},
-      {"gemma2", false},        {"gpt2", false},
-      {"phi3", false},          {"olmo", false},
-      {"olmo2", false},         {"mistral_sw16_sharded", false},
-      {"mixtral", false},       {"qwen2_moe", false},
-      {"qwen3_moe", false},     {"gpt_oss", false},
-      {"gpt_oss_mxfp4", false}, {"qwen3_fp8_block", false},
-      {"llama_nvfp4_ct", false}, {"llama_nvfp4_modelopt", false}};
+  static const std::vector<Case> k = {{"stories260K", true},
+                                      {"llama", false},
+                                      {"llama3rope_bf16", false},
+                                      {"qwen2", false},
+                                      {"qwen3", false},
+                                      {"gemma", false},
+                                      {"gemma2", false},
+                                      {"gpt2", false},
+                                      {"phi3", false},
+                                      {"olmo", false},
+                                      {"olmo2", false},
+                                      {"mistral_sw16_sharded", false},
+                                      {"mixtral", false},
+                                      {"qwen2_moe", false},
+                                      {"qwen3_moe", false},
+                                      {"gpt_oss", false},
+                                      {"gpt_oss_mxfp4", false},
+                                      {"qwen3_fp8_block", false},
+                                      {"llama_nvfp4_ct", false},
+                                      {"llama_nvfp4_modelopt", false}};
   return k;
 }
 
@@ -128,7 +108,7 @@ class CudaModelTest : public ::testing::TestWithParam<Case> {
     if (!GetParam().bundled && SharedGoldenDir().empty())
       GTEST_SKIP() << "SKIPPED LOUDLY: shared golden directory not found; "
                    << GetParam().name << " is not checked on the GPU";
-    const std::string dir = ModelDir(GetParam());
+    const std::string dir = ModelCaseDir(GetParam());
     if (!std::ifstream(dir + "/config.json"))
       GTEST_SKIP() << "SKIPPED LOUDLY: no model at " << dir;
   }
@@ -142,10 +122,10 @@ TEST_P(CudaModelTest, EveryHookMatchesTheCpu) {
   auto gpu = REQUIRE_GPU();
   for (Precision precision : {Precision::kF32, Precision::kBF16}) {
     SCOPED_TRACE(precision == Precision::kF32 ? "f32" : "bf16");
-    auto model = Model::Load(ModelDir(GetParam()), precision);
+    auto model = Model::Load(ModelCaseDir(GetParam()), precision);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
-    const HookSet hooks = TokenHooks(c);
+    const HookSet hooks = EveryHookOf(c, /*with_pattern=*/false);
     std::vector<int32_t> ids;
     const Batch batch = ThreeSequences(c, &ids, {0, 13, 20, 41});
     ExecutorOptions o;
@@ -177,10 +157,9 @@ TEST_P(CudaModelTest, EveryHookMatchesTheCpu) {
       ASSERT_EQ(a.data.size(), b.data.size()) << HookName(h);
       double scale = 0;
       for (float v : b.data) scale = std::max(scale, std::fabs(double{v}));
-      const CompareResult r =
-          Compare(a.data.data(), b.data.data(),
-                  static_cast<int64_t>(b.data.size()),
-                  tol * std::max(1.0, scale), tol);
+      const CompareResult r = Compare(a.data.data(), b.data.data(),
+                                      static_cast<int64_t>(b.data.size()),
+                                      tol * std::max(1.0, scale), tol);
       EXPECT_TRUE(r.ok) << HookName(h) << ": " << r.message;
     }
   }
@@ -191,11 +170,11 @@ TEST_P(CudaModelTest, EveryHookMatchesTheCpu) {
 // for bit as one segment.
 TEST_P(CudaModelTest, TwoSegmentsBitIdenticalToOne) {
   auto gpu = REQUIRE_GPU();
-  auto model = Model::Load(ModelDir(GetParam()), Precision::kF32);
+  auto model = Model::Load(ModelCaseDir(GetParam()), Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const ModelConfig& c = (*model)->config();
   if (c.num_layers < 2) GTEST_SKIP() << "one layer: nothing to split";
-  const HookSet hooks = TokenHooks(c);
+  const HookSet hooks = EveryHookOf(c, /*with_pattern=*/false);
   std::vector<int32_t> ids;
   const Batch batch = ThreeSequences(c, &ids, {0, 13, 20, 41});
   ExecutorOptions o;
@@ -239,10 +218,10 @@ TEST_P(CudaModelTest, TwoSegmentsBitIdenticalToOne) {
 // (the second forward restarts the stream over used buffers).
 TEST_P(CudaModelTest, OffloadedLayersBitIdenticalToResident) {
   auto gpu = REQUIRE_GPU();
-  auto model = Model::Load(ModelDir(GetParam()), Precision::kF32);
+  auto model = Model::Load(ModelCaseDir(GetParam()), Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const ModelConfig& c = (*model)->config();
-  const HookSet hooks = TokenHooks(c);
+  const HookSet hooks = EveryHookOf(c, /*with_pattern=*/false);
   std::vector<int32_t> ids;
   const Batch batch = ThreeSequences(c, &ids, {0, 13, 20, 41});
   ExecutorOptions o;
@@ -288,9 +267,9 @@ TEST_P(CudaModelTest, OffloadedLayersBitIdenticalToResident) {
 // (plus the driver's 2 MiB allocation granularity per allocation).
 TEST_P(CudaModelTest, DeviceMemoryEqualsThePlan) {
   auto gpu = REQUIRE_GPU();
-  auto model = Model::Load(ModelDir(GetParam()), Precision::kBF16);
+  auto model = Model::Load(ModelCaseDir(GetParam()), Precision::kBF16);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const HookSet hooks = TokenHooks((*model)->config());
+  const HookSet hooks = EveryHookOf((*model)->config(), /*with_pattern=*/false);
   ExecutorOptions o;
   o.max_tokens = 256;
   o.logits_chunk_rows = 64;
@@ -300,8 +279,7 @@ TEST_P(CudaModelTest, DeviceMemoryEqualsThePlan) {
   auto ex = Executor::Create(**model, hooks, o);
   ASSERT_TRUE(ex.ok()) << ex.status().ToString();
   const int64_t free_after = ListGpus(&why).at(0).free_bytes;
-  const int64_t planned =
-      (*ex)->arena_bytes() + (*ex)->uploaded_weight_bytes();
+  const int64_t planned = (*ex)->arena_bytes() + (*ex)->uploaded_weight_bytes();
   const int64_t measured = free_before - free_after;
   const int64_t allocations = 4;  // weights + activations, workspace, logits
   EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(planned),
@@ -319,7 +297,7 @@ TEST(CudaRuntime, RuntimeOverheadWithinPlan) {
   auto model = Model::Load(std::string(LOOM_MODELS_DIR) + "/stories260K",
                            Precision::kBF16);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const HookSet hooks = TokenHooks((*model)->config());
+  const HookSet hooks = EveryHookOf((*model)->config(), /*with_pattern=*/false);
   ExecutorOptions o;
   o.max_tokens = 64;
   o.logits_chunk_rows = 16;
