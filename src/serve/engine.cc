@@ -192,6 +192,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
   e->slot_.resize(static_cast<size_t>(slots));
   e->pos0_.resize(static_cast<size_t>(slots));
   e->active_.reserve(static_cast<size_t>(slots));
+  e->step_seqs_.reserve(static_cast<size_t>(slots));
+  e->done_seqs_.reserve(static_cast<size_t>(slots));
   e->scratch_ = std::make_unique<eval::SamplingScratch>(c.vocab_size);
   e->load_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
   Engine* self = e.get();
@@ -465,8 +467,8 @@ Status Engine::Step() {
   }
   if (active_.empty()) return Status();
   // Compose the forward: decode tokens first, then prefill chunks.
-  std::vector<Seq*> step;  // at most `slots` pointers
-  step.reserve(active_.size());
+  std::vector<Seq*>& step = step_seqs_;  // at most `slots` (reserved)
+  step.clear();
   const int64_t budget = gen_->batch_tokens();
   int64_t tokens = 0;
   seq_start_[0] = 0;
@@ -519,7 +521,8 @@ Status Engine::Step() {
     return Status();
   }
   const int64_t V = model_->config().vocab_size;
-  std::vector<Seq*> done;
+  std::vector<Seq*>& done = done_seqs_;  // at most `slots` (reserved)
+  done.clear();
   for (size_t i = 0; i < S; ++i) {
     Seq& s = *step[i];
     const bool was_prefill = !s.decoding();

@@ -257,6 +257,7 @@ class Engine {
   EngineStats stats_;
   // Scheduler-thread state.
   std::vector<std::unique_ptr<Seq>> active_;
+  std::vector<Seq*> step_seqs_, done_seqs_;  // one step's sequences (Step)
   std::vector<int64_t> free_slots_;
   int64_t pages_reserved_ = 0;  // guarded by mu_ (Memory reads it)
   std::unique_ptr<eval::SamplingScratch> scratch_;
