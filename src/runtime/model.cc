@@ -1,5 +1,7 @@
 #include "src/runtime/model.h"
 
+#include <cpuid.h>
+
 #include <map>
 
 namespace loom {
@@ -20,8 +22,15 @@ bool CpuSupportsComputeDType(DType dtype) {
     case DType::kBF16:
       return __builtin_cpu_supports("avx512bf16") ||
              __builtin_cpu_supports("avx512f");
-    case DType::kF16:
-      return __builtin_cpu_supports("avx512fp16");
+    case DType::kF16: {
+      // AVX512-FP16: CPUID.(EAX=7, ECX=0):EDX bit 23 (read directly: not
+      // every compiler's __builtin_cpu_supports knows the name), with the
+      // OS's AVX-512 state support that avx512f's check implies.
+      unsigned a = 0, b = 0, c = 0, d = 0;
+      return __builtin_cpu_supports("avx512f") &&
+             __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 &&
+             (d & (1u << 23)) != 0;
+    }
     default:
       return false;
   }
