@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Regenerates the seed corpora under fuzz/corpus/ from the files in the repo
+(and ../shared when present). The result is committed; run this only to
+refresh the seeds. Usage: python3 fuzz/seeds.py BUILD_DIR
+
+Each seed is the harness's mode byte followed by a real file (see the harness
+sources for the modes). Large files are left out: a seed should be small
+enough for the fuzzer to mutate quickly.
+"""
+import glob
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+CORPUS = os.path.join(ROOT, "fuzz", "corpus")
+MAX_SEED = 48 * 1024
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def add(harness, mode, payload):
+    data = bytes([mode]) + payload
+    if len(data) > MAX_SEED:
+        return
+    d = os.path.join(CORPUS, harness)
+    os.makedirs(d, exist_ok=True)
+    name = hashlib.sha1(data).hexdigest()[:16]
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def shared(*parts):
+    return glob.glob(os.path.join(SHARED, *parts))
+
+
+def shrink_safetensors(path, keep=6):
+    """The header of `path` with at most `keep` tensors, each given a tiny
+    shape of its dtype, and matching data: a small valid file of the same
+    structure (dtypes, names, metadata)."""
+    raw = read(path)
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    out, offset = {}, 0
+    sizes = {"F64": 8, "F32": 4, "I64": 8, "I32": 4, "F16": 2, "BF16": 2,
+             "I16": 2, "U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1,
+             "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+    for name in sorted(header)[:keep]:
+        t = header[name]
+        shape = [min(d, 2) for d in t["shape"]]
+        size = sizes.get(t["dtype"], 1)
+        for d in shape:
+            size *= d
+        out[name] = {"dtype": t["dtype"], "shape": shape,
+                     "data_offsets": [offset, offset + size]}
+        offset += size
+    if meta is not None:
+        out["__metadata__"] = meta
+    h = json.dumps(out, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + bytes(range(256)) * (offset // 256) \
+        + bytes(range(offset % 256))
+
+
+def safetensors():
+    files = [os.path.join(ROOT, "models/stories260K/model.safetensors")]
+    files += shared("golden/tiny/*/model*.safetensors")
+    files += shared("models/moe-fixtures-atenia/*.safetensors")
+    for f in files:
+        add("fuzz_safetensors", 0, shrink_safetensors(f))
+    index = {"metadata": {"total_size": 24},
+             "weight_map": {"a": "shard-1.safetensors",
+                            "b": "shard-1.safetensors"}}
+    add("fuzz_safetensors", 1, json.dumps(index).encode())
+    for f in glob.glob(os.path.join(ROOT, "tests/data/configs/*/*.index.json")):
+        add("fuzz_safetensors", 1, read(f)[:MAX_SEED - 1])
+
+
+def configs():
+    files = glob.glob(os.path.join(ROOT, "tests/data/configs/*/config.json"))
+    files += [os.path.join(ROOT, "models/stories260K/config.json")]
+    files += shared("golden/tiny/*/config.json")
+    files += shared("models/configs/*/config.json")
+    for f in files:
+        data = read(f)
+        add("fuzz_config", data[0], data[1:])  # the mode byte is unused
+
+
+def plan_args():
+    for text in [
+            "cpu=24GiB\n\n\nbalanced\n\n512\n2048\n1.5GiB",
+            "cuda:0=80GiB;cuda:1=80GiB,disk\ncuda:0=70GiB\n2GiB\nsequential\n"
+            "20,28\n4096\n8192\n80GB",
+            "cuda:0=80GiB,cuda:1=40GiB\ncpu=100GiB\ncuda:0=1GiB,cpu=2GiB\n"
+            "manual\n10,14\n1024\n1024\n123456789",
+            "cpu\n\n\n\n\n\n\n0", "disk\n64MiB\n\nbalanced\n\n1\n1\n1KiB"]:
+        add("fuzz_plan_args", text.encode()[0], text.encode()[1:])
+
+
+def tokenizers():
+    t = os.path.join(ROOT, "tests/data/tokenizers")
+    for d in ["tiny_bytebpe512_gpt2", "tiny_bytebpe512_qwen2"]:
+        add("fuzz_tokenizer", 0, read(os.path.join(t, d, "tokenizer.json")))
+    add("fuzz_tokenizer", 0,
+        read(os.path.join(ROOT, "models/stories260K/tokenizer.json")))
+    add("fuzz_tokenizer", 1, read(os.path.join(t, "tiny_spm512/tokenizer.model")))
+    for f in glob.glob(os.path.join(t, "*/tokenizer_config.json")) + \
+            shared("models/tokenizers/*/tokenizer_config.json"):
+        add("fuzz_tokenizer", 2, read(f))
+    texts = ["Hello world", "  leading spaces\tand tabs\n\nnew lines",
+             "ünïcödé 你好 🙂 \u0301\u200d", "<s>special</s><|endoftext|>",
+             "The little dog ran to the park. It's 3.14!", "\xff\xfe bad"]
+    for i, s in enumerate(texts):
+        add("fuzz_tokenizer", 3, bytes([i]) + s.encode("utf-8", "surrogatepass"))
+    add("fuzz_tokenizer", 3, bytes([1]) + b"bad \xff\xc3 utf8 \xe4\xbd")
+    for k in range(4):
+        add("fuzz_tokenizer", 4, bytes([k]) + struct.pack("<8i", 1, 2, 3, 0,
+                                                          100, 511, 512, -1))
+
+
+def chat_templates():
+    d = os.path.join(ROOT, "tests/data/chat_templates")
+    for f in sorted(glob.glob(os.path.join(d, "*.jinja"))):
+        add("fuzz_chat_template", 0, read(f))
+    conv = {"messages": [{"role": "system", "content": "S"},
+                         {"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Yo",
+                          "thinking": "hm"},
+                         {"role": "user", "content": [{"type": "text",
+                                                       "text": "x"}]}],
+            "add_generation_prompt": True}
+    for k in range(6):
+        add("fuzz_chat_template", 1, bytes([k]) + json.dumps(conv).encode())
+
+
+def prompts():
+    lines = read(os.path.join(ROOT, "models/prompts/stories.jsonl")).splitlines(True)
+    add("fuzz_prompts", 0, b"".join(lines[:20]))
+    add("fuzz_prompts", 2, b"".join(lines[:20]))
+    add("fuzz_prompts", 0, b'{"text": "a", "id": "x"}\n{"tokens": [1, 2, 3]}\n'
+        b'{"text": 5}\n\n{"tokens": [999999]}\n{"id": [1], "text": "b"}\n')
+    wiki = sorted(glob.glob(os.path.join(ROOT, "tests/data/wikitext2/*")))
+    for f in wiki[:1]:
+        add("fuzz_prompts", 1, read(f)[:4000])
+    add("fuzz_prompts", 1, b"Once upon a time\n\nThe dog\r\nran \xff away\n")
+    add("fuzz_prompts", 3, b"[1, 2, 3, 4]\n")
+
+
+def npy(build):
+    tmp = tempfile.mkdtemp()
+    arrays = [np.zeros((0, 4), np.float32), np.arange(6, dtype=np.float32).reshape(2, 3),
+              np.arange(4, dtype=np.int64), np.ones((2, 2), np.float16),
+              np.array([[1, 2]], np.uint16), np.arange(3, dtype=np.int32),
+              np.zeros((2, 2, 2), np.int8), np.array([True, False])]
+    for i, a in enumerate(arrays):
+        p = os.path.join(tmp, "a.npy")
+        np.save(p, a)
+        add("fuzz_npy", 2 * i, read(p))
+        add("fuzz_npy", 2 * i + 1, read(p))
+    p = os.path.join(tmp, "b.npy")
+    np.lib.format.write_array(open(p, "wb"), np.ones((2, 2), np.float32),
+                              version=(2, 0))
+    add("fuzz_npy", 0, read(p))
+    # Arrays NpyWriter wrote (a header with room for a growing row count).
+    for f in sorted(glob.glob(os.path.join(build, "fuzz-seed-job", "*.npy"))):
+        add("fuzz_npy", 0, read(f))
+        add("fuzz_npy", 3, read(f))
+
+
+def resume(build):
+    job = os.path.join(build, "fuzz-seed-job")
+    exe = os.path.join(build, "fuzz", "fuzz_resume")
+    empty = os.path.join(tempfile.mkdtemp(), "empty")
+    open(empty, "wb").close()
+    subprocess.run([exe, empty], check=True,
+                   env=dict(os.environ, LOOM_FUZZ_DUMP_TEMPLATE=job))
+    for mode, name in enumerate(["manifest.json", "rows.jsonl",
+                                 "blocks.0.hook_resid_post.last.npy",
+                                 "all.offsets.npy"]):
+        add("fuzz_resume", mode, read(os.path.join(job, name)))
+
+
+def serve():
+    bodies = [
+        (0, {"prompt": "Once", "max_tokens": 3, "temperature": 0}),
+        (0, {"prompt": [1, 2, 3], "max_tokens": 2, "return_hidden_states": True,
+             "hidden_state_layers": [0, -1], "hidden_state_format": "base64"}),
+        (1, {"prompt": "The cat", "max_tokens": 0, "return_full_sequence": True,
+             "hooks": ["blocks.0.hook_resid_post"], "select": ["last", "all"]}),
+        (2, {"prompt": "Once", "max_tokens": 4, "top_p": 0.9, "top_k": 5,
+             "temperature": 0.7, "seed": 3}),
+        (3, {"prompts": ["a", "b c"], "max_tokens": 2}),
+        (4, {"text": "The cat sat", "pooling": "mean", "normalize": True}),
+        (5, {"texts": ["The cat sat", "A dog"], "pooling": "last_token",
+             "layers": "all"}),
+        (6, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+             "temperature": 0}),
+        (9, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+             "stream": True, "stream_format": "theloom"}),
+        (7, {"embedding": [1.0, 2.0, 3.0, 4.0, 0.0]}),
+        (8, {"model": "stories260K"}),
+    ]
+    for mode, body in bodies:
+        add("fuzz_serve", mode, json.dumps(body).encode())
+    add("fuzz_serve", 0, b'{"prompt": "a", "max_tokens": "ten"}')
+    add("fuzz_serve", 6, b'{"messages": [{"role": 5}]}')
+    cfg = ("server:\n  http_port: 9001\n  auth_token: \"t\"\n  max_body_bytes: 16MiB\n"
+           "  cors_origins: [\"http://localhost:3000\"]\ngpu:\n  devices: [0, 2]\n"
+           "  default_device: 2\nmodels:\n  dirs: [/srv/models]\n  max_loaded: 2\n"
+           "hidden_states:\n  default_layers: [0, -1]\n  precision: bfloat16\n"
+           "batching:\n  slots: 4\n  context: 1024\n  kv_tokens: 4096\n"
+           "  page_size: 32\nlogging:\n  level: WARNING\n")
+    add("fuzz_serve", 10, cfg.encode())
+    add("fuzz_serve", 11, b"LOOM_SERVER__HTTP_PORT=9000\nLOOM_GPU__DEVICES=[0,1]\n"
+        b"LOOM_MAX_MODELS=2\nLOOM_BATCHING__SLOTS=3\nLOOM_OTHER=1")
+
+
+def main():
+    build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
+    safetensors()
+    configs()
+    plan_args()
+    tokenizers()
+    chat_templates()
+    prompts()
+    resume(build)
+    npy(build)
+    serve()
+    for d in sorted(os.listdir(CORPUS)):
+        print(d, len(os.listdir(os.path.join(CORPUS, d))))
+
+
+if __name__ == "__main__":
+    main()
