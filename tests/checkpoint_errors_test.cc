@@ -206,6 +206,19 @@ TEST_F(CheckpointErrorsTest, ConfigWrongType) {
               {"num_hidden_layers", "\"five\"", "expected an integer"});
 }
 
+// Found by fuzz_config: a float beyond int64 was cast (undefined behaviour).
+TEST_F(CheckpointErrorsTest, ConfigIntegerOutOfRange) {
+  for (const char* value : {"5.12e31", "-1e300", "18446744073709551615",
+                            "9223372036854775808.0", "2.5"}) {
+    WriteCheckpoint([](auto&) {});
+    EditConfig([&](auto& j) {
+      j["num_hidden_layers"] = nlohmann::json::parse(value);
+    });
+    ExpectError(StatusCode::kInvalidArgument,
+                {"num_hidden_layers", "expected an integer"});
+  }
+}
+
 TEST_F(CheckpointErrorsTest, ConfigNotJson) {
   WriteCheckpoint([](auto&) {});
   std::ofstream(dir_ / "config.json") << "{\"model_type\": \"llama\", ";

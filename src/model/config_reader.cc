@@ -1,5 +1,7 @@
 #include "src/model/config_reader.h"
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -35,13 +37,19 @@ StatusOr<int64_t> ConfigReader::Int(const std::string& key) const {
   if (!Has(key))
     return NotFoundError(source_ + ": missing required key '" + key + "'");
   const auto& v = json_.at(key);
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float()) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX))
+      return static_cast<int64_t>(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    return v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    // 128.0 is an integer; 1e300, 0.5 and NaN are not (and casting them
+    // would be undefined behaviour).
     const double d = v.get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d)))
+    if (d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d))
       return static_cast<int64_t>(d);
   }
-  return TypeError(key, "an integer");
+  return TypeError(key, "an integer (within the int64 range)");
 }
 
 StatusOr<double> ConfigReader::Float(const std::string& key) const {
