@@ -5,11 +5,10 @@
 //     given to one of the bundled real templates (the next byte picks it).
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "fuzz/fuzz_util.h"
 #include "src/tokenizer/chat_template.h"

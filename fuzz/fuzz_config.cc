@@ -29,8 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Planning a model of many thousand expert tensors (48 layers of 128
   // experts) takes seconds under the sanitizers: such configs are parsed and
   // declared, the rest are planned too.
-  if (config->num_layers * std::max<int64_t>(1, config->moe.num_experts) >
-      1024)
+  if (config->num_layers * std::max<int64_t>(1, config->moe.num_experts) > 1024)
     return 0;
   auto device = ParseDevice("cpu=1TiB", int64_t{1} << 40);
   if (!device.ok()) fuzz::Fail(device.status().ToString());

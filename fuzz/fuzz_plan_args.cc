@@ -17,7 +17,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const auto f = fuzz::Split(text, '\n', 8);
-  auto field = [&](size_t i) { return i < f.size() ? f[i] : std::string_view(); };
+  auto field = [&](size_t i) {
+    return i < f.size() ? f[i] : std::string_view();
+  };
 
   (void)ParseBytes(field(7));
   std::vector<std::string> device_flags;
@@ -36,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (d.max_memory.has_value() && *d.max_memory < 0))
       fuzz::Fail("device " + d.name + " has a negative size after parsing");
   JobSpec job;
-  if (batch.ok() && *batch > 0 && *batch <= (1 << 20)) job.batch_tokens = *batch;
+  if (batch.ok() && *batch > 0 && *batch <= (1 << 20))
+    job.batch_tokens = *batch;
   if (context.ok() && *context > 0 && *context <= (1 << 20))
     job.context = *context;
   static const std::vector<std::string> kDirs = {

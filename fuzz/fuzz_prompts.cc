@@ -51,8 +51,8 @@ const Fixture& Get() {
     o.max_positions = f->config.max_position_embeddings;
     o.vocab_size = f->config.vocab_size;
     o.config_bos_id = f->config.bos_token_id;
-    f->preparer = std::make_unique<RowPreparer>(o, f->tokenizer.get(), "",
-                                                &f->selectors);
+    f->preparer =
+        std::make_unique<RowPreparer>(o, f->tokenizer.get(), "", &f->selectors);
     return f;
   }();
   return *f;
@@ -67,8 +67,8 @@ std::vector<Read> ReadAll(const std::string& path, int64_t offset,
                           int64_t first_index, bool replace) {
   std::vector<Read> out;
   auto reader = InputReader::Open(path, offset, first_index);
-  if (!reader.ok()) Fail("cannot open " + path + ": " +
-                         reader.status().ToString());
+  if (!reader.ok())
+    Fail("cannot open " + path + ": " + reader.status().ToString());
   for (int guard = 0; guard < 100000; ++guard) {
     const int64_t at = (*reader)->offset();
     InputRow row;
@@ -115,8 +115,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!reader.ok()) Fail(reader.status().ToString());
     bool eof = false;
     for (int w = 0; w < 1000 && !eof; ++w) {
-      auto window = ReadWindow(**reader, *Get().preparer, 7, replace, policy,
-                               0, &eof);
+      auto window =
+          ReadWindow(**reader, *Get().preparer, 7, replace, policy, 0, &eof);
       if (!window.ok()) break;
     }
   }

@@ -12,9 +12,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "fuzz/fuzz_util.h"
 #include "src/eval/extract.h"

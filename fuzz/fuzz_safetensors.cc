@@ -57,8 +57,8 @@ void IndexMode(std::string_view bytes) {
   const std::string dir = ScratchDir() + "/index";
   static const bool shard_written = (WriteShard("index"), true);
   (void)shard_written;
-  const std::string path = WriteScratch("index/model.safetensors.index.json",
-                                        bytes);
+  const std::string path =
+      WriteScratch("index/model.safetensors.index.json", bytes);
   auto index = ReadSafetensorsIndex(path);
   auto shards = ReadIndexShards(path);
   if (index.ok() != shards.ok())
@@ -68,8 +68,7 @@ void IndexMode(std::string_view bytes) {
   auto checkpoint = Checkpoint::Open(dir);
   if (headers.ok() != checkpoint.ok())
     Fail("ReadCheckpointHeaders and Checkpoint::Open disagree: " +
-         headers.status().ToString() + " vs " +
-         checkpoint.status().ToString());
+         headers.status().ToString() + " vs " + checkpoint.status().ToString());
 }
 
 }  // namespace

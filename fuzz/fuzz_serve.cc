@@ -6,15 +6,15 @@
 //   mode 10: the input is a `loom serve --config` YAML file;
 //   mode 11: the input is environment overrides (one NAME=VALUE per line)
 //     applied to the default configuration.
+#include <httplib.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include "fuzz/fuzz_util.h"
 #include "src/serve/config.h"
@@ -70,10 +70,16 @@ Running& Get() {
   return *r;
 }
 
-constexpr const char* kRoutes[] = {
-    "/generate", "/v1/generate", "/generate/stream", "/generate/batch",
-    "/embed",    "/embed/batch", "/v1/chat/completions", "/analyze",
-    "/models/load", "/v1/chat/completions"};
+constexpr const char* kRoutes[] = {"/generate",
+                                   "/v1/generate",
+                                   "/generate/stream",
+                                   "/generate/batch",
+                                   "/embed",
+                                   "/embed/batch",
+                                   "/v1/chat/completions",
+                                   "/analyze",
+                                   "/models/load",
+                                   "/v1/chat/completions"};
 
 void Post(int route, std::string_view body) {
   Running& r = Get();
@@ -85,8 +91,9 @@ void Post(int route, std::string_view body) {
   const int status = res->status;
   if (status >= 500 && status != 501 && status != 503)
     Fail(path + ": status " + std::to_string(status) + ": " + res->body);
-  const bool sse = res->get_header_value("Content-Type")
-                       .find("text/event-stream") != std::string::npos;
+  const bool sse =
+      res->get_header_value("Content-Type").find("text/event-stream") !=
+      std::string::npos;
   if (!sse && nlohmann::json::parse(res->body, nullptr, false).is_discarded())
     Fail(path + ": the reply is not JSON: " + res->body.substr(0, 200));
 }

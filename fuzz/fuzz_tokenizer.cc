@@ -38,7 +38,13 @@ void Exercise(const tok::Tokenizer& t, std::string_view text) {
 }
 
 constexpr std::string_view kText =
-    "Hello world! 123 \xc3\xbc" "n" "\xc3\xaf" "c" "\xc3\xb6" "d" "\xc3\xa9"
+    "Hello world! 123 \xc3\xbc"
+    "n"
+    "\xc3\xaf"
+    "c"
+    "\xc3\xb6"
+    "d"
+    "\xc3\xa9"
     " \xe4\xbd\xa0\xe5\xa5\xbd <s> </s> <|endoftext|>\n\t  end \xff";
 
 void LoadAndExercise(const std::string& dir) {
@@ -83,9 +89,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       LoadAndExercise(ScratchDir() + "/spm");
       break;
     case 2: {
-      static const bool copied = (CopyDir(SourcePath(
-          "tests/data/tokenizers/tiny_bytebpe512_gpt2"),
-          ScratchDir() + "/config"), true);
+      static const bool copied =
+          (CopyDir(SourcePath("tests/data/tokenizers/tiny_bytebpe512_gpt2"),
+                   ScratchDir() + "/config"),
+           true);
       (void)copied;
       WriteScratch("config/tokenizer_config.json", in.rest);
       LoadAndExercise(ScratchDir() + "/config");

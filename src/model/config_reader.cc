@@ -1,9 +1,10 @@
 #include "src/model/config_reader.h"
 
-#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
+
+#include "src/core/json_int.h"
 
 namespace loom {
 
@@ -36,19 +37,9 @@ Status ConfigReader::TypeError(const std::string& key,
 StatusOr<int64_t> ConfigReader::Int(const std::string& key) const {
   if (!Has(key))
     return NotFoundError(source_ + ": missing required key '" + key + "'");
-  const auto& v = json_.at(key);
-  if (v.is_number_unsigned()) {
-    if (v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX))
-      return static_cast<int64_t>(v.get<uint64_t>());
-  } else if (v.is_number_integer()) {
-    return v.get<int64_t>();
-  } else if (v.is_number_float()) {
-    // 128.0 is an integer; 1e300, 0.5 and NaN are not (and casting them
-    // would be undefined behaviour).
-    const double d = v.get<double>();
-    if (d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d))
-      return static_cast<int64_t>(d);
-  }
+  // 128.0 is an integer; 1e300, 0.5 and 2^64 are not.
+  if (auto i = JsonInt64(json_.at(key), /*allow_integral_float=*/true))
+    return *i;
   return TypeError(key, "an integer (within the int64 range)");
 }
 

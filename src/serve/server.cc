@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "src/core/json_int.h"
 #include "src/io/safetensors.h"
 #include "src/model/registry.h"
 #include "src/plan/kv_layout.h"
@@ -332,10 +333,10 @@ class Server::Impl {
               "field `prompt`: expected a string or a list of token ids, got "
               "an element " +
               Dump(t));
-        const int64_t v = t.get<int64_t>();
+        const int64_t v = JsonInt64(t).value_or(-1);
         if (v < 0 || v >= e.model().config().vocab_size)
           return InvalidArgumentError(
-              "field `" + field + "`: token id " + std::to_string(v) +
+              "field `" + field + "`: token id " + Dump(t) +
               " outside the vocabulary [0, " +
               std::to_string(e.model().config().vocab_size) + ")");
         ids.push_back(static_cast<int32_t>(v));
@@ -409,16 +410,17 @@ class Server::Impl {
       layers.clear();
       if (l.is_string() && l.get<std::string>() == "all") {
         for (int64_t i = -n; i <= -1; ++i) layers.push_back(i);
-      } else if (l.is_number_integer()) {
-        layers.push_back(l.get<int64_t>());
+      } else if (JsonInt64(l)) {
+        layers.push_back(*JsonInt64(l));
       } else if (l.is_array()) {
         for (const json& x : l) {
-          if (!x.is_number_integer())
+          const std::optional<int64_t> layer = JsonInt64(x);
+          if (!layer)
             return InvalidArgumentError(
                 "field `hidden_state_layers`: expected integers or \"all\", "
                 "got " +
                 Dump(l));
-          layers.push_back(x.get<int64_t>());
+          layers.push_back(*layer);
         }
       } else {
         return InvalidArgumentError(

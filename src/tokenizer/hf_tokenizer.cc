@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "src/core/json_int.h"
 #include "src/tokenizer/added_tokens.h"
 #include "src/tokenizer/bpe.h"
 #include "src/tokenizer/decoder.h"
@@ -119,12 +120,14 @@ Status HfTokenizer::ParsePostProcessor(const Json& j, const JsonPath& at) {
                          "expected an array");
       }
       for (const Json& id : *ids) {
-        if (!id.is_number_integer()) {
-          return JsonError(at.Child("special_tokens").Child(name).Child("ids"),
-                           "expected integer ids");
+        const std::optional<int64_t> v = JsonInt64(id);
+        if (!v || *v < 0 || *v > INT32_MAX) {
+          return JsonError(
+              at.Child("special_tokens").Child(name).Child("ids"),
+              "expected integer ids in [0, 2^31), found " + id.dump());
         }
         (seen_sequence ? suffix_ids_ : prefix_ids_)
-            .push_back(id.get<int32_t>());
+            .push_back(static_cast<int32_t>(*v));
       }
     }
     return Status::Ok();
@@ -132,12 +135,16 @@ Status HfTokenizer::ParsePostProcessor(const Json& j, const JsonPath& at) {
   if (type == "RobertaProcessing" || type == "BertProcessing") {
     for (const char* key : {"cls", "sep"}) {
       auto it = j.find(key);
-      if (it == j.end() || !it->is_array() || it->size() != 2 ||
-          !(*it)[1].is_number_integer()) {
-        return JsonError(at.Child(key), "expected [token, id]");
+      std::optional<int64_t> id;
+      if (it != j.end() && it->is_array() && it->size() == 2)
+        id = JsonInt64((*it)[1]);
+      if (!id || *id < 0 || *id > INT32_MAX) {
+        return JsonError(at.Child(key),
+                         "expected [token, id] with an id in "
+                         "[0, 2^31)");
       }
       (std::string(key) == "cls" ? prefix_ids_ : suffix_ids_)
-          .push_back((*it)[1].get<int32_t>());
+          .push_back(static_cast<int32_t>(*id));
     }
     return Status::Ok();
   }

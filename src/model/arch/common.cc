@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "src/core/json_int.h"
 #include "src/model/rope.h"
 
 namespace loom::arch {
@@ -208,13 +209,12 @@ Status ParseDecoderBase(const ConfigReader& r, bool tie_default,
   ASSIGN_OR_RETURN(c->act, ParseActivation(r, "hidden_act", act));
   ASSIGN_OR_RETURN(c->tie_word_embeddings,
                    r.Bool("tie_word_embeddings", tie_default));
-  if (r.Has("bos_token_id") &&
-      r.json().at("bos_token_id").is_number_integer()) {
-    c->bos_token_id = r.json().at("bos_token_id").get<int64_t>();
+  // Optional, and a list in some configs: only an int64 counts.
+  if (r.Has("bos_token_id")) {
+    if (auto id = JsonInt64(r.json().at("bos_token_id"))) c->bos_token_id = *id;
   }
-  if (r.Has("eos_token_id") &&
-      r.json().at("eos_token_id").is_number_integer()) {
-    c->eos_token_id = r.json().at("eos_token_id").get<int64_t>();
+  if (r.Has("eos_token_id")) {
+    if (auto id = JsonInt64(r.json().at("eos_token_id"))) c->eos_token_id = *id;
   }
   ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype", "float32"));
   if (auto d = ParseDType(dtype)) c->torch_dtype = *d;
