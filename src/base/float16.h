@@ -56,8 +56,8 @@ inline uint16_t F32ToF16(float f) {
     // Below the smallest normal: adding 0.5 leaves the value in units of
     // 2^-24 in the low mantissa bits, rounded to nearest even by the FPU.
     const float v = std::bit_cast<float>(u) + 0.5f;
-    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(v) -
-                                         0x3f000000u));
+    return static_cast<uint16_t>(sign |
+                                 (std::bit_cast<uint32_t>(v) - 0x3f000000u));
   }
   // Normal: rebias the exponent (-112) and round the 13 dropped bits to
   // nearest even.

@@ -87,8 +87,8 @@ TEST(Float16Test, F32SweepMatchesDefinition) {
   // Every 4099th f32 bit pattern (a prime stride reaches every exponent and
   // many mantissas), both signs, infinities included.
   for (uint64_t u = 0; u <= 0x7f800000u; u += 4099) {
-    for (uint32_t bits : {static_cast<uint32_t>(u),
-                          static_cast<uint32_t>(u) | 0x80000000u}) {
+    for (uint32_t bits :
+         {static_cast<uint32_t>(u), static_cast<uint32_t>(u) | 0x80000000u}) {
       const float f = std::bit_cast<float>(bits);
       ASSERT_EQ(F32ToF16(f), ReferenceF32ToF16(f)) << "f32 bits " << bits;
     }
