@@ -1,17 +1,13 @@
 #include "src/model/config_reader.h"
 
-#include <fstream>
-#include <sstream>
+#include "src/base/read_file.h"
 
 namespace loom {
 
 StatusOr<ConfigReader> ConfigReader::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   nlohmann::json j =
-      nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return DataLossError(path + ": not valid JSON");
   if (!j.is_object())
     return DataLossError(path + ": top level is " + std::string(j.type_name()) +
