@@ -50,9 +50,9 @@ StatusOr<std::string> Sha256File(const std::string& path) {
   size_t n;
   while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0)
     EVP_DigestUpdate(ctx.get(), buf.data(), n);
-  const bool err = std::ferror(f);
+  const int err = std::ferror(f) ? errno : 0;
   std::fclose(f);
-  if (err) return IoError(path + ": read error");
+  if (err) return IoError(path + ": read error: " + std::strerror(err));
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned len = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &len);

@@ -72,7 +72,8 @@ StatusOr<bool> InputReader::Next(InputRow* row, bool replace_invalid_utf8) {
   for (;;) {
     const ssize_t n = ::getline(&line_, &cap_, file_);
     if (n < 0) {
-      if (std::ferror(file_)) return IoError(path_ + ": read error");
+      if (std::ferror(file_))
+        return IoError(path_ + ": read error: " + std::strerror(errno));
       return false;
     }
     offset_ += n;

@@ -2,24 +2,11 @@
 
 #include <cctype>
 #include <charconv>
-#include <fstream>
-#include <sstream>
 
+#include "src/base/read_file.h"
 #include "src/tokenizer/tokenizer.h"
 
 namespace loom::eval {
-namespace {
-
-StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return IoError("cannot read " + path);
-  return buffer.str();
-}
-
-}  // namespace
 
 StatusOr<AddBos> ParseAddBos(std::string_view text) {
   if (text == "auto") return AddBos::kAuto;
@@ -89,14 +76,14 @@ StatusOr<EvalInput> LoadEvalInput(const InputOptions& options,
     return InvalidArgumentError(
         "give exactly one of --text FILE and --tokens FILE");
   if (!options.text_file.empty()) {
-    ASSIGN_OR_RETURN(std::string text, ReadFile(options.text_file));
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(options.text_file));
     ASSIGN_OR_RETURN(EvalInput in, TokenizeText(text, options.tokenizer_dir,
                                                 options.add_bos, config));
     in.source = "text " + options.text_file + " (" +
                 std::to_string(text.size()) + " bytes)";
     return in;
   }
-  ASSIGN_OR_RETURN(std::string text, ReadFile(options.tokens_file));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(options.tokens_file));
   EvalInput in;
   ASSIGN_OR_RETURN(in.ids, ParseTokenIds(text, options.tokens_file));
   in.source = "tokens " + options.tokens_file;

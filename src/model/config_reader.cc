@@ -1,21 +1,33 @@
 #include "src/model/config_reader.h"
 
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 
+#include "src/base/read_file.h"
 #include "src/core/json_int.h"
 
 namespace loom {
+namespace {
+
+// Where `text` stops being JSON ("parse error at line 2, column 20: …"),
+// from the throwing parser; its exception stays here.
+std::string JsonSyntaxError(const std::string& text) {
+  try {
+    const nlohmann::json reparsed = nlohmann::json::parse(text);
+    static_cast<void>(reparsed);
+  } catch (const nlohmann::json::exception& e) {
+    return e.what();
+  }
+  return "unknown error";
+}
+
+}  // namespace
 
 StatusOr<ConfigReader> ConfigReader::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   nlohmann::json j =
-      nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return DataLossError(path + ": not valid JSON");
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return DataLossError(path + ": not valid JSON: " + JsonSyntaxError(text));
   if (!j.is_object())
     return DataLossError(path + ": top level is " + std::string(j.type_name()) +
                          ", expected an object");

@@ -54,6 +54,17 @@ DeviceSpec* FindDevice(std::vector<DeviceSpec>* devices,
   return nullptr;
 }
 
+// The byte size `size` of `item` given to `flag`; an error names all three:
+// "--max-memory 'cpu=lots': byte size 'lots': expected a number, …".
+StatusOr<int64_t> FlagBytes(const char* flag, std::string_view item,
+                            std::string_view size) {
+  StatusOr<int64_t> bytes = ParseBytes(size);
+  if (!bytes.ok())
+    return InvalidArgumentError(std::string(flag) + " '" + std::string(item) +
+                                "': " + bytes.status().message());
+  return bytes;
+}
+
 }  // namespace
 
 int64_t DeviceSpec::usable() const {
@@ -79,7 +90,8 @@ StatusOr<DeviceSpec> ParseDevice(std::string_view text,
     return d;
   }
   if (eq != std::string_view::npos) {
-    ASSIGN_OR_RETURN(d.capacity, ParseBytes(text.substr(eq + 1)));
+    ASSIGN_OR_RETURN(d.capacity,
+                     FlagBytes("--device", text, text.substr(eq + 1)));
     if (d.capacity <= 0)
       return InvalidArgumentError("--device " + std::string(text) +
                                   ": capacity must be > 0");
@@ -110,7 +122,8 @@ Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices) {
                      CanonicalName(item.substr(0, eq), "--max-memory"));
     if (name == "disk")
       return InvalidArgumentError("--max-memory: disk has no budget");
-    ASSIGN_OR_RETURN(int64_t bytes, ParseBytes(item.substr(eq + 1)));
+    ASSIGN_OR_RETURN(int64_t bytes,
+                     FlagBytes("--max-memory", item, item.substr(eq + 1)));
     if (bytes <= 0)
       return InvalidArgumentError("--max-memory " + std::string(item) +
                                   ": budget must be > 0");
@@ -132,7 +145,7 @@ Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices) {
 
 Status ApplyReserve(std::string_view text, std::vector<DeviceSpec>* devices) {
   if (text.find('=') == std::string_view::npos) {
-    ASSIGN_OR_RETURN(int64_t bytes, ParseBytes(text));
+    ASSIGN_OR_RETURN(int64_t bytes, FlagBytes("--reserve", text, text));
     if (bytes < 0)
       return InvalidArgumentError("--reserve " + std::string(text) +
                                   ": must be >= 0");
@@ -153,7 +166,8 @@ Status ApplyReserve(std::string_view text, std::vector<DeviceSpec>* devices) {
       return InvalidArgumentError("--reserve " + std::string(item) +
                                   ": no device " + name +
                                   " (give it with --device or --max-memory)");
-    ASSIGN_OR_RETURN(d->reserve, ParseBytes(item.substr(eq + 1)));
+    ASSIGN_OR_RETURN(d->reserve,
+                     FlagBytes("--reserve", item, item.substr(eq + 1)));
     if (d->reserve < 0)
       return InvalidArgumentError("--reserve " + std::string(item) +
                                   ": must be >= 0");

@@ -6,13 +6,17 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "src/eval/extract.h"
 #include "src/eval/generate.h"
@@ -576,6 +580,96 @@ TEST(ServeHttpTest, MalformedRequestsGet4xx) {
   int status = 0;
   Post(c, "/generate", {{"prompt", "a"}, {"max_tokens", 1}}, &status);
   EXPECT_EQ(status, 200);
+}
+
+// The one mapping of error-model.md, code by code.
+TEST(ServeHttpTest, HttpStatusOfEveryCode) {
+  const std::vector<std::pair<Status, int>> cases = {
+      {Status(), 200},
+      {InvalidArgumentError("x"), 400},
+      {OutOfRangeError("x"), 400},
+      {NotFoundError("x"), 404},
+      {ResourceExhaustedError("x"), 503},
+      {FailedPreconditionError("x"), 503},
+      {UnimplementedError("x"), 501},
+      {DataLossError("x"), 500},
+      {IoError("x"), 500},
+      {InternalError("x"), 500},
+  };
+  for (const auto& [status, http] : cases)
+    EXPECT_EQ(HttpStatusOf(status), http) << status.ToString();
+}
+
+// The classes no malformed request reaches, over HTTP: a model under
+// models.dirs that is corrupt (DATA_LOSS) or unreadable (IO_ERROR) is a 500
+// whose body names the file; one that does not fit is a 503 with
+// Retry-After naming both byte counts.
+TEST(ServeHttpTest, ErrorClassesGetTheirHttpStatus) {
+  const fs::path root = fs::temp_directory_path() /
+                        ("loom_serve_classes_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  for (const std::string name : {"corrupt", "unreadable"}) {
+    fs::create_directories(root / name);
+    fs::copy_file(Stories() + "/model.safetensors",
+                  root / name / "model.safetensors");
+  }
+  std::ofstream(root / "corrupt" / "config.json") << "{\"model_type\": ";
+  fs::create_directory(root / "unreadable" / "config.json");
+  ServerOptions o = Defaults();
+  o.model_dirs = {root.string()};
+  {
+    Running s(o);
+    auto c = s.Client();
+    struct Case {
+      std::string model, needle;
+    };
+    for (const Case& k :
+         {Case{"corrupt", "/corrupt/config.json: not valid JSON"},
+          Case{"unreadable", "/unreadable/config.json: read: " +
+                                 std::string(std::strerror(EISDIR))}}) {
+      SCOPED_TRACE(k.model);
+      auto r = c.Post("/models/load", json({{"model", k.model}}).dump(),
+                      "application/json");
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 500) << r->body;
+      EXPECT_FALSE(r->has_header("Retry-After"));
+      const json j = json::parse(r->body, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << r->body;
+      EXPECT_NE(j["detail"].get<std::string>().find(k.needle),
+                std::string::npos)
+          << j["detail"];
+      EXPECT_EQ(j["error"]["message"], j["detail"]);
+      EXPECT_EQ(j["error"]["type"], "server_error");
+      EXPECT_EQ(j["error"]["code"], 500);
+    }
+  }
+  // A server whose budget holds no model: loading one is refused.
+  o.memory_fraction = 1e-7;  // a few KiB
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.model_dirs = {LOOM_MODELS_DIR};
+  auto server = Server::Create(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ASSERT_TRUE((*server)->Bind().ok());
+  std::thread run([&] { EXPECT_TRUE((*server)->Run().ok()); });
+  httplib::Client c("127.0.0.1", (*server)->port());
+  c.set_read_timeout(60);
+  auto r =
+      c.Post("/models/load", R"({"model": "stories260K"})", "application/json");
+  (*server)->Stop();
+  run.join();
+  fs::remove_all(root);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_TRUE(r->has_header("Retry-After"));
+  const json j = json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r->body;
+  const std::string detail = j["detail"];
+  EXPECT_NE(detail.find("cannot load `stories260K`"), std::string::npos)
+      << detail;
+  EXPECT_NE(detail.find("alone need "), std::string::npos) << detail;
+  EXPECT_NE(detail.find(" bytes, more than "), std::string::npos) << detail;
+  EXPECT_EQ(j["error"]["type"], "overloaded");
 }
 
 TEST(ServeHttpTest, BearerToken) {

@@ -1,7 +1,6 @@
 #include "src/tokenizer/json_util.h"
 
-#include <fstream>
-#include <sstream>
+#include "src/base/read_file.h"
 
 namespace loom::tok {
 
@@ -11,13 +10,9 @@ Status JsonError(const JsonPath& at, std::string_view what) {
 
 StatusOr<Json> ReadJsonFile(const std::string& path,
                             const std::string& display_name) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return IoError("error reading " + path);
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   try {
-    return Json::parse(buffer.str());
+    return Json::parse(text);
   } catch (const Json::exception& e) {
     return DataLossError(display_name + ": not valid JSON: " + e.what());
   }

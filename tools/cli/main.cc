@@ -2,6 +2,8 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "tools/cli/commands.h"
 
@@ -25,6 +27,27 @@ int main(int argc, char** argv) {
       "checkpoints"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");
+  // Usage errors carry the prefix of every other error: `loom <command>: `
+  // (`loom: ` before a command is known, naming the word that is none).
+  app.failure_message([argc, argv](const CLI::App* a, const CLI::Error& e) {
+    const std::vector<CLI::App*> parsed = a->get_subcommands();
+    if (parsed.empty() && argc > 1 && argv[1][0] != '-') {
+      std::string names;
+      bool known = false;
+      for (const CLI::App* c :
+           a->get_subcommands([](const CLI::App*) { return true; })) {
+        names += (names.empty() ? "" : ", ") + c->get_name();
+        known = known || c->get_name() == argv[1];
+      }
+      if (!known)
+        return "loom: unknown command '" + std::string(argv[1]) +
+               "'; commands: " + names + "\n";
+    }
+    const std::string prefix =
+        parsed.empty() ? "loom" : "loom " + parsed.front()->get_name();
+    return prefix + ": " + e.what() +
+           "\nRun with --help for more information.\n";
+  });
   int exit_code = 0;
   loom::cli::AddInspectCommand(app, &exit_code);
   loom::cli::AddTokenizeCommand(app, &exit_code);

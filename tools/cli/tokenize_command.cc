@@ -1,12 +1,12 @@
 // `loom tokenize MODEL_DIR [--text T | --file F] [--no-special] [--json]`:
 // shows the token ids, token strings and byte offsets the model will see.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
+#include "src/base/read_file.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tools/cli/commands.h"
 
@@ -24,14 +24,10 @@ struct TokenizeArgs {
 
 StatusOr<std::string> ReadInput(const TokenizeArgs& args, bool have_text) {
   if (have_text) return args.text;
+  if (!args.file.empty() && args.file != "-")
+    return ReadFileToString(args.file);
   std::stringstream buffer;
-  if (args.file.empty() || args.file == "-") {
-    buffer << std::cin.rdbuf();
-  } else {
-    std::ifstream in(args.file, std::ios::binary);
-    if (!in) return NotFoundError("cannot open " + args.file);
-    buffer << in.rdbuf();
-  }
+  buffer << std::cin.rdbuf();
   return buffer.str();
 }
 
