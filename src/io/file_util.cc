@@ -1,6 +1,7 @@
 #include "src/io/file_util.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -177,6 +178,22 @@ Status TruncateFileDurably(const std::string& path, int64_t size) {
   if (::ftruncate(fd.get(), size) != 0)
     return io_internal::ErrnoStatus(path, "ftruncate", errno);
   return io_internal::Fdatasync(fd.get(), path);
+}
+
+StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
+  // Read-only: the file is never written (flock needs no write access).
+  ASSIGN_OR_RETURN(UniqueFd fd,
+                   io_internal::OpenFile(path, O_RDONLY | O_CREAT));
+  int r;
+  do {
+    r = ::flock(fd.get(), LOCK_EX | LOCK_NB);
+  } while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    if (errno == EWOULDBLOCK)
+      return FailedPreconditionError(path + ": locked by another process");
+    return io_internal::ErrnoStatus(path, "flock", errno);
+  }
+  return FileLock(path, std::move(fd));
 }
 
 }  // namespace loom

@@ -1,9 +1,10 @@
 // Small POSIX file utilities. Those in io_internal are shared by the io module
 // (internal to src/io); the durable writes at the end (namespace loom) are
 // public: every "replace a file so that a crash leaves the old or the new one"
-// in Loom goes through ReplaceFileDurably. Every failure is a Status whose
-// message names the path, the operation and strerror(errno). No state;
-// thread-safe.
+// in Loom goes through ReplaceFileDurably, and FileLock is the exclusive lock
+// a job takes on the directory it writes. Every failure is a Status whose
+// message names the path, the operation and strerror(errno). The functions keep
+// no state and are thread-safe.
 #ifndef LOOM_IO_FILE_UTIL_H_
 #define LOOM_IO_FILE_UTIL_H_
 
@@ -11,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "src/base/status.h"
 
@@ -107,6 +109,34 @@ Status AppendFileDurably(const std::string& path, std::string_view content);
 // Cuts the existing file `path` to `size` bytes and fdatasyncs it. NotFound if
 // it does not exist; DataLoss if it is shorter than `size` (nothing changes).
 Status TruncateFileDurably(const std::string& path, int64_t size);
+
+// An exclusive advisory lock (flock LOCK_EX | LOCK_NB) on the file `path`,
+// held until the object is destroyed or the process ends (the kernel drops it
+// when the descriptor closes, SIGKILL included). The file is created empty
+// if absent and is never written or removed: removing it on release would let
+// a process that opened the old file and one that creates a new one both
+// hold "the" lock. flock locks an open file description, so a second Acquire
+// of the same path fails in the same process too. Movable, not copyable.
+class FileLock {
+ public:
+  // FailedPrecondition "<path>: locked by another process" when another open
+  // file description holds it (never waits); NotFound when the directory
+  // does not exist; IoError for any other failure (naming path, operation
+  // and strerror).
+  static StatusOr<FileLock> Acquire(const std::string& path);
+
+  FileLock(FileLock&&) = default;
+  FileLock& operator=(FileLock&&) = default;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  FileLock(std::string path, io_internal::UniqueFd fd)
+      : path_(std::move(path)), fd_(std::move(fd)) {}
+
+  std::string path_;
+  io_internal::UniqueFd fd_;
+};
 
 }  // namespace loom
 
