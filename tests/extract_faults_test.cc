@@ -1,0 +1,521 @@
+// `loom extract` under faults. Each case ends either in a clear error that
+// leaves the committed state intact, or, after --resume, in output
+// byte-identical (every file of the directory) to an uninterrupted run:
+//   - SIGKILL at many random points of a job, and of the resumes themselves
+//     (chains: kill, resume killed, resume killed, final resume), for .npy
+//     with a ragged selector and for safetensors shards.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/eval/extract.h"
+#include "src/io/npy.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void Spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Every file of a directory: name -> bytes.
+using Files = std::map<std::string, std::string>;
+Files Snapshot(const std::string& dir) {
+  Files files;
+  for (const auto& e : fs::directory_iterator(dir))
+    files[e.path().filename().string()] = Slurp(e.path().string());
+  return files;
+}
+
+// "" when equal, else which files differ (not their bytes: they are large;
+// the first 8 differences, then a count).
+std::string Diff(const Files& got, const Files& want) {
+  std::vector<std::string> d;
+  for (const auto& [name, bytes] : want) {
+    const auto it = got.find(name);
+    if (it == got.end())
+      d.push_back(name + " missing");
+    else if (it->second != bytes)
+      d.push_back(name + " differs (" + std::to_string(it->second.size()) +
+                  " vs " + std::to_string(bytes.size()) + " bytes)");
+  }
+  for (const auto& [name, bytes] : got)
+    if (!want.count(name)) d.push_back(name + " is extra");
+  std::string text;
+  for (size_t i = 0; i < d.size() && i < 8; ++i) text += d[i] + "; ";
+  if (d.size() > 8) text += "and " + std::to_string(d.size() - 8) + " more";
+  return text;
+}
+
+// ---- Child processes --------------------------------------------------------
+
+struct SpawnOptions {
+  std::string log;  // stdout and stderr go here ("" = /dev/null)
+};
+
+pid_t Spawn(const std::vector<std::string>& args, const SpawnOptions& o) {
+  std::vector<char*> argv;
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string log = o.log.empty() ? "/dev/null" : o.log;
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) ::_exit(127);
+  ::dup2(fd, 1);
+  ::dup2(fd, 2);
+  ::execv(argv[0], argv.data());
+  ::_exit(127);
+}
+
+struct ExitStatus {
+  bool signaled = false;
+  int code = -1;  // exit code when not signaled
+  std::string ToString() const {
+    return signaled ? "killed by a signal" : "exit " + std::to_string(code);
+  }
+};
+
+ExitStatus Decode(int status) {
+  ExitStatus e;
+  e.signaled = WIFSIGNALED(status);
+  if (WIFEXITED(status)) e.code = WEXITSTATUS(status);
+  return e;
+}
+
+ExitStatus Wait(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return Decode(status);
+}
+
+ExitStatus RunLoom(const std::vector<std::string>& args,
+                   const SpawnOptions& o = {}) {
+  return Wait(Spawn(args, o));
+}
+
+// The CPU time a process has used so far, in seconds: the sum over its
+// threads of the first field of /proc/<pid>/task/*/schedstat (nanoseconds
+// on the CPU); -1 when unreadable. Kill points are placed on this clock, not
+// on wall time, so that other load on the machine (which stretches a run's
+// wall time unevenly) does not move them past the end of the job.
+double CpuSeconds(pid_t pid) {
+  std::error_code ec;
+  double total = 0;
+  bool any = false;
+  for (const auto& t :
+       fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(t.path() / "schedstat");
+    long long ns = 0;
+    if (in >> ns) {
+      total += static_cast<double>(ns) * 1e-9;
+      any = true;
+    }
+  }
+  return any ? total : -1.0;
+}
+
+// ---- Jobs -------------------------------------------------------------------
+
+// Plain-text prompts of varied lengths.
+std::string Prompts(int rows) {
+  std::string text;
+  for (int i = 0; i < rows; ++i)
+    text += "Row " + std::to_string(i) +
+            ": the little dog ran to the park and saw " +
+            std::string(static_cast<size_t>(i % 13), 'a') + " big ball.\n";
+  return text;
+}
+
+// A `loom extract` job: its flags without --out and --resume.
+struct Job {
+  std::vector<std::string> flags;
+  std::vector<std::string> Args(const std::string& out,
+                                bool resume = false) const {
+    std::vector<std::string> a = {LOOM_BINARY, "extract"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.insert(a.end(), {"--out", out});
+    if (resume) a.push_back("--resume");
+    return a;
+  }
+};
+
+// Two hooks, a fixed, a reduced and a ragged selector, or safetensors shards
+// of a fixed and a ragged one; one thread, small windows (many commits).
+Job MakeJob(const std::string& input, bool safetensors) {
+  Job j;
+  j.flags = {
+      "--model",        kModel,
+      "--input",        input,
+      "--hooks",        "blocks.1.hook_resid_post,blocks.-1.hook_mlp_out",
+      "--select",       "last",
+      "--select",       "all",
+      "--commit-every", "7",
+      "--batch-tokens", "64",
+      "--threads",      "1",
+      "--quiet"};
+  if (safetensors) {
+    j.flags.insert(j.flags.end(), {"--format", "safetensors"});
+  } else {
+    j.flags.insert(j.flags.end(), {"--select", "mean"});
+  }
+  return j;
+}
+
+std::optional<Json> ReadManifest(const std::string& out) {
+  const std::string text = Slurp(out + "/manifest.json");
+  Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object()) return std::nullopt;
+  return m;
+}
+
+// A kill left files longer than their commit: it landed inside a commit
+// (after the first array's rows were appended, before the manifest was
+// replaced), or while a shard or the manifest was being written.
+bool KilledInsideCommit(const std::string& out, const Json& m) {
+  const Json& p = m["progress"];
+  int64_t shards = 0;
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp") return true;
+    if (Contains(name, ".shard-")) ++shards;
+  }
+  if (shards > static_cast<int64_t>(m["files"].size())) return true;
+  if (static_cast<int64_t>(fs::file_size(out + "/rows.jsonl")) >
+      p["rows_file_bytes"].get<int64_t>())
+    return true;
+  const int64_t rows = p["rows_committed"];
+  std::map<std::string, int64_t> npy;  // file -> committed rows
+  for (const auto& a : m["arrays"]) {
+    if (!a.contains("file")) continue;  // safetensors
+    const std::string file = a["file"];
+    npy[file] = a.contains("offsets_file")
+                    ? p["ragged_rows"][file].get<int64_t>()
+                    : rows;
+    if (a.contains("offsets_file")) npy[a["offsets_file"]] = rows + 1;
+  }
+  for (const auto& [file, committed] : npy) {
+    const auto h = ReadNpyHeader(out + "/" + file);
+    if (!h.ok()) return true;
+    int64_t row_bytes = DTypeSize(h->dtype);
+    for (size_t d = 1; d < h->shape.size(); ++d) row_bytes *= h->shape[d];
+    if (h->shape[0] > committed ||
+        static_cast<int64_t>(fs::file_size(out + "/" + file)) >
+            h->data_offset + committed * row_bytes)
+      return true;
+  }
+  return false;
+}
+
+// Where a SIGKILL landed.
+enum class Landed {
+  kBeforeManifest,  // before the job's first manifest (a fresh start redoes it)
+  kMidRun,          // an incomplete job that --resume continues
+  kAfterCompletion,  // the job had finished
+};
+
+struct Tally {
+  int kills = 0;
+  int before_manifest = 0;
+  int mid_run = 0;
+  int after_completion = 0;
+  int inside_commit = 0;  // mid-run kills that left uncommitted bytes
+  int resume_kills = 0;   // kills of a --resume process
+  int resumes_killed_mid_run = 0;
+  void Record(const std::string& prefix) const {
+    const std::pair<const char*, int> counts[] = {
+        {"kills", kills},
+        {"killed_before_manifest", before_manifest},
+        {"killed_mid_run", mid_run},
+        {"killed_after_completion", after_completion},
+        {"killed_inside_a_commit", inside_commit},
+        {"resume_kills", resume_kills},
+        {"resumes_killed_mid_run", resumes_killed_mid_run}};
+    for (const auto& [name, n] : counts)
+      ::testing::Test::RecordProperty(prefix + name, n);
+  }
+};
+
+// Scratch directories: on a tmpfs (/dev/shm) when there is one, so that a
+// job's time is compute rather than fsync latency and kill points drawn over
+// its duration spread the same way on any machine. A SIGKILL leaves the same
+// files on any file system (the page cache outlives the process; fsync
+// matters for a power loss, which no test here causes). The kill chains also
+// run in the default temporary directory, a disk where fsync takes time, so
+// that kills land inside commits there.
+std::string ScratchBase() {
+  std::error_code ec;
+  if (fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0)
+    return "/dev/shm";
+  return fs::temp_directory_path().string();
+}
+
+class ExtractFaultsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string name =
+        "loom_faults_" + std::to_string(::getpid()) + "_" +
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = ScratchBase() + "/" + name;
+    disk_dir_ = fs::temp_directory_path().string() + "/" + name + "_disk";
+    for (const std::string& d : {dir_, disk_dir_}) {
+      fs::remove_all(d);
+      fs::create_directories(d);
+    }
+  }
+  void TearDown() override {
+    for (const std::string& d : {dir_, disk_dir_}) {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  }
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string DiskPath(const std::string& name) const {
+    return disk_dir_ + "/" + name;
+  }
+
+  // Runs `job` in `out` to the end (exit 0): the CPU time it used, and the
+  // CPU time it had used when its first manifest appeared.
+  struct Timing {
+    double total = 0;
+    double manifest = 0;
+  };
+  Timing RunToEnd(const Job& job, const std::string& out) {
+    const pid_t pid = Spawn(job.Args(out), {.log = out + ".log"});
+    Timing t;
+    int status = 0;
+    rusage usage{};
+    bool reaped = false;
+    for (t.manifest = -1; t.manifest < 0 && !reaped;) {
+      const double cpu = CpuSeconds(pid);
+      if (fs::exists(out + "/manifest.json"))
+        t.manifest = cpu;
+      else if (::wait4(pid, &status, WNOHANG, &usage) == pid)
+        reaped = true;
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    if (!reaped)
+      while (::wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
+      }
+    t.total =
+        static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+        1e-6 * static_cast<double>(usage.ru_utime.tv_usec +
+                                   usage.ru_stime.tv_usec);
+    const ExitStatus e = Decode(status);
+    EXPECT_EQ(e.code, 0) << e.ToString() << ": " << Slurp(out + ".log");
+    EXPECT_GE(t.manifest, 0) << "/proc/<pid>/task/*/schedstat is unreadable";
+    return t;
+  }
+
+  // The reference output of `job` in `ref`, and its timing: the smaller of
+  // two runs' CPU times. The second run must give the same bytes.
+  Timing Reference(const Job& job, const std::string& ref, Files* files) {
+    Timing best = RunToEnd(job, ref);
+    *files = Snapshot(ref);
+    const Timing t = RunToEnd(job, ref + "_again");
+    EXPECT_EQ(Diff(Snapshot(ref + "_again"), *files), "")
+        << "two uninterrupted runs differ";
+    fs::remove_all(ref + "_again");
+    best.total = std::min(best.total, t.total);
+    best.manifest = std::min(best.manifest, t.manifest);
+    RecordProperty("cpu_ms", static_cast<int>(best.total * 1000));
+    RecordProperty("manifest_after_cpu_ms",
+                   static_cast<int>(best.manifest * 1000));
+    return best;
+  }
+
+  // Starts `job` in `out` (with --resume when it has a manifest, else fresh)
+  // and SIGKILLs it when it has used `cpu` seconds of CPU time.
+  Landed StartAndKill(const Job& job, const std::string& out, double cpu,
+                      Tally* tally) {
+    const bool resume = fs::exists(out + "/manifest.json");
+    const pid_t pid = Spawn(job.Args(out, resume), {.log = out + ".log"});
+    int status = 0;
+    bool reaped = false;
+    while (CpuSeconds(pid) < cpu) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        reaped = true;  // ended before the kill point
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    if (!reaped) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    const ExitStatus e = Decode(status);
+    ++tally->kills;
+    if (resume) ++tally->resume_kills;
+    Landed landed = Landed::kAfterCompletion;
+    if (!e.signaled) {
+      EXPECT_EQ(e.code, 0) << "the job failed: " << Slurp(out + ".log");
+    } else if (const std::optional<Json> m = ReadManifest(out); !m) {
+      EXPECT_FALSE(resume) << "a killed --resume lost its manifest";
+      landed = Landed::kBeforeManifest;
+    } else if (!(*m)["complete"].get<bool>()) {
+      landed = Landed::kMidRun;
+      if (KilledInsideCommit(out, *m)) ++tally->inside_commit;
+      if (resume) ++tally->resumes_killed_mid_run;
+    }
+    (landed == Landed::kBeforeManifest ? tally->before_manifest
+     : landed == Landed::kMidRun       ? tally->mid_run
+                                       : tally->after_completion) += 1;
+    return landed;
+  }
+
+  // Completes an interrupted job (--resume, or a fresh start when it was
+  // killed before its first manifest) and compares every file with `ref`.
+  void FinishAndCompare(const Job& job, const std::string& out,
+                        const Files& ref, const std::string& what) {
+    const bool resume = fs::exists(out + "/manifest.json");
+    const ExitStatus e = RunLoom(job.Args(out, resume), {.log = out + ".log"});
+    ASSERT_EQ(e.code, 0) << what << ": " << e.ToString() << ": "
+                         << Slurp(out + ".log");
+    EXPECT_EQ(Diff(Snapshot(out), ref), "") << what;
+  }
+
+  // Kills `points` runs of `job` at CPU times drawn from a seeded RNG, one
+  // in each of `points` equal slices of [0, duration], then resumes each.
+  Tally KillAtRandomPoints(const Job& job, const std::string& base,
+                           const Files& ref, double duration, int points,
+                           uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    Tally tally;
+    std::string at;
+    for (int k = 0; k < points; ++k) {
+      const double cpu = duration * (k + u(rng)) / points;
+      at += std::to_string(static_cast<int>(cpu * 1000)) + " ";
+      const std::string out = base + "/kill" + std::to_string(k);
+      StartAndKill(job, out, cpu, &tally);
+      FinishAndCompare(job, out, ref,
+                       "killed at " + std::to_string(cpu) + " s + resume");
+      fs::remove_all(out);
+    }
+    RecordProperty("seed", std::to_string(seed));
+    RecordProperty("kill_points_cpu_ms", at);
+    return tally;
+  }
+
+  // Chains: the job killed, its --resume killed, that one's --resume
+  // killed, then a final --resume. Each kill comes after the start-up (the
+  // CPU time until a manifest appeared) plus 10-30% of the rest, so
+  // the three runs together do less than the whole job and every resume is
+  // killed while it runs.
+  Tally KillChains(const Job& job, const std::string& base, const Files& ref,
+                   const Timing& timing, int chains, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> share(0.1, 0.3);
+    Tally tally;
+    for (int c = 0; c < chains; ++c) {
+      const std::string out = base + "/chain" + std::to_string(c);
+      std::string what = "chain " + std::to_string(c) + ": killed at";
+      for (int step = 0; step < 3; ++step) {
+        const double cpu =
+            timing.manifest + share(rng) * (timing.total - timing.manifest);
+        what += " " + std::to_string(cpu) + " s";
+        StartAndKill(job, out, cpu, &tally);
+      }
+      FinishAndCompare(job, out, ref, what + ", then resumed");
+      fs::remove_all(out);
+    }
+    return tally;
+  }
+
+  std::string dir_;
+  std::string disk_dir_;
+};
+
+constexpr uint64_t kSeed = 20240613;
+
+// .npy arrays (a fixed, a reduced and a ragged selector): 24 kill points over
+// the whole run, each followed by --resume.
+TEST_F(ExtractFaultsTest, SigkillAtManyRandomPointsThenResumeIsByteIdentical) {
+  Spit(Path("in.txt"), Prompts(320));
+  const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
+  Files ref;
+  const Timing timing = Reference(job, Path("ref"), &ref);
+  const int kPoints = 24;
+  const Tally t =
+      KillAtRandomPoints(job, dir_, ref, timing.total, kPoints, kSeed);
+  t.Record("");
+  // The kills must mostly land while the job runs, or little was tested.
+  EXPECT_GT(t.mid_run * 2, kPoints)
+      << "only " << t.mid_run << " of " << kPoints << " kills landed mid-run ("
+      << t.before_manifest << " before the "
+      << "manifest, " << t.after_completion << " after completion)";
+}
+
+// Kills of the resumes themselves, in the default temporary directory (a
+// disk, where a kill often lands inside a commit's fsyncs).
+TEST_F(ExtractFaultsTest, KilledResumesChainToByteIdenticalOutput) {
+  Spit(DiskPath("in.txt"), Prompts(120));
+  const Job job = MakeJob(DiskPath("in.txt"), /*safetensors=*/false);
+  Files ref;
+  const Timing timing = Reference(job, DiskPath("ref"), &ref);
+  const int kChains = 2;
+  const Tally t = KillChains(job, disk_dir_, ref, timing, kChains, kSeed);
+  t.Record("");
+  EXPECT_EQ(t.resume_kills, 2 * kChains)
+      << "a chain's first kill landed before its manifest";
+  EXPECT_GT(t.resumes_killed_mid_run * 2, t.resume_kills)
+      << "most resumes finished before they were killed";
+}
+
+// Safetensors shards (written whole and renamed, removed past the commit on
+// resume) with a ragged selector: random points and a chain.
+TEST_F(ExtractFaultsTest, SafetensorsSigkillAndResumeIsByteIdentical) {
+  Spit(Path("in.txt"), Prompts(240));
+  const Job job = MakeJob(Path("in.txt"), /*safetensors=*/true);
+  Files ref;
+  const Timing timing = Reference(job, Path("ref"), &ref);
+  const int kPoints = 12;
+  const Tally t =
+      KillAtRandomPoints(job, dir_, ref, timing.total, kPoints, kSeed + 1);
+  t.Record("");
+  EXPECT_GT(t.mid_run * 2, kPoints)
+      << "only " << t.mid_run << " of " << kPoints << " kills landed mid-run";
+  const Tally c = KillChains(job, dir_, ref, timing, 1, kSeed + 2);
+  c.Record("chain_");
+  EXPECT_EQ(c.resumes_killed_mid_run, 2)
+      << "a resume finished before it was killed";
+}
+
+}  // namespace
+}  // namespace loom
