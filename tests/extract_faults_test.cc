@@ -3,7 +3,9 @@
 // byte-identical (every file of the directory) to an uninterrupted run:
 //   - SIGKILL at many random points of a job, and of the resumes themselves
 //     (chains: kill, resume killed, resume killed, final resume), for .npy
-//     with a ragged selector and for safetensors shards.
+//     with a ragged selector and for safetensors shards;
+//   - a second process on the same --out (fresh or --resume) is refused;
+//   - --resume on a missing --out is NOT_FOUND.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
@@ -126,6 +128,21 @@ ExitStatus Wait(pid_t pid) {
 ExitStatus RunLoom(const std::vector<std::string>& args,
                    const SpawnOptions& o = {}) {
   return Wait(Spawn(args, o));
+}
+
+// Waits until `path` exists; nullopt then, or the child's exit status if it
+// ended first (reaped).
+std::optional<ExitStatus> WaitForFileOrExit(const std::string& path,
+                                            pid_t pid) {
+  const Clock::time_point limit = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < limit) {
+    if (fs::exists(path)) return std::nullopt;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return Decode(status);
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  ::kill(pid, SIGKILL);
+  return Wait(pid);
 }
 
 // The CPU time a process has used so far, in seconds: the sum over its
@@ -515,6 +532,95 @@ TEST_F(ExtractFaultsTest, SafetensorsSigkillAndResumeIsByteIdentical) {
   c.Record("chain_");
   EXPECT_EQ(c.resumes_killed_mid_run, 2)
       << "a resume finished before it was killed";
+}
+
+// A job that a test stops (SIGSTOP) in the middle: started fresh in `out`,
+// stopped once its manifest exists; fails the test unless it is then stopped
+// mid-run (manifest not complete).
+pid_t StartAndStopMidRun(const Job& job, const std::string& out) {
+  const pid_t pid = Spawn(job.Args(out), {.log = out + ".log"});
+  const std::optional<ExitStatus> early =
+      WaitForFileOrExit(out + "/manifest.json", pid);
+  EXPECT_FALSE(early.has_value())
+      << "the job ended (" << early->ToString()
+      << ") before its manifest appeared: " << Slurp(out + ".log");
+  if (early) return -1;
+  ::kill(pid, SIGSTOP);
+  const std::optional<Json> m = ReadManifest(out);
+  EXPECT_TRUE(m && !(*m)["complete"].get<bool>())
+      << "the job was stopped only after it completed; use a longer input";
+  if (!m || (*m)["complete"].get<bool>()) {
+    ::kill(pid, SIGKILL);
+    Wait(pid);
+    return -1;
+  }
+  return pid;
+}
+
+// A second process on the --out of a running job, fresh or --resume, is
+// refused before it touches a file, naming the directory and the holder;
+// the first job then completes as if alone.
+TEST_F(ExtractFaultsTest, SecondProcessOnTheSameOutIsRefused) {
+  Spit(Path("in.txt"), Prompts(320));
+  for (const bool safetensors : {false, true}) {
+    const std::string fmt = safetensors ? "safetensors" : "npy";
+    SCOPED_TRACE(fmt);
+    const Job job = MakeJob(Path("in.txt"), safetensors);
+    const std::string out = Path("out_" + fmt);
+    RunToEnd(job, Path("ref_" + fmt));
+    const Files ref = Snapshot(Path("ref_" + fmt));
+    const pid_t first = StartAndStopMidRun(job, out);
+    ASSERT_GT(first, 0);
+    const Files before = Snapshot(out);
+    for (const bool resume : {false, true}) {
+      const std::string log =
+          Path(fmt + (resume ? "_resume.log" : "_fresh.log"));
+      const ExitStatus e = RunLoom(job.Args(out, resume), {.log = log});
+      const std::string text = Slurp(log);
+      EXPECT_EQ(e.code, 1) << e.ToString() << ": " << text;
+      for (const std::string& part : std::vector<std::string>{
+               "loom extract: --out " + out + ":", "another loom process",
+               out + "/.lock", "nothing was changed"})
+        EXPECT_TRUE(Contains(text, part))
+            << (resume ? "--resume" : "fresh") << ": expected \"" << part
+            << "\" in: " << text;
+      EXPECT_EQ(Diff(Snapshot(out), before), "")
+          << "the refused " << (resume ? "--resume" : "start")
+          << " changed files";
+    }
+    ::kill(first, SIGCONT);
+    const ExitStatus e = Wait(first);
+    EXPECT_EQ(e.code, 0) << e.ToString() << ": " << Slurp(out + ".log");
+    EXPECT_EQ(Diff(Snapshot(out), ref), "");
+  }
+}
+
+// --resume never creates --out: a missing one is NOT_FOUND naming it, from
+// the library and from the CLI (exit 1).
+TEST_F(ExtractFaultsTest, ResumeOnAMissingOutDirIsNotFound) {
+  Spit(Path("in.txt"), Prompts(4));
+  const std::string out = Path("never_created");
+  ExtractOptions o;
+  o.model_dir = kModel;
+  o.input_path = Path("in.txt");
+  o.out_dir = out;
+  o.hooks = {"blocks.0.hook_resid_post"};
+  o.resume = true;
+  const auto s = RunExtract(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << s.status().ToString();
+  EXPECT_EQ(s.status().message(),
+            "--resume: --out " + out + " does not exist (nothing to resume)");
+  EXPECT_FALSE(fs::exists(out));
+  const ExitStatus e =
+      RunLoom(MakeJob(Path("in.txt"), false).Args(out, /*resume=*/true),
+              {.log = Path("cli.log")});
+  EXPECT_EQ(e.code, 1) << e.ToString();
+  EXPECT_TRUE(
+      Contains(Slurp(Path("cli.log")),
+               "loom extract: --resume: --out " + out + " does not exist"))
+      << Slurp(Path("cli.log"));
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

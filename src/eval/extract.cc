@@ -110,7 +110,45 @@ StatusOr<Json> TokenizerJson(const std::string& model_dir) {
   return Json{{"file", ""}};
 }
 
-// A new job in --out: refused if one is there; creates the arrays,
+// The lock file in --out: held (flock) by the process writing the job, from
+// before it reads anything there for writing until it ends.
+constexpr char kLockFile[] = ".lock";
+
+// Takes the lock on --out; FailedPrecondition naming the directory when
+// another process holds it.
+StatusOr<FileLock> LockOutDir(const std::string& out_dir) {
+  const std::string path = out_dir + "/" + kLockFile;
+  StatusOr<FileLock> lock = FileLock::Acquire(path);
+  if (lock.ok()) return lock;
+  if (lock.status().code() != StatusCode::kFailedPrecondition)
+    return lock.status().WithContext("--out " + out_dir);
+  return FailedPreconditionError(
+      "--out " + out_dir + ": another loom process holds this directory (" +
+      path + " is locked) and is writing a job there; wait for it to end or " +
+      "choose another --out (nothing was changed)");
+}
+
+// The lock for a new job: the input must exist (a missing one creates
+// nothing), --out is created if needed.
+StatusOr<FileLock> LockForStart(const ExtractOptions& o) {
+  if (StatusOr<int64_t> size = FileSize(o.input_path); !size.ok())
+    return size.status().WithContext("--input");
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return IoError("--out " + o.out_dir + ": " + ec.message());
+  return LockOutDir(o.out_dir);
+}
+
+// The lock for --resume: --out must exist (it is never created).
+StatusOr<FileLock> LockForResume(const ExtractOptions& o) {
+  std::error_code ec;
+  if (!fs::exists(o.out_dir, ec))
+    return NotFoundError("--resume: --out " + o.out_dir +
+                         " does not exist (nothing to resume)");
+  return LockOutDir(o.out_dir);
+}
+
+// A new job in --out (locked): refused if one is there; creates the arrays,
 // rows.jsonl and the first manifest.
 StatusOr<JobState> StartJob(const ExtractOptions& o, Json settings,
                             OutputSet& outputs, RowsLog& rows_log) {
@@ -124,8 +162,6 @@ StatusOr<JobState> StartJob(const ExtractOptions& o, Json settings,
   StatusOr<Json> input = InputJson(o.input_path);
   if (!input.ok()) return input.status().WithContext("--input");
   ASSIGN_OR_RETURN(Json tokenizer, TokenizerJson(o.model_dir));
-  fs::create_directories(o.out_dir, ec);
-  if (ec) return IoError("--out " + o.out_dir + ": " + ec.message());
   JobState state;
   state.input_bytes = (*input)["bytes"].get<int64_t>();
   state.files = outputs.InitialFiles();
@@ -160,8 +196,9 @@ Status CheckResumeInput(const Manifest& manifest, const std::string& path,
   return Status();
 }
 
-// --resume: reads and checks everything (manifest, settings, input, committed
-// files) before anything is written, then reopens the outputs at the commit.
+// --resume (--out locked): reads and checks everything (manifest, settings,
+// input, committed files) before anything is written, then reopens the
+// outputs at the commit.
 StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
                              OutputSet& outputs, RowsLog& rows_log) {
   const std::string manifest_path = o.out_dir + "/manifest.json";
@@ -485,6 +522,9 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
                    LoadModelAndTokenizer(o, backends.gpu_capability));
   const DType compute = loaded.model->compute_dtype();
   const DType out_dtype = o.dtype.value_or(compute);
+  // Held until the job ends, after the outputs below are closed.
+  ASSIGN_OR_RETURN(FileLock lock,
+                   o.resume ? LockForResume(o) : LockForStart(o));
   OutputSet outputs(settings, out_dtype, o.format, o.out_dir, backend.get());
   RowsLog rows_log(o.out_dir + "/rows.jsonl");
   ASSIGN_OR_RETURN(std::string config_sha,
