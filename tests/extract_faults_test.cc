@@ -5,15 +5,20 @@
 //     (chains: kill, resume killed, resume killed, final resume), for .npy
 //     with a ragged selector and for safetensors shards;
 //   - a second process on the same --out (fresh or --resume) is refused;
-//   - --resume on a missing --out is NOT_FOUND.
+//   - a full file system or a file-size limit in the middle of a job;
+//   - a read-only, removed or missing output directory.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -85,7 +90,16 @@ std::string Diff(const Files& got, const Files& want) {
 
 struct SpawnOptions {
   std::string log;  // stdout and stderr go here ("" = /dev/null)
+  // RLIMIT_FSIZE of the child, with SIGXFSZ ignored: a write past it fails
+  // with EFBIG.
+  rlim_t file_size_limit = RLIM_INFINITY;
+  // Drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the child's bounding
+  // set before exec, so that root obeys file permissions.
+  bool obey_permissions = false;
 };
+
+// The child's exit code when it could not drop the capabilities.
+constexpr int kCannotDropCaps = 125;
 
 pid_t Spawn(const std::vector<std::string>& args, const SpawnOptions& o) {
   std::vector<char*> argv;
@@ -99,6 +113,15 @@ pid_t Spawn(const std::vector<std::string>& args, const SpawnOptions& o) {
   if (fd < 0) ::_exit(127);
   ::dup2(fd, 1);
   ::dup2(fd, 2);
+  if (o.file_size_limit != RLIM_INFINITY) {
+    ::signal(SIGXFSZ, SIG_IGN);  // kept across exec
+    const rlimit r{o.file_size_limit, o.file_size_limit};
+    if (::setrlimit(RLIMIT_FSIZE, &r) != 0) ::_exit(127);
+  }
+  if (o.obey_permissions &&
+      (::prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, 0, 0, 0) != 0 ||
+       ::prctl(PR_CAPBSET_DROP, CAP_DAC_READ_SEARCH, 0, 0, 0) != 0))
+    ::_exit(kCannotDropCaps);
   ::execv(argv[0], argv.data());
   ::_exit(127);
 }
@@ -301,6 +324,40 @@ std::string ScratchBase() {
   return fs::temp_directory_path().string();
 }
 
+// Puts this process, once, in a private mount namespace (and, when it is not
+// root, in a user namespace where it is), so that it may mount a tmpfs that
+// its children see and that goes away with it. "" on success, else why not.
+const std::string& EnterMountNamespace() {
+  static const std::string why_not = []() -> std::string {
+    const uid_t uid = ::geteuid();
+    const gid_t gid = ::getegid();
+    const int flags = CLONE_NEWNS | (uid == 0 ? 0 : CLONE_NEWUSER);
+    if (::unshare(flags) != 0)
+      return std::string("unshare(") +
+             (uid == 0 ? "CLONE_NEWNS" : "CLONE_NEWUSER | CLONE_NEWNS") +
+             "): " + std::strerror(errno) +
+             (uid == 0 ? ""
+                       : " (a user namespace needs a single-threaded "
+                         "process: run this test alone)");
+    if (uid != 0) {
+      const std::pair<const char*, std::string> maps[] = {
+          {"/proc/self/setgroups", "deny"},
+          {"/proc/self/uid_map", "0 " + std::to_string(uid) + " 1"},
+          {"/proc/self/gid_map", "0 " + std::to_string(gid) + " 1"}};
+      for (const auto& [file, text] : maps) {
+        std::ofstream f(file);
+        f << text;
+        f.flush();
+        if (!f) return std::string("cannot write ") + file;
+      }
+    }
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+      return std::string("making / private: ") + std::strerror(errno);
+    return "";
+  }();
+  return why_not;
+}
+
 class ExtractFaultsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -315,10 +372,36 @@ class ExtractFaultsTest : public ::testing::Test {
     }
   }
   void TearDown() override {
+    for (const std::string& m : mounts_) ::umount2(m.c_str(), MNT_DETACH);
     for (const std::string& d : {dir_, disk_dir_}) {
       std::error_code ec;
+      for (const auto& e : fs::recursive_directory_iterator(d, ec))
+        if (e.is_directory(ec))
+          fs::permissions(e.path(), fs::perms::owner_all, fs::perm_options::add,
+                          ec);
       fs::remove_all(d, ec);
     }
+  }
+
+  // Mounts a tmpfs of `bytes` at `dir` (created); "" or why it cannot.
+  std::string MountTmpfs(const std::string& dir, int64_t bytes) {
+    if (const std::string& why = EnterMountNamespace(); !why.empty())
+      return why;
+    fs::create_directories(dir);
+    const std::string size = "size=" + std::to_string(bytes);
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, size.c_str()) != 0)
+      return std::string("mount -t tmpfs: ") + std::strerror(errno);
+    mounts_.push_back(dir);
+    return "";
+  }
+  // Remounts the tmpfs at `dir` with `flags` (MS_RDONLY or 0) and `bytes`.
+  void RemountTmpfs(const std::string& dir, unsigned long flags,
+                    int64_t bytes) {
+    const std::string size = "size=" + std::to_string(bytes);
+    ASSERT_EQ(::mount("tmpfs", dir.c_str(), "tmpfs", MS_REMOUNT | flags,
+                      size.c_str()),
+              0)
+        << "remount " << dir << ": " << std::strerror(errno);
   }
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
   std::string DiskPath(const std::string& name) const {
@@ -477,6 +560,7 @@ class ExtractFaultsTest : public ::testing::Test {
 
   std::string dir_;
   std::string disk_dir_;
+  std::vector<std::string> mounts_;
 };
 
 constexpr uint64_t kSeed = 20240613;
@@ -620,6 +704,249 @@ TEST_F(ExtractFaultsTest, ResumeOnAMissingOutDirIsNotFound) {
       Contains(Slurp(Path("cli.log")),
                "loom extract: --resume: --out " + out + " does not exist"))
       << Slurp(Path("cli.log"));
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// The file of `out` that a failed job's message names ("<out>/<name>: ..."),
+// without a ".tmp" suffix; "" if none.
+std::string NamedFile(const std::string& log, const std::string& out) {
+  const size_t at = log.find(out + "/");
+  if (at == std::string::npos) return "";
+  const size_t begin = at + out.size() + 1;
+  std::string name = log.substr(begin, log.find(':', begin) - begin);
+  if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp")
+    name.resize(name.size() - 4);
+  return name;
+}
+
+// After a job that failed in the middle (or, `at_completion`, while it
+// marked itself complete): manifest.json parses, is not complete and commits
+// 0 < rows < `total` (rows == `total`); every array's committed rows and
+// rows.jsonl's committed bytes are the reference's first ones.
+void ExpectCommittedPrefix(const std::string& out, const std::string& ref,
+                           int64_t total, bool at_completion = false) {
+  const std::optional<Json> m = ReadManifest(out);
+  ASSERT_TRUE(m.has_value()) << "manifest.json does not parse";
+  EXPECT_FALSE((*m)["complete"].get<bool>());
+  const Json& p = (*m)["progress"];
+  const int64_t rows = p["rows_committed"];
+  if (at_completion) {
+    EXPECT_EQ(rows, total);
+  } else {
+    EXPECT_GT(rows, 0) << "the failure came before the first commit";
+    EXPECT_LT(rows, total) << "the failure came after the last commit";
+  }
+  std::map<std::string, int64_t> npy;  // file -> committed rows
+  for (const auto& a : (*m)["arrays"]) {
+    const std::string file = a["file"];
+    const bool ragged = a.contains("offsets_file");
+    npy[file] = ragged ? p["ragged_rows"][file].get<int64_t>() : rows;
+    if (ragged) npy[a["offsets_file"]] = rows + 1;
+  }
+  EXPECT_EQ(npy.size(), 7u);  // 2 hooks x 3 selectors + one offsets file
+  for (const auto& [file, committed] : npy) {
+    SCOPED_TRACE(file);
+    const auto h = ReadNpyHeader(out + "/" + file);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    EXPECT_GE(h->shape[0], committed);
+    int64_t row_bytes = DTypeSize(h->dtype);
+    for (size_t d = 1; d < h->shape.size(); ++d) row_bytes *= h->shape[d];
+    const std::string got = Slurp(out + "/" + file);
+    const std::string want = Slurp(ref + "/" + file);
+    const size_t n =
+        static_cast<size_t>(h->data_offset + committed * row_bytes);
+    ASSERT_GE(got.size(), n);
+    EXPECT_TRUE(got.compare(h->data_offset, n - h->data_offset, want,
+                            h->data_offset, n - h->data_offset) == 0)
+        << "committed rows differ from the reference's";
+  }
+  const size_t bytes = p["rows_file_bytes"].get<size_t>();
+  const std::string log = Slurp(out + "/rows.jsonl");
+  const std::string want = Slurp(ref + "/rows.jsonl");
+  ASSERT_GE(log.size(), bytes);
+  EXPECT_EQ(log.substr(0, bytes), want.substr(0, bytes));
+  EXPECT_EQ(std::count(want.begin(), want.begin() + bytes, '\n'), rows);
+}
+
+// A write past RLIMIT_FSIZE (EFBIG) in the middle of the job: runs the same
+// everywhere, needs no privilege, and hits whichever writer grows past the
+// limit first. The error names the file and strerror; the last commit stays
+// whole; --resume without the limit completes byte-identically.
+TEST_F(ExtractFaultsTest, FileSizeLimitMidJobKeepsTheCommitThenResumes) {
+  Spit(Path("in.txt"), Prompts(240));
+  const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
+  RunToEnd(job, Path("ref"));
+  const Files ref = Snapshot(Path("ref"));
+  size_t largest = 0;
+  for (const auto& [name, bytes] : ref)
+    largest = std::max(largest, bytes.size());
+  const rlim_t limit = largest / 2;
+  const std::string out = Path("out");
+  const ExitStatus e = RunLoom(
+      job.Args(out), {.log = Path("limited.log"), .file_size_limit = limit});
+  const std::string log = Slurp(Path("limited.log"));
+  EXPECT_EQ(e.code, 1) << e.ToString() << ": " << log;
+  EXPECT_TRUE(Contains(log, "loom extract: ")) << log;
+  EXPECT_TRUE(Contains(log, std::strerror(EFBIG))) << log;
+  const std::string named = NamedFile(log, out);
+  ASSERT_TRUE(ref.count(named)) << "no file of --out named in: " << log;
+  EXPECT_GT(ref.at(named).size(), limit)
+      << named << " cannot have hit the limit";
+  ExpectCommittedPrefix(out, Path("ref"), 240);
+  const ExitStatus resumed =
+      RunLoom(job.Args(out, /*resume=*/true), {.log = Path("resume.log")});
+  EXPECT_EQ(resumed.code, 0) << Slurp(Path("resume.log"));
+  EXPECT_EQ(Diff(Snapshot(out), ref), "");
+}
+
+// A file system that fills up during the job (a small tmpfs as --out): at
+// 30%, 60% and 90% of what the job needs, ENOSPC comes at whichever write
+// finds no page (an array, rows.jsonl or the manifest); with all but two
+// pages, at the last commit, which marks the job complete. Each time the
+// error names the file and strerror and the last commit stays whole; the
+// tmpfs is then grown and --resume completes byte-identically.
+TEST_F(ExtractFaultsTest, FullFileSystemKeepsTheCommitThenResumes) {
+  Spit(Path("in.txt"), Prompts(240));
+  const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
+  RunToEnd(job, Path("ref"));
+  const Files ref = Snapshot(Path("ref"));
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  int64_t pages = 0;  // what the finished job occupies on a tmpfs
+  for (const auto& [name, bytes] : ref)
+    pages += (static_cast<int64_t>(bytes.size()) + page - 1) / page;
+  // The complete manifest (which lists every row) spans several pages: the
+  // last commit needs them beside the previous manifest.
+  ASSERT_GE(static_cast<int64_t>(ref.at("manifest.json").size()), 4 * page);
+  struct Case {
+    std::string name;
+    int64_t pages;
+    bool at_completion;
+  };
+  const std::vector<Case> cases = {{"30pct", pages * 3 / 10, false},
+                                   {"60pct", pages * 6 / 10, false},
+                                   {"90pct", pages * 9 / 10, false},
+                                   {"last_commit", pages - 2, true}};
+  std::string hit;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string out = Path("full_" + c.name);
+    const std::string why = MountTmpfs(out, c.pages * page);
+    if (!why.empty())
+      GTEST_SKIP() << "SKIPPED LOUDLY: cannot mount a tmpfs for --out (" << why
+                   << "); FileSizeLimitMidJobKeepsTheCommitThenResumes tests "
+                      "the same failure through RLIMIT_FSIZE";
+    const std::string log_path = Path(c.name + ".log");
+    const ExitStatus e = RunLoom(job.Args(out), {.log = log_path});
+    const std::string log = Slurp(log_path);
+    EXPECT_EQ(e.code, 1) << e.ToString() << ": " << log;
+    EXPECT_TRUE(Contains(log, "loom extract: ")) << log;
+    EXPECT_TRUE(Contains(log, std::strerror(ENOSPC))) << log;
+    const std::string named = NamedFile(log, out);
+    EXPECT_TRUE(ref.count(named)) << "no file of --out named in: " << log;
+    if (c.at_completion) {
+      EXPECT_EQ(named, "manifest.json") << log;
+    }
+    if (const std::optional<Json> m = ReadManifest(out))
+      hit += c.name + ": " + named + " after " +
+             (*m)["progress"]["rows_committed"].dump() + " rows; ";
+    ExpectCommittedPrefix(out, Path("ref"), 240, c.at_completion);
+    RemountTmpfs(out, 0, 2 * pages * page);
+    const ExitStatus resumed =
+        RunLoom(job.Args(out, /*resume=*/true), {.log = log_path});
+    EXPECT_EQ(resumed.code, 0) << Slurp(log_path);
+    EXPECT_EQ(Diff(Snapshot(out), ref), "");
+  }
+  RecordProperty("files_that_found_no_space", hit);
+}
+
+// An --out the job may not write (mode 0555; as root, run without
+// CAP_DAC_OVERRIDE so the mode applies): an IO error naming the path, exit 1,
+// nothing created.
+TEST_F(ExtractFaultsTest, ReadOnlyOutDirIsAnIoErrorNamingThePath) {
+  Spit(Path("in.txt"), Prompts(4));
+  const std::string out = Path("ro");
+  fs::create_directories(out);
+  fs::permissions(out, fs::perms(0555));
+  const ExitStatus e =
+      RunLoom(MakeJob(Path("in.txt"), false).Args(out),
+              {.log = Path("ro.log"), .obey_permissions = ::geteuid() == 0});
+  if (e.code == kCannotDropCaps)
+    GTEST_SKIP() << "SKIPPED LOUDLY: running as root without CAP_SETPCAP, so "
+                    "file modes cannot be made to apply; "
+                    "ReadOnlyFileSystemIsAnIoErrorAndResumeWritesNothing "
+                    "covers a read-only --out where a tmpfs can be mounted";
+  const std::string log = Slurp(Path("ro.log"));
+  EXPECT_EQ(e.code, 1) << e.ToString() << ": " << log;
+  EXPECT_TRUE(Contains(log, "loom extract: --out " + out + ": " + out +
+                                "/.lock: open: " + std::strerror(EACCES)))
+      << log;
+  EXPECT_TRUE(fs::is_empty(out));
+}
+
+// A read-only file system (a tmpfs remounted ro): a fresh start is an IO
+// error naming the path; so is a --resume, which leaves every file as it was;
+// once writable again, --resume completes byte-identically.
+TEST_F(ExtractFaultsTest, ReadOnlyFileSystemIsAnIoErrorAndResumeWritesNothing) {
+  Spit(Path("in.txt"), Prompts(240));
+  const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
+  RunToEnd(job, Path("ref"));
+  const Files ref = Snapshot(Path("ref"));
+  const int64_t size = 64 << 20;
+  const std::string fresh = Path("fresh");
+  const std::string why = MountTmpfs(fresh, size);
+  if (!why.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: cannot mount a tmpfs (" << why
+                 << "); ReadOnlyOutDirIsAnIoErrorNamingThePath tests a "
+                    "read-only --out with file modes";
+  RemountTmpfs(fresh, MS_RDONLY, size);
+  ExitStatus e = RunLoom(job.Args(fresh), {.log = Path("fresh.log")});
+  std::string log = Slurp(Path("fresh.log"));
+  EXPECT_EQ(e.code, 1) << e.ToString() << ": " << log;
+  EXPECT_TRUE(Contains(log, "loom extract: --out " + fresh + ": " + fresh +
+                                "/.lock: open: " + std::strerror(EROFS)))
+      << log;
+  EXPECT_TRUE(fs::is_empty(fresh));
+
+  const std::string out = Path("out");
+  ASSERT_EQ(MountTmpfs(out, size), "");
+  const pid_t pid = StartAndStopMidRun(job, out);
+  ASSERT_GT(pid, 0);
+  ::kill(pid, SIGKILL);
+  Wait(pid);
+  RemountTmpfs(out, MS_RDONLY, size);
+  const Files before = Snapshot(out);
+  e = RunLoom(job.Args(out, /*resume=*/true), {.log = Path("resume_ro.log")});
+  log = Slurp(Path("resume_ro.log"));
+  EXPECT_EQ(e.code, 1) << e.ToString() << ": " << log;
+  EXPECT_TRUE(Contains(log, std::strerror(EROFS))) << log;
+  EXPECT_TRUE(ref.count(NamedFile(log, out))) << log;
+  EXPECT_EQ(Diff(Snapshot(out), before), "");
+  RemountTmpfs(out, 0, size);
+  e = RunLoom(job.Args(out, /*resume=*/true), {.log = Path("resume.log")});
+  EXPECT_EQ(e.code, 0) << Slurp(Path("resume.log"));
+  EXPECT_EQ(Diff(Snapshot(out), ref), "");
+}
+
+// --out removed (rm -rf) while the job runs: writes through descriptors it
+// already holds still succeed (into unlinked files), the next file it opens
+// by name fails; the job reports that and exits 1, never crashes, and never
+// recreates the directory.
+TEST_F(ExtractFaultsTest, OutDirRemovedWhileRunningIsAnErrorNotACrash) {
+  Spit(Path("in.txt"), Prompts(320));
+  const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
+  const std::string out = Path("out");
+  const pid_t pid = StartAndStopMidRun(job, out);
+  ASSERT_GT(pid, 0);
+  fs::remove_all(out);
+  ASSERT_FALSE(fs::exists(out));
+  ::kill(pid, SIGCONT);
+  const ExitStatus e = Wait(pid);
+  const std::string log = Slurp(out + ".log");
+  EXPECT_FALSE(e.signaled) << "the job crashed: " << log;
+  EXPECT_EQ(e.code, 1) << e.ToString() << ": " << log;
+  EXPECT_TRUE(Contains(log, "loom extract: ")) << log;
+  EXPECT_TRUE(Contains(log, out + "/")) << log;
+  EXPECT_TRUE(Contains(log, std::strerror(ENOENT))) << log;
   EXPECT_FALSE(fs::exists(out));
 }
 
