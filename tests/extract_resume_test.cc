@@ -210,10 +210,25 @@ TEST_F(ExtractResumeTest, MissingFieldIsDataLoss) {
 TEST_F(ExtractResumeTest, TruncatedOrInvalidManifestIsDataLoss) {
   Interrupt();
   const std::string original = Slurp(Out("manifest.json"));
+  // Cut: the parser runs out of text at the cut.
+  const std::string half = std::to_string(original.size() / 2);
   Spit(Out("manifest.json"), original.substr(0, original.size() / 2));
-  ExpectResumeFails(StatusCode::kDataLoss, {"manifest.json", "not valid JSON"});
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"manifest.json: not valid JSON at byte offset " + half +
+                     " of " + half + " (truncated or corrupt): "});
   Spit(Out("manifest.json"), "");
-  ExpectResumeFails(StatusCode::kDataLoss, {"manifest.json", "not valid JSON"});
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"manifest.json: not valid JSON at byte offset 0 of 0"});
+  // A byte changed in the middle: the offset is that byte's.
+  std::string corrupt = original;
+  const size_t colon = corrupt.find("\": ", corrupt.size() / 2) + 1;
+  corrupt[colon] = '=';
+  Spit(Out("manifest.json"), corrupt);
+  ExpectResumeFails(
+      StatusCode::kDataLoss,
+      {"manifest.json: not valid JSON at byte offset " + std::to_string(colon) +
+           " of " + std::to_string(corrupt.size()),
+       "syntax error"});
   Spit(Out("manifest.json"), "[1, 2, 3]\n");
   ExpectResumeFails(StatusCode::kDataLoss,
                     {"manifest.json", "expected a JSON object", "an array"});
@@ -431,6 +446,25 @@ TEST(ManifestTest, CheckedAccessors) {
             StatusCode::kFailedPrecondition);
   EXPECT_TRUE(loaded->CheckSettings(Json{{"a", 1}}).ok());
   fs::remove(path);
+}
+
+// Where a text stops being JSON: the offset of the offending byte, or the
+// text's end when it stops too early; nothing for JSON.
+TEST(ManifestTest, LocateJsonError) {
+  const std::string cut = "{\"a\": [1, 2";
+  EXPECT_EQ(LocateJsonError(cut).offset, static_cast<int64_t>(cut.size()));
+  EXPECT_NE(LocateJsonError(cut).what.find("unexpected end of input"),
+            std::string::npos)
+      << LocateJsonError(cut).what;
+  const std::string missing_colon = "{\"a\" 1}";
+  EXPECT_EQ(LocateJsonError(missing_colon).offset,
+            static_cast<int64_t>(missing_colon.find('1')));
+  const std::string trailing = "{} x";
+  EXPECT_EQ(LocateJsonError(trailing).offset,
+            static_cast<int64_t>(trailing.find('x')));
+  EXPECT_EQ(LocateJsonError("").offset, 0);
+  EXPECT_EQ(LocateJsonError("{\"a\": [1, 2]}").offset, -1);
+  EXPECT_EQ(LocateJsonError("{\"a\": [1, 2]}").what, "");
 }
 
 }  // namespace

@@ -11,11 +11,23 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/base/status.h"
 
 namespace loom {
+
+// Where a text that nlohmann::json does not parse stops being JSON: the
+// 0-based byte offset of the error (the text's size when it ends too early)
+// and the parser's description ("syntax error while parsing object -
+// unexpected end of input; expected '}'"). For a text that parses:
+// offset -1, what "".
+struct JsonParseError {
+  int64_t offset = -1;
+  std::string what;
+};
+JsonParseError LocateJsonError(std::string_view text);
 
 // A field of the manifest, as the keys from the root:
 // {"progress", "rows_committed"}.
@@ -42,7 +54,8 @@ class Manifest {
                          nlohmann::json arrays, std::vector<std::string> files,
                          const std::vector<std::string>& ragged_files);
   // Reads `path`: NotFound when it does not exist, DataLoss when it is not a
-  // JSON object or not a loom-activations manifest of this version.
+  // JSON object (naming the byte offset where it stops being JSON) or not a
+  // loom-activations manifest of this version.
   static StatusOr<Manifest> Load(const std::string& path);
 
   // Checked accessors: DataLoss "<path>: field a.b: expected <type>, found
