@@ -124,9 +124,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
            ") changed the job's files");
     return 0;
   }
-  // Committed rows are never read back (resume is O(1) in the rows done,
-  // docs/formats/activations.md): a change to their bytes stays as it is,
-  // and everything else must be as in an uninterrupted run.
+  // Committed array rows are never read back (a resume reads the arrays'
+  // headers and sizes only, docs/formats/activations.md): a change to their
+  // bytes stays as it is, and everything else must be as in an
+  // uninterrupted run.
   Files expected = f.reference;
   if (auto c = f.committed.find(target); c != f.committed.end()) {
     const auto [begin, end] = c->second;

@@ -6,7 +6,10 @@
 //     with a ragged selector and for safetensors shards;
 //   - a second process on the same --out (fresh or --resume) is refused;
 //   - a full file system or a file-size limit in the middle of a job;
-//   - a read-only, removed or missing output directory.
+//   - a read-only, removed or missing output directory;
+//   - a damaged rows.jsonl (cut, lines swapped, duplicated, deleted, a byte
+//     changed) or manifest counts it contradicts: DATA_LOSS naming the file
+//     and the byte offset, and the failed resume changes nothing.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/capability.h>
@@ -19,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -948,6 +952,252 @@ TEST_F(ExtractFaultsTest, OutDirRemovedWhileRunningIsAnErrorNotACrash) {
   EXPECT_TRUE(Contains(log, out + "/")) << log;
   EXPECT_TRUE(Contains(log, std::strerror(ENOENT))) << log;
   EXPECT_FALSE(fs::exists(out));
+}
+
+// ---- Damaged commit records
+// --------------------------------------------------
+
+// A job stopped after 4 commits of 3 rows (12 of 20), run in this process;
+// then its rows.jsonl or manifest.json is damaged and --resume must refuse
+// with DATA_LOSS naming the file and where, changing no file.
+class ExtractDamageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ScratchBase() + "/loom_damage_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text;
+    for (int i = 0; i < 20; ++i)
+      text += "Ann has " + std::to_string(i) + " green cups.\n";
+    Spit(dir_ + "/in.txt", text);
+    o_.model_dir = kModel;
+    o_.input_path = dir_ + "/in.txt";
+    o_.out_dir = dir_ + "/out";
+    o_.hooks = {"blocks.0.hook_resid_post"};
+    o_.selectors = {"last", "all"};
+    o_.commit_every = 3;
+    ExtractOptions o = o_;
+    o.stop_after_commits = 4;
+    const auto s = RunExtract(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_EQ(s->rows, 12);
+    rows_ = Slurp(RowsPath());
+    manifest_ = Slurp(ManifestPath());
+    const Json m = Json::parse(manifest_);
+    committed_ = m["progress"]["rows_file_bytes"];
+    crc_ = m["progress"]["rows_file_crc32"];
+    ASSERT_EQ(committed_, rows_.size());
+    for (size_t at = 0; at < rows_.size(); at = rows_.find('\n', at) + 1)
+      line_start_.push_back(at);
+    ASSERT_EQ(line_start_.size(), 12u);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string RowsPath() const { return o_.out_dir + "/rows.jsonl"; }
+  std::string ManifestPath() const { return o_.out_dir + "/manifest.json"; }
+  // Line i of the committed rows.jsonl (0-based), with its newline.
+  std::string Line(size_t i) const {
+    const size_t end =
+        i + 1 < line_start_.size() ? line_start_[i + 1] : rows_.size();
+    return rows_.substr(line_start_[i], end - line_start_[i]);
+  }
+
+  // --resume fails with DATA_LOSS and a message holding every `parts`, and
+  // no file of the job changed. Returns the message.
+  std::string ExpectResumeFails(const std::vector<std::string>& parts) {
+    const Files before = Snapshot(o_.out_dir);
+    ExtractOptions r = o_;
+    r.resume = true;
+    const auto s = RunExtract(r);
+    EXPECT_FALSE(s.ok()) << "the damaged job resumed";
+    if (s.ok()) return "";
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss)
+        << s.status().ToString();
+    for (const std::string& p : parts)
+      EXPECT_TRUE(Contains(s.status().message(), p))
+          << "expected \"" << p << "\" in: " << s.status().message();
+    EXPECT_EQ(Diff(Snapshot(o_.out_dir), before), "")
+        << "the failed resume changed files";
+    return s.status().message();
+  }
+  // Resuming completes the job byte-identical to an uninterrupted run.
+  void ExpectResumeMatchesUninterrupted() {
+    ExtractOptions ref = o_;
+    ref.out_dir = dir_ + "/ref";
+    ASSERT_TRUE(RunExtract(ref).ok());
+    ExtractOptions r = o_;
+    r.resume = true;
+    const auto s = RunExtract(r);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(s->rows, 20);
+    EXPECT_EQ(Diff(Snapshot(o_.out_dir), Snapshot(ref.out_dir)), "");
+  }
+  std::string At(size_t offset, size_t line) const {
+    return RowsPath() + ": byte offset " + std::to_string(offset) + " (line " +
+           std::to_string(line) + "): ";
+  }
+
+  std::string dir_;
+  ExtractOptions o_;
+  std::string rows_, manifest_;
+  size_t committed_ = 0;
+  uint32_t crc_ = 0;
+  std::vector<size_t> line_start_;
+};
+
+// rows.jsonl cut anywhere inside its committed bytes names the offset where
+// it now ends; cut after them (an append the kill interrupted), it resumes.
+TEST_F(ExtractDamageTest, TruncatedRowsLogIsDataLossAtTheOffset) {
+  const size_t mid_line = line_start_[5] + Line(5).size() / 2;
+  for (const size_t cut :
+       {size_t{0}, size_t{1}, line_start_[5], mid_line, committed_ - 1}) {
+    SCOPED_TRACE(cut);
+    Spit(RowsPath(), rows_.substr(0, cut));
+    ExpectResumeFails({RowsPath() + " has " + std::to_string(cut) + " bytes",
+                       "the manifest commits " + std::to_string(committed_),
+                       "(truncated: it ends at byte offset " +
+                           std::to_string(cut) + ", in line "});
+  }
+  // Bytes after the commit are what an interrupted append leaves: cut off.
+  Spit(RowsPath(), rows_ + Line(3).substr(0, 9));
+  ExpectResumeMatchesUninterrupted();
+}
+
+// Lines swapped, duplicated, deleted, broken or with a changed field: the
+// first line that is not the record of its row is named with its offset.
+TEST_F(ExtractDamageTest, EditedRowsLogIsDataLossNamingTheLine) {
+  struct Case {
+    std::string name;
+    std::string rows;
+    std::vector<std::string> parts;
+  };
+  const auto replace = [&](size_t line, const std::string& from,
+                           const std::string& to) {
+    std::string l = Line(line);
+    const size_t at = l.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " in " << l;
+    if (at != std::string::npos) l.replace(at, from.size(), to);
+    return rows_.substr(0, line_start_[line]) + l +
+           rows_.substr(line_start_[line] + Line(line).size());
+  };
+  const std::vector<Case> cases = {
+      {"swapped",
+       rows_.substr(0, line_start_[2]) + Line(3) + Line(2) +
+           rows_.substr(line_start_[4]),
+       {At(line_start_[2], 3) + "expected row 2, found 3"}},
+      {"duplicated",
+       rows_.substr(0, line_start_[4]) + Line(3) + rows_.substr(line_start_[4]),
+       {At(line_start_[4], 5) + "expected row 4, found 3"}},
+      {"deleted",
+       rows_.substr(0, line_start_[3]) + rows_.substr(line_start_[4]),
+       {At(line_start_[3], 4) + "expected row 3, found 4"}},
+      {"renamed_field",
+       replace(5, "\"status\"", "\"sta_us\""),
+       {At(line_start_[5], 6) + "unexpected field 'sta_us'"}},
+      {"changed_status",
+       replace(7, "\"ok\"", "\"no\""),
+       {At(line_start_[7], 8) + "expected status \"ok\""}},
+      {"row_digit",
+       replace(9, "\"row\":9", "\"row\":8"),
+       {At(line_start_[9], 10) + "expected row 9, found 8"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Spit(RowsPath(), c.rows);
+    ExpectResumeFails(c.parts);
+  }
+  // Not JSON: the offset is where the parser stopped, inside line 5.
+  Spit(RowsPath(), replace(4, "\"row\":", "\"row\" "));
+  const std::string message = ExpectResumeFails({" (line 5): not JSON: "});
+  const size_t at = message.find("byte offset ");
+  ASSERT_NE(at, std::string::npos) << message;
+  const size_t offset = std::stoul(message.substr(at + 12));
+  EXPECT_GE(offset, line_start_[4]) << message;
+  EXPECT_LT(offset, line_start_[5]) << message;
+  Spit(RowsPath(), rows_);
+  ExpectResumeMatchesUninterrupted();
+}
+
+// A byte changed where every line still parses as its row's record (a digit
+// of a token count, of an id): only the manifest's crc32 of the committed
+// bytes tells; and a byte flipped in the middle of the file is caught
+// wherever it lands.
+TEST_F(ExtractDamageTest, ChangedByteIsCaughtByTheChecksum) {
+  char recorded[16];
+  std::snprintf(recorded, sizeof recorded, "0x%08x", crc_);
+  const std::string crc_parts = RowsPath() + ": committed bytes [0, " +
+                                std::to_string(committed_) + ") have crc32 0x";
+  for (const std::string field : {"\"tokens\":", "\"id\":"}) {
+    SCOPED_TRACE(field);
+    std::string damaged = rows_;
+    const size_t at = damaged.find(field, line_start_[6]) + field.size();
+    ASSERT_TRUE(std::isdigit(static_cast<unsigned char>(damaged[at])));
+    damaged[at] = damaged[at] == '9' ? '8' : static_cast<char>(damaged[at] + 1);
+    Spit(RowsPath(), damaged);
+    ExpectResumeFails(
+        {crc_parts, std::string("the manifest records ") + recorded});
+  }
+  std::string flipped = rows_;
+  flipped[committed_ / 2] ^= 0x01;
+  Spit(RowsPath(), flipped);
+  const std::string message = ExpectResumeFails({RowsPath() + ": "});
+  EXPECT_TRUE(Contains(message, "byte offset ") ||
+              Contains(message, "have crc32"))
+      << message;
+  Spit(RowsPath(), rows_);
+  ExpectResumeMatchesUninterrupted();
+}
+
+// Counts in the manifest that the committed rows.jsonl does not bear out
+// (which a resume used to trust, numbering the next rows from them).
+TEST_F(ExtractDamageTest, ManifestCountsThatDisagreeWithRowsLogAreDataLoss) {
+  const auto edit = [&](const std::function<void(Json&)>& f) {
+    Json m = Json::parse(manifest_);
+    f(m);
+    Spit(ManifestPath(), m.dump(2) + "\n");
+  };
+  const std::string range = RowsPath() + ": the committed bytes [0, " +
+                            std::to_string(committed_) + ") hold ";
+  edit([](Json& m) {
+    m["progress"]["rows_committed"] = 11;
+    m["progress"]["rows_ok"] = 11;
+  });
+  ExpectResumeFails({range + "12 rows, the manifest commits 11"});
+  edit([&](Json& m) { m["progress"]["rows_file_bytes"] = line_start_[11]; });
+  ExpectResumeFails({RowsPath() + ": the committed bytes [0, " +
+                     std::to_string(line_start_[11]) +
+                     ") hold 11 rows, the manifest commits 12"});
+  edit([](Json& m) {
+    m["progress"]["rows_ok"] = 11;
+    m["progress"]["rows_skipped"] = 1;
+  });
+  ExpectResumeFails({range + "12 ok and 0 skipped rows, the manifest counts "
+                             "11 and 1"});
+  edit([&](Json& m) { m["progress"]["rows_file_crc32"] = crc_ ^ 1u; });
+  ExpectResumeFails({"have crc32", "(changed after they were committed)"});
+  edit([](Json& m) { m["progress"]["rows_file_crc32"] = "0"; });
+  ExpectResumeFails({"field progress.rows_file_crc32: expected an integer"});
+  edit([](Json& m) { m["progress"]["rows_file_crc32"] = int64_t{1} << 32; });
+  ExpectResumeFails(
+      {"progress.rows_file_crc32 is 4294967296, expected a "
+       "32-bit crc32"});
+  Spit(ManifestPath(), manifest_);
+  ExpectResumeMatchesUninterrupted();
+}
+
+// A manifest written before loom recorded the checksum: the rows are still
+// checked line by line, and the resumed job records it from then on, ending
+// byte-identical to an uninterrupted run.
+TEST_F(ExtractDamageTest, ManifestWithoutChecksumStillResumes) {
+  Json m = Json::parse(manifest_);
+  m["progress"].erase("rows_file_crc32");
+  Spit(ManifestPath(), m.dump(2) + "\n");
+  Spit(RowsPath(), rows_.substr(0, line_start_[3]) + Line(4) +
+                       rows_.substr(line_start_[4]));
+  ExpectResumeFails({At(line_start_[3], 4) + "expected row 3, found 4"});
+  Spit(RowsPath(), rows_);
+  ExpectResumeMatchesUninterrupted();
 }
 
 }  // namespace

@@ -348,7 +348,8 @@ TEST_F(ExtractResumeTest, MissingOrTruncatedRowsLogIsDataLoss) {
   ExpectResumeFails(StatusCode::kDataLoss,
                     {"--resume: ", "rows.jsonl", "the manifest commits"});
   Spit(Out("rows.jsonl"), rows.substr(0, rows.size() / 2));
-  ExpectResumeFails(StatusCode::kDataLoss, {"rows.jsonl has", "(truncated)"});
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"rows.jsonl has", "(truncated: it ends at byte offset"});
   Spit(Out("rows.jsonl"), rows);
   ExpectResumeMatchesUninterrupted();
 }

@@ -219,7 +219,8 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
     return DataLossError(manifest_path +
                          ": field files does not list this job's arrays");
   RETURN_IF_ERROR(outputs.CheckCommitted(state.progress, state.files));
-  RETURN_IF_ERROR(rows_log.CheckCommitted(state.progress.rows_file_bytes));
+  ASSIGN_OR_RETURN(state.progress.rows_file_crc32,
+                   rows_log.CheckCommitted(state.progress));
   RETURN_IF_ERROR(outputs.Reopen(state.progress));
   RETURN_IF_ERROR(rows_log.Reopen(state.progress.rows_file_bytes));
   return state;
@@ -341,6 +342,8 @@ Status CommitWindow(const std::vector<PreparedRow>& window,
       RowsLog::Records(window, &p.rows_ok, &p.rows_skipped);
   RETURN_IF_ERROR(outputs.CommitArrays(W, &p, &state.files));
   ASSIGN_OR_RETURN(int64_t appended, rows_log.Append(records));
+  LOOM_CHECK(p.rows_file_crc32.has_value()) << "set by StartJob / ResumeJob";
+  p.rows_file_crc32 = RowsLog::Crc32(*p.rows_file_crc32, records);
   p.rows_file_bytes += appended;
   p.rows_committed += W;
   p.input_offset = input_offset;

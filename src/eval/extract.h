@@ -16,8 +16,8 @@
 // output dtype), then append the window's rows in input order and commit: data
 // and .npy headers are synced first, then rows.jsonl, then manifest.json (the
 // commit record). A kill at any moment loses at most the uncommitted window;
-// --resume reopens the outputs at the manifest's row count without reading
-// what exists.
+// --resume checks rows.jsonl's committed lines against the manifest, and
+// reopens the arrays at the manifest's row count without reading their rows.
 #ifndef LOOM_EVAL_EXTRACT_H_
 #define LOOM_EVAL_EXTRACT_H_
 

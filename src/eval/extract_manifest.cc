@@ -230,6 +230,16 @@ StatusOr<ManifestProgress> Manifest::ReadProgress(
         path_ + ": progress.rows_ok + rows_skipped = " +
         std::to_string(p.rows_ok + p.rows_skipped) +
         ", but progress.rows_committed = " + std::to_string(p.rows_committed));
+  ASSIGN_OR_RETURN(const Json* progress, GetObject({"progress"}));
+  if (progress->contains("rows_file_crc32")) {
+    ASSIGN_OR_RETURN(int64_t crc, GetInt({"progress", "rows_file_crc32"}));
+    if (crc < 0 || crc > 0xffffffffLL)
+      return DataLossError(path_ + ": field progress.rows_file_crc32 is " +
+                           std::to_string(crc) + ", expected a 32-bit crc32");
+    p.rows_file_crc32 = static_cast<uint32_t>(crc);
+  } else {
+    p.rows_file_crc32.reset();  // written before loom recorded it
+  }
   for (const std::string& f : ragged_files) {
     ASSIGN_OR_RETURN(int64_t rows, GetInt({"progress", "ragged_rows", f}));
     if (rows < 0)
@@ -266,6 +276,8 @@ void Manifest::SetProgress(const ManifestProgress& p) {
       {"rows_skipped", p.rows_skipped},       {"input_offset", p.input_offset},
       {"rows_file_bytes", p.rows_file_bytes}, {"shards", p.shards},
       {"ragged_rows", std::move(ragged)}};
+  if (p.rows_file_crc32)
+    doc_["progress"]["rows_file_crc32"] = *p.rows_file_crc32;
 }
 
 void Manifest::SetFiles(const std::vector<std::string>& files) {

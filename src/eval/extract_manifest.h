@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,7 +41,10 @@ struct ManifestProgress {
   int64_t rows_skipped = 0;
   int64_t input_offset = 0;     // input byte offset of the next row
   int64_t rows_file_bytes = 0;  // committed size of rows.jsonl
-  int64_t shards = 0;           // safetensors shards committed
+  // zlib's crc32 of those bytes, extended at every commit; none in a
+  // manifest written before loom recorded it (a resume then computes it).
+  std::optional<uint32_t> rows_file_crc32 = uint32_t{0};
+  int64_t shards = 0;  // safetensors shards committed
   // Data rows committed in each ragged .npy array (by file name).
   std::map<std::string, int64_t> ragged_rows;
 };
@@ -68,7 +72,8 @@ class Manifest {
   StatusOr<const nlohmann::json*> GetObject(const ManifestField& field) const;
 
   // The progress block; every counter is required, and ragged_rows must hold
-  // a non-negative count for each of `ragged_files`.
+  // a non-negative count for each of `ragged_files`. rows_file_crc32 is read
+  // when present (a 32-bit value), none when absent.
   StatusOr<ManifestProgress> ReadProgress(
       const std::vector<std::string>& ragged_files) const;
   // FailedPrecondition naming the first setting of `now` that differs from

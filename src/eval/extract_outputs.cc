@@ -1,5 +1,7 @@
 #include "src/eval/extract_outputs.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -732,18 +734,125 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
 
 Status RowsLog::Create() { return WriteFileDurably(path_, ""); }
 
-Status RowsLog::CheckCommitted(int64_t committed_bytes) const {
-  StatusOr<int64_t> size = FileSize(path_);
-  if (!size.ok())
+namespace {
+
+// Why `line` (one line of rows.jsonl, without its newline) is not the record
+// of row `row` as RowsLog::Records writes it; "" if it is. `*skipped` is its
+// status. `*error_at`: the offset in the line of a JSON syntax error.
+std::string CheckRecord(std::string_view line, int64_t row, bool* skipped,
+                        int64_t* error_at) {
+  const Json r = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (r.is_discarded()) {
+    const JsonParseError e = LocateJsonError(line);
+    *error_at = e.offset;
+    return "not JSON: " + e.what;
+  }
+  if (!r.is_object()) return "not a JSON object";
+  for (const auto& [key, value] : r.items())
+    if (key != "row" && key != "id" && key != "tokens" && key != "status" &&
+        key != "reason")
+      return "unexpected field '" + key + "'";
+  const auto field = [&](const char* name) -> const Json* {
+    const auto it = r.find(name);
+    return it == r.end() ? nullptr : &*it;
+  };
+  const Json* at = field("row");
+  if (!at || !at->is_number_integer())
+    return "field row is missing or not an integer";
+  if (at->get<int64_t>() != row)
+    return "expected row " + std::to_string(row) + ", found " + at->dump();
+  const Json* id = field("id");
+  if (!id || id->is_null()) return "field id is missing";
+  const Json* tokens = field("tokens");
+  if (!tokens || !tokens->is_number_integer() || tokens->get<int64_t>() < 0)
+    return "field tokens is missing or not a count";
+  const Json* status = field("status");
+  const Json* reason = field("reason");
+  if (status && *status == "ok" && !reason) {
+    *skipped = false;
+    return "";
+  }
+  if (status && *status == "skipped" && reason && reason->is_string()) {
+    *skipped = true;
+    return "";
+  }
+  return "expected status \"ok\" without a reason or \"skipped\" with one";
+}
+
+}  // namespace
+
+StatusOr<uint32_t> RowsLog::CheckCommitted(const ManifestProgress& p) const {
+  const int64_t committed = p.rows_file_bytes;
+  if (StatusOr<int64_t> size = FileSize(path_); !size.ok())
     return DataLossError("--resume: " + size.status().message() +
-                         "; the manifest commits " +
-                         std::to_string(committed_bytes) + " bytes of it");
-  if (*size < committed_bytes)
-    return DataLossError("--resume: " + path_ + " has " +
-                         std::to_string(*size) +
-                         " bytes, the manifest commits " +
-                         std::to_string(committed_bytes) + " (truncated)");
-  return Status();
+                         "; the manifest commits " + std::to_string(committed) +
+                         " bytes of it");
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return IoError("--resume: " + path_ + ": cannot open");
+  uint32_t crc = 0;
+  int64_t offset = 0, lines = 0, ok = 0, skipped = 0;
+  // "--resume: <path>: byte offset <at> (line <the current line>): "
+  const auto where = [&](int64_t at) {
+    return "--resume: " + path_ + ": byte offset " + std::to_string(at) +
+           " (line " + std::to_string(lines + 1) + "): ";
+  };
+  std::string line;
+  while (offset < committed && std::getline(in, line)) {
+    const bool newline = !in.eof();  // else the file ends inside this line
+    const int64_t end = offset + static_cast<int64_t>(line.size()) + newline;
+    if (end > committed)
+      return DataLossError(
+          where(offset) + "the line runs past the committed end at byte " +
+          std::to_string(committed) + " (the manifest commits " +
+          std::to_string(p.rows_committed) + " rows)");
+    if (!newline) {
+      if (end == committed)
+        return DataLossError(where(offset) +
+                             "the committed bytes end inside this line (no "
+                             "newline)");
+      offset = end;
+      break;
+    }
+    bool is_skipped = false;
+    int64_t error_at = -1;
+    const std::string why = CheckRecord(line, lines, &is_skipped, &error_at);
+    if (!why.empty())
+      return DataLossError(where(error_at < 0 ? offset : offset + error_at) +
+                           why);
+    crc = Crc32(Crc32(crc, line), "\n");
+    offset = end;
+    ++lines;
+    (is_skipped ? skipped : ok) += 1;
+  }
+  if (in.bad()) return IoError("--resume: " + path_ + ": read error");
+  if (offset < committed)
+    return DataLossError(
+        "--resume: " + path_ + " has " + std::to_string(offset) +
+        " bytes, the manifest commits " + std::to_string(committed) +
+        " (truncated: it ends at byte offset " + std::to_string(offset) +
+        ", in line " + std::to_string(lines + 1) + ")");
+  const std::string range =
+      "committed bytes [0, " + std::to_string(committed) + ")";
+  if (lines != p.rows_committed)
+    return DataLossError("--resume: " + path_ + ": the " + range + " hold " +
+                         std::to_string(lines) +
+                         " rows, the manifest commits " +
+                         std::to_string(p.rows_committed));
+  if (ok != p.rows_ok || skipped != p.rows_skipped)
+    return DataLossError(
+        "--resume: " + path_ + ": the " + range + " hold " +
+        std::to_string(ok) + " ok and " + std::to_string(skipped) +
+        " skipped rows, the manifest counts " + std::to_string(p.rows_ok) +
+        " and " + std::to_string(p.rows_skipped));
+  if (p.rows_file_crc32 && *p.rows_file_crc32 != crc) {
+    char text[64];
+    std::snprintf(text, sizeof text,
+                  "crc32 0x%08x, the manifest records 0x%08x", crc,
+                  *p.rows_file_crc32);
+    return DataLossError("--resume: " + path_ + ": " + range + " have " + text +
+                         " (changed after they were committed)");
+  }
+  return crc;
 }
 
 Status RowsLog::Reopen(int64_t committed_bytes) {
@@ -768,6 +877,11 @@ std::string RowsLog::Records(const std::vector<PreparedRow>& window,
 StatusOr<int64_t> RowsLog::Append(const std::string& records) {
   RETURN_IF_ERROR(AppendFileDurably(path_, records));
   return static_cast<int64_t>(records.size());
+}
+
+uint32_t RowsLog::Crc32(uint32_t crc, std::string_view bytes) {
+  return static_cast<uint32_t>(
+      crc32_z(crc, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
 }
 
 StatusOr<Json> RowsLog::ReadAll() const {

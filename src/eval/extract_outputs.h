@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/base/status.h"
@@ -246,8 +247,14 @@ class RowsLog {
   explicit RowsLog(std::string path) : path_(std::move(path)) {}
   // A new job: creates the file empty.
   Status Create();
-  // --resume: DataLoss unless the file holds at least `committed_bytes`.
-  Status CheckCommitted(int64_t committed_bytes) const;
+  // --resume: reads the committed bytes [0, progress.rows_file_bytes) once,
+  // writing nothing, and checks that they are progress.rows_committed lines,
+  // line i the record of row i with exactly the fields Records writes, as
+  // many "ok" and "skipped" as progress counts, and, when the manifest
+  // records it, their crc32. DataLoss naming the file and the byte offset
+  // (and line) of the first difference, or the committed range when only
+  // the checksum differs. Returns the crc32 of the committed bytes.
+  StatusOr<uint32_t> CheckCommitted(const ManifestProgress& progress) const;
   // --resume after the check: cuts what was appended after the commit.
   Status Reopen(int64_t committed_bytes);
   // The window's records; counts ok and skipped rows.
@@ -255,6 +262,9 @@ class RowsLog {
                              int64_t* rows_ok, int64_t* rows_skipped);
   // Appends and syncs; returns the bytes appended.
   StatusOr<int64_t> Append(const std::string& records);
+  // zlib's crc32 of `bytes`, continuing `crc` (the crc32 of what precedes
+  // them; 0 for none).
+  static uint32_t Crc32(uint32_t crc, std::string_view bytes);
   // All records, for the completed manifest's "rows".
   StatusOr<nlohmann::json> ReadAll() const;
 
