@@ -110,7 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const auto& all = Bundled();
       const auto& t = *all[static_cast<uint8_t>(in.rest[0]) % all.size()];
       std::vector<int32_t> ids((in.rest.size() - 1) / 4);
-      std::memcpy(ids.data(), in.rest.data() + 1, ids.size() * 4);
+      if (!ids.empty())
+        std::memcpy(ids.data(), in.rest.data() + 1, ids.size() * 4);
       auto a = t.Decode(ids, false);
       auto b = t.Decode(ids, true);
       if (a.ok() != b.ok()) Fail("Decode validity depends on skip_special");
