@@ -56,7 +56,9 @@ class Running {
   }
   httplib::Client Client() const {
     httplib::Client c("127.0.0.1", server_->port());
-    c.set_read_timeout(60);
+    // Generous: under the sanitizers on a loaded 2-core machine a queued
+    // request of the load test waits minutes (a timeout, not a speed check).
+    c.set_read_timeout(600);
     return c;
   }
   Server& server() { return *server_; }
