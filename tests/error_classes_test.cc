@@ -12,6 +12,9 @@
 //     unknown flag, missing required     UsageErrorsExitTwo
 //     flag, bad value type (every
 //     command), unknown command
+//     numeric flag out of its range      NumericFlagsOutOfRangeExitTwo
+//     (every numeric flag of every
+//     command)
 //     two model directories or none      plan_cli_test.cc:PlanCli.
 //     (loom plan)                          TwoDifferentModelDirsOrNone...
 //   INVALID_ARGUMENT
@@ -91,7 +94,7 @@ void Spit(const std::string& path, const std::string& bytes) {
 
 struct CliResult {
   int rc = -1;  // the exit status, or 128 + the signal that ended it
-  std::string err;
+  std::string out, err;
 };
 
 std::string CommandLine(const std::vector<std::string>& args) {
@@ -102,14 +105,15 @@ std::string CommandLine(const std::vector<std::string>& args) {
 
 class ErrorClassesTest : public testing::TempDirTest {
  protected:
-  // Runs `loom args...` with stdin from /dev/null; stdout is dropped,
-  // stderr kept.
+  // Runs `loom args...` with stdin from /dev/null; stdout and stderr are
+  // kept.
   CliResult Loom(const std::vector<std::string>& args) {
-    const std::string err_path = Path("stderr");
+    const std::string out_path = Path("stdout"), err_path = Path("stderr");
     const pid_t pid = ::fork();
     if (pid == 0) {
       const int in = ::open("/dev/null", O_RDONLY);
-      const int out = ::open("/dev/null", O_WRONLY);
+      const int out =
+          ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       const int err =
           ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (in < 0 || out < 0 || err < 0) ::_exit(126);
@@ -130,6 +134,7 @@ class ErrorClassesTest : public testing::TempDirTest {
     r.rc = WIFEXITED(status)     ? WEXITSTATUS(status)
            : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
                                  : -1;
+    r.out = Slurp(out_path);
     r.err = Slurp(err_path);
     return r;
   }
@@ -277,6 +282,102 @@ TEST_F(ErrorClassesTest, UsageErrorsExitTwo) {
   };
   for (const Case& c : cases) ExpectError(c.args, 2, c.command, c.needles);
   EXPECT_FALSE(fs::exists(out)) << "a usage error wrote output";
+}
+
+// Every numeric flag of every command has a range (tools/cli/flag_ranges.h);
+// a value outside it is a usage error while parsing, before anything is read
+// or written, naming the flag, the value and the range. Zero is inside the
+// range only where it has a documented meaning (--threads 0 = all cores,
+// --streaming-chunk-size 0 = off, --top-k 0 = off, --max-tokens 0,
+// --kv-context 0 = none).
+TEST_F(ErrorClassesTest, NumericFlagsOutOfRangeExitTwo) {
+  const std::string in = TextInput(), out = Path("out");
+  const std::vector<std::string> extract = {"extract", "--model", kModel,
+                                            "--input", in,        "--out",
+                                            out,       "--hooks", kHook};
+  const std::vector<std::string> perplexity = {"perplexity", "--model", kModel,
+                                               "--text", in};
+  const std::vector<std::string> compare = {
+      "compare", "--model", kModel, "--reference", kModel, "--text", in};
+  const std::vector<std::string> generate = {"generate", "--model", kModel,
+                                             "--prompt", "a"};
+  const std::vector<std::string> plan = {"plan", kModel};
+  const std::vector<std::string> serve = {"serve", "--model", kModel};
+  const std::vector<std::string> synth = {"synth", Path("synth")};
+  const std::string at_least_1 = "expected an integer >= 1";
+  const std::string at_least_0 = "expected an integer >= 0";
+  const std::string threads = "expected an integer in [0, 4096]";
+  struct Case {
+    const std::vector<std::string>* base;
+    std::string flag, value, range;
+  };
+  const std::vector<Case> cases = {
+      {&extract, "--batch-tokens", "0", at_least_1},
+      {&extract, "--batch-tokens", "-1", at_least_1},
+      {&extract, "--threads", "-5", threads},
+      {&extract, "--threads", "100000", threads},
+      {&extract, "--commit-every", "0", at_least_1},
+      {&extract, "--streaming-chunk-size", "-1", at_least_0},
+      {&extract, "--max-row-tokens", "-1", at_least_1},
+      {&extract, "--max-row-tokens", "0", at_least_1},
+      {&perplexity, "--ctx", "-4", "expected an integer >= 2"},
+      {&perplexity, "--ctx", "1", "expected an integer >= 2"},
+      {&perplexity, "--stride", "0", at_least_1},
+      {&perplexity, "--max-windows", "-1", at_least_1},
+      {&perplexity, "--max-windows", "0", at_least_1},
+      {&perplexity, "--chunk-rows", "0", at_least_1},
+      {&perplexity, "--threads", "-1", threads},
+      {&compare, "--ctx", "0", "expected an integer >= 2"},
+      {&compare, "--stride", "-3", at_least_1},
+      {&compare, "--max-windows", "0", at_least_1},
+      {&compare, "--chunk-rows", "-2", at_least_1},
+      {&compare, "--top-k", "0", at_least_1},
+      {&compare, "--threads", "-1", threads},
+      {&generate, "--ctx", "-1", at_least_1},
+      {&generate, "--max-tokens", "-1", at_least_0},
+      {&generate, "--top-k", "-1", at_least_0},
+      {&generate, "--top-p", "0", "expected a finite number in (0, 1]"},
+      {&generate, "--top-p", "2", "expected a finite number in (0, 1]"},
+      {&generate, "--temperature", "-1", "expected a finite number >= 0"},
+      {&generate, "--temperature", "nan", "expected a finite number >= 0"},
+      {&generate, "--seed", "-1",
+       "expected an integer in [0, 18446744073709551615]"},
+      {&generate, "--prefill-chunk", "0", at_least_1},
+      {&generate, "--threads", "-1", threads},
+      {&plan, "--ctx", "-1", at_least_1},
+      {&plan, "--batch-tokens", "0", at_least_1},
+      {&plan, "--seqs-per-batch", "0", at_least_1},
+      {&plan, "--capture-buffers", "0", at_least_1},
+      {&plan, "--logits-chunk", "-8", at_least_1},
+      {&plan, "--kv-context", "-1", at_least_0},
+      {&serve, "--threads", "-1", threads},
+      {&serve, "--port", "70000", "expected an integer in [0, 65535]"},
+      {&serve, "--port", "-5", "expected an integer in [0, 65535]"},
+      {&synth, "--layers", "0", at_least_1},
+      {&synth, "--vocab", "0", "expected an integer in [1, 2147483647]"},
+      {&synth, "--seed", "-2",
+       "expected an integer in [0, 18446744073709551615]"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = *c.base;
+    args.push_back(c.flag);
+    args.push_back(c.value);
+    ExpectError(args, 2, args[0],
+                {c.flag + ": got " + c.value + ", " + c.range});
+  }
+  // The alias names the option by its first name.
+  ExpectError({"generate", "--model", kModel, "--prompt", "a",
+               "--streaming-chunk-size", "-4"},
+              2, "generate", {"--prefill-chunk: got -4, " + at_least_1});
+  EXPECT_FALSE(fs::exists(out)) << "a usage error wrote output";
+  EXPECT_FALSE(fs::exists(Path("synth"))) << "a usage error wrote a model";
+  // The documented zeros are in range.
+  const CliResult zeros =
+      Loom({"generate", "--model", kModel, "--prompt", "Once", "--max-tokens",
+            "0", "--top-k", "0", "--threads", "0", "--json"});
+  EXPECT_EQ(zeros.rc, 0) << zeros.err;
+  EXPECT_NE(zeros.out.find(R"("token_ids":[])"), std::string::npos)
+      << zeros.out;
 }
 
 TEST_F(ErrorClassesTest, InvalidArgumentHookNames) {

@@ -25,6 +25,7 @@
 #include "src/plan/planner.h"
 #include "src/plan/report.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
@@ -208,11 +209,13 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--mode", a->mode,
                   "analysis (no KV cache) or generation (KV cache for --ctx)");
   cmd->add_option("--batch-tokens", a->batch_tokens,
-                  "Tokens per forward (packed sequences)");
-  cmd->add_option("--ctx", a->ctx,
-                  "Longest sequence (default: --batch-tokens)");
+                  "Tokens per forward (packed sequences)")
+      ->check(IntRange(1));
+  cmd->add_option("--ctx", a->ctx, "Longest sequence (default: --batch-tokens)")
+      ->check(IntRange(1));
   cmd->add_option("--seqs-per-batch", a->seqs_per_batch,
-                  "Sequences per batch (default: batch tokens / ctx)");
+                  "Sequences per batch (default: batch tokens / ctx)")
+      ->check(IntRange(1));
   // No hooks: the whole forward with its logits (perplexity).
   AddHookFlags(*cmd, &a->hooks, &a->layers);
   cmd->get_option("--layers")->default_str("*");
@@ -222,19 +225,25 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--capture-to", a->capture_to,
                   "Where captures are staged: host or device");
   cmd->add_option("--capture-buffers", a->capture_buffers,
-                  "Staging buffers per hook (2 = double-buffered)");
+                  "Staging buffers per hook (2 = double-buffered)")
+      ->capture_default_str()
+      ->check(IntRange(1));
   cmd->add_flag("--logits", a->logits,
                 "Compute logits (perplexity) even with hooks (without hooks "
                 "they always are)");
   cmd->add_option("--logits-chunk", a->logits_chunk,
-                  "Rows of logits computed at a time");
+                  "Rows of logits computed at a time")
+      ->capture_default_str()
+      ->check(IntRange(1));
   cmd->add_option("--kv-dtype", a->kv_dtype,
                   "KV cache dtype (default: the model's torch_dtype; analysis "
                   "with --kv-context: the activation dtype)");
   cmd->add_option("--kv-context", a->kv_context,
                   "analysis: a KV cache of one sequence of N positions for "
                   "rows streamed in chunks (as `loom extract "
-                  "--streaming-chunk-size` with --max-row-tokens N)");
+                  "--streaming-chunk-size` with --max-row-tokens N; default "
+                  "0: none)")
+      ->check(IntRange(0));
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, exit_code] {
     StatusOr<std::string> model_dir = ModelDir(*a);
