@@ -27,13 +27,15 @@
 //                                          ConfigWrongType
 //   NOT_FOUND
 //     model directory, config.json,      NotFound
-//     tensor, input file, tokenizer
+//     tensor, input file, tokenizer,
+//     compare's saved reference.json
 //     manifest.json on --resume          extract_resume_test.cc:
 //                                          AbsentManifestIsNotFound
 //   DATA_LOSS
 //     truncated safetensors              DataLossTruncatedSafetensors
 //     safetensors header not JSON        DataLossCorruptSafetensorsHeader
-//     config.json not JSON               DataLossMalformedConfigJson
+//     config.json (or                    DataLossMalformedConfigJson
+//     generation_config.json) not JSON
 //     tokenizer.json not JSON            DataLossCorruptTokenizerJson
 //     manifest field on --resume         extract_resume_test.cc:
 //     (field, expected type, found)        CliExitsWithErrorNotCrash,
@@ -49,8 +51,10 @@
 //   IO_ERROR
 //     a directory where a file is        IoError
 //     expected (input, config.json,
-//     tokenizer.json), --out under a
-//     regular file
+//     tokenizer.json, tokenizer.model,
+//     generation_config.json,
+//     manifest.json, reference.json),
+//     --out under a regular file
 //   HTTP mapping of loom serve           src/serve/server_test.cc:
 //     400, 404, 501                        MalformedRequestsGet4xx
 //     503 + Retry-After (full queue)       FullQueueGets503WithRetryAfter
@@ -480,6 +484,20 @@ TEST_F(ErrorClassesTest, NotFound) {
               1, "extract", {"--input: " + missing, std::strerror(ENOENT)});
   ExpectError({"perplexity", "--model", kModel, "--tokens", missing}, 1,
               "perplexity", {missing, std::strerror(ENOENT)});
+  // compare's saved reference.
+  fs::create_directories(Path("saved"));
+  ExpectError(
+      {"compare", "--model", kModel, "--reference-logprobs", Path("saved"),
+       "--text", in, "--ctx", "4"},
+      1, "compare",
+      {"--reference-logprobs: " + Path("saved") + "/reference.json: open: ",
+       std::strerror(ENOENT)});
+  // generation_config.json is optional: absent, the eos of config.json.
+  const std::string no_gen = CopyModel("no_gen");
+  fs::remove(no_gen + "/generation_config.json");
+  const CliResult gen = Loom(
+      {"generate", "--model", no_gen, "--prompt", "Once", "--max-tokens", "2"});
+  EXPECT_EQ(gen.rc, 0) << gen.err;
   ExpectError({"tokenize", kModel, "--file", missing}, 1, "tokenize",
               {missing, std::strerror(ENOENT)});
   // The tokenizer.
@@ -546,6 +564,12 @@ TEST_F(ErrorClassesTest, DataLossMalformedConfigJson) {
   ExpectError({"plan", model}, 1, "plan", needles);
   ExpectError({"perplexity", "--model", model, "--text", TextInput()}, 1,
               "perplexity", needles);
+  // generation_config.json, read as config.json is.
+  const std::string gen = CopyModel("gen");
+  Spit(gen + "/generation_config.json", "{\"eos_token_id\": 2,,}");
+  ExpectError(
+      {"generate", "--model", gen, "--prompt", "a"}, 1, "generate",
+      {gen + "/generation_config.json: not valid JSON", "line 1, column 20"});
 }
 
 TEST_F(ErrorClassesTest, DataLossCorruptTokenizerJson) {
@@ -660,6 +684,31 @@ TEST_F(ErrorClassesTest, IoError) {
   ExpectError({"extract", "--model", kModel, "--input", in, "--out",
                in + "/out", "--hooks", kHook},
               1, "extract", {"--out " + in + "/out", std::strerror(ENOTDIR)});
+  // Every other file read whole: tokenizer.model (SentencePiece, read when
+  // tokenizer.json is absent), generation_config.json (optional, but not
+  // when unreadable), extract's manifest.json on --resume, compare's saved
+  // reference.json.
+  const std::string spm_dir = CopyModel("spm_dir");
+  fs::remove(spm_dir + "/tokenizer.json");
+  fs::create_directory(spm_dir + "/tokenizer.model");
+  ExpectError({"tokenize", spm_dir, "--text", "a"}, 1, "tokenize",
+              {spm_dir + "/tokenizer.model: read: " + is_dir});
+  const std::string gen_dir = CopyModel("gen_dir");
+  fs::remove(gen_dir + "/generation_config.json");
+  fs::create_directory(gen_dir + "/generation_config.json");
+  ExpectError({"generate", "--model", gen_dir, "--prompt", "a"}, 1, "generate",
+              {gen_dir + "/generation_config.json: read: " + is_dir});
+  fs::create_directories(Path("job/manifest.json"));
+  ExpectError({"extract", "--model", kModel, "--input", in, "--out",
+               Path("job"), "--hooks", kHook, "--resume"},
+              1, "extract",
+              {"--resume: " + Path("job") + "/manifest.json: read: " + is_dir});
+  fs::create_directories(Path("saved/reference.json"));
+  ExpectError({"compare", "--model", kModel, "--reference-logprobs",
+               Path("saved"), "--text", in, "--ctx", "4"},
+              1, "compare",
+              {"--reference-logprobs: " + Path("saved") +
+               "/reference.json: read: " + is_dir});
 }
 
 }  // namespace
