@@ -53,7 +53,8 @@
 //     expected (input, config.json,
 //     tokenizer.json, tokenizer.model,
 //     generation_config.json,
-//     manifest.json, reference.json),
+//     manifest.json, reference.json,
+//     model.safetensors),
 //     --out under a regular file
 //   HTTP mapping of loom serve           src/serve/server_test.cc:
 //     400, 404, 501                        MalformedRequestsGet4xx
@@ -678,8 +679,24 @@ TEST_F(ErrorClassesTest, IoError) {
   const std::string tokenizer_dir = CopyModel("tokenizer_dir");
   fs::remove(tokenizer_dir + "/tokenizer.json");
   fs::create_directory(tokenizer_dir + "/tokenizer.json");
-  ExpectError({"tokenize", tokenizer_dir, "--text", "a"}, 1, "tokenize",
-              {tokenizer_dir + "/tokenizer.json: read: " + is_dir});
+  // The directory is named once, as part of the path (not "d: d/…").
+  const std::string err =
+      ExpectError({"tokenize", tokenizer_dir, "--text", "a"}, 1, "tokenize",
+                  {tokenizer_dir + "/tokenizer.json: read: " + is_dir});
+  EXPECT_EQ(err, "loom tokenize: " + tokenizer_dir +
+                     "/tokenizer.json: read: " + is_dir + "\n");
+  ExpectError({"tokenize", tokenizer_dir + "/", "--text", "a"}, 1, "tokenize",
+              {"loom tokenize: " + tokenizer_dir + "/tokenizer.json: read: "});
+  // model.safetensors, in the words of ReadFileToString.
+  const std::string weights_dir = CopyModel("weights_dir");
+  fs::remove(weights_dir + "/model.safetensors");
+  fs::create_directory(weights_dir + "/model.safetensors");
+  for (const std::string& command : {"inspect", "plan"})
+    ExpectError({command, weights_dir}, 1, command,
+                {weights_dir + "/model.safetensors: read: " + is_dir});
+  ExpectError({"generate", "--model", weights_dir, "--prompt", "a"}, 1,
+              "generate",
+              {weights_dir + "/model.safetensors: read: " + is_dir});
   const std::string in = TextInput();
   ExpectError({"extract", "--model", kModel, "--input", in, "--out",
                in + "/out", "--hooks", kHook},
