@@ -56,14 +56,19 @@
 //     manifest.json, reference.json,
 //     model.safetensors),
 //     --out under a regular file
+//     serve: an address that is none,   IoErrorServeCannotBind
+//     a port in use
 //   HTTP mapping of loom serve           src/serve/server_test.cc:
 //     400, 404, 501                        MalformedRequestsGet4xx
 //     503 + Retry-After (full queue)       FullQueueGets503WithRetryAfter
 //     every code                           HttpStatusOfEveryCode
 //     500 (DATA_LOSS, IO_ERROR), 503 +     ErrorClassesGetTheirHttpStatus
 //     Retry-After (load that cannot fit)
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -726,6 +731,35 @@ TEST_F(ErrorClassesTest, IoError) {
               1, "compare",
               {"--reference-logprobs: " + Path("saved") +
                "/reference.json: read: " + is_dir});
+}
+
+// Why `loom serve` cannot listen, as the OS says it: getaddrinfo's error for
+// a host that is no address, bind(2)'s for a port in use.
+TEST_F(ErrorClassesTest, IoErrorServeCannotBind) {
+  ExpectError(
+      {"serve", "--model", kModel, "--host", "999.1.1.1", "--port", "8089"}, 1,
+      "serve", {"cannot bind 999.1.1.1:8089: getaddrinfo: "});
+  ExpectError(
+      {"serve", "--model", kModel, "--host", "999.1.1.1", "--port", "0"}, 1,
+      "serve", {"cannot bind 999.1.1.1 to a free port: getaddrinfo: "});
+  // A port this test holds.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0)
+      << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 1), 0) << std::strerror(errno);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  ExpectError(
+      {"serve", "--model", kModel, "--host", "127.0.0.1", "--port", port}, 1,
+      "serve",
+      {"cannot bind 127.0.0.1:" + port +
+       ": bind: " + std::strerror(EADDRINUSE)});
+  ::close(fd);
 }
 
 }  // namespace
