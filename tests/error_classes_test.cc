@@ -22,6 +22,7 @@
 //     selector                           InvalidArgumentSelectors
 //     size (--max-memory, --device,      InvalidArgumentSizeStrings
 //     --reserve)
+//     --max-memory key naming no device  InvalidArgumentMaxMemoryDevice
 //     tensor shape vs config.json        InvalidArgumentTensorShape
 //     config.json key of a wrong type    checkpoint_errors_test.cc:
 //                                          ConfigWrongType
@@ -443,6 +444,38 @@ TEST_F(ErrorClassesTest, InvalidArgumentSizeStrings) {
                "--reserve", "lots"},
               1, "perplexity", {"--reserve 'lots'", "byte size 'lots'"});
   EXPECT_FALSE(fs::exists(Path("out")));
+}
+
+// A --max-memory key names a device, as accelerate's: one --device gave, or,
+// with no GPU given there, the next of cuda:0..N-1 it declares. The message
+// names the key and the devices known.
+TEST_F(ErrorClassesTest, InvalidArgumentMaxMemoryDevice) {
+  ExpectError({"plan", kModel, "--max-memory", "5=1GiB"}, 1, "plan",
+              {"--max-memory 5=1GiB: no device cuda:5 among the devices "
+               "given (cpu)",
+               "numbered from 0", "cuda:0 is missing", "--device cuda:5=SIZE"});
+  ExpectError({"plan", kModel, "--device", "cuda:0=8GiB", "--max-memory",
+               "0=1GiB,1=2GiB"},
+              1, "plan",
+              {"--max-memory 1=2GiB: no device cuda:1 among the devices "
+               "given (cuda:0, cpu)",
+               "--device cuda:1=SIZE"});
+  ExpectError(
+      {"extract", "--model", kModel, "--input", TextInput(), "--out",
+       Path("out"), "--hooks", kHook, "--max-memory", "cpu=1GiB,cuda:2=1GiB"},
+      1, "extract",
+      {"--max-memory cuda:2=1GiB: no device cuda:2 among the devices "
+       "given (cpu)"});
+  EXPECT_FALSE(fs::exists(Path("out")));
+  // Budgets alone declare GPUs from 0 (README: --max-memory 0=78GiB,1=78GiB).
+  const CliResult two =
+      Loom({"plan", kModel, "--max-memory", "1=1GiB,0=1GiB", "--json"});
+  EXPECT_EQ(two.rc, 0) << two.err;
+  const Json plan = Json::parse(two.out, nullptr, false);
+  ASSERT_TRUE(plan.is_object()) << two.out;
+  ASSERT_GE(plan["devices"].size(), 2u) << two.out;
+  EXPECT_EQ(plan["devices"][0]["name"], "cuda:1");
+  EXPECT_EQ(plan["devices"][1]["name"], "cuda:0");
 }
 
 TEST_F(ErrorClassesTest, InvalidArgumentTensorShape) {
