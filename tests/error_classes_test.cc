@@ -12,6 +12,9 @@
 //     unknown flag, missing required     UsageErrorsExitTwo
 //     flag, bad value type (every
 //     command), unknown command
+//     numeric flag out of its range      NumericFlagsOutOfRangeExitTwo
+//     (every numeric flag of every
+//     command)
 //     two model directories or none      plan_cli_test.cc:PlanCli.
 //     (loom plan)                          TwoDifferentModelDirsOrNone...
 //   INVALID_ARGUMENT
@@ -19,18 +22,21 @@
 //     selector                           InvalidArgumentSelectors
 //     size (--max-memory, --device,      InvalidArgumentSizeStrings
 //     --reserve)
+//     --max-memory key naming no device  InvalidArgumentMaxMemoryDevice
 //     tensor shape vs config.json        InvalidArgumentTensorShape
 //     config.json key of a wrong type    checkpoint_errors_test.cc:
 //                                          ConfigWrongType
 //   NOT_FOUND
 //     model directory, config.json,      NotFound
-//     tensor, input file, tokenizer
+//     tensor, input file, tokenizer,
+//     compare's saved reference.json
 //     manifest.json on --resume          extract_resume_test.cc:
 //                                          AbsentManifestIsNotFound
 //   DATA_LOSS
 //     truncated safetensors              DataLossTruncatedSafetensors
 //     safetensors header not JSON        DataLossCorruptSafetensorsHeader
-//     config.json not JSON               DataLossMalformedConfigJson
+//     config.json (or                    DataLossMalformedConfigJson
+//     generation_config.json) not JSON
 //     tokenizer.json not JSON            DataLossCorruptTokenizerJson
 //     manifest field on --resume         extract_resume_test.cc:
 //     (field, expected type, found)        CliExitsWithErrorNotCrash,
@@ -46,16 +52,24 @@
 //   IO_ERROR
 //     a directory where a file is        IoError
 //     expected (input, config.json,
-//     tokenizer.json), --out under a
-//     regular file
+//     tokenizer.json, tokenizer.model,
+//     generation_config.json,
+//     manifest.json, reference.json,
+//     model.safetensors),
+//     --out under a regular file
+//     serve: an address that is none,   IoErrorServeCannotBind
+//     a port in use
 //   HTTP mapping of loom serve           src/serve/server_test.cc:
 //     400, 404, 501                        MalformedRequestsGet4xx
 //     503 + Retry-After (full queue)       FullQueueGets503WithRetryAfter
 //     every code                           HttpStatusOfEveryCode
 //     500 (DATA_LOSS, IO_ERROR), 503 +     ErrorClassesGetTheirHttpStatus
 //     Retry-After (load that cannot fit)
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,7 +105,7 @@ void Spit(const std::string& path, const std::string& bytes) {
 
 struct CliResult {
   int rc = -1;  // the exit status, or 128 + the signal that ended it
-  std::string err;
+  std::string out, err;
 };
 
 std::string CommandLine(const std::vector<std::string>& args) {
@@ -102,14 +116,15 @@ std::string CommandLine(const std::vector<std::string>& args) {
 
 class ErrorClassesTest : public testing::TempDirTest {
  protected:
-  // Runs `loom args...` with stdin from /dev/null; stdout is dropped,
-  // stderr kept.
+  // Runs `loom args...` with stdin from /dev/null; stdout and stderr are
+  // kept.
   CliResult Loom(const std::vector<std::string>& args) {
-    const std::string err_path = Path("stderr");
+    const std::string out_path = Path("stdout"), err_path = Path("stderr");
     const pid_t pid = ::fork();
     if (pid == 0) {
       const int in = ::open("/dev/null", O_RDONLY);
-      const int out = ::open("/dev/null", O_WRONLY);
+      const int out =
+          ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       const int err =
           ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (in < 0 || out < 0 || err < 0) ::_exit(126);
@@ -130,6 +145,7 @@ class ErrorClassesTest : public testing::TempDirTest {
     r.rc = WIFEXITED(status)     ? WEXITSTATUS(status)
            : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
                                  : -1;
+    r.out = Slurp(out_path);
     r.err = Slurp(err_path);
     return r;
   }
@@ -279,6 +295,102 @@ TEST_F(ErrorClassesTest, UsageErrorsExitTwo) {
   EXPECT_FALSE(fs::exists(out)) << "a usage error wrote output";
 }
 
+// Every numeric flag of every command has a range (tools/cli/flag_ranges.h);
+// a value outside it is a usage error while parsing, before anything is read
+// or written, naming the flag, the value and the range. Zero is inside the
+// range only where it has a documented meaning (--threads 0 = all cores,
+// --streaming-chunk-size 0 = off, --top-k 0 = off, --max-tokens 0,
+// --kv-context 0 = none).
+TEST_F(ErrorClassesTest, NumericFlagsOutOfRangeExitTwo) {
+  const std::string in = TextInput(), out = Path("out");
+  const std::vector<std::string> extract = {"extract", "--model", kModel,
+                                            "--input", in,        "--out",
+                                            out,       "--hooks", kHook};
+  const std::vector<std::string> perplexity = {"perplexity", "--model", kModel,
+                                               "--text", in};
+  const std::vector<std::string> compare = {
+      "compare", "--model", kModel, "--reference", kModel, "--text", in};
+  const std::vector<std::string> generate = {"generate", "--model", kModel,
+                                             "--prompt", "a"};
+  const std::vector<std::string> plan = {"plan", kModel};
+  const std::vector<std::string> serve = {"serve", "--model", kModel};
+  const std::vector<std::string> synth = {"synth", Path("synth")};
+  const std::string at_least_1 = "expected an integer >= 1";
+  const std::string at_least_0 = "expected an integer >= 0";
+  const std::string threads = "expected an integer in [0, 4096]";
+  struct Case {
+    const std::vector<std::string>* base;
+    std::string flag, value, range;
+  };
+  const std::vector<Case> cases = {
+      {&extract, "--batch-tokens", "0", at_least_1},
+      {&extract, "--batch-tokens", "-1", at_least_1},
+      {&extract, "--threads", "-5", threads},
+      {&extract, "--threads", "100000", threads},
+      {&extract, "--commit-every", "0", at_least_1},
+      {&extract, "--streaming-chunk-size", "-1", at_least_0},
+      {&extract, "--max-row-tokens", "-1", at_least_1},
+      {&extract, "--max-row-tokens", "0", at_least_1},
+      {&perplexity, "--ctx", "-4", "expected an integer >= 2"},
+      {&perplexity, "--ctx", "1", "expected an integer >= 2"},
+      {&perplexity, "--stride", "0", at_least_1},
+      {&perplexity, "--max-windows", "-1", at_least_1},
+      {&perplexity, "--max-windows", "0", at_least_1},
+      {&perplexity, "--chunk-rows", "0", at_least_1},
+      {&perplexity, "--threads", "-1", threads},
+      {&compare, "--ctx", "0", "expected an integer >= 2"},
+      {&compare, "--stride", "-3", at_least_1},
+      {&compare, "--max-windows", "0", at_least_1},
+      {&compare, "--chunk-rows", "-2", at_least_1},
+      {&compare, "--top-k", "0", at_least_1},
+      {&compare, "--threads", "-1", threads},
+      {&generate, "--ctx", "-1", at_least_1},
+      {&generate, "--max-tokens", "-1", at_least_0},
+      {&generate, "--top-k", "-1", at_least_0},
+      {&generate, "--top-p", "0", "expected a finite number in (0, 1]"},
+      {&generate, "--top-p", "2", "expected a finite number in (0, 1]"},
+      {&generate, "--temperature", "-1", "expected a finite number >= 0"},
+      {&generate, "--temperature", "nan", "expected a finite number >= 0"},
+      {&generate, "--seed", "-1",
+       "expected an integer in [0, 18446744073709551615]"},
+      {&generate, "--prefill-chunk", "0", at_least_1},
+      {&generate, "--threads", "-1", threads},
+      {&plan, "--ctx", "-1", at_least_1},
+      {&plan, "--batch-tokens", "0", at_least_1},
+      {&plan, "--seqs-per-batch", "0", at_least_1},
+      {&plan, "--capture-buffers", "0", at_least_1},
+      {&plan, "--logits-chunk", "-8", at_least_1},
+      {&plan, "--kv-context", "-1", at_least_0},
+      {&serve, "--threads", "-1", threads},
+      {&serve, "--port", "70000", "expected an integer in [0, 65535]"},
+      {&serve, "--port", "-5", "expected an integer in [0, 65535]"},
+      {&synth, "--layers", "0", at_least_1},
+      {&synth, "--vocab", "0", "expected an integer in [1, 2147483647]"},
+      {&synth, "--seed", "-2",
+       "expected an integer in [0, 18446744073709551615]"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = *c.base;
+    args.push_back(c.flag);
+    args.push_back(c.value);
+    ExpectError(args, 2, args[0],
+                {c.flag + ": got " + c.value + ", " + c.range});
+  }
+  // The alias names the option by its first name.
+  ExpectError({"generate", "--model", kModel, "--prompt", "a",
+               "--streaming-chunk-size", "-4"},
+              2, "generate", {"--prefill-chunk: got -4, " + at_least_1});
+  EXPECT_FALSE(fs::exists(out)) << "a usage error wrote output";
+  EXPECT_FALSE(fs::exists(Path("synth"))) << "a usage error wrote a model";
+  // The documented zeros are in range.
+  const CliResult zeros =
+      Loom({"generate", "--model", kModel, "--prompt", "Once", "--max-tokens",
+            "0", "--top-k", "0", "--threads", "0", "--json"});
+  EXPECT_EQ(zeros.rc, 0) << zeros.err;
+  EXPECT_NE(zeros.out.find(R"("token_ids":[])"), std::string::npos)
+      << zeros.out;
+}
+
 TEST_F(ErrorClassesTest, InvalidArgumentHookNames) {
   const std::string in = TextInput();
   ExpectError({"extract", "--model", kModel, "--input", in, "--out",
@@ -334,6 +446,38 @@ TEST_F(ErrorClassesTest, InvalidArgumentSizeStrings) {
   EXPECT_FALSE(fs::exists(Path("out")));
 }
 
+// A --max-memory key names a device, as accelerate's: one --device gave, or,
+// with no GPU given there, the next of cuda:0..N-1 it declares. The message
+// names the key and the devices known.
+TEST_F(ErrorClassesTest, InvalidArgumentMaxMemoryDevice) {
+  ExpectError({"plan", kModel, "--max-memory", "5=1GiB"}, 1, "plan",
+              {"--max-memory 5=1GiB: no device cuda:5 among the devices "
+               "given (cpu)",
+               "numbered from 0", "cuda:0 is missing", "--device cuda:5=SIZE"});
+  ExpectError({"plan", kModel, "--device", "cuda:0=8GiB", "--max-memory",
+               "0=1GiB,1=2GiB"},
+              1, "plan",
+              {"--max-memory 1=2GiB: no device cuda:1 among the devices "
+               "given (cuda:0, cpu)",
+               "--device cuda:1=SIZE"});
+  ExpectError(
+      {"extract", "--model", kModel, "--input", TextInput(), "--out",
+       Path("out"), "--hooks", kHook, "--max-memory", "cpu=1GiB,cuda:2=1GiB"},
+      1, "extract",
+      {"--max-memory cuda:2=1GiB: no device cuda:2 among the devices "
+       "given (cpu)"});
+  EXPECT_FALSE(fs::exists(Path("out")));
+  // Budgets alone declare GPUs from 0 (README: --max-memory 0=78GiB,1=78GiB).
+  const CliResult two =
+      Loom({"plan", kModel, "--max-memory", "1=1GiB,0=1GiB", "--json"});
+  EXPECT_EQ(two.rc, 0) << two.err;
+  const Json plan = Json::parse(two.out, nullptr, false);
+  ASSERT_TRUE(plan.is_object()) << two.out;
+  ASSERT_GE(plan["devices"].size(), 2u) << two.out;
+  EXPECT_EQ(plan["devices"][0]["name"], "cuda:1");
+  EXPECT_EQ(plan["devices"][1]["name"], "cuda:0");
+}
+
 TEST_F(ErrorClassesTest, InvalidArgumentTensorShape) {
   const std::string model = CopyModel("model", {}, [](Json& h) {
     h["model.layers.0.mlp.down_proj.weight"]["shape"] = {172, 64};  // [64, 172]
@@ -379,6 +523,20 @@ TEST_F(ErrorClassesTest, NotFound) {
               1, "extract", {"--input: " + missing, std::strerror(ENOENT)});
   ExpectError({"perplexity", "--model", kModel, "--tokens", missing}, 1,
               "perplexity", {missing, std::strerror(ENOENT)});
+  // compare's saved reference.
+  fs::create_directories(Path("saved"));
+  ExpectError(
+      {"compare", "--model", kModel, "--reference-logprobs", Path("saved"),
+       "--text", in, "--ctx", "4"},
+      1, "compare",
+      {"--reference-logprobs: " + Path("saved") + "/reference.json: open: ",
+       std::strerror(ENOENT)});
+  // generation_config.json is optional: absent, the eos of config.json.
+  const std::string no_gen = CopyModel("no_gen");
+  fs::remove(no_gen + "/generation_config.json");
+  const CliResult gen = Loom(
+      {"generate", "--model", no_gen, "--prompt", "Once", "--max-tokens", "2"});
+  EXPECT_EQ(gen.rc, 0) << gen.err;
   ExpectError({"tokenize", kModel, "--file", missing}, 1, "tokenize",
               {missing, std::strerror(ENOENT)});
   // The tokenizer.
@@ -445,6 +603,12 @@ TEST_F(ErrorClassesTest, DataLossMalformedConfigJson) {
   ExpectError({"plan", model}, 1, "plan", needles);
   ExpectError({"perplexity", "--model", model, "--text", TextInput()}, 1,
               "perplexity", needles);
+  // generation_config.json, read as config.json is.
+  const std::string gen = CopyModel("gen");
+  Spit(gen + "/generation_config.json", "{\"eos_token_id\": 2,,}");
+  ExpectError(
+      {"generate", "--model", gen, "--prompt", "a"}, 1, "generate",
+      {gen + "/generation_config.json: not valid JSON", "line 1, column 20"});
 }
 
 TEST_F(ErrorClassesTest, DataLossCorruptTokenizerJson) {
@@ -553,12 +717,82 @@ TEST_F(ErrorClassesTest, IoError) {
   const std::string tokenizer_dir = CopyModel("tokenizer_dir");
   fs::remove(tokenizer_dir + "/tokenizer.json");
   fs::create_directory(tokenizer_dir + "/tokenizer.json");
-  ExpectError({"tokenize", tokenizer_dir, "--text", "a"}, 1, "tokenize",
-              {tokenizer_dir + "/tokenizer.json: read: " + is_dir});
+  // The directory is named once, as part of the path (not "d: d/…").
+  const std::string err =
+      ExpectError({"tokenize", tokenizer_dir, "--text", "a"}, 1, "tokenize",
+                  {tokenizer_dir + "/tokenizer.json: read: " + is_dir});
+  EXPECT_EQ(err, "loom tokenize: " + tokenizer_dir +
+                     "/tokenizer.json: read: " + is_dir + "\n");
+  ExpectError({"tokenize", tokenizer_dir + "/", "--text", "a"}, 1, "tokenize",
+              {"loom tokenize: " + tokenizer_dir + "/tokenizer.json: read: "});
+  // model.safetensors, in the words of ReadFileToString.
+  const std::string weights_dir = CopyModel("weights_dir");
+  fs::remove(weights_dir + "/model.safetensors");
+  fs::create_directory(weights_dir + "/model.safetensors");
+  for (const std::string& command : {"inspect", "plan"})
+    ExpectError({command, weights_dir}, 1, command,
+                {weights_dir + "/model.safetensors: read: " + is_dir});
+  ExpectError({"generate", "--model", weights_dir, "--prompt", "a"}, 1,
+              "generate",
+              {weights_dir + "/model.safetensors: read: " + is_dir});
   const std::string in = TextInput();
   ExpectError({"extract", "--model", kModel, "--input", in, "--out",
                in + "/out", "--hooks", kHook},
               1, "extract", {"--out " + in + "/out", std::strerror(ENOTDIR)});
+  // Every other file read whole: tokenizer.model (SentencePiece, read when
+  // tokenizer.json is absent), generation_config.json (optional, but not
+  // when unreadable), extract's manifest.json on --resume, compare's saved
+  // reference.json.
+  const std::string spm_dir = CopyModel("spm_dir");
+  fs::remove(spm_dir + "/tokenizer.json");
+  fs::create_directory(spm_dir + "/tokenizer.model");
+  ExpectError({"tokenize", spm_dir, "--text", "a"}, 1, "tokenize",
+              {spm_dir + "/tokenizer.model: read: " + is_dir});
+  const std::string gen_dir = CopyModel("gen_dir");
+  fs::remove(gen_dir + "/generation_config.json");
+  fs::create_directory(gen_dir + "/generation_config.json");
+  ExpectError({"generate", "--model", gen_dir, "--prompt", "a"}, 1, "generate",
+              {gen_dir + "/generation_config.json: read: " + is_dir});
+  fs::create_directories(Path("job/manifest.json"));
+  ExpectError({"extract", "--model", kModel, "--input", in, "--out",
+               Path("job"), "--hooks", kHook, "--resume"},
+              1, "extract",
+              {"--resume: " + Path("job") + "/manifest.json: read: " + is_dir});
+  fs::create_directories(Path("saved/reference.json"));
+  ExpectError({"compare", "--model", kModel, "--reference-logprobs",
+               Path("saved"), "--text", in, "--ctx", "4"},
+              1, "compare",
+              {"--reference-logprobs: " + Path("saved") +
+               "/reference.json: read: " + is_dir});
+}
+
+// Why `loom serve` cannot listen, as the OS says it: getaddrinfo's error for
+// a host that is no address, bind(2)'s for a port in use.
+TEST_F(ErrorClassesTest, IoErrorServeCannotBind) {
+  ExpectError(
+      {"serve", "--model", kModel, "--host", "999.1.1.1", "--port", "8089"}, 1,
+      "serve", {"cannot bind 999.1.1.1:8089: getaddrinfo: "});
+  ExpectError(
+      {"serve", "--model", kModel, "--host", "999.1.1.1", "--port", "0"}, 1,
+      "serve", {"cannot bind 999.1.1.1 to a free port: getaddrinfo: "});
+  // A port this test holds.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0)
+      << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 1), 0) << std::strerror(errno);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  ExpectError(
+      {"serve", "--model", kModel, "--host", "127.0.0.1", "--port", port}, 1,
+      "serve",
+      {"cannot bind 127.0.0.1:" + port +
+       ": bind: " + std::strerror(EADDRINUSE)});
+  ::close(fd);
 }
 
 }  // namespace

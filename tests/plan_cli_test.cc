@@ -137,6 +137,42 @@ TEST(PlanCli, SolveMaxBatchTokens) {
   EXPECT_EQ(j.at("job").at("batch_tokens"), j.at("solve").at("value"));
 }
 
+// Left out, --batch-tokens (2048) and --ctx (the batch tokens) follow the
+// model: stories260K holds 512 positions, so `loom plan stories260K` plans
+// 512 tokens rather than failing on a --ctx nobody gave, and the job line
+// says what was used. A --batch-tokens above the positions packs sequences of
+// at most 512; a --ctx given beyond them is refused by name.
+TEST(PlanCli, DefaultsFollowTheModelsPositions) {
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  const Result plain = RunLoom("plan", model, true);
+  EXPECT_EQ(plain.rc, 0) << plain.out;
+  EXPECT_NE(plain.out.find("job: analysis, 512 batch tokens, context 512, 1 "
+                           "sequence(s)/batch"),
+            std::string::npos)
+      << plain.out;
+  const Result gen = RunLoom("plan", model + " --mode generation --json", true);
+  ASSERT_EQ(gen.rc, 0) << gen.out;
+  const nlohmann::json j = nlohmann::json::parse(gen.out);
+  EXPECT_EQ(j.at("job").at("batch_tokens"), 512);
+  EXPECT_EQ(j.at("job").at("context"), 512);
+  const Result packed = RunLoom("plan", model + " --batch-tokens 4096", true);
+  EXPECT_EQ(packed.rc, 0) << packed.out;
+  EXPECT_NE(packed.out.find("4096 batch tokens, context 512, 8 "
+                            "sequence(s)/batch"),
+            std::string::npos)
+      << packed.out;
+  const Result solved = RunLoom(
+      "plan", model + " --solve max-batch-tokens --device cpu=64MiB", true);
+  EXPECT_EQ(solved.rc, 0) << solved.out;
+  EXPECT_NE(solved.out.find("context 512,"), std::string::npos) << solved.out;
+  const Result given = RunLoom("plan", model + " --ctx 600", true);
+  EXPECT_EQ(given.rc, 1) << given.out;
+  EXPECT_NE(given.out.find("loom plan: --ctx = 600 exceeds "
+                           "max_position_embeddings = 512"),
+            std::string::npos)
+      << given.out;
+}
+
 TEST(PlanCli, UnsupportedArchitectureNamesTheSupportedOnes) {
   const Result r = Loom(Dir("DeepSeek-V3") + " --device cuda:0=80GiB");
   EXPECT_EQ(r.rc, 1);

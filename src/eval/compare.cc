@@ -10,6 +10,7 @@
 #include <string>
 
 #include "src/base/check.h"
+#include "src/base/read_file.h"
 #include "src/eval/logits_head.h"
 #include "src/io/npy.h"
 #include "src/runtime/executor.h"
@@ -483,9 +484,9 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
                                                   const WindowPlan& plan, const std::string& dir,
                                                   const CompareOptions& options) {
   if (options.drift) return InvalidArgumentError("--drift needs the reference model itself, not saved log-probs");
-  std::ifstream in(dir + "/reference.json");
-  if (!in) return NotFoundError("--reference-logprobs " + dir + ": reference.json not found");
-  const nlohmann::json saved = nlohmann::json::parse(in, nullptr, false);
+  StatusOr<std::string> text = ReadFileToString(dir + "/reference.json");
+  if (!text.ok()) return text.status().WithContext("--reference-logprobs");
+  const nlohmann::json saved = nlohmann::json::parse(*text, nullptr, false);
   if (saved.is_discarded() || !saved.is_object() || saved.value("format", "") != "loom-reference-logprobs")
     return DataLossError(dir + "/reference.json: not a saved reference");
   const int64_t V = a.config().vocab_size;

@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "src/base/read_file.h"
 #include "src/io/file_util.h"
 
 namespace loom {
@@ -110,17 +111,16 @@ Manifest Manifest::Create(std::string path, Json settings, Json input,
 }
 
 StatusOr<Manifest> Manifest::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path + ": cannot open (nothing to resume)");
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return IoError(path + ": read error");
-  Json doc = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  StatusOr<std::string> text = ReadFileToString(path);
+  if (text.status().code() == StatusCode::kNotFound)
+    return NotFoundError(text.status().message() + " (nothing to resume)");
+  if (!text.ok()) return text.status();
+  Json doc = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    const JsonParseError e = LocateJsonError(text.str());
+    const JsonParseError e = LocateJsonError(*text);
     return DataLossError(path + ": not valid JSON at byte offset " +
                          std::to_string(e.offset) + " of " +
-                         std::to_string(text.str().size()) +
+                         std::to_string(text->size()) +
                          " (truncated or corrupt): " + e.what);
   }
   if (!doc.is_object())

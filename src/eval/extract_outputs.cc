@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "src/base/check.h"
+#include "src/base/read_file.h"
 #include "src/io/file_util.h"
 #include "src/io/safetensors_writer.h"
 
@@ -885,18 +886,21 @@ uint32_t RowsLog::Crc32(uint32_t crc, std::string_view bytes) {
 }
 
 StatusOr<Json> RowsLog::ReadAll() const {
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) return NotFoundError(path_ + ": cannot open");
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path_));
   Json rows = Json::array();
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    Json r = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  // Lines as std::getline splits them: no empty line after the last '\n'.
+  size_t begin = 0;
+  for (int64_t n = 1; begin < text.size(); ++n) {
+    const size_t end = std::min(text.find('\n', begin), text.size());
+    Json r = Json::parse(text.begin() + static_cast<std::ptrdiff_t>(begin),
+                         text.begin() + static_cast<std::ptrdiff_t>(end),
+                         nullptr, /*allow_exceptions=*/false);
     if (r.is_discarded())
       return DataLossError(path_ + ": line " + std::to_string(n) +
                            " is not JSON");
     rows.push_back(std::move(r));
+    begin = end + 1;
   }
-  if (in.bad()) return IoError(path_ + ": read error");
   return rows;
 }
 

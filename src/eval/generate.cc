@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "src/backend/registry.h"
+#include "src/model/config_reader.h"
 #include "src/tokenizer/tokenizer.h"
 
 namespace loom::eval {
@@ -88,13 +88,14 @@ StatusOr<std::vector<int32_t>> LoadStopIds(const Model& model) {
       ids.push_back(static_cast<int32_t>(id));
   };
   add(model.config().eos_token_id);
-  const std::filesystem::path path =
-      std::filesystem::path(model.dir()) / "generation_config.json";
-  if (!std::filesystem::exists(path)) return ids;
-  std::ifstream in(path);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded())
-    return InvalidArgumentError("cannot parse " + path.string());
+  const std::string path =
+      (std::filesystem::path(model.dir()) / "generation_config.json").string();
+  // Optional: absent, the config's eos; any other error (a directory, not
+  // JSON) is reported as for config.json.
+  StatusOr<ConfigReader> config = ConfigReader::FromFile(path);
+  if (config.status().code() == StatusCode::kNotFound) return ids;
+  if (!config.ok()) return config.status();
+  const nlohmann::json& j = config->json();
   if (j.contains("eos_token_id")) {
     const nlohmann::json& e = j["eos_token_id"];
     if (e.is_number_integer()) {

@@ -34,8 +34,11 @@ StatusOr<UniqueFd> OpenFile(const std::string& path, int flags, int mode) {
 StatusOr<int64_t> RegularFileSize(int fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoStatus(path, "fstat", errno);
+  // A directory reads as ReadFileToString reports it (the read(2) that
+  // would follow fails with EISDIR).
+  if (S_ISDIR(st.st_mode)) return ErrnoStatus(path, "read", EISDIR);
   if (!S_ISREG(st.st_mode))
-    return InvalidArgumentError(path + ": not a regular file");
+    return IoError(path + ": not a regular file (a pipe, socket or device)");
   return static_cast<int64_t>(st.st_size);
 }
 

@@ -55,7 +55,8 @@ class UniqueFd {
 // Opens `path` with `flags` (O_CLOEXEC is added) and `mode`.
 StatusOr<UniqueFd> OpenFile(const std::string& path, int flags,
                             int mode = 0644);
-// Size of an open regular file; InvalidArgument when it is not a regular file.
+// Size of an open regular file. IoError when it is none: for a directory
+// "<path>: read: Is a directory", as ReadFileToString says it.
 StatusOr<int64_t> RegularFileSize(int fd, const std::string& path);
 // Reads exactly `n` bytes at `offset` (retrying short reads and EINTR);
 // DataLoss if the file ends first.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -148,8 +149,11 @@ TEST(SafetensorsErrorTest, MissingFile) {
 TEST(SafetensorsErrorTest, DirectoryIsNotAFile) {
   TempDir dir;
   Status s = SafetensorsFile::Open(dir.path()).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_CONTAINS(s.message(), "not a regular file");
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_CONTAINS(s.message(), dir.path() + ": read: " + std::strerror(EISDIR));
+  s = ReadSafetensorsHeader(dir.path()).status();
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_CONTAINS(s.message(), dir.path() + ": read: " + std::strerror(EISDIR));
 }
 
 TEST(SafetensorsErrorTest, TruncatedBelowLengthPrefix) {

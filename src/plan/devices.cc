@@ -1,6 +1,8 @@
 #include "src/plan/devices.h"
 
 #include <algorithm>
+#include <charconv>
+#include <map>
 #include <set>
 
 #include "src/base/units.h"
@@ -112,6 +114,17 @@ StatusOr<DeviceSpec> ParseDevice(std::string_view text,
 }
 
 Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices) {
+  // The devices known before the budgets: what --device gave, and the host.
+  std::string known;
+  bool gpu_given = false;
+  for (const DeviceSpec& d : *devices) {
+    known += (known.empty() ? "" : ", ") + d.name;
+    gpu_given = gpu_given || d.kind == DeviceKind::kCuda;
+  }
+  if (FindDevice(devices, "cpu") == nullptr)
+    known += std::string(known.empty() ? "" : ", ") + "cpu";
+  // GPUs declared by their budget alone, by index, with the item naming each.
+  std::map<int64_t, std::string> budget_only;
   for (std::string_view item : Split(text, ',')) {
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos)
@@ -128,6 +141,24 @@ Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices) {
       return InvalidArgumentError("--max-memory " + std::string(item) +
                                   ": budget must be > 0");
     DeviceSpec* d = FindDevice(devices, name);
+    if (d == nullptr && KindOf(name) == DeviceKind::kCuda) {
+      // A key caps a device, as accelerate's max_memory: with GPUs given by
+      // --device, one of them; without, the key declares the GPU.
+      if (gpu_given)
+        return InvalidArgumentError(
+            "--max-memory " + std::string(item) + ": no device " + name +
+            " among the devices given (" + known +
+            "); a key caps a device: declare the GPU with --device " + name +
+            "=SIZE");
+      int64_t index = 0;
+      const char* digits = name.data() + 5;
+      const auto [end, ec] =
+          std::from_chars(digits, name.data() + name.size(), index);
+      if (ec != std::errc() || end != name.data() + name.size())
+        return InvalidArgumentError("--max-memory " + std::string(item) +
+                                    ": GPU index out of range");
+      budget_only[index] = std::string(item);
+    }
     if (d == nullptr) {
       DeviceSpec nd;
       nd.name = name;
@@ -139,6 +170,21 @@ Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices) {
     }
     d->max_memory = bytes;
     d->compute = true;
+  }
+  // GPUs declared by budgets are numbered as a machine numbers its GPUs:
+  // 0..N-1, no gap (`5=1GiB` alone names a sixth GPU of a machine of one).
+  int64_t next = 0;
+  for (const auto& [index, item] : budget_only) {
+    if (index != next)
+      return InvalidArgumentError(
+          "--max-memory " + item + ": no device cuda:" + std::to_string(index) +
+          " among the devices given (" + known +
+          "); without --device, the keys declare the GPUs, numbered from 0 "
+          "as a machine's are, and cuda:" +
+          std::to_string(next) +
+          " is missing: declare the GPU with --device cuda:" +
+          std::to_string(index) + "=SIZE");
+    ++next;
   }
   return Status();
 }

@@ -4,8 +4,11 @@
 //   --device cuda:0=80GiB   a GPU, declared (plans for machines without it)
 //   --device disk           the last tier: weights streamed from the mmap
 //   --max-memory 0=38GiB,1=90GiB,cpu=50GiB   accelerate's syntax: a budget
-//                           per device (an integer key is cuda:N); a device
-//                           named only here is added with that capacity
+//                           per device (an integer key is cuda:N). A key
+//                           names a device, as accelerate's: with GPUs given
+//                           by --device, one of them; with none, the keys
+//                           declare the GPUs (0..N-1, no gap) with their
+//                           budget as capacity
 //   --reserve 1GiB | cuda:0=2GiB,cpu=4GiB    bytes set aside per device
 // usable = min(capacity, max_memory) - reserve; a plan fits when every
 // device's total <= usable. Nothing here queries hardware.
@@ -49,8 +52,10 @@ StatusOr<DeviceSpec> ParseDevice(
     std::string_view text, int64_t detected_host_bytes,
     std::optional<int64_t> detected_cuda_bytes = std::nullopt);
 
-// Applies --max-memory to `devices` (adding devices named only there, as
-// compute devices, before any disk entry).
+// Applies --max-memory to `devices`: caps the devices there; the host and,
+// when `devices` holds no GPU, GPUs cuda:0..N-1 named only here are added as
+// compute devices. InvalidArgument, naming the key and the devices known, for
+// a GPU that is not among those `devices` holds, or a gap in the numbering.
 Status ApplyMaxMemory(std::string_view text, std::vector<DeviceSpec>* devices);
 
 // Applies --reserve: "SIZE" for every non-disk device, or "NAME=SIZE,...".

@@ -36,6 +36,7 @@ TEST(Devices, UndeclaredGpuWithoutDetectionIsAnError) {
 TEST(Devices, MaxMemoryInAccelerateSyntax) {
   std::vector<DeviceSpec> ds;
   ds.push_back(*ParseDevice("cuda:0=80GiB", 0));
+  ds.push_back(*ParseDevice("cuda:1=96GiB", 0));
   ASSERT_TRUE(ApplyMaxMemory("0=38GiB,1=90GiB,cpu=50GiB", &ds).ok());
   ASSERT_TRUE(NormalizeDevices(&ds, 128 * kGiB).ok());
   ASSERT_EQ(ds.size(), 3u);
@@ -46,6 +47,58 @@ TEST(Devices, MaxMemoryInAccelerateSyntax) {
   EXPECT_EQ(ds[2].name, "cpu");
   EXPECT_TRUE(ds[2].compute);  // named in --max-memory: a layer tier
   EXPECT_FALSE(ApplyMaxMemory("0:38GiB", &ds).ok());
+}
+
+// Without --device GPUs, the keys declare them, numbered as a machine's.
+TEST(Devices, MaxMemoryAloneDeclaresGpusFromZero) {
+  StatusOr<std::vector<DeviceSpec>> ds =
+      DevicesFromFlags({}, "1=90GiB,0=38GiB", "", 64 * kGiB);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ASSERT_EQ(ds->size(), 3u);
+  EXPECT_EQ((*ds)[0].name, "cuda:1");
+  EXPECT_EQ((*ds)[0].usable(), 90 * kGiB);
+  EXPECT_EQ((*ds)[1].name, "cuda:0");
+  EXPECT_EQ((*ds)[2].name, "cpu");
+  EXPECT_FALSE((*ds)[2].compute);
+}
+
+// A key names a device: one --device gave, or (with none) the next GPU of
+// the machine. The message names the key and the devices known.
+TEST(Devices, MaxMemoryForAnUnknownGpuIsAnError) {
+  struct Case {
+    std::vector<std::string> device;
+    std::string max_memory, needle;
+  };
+  const std::vector<Case> cases = {
+      {{},
+       "5=1GiB",
+       "--max-memory 5=1GiB: no device cuda:5 among the "
+       "devices given (cpu); without --device, the keys "
+       "declare the GPUs, numbered from 0 as a machine's are, "
+       "and cuda:0 is missing"},
+      {{}, "0=1GiB,2=1GiB", "--max-memory 2=1GiB: no device cuda:2"},
+      {{"disk"},
+       "cuda:1=1GiB",
+       "no device cuda:1 among the devices given "
+       "(disk, cpu)"},
+      {{"cuda:0=80GiB"},
+       "0=38GiB,1=90GiB",
+       "--max-memory 1=90GiB: no device cuda:1 among the devices given "
+       "(cuda:0, cpu); a key caps a device: declare the GPU with --device "
+       "cuda:1=SIZE"},
+      {{"cuda:0=80GiB,cpu=8GiB"},
+       "cuda:3=1GiB",
+       "no device cuda:3 among the devices given (cuda:0, cpu)"},
+      {{}, "99999999999999999999=1GiB", "GPU index out of range"},
+  };
+  for (const Case& c : cases) {
+    StatusOr<std::vector<DeviceSpec>> ds =
+        DevicesFromFlags(c.device, c.max_memory, "", 64 * kGiB);
+    ASSERT_FALSE(ds.ok()) << c.max_memory;
+    EXPECT_EQ(ds.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(ds.status().message().find(c.needle), std::string::npos)
+        << ds.status().message();
+  }
 }
 
 TEST(Devices, ReserveIsSubtractedAndHostIsAddedForStaging) {

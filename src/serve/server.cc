@@ -1,12 +1,15 @@
 #include "src/serve/server.h"
 
 #include <httplib.h>
+#include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -116,6 +119,48 @@ struct GenFields {
   ArrayFormat format = ArrayFormat::kList;
   DType dtype = DType::kF32;
 };
+
+// Why binding `host`:`port` failed, as the OS says it; the HTTP library
+// reports only that it did. Resolves the host as the library does (any
+// family, passive) and binds a probe socket of its own, closed at once:
+// getaddrinfo's error for a host that names no address ("999.1.1.1"), else
+// bind(2)'s on the last address tried (EADDRINUSE, EADDRNOTAVAIL, EACCES).
+std::string BindFailure(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0)
+    return std::string("getaddrinfo: ") +
+           (rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc));
+  std::string why = "getaddrinfo: no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::string("socket: ") + std::strerror(errno);
+      continue;
+    }
+    const int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    const int bound = ::bind(fd, a->ai_addr, a->ai_addrlen);
+    const int err = errno;
+    ::close(fd);
+    if (bound != 0) {
+      why = std::string("bind: ") + std::strerror(err);
+      continue;
+    }
+    why =
+        "the HTTP library's bind failed, but binding again succeeds (the "
+        "port was in use for a moment?)";
+    break;
+  }
+  ::freeaddrinfo(found);
+  return why;
+}
 
 }  // namespace
 
@@ -1313,12 +1358,14 @@ StatusOr<int> Server::Bind() {
   const ServerOptions& o = impl_->o_;
   if (o.port == 0) {
     const int port = impl_->http_.bind_to_any_port(o.host);
-    if (port <= 0) return IoError("cannot bind " + o.host + " to a free port");
+    if (port <= 0)
+      return IoError("cannot bind " + o.host +
+                     " to a free port: " + BindFailure(o.host, 0));
     port_ = port;
   } else {
     if (!impl_->http_.bind_to_port(o.host, o.port))
       return IoError("cannot bind " + o.host + ":" + std::to_string(o.port) +
-                     " (in use, or not an address of this machine)");
+                     ": " + BindFailure(o.host, o.port));
     port_ = o.port;
   }
   if (impl_->listen_socket_ >= 0) ::listen(impl_->listen_socket_, SOMAXCONN);

@@ -10,13 +10,12 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "src/base/read_file.h"
 #include "src/tokenizer/json_util.h"
 
 namespace loom::tok {
@@ -3230,15 +3229,6 @@ const std::string& ChatTemplate::source() const { return program_->source; }
 
 namespace {
 
-StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return IoError("error reading " + path);
-  return buffer.str();
-}
-
 std::string TokenString(const Json& config, const char* key) {
   const auto it = config.find(key);
   if (it == config.end()) return "";
@@ -3268,7 +3258,7 @@ StatusOr<ChatTemplate> LoadChatTemplate(const std::string& model_dir) {
   std::string source;
   const fs::path jinja_path = dir / "chat_template.jinja";
   if (fs::exists(jinja_path, ec)) {
-    ASSIGN_OR_RETURN(source, ReadText(jinja_path.string()));
+    ASSIGN_OR_RETURN(source, ReadFileToString(jinja_path.string()));
   } else {
     const auto it = config.find("chat_template");
     if (it == config.end() || it->is_null()) {

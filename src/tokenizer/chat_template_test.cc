@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -92,6 +94,15 @@ TEST(ChatTemplateGoldenTest, LoadsFromModelDirectory) {
   t = LoadChatTemplate(dir.string());
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  // A chat_template.jinja that cannot be read is an OS error, not an empty
+  // template.
+  fs::create_directory(dir / "chat_template.jinja");
+  t = LoadChatTemplate(dir.string());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kIoError);
+  EXPECT_THAT(t.status().message(),
+              testing::HasSubstr((dir / "chat_template.jinja").string() +
+                                 ": read: " + std::strerror(EISDIR)));
 }
 
 TEST(ChatTemplateGoldenTest, LoadsSharedModelTokenizerConfigs) {

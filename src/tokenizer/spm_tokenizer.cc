@@ -4,12 +4,11 @@
 #include <sentencepiece_processor.h>
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 
+#include "src/base/read_file.h"
 #include "src/tokenizer/added_tokens.h"
 #include "src/tokenizer/normalizer.h"
 #include "src/tokenizer/tokenizer_impl.h"
@@ -412,11 +411,8 @@ StatusOr<std::string> SpmTokenizer::Decode(std::span<const int32_t> ids,
 
 StatusOr<std::unique_ptr<TokenizerImpl>> LoadSpmTokenizer(
     const std::string& path, const TokenizerConfig& config) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  ASSIGN_OR_RETURN(auto t, SpmTokenizer::Create(buffer.str(), config));
+  ASSIGN_OR_RETURN(const std::string bytes, ReadFileToString(path));
+  ASSIGN_OR_RETURN(auto t, SpmTokenizer::Create(bytes, config));
   return std::unique_ptr<TokenizerImpl>(std::move(t));
 }
 

@@ -8,6 +8,21 @@
 #include "src/tokenizer/utf8.h"
 
 namespace loom::tok {
+namespace {
+
+// An error of loading a file of `dir`, naming `dir` once: a message that
+// starts with a path inside it ("<dir>/tokenizer.json: read: …") stays as
+// it is; one naming only the file ("tokenizer.json: not valid JSON") gets
+// "<dir>: " in front.
+Status InDir(const Status& s, const std::string& dir) {
+  const std::string& m = s.message();
+  const bool names_dir =
+      m.starts_with(dir) &&
+      (dir.ends_with('/') || (m.size() > dir.size() && m[dir.size()] == '/'));
+  return names_dir ? s : s.WithContext(dir);
+}
+
+}  // namespace
 
 Tokenizer::~Tokenizer() = default;
 
@@ -19,7 +34,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   {
     auto cfg = TokenizerConfig::Load(dir);
-    if (!cfg.ok()) return cfg.status().WithContext(dir);
+    if (!cfg.ok()) return InDir(cfg.status(), dir);
     t->config_ = std::move(*cfg);
   }
   const std::string json_path = (fs::path(dir) / "tokenizer.json").string();
@@ -27,12 +42,12 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
   if (fs::exists(json_path, ec)) {
     t->source_ = "tokenizer.json";
     auto impl = internal::LoadHfTokenizer(json_path, t->config_);
-    if (!impl.ok()) return impl.status().WithContext(dir);
+    if (!impl.ok()) return InDir(impl.status(), dir);
     t->impl_ = std::move(*impl);
   } else if (fs::exists(model_path, ec)) {
     t->source_ = "tokenizer.model";
     auto impl = internal::LoadSpmTokenizer(model_path, t->config_);
-    if (!impl.ok()) return impl.status().WithContext(dir);
+    if (!impl.ok()) return InDir(impl.status(), dir);
     t->impl_ = std::move(*impl);
   } else {
     return NotFoundError(dir +

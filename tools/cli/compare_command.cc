@@ -19,6 +19,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/job_options.h"
 #include "tools/cli/eval_progress.h"
+#include "tools/cli/flag_ranges.h"
 
 namespace loom::cli {
 namespace {
@@ -251,7 +252,9 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
                   "one bucket for the rest: a lower bound)");
   cmd->add_option("--save-reference", args->save_reference,
                   "Write B's top-k log-probs per scored token to this directory for later runs");
-  cmd->add_option("--top-k", args->top_k, "Log-probs kept per token by --save-reference")->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "Log-probs kept per token by --save-reference (at most the vocabulary)")
+      ->capture_default_str()
+      ->check(IntRange(1));
   AddWindowOptions(cmd, args.get(), "--reference");
   cmd->add_option("--precision", args->precision,
                   "Precision of A: auto, f32, bf16 or f16");

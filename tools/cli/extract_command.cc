@@ -6,6 +6,7 @@
 
 #include "src/eval/extract.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
 #include "tools/cli/plan_flags.h"
 
@@ -73,23 +74,26 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--precision", opts->precision, "auto, f32, bf16 or f16")
       ->capture_default_str();
-  cmd->add_option("--threads", j.threads, "Compute threads (0 = all cores)")
-      ->capture_default_str();
+  AddThreadsFlag(*cmd, &j.threads);
   cmd->add_option("--batch-tokens", j.batch_tokens,
-                  "Token budget per batch (default min(4096, max positions))");
+                  "Token budget per batch (default min(4096, max positions))")
+      ->check(IntRange(1));
   cmd->add_option("--streaming-chunk-size", j.streaming_chunk_size,
                   "Rows longer than --batch-tokens run alone, prefilled in "
                   "chunks of N tokens that carry the KV cache: the hidden "
                   "states of one full pass (unlike TheLoom's independent "
                   "chunks). 0 = off: such rows are errors")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntRange(0));
   cmd->add_option("--max-row-tokens", j.max_row_tokens,
                   "With --streaming-chunk-size: the longest row streamed; "
                   "sizes the planned KV cache (default min(32768, max "
-                  "positions))");
+                  "positions))")
+      ->check(IntRange(1));
   cmd->add_option("--commit-every", j.commit_every,
                   "Rows per commit (the unit of resume)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntRange(1));
   cmd->add_option("--on-error", opts->on_error,
                   "fail or skip (skipped rows are recorded with the reason)")
       ->capture_default_str();

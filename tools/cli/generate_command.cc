@@ -22,6 +22,7 @@
 #include "src/serve/engine.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
 
 namespace loom::cli {
 namespace {
@@ -167,19 +168,26 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--prompt", args->prompt, "Prompt text")->required();
   cmd->add_option("--max-tokens", args->max_tokens,
-                  "Most tokens to generate (default 32)");
+                  "Most tokens to generate (default 32; 0: none, with --hooks "
+                  "the prompt's activations only)")
+      ->check(IntRange(0));
   cmd->add_option("--temperature", args->temperature,
-                  "0 = greedy (default); > 0 samples");
-  cmd->add_option("--top-k", args->top_k, "Keep the k most likely (0 = off)");
-  cmd->add_option("--top-p", args->top_p, "Nucleus mass (1 = off)");
-  cmd->add_option("--seed", args->seed, "Sampling seed (default 0)");
+                  "0 = greedy (default); > 0 samples")
+      ->check(NumberRange(0, false, kNoLimit, false));
+  cmd->add_option("--top-k", args->top_k, "Keep the k most likely (0 = off)")
+      ->check(IntRange(0));
+  cmd->add_option("--top-p", args->top_p, "Nucleus mass (1 = off)")
+      ->check(NumberRange(0, true, 1, false));
+  cmd->add_option("--seed", args->seed, "Sampling seed (default 0)")
+      ->check(Unsigned64());
   cmd->add_option("--stop", args->stop,
                   "Stop once the generated text contains this (repeatable)");
   cmd->add_option("--ctx", args->ctx,
-                  "KV cache positions (default min(2048, max positions))");
+                  "KV cache positions (default min(2048, max positions))")
+      ->check(IntRange(1));
   cmd->add_option("--precision", args->precision,
                   "f32 (default), bf16, f16 or auto");
-  cmd->add_option("--threads", args->threads, "CPU threads (0 = all)");
+  AddThreadsFlag(*cmd, &args->threads);
   cmd->add_flag("--json", args->json,
                 "JSON: text, token_ids (generated), prompt_ids, stop_reason");
   cmd->add_option("--hooks", args->hooks,
@@ -196,7 +204,8 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                   "mean, max, all, pos:I,J, span:A:B");
   cmd->add_option("--prefill-chunk,--streaming-chunk-size", args->chunk,
                   "Prompt tokens per forward (default 256); longer prompts "
-                  "are prefilled in chunks carrying the KV cache (exact)");
+                  "are prefilled in chunks carrying the KV cache (exact)")
+      ->check(IntRange(1));
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("generate", RunGenerate(*args));
   });

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tools/cli/flag_ranges.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
@@ -45,21 +46,26 @@ inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a,
       std::string("Tokenizer directory (default: ") + tokenizer_default + ")");
   cmd->add_option("--protocol", a->protocol,
                   "hf-stride (default), llama-cpp or all-tokens");
+  // A window predicts at least one token from one before it.
   cmd->add_option(
-      "--ctx", a->ctx,
-      "Window length in tokens (default min(512, max_position_embeddings))");
+         "--ctx", a->ctx,
+         "Window length in tokens (default min(512, max_position_embeddings))")
+      ->check(IntRange(2));
   cmd->add_option("--stride", a->stride,
-                  "Window step (default ctx/2; llama-cpp: ctx)");
+                  "Window step (default ctx/2; llama-cpp: ctx)")
+      ->check(IntRange(1));
   cmd->add_option("--max-windows", a->max_windows,
-                  "Evaluate at most K windows (default all)");
+                  "Evaluate at most K windows (default all)")
+      ->check(IntRange(1));
   cmd->add_option("--add-bos", a->add_bos,
                   "auto (tokenizer default), yes or no");
-  cmd->add_option(
-      "--chunk-rows", a->chunk_rows,
-      "Logit rows computed at a time (memory: rows x vocab floats)");
+  cmd->add_option("--chunk-rows", a->chunk_rows,
+                  "Logit rows computed at a time (memory: rows x vocab floats)")
+      ->capture_default_str()
+      ->check(IntRange(1));
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--hf-bf16", a->hf_bf16, kHfBf16Help);
-  cmd->add_option("--threads", a->threads, "CPU threads (default all)");
+  AddThreadsFlag(*cmd, &a->threads);
   cmd->add_flag("--json", a->json, "Print the result as JSON");
   cmd->add_flag("--quiet", a->quiet, "No progress bar or warnings");
 }

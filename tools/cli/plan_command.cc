@@ -11,6 +11,7 @@
 // 2 on a usage error.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -25,18 +26,22 @@
 #include "src/plan/planner.h"
 #include "src/plan/report.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 namespace {
+
+// --batch-tokens when not given, unless the model holds fewer positions.
+constexpr int64_t kDefaultBatchTokens = 2048;
 
 struct PlanArgs {
   std::string model_dir;  // MODEL_DIR (positional)
   std::string model;      // --model
   PlanFlags plan;         // --device ... --solve (PlanFlagUse::kPlanCommand)
   std::string mode = "analysis";
-  int64_t batch_tokens = 2048;
-  int64_t ctx = 0;  // 0 = batch tokens
+  int64_t batch_tokens = 0;  // 0 = min(kDefaultBatchTokens, max positions)
+  int64_t ctx = 0;           // 0 = min(batch tokens, max positions)
   int64_t seqs_per_batch = 0;
   std::vector<std::string> hooks;
   std::vector<std::string> layers = {"*"};
@@ -110,8 +115,13 @@ Status RunPlan(const PlanArgs& a, const std::string& model_dir,
   in.weights = &table;
   JobSpec& job = in.job;
   ASSIGN_OR_RETURN(job.mode, ParseJobMode(a.mode));
-  job.batch_tokens = a.batch_tokens;
-  job.context = a.ctx > 0 ? a.ctx : a.batch_tokens;
+  // Defaults follow the model: a flag left out never asks for more
+  // positions than it has (the table's job line says what was used).
+  const int64_t max_positions = config.max_position_embeddings;
+  job.batch_tokens = a.batch_tokens > 0
+                         ? a.batch_tokens
+                         : std::min(kDefaultBatchTokens, max_positions);
+  job.context = a.ctx > 0 ? a.ctx : std::min(job.batch_tokens, max_positions);
   job.seqs_per_batch = a.seqs_per_batch;
   ASSIGN_OR_RETURN(job.hooks, ResolveHooks(a.hooks, a.layers, config));
   ASSIGN_OR_RETURN(job.selector, ParseSelector(a.select));
@@ -152,7 +162,7 @@ Status RunPlan(const PlanArgs& a, const std::string& model_dir,
     if (!most.ok()) return ExplainNoBatchFits(in, most.status());
     const int64_t t = *most;
     job.batch_tokens = t;
-    if (a.ctx <= 0) job.context = t;
+    if (a.ctx <= 0) job.context = std::min(t, max_positions);
     solved = {{"what", f.solve}, {"value", t}};
     solved_line = "max batch tokens: " + std::to_string(t) + "\n";
   } else if (f.solve == "max-context") {
@@ -208,11 +218,16 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--mode", a->mode,
                   "analysis (no KV cache) or generation (KV cache for --ctx)");
   cmd->add_option("--batch-tokens", a->batch_tokens,
-                  "Tokens per forward (packed sequences)");
+                  "Tokens per forward (packed sequences; default min(2048, "
+                  "max_position_embeddings))")
+      ->check(IntRange(1));
   cmd->add_option("--ctx", a->ctx,
-                  "Longest sequence (default: --batch-tokens)");
+                  "Longest sequence; generation: KV cache positions (default: "
+                  "--batch-tokens, at most max_position_embeddings)")
+      ->check(IntRange(1));
   cmd->add_option("--seqs-per-batch", a->seqs_per_batch,
-                  "Sequences per batch (default: batch tokens / ctx)");
+                  "Sequences per batch (default: batch tokens / ctx)")
+      ->check(IntRange(1));
   // No hooks: the whole forward with its logits (perplexity).
   AddHookFlags(*cmd, &a->hooks, &a->layers);
   cmd->get_option("--layers")->default_str("*");
@@ -222,19 +237,25 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--capture-to", a->capture_to,
                   "Where captures are staged: host or device");
   cmd->add_option("--capture-buffers", a->capture_buffers,
-                  "Staging buffers per hook (2 = double-buffered)");
+                  "Staging buffers per hook (2 = double-buffered)")
+      ->capture_default_str()
+      ->check(IntRange(1));
   cmd->add_flag("--logits", a->logits,
                 "Compute logits (perplexity) even with hooks (without hooks "
                 "they always are)");
   cmd->add_option("--logits-chunk", a->logits_chunk,
-                  "Rows of logits computed at a time");
+                  "Rows of logits computed at a time")
+      ->capture_default_str()
+      ->check(IntRange(1));
   cmd->add_option("--kv-dtype", a->kv_dtype,
                   "KV cache dtype (default: the model's torch_dtype; analysis "
                   "with --kv-context: the activation dtype)");
   cmd->add_option("--kv-context", a->kv_context,
                   "analysis: a KV cache of one sequence of N positions for "
                   "rows streamed in chunks (as `loom extract "
-                  "--streaming-chunk-size` with --max-row-tokens N)");
+                  "--streaming-chunk-size` with --max-row-tokens N; default "
+                  "0: none)")
+      ->check(IntRange(0));
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, exit_code] {
     StatusOr<std::string> model_dir = ModelDir(*a);

@@ -38,7 +38,8 @@ inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
                  "the CPU only), disk (weights streamed from the checkpoint)");
   cmd.add_option("--max-memory", f->max_memory,
                  "Caps per device, accelerate's syntax: 0=38GiB,1=90GiB,"
-                 "cpu=50GiB");
+                 "cpu=50GiB; a key names a device --device gave, or, with no "
+                 "GPU given there, declares cuda:0..N-1 with that capacity");
   cmd.add_option("--reserve", f->reserve,
                  "Bytes kept free: SIZE for every device, or "
                  "cuda:0=2GiB,cpu=4GiB");

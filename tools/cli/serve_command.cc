@@ -20,6 +20,7 @@
 #include "src/serve/config.h"
 #include "src/serve/server.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
 
 extern char** environ;
 
@@ -164,10 +165,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--host", args->host,
                   "Address to bind (default 127.0.0.1; server.http_host)");
   cmd->add_option("--port", args->port,
-                  "Port (default 8080; 0 = any free port; server.http_port)");
+                  "Port (default 8080; 0 = any free port; server.http_port)")
+      ->check(IntRange(0, 65535));
   cmd->add_option("--config", args->config,
                   "YAML configuration (docs/design/serve-config.md)");
-  cmd->add_option("--threads", args->threads, "CPU threads (0 = all)");
+  AddThreadsFlag(*cmd, &args->threads);
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("serve", RunServe(*args));
   });

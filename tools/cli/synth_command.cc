@@ -3,11 +3,14 @@
 // [--layers N]
 // [--vocab N]
 // [--dtype bf16] [--seed N]
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 
 #include "src/model/synth.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
 
 namespace loom::cli {
 
@@ -37,13 +40,17 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
                   "shapes, 2 layers, vocab 32768, MXFP4 experts)")
       ->capture_default_str();
   cmd->add_option("--layers", opts->synth.num_layers,
-                  "Override the number of layers");
+                  "Override the number of layers")
+      ->check(IntRange(1));
+  // Token ids are int32.
   cmd->add_option("--vocab", opts->synth.vocab_size,
-                  "Override the vocabulary size");
+                  "Override the vocabulary size")
+      ->check(IntRange(1, std::numeric_limits<int32_t>::max()));
   cmd->add_option("--dtype", opts->dtype, "Storage dtype: f32, bf16 or f16")
       ->capture_default_str();
   cmd->add_option("--seed", opts->synth.seed, "Random seed")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Unsigned64());
   cmd->callback([opts, exit_code] {
     const auto dtype = ParseDType(opts->dtype);
     if (!dtype) {
