@@ -25,6 +25,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -112,6 +113,11 @@ pid_t Spawn(const std::vector<std::string>& args, const SpawnOptions& o) {
   argv.push_back(nullptr);
   const std::string log = o.log.empty() ? "/dev/null" : o.log;
   const pid_t pid = ::fork();
+  if (pid < 0) {
+    // Never return -1: kill(-1, ...) would signal every process.
+    std::perror("fork");
+    std::abort();
+  }
   if (pid != 0) return pid;
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) ::_exit(127);
@@ -191,6 +197,12 @@ double CpuSeconds(pid_t pid) {
     }
   }
   return any ? total : -1.0;
+}
+
+// The CPU time (user + system) of a reaped child, in seconds.
+double CpuOf(const rusage& u) {
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 // ---- Jobs -------------------------------------------------------------------
@@ -315,12 +327,12 @@ struct Tally {
 };
 
 // Scratch directories: on a tmpfs (/dev/shm) when there is one, so that a
-// job's time is compute rather than fsync latency and kill points drawn over
-// its duration spread the same way on any machine. A SIGKILL leaves the same
-// files on any file system (the page cache outlives the process; fsync
-// matters for a power loss, which no test here causes). The kill chains also
-// run in the default temporary directory, a disk where fsync takes time, so
-// that kills land inside commits there.
+// job's run is compute, not fsync waits (quicker, and not at the mercy of
+// other load on the disk). A SIGKILL leaves the same files on any file system
+// (the page cache outlives the process; fsync matters for a power loss, which
+// no test here causes). The kill chains run in the default temporary
+// directory instead, a disk where fsync takes time, so that kills land inside
+// commits there too.
 std::string ScratchBase() {
   std::error_code ec;
   if (fs::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK) == 0)
@@ -436,27 +448,29 @@ class ExtractFaultsTest : public ::testing::Test {
     if (!reaped)
       while (::wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
       }
-    t.total =
-        static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-        1e-6 * static_cast<double>(usage.ru_utime.tv_usec +
-                                   usage.ru_stime.tv_usec);
+    t.total = CpuOf(usage);
     const ExitStatus e = Decode(status);
     EXPECT_EQ(e.code, 0) << e.ToString() << ": " << Slurp(out + ".log");
     EXPECT_GE(t.manifest, 0) << "/proc/<pid>/task/*/schedstat is unreadable";
     return t;
   }
 
-  // The reference output of `job` in `ref`, and its timing: the smaller of
-  // two runs' CPU times. The second run must give the same bytes.
+  // The reference output of `job` in `ref`, and its timing: the least CPU
+  // time of three runs (the same job's CPU time varies by some 20% with
+  // other load on the machine; an estimate from a slow run would put kill
+  // points past the end of faster ones). The other runs must give the same
+  // bytes.
   Timing Reference(const Job& job, const std::string& ref, Files* files) {
     Timing best = RunToEnd(job, ref);
     *files = Snapshot(ref);
-    const Timing t = RunToEnd(job, ref + "_again");
-    EXPECT_EQ(Diff(Snapshot(ref + "_again"), *files), "")
-        << "two uninterrupted runs differ";
-    fs::remove_all(ref + "_again");
-    best.total = std::min(best.total, t.total);
-    best.manifest = std::min(best.manifest, t.manifest);
+    for (const char* again : {"_again1", "_again2"}) {
+      const Timing t = RunToEnd(job, ref + again);
+      EXPECT_EQ(Diff(Snapshot(ref + again), *files), "")
+          << "two uninterrupted runs differ";
+      fs::remove_all(ref + again);
+      best.total = std::min(best.total, t.total);
+      best.manifest = std::min(best.manifest, t.manifest);
+    }
     RecordProperty("cpu_ms", static_cast<int>(best.total * 1000));
     RecordProperty("manifest_after_cpu_ms",
                    static_cast<int>(best.manifest * 1000));
@@ -464,15 +478,17 @@ class ExtractFaultsTest : public ::testing::Test {
   }
 
   // Starts `job` in `out` (with --resume when it has a manifest, else fresh)
-  // and SIGKILLs it when it has used `cpu` seconds of CPU time.
+  // and SIGKILLs it when it has used `cpu` seconds of CPU time. A run that
+  // ends first sets `*ended_after` to the CPU time it took.
   Landed StartAndKill(const Job& job, const std::string& out, double cpu,
-                      Tally* tally) {
+                      Tally* tally, double* ended_after = nullptr) {
     const bool resume = fs::exists(out + "/manifest.json");
     const pid_t pid = Spawn(job.Args(out, resume), {.log = out + ".log"});
     int status = 0;
+    rusage usage{};
     bool reaped = false;
     while (CpuSeconds(pid) < cpu) {
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
+      if (::wait4(pid, &status, WNOHANG, &usage) == pid) {
         reaped = true;  // ended before the kill point
         break;
       }
@@ -482,6 +498,8 @@ class ExtractFaultsTest : public ::testing::Test {
       ::kill(pid, SIGKILL);
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
+    } else if (ended_after != nullptr) {
+      *ended_after = CpuOf(usage);
     }
     const ExitStatus e = Decode(status);
     ++tally->kills;
@@ -515,7 +533,9 @@ class ExtractFaultsTest : public ::testing::Test {
   }
 
   // Kills `points` runs of `job` at CPU times drawn from a seeded RNG, one
-  // in each of `points` equal slices of [0, duration], then resumes each.
+  // in each of `points` equal slices of [0, duration], then resumes each. A
+  // run that ends before its kill point shows the job takes less CPU time
+  // than `duration`: the later points are drawn over what it took.
   Tally KillAtRandomPoints(const Job& job, const std::string& base,
                            const Files& ref, double duration, int points,
                            uint64_t seed) {
@@ -527,13 +547,16 @@ class ExtractFaultsTest : public ::testing::Test {
       const double cpu = duration * (k + u(rng)) / points;
       at += std::to_string(static_cast<int>(cpu * 1000)) + " ";
       const std::string out = base + "/kill" + std::to_string(k);
-      StartAndKill(job, out, cpu, &tally);
+      double ended_after = duration;
+      StartAndKill(job, out, cpu, &tally, &ended_after);
+      duration = std::min(duration, ended_after);
       FinishAndCompare(job, out, ref,
                        "killed at " + std::to_string(cpu) + " s + resume");
       fs::remove_all(out);
     }
     RecordProperty("seed", std::to_string(seed));
     RecordProperty("kill_points_cpu_ms", at);
+    RecordProperty("last_duration_cpu_ms", static_cast<int>(duration * 1000));
     return tally;
   }
 
@@ -572,7 +595,7 @@ constexpr uint64_t kSeed = 20240613;
 // .npy arrays (a fixed, a reduced and a ragged selector): 24 kill points over
 // the whole run, each followed by --resume.
 TEST_F(ExtractFaultsTest, SigkillAtManyRandomPointsThenResumeIsByteIdentical) {
-  Spit(Path("in.txt"), Prompts(320));
+  Spit(Path("in.txt"), Prompts(200));
   const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
   Files ref;
   const Timing timing = Reference(job, Path("ref"), &ref);
@@ -683,34 +706,6 @@ TEST_F(ExtractFaultsTest, SecondProcessOnTheSameOutIsRefused) {
   }
 }
 
-// --resume never creates --out: a missing one is NOT_FOUND naming it, from
-// the library and from the CLI (exit 1).
-TEST_F(ExtractFaultsTest, ResumeOnAMissingOutDirIsNotFound) {
-  Spit(Path("in.txt"), Prompts(4));
-  const std::string out = Path("never_created");
-  ExtractOptions o;
-  o.model_dir = kModel;
-  o.input_path = Path("in.txt");
-  o.out_dir = out;
-  o.hooks = {"blocks.0.hook_resid_post"};
-  o.resume = true;
-  const auto s = RunExtract(o);
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << s.status().ToString();
-  EXPECT_EQ(s.status().message(),
-            "--resume: --out " + out + " does not exist (nothing to resume)");
-  EXPECT_FALSE(fs::exists(out));
-  const ExitStatus e =
-      RunLoom(MakeJob(Path("in.txt"), false).Args(out, /*resume=*/true),
-              {.log = Path("cli.log")});
-  EXPECT_EQ(e.code, 1) << e.ToString();
-  EXPECT_TRUE(
-      Contains(Slurp(Path("cli.log")),
-               "loom extract: --resume: --out " + out + " does not exist"))
-      << Slurp(Path("cli.log"));
-  EXPECT_FALSE(fs::exists(out));
-}
-
 // The file of `out` that a failed job's message names ("<out>/<name>: ..."),
 // without a ".tmp" suffix; "" if none.
 std::string NamedFile(const std::string& log, const std::string& out) {
@@ -777,7 +772,7 @@ void ExpectCommittedPrefix(const std::string& out, const std::string& ref,
 // limit first. The error names the file and strerror; the last commit stays
 // whole; --resume without the limit completes byte-identically.
 TEST_F(ExtractFaultsTest, FileSizeLimitMidJobKeepsTheCommitThenResumes) {
-  Spit(Path("in.txt"), Prompts(240));
+  Spit(Path("in.txt"), Prompts(160));
   const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
   RunToEnd(job, Path("ref"));
   const Files ref = Snapshot(Path("ref"));
@@ -796,7 +791,7 @@ TEST_F(ExtractFaultsTest, FileSizeLimitMidJobKeepsTheCommitThenResumes) {
   ASSERT_TRUE(ref.count(named)) << "no file of --out named in: " << log;
   EXPECT_GT(ref.at(named).size(), limit)
       << named << " cannot have hit the limit";
-  ExpectCommittedPrefix(out, Path("ref"), 240);
+  ExpectCommittedPrefix(out, Path("ref"), 160);
   const ExitStatus resumed =
       RunLoom(job.Args(out, /*resume=*/true), {.log = Path("resume.log")});
   EXPECT_EQ(resumed.code, 0) << Slurp(Path("resume.log"));
@@ -804,13 +799,13 @@ TEST_F(ExtractFaultsTest, FileSizeLimitMidJobKeepsTheCommitThenResumes) {
 }
 
 // A file system that fills up during the job (a small tmpfs as --out): at
-// 30%, 60% and 90% of what the job needs, ENOSPC comes at whichever write
+// 30% and 70% of what the job needs, ENOSPC comes at whichever write
 // finds no page (an array, rows.jsonl or the manifest); with all but two
 // pages, at the last commit, which marks the job complete. Each time the
 // error names the file and strerror and the last commit stays whole; the
 // tmpfs is then grown and --resume completes byte-identically.
 TEST_F(ExtractFaultsTest, FullFileSystemKeepsTheCommitThenResumes) {
-  Spit(Path("in.txt"), Prompts(240));
+  Spit(Path("in.txt"), Prompts(160));
   const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
   RunToEnd(job, Path("ref"));
   const Files ref = Snapshot(Path("ref"));
@@ -827,8 +822,7 @@ TEST_F(ExtractFaultsTest, FullFileSystemKeepsTheCommitThenResumes) {
     bool at_completion;
   };
   const std::vector<Case> cases = {{"30pct", pages * 3 / 10, false},
-                                   {"60pct", pages * 6 / 10, false},
-                                   {"90pct", pages * 9 / 10, false},
+                                   {"70pct", pages * 7 / 10, false},
                                    {"last_commit", pages - 2, true}};
   std::string hit;
   for (const Case& c : cases) {
@@ -853,7 +847,7 @@ TEST_F(ExtractFaultsTest, FullFileSystemKeepsTheCommitThenResumes) {
     if (const std::optional<Json> m = ReadManifest(out))
       hit += c.name + ": " + named + " after " +
              (*m)["progress"]["rows_committed"].dump() + " rows; ";
-    ExpectCommittedPrefix(out, Path("ref"), 240, c.at_completion);
+    ExpectCommittedPrefix(out, Path("ref"), 160, c.at_completion);
     RemountTmpfs(out, 0, 2 * pages * page);
     const ExitStatus resumed =
         RunLoom(job.Args(out, /*resume=*/true), {.log = log_path});
@@ -891,7 +885,7 @@ TEST_F(ExtractFaultsTest, ReadOnlyOutDirIsAnIoErrorNamingThePath) {
 // error naming the path; so is a --resume, which leaves every file as it was;
 // once writable again, --resume completes byte-identically.
 TEST_F(ExtractFaultsTest, ReadOnlyFileSystemIsAnIoErrorAndResumeWritesNothing) {
-  Spit(Path("in.txt"), Prompts(240));
+  Spit(Path("in.txt"), Prompts(160));
   const Job job = MakeJob(Path("in.txt"), /*safetensors=*/false);
   RunToEnd(job, Path("ref"));
   const Files ref = Snapshot(Path("ref"));
@@ -942,7 +936,7 @@ TEST_F(ExtractFaultsTest, OutDirRemovedWhileRunningIsAnErrorNotACrash) {
   const pid_t pid = StartAndStopMidRun(job, out);
   ASSERT_GT(pid, 0);
   fs::remove_all(out);
-  ASSERT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out));  // (no ASSERT: the job must be continued)
   ::kill(pid, SIGCONT);
   const ExitStatus e = Wait(pid);
   const std::string log = Slurp(out + ".log");
@@ -951,6 +945,36 @@ TEST_F(ExtractFaultsTest, OutDirRemovedWhileRunningIsAnErrorNotACrash) {
   EXPECT_TRUE(Contains(log, "loom extract: ")) << log;
   EXPECT_TRUE(Contains(log, out + "/")) << log;
   EXPECT_TRUE(Contains(log, std::strerror(ENOENT))) << log;
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// --resume never creates --out: a missing one is NOT_FOUND naming it, from
+// the library and from the CLI (exit 1). (After the tests that mount: this
+// one runs the job in this process, whose threads would then keep a non-root
+// run of the whole binary out of a user namespace.)
+TEST_F(ExtractFaultsTest, ResumeOnAMissingOutDirIsNotFound) {
+  Spit(Path("in.txt"), Prompts(4));
+  const std::string out = Path("never_created");
+  ExtractOptions o;
+  o.model_dir = kModel;
+  o.input_path = Path("in.txt");
+  o.out_dir = out;
+  o.hooks = {"blocks.0.hook_resid_post"};
+  o.resume = true;
+  const auto s = RunExtract(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << s.status().ToString();
+  EXPECT_EQ(s.status().message(),
+            "--resume: --out " + out + " does not exist (nothing to resume)");
+  EXPECT_FALSE(fs::exists(out));
+  const ExitStatus e =
+      RunLoom(MakeJob(Path("in.txt"), false).Args(out, /*resume=*/true),
+              {.log = Path("cli.log")});
+  EXPECT_EQ(e.code, 1) << e.ToString();
+  EXPECT_TRUE(
+      Contains(Slurp(Path("cli.log")),
+               "loom extract: --resume: --out " + out + " does not exist"))
+      << Slurp(Path("cli.log"));
   EXPECT_FALSE(fs::exists(out));
 }
 
