@@ -24,6 +24,18 @@
 #include "src/runtime/model.h"
 #include "tests/golden_util.h"
 
+// Whether this test is compiled with AddressSanitizer (gcc or clang).
+#if defined(__SANITIZE_ADDRESS__)
+#define LOOM_ASAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LOOM_ASAN_BUILD 1
+#endif
+#endif
+#ifndef LOOM_ASAN_BUILD
+#define LOOM_ASAN_BUILD 0
+#endif
+
 namespace loom::eval {
 namespace {
 
@@ -816,9 +828,16 @@ TEST(PerplexityMemoryTest, Ctx2048Vocab32kStaysWithinChunkBound) {
       "full logits %.1f MiB)\n",
       peak / 1048576.0, weights / 1048576.0, planned / 1048576.0,
       full_logits / 1048576.0);
+#if LOOM_ASAN_BUILD
+  // ASan's shadow memory and allocator quarantine inflate the RSS of an
+  // instrumented `loom`, so the bound is asserted by the uninstrumented run
+  // of this test (`make test`); here the run itself is what is checked.
+  std::printf("RSS bound not asserted in this AddressSanitizer build\n");
+#else
   // Process baseline (libraries, oneDNN, OpenMP) well under 100 MiB.
   EXPECT_LT(peak, weights + planned + 100 * 1024 * 1024);
   EXPECT_LT(peak, full_logits);
+#endif
 }
 
 }  // namespace
