@@ -451,22 +451,5 @@ TEST(ManifestTest, CheckedAccessors) {
 
 // Where a text stops being JSON: the offset of the offending byte, or the
 // text's end when it stops too early; nothing for JSON.
-TEST(ManifestTest, LocateJsonError) {
-  const std::string cut = "{\"a\": [1, 2";
-  EXPECT_EQ(LocateJsonError(cut).offset, static_cast<int64_t>(cut.size()));
-  EXPECT_NE(LocateJsonError(cut).what.find("unexpected end of input"),
-            std::string::npos)
-      << LocateJsonError(cut).what;
-  const std::string missing_colon = "{\"a\" 1}";
-  EXPECT_EQ(LocateJsonError(missing_colon).offset,
-            static_cast<int64_t>(missing_colon.find('1')));
-  const std::string trailing = "{} x";
-  EXPECT_EQ(LocateJsonError(trailing).offset,
-            static_cast<int64_t>(trailing.find('x')));
-  EXPECT_EQ(LocateJsonError("").offset, 0);
-  EXPECT_EQ(LocateJsonError("{\"a\": [1, 2]}").offset, -1);
-  EXPECT_EQ(LocateJsonError("{\"a\": [1, 2]}").what, "");
-}
-
 }  // namespace
 }  // namespace loom

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "src/base/read_file.h"
+#include "src/core/json_error.h"
 #include "src/io/file_util.h"
 
 namespace loom {
@@ -43,39 +44,6 @@ const char* TypeName(const Json& j) {
   }
 }
 
-// Records where the parse fails; accepts everything else.
-class ErrorLocator : public nlohmann::json_sax<Json> {
- public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t position, const std::string& /*last_token*/,
-                   const nlohmann::detail::exception& e) override {
-    error_.offset = static_cast<int64_t>(position) - 1;  // position is 1-based
-    // "[json.exception.parse_error.101] parse error at line 1, column 8:
-    // syntax error ...": the part after the position.
-    error_.what = e.what();
-    const size_t column = error_.what.find(", column ");
-    const size_t colon =
-        column == std::string::npos ? column : error_.what.find(": ", column);
-    if (colon != std::string::npos) error_.what.erase(0, colon + 2);
-    return false;  // stop; sax_parse then returns false without throwing
-  }
-  const JsonParseError& error() const { return error_; }
-
- private:
-  JsonParseError error_;
-};
-
 // A short rendering of a found value for messages.
 std::string Excerpt(const Json& j) {
   std::string text = j.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -84,12 +52,6 @@ std::string Excerpt(const Json& j) {
 }
 
 }  // namespace
-
-JsonParseError LocateJsonError(std::string_view text) {
-  ErrorLocator locator;
-  Json::sax_parse(text, &locator);
-  return locator.error();
-}
 
 Manifest Manifest::Create(std::string path, Json settings, Json input,
                           Json tokenizer, Json arrays,

@@ -19,17 +19,6 @@
 
 namespace loom {
 
-// Where a text that nlohmann::json does not parse stops being JSON: the
-// 0-based byte offset of the error (the text's size when it ends too early)
-// and the parser's description ("syntax error while parsing object -
-// unexpected end of input; expected '}'"). For a text that parses:
-// offset -1, what "".
-struct JsonParseError {
-  int64_t offset = -1;
-  std::string what;
-};
-JsonParseError LocateJsonError(std::string_view text);
-
 // A field of the manifest, as the keys from the root:
 // {"progress", "rows_committed"}.
 using ManifestField = std::vector<std::string>;

@@ -14,6 +14,7 @@
 
 #include "src/base/check.h"
 #include "src/base/read_file.h"
+#include "src/core/json_error.h"
 #include "src/io/file_util.h"
 #include "src/io/safetensors_writer.h"
 

@@ -3,31 +3,18 @@
 #include <cstdint>
 
 #include "src/base/read_file.h"
+#include "src/core/json_error.h"
 #include "src/core/json_int.h"
 
 namespace loom {
-namespace {
-
-// Where `text` stops being JSON ("parse error at line 2, column 20: …"),
-// from the throwing parser; its exception stays here.
-std::string JsonSyntaxError(const std::string& text) {
-  try {
-    const nlohmann::json reparsed = nlohmann::json::parse(text);
-    static_cast<void>(reparsed);
-  } catch (const nlohmann::json::exception& e) {
-    return e.what();
-  }
-  return "unknown error";
-}
-
-}  // namespace
 
 StatusOr<ConfigReader> ConfigReader::FromFile(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   nlohmann::json j =
       nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
-    return DataLossError(path + ": not valid JSON: " + JsonSyntaxError(text));
+    return DataLossError(path + ": not valid JSON at " +
+                         LocateJsonError(text).Where());
   if (!j.is_object())
     return DataLossError(path + ": top level is " + std::string(j.type_name()) +
                          ", expected an object");
