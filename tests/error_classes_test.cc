@@ -90,18 +90,11 @@ namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Slurp;
+using testing::Spit;
 using Json = nlohmann::ordered_json;
 const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
 const char* const kHook = "blocks.0.hook_resid_post";
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Spit(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 struct CliResult {
   int rc = -1;  // the exit status, or 128 + the signal that ended it

@@ -40,35 +40,23 @@
 
 #include "src/eval/extract.h"
 #include "src/io/npy.h"
+#include "tests/golden_util.h"
 
 namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Slurp;
+using testing::Snapshot;
+using testing::Spit;
+// Every file of a directory: name -> bytes.
+using Files = std::map<std::string, std::string>;
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Spit(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-// Every file of a directory: name -> bytes.
-using Files = std::map<std::string, std::string>;
-Files Snapshot(const std::string& dir) {
-  Files files;
-  for (const auto& e : fs::directory_iterator(dir))
-    files[e.path().filename().string()] = Slurp(e.path().string());
-  return files;
 }
 
 // "" when equal, else which files differ (not their bytes: they are large;

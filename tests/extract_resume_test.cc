@@ -17,30 +17,17 @@
 
 #include "src/eval/extract.h"
 #include "src/eval/extract_manifest.h"
+#include "tests/golden_util.h"
 
 namespace loom {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Slurp;
+using testing::Snapshot;
+using testing::Spit;
 using Json = nlohmann::json;
 const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Spit(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-// Every file of a directory: name -> bytes.
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    files[e.path().filename().string()] = Slurp(e.path().string());
-  return files;
-}
 
 class ExtractResumeTest : public ::testing::Test {
  protected:

@@ -49,11 +49,6 @@ constexpr double kTolerance = 2e-5;
 const std::vector<std::string> kEverySelector = {
     "last", "first", "mean", "max", "all", "pos:0,-2,3", "span:1:-1"};
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // JSONL token rows of the given lengths: BOS (1) then seeded ids in
 // [2, vocab).
 std::string TokenRows(const std::vector<int64_t>& lengths, int64_t vocab,

@@ -38,11 +38,6 @@ class ExtractTest : public testing::TempDirTest {
   }
 };
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // Runs a shell command, returns its exit code; output into *out.
 int RunShell(const std::string& cmd, std::string* out = nullptr) {
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");

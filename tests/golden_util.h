@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -85,6 +86,25 @@ CompareResult Compare(const float* actual, const float* expected, int64_t n,
 // log_softmax(logits[t])[ids[t+1]] for t = 0..T-2, in double.
 std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V,
                                 const int32_t* ids);
+
+// A whole file's bytes ("" when it cannot be read).
+inline std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Writes `bytes` as the whole file.
+inline void Spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Every file of a directory: name -> bytes.
+inline std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    files[e.path().filename().string()] = Slurp(e.path().string());
+  return files;
+}
 
 // A fixture with a fresh directory per test, named after the process and
 // the test, removed afterwards; Path() and WriteFile() work inside it.
