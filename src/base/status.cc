@@ -27,6 +27,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "INTERNAL";
     case StatusCode::kIoError:
       return "IO_ERROR";
+    case StatusCode::kCancelled:
+      return "CANCELLED";
   }
   return "UNKNOWN";
 }
@@ -77,6 +79,9 @@ Status InternalError(std::string m) {
 }
 Status IoError(std::string m) {
   return Status(StatusCode::kIoError, std::move(m));
+}
+Status CancelledError(std::string m) {
+  return Status(StatusCode::kCancelled, std::move(m));
 }
 
 namespace internal {

@@ -32,6 +32,7 @@ enum class StatusCode {
   kUnimplemented,      // recognised but not supported (e.g. architecture)
   kInternal,
   kIoError,
+  kCancelled,  // stopped on request (Ctrl-C in the Python module)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -71,6 +72,7 @@ Status ResourceExhaustedError(std::string message);
 Status UnimplementedError(std::string message);
 Status InternalError(std::string message);
 Status IoError(std::string message);
+Status CancelledError(std::string message);
 
 template <typename T>
 class [[nodiscard]] StatusOr {

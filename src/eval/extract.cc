@@ -11,14 +11,13 @@
 #include <optional>
 
 #include "src/backend/registry.h"
-#include "src/eval/extract_batches.h"
 #include "src/eval/extract_manifest.h"
 #include "src/eval/extract_outputs.h"
 #include "src/eval/extract_rows.h"
+#include "src/eval/extract_run.h"
 #include "src/io/file_util.h"
 #include "src/model/hooks.h"
 #include "src/runtime/executor.h"
-#include "src/runtime/kv_cache.h"
 #include "src/runtime/memory_stats.h"
 #include "src/tokenizer/tokenizer.h"
 
@@ -57,30 +56,6 @@ StatusOr<std::string> Sha256File(const std::string& path) {
   unsigned len = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &len);
   return Hex(md, len);
-}
-
-// The model, and its tokenizer when it has one (token-id rows work without).
-struct LoadedModel {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<tok::Tokenizer> tokenizer;
-  std::string tokenizer_error;
-};
-
-StatusOr<LoadedModel> LoadModelAndTokenizer(const ExtractOptions& o,
-                                            int gpu_capability) {
-  LoadedModel m;
-  std::string warning;
-  ASSIGN_OR_RETURN(
-      m.model, Model::Load(o.model_dir, o.precision, &warning, gpu_capability));
-  if (!warning.empty())
-    std::fprintf(stderr, "loom extract: warning: %s\n", warning.c_str());
-  StatusOr<std::unique_ptr<tok::Tokenizer>> t =
-      tok::Tokenizer::Load(o.model_dir);
-  if (t.ok())
-    m.tokenizer = std::move(t).value();
-  else
-    m.tokenizer_error = t.status().message();
-  return m;
 }
 
 // The job's commit state while it runs.
@@ -226,112 +201,6 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   return state;
 }
 
-// The KV cache that streamed rows are prefilled through (one slot of
-// --max-row-tokens positions, the layers the executor runs), and the
-// per-chunk metadata; all sized once for the job.
-struct Streamer {
-  int64_t chunk = 0;  // --streaming-chunk-size
-  std::unique_ptr<KvCache> cache;
-  std::vector<int64_t> starts = std::vector<int64_t>(2, 0);  // [2]
-  std::vector<int64_t> slots = std::vector<int64_t>(1, 0);   // [1]: window slot
-  int64_t kv_slot = 0;  // the cache's one slot
-  int64_t pos0 = 0;
-};
-
-// --streaming-chunk-size: the cache on the device every segment of `ex`
-// computes on (the planned `kv` term: KvLayerBytes per layer run).
-StatusOr<Streamer> CreateStreamer(const ExtractSettings& s, const Model& model,
-                                  const Executor& ex) {
-  Streamer st;
-  st.chunk = s.streaming_chunk_size;
-  if (ex.num_devices() == 0)
-    return InternalError("extract: the executor runs on no device");
-  Backend& be = *ex.device(0).backend;
-  for (int i = 1; i < ex.num_devices(); ++i)
-    if (!(ex.device(i).backend->device() == be.device()))
-      return UnimplementedError(
-          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
-          "device; this plan computes on several (run on one device)");
-  StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(
-      model.config(), /*slots=*/1, s.max_row_tokens, be, KvPaging{},
-      ex.last_layer() + 1);
-  if (!cache.ok()) return cache.status().WithContext("--streaming-chunk-size");
-  st.cache = std::move(cache).value();
-  return st;
-}
-
-// --streaming-chunk-size before anything is loaded: the cache lives on one
-// device whose backend has attention over a KV cache.
-Status CheckStreamingBackends(const JobBackends& backends) {
-  for (const ExecutorSegment& seg : backends.segments) {
-    if (seg.backend->Costs().kv_attention_workspace == nullptr)
-      return UnimplementedError(
-          "--streaming-chunk-size: backend '" +
-          std::string(seg.backend->name()) +
-          "' has no attention over a KV cache yet (run the job on the CPU: "
-          "--device cpu)");
-    if (!(seg.backend->device() == backends.segments.front().backend->device()))
-      return UnimplementedError(
-          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
-          "device; this plan computes on several (run on one device)");
-  }
-  return Status();
-}
-
-// Runs one streamed row (window slot `slot`) alone, chunk by chunk, through
-// the cache: each chunk's tokens take their positions in the row and attend
-// to every earlier position, so every hook's rows are a full pass's.
-Status StreamRow(const std::vector<PreparedRow>& window, int64_t slot,
-                 Streamer& st, Executor& ex, OutputSet& outputs,
-                 ExtractSink& sink, int64_t* tokens) {
-  const PreparedRow& row = window[static_cast<size_t>(slot)];
-  const int64_t n = row.size();
-  st.cache->Reset(st.kv_slot);
-  st.slots[0] = slot;
-  outputs.SetBatchSlots(&st.slots);
-  for (int64_t p0 = 0; p0 < n; p0 += st.chunk) {
-    const int64_t len = std::min(st.chunk, n - p0);
-    st.starts[1] = len;
-    st.pos0 = p0;
-    outputs.SetChunk(p0, n);
-    const Batch b{std::span<const int32_t>(row.ids).subspan(
-                      static_cast<size_t>(p0), static_cast<size_t>(len)),
-                  std::span<const int64_t>(st.starts)};
-    const Status status = ex.Forward(
-        b, &sink, KvBatch{st.cache.get(), {&st.kv_slot, 1}, {&st.pos0, 1}});
-    outputs.ClearChunk();
-    RETURN_IF_ERROR(status);
-    sink.Flush();  // Forward has synchronised every device
-    *tokens += len;
-  }
-  return Status();
-}
-
-// Runs the window's batches (and its streamed rows) through the model into
-// the outputs' staging.
-Status RunWindow(const std::vector<PreparedRow>& window, int64_t batch_tokens,
-                 Executor& ex, Streamer* streamer, OutputSet& outputs,
-                 ExtractSink& sink, int64_t* tokens) {
-  outputs.StageWindow(window);
-  BatchPacker packer(window, batch_tokens);
-  PackedBatch b;
-  b.ids.reserve(batch_tokens);
-  while (packer.Next(&b)) {
-    outputs.SetBatchSlots(&b.slots);
-    RETURN_IF_ERROR(ex.Forward(Batch{b.ids, b.starts}, &sink));
-    sink.Flush();  // Forward has synchronised every device
-    *tokens += static_cast<int64_t>(b.ids.size());
-  }
-  // Rows longer than a batch: validated only when streaming is on.
-  for (int64_t slot : StreamedRows(window, batch_tokens)) {
-    LOOM_CHECK(streamer != nullptr) << "a row exceeds --batch-tokens";
-    RETURN_IF_ERROR(
-        StreamRow(window, slot, *streamer, ex, outputs, sink, tokens));
-  }
-  outputs.FinishWindow(window);
-  return Status();
-}
-
 // The commit protocol: arrays, then rows.jsonl, then the manifest.
 Status CommitWindow(const std::vector<PreparedRow>& window,
                     int64_t input_offset, OutputSet& outputs, RowsLog& rows_log,
@@ -430,42 +299,15 @@ struct RunContext {
 StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
   const ExtractOptions& o = ctx.o;
   const ExtractSettings& s = ctx.settings;
-  const ModelConfig& c = ctx.loaded.model->config();
   JobState& state = ctx.state;
   ASSIGN_OR_RETURN(std::unique_ptr<InputReader> reader,
                    InputReader::Open(o.input_path, state.progress.input_offset,
                                      state.progress.rows_committed));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<Executor> ex,
-      Executor::Create(
-          *ctx.loaded.model, s.hooks,
-          {.max_tokens = s.batch_tokens,
-           .max_seq_len = std::min(s.batch_tokens, s.max_positions),
-           .logits_chunk_rows = 256,
-           .hf_bf16_activations = o.hf_bf16_activations,
-           .segments = ctx.backends.segments}));
-  // Selection on the device for segments not on the host; the sink's
-  // staging is sized here, once for the job.
-  ExtractSink sink(&ctx.outputs, s.batch_tokens);
-  std::vector<Backend*> device_backends;
-  for (int i = 0; i < ex->num_devices(); ++i)
-    if (!ex->device(i).host_memory)
-      device_backends.push_back(ex->device(i).backend);
-  RETURN_IF_ERROR(sink.EnableDevices(device_backends));
-  std::optional<Streamer> streamer;
-  if (s.streaming()) {
-    ASSIGN_OR_RETURN(streamer, CreateStreamer(s, *ctx.loaded.model, *ex));
-  }
-  const RowPreparer preparer({.template_text = o.template_text,
-                              .add_bos = o.add_bos,
-                              .replace_invalid_utf8 = o.replace_invalid_utf8,
-                              .batch_tokens = s.batch_tokens,
-                              .max_row_tokens = s.max_row_tokens,
-                              .max_positions = s.max_positions,
-                              .vocab_size = c.vocab_size,
-                              .config_bos_id = c.bos_token_id},
-                             ctx.loaded.tokenizer.get(),
-                             ctx.loaded.tokenizer_error, &s.selectors);
+  ASSIGN_OR_RETURN(std::unique_ptr<WindowRunner> runner,
+                   WindowRunner::Create(s, o.hf_bf16_activations,
+                                        *ctx.loaded.model,
+                                        ctx.backends.segments, &ctx.outputs));
+  const RowPreparer preparer = MakeRowPreparer(o, s, ctx.loaded);
   ExtractSummary summary;
   summary.resolved_hooks = s.hook_names;
   int64_t commits = 0;
@@ -475,9 +317,7 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
         ReadWindow(*reader, preparer, o.commit_every, o.replace_invalid_utf8,
                    o.on_error, state.progress.rows_committed, &eof));
     if (window.empty()) break;
-    RETURN_IF_ERROR(RunWindow(window, s.batch_tokens, *ex,
-                              streamer ? &*streamer : nullptr, ctx.outputs,
-                              sink, &summary.tokens));
+    RETURN_IF_ERROR(runner->Run(window, &summary.tokens));
     RETURN_IF_ERROR(CommitWindow(window, reader->offset(), ctx.outputs,
                                  ctx.rows_log, state));
     ++commits;
@@ -522,7 +362,9 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
       seg.backend = o.compute_backend_for_tests;
   if (settings.streaming()) RETURN_IF_ERROR(CheckStreamingBackends(backends));
   ASSIGN_OR_RETURN(LoadedModel loaded,
-                   LoadModelAndTokenizer(o, backends.gpu_capability));
+                   LoadModelAndTokenizer(o.model_dir, o.precision,
+                                         backends.gpu_capability,
+                                         "loom extract"));
   const DType compute = loaded.model->compute_dtype();
   const DType out_dtype = o.dtype.value_or(compute);
   // Held until the job ends, after the outputs below are closed.

@@ -1,0 +1,179 @@
+#include "src/eval/extract_run.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <span>
+
+#include "src/eval/extract_batches.h"
+
+namespace loom {
+
+StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
+                                            Precision precision,
+                                            int gpu_capability,
+                                            const char* who) {
+  LoadedModel m;
+  std::string warning;
+  ASSIGN_OR_RETURN(m.model, Model::Load(model_dir, precision, &warning,
+                                        gpu_capability));
+  if (!warning.empty())
+    std::fprintf(stderr, "%s: warning: %s\n", who, warning.c_str());
+  StatusOr<std::unique_ptr<tok::Tokenizer>> t = tok::Tokenizer::Load(model_dir);
+  if (t.ok())
+    m.tokenizer = std::move(t).value();
+  else
+    m.tokenizer_error = t.status().message();
+  return m;
+}
+
+RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
+                            const LoadedModel& loaded) {
+  const ModelConfig& c = loaded.model->config();
+  return RowPreparer({.template_text = o.template_text,
+                      .add_bos = o.add_bos,
+                      .replace_invalid_utf8 = o.replace_invalid_utf8,
+                      .batch_tokens = s.batch_tokens,
+                      .max_row_tokens = s.max_row_tokens,
+                      .max_positions = s.max_positions,
+                      .vocab_size = c.vocab_size,
+                      .config_bos_id = c.bos_token_id},
+                     loaded.tokenizer.get(), loaded.tokenizer_error,
+                     &s.selectors);
+}
+
+Status CheckStreamingBackends(const JobBackends& backends) {
+  for (const ExecutorSegment& seg : backends.segments) {
+    if (seg.backend->Costs().kv_attention_workspace == nullptr)
+      return UnimplementedError(
+          "--streaming-chunk-size: backend '" +
+          std::string(seg.backend->name()) +
+          "' has no attention over a KV cache yet (run the job on the CPU: "
+          "--device cpu)");
+    if (!(seg.backend->device() == backends.segments.front().backend->device()))
+      return UnimplementedError(
+          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
+          "device; this plan computes on several (run on one device)");
+  }
+  return Status();
+}
+
+// The KV cache that streamed rows are prefilled through (one slot of
+// --max-row-tokens positions, the layers the executor runs), and the
+// per-chunk metadata; all sized once for the job.
+struct WindowRunner::Streamer {
+  int64_t chunk = 0;  // --streaming-chunk-size
+  std::unique_ptr<KvCache> cache;
+  std::vector<int64_t> starts = std::vector<int64_t>(2, 0);  // [2]
+  std::vector<int64_t> slots = std::vector<int64_t>(1, 0);   // [1]: window slot
+  int64_t kv_slot = 0;  // the cache's one slot
+  int64_t pos0 = 0;
+};
+
+WindowRunner::~WindowRunner() = default;
+
+StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
+    const ExtractSettings& s, bool hf_bf16_activations, const Model& model,
+    const std::vector<ExecutorSegment>& segments, OutputSet* outputs) {
+  std::unique_ptr<WindowRunner> r(new WindowRunner());
+  r->batch_tokens_ = s.batch_tokens;
+  r->outputs_ = outputs;
+  ASSIGN_OR_RETURN(
+      r->ex_, Executor::Create(
+                  model, s.hooks,
+                  {.max_tokens = s.batch_tokens,
+                   .max_seq_len = std::min(s.batch_tokens, s.max_positions),
+                   .logits_chunk_rows = 256,
+                   .hf_bf16_activations = hf_bf16_activations,
+                   .segments = segments}));
+  // Selection on the device for segments not on the host; the sink's
+  // staging is sized here, once for the job.
+  r->sink_ = std::make_unique<ExtractSink>(outputs, s.batch_tokens);
+  std::vector<Backend*> device_backends;
+  for (int i = 0; i < r->ex_->num_devices(); ++i)
+    if (!r->ex_->device(i).host_memory)
+      device_backends.push_back(r->ex_->device(i).backend);
+  RETURN_IF_ERROR(r->sink_->EnableDevices(device_backends));
+  if (!s.streaming()) return r;
+  // --streaming-chunk-size: the cache on the device every segment computes
+  // on (the planned `kv` term: KvLayerBytes per layer run).
+  if (r->ex_->num_devices() == 0)
+    return InternalError("extract: the executor runs on no device");
+  Backend& be = *r->ex_->device(0).backend;
+  for (int i = 1; i < r->ex_->num_devices(); ++i)
+    if (!(r->ex_->device(i).backend->device() == be.device()))
+      return UnimplementedError(
+          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
+          "device; this plan computes on several (run on one device)");
+  StatusOr<std::unique_ptr<KvCache>> cache =
+      KvCache::Create(model.config(), /*slots=*/1, s.max_row_tokens, be,
+                      KvPaging{}, r->ex_->last_layer() + 1);
+  if (!cache.ok()) return cache.status().WithContext("--streaming-chunk-size");
+  r->streamer_ = std::make_unique<Streamer>();
+  r->streamer_->chunk = s.streaming_chunk_size;
+  r->streamer_->cache = std::move(cache).value();
+  return r;
+}
+
+namespace {
+Status CheckCancelled(const std::function<bool()>& cancelled) {
+  if (cancelled && cancelled()) return CancelledError("interrupted");
+  return Status();
+}
+}  // namespace
+
+// Runs one streamed row (window slot `slot`) alone, chunk by chunk, through
+// the cache: each chunk's tokens take their positions in the row and attend
+// to every earlier position, so every hook's rows are a full pass's.
+Status WindowRunner::StreamRow(const std::vector<PreparedRow>& window,
+                               int64_t slot, int64_t* tokens,
+                               const std::function<bool()>& cancelled) {
+  Streamer& st = *streamer_;
+  const PreparedRow& row = window[static_cast<size_t>(slot)];
+  const int64_t n = row.size();
+  st.cache->Reset(st.kv_slot);
+  st.slots[0] = slot;
+  outputs_->SetBatchSlots(&st.slots);
+  for (int64_t p0 = 0; p0 < n; p0 += st.chunk) {
+    RETURN_IF_ERROR(CheckCancelled(cancelled));
+    const int64_t len = std::min(st.chunk, n - p0);
+    st.starts[1] = len;
+    st.pos0 = p0;
+    outputs_->SetChunk(p0, n);
+    const Batch b{std::span<const int32_t>(row.ids).subspan(
+                      static_cast<size_t>(p0), static_cast<size_t>(len)),
+                  std::span<const int64_t>(st.starts)};
+    const Status status = ex_->Forward(
+        b, sink_.get(),
+        KvBatch{st.cache.get(), {&st.kv_slot, 1}, {&st.pos0, 1}});
+    outputs_->ClearChunk();
+    RETURN_IF_ERROR(status);
+    sink_->Flush();  // Forward has synchronised every device
+    *tokens += len;
+  }
+  return Status();
+}
+
+Status WindowRunner::Run(const std::vector<PreparedRow>& window,
+                         int64_t* tokens,
+                         const std::function<bool()>& cancelled) {
+  outputs_->StageWindow(window);
+  BatchPacker packer(window, batch_tokens_);
+  PackedBatch b;
+  b.ids.reserve(static_cast<size_t>(batch_tokens_));
+  while (packer.Next(&b)) {
+    RETURN_IF_ERROR(CheckCancelled(cancelled));
+    outputs_->SetBatchSlots(&b.slots);
+    RETURN_IF_ERROR(ex_->Forward(Batch{b.ids, b.starts}, sink_.get()));
+    sink_->Flush();  // Forward has synchronised every device
+    *tokens += static_cast<int64_t>(b.ids.size());
+  }
+  // Rows longer than a batch: validated only when streaming is on.
+  for (int64_t slot : StreamedRows(window, batch_tokens_)) {
+    LOOM_CHECK(streamer_ != nullptr) << "a row exceeds --batch-tokens";
+    RETURN_IF_ERROR(StreamRow(window, slot, tokens, cancelled));
+  }
+  outputs_->FinishWindow(window);
+  return Status();
+}
+
+}  // namespace loom

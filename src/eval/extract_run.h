@@ -1,0 +1,85 @@
+// The forward side of an extraction, shared by `loom extract` (rows from a
+// file, arrays to files) and the Python module (rows from a list, arrays in
+// memory): the loaded model and tokenizer, the row preparer, and the
+// WindowRunner that runs a window of prepared rows through the executor into
+// an OutputSet's staging (token-budget batches, then the rows longer than a
+// batch streamed chunk by chunk through a KV cache).
+#ifndef LOOM_EVAL_EXTRACT_RUN_H_
+#define LOOM_EVAL_EXTRACT_RUN_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/eval/extract.h"
+#include "src/eval/extract_outputs.h"
+#include "src/eval/extract_rows.h"
+#include "src/eval/extract_settings.h"
+#include "src/eval/job_plan.h"
+#include "src/runtime/executor.h"
+#include "src/runtime/kv_cache.h"
+#include "src/runtime/model.h"
+#include "src/tokenizer/tokenizer.h"
+
+namespace loom {
+
+// The model, and its tokenizer when it has one (token-id rows work without:
+// text rows are then skipped with `tokenizer_error`).
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+  std::string tokenizer_error;
+};
+
+// Loads the weights at `precision` and the tokenizer; a precision warning is
+// printed on stderr after "<who>: warning: ".
+StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
+                                            Precision precision,
+                                            int gpu_capability,
+                                            const char* who);
+
+// The row preparer of a job (borrows the tokenizer and the selectors).
+RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
+                            const LoadedModel& loaded);
+
+// --streaming-chunk-size before anything is loaded: the cache lives on one
+// device whose backend has attention over a KV cache.
+Status CheckStreamingBackends(const JobBackends& backends);
+
+// Everything the job's forwards touch, created once before the first one:
+// the executor (arenas for batch_tokens tokens), the sink with its device
+// staging, and for streamed rows the KV cache of one sequence.
+class WindowRunner {
+ public:
+  // `outputs` and `model` are borrowed and must outlive the runner.
+  static StatusOr<std::unique_ptr<WindowRunner>> Create(
+      const ExtractSettings& s, bool hf_bf16_activations, const Model& model,
+      const std::vector<ExecutorSegment>& segments, OutputSet* outputs);
+  ~WindowRunner();
+
+  // Runs the window's batches (and its streamed rows) into the outputs'
+  // staging and finishes it (OutputSet::FinishWindow); adds the tokens run.
+  // `cancelled`, when set, is asked before every forward: true ends the
+  // window with Cancelled (the staging is then incomplete).
+  Status Run(const std::vector<PreparedRow>& window, int64_t* tokens,
+             const std::function<bool()>& cancelled = nullptr);
+
+ private:
+  struct Streamer;
+  WindowRunner() = default;
+  Status StreamRow(const std::vector<PreparedRow>& window, int64_t slot,
+                   int64_t* tokens, const std::function<bool()>& cancelled);
+
+  int64_t batch_tokens_ = 0;
+  OutputSet* outputs_ = nullptr;
+  std::unique_ptr<Executor> ex_;
+  std::unique_ptr<ExtractSink> sink_;
+  std::unique_ptr<Streamer> streamer_;
+};
+
+}  // namespace loom
+
+#endif  // LOOM_EVAL_EXTRACT_RUN_H_
