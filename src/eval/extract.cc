@@ -85,12 +85,8 @@ StatusOr<Json> TokenizerJson(const std::string& model_dir) {
   return Json{{"file", ""}};
 }
 
-// The lock file in --out: held (flock) by the process writing the job, from
-// before it reads anything there for writing until it ends.
-constexpr char kLockFile[] = ".lock";
+}  // namespace
 
-// Takes the lock on --out; FailedPrecondition naming the directory when
-// another process holds it.
 StatusOr<FileLock> LockOutDir(const std::string& out_dir) {
   const std::string path = out_dir + "/" + kLockFile;
   StatusOr<FileLock> lock = FileLock::Acquire(path);
@@ -102,6 +98,8 @@ StatusOr<FileLock> LockOutDir(const std::string& out_dir) {
       path + " is locked) and is writing a job there; wait for it to end or " +
       "choose another --out (nothing was changed)");
 }
+
+namespace {
 
 // The lock for a new job: the input must exist (a missing one creates
 // nothing), --out is created if needed.
@@ -182,9 +180,11 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   JobState state;
   state.manifest = std::move(loaded).value();
   const Manifest& m = *state.manifest;
-  // Jobs started before streaming existed ran with it off.
-  RETURN_IF_ERROR(m.CheckSettings(
-      settings, Json{{"streaming_chunk_size", 0}, {"max_row_tokens", 0}}));
+  // Jobs started before streaming (or shards) existed ran with it off (on
+  // the whole input).
+  RETURN_IF_ERROR(m.CheckSettings(settings, Json{{"streaming_chunk_size", 0},
+                                                 {"max_row_tokens", 0},
+                                                 {"shard", "0/1"}}));
   ASSIGN_OR_RETURN(state.progress, m.ReadProgress(outputs.RaggedDataFiles()));
   RETURN_IF_ERROR(CheckResumeInput(m, o.input_path, &state.input_bytes));
   ASSIGN_OR_RETURN(state.complete, m.GetBool({"complete"}));
@@ -194,28 +194,49 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
     return DataLossError(manifest_path +
                          ": field files does not list this job's arrays");
   RETURN_IF_ERROR(outputs.CheckCommitted(state.progress, state.files));
+  // A shard's k-th window is window shard.Window(k) of the input, so its
+  // line i records that window's row.
+  const auto input_row = [&o](int64_t line) {
+    return o.shard.InputRow(line, o.commit_every);
+  };
   ASSIGN_OR_RETURN(state.progress.rows_file_crc32,
-                   rows_log.CheckCommitted(state.progress));
-  RETURN_IF_ERROR(outputs.Reopen(state.progress));
+                   rows_log.CheckCommitted(state.progress, input_row));
+  const ManifestProgress& p = state.progress;
+  if (p.rows_committed > 0 &&
+      p.input_rows != o.shard.InputRow(p.rows_committed - 1, o.commit_every) + 1)
+    return DataLossError(manifest_path + ": progress.input_rows is " +
+                         std::to_string(p.input_rows) + ", but the " +
+                         std::to_string(p.rows_committed) +
+                         " committed rows of shard " + o.shard.ToString() +
+                         " end at input row " +
+                         std::to_string(o.shard.InputRow(p.rows_committed - 1,
+                                                         o.commit_every) +
+                                        1));
+  RETURN_IF_ERROR(outputs.Reopen(state.progress, state.files));
   RETURN_IF_ERROR(rows_log.Reopen(state.progress.rows_file_bytes));
   return state;
 }
 
-// The commit protocol: arrays, then rows.jsonl, then the manifest.
+// The commit protocol: arrays, then rows.jsonl, then the manifest. Window
+// `window_index` of the input; the reader is now at `input_offset`, before
+// input row `input_rows`.
 Status CommitWindow(const std::vector<PreparedRow>& window,
-                    int64_t input_offset, OutputSet& outputs, RowsLog& rows_log,
+                    int64_t window_index, int64_t input_offset,
+                    int64_t input_rows, OutputSet& outputs, RowsLog& rows_log,
                     JobState& state) {
   ManifestProgress& p = state.progress;
   const int64_t W = static_cast<int64_t>(window.size());
   const std::string records =
       RowsLog::Records(window, &p.rows_ok, &p.rows_skipped);
-  RETURN_IF_ERROR(outputs.CommitArrays(W, &p, &state.files));
+  RETURN_IF_ERROR(outputs.CommitArrays(W, window_index, window.front().index,
+                                       &p, &state.files));
   ASSIGN_OR_RETURN(int64_t appended, rows_log.Append(records));
   LOOM_CHECK(p.rows_file_crc32.has_value()) << "set by StartJob / ResumeJob";
   p.rows_file_crc32 = RowsLog::Crc32(*p.rows_file_crc32, records);
   p.rows_file_bytes += appended;
   p.rows_committed += W;
   p.input_offset = input_offset;
+  p.input_rows = input_rows;
   state.manifest->SetProgress(p);
   state.manifest->SetFiles(state.files);
   return state.manifest->Save();
@@ -302,7 +323,7 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
   JobState& state = ctx.state;
   ASSIGN_OR_RETURN(std::unique_ptr<InputReader> reader,
                    InputReader::Open(o.input_path, state.progress.input_offset,
-                                     state.progress.rows_committed));
+                                     state.progress.input_rows));
   ASSIGN_OR_RETURN(std::unique_ptr<WindowRunner> runner,
                    WindowRunner::Create(s, o.hf_bf16_activations,
                                         *ctx.loaded.model,
@@ -312,13 +333,22 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
   summary.resolved_hooks = s.hook_names;
   int64_t commits = 0;
   for (bool eof = false; !eof;) {
+    // Windows start at multiples of commit_every input rows; another
+    // shard's are passed over unread.
+    const int64_t window_index = reader->next_index() / o.commit_every;
+    if (!o.shard.Owns(window_index)) {
+      ASSIGN_OR_RETURN(int64_t skipped, reader->Skip(o.commit_every));
+      if (skipped < o.commit_every) break;
+      continue;
+    }
     ASSIGN_OR_RETURN(
         std::vector<PreparedRow> window,
         ReadWindow(*reader, preparer, o.commit_every, o.replace_invalid_utf8,
                    o.on_error, state.progress.rows_committed, &eof));
     if (window.empty()) break;
     RETURN_IF_ERROR(runner->Run(window, &summary.tokens));
-    RETURN_IF_ERROR(CommitWindow(window, reader->offset(), ctx.outputs,
+    RETURN_IF_ERROR(CommitWindow(window, window_index, reader->offset(),
+                                 reader->next_index(), ctx.outputs,
                                  ctx.rows_log, state));
     ++commits;
     summary.seconds = SecondsSince(ctx.start);

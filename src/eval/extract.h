@@ -35,6 +35,8 @@
 #include "src/eval/input.h"
 #include "src/eval/job_plan.h"
 #include "src/eval/row_selector.h"
+#include "src/eval/shard.h"
+#include "src/io/file_util.h"
 #include "src/model/hooks.h"
 #include "src/runtime/model.h"
 
@@ -66,6 +68,10 @@ struct ExtractOptions {
   // max_position_embeddings). Only with streaming_chunk_size.
   int64_t max_row_tokens = 0;
   int64_t commit_every = 256;
+  // --shard I/N: this process runs the commit windows w with w mod N == I
+  // (window w = input rows [w * commit_every, (w + 1) * commit_every)),
+  // into an output of its own that `loom merge` joins (src/eval/shard.h).
+  ShardSpec shard;
   OnError on_error = OnError::kFail;
   bool resume = false;
   bool replace_invalid_utf8 = false;  // else invalid UTF-8 is a row error
@@ -102,6 +108,14 @@ struct ExtractSummary {
 };
 
 StatusOr<ExtractSummary> RunExtract(const ExtractOptions& options);
+
+// The lock file of an output directory: held (flock) by the process writing
+// the job (extract, or merge), from before it reads anything there for
+// writing until it ends.
+inline constexpr char kLockFile[] = ".lock";
+// Takes the lock on `out_dir`; FailedPrecondition naming the directory when
+// another process holds it.
+StatusOr<FileLock> LockOutDir(const std::string& out_dir);
 
 // Resolves hook patterns and --layers into the set of hooks to capture
 // (deduplicated, in layer order), each checked to exist in the architecture.

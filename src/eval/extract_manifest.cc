@@ -181,11 +181,25 @@ StatusOr<ManifestProgress> Manifest::ReadProgress(
       {"input_offset", &p.input_offset},
       {"rows_file_bytes", &p.rows_file_bytes},
       {"shards", &p.shards}};
+  const auto progress_has = [this](const char* key) {
+    const auto it = doc_.find("progress");
+    return it != doc_.end() && it->is_object() && it->contains(key);
+  };
   for (const auto& [name, dst] : counters) {
     ASSIGN_OR_RETURN(*dst, GetInt({"progress", name}));
     if (*dst < 0)
       return DataLossError(path_ + ": field progress." + name + " is " +
                            std::to_string(*dst) + ", expected >= 0");
+  }
+  if (progress_has("input_rows")) {
+    ASSIGN_OR_RETURN(p.input_rows, GetInt({"progress", "input_rows"}));
+    if (p.input_rows < p.rows_committed)
+      return DataLossError(path_ + ": field progress.input_rows is " +
+                           std::to_string(p.input_rows) +
+                           ", below progress.rows_committed " +
+                           std::to_string(p.rows_committed));
+  } else {
+    p.input_rows = p.rows_committed;  // written before shards existed
   }
   if (p.rows_ok + p.rows_skipped != p.rows_committed)
     return DataLossError(
@@ -237,9 +251,13 @@ void Manifest::SetProgress(const ManifestProgress& p) {
       {"rows_committed", p.rows_committed},   {"rows_ok", p.rows_ok},
       {"rows_skipped", p.rows_skipped},       {"input_offset", p.input_offset},
       {"rows_file_bytes", p.rows_file_bytes}, {"shards", p.shards},
-      {"ragged_rows", std::move(ragged)}};
+      {"input_rows", p.input_rows},           {"ragged_rows", std::move(ragged)}};
   if (p.rows_file_crc32)
     doc_["progress"]["rows_file_crc32"] = *p.rows_file_crc32;
+}
+
+void Manifest::SetSetting(const std::string& key, Json value) {
+  doc_["settings"][key] = std::move(value);
 }
 
 void Manifest::SetFiles(const std::vector<std::string>& files) {

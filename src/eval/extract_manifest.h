@@ -29,6 +29,10 @@ struct ManifestProgress {
   int64_t rows_ok = 0;
   int64_t rows_skipped = 0;
   int64_t input_offset = 0;     // input byte offset of the next row
+  // Input rows before input_offset (the index of the next row): the rows
+  // committed, plus, for a shard (--shard), the other shards' rows read
+  // past. Absent in a manifest written before shards: rows_committed.
+  int64_t input_rows = 0;
   int64_t rows_file_bytes = 0;  // committed size of rows.jsonl
   // zlib's crc32 of those bytes, extended at every commit; none in a
   // manifest written before loom recorded it (a resume then computes it).
@@ -79,6 +83,12 @@ class Manifest {
   void MarkComplete(nlohmann::json rows, int64_t row_count);
   // Replaces the file durably (temp + fsync + rename + fsync dir).
   Status Save() const;
+
+  // `loom merge`: a copy of this manifest that saves to `path`, and the
+  // changes merging makes (settings.<key>; the per-row records).
+  Manifest CopyTo(std::string path) const { return Manifest(std::move(path), doc_); }
+  void SetSetting(const std::string& key, nlohmann::json value);
+  const nlohmann::json& doc() const { return doc_; }
 
   const std::string& path() const { return path_; }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "src/base/check.h"
@@ -222,7 +223,8 @@ Status OutputSet::CheckCommittedShards(
   return Status();
 }
 
-Status OutputSet::Reopen(const ManifestProgress& p) {
+Status OutputSet::Reopen(const ManifestProgress& p,
+                         const std::vector<std::string>& files) {
   if (format_ == OutputFormat::kNpy) {
     for (auto& out : arrays_) {
       const std::optional<int64_t> keep = CommittedRows(p, out);
@@ -236,13 +238,15 @@ Status OutputSet::Reopen(const ManifestProgress& p) {
     }
     return Status();
   }
-  // Drop shards written after the last commit record.
+  // Drop shards written after the last commit record: those it does not
+  // list (a --shard job's windows are not numbered from 0 without gaps).
+  const std::set<std::string> committed(files.begin(), files.end());
   std::error_code ec;
   for (fs::directory_iterator it(out_dir_, ec), end; !ec && it != end;
        it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const int64_t index = ShardIndex(name);
-    if (index < 0 || index < p.shards) continue;
+    if (index < 0 || committed.count(name) > 0) continue;
     std::error_code rm;
     if (!fs::remove(it->path(), rm) && rm)
       return IoError(it->path().string() + ": cannot remove: " + rm.message());
@@ -483,11 +487,13 @@ void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
 
 // ---- OutputSet: commit ------------------------------------------------------
 
-Status OutputSet::CommitArrays(int64_t window_size, ManifestProgress* progress,
+Status OutputSet::CommitArrays(int64_t window_size, int64_t window_index,
+                               int64_t first_row, ManifestProgress* progress,
                                std::vector<std::string>* files) {
   return format_ == OutputFormat::kNpy
              ? CommitNpy(window_size, progress)
-             : CommitShards(window_size, progress, files);
+             : CommitShards(window_size, window_index, first_row, progress,
+                            files);
 }
 
 Status OutputSet::CommitNpy(int64_t W, ManifestProgress* progress) {
@@ -513,16 +519,17 @@ Status OutputSet::CommitNpy(int64_t W, ManifestProgress* progress) {
   return Status();
 }
 
-Status OutputSet::CommitShards(int64_t W, ManifestProgress* progress,
+Status OutputSet::CommitShards(int64_t W, int64_t window_index,
+                               int64_t first_row, ManifestProgress* progress,
                                std::vector<std::string>* files) {
   char shard[32];
   std::snprintf(shard, sizeof shard, ".shard-%05lld",
-                static_cast<long long>(progress->shards));
+                static_cast<long long>(window_index));
   for (OutputArray& out : arrays_) {
     const std::string name =
         out.hook_name + "." + out.sel.file_name + shard + ".safetensors";
     SafetensorsWriter w;
-    w.SetMetadata("first_row", std::to_string(progress->rows_committed));
+    w.SetMetadata("first_row", std::to_string(first_row));
     w.SetMetadata("rows", std::to_string(W));
     std::vector<int64_t> shape = out.row_shape();
     shape.insert(shape.begin(),
@@ -783,7 +790,9 @@ std::string CheckRecord(std::string_view line, int64_t row, bool* skipped,
 
 }  // namespace
 
-StatusOr<uint32_t> RowsLog::CheckCommitted(const ManifestProgress& p) const {
+StatusOr<uint32_t> RowsLog::CheckCommitted(
+    const ManifestProgress& p,
+    const std::function<int64_t(int64_t)>& input_row) const {
   const int64_t committed = p.rows_file_bytes;
   if (StatusOr<int64_t> size = FileSize(path_); !size.ok())
     return DataLossError("--resume: " + size.status().message() +
@@ -817,7 +826,8 @@ StatusOr<uint32_t> RowsLog::CheckCommitted(const ManifestProgress& p) const {
     }
     bool is_skipped = false;
     int64_t error_at = -1;
-    const std::string why = CheckRecord(line, lines, &is_skipped, &error_at);
+    const std::string why = CheckRecord(
+        line, input_row ? input_row(lines) : lines, &is_skipped, &error_at);
     if (!why.empty())
       return DataLossError(where(error_at < 0 ? offset : offset + error_at) +
                            why);

@@ -7,6 +7,7 @@
 #define LOOM_EVAL_EXTRACT_OUTPUTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -89,8 +90,10 @@ class OutputSet {
   Status CheckCommitted(const ManifestProgress& progress,
                         const std::vector<std::string>& files) const;
   // --resume after CheckCommitted: reopens the arrays at the committed rows
-  // (dropping what was written after) or removes uncommitted shards.
-  Status Reopen(const ManifestProgress& progress);
+  // (dropping what was written after) or removes the shard files `files`
+  // (the committed ones) does not list.
+  Status Reopen(const ManifestProgress& progress,
+                const std::vector<std::string>& files);
 
   // Sizes the staging for a window of prepared rows.
   void StageWindow(const std::vector<PreparedRow>& window);
@@ -133,11 +136,13 @@ class OutputSet {
   int64_t MaxSegmentValues(int64_t max_tokens) const;
   // After the window's batches: mean/max finalised, skipped rows NaN.
   void FinishWindow(const std::vector<PreparedRow>& window);
-  // Writes the window's rows (committed rows so far: progress->
-  // rows_committed) durably: appends and commits every .npy (recording
-  // ragged counts in `progress`), or writes one shard per array (adding it
-  // to `files` and counting it in progress->shards).
-  Status CommitArrays(int64_t window_size, ManifestProgress* progress,
+  // Writes the window's rows durably: appends and commits every .npy
+  // (recording ragged counts in `progress`), or writes one shard per array,
+  // numbered `window_index` (the window's place in the whole input) with
+  // metadata first_row = `first_row` (its first input row), adding it to
+  // `files` and counting it in progress->shards.
+  Status CommitArrays(int64_t window_size, int64_t window_index,
+                      int64_t first_row, ManifestProgress* progress,
                       std::vector<std::string>* files);
 
  private:
@@ -160,7 +165,8 @@ class OutputSet {
   void CaptureRagged(OutputArray& o, const SeqRows& q,
                      const ActivationRows& rows);
   Status CommitNpy(int64_t window_size, ManifestProgress* progress);
-  Status CommitShards(int64_t window_size, ManifestProgress* progress,
+  Status CommitShards(int64_t window_size, int64_t window_index,
+                      int64_t first_row, ManifestProgress* progress,
                       std::vector<std::string>* files);
   Status CheckCommittedNpy(const ManifestProgress& progress) const;
   Status CheckCommittedShards(const ManifestProgress& progress,
@@ -254,7 +260,11 @@ class RowsLog {
   // records it, their crc32. DataLoss naming the file and the byte offset
   // (and line) of the first difference, or the committed range when only
   // the checksum differs. Returns the crc32 of the committed bytes.
-  StatusOr<uint32_t> CheckCommitted(const ManifestProgress& progress) const;
+  // `input_row` maps line i to the row it must record (a --shard job's
+  // lines are not rows 0, 1, 2, ...); none = line i is row i.
+  StatusOr<uint32_t> CheckCommitted(
+      const ManifestProgress& progress,
+      const std::function<int64_t(int64_t)>& input_row = nullptr) const;
   // --resume after the check: cuts what was appended after the commit.
   Status Reopen(int64_t committed_bytes);
   // The window's records; counts ok and skipped rows.

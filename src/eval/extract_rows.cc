@@ -68,7 +68,7 @@ InputReader::~InputReader() {
   std::free(line_);
 }
 
-StatusOr<bool> InputReader::Next(InputRow* row, bool replace_invalid_utf8) {
+StatusOr<bool> InputReader::NextLine(std::string_view* out) {
   for (;;) {
     const ssize_t n = ::getline(&line_, &cap_, file_);
     if (n < 0) {
@@ -82,20 +82,40 @@ StatusOr<bool> InputReader::Next(InputRow* row, bool replace_invalid_utf8) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (jsonl_ && line.find_first_not_of(" \t") == std::string_view::npos)
       continue;  // blank JSONL line
-    *row = InputRow();
-    row->index = next_index_++;
-    row->id = row->index;
-    const size_t bad = tok::FindInvalidUtf8(line);
-    if (bad != std::string_view::npos && (jsonl_ || !replace_invalid_utf8)) {
-      row->error =
-          "invalid UTF-8 at byte " + std::to_string(bad) + " of the line";
-    } else if (!jsonl_) {
-      row->text = std::string(line);
-    } else {
-      ParseJsonRow(line, row);
-    }
+    *out = line;
     return true;
   }
+}
+
+StatusOr<int64_t> InputReader::Skip(int64_t n) {
+  int64_t skipped = 0;
+  std::string_view line;
+  while (skipped < n) {
+    ASSIGN_OR_RETURN(bool got, NextLine(&line));
+    if (!got) break;
+    ++skipped;
+    ++next_index_;
+  }
+  return skipped;
+}
+
+StatusOr<bool> InputReader::Next(InputRow* row, bool replace_invalid_utf8) {
+  std::string_view line;
+  ASSIGN_OR_RETURN(bool got, NextLine(&line));
+  if (!got) return false;
+  *row = InputRow();
+  row->index = next_index_++;
+  row->id = row->index;
+  const size_t bad = tok::FindInvalidUtf8(line);
+  if (bad != std::string_view::npos && (jsonl_ || !replace_invalid_utf8)) {
+    row->error =
+        "invalid UTF-8 at byte " + std::to_string(bad) + " of the line";
+  } else if (!jsonl_) {
+    row->text = std::string(line);
+  } else {
+    ParseJsonRow(line, row);
+  }
+  return true;
 }
 
 void InputReader::ParseJsonRow(std::string_view line, InputRow* row) const {

@@ -47,12 +47,19 @@ class InputReader {
   // Reads the next row; false at end of input. Bad rows are returned with
   // `error` set (IoError only for read failures).
   StatusOr<bool> Next(InputRow* row, bool replace_invalid_utf8);
-  // Byte offset of the next row.
+  // Passes over up to `n` rows without parsing them (another shard's);
+  // returns how many there were (fewer than `n`: the input ended).
+  StatusOr<int64_t> Skip(int64_t n);
+  // Byte offset of the next row, and its index.
   int64_t offset() const { return offset_; }
+  int64_t next_index() const { return next_index_; }
 
  private:
   InputReader() = default;
   void ParseJsonRow(std::string_view line, InputRow* row) const;
+  // The next row's line (blank JSONL lines passed over), without its line
+  // end; false at end of input.
+  StatusOr<bool> NextLine(std::string_view* line);
 
   std::string path_;
   FILE* file_ = nullptr;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 namespace loom::io_internal {
 
@@ -158,6 +159,28 @@ Status WriteFileDurably(const std::string& path, std::string_view content) {
                return io_internal::PwriteFully(
                    fd, tmp, content.data(),
                    static_cast<int64_t>(content.size()), 0);
+             })
+      .status();
+}
+
+Status CopyFileDurably(const std::string& from, const std::string& to) {
+  ASSIGN_OR_RETURN(UniqueFd src, io_internal::OpenFile(from, O_RDONLY));
+  ASSIGN_OR_RETURN(int64_t size, io_internal::RegularFileSize(src.get(), from));
+  std::vector<char> buf(static_cast<size_t>(
+      std::min<int64_t>(size, int64_t{16} << 20)));  // [chunk]
+  return io_internal::ReplaceFileDurably(
+             to,
+             [&](int fd, const std::string& tmp) -> Status {
+               for (int64_t at = 0; at < size;) {
+                 const int64_t n = std::min<int64_t>(
+                     static_cast<int64_t>(buf.size()), size - at);
+                 RETURN_IF_ERROR(
+                     io_internal::PreadFully(src.get(), from, buf.data(), n, at));
+                 RETURN_IF_ERROR(
+                     io_internal::PwriteFully(fd, tmp, buf.data(), n, at));
+                 at += n;
+               }
+               return Status();
              })
       .status();
 }

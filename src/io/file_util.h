@@ -103,6 +103,10 @@ StatusOr<int64_t> FileSize(const std::string& path);
 // io_internal::ReplaceFileDurably).
 Status WriteFileDurably(const std::string& path, std::string_view content);
 
+// Replaces `to` with a copy of the file `from`, durably (see
+// io_internal::ReplaceFileDurably); NotFound if `from` does not exist.
+Status CopyFileDurably(const std::string& from, const std::string& to);
+
 // Appends `content` at the end of the existing file `path` and fdatasyncs it.
 // NotFound if the file does not exist (it is never created here).
 Status AppendFileDurably(const std::string& path, std::string_view content);

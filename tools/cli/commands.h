@@ -21,6 +21,7 @@ void AddCompareCommand(CLI::App& app, int* exit_code);
 void AddDevicesCommand(CLI::App& app, int* exit_code);
 void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
+void AddMergeCommand(CLI::App& app, int* exit_code);
 
 // Prints "loom <command>: <status message>" to stderr and returns 1 when
 // `status` is an error, else 0.

@@ -1,13 +1,24 @@
 // loom extract --model DIR --input FILE --out DIR [options]
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
 
+#include "src/backend/registry.h"
 #include "src/eval/extract.h"
+#include "src/eval/extract_manifest.h"
+#include "src/eval/extract_merge.h"
+#include "src/eval/shard.h"
+#include "src/io/file_util.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
+#include "tools/cli/mpi_world.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
@@ -23,6 +34,7 @@ struct ExtractCliOptions {
   std::string dtype;
   std::string format = "npy";
   std::string on_error = "fail";
+  std::string shard;  // "I/N" or "auto"
   bool progress = false;
   bool quiet = false;
 };
@@ -36,7 +48,150 @@ Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
   if (!opts.dtype.empty()) {
     ASSIGN_OR_RETURN(job->dtype, ParseOutputDType(opts.dtype));
   }
+  if (!opts.shard.empty() && opts.shard != "auto") {
+    ASSIGN_OR_RETURN(job->shard, ParseShardSpec(opts.shard));
+  }
   return Status();
+}
+
+// The shard directories of `--shard auto` under `out`.
+std::vector<std::string> ShardDirs(const std::string& out, int64_t count) {
+  std::vector<std::string> dirs;
+  for (int64_t i = 0; i < count; ++i)
+    dirs.push_back(ShardDirOf(out, ShardSpec{i, count}));
+  return dirs;
+}
+
+bool ShardComplete(const std::string& dir) {
+  StatusOr<Manifest> m = Manifest::Load(dir + "/manifest.json");
+  if (!m.ok()) return false;
+  StatusOr<bool> complete = m->GetBool({"complete"});
+  return complete.ok() && *complete;
+}
+
+// Without MPI: every rank, once its shard is complete, takes OUT/.lock in
+// turn; the one that finds every shard complete merges (the last to
+// finish), the others leave it to that one. A rank that finds the merged
+// manifest there is done.
+StatusOr<bool> MergeIfLast(const std::string& out, const ShardSpec& shard,
+                           nlohmann::json* merged) {
+  std::optional<FileLock> lock;
+  for (;;) {
+    StatusOr<FileLock> l = LockOutDir(out);
+    if (l.ok()) {
+      lock.emplace(std::move(l).value());
+      break;
+    }
+    if (l.status().code() != StatusCode::kFailedPrecondition) return l.status();
+    ::usleep(200 * 1000);  // another rank checks or merges
+  }
+  if (ShardComplete(out)) return false;  // merged by another rank
+  for (const std::string& dir : ShardDirs(out, shard.count))
+    if (!ShardComplete(dir)) return false;  // not the last one
+  StatusOr<MergeSummary> s =
+      MergeExtractShards({.out_dir = out,
+                          .shard_dirs = ShardDirs(out, shard.count),
+                          .remove_shards = true,
+                          .out_locked = true});
+  if (!s.ok()) return s.status().WithContext("merging the shards into " + out);
+  *merged = s->ToJson();
+  return true;
+}
+
+// --shard auto: the rank and world size from the launcher's environment;
+// this rank's shard goes to OUT/shards/shard-I-of-N, then the shards are
+// merged into OUT (by rank 0 after an MPI barrier, else by the last rank to
+// finish). `job.out_dir` is OUT.
+int RunAutoShard(ExtractOptions job, bool quiet) {
+  StatusOr<LauncherEnv> env = DetectLauncher();
+  if (!env.ok()) return ReportStatus("extract", env.status());
+  const std::string out = job.out_dir;
+  job.shard = env->shard;
+  job.out_dir = ShardDirOf(out, job.shard);
+  // One GPU per rank, by its local rank; on the CPU, the node's cores
+  // shared between its ranks.
+  if (job.plan.devices.empty()) {
+    std::string why;
+    const std::vector<GpuDescription> gpus = ListGpus(&why);
+    if (!gpus.empty())
+      job.plan.devices = {"cuda:" +
+                          std::to_string(env->local_rank %
+                                         static_cast<int64_t>(gpus.size()))};
+  }
+  if (job.threads == 0 && job.plan.devices.empty() && env->local_size > 1)
+    job.threads = std::max<int>(
+        1, static_cast<int>(std::thread::hardware_concurrency() /
+                            static_cast<unsigned>(env->local_size)));
+  if (!quiet)
+    std::fprintf(stderr, "loom extract: %s rank %s (%s) -> %s%s\n",
+                 env->launcher.c_str(), job.shard.ToString().c_str(),
+                 env->source.c_str(), job.out_dir.c_str(),
+                 job.plan.devices.empty()
+                     ? ""
+                     : (" on " + job.plan.devices.front()).c_str());
+  std::optional<MpiWorld> mpi;
+  if (env->mpi && MpiWorld::Available()) {
+    StatusOr<MpiWorld> w = MpiWorld::Init();
+    if (!w.ok()) return ReportStatus("extract", w.status());
+    mpi.emplace(std::move(w).value());
+  }
+  // Already merged (a --resume after the end): nothing to do.
+  Status status;
+  if (ShardComplete(out)) {
+    if (!job.resume)
+      status = FailedPreconditionError(
+          "--out " + out +
+          " already holds a job (manifest.json); use --resume to continue it "
+          "or choose another directory (nothing was overwritten)");
+  } else {
+    // A rank that never started has nothing to resume: it starts.
+    std::error_code ec;
+    if (job.resume && !std::filesystem::exists(job.out_dir + "/manifest.json", ec))
+      job.resume = false;
+    std::filesystem::create_directories(job.out_dir, ec);
+    StatusOr<ExtractSummary> s = RunExtract(job);
+    status = s.status();
+    if (s.ok() && !quiet) {
+      nlohmann::json j = s->ToJson();
+      j["out"] = job.out_dir;
+      j["shard"] = job.shard.ToString();
+      std::printf("%s\n", j.dump(2).c_str());
+    }
+  }
+  nlohmann::json merged;
+  if (mpi) {
+    // The barrier: rank 0 merges only when every rank's shard is complete.
+    StatusOr<bool> all = mpi->AllSucceeded(status.ok());
+    Status merge = all.status();
+    if (all.ok() && mpi->rank() == 0) {
+      if (!*all) {
+        merge = status.ok() ? FailedPreconditionError(
+                                  "another rank failed; its shard under " +
+                                  out +
+                                  "/shards is kept: rerun with --resume")
+                            : status;
+      } else if (!ShardComplete(out)) {
+        StatusOr<MergeSummary> m = MergeExtractShards(
+            {.out_dir = out,
+             .shard_dirs = ShardDirs(out, job.shard.count),
+             .remove_shards = true});
+        merge = m.status().WithContext("merging the shards into " + out);
+        if (m.ok()) merged = m->ToJson();
+      }
+    }
+    const Status shared = mpi->Share(merge);
+    if (!status.ok()) return ReportStatus("extract", status);
+    if (!shared.ok()) return ReportStatus("extract", shared);
+  } else {
+    if (!status.ok()) return ReportStatus("extract", status);
+    StatusOr<bool> did = MergeIfLast(out, job.shard, &merged);
+    if (!did.ok()) return ReportStatus("extract", did.status());
+  }
+  if (!merged.is_null() && !quiet) {
+    merged["out"] = out;
+    std::printf("%s\n", merged.dump(2).c_str());
+  }
+  return 0;
 }
 
 }  // namespace
@@ -97,6 +252,12 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--on-error", opts->on_error,
                   "fail or skip (skipped rows are recorded with the reason)")
       ->capture_default_str();
+  cmd->add_option(
+      "--shard", opts->shard,
+      "I/N: run the commit windows w with w mod N == I (an output of its own; "
+      "join the N outputs with `loom merge`); auto: I and N from mpirun, "
+      "srun, sbatch --array or torchrun, shards under OUT/shards, merged into "
+      "OUT");
   cmd->add_flag(
       "--resume", j.resume,
       "Continue an interrupted job in --out after its last committed row");
@@ -117,7 +278,12 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       return;
     }
     const bool show =
-        !opts->quiet && (opts->progress || ::isatty(STDERR_FILENO));
+        !opts->quiet && (opts->progress || ::isatty(STDERR_FILENO)) &&
+        opts->shard != "auto";
+    if (opts->shard == "auto") {
+      *exit_code = RunAutoShard(job, opts->quiet);
+      return;
+    }
     if (show) {
       // ETA from the share of the input read (after a --resume it counts
       // the rows done before as if this run had read them).
