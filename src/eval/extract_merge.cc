@@ -130,6 +130,13 @@ StatusOr<std::vector<ShardOut>> LoadShards(
     const std::vector<std::string>& dirs) {
   if (dirs.empty()) return InvalidArgumentError("no shard directories given");
   std::vector<ShardOut> shards;
+  for (size_t i = 0; i < dirs.size(); ++i)
+    for (size_t j = 0; j < i; ++j) {
+      std::error_code ec;
+      if (fs::equivalent(dirs[i], dirs[j], ec))
+        return InvalidArgumentError("shard directory " + dirs[i] +
+                                    " is given twice");
+    }
   for (const std::string& d : dirs) {
     ASSIGN_OR_RETURN(ShardOut s, LoadShard(d));
     shards.push_back(std::move(s));
