@@ -54,6 +54,15 @@ expect 0 extract_resume_complete -- extract --model "$model" --input "$work/prom
 expect 0 extract_safetensors -- extract --model "$model" --input "$work/prompts.jsonl" \
   --out "$work/xs" --hooks hook_resid_post --layers -1 --select mean --format safetensors \
   --threads 1 --quiet
+for i in 0 1; do
+  expect 0 "extract_shard_$i" -- extract --model "$model" --input "$work/prompts.jsonl" \
+    --out "$work/shard$i" --hooks blocks.1.hook_resid_post --select last --select all \
+    --commit-every 5 --threads 1 --quiet --shard "$i/2"
+done
+expect 0 merge -- merge "$work/merged" "$work/shard1" "$work/shard0" --quiet
+RANK=0 WORLD_SIZE=1 expect 0 extract_shard_auto -- extract --model "$model" \
+  --input "$work/prompts.jsonl" --out "$work/auto" --hooks blocks.1.hook_resid_post \
+  --threads 1 --quiet --shard auto
 expect 0 perplexity -- perplexity --model "$model" --text "$work/short.txt" --ctx 64 \
   --max-windows 3 --threads 1
 expect 0 compare -- compare --model "$model" --reference "$model" --text "$work/short.txt" \
@@ -72,6 +81,7 @@ expect 1 bad_hook -- extract --model "$model" --input "$work/prompts.jsonl" \
   --out "$work/bad" --hooks blocks.99.hook_resid_post --quiet
 expect 1 job_exists -- extract --model "$model" --input "$work/prompts.jsonl" \
   --out "$work/x" --hooks blocks.1.hook_resid_post --quiet
+expect 1 merge_missing_shard -- merge "$work/merged2" "$work/shard0"
 expect 1 does_not_fit -- plan "$model" --batch-tokens 256 --device cpu=1KiB
 expect 1 missing_text -- perplexity --model "$model" --text "$work/absent.txt"
 

@@ -134,6 +134,13 @@ int RunAutoShard(ExtractOptions job, bool quiet) {
     StatusOr<MpiWorld> w = MpiWorld::Init();
     if (!w.ok()) return ReportStatus("extract", w.status());
     mpi.emplace(std::move(w).value());
+    if (mpi->rank() != job.shard.index || mpi->size() != job.shard.count)
+      return ReportStatus(
+          "extract", InternalError("--shard auto: MPI says rank " +
+                                   std::to_string(mpi->rank()) + " of " +
+                                   std::to_string(mpi->size()) + ", the "
+                                   "environment " + job.shard.ToString() +
+                                   " (" + env->source + ")"));
   }
   // Already merged (a --resume after the end): nothing to do.
   Status status;

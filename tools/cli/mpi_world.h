@@ -18,7 +18,10 @@ class MpiWorld {
   // MPI_Init (Internal naming MPI's error when it fails); nothing without
   // MPI. Finalized by the destructor.
   static StatusOr<MpiWorld> Init();
-  MpiWorld(MpiWorld&& o) noexcept : active_(o.active_) { o.active_ = false; }
+  MpiWorld(MpiWorld&& o) noexcept
+      : active_(o.active_), rank_(o.rank_), size_(o.size_) {
+    o.active_ = false;
+  }
   MpiWorld& operator=(MpiWorld&&) = delete;
   ~MpiWorld();
 
