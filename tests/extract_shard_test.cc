@@ -282,6 +282,25 @@ TEST_F(ExtractShardTest, AKilledShardResumes) {
   ExpectSameFiles("single", "merged");
 }
 
+// A job interrupted by a loom from before shards (no settings.shard, no
+// progress.input_rows) resumes to the bytes of an uninterrupted run.
+TEST_F(ExtractShardTest, ResumesAManifestFromBeforeShards) {
+  Run(o_, "single");
+  ExtractOptions o = o_;
+  o.out_dir = Path("old");
+  o.stop_after_commits = 2;
+  ASSERT_TRUE(RunExtract(o).ok());
+  Json m = Json::parse(Slurp(Path("old/manifest.json")));
+  m["settings"].erase("shard");
+  m["progress"].erase("input_rows");
+  Spit(Path("old/manifest.json"), m.dump(2) + "\n");
+  o.stop_after_commits = 0;
+  o.resume = true;
+  auto s = RunExtract(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ExpectSameFiles("single", "old");
+}
+
 TEST_F(ExtractShardTest, MergeRefusesShardsOfDifferentJobs) {
   std::vector<std::string> dirs = RunShards(o_, 2, "s");
   struct Case {

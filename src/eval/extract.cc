@@ -185,6 +185,7 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   RETURN_IF_ERROR(m.CheckSettings(settings, Json{{"streaming_chunk_size", 0},
                                                  {"max_row_tokens", 0},
                                                  {"shard", "0/1"}}));
+  state.manifest->SetSettings(settings);
   ASSIGN_OR_RETURN(state.progress, m.ReadProgress(outputs.RaggedDataFiles()));
   RETURN_IF_ERROR(CheckResumeInput(m, o.input_path, &state.input_bytes));
   ASSIGN_OR_RETURN(state.complete, m.GetBool({"complete"}));

@@ -192,12 +192,8 @@ StatusOr<ManifestProgress> Manifest::ReadProgress(
                            std::to_string(*dst) + ", expected >= 0");
   }
   if (progress_has("input_rows")) {
+    // Checked against the committed rows by the resume, after the files.
     ASSIGN_OR_RETURN(p.input_rows, GetInt({"progress", "input_rows"}));
-    if (p.input_rows < p.rows_committed)
-      return DataLossError(path_ + ": field progress.input_rows is " +
-                           std::to_string(p.input_rows) +
-                           ", below progress.rows_committed " +
-                           std::to_string(p.rows_committed));
   } else {
     p.input_rows = p.rows_committed;  // written before shards existed
   }
@@ -258,6 +254,10 @@ void Manifest::SetProgress(const ManifestProgress& p) {
 
 void Manifest::SetSetting(const std::string& key, Json value) {
   doc_["settings"][key] = std::move(value);
+}
+
+void Manifest::SetSettings(Json settings) {
+  doc_["settings"] = std::move(settings);
 }
 
 void Manifest::SetFiles(const std::vector<std::string>& files) {

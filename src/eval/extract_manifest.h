@@ -88,6 +88,10 @@ class Manifest {
   // changes merging makes (settings.<key>; the per-row records).
   Manifest CopyTo(std::string path) const { return Manifest(std::move(path), doc_); }
   void SetSetting(const std::string& key, nlohmann::json value);
+  // --resume, once CheckSettings passed: the settings as this loom writes
+  // them (a manifest from before a setting existed gains it, so the job ends
+  // as an uninterrupted run's).
+  void SetSettings(nlohmann::json settings);
   const nlohmann::json& doc() const { return doc_; }
 
   const std::string& path() const { return path_; }
