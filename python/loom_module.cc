@@ -88,9 +88,8 @@ PyObject* ErrorClassOf(StatusCode code) {
   PyObject* type = ErrorClassOf(s.code());
   // Messages are UTF-8 except where a byte of the input is quoted: replace.
   const std::string& m = s.message();
-  py::object message = py::reinterpret_steal<py::object>(
-      PyUnicode_DecodeUTF8(m.data(), static_cast<Py_ssize_t>(m.size()),
-                           "replace"));
+  py::object message = py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(
+      m.data(), static_cast<Py_ssize_t>(m.size()), "replace"));
   py::object exc = py::reinterpret_steal<py::object>(
       PyObject_CallOneArg(type, message.ptr()));
   if (!exc) throw py::error_already_set();
@@ -150,7 +149,8 @@ py::array HandOver(std::vector<T> data, const py::dtype& dtype,
                    const std::vector<int64_t>& shape) {
   auto* owner = new std::vector<T>(std::move(data));
   if (owner->capacity() == 0) owner->reserve(1);  // a non-null buffer
-  py::capsule base(owner, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  py::capsule base(owner,
+                   [](void* p) { delete static_cast<std::vector<T>*>(p); });
   std::vector<py::ssize_t> dims(shape.begin(), shape.end());
   std::vector<py::ssize_t> strides(dims.size());
   py::ssize_t stride = dtype.itemsize();
@@ -224,8 +224,8 @@ InputRow ToInputRow(const py::handle& item, int64_t index) {
     int overflow = 0;
     const long long id = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
     if (overflow != 0 || id < 0 || id > std::numeric_limits<int32_t>::max()) {
-      row.error = "token id " + py::str(v).cast<std::string>() +
-                  " is out of range";
+      row.error =
+          "token id " + py::str(v).cast<std::string>() + " is out of range";
       row.tokens.clear();
       return row;
     }
@@ -290,16 +290,15 @@ class PyModel {
                                 bool add_special_tokens,
                                 bool replace_invalid_utf8) {
     if (!loaded_.tokenizer)
-      Raise(FailedPreconditionError("no tokenizer: " +
-                                    loaded_.tokenizer_error));
+      Raise(
+          FailedPreconditionError("no tokenizer: " + loaded_.tokenizer_error));
     tok::EncodeOptions eo;
     eo.add_special_tokens = add_special_tokens;
     eo.invalid_utf8 = replace_invalid_utf8 ? tok::InvalidUtf8Policy::kReplace
                                            : tok::InvalidUtf8Policy::kError;
-    StatusOr<tok::Encoding> enc = WithoutGil(
-        [&]() -> StatusOr<tok::Encoding> {
-          return loaded_.tokenizer->Encode(text, eo);
-        });
+    StatusOr<tok::Encoding> enc = WithoutGil([&]() -> StatusOr<tok::Encoding> {
+      return loaded_.tokenizer->Encode(text, eo);
+    });
     return ValueOrRaise(std::move(enc)).ids;
   }
 
@@ -423,16 +422,17 @@ class PyModel {
         ASSIGN_OR_RETURN(input,
                          eval::TokenizeText(text_value, path_, add_bos, c));
       } else {
-        ASSIGN_OR_RETURN(input, eval::TokenIdsInput(std::move(ids), add_bos, c));
+        ASSIGN_OR_RETURN(input,
+                         eval::TokenIdsInput(std::move(ids), add_bos, c));
       }
       const int64_t ctx =
           ctx_arg > 0 ? ctx_arg
                       : std::min<int64_t>(512, c.max_position_embeddings);
       if (ctx > c.max_position_embeddings)
-        return OutOfRangeError(
-            "--ctx " + std::to_string(ctx) + " exceeds the maximum context of " +
-            path_ + " (max_position_embeddings = " +
-            std::to_string(c.max_position_embeddings) + ")");
+        return OutOfRangeError("--ctx " + std::to_string(ctx) +
+                               " exceeds the maximum context of " + path_ +
+                               " (max_position_embeddings = " +
+                               std::to_string(c.max_position_embeddings) + ")");
       ASSIGN_OR_RETURN(
           eval::WindowPlan plan,
           eval::PlanWindows(static_cast<int64_t>(input.ids.size()),
@@ -443,14 +443,13 @@ class PyModel {
       eo.hf_bf16_activations = hf_bf16_;
       eo.segments = backends.segments;
       eo.cancelled = InterruptPoll();
-      ASSIGN_OR_RETURN(eval::PerplexityResult r,
-                       eval::EvaluatePerplexity(*loaded_.model, input.ids,
-                                                plan, eo));
+      ASSIGN_OR_RETURN(
+          eval::PerplexityResult r,
+          eval::EvaluatePerplexity(*loaded_.model, input.ids, plan, eo));
       // `loom perplexity --json`'s fields, "model" being the path given.
       return Json{
           {"model", path_},
-          {"precision",
-           std::string(DTypeName(loaded_.model->compute_dtype()))},
+          {"precision", std::string(DTypeName(loaded_.model->compute_dtype()))},
           {"protocol", std::string(eval::ProtocolName(r.protocol))},
           {"ctx", r.ctx},
           {"stride", r.stride},
@@ -482,10 +481,11 @@ class PyModel {
     job.weight_compute_dtype = compute;
     ASSIGN_OR_RETURN(MemoryPlan plan,
                      PlanJobOrRefuse("python", path_, job, plan_));
-    ASSIGN_OR_RETURN(JobBackends backends, CreateJobBackends(plan, host_.get()));
-    ASSIGN_OR_RETURN(loaded_, LoadModelAndTokenizer(path_, precision_,
-                                                    backends.gpu_capability,
-                                                    "loom.Model"));
+    ASSIGN_OR_RETURN(JobBackends backends,
+                     CreateJobBackends(plan, host_.get()));
+    ASSIGN_OR_RETURN(
+        loaded_, LoadModelAndTokenizer(path_, precision_,
+                                       backends.gpu_capability, "loom.Model"));
     return Status();
   }
 
@@ -511,7 +511,8 @@ class PyModel {
         MemoryPlan plan,
         PlanJobOrRefuse("extract", o.model_dir,
                         ExtractJobSpec(o, settings, planned_compute), o.plan));
-    ASSIGN_OR_RETURN(JobBackends backends, CreateJobBackends(plan, host_.get()));
+    ASSIGN_OR_RETURN(JobBackends backends,
+                     CreateJobBackends(plan, host_.get()));
     if (settings.streaming()) RETURN_IF_ERROR(CheckStreamingBackends(backends));
     // Every row is prepared first: a bad row fails the call before any
     // forward (on_error="fail"), or is recorded and skipped.
@@ -532,10 +533,10 @@ class PyModel {
     OutputSet outputs(settings, out.dtype, OutputFormat::kMemory, "",
                       host_.get());
     outputs.ReserveMemory(rows);
-    ASSIGN_OR_RETURN(std::unique_ptr<WindowRunner> runner,
-                     WindowRunner::Create(settings, o.hf_bf16_activations,
-                                          *loaded_.model, backends.segments,
-                                          &outputs));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<WindowRunner> runner,
+        WindowRunner::Create(settings, o.hf_bf16_activations, *loaded_.model,
+                             backends.segments, &outputs));
     ManifestProgress progress;
     std::vector<std::string> files;
     const std::function<bool()> cancelled = InterruptPoll();
@@ -548,8 +549,8 @@ class PyModel {
           std::make_move_iterator(rows.begin() + begin),
           std::make_move_iterator(rows.begin() + end));
       RETURN_IF_ERROR(runner->Run(window, &out.tokens, cancelled));
-      RETURN_IF_ERROR(outputs.CommitArrays(
-          static_cast<int64_t>(window.size()), &progress, &files));
+      RETURN_IF_ERROR(outputs.CommitArrays(static_cast<int64_t>(window.size()),
+                                           &progress, &files));
       for (PreparedRow& p : window) {
         out.row_tokens.push_back(p.size());
         p.ids = {};
@@ -615,7 +616,8 @@ py::object Plan(const std::string& model_dir, const py::object& device,
           "batch_tokens, ctx, seqs_per_batch and kv_context must be >= 0 (0: "
           "default)"));
   if (capture_buffers < 1 || logits_chunk < 1)
-    Raise(InvalidArgumentError("capture_buffers and logits_chunk must be >= 1"));
+    Raise(
+        InvalidArgumentError("capture_buffers and logits_chunk must be >= 1"));
   StatusOr<Json> j = WithoutGil([&]() -> StatusOr<Json> {
     ASSIGN_OR_RETURN(PlanQueryResult r, RunPlanQuery(q));
     Json out = r.ToJson();
@@ -627,8 +629,8 @@ py::object Plan(const std::string& model_dir, const py::object& device,
 PyObject* NewError(py::module_& m, const char* name, PyObject* bases,
                    const char* doc) {
   const std::string qualified = std::string("loom.") + name;
-  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases,
-                                             nullptr);
+  PyObject* type =
+      PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
   if (type == nullptr) throw py::error_already_set();
   m.add_object(name, py::reinterpret_borrow<py::object>(type));
   return type;
@@ -730,12 +732,12 @@ PYBIND11_MODULE(_loom, m) {
 
   m.def("_plan", &Plan, py::arg("model_dir"), py::arg("device"),
         py::arg("max_memory"), py::arg("reserve"), py::arg("offload"),
-        py::arg("hooks"), py::arg("layers"), py::arg("select"),
-        py::arg("mode"), py::arg("batch_tokens"), py::arg("ctx"),
-        py::arg("seqs_per_batch"), py::arg("dtype"), py::arg("capture_to"),
-        py::arg("capture_buffers"), py::arg("logits"), py::arg("logits_chunk"),
-        py::arg("kv_dtype"), py::arg("kv_context"), py::arg("assume_dtype"),
-        py::arg("strategy"), py::arg("layers_per_device"), py::arg("solve"));
+        py::arg("hooks"), py::arg("layers"), py::arg("select"), py::arg("mode"),
+        py::arg("batch_tokens"), py::arg("ctx"), py::arg("seqs_per_batch"),
+        py::arg("dtype"), py::arg("capture_to"), py::arg("capture_buffers"),
+        py::arg("logits"), py::arg("logits_chunk"), py::arg("kv_dtype"),
+        py::arg("kv_context"), py::arg("assume_dtype"), py::arg("strategy"),
+        py::arg("layers_per_device"), py::arg("solve"));
   m.def(
       "_load_count", [] { return g_loads.load(); },
       "Models loaded by this process (each loom.Model loads once).");

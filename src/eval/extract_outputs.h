@@ -153,9 +153,9 @@ class OutputSet {
   void ReserveMemory(const std::vector<PreparedRow>& rows);
   // One array as committed, handed over (moved out) by TakeMemory.
   struct MemoryArray {
-    std::string hook;           // hook name
-    std::string selector;       // selector spec
-    std::string selector_file;  // the selector's file name ("all", "pos_0_-1")
+    std::string hook;            // hook name
+    std::string selector;        // selector spec
+    std::string selector_file;   // the selector's file name ("all", "pos_0_-1")
     std::vector<int64_t> shape;  // [rows, row_shape...]
     std::vector<uint8_t> data;   // [shape] values of dtype()
   };

@@ -26,8 +26,7 @@ Status ExplainNoBatchFits(const PlanInput& in, const Status& refusal) {
 
 }  // namespace
 
-StatusOr<DType> ParsePlanDType(const std::string& flag,
-                               const std::string& s) {
+StatusOr<DType> ParsePlanDType(const std::string& flag, const std::string& s) {
   const std::string name = s == "f32"    ? "F32"
                            : s == "bf16" ? "BF16"
                            : s == "f16"  ? "F16"
