@@ -7,9 +7,9 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import STORIES
+from conftest import REPO, STORIES
 
-PY_DIR = os.environ.get("LOOM_PYTHON_DIR")
+PY_DIR = os.environ.get("LOOM_PYTHON_DIR", os.path.join(REPO, "build", "python"))
 
 
 def test_pip_install_into_a_virtualenv(tmp_path):
