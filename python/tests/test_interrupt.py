@@ -8,15 +8,23 @@ import time
 
 import pytest
 
-from conftest import assert_same_bytes
+import loom
+from conftest import STORIES, assert_same_bytes
 
 HOOK = "blocks.4.hook_resid_post"
 # Many small forwards: a call long enough to be interrupted, whose cancel
 # points come often.
-LONG = ["Once upon a time, there was a little girl named Lily. She liked to play."] * 600
+LONG = ["Once upon a time, there was a little girl named Lily. She liked to play."] * 800
 LONG_ARGS = dict(select="mean", batch_tokens=32, commit_every=64)
 TEXT = " ".join(["Once upon a time, there was a little girl named Lily."] * 200)
 PPL_ARGS = dict(ctx=16, stride=2, protocol="all-tokens")
+
+
+@pytest.fixture(scope="module")
+def model():
+    # One thread: the timings these tests take stay steady when the machine
+    # is busy (OpenMP's barriers degrade badly when cores are oversubscribed).
+    return loom.Model(STORIES, threads=1)
 
 
 def timed(f, *args, **kw):
