@@ -16,6 +16,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   python3 python3-numpy  # tests open our .npy output with numpy
+  python3-dev pybind11-dev  # the Python module `loom` (python/, docs/python.md)
+  python3-pytest python3-venv  # its tests (pytest) and the tested virtualenv install
   python3-jinja2       # regenerates expected chat template renders; tests do not need it
   libcpp-httplib-dev   # HTTP server of `loom serve` (and the client its tests drive it with)
   libyaml-cpp-dev      # `loom serve --config` (YAML)

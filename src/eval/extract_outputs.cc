@@ -490,6 +490,7 @@ void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
 Status OutputSet::CommitArrays(int64_t window_size, int64_t window_index,
                                int64_t first_row, ManifestProgress* progress,
                                std::vector<std::string>* files) {
+  if (format_ == OutputFormat::kMemory) return CommitMemory(window_size);
   return format_ == OutputFormat::kNpy
              ? CommitNpy(window_size, progress)
              : CommitShards(window_size, window_index, first_row, progress,
@@ -546,6 +547,76 @@ Status OutputSet::CommitShards(int64_t W, int64_t window_index,
   }
   ++progress->shards;
   return Status();
+}
+
+// ---- OutputSet: in memory (kMemory) -----------------------------------------
+
+void OutputSet::ReserveMemory(const std::vector<PreparedRow>& rows) {
+  const int64_t ds = DTypeSize(dtype_);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  for (OutputArray& out : arrays_) {
+    int64_t data_rows = n * out.sel.rows_per_prompt();
+    if (out.sel.ragged()) {
+      data_rows = 0;
+      for (const PreparedRow& row : rows) {
+        if (!row.ok()) continue;
+        SpanRange r;
+        ResolveSpan(out.sel, row.size(), &r);  // checked by RowPreparer
+        data_rows += r.end - r.begin;
+      }
+    }
+    out.memory.reserve(static_cast<size_t>(data_rows * out.width * ds));
+  }
+  for (RaggedIndex& ri : ragged_)
+    ri.memory_offsets.reserve(static_cast<size_t>(n + 1));
+}
+
+Status OutputSet::CommitMemory(int64_t W) {
+  for (OutputArray& out : arrays_) {
+    out.memory.insert(out.memory.end(), out.stage.begin(), out.stage.end());
+    out.memory_rows += out.ragged >= 0 ? ragged_[out.ragged].window_rows : W;
+  }
+  for (RaggedIndex& ri : ragged_) {
+    if (ri.memory_offsets.empty()) ri.memory_offsets.push_back(0);
+    const int64_t base = ri.memory_offsets.back();
+    for (int64_t s = 0; s < W; ++s)
+      ri.memory_offsets.push_back(base + ri.slot_begin[s + 1]);
+  }
+  return Status();
+}
+
+std::vector<OutputSet::MemoryArray> OutputSet::TakeMemoryArrays() {
+  std::vector<MemoryArray> taken;
+  for (OutputArray& out : arrays_) {
+    MemoryArray a;
+    a.hook = out.hook_name;
+    a.selector = out.sel.spec;
+    a.selector_file = out.sel.file_name;
+    a.shape = out.row_shape();
+    a.shape.insert(a.shape.begin(), out.memory_rows);
+    a.data = std::move(out.memory);
+    out.memory = {};
+    out.memory_rows = 0;
+    taken.push_back(std::move(a));
+  }
+  return taken;
+}
+
+std::vector<OutputSet::MemoryOffsets> OutputSet::TakeMemoryOffsets() {
+  std::vector<MemoryOffsets> taken;
+  for (size_t r = 0; r < ragged_.size(); ++r) {
+    MemoryOffsets m;
+    for (const OutputArray& out : arrays_)
+      if (out.ragged == static_cast<int>(r)) {
+        m.selector = out.sel.spec;
+        m.selector_file = out.sel.file_name;
+      }
+    m.offsets = std::move(ragged_[r].memory_offsets);
+    if (m.offsets.empty()) m.offsets.push_back(0);  // no rows committed
+    ragged_[r].memory_offsets = {};
+    taken.push_back(std::move(m));
+  }
+  return taken;
 }
 
 int64_t OutputSet::IntegerHookWidth() const {

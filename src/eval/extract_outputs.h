@@ -55,6 +55,10 @@ struct OutputArray {
   // accumulate in `acc` [slots, width].
   std::vector<uint8_t> stage;
   std::vector<double> acc;
+  // OutputFormat::kMemory: the committed rows, [memory_rows, row_shape...]
+  // in the output dtype.
+  std::vector<uint8_t> memory;
+  int64_t memory_rows = 0;
   // The shape of one row of the array: [width] or [positions, width].
   std::vector<int64_t> row_shape() const;
 };
@@ -65,6 +69,9 @@ struct RaggedIndex {
   std::unique_ptr<NpyWriter> npy;
   std::vector<int64_t> slot_begin;  // [slots + 1]: first row of each slot
   int64_t window_rows = 0;
+  // OutputFormat::kMemory: [committed rows + 1] offsets into the data rows
+  // (as the offsets file holds them).
+  std::vector<int64_t> memory_offsets;
 };
 
 class OutputSet {
@@ -145,6 +152,30 @@ class OutputSet {
                       int64_t first_row, ManifestProgress* progress,
                       std::vector<std::string>* files);
 
+  // ---- OutputFormat::kMemory: the arrays kept in memory ----
+  // Sizes the in-memory arrays for every row the job will commit (`rows`,
+  // prepared), so that the commits never reallocate them.
+  void ReserveMemory(const std::vector<PreparedRow>& rows);
+  // One array as committed, handed over (moved out) by TakeMemory.
+  struct MemoryArray {
+    std::string hook;            // hook name
+    std::string selector;        // selector spec
+    std::string selector_file;   // the selector's file name ("all", "pos_0_-1")
+    std::vector<int64_t> shape;  // [rows, row_shape...]
+    std::vector<uint8_t> data;   // [shape] values of dtype()
+  };
+  // The offsets of a ragged selector: data rows [offsets[i], offsets[i + 1])
+  // belong to input row i (an empty range for a skipped row).
+  struct MemoryOffsets {
+    std::string selector;
+    std::string selector_file;
+    std::vector<int64_t> offsets;  // [rows + 1] i64
+  };
+  // Moves the committed arrays (one per hook x selector, in manifest order)
+  // and the offsets (one per ragged selector) out; the set is then empty.
+  std::vector<MemoryArray> TakeMemoryArrays();
+  std::vector<MemoryOffsets> TakeMemoryOffsets();
+
  private:
   // Where sequence `s` of a batch lies in its row, seen from the block of
   // packed rows [row_begin, row_end) a hook delivered.
@@ -165,6 +196,7 @@ class OutputSet {
   void CaptureRagged(OutputArray& o, const SeqRows& q,
                      const ActivationRows& rows);
   Status CommitNpy(int64_t window_size, ManifestProgress* progress);
+  Status CommitMemory(int64_t window_size);
   Status CommitShards(int64_t window_size, int64_t window_index,
                       int64_t first_row, ManifestProgress* progress,
                       std::vector<std::string>* files);

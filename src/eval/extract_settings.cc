@@ -96,7 +96,15 @@ StatusOr<OutputFormat> ParseOutputFormat(std::string_view text) {
 }
 
 std::string_view OutputFormatName(OutputFormat format) {
-  return format == OutputFormat::kNpy ? "npy" : "safetensors";
+  switch (format) {
+    case OutputFormat::kNpy:
+      return "npy";
+    case OutputFormat::kSafetensors:
+      return "safetensors";
+    case OutputFormat::kMemory:
+      return "memory";
+  }
+  return "?";
 }
 
 StatusOr<OnError> ParseOnError(std::string_view text) {

@@ -23,8 +23,9 @@ namespace loom {
 
 struct ExtractOptions;  // src/eval/extract.h
 
-// --format npy|safetensors.
-enum class OutputFormat { kNpy, kSafetensors };
+// --format npy|safetensors. kMemory (not accepted by --format): the arrays
+// are kept in memory, appended per window (the Python module's extract).
+enum class OutputFormat { kNpy, kSafetensors, kMemory };
 StatusOr<OutputFormat> ParseOutputFormat(std::string_view text);
 std::string_view OutputFormatName(OutputFormat format);
 

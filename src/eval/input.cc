@@ -84,13 +84,22 @@ StatusOr<EvalInput> LoadEvalInput(const InputOptions& options,
     return in;
   }
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(options.tokens_file));
-  EvalInput in;
-  ASSIGN_OR_RETURN(in.ids, ParseTokenIds(text, options.tokens_file));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                   ParseTokenIds(text, options.tokens_file));
+  ASSIGN_OR_RETURN(EvalInput in,
+                   TokenIdsInput(std::move(ids), options.add_bos, config));
   in.source = "tokens " + options.tokens_file;
+  return in;
+}
+
+StatusOr<EvalInput> TokenIdsInput(std::vector<int32_t> ids, AddBos add_bos,
+                                  const ModelConfig& config) {
+  EvalInput in;
+  in.ids = std::move(ids);
   in.bos_id = static_cast<int32_t>(config.bos_token_id);
   const bool starts_with_bos =
       !in.ids.empty() && in.bos_id >= 0 && in.ids[0] == in.bos_id;
-  switch (options.add_bos) {
+  switch (add_bos) {
     case AddBos::kAuto:
       in.bos = starts_with_bos;
       break;

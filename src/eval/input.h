@@ -49,6 +49,13 @@ StatusOr<EvalInput> TokenizeText(std::string_view text,
                                  const std::string& tokenizer_dir,
                                  AddBos add_bos, const ModelConfig& config);
 
+// Token ids given as they are (a tokens file's, or the Python module's
+// list), with the BOS rule of a tokens file: yes prepends BOS unless the ids
+// start with it, auto means "BOS if they start with it"; the BOS id is
+// config.bos_token_id.
+StatusOr<EvalInput> TokenIdsInput(std::vector<int32_t> ids, AddBos add_bos,
+                                  const ModelConfig& config);
+
 // Whitespace/comma-separated ids ('[' and ']' ignored).
 StatusOr<std::vector<int32_t>> ParseTokenIds(std::string_view text,
                                              const std::string& what);

@@ -137,6 +137,8 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   const auto start = std::chrono::steady_clock::now();
   int64_t scored = 0;
   for (size_t wi = 0; wi < plan.windows.size(); ++wi) {
+    if (options.cancelled && options.cancelled())
+      return CancelledError("interrupted");
     const Window& w = plan.windows[wi];
     std::span<const int32_t> wids = WindowIds(plan, w, ids, window_ids);
     const int64_t seq_start[2] = {0, w.length()};

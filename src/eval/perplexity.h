@@ -25,6 +25,9 @@ struct EvalOptions {
   int64_t logits_chunk_rows = 256;
   // Called after every window with (windows done, windows total).
   std::function<void(int64_t, int64_t)> progress;
+  // Asked before every window's forward: true stops the evaluation with
+  // Cancelled (the Python module's Ctrl-C).
+  std::function<bool()> cancelled;
   // Keep every scored token's log-prob (PerplexityResult::token_logprob).
   bool keep_token_logprobs = false;
   // Round activations to bf16 where HF's bf16 forward does (bf16 models

@@ -21,6 +21,7 @@
 
 #include "src/backend/registry.h"
 #include "src/eval/job_plan.h"
+#include "src/eval/plan_query.h"
 #include "src/model/hooks.h"
 #include "src/model/registry.h"
 #include "src/plan/planner.h"
@@ -32,15 +33,12 @@
 namespace loom::cli {
 namespace {
 
-// --batch-tokens when not given, unless the model holds fewer positions.
-constexpr int64_t kDefaultBatchTokens = 2048;
-
 struct PlanArgs {
   std::string model_dir;  // MODEL_DIR (positional)
   std::string model;      // --model
   PlanFlags plan;         // --device ... --solve (PlanFlagUse::kPlanCommand)
   std::string mode = "analysis";
-  int64_t batch_tokens = 0;  // 0 = min(kDefaultBatchTokens, max positions)
+  int64_t batch_tokens = 0;  // 0 = min(kDefaultPlanBatchTokens, max positions)
   int64_t ctx = 0;           // 0 = min(batch tokens, max positions)
   int64_t seqs_per_batch = 0;
   std::vector<std::string> hooks;
@@ -71,126 +69,41 @@ StatusOr<std::string> ModelDir(const PlanArgs& a) {
                               "' name different directories; give one");
 }
 
-StatusOr<DType> ParseDTypeArg(const std::string& flag, const std::string& s) {
-  const std::string name = s == "f32"    ? "F32"
-                           : s == "bf16" ? "BF16"
-                           : s == "f16"  ? "F16"
-                                         : s;
-  std::optional<DType> d = ParseDType(name);
-  if (!d)
-    return InvalidArgumentError(flag + " '" + s +
-                                "': expected f32, bf16 or f16");
-  return *d;
-}
-
-// SolveMaxBatchTokens' refusal, with the table of the one-token plan.
-Status ExplainNoBatchFits(const PlanInput& in, const Status& refusal) {
-  if (refusal.code() != StatusCode::kResourceExhausted) return refusal;
-  PlanInput one = in;
-  one.suggest = false;
-  one.job.batch_tokens = 1;
-  if (one.job.seqs_per_batch > 1) one.job.seqs_per_batch = 1;
-  StatusOr<MemoryPlan> plan = MakePlan(one);
-  if (!plan.ok()) return refusal;
-  return ResourceExhaustedError(refusal.message() + ":\n" +
-                                FormatPlanTable(*plan));
+// The query `loom plan` runs (src/eval/plan_query.h): its flags as given.
+PlanQuery ToQuery(const PlanArgs& a, const std::string& model_dir) {
+  const PlanFlags& f = a.plan;
+  PlanQuery q;
+  q.model_dir = model_dir;
+  q.devices = f;  // the JobPlanOptions base
+  q.assume_dtype = f.assume_dtype;
+  q.strategy = f.strategy;
+  q.layers_per_device = f.layers_per_device;
+  q.solve = f.solve;
+  q.mode = a.mode;
+  q.batch_tokens = a.batch_tokens;
+  q.ctx = a.ctx;
+  q.seqs_per_batch = a.seqs_per_batch;
+  q.hooks = a.hooks;
+  q.layers = a.layers;
+  q.select = a.select;
+  q.dtype = a.dtype;
+  q.capture_to = a.capture_to;
+  q.capture_buffers = a.capture_buffers;
+  q.logits = a.logits;
+  q.logits_chunk = a.logits_chunk;
+  q.kv_dtype = a.kv_dtype;
+  q.kv_context = a.kv_context;
+  return q;
 }
 
 Status RunPlan(const PlanArgs& a, const std::string& model_dir,
                int* exit_code) {
-  const PlanFlags& f = a.plan;
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  const ArchDef* arch = FindArch(config.model_type);
-  const ArchWeights decl = arch->declare_weights(config);
-  WeightTableOptions wopt;
-  if (!f.assume_dtype.empty()) {
-    ASSIGN_OR_RETURN(wopt.assume_dtype,
-                     ParseDTypeArg("--assume-dtype", f.assume_dtype));
-  }
-  ASSIGN_OR_RETURN(WeightTable table,
-                   BuildWeightTable(model_dir, config, decl, wopt));
-
-  PlanInput in;
-  in.config = &config;
-  in.weights = &table;
-  JobSpec& job = in.job;
-  ASSIGN_OR_RETURN(job.mode, ParseJobMode(a.mode));
-  // Defaults follow the model: a flag left out never asks for more
-  // positions than it has (the table's job line says what was used).
-  const int64_t max_positions = config.max_position_embeddings;
-  job.batch_tokens = a.batch_tokens > 0
-                         ? a.batch_tokens
-                         : std::min(kDefaultBatchTokens, max_positions);
-  job.context = a.ctx > 0 ? a.ctx : std::min(job.batch_tokens, max_positions);
-  job.seqs_per_batch = a.seqs_per_batch;
-  ASSIGN_OR_RETURN(job.hooks, ResolveHooks(a.hooks, a.layers, config));
-  ASSIGN_OR_RETURN(job.selector, ParseSelector(a.select));
-  ASSIGN_OR_RETURN(job.capture_dtype, ParseDTypeArg("--dtype", a.dtype));
-  ASSIGN_OR_RETURN(job.capture_to, ParseCaptureTarget(a.capture_to));
-  job.capture_buffers = a.capture_buffers;
-  // Without hooks, plan the whole forward with its logits (perplexity).
-  job.logits = a.logits || job.hooks.empty();
-  job.logits_chunk_rows = a.logits_chunk;
-  if (!a.kv_dtype.empty()) {
-    ASSIGN_OR_RETURN(job.kv_dtype, ParseDTypeArg("--kv-dtype", a.kv_dtype));
-  }
-  job.kv_context = a.kv_context;
-
-  const int64_t host = HostMemoryBytes();
-  ASSIGN_OR_RETURN(in.devices,
-                   DevicesFromFlags(f.devices, f.max_memory, f.reserve, host));
-  ASSIGN_OR_RETURN(in.strategy, ParseStrategy(f.strategy));
-  in.offload = f.offload;
-  if (!f.layers_per_device.empty()) {
-    ASSIGN_OR_RETURN(in.layers_per_device,
-                     ParseLayersPerDevice(f.layers_per_device));
-    if (f.strategy == "balanced") in.strategy = Strategy::kManual;
-  }
-  if (in.strategy == Strategy::kManual && in.layers_per_device.empty())
-    return InvalidArgumentError("--strategy manual needs --layers-per-device");
-  // Kernel costs of the backend the layers run on, as every job command takes
-  // them: the CUDA backend's when a GPU computes (in every build).
-  bool gpu = false;
-  for (const DeviceSpec& d : in.devices)
-    gpu = gpu || (d.kind == DeviceKind::kCuda && d.compute);
-  in.costs = BackendCosts(gpu ? DeviceKind::kCuda : DeviceKind::kCpu);
-
-  nlohmann::json solved;
-  std::string solved_line;
-  if (f.solve == "max-batch-tokens") {
-    StatusOr<int64_t> most = SolveMaxBatchTokens(in);
-    if (!most.ok()) return ExplainNoBatchFits(in, most.status());
-    const int64_t t = *most;
-    job.batch_tokens = t;
-    if (a.ctx <= 0) job.context = std::min(t, max_positions);
-    solved = {{"what", f.solve}, {"value", t}};
-    solved_line = "max batch tokens: " + std::to_string(t) + "\n";
-  } else if (f.solve == "max-context") {
-    ASSIGN_OR_RETURN(int64_t ctx, SolveMaxContext(in));
-    job.context = ctx;
-    job.batch_tokens = std::max(job.batch_tokens, ctx);
-    solved = {{"what", f.solve}, {"value", ctx}};
-    solved_line = "max context: " + std::to_string(ctx) + "\n";
-  } else if (f.solve == "min-devices") {
-    ASSIGN_OR_RETURN(in.devices, SolveMinDevices(in));
-    int n = 0;
-    for (const DeviceSpec& d : in.devices)
-      n += d.compute && d.kind != DeviceKind::kDisk;
-    solved = {{"what", f.solve}, {"value", n}};
-    solved_line = "min devices: " + std::to_string(n) + "\n";
-  } else if (!f.solve.empty()) {
-    return InvalidArgumentError(
-        "--solve '" + f.solve +
-        "': expected max-batch-tokens, max-context or min-devices");
-  }
-
-  ASSIGN_OR_RETURN(MemoryPlan plan, MakePlan(in));
+  ASSIGN_OR_RETURN(PlanQueryResult r, RunPlanQuery(ToQuery(a, model_dir)));
+  const MemoryPlan& plan = r.plan;
   if (a.json) {
-    nlohmann::json j = PlanToJson(plan);
-    if (!solved.is_null()) j["solve"] = solved;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", r.ToJson().dump(2).c_str());
   } else {
-    std::printf("%s%s", solved_line.c_str(), FormatPlanTable(plan).c_str());
+    std::printf("%s%s", r.solved_line.c_str(), FormatPlanTable(plan).c_str());
   }
   if (!plan.fits) {
     std::fprintf(

@@ -1,0 +1,173 @@
+"""loom.Model's calls give the CLI's values: extract (byte for byte, every
+selector kind, text and token-id prompts, f32/bf16/f16), tokenize,
+perplexity, plan; the model is loaded once; arrays are handed over without
+a copy."""
+
+import json
+
+import numpy as np
+import pytest
+
+import loom
+from conftest import (PROMPTS, STORIES, assert_same_bytes, cli_extract, run_loom)
+
+HOOKS = ["blocks.1.hook_resid_post", "blocks.4.hook_resid_post", "ln_final.hook_normalized"]
+
+
+def test_tokenize_equals_cli(model):
+    for text in ["Once upon a time, there was a little girl named Lily.", "Sam and  Tom\nran!", ""]:
+        cli = json.loads(run_loom("tokenize", STORIES, "--text", text, "--json").stdout)
+        assert model.tokenize(text) == cli["ids"], text
+        cli = json.loads(run_loom("tokenize", STORIES, "--text", text, "--json",
+                                  "--no-special").stdout)
+        assert model.tokenize(text, add_special_tokens=False) == cli["ids"], text
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16", "f16"])
+def test_extract_equals_cli_fixed_and_ragged(model, tmp_path, dtype):
+    selects = ["last", "first", "mean", "max", "pos:0,-1", "all", "span:1:-1"]
+    extra = ["--dtype", dtype] if dtype else []
+    out = cli_extract(tmp_path, PROMPTS, HOOKS, selects, *extra)
+    got = model.extract(PROMPTS, HOOKS, select=selects, dtype=dtype)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert got.hooks == manifest["settings"]["hooks"]
+    assert got.dtype == manifest["settings"]["output_dtype"]
+    n_arrays = 0
+    for entry in manifest["arrays"]:
+        key = entry["file"][: -len(".npy")]
+        assert_same_bytes(got[key], np.load(out / entry["file"]), key)
+        n_arrays += 1
+        if "offsets_file" in entry:
+            sel = entry["offsets_file"][: -len(".offsets.npy")]
+            assert_same_bytes(got[sel + ".offsets"], np.load(out / entry["offsets_file"]), sel)
+            assert_same_bytes(got.offsets[entry["selector"]], np.load(out / entry["offsets_file"]),
+                              sel)
+    assert n_arrays == len(HOOKS) * len(selects)
+    assert len(got) == n_arrays + 2  # + all.offsets, span_1_-1.offsets
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert got.rows == rows
+    if dtype == "bf16":
+        assert got[HOOKS[0] + ".last"].dtype == np.uint16
+        f = loom.bf16_to_float32(got[HOOKS[0] + ".last"])
+        assert f.dtype == np.float32 and np.all(np.isfinite(f))
+
+
+def test_extract_one_selector_keys_are_hooks(model, tmp_path):
+    out = cli_extract(tmp_path, PROMPTS, HOOKS[:1], ["all"], "--batch-tokens", "48",
+                      "--commit-every", "2")
+    got = model.extract(PROMPTS, HOOKS[0], select="all", batch_tokens=48, commit_every=2)
+    assert sorted(got) == sorted([HOOKS[0], "all.offsets"])
+    assert_same_bytes(got[HOOKS[0]], np.load(out / (HOOKS[0] + ".all.npy")), "all")
+    assert_same_bytes(got["all.offsets"], np.load(out / "all.offsets.npy"), "offsets")
+    offsets = got["all.offsets"]
+    assert offsets[0] == 0 and offsets[-1] == got[HOOKS[0]].shape[0]
+    assert [r["tokens"] for r in got.rows] == list(np.diff(offsets))
+
+
+def test_extract_bare_sites_with_layers_and_template(model, tmp_path):
+    out = cli_extract(tmp_path, PROMPTS[:3], ["hook_resid_post"], ["mean"], "--layers",
+                      "0.25,1.0", "--template", "Story: {text}")
+    got = model.extract(PROMPTS[:3], "hook_resid_post", layers=["0.25", "1.0"], select="mean",
+                        template="Story: {text}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert list(got) == manifest["settings"]["hooks"]
+    for entry in manifest["arrays"]:
+        assert_same_bytes(got[entry["hook"]], np.load(out / entry["file"]), entry["hook"])
+
+
+def test_bad_prompt_fails_or_is_skipped(model, tmp_path):
+    prompts = ["A good one.", "", [1, 600], "Another."]
+    with pytest.raises(loom.InvalidArgumentError, match="prompt 1: empty text"):
+        model.extract(prompts, HOOKS[0])
+    out = cli_extract(tmp_path, prompts, HOOKS[:1], ["last", "all"], "--on-error", "skip")
+    got = model.extract(prompts, HOOKS[0], select=["last", "all"], on_error="skip")
+    last = got[HOOKS[0] + ".last"]
+    assert np.all(np.isnan(last[1])) and np.all(np.isnan(last[2]))
+    assert np.all(np.isfinite(last[0])) and np.all(np.isfinite(last[3]))
+    assert_same_bytes(last, np.load(out / (HOOKS[0] + ".last.npy")), "last")
+    assert_same_bytes(got["all.offsets"], np.load(out / "all.offsets.npy"), "offsets")
+    assert [r["status"] for r in got.rows] == ["ok", "skipped", "skipped", "ok"]
+    assert "outside the vocabulary" in got.rows[2]["reason"]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert got.rows == rows
+
+
+def test_arrays_are_handed_over_without_copy(model):
+    got = model.extract(PROMPTS * 20, "logits", select="all")
+    a = got["logits"]
+    assert not a.flags.owndata
+    assert type(a.base).__name__ == "PyCapsule"
+    assert a.flags.c_contiguous and a.flags.writeable
+    assert a.shape == (int(got["all.offsets"][-1]), 512)
+    # The buffer lives as long as the array does.
+    view = a[5]
+    del got, a
+    assert np.all(np.isfinite(view))
+
+
+def test_model_loads_once(model, tmp_path):
+    before = loom._loom._load_count()
+    m = loom.Model(STORIES)
+    assert loom._loom._load_count() == before + 1
+    first = m.extract(PROMPTS, HOOKS[0])
+    m.perplexity("Once upon a time there was a cat.", ctx=8)
+    m.tokenize("hello")
+    m.plan()
+    again = m.extract(PROMPTS, HOOKS[0])
+    assert loom._loom._load_count() == before + 1
+    assert_same_bytes(first[HOOKS[0]], again[HOOKS[0]], "second extract")
+
+
+TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
+        "the sunshine. One day, she saw a big, red ball in the park. She ran to it and kicked "
+        "it high into the sky. The ball flew over the trees and landed in a pond. ") * 3
+
+
+@pytest.mark.parametrize("protocol,extra", [("hf-stride", ["--ctx", "64"]),
+                                            ("llama-cpp", ["--ctx", "48"]),
+                                            ("all-tokens", ["--ctx", "32", "--stride", "8"])])
+def test_perplexity_equals_cli(model, tmp_path, protocol, extra):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    cli = json.loads(run_loom("perplexity", "--model", STORIES, "--text", path, "--json",
+                              "--quiet", "--protocol", protocol, *extra).stdout)
+    kw = dict(protocol=protocol, ctx=int(extra[1]))
+    if "--stride" in extra:
+        kw["stride"] = int(extra[3])
+    got = model.perplexity(TEXT, **kw)
+    for key in ("seconds", "tokens_per_second"):
+        cli.pop(key), got.pop(key)
+    assert got == cli
+
+
+def test_perplexity_of_token_ids_equals_cli(model, tmp_path):
+    ids = model.tokenize(TEXT)
+    path = tmp_path / "ids.txt"
+    path.write_text(" ".join(map(str, ids)))
+    cli = json.loads(run_loom("perplexity", "--model", STORIES, "--tokens", path, "--json",
+                              "--quiet", "--ctx", "64").stdout)
+    got = model.perplexity(tokens=ids, ctx=64)
+    for key in ("seconds", "tokens_per_second"):
+        cli.pop(key), got.pop(key)
+    assert got == cli
+    assert got["bos"] is True and got["tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("flags,kw", [
+    ([], {}),
+    (["--hooks", "hook_resid_post", "--layers", "0,-1", "--select", "last", "--batch-tokens",
+      "256", "--dtype", "bf16"],
+     dict(hooks="hook_resid_post", layers=["0", "-1"], select="last", batch_tokens=256,
+          dtype="bf16")),
+    (["--device", "cpu=64MiB", "--solve", "max-batch-tokens", "--hooks", "logits"],
+     dict(device="cpu=64MiB", solve="max-batch-tokens", hooks="logits")),
+    (["--mode", "generation", "--ctx", "128", "--device", "cpu=1MiB"],
+     dict(mode="generation", ctx=128, device="cpu=1MiB")),
+])
+def test_plan_equals_cli(model, flags, kw):
+    cli = run_loom("plan", STORIES, "--json", *flags, check=False)
+    assert cli.returncode in (0, 1), cli.stderr
+    want = json.loads(cli.stdout)
+    assert loom.plan(STORIES, **kw) == want
+    assert model.plan(**kw) == want
+    assert want["fits"] == (cli.returncode == 0)
