@@ -446,23 +446,10 @@ class PyModel {
       ASSIGN_OR_RETURN(
           eval::PerplexityResult r,
           eval::EvaluatePerplexity(*loaded_.model, input.ids, plan, eo));
-      // `loom perplexity --json`'s fields, "model" being the path given.
-      return Json{
-          {"model", path_},
-          {"precision", std::string(DTypeName(loaded_.model->compute_dtype()))},
-          {"protocol", std::string(eval::ProtocolName(r.protocol))},
-          {"ctx", r.ctx},
-          {"stride", r.stride},
-          {"bos", input.bos},
-          {"tokens", static_cast<int64_t>(input.ids.size())},
-          {"windows", r.windows},
-          {"tokens_scored", r.tokens_scored},
-          {"tokens_evaluated", r.tokens_evaluated},
-          {"nll_sum", r.nll_sum},
-          {"nll_mean", r.nll_mean},
-          {"perplexity", r.perplexity},
-          {"seconds", r.seconds},
-          {"tokens_per_second", r.tokens_per_second}};
+      // `loom perplexity --json`'s object, "model" being the path given.
+      return eval::PerplexityJson(path_, loaded_.model->compute_dtype(),
+                                  input.bos,
+                                  static_cast<int64_t>(input.ids.size()), r);
     });
     return JsonToPython(ValueOrRaise(std::move(out)));
   }

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -67,6 +69,13 @@ struct PerplexityResult {
 // or an id is outside its vocabulary.
 Status CheckPlanFitsModel(const Model& model, std::span<const int32_t> ids,
                           const WindowPlan& plan, std::string_view model_name);
+
+// `loom perplexity --json`'s object (also the Python module's result):
+// `model_name` as given, the compute dtype, whether a BOS was added and the
+// stream's token count, then the result's fields.
+nlohmann::json PerplexityJson(const std::string& model_name, DType precision,
+                              bool bos, int64_t tokens,
+                              const PerplexityResult& r);
 
 StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
                                               std::span<const int32_t> ids,

@@ -76,22 +76,9 @@ Status RunPerplexity(const PerplexityArgs& args) {
     std::fprintf(stderr, "loom perplexity: verify-plan: %s\n", v.dump().c_str());
   }
   if (args.json) {
-    nlohmann::json j = {
-        {"model", args.model_dir},
-        {"precision", std::string(DTypeName(model->compute_dtype()))},
-        {"protocol", std::string(eval::ProtocolName(r.protocol))},
-        {"ctx", r.ctx},
-        {"stride", r.stride},
-        {"bos", input.bos},
-        {"tokens", static_cast<int64_t>(input.ids.size())},
-        {"windows", r.windows},
-        {"tokens_scored", r.tokens_scored},
-        {"tokens_evaluated", r.tokens_evaluated},
-        {"nll_sum", r.nll_sum},
-        {"nll_mean", r.nll_mean},
-        {"perplexity", r.perplexity},
-        {"seconds", r.seconds},
-        {"tokens_per_second", r.tokens_per_second}};
+    const nlohmann::json j = eval::PerplexityJson(
+        args.model_dir, model->compute_dtype(), input.bos,
+        static_cast<int64_t>(input.ids.size()), r);
     std::cout << j.dump(2) << "\n";
     return Status::Ok();
   }
