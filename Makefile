@@ -21,9 +21,15 @@ all: build
 deps:
 	@bash scripts/install-deps.sh
 
+# Configuring installs what is missing first (scripts/install-deps.sh is a
+# no-op when every package is there), and a failed configure removes its
+# cache, so the next `make` configures again instead of building a half-made
+# tree.
 $(BUILD_DIR)/CMakeCache.txt:
+	@bash scripts/install-deps.sh
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null || \
-	  { echo "cmake configure failed: run 'make deps' (scripts/install-deps.sh) first" >&2; exit 1; }
+	  { rm -f $(BUILD_DIR)/CMakeCache.txt; \
+	    echo "cmake configure failed (see above); scripts/install-deps.sh installs the dependencies" >&2; exit 1; }
 
 build: $(BUILD_DIR)/CMakeCache.txt
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -39,10 +45,12 @@ bench: build
 
 # clang (libFuzzer), -O1 with line tables: symbolized reports, quick builds.
 $(ASAN_DIR)/CMakeCache.txt:
+	@bash scripts/install-deps.sh
 	@CC=clang CXX=clang++ cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" -DLOOM_FUZZ=ON \
 	  -DLOOM_CUDA=off -DLOOM_BUILD_BENCH=OFF $(CMAKE_FLAGS) >/dev/null || \
-	  { echo "cmake configure (clang) failed: run 'make deps' first" >&2; exit 1; }
+	  { rm -f $(ASAN_DIR)/CMakeCache.txt; \
+	    echo "cmake configure (clang) failed (see above)" >&2; exit 1; }
 
 asan: $(ASAN_DIR)/CMakeCache.txt
 	@cmake --build $(ASAN_DIR) -j $(JOBS)

@@ -50,3 +50,34 @@ function(loom_test name)
   gtest_discover_tests(${name} NO_PRETTY_VALUES
     PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
 endfunction()
+
+# loom_isa_test(NAME COMMAND ... [SHARDS n]): NAME again under every ISA cap
+# below the CPU's own level (scripts/isa_cap.sh sets LOOM_CPU_ISA and skips,
+# exit 77, the caps that would be the native run), labelled `isa`. With
+# SHARDS, each cap runs as n gtest shards (CTest runs them in parallel).
+function(loom_isa_test name)
+  if(NOT LOOM_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "SHARDS;TIMEOUT" "COMMAND" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 1500)
+  endif()
+  foreach(level baseline avx2 avx512)
+    if(ARG_SHARDS)
+      math(EXPR last "${ARG_SHARDS} - 1")
+      foreach(shard RANGE ${last})
+        add_test(NAME ${name}_isa_${level}_${shard}
+          COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/isa_cap.sh ${level} ${ARG_COMMAND})
+        set_tests_properties(${name}_isa_${level}_${shard} PROPERTIES
+          ENVIRONMENT "GTEST_TOTAL_SHARDS=${ARG_SHARDS};GTEST_SHARD_INDEX=${shard}"
+          SKIP_RETURN_CODE 77 LABELS isa TIMEOUT ${ARG_TIMEOUT})
+      endforeach()
+    else()
+      add_test(NAME ${name}_isa_${level}
+        COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/isa_cap.sh ${level} ${ARG_COMMAND})
+      set_tests_properties(${name}_isa_${level} PROPERTIES
+        SKIP_RETURN_CODE 77 LABELS isa TIMEOUT ${ARG_TIMEOUT})
+    endif()
+  endforeach()
+endfunction()

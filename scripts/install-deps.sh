@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config
+  ccache               # compiler cache (CMake uses it when present)
   libdnnl-dev          # oneDNN: CPU GEMM (bf16/f32 matmul)
   nlohmann-json3-dev   # JSON (config.json, safetensors headers, manifests)
   libfmt-dev           # formatting

@@ -221,11 +221,7 @@ TEST_F(ExtractStreamingTest, SharedTinyModelsIncludingSlidingWindows) {
   if (shared.empty())
     GTEST_SKIP() << "SKIPPED LOUDLY: shared golden directory not found; the "
                     "sliding-window and other tiny models were not checked";
-  std::vector<std::string> models;
-  for (const auto& e : fs::directory_iterator(shared + "/tiny"))
-    if (fs::exists(e.path() / "config.json"))
-      models.push_back(e.path().filename().string());
-  std::sort(models.begin(), models.end());
+  const std::vector<std::string> models = RunnableTinyModels(shared);
   ASSERT_FALSE(models.empty());
   for (const char* needed : {"gemma2", "mistral_sw16_sharded"})
     EXPECT_NE(std::find(models.begin(), models.end(), needed), models.end())

@@ -2,11 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "src/base/float16.h"
+#include "src/model/registry.h"
 
 namespace loom::testing {
 
@@ -34,6 +38,23 @@ HookSet EveryHookOf(const ModelConfig& c, bool with_pattern) {
 std::string SharedGoldenDir() {
   const std::string dir = std::string(LOOM_SHARED_DIR) + "/golden";
   return std::filesystem::exists(dir) ? dir : "";
+}
+
+std::vector<std::string> RunnableTinyModels(const std::string& shared) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(shared + "/tiny")) {
+    if (!std::filesystem::exists(e.path() / "config.json")) continue;
+    const StatusOr<ModelConfig> c = LoadModelConfig(e.path().string());
+    if (!c.ok() && c.status().code() == StatusCode::kUnimplemented) {
+      std::fprintf(stderr, "SKIPPED LOUDLY: %s: %s\n",
+                   e.path().filename().string().c_str(),
+                   c.status().message().c_str());
+      continue;
+    }
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::string BundledGoldenDir() {

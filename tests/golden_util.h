@@ -25,6 +25,11 @@ namespace loom::testing {
 // The shared golden directory beside the repository, or "" if absent.
 std::string SharedGoldenDir();
 
+// The names of the shared tiny golden models (<shared>/tiny/<name>) whose
+// architecture Loom runs, sorted. The others (architectures the shared data
+// has ahead of Loom) are named on stderr, loudly, and not returned.
+std::vector<std::string> RunnableTinyModels(const std::string& shared);
+
 // A model of a parameterised test: bundled under models/, or one of the
 // shared tiny golden models.
 struct ModelCase {

@@ -27,6 +27,7 @@
 namespace loom {
 namespace {
 
+using testing::RunnableTinyModels;
 using testing::SharedGoldenDir;
 
 // stories260K, then every shared tiny model (none when ../shared is absent;
@@ -41,12 +42,8 @@ std::vector<std::string> ModelDirs() {
                  "stories260K is checked\n");
     return dirs;
   }
-  std::vector<std::string> tiny;
-  for (const auto& e : std::filesystem::directory_iterator(shared + "/tiny"))
-    if (std::filesystem::exists(e.path() / "config.json"))
-      tiny.push_back(e.path().string());
-  std::sort(tiny.begin(), tiny.end());
-  dirs.insert(dirs.end(), tiny.begin(), tiny.end());
+  for (const std::string& name : RunnableTinyModels(shared))
+    dirs.push_back(shared + "/tiny/" + name);
   return dirs;
 }
 
@@ -88,7 +85,7 @@ TEST(KvCacheTest, BytesEqualThePlannersKvTerm) {
       job.batch_tokens = context;
       job.context = context;
       job.kv_seqs = slots;
-      job.kv_dtype = DType::kF32;
+      // No kv_dtype: the planner's default must be what KvCache allocates.
       auto cpu = ParseDevice("cpu=64GiB", int64_t{64} << 30);
       ASSERT_TRUE(cpu.ok());
       auto plan = PlanModelDir(dir, job, {*cpu}, int64_t{64} << 30,

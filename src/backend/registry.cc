@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
-#include <string>
 #include <mutex>
+#include <string>
 
 #include "src/backend/cpu/cpu_backend.h"
+#include "src/backend/cpu/isa.h"
+#include "src/backend/cpu/kernels.h"
 #include "src/backend/cuda/costs.h"
 #include "src/backend/cuda/plugin.h"
 
@@ -64,13 +66,14 @@ const CudaPlugin& LoadCudaPlugin() {
       }
       plugin.create =
           reinterpret_cast<LoomCudaCreateFn>(dlsym(h, "loom_cuda_create"));
-      plugin.list = reinterpret_cast<LoomCudaListFn>(dlsym(h, "loom_cuda_list"));
+      plugin.list =
+          reinterpret_cast<LoomCudaListFn>(dlsym(h, "loom_cuda_list"));
       if (plugin.create && plugin.list) return;
       tried += "\n  " + path + ": entry points missing";
     }
-    plugin.error = "the CUDA backend plugin " + std::string(cuda::kPluginFile) +
-                   " could not be loaded (set LOOM_CUDA_PLUGIN to its path):" +
-                   tried;
+    plugin.error =
+        "the CUDA backend plugin " + std::string(cuda::kPluginFile) +
+        " could not be loaded (set LOOM_CUDA_PLUGIN to its path):" + tried;
   });
   return plugin;
 }
@@ -166,10 +169,27 @@ std::vector<GpuDescription> ListGpus(std::string* reason) {
                    gpus[i].multiprocessors});
 #else
   if (reason)
-    *reason = "this build has no CUDA backend (configured with LOOM_CUDA=off "
-              "or without the CUDA toolkit)";
+    *reason =
+        "this build has no CUDA backend (configured with LOOM_CUDA=off "
+        "or without the CUDA toolkit)";
 #endif
   return out;
+}
+
+Status CheckCpuIsaCap() { return cpu::IsaCapFromEnvironment().status(); }
+
+HostDescription DescribeHost() {
+  HostDescription h;
+  h.detected_isa = std::string(cpu::IsaName(cpu::DetectedIsa()));
+  h.active_isa = std::string(cpu::IsaName(cpu::ActiveIsa()));
+  h.features = cpu::FeatureList(cpu::DetectedCpuFeatures());
+  for (const auto& [name, dtype] :
+       {std::pair<const char*, DType>{"f32", DType::kF32},
+        {"bf16", DType::kBF16},
+        {"f16", DType::kF16}})
+    h.precisions.push_back(
+        {name, cpu::NativeGemmDType(dtype), cpu::GemmPathDescription(dtype)});
+  return h;
 }
 
 }  // namespace loom

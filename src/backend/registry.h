@@ -48,6 +48,23 @@ KernelCosts BackendCosts(DeviceKind kind);
 // Whether this build has the CUDA backend.
 bool HasCudaBackend();
 
+// The host CPU as the CPU backend sees it: the instruction-set level it
+// detected, the level in use (LOOM_CPU_ISA caps it), the CPUID features, and
+// how a GEMM runs in each compute precision.
+struct HostDescription {
+  std::string detected_isa, active_isa, features;
+  struct PrecisionPath {
+    std::string precision;  // "f32", "bf16", "f16"
+    bool native = false;    // multiplied in that type (else widened to f32)
+    std::string how;
+  };
+  std::vector<PrecisionPath> precisions;
+};
+HostDescription DescribeHost();
+// InvalidArgument when LOOM_CPU_ISA holds a value that is not a level
+// (commands refuse to run rather than silently ignore the cap).
+Status CheckCpuIsaCap();
+
 }  // namespace loom
 
 #endif  // LOOM_BACKEND_REGISTRY_H_

@@ -107,20 +107,33 @@ class CandidateSink : public HookSink {
       ASSIGN_OR_RETURN(const float* data, HostRows(view, devices_, staging_));
       const float* ref = ref_layers_ + hook.layer * layer_stride_;
       const int64_t n = rows * cols;
-      double diff2 = 0, ref2 = 0, cand2 = 0, dot = 0;
-#pragma omp parallel for schedule(static) reduction(+ : diff2, ref2, cand2, dot)
-      for (int64_t i = 0; i < n; ++i) {
-        const double a = data[i], b = ref[i];
-        diff2 += (a - b) * (a - b);
-        ref2 += b * b;
-        cand2 += a * a;
-        dot += a * b;
+      // Fixed chunks (a function of n only), each summed by one thread, then
+      // added in chunk order: the sums do not depend on the thread count.
+      constexpr int64_t kMaxChunks = 64;
+      const int64_t chunk =
+          std::max<int64_t>(1 << 16, (n + kMaxChunks - 1) / kMaxChunks);
+      const int64_t chunks = (n + chunk - 1) / chunk;
+      double part[kMaxChunks][4] = {};
+#pragma omp parallel for schedule(static) if (chunks > 1)
+      for (int64_t c = 0; c < chunks; ++c) {
+        double diff2 = 0, ref2 = 0, cand2 = 0, dot = 0;
+        for (int64_t i = c * chunk, e = std::min(n, i + chunk); i < e; ++i) {
+          const double a = data[i], b = ref[i];
+          diff2 += (a - b) * (a - b);
+          ref2 += b * b;
+          cand2 += a * a;
+          dot += a * b;
+        }
+        part[c][0] = diff2, part[c][1] = ref2, part[c][2] = cand2;
+        part[c][3] = dot;
       }
       DriftSums& s = sums_[hook.layer];
-      s.diff2 += diff2;
-      s.ref2 += ref2;
-      s.cand2 += cand2;
-      s.dot += dot;
+      for (int64_t c = 0; c < chunks; ++c) {
+        s.diff2 += part[c][0];
+        s.ref2 += part[c][1];
+        s.cand2 += part[c][2];
+        s.dot += part[c][3];
+      }
     }
     return Status();
   }

@@ -380,7 +380,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   // job does not fit.
   ASSIGN_OR_RETURN(DType planned_compute,
                    PlannedComputeDType(settings.config, o.precision));
-  const int64_t rss_before = CurrentRssBytes();
+  const int64_t rss_before = StartRssWatch();
   ASSIGN_OR_RETURN(
       MemoryPlan plan,
       PlanJobOrRefuse("extract", o.model_dir,

@@ -1,5 +1,6 @@
 #include "src/eval/job_plan.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdio>
@@ -134,8 +135,19 @@ int64_t PlannedHostBytes(const MemoryPlan& plan) {
   return total;
 }
 
+namespace {
+bool peak_reset = false;  // StartRssWatch reset VmHWM
+}  // namespace
+
+int64_t StartRssWatch() {
+  peak_reset = ResetPeakRss();
+  return CurrentRssBytes();
+}
+
 nlohmann::json VerifyPlan(int64_t planned, int64_t rss_before) {
-  const int64_t resident = CurrentRssBytes() - rss_before;
+  const int64_t now = CurrentRssBytes();
+  const int64_t resident =
+      (peak_reset ? std::max(now, PeakRssBytes()) : now) - rss_before;
   const double ratio =
       planned > 0 ? static_cast<double>(resident) / static_cast<double>(planned)
                   : 0.0;

@@ -69,7 +69,14 @@ StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
 // Bytes the plan puts on the host (the CPU device).
 int64_t PlannedHostBytes(const MemoryPlan& plan);
 
-// --verify-plan: resident memory now minus `rss_before` vs `planned` bytes.
+// Starts watching resident memory for --verify-plan: resets the peak (VmHWM)
+// and returns the resident bytes now.
+int64_t StartRssWatch();
+// --verify-plan's report: the peak resident bytes since StartRssWatch()
+// returned `rss_before` (the arenas are freed before the job returns, so the
+// peak, not the final resident size, is what the plan must cover), against
+// `planned`, and whether they agree within 1 %. Falls back to the resident
+// bytes now where the peak cannot be reset.
 nlohmann::json VerifyPlan(int64_t planned, int64_t rss_before);
 
 }  // namespace loom

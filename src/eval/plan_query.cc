@@ -41,6 +41,12 @@ StatusOr<DType> ParsePlanDType(const std::string& flag, const std::string& s) {
 nlohmann::json PlanQueryResult::ToJson() const {
   nlohmann::json j = PlanToJson(plan);
   if (!solved.is_null()) j["solve"] = solved;
+  // How the host multiplies in each precision (16-bit weights stay stored on
+  // every ISA; without native support they are widened per panel).
+  const HostDescription host = DescribeHost();
+  j["cpu"] = {{"isa", host.active_isa}};
+  for (const auto& p : host.precisions)
+    j["cpu"]["gemm"][p.precision] = {{"native", p.native}, {"how", p.how}};
   return j;
 }
 

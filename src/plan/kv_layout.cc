@@ -31,4 +31,6 @@ int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
          DTypeSize(dtype);
 }
 
+DType KvCacheDType(const KernelCosts& costs) { return costs.activation_dtype; }
+
 }  // namespace loom

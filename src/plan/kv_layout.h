@@ -21,6 +21,7 @@
 
 #include "src/core/dtype.h"
 #include "src/model/config.h"
+#include "src/plan/activations.h"
 
 namespace loom {
 
@@ -50,6 +51,12 @@ int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
 // and the planner's kv term both use.
 int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
                      int64_t slots, DType dtype, const KvPaging& paging);
+
+// The dtype a backend's KV cache holds: the activation dtype its forward
+// writes K and V in (f32 on the CPU and CUDA backends today). The one rule
+// KvCache allocates by and the planner's kv term sizes with (unless a plan
+// is asked for another dtype: `loom plan --kv-dtype`).
+DType KvCacheDType(const KernelCosts& costs);
 
 }  // namespace loom
 

@@ -70,11 +70,10 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
   }
   k.needs_head = job.NeedsFinalNorm();
   if (job.HasKv()) {
-    // Generation: the model's dtype unless told; analysis (extract's
-    // streamed rows): as KvCache allocates, in the activation dtype.
+    // As KvCache allocates it (KvCacheDType), for generation and for
+    // extract's streamed rows alike, unless the plan is asked for another.
     const bool gen = job.mode == JobMode::kGeneration;
-    const DType kv_dtype =
-        job.kv_dtype.value_or(gen ? c.torch_dtype : in.costs.activation_dtype);
+    const DType kv_dtype = job.kv_dtype.value_or(KvCacheDType(in.costs));
     const int64_t seqs = job.kv_seqs > 0 ? job.kv_seqs : gen ? job.Seqs() : 1;
     const int64_t context = job.KvContext();
     for (int64_t l = 0; l < layers_run; ++l)

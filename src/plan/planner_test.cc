@@ -9,6 +9,7 @@
 
 #include "src/base/units.h"
 #include "src/model/registry.h"
+#include "src/plan/kv_layout.h"
 #include "src/plan/test_util.h"
 
 namespace loom {
@@ -389,8 +390,10 @@ TEST(Placement, GenerationAddsKvPerLayerCappedBySlidingWindow) {
   auto p = MakePlan(in);
   ASSERT_TRUE(p.ok());
   // 2 (k, v) x kv_dim 64 x (1000 + 100 + 1000 + 100) tokens x 1 sequence x
-  // bf16.
-  EXPECT_EQ(p->devices[0].kv, 2 * 64 * 2200 * 2);
+  // the KV cache's dtype (KvCacheDType: the backend's activation dtype, f32,
+  // as KvCache allocates it; no longer the checkpoint's bf16).
+  EXPECT_EQ(KvCacheDType(in.costs), DType::kF32);
+  EXPECT_EQ(p->devices[0].kv, 2 * 64 * 2200 * 4);
 }
 
 int64_t FakeKvWorkspace(int64_t context, int64_t, int64_t, int64_t, int) {

@@ -39,7 +39,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
   cache->slots_ = slots;
   cache->context_ = context;
   cache->paging_ = paging;
-  cache->dtype_ = costs.activation_dtype;
+  cache->dtype_ = KvCacheDType(costs);
   cache->device_ = backend.device();
   cache->lengths_.assign(static_cast<size_t>(slots), 0);
   if (paging.page_size > 0) {

@@ -1,7 +1,5 @@
 #include "src/runtime/model.h"
 
-#include <cpuid.h>
-
 #include <map>
 
 namespace loom {
@@ -16,24 +14,11 @@ StatusOr<Precision> ParsePrecision(std::string_view text) {
 }
 
 bool CpuSupportsComputeDType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return true;
-    case DType::kBF16:
-      return __builtin_cpu_supports("avx512bf16") ||
-             __builtin_cpu_supports("avx512f");
-    case DType::kF16: {
-      // AVX512-FP16: CPUID.(EAX=7, ECX=0):EDX bit 23 (read directly: not
-      // every compiler's __builtin_cpu_supports knows the name), with the
-      // OS's AVX-512 state support that avx512f's check implies.
-      unsigned a = 0, b = 0, c = 0, d = 0;
-      return __builtin_cpu_supports("avx512f") &&
-             __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 &&
-             (d & (1u << 23)) != 0;
-    }
-    default:
-      return false;
-  }
+  // Every x86-64 CPU: 16-bit weights stay stored and are multiplied natively
+  // where the ISA has it, else widened to f32 per panel (the CPU backend
+  // decides, src/backend/cpu/isa.h); the rounding of activations is the
+  // same either way.
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
 StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype,
@@ -43,32 +28,14 @@ StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype,
     case Precision::kF32:
       return DType::kF32;
     case Precision::kBF16:
-      if (!CpuSupportsComputeDType(DType::kBF16))
-        return FailedPreconditionError(
-            "--precision bf16: this CPU has no AVX-512 (needed for bf16 "
-            "GEMMs)");
       return DType::kBF16;
     case Precision::kF16:
-      if (!CpuSupportsComputeDType(DType::kF16))
-        return FailedPreconditionError(
-            "--precision f16: this CPU has no AVX512-FP16, so f16 compute is "
-            "not available; use --precision bf16 or f32");
       return DType::kF16;
     case Precision::kAuto:
       break;
   }
-  if (checkpoint_dtype == DType::kF32) return DType::kF32;
+  // The checkpoint's own dtype: its weights are used as stored.
   if (CpuSupportsComputeDType(checkpoint_dtype)) return checkpoint_dtype;
-  for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
-    if (CpuSupportsComputeDType(d)) {
-      if (warning)
-        *warning = "checkpoint dtype " +
-                   std::string(DTypeLongName(checkpoint_dtype)) +
-                   " is not computed natively on this CPU; computing in " +
-                   std::string(DTypeLongName(d));
-      return d;
-    }
-  }
   return DType::kF32;
 }
 

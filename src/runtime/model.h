@@ -23,10 +23,10 @@ namespace loom {
 enum class Precision { kAuto, kF32, kBF16, kF16 };
 StatusOr<Precision> ParsePrecision(std::string_view text);
 
-// Resolves the compute dtype on this CPU. auto = the checkpoint's dtype when
-// supported, else the fallback chain bf16 -> f16 -> f32; `warning` receives
-// the reason when a fallback happened (empty otherwise). An explicit request
-// the CPU cannot run is an error naming the missing feature.
+// Resolves the compute dtype on the CPU. auto = the checkpoint's dtype (f32,
+// bf16 or f16: its weights are used as stored on every x86-64 CPU, multiplied
+// natively where the ISA has it, else widened to f32 panel by panel), f32 for
+// anything else; `warning` is cleared (kept for the GPU rules' signature).
 StatusOr<DType> ResolvePrecision(Precision requested, DType checkpoint_dtype,
                                  std::string* warning);
 
@@ -44,7 +44,8 @@ DType GpuAutoPrecision(int capability, DType checkpoint_dtype);
 StatusOr<DType> ResolvePrecisionOn(Precision requested, DType checkpoint_dtype,
                                    int gpu_capability, std::string* warning);
 
-// Whether the CPU backend computes with `dtype` at speed here.
+// Whether the CPU backend computes with `dtype` (f32, bf16, f16: on every
+// x86-64 CPU; the CPU backend's `loom devices` line says how).
 bool CpuSupportsComputeDType(DType dtype);
 
 // The dominant floating storage dtype of a checkpoint (by bytes).

@@ -56,7 +56,7 @@ Status RunCompare(const CompareArgs& args) {
     return InvalidArgumentError("give exactly one of --reference MODEL_DIR and --reference-logprobs DIR");
   if (saved && !args.save_reference.empty())
     return InvalidArgumentError("--save-reference needs the reference model (--reference)");
-  const int64_t rss_before = CurrentRssBytes();
+  const int64_t rss_before = StartRssWatch();
   ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
   MemoryPlan plan_b;
   if (!saved) {

@@ -43,11 +43,20 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
         ResolvePrecision(Precision::kAuto, DType::kBF16, &host_warning);
     const std::string host_precision =
         host_auto.ok() ? PrecisionName(*host_auto) : "f32";
+    const HostDescription host = DescribeHost();
     nlohmann::json out;
     out["cuda_backend"] = HasCudaBackend();
     out["host"] = {{"device", "cpu"},
                    {"memory_bytes", HostMemoryBytes()},
-                   {"auto_precision", host_precision}};
+                   {"auto_precision", host_precision},
+                   {"isa", host.active_isa},
+                   {"detected_isa", host.detected_isa},
+                   {"cpu_features", host.features}};
+    nlohmann::json paths = nlohmann::json::object();
+    for (const auto& p : host.precisions)
+      paths[p.precision] = {{"native", p.native}, {"gemm", p.how}};
+    out["host"]["precisions"] = paths;
+
     out["gpus"] = nlohmann::json::array();
     for (const GpuDescription& g : gpus) {
       const DType pick = GpuAutoPrecision(g.major * 10 + g.minor, DType::kBF16);
@@ -79,8 +88,12 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
                   FormatBytes(g["memory_total_bytes"].get<int64_t>()).c_str(),
                   FormatBytes(g["memory_free_bytes"].get<int64_t>()).c_str(),
                   g["auto_precision"].get<std::string>().c_str());
-    if (gpus.empty())
-      std::printf("no GPU: %s\n", reason.c_str());
+    std::printf("\ncpu isa: %s (detected %s; features: %s)\n",
+                host.active_isa.c_str(), host.detected_isa.c_str(),
+                host.features.c_str());
+    for (const auto& p : host.precisions)
+      std::printf("  %-5s %s\n", p.precision.c_str(), p.how.c_str());
+    if (gpus.empty()) std::printf("no GPU: %s\n", reason.c_str());
     *exit_code = 0;
   });
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "src/backend/registry.h"
 #include "tools/cli/commands.h"
 
 namespace loom::cli {
@@ -22,6 +23,10 @@ int main(int argc, char** argv) {
   // Large buffers that libraries free (oneDNN's per-call repack buffers) go
   // back to the OS at once, so resident memory stays what the plan says.
   mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  if (const loom::Status isa = loom::CheckCpuIsaCap(); !isa.ok()) {
+    std::fprintf(stderr, "loom: %s\n", isa.message().c_str());
+    return 2;
+  }
   CLI::App app{
       "loom: exact activations, perplexity and KL from Hugging Face "
       "checkpoints"};

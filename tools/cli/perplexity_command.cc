@@ -35,7 +35,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
   host->SetNumThreads(args.threads);
   // Plan first; refuse before loading if the job does not fit.
   ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx, args.chunk_rows));
-  const int64_t rss_before = CurrentRssBytes();
+  const int64_t rss_before = StartRssWatch();
   ASSIGN_OR_RETURN(MemoryPlan memory_plan, PlanJobOrRefuse("perplexity", args.model_dir, job, args.plan));
   ASSIGN_OR_RETURN(JobBackends backends,
                    CreateJobBackends(memory_plan, host.get()));

@@ -104,6 +104,14 @@ Status RunPlan(const PlanArgs& a, const std::string& model_dir,
     std::printf("%s\n", r.ToJson().dump(2).c_str());
   } else {
     std::printf("%s%s", r.solved_line.c_str(), FormatPlanTable(plan).c_str());
+    // How the host multiplies in each 16-bit precision.
+    const HostDescription host = DescribeHost();
+    std::printf("cpu isa %s:", host.active_isa.c_str());
+    for (const auto& p : host.precisions)
+      if (p.precision != "f32")
+        std::printf(" %s GEMMs %s;", p.precision.c_str(),
+                    p.native ? "native" : "widened to f32 per panel");
+    std::printf(" weights stay stored\n");
   }
   if (!plan.fits) {
     std::fprintf(

@@ -11,6 +11,7 @@
 #include <limits>
 #include <string_view>
 
+#include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/base/check.h"
 #include "src/base/float16.h"
@@ -33,23 +34,35 @@ struct Table {
   decltype(&portable::LogSumExpRow) lse_row;
   decltype(&portable::RopeToken) rope_token;
   decltype(&portable::AttentionTile) attention_tile;
+  decltype(&portable::RoundSpan) round_span;
 };
 
-#define LOOM_KERNEL_TABLE(ns)                                             \
-  Table {                                                                 \
-    ns::RmsNormRow, ns::LayerNormRow, ns::GatedRow, ns::ActivationSpan,   \
-        ns::SoftcapSpan, ns::AddSpan, ns::ScaleSpan, ns::FromF32Span,     \
-        ns::ToF32Span, ns::LogSumExpRow, ns::RopeToken, ns::AttentionTile \
+#define LOOM_KERNEL_TABLE(ns)                                              \
+  Table {                                                                  \
+    ns::RmsNormRow, ns::LayerNormRow, ns::GatedRow, ns::ActivationSpan,    \
+        ns::SoftcapSpan, ns::AddSpan, ns::ScaleSpan, ns::FromF32Span,      \
+        ns::ToF32Span, ns::LogSumExpRow, ns::RopeToken, ns::AttentionTile, \
+        ns::RoundSpan                                                      \
   }
 
-// LOOM_CPU_KERNELS=portable forces the portable kernels (tests use it to cover
-// both versions on an AVX-512 machine).
+// The per-row kernels of the active ISA (ActiveIsa(): AVX-512, AVX2 or
+// baseline). LOOM_CPU_KERNELS=portable forces the baseline ones (tests use it
+// to cover every version on one machine; LOOM_CPU_ISA caps the GEMMs too).
 const Table& Kernels() {
   static const Table table = [] {
     const char* env = std::getenv("LOOM_CPU_KERNELS");
     const bool portable = env != nullptr && std::string_view(env) == "portable";
-    return HasAvx512() && !portable ? LOOM_KERNEL_TABLE(avx512)
-                                    : LOOM_KERNEL_TABLE(portable);
+    if (portable) return LOOM_KERNEL_TABLE(portable);
+    switch (ActiveIsa()) {
+      case CpuIsa::kAvx512:
+      case CpuIsa::kAvx512Bf16:
+        return LOOM_KERNEL_TABLE(avx512);
+      case CpuIsa::kAvx2:
+        return LOOM_KERNEL_TABLE(avx2);
+      case CpuIsa::kBaseline:
+        break;
+    }
+    return LOOM_KERNEL_TABLE(portable);
   }();
   return table;
 }
@@ -79,18 +92,12 @@ void ParallelSpan(int64_t n, Fn fn) {
 }  // namespace
 
 bool HasAvx512() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl");
-  }();
+  static const bool has = ActiveIsa() >= CpuIsa::kAvx512;
   return has;
 }
 
 void RoundToDTypeAsF32(const float* src, float* dst, DType dtype, int64_t n) {
-  const auto fn = HasAvx512() ? avx512::RoundSpan : portable::RoundSpan;
+  const auto fn = Kernels().round_span;
   ParallelSpan(
       n, [&](int64_t b, int64_t e) { fn(src + b, dst + b, dtype, e - b); });
 }
@@ -306,8 +313,8 @@ void KvAttention(const AttentionArgs& a) {
   if (any_direct) {
 #pragma omp parallel num_threads(nt)
     {
-      float* scratch = reinterpret_cast<float*>(
-          tiles + omp_get_thread_num() * stride_bytes);
+      float* scratch =
+          reinterpret_cast<float*>(tiles + omp_get_thread_num() * stride_bytes);
       for (int64_t s = 0; s < a.num_seqs; ++s) {
         if (!direct(s)) continue;
         const int64_t len = a.seq_start[s + 1] - a.seq_start[s];
@@ -364,8 +371,8 @@ void KvAttention(const AttentionArgs& a) {
     const int64_t nb = (len + B - 1) / B;
 #pragma omp parallel num_threads(nt)
     {
-      float* scratch = reinterpret_cast<float*>(
-          tiles + omp_get_thread_num() * stride_bytes);
+      float* scratch =
+          reinterpret_cast<float*>(tiles + omp_get_thread_num() * stride_bytes);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < nb * a.q_heads; ++item)
         run_tile(s, item, panel_k, panel_v, lo, scratch);
@@ -376,10 +383,8 @@ void KvAttention(const AttentionArgs& a) {
     float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
     for (int64_t i = std::max<int64_t>(0, len - cap); i < len; ++i) {
       const int64_t row = (p0 + i) % cap;
-      std::memcpy(kc + row * kvd, a.k + (t0 + i) * a.k_rs,
-                  sizeof(float) * kvd);
-      std::memcpy(vc + row * kvd, a.v + (t0 + i) * a.v_rs,
-                  sizeof(float) * kvd);
+      std::memcpy(kc + row * kvd, a.k + (t0 + i) * a.k_rs, sizeof(float) * kvd);
+      std::memcpy(vc + row * kvd, a.v + (t0 + i) * a.v_rs, sizeof(float) * kvd);
     }
   }
 }
@@ -556,8 +561,8 @@ void GatherRowsConvert(const float* src, int64_t ld, const int32_t* index,
 }
 
 void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
-                   const int32_t* end, int64_t segments, int64_t cols,
-                   bool max, bool accumulate, double* out) {
+                   const int32_t* end, int64_t segments, int64_t cols, bool max,
+                   bool accumulate, double* out) {
   for (int64_t g = 0; g < segments; ++g) {
     double* o = out + g * cols;
     if (!accumulate)

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "src/core/dtype.h"
 #include "src/core/quant_codes.h"
@@ -46,14 +47,39 @@ struct GemmArgs {
   // same x contents, m, k, w_dtype and workspace (e.g. the k and v projections
   // after q), so the rounded copy of x already in the workspace is reused.
   bool reuse_x_workspace = false;
+  // The type x is rounded to before the multiply when it differs from
+  // w_dtype (a quantized weight decoded to f32 on a CPU without native bf16
+  // while the compute dtype is bf16); unset: w_dtype.
+  std::optional<DType> x_dtype;
 };
 
+// Every GEMM is computed over a grid of output tiles that depends on its
+// shape (m, n) only, each tile by one thread with a single-threaded oneDNN
+// primitive: an output element is the same sum in the same order for any
+// thread count. 16-bit weights that the active ISA cannot multiply natively
+// (NativeGemmDType) are widened to f32 one tile panel at a time in the
+// calling thread's slot of the workspace.
+inline constexpr int64_t kGemmTileMaxRows = 512;
+inline constexpr int64_t kGemmTileMaxCols = 256;
+inline constexpr int64_t kGemmTileMinCols = 64;
+struct GemmTiling {
+  int64_t rows = 0, cols = 0;  // tile size
+  int64_t row_tiles = 0, col_tiles = 0;
+};
+GemmTiling GemmTilesOf(int64_t m, int64_t n);
+
+// Bytes of GemmArgs::workspace for an [m, k] input and weights of `w_dtype`
+// at the current thread count (NumThreads()): the rounded copy of x, plus,
+// when w_dtype is not multiplied natively, one widened f32 weight panel
+// [kGemmTileMaxCols, k] per thread.
 int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype);
 
-// Bytes of oneDNN scratchpad one GEMM of this shape needs (queried from the
-// primitive descriptor; nothing is executed or allocated). A context given a
-// scratchpad of at least the maximum over its shapes (SetScratchpad) runs
-// every GEMM without allocating.
+// Bytes of oneDNN scratchpad one GEMM of this shape needs at the current
+// thread count (one single-threaded tile primitive's scratch per thread;
+// queried from the primitive descriptors, nothing is executed or allocated;
+// 0 when oneDNN has no primitive for it). A context given a scratchpad of at
+// least the maximum over its shapes (SetScratchpad) runs every GEMM without
+// allocating.
 int64_t GemmScratchpadBytes(int64_t m, int64_t n, int64_t k, DType w_dtype,
                             WeightLayout layout);
 
@@ -67,8 +93,9 @@ class GemmContext {
   GemmContext& operator=(const GemmContext&) = delete;
 
   // Memory oneDNN uses as scratch for every GEMM of this context (borrowed;
-  // 64-byte aligned). A primitive needing more than `bytes` falls back to
-  // oneDNN allocating its own scratch; without it oneDNN allocates per call.
+  // 64-byte aligned; one slice per thread, see GemmScratchpadBytes). A tile
+  // primitive whose slices do not fit uses a buffer the context allocates
+  // (and keeps) when it creates that primitive, never during a warm call.
   void SetScratchpad(void* scratch, int64_t bytes);
 
   // y = x W^T (+ bias) (+ y if accumulate). Checks its arguments with
@@ -295,8 +322,8 @@ void GatherRowsConvert(const float* src, int64_t ld, const int32_t* index,
 // the sequential double sums).
 //   src: [*, cols] row stride ld; begin, end: [segments]; out: [segments, cols]
 void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
-                   const int32_t* end, int64_t segments, int64_t cols,
-                   bool max, bool accumulate, double* out);
+                   const int32_t* end, int64_t segments, int64_t cols, bool max,
+                   bool accumulate, double* out);
 
 // ---- Threads ---------------------------------------------------------------
 

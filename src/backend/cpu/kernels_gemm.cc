@@ -1,23 +1,34 @@
-// GEMMs through oneDNN matmul primitives, cached per shape.
+// GEMMs through oneDNN matmul primitives, over a fixed grid of output tiles.
 //
-// f32 weights: f32 x f32 -> f32. bf16 weights: x is rounded to bf16 into the
-// caller's workspace, then bf16 x bf16 -> f32 (weights used in place, oneDNN
-// reads the [N, K] torch layout as B = W^T with strides {1, K}). f16 weights:
-// when the CPU has no native f16 matmul (oneDNN would pick its reference
-// implementation), x is rounded to f16 and kept as f32, the weights are
-// widened to f32 one column panel at a time into the workspace, and an f32
-// matmul runs per panel. f16 x f16 products are exact in f32, so this is the
-// same math as an f16 matmul with f32 accumulation.
+// Every GEMM is cut into tiles [rows, cols] that depend on (m, n) only
+// (GemmTilesOf). Each tile is computed by one thread with a single-threaded
+// oneDNN primitive (created with one OpenMP thread, cached per tile shape), so
+// every output element is the same sum in the same order whatever the thread
+// count: results are byte-identical for --threads 1, 2, N. Tiles are handed
+// out dynamically (a descheduled thread's tiles are taken by the others).
+//
+// f32 weights: f32 x f32 -> f32. 16-bit weights: x is rounded to the weight's
+// type (RNE) into the caller's workspace; then, when oneDNN multiplies that
+// type natively at the active ISA (bf16: AVX-512, f16: AVX512-FP16), a 16-bit
+// x 16-bit -> f32 primitive reads the weights in place (the [N, K] torch
+// layout as B = W^T with strides {1, K}); otherwise each tile widens its
+// weight panel to f32 in the calling thread's slot of the workspace and runs
+// an f32 primitive on the rounded x (kept as f32). Products of two 16-bit
+// values are exact in f32, so both are the same math with f32 accumulation;
+// the weights stay stored as they are in the checkpoint either way.
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
+#include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/backend/cpu/quant_decode.h"
@@ -30,22 +41,29 @@ namespace {
 using dt = dnnl::memory::data_type;
 using dims = dnnl::memory::dims;
 
-// Columns of an f16 weight widened to f32 per panel (fallback path).
-constexpr int64_t kF16Panel = 256;
-
-
 dt ToDnnl(DType d) {
   switch (d) {
-    case DType::kF32:
-      return dt::f32;
     case DType::kBF16:
       return dt::bf16;
     case DType::kF16:
       return dt::f16;
     default:
-      LOOM_CHECK(false) << "unsupported GEMM dtype " << static_cast<int>(d);
+      return dt::f32;
   }
-  return dt::undef;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Runs `fn` with OpenMP's thread count set to one on this thread, so that a
+// oneDNN primitive created inside plans its work for one thread.
+template <typename Fn>
+auto WithOneThread(Fn fn) {
+  struct Restore {
+    int n;
+    ~Restore() { omp_set_num_threads(n); }
+  } restore{omp_get_max_threads()};
+  omp_set_num_threads(1);
+  return fn();
 }
 
 // Key of a cached primitive: every field that changes the primitive.
@@ -61,11 +79,18 @@ struct KeyHash {
   }
 };
 
+// The memory objects one thread executes a primitive with (their data
+// handles are swapped per call).
+struct ThreadMems {
+  dnnl::memory src, wei, dst, scratch;
+};
+
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory src, wei, bias, dst, scratch;
-  int64_t scratch_bytes = 0;  // user-managed scratchpad (0: none or oneDNN's)
-  bool has_bias = false;
+  dnnl::memory::desc src_md, w_md, dst_md, scratch_md;
+  std::vector<ThreadMems> mems;  // one per thread slot
+  int64_t scratch_bytes = 0;     // one thread's scratchpad slice (0: none)
+  bool own_scratch = false;      // in the context's buffer, not the lent one
   bool is_ref = false;  // oneDNN chose its (slow) reference implementation
 };
 
@@ -73,120 +98,236 @@ struct Entry {
 // are few; this only guards against unbounded growth with many distinct M).
 constexpr size_t kMaxEntries = 4096;
 
-}  // namespace
+// A tile primitive's shape and operand types.
+struct TileShape {
+  int64_t m, n, k;
+  dt src_dt, w_dt;
+  int64_t w_rs, w_cs;  // weight [k, n] element strides
+  bool accumulate;     // a sum post-op (y += x W^T)
+  int64_t ldy;
+  Key key() const {
+    return {1,
+            m,
+            n,
+            k,
+            static_cast<int64_t>(src_dt),
+            static_cast<int64_t>(w_dt),
+            w_rs,
+            w_cs,
+            accumulate,
+            ldy,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0};
+  }
+};
 
-struct GemmContext::Impl {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  std::unordered_map<Key, Entry, KeyHash> cache;
-  void* scratch = nullptr;  // borrowed, see SetScratchpad
-  int64_t scratch_capacity = 0;
+const dnnl::engine& Engine() {
+  static const dnnl::engine* const engine = [] {
+    InitOneDnnIsa();
+    return new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
+  return *engine;
+}
 
-  // Plain 2D matmul: src [m, k] (row stride k), weights [k, n] with strides
-  // (w_rs, w_cs), dst [m, n] row stride ldy, optional bias [1, n].
-  Entry& Get2d(int64_t m, int64_t n, int64_t k, dt src_dt, dt w_dt,
-               int64_t w_rs, int64_t w_cs, bool bias, dt bias_dt,
-               bool accumulate, int64_t ldy) {
-    const Key key = {1,
-                     m,
-                     n,
-                     k,
-                     static_cast<int64_t>(src_dt),
-                     static_cast<int64_t>(w_dt),
-                     w_rs,
-                     w_cs,
-                     bias,
-                     static_cast<int64_t>(bias_dt),
-                     accumulate,
-                     ldy,
-                     0,
-                     0,
-                     0,
-                     0};
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-    if (cache.size() >= kMaxEntries) cache.clear();
-    dnnl::memory::desc src_md({m, k}, src_dt, dims{k, 1});
-    dnnl::memory::desc w_md({k, n}, w_dt, dims{w_rs, w_cs});
-    dnnl::memory::desc dst_md({m, n}, dt::f32, dims{ldy, 1});
-    dnnl::memory::desc b_md;
-    if (bias) b_md = dnnl::memory::desc({1, n}, bias_dt, dims{n, 1});
+// A single-threaded primitive descriptor for `t` (user scratchpad).
+dnnl::matmul::primitive_desc TilePd(const TileShape& t,
+                                    dnnl::scratchpad_mode mode) {
+  dnnl::memory::desc src_md({t.m, t.k}, t.src_dt, dims{t.k, 1});
+  dnnl::memory::desc w_md({t.k, t.n}, t.w_dt, dims{t.w_rs, t.w_cs});
+  dnnl::memory::desc dst_md({t.m, t.n}, dt::f32, dims{t.ldy, 1});
+  dnnl::primitive_attr attr;
+  if (t.accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  attr.set_scratchpad_mode(mode);
+  return WithOneThread([&] {
+    return dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(src_md, w_md, dst_md), attr, Engine());
+  });
+}
+
+// The scratch one thread slot gets for a tile primitive: what oneDNN books
+// for one thread, or for the whole thread count if that is more (a primitive
+// may size buffers by the threads it sees when it runs).
+int64_t SlotScratchBytes(const TileShape& t,
+                         const dnnl::matmul::primitive_desc& one_thread) {
+  int64_t bytes = static_cast<int64_t>(one_thread.scratchpad_desc().get_size());
+  if (bytes > 0 && omp_get_max_threads() > 1) {
+    dnnl::memory::desc src_md({t.m, t.k}, t.src_dt, dims{t.k, 1});
+    dnnl::memory::desc w_md({t.k, t.n}, t.w_dt, dims{t.w_rs, t.w_cs});
+    dnnl::memory::desc dst_md({t.m, t.n}, dt::f32, dims{t.ldy, 1});
     dnnl::primitive_attr attr;
-    if (accumulate) {
+    if (t.accumulate) {
       dnnl::post_ops po;
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    dnnl::matmul::desc desc =
-        bias ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
-             : dnnl::matmul::desc(src_md, w_md, dst_md);
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::matmul::primitive_desc pd(desc, attr, engine);
-    int64_t scratch_bytes = static_cast<int64_t>(pd.scratchpad_desc().get_size());
-    if (scratch_bytes > scratch_capacity) {
-      // More than the planned scratchpad (or none was given): oneDNN manages
-      // this primitive's scratch itself.
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::library);
-      pd = dnnl::matmul::primitive_desc(desc, attr, engine);
-      scratch_bytes = 0;
+    dnnl::matmul::primitive_desc all(dnnl::matmul::desc(src_md, w_md, dst_md),
+                                     attr, Engine());
+    bytes =
+        std::max(bytes, static_cast<int64_t>(all.scratchpad_desc().get_size()));
+  }
+  return AlignUp(bytes, 64);
+}
+
+// Whether oneDNN has a real (non-reference) matmul for 16-bit `d` at the
+// active ISA.
+bool ProbeNative(DType d) {
+  try {
+    const dt t = ToDnnl(d);
+    dnnl::matmul::primitive_desc pd =
+        TilePd(TileShape{64, 64, 64, t, t, 1, 64, false, 64},
+               dnnl::scratchpad_mode::library);
+    return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// Bytes of the rounded copy of x at the start of a 16-bit GEMM's workspace.
+int64_t XCopyBytes(int64_t m, int64_t k) { return AlignUp(m * k * 4, 64); }
+// Bytes of one thread's widened weight panel.
+int64_t PanelSlotBytes(int64_t k) {
+  return AlignUp(kGemmTileMaxCols * k * 4, 64);
+}
+
+}  // namespace
+
+bool NativeGemmDType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return true;
+    case DType::kBF16: {
+      static const bool native =
+          ActiveIsa() >= CpuIsa::kAvx512 && ProbeNative(DType::kBF16);
+      return native;
+    }
+    case DType::kF16: {
+      static const bool native = ActiveIsa() >= CpuIsa::kAvx512 &&
+                                 DetectedCpuFeatures().avx512_fp16 &&
+                                 ProbeNative(DType::kF16);
+      return native;
+    }
+    default:
+      return false;
+  }
+}
+
+GemmTiling GemmTilesOf(int64_t m, int64_t n) {
+  GemmTiling t;
+  // About eight column tiles where n allows, 64 to 256 columns wide (a
+  // multiple of 16); rows in blocks of at most 512.
+  t.cols = n <= kGemmTileMinCols
+               ? n
+               : std::clamp(AlignUp(CeilDiv(n, 8), 16), kGemmTileMinCols,
+                            kGemmTileMaxCols);
+  t.rows = std::min(m, kGemmTileMaxRows);
+  t.row_tiles = t.rows > 0 ? CeilDiv(m, t.rows) : 0;
+  t.col_tiles = t.cols > 0 ? CeilDiv(n, t.cols) : 0;
+  return t;
+}
+
+struct GemmContext::Impl {
+  std::unordered_map<Key, Entry, KeyHash> cache;
+  std::vector<dnnl::stream> streams;  // one per thread slot
+  void* scratch = nullptr;            // borrowed, see SetScratchpad
+  int64_t scratch_capacity = 0;
+  int cache_threads = 0;  // the thread count the cache's entries were made for
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> own_scratch_buf;
+  int64_t own_scratch_bytes = 0;
+
+  // Makes sure there are `threads` thread slots (streams, and memory objects
+  // in every entry made from now on); the cache is rebuilt when the count
+  // changed (scratch slices depend on it).
+  void PrepareThreads(int threads) {
+    if (threads != cache_threads) {
+      cache.clear();
+      cache_threads = threads;
+    }
+    while (static_cast<int>(streams.size()) < threads)
+      streams.emplace_back(Engine());
+  }
+
+  Entry& Get(const TileShape& t) {
+    const Key key = t.key();
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    // Always a user scratchpad, one slice per thread slot: oneDNN's own
+    // (library) scratchpad belongs to the primitive, and one primitive runs
+    // on several threads at once here.
+    dnnl::matmul::primitive_desc pd = TilePd(t, dnnl::scratchpad_mode::user);
+    const int64_t scratch_bytes = SlotScratchBytes(t, pd);
+    bool own_scratch = false;
+    if (scratch_bytes * cache_threads > scratch_capacity) {
+      // More than the lent scratchpad holds (or none was lent: tests,
+      // benchmarks): the context's own, grown here, before any forward.
+      own_scratch = true;
+      if (scratch_bytes * cache_threads > own_scratch_bytes) {
+        own_scratch_bytes = scratch_bytes * cache_threads;
+        own_scratch_buf.reset(static_cast<char*>(
+            std::aligned_alloc(64, static_cast<size_t>(own_scratch_bytes))));
+        LOOM_CHECK(own_scratch_buf != nullptr)
+            << "cannot allocate " << own_scratch_bytes
+            << " bytes of GEMM scratchpad";
+      }
     }
     Entry e;
-    e.prim = dnnl::matmul(pd);
+    e.prim = WithOneThread([&] { return dnnl::matmul(pd); });
     e.scratch_bytes = scratch_bytes;
-    if (scratch_bytes > 0) e.scratch = dnnl::memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
+    e.own_scratch = own_scratch;
     e.is_ref = std::string(pd.impl_info_str()).find("ref") != std::string::npos;
-    e.src = dnnl::memory(src_md, engine, DNNL_MEMORY_NONE);
-    e.wei = dnnl::memory(w_md, engine, DNNL_MEMORY_NONE);
-    e.dst = dnnl::memory(dst_md, engine, DNNL_MEMORY_NONE);
-    e.has_bias = bias;
-    if (bias) e.bias = dnnl::memory(b_md, engine, DNNL_MEMORY_NONE);
+    e.src_md = pd.src_desc();
+    e.w_md = pd.weights_desc();
+    e.dst_md = pd.dst_desc();
+    if (scratch_bytes > 0) e.scratch_md = pd.scratchpad_desc();
+    const dnnl::engine& eng = Engine();
+    e.mems.resize(static_cast<size_t>(cache_threads));
+    for (ThreadMems& m : e.mems) {
+      m.src = dnnl::memory(e.src_md, eng, DNNL_MEMORY_NONE);
+      m.wei = dnnl::memory(e.w_md, eng, DNNL_MEMORY_NONE);
+      m.dst = dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE);
+      if (scratch_bytes > 0)
+        m.scratch = dnnl::memory(e.scratch_md, eng, DNNL_MEMORY_NONE);
+    }
     return cache.emplace(key, std::move(e)).first->second;
   }
 
-  void Run(Entry& e, const void* src, const void* wei, const void* bias,
-           float* dst) {
-    e.src.set_data_handle(const_cast<void*>(src));
-    e.wei.set_data_handle(const_cast<void*>(wei));
-    e.dst.set_data_handle(dst);
-    // The C API with a fixed argument array: the C++ execute() builds
-    // containers on every call, and a forward must not allocate.
-    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, e.src.get()},
-                               {DNNL_ARG_WEIGHTS, e.wei.get()},
-                               {DNNL_ARG_DST, e.dst.get()},
-                               {DNNL_ARG_BIAS, nullptr}};
-    if (e.has_bias) {
-      e.bias.set_data_handle(const_cast<void*>(bias));
-      args[3].memory = e.bias.get();
-    }
-    dnnl_exec_arg_t* next = args + (e.has_bias ? 4 : 3);
+  // Executes `e` on thread slot `slot` (no allocation: the C API with a
+  // fixed argument array).
+  void Run(Entry& e, int slot, const void* src, const void* wei, float* dst) {
+    ThreadMems& m = e.mems[static_cast<size_t>(slot)];
+    m.src.set_data_handle(const_cast<void*>(src));
+    m.wei.set_data_handle(const_cast<void*>(wei));
+    m.dst.set_data_handle(dst);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.src.get()},
+                               {DNNL_ARG_WEIGHTS, m.wei.get()},
+                               {DNNL_ARG_DST, m.dst.get()}};
+    dnnl_exec_arg_t* next = args + 3;
     if (e.scratch_bytes > 0) {
-      e.scratch.set_data_handle(scratch);
-      *next++ = {DNNL_ARG_SCRATCHPAD, e.scratch.get()};
+      char* base =
+          e.own_scratch ? own_scratch_buf.get() : static_cast<char*>(scratch);
+      m.scratch.set_data_handle(base + slot * e.scratch_bytes);
+      *next++ = {DNNL_ARG_SCRATCHPAD, m.scratch.get()};
     }
     const dnnl_status_t st = dnnl_primitive_execute(
-        e.prim.get(), stream.get(), static_cast<int>(next - args), args);
+        e.prim.get(), streams[static_cast<size_t>(slot)].get(),
+        static_cast<int>(next - args), args);
     LOOM_CHECK(st == dnnl_success)
         << "oneDNN matmul failed: status " << static_cast<int>(st);
-    stream.wait();
-  }
-
-  // Whether oneDNN has a real (non-reference) f16 matmul on this CPU.
-  int native_f16 = -1;
-  bool NativeF16() {
-    if (native_f16 < 0) {
-      try {
-        Entry& e = Get2d(64, 64, 64, dt::f16, dt::f16, 1, 64, false, dt::f32,
-                         false, 64);
-        native_f16 = e.is_ref ? 0 : 1;
-      } catch (const dnnl::error&) {
-        native_f16 = 0;
-      }
-    }
-    return native_f16 == 1;
   }
 
   void Gemm(const GemmArgs& a);
-  void GemmF16Panels(const GemmArgs& a, int64_t ldy);
+  void GemmTiles(const GemmArgs& a, int64_t ldy, const void* src, bool widen);
   void GemmSmall(const GemmArgs& a, int64_t ldy);
   void Matmul(const GemmContext::StridedMatmul& a);
 };
@@ -194,32 +335,35 @@ struct GemmContext::Impl {
 int64_t GemmScratchpadBytes(int64_t m, int64_t n, int64_t k, DType w_dtype,
                             WeightLayout layout) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const bool native = NativeGemmDType(w_dtype);
+  const bool out_in = layout == WeightLayout::kOutIn;
+  const dt t_dt = native ? ToDnnl(w_dtype) : dt::f32;
+  const GemmTiling g = GemmTilesOf(m, n);
+  int64_t most = 0;
   try {
-    static const dnnl::engine* const engine =
-        new dnnl::engine(dnnl::engine::kind::cpu, 0);
-    const bool out_in = layout == WeightLayout::kOutIn;
-    const dt w_dt = ToDnnl(w_dtype);
-    dnnl::memory::desc src_md({m, k}, w_dt, dims{k, 1});
-    dnnl::memory::desc w_md({k, n}, w_dt, dims{out_in ? 1 : n, out_in ? k : 1});
-    dnnl::memory::desc dst_md({m, n}, dt::f32, dims{n, 1});
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, w_md, dst_md),
-                                    attr, *engine);
-    return AlignUp(static_cast<int64_t>(pd.scratchpad_desc().get_size()), 64);
-  } catch (const dnnl::error& e) {
-    LOOM_CHECK(false) << "oneDNN: " << e.what();
+    for (int64_t tm : {g.rows, m - (g.row_tiles - 1) * g.rows})
+      for (int64_t tn : {g.cols, n - (g.col_tiles - 1) * g.cols}) {
+        // In place: the weight's own strides; widened: the panel's.
+        const int64_t w_rs = out_in ? 1 : (native ? n : tn);
+        const int64_t w_cs = out_in ? k : 1;
+        for (bool accumulate : {false, true}) {
+          const TileShape t{tm, tn, k, t_dt, t_dt, w_rs, w_cs, accumulate, n};
+          most = std::max(most, SlotScratchBytes(
+                                    t, TilePd(t, dnnl::scratchpad_mode::user)));
+        }
+      }
+  } catch (const dnnl::error&) {
+    return 0;  // no primitive: the GEMM reports it when it runs
   }
-  return 0;
+  return most * NumThreads();
 }
 
 int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype) {
   switch (w_dtype) {
     case DType::kBF16:
     case DType::kF16:
-      // bf16/f16 copy of x; the f16 fallback needs an f32 copy of x plus one
-      // widened weight panel. Take the larger so either path fits.
-      return AlignUp(m * k * 4, 64) + AlignUp(kF16Panel * k * 4, 64);
+      return XCopyBytes(m, k) +
+             (NativeGemmDType(w_dtype) ? 0 : NumThreads() * PanelSlotBytes(k));
     default:
       return 0;
   }
@@ -249,11 +393,10 @@ void GemmContext::Impl::Gemm(const GemmArgs& a) {
       << "null GEMM operand";
   LOOM_CHECK(IsComputeDType(a.w_dtype))
       << "w_dtype=" << static_cast<int>(a.w_dtype);
+  const DType x_dtype = a.x_dtype.value_or(a.w_dtype);
+  LOOM_CHECK(IsComputeDType(x_dtype));
   const int64_t ldy = a.ldy == 0 ? a.n : a.ldy;
   LOOM_CHECK_GE(ldy, a.n);
-  const bool out_in = a.layout == WeightLayout::kOutIn;
-  const int64_t w_rs = out_in ? 1 : a.n;
-  const int64_t w_cs = out_in ? a.k : 1;
   if (a.bias != nullptr) LOOM_CHECK(IsComputeDType(a.bias_dtype));
 
   // Measured against oneDNN (single thread, 5632 x 2048): the streaming kernel
@@ -264,69 +407,112 @@ void GemmContext::Impl::Gemm(const GemmArgs& a) {
     GemmSmall(a, ldy);
     return;
   }
-  if (a.w_dtype == DType::kF16 && !NativeF16()) {
-    GemmF16Panels(a, ldy);
-    return;
-  }
+  const bool widen = !NativeGemmDType(a.w_dtype);
   const void* src = a.x;
-  if (a.w_dtype != DType::kF32) {
+  if (x_dtype != DType::kF32) {
     LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
     LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0)
         << "workspace not 64-byte aligned";
-    if (!a.reuse_x_workspace)
-      ConvertFromF32(a.x, a.workspace, a.w_dtype, a.m * a.k);
+    // The native path reads x in the weight's type, the widened (and the
+    // f32-weight) path reads the rounded values as f32.
+    if (!a.reuse_x_workspace) {
+      if (x_dtype == a.w_dtype && !widen)
+        ConvertFromF32(a.x, a.workspace, a.w_dtype, a.m * a.k);
+      else
+        RoundToDTypeAsF32(a.x, static_cast<float*>(a.workspace), x_dtype,
+                          a.m * a.k);
+    }
     src = a.workspace;
   }
-  // oneDNN takes an f32 bias, or one of the weight's type.
-  const bool dnnl_bias = a.bias != nullptr && (a.bias_dtype == DType::kF32 ||
-                                               a.bias_dtype == a.w_dtype);
-  Entry& e = Get2d(a.m, a.n, a.k, ToDnnl(a.w_dtype), ToDnnl(a.w_dtype), w_rs,
-                   w_cs, dnnl_bias, dnnl_bias ? ToDnnl(a.bias_dtype) : dt::f32,
-                   a.accumulate, ldy);
-  Run(e, src, a.w, dnnl_bias ? a.bias : nullptr, a.y);
-  if (a.bias != nullptr && !dnnl_bias)
-    AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
+  GemmTiles(a, ldy, src, widen);
 }
 
-void GemmContext::Impl::GemmF16Panels(const GemmArgs& a, int64_t ldy) {
-  LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
-  LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0)
-      << "workspace not 64-byte aligned";
-  float* xr = static_cast<float*>(a.workspace);  // [m, k]
-  float* panel = reinterpret_cast<float*>(
-      static_cast<char*>(a.workspace) + AlignUp(a.m * a.k * 4, 64));  // [nc, k]
-  // x rounded to f16 (as f32).
-  if (!a.reuse_x_workspace) RoundToDTypeAsF32(a.x, xr, DType::kF16, a.m * a.k);
-  const uint16_t* w = static_cast<const uint16_t*>(a.w);
+// The tiles of one GEMM (GemmTilesOf), each on one thread.
+void GemmContext::Impl::GemmTiles(const GemmArgs& a, int64_t ldy,
+                                  const void* src, bool widen) {
+  const int threads = NumThreads();
+  PrepareThreads(threads);
   const bool out_in = a.layout == WeightLayout::kOutIn;
-  const bool dnnl_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
-  for (int64_t j0 = 0; j0 < a.n; j0 += kF16Panel) {
-    const int64_t nc = std::min(kF16Panel, a.n - j0);
-    if (out_in) {
-      // Rows j0..j0+nc of W [N, K] are contiguous: widen them as they are.
-      ConvertToF32(w + j0 * a.k, DType::kF16, panel, nc * a.k);
-    } else {
-      // Columns j0..j0+nc of W [K, N]: gather into a dense [K, nc] panel.
-#pragma omp parallel for schedule(static)
-      for (int64_t p = 0; p < a.k; ++p)
-        ConvertToF32Serial(w + p * a.n + j0, DType::kF16, panel + p * nc, nc);
+  const DType w_dtype = a.w_dtype;
+  // What oneDNN multiplies: the stored type in place, or f32 panels.
+  const dt t_dt = widen ? dt::f32 : ToDnnl(w_dtype);
+  const dt src_dt =
+      (a.x_dtype.value_or(w_dtype) == DType::kF32 || widen) ? dt::f32 : t_dt;
+  // The bias is added afterwards (AddBiasRows), never given to oneDNN: its
+  // bias post-processing books scratch by the thread count it sees when it
+  // runs, more than a one-thread primitive declares (measured: tiles on two
+  // threads overwrote each other's slices).
+  const GemmTiling g = GemmTilesOf(a.m, a.n);
+  if (cache.size() + 4 >= kMaxEntries) cache.clear();
+  // The (up to four) tile shapes: full, last row tile, last column tile.
+  Entry* entries[2][2];
+  for (int lr = 0; lr < 2; ++lr)
+    for (int lc = 0; lc < 2; ++lc) {
+      const int64_t tm = lr ? a.m - (g.row_tiles - 1) * g.rows : g.rows;
+      const int64_t tn = lc ? a.n - (g.col_tiles - 1) * g.cols : g.cols;
+      const int64_t w_rs = out_in ? 1 : (widen ? tn : a.n);
+      const int64_t w_cs = out_in ? a.k : 1;
+      entries[lr][lc] = &Get(
+          TileShape{tm, tn, a.k, src_dt, t_dt, w_rs, w_cs, a.accumulate, ldy});
     }
-    Entry& e = Get2d(a.m, nc, a.k, dt::f32, dt::f32, out_in ? 1 : nc,
-                     out_in ? a.k : 1, dnnl_bias, dt::f32, a.accumulate, ldy);
-    Run(e, xr, panel,
-        dnnl_bias ? static_cast<const float*>(a.bias) + j0 : nullptr, a.y + j0);
+  const int64_t x_esize = src_dt == dt::f32 ? 4 : 2;
+  const int64_t w_esize = DTypeSize(w_dtype);
+  char* panels =
+      widen ? static_cast<char*>(a.workspace) + XCopyBytes(a.m, a.k) : nullptr;
+  if (widen) {
+    LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
   }
-  if (a.bias != nullptr && !dnnl_bias)
-    AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
+  const int64_t tiles = g.row_tiles * g.col_tiles;
+  // Tile t: column tile t / row_tiles, row tile t % row_tiles (consecutive
+  // tiles of one thread share a column panel).
+  auto tile = [&](int64_t t, int slot) {
+    const int64_t ct = t / g.row_tiles, rt = t % g.row_tiles;
+    const int64_t i0 = rt * g.rows, j0 = ct * g.cols;
+    const int64_t tn = std::min(g.cols, a.n - j0);
+    Entry& e =
+        *entries[rt == g.row_tiles - 1 ? 1 : 0][ct == g.col_tiles - 1 ? 1 : 0];
+    const void* w = nullptr;
+    if (widen) {
+      float* panel =
+          reinterpret_cast<float*>(panels + slot * PanelSlotBytes(a.k));
+      const auto* w16 = static_cast<const uint16_t*>(a.w);
+      if (out_in) {
+        // Rows j0..j0+tn of W [N, K] are contiguous: widen them as they are.
+        ConvertToF32Serial(w16 + j0 * a.k, w_dtype, panel, tn * a.k);
+      } else {
+        // Columns j0..j0+tn of W [K, N]: a dense [K, tn] panel.
+        for (int64_t p = 0; p < a.k; ++p)
+          ConvertToF32Serial(w16 + p * a.n + j0, w_dtype, panel + p * tn, tn);
+      }
+      w = panel;
+    } else {
+      w = static_cast<const char*>(a.w) + (out_in ? j0 * a.k : j0) * w_esize;
+    }
+    Run(e, slot, static_cast<const char*>(src) + i0 * a.k * x_esize, w,
+        a.y + i0 * ldy + j0);
+  };
+  if (tiles == 1 || threads == 1) {
+    // Outside a parallel region oneDNN would thread the primitive itself.
+    WithOneThread([&] {
+      for (int64_t t = 0; t < tiles; ++t) tile(t, 0);
+      return 0;
+    });
+  } else {
+    // Inside the region each primitive runs on its calling thread.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t t = 0; t < tiles; ++t) tile(t, omp_get_thread_num());
+  }
+  if (a.bias != nullptr) AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
 }
 
 void GemmContext::Impl::GemmSmall(const GemmArgs& a, int64_t ldy) {
   const float* x = a.x;
-  if (a.w_dtype != DType::kF32) {
+  const DType x_dtype = a.x_dtype.value_or(a.w_dtype);
+  if (x_dtype != DType::kF32) {
     LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
     float* xr =
         static_cast<float*>(a.workspace);  // [m, k] rounded to the weight type
-    if (!a.reuse_x_workspace) RoundToDTypeAsF32(a.x, xr, a.w_dtype, a.m * a.k);
+    if (!a.reuse_x_workspace) RoundToDTypeAsF32(a.x, xr, x_dtype, a.m * a.k);
     x = xr;
   }
   SmallGemm g{x,
@@ -379,6 +565,7 @@ void GemmContext::Impl::Matmul(const GemmContext::StridedMatmul& a) {
                    std::bit_cast<int32_t>(a.alpha),
                    0,
                    0};
+  if (cache_threads == 0) PrepareThreads(NumThreads());
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= kMaxEntries) cache.clear();
@@ -394,15 +581,18 @@ void GemmContext::Impl::Matmul(const GemmContext::StridedMatmul& a) {
     dnnl::primitive_attr attr;
     if (a.alpha != 1.0f) attr.set_output_scales(0, {a.alpha});
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
-                                    engine);
+                                    Engine());
     Entry e;
     e.prim = dnnl::matmul(pd);
-    e.src = dnnl::memory(a_md, engine, DNNL_MEMORY_NONE);
-    e.wei = dnnl::memory(b_md, engine, DNNL_MEMORY_NONE);
-    e.dst = dnnl::memory(c_md, engine, DNNL_MEMORY_NONE);
+    e.mems.resize(1);
+    e.mems[0].src = dnnl::memory(a_md, Engine(), DNNL_MEMORY_NONE);
+    e.mems[0].wei = dnnl::memory(b_md, Engine(), DNNL_MEMORY_NONE);
+    e.mems[0].dst = dnnl::memory(c_md, Engine(), DNNL_MEMORY_NONE);
     it = cache.emplace(key, std::move(e)).first;
   }
-  Run(it->second, a.a, a.b, nullptr, a.c);
+  // Not tiled: the forward does not use it (attention has its own kernel).
+  PrepareThreads(std::max(cache_threads, 1));
+  Run(it->second, 0, a.a, a.b, a.c);
 }
 
 GemmContext::GemmContext() {
@@ -442,11 +632,22 @@ void GemmContext::GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
   const int64_t ldy = args.ldy == 0 ? w.n : args.ldy;
   const int64_t bias_size =
       args.bias != nullptr ? DTypeSize(args.bias_dtype) : 0;
+  // A 16-bit compute dtype the ISA cannot multiply natively: the panel is
+  // decoded to f32 and rounded to the compute dtype there (the same values
+  // as a 16-bit panel), and x is rounded to it.
+  const bool native = NativeGemmDType(args.w_dtype);
+  const DType panel_dtype = native ? args.w_dtype : DType::kF32;
   for (int64_t j0 = 0; j0 < w.n; j0 += kQuantPanelRows) {
     const int64_t nc = std::min(kQuantPanelRows, w.n - j0);
-    DecodeRows(w, j0, nc, args.w_dtype, decode_workspace);  // [nc, k]
+    DecodeRows(w, j0, nc, panel_dtype, decode_workspace);  // [nc, k]
+    if (panel_dtype != args.w_dtype)
+      RoundToDTypeAsF32(static_cast<const float*>(decode_workspace),
+                        static_cast<float*>(decode_workspace), args.w_dtype,
+                        nc * w.k);
     GemmArgs p = args;
     p.w = decode_workspace;
+    p.w_dtype = panel_dtype;
+    p.x_dtype = args.x_dtype.value_or(args.w_dtype);
     p.layout = WeightLayout::kOutIn;
     p.n = nc;
     p.k = w.k;

@@ -13,7 +13,8 @@
 
 namespace loom::cpu {
 
-// True when the CPU (and OS) support AVX-512 F/BW/DQ/VL.
+// True when the active ISA (ActiveIsa(), src/backend/cpu/isa.h) includes
+// AVX-512 F/BW/DQ/VL.
 bool HasAvx512();
 
 // Reads element i of an F32/BF16/F16 array as f32.
@@ -82,26 +83,34 @@ struct SmallGemm {
 inline constexpr int64_t kSmallGemmColumnBlockOutIn = 64;
 inline constexpr int64_t kSmallGemmColumnBlockInOut = 768;
 
+// The per-row kernels of the portable source, declared for the baseline
+// (portable) and the AVX2 (avx2) compilations of kernels_portable.cc.
+// RopeToken: one token, x [heads, head_dim], cos/sin [half].
+#define LOOM_PORTABLE_KERNEL_DECLS                                            \
+  void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, \
+                  float eps, float* y, int64_t dim);                          \
+  void LayerNormRow(const float* x, const void* w, const void* b,             \
+                    DType w_dtype, float eps, float* y, int64_t dim);         \
+  void GatedRow(Activation act, const float* gate, const float* up,           \
+                float* out, int64_t n);                                       \
+  void ActivationSpan(Activation act, float* x, int64_t n);                   \
+  void SoftcapSpan(float* x, int64_t n, float cap);                           \
+  void AddSpan(const float* x, float* y, int64_t n);                          \
+  void ScaleSpan(float* x, int64_t n, float s);                               \
+  void FromF32Span(const float* src, void* dst, DType dtype, int64_t n);      \
+  void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);        \
+  void RoundSpan(const float* src, float* dst, DType dtype, int64_t n);       \
+  double LogSumExpRow(const float* x, int64_t n);                             \
+  void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos, \
+                 const float* sin, int64_t half);                             \
+  void AttentionTile(const AttnTile& t);
+
 namespace portable {
-void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
-                float eps, float* y, int64_t dim);
-void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
-                  float eps, float* y, int64_t dim);
-void GatedRow(Activation act, const float* gate, const float* up, float* out,
-              int64_t n);
-void ActivationSpan(Activation act, float* x, int64_t n);
-void SoftcapSpan(float* x, int64_t n, float cap);
-void AddSpan(const float* x, float* y, int64_t n);
-void ScaleSpan(float* x, int64_t n, float s);
-void FromF32Span(const float* src, void* dst, DType dtype, int64_t n);
-void ToF32Span(const void* src, DType dtype, float* dst, int64_t n);
-void RoundSpan(const float* src, float* dst, DType dtype, int64_t n);
-double LogSumExpRow(const float* x, int64_t n);
-// One token: x [heads, head_dim], cos/sin [half].
-void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos,
-               const float* sin, int64_t half);
-void AttentionTile(const AttnTile& t);
+LOOM_PORTABLE_KERNEL_DECLS
 }  // namespace portable
+namespace avx2 {
+LOOM_PORTABLE_KERNEL_DECLS
+}  // namespace avx2
 
 namespace avx512 {
 void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,

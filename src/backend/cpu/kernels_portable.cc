@@ -1,5 +1,8 @@
 // Portable (compiler-vectorised) versions of the per-row kernels, used when the
 // CPU lacks AVX-512. Same math and summation structure as the AVX-512 versions.
+// Compiled twice: here for baseline x86-64 (namespace portable), and by
+// kernels_avx2.cc with -mavx2 -mfma -mf16c (namespace avx2, which defines
+// LOOM_PORTABLE_NS and LOOM_PORTABLE_KERNELS_ONLY first).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,8 +12,13 @@
 #include "src/base/check.h"
 #include "src/base/float16.h"
 
+#ifndef LOOM_PORTABLE_NS
+#define LOOM_PORTABLE_NS portable
+#endif
+
 namespace loom::cpu {
 
+#ifndef LOOM_PORTABLE_KERNELS_ONLY
 float LoadScalarAsF32(const void* p, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::kF32:
@@ -33,7 +41,9 @@ int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim) {
          2 * kAttnBlock * pad16(head_dim);
 }
 
-namespace portable {
+#endif  // LOOM_PORTABLE_KERNELS_ONLY
+
+namespace LOOM_PORTABLE_NS {
 namespace {
 
 float Act(Activation act, float x) {
@@ -251,5 +261,5 @@ void AttentionTile(const AttnTile& t) {
   }
 }
 
-}  // namespace portable
+}  // namespace LOOM_PORTABLE_NS
 }  // namespace loom::cpu

@@ -270,6 +270,73 @@ TEST(GemmReuse, SameXSecondWeight) {
   }
 }
 
+// Every GEMM path gives the same bytes at 1, 2 and 3 threads: output tiles
+// depend on the shape only and each is one thread's single-threaded
+// primitive (f32; bf16 and f16, native or widened per panel; both layouts;
+// bias and accumulate; several row and column tiles, ragged edges).
+TEST(GemmThreads, BytesDoNotDependOnTheThreadCount) {
+  const int before = NumThreads();
+  const int64_t shapes[][3] = {{1, 300, 96}, {7, 1000, 200}, {600, 333, 70}};
+  uint32_t seed = 77;
+  for (const auto& [m, n, k] : shapes) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+        std::vector<float> x = Random(m * k, seed++), wf = Random(n * k, seed++);
+        std::vector<float> bf = Random(n, seed++), y0 = Random(m * n, seed++);
+        std::vector<uint16_t> w16 = To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
+        std::vector<float> first;
+        for (int threads : {1, 2, 3}) {
+          SetNumThreads(threads);
+          GemmContext ctx;
+          AlignedBuf ws(GemmWorkspaceBytes(m, k, dt));
+          GemmArgs a;
+          a.x = x.data();
+          a.w = dt == DType::kF32 ? static_cast<const void*>(wf.data())
+                                  : static_cast<const void*>(w16.data());
+          a.w_dtype = dt;
+          a.layout = layout;
+          a.bias = bf.data();
+          a.m = m;
+          a.n = n;
+          a.k = k;
+          a.accumulate = true;
+          a.workspace = ws.p;
+          std::vector<float> y = y0;
+          a.y = y.data();
+          ctx.Gemm(a);
+          if (threads == 1) {
+            first = y;
+          } else {
+            EXPECT_EQ(0, std::memcmp(first.data(), y.data(), 4 * y.size()))
+                << "m=" << m << " n=" << n << " k=" << k << " "
+                << DTypeName(dt) << " layout=" << static_cast<int>(layout)
+                << " threads=" << threads;
+          }
+        }
+      }
+    }
+  }
+  SetNumThreads(before);
+}
+
+// The tile grid is a function of the shape alone, covers the output once,
+// and keeps several column tiles where n allows it.
+TEST(GemmThreads, TilesDependOnTheShapeOnly) {
+  for (int64_t m : {1, 17, 512, 513, 2000})
+    for (int64_t n : {1, 63, 64, 65, 256, 2048, 5632, 32000}) {
+      const GemmTiling t = GemmTilesOf(m, n);
+      EXPECT_GE(t.rows * t.row_tiles, m);
+      EXPECT_LT(t.rows * (t.row_tiles - 1), m);
+      EXPECT_GE(t.cols * t.col_tiles, n);
+      EXPECT_LT(t.cols * (t.col_tiles - 1), n);
+      EXPECT_LE(t.cols, kGemmTileMaxCols);
+      EXPECT_LE(t.rows, kGemmTileMaxRows);
+      if (n >= 8 * kGemmTileMinCols) {
+        EXPECT_GE(t.col_tiles, 8) << n;
+      }
+    }
+}
+
 TEST(StridedMatmul, AttentionShapes) {
   GemmContext ctx;
   // QK^T per head: A = q [T, H, D] (head batch), B = K^T read from k [T, H, D].

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 
+#include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/backend/cpu/quant_decode_internal.h"
 #include "src/base/check.h"
@@ -84,7 +85,10 @@ void DecodeFp8Row(const QuantMatrix& m, int64_t r, float* out) {
 int64_t QuantDecodeWorkspaceBytes(int64_t n, int64_t k, FormatKind kind,
                                   DType compute) {
   if (kind == FormatKind::kDense || n <= 0 || k <= 0) return 0;
-  return AlignUp(std::min(n, kQuantPanelRows) * k * DTypeSize(compute), 64);
+  // Decoded in the compute dtype, or in f32 where the ISA cannot multiply
+  // that dtype natively (GemmQuantized then rounds the panel in place).
+  const DType panel = NativeGemmDType(compute) ? compute : DType::kF32;
+  return AlignUp(std::min(n, kQuantPanelRows) * k * DTypeSize(panel), 64);
 }
 
 void DecodeRows(const QuantMatrix& m, int64_t row0, int64_t rows,

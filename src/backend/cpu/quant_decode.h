@@ -17,7 +17,9 @@ inline constexpr int64_t kQuantPanelRows = 512;
 
 // Bytes of the decode workspace of one GEMM with an [n, k] weight stored in
 // `kind`, computed in `compute` (f32, bf16 or f16): one panel of
-// min(n, kQuantPanelRows) decoded rows. 0 for dense weights.
+// min(n, kQuantPanelRows) decoded rows, in `compute` or, where the active ISA
+// does not multiply it natively (NativeGemmDType), in f32. 0 for dense
+// weights.
 int64_t QuantDecodeWorkspaceBytes(int64_t n, int64_t k, FormatKind kind,
                                   DType compute);
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/reference/reference_kernels.h"
 #include "src/base/float16.h"
@@ -163,9 +164,12 @@ TEST(QuantDecode, WorkspaceIsOnePanel) {
   EXPECT_EQ(
       QuantDecodeWorkspaceBytes(5760, 2880, FormatKind::kDense, DType::kBF16),
       0);
+  // In the compute dtype where it is multiplied natively, else in f32 (the
+  // panel is then rounded to bf16 in place).
   EXPECT_EQ(
       QuantDecodeWorkspaceBytes(5760, 2880, FormatKind::kMxfp4, DType::kBF16),
-      AlignUp(kQuantPanelRows * 2880 * 2, 64));
+      AlignUp(kQuantPanelRows * 2880 * (NativeGemmDType(DType::kBF16) ? 2 : 4),
+              64));
   EXPECT_EQ(
       QuantDecodeWorkspaceBytes(64, 128, FormatKind::kFp8Block, DType::kF32),
       64 * 128 * 4);

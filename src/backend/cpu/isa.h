@@ -1,0 +1,64 @@
+// The host CPU's instruction sets, detected once per process, and the level
+// Loom's own kernel dispatch and oneDNN are allowed to use.
+//
+// Levels are ordered: a kernel written for level L runs on every CPU at or
+// above L. LOOM_CPU_ISA=baseline|avx2|avx512|avx512bf16|native caps the level
+// (to exercise the lower paths on a bigger machine); the cap is also given to
+// oneDNN (dnnl_set_max_cpu_isa) before its first primitive is created. A cap
+// above what the CPU has is the CPU's level: nothing runs that the CPU lacks.
+#ifndef LOOM_BACKEND_CPU_ISA_H_
+#define LOOM_BACKEND_CPU_ISA_H_
+
+#include <string>
+#include <string_view>
+
+#include "src/base/status.h"
+#include "src/core/dtype.h"
+
+namespace loom::cpu {
+
+enum class CpuIsa : int {
+  kBaseline = 0,    // x86-64 (SSE2): the portable kernels
+  kAvx2 = 1,        // AVX2 + FMA + F16C (Haswell, Zen 1-3)
+  kAvx512 = 2,      // AVX-512 F/BW/DQ/VL (Skylake-SP, Ice Lake, Zen 4)
+  kAvx512Bf16 = 3,  // + AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4/5)
+};
+
+// What CPUID and XGETBV say (an instruction set counts only when the OS
+// saves its registers).
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
+  bool avx512_bf16 = false, avx512_fp16 = false, amx_bf16 = false;
+};
+
+const CpuFeatures& DetectedCpuFeatures();
+// The highest level the CPU supports.
+CpuIsa DetectedIsa();
+// The level in use: min(DetectedIsa(), the LOOM_CPU_ISA cap).
+CpuIsa ActiveIsa();
+// The cap LOOM_CPU_ISA asks for (native: none); InvalidArgument naming the
+// variable, its value and the accepted ones. An invalid value is ignored by
+// ActiveIsa() (no cap); commands check it with this first.
+StatusOr<CpuIsa> IsaCapFromEnvironment();
+
+std::string_view IsaName(CpuIsa isa);  // "baseline", "avx2", ...
+// "avx2 fma f16c" ...: the detected features, space separated.
+std::string FeatureList(const CpuFeatures& f);
+
+// Applies the cap to oneDNN once (before its first primitive); every GEMM
+// entry point calls it.
+void InitOneDnnIsa();
+
+// Whether a GEMM with 16-bit weights of `dtype` multiplies natively at the
+// active level (bf16: oneDNN has a non-reference bf16 matmul, i.e. AVX-512;
+// f16: AVX512-FP16), or widens the weights to f32 panel by panel.
+bool NativeGemmDType(DType dtype);
+
+// One line per compute precision: how a GEMM runs in it on this host at the
+// active level ("bf16: bf16 weights kept, multiplied natively (AVX512_BF16)").
+std::string GemmPathDescription(DType compute);
+
+}  // namespace loom::cpu
+
+#endif  // LOOM_BACKEND_CPU_ISA_H_
