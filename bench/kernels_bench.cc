@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/base/float16.h"
 
@@ -32,6 +35,26 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
   for (auto& x : v) x = dist(rng);
   return v;
 }
+
+// Every figure is printed with the CPU it was measured on (benchmark context:
+// the model name from /proc/cpuinfo and the ISA level Loom dispatches at).
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+const bool kCpuContext = [] {
+  benchmark::AddCustomContext("cpu_model", CpuModelName());
+  benchmark::AddCustomContext(
+      "loom_cpu_isa", std::string(IsaName(ActiveIsa())) + " (detected " +
+                          std::string(IsaName(DetectedIsa())) + ")");
+  return true;
+}();
 
 GemmContext& Ctx() {
   static GemmContext* ctx = new GemmContext();
@@ -64,6 +87,55 @@ void BM_Gemm(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(
       2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// Stored-bf16 GEMM against the f32 GEMM of the same shape, in the same run:
+// each iteration times one of each, back to back. `bf16_vs_f32` = f32 time /
+// bf16 time (1.0: the 16-bit weights cost nothing). On a CPU without native
+// bf16 the bf16 weights are widened per tile panel
+// (docs/design/cpu-backend.md). Args: M, N, K.
+void BM_GemmBf16VsF32(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  std::vector<float> x = Random(m * k, 1), wf = Random(n * k, 2), y(m * n);
+  std::vector<uint16_t> w16(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) w16[i] = F32ToBf16(wf[i]);
+  Aligned ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+  GemmArgs a;
+  a.x = x.data();
+  a.y = y.data();
+  a.m = m, a.n = n, a.k = k;
+  a.workspace = ws.p;
+  GemmArgs b = a;
+  a.w = wf.data();
+  a.w_dtype = DType::kF32;
+  b.w = w16.data();
+  b.w_dtype = DType::kBF16;
+  Ctx().Gemm(a);  // warm-up: primitive creation
+  Ctx().Gemm(b);
+  double t32 = 0, t16 = 0;
+  using Clock = std::chrono::steady_clock;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    Ctx().Gemm(a);
+    const auto t1 = Clock::now();
+    Ctx().Gemm(b);
+    const auto t2 = Clock::now();
+    t32 += std::chrono::duration<double>(t1 - t0).count();
+    t16 += std::chrono::duration<double>(t2 - t1).count();
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["f32_GFLOP/s"] = 2.0 * m * n * k * 1e-9 * iters / t32;
+  state.counters["bf16_GFLOP/s"] = 2.0 * m * n * k * 1e-9 * iters / t16;
+  state.counters["bf16_vs_f32"] = t32 / t16;
+}
+BENCHMARK(BM_GemmBf16VsF32)
+    ->Args({512, 2048, 2048})
+    ->Args({512, 5632, 2048})
+    ->Args({512, 2048, 5632})
+    ->Args({128, 2048, 2048})
+    ->Args({128, 5632, 2048})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void GemmShapes(benchmark::internal::Benchmark* b) {
   for (int64_t dt : {0, 1})

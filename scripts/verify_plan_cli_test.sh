@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A bf16 and an f16 checkpoint run with their weights as stored, on every ISA
+# (no f32 copy of the model): `loom extract --verify-plan` on a synthetic
+# TinyLlama (8 of its layers, full vocabulary) must find the peak resident
+# memory within 1 % of the plan, and below 1.5x the stored bytes (an f32
+# copy would add twice them). Run at the CPU's own ISA level.
+# Usage: verify_plan_cli_test.sh path/to/loom
+set -euo pipefail
+loom=$(realpath "$1")
+if grep -q "AddressSanitizer" "$loom"; then
+  # ASan's shadow memory and redzones are resident memory no plan describes.
+  echo "SKIP: $loom is built with AddressSanitizer; resident memory is only measured in a plain build"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fail=0
+python3 - <<'PY'
+import json, random
+r = random.Random(5)
+with open("in.jsonl", "w") as f:
+    for i in range(16):  # 2048 tokens: one full batch
+        f.write(json.dumps({"id": i, "tokens": [r.randrange(32000) for _ in range(128)]}) + "\n")
+PY
+for dtype in bf16 f16; do
+  "$loom" synth "m_$dtype" --preset tinyllama-1.1b --layers 8 --dtype "$dtype" > /dev/null
+  stored=$(stat -c %s "m_$dtype/model.safetensors")
+  "$loom" extract --model "m_$dtype" --input in.jsonl --out "out_$dtype" \
+    --hooks hook_resid_post --layers 1.0 --select last --verify-plan > "sum_$dtype.json"
+  python3 - "$dtype" "$stored" "sum_$dtype.json" <<'PY' || fail=1
+import json, sys
+dtype, stored, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = json.load(open(path))
+v = s["verify_plan"]
+print(f"{dtype}: planned {v['planned_bytes']} resident {v['resident_bytes']} "
+      f"ratio {v['ratio']:.4f}; checkpoint {stored} bytes")
+ok = v["within_1_percent"]
+# An f32 copy of the weights would need twice the stored bytes on top.
+ok = ok and v["resident_bytes"] < 1.5 * stored
+if not ok:
+    print(f"FAIL {dtype}: resident memory is not the plan's, or the weights were expanded")
+sys.exit(0 if ok else 1)
+PY
+done
+exit $fail
