@@ -456,6 +456,7 @@ class PyModel {
 
  private:
   Status Load() {
+    RETURN_IF_ERROR(CheckCpuIsaCap());  // an unknown LOOM_CPU_ISA is refused
     ASSIGN_OR_RETURN(host_, CreateBackend("cpu"));
     if (threads_ > 0) host_->SetNumThreads(threads_);
     // The weights must fit the devices (a one-token job: each call plans its

@@ -61,3 +61,12 @@ def test_bad_options_raise_value_errors(model):
         model.extract([3.5], "blocks.1.hook_resid_post")
     # The model is still usable after errors.
     assert model.extract(PROMPTS[:1], "blocks.1.hook_resid_post")["blocks.1.hook_resid_post"].shape == (1, 64)
+
+
+def test_unknown_isa_cap_is_refused_like_the_cli(monkeypatch):
+    monkeypatch.setenv("LOOM_CPU_ISA", "avx9000")
+    with pytest.raises(loom.InvalidArgumentError, match="LOOM_CPU_ISA='avx9000'") as e:
+        loom.Model(STORIES)
+    cli = run_loom("devices", check=False)
+    assert cli.returncode == 2
+    assert str(e.value) in cli.stderr, (str(e.value), cli.stderr)
