@@ -333,6 +333,7 @@ class PyModel {
     o.hf_bf16_activations = hf_bf16_;
     StatusOr<ExtractOutput> out = WithoutGil([&]() -> StatusOr<ExtractOutput> {
       std::lock_guard<std::mutex> lock(mu_);
+      UseThreadsHere();
       return RunInMemory(o, std::move(rows));
     });
     ExtractOutput r = ValueOrRaise(std::move(out));
@@ -408,6 +409,7 @@ class PyModel {
     const bool from_text = !text.is_none();
     StatusOr<Json> out = WithoutGil([&]() -> StatusOr<Json> {
       std::lock_guard<std::mutex> lock(mu_);
+      UseThreadsHere();
       const ModelConfig& c = loaded_.model->config();
       // As `loom perplexity`: plan first (refusing what does not fit), the
       // input, the windows, then the evaluation.
@@ -455,6 +457,14 @@ class PyModel {
   }
 
  private:
+  // OpenMP's thread count belongs to the calling thread: a call from another
+  // Python thread than the one that loaded the model sets it again, so that
+  // its plan (per-thread GEMM and attention workspaces) and its forward see
+  // the same count.
+  void UseThreadsHere() {
+    if (threads_ > 0) host_->SetNumThreads(threads_);
+  }
+
   Status Load() {
     RETURN_IF_ERROR(CheckCpuIsaCap());  // an unknown LOOM_CPU_ISA is refused
     ASSIGN_OR_RETURN(host_, CreateBackend("cpu"));

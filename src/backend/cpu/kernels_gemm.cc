@@ -133,9 +133,11 @@ const dnnl::engine& Engine() {
   return *engine;
 }
 
-// A single-threaded primitive descriptor for `t` (user scratchpad).
+// The primitive descriptor of tile `t`, planned for one thread (what the
+// tiles run with) or, `one_thread` false, for OpenMP's current count.
 dnnl::matmul::primitive_desc TilePd(const TileShape& t,
-                                    dnnl::scratchpad_mode mode) {
+                                    dnnl::scratchpad_mode mode,
+                                    bool one_thread = true) {
   dnnl::memory::desc src_md({t.m, t.k}, t.src_dt, dims{t.k, 1});
   dnnl::memory::desc w_md({t.k, t.n}, t.w_dt, dims{t.w_rs, t.w_cs});
   dnnl::memory::desc dst_md({t.m, t.n}, dt::f32, dims{t.ldy, 1});
@@ -146,10 +148,11 @@ dnnl::matmul::primitive_desc TilePd(const TileShape& t,
     attr.set_post_ops(po);
   }
   attr.set_scratchpad_mode(mode);
-  return WithOneThread([&] {
+  auto make = [&] {
     return dnnl::matmul::primitive_desc(
         dnnl::matmul::desc(src_md, w_md, dst_md), attr, Engine());
-  });
+  };
+  return one_thread ? WithOneThread(make) : make();
 }
 
 // The scratch one thread slot gets for a tile primitive: what oneDNN books
@@ -159,18 +162,8 @@ int64_t SlotScratchBytes(const TileShape& t,
                          const dnnl::matmul::primitive_desc& one_thread) {
   int64_t bytes = static_cast<int64_t>(one_thread.scratchpad_desc().get_size());
   if (bytes > 0 && omp_get_max_threads() > 1) {
-    dnnl::memory::desc src_md({t.m, t.k}, t.src_dt, dims{t.k, 1});
-    dnnl::memory::desc w_md({t.k, t.n}, t.w_dt, dims{t.w_rs, t.w_cs});
-    dnnl::memory::desc dst_md({t.m, t.n}, dt::f32, dims{t.ldy, 1});
-    dnnl::primitive_attr attr;
-    if (t.accumulate) {
-      dnnl::post_ops po;
-      po.append_sum(1.0f);
-      attr.set_post_ops(po);
-    }
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::matmul::primitive_desc all(dnnl::matmul::desc(src_md, w_md, dst_md),
-                                     attr, Engine());
+    const dnnl::matmul::primitive_desc all =
+        TilePd(t, dnnl::scratchpad_mode::user, /*one_thread=*/false);
     bytes =
         std::max(bytes, static_cast<int64_t>(all.scratchpad_desc().get_size()));
   }
@@ -438,10 +431,6 @@ void GemmContext::Impl::GemmTiles(const GemmArgs& a, int64_t ldy,
   const dt t_dt = widen ? dt::f32 : ToDnnl(w_dtype);
   const dt src_dt =
       (a.x_dtype.value_or(w_dtype) == DType::kF32 || widen) ? dt::f32 : t_dt;
-  // The bias is added afterwards (AddBiasRows), never given to oneDNN: its
-  // bias post-processing books scratch by the thread count it sees when it
-  // runs, more than a one-thread primitive declares (measured: tiles on two
-  // threads overwrote each other's slices).
   const GemmTiling g = GemmTilesOf(a.m, a.n);
   if (cache.size() + 4 >= kMaxEntries) cache.clear();
   // The (up to four) tile shapes: full, last row tile, last column tile.
@@ -502,6 +491,10 @@ void GemmContext::Impl::GemmTiles(const GemmArgs& a, int64_t ldy,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t t = 0; t < tiles; ++t) tile(t, omp_get_thread_num());
   }
+  // The bias is added here, never given to oneDNN: its bias post-processing
+  // books scratch by the thread count it sees when it runs, more than a
+  // one-thread primitive declares (measured: tiles on two threads overwrote
+  // each other's slices).
   if (a.bias != nullptr) AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
 }
 
