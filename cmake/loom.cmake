@@ -51,15 +51,19 @@ function(loom_test name)
     PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
 endfunction()
 
-# loom_isa_test(NAME COMMAND ... [SHARDS n]): NAME again under every ISA cap
-# below the CPU's own level (scripts/isa_cap.sh sets LOOM_CPU_ISA and skips,
-# exit 77, the caps that would be the native run), labelled `isa`. With
-# SHARDS, each cap runs as n gtest shards (CTest runs them in parallel).
+# loom_isa_test(NAME COMMAND ... [SHARDS n] [SANITIZED_ARGS ...]): NAME again
+# under every ISA cap below the CPU's own level (scripts/isa_cap.sh sets
+# LOOM_CPU_ISA and skips, exit 77, the caps that would be the native run),
+# labelled `isa`. With SHARDS, each cap runs as n gtest shards (CTest runs
+# them in parallel). SANITIZED_ARGS are appended in a LOOM_SANITIZE build.
 function(loom_isa_test name)
   if(NOT LOOM_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "SHARDS;TIMEOUT" "COMMAND" ${ARGN})
+  cmake_parse_arguments(ARG "" "SHARDS;TIMEOUT" "COMMAND;SANITIZED_ARGS" ${ARGN})
+  if(LOOM_SANITIZE)
+    list(APPEND ARG_COMMAND ${ARG_SANITIZED_ARGS})
+  endif()
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 1500)
   endif()

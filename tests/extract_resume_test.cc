@@ -226,6 +226,18 @@ TEST_F(ExtractResumeTest, TruncatedOrInvalidManifestIsDataLoss) {
   ExpectResumeMatchesUninterrupted();
 }
 
+// The arrays block follows from the settings, and the committed files are
+// checked against this job's shapes: a changed block (fuzz_resume changed a
+// ragged array's row_shape) is written back as this loom writes it, and the
+// job ends byte-identical to an uninterrupted run.
+TEST_F(ExtractResumeTest, ChangedArraysBlockIsWrittenAsThisJobsOwn) {
+  Interrupt();
+  EditManifest([](Json& m) {
+    for (Json& a : m["arrays"]) a["row_shape"] = Json::array({88});
+  });
+  ExpectResumeMatchesUninterrupted();
+}
+
 TEST_F(ExtractResumeTest, AbsentManifestIsNotFound) {
   Interrupt();
   fs::remove(Out("manifest.json"));

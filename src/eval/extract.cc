@@ -195,6 +195,9 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
     return DataLossError(manifest_path +
                          ": field files does not list this job's arrays");
   RETURN_IF_ERROR(outputs.CheckCommitted(state.progress, state.files));
+  // The files hold this job's shapes: the arrays block is written as this
+  // loom writes it (fuzz_resume found a changed row_shape carried through).
+  state.manifest->SetArrays(outputs.ArraysJson());
   // A shard's k-th window is window shard.Window(k) of the input, so its
   // line i records that window's row.
   const auto input_row = [&o](int64_t line) {

@@ -260,6 +260,8 @@ void Manifest::SetSettings(Json settings) {
   doc_["settings"] = std::move(settings);
 }
 
+void Manifest::SetArrays(Json arrays) { doc_["arrays"] = std::move(arrays); }
+
 void Manifest::SetFiles(const std::vector<std::string>& files) {
   doc_["files"] = files;
 }
