@@ -86,8 +86,12 @@ StatusOr<bool> MergeIfLast(const std::string& out, const ShardSpec& shard,
     ::usleep(200 * 1000);  // another rank checks or merges
   }
   if (ShardComplete(out)) return false;  // merged by another rank
-  for (const std::string& dir : ShardDirs(out, shard.count))
+  for (const std::string& dir : ShardDirs(out, shard.count)) {
     if (!ShardComplete(dir)) return false;  // not the last one
+    // Complete but still locked: its rank has written the final manifest and
+    // not yet left the job; it comes here after this one and merges then.
+    if (!LockOutDir(dir).ok()) return false;
+  }
   StatusOr<MergeSummary> s =
       MergeExtractShards({.out_dir = out,
                           .shard_dirs = ShardDirs(out, shard.count),
