@@ -383,7 +383,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   // job does not fit.
   ASSIGN_OR_RETURN(DType planned_compute,
                    PlannedComputeDType(settings.config, o.precision));
-  const int64_t rss_before = StartRssWatch();
+  const RssWatch rss_watch = StartRssWatch();
   ASSIGN_OR_RETURN(
       MemoryPlan plan,
       PlanJobOrRefuse("extract", o.model_dir,
@@ -430,7 +430,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   summary.seconds = SecondsSince(start);
   summary.planned_bytes = PlannedHostBytes(plan);
   if (o.plan.verify_plan)
-    summary.verify_plan = VerifyPlan(summary.planned_bytes, rss_before);
+    summary.verify_plan = VerifyPlan(summary.planned_bytes, rss_watch);
   return summary;
 }
 

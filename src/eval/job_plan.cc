@@ -1,8 +1,8 @@
 #include "src/eval/job_plan.h"
 
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "src/backend/registry.h"
@@ -135,19 +135,17 @@ int64_t PlannedHostBytes(const MemoryPlan& plan) {
   return total;
 }
 
-namespace {
-bool peak_reset = false;  // StartRssWatch reset VmHWM
-}  // namespace
-
-int64_t StartRssWatch() {
-  peak_reset = ResetPeakRss();
-  return CurrentRssBytes();
+RssWatch StartRssWatch() {
+  RssWatch w;
+  w.peak_reset = ResetPeakRss();
+  w.before = CurrentRssBytes();
+  return w;
 }
 
-nlohmann::json VerifyPlan(int64_t planned, int64_t rss_before) {
+nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch) {
   const int64_t now = CurrentRssBytes();
   const int64_t resident =
-      (peak_reset ? std::max(now, PeakRssBytes()) : now) - rss_before;
+      (watch.peak_reset ? std::max(now, PeakRssBytes()) : now) - watch.before;
   const double ratio =
       planned > 0 ? static_cast<double>(resident) / static_cast<double>(planned)
                   : 0.0;

@@ -69,15 +69,18 @@ StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
 // Bytes the plan puts on the host (the CPU device).
 int64_t PlannedHostBytes(const MemoryPlan& plan);
 
-// Starts watching resident memory for --verify-plan: resets the peak (VmHWM)
-// and returns the resident bytes now.
-int64_t StartRssWatch();
-// --verify-plan's report: the peak resident bytes since StartRssWatch()
-// returned `rss_before` (the arenas are freed before the job returns, so the
-// peak, not the final resident size, is what the plan must cover), against
-// `planned`, and whether they agree within 1 %. Falls back to the resident
-// bytes now where the peak cannot be reset.
-nlohmann::json VerifyPlan(int64_t planned, int64_t rss_before);
+// Resident memory when a job started, for --verify-plan.
+struct RssWatch {
+  int64_t before = 0;       // resident bytes then
+  bool peak_reset = false;  // VmHWM was reset then (else: not readable)
+};
+// Resets the peak (VmHWM) and notes the resident bytes now.
+RssWatch StartRssWatch();
+// --verify-plan's report: the peak resident bytes since `watch` started (the
+// arenas are freed before the job returns, so the peak, not the final
+// resident size, is what the plan must cover), against `planned`, and whether
+// they agree within 1 %. The resident bytes now where the peak was not reset.
+nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch);
 
 }  // namespace loom
 

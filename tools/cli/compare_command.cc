@@ -56,7 +56,7 @@ Status RunCompare(const CompareArgs& args) {
     return InvalidArgumentError("give exactly one of --reference MODEL_DIR and --reference-logprobs DIR");
   if (saved && !args.save_reference.empty())
     return InvalidArgumentError("--save-reference needs the reference model (--reference)");
-  const int64_t rss_before = StartRssWatch();
+  const RssWatch rss_watch = StartRssWatch();
   ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
   MemoryPlan plan_b;
   if (!saved) {
@@ -136,7 +136,7 @@ Status RunCompare(const CompareArgs& args) {
   }
 
   if (args.plan.verify_plan) {
-    const nlohmann::json v = VerifyPlan(planned, rss_before);
+    const nlohmann::json v = VerifyPlan(planned, rss_watch);
     std::fprintf(stderr, "loom compare: verify-plan: %s\n", v.dump().c_str());
   }
   if (args.json) {

@@ -35,7 +35,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
   host->SetNumThreads(args.threads);
   // Plan first; refuse before loading if the job does not fit.
   ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx, args.chunk_rows));
-  const int64_t rss_before = StartRssWatch();
+  const RssWatch rss_watch = StartRssWatch();
   ASSIGN_OR_RETURN(MemoryPlan memory_plan, PlanJobOrRefuse("perplexity", args.model_dir, job, args.plan));
   ASSIGN_OR_RETURN(JobBackends backends,
                    CreateJobBackends(memory_plan, host.get()));
@@ -72,7 +72,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
                    eval::EvaluatePerplexity(*model, input.ids, plan, eo));
 
   if (args.plan.verify_plan) {
-    const nlohmann::json v = VerifyPlan(PlannedHostBytes(memory_plan), rss_before);
+    const nlohmann::json v = VerifyPlan(PlannedHostBytes(memory_plan), rss_watch);
     std::fprintf(stderr, "loom perplexity: verify-plan: %s\n", v.dump().c_str());
   }
   if (args.json) {

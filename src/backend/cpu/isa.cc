@@ -3,6 +3,7 @@
 #include <cpuid.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -43,13 +44,24 @@ CpuFeatures Detect() {
   return f;
 }
 
+// Every level: its LOOM_CPU_ISA name and the oneDNN cap it sets (indexed by
+// CpuIsa; avx512bf16 is also the "no cap" level, oneDNN then unrestricted).
+struct Level {
+  CpuIsa isa;
+  std::string_view name;
+  dnnl_cpu_isa_t onednn;
+};
+constexpr Level kLevels[] = {
+    {CpuIsa::kBaseline, "baseline", dnnl_cpu_isa_sse41},
+    {CpuIsa::kAvx2, "avx2", dnnl_cpu_isa_avx2},
+    {CpuIsa::kAvx512, "avx512", dnnl_cpu_isa_avx512_core},
+    {CpuIsa::kAvx512Bf16, "avx512bf16", dnnl_cpu_isa_all},
+};
+
 StatusOr<CpuIsa> ParseIsa(std::string_view v) {
-  if (v == "baseline" || v == "portable" || v == "sse2")
-    return CpuIsa::kBaseline;
-  if (v == "avx2") return CpuIsa::kAvx2;
-  if (v == "avx512") return CpuIsa::kAvx512;
-  if (v == "avx512bf16" || v == "native" || v.empty())
-    return CpuIsa::kAvx512Bf16;
+  if (v.empty() || v == "native") return CpuIsa::kAvx512Bf16;
+  for (const Level& l : kLevels)
+    if (v == l.name) return l.isa;
   return InvalidArgumentError(
       "LOOM_CPU_ISA='" + std::string(v) +
       "': expected baseline, avx2, avx512, avx512bf16 or native");
@@ -78,26 +90,13 @@ StatusOr<CpuIsa> IsaCapFromEnvironment() {
 CpuIsa ActiveIsa() {
   static const CpuIsa active = [] {
     const StatusOr<CpuIsa> cap = IsaCapFromEnvironment();
-    const CpuIsa detected = DetectedIsa();
-    if (!cap.ok()) return detected;
-    return static_cast<int>(*cap) < static_cast<int>(detected) ? *cap
-                                                               : detected;
+    return cap.ok() ? std::min(*cap, DetectedIsa()) : DetectedIsa();
   }();
   return active;
 }
 
 std::string_view IsaName(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kBaseline:
-      return "baseline";
-    case CpuIsa::kAvx2:
-      return "avx2";
-    case CpuIsa::kAvx512:
-      return "avx512";
-    case CpuIsa::kAvx512Bf16:
-      return "avx512bf16";
-  }
-  return "?";
+  return kLevels[static_cast<int>(isa)].name;
 }
 
 std::string FeatureList(const CpuFeatures& f) {
@@ -123,27 +122,9 @@ std::string FeatureList(const CpuFeatures& f) {
 void InitOneDnnIsa() {
   static std::once_flag once;
   std::call_once(once, [] {
-    dnnl_cpu_isa_t isa = dnnl_cpu_isa_all;
-    const StatusOr<CpuIsa> cap = IsaCapFromEnvironment();
-    if (cap.ok() && *cap != CpuIsa::kAvx512Bf16) {
-      switch (ActiveIsa()) {
-        case CpuIsa::kBaseline:
-          isa = dnnl_cpu_isa_sse41;
-          break;
-        case CpuIsa::kAvx2:
-          isa = dnnl_cpu_isa_avx2;
-          break;
-        case CpuIsa::kAvx512:
-          isa = dnnl_cpu_isa_avx512_core;
-          break;
-        case CpuIsa::kAvx512Bf16:
-          isa = dnnl_cpu_isa_avx512_core_bf16;
-          break;
-      }
-    }
     // Fails only once a JIT kernel exists; the cap then applies to Loom's
     // own dispatch alone (nothing to report: oneDNN picks within the CPU).
-    (void)dnnl_set_max_cpu_isa(isa);
+    (void)dnnl_set_max_cpu_isa(kLevels[static_cast<int>(ActiveIsa())].onednn);
   });
 }
 

@@ -43,6 +43,15 @@ inline void Store(float* p, __m256 v, int64_t n) {
     _mm256_maskstore_ps(p, TailMask(n), v);
 }
 
+// p = c[0]; p = p x + c[i] (the shared coefficient tables).
+template <size_t N>
+inline __m256 Horner(const float (&c)[N], __m256 x) {
+  __m256 p = _mm256_set1_ps(c[0]);
+  for (size_t i = 1; i < N; ++i)
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c[i]));
+  return p;
+}
+
 inline __m256 Exp(__m256 x) {
   // Clamp so that n stays finite: e^-110 underflows to exactly 0, e^89
   // overflows to inf.
@@ -51,16 +60,9 @@ inline __m256 Exp(__m256 x) {
   const __m256 n =
       _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  const __m256 p = Horner(kExpPoly, r);
   // 2^n = 2^n1 2^n2 with both halves normal (n in [-159, 129]): the first
   // product is exact, the second rounds once, as vscalefps would.
   const __m256i ni = _mm256_cvtps_epi32(n);
@@ -83,15 +85,7 @@ inline __m256 Tanh(__m256 y) {
                     _mm256_set1_ps(-9.0f));
   const __m256 z = _mm256_add_ps(y, y);
   // expm1(z) by Taylor series z + z^2/2! + ... + z^10/10! for small |z|.
-  __m256 p = _mm256_set1_ps(1.0f / 3628800.0f);
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.0f / 362880.0f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.0f / 40320.0f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.0f / 5040.0f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(0.5f));
+  const __m256 p = Horner(kExpm1Poly, z);
   const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), z, z);
   const __m256 large = _mm256_sub_ps(Exp(z), _mm256_set1_ps(1.0f));
   const __m256 is_small =
@@ -106,16 +100,7 @@ inline __m256 Erfc(__m256 z) {
   const __m256 t = _mm256_div_ps(
       _mm256_set1_ps(1.0f),
       _mm256_fmadd_ps(_mm256_set1_ps(0.5f), a, _mm256_set1_ps(1.0f)));
-  __m256 p = _mm256_set1_ps(0.17087277f);
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.82215223f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.48851587f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.13520398f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.27886807f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.18628806f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.09678418f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.37409196f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.00002368f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.26551223f));
+  const __m256 p = Horner(kErfcPoly, t);
   const __m256 a2 = _mm256_mul_ps(a, a);
   const __m256 a2_lo = _mm256_fmsub_ps(a, a, a2);
   const __m256 e = Exp(_mm256_sub_ps(_mm256_sub_ps(p, a2), a2_lo));

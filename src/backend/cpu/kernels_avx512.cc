@@ -30,6 +30,15 @@ inline __mmask16 TailMask(int64_t n) {
   return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u);
 }
 
+// p = c[0]; p = p x + c[i] (the shared coefficient tables).
+template <size_t N>
+inline __m512 Horner(const float (&c)[N], __m512 x) {
+  __m512 p = _mm512_set1_ps(c[0]);
+  for (size_t i = 1; i < N; ++i)
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(c[i]));
+  return p;
+}
+
 inline __m512 Exp(__m512 x) {
   // Clamp so that n stays finite: e^-110 underflows to exactly 0, e^89
   // overflows to inf.
@@ -39,16 +48,9 @@ inline __m512 Exp(__m512 x) {
       _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // r = x - n ln2 in two steps (ln2 split into a short high part and the rest).
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  const __m512 p = Horner(kExpPoly, r);
   return _mm512_scalef_ps(p, n);
 }
 
@@ -57,15 +59,7 @@ inline __m512 Tanh(__m512 y) {
                     _mm512_set1_ps(-9.0f));
   const __m512 z = _mm512_add_ps(y, y);
   // expm1(z) by Taylor series z + z^2/2! + ... + z^10/10! for small |z|.
-  __m512 p = _mm512_set1_ps(1.0f / 3628800.0f);
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.0f / 362880.0f));
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.0f / 40320.0f));
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.0f / 5040.0f));
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0.5f));
+  const __m512 p = Horner(kExpm1Poly, z);
   const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), z, z);
   const __m512 large = _mm512_sub_ps(Exp(z), _mm512_set1_ps(1.0f));
   const __mmask16 is_small =
@@ -80,16 +74,7 @@ inline __m512 Erfc(__m512 z) {
   const __m512 t = _mm512_div_ps(
       _mm512_set1_ps(1.0f),
       _mm512_fmadd_ps(_mm512_set1_ps(0.5f), a, _mm512_set1_ps(1.0f)));
-  __m512 p = _mm512_set1_ps(0.17087277f);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.82215223f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.48851587f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.13520398f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.27886807f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.18628806f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.09678418f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.37409196f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.00002368f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.26551223f));
+  const __m512 p = Horner(kErfcPoly, t);
   // exponent -a^2 + p; a^2 with its rounding error folded back in.
   const __m512 a2 = _mm512_mul_ps(a, a);
   const __m512 a2_lo = _mm512_fmsub_ps(a, a, a2);

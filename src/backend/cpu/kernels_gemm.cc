@@ -87,11 +87,9 @@ struct ThreadMems {
 
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory::desc src_md, w_md, dst_md, scratch_md;
   std::vector<ThreadMems> mems;  // one per thread slot
   int64_t scratch_bytes = 0;     // one thread's scratchpad slice (0: none)
   bool own_scratch = false;      // in the context's buffer, not the lent one
-  bool is_ref = false;  // oneDNN chose its (slow) reference implementation
 };
 
 // Cache bound: past this many entries the cache is cleared (shapes in a model
@@ -278,19 +276,14 @@ struct GemmContext::Impl {
     e.prim = WithOneThread([&] { return dnnl::matmul(pd); });
     e.scratch_bytes = scratch_bytes;
     e.own_scratch = own_scratch;
-    e.is_ref = std::string(pd.impl_info_str()).find("ref") != std::string::npos;
-    e.src_md = pd.src_desc();
-    e.w_md = pd.weights_desc();
-    e.dst_md = pd.dst_desc();
-    if (scratch_bytes > 0) e.scratch_md = pd.scratchpad_desc();
     const dnnl::engine& eng = Engine();
     e.mems.resize(static_cast<size_t>(cache_threads));
     for (ThreadMems& m : e.mems) {
-      m.src = dnnl::memory(e.src_md, eng, DNNL_MEMORY_NONE);
-      m.wei = dnnl::memory(e.w_md, eng, DNNL_MEMORY_NONE);
-      m.dst = dnnl::memory(e.dst_md, eng, DNNL_MEMORY_NONE);
+      m.src = dnnl::memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
+      m.wei = dnnl::memory(pd.weights_desc(), eng, DNNL_MEMORY_NONE);
+      m.dst = dnnl::memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
       if (scratch_bytes > 0)
-        m.scratch = dnnl::memory(e.scratch_md, eng, DNNL_MEMORY_NONE);
+        m.scratch = dnnl::memory(pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
     }
     return cache.emplace(key, std::move(e)).first->second;
   }
@@ -446,14 +439,15 @@ void GemmContext::Impl::GemmTiles(const GemmArgs& a, int64_t ldy,
     }
   const int64_t x_esize = src_dt == dt::f32 ? 4 : 2;
   const int64_t w_esize = DTypeSize(w_dtype);
+  if (widen)
+    LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
+  // Thread slot i's widened panel: after the rounded x, PanelSlotBytes each.
   char* panels =
       widen ? static_cast<char*>(a.workspace) + XCopyBytes(a.m, a.k) : nullptr;
-  if (widen) {
-    LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
-  }
   const int64_t tiles = g.row_tiles * g.col_tiles;
-  // Tile t: column tile t / row_tiles, row tile t % row_tiles (consecutive
-  // tiles of one thread share a column panel).
+  // Tile t: column tile t / row_tiles, row tile t % row_tiles. A widened
+  // panel is widened again for every row tile (M > 512): one pass over
+  // [cols, K] per [512, cols, K] of products.
   auto tile = [&](int64_t t, int slot) {
     const int64_t ct = t / g.row_tiles, rt = t % g.row_tiles;
     const int64_t i0 = rt * g.rows, j0 = ct * g.cols;
@@ -584,7 +578,6 @@ void GemmContext::Impl::Matmul(const GemmContext::StridedMatmul& a) {
     it = cache.emplace(key, std::move(e)).first;
   }
   // Not tiled: the forward does not use it (attention has its own kernel).
-  PrepareThreads(std::max(cache_threads, 1));
   Run(it->second, 0, a.a, a.b, a.c);
 }
 

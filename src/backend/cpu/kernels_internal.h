@@ -25,6 +25,25 @@ void RoundToDTypeAsF32(const float* src, float* dst, DType dtype, int64_t n);
 // ConvertToF32 without threading (for use inside parallel loops).
 void ConvertToF32Serial(const void* src, DType dtype, float* dst, int64_t n);
 
+// Polynomial coefficients of the vector kernels' own transcendentals, highest
+// degree first, shared by the AVX-512 and AVX2 versions so that every ISA
+// evaluates the same functions (Horner: p = c[0]; p = p x + c[i]).
+//   exp(r), |r| <= ln2 / 2: Taylor, degree 7 (x = n ln2 + r, ln2 = hi + lo).
+inline constexpr float kExpPoly[] = {
+    1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+    1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
+inline constexpr float kLn2Hi = 0.693145751953125f;
+inline constexpr float kLn2Lo = 1.428606765330187e-06f;
+//   expm1(z) = z + z^2 P(z): P is Taylor 1/2! .. 1/10!.
+inline constexpr float kExpm1Poly[] = {
+    1.0f / 3628800.0f, 1.0f / 362880.0f, 1.0f / 40320.0f,
+    1.0f / 5040.0f,    1.0f / 720.0f,    1.0f / 120.0f,
+    1.0f / 24.0f,      1.0f / 6.0f,      0.5f};
+//   erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z >= 0.
+inline constexpr float kErfcPoly[] = {
+    0.17087277f,  -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
+    -0.18628806f, 0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
+
 // Query rows per attention tile.
 inline constexpr int64_t kAttnBlock = 64;
 
