@@ -386,12 +386,23 @@ TEST_F(ErrorClassesTest, NumericFlagsOutOfRangeExitTwo) {
 
 TEST_F(ErrorClassesTest, InvalidArgumentHookNames) {
   const std::string in = TextInput();
-  ExpectError({"extract", "--model", kModel, "--input", in, "--out",
-               Path("out"), "--hooks", "blocks.0.hook_resid_psot"},
-              1, "extract",
-              {"hook 'blocks.0.hook_resid_psot'",
-               "unknown site 'hook_resid_psot'", "known hooks:",
-               "blocks.{L}.hook_resid_post", "ln_final.hook_normalized"});
+  const std::string typo = ExpectError(
+      {"extract", "--model", kModel, "--input", in, "--out", Path("out"),
+       "--hooks", "blocks.0.hook_resid_psot"},
+      1, "extract",
+      {"hook 'blocks.0.hook_resid_psot'", "unknown site 'hook_resid_psot'",
+       "did you mean 'blocks.0.hook_resid_post'?",
+       "hooks of this llama model:", "blocks.{L}.hook_resid_post",
+       "ln_final.hook_normalized", "`loom hooks MODEL_DIR`"});
+  EXPECT_EQ(typo.find("hook_pos_embed"), std::string::npos) << typo;
+  // Only this model's hooks are listed (stories260K has no hook_pos_embed)
+  // and --layers that no bare hook uses is refused.
+  ExpectError(
+      {"extract", "--model", kModel, "--input", in, "--out", Path("out"),
+       "--hooks", "blocks.0.hook_resid_post", "--layers", "1"},
+      1, "extract",
+      {"--layers 1 applies to bare hook names",
+       "every --hooks item names its own layer"});
   ExpectError({"extract", "--model", kModel, "--input", in, "--out",
                Path("out"), "--hooks", "blocks.9.hook_resid_post"},
               1, "extract",
@@ -399,7 +410,7 @@ TEST_F(ErrorClassesTest, InvalidArgumentHookNames) {
                "a model with 5 layers", "valid: 0..4 or -5..-1"});
   ExpectError({"plan", kModel, "--batch-tokens", "256", "--hooks",
                "blocks.0.hook_nope"},
-              1, "plan", {"hook 'blocks.0.hook_nope'", "known hooks:"});
+              1, "plan", {"hook 'blocks.0.hook_nope'", "hooks of this llama"});
   ExpectError({"generate", "--model", kModel, "--prompt", "a", "--hooks",
                "blocks.-6.hook_resid_post"},
               1, "generate",

@@ -16,6 +16,7 @@
 
 #include "src/io/npy.h"
 #include "src/io/safetensors.h"
+#include "src/model/registry.h"
 #include "tests/golden_util.h"
 
 namespace loom::testing {
@@ -119,6 +120,83 @@ TEST_F(ExtractTest, TokenRowsMatchGoldenHiddenStates) {
         EXPECT_TRUE(Compare(&mean[r * 64], m.data(), 64, 1e-4, 1e-4).ok)
             << hook << " mean row " << r;
       }
+    }
+  }
+}
+
+// attn.hook_pattern through extract: one [heads, keys] row per query token
+// (keys = min(--batch-tokens, max_position_embeddings)), HF's eager
+// attention probabilities over the row's keys and zero past them; `last`
+// holds the last query's row. Sliding-window layers (gemma2) included.
+TEST_F(ExtractTest, AttentionPatternMatchesGoldenProbabilities) {
+  if (SharedGoldenDir().empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  for (const std::string name : {"llama", "gemma2", "gpt2"}) {
+    SCOPED_TRACE(name);
+    const std::string gdir = SharedGoldenDir() + "/tiny/" + name;
+    auto golden = GoldenFile::Open(gdir + "/goldens_f32.safetensors");
+    auto config = LoadModelConfig(gdir);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    const int64_t heads = config->num_heads;
+    std::string jsonl;
+    std::vector<std::string> seqs;
+    for (const std::string s : {"seq1", "seq2", "seq3", "seq4"})
+      if (golden->Has(s + ".attn_probs.0")) {
+        seqs.push_back(s);
+        jsonl +=
+            nlohmann::json{{"tokens", golden->Ids(s + ".input_ids")}}.dump() +
+            "\n";
+      }
+    ASSERT_FALSE(seqs.empty());
+    WriteFile(name + ".jsonl", jsonl);
+    ExtractOptions o;
+    o.model_dir = gdir;
+    o.input_path = Path(name + ".jsonl");
+    o.out_dir = Path("pattern_" + name);
+    o.hooks = {"blocks.0.attn.hook_pattern"};
+    o.selectors = {"all", "last"};
+    o.precision = Precision::kF32;
+    o.batch_tokens = 120;
+    auto s = RunExtract(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    const std::string base = o.out_dir + "/blocks.0.attn.hook_pattern.";
+    std::vector<int64_t> all_shape, last_shape;
+    auto all = ReadF32(base + "all.npy", &all_shape);
+    auto last = ReadF32(base + "last.npy", &last_shape);
+    const int64_t K = all_shape.back();
+    ASSERT_EQ(all_shape.size(), 3u);
+    EXPECT_EQ(all_shape[1], heads);
+    EXPECT_EQ(last_shape, (std::vector<int64_t>{
+                              static_cast<int64_t>(seqs.size()), heads, K}));
+    auto offs_arr = ReadNpy(o.out_dir + "/all.offsets.npy");
+    ASSERT_TRUE(offs_arr.ok());
+    std::vector<int64_t> offs(offs_arr->data.size() / 8);
+    std::memcpy(offs.data(), offs_arr->data.data(), offs.size() * 8);
+    for (size_t r = 0; r < seqs.size(); ++r) {
+      const std::vector<float> g = golden->F32(seqs[r] + ".attn_probs.0");
+      const int64_t T = offs[r + 1] - offs[r];
+      ASSERT_EQ(static_cast<int64_t>(g.size()), heads * T * T);
+      ASSERT_LE(T, K);
+      double worst = 0, past = 0, last_diff = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          const float* row = &all[((offs[r] + t) * heads + h) * K];
+          for (int64_t j = 0; j < K; ++j) {
+            if (j >= T) {
+              past = std::max(past, std::fabs(double{row[j]}));
+              continue;
+            }
+            worst = std::max(
+                worst, std::fabs(double{row[j]} - g[(h * T + t) * T + j]));
+            if (t == T - 1)
+              last_diff = std::max(
+                  last_diff,
+                  std::fabs(double{row[j]} - last[(r * heads + h) * K + j]));
+          }
+        }
+      EXPECT_LE(worst, 1e-5) << seqs[r];  // the README's bound for probs
+      EXPECT_EQ(past, 0.0) << seqs[r] << ": keys past the row are not zero";
+      EXPECT_EQ(last_diff, 0.0) << seqs[r] << ": last != all's last row";
     }
   }
 }
@@ -302,7 +380,10 @@ TEST_F(ExtractTest, BadRowsFailClearlyOrAreRecordedWhenSkipped) {
        "too long for the model: 600 tokens > max_position_embeddings 512"},
       {"invalid_utf8", "{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}",
        "invalid UTF-8 at byte"},
-      {"not_json", "{\"text\": ", "not a JSON object"},
+      {"truncated_json", "{\"text\": ", "malformed JSON at byte 9"},
+      {"not_object", "[1, 2]", "not a JSON object (a JSON array)"},
+      {"text_and_tokens", "{\"text\": \"a\", \"tokens\": [1]}",
+       "both 'text' and 'tokens'"},
       {"bad_token", "{\"tokens\": [1, 2, 9999]}",
        "token id 9999 outside the vocabulary"},
   };
@@ -327,6 +408,17 @@ TEST_F(ExtractTest, BadRowsFailClearlyOrAreRecordedWhenSkipped) {
     auto kept = ReadNpy(o.out_dir + "/blocks.0.hook_resid_post.last.npy");
     ASSERT_TRUE(kept.ok());
     EXPECT_EQ(kept->header.shape[0], 2);
+    EXPECT_NE(s.status().message().find("--resume --on-error skip"),
+              std::string::npos)
+        << s.status().message();
+    // The hint works: --resume may change --on-error.
+    ExtractOptions r = o;
+    r.resume = true;
+    r.on_error = OnError::kSkip;
+    auto resumed = RunExtract(r);
+    ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+    EXPECT_EQ(resumed->rows, 4);
+    EXPECT_EQ(resumed->rows_skipped, 1);
 
     o.on_error = OnError::kSkip;
     o.out_dir = Path("skip_" + c.name);
@@ -346,6 +438,93 @@ TEST_F(ExtractTest, BadRowsFailClearlyOrAreRecordedWhenSkipped) {
               std::string::npos)
         << m["rows"][2].dump();
   }
+}
+
+// A new job that fails before its first commit leaves --out as it found it
+// (a directory it created is removed), so the same command line with
+// --on-error skip (the hint) just works; one that found --out there keeps it.
+TEST_F(ExtractTest, FailureBeforeTheFirstCommitLeavesNothing) {
+  WriteFile("bad_first.jsonl",
+            "{\"text\": \"\"}\n{\"text\": \"The cat sat.\"}\n");
+  ExtractOptions o;
+  o.model_dir = kModel;
+  o.input_path = Path("bad_first.jsonl");
+  o.hooks = {"blocks.0.hook_resid_post"};
+  o.out_dir = Path("fresh");
+  auto s = RunExtract(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("no row was committed"),
+            std::string::npos)
+      << s.status().message();
+  EXPECT_FALSE(fs::exists(o.out_dir)) << "a created --out is removed";
+  fs::create_directories(Path("mine"));
+  WriteFile("mine/notes.txt", "kept");
+  o.out_dir = Path("mine");
+  ASSERT_FALSE(RunExtract(o).ok());
+  EXPECT_EQ(std::vector<std::string>{"notes.txt"}, [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(o.out_dir))
+      names.push_back(e.path().filename().string());
+    return names;
+  }()) << "only what the job created is removed";
+  o.on_error = OnError::kSkip;
+  s = RunExtract(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->rows_skipped, 1);
+}
+
+// The CLI's warnings and usage errors around rows: an empty input or a run
+// that skipped every row exits 0 with a warning (also under --quiet);
+// --quiet excludes --progress; text rows for a model without a tokenizer are
+// refused before --out is created, pointing at token rows.
+TEST_F(ExtractTest, CliWarnsOnEmptyOrSkippedInputAndChecksTheTokenizer) {
+  const std::string loom = std::string(LOOM_BINARY) + " extract --model ";
+  const std::string hooks = " --hooks blocks.0.hook_resid_post";
+  WriteFile("empty.txt", "");
+  std::string log;
+  EXPECT_EQ(RunShell(loom + kModel + " --input " + Path("empty.txt") +
+                         " --out " + Path("e") + hooks + " --quiet",
+                     &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("warning: the input held no rows"), std::string::npos)
+      << log;
+  WriteFile("all_bad.jsonl", "{\"text\": \"\"}\n{\"text\": \"\"}\n");
+  EXPECT_EQ(
+      RunShell(loom + kModel + " --input " + Path("all_bad.jsonl") + " --out " +
+                   Path("s") + hooks + " --on-error skip --quiet",
+               &log),
+      0)
+      << log;
+  EXPECT_NE(log.find("warning: every row (2) was skipped"), std::string::npos)
+      << log;
+  EXPECT_EQ(RunShell(loom + kModel + " --input " + Path("all_bad.jsonl") +
+                         " --out " + Path("q") + hooks + " --quiet --progress",
+                     &log),
+            2)
+      << log;
+  EXPECT_NE(log.find("--progress"), std::string::npos) << log;
+  // A model without a tokenizer: text rows are refused up front, token rows
+  // run.
+  const std::string bare = Path("bare_model");
+  fs::create_directories(bare);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(kModel + "/" + f, bare + "/" + f);
+  WriteFile("text.txt", "Once upon a time\n");
+  EXPECT_EQ(RunShell(loom + bare + " --input " + Path("text.txt") + " --out " +
+                         Path("t") + hooks,
+                     &log),
+            1)
+      << log;
+  EXPECT_NE(log.find("has no tokenizer"), std::string::npos) << log;
+  EXPECT_NE(log.find("{\"tokens\": [1, 2, ...]}"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(Path("t"))) << "--out is not created";
+  WriteFile("ids.jsonl", "{\"tokens\": [1, 5, 9]}\n");
+  EXPECT_EQ(RunShell(loom + bare + " --input " + Path("ids.jsonl") + " --out " +
+                         Path("i") + hooks + " --quiet",
+                     &log),
+            0)
+      << log;
 }
 
 TEST_F(ExtractTest, OptionErrors) {

@@ -186,6 +186,50 @@ TEST(PlanCli, UnsupportedArchitectureNamesTheSupportedOnes) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) err.append(buf, n);
   pclose(p);
   EXPECT_NE(err.find("not supported; supported:"), std::string::npos) << err;
+  // Architectures that are only planned are not offered as runnable.
+  const std::string runnable = err.substr(0, err.find(" (planned"));
+  EXPECT_EQ(runnable.find("gemma3"), std::string::npos) << err;
+  EXPECT_NE(err.find("not yet run: gemma3, gemma3_text)"), std::string::npos)
+      << err;
+}
+
+// `loom hooks`: every hook of the model with the shape one prompt captures,
+// in execution order; `--hooks '*'` plans exactly those hooks.
+TEST(HooksCli, ListsEveryHookOfTheModelAndStarPlansThem) {
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  const Result r = RunLoom("hooks", model + " --json", false);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json list = nlohmann::json::parse(r.out);
+  // stories260K: 5 layers x 16 sites (no post norms, no MoE, no learned
+  // positions) + hook_embed + ln_final + logits.
+  ASSERT_EQ(list.size(), 5u * 16 + 3) << r.out;
+  EXPECT_EQ(list.front()["name"], "hook_embed");
+  EXPECT_EQ(list.back()["name"], "logits");
+  std::vector<std::string> names;
+  for (const auto& h : list) names.push_back(h["name"]);
+  for (const char* want :
+       {"blocks.0.attn.hook_pattern", "blocks.4.hook_resid_post",
+        "blocks.2.mlp.hook_post", "ln_final.hook_normalized"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  for (const char* absent : {"hook_pos_embed",
+                             "blocks.0.ln1_post.hook_"
+                             "normalized",
+                             "blocks.0.mlp.hook_router_logits"})
+    EXPECT_EQ(std::find(names.begin(), names.end(), absent), names.end())
+        << absent;
+  EXPECT_EQ(list[1]["shape"], "[T, 64]");
+  const Result text = RunLoom("hooks", model, false);
+  EXPECT_NE(text.out.find("blocks.0.attn.hook_pattern"), std::string::npos);
+  EXPECT_NE(text.out.find("[8, T, T]"), std::string::npos) << text.out;
+  // '*' plans every one of them.
+  const Result plan =
+      RunLoom("plan", model + " --hooks '*' --batch-tokens 64 --json", false);
+  ASSERT_EQ(plan.rc, 0) << plan.out;
+  EXPECT_EQ(nlohmann::json::parse(plan.out)["job"]["hooks"], list.size());
+  // A missing model directory is an error naming it.
+  const Result bad = RunLoom("hooks", "/nonexistent/model", true);
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_NE(bad.out.find("/nonexistent/model"), std::string::npos) << bad.out;
 }
 
 TEST(PlanCli, ModelFlagAndPositionalPrintTheSameBytes) {

@@ -103,13 +103,49 @@ namespace {
 
 // The lock for a new job: the input must exist (a missing one creates
 // nothing), --out is created if needed.
-StatusOr<FileLock> LockForStart(const ExtractOptions& o) {
+// `*created`: --out did not exist before.
+StatusOr<FileLock> LockForStart(const ExtractOptions& o, bool* created) {
   if (StatusOr<int64_t> size = FileSize(o.input_path); !size.ok())
     return size.status().WithContext("--input");
   std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
+  *created = fs::create_directories(o.out_dir, ec);
   if (ec) return IoError("--out " + o.out_dir + ": " + ec.message());
   return LockOutDir(o.out_dir);
+}
+
+// Text rows need the tokenizer: refused at the start, before --out is
+// touched, when the input's first row is text and the model has none.
+Status CheckTokenizerForText(const ExtractOptions& o,
+                             const LoadedModel& loaded) {
+  if (loaded.tokenizer) return Status();
+  ASSIGN_OR_RETURN(std::unique_ptr<InputReader> reader,
+                   InputReader::Open(o.input_path, 0, 0));
+  InputRow row;
+  ASSIGN_OR_RETURN(const bool got, reader->Next(&row, true));
+  if (!got || row.has_tokens || !row.error.empty()) return Status();
+  return FailedPreconditionError(
+      "--input " + o.input_path + " holds text rows, but the model " +
+      o.model_dir + " has no tokenizer (" + loaded.tokenizer_error +
+      "); give rows of token ids, {\"tokens\": [1, 2, ...]} per line of a "
+      ".jsonl file, which need no tokenizer (nothing was written)");
+}
+
+// A new job that failed before its first commit: removes what it created
+// (its arrays, rows.jsonl, manifest.json, the lock file, and --out itself
+// when the job created it), so that the same command can run again.
+// `error` gains a note saying so.
+Status RollBackFreshJob(const ExtractOptions& o, const OutputSet& outputs,
+                        bool created_dir, Status error) {
+  std::vector<std::string> files = outputs.InitialFiles();
+  for (const std::string& f : outputs.RaggedDataFiles()) files.push_back(f);
+  for (const char* f : {"rows.jsonl", "manifest.json", kLockFile})
+    files.push_back(f);
+  std::error_code ec;
+  for (const std::string& f : files) fs::remove(o.out_dir + "/" + f, ec);
+  if (created_dir) fs::remove(o.out_dir, ec);  // only if now empty
+  return Status(error.code(), std::string(error.message()) + " [--out " +
+                                  o.out_dir +
+                                  " was left as it was before this run]");
 }
 
 // The lock for --resume: --out must exist (it is never created).
@@ -182,7 +218,11 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   const Manifest& m = *state.manifest;
   // Jobs started before streaming (or shards) existed ran with it off (on
   // the whole input).
-  RETURN_IF_ERROR(m.CheckSettings(settings, Json{{"streaming_chunk_size", 0},
+  // --on-error may change: it decides only what happens to rows not yet
+  // read (the error's own hint is --resume --on-error skip).
+  Json compared = settings;
+  compared.erase("on_error");
+  RETURN_IF_ERROR(m.CheckSettings(compared, Json{{"streaming_chunk_size", 0},
                                                  {"max_row_tokens", 0},
                                                  {"shard", "0/1"}}));
   state.manifest->SetSettings(settings);
@@ -207,15 +247,15 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
                    rows_log.CheckCommitted(state.progress, input_row));
   const ManifestProgress& p = state.progress;
   if (p.rows_committed > 0 &&
-      p.input_rows != o.shard.InputRow(p.rows_committed - 1, o.commit_every) + 1)
-    return DataLossError(manifest_path + ": progress.input_rows is " +
-                         std::to_string(p.input_rows) + ", but the " +
-                         std::to_string(p.rows_committed) +
-                         " committed rows of shard " + o.shard.ToString() +
-                         " end at input row " +
-                         std::to_string(o.shard.InputRow(p.rows_committed - 1,
-                                                         o.commit_every) +
-                                        1));
+      p.input_rows !=
+          o.shard.InputRow(p.rows_committed - 1, o.commit_every) + 1)
+    return DataLossError(
+        manifest_path + ": progress.input_rows is " +
+        std::to_string(p.input_rows) + ", but the " +
+        std::to_string(p.rows_committed) + " committed rows of shard " +
+        o.shard.ToString() + " end at input row " +
+        std::to_string(o.shard.InputRow(p.rows_committed - 1, o.commit_every) +
+                       1));
   RETURN_IF_ERROR(outputs.Reopen(state.progress, state.files));
   RETURN_IF_ERROR(rows_log.Reopen(state.progress.rows_file_bytes));
   return state;
@@ -271,17 +311,13 @@ StatusOr<HookSet> ResolveExtractHooks(const std::vector<std::string>& hooks,
                                       const ModelConfig& c, bool streaming) {
   ASSIGN_OR_RETURN(HookSet set, ResolveHooks(hooks, layers, c));
   for (const HookPoint& hp : set.hooks())
-    if (hp.site == HookSite::kPattern)
+    if (hp.site == HookSite::kPattern && streaming)
       return UnimplementedError(
           "hook " + HookName(hp) +
-          ": attention patterns are [heads, L, L] per prompt and are not "
-          "extracted by `loom extract`" +
-          (streaming
-               ? std::string("; with --streaming-chunk-size a long row's "
-                             "attention runs chunk by chunk over the KV cache, "
-                             "so its pattern is never formed whole")
-               : std::string()) +
-          " (request hook_z or hook_attn_out instead)");
+          ": with --streaming-chunk-size a long row's attention runs chunk "
+          "by chunk over the KV cache, so its pattern is never formed whole "
+          "(extract attention patterns without --streaming-chunk-size, or "
+          "request hook_z or hook_attn_out instead)");
   if (set.empty()) return InvalidArgumentError("no hooks requested (--hooks)");
   return set;
 }
@@ -328,10 +364,10 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
   ASSIGN_OR_RETURN(std::unique_ptr<InputReader> reader,
                    InputReader::Open(o.input_path, state.progress.input_offset,
                                      state.progress.input_rows));
-  ASSIGN_OR_RETURN(std::unique_ptr<WindowRunner> runner,
-                   WindowRunner::Create(s, o.hf_bf16_activations,
-                                        *ctx.loaded.model,
-                                        ctx.backends.segments, &ctx.outputs));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<WindowRunner> runner,
+      WindowRunner::Create(s, o.hf_bf16_activations, *ctx.loaded.model,
+                           ctx.backends.segments, &ctx.outputs));
   const RowPreparer preparer = MakeRowPreparer(o, s, ctx.loaded);
   ExtractSummary summary;
   summary.resolved_hooks = s.hook_names;
@@ -395,15 +431,17 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     for (ExecutorSegment& seg : backends.segments)
       seg.backend = o.compute_backend_for_tests;
   if (settings.streaming()) RETURN_IF_ERROR(CheckStreamingBackends(backends));
-  ASSIGN_OR_RETURN(LoadedModel loaded,
-                   LoadModelAndTokenizer(o.model_dir, o.precision,
-                                         backends.gpu_capability,
-                                         "loom extract"));
+  ASSIGN_OR_RETURN(
+      LoadedModel loaded,
+      LoadModelAndTokenizer(o.model_dir, o.precision, backends.gpu_capability,
+                            "loom extract"));
+  RETURN_IF_ERROR(CheckTokenizerForText(o, loaded));
   const DType compute = loaded.model->compute_dtype();
   const DType out_dtype = o.dtype.value_or(compute);
   // Held until the job ends, after the outputs below are closed.
+  bool created_dir = false;
   ASSIGN_OR_RETURN(FileLock lock,
-                   o.resume ? LockForResume(o) : LockForStart(o));
+                   o.resume ? LockForResume(o) : LockForStart(o, &created_dir));
   OutputSet outputs(settings, out_dtype, o.format, o.out_dir, backend.get());
   RowsLog rows_log(o.out_dir + "/rows.jsonl");
   ASSIGN_OR_RETURN(std::string config_sha,
@@ -423,7 +461,11 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   RunContext ctx{o,        settings, loaded, outputs,
                  rows_log, state,    start,  backends};
   bool stopped = false;
-  ASSIGN_OR_RETURN(ExtractSummary summary, RunWindows(ctx, &stopped));
+  StatusOr<ExtractSummary> run = RunWindows(ctx, &stopped);
+  if (!run.ok() && !o.resume && state.progress.rows_committed == 0 &&
+      o.format != OutputFormat::kMemory)
+    return RollBackFreshJob(o, outputs, created_dir, run.status());
+  ASSIGN_OR_RETURN(ExtractSummary summary, std::move(run));
   if (stopped) return summary;
   RETURN_IF_ERROR(CompleteJob(rows_log, state));
   summary.complete = true;

@@ -94,7 +94,8 @@ void ConvertActivations(Backend& host, const float* src, uint8_t* dst,
 std::vector<int64_t> OutputArray::row_shape() const {
   std::vector<int64_t> s;
   if (sel.kind == RowSelector::Kind::kPos) s.push_back(sel.rows_per_prompt());
-  s.push_back(width);
+  if (heads > 0) s.push_back(heads);
+  s.push_back(heads > 0 ? width / heads : width);
   return s;
 }
 
@@ -113,9 +114,11 @@ OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
       out.hook_name = HookName(hp);
       out.sel = sel;
       // The resolver accepted only hooks that exist and have a width.
-      StatusOr<int64_t> width = HookWidth(hp, settings.config);
+      StatusOr<int64_t> width =
+          HookWidth(hp, settings.config, settings.pattern_keys());
       LOOM_CHECK(width.ok()) << width.status().ToString();
       out.width = *width;
+      if (hp.site == HookSite::kPattern) out.heads = settings.config.num_heads;
       out.file = out.hook_name + "." + sel.file_name + ".npy";
       arrays_.push_back(std::move(out));
     }
@@ -619,6 +622,13 @@ std::vector<OutputSet::MemoryOffsets> OutputSet::TakeMemoryOffsets() {
   return taken;
 }
 
+int64_t OutputSet::PatternRowWidth() const {
+  int64_t w = 0;
+  for (const OutputArray& o : arrays_)
+    if (o.heads > 0) w = std::max(w, o.width);
+  return w;
+}
+
 int64_t OutputSet::IntegerHookWidth() const {
   int64_t w = 0;
   for (const OutputArray& o : arrays_)
@@ -796,6 +806,8 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                      .ld = view.cols});
     return Status();
   }
+  if (hook.site == HookSite::kPattern && view.host_f32())
+    return OnPattern(hook, batch, row_begin, view);
   if (!view.host_f32())
     return UnimplementedError("extract: hook " + HookName(hook) +
                               " was delivered in device memory or as " +
@@ -807,6 +819,35 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                    .rows = view.rows,
                                    .cols = view.cols,
                                    .ld = view.ld});
+  return Status();
+}
+
+Status ExtractSink::OnPattern(const HookPoint& hook, const Batch& batch,
+                              int64_t row_begin, const ActivationView& view) {
+  const int64_t len = view.cols;  // L: queries and keys of the sequence
+  const int64_t heads = len > 0 ? view.rows / len : 0;
+  const int64_t keys =
+      heads > 0 ? static_cast<int64_t>(pattern_row_.size()) / heads : 0;
+  if (heads * len != view.rows || len > keys)
+    return InternalError("extract: hook " + HookName(hook) + " delivered " +
+                         std::to_string(view.rows) + " x " +
+                         std::to_string(view.cols) +
+                         " probabilities; the sink holds rows of " +
+                         std::to_string(pattern_row_.size()) + " values");
+  // pattern_row_: [heads, keys]; keys past the sequence stay 0.
+  std::fill(pattern_row_.begin(), pattern_row_.end(), 0.0f);
+  const float* p = view.f32();  // [heads, L, L], ld apart
+  for (int64_t t = 0; t < len; ++t) {
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy_n(p + (h * len + t) * view.ld, len,
+                  pattern_row_.data() + h * keys);
+    outputs_->Capture(hook, batch,
+                      ActivationRows{.data = pattern_row_.data(),
+                                     .row_begin = row_begin + t,
+                                     .rows = 1,
+                                     .cols = heads * keys,
+                                     .ld = heads * keys});
+  }
   return Status();
 }
 

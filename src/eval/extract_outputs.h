@@ -47,6 +47,7 @@ struct OutputArray {
   std::string hook_name;
   RowSelector sel;
   int64_t width = 0;  // values per selected row
+  int64_t heads = 0;  // attn.hook_pattern: rows are [heads, width / heads]
   std::string file;   // "<hook>.<selector>.npy"
   int ragged = -1;    // index of its RaggedIndex, -1 for fixed selectors
   std::unique_ptr<NpyWriter> npy;
@@ -82,6 +83,8 @@ class OutputSet {
   DType dtype() const { return dtype_; }
   // Values per token of the widest integer hook (IsIntegerSite); 0 = none.
   int64_t IntegerHookWidth() const;
+  // Values per token of the widest attn.hook_pattern array; 0 = none.
+  int64_t PatternRowWidth() const;
 
   // The file list of a fresh manifest (empty for safetensors: shards are
   // added as they are committed), the ragged data files (keys of
@@ -238,7 +241,8 @@ class ExtractSink : public HookSink {
       : outputs_(outputs),
         max_tokens_(max_tokens),
         ints_(static_cast<size_t>(max_tokens * outputs->IntegerHookWidth())),
-        device_ints_(ints_.size()) {}
+        device_ints_(ints_.size()),
+        pattern_row_(static_cast<size_t>(outputs->PatternRowWidth())) {}
   // The device backends whose views may arrive (one per executor segment
   // that is not on the host): allocates the pinned staging of the device
   // path from the first of them.
@@ -252,11 +256,17 @@ class ExtractSink : public HookSink {
  private:
   Status OnDeviceActivation(const HookPoint& hook, const Batch& batch,
                             int64_t row_begin, const ActivationView& view);
+  // attn.hook_pattern of one sequence ([heads, L, L], row_begin = its first
+  // packed token): handed to the outputs one query token at a time, as a
+  // [heads, pattern keys] row.
+  Status OnPattern(const HookPoint& hook, const Batch& batch, int64_t row_begin,
+                   const ActivationView& view);
   OutputSet* outputs_;
   int64_t max_tokens_;
   std::vector<float> ints_;  // [rows, cols] an integer hook's values as f32
   // An integer hook's values copied from a device: [rows, cols] i32.
   std::vector<int32_t> device_ints_;
+  std::vector<float> pattern_row_;  // [heads, pattern keys] one query's row
   // ---- Device path ----
   std::vector<Backend*> devices_;
   Buffer pinned_rows_;   // [picked bytes] gathered rows, output dtype

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "src/core/json_error.h"
 #include "src/tokenizer/utf8.h"
 
 namespace loom {
@@ -120,12 +121,26 @@ StatusOr<bool> InputReader::Next(InputRow* row, bool replace_invalid_utf8) {
 
 void InputReader::ParseJsonRow(std::string_view line, InputRow* row) const {
   const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    row->error = "not a JSON object";
+  if (j.is_discarded()) {
+    const JsonParseError e = LocateJsonError(line);
+    row->error = "malformed JSON at byte " + std::to_string(e.offset) +
+                 " of the line (" + std::to_string(line.size()) +
+                 " bytes): " + e.what;
+    return;
+  }
+  if (!j.is_object()) {
+    row->error = std::string("not a JSON object (a JSON ") + j.type_name() +
+                 "); rows are {\"text\": ...} or {\"tokens\": [...]}";
     return;
   }
   if (const auto id = j.find("id"); id != j.end() && !id->is_null())
     row->id = *id;
+  if (j.contains("tokens") && j.contains("text")) {
+    row->error =
+        "the row has both 'text' and 'tokens'; give one (tokens are used "
+        "as they are, text goes through the tokenizer)";
+    return;
+  }
   if (const auto tokens = j.find("tokens"); tokens != j.end()) {
     row->has_tokens = true;
     row->error = ParseTokens(*tokens, &row->tokens);
@@ -239,9 +254,14 @@ StatusOr<std::vector<PreparedRow>> ReadWindow(
       return InvalidArgumentError(
           "input row " + std::to_string(p.index) + " (id " +
           p.id.dump(-1, ' ', false, Json::error_handler_t::replace) +
-          "): " + p.reason + "; " + std::to_string(committed_rows) +
-          " rows committed before it are kept (use --on-error skip to record "
-          "and skip bad rows, --resume to continue)");
+          "): " + p.reason + "; " +
+          (committed_rows == 0
+               ? std::string("no row was committed before it (rerun with "
+                             "--on-error skip to record and skip bad rows)")
+               : std::to_string(committed_rows) +
+                     " rows committed before it are kept (rerun with "
+                     "--resume --on-error skip to continue after them, "
+                     "recording and skipping bad rows)"));
     window.push_back(std::move(p));
   }
   return window;

@@ -55,6 +55,11 @@ struct ExtractSettings {
   int64_t streaming_chunk_size = 0;
   int64_t max_row_tokens = 0;
   bool streaming() const { return streaming_chunk_size > 0; }
+  // Key positions of one attn.hook_pattern row: the longest sequence a
+  // batch holds (rows are [heads, pattern_keys()], zero past the row).
+  int64_t pattern_keys() const {
+    return batch_tokens < max_positions ? batch_tokens : max_positions;
+  }
 };
 
 // --max-row-tokens when not given: the model's max_position_embeddings,

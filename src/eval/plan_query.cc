@@ -76,7 +76,13 @@ StatusOr<PlanQueryResult> RunPlanQuery(const PlanQuery& q) {
                          : std::min(kDefaultPlanBatchTokens, max_positions);
   job.context = q.ctx > 0 ? q.ctx : std::min(job.batch_tokens, max_positions);
   job.seqs_per_batch = q.seqs_per_batch;
-  ASSIGN_OR_RETURN(job.hooks, ResolveHooks(q.hooks, q.layers, config));
+  // Bare sites default to every layer here.
+  const bool layers_given = !q.layers.empty();
+  ASSIGN_OR_RETURN(
+      job.hooks,
+      ResolveHooks(q.hooks,
+                   layers_given ? q.layers : std::vector<std::string>{"*"},
+                   config, layers_given));
   ASSIGN_OR_RETURN(job.selector, ParseSelector(q.select));
   ASSIGN_OR_RETURN(job.capture_dtype, ParsePlanDType("--dtype", q.dtype));
   ASSIGN_OR_RETURN(job.capture_to, ParseCaptureTarget(q.capture_to));

@@ -31,10 +31,10 @@ struct PlanQuery {
   int64_t batch_tokens = 0;  // 0 = min(kDefaultPlanBatchTokens, max positions)
   int64_t ctx = 0;           // 0 = min(batch tokens, max positions)
   int64_t seqs_per_batch = 0;
-  std::vector<std::string> hooks;  // none: the whole forward with logits
-  std::vector<std::string> layers = {"*"};
-  std::string select = "all";  // all | last | mean
-  std::string dtype = "f32";   // capture dtype: f32 | bf16 | f16
+  std::vector<std::string> hooks;   // none: the whole forward with logits
+  std::vector<std::string> layers;  // none: every layer (bare sites)
+  std::string select = "all";       // all | last | mean
+  std::string dtype = "f32";        // capture dtype: f32 | bf16 | f16
   std::string capture_to = "host";
   int64_t capture_buffers = 1;
   bool logits = false;  // logits even with hooks

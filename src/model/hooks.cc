@@ -63,6 +63,69 @@ std::vector<std::string> SplitCommas(std::string_view s) {
   return out;
 }
 
+// Levenshtein distance (for "did you mean").
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min(
+          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// An item naming no hook of `c`: the error lists this model's own hooks
+// (model-level names, per-layer sites as blocks.{L}.<site>) and suggests the
+// nearest spelling, keeping the item's layer.
+Status UnknownHookError(const std::string& item, const ModelConfig& c,
+                        const Status& parse_error) {
+  std::string layer_prefix, site = item;
+  if (item.rfind("blocks.", 0) == 0) {
+    size_t at = 7;
+    if (at < item.size() && item[at] == '{') at = item.find('}', at);
+    const size_t dot = at == std::string::npos ? at : item.find('.', at);
+    if (dot != std::string::npos) {
+      layer_prefix = item.substr(0, dot + 1);
+      site = item.substr(dot + 1);
+    }
+  }
+  std::vector<std::string> names;  // this model's, distinct, in order
+  for (const HookPoint& h : ModelHooks(c)) {
+    std::string n = IsLayerSite(h.site)
+                        ? "blocks.{L}." + std::string(HookSiteName(h.site))
+                        : std::string(HookSiteName(h.site));
+    if (std::find(names.begin(), names.end(), n) == names.end())
+      names.push_back(std::move(n));
+  }
+  std::string best, list;
+  size_t best_d = std::max<size_t>(3, site.size() / 3) + 1;
+  for (const std::string& n : names) {
+    list += (list.empty() ? "" : ", ") + n;
+    const bool layered = n.rfind("blocks.{L}.", 0) == 0;
+    if (layered != !layer_prefix.empty() && !layer_prefix.empty()) continue;
+    const std::string bare = layered ? n.substr(11) : n;
+    const size_t d = EditDistance(site, bare);
+    if (d < best_d) {
+      best_d = d;
+      best = layered
+                 ? (layer_prefix.empty() ? "blocks.{L}." : layer_prefix) + bare
+                 : bare;
+    }
+  }
+  std::string what(parse_error.message());
+  what = what.substr(0, what.find("; known hooks"));  // this model's follow
+  return InvalidArgumentError(
+      what + (best.empty() ? "" : "; did you mean '" + best + "'?") +
+      "; hooks of this " + c.model_type + " model: " + list +
+      " (`loom hooks MODEL_DIR` lists every one)");
+}
+
 // A per-layer site named without its layer: "hook_resid_post".
 bool IsBareLayerSite(std::string_view item) {
   for (const auto& n : kSiteNames)
@@ -222,7 +285,8 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
   return Status();
 }
 
-StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c) {
+StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c,
+                            int64_t pattern_keys) {
   RETURN_IF_ERROR(CheckHookExists(h, c));
   switch (h.site) {
     case HookSite::kQ:
@@ -244,6 +308,7 @@ StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c) {
     case HookSite::kExpertWeights:
       return c.moe.experts_per_token;
     case HookSite::kPattern:
+      if (pattern_keys > 0) return c.num_heads * pattern_keys;
       return InvalidArgumentError(
           "hook " + HookName(h) +
           " has no row width: it is [heads, L, L] per sequence");
@@ -252,17 +317,39 @@ StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c) {
   }
 }
 
+std::vector<HookPoint> ModelHooks(const ModelConfig& c) {
+  std::vector<HookPoint> out;
+  auto add = [&](HookSite site, int64_t layer) {
+    const HookPoint h{site, layer};
+    if (CheckHookExists(h, c).ok()) out.push_back(h);
+  };
+  add(HookSite::kEmbed, -1);
+  add(HookSite::kPosEmbed, -1);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    for (int s = static_cast<int>(HookSite::kResidPre); s < kNumHookSites; ++s)
+      add(static_cast<HookSite>(s), l);
+  add(HookSite::kFinalNorm, -1);
+  add(HookSite::kLogits, -1);
+  return out;
+}
+
 StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
                                const std::vector<std::string>& layers,
-                               const ModelConfig& c) {
+                               const ModelConfig& c, bool layers_given) {
   std::vector<std::string> layer_specs;
   for (const std::string& entry : layers)
     for (std::string& l : SplitCommas(entry)) layer_specs.push_back(l);
   HookSet set;
+  bool used_layers = false;  // some bare site took the --layers
   for (const std::string& entry : patterns) {
     for (const std::string& item : SplitCommas(entry)) {
       std::vector<std::string> expanded;
+      if (item == "*") {  // every hook of the model
+        for (const HookPoint& hp : ModelHooks(c)) set.Add(hp);
+        continue;
+      }
       if (IsBareLayerSite(item)) {
+        used_layers = true;
         if (layer_specs.empty())
           return InvalidArgumentError("hook '" + item +
                                       "' needs a layer: write blocks.{L}." +
@@ -277,15 +364,28 @@ StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
         expanded.push_back(item);
       }
       for (const std::string& p : expanded) {
-        ASSIGN_OR_RETURN(std::vector<HookPoint> points,
-                         ParseHookPattern(p, c.num_layers));
-        for (const HookPoint& hp : points) {
+        StatusOr<std::vector<HookPoint>> points =
+            ParseHookPattern(p, c.num_layers);
+        if (!points.ok() &&
+            points.status().message().find("unknown") != std::string::npos)
+          return UnknownHookError(p, c, points.status());
+        RETURN_IF_ERROR(points.status());
+        for (const HookPoint& hp : *points) {
           RETURN_IF_ERROR(CheckHookExists(hp, c));
           set.Add(hp);
         }
       }
     }
   }
+  std::string layer_list;
+  for (const std::string& l : layer_specs)
+    layer_list += (layer_list.empty() ? "" : ",") + l;
+  if (layers_given && !layer_specs.empty() && !used_layers)
+    return InvalidArgumentError(
+        "--layers " + layer_list +
+        " applies to bare hook names (hook_resid_post, attn.hook_z, ...), "
+        "and every --hooks item names its own layer; drop --layers or write "
+        "the hooks without their blocks.{L}. prefix");
   return set;
 }
 

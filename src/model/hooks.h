@@ -89,6 +89,12 @@ StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t num_layers);
 // the model.
 Status CheckHookExists(const HookPoint& hook, const ModelConfig& config);
 
+// Every hook this model has (CheckHookExists passes), model-level sites
+// first (hook_embed, hook_pos_embed), then layer by layer in execution
+// order, then ln_final.hook_normalized and logits. What `loom hooks`,
+// `--hooks '*'` and the Python `Model.hook_names` list.
+std::vector<HookPoint> ModelHooks(const ModelConfig& config);
+
 // Columns of one captured row (one token) of `hook`: q_dim for attn.hook_q,
 // hook_rot_q and hook_z; kv_dim for attn.hook_k, hook_v and hook_rot_k;
 // intermediate_size for mlp.hook_pre/post; num_experts for
@@ -97,8 +103,12 @@ Status CheckHookExists(const HookPoint& hook, const ModelConfig& config);
 // hidden_size for every other site. The one function every consumer (the
 // planner, the extraction outputs) asks. Errors: the hook does not exist
 // (CheckHookExists), or it is attn.hook_pattern, which is [heads, L, L] per
-// sequence rather than rows of tokens (InvalidArgument).
-StatusOr<int64_t> HookWidth(const HookPoint& hook, const ModelConfig& config);
+// sequence rather than rows of tokens (InvalidArgument) -- unless
+// `pattern_keys` > 0: then each query token's row of it is heads x
+// pattern_keys (its probabilities over key positions 0..pattern_keys-1,
+// zero past the sequence), heads * pattern_keys columns.
+StatusOr<int64_t> HookWidth(const HookPoint& hook, const ModelConfig& config,
+                            int64_t pattern_keys = 0);
 
 // Deduplicated, sorted set of requested hooks.
 class HookSet {
@@ -130,11 +140,15 @@ class HookSet {
 // 1.0 = last layer) or '*' (all layers). Every hook is checked to exist in
 // `config` (CheckHookExists). Empty items are skipped; the result is
 // deduplicated and sorted, and may be empty (callers decide whether that is
-// an error). Errors: a bare site with empty `layers`, an unknown hook, a bad
-// or out-of-range layer, a hook the architecture lacks.
+// an error). The item '*' is every hook of the model (ModelHooks).
+// Errors: a bare site with empty `layers`, `layers` given
+// (`layers_given`) but used by no bare site, an unknown hook (naming this
+// model's hooks and the nearest spelling), a bad or out-of-range layer, a
+// hook the architecture lacks.
 StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
                                const std::vector<std::string>& layers,
-                               const ModelConfig& config);
+                               const ModelConfig& config,
+                               bool layers_given = true);
 
 }  // namespace loom
 

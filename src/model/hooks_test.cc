@@ -146,6 +146,9 @@ TEST(HookWidthTest, HooksWithoutARowWidthAreErrors) {
   ASSERT_FALSE(pattern.ok());
   EXPECT_NE(pattern.status().message().find("blocks.0.attn.hook_pattern"),
             std::string::npos);
+  // Given the key positions, each query token's row is [heads, keys].
+  EXPECT_EQ(*HookWidth({HookSite::kPattern, 0}, llama, 100),
+            llama.num_heads * 100);
   EXPECT_EQ(HookWidth({HookSite::kResidPost, 32}, llama).status().code(),
             StatusCode::kOutOfRange);
   EXPECT_FALSE(HookWidth({HookSite::kPosEmbed, -1}, llama).ok());

@@ -25,11 +25,18 @@ const ArchDef* FindArch(std::string_view model_type) {
 }
 
 std::string SupportedModelTypes() {
-  std::vector<std::string> names;
-  for (const ArchDef& a : AllArchs()) names.emplace_back(a.model_type);
-  std::sort(names.begin(), names.end());
-  std::string s;
-  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  std::vector<std::string> run, plan_only;
+  for (const ArchDef& a : AllArchs())
+    (a.runnable ? run : plan_only).emplace_back(a.model_type);
+  auto join = [](std::vector<std::string> names) {
+    std::sort(names.begin(), names.end());
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
+  std::string s = join(run);
+  if (!plan_only.empty())
+    s += " (planned and inspected only, not yet run: " + join(plan_only) + ")";
   return s;
 }
 

@@ -24,7 +24,8 @@ struct ArchDef {
 };
 
 const ArchDef* FindArch(std::string_view model_type);
-// "gemma, gemma2, gpt2, ..." (sorted), for error messages.
+// "gemma, gemma2, gpt2, ... (planned and inspected only, not yet run:
+// gemma3, gemma3_text)" (sorted), for error messages.
 std::string SupportedModelTypes();
 const std::vector<ArchDef>& AllArchs();
 

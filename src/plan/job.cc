@@ -44,16 +44,10 @@ StatusOr<CaptureTarget> ParseCaptureTarget(std::string_view s) {
 
 StatusOr<int64_t> CaptureBytes(const ModelConfig& c, const JobSpec& job,
                                const HookPoint& hook) {
-  const int64_t T = job.batch_tokens, S = job.Seqs(), L = job.MaxSeqLen();
+  const int64_t T = job.batch_tokens, S = job.Seqs();
   const int64_t elem = DTypeSize(job.capture_dtype);
-  if (hook.site == HookSite::kPattern) {
-    RETURN_IF_ERROR(CheckHookExists(hook, c));
-    // [heads, L, L] per sequence; per-sequence selections keep the last
-    // query row of each head.
-    if (job.selector == Selector::kAll) return S * c.num_heads * L * L * elem;
-    return S * c.num_heads * L * elem;
-  }
-  ASSIGN_OR_RETURN(const int64_t cols, HookWidth(hook, c));
+  // attn.hook_pattern: one [heads, MaxSeqLen] row per query token.
+  ASSIGN_OR_RETURN(const int64_t cols, HookWidth(hook, c, job.MaxSeqLen()));
   const int64_t rows = job.selector == Selector::kAll ? T : S;
   return rows * cols * elem;
 }

@@ -12,6 +12,7 @@
 namespace loom::cli {
 
 void AddInspectCommand(CLI::App& app, int* exit_code);
+void AddHooksCommand(CLI::App& app, int* exit_code);
 void AddTokenizeCommand(CLI::App& app, int* exit_code);
 void AddSynthCommand(CLI::App& app, int* exit_code);
 void AddExtractCommand(CLI::App& app, int* exit_code);

@@ -102,6 +102,23 @@ StatusOr<bool> MergeIfLast(const std::string& out, const ShardSpec& shard,
   return true;
 }
 
+// Warnings on stderr (with --quiet too) for a job whose outputs hold no
+// activations: an empty input, or every row skipped.
+void WarnAboutRows(const ExtractSummary& s, const std::string& out) {
+  if (!s.complete) return;
+  if (s.rows == 0)
+    std::fprintf(stderr,
+                 "loom extract: warning: the input held no rows; %s holds "
+                 "empty arrays\n",
+                 out.c_str());
+  else if (s.rows_skipped == s.rows)
+    std::fprintf(stderr,
+                 "loom extract: warning: every row (%lld) was skipped "
+                 "(--on-error skip); the reasons are in %s/manifest.json "
+                 "\"rows\"\n",
+                 static_cast<long long>(s.rows), out.c_str());
+}
+
 // --shard auto: the rank and world size from the launcher's environment;
 // this rank's shard goes to OUT/shards/shard-I-of-N, then the shards are
 // merged into OUT (by rank 0 after an MPI barrier, else by the last rank to
@@ -118,9 +135,9 @@ int RunAutoShard(ExtractOptions job, bool quiet) {
     std::string why;
     const std::vector<GpuDescription> gpus = ListGpus(&why);
     if (!gpus.empty())
-      job.plan.devices = {"cuda:" +
-                          std::to_string(env->local_rank %
-                                         static_cast<int64_t>(gpus.size()))};
+      job.plan.devices = {
+          "cuda:" +
+          std::to_string(env->local_rank % static_cast<int64_t>(gpus.size()))};
   }
   if (job.threads == 0 && job.plan.devices.empty() && env->local_size > 1)
     job.threads = std::max<int>(
@@ -140,11 +157,13 @@ int RunAutoShard(ExtractOptions job, bool quiet) {
     mpi.emplace(std::move(w).value());
     if (mpi->rank() != job.shard.index || mpi->size() != job.shard.count)
       return ReportStatus(
-          "extract", InternalError("--shard auto: MPI says rank " +
-                                   std::to_string(mpi->rank()) + " of " +
-                                   std::to_string(mpi->size()) + ", the "
-                                   "environment " + job.shard.ToString() +
-                                   " (" + env->source + ")"));
+          "extract",
+          InternalError("--shard auto: MPI says rank " +
+                        std::to_string(mpi->rank()) + " of " +
+                        std::to_string(mpi->size()) +
+                        ", the "
+                        "environment " +
+                        job.shard.ToString() + " (" + env->source + ")"));
   }
   // Already merged (a --resume after the end): nothing to do.
   Status status;
@@ -157,7 +176,8 @@ int RunAutoShard(ExtractOptions job, bool quiet) {
   } else {
     // A rank that never started has nothing to resume: it starts.
     std::error_code ec;
-    if (job.resume && !std::filesystem::exists(job.out_dir + "/manifest.json", ec))
+    if (job.resume &&
+        !std::filesystem::exists(job.out_dir + "/manifest.json", ec))
       job.resume = false;
     std::filesystem::create_directories(job.out_dir, ec);
     StatusOr<ExtractSummary> s = RunExtract(job);
@@ -168,6 +188,7 @@ int RunAutoShard(ExtractOptions job, bool quiet) {
       j["shard"] = job.shard.ToString();
       std::printf("%s\n", j.dump(2).c_str());
     }
+    if (s.ok()) WarnAboutRows(*s, job.out_dir);
   }
   nlohmann::json merged;
   if (mpi) {
@@ -178,14 +199,13 @@ int RunAutoShard(ExtractOptions job, bool quiet) {
       if (!*all) {
         merge = status.ok() ? FailedPreconditionError(
                                   "another rank failed; its shard under " +
-                                  out +
-                                  "/shards is kept: rerun with --resume")
+                                  out + "/shards is kept: rerun with --resume")
                             : status;
       } else if (!ShardComplete(out)) {
-        StatusOr<MergeSummary> m = MergeExtractShards(
-            {.out_dir = out,
-             .shard_dirs = ShardDirs(out, job.shard.count),
-             .remove_shards = true});
+        StatusOr<MergeSummary> m =
+            MergeExtractShards({.out_dir = out,
+                                .shard_dirs = ShardDirs(out, job.shard.count),
+                                .remove_shards = true});
         merge = m.status().WithContext("merging the shards into " + out);
         if (m.ok()) merged = m->ToJson();
       }
@@ -280,7 +300,9 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--hf-bf16", j.hf_bf16_activations, kHfBf16Help);
   cmd->add_flag("--progress", opts->progress,
                 "Progress on stderr even when it is not a terminal");
-  cmd->add_flag("--quiet", opts->quiet, "No progress and no summary");
+  cmd->add_flag("--quiet", opts->quiet,
+                "No progress and no summary (warnings are still printed)")
+      ->excludes("--progress");
   cmd->callback([opts, exit_code] {
     ExtractOptions job = opts->job;
     job.plan = opts->plan;  // the JobPlanOptions part
@@ -288,9 +310,9 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       *exit_code = ReportStatus("extract", st);
       return;
     }
-    const bool show =
-        !opts->quiet && (opts->progress || ::isatty(STDERR_FILENO)) &&
-        opts->shard != "auto";
+    const bool show = !opts->quiet &&
+                      (opts->progress || ::isatty(STDERR_FILENO)) &&
+                      opts->shard != "auto";
     if (opts->shard == "auto") {
       *exit_code = RunAutoShard(job, opts->quiet);
       return;
@@ -321,6 +343,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       out["out"] = job.out_dir;
       std::printf("%s\n", out.dump(2).c_str());
     }
+    WarnAboutRows(*s, job.out_dir);
   });
 }
 

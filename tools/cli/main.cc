@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   });
   int exit_code = 0;
   loom::cli::AddInspectCommand(app, &exit_code);
+  loom::cli::AddHooksCommand(app, &exit_code);
   loom::cli::AddTokenizeCommand(app, &exit_code);
   loom::cli::AddSynthCommand(app, &exit_code);
   loom::cli::AddExtractCommand(app, &exit_code);

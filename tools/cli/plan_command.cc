@@ -42,7 +42,7 @@ struct PlanArgs {
   int64_t ctx = 0;           // 0 = min(batch tokens, max positions)
   int64_t seqs_per_batch = 0;
   std::vector<std::string> hooks;
-  std::vector<std::string> layers = {"*"};
+  std::vector<std::string> layers;  // none: every layer (bare sites)
   std::string select = "all";
   std::string dtype = "f32";
   std::string capture_to = "host";

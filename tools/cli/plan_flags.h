@@ -34,8 +34,9 @@ enum class PlanFlagUse {
 inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
   cmd.add_option("--device", f->devices,
                  "Devices to plan on, repeatable: cpu[=SIZE] (default: this "
-                 "machine's RAM), cuda:N=SIZE (declared; job commands run on "
-                 "the CPU only), disk (weights streamed from the checkpoint)");
+                 "machine's RAM), cuda:N=SIZE (GPU N with SIZE usable: the "
+                 "plan places layers there and the job runs them on it), "
+                 "disk (weights streamed from the checkpoint)");
   cmd.add_option("--max-memory", f->max_memory,
                  "Caps per device, accelerate's syntax: 0=38GiB,1=90GiB,"
                  "cpu=50GiB; a key names a device --device gave, or, with no "
