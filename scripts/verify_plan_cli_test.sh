@@ -7,6 +7,7 @@
 # Usage: verify_plan_cli_test.sh path/to/loom
 set -euo pipefail
 loom=$(realpath "$1")
+models_dir="$(cd "$(dirname "$0")/.." && pwd)/models"
 if grep -q "AddressSanitizer" "$loom"; then
   # ASan's shadow memory and redzones are resident memory no plan describes.
   echo "SKIP: $loom is built with AddressSanitizer; resident memory is only measured in a plain build"
@@ -43,4 +44,20 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 done
+# Verification that fails says so on stderr (a tiny model: the libraries'
+# fixed heap outweighs its plan), and one that passes prints no warning.
+printf 'Once upon a time\n' > tiny.txt
+"$loom" extract --model "$models_dir/stories260K" --input tiny.txt --out out_tiny \
+  --hooks blocks.0.hook_resid_post --verify-plan > sum_tiny.json 2> err_tiny.txt
+python3 - sum_tiny.json err_tiny.txt sum_bf16.json <<'PY' || fail=1
+import json, sys
+v = json.load(open(sys.argv[1]))["verify_plan"]
+err = open(sys.argv[2]).read()
+warned = "warning: --verify-plan: resident" in err
+if v["within_1_percent"] == warned:
+    print(f"FAIL: within_1_percent {v['within_1_percent']} but warning printed: {warned}: {err}")
+    sys.exit(1)
+assert json.load(open(sys.argv[3]))["verify_plan"]["library_file_bytes"] >= 0
+print(f"tiny: ratio {v['ratio']:.3f}, warning printed: {warned}")
+PY
 exit $fail

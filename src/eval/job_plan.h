@@ -71,8 +71,10 @@ int64_t PlannedHostBytes(const MemoryPlan& plan);
 
 // Resident memory when a job started, for --verify-plan.
 struct RssWatch {
-  int64_t before = 0;       // resident bytes then
-  bool peak_reset = false;  // VmHWM was reset then (else: not readable)
+  int64_t before = 0;          // resident bytes then
+  bool peak_reset = false;     // VmHWM was reset then (else: not readable)
+  int64_t file_before = 0;     // of which file-backed
+  int64_t weights_before = 0;  // of which mapped from .safetensors files
 };
 // Resets the peak (VmHWM) and notes the resident bytes now.
 RssWatch StartRssWatch();
@@ -80,7 +82,12 @@ RssWatch StartRssWatch();
 // arenas are freed before the job returns, so the peak, not the final
 // resident size, is what the plan must cover), against `planned`, and whether
 // they agree within 1 %. The resident bytes now where the peak was not reset.
-nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch);
+// Resident file pages other than the checkpoint's (library code faulted in
+// as it first runs) are reported as library_file_bytes and left out. When
+// they do not agree, a warning naming both figures is printed on stderr
+// after "<who>: warning: ".
+nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch,
+                          const char* who);
 
 }  // namespace loom
 

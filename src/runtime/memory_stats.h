@@ -9,6 +9,12 @@ namespace loom {
 
 // Resident set size now (anonymous + file-backed pages, e.g. mmap'd weights).
 int64_t CurrentRssBytes();
+// Resident file-backed pages (libraries' code and data, mmap'd files).
+int64_t RssFileBytes();
+// Resident bytes of the file mappings whose path ends with `suffix`
+// (/proc/self/smaps), e.g. ".safetensors": the weights mapped from a
+// checkpoint. -1 if smaps cannot be read.
+int64_t MappedRssBytes(const char* suffix);
 // Peak resident set size since the process started or the last ResetPeakRss.
 int64_t PeakRssBytes();
 // Resets the peak to the current RSS (/proc/self/clear_refs); false if the

@@ -72,7 +72,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
                    eval::EvaluatePerplexity(*model, input.ids, plan, eo));
 
   if (args.plan.verify_plan) {
-    const nlohmann::json v = VerifyPlan(PlannedHostBytes(memory_plan), rss_watch);
+    const nlohmann::json v = VerifyPlan(PlannedHostBytes(memory_plan), rss_watch, "loom perplexity");
     std::fprintf(stderr, "loom perplexity: verify-plan: %s\n", v.dump().c_str());
   }
   if (args.json) {
