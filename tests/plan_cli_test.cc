@@ -232,6 +232,36 @@ TEST(HooksCli, ListsEveryHookOfTheModelAndStarPlansThem) {
   EXPECT_NE(bad.out.find("/nonexistent/model"), std::string::npos) << bad.out;
 }
 
+// Every precision runs on every CPU (16-bit weights are widened per panel
+// where the ISA lacks them), so no precision is refused or suggested away:
+// f32, bf16 and f16 under each ISA cap.
+TEST(PrecisionCli, EveryPrecisionRunsUnderEveryIsaCap) {
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  const std::string ids = ::testing::TempDir() + "/loom_precision_ids.txt";
+  std::ofstream(ids) << "1 400 50 60 70 80 90 100 5 6 7 8\n";
+  for (const char* isa : {"baseline", "avx2", "native"})
+    for (const char* precision : {"f32", "bf16", "f16"}) {
+      SCOPED_TRACE(std::string(isa) + " " + precision);
+      const std::string cmd =
+          std::string("LOOM_CPU_ISA=") + isa + " " + LOOM_BINARY +
+          " perplexity --model " + model + " --tokens " + ids +
+          " --ctx 12 --json --quiet --precision " + precision + " 2>&1";
+      FILE* p = popen(cmd.c_str(), "r");
+      ASSERT_NE(p, nullptr);
+      std::string out;
+      char buf[4096];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+      const int status = pclose(p);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+      const nlohmann::json j = nlohmann::json::parse(out);
+      EXPECT_EQ(j["precision"], std::string(precision) == "f32"    ? "F32"
+                                : std::string(precision) == "bf16" ? "BF16"
+                                                                   : "F16")
+          << out;
+    }
+}
+
 TEST(PlanCli, ModelFlagAndPositionalPrintTheSameBytes) {
   const std::string dir = Dir("Llama-3.1-70B");
   const std::string job =
