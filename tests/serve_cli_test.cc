@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "src/io/npy.h"
@@ -237,6 +239,95 @@ TEST(ServeCliTest, GenerateHooksEqualExtract) {
                     2e-5f * scale);
   }
   fs::remove_all(dir);
+}
+
+// `loom ARGS 2>&1` (ARGS as the shell reads them): exit code and output.
+std::pair<int, std::string> RunLoom(const std::string& args) {
+  FILE* p =
+      popen((std::string(LOOM_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// `loom serve --precision` like every command that computes: it sets
+// memory.precision_mode (over the YAML file's), echoed in /health; a value
+// no command takes is refused naming the flag.
+TEST(ServeCliTest, PrecisionFlagOverridesTheConfig) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("loom_serve_precision_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "c.yaml") << "memory:\n  precision_mode: fp32\n";
+  {
+    Child c(
+        {"serve", "--model", Stories(), "--port", "0", "--precision", "f64"});
+    EXPECT_EQ(c.Wait(), 1);
+    EXPECT_NE(c.err().find("--precision 'f64': expected auto, f32, bf16 or "
+                           "f16"),
+              std::string::npos)
+        << c.err();
+  }
+  Child c({"serve", "--model", Stories(), "--port", "0", "--config",
+           (dir / "c.yaml").string(), "--precision", "bf16"});
+  const int port = c.Port();
+  ASSERT_GT(port, 0) << c.err();
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(60);
+  auto m = http.Get("/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(json::parse(m->body)["models"][0]["dtype"], "BF16") << m->body;
+  auto h = http.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(json::parse(h->body)["config"]["memory"]["precision_mode"], "bf16");
+  auto g = http.Post("/generate",
+                     R"({"prompt": "Once", "max_tokens": 2, "temperature": 0})",
+                     "application/json");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 200) << g->body;
+  kill(c.pid(), SIGTERM);
+  EXPECT_EQ(c.Wait(), 0) << c.err();
+  fs::remove_all(dir);
+}
+
+// `loom generate` agrees with serve: max_tokens 0 stops with "prompt" (with
+// and without --hooks), an empty prompt is refused as extract and serve
+// refuse it, the temperature range is serve's, and errors name CLI flags,
+// not serve's YAML keys.
+TEST(ServeCliTest, GenerateAgreesWithServe) {
+  const std::string gen =
+      "generate --model " + Stories() + " --prompt 'Once upon' ";
+  for (const std::string extra :
+       {"--json", "--hooks blocks.0.hook_resid_post"}) {
+    SCOPED_TRACE(extra);
+    const auto [code, out] = RunLoom(gen + "--max-tokens 0 " + extra);
+    ASSERT_EQ(code, 0) << out;
+    const json j = json::parse(out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << out;
+    EXPECT_EQ(j["stop_reason"], "prompt");
+    EXPECT_EQ(j["token_ids"].size(), 0u);
+  }
+  auto [code, out] = RunLoom("generate --model " + Stories() + " --prompt ''");
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(out, "loom generate: --prompt: empty text\n");
+  std::tie(code, out) = RunLoom(gen + "--temperature 2.5");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(
+      out.find("--temperature: got 2.5, expected a finite number in [0, 2]"),
+      std::string::npos)
+      << out;
+  std::tie(code, out) = RunLoom(gen + "--temperature 2 --max-tokens 2");
+  EXPECT_EQ(code, 0) << out;
+  for (const std::string hooks : {"logits", "blocks.0.attn.hook_pattern"}) {
+    SCOPED_TRACE(hooks);
+    std::tie(code, out) = RunLoom(gen + "--hooks " + hooks);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_EQ(out.rfind("loom generate: --hooks: ", 0), 0u) << out;
+    EXPECT_EQ(out.find("memory.activation_cache_filter"), std::string::npos)
+        << out;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -11,11 +12,21 @@
 #include "src/tokenizer/tokenizer.h"
 
 namespace loom::eval {
+namespace {
+
+std::string Num(double x) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%g", x);
+  return b;
+}
+
+}  // namespace
 
 Status ValidateSampling(const SamplingOptions& o) {
-  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
-    return InvalidArgumentError("temperature must be >= 0, got " +
-                                std::to_string(o.temperature));
+  if (!(o.temperature >= 0.0f && o.temperature <= kMaxTemperature))
+    return InvalidArgumentError("temperature must be in [0, " +
+                                Num(kMaxTemperature) + "], got " +
+                                Num(o.temperature));
   if (o.top_k < 0)
     return InvalidArgumentError("top_k must be >= 0, got " +
                                 std::to_string(o.top_k));
@@ -222,8 +233,8 @@ StatusOr<std::vector<Generation>> Generator::Generate(
       return InvalidArgumentError("generate: prompt " + std::to_string(i) +
                                   " is empty");
     if (n > options_.context)
-      return OutOfRangeError("generate: prompt " + std::to_string(i) +
-                             " has " + std::to_string(n) +
+      return OutOfRangeError("generate: prompt " + std::to_string(i) + " has " +
+                             std::to_string(n) +
                              " tokens, more than the context of " +
                              std::to_string(options_.context) + " positions");
   }
@@ -280,7 +291,7 @@ StatusOr<std::vector<Generation>> Generator::Generate(
       results[i].token_ids.reserve(static_cast<size_t>(
           std::min(options.max_new_tokens, options_.context)));
       if (options.max_new_tokens == 0) {
-        results[i].stop_reason = "max_tokens";
+        results[i].stop_reason = "prompt";  // as loom serve's engine
         continue;
       }
       const int64_t n = static_cast<int64_t>(prompt.size());
@@ -313,9 +324,9 @@ StatusOr<std::vector<Generation>> Generator::Generate(
         pos0_[0] = p0;
         const Batch b{std::span<const int32_t>(prompt).subspan(p0, len),
                       std::span<const int64_t>(seq_start_.data(), 2)};
-        ASSIGN_OR_RETURN(
-            logits, StepLogits(b, {cache_.get(), {slot_.data(), 1},
-                                   {pos0_.data(), 1}}));
+        ASSIGN_OR_RETURN(logits, StepLogits(b, {cache_.get(),
+                                                {slot_.data(), 1},
+                                                {pos0_.data(), 1}}));
       }
       a.pos = n;
       ASSIGN_OR_RETURN(

@@ -43,8 +43,13 @@ class Tokenizer;
 
 namespace loom::eval {
 
+// The temperatures every front end accepts (`loom generate --temperature`,
+// serve's `temperature` field, ValidateSampling): [0, kMaxTemperature], as
+// OpenAI's and TheLoom's APIs.
+inline constexpr float kMaxTemperature = 2.0f;
+
 struct SamplingOptions {
-  float temperature = 0.0f;  // 0 = greedy
+  float temperature = 0.0f;  // 0 = greedy; at most kMaxTemperature
   int64_t top_k = 0;         // 0 = off
   float top_p = 1.0f;        // 1 = off
   uint64_t seed = 0;
@@ -66,7 +71,8 @@ int32_t SelectToken(const float* logits, int64_t vocab,
                     const SamplingOptions& options, std::mt19937_64& rng,
                     SamplingScratch& scratch);
 
-// Checks the options: temperature >= 0, top_k >= 0, 0 < top_p <= 1.
+// Checks the options: 0 <= temperature <= kMaxTemperature, top_k >= 0,
+// 0 < top_p <= 1.
 Status ValidateSampling(const SamplingOptions& options);
 
 struct GenerateOptions {
@@ -83,7 +89,8 @@ struct Generation {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> token_ids;  // generated ids only
   std::string text;                // decoded token_ids ("" without tokenizer)
-  // "stop_id", "stop_string", "max_tokens" or "context" (the cache is full).
+  // "stop_id", "stop_string", "max_tokens", "context" (the cache is full)
+  // or "prompt" (max_new_tokens 0: nothing was asked for; as loom serve).
   std::string stop_reason;
 };
 
@@ -94,8 +101,8 @@ StatusOr<std::vector<int32_t>> LoadStopIds(const Model& model);
 class Generator {
  public:
   struct Options {
-    int64_t slots = 1;      // sequences decoded together
-    int64_t context = 0;    // positions per sequence; 0 = min(2048, max pos)
+    int64_t slots = 1;    // sequences decoded together
+    int64_t context = 0;  // positions per sequence; 0 = min(2048, max pos)
     int64_t prefill_chunk = 256;  // prompt tokens per forward
     // Tokens per forward (a batch may mix prefill chunks and decode tokens);
     // 0 = max(prefill_chunk, slots).
@@ -120,7 +127,8 @@ class Generator {
   // context is an OutOfRange error naming both numbers.
   StatusOr<std::vector<Generation>> Generate(
       const std::vector<std::vector<int32_t>>& prompts,
-      const GenerateOptions& options, const tok::Tokenizer* tokenizer = nullptr);
+      const GenerateOptions& options,
+      const tok::Tokenizer* tokenizer = nullptr);
 
   // Forward of `batch` with the cache (see KvBatch) and logits of the last
   // token of each sequence: [num_seqs, vocab], valid until the next call.

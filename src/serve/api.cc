@@ -96,6 +96,10 @@ StatusOr<std::vector<std::string>> GetStrings(const json& j,
 }
 
 StatusOr<json> ParseBody(std::string_view body) {
+  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    return InvalidArgumentError(
+        "the request body is empty: it must be a JSON object (e.g. curl -H "
+        "'Content-Type: application/json' -d '{...}')");
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded()) {
     // Find the position with the throwing parser (exceptions stay here).

@@ -35,7 +35,7 @@ StatusOr<std::string> GetString(const json& j, std::string_view name,
 StatusOr<std::vector<std::string>> GetStrings(const json& j,
                                               std::string_view name);
 // The body of a request as a JSON object (InvalidArgument with the parser's
-// position otherwise).
+// position otherwise; an empty or blank body is InvalidArgument saying so).
 StatusOr<json> ParseBody(std::string_view body);
 
 // How arrays are returned: nested JSON lists, or base64 of the little-endian

@@ -131,17 +131,20 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
     e->capturable_.Add({HookSite::kResidPre, l});
   e->capturable_.Add({HookSite::kFinalNorm, -1});
   if (!options.extra_hooks.empty()) {
-    ASSIGN_OR_RETURN(HookSet extra, ResolveHooks(options.extra_hooks, {}, c));
-    for (const HookPoint& h : extra.hooks()) {
+    StatusOr<HookSet> extra = ResolveHooks(options.extra_hooks, {}, c);
+    if (!extra.ok())
+      return extra.status().WithContext(options.extra_hooks_setting);
+    for (const HookPoint& h : extra->hooks()) {
       if (h.site == HookSite::kPattern || IsIntegerSite(h.site))
         return InvalidArgumentError(
-            "memory.activation_cache_filter: " + HookName(h) +
-            " cannot be served (attention patterns and expert ids are not "
-            "rows of floats per token)");
+            options.extra_hooks_setting + ": " + HookName(h) +
+            " cannot be captured while generating (attention patterns and "
+            "expert ids are not rows of floats per token)");
       if (h.site == HookSite::kLogits)
         return InvalidArgumentError(
-            "memory.activation_cache_filter: logits cannot be served (one "
-            "row per token of vocab_size floats); use the generated text");
+            options.extra_hooks_setting +
+            ": logits cannot be captured while generating (one row per "
+            "token of vocab_size floats); use the generated text");
       e->capturable_.Add(h);
     }
   }
@@ -264,8 +267,8 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
     if (!Capturable(h))
       return InvalidArgumentError(
           "hook " + HookName(h) +
-          " is not captured by this server (hidden-state layers and "
-          "memory.activation_cache_filter)");
+          " is not captured by this server (hidden-state layers and " +
+          options_.extra_hooks_setting + ")");
   auto p = std::make_unique<Pending>();
   p->pages_need = PagesNeed(r);
   if (p->pages_need > gen_->cache().num_pages())

@@ -92,6 +92,9 @@ struct EngineOptions {
   // blocks.K.hook_resid_pre and ln_final.hook_normalized): extract patterns
   // such as "blocks.*.hook_mlp_out".
   std::vector<std::string> extra_hooks;
+  // What the user wrote extra_hooks as, named in errors about them: the
+  // serve YAML key by default; `loom generate` sets its flag ("--hooks").
+  std::string extra_hooks_setting = "memory.activation_cache_filter";
   int threads = 0;  // CPU threads (0 = all)
 };
 

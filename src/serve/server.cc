@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <netdb.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "src/core/json_int.h"
+#include "src/eval/generate.h"
 #include "src/io/safetensors.h"
 #include "src/model/registry.h"
 #include "src/plan/kv_layout.h"
@@ -367,6 +370,10 @@ class Server::Impl {
                                         const std::string& field = "prompt") {
     std::vector<int32_t> ids;
     if (prompt.is_string()) {
+      // Refused as `loom extract` refuses an empty text row (and Python an
+      // empty prompt), though BOS alone would give a token.
+      if (prompt.get_ref<const std::string&>().empty())
+        return InvalidArgumentError("field `" + field + "`: empty text");
       ASSIGN_OR_RETURN(
           tok::Encoding enc,
           e.tokenizer().Encode(prompt.get<std::string>(), add_special));
@@ -412,7 +419,8 @@ class Server::Impl {
     GenRequest& r = f.request;
     r.prompt = std::move(prompt);
     ASSIGN_OR_RETURN(r.max_new_tokens, GetInt(b, "max_tokens", 256, 0, 8192));
-    ASSIGN_OR_RETURN(double t, GetNumber(b, "temperature", 0.7, 0.0, 2.0));
+    ASSIGN_OR_RETURN(
+        double t, GetNumber(b, "temperature", 0.7, 0.0, eval::kMaxTemperature));
     ASSIGN_OR_RETURN(double p,
                      GetNumber(b, "top_p", chat ? 1.0 : 0.9, 0.0, 1.0));
     if (p == 0.0)
@@ -584,6 +592,11 @@ class Server::Impl {
     Reply(res, code, ErrorBody(code, s.message()));
   }
 
+  void Count(const std::string& route, int status) {
+    std::lock_guard<std::mutex> lock(metrics_mu_);
+    ++requests_[{route, status}];
+  }
+
   using Handler =
       std::function<Status(const httplib::Request&, httplib::Response&)>;
   // Wraps a route: errors become JSON error replies, every reply is counted.
@@ -599,8 +612,97 @@ class Server::Impl {
             s = InternalError("unexpected exception");
           }
           if (!s.ok()) ReplyError(res, s);
-          std::lock_guard<std::mutex> lock(metrics_mu_);
-          ++requests_[{name, res.status}];
+          Count(name, res.status);
+        };
+  }
+
+  // Why a body was too large: the limit that fired, and the size when the
+  // request declared it.
+  std::string TooLarge(const httplib::Request& req) const {
+    const std::string limit =
+        "server.max_body_bytes = " + std::to_string(o_.max_body_bytes);
+    if (!req.has_header("Content-Length"))
+      return "request body larger than " + limit +
+             " (a chunked body; reading stopped at the limit)";
+    const std::string length = req.get_header_value("Content-Length");
+    if (std::strtoull(length.c_str(), nullptr, 10) >
+        static_cast<uint64_t>(o_.max_body_bytes))
+      return "request body of " + length + " bytes is larger than " + limit;
+    // Only where the library reads the body itself (a route that is not
+    // one of the JSON routes): it caps form bodies on its own.
+    if (req.get_header_value("Content-Type")
+            .rfind("application/x-www-form-urlencoded", 0) == 0)
+      return "request body of " + length +
+             " bytes is larger than the HTTP library's limit of " +
+             std::to_string(CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH) +
+             " bytes for application/x-www-form-urlencoded bodies on " +
+             req.method + " " + req.path;
+    return "request body of " + length + " bytes is too large";
+  }
+
+  // Reads the body of a JSON route into *body through the library's content
+  // reader, whatever the Content-Type (curl -d sends
+  // application/x-www-form-urlencoded, which the library's own reading caps
+  // at 8 KiB and parses as a form); server.max_body_bytes is the one limit.
+  // On failure replies (413, 415 or 400, JSON) and returns false.
+  bool ReadBody(const httplib::Request& req,
+                const httplib::ContentReader& reader, httplib::Response& res,
+                std::string* body) {
+    const uint64_t limit = static_cast<uint64_t>(o_.max_body_bytes);
+    auto refuse = [&](int status, const std::string& message) {
+      // The rest of the body may be unread: end the connection after this.
+      res.set_header("Connection", "close");
+      Reply(res, status, ErrorBody(status, message));
+      return false;
+    };
+    if (req.is_multipart_form_data()) {
+      // Drained (not kept) so that the reply reaches the client; the
+      // library's multipart parser needs both callbacks.
+      uint64_t seen = 0;
+      const bool read =
+          reader([](const httplib::MultipartFormData&) { return true; },
+                 [&](const char*, size_t n) { return (seen += n) <= limit; });
+      if (!read && (res.status == 413 || seen > limit))
+        return refuse(413, TooLarge(req));
+      return refuse(415,
+                    "multipart/form-data bodies are not accepted: the body "
+                    "must be a JSON object (Content-Type: application/json)");
+    }
+    const std::string encoding = req.get_header_value("Transfer-Encoding");
+    const bool chunked = strcasecmp(encoding.c_str(), "chunked") == 0;
+    // No Content-Length and not chunked: an HTTP/1.1 request has no body
+    // (the library would wait for the client to close the connection).
+    if (!chunked && !req.has_header("Content-Length")) return true;
+    bool too_large = false;
+    const bool read = reader([&](const char* data, size_t n) {
+      if (body->size() + n > limit) {
+        too_large = true;
+        return false;
+      }
+      body->append(data, n);
+      return true;
+    });
+    if (read) return true;
+    if (too_large || res.status == 413) return refuse(413, TooLarge(req));
+    return refuse(400,
+                  "the request body could not be read (the connection "
+                  "closed or timed out, or a malformed chunked encoding)");
+  }
+
+  // A POST route whose body is JSON: read by ReadBody, then `h` runs on a
+  // copy of the request holding it.
+  httplib::Server::HandlerWithContentReader JsonRoute(const std::string& name,
+                                                      Handler h) {
+    httplib::Server::Handler route = Route(name, std::move(h));
+    return
+        [this, name, route](const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& reader) {
+          httplib::Request with_body = req;
+          if (!ReadBody(req, reader, res, &with_body.body)) {
+            Count(name, res.status);
+            return;
+          }
+          route(with_body, res);
         };
   }
 
@@ -658,7 +760,7 @@ class Server::Impl {
                 return Status();
               }));
     http_.Post("/models/load",
-               Route("/models/load", [this](const auto& req, auto& res) {
+               JsonRoute("/models/load", [this](const auto& req, auto& res) {
                  ASSIGN_OR_RETURN(json b, ParseBody(req.body));
                  ASSIGN_OR_RETURN(std::string name, GetString(b, "model", ""));
                  if (name.empty())
@@ -697,27 +799,30 @@ class Server::Impl {
       Reply(res, 200, out);
       return Status();
     };
-    http_.Post("/generate", Route("/generate", generate));
-    http_.Post("/v1/generate", Route("/v1/generate", generate));
-    http_.Post("/generate/stream",
-               Route("/generate/stream", [this](const auto& req, auto& res) {
-                 return Stream(req, res, /*chat=*/false);
-               }));
+    http_.Post("/generate", JsonRoute("/generate", generate));
+    http_.Post("/v1/generate", JsonRoute("/v1/generate", generate));
+    http_.Post(
+        "/generate/stream",
+        JsonRoute("/generate/stream", [this](const auto& req, auto& res) {
+          return Stream(req, res, /*chat=*/false);
+        }));
     http_.Post("/generate/batch",
-               Route("/generate/batch", [this](const auto& req, auto& res) {
+               JsonRoute("/generate/batch", [this](const auto& req, auto& res) {
                  return Batch(req, res);
                }));
-    http_.Post("/embed", Route("/embed", [this](const auto& req, auto& res) {
+    http_.Post("/embed",
+               JsonRoute("/embed", [this](const auto& req, auto& res) {
                  return Embed(req, res, false);
                }));
     http_.Post("/embed/batch",
-               Route("/embed/batch", [this](const auto& req, auto& res) {
+               JsonRoute("/embed/batch", [this](const auto& req, auto& res) {
                  return Embed(req, res, true);
                }));
     http_.Post(
         "/v1/chat/completions",
-        Route("/v1/chat/completions",
-              [this](const auto& req, auto& res) { return Chat(req, res); }));
+        JsonRoute("/v1/chat/completions", [this](const auto& req, auto& res) {
+          return Chat(req, res);
+        }));
     http_.Get("/gpu/status",
               Route("/gpu/status", [this](const auto&, auto& res) {
                 Reply(res, 200, GpuStatus());
@@ -729,7 +834,7 @@ class Server::Impl {
                 return Status();
               }));
     http_.Post("/analyze",
-               Route("/analyze", [this](const auto& req, auto& res) {
+               JsonRoute("/analyze", [this](const auto& req, auto& res) {
                  ASSIGN_OR_RETURN(json b, ParseBody(req.body));
                  const char* key = b.contains("embedding") ? "embedding"
                                    : b.contains("vector")  ? "vector"
@@ -748,6 +853,16 @@ class Server::Impl {
                  Reply(res, 200, out);
                  return Status();
                }));
+    // Last (routes match in order): any other POST: its body is read as a JSON
+    // route's (the library's own reading would answer a form body over 8 KiB
+    // with 413), then 404.
+    http_.Post(".*", [this](const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& reader) {
+      std::string body;
+      if (ReadBody(req, reader, res, &body))
+        Reply(res, 404,
+              ErrorBody(404, "no route " + req.method + " " + req.path));
+    });
   }
 
   // SSE for /generate/stream (events: token, done, error) and for streamed
@@ -803,7 +918,9 @@ class Server::Impl {
       }
     };
     f.request.on_finish = [st] { st->Finish(); };
-    ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
+    // OpenAI's first chunk carries the role. It is queued before Submit:
+    // from Submit on, the scheduler thread may push content chunks at any
+    // moment (pushed after Submit, it sometimes came after them).
     if (chat && format == "openai")
       st->Push(Sse("", {{"id", id},
                         {"object", "chat.completion.chunk"},
@@ -813,6 +930,7 @@ class Server::Impl {
                          {{{"index", 0},
                            {"delta", {{"role", "assistant"}, {"content", ""}}},
                            {"finish_reason", nullptr}}}}}));
+    ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -1338,9 +1456,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
         if (!res.body.empty()) return;  // a route's own error reply
         std::string msg = "HTTP " + std::to_string(res.status);
         if (res.status == 404) msg = "no route " + req.method + " " + req.path;
-        if (res.status == 413)
-          msg = "request body larger than server.max_body_bytes = " +
-                std::to_string(p->o_.max_body_bytes);
+        if (res.status == 413) msg = p->TooLarge(req);
         p->Reply(res, res.status, ErrorBody(res.status, msg));
       });
   p->Register();

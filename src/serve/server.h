@@ -10,8 +10,10 @@
 // leaving the directory).
 //
 // Safety: binds 127.0.0.1 unless told otherwise; with an auth token every
-// route but /health needs "Authorization: Bearer <token>"; bodies over
-// max_body_bytes get 413, prompts over max_prompt_tokens 400; malformed JSON,
+// route but /health needs "Authorization: Bearer <token>"; a POST body is
+// read as JSON whatever its Content-Type (curl -d's form type too), with
+// max_body_bytes the one limit (413 naming it; multipart/form-data is 415);
+// prompts over max_prompt_tokens get 400; malformed JSON,
 // wrong types and unknown models get 4xx with a message; a full queue gets
 // 503 with Retry-After. Stop() (SIGTERM in the CLI) refuses new requests,
 // lets the in-flight ones finish, then unloads the models.

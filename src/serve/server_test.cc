@@ -4,16 +4,24 @@
 // and a bounded load test (64 concurrent clients).
 #include "src/serve/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -118,6 +126,292 @@ std::vector<std::pair<std::string, std::string>> Events(const std::string& s) {
     pos = end + 2;
   }
   return out;
+}
+
+// A reply read off a raw connection.
+struct RawReply {
+  int status = 0;  // 0: no reply
+  std::string headers, body;
+  double seconds = 0;
+};
+
+// Sends `request` byte for byte (it should say "Connection: close") and
+// reads the reply until the server closes the connection (10 s at most).
+RawReply Raw(int port, const std::string& request) {
+  RawReply out;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return out;
+  }
+  for (size_t at = 0; at < request.size();) {
+    const ssize_t n = send(fd, request.data() + at, request.size() - at, 0);
+    if (n <= 0) break;
+    at += static_cast<size_t>(n);
+  }
+  std::string reply;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0)
+    reply.append(buf, static_cast<size_t>(n));
+  close(fd);
+  out.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  const size_t end = reply.find("\r\n\r\n");
+  if (reply.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return out;
+  out.status = std::stoi(reply.substr(9, 3));
+  out.headers = reply.substr(0, end);
+  out.body = reply.substr(end + 4);
+  return out;
+}
+
+// A POST of `body` with these extra header lines ("" = none).
+std::string RawPost(const std::string& path, const std::string& headers,
+                    const std::string& body) {
+  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers +
+         "Content-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\n\r\n" + body;
+}
+
+// `body` in chunks of 1000 bytes (Transfer-Encoding: chunked).
+std::string RawChunkedPost(const std::string& path, const std::string& body) {
+  std::string r = "POST " + path +
+                  " HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: "
+                  "chunked\r\nConnection: close\r\n\r\n";
+  for (size_t at = 0; at < body.size(); at += 1000) {
+    const std::string part = body.substr(at, 1000);
+    char size[16];
+    std::snprintf(size, sizeof(size), "%zx\r\n", part.size());
+    r += size + part + "\r\n";
+  }
+  return r + "0\r\n\r\n";
+}
+
+std::string Detail(const RawReply& r) {
+  const json j = json::parse(r.body, nullptr, false);
+  return j.is_object() && j.contains("detail") ? j["detail"].get<std::string>()
+                                               : "(no JSON detail) " + r.body;
+}
+
+// curl -d sends application/x-www-form-urlencoded, which the HTTP library
+// caps at 8 KiB when it reads a body itself: a JSON route reads its body as
+// JSON whatever the Content-Type (or none), limited by max_body_bytes only,
+// and the 413 names the limit that fired.
+TEST(ServeHttpTest, JsonBodyWhateverTheContentType) {
+  ServerOptions o = Defaults();
+  o.max_body_bytes = 64 << 10;
+  Running s(o);
+  const int port = s.server().port();
+  // Over 8 KiB: a field the route ignores pads it.
+  const std::string body = json({{"prompt", "Once"},
+                                 {"max_tokens", 1},
+                                 {"temperature", 0},
+                                 {"padding", std::string(10000, 'x')}})
+                               .dump();
+  ASSERT_GT(body.size(), 8192u);
+  for (const std::string type : {"application/x-www-form-urlencoded", "",
+                                 "text/plain", "application/json"}) {
+    SCOPED_TRACE("Content-Type: " + type);
+    const std::string header =
+        type.empty() ? "" : "Content-Type: " + type + "\r\n";
+    const RawReply r = Raw(port, RawPost("/generate", header, body));
+    EXPECT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j["token_count"], 1);
+  }
+  RawReply r = Raw(port, RawChunkedPost("/generate", body));
+  EXPECT_EQ(r.status, 200) << r.body;
+  // Over max_body_bytes, declared or chunked: 413 naming the limit.
+  const std::string big =
+      json({{"prompt", "Once"}, {"padding", std::string(70000, 'x')}}).dump();
+  r = Raw(port,
+          RawPost("/generate",
+                  "Content-Type: application/x-www-form-urlencoded\r\n", big));
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(Detail(r), "request body of " + std::to_string(big.size()) +
+                           " bytes is larger than server.max_body_bytes = "
+                           "65536");
+  r = Raw(port, RawChunkedPost("/generate", big));
+  EXPECT_EQ(r.status, 413);
+  EXPECT_NE(Detail(r).find("larger than server.max_body_bytes = 65536"),
+            std::string::npos)
+      << Detail(r);
+  // Not a route: 404 whatever the body, not the library's form limit.
+  r = Raw(port,
+          RawPost("/nowhere",
+                  "Content-Type: application/x-www-form-urlencoded\r\n", body));
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(Detail(r), "no route POST /nowhere");
+  // multipart/form-data: refused (its parts are not a JSON object).
+  const std::string multipart =
+      "--XyZ\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nb\r\n"
+      "--XyZ--\r\n";
+  r = Raw(port, RawPost("/generate",
+                        "Content-Type: multipart/form-data; boundary=XyZ\r\n",
+                        multipart));
+  EXPECT_EQ(r.status, 415);
+  EXPECT_NE(Detail(r).find("multipart/form-data"), std::string::npos)
+      << Detail(r);
+  // An empty body, declared or not (no Content-Length: no body in HTTP/1.1;
+  // it was a 30 s wait for the client to close, then a bare "HTTP 400").
+  r = Raw(port, RawPost("/generate", "", ""));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(Detail(r).find("the request body is empty: it must be a JSON "
+                           "object"),
+            std::string::npos)
+      << Detail(r);
+  r = Raw(port,
+          "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: "
+          "close\r\n\r\n");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_LT(r.seconds, 5.0);
+  EXPECT_NE(Detail(r).find("the request body is empty"), std::string::npos)
+      << Detail(r);
+  // Still serving, and the refusals were counted.
+  auto c = s.Client();
+  int status = 0;
+  Post(c, "/generate", {{"prompt", "a"}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 200);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find(
+                "loom_http_requests_total{route=\"/generate\",code=\"413\"} 2"),
+            std::string::npos)
+      << m->body;
+}
+
+// Runs the threads created while it lives on one CPU (the first of the
+// process's), as on a loaded machine; restores the mask after.
+class OnOneCpu {
+ public:
+  OnOneCpu() {
+    sched_getaffinity(0, sizeof(saved_), &saved_);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &saved_)) {
+        CPU_SET(c, &one);
+        break;
+      }
+    sched_setaffinity(0, sizeof(one), &one);
+  }
+  ~OnOneCpu() { sched_setaffinity(0, sizeof(saved_), &saved_); }
+
+ private:
+  cpu_set_t saved_;
+};
+
+// The first chunk of every OpenAI-format chat stream carries delta.role. It
+// was queued after Submit, when the scheduler thread may already have pushed
+// content: the scheduler, woken by Submit on the HTTP thread's core, runs
+// first now and then (about one stream in a hundred). The server's threads
+// share one CPU here to make that likelier; 40 concurrent streams, then 160
+// one after the other (with the role pushed after Submit, 10 runs in 10 of
+// this test failed).
+TEST(ServeHttpTest, OpenAiChatStreamsStartWithTheRole) {
+  std::unique_ptr<Running> s;
+  {
+    OnOneCpu pin;
+    ServerOptions o = Defaults();
+    o.engine.slots = 16;
+    o.engine.threads = 1;
+    o.threads = 48;
+    s = std::make_unique<Running>(o);
+  }
+  std::atomic<int> streams{0};
+  std::mutex mu;
+  std::vector<std::string> bad;
+  auto client = [&](int i, int count) {
+    auto c = s->Client();
+    for (int k = 0; k < count; ++k) {
+      auto r = c.Post(
+          "/v1/chat/completions",
+          json({{"messages",
+                 {{{"role", "user"}, {"content", "Hi " + std::to_string(i)}}}},
+                {"max_tokens", 4},
+                {"temperature", 0},
+                {"ignore_eos", true},
+                {"stream", true}})
+              .dump(),
+          "application/json");
+      ++streams;
+      const auto events =
+          r && r->status == 200 ? Events(r->body) : decltype(Events("")){};
+      const json first = events.empty()
+                             ? json()
+                             : json::parse(events[0].second, nullptr, false);
+      if (!first.is_object() ||
+          first["choices"][0]["delta"].value("role", "") != "assistant") {
+        std::lock_guard<std::mutex> lock(mu);
+        bad.push_back(r ? r->body.substr(0, 300) : "no response");
+      }
+    }
+  };
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 40; ++i) clients.emplace_back(client, i, 1);
+  for (auto& t : clients) t.join();
+  clients.clear();
+  client(0, 160);  // one after the other: Submit wakes the scheduler each time
+  EXPECT_EQ(streams.load(), 200);
+  EXPECT_TRUE(bad.empty()) << bad.size() << " streams, e.g.: " << bad[0];
+  s->Stop();
+}
+
+// The front ends agree: `"prompt": ""` is refused as extract refuses an
+// empty text row; the temperature range is generate's (eval::
+// kMaxTemperature); max_tokens 0 stops with "prompt" as the generator does.
+TEST(ServeHttpTest, FieldsAgreeWithTheOtherFrontEnds) {
+  Running s(Defaults());
+  auto c = s.Client();
+  int status = 0;
+  json e = Post(c, "/generate", {{"prompt", ""}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["detail"], "field `prompt`: empty text");
+  e = Post(c, "/embed", {{"text", ""}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["detail"], "text 0: field `text`: empty text");
+  e = Post(c, "/generate",
+           {{"prompt", "a"},
+            {"max_tokens", 1},
+            {"temperature", eval::kMaxTemperature + 0.5}},
+           &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(e["detail"].get<std::string>().find("temperature"),
+            std::string::npos);
+  Post(c, "/generate",
+       {{"prompt", "a"},
+        {"max_tokens", 1},
+        {"temperature", eval::kMaxTemperature}},
+       &status);
+  EXPECT_EQ(status, 200);
+  eval::SamplingOptions hot;
+  hot.temperature = eval::kMaxTemperature + 0.5f;
+  EXPECT_FALSE(eval::ValidateSampling(hot).ok());
+  hot.temperature = eval::kMaxTemperature;
+  EXPECT_TRUE(eval::ValidateSampling(hot).ok());
+  // max_tokens 0: the engine's and the generator's stop_reason agree.
+  json g =
+      Post(c, "/generate", {{"prompt", "Once"}, {"max_tokens", 0}}, &status);
+  ASSERT_EQ(status, 200) << g.dump();
+  auto model = Model::Load(Stories(), Precision::kF32);
+  ASSERT_TRUE(model.ok());
+  auto gen = eval::Generator::Create(**model, {});
+  ASSERT_TRUE(gen.ok());
+  eval::GenerateOptions none;
+  none.max_new_tokens = 0;
+  auto want = (*gen)->Generate({{1, 403}}, none);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_EQ(g["stop_reason"], (*want)[0].stop_reason);
+  EXPECT_EQ(g["stop_reason"], "prompt");
 }
 
 TEST(ServeHttpTest, HealthModelsLoadUnload) {

@@ -66,6 +66,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   eo.prefill_chunk = args.chunk;
   eo.threads = args.threads;
   eo.max_queue = 1;
+  eo.extra_hooks_setting = "--hooks";  // errors name the flag, not serve's key
   std::vector<RowSelector> selectors;
   for (const std::string& s : args.select) {
     ASSIGN_OR_RETURN(RowSelector r, ParseRowSelector(s));
@@ -120,6 +121,8 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
 }
 
 Status RunGenerate(const GenerateArgs& args) {
+  // As extract refuses an empty text row and serve an empty `prompt`.
+  if (args.prompt.empty()) return InvalidArgumentError("--prompt: empty text");
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
   if (!args.hooks.empty()) return RunGenerateWithHooks(args, precision);
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
@@ -172,8 +175,8 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                   "the prompt's activations only)")
       ->check(IntRange(0));
   cmd->add_option("--temperature", args->temperature,
-                  "0 = greedy (default); > 0 samples")
-      ->check(NumberRange(0, false, kNoLimit, false));
+                  "0 = greedy (default); > 0 samples; at most 2 (as serve)")
+      ->check(NumberRange(0, false, eval::kMaxTemperature, false));
   cmd->add_option("--top-k", args->top_k, "Keep the k most likely (0 = off)")
       ->check(IntRange(0));
   cmd->add_option("--top-p", args->top_p, "Nucleus mass (1 = off)")

@@ -1,8 +1,9 @@
-// `loom serve --model DIR [--host H] [--port N] [--config FILE] [--threads N]`:
-// TheLoom's HTTP API (src/serve/server.h, docs/server.md). The configuration
-// is the YAML file (src/serve/config.h), then LOOM_<SECTION>__<KEY>
-// environment variables, then these flags. SIGTERM / SIGINT stop it
-// gracefully: new requests get 503, requests in flight finish.
+// `loom serve --model DIR [--host H] [--port N] [--config FILE] [--threads N]
+//  [--precision P]`: TheLoom's HTTP API (src/serve/server.h, docs/server.md).
+// The configuration is the YAML file (src/serve/config.h), then
+// LOOM_<SECTION>__<KEY> environment variables, then these flags (--precision
+// sets memory.precision_mode). SIGTERM / SIGINT stop it gracefully: new
+// requests get 503, requests in flight finish.
 #include <pthread.h>
 #include <signal.h>
 
@@ -33,7 +34,25 @@ struct ServeArgs {
   int port = -1;
   std::string config;
   int threads = 0;
+  std::string precision;  // "" = memory.precision_mode of the configuration
 };
+
+// memory.precision_mode's spelling of a --precision value (the YAML key takes
+// fp32 / fp16 / bf16 / auto; the flag takes what every command's --precision
+// takes).
+StatusOr<std::string> PrecisionMode(const std::string& flag) {
+  ASSIGN_OR_RETURN(Precision p, ParsePrecision(flag));
+  switch (p) {
+    case Precision::kF32:
+      return std::string("fp32");
+    case Precision::kBF16:
+      return std::string("bf16");
+    case Precision::kF16:
+      return std::string("fp16");
+    default:
+      return std::string("auto");
+  }
+}
 
 StatusOr<Precision> PrecisionOf(const serve::ServeConfig& c) {
   const std::string& mode = c.memory.precision_mode;
@@ -63,6 +82,10 @@ Status RunServe(const ServeArgs& args) {
   RETURN_IF_ERROR(serve::ApplyEnvOverrides(env, config));
   if (!args.host.empty()) config.server.http_host = args.host;
   if (args.port >= 0) config.server.http_port = args.port;
+  if (!args.precision.empty()) {
+    ASSIGN_OR_RETURN(config.memory.precision_mode,
+                     PrecisionMode(args.precision));
+  }
   RETURN_IF_ERROR(serve::ValidateServeConfig(config));
   if (!config.logging.file.empty() &&
       std::freopen(config.logging.file.c_str(), "a", stderr) == nullptr)
@@ -170,6 +193,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", args->config,
                   "YAML configuration (docs/design/serve-config.md)");
   AddThreadsFlag(*cmd, &args->threads);
+  cmd->add_option("--precision", args->precision,
+                  "auto, f32, bf16 or f16: the compute precision of every "
+                  "model loaded (memory.precision_mode; auto: "
+                  "models.default_dtype, then as other commands' auto)");
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("serve", RunServe(*args));
   });
