@@ -1,15 +1,19 @@
 // The Python module `loom._loom` (pybind11): a model loaded once and reused
 // by every call; extraction through the pipeline of `loom extract` (settings,
 // plan, backends, WindowRunner) into in-memory arrays handed to numpy without
-// a copy; perplexity, plan and tokenize as the CLI computes them. The pure
-// Python part of the package (python/loom/__init__.py) wraps this.
+// a copy; perplexity, plan, generate (python/generate.h), tokenize and decode
+// as the CLI computes them. The pure Python part of the package
+// (python/loom/__init__.py) wraps this.
 //
-// Errors: every Status becomes a Python exception carrying Loom's message and
-// its code name (`code`); no C++ exception crosses into Python (pybind11
+// Errors: every Status becomes a Python exception carrying Loom's message,
+// with the CLI's flags renamed to the Python arguments ("--ctx" -> "ctx"),
+// and its code name (`code`). Every argument is taken as a Python object and
+// converted here: a wrong type is a TypeError naming the argument, never a
+// pybind11 signature dump. No C++ exception crosses into Python (pybind11
 // translates anything that would). The GIL is released around every load,
 // plan and forward; Ctrl-C is polled before every forward (the `cancelled`
-// hooks of WindowRunner and EvaluatePerplexity; the GIL is taken for it at
-// most every 20 ms) and re-raised as KeyboardInterrupt.
+// hooks of WindowRunner, EvaluatePerplexity and GenerateOne; the GIL is
+// taken for it at most every 20 ms) and re-raised as KeyboardInterrupt.
 #include <Python.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -25,10 +29,13 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "python/generate.h"
 #include "src/backend/registry.h"
 #include "src/base/status.h"
 #include "src/eval/extract.h"
@@ -36,11 +43,14 @@
 #include "src/eval/extract_rows.h"
 #include "src/eval/extract_run.h"
 #include "src/eval/extract_settings.h"
+#include "src/eval/generate.h"
 #include "src/eval/input.h"
 #include "src/eval/job_plan.h"
 #include "src/eval/perplexity.h"
 #include "src/eval/plan_query.h"
+#include "src/eval/row_selector.h"
 #include "src/eval/windows.h"
+#include "src/model/hooks.h"
 #include "src/model/registry.h"
 #include "src/runtime/model.h"
 #include "src/tokenizer/tokenizer.h"
@@ -78,16 +88,104 @@ PyObject* ErrorClassOf(StatusCode code) {
   }
 }
 
+// The Python arguments that have a flag of the same name in the CLI: Loom's
+// messages name the flag ("--ctx", "--max-memory"), the Python API the
+// argument ("ctx", "max_memory").
+bool IsPythonArgument(std::string_view name) {
+  static const std::set<std::string_view, std::less<>> kArguments = {
+      "add_bos",
+      "assume_dtype",
+      "batch_tokens",
+      "capture_buffers",
+      "capture_to",
+      "chunk_rows",
+      "commit_every",
+      "ctx",
+      "device",
+      "dtype",
+      "hf_bf16",
+      "hooks",
+      "kv_context",
+      "kv_dtype",
+      "layers",
+      "layers_per_device",
+      "logits",
+      "logits_chunk",
+      "max_memory",
+      "max_row_tokens",
+      "max_tokens",
+      "max_windows",
+      "mode",
+      "offload",
+      "on_error",
+      "precision",
+      "prefill_chunk",
+      "protocol",
+      "replace_invalid_utf8",
+      "reserve",
+      "seed",
+      "select",
+      "seqs_per_batch",
+      "solve",
+      "stop",
+      "strategy",
+      "streaming_chunk_size",
+      "stride",
+      "template",
+      "temperature",
+      "text",
+      "threads",
+      "tokens",
+      "top_k",
+      "top_p"};
+  return kArguments.count(name) > 0;
+}
+
+bool IsFlagChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+}
+
+// `message` with every CLI flag that is a Python argument named as that
+// argument: "use a smaller --ctx" -> "use a smaller ctx".
+std::string WithPythonArgumentNames(const std::string& message) {
+  std::string out;
+  out.reserve(message.size());
+  size_t i = 0;
+  while (i < message.size()) {
+    const bool flag_start =
+        message.compare(i, 2, "--") == 0 && i + 2 < message.size() &&
+        message[i + 2] >= 'a' && message[i + 2] <= 'z' &&
+        (i == 0 || !(IsFlagChar(message[i - 1]) ||
+                     (message[i - 1] >= 'A' && message[i - 1] <= 'Z')));
+    if (flag_start) {
+      size_t j = i + 2;
+      while (j < message.size() && IsFlagChar(message[j])) ++j;
+      while (j > i + 2 && message[j - 1] == '-') --j;
+      std::string name = message.substr(i + 2, j - i - 2);
+      for (char& c : name)
+        if (c == '-') c = '_';
+      if (IsPythonArgument(name)) {
+        out += name;
+        i = j;
+        continue;
+      }
+    }
+    out += message[i++];
+  }
+  return out;
+}
+
 // Sets the Python error for `s` (not OK) and throws error_already_set, which
 // pybind11 hands back to Python as that exception. Needs the GIL. A
 // Cancelled status whose KeyboardInterrupt (or other signal handler error)
-// is pending re-raises that error.
+// is pending re-raises that error. CLI flags in the message are renamed to
+// the Python arguments (WithPythonArgumentNames).
 [[noreturn]] void Raise(const Status& s) {
   if (s.code() == StatusCode::kCancelled && PyErr_Occurred())
     throw py::error_already_set();
   PyObject* type = ErrorClassOf(s.code());
   // Messages are UTF-8 except where a byte of the input is quoted: replace.
-  const std::string& m = s.message();
+  const std::string m = WithPythonArgumentNames(s.message());
   py::object message = py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(
       m.data(), static_cast<Py_ssize_t>(m.size()), "replace"));
   py::object exc = py::reinterpret_steal<py::object>(
@@ -181,35 +279,247 @@ py::object JsonToPython(const Json& j) {
   return loads(j.dump(-1, ' ', false, Json::error_handler_t::replace));
 }
 
-// ---- Arguments --------------------------------------------------------------
+// A str from UTF-8 (a byte that is not UTF-8: U+FFFD).
+py::str Utf8ToPython(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(
+      s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
 
-// A str, or a sequence of str, as a list (None: empty).
-std::vector<std::string> StringList(const py::object& o) {
+// ---- Arguments --------------------------------------------------------------
+//
+// Every argument is taken as a Python object and converted here, so that a
+// wrong type is a TypeError naming the argument ("ctx: expected an int, got
+// str"), never pybind11's "incompatible function arguments" or a
+// RuntimeError "Unable to cast".
+
+std::string TypeNameOf(py::handle o) {
+  return py::str(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(o.ptr())))
+                     .attr("__name__"))
+      .cast<std::string>();
+}
+
+[[noreturn]] void WrongType(const std::string& arg, const std::string& expected,
+                            py::handle got) {
+  throw py::type_error(arg + ": expected " + expected + ", got " +
+                       TypeNameOf(got));
+}
+
+// The index and code point of the first surrogate of a str, which UTF-8
+// cannot encode (os.fsdecode and errors="surrogateescape" leave U+DC80..U+DCFF
+// for undecodable bytes).
+std::string FirstSurrogate(py::handle s) {
+  const Py_ssize_t n = PyUnicode_GetLength(s.ptr());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const Py_UCS4 c = PyUnicode_ReadChar(s.ptr(), i);
+    if (c >= 0xD800 && c <= 0xDFFF) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "U+%04X at index %zd",
+                    static_cast<unsigned>(c), static_cast<ssize_t>(i));
+      return buf;
+    }
+  }
+  return "a surrogate";
+}
+
+// The UTF-8 bytes of a str; nullopt (no Python error left set) when it holds
+// a lone surrogate. With `keep_surrogates` such a str gives the bytes that
+// surrogateescape stands for (else surrogatepass's), for Loom's UTF-8 check
+// to report or replace as invalid UTF-8.
+std::optional<std::string> Utf8Of(py::handle s, bool keep_surrogates) {
+  Py_ssize_t n = 0;
+  if (const char* p = PyUnicode_AsUTF8AndSize(s.ptr(), &n))
+    return std::string(p, static_cast<size_t>(n));
+  PyErr_Clear();
+  if (!keep_surrogates) return std::nullopt;
+  for (const char* errors : {"surrogateescape", "surrogatepass"}) {
+    PyObject* b = PyUnicode_AsEncodedString(s.ptr(), "utf-8", errors);
+    if (b != nullptr) {
+      std::string out(PyBytes_AS_STRING(b),
+                      static_cast<size_t>(PyBytes_GET_SIZE(b)));
+      Py_DECREF(b);
+      return out;
+    }
+    PyErr_Clear();
+  }
+  return std::nullopt;
+}
+
+[[noreturn]] void RaiseSurrogate(const std::string& arg, py::handle s,
+                                 bool can_replace) {
+  Raise(InvalidArgumentError(
+      arg + ": the str holds a lone surrogate (" + FirstSurrogate(s) +
+      "), which is not Unicode text and has no UTF-8 encoding" +
+      (can_replace ? "; replace_invalid_utf8=True replaces it with U+FFFD "
+                     "(an escaped undecodable byte as that byte would be)"
+                   : "; pass the bytes instead")));
+}
+
+// A str argument (UTF-8).
+std::string StrArg(const std::string& arg, py::handle o) {
+  if (!PyUnicode_Check(o.ptr())) WrongType(arg, "a str", o);
+  std::optional<std::string> s = Utf8Of(o, false);
+  if (!s) RaiseSurrogate(arg, o, false);
+  return *std::move(s);
+}
+
+// A str (UTF-8; see Utf8Of for `replace`) or bytes (as they are).
+std::string TextArg(const std::string& arg, py::handle o, bool replace,
+                    bool can_replace) {
+  if (PyBytes_Check(o.ptr()))
+    return std::string(PyBytes_AS_STRING(o.ptr()),
+                       static_cast<size_t>(PyBytes_GET_SIZE(o.ptr())));
+  if (!PyUnicode_Check(o.ptr())) WrongType(arg, "a str or bytes", o);
+  std::optional<std::string> s = Utf8Of(o, replace);
+  if (!s) RaiseSurrogate(arg, o, can_replace);
+  return *std::move(s);
+}
+
+std::optional<std::string> OptStrArg(const std::string& arg, py::handle o) {
+  if (o.is_none()) return std::nullopt;
+  return StrArg(arg, o);
+}
+
+// An integer (int, numpy integer; not bool, not float).
+int64_t IntArg(const std::string& arg, py::handle o) {
+  if (PyBool_Check(o.ptr()) || PyFloat_Check(o.ptr()))
+    WrongType(arg, "an int", o);
+  py::object v = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
+  if (!v) {
+    PyErr_Clear();
+    WrongType(arg, "an int", o);
+  }
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow != 0)
+    Raise(InvalidArgumentError(arg + ": " + py::str(v).cast<std::string>() +
+                               " is out of range"));
+  return static_cast<int64_t>(x);
+}
+
+// An int >= `min`.
+int64_t IntArgAtLeast(const std::string& arg, py::handle o, int64_t min,
+                      const char* meaning = "") {
+  const int64_t v = IntArg(arg, o);
+  if (v < min)
+    Raise(InvalidArgumentError(arg + ": got " + std::to_string(v) +
+                               ", expected an int >= " + std::to_string(min) +
+                               meaning));
+  return v;
+}
+
+// An unsigned 64-bit int (a seed).
+uint64_t SeedArg(const std::string& arg, py::handle o) {
+  if (PyBool_Check(o.ptr()) || PyFloat_Check(o.ptr()))
+    WrongType(arg, "an int", o);
+  py::object v = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
+  if (!v) {
+    PyErr_Clear();
+    WrongType(arg, "an int", o);
+  }
+  const unsigned long long x = PyLong_AsUnsignedLongLong(v.ptr());
+  if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    Raise(InvalidArgumentError(arg + ": " + py::str(v).cast<std::string>() +
+                               " is outside [0, 2^64)"));
+  }
+  return static_cast<uint64_t>(x);
+}
+
+// A bool (Python's or numpy's; 0 and 1 too).
+bool BoolArg(const std::string& arg, py::handle o) {
+  if (PyBool_Check(o.ptr())) return o.ptr() == Py_True;
+  const std::string type = TypeNameOf(o);
+  if (type == "bool_" || type == "bool") return PyObject_IsTrue(o.ptr()) == 1;
+  if (PyLong_Check(o.ptr())) {
+    const int64_t v = IntArg(arg, o);
+    if (v == 0 || v == 1) return v == 1;
+  }
+  WrongType(arg, "a bool", o);
+}
+
+// A real number (int, float, numpy scalars; not bool, not str).
+double FloatArg(const std::string& arg, py::handle o) {
+  if (PyBool_Check(o.ptr()) || PyUnicode_Check(o.ptr()) ||
+      PyBytes_Check(o.ptr()))
+    WrongType(arg, "a number", o);
+  const double d = PyFloat_AsDouble(o.ptr());
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    WrongType(arg, "a number", o);
+  }
+  return d;
+}
+
+// A str, or an iterable of str, as a list (None: empty).
+std::vector<std::string> StrListArg(const std::string& arg, py::handle o) {
   if (o.is_none()) return {};
-  if (py::isinstance<py::str>(o)) return {o.cast<std::string>()};
-  return o.cast<std::vector<std::string>>();
+  if (PyUnicode_Check(o.ptr())) return {StrArg(arg, o)};
+  if (PyBytes_Check(o.ptr())) WrongType(arg, "a str or a list of str", o);
+  py::object it = py::reinterpret_steal<py::object>(PyObject_GetIter(o.ptr()));
+  if (!it) {
+    PyErr_Clear();
+    WrongType(arg, "a str or a list of str", o);
+  }
+  std::vector<std::string> out;
+  for (const py::handle item : py::iter(o))
+    out.push_back(StrArg(arg + "[" + std::to_string(out.size()) + "]", item));
+  return out;
+}
+
+// Token ids: an iterable of ints (numpy integers too) in [0, 2^31).
+std::vector<int32_t> TokenIdsArg(const std::string& arg, py::handle o) {
+  if (PyUnicode_Check(o.ptr()) || PyBytes_Check(o.ptr()))
+    WrongType(arg, "a sequence of token ids (ints)", o);
+  py::object it = py::reinterpret_steal<py::object>(PyObject_GetIter(o.ptr()));
+  if (!it) {
+    PyErr_Clear();
+    WrongType(arg, "a sequence of token ids (ints)", o);
+  }
+  std::vector<int32_t> ids;
+  for (const py::handle t : py::iter(o)) {
+    const std::string name = arg + "[" + std::to_string(ids.size()) + "]";
+    const int64_t v = IntArg(name, t);
+    if (v < 0 || v > std::numeric_limits<int32_t>::max())
+      Raise(InvalidArgumentError(name + ": token id " + std::to_string(v) +
+                                 " is out of range"));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
 }
 
 // `device`: "auto" (the CLI's default: this machine's RAM), one device
 // ("cpu", "cpu=24GiB", "cuda:0=80GiB", "disk") or a list of them.
-std::vector<std::string> DeviceList(const py::object& o) {
-  std::vector<std::string> d = StringList(o);
+std::vector<std::string> DeviceList(py::handle o) {
+  std::vector<std::string> d = StrListArg("device", o);
   if (d.size() == 1 && d[0] == "auto") return {};
   return d;
 }
 
-// One prompt: a str, or a sequence of token ids.
+// One prompt: a str, or a sequence of token ids. A str that is not Unicode
+// text (a lone surrogate) goes on as the bytes it escapes, for the row's
+// UTF-8 check (replace_invalid_utf8, on_error) to decide.
 InputRow ToInputRow(const py::handle& item, int64_t index) {
   InputRow row;
   row.index = index;
   row.id = index;
-  if (py::isinstance<py::str>(item)) {
-    row.text = item.cast<std::string>();
+  const std::string name = "prompts[" + std::to_string(index) + "]";
+  if (PyUnicode_Check(item.ptr())) {
+    std::optional<std::string> text = Utf8Of(item, true);
+    if (!text) RaiseSurrogate(name, item, false);
+    row.text = *std::move(text);
     return row;
   }
-  if (py::isinstance<py::bytes>(item))
-    throw py::type_error("prompt " + std::to_string(index) +
+  if (PyBytes_Check(item.ptr()))
+    throw py::type_error(name +
                          ": bytes; give a str or a sequence of token ids");
+  py::object iter =
+      py::reinterpret_steal<py::object>(PyObject_GetIter(item.ptr()));
+  if (!iter) {
+    PyErr_Clear();
+    WrongType(name, "a str or a sequence of token ids", item);
+  }
   row.has_tokens = true;
   for (const py::handle t : py::iter(item)) {
     // Integers only (an index: numpy integers too, not floats).
@@ -263,14 +573,18 @@ struct ExtractOutput {
 
 class PyModel {
  public:
-  PyModel(std::string path, const py::object& device, std::string precision,
-          std::string max_memory, std::string reserve, int threads,
-          bool hf_bf16)
-      : path_(std::move(path)), threads_(threads), hf_bf16_(hf_bf16) {
+  PyModel(const py::object& path, const py::object& device,
+          const py::object& precision, const py::object& max_memory,
+          const py::object& reserve, const py::object& threads,
+          const py::object& hf_bf16) {
+    path_ = StrArg("path", path);
     plan_.devices = DeviceList(device);
-    plan_.max_memory = std::move(max_memory);
-    plan_.reserve = std::move(reserve);
-    precision_ = ValueOrRaise(ParsePrecision(precision));
+    plan_.max_memory = OptStrArg("max_memory", max_memory).value_or("");
+    plan_.reserve = OptStrArg("reserve", reserve).value_or("");
+    threads_ = static_cast<int>(
+        IntArgAtLeast("threads", threads, 0, " (0: all cores)"));
+    hf_bf16_ = BoolArg("hf_bf16", hf_bf16);
+    precision_ = ValueOrRaise(ParsePrecision(StrArg("precision", precision)));
     CheckOrRaise(WithoutGil([&]() -> Status { return Load(); }));
     ++g_loads;
   }
@@ -285,21 +599,71 @@ class PyModel {
     for (const std::string& d : plan_.devices) l.append(d);
     return l;
   }
+  // Every hook of this model (ModelHooks), in execution order.
+  py::list hook_names() const {
+    py::list l;
+    for (const HookPoint& h : ModelHooks(loaded_.model->config()))
+      l.append(HookName(h));
+    return l;
+  }
+  int64_t num_layers() const { return loaded_.model->config().num_layers; }
 
-  std::vector<int32_t> Tokenize(const std::string& text,
-                                bool add_special_tokens,
-                                bool replace_invalid_utf8) {
-    if (!loaded_.tokenizer)
-      Raise(
-          FailedPreconditionError("no tokenizer: " + loaded_.tokenizer_error));
+  std::vector<int32_t> Tokenize(const py::object& text,
+                                const py::object& add_special_tokens,
+                                const py::object& replace_invalid_utf8) {
+    const bool replace = BoolArg("replace_invalid_utf8", replace_invalid_utf8);
+    const std::string t = TextArg("text", text, replace, true);
     tok::EncodeOptions eo;
-    eo.add_special_tokens = add_special_tokens;
-    eo.invalid_utf8 = replace_invalid_utf8 ? tok::InvalidUtf8Policy::kReplace
-                                           : tok::InvalidUtf8Policy::kError;
+    eo.add_special_tokens = BoolArg("add_special_tokens", add_special_tokens);
+    eo.invalid_utf8 = replace ? tok::InvalidUtf8Policy::kReplace
+                              : tok::InvalidUtf8Policy::kError;
+    const tok::Tokenizer& tokenizer = TokenizerOrRaise();
     StatusOr<tok::Encoding> enc = WithoutGil([&]() -> StatusOr<tok::Encoding> {
-      return loaded_.tokenizer->Encode(text, eo);
+      StatusOr<tok::Encoding> e = tokenizer.Encode(t, eo);
+      if (!e.ok()) return e.status().WithContext("text");
+      return e;
     });
     return ValueOrRaise(std::move(enc)).ids;
+  }
+
+  // HF's decode(ids, skip_special_tokens).
+  py::str Decode(const py::object& ids, const py::object& skip_special_tokens) {
+    const std::vector<int32_t> v = TokenIdsArg("ids", ids);
+    const bool skip = BoolArg("skip_special_tokens", skip_special_tokens);
+    const tok::Tokenizer& tokenizer = TokenizerOrRaise();
+    StatusOr<std::string> text = WithoutGil([&]() -> StatusOr<std::string> {
+      StatusOr<std::string> t = tokenizer.Decode(v, skip);
+      if (!t.ok()) return t.status().WithContext("ids");
+      return t;
+    });
+    return Utf8ToPython(ValueOrRaise(std::move(text)));
+  }
+
+  // Each id decoded alone (special tokens kept, no clean-up of spaces), as
+  // TransformerLens's to_str_tokens does with HF's tokenizer.
+  py::list StrTokens(const py::object& ids) {
+    const std::vector<int32_t> v = TokenIdsArg("text_or_ids", ids);
+    const tok::Tokenizer& tokenizer = TokenizerOrRaise();
+    StatusOr<std::vector<std::string>> pieces =
+        WithoutGil([&]() -> StatusOr<std::vector<std::string>> {
+          tok::DecodeOptions o;
+          o.skip_special_tokens = false;
+          o.clean_up_tokenization_spaces = false;
+          std::vector<std::string> out;
+          for (size_t i = 0; i < v.size(); ++i) {
+            StatusOr<std::string> t =
+                tokenizer.Decode(std::span<const int32_t>(&v[i], 1), o);
+            if (!t.ok())
+              return t.status().WithContext("text_or_ids[" + std::to_string(i) +
+                                            "]");
+            out.push_back(*std::move(t));
+          }
+          return out;
+        });
+    py::list l;
+    for (const std::string& p : ValueOrRaise(std::move(pieces)))
+      l.append(Utf8ToPython(p));
+    return l;
   }
 
   py::dict Extract(const py::object& prompts, const ExtractArgs& a) {
@@ -308,6 +672,12 @@ class PyModel {
     if (py::isinstance<py::str>(prompts)) {
       rows.push_back(ToInputRow(prompts, 0));
     } else {
+      py::object it =
+          py::reinterpret_steal<py::object>(PyObject_GetIter(prompts.ptr()));
+      if (!it || PyBytes_Check(prompts.ptr())) {
+        PyErr_Clear();
+        WrongType("prompts", "a str or a list of prompts", prompts);
+      }
       int64_t i = 0;
       for (const py::handle item : py::iter(prompts))
         rows.push_back(ToInputRow(item, i++));
@@ -379,32 +749,35 @@ class PyModel {
     return result;
   }
 
+  // `text`: a str or bytes (a file's bytes, as `--text FILE` reads them);
+  // `tokens`: token ids.
   py::object Perplexity(const py::object& text, const py::object& tokens,
-                        const std::string& protocol_name, int64_t ctx_arg,
-                        int64_t stride, int64_t max_windows,
-                        const std::string& add_bos_name, int64_t chunk_rows) {
+                        const py::object& protocol_arg,
+                        const py::object& ctx_obj, const py::object& stride_obj,
+                        const py::object& max_windows_obj,
+                        const py::object& add_bos_arg,
+                        const py::object& chunk_rows_obj) {
     if (text.is_none() == tokens.is_none())
       Raise(InvalidArgumentError("give exactly one of text and tokens"));
     const eval::Protocol protocol =
-        ValueOrRaise(eval::ParseProtocol(protocol_name));
-    const eval::AddBos add_bos = ValueOrRaise(eval::ParseAddBos(add_bos_name));
-    if (ctx_arg < 0 || (ctx_arg > 0 && ctx_arg < 2))
-      Raise(InvalidArgumentError("ctx: got " + std::to_string(ctx_arg) +
-                                 ", expected an integer >= 2 (0: default)"));
-    if (stride < 0 || max_windows < 0 || chunk_rows < 1)
+        ValueOrRaise(eval::ParseProtocol(StrArg("protocol", protocol_arg)));
+    const eval::AddBos add_bos =
+        ValueOrRaise(eval::ParseAddBos(StrArg("add_bos", add_bos_arg)));
+    const int64_t ctx_arg = IntArgAtLeast("ctx", ctx_obj, 0, " (0: default)");
+    if (ctx_arg == 1)
       Raise(InvalidArgumentError(
-          "stride and max_windows must be >= 0 (0: default), chunk_rows >= 1"));
+          "ctx: got 1, expected an int >= 2 (0: default)"));
+    const int64_t stride =
+        IntArgAtLeast("stride", stride_obj, 0, " (0: the protocol's default)");
+    const int64_t max_windows =
+        IntArgAtLeast("max_windows", max_windows_obj, 0, " (0: all)");
+    const int64_t chunk_rows = IntArgAtLeast("chunk_rows", chunk_rows_obj, 1);
     std::string text_value;
     std::vector<int32_t> ids;
     if (!text.is_none()) {
-      text_value = text.cast<std::string>();
+      text_value = TextArg("text", text, false, false);
     } else {
-      for (const int64_t v : tokens.cast<std::vector<int64_t>>()) {
-        if (v < 0 || v > std::numeric_limits<int32_t>::max())
-          Raise(InvalidArgumentError("tokens: token id " + std::to_string(v) +
-                                     " is out of range"));
-        ids.push_back(static_cast<int32_t>(v));
-      }
+      ids = TokenIdsArg("tokens", tokens);
     }
     const bool from_text = !text.is_none();
     StatusOr<Json> out = WithoutGil([&]() -> StatusOr<Json> {
@@ -456,7 +829,110 @@ class PyModel {
     return JsonToPython(ValueOrRaise(std::move(out)));
   }
 
+  // `loom generate` (--json; with hooks, --hooks/--layers/--select) on this
+  // model: python/generate.h.
+  py::dict Generate(const py::object& prompt, const py::object& max_tokens,
+                    const py::object& temperature, const py::object& top_k,
+                    const py::object& top_p, const py::object& seed,
+                    const py::object& stop, const py::object& ctx,
+                    const py::object& prefill_chunk, const py::object& hooks,
+                    const py::object& layers, const py::object& select) {
+    GenerateRequest r;
+    r.max_new_tokens = IntArgAtLeast("max_tokens", max_tokens, 0);
+    r.sampling.temperature =
+        static_cast<float>(FloatArg("temperature", temperature));
+    r.sampling.top_k = IntArgAtLeast("top_k", top_k, 0, " (0: off)");
+    r.sampling.top_p = static_cast<float>(FloatArg("top_p", top_p));
+    r.sampling.seed = SeedArg("seed", seed);
+    r.stop_strings = StrListArg("stop", stop);
+    r.context = IntArgAtLeast("ctx", ctx, 0,
+                              " (0: min(2048, max_position_embeddings))");
+    r.prefill_chunk = IntArgAtLeast("prefill_chunk", prefill_chunk, 1);
+    const std::vector<std::string> hook_patterns = StrListArg("hooks", hooks);
+    const std::vector<std::string> layer_specs = StrListArg("layers", layers);
+    const std::vector<std::string> selector_specs =
+        StrListArg("select", select);
+    const bool from_text =
+        PyUnicode_Check(prompt.ptr()) || PyBytes_Check(prompt.ptr());
+    std::string text;
+    if (from_text) {
+      text = TextArg("prompt", prompt, false, false);
+      // As `loom generate` refuses an empty --prompt (and extract an empty
+      // text row).
+      if (text.empty()) Raise(InvalidArgumentError("prompt: empty text"));
+    } else {
+      if (!py::hasattr(prompt, "__iter__"))
+        WrongType("prompt", "a str or a sequence of token ids", prompt);
+      r.prompt = TokenIdsArg("prompt", prompt);
+    }
+    StatusOr<GenerateResult> out =
+        WithoutGil([&]() -> StatusOr<GenerateResult> {
+          std::lock_guard<std::mutex> lock(mu_);
+          UseThreadsHere();
+          const ModelConfig& c = loaded_.model->config();
+          if (from_text) {
+            if (!loaded_.tokenizer)
+              return FailedPreconditionError(
+                  "prompt: a text prompt needs the model's tokenizer, which "
+                  "did not load (" +
+                  loaded_.tokenizer_error + "); give token ids");
+            StatusOr<tok::Encoding> enc = loaded_.tokenizer->Encode(text, true);
+            if (!enc.ok()) return enc.status().WithContext("prompt");
+            r.prompt = std::move(enc->ids);
+          }
+          if (!hook_patterns.empty()) {
+            ASSIGN_OR_RETURN(HookSet set,
+                             ResolveHooks(hook_patterns, layer_specs, c));
+            if (set.empty())
+              return InvalidArgumentError("hooks: no hook selected");
+            r.hooks = set.hooks();
+            for (const std::string& s : selector_specs) {
+              ASSIGN_OR_RETURN(RowSelector sel, ParseRowSelector(s));
+              r.selectors.push_back(std::move(sel));
+            }
+            if (r.selectors.empty())
+              return InvalidArgumentError("select: no selector given");
+          } else if (!layer_specs.empty()) {
+            return InvalidArgumentError(
+                "layers: picks the layers of bare site names in hooks, and no "
+                "hooks were given");
+          }
+          ASSIGN_OR_RETURN(r.stop_ids, eval::LoadStopIds(*loaded_.model));
+          r.cancelled = InterruptPoll();
+          return GenerateOne(*loaded_.model, loaded_.tokenizer.get(),
+                             host_.get(), r);
+        });
+    GenerateResult g = ValueOrRaise(std::move(out));
+    py::dict result;
+    result["prompt_ids"] = g.prompt_ids;
+    result["token_ids"] = g.token_ids;
+    result["text"] = Utf8ToPython(g.text);
+    result["stop_reason"] = g.stop_reason;
+    if (!r.hooks.empty()) {
+      result["activation_rows"] = g.activation_rows;
+      py::list arrays;
+      for (SelectedRows& a : g.activations) {
+        py::dict d;
+        d["hook"] = HookName(a.hook);
+        d["selector"] = a.selector.spec;
+        d["selector_file"] = a.selector.file_name;
+        d["array"] =
+            HandOver(std::move(a.data), py::dtype("float32"), {a.rows, a.cols});
+        arrays.append(d);
+      }
+      result["arrays"] = arrays;
+    }
+    return result;
+  }
+
  private:
+  const tok::Tokenizer& TokenizerOrRaise() const {
+    if (!loaded_.tokenizer)
+      Raise(
+          FailedPreconditionError("no tokenizer: " + loaded_.tokenizer_error));
+    return *loaded_.tokenizer;
+  }
+
   // OpenMP's thread count belongs to the calling thread: a call from another
   // Python thread than the one that loaded the model sets it again, so that
   // its plan (per-thread GEMM and attention workspaces) and its forward see
@@ -547,10 +1023,10 @@ class PyModel {
           std::make_move_iterator(rows.begin() + begin),
           std::make_move_iterator(rows.begin() + end));
       RETURN_IF_ERROR(runner->Run(window, &out.tokens, cancelled));
-      RETURN_IF_ERROR(outputs.CommitArrays(
-          static_cast<int64_t>(window.size()),
-          static_cast<int64_t>(begin) / o.commit_every,
-          static_cast<int64_t>(begin), &progress, &files));
+      RETURN_IF_ERROR(
+          outputs.CommitArrays(static_cast<int64_t>(window.size()),
+                               static_cast<int64_t>(begin) / o.commit_every,
+                               static_cast<int64_t>(begin), &progress, &files));
       for (PreparedRow& p : window) {
         out.row_tokens.push_back(p.size());
         p.ids = {};
@@ -575,55 +1051,72 @@ class PyModel {
 };
 
 // `loom plan`'s query (and --json) as a function: nothing is loaded.
-py::object Plan(const std::string& model_dir, const py::object& device,
-                const std::string& max_memory, const std::string& reserve,
-                bool offload, const py::object& hooks, const py::object& layers,
-                const std::string& select, const std::string& mode,
-                int64_t batch_tokens, int64_t ctx, int64_t seqs_per_batch,
-                const std::string& dtype, const std::string& capture_to,
-                int64_t capture_buffers, bool logits, int64_t logits_chunk,
-                const std::string& kv_dtype, int64_t kv_context,
-                const std::string& assume_dtype, const std::string& strategy,
-                const std::string& layers_per_device,
-                const std::string& solve) {
+py::object Plan(const py::object& model_dir, const py::object& device,
+                const py::object& max_memory, const py::object& reserve,
+                const py::object& offload, const py::object& hooks,
+                const py::object& layers, const py::object& select,
+                const py::object& mode, const py::object& batch_tokens,
+                const py::object& ctx, const py::object& seqs_per_batch,
+                const py::object& dtype, const py::object& capture_to,
+                const py::object& capture_buffers, const py::object& logits,
+                const py::object& logits_chunk, const py::object& kv_dtype,
+                const py::object& kv_context, const py::object& assume_dtype,
+                const py::object& strategy, const py::object& layers_per_device,
+                const py::object& solve) {
   PlanQuery q;
-  q.model_dir = model_dir;
+  q.model_dir = StrArg("path", model_dir);
   q.devices.devices = DeviceList(device);
-  q.devices.max_memory = max_memory;
-  q.devices.reserve = reserve;
-  q.devices.offload = offload;
-  q.hooks = StringList(hooks);
-  if (!layers.is_none()) q.layers = StringList(layers);
-  q.select = select;
-  q.mode = mode;
-  q.batch_tokens = batch_tokens;
-  q.ctx = ctx;
-  q.seqs_per_batch = seqs_per_batch;
-  q.dtype = dtype;
-  q.capture_to = capture_to;
-  q.capture_buffers = capture_buffers;
-  q.logits = logits;
-  q.logits_chunk = logits_chunk;
-  q.kv_dtype = kv_dtype;
-  q.kv_context = kv_context;
-  q.assume_dtype = assume_dtype;
-  q.strategy = strategy;
-  q.layers_per_device = layers_per_device;
-  q.solve = solve;
-  for (const int64_t v : {batch_tokens, ctx, seqs_per_batch, kv_context})
-    if (v < 0)
-      Raise(InvalidArgumentError(
-          "batch_tokens, ctx, seqs_per_batch and kv_context must be >= 0 (0: "
-          "default)"));
-  if (capture_buffers < 1 || logits_chunk < 1)
-    Raise(
-        InvalidArgumentError("capture_buffers and logits_chunk must be >= 1"));
+  q.devices.max_memory = OptStrArg("max_memory", max_memory).value_or("");
+  q.devices.reserve = OptStrArg("reserve", reserve).value_or("");
+  q.devices.offload = BoolArg("offload", offload);
+  q.hooks = StrListArg("hooks", hooks);
+  if (!layers.is_none()) q.layers = StrListArg("layers", layers);
+  q.select = StrArg("select", select);
+  q.mode = StrArg("mode", mode);
+  const char* kDefault = " (0: default)";
+  q.batch_tokens = IntArgAtLeast("batch_tokens", batch_tokens, 0, kDefault);
+  q.ctx = IntArgAtLeast("ctx", ctx, 0, kDefault);
+  q.seqs_per_batch =
+      IntArgAtLeast("seqs_per_batch", seqs_per_batch, 0, kDefault);
+  q.dtype = StrArg("dtype", dtype);
+  q.capture_to = StrArg("capture_to", capture_to);
+  q.capture_buffers = IntArgAtLeast("capture_buffers", capture_buffers, 1);
+  q.logits = BoolArg("logits", logits);
+  q.logits_chunk = IntArgAtLeast("logits_chunk", logits_chunk, 1);
+  q.kv_dtype = OptStrArg("kv_dtype", kv_dtype).value_or("");
+  q.kv_context = IntArgAtLeast("kv_context", kv_context, 0, kDefault);
+  q.assume_dtype = OptStrArg("assume_dtype", assume_dtype).value_or("");
+  q.strategy = StrArg("strategy", strategy);
+  q.layers_per_device =
+      OptStrArg("layers_per_device", layers_per_device).value_or("");
+  q.solve = OptStrArg("solve", solve).value_or("");
   StatusOr<Json> j = WithoutGil([&]() -> StatusOr<Json> {
     ASSIGN_OR_RETURN(PlanQueryResult r, RunPlanQuery(q));
     Json out = r.ToJson();
     return out;
   });
   return JsonToPython(ValueOrRaise(std::move(j)));
+}
+
+// The hooks a pattern names ("blocks.{0.5}.hook_resid_post",
+// "blocks.-1.attn.hook_q", "logits") in a model of `num_layers` layers
+// (ParseHookPattern; existence in the architecture is not checked). The
+// lookups of ExtractResult and Activations resolve user spellings with it.
+py::list HookPatternNames(const py::object& pattern,
+                          const py::object& num_layers) {
+  const std::string p = StrArg("pattern", pattern);
+  const int64_t n = IntArgAtLeast("num_layers", num_layers, 1);
+  py::list l;
+  for (const HookPoint& h : ValueOrRaise(ParseHookPattern(p, n)))
+    l.append(HookName(h));
+  return l;
+}
+
+// A selector's spec as written and its file-name part ("pos:0,-1" ->
+// "pos_0_-1").
+py::tuple SelectorNames(const py::object& spec) {
+  const RowSelector s = ValueOrRaise(ParseRowSelector(StrArg("select", spec)));
+  return py::make_tuple(s.spec, s.file_name);
 }
 
 PyObject* NewError(py::module_& m, const char* name, PyObject* bases,
@@ -677,47 +1170,50 @@ PYBIND11_MODULE(_loom, m) {
     Py_DECREF(b);
   }
 
+  // Every argument is a Python object, converted (and type-checked, naming
+  // the argument) by the helpers above; the public signatures with their
+  // defaults are those of python/loom/__init__.py.
+  using Obj = const py::object&;
   py::class_<PyModel>(m, "Model")
-      .def(py::init<std::string, const py::object&, std::string, std::string,
-                    std::string, int, bool>(),
-           py::arg("path"), py::arg("device") = "auto",
-           py::arg("precision") = "auto", py::arg("max_memory") = "",
-           py::arg("reserve") = "", py::arg("threads") = 0,
-           py::arg("hf_bf16") = false)
+      .def(py::init<Obj, Obj, Obj, Obj, Obj, Obj, Obj>(), py::arg("path"),
+           py::arg("device") = "auto", py::arg("precision") = "auto",
+           py::arg("max_memory") = py::none(), py::arg("reserve") = py::none(),
+           py::arg("threads") = 0, py::arg("hf_bf16") = false)
       .def_property_readonly("path", &PyModel::path)
       .def_property_readonly("compute_dtype", &PyModel::compute_dtype)
       .def_property_readonly("config", &PyModel::config)
       .def_property_readonly("devices", &PyModel::devices)
-      .def("tokenize", &PyModel::Tokenize, py::arg("text"),
-           py::arg("add_special_tokens") = true,
-           py::arg("replace_invalid_utf8") = false)
+      .def_property_readonly("hook_names", &PyModel::hook_names)
+      .def_property_readonly("_num_layers", &PyModel::num_layers)
+      .def("_tokenize", &PyModel::Tokenize, py::arg("text"),
+           py::arg("add_special_tokens"), py::arg("replace_invalid_utf8"))
+      .def("_decode", &PyModel::Decode, py::arg("ids"),
+           py::arg("skip_special_tokens"))
+      .def("_str_tokens", &PyModel::StrTokens, py::arg("ids"))
       .def(
           "_extract",
-          [](PyModel& self, const py::object& prompts, const py::object& hooks,
-             const py::object& layers, const py::object& select,
-             const py::object& dtype, const std::string& template_text,
-             const std::string& add_bos, int64_t batch_tokens,
-             int64_t commit_every, const std::string& on_error,
-             int64_t streaming_chunk_size, int64_t max_row_tokens,
-             bool replace_invalid_utf8) {
+          [](PyModel& self, Obj prompts, Obj hooks, Obj layers, Obj select,
+             Obj dtype, Obj template_text, Obj add_bos, Obj batch_tokens,
+             Obj commit_every, Obj on_error, Obj streaming_chunk_size,
+             Obj max_row_tokens, Obj replace_invalid_utf8) {
             ExtractArgs a;
-            a.hooks = StringList(hooks);
-            a.layers = StringList(layers);
-            a.selectors = StringList(select);
-            if (!dtype.is_none()) a.dtype = dtype.cast<std::string>();
-            a.template_text = template_text;
-            a.add_bos = add_bos;
-            if (batch_tokens < 0 || streaming_chunk_size < 0 ||
-                max_row_tokens < 0)
-              Raise(InvalidArgumentError(
-                  "batch_tokens, streaming_chunk_size and max_row_tokens must "
-                  "be >= 0 (0: default / off)"));
-            a.batch_tokens = batch_tokens;
-            a.commit_every = commit_every;
-            a.on_error = on_error;
-            a.streaming_chunk_size = streaming_chunk_size;
-            a.max_row_tokens = max_row_tokens;
-            a.replace_invalid_utf8 = replace_invalid_utf8;
+            a.hooks = StrListArg("hooks", hooks);
+            a.layers = StrListArg("layers", layers);
+            a.selectors = StrListArg("select", select);
+            a.dtype = OptStrArg("dtype", dtype);
+            a.template_text = OptStrArg("template", template_text).value_or("");
+            a.add_bos = StrArg("add_bos", add_bos);
+            const char* kOff = " (0: default / off)";
+            a.batch_tokens =
+                IntArgAtLeast("batch_tokens", batch_tokens, 0, kOff);
+            a.commit_every = IntArgAtLeast("commit_every", commit_every, 1);
+            a.on_error = StrArg("on_error", on_error);
+            a.streaming_chunk_size = IntArgAtLeast(
+                "streaming_chunk_size", streaming_chunk_size, 0, kOff);
+            a.max_row_tokens =
+                IntArgAtLeast("max_row_tokens", max_row_tokens, 0, kOff);
+            a.replace_invalid_utf8 =
+                BoolArg("replace_invalid_utf8", replace_invalid_utf8);
             return self.Extract(prompts, a);
           },
           py::arg("prompts"), py::arg("hooks"), py::arg("layers"),
@@ -728,7 +1224,12 @@ PYBIND11_MODULE(_loom, m) {
       .def("_perplexity", &PyModel::Perplexity, py::arg("text"),
            py::arg("tokens"), py::arg("protocol"), py::arg("ctx"),
            py::arg("stride"), py::arg("max_windows"), py::arg("add_bos"),
-           py::arg("chunk_rows"));
+           py::arg("chunk_rows"))
+      .def("_generate", &PyModel::Generate, py::arg("prompt"),
+           py::arg("max_tokens"), py::arg("temperature"), py::arg("top_k"),
+           py::arg("top_p"), py::arg("seed"), py::arg("stop"), py::arg("ctx"),
+           py::arg("prefill_chunk"), py::arg("hooks"), py::arg("layers"),
+           py::arg("select"));
 
   m.def("_plan", &Plan, py::arg("model_dir"), py::arg("device"),
         py::arg("max_memory"), py::arg("reserve"), py::arg("offload"),
@@ -738,6 +1239,9 @@ PYBIND11_MODULE(_loom, m) {
         py::arg("logits"), py::arg("logits_chunk"), py::arg("kv_dtype"),
         py::arg("kv_context"), py::arg("assume_dtype"), py::arg("strategy"),
         py::arg("layers_per_device"), py::arg("solve"));
+  m.def("_hook_pattern_names", &HookPatternNames, py::arg("pattern"),
+        py::arg("num_layers"));
+  m.def("_selector_names", &SelectorNames, py::arg("spec"));
   m.def(
       "_load_count", [] { return g_loads.load(); },
       "Models loaded by this process (each loom.Model loads once).");

@@ -456,8 +456,14 @@ TEST_F(CliTest, ClearErrors) {
     std::ofstream out(tokens);
     out << "1 5 6 7 8\n";
   }
+  // hf-stride scores a text shorter than ctx as one window (Hugging Face's
+  // recipe); llama-cpp needs a whole chunk of ctx tokens.
   CliResult r = RunCli("perplexity --model " + StoriesDir() + " --tokens " +
-                       tokens + " --ctx 64");
+                       tokens + " --ctx 64 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens_scored"], 4) << r.out;
+  r = RunCli("perplexity --model " + StoriesDir() + " --tokens " + tokens +
+             " --ctx 64 --protocol llama-cpp");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(
       r.err.find("the text has 5 tokens, fewer than one window of ctx = 64"),
@@ -479,10 +485,61 @@ TEST_F(CliTest, ClearErrors) {
                                           .vocab_size = 1024,
                                           .dtype = DType::kF32})
                   .ok());
+  // A live compare needs both tokenizers to check that they agree...
   r = RunCli("compare --model " + other + " --reference " + StoriesDir() +
              " --text " + WikiPrefixPath());
   EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cannot check that --model and --reference share a "
+                       "tokenizer: " +
+                       other + " has none"),
+            std::string::npos)
+      << r.err;
+  // ... unless the user vouches for the ids (token input only).
+  r = RunCli("compare --model " + other + " --reference " + StoriesDir() +
+             " --text " + WikiPrefixPath() + " --same-tokens");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--same-tokens needs --tokens"), std::string::npos)
+      << r.err;
+  r = RunCli("compare --model " + other + " --reference " + StoriesDir() +
+             " --tokens " + tokens + " --same-tokens");
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("vocabulary of 1024 tokens but the reference"),
+            std::string::npos)
+      << r.err;
+}
+
+// Two models whose tokenizers differ are refused by a live compare, even
+// when their vocabularies have the same size (stories260K: 512 tokens; a
+// copy of it with two ids' tokens swapped).
+TEST_F(CliTest, CompareRefusesDifferentTokenizers) {
+  const std::string copy = ::testing::TempDir() + "/loom_renamed_token";
+  std::filesystem::remove_all(copy);
+  std::filesystem::copy(StoriesDir(), copy,
+                        std::filesystem::copy_options::recursive);
+  std::string tj;
+  {
+    std::ifstream in(copy + "/tokenizer.json");
+    tj.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  nlohmann::json t = nlohmann::json::parse(tj);
+  auto& vocab = t["model"]["vocab"];
+  ASSERT_TRUE(vocab.is_object()) << "stories260K: a BPE vocab object";
+  // Ids 300 and 301 swap their tokens (the merges, by string, still hold).
+  std::string at300, at301;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    if (it.value() == 300) at300 = it.key();
+    if (it.value() == 301) at301 = it.key();
+  }
+  ASSERT_FALSE(at300.empty() || at301.empty());
+  vocab[at300] = 301;
+  vocab[at301] = 300;
+  std::ofstream(copy + "/tokenizer.json") << t.dump();
+  const CliResult r = RunCli("compare --model " + copy + " --reference " +
+                             StoriesDir() + " --text " + WikiPrefixPath() +
+                             " --ctx 64 --max-windows 1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("have different tokenizers: id 300 is '" + at301 +
+                       "' in the model and '" + at300 + "' in the reference"),
             std::string::npos)
       << r.err;
 }
@@ -539,7 +596,8 @@ TEST_F(CliTest, QuantizedPerplexityAndCompare) {
   EXPECT_NEAR(j["nll_sum"].get<double>(), nll, 1e-4 * lp.size());
   r = RunCli("compare --model " + modelopt + " --reference " + ct +
              " --tokens " + tokens +
-             " --ctx 64 --precision f32 --reference-precision f32 --json");
+             " --ctx 64 --precision f32 --reference-precision f32 --json "
+             "--same-tokens");  // neither directory holds a tokenizer
   ASSERT_EQ(r.exit_code, 0) << r.err;
   j = nlohmann::json::parse(r.out);
   EXPECT_LT(std::abs(j["kl_max"].get<double>()), 1e-6);
@@ -729,7 +787,13 @@ TEST(CompareTest, Mxfp4GptOssAgainstBf16GptOssKlMatchesHfGoldens) {
 // ---- errors ----
 
 TEST(PerplexityErrorTest, TextShorterThanOneWindow) {
-  auto plan = PlanWindows(100, {.protocol = Protocol::kHfStride, .ctx = 256});
+  // hf-stride scores it as one short window (Hugging Face's recipe);
+  // llama-cpp needs a whole chunk.
+  auto one = PlanWindows(100, {.protocol = Protocol::kHfStride, .ctx = 256});
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  EXPECT_EQ(one->windows.size(), 1u);
+  EXPECT_EQ(one->tokens_scored, 99);
+  auto plan = PlanWindows(100, {.protocol = Protocol::kLlamaCpp, .ctx = 256});
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.status().message().find("100 tokens"), std::string::npos)
       << plan.status().message();

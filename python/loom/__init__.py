@@ -1,17 +1,29 @@
-"""Loom from Python: hidden states, perplexity and memory plans of Hugging
-Face models, computed by Loom's engine (the same code and the same values as
-the `loom` command). API reference: docs/python.md.
+"""Loom from Python: hidden states, perplexity, generation and memory plans
+of Hugging Face models, computed by Loom's engine (the same code and the same
+values as the `loom` command). API reference: docs/python.md.
 
     import loom
     model = loom.Model("models/stories260K")          # loads the weights once
     acts = model.extract(["Once upon a time", [1, 403, 407]],
                          hooks=["blocks.4.hook_resid_post"], select="last")
-    acts["blocks.4.hook_resid_post"]                 # numpy [2, 64] float32
+    acts["blocks.4.hook_resid_post.last"]            # numpy [2, 64] float32
+    acts["blocks.-1.hook_resid_post"]                # the same array
 """
 
 import os
 
-from . import _loom
+# The OpenMP runtime reads its wait settings once, as it loads (with _loom):
+# idle threads sleep instead of spinning, so that a core taken by another
+# process does not stall every parallel region (`loom` itself does the same;
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the user are kept).
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+
+from . import _loom  # noqa: E402
+from ._args import check_bool as _check_bool
+from ._args import dtype_name as _dtype_name
+from ._args import layer_specs as _layer_specs
+from ._keys import ArrayDict, KeyResolver, OffsetsDict
 from ._loom import (
     InvalidArgumentError,
     LoomError,
@@ -23,6 +35,7 @@ from .activations import Activations, bf16_to_float32, open_activations
 __all__ = [
     "Model",
     "ExtractResult",
+    "GenerateResult",
     "plan",
     "open_activations",
     "Activations",
@@ -36,29 +49,39 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def _strings(value):
-    """None, a str or an iterable of str -> None or a list."""
-    if value is None:
-        return None
-    if isinstance(value, (str, os.PathLike)):
-        return [os.fspath(value)]
-    return [os.fspath(v) for v in value]
+def _arrays(raw_arrays, num_layers, result):
+    """Fills `result` (an ArrayDict) with the arrays of the extension's
+    answer, keyed "<hook>.<selector>", and gives it the lookup of user
+    spellings."""
+    entries = []
+    for a in raw_arrays:
+        key = a["hook"] + "." + a["selector_file"]
+        dict.__setitem__(result, key, a["array"])
+        entries.append((key, a["hook"], a["selector"], a["selector_file"]))
+    result._resolver = KeyResolver(entries, num_layers)
+    return result
 
 
-class ExtractResult(dict):
+class ExtractResult(ArrayDict):
     """What `Model.extract` returns: a dict of numpy arrays.
 
-    Keys: the hook name when one selector was asked for
-    ("blocks.4.hook_resid_post"), else "<hook>.<selector>" as `loom extract`
-    names its files ("blocks.4.hook_resid_post.mean"); for each ragged
-    selector (all, span:A:B) also "<selector>.offsets" ("all.offsets"): int64
-    [prompts + 1], prompt i's rows being array[offsets[i]:offsets[i + 1]].
+    Keys: "<hook>.<selector>", the resolved hook name and the selector's
+    file-name part, as `loom extract` names its files and `open_activations`
+    keys them ("blocks.2.hook_resid_post.last", "logits.pos_0_-1"); for each
+    ragged selector (all, span:A:B) also "<selector>.offsets"
+    ("all.offsets"): int64 [prompts + 1], prompt i's rows being
+    array[offsets[i]:offsets[i + 1]].
 
-    Attributes: `offsets` ({selector spec: offsets}), `rows` (one record per
-    prompt as rows.jsonl has it: row, id, tokens, status and, for a skipped
-    prompt, reason), `hooks` (the resolved hook names), `dtype` ("float32",
-    "bfloat16", "float16"; bfloat16 arrays hold the raw bits as uint16, see
-    `bf16_to_float32`), `tokens` (tokens run).
+    Lookups also take the names as written in the call: the hook pattern
+    ("blocks.{0.5}.hook_resid_post", "blocks.-1.hook_resid_post"), the
+    selector spec ("pos:0,-1"), the hook alone when it has one selector, or
+    (hook, selector). `key_of(name)` gives the key a name resolves to.
+
+    Attributes: `offsets` ({selector: offsets}, by file-name part or spec),
+    `rows` (one record per prompt as rows.jsonl has it: row, id, tokens,
+    status and, for a skipped prompt, reason), `hooks` (the resolved hook
+    names), `dtype` ("float32", "bfloat16", "float16"; bfloat16 arrays hold
+    the raw bits as uint16, see `bf16_to_float32`), `tokens` (tokens run).
     """
 
     offsets = None
@@ -66,6 +89,21 @@ class ExtractResult(dict):
     hooks = None
     dtype = None
     tokens = 0
+
+
+class GenerateResult(dict):
+    """What `Model.generate` returns: `loom generate --json`'s object as a
+    dict (model, prompt, prompt_ids, token_ids, text, stop_reason) and, with
+    hooks, activation_rows and activations (an ArrayDict keyed
+    "<hook>.<selector>", each float32 [rows selected, width])."""
+
+    @property
+    def text(self):
+        return self["text"]
+
+    @property
+    def token_ids(self):
+        return self["token_ids"]
 
 
 class Model(_loom.Model):
@@ -77,7 +115,9 @@ class Model(_loom.Model):
       device: "auto" (the CLI's default: this machine's RAM), or what
         `--device` takes ("cpu", "cpu=24GiB", "cuda:0=80GiB", "disk"), one
         string or a list.
-      precision: "auto", "f32", "bf16" or "f16" (`--precision`).
+      precision: "auto", "f32", "bf16" or "f16" (`--precision`), or any
+        alias of these ("float32", "bfloat16", "fp16", "half", np.float16,
+        torch.bfloat16, ...).
       max_memory, reserve: as `--max-memory` / `--reserve`
         ("cpu=20GiB", "1GiB").
       threads: CPU threads (0: all cores).
@@ -92,14 +132,36 @@ class Model(_loom.Model):
 
     def __init__(self, path, device="auto", precision="auto", max_memory=None,
                  reserve=None, threads=0, hf_bf16=False):
-        path = os.fspath(path)
-        super().__init__(path, device, precision, max_memory or "", reserve or "",
-                         int(threads), bool(hf_bf16))
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        super().__init__(path, device, _dtype_name(precision, "precision", auto=True),
+                         max_memory or None, reserve or None, threads, hf_bf16)
         self._max_memory = max_memory or ""
         self._reserve = reserve or ""
 
     def __repr__(self):
         return "loom.Model(%r, compute_dtype=%r)" % (self.path, self.compute_dtype)
+
+    def tokenize(self, text, add_special_tokens=True, replace_invalid_utf8=False):
+        """Token ids of `text` (a str, or bytes taken as UTF-8), as
+        `loom tokenize DIR --text ...` gives them (add_special_tokens=False:
+        `--no-special`). A str holding a lone surrogate (not Unicode text) is
+        an InvalidArgumentError unless replace_invalid_utf8."""
+        return self._tokenize(text, add_special_tokens, replace_invalid_utf8)
+
+    def decode(self, ids, skip_special_tokens=False):
+        """The text of token ids (a list, a numpy array), as Hugging Face's
+        tokenizer.decode(ids, skip_special_tokens) gives it."""
+        return self._decode(ids, skip_special_tokens)
+
+    def to_str_tokens(self, text_or_ids, add_special_tokens=True):
+        """One str per token, each id decoded alone (special tokens kept), as
+        TransformerLens's to_str_tokens: of a text (tokenized as `tokenize`
+        does) or of token ids."""
+        add_special_tokens = _check_bool(add_special_tokens, "add_special_tokens")
+        if isinstance(text_or_ids, (str, bytes)):
+            text_or_ids = self.tokenize(text_or_ids, add_special_tokens=add_special_tokens)
+        return self._str_tokens(text_or_ids)
 
     def extract(self, prompts, hooks, *, layers=None, select="last", dtype=None,
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,
@@ -115,10 +177,14 @@ class Model(_loom.Model):
           hooks: hook names or patterns, a str or a list
             ("blocks.{0.5}.hook_resid_post", "blocks.-1.hook_resid_post",
             "ln_final.hook_normalized", "logits", or a bare site with `layers`).
-          layers: for bare sites: indices, negative indices, fractions, "*".
+          layers: for bare sites: an int (a layer; negative from the end), a
+            float (a fraction: 0.5; 1.0 the last layer), a str ("0,-1", "*")
+            or a list of these.
           select: one selector or a list: "last", "first", "mean", "max",
             "all", "pos:I[,J...]", "span:A:B".
-          dtype: "f32", "bf16" or "f16" (default: the compute dtype).
+          dtype: "f32", "bf16" or "f16", an alias ("float16", "fp16",
+            "bfloat16", "half", ...) or a numpy / torch dtype (default: the
+            compute dtype).
           template, add_bos, batch_tokens, commit_every, streaming_chunk_size,
           max_row_tokens, replace_invalid_utf8: as the `loom extract` flags.
           on_error: "fail" (default: a bad prompt raises InvalidArgumentError
@@ -126,21 +192,19 @@ class Model(_loom.Model):
             a ragged array, and its record says why).
 
         Returns: an ExtractResult (a dict of numpy arrays that own Loom's
-        buffers: no copy is made).
+        buffers: no copy is made), keyed "<hook>.<selector>".
         """
         raw = self._extract(
-            prompts, _strings(hooks), _strings(layers), _strings(select), dtype,
-            template or "", add_bos, int(batch_tokens), int(commit_every), on_error,
-            int(streaming_chunk_size), int(max_row_tokens), bool(replace_invalid_utf8))
-        several = not isinstance(select, str)
-        result = ExtractResult()
-        for a in raw["arrays"]:
-            key = a["hook"] + "." + a["selector_file"] if several else a["hook"]
-            result[key] = a["array"]
-        result.offsets = {}
+            prompts, hooks, _layer_specs(layers), select, _dtype_name(dtype, "dtype"),
+            template, add_bos, batch_tokens, commit_every, on_error,
+            streaming_chunk_size, max_row_tokens, replace_invalid_utf8)
+        result = _arrays(raw["arrays"], self._num_layers, ExtractResult())
+        result.offsets = OffsetsDict()
+        result.offsets._selector_file = {}
         for o in raw["offsets"]:
-            result[o["selector_file"] + ".offsets"] = o["offsets"]
-            result.offsets[o["selector"]] = o["offsets"]
+            dict.__setitem__(result, o["selector_file"] + ".offsets", o["offsets"])
+            dict.__setitem__(result.offsets, o["selector_file"], o["offsets"])
+            result.offsets._selector_file[o["selector"]] = o["selector_file"]
         result.rows = raw["rows"]
         result.hooks = raw["hooks"]
         result.dtype = raw["dtype"]
@@ -149,14 +213,51 @@ class Model(_loom.Model):
 
     def perplexity(self, text=None, *, tokens=None, protocol="hf-stride", ctx=0,
                    stride=0, max_windows=0, add_bos="auto", chunk_rows=256):
-        """Perplexity of `text` (a str) or `tokens` (token ids) under a protocol
-        ("hf-stride", "llama-cpp", "all-tokens"), as `loom perplexity --json`
-        computes it; returns that JSON as a dict (perplexity, nll_mean,
-        nll_sum, tokens_scored, windows, protocol, ctx, stride, ...). ctx 0:
-        min(512, max_position_embeddings); stride 0: the protocol's default."""
-        return self._perplexity(text, None if tokens is None else list(tokens), protocol,
-                                int(ctx), int(stride), int(max_windows), add_bos,
-                                int(chunk_rows))
+        """Perplexity under a protocol ("hf-stride", "llama-cpp",
+        "all-tokens"), as `loom perplexity --json` computes it; returns that
+        JSON as a dict (perplexity, nll_mean, nll_sum, tokens_scored, windows,
+        protocol, ctx, stride, ...).
+
+        text: a str, bytes (taken as they are) or a path (os.PathLike, e.g.
+          pathlib.Path: the file's bytes, as `--text FILE` reads them; a
+          file read with open() in text mode has lost its "\r\n" line
+          ends); or tokens: token ids. ctx 0: min(512,
+          max_position_embeddings); stride 0: the protocol's default. With
+          hf-stride, a text shorter than ctx is one window of its length."""
+        if isinstance(text, os.PathLike):
+            with open(os.fspath(text), "rb") as f:
+                text = f.read()
+        return self._perplexity(text, tokens, protocol, ctx, stride, max_windows, add_bos,
+                                chunk_rows)
+
+    def generate(self, prompt, *, max_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
+                 seed=0, stop=None, ctx=0, prefill_chunk=256, hooks=None, layers=None,
+                 select="last"):
+        """Continues `prompt` as `loom generate` does, on this model (loaded
+        once; the CPU backend).
+
+        prompt: a str (tokenized with the special tokens, as `--prompt`) or
+          token ids. max_tokens, temperature (0: greedy), top_k (0: off),
+          top_p (1: off), seed, stop (a str or a list: stop strings), ctx
+          (KV positions; 0: min(2048, max positions)), prefill_chunk: the
+          `loom generate` flags of the same names.
+        hooks, layers, select: as `loom generate --hooks/--layers/--select`:
+          hidden states at every position fed (the prompt, then each
+          generated token but the last), reduced by each selector.
+
+        Returns a GenerateResult: `loom generate --json`'s object (model,
+        prompt, prompt_ids, token_ids, text, stop_reason) and, with hooks,
+        activation_rows and activations ({"<hook>.<selector>": float32
+        [rows selected, width]}, with the lookups of ExtractResult)."""
+        raw = self._generate(prompt, max_tokens, temperature, top_k, top_p, seed, stop, ctx,
+                             prefill_chunk, hooks, _layer_specs(layers), select)
+        result = GenerateResult(model=self.path, prompt=prompt,
+                                prompt_ids=raw["prompt_ids"], token_ids=raw["token_ids"],
+                                text=raw["text"], stop_reason=raw["stop_reason"])
+        if "arrays" in raw:
+            result["activation_rows"] = raw["activation_rows"]
+            result["activations"] = _arrays(raw["arrays"], self._num_layers, ArrayDict())
+        return result
 
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,
@@ -174,11 +275,17 @@ def plan(path, *, device="auto", max_memory="", reserve="", offload=False, hooks
          strategy="balanced", layers_per_device="", solve=""):
     """The memory plan of a job, as `loom plan --json` prints it (a dict),
     computed from config.json and the safetensors headers without loading a
-    weight. Arguments are `loom plan`'s flags (0 / "" / None: its defaults).
-    A plan that does not fit is returned with "fits": false."""
-    return _loom._plan(os.fspath(path), device, max_memory or "", reserve or "",
-                       bool(offload), _strings(hooks), _strings(layers), select, mode,
-                       int(batch_tokens), int(ctx), int(seqs_per_batch), dtype,
-                       capture_to, int(capture_buffers), bool(logits), int(logits_chunk),
-                       kv_dtype or "", int(kv_context), assume_dtype or "", strategy,
-                       layers_per_device or "", solve or "")
+    weight. Arguments are `loom plan`'s flags (0 / "" / None: its defaults);
+    dtype, kv_dtype and assume_dtype take the aliases of Model.extract's
+    dtype, layers what Model.extract's layers take. A plan that does not fit
+    is returned with "fits": false."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    return _loom._plan(path, device, max_memory or None, reserve or None, offload, hooks,
+                       _layer_specs(layers), select, mode, batch_tokens, ctx, seqs_per_batch,
+                       _dtype_name(dtype, "dtype", others=True) or "f32", capture_to, capture_buffers,
+                       logits, logits_chunk, _dtype_name(kv_dtype or None, "kv_dtype",
+                                                         others=True),
+                       kv_context, _dtype_name(assume_dtype or None, "assume_dtype",
+                                               others=True),
+                       strategy, layers_per_device or None, solve or None)

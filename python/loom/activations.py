@@ -1,4 +1,5 @@
-"""Reading what `loom extract` wrote (docs/formats/activations.md) with numpy.
+"""Reading what `loom extract` wrote (docs/formats/activations.md) with numpy
+(the extension only resolves hook patterns in lookups).
 
 `open_activations(out_dir)` returns an `Activations`: the manifest, and every
 array as a read-only memmap (`.npy` output), or per shard (safetensors
@@ -11,6 +12,8 @@ import os
 import struct
 
 import numpy as np
+
+from ._keys import KeyResolver, OffsetsDict
 
 __all__ = ["Activations", "open_activations", "bf16_to_float32"]
 
@@ -29,7 +32,7 @@ def bf16_to_float32(bits):
     exactly: the bits are the high half of the float32."""
     bits = np.asarray(bits)
     if bits.dtype != np.uint16:
-        raise TypeError("expected the uint16 bits of bfloat16 values, got %s" % bits.dtype)
+        raise TypeError("bits: expected the uint16 bits of bfloat16 values, got %s" % bits.dtype)
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
@@ -64,34 +67,69 @@ class Activations:
     Attributes:
       manifest: the parsed manifest.json.
       arrays: {"<hook>.<selector>": array}, the names of the .npy files
-        without ".npy" (e.g. "blocks.4.hook_resid_post.last"); npy output:
-        read-only memmaps; safetensors: the shards joined (a memmap when there
-        is one shard).
+        without ".npy" (e.g. "blocks.4.hook_resid_post.last"): the key
+        scheme of Model.extract's results; npy output: read-only memmaps;
+        safetensors: the shards joined (a memmap when there is one shard).
       shards: safetensors output only: {"<hook>.<selector>": [memmap, ...]}
         per shard, in row order.
       offsets: {"<selector>": int64 [rows + 1]} for ragged selectors (all,
         span:A:B), keyed by the selector's file-name part ("all",
-        "span_1_-1"); rows[i]'s tokens are data[offsets[i]:offsets[i+1]].
+        "span_1_-1"; the spec "span:1:-1" is looked up too); rows[i]'s
+        tokens are data[offsets[i]:offsets[i+1]].
       rows: the number of rows committed.
       complete: whether the job finished.
-    `acts[key]` is `acts.arrays[key]`; `acts[hook, selector_spec]` also works.
+    `acts[key]` is `acts.arrays[key]`, and takes the spellings
+    Model.extract's results take: the hook as given to `--hooks`
+    ("blocks.{0.5}.hook_resid_post", "blocks.-1.hook_resid_post"), the
+    selector spec ("pos:0,-1"), the hook alone when it has one selector,
+    `acts[hook, selector]`, and "<selector>.offsets".
     """
 
     def __init__(self, manifest, arrays, offsets, shards, rows):
         self.manifest = manifest
         self.arrays = arrays
-        self.offsets = offsets
         self.shards = shards
         self.rows = rows
         self.complete = bool(manifest.get("complete", False))
-        self._by_spec = {}
+        entries = []
+        selector_file = {}
         for a, key in zip(manifest["arrays"], arrays):
-            self._by_spec[(a["hook"], a["selector"])] = key
+            part = key[len(a["hook"]) + 1:]
+            entries.append((key, a["hook"], a["selector"], part))
+            selector_file[a["selector"]] = part
+        num_layers = manifest.get("settings", {}).get("model", {}).get("num_layers")
+        self._resolver = KeyResolver(entries, num_layers)
+        self.offsets = OffsetsDict(offsets)
+        self.offsets._selector_file = selector_file
+
+    def key_of(self, key):
+        """The key of `arrays` a spelling resolves to (KeyError if none)."""
+        if isinstance(key, str) and key in self.arrays:
+            return key
+        found = self._resolver.resolve(key)
+        if found is None:
+            raise KeyError("%r: no such array (keys: %s)" % (key, ", ".join(self.arrays)))
+        return found
 
     def __getitem__(self, key):
-        if isinstance(key, tuple):
-            key = self._by_spec[key]
-        return self.arrays[key]
+        if isinstance(key, str) and key.endswith(".offsets") and key not in self.arrays:
+            selector = key[: -len(".offsets")]
+            if selector in self.offsets:
+                return self.offsets[selector]
+        return self.arrays[self.key_of(key)]
+
+    def __contains__(self, key):
+        try:
+            self[key]
+            return True
+        except KeyError:
+            return False
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     def __iter__(self):
         return iter(self.arrays)
@@ -125,7 +163,11 @@ def open_activations(out_dir, allow_incomplete=False):
     `allow_incomplete` is true: then only its committed rows are opened
     (what the manifest's progress records; later bytes are ignored).
     """
-    out_dir = os.fspath(out_dir)
+    try:
+        out_dir = os.fspath(out_dir)
+    except TypeError:
+        raise TypeError("out_dir: expected a path (str, bytes or os.PathLike), got %s"
+                        % type(out_dir).__name__) from None
     path = os.path.join(out_dir, "manifest.json")
     try:
         with open(path, "rb") as f:

@@ -15,7 +15,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.environ.get("LOOM_MODELS_DIR", os.path.join(REPO, "models"))
 STORIES = os.path.join(MODELS, "stories260K")
-LOOM_BIN = os.environ.get("LOOM_BIN", os.path.join(REPO, "build", "loom"))
+# Absolute: test_docs runs commands from another working directory.
+LOOM_BIN = os.path.abspath(os.environ.get("LOOM_BIN", os.path.join(REPO, "build", "loom")))
 SHARED = os.environ.get("LOOM_SHARED_DIR", os.path.join(os.path.dirname(REPO), "shared"))
 
 # Prompts of both kinds: texts (tokenized with BOS) and token ids as given.

@@ -77,3 +77,24 @@ def test_incomplete_job_is_refused_or_opened_at_its_commit(tmp_path):
 def test_not_an_output(tmp_path):
     with pytest.raises(FileNotFoundError):
         loom.open_activations(tmp_path)
+
+
+def test_arrays_are_keyed_and_found_as_model_extract_keys_and_finds_them(model, tmp_path):
+    hook, selects = "blocks.{0.5}.hook_resid_post", ["last", "pos:0,-1", "all"]
+    out = cli_extract(tmp_path, PROMPTS[:3], [hook], selects)
+    acts = loom.open_activations(out)
+    got = model.extract(PROMPTS[:3], hook, select=selects)
+    # One key scheme: Model.extract's keys are the files' names.
+    assert sorted(got) == sorted(list(acts.keys()) + ["all.offsets"])
+    key = "blocks.2.hook_resid_post.pos_0_-1"
+    for spelling in [key, "blocks.{0.5}.hook_resid_post.pos:0,-1", "blocks.-3.hook_resid_post.pos_0_-1",
+                     ("blocks.{0.5}.hook_resid_post", "pos:0,-1")]:
+        assert acts[spelling] is acts.arrays[key], spelling
+        assert spelling in acts and acts.key_of(spelling) == got.key_of(spelling) == key
+        assert_same_bytes(acts[spelling], got[spelling], str(spelling))
+    assert acts["all.offsets"] is acts.offsets["all"]
+    with pytest.raises(KeyError, match="3 selectors"):
+        acts[hook]
+    with pytest.raises(KeyError, match="no such array"):
+        acts["blocks.1.hook_resid_post.last"]
+    assert acts.get("blocks.1.hook_resid_post.last") is None

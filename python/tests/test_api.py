@@ -52,16 +52,116 @@ def test_extract_equals_cli_fixed_and_ragged(model, tmp_path, dtype):
         assert f.dtype == np.float32 and np.all(np.isfinite(f))
 
 
-def test_extract_one_selector_keys_are_hooks(model, tmp_path):
+def test_extract_keys_are_hook_dot_selector_for_one_selector_too(model, tmp_path):
     out = cli_extract(tmp_path, PROMPTS, HOOKS[:1], ["all"], "--batch-tokens", "48",
                       "--commit-every", "2")
     got = model.extract(PROMPTS, HOOKS[0], select="all", batch_tokens=48, commit_every=2)
-    assert sorted(got) == sorted([HOOKS[0], "all.offsets"])
-    assert_same_bytes(got[HOOKS[0]], np.load(out / (HOOKS[0] + ".all.npy")), "all")
+    # One scheme whatever the type of `select` (a str or a list): the file
+    # names of `loom extract`, as open_activations keys them.
+    assert sorted(got) == sorted([HOOKS[0] + ".all", "all.offsets"])
+    as_list = model.extract(PROMPTS, HOOKS[0], select=["all"], batch_tokens=48, commit_every=2)
+    assert sorted(as_list) == sorted(got)
+    assert sorted(loom.open_activations(out).keys()) == [HOOKS[0] + ".all"]
+    assert_same_bytes(got[HOOKS[0] + ".all"], np.load(out / (HOOKS[0] + ".all.npy")), "all")
+    # The hook alone still finds its one selector's array.
+    assert got[HOOKS[0]] is got[HOOKS[0] + ".all"]
     assert_same_bytes(got["all.offsets"], np.load(out / "all.offsets.npy"), "offsets")
     offsets = got["all.offsets"]
     assert offsets[0] == 0 and offsets[-1] == got[HOOKS[0]].shape[0]
     assert [r["tokens"] for r in got.rows] == list(np.diff(offsets))
+
+
+def test_extract_results_are_found_by_the_names_the_user_gave(model):
+    got = model.extract(PROMPTS[:3], ["blocks.{0.5}.hook_resid_post", "blocks.-1.hook_mlp_out"],
+                        select=["last", "pos:0,-1", "span:1:-1"])
+    assert got.hooks == ["blocks.2.hook_resid_post", "blocks.4.hook_mlp_out"]
+    last = got["blocks.2.hook_resid_post.last"]
+    for spelling in ["blocks.{0.5}.hook_resid_post.last", "blocks.2.hook_resid_post.last",
+                     "blocks.-3.hook_resid_post.last", ("blocks.{0.5}.hook_resid_post", "last")]:
+        assert got[spelling] is last, spelling
+        assert spelling in got
+        assert got.key_of(spelling) == "blocks.2.hook_resid_post.last"
+    pos = got["blocks.4.hook_mlp_out.pos_0_-1"]
+    assert got["blocks.-1.hook_mlp_out.pos:0,-1"] is pos
+    assert got["blocks.{1.0}.hook_mlp_out", "pos:0,-1"] is pos
+    assert got["span:1:-1.offsets"] is got["span_1_-1.offsets"]
+    assert got.offsets["span:1:-1"] is got.offsets["span_1_-1"]
+    # Several selectors: the hook alone is ambiguous, and says so.
+    with pytest.raises(KeyError, match="3 selectors"):
+        got["blocks.{0.5}.hook_resid_post"]
+    assert "blocks.{0.5}.hook_resid_post" not in got
+    for missing in ["blocks.1.hook_resid_post.last", "blocks.{0.5}.hook_resid_post.mean",
+                    "blocks.*.hook_resid_post.last", "nonsense"]:
+        assert missing not in got and got.get(missing) is None
+        with pytest.raises(KeyError, match="no such array"):
+            got[missing]
+    one = model.extract(PROMPTS[:3], "blocks.{0.5}.hook_resid_post", select="mean")
+    assert one["blocks.{0.5}.hook_resid_post"] is one["blocks.2.hook_resid_post.mean"]
+
+
+@pytest.mark.parametrize("layers,want", [
+    ([0, -1], [0, 4]),
+    ((0.5, 1.0), [2, 4]),
+    (0.5, [2]),
+    (1, [1]),  # the int 1 is layer 1 ...
+    (1.0, [4]),  # ... the float 1.0 the last layer
+    (np.int64(-2), [3]),
+    ([np.float32(0.25), "3", "-1"], [1, 3, 4]),
+    ("0,-1", [0, 4]),
+    (range(2), [0, 1]),
+])
+def test_layers_take_ints_floats_strings_and_lists(model, layers, want):
+    hooks = ["blocks.%d.hook_resid_post" % k for k in want]
+    got = model.extract(PROMPTS[:2], "hook_resid_post", layers=layers)
+    assert got.hooks == hooks
+    assert loom.plan(STORIES, hooks="hook_resid_post", layers=layers) == loom.plan(
+        STORIES, hooks=hooks)
+
+
+def test_bad_layers_name_the_argument(model):
+    with pytest.raises(TypeError, match=r"^layers\[1\]: expected an int"):
+        model.extract(PROMPTS[:1], "hook_resid_post", layers=[0, None])
+    with pytest.raises(TypeError, match="^layers: "):
+        model.extract(PROMPTS[:1], "hook_resid_post", layers=True)
+    with pytest.raises(loom.InvalidArgumentError, match="^layers: nan"):
+        model.extract(PROMPTS[:1], "hook_resid_post", layers=float("nan"))
+    with pytest.raises(loom.InvalidArgumentError, match="fraction 1.5 is outside"):
+        model.extract(PROMPTS[:1], "hook_resid_post", layers=1.5)
+
+
+def test_hook_names_lists_the_models_hooks(model):
+    names = model.hook_names
+    assert names[0] == "hook_embed" and names[-2:] == ["ln_final.hook_normalized", "logits"]
+    assert "hook_pos_embed" not in names  # llama: rotary, no learned positions
+    per_layer = [n for n in names if n.startswith("blocks.0.")]
+    assert per_layer[0] == "blocks.0.hook_resid_pre"
+    assert per_layer[-1] == "blocks.0.hook_resid_post"
+    assert "blocks.0.attn.hook_rot_q" in per_layer
+    assert "blocks.0.ln1_post.hook_normalized" not in names
+    assert len(names) == 1 + 5 * len(per_layer) + 2
+    # Every hook listed but the attention pattern is extracted as named.
+    rows = [n for n in names if not n.endswith("hook_pattern")]
+    got = model.extract(PROMPTS[:1], rows, select="last")
+    assert sorted(got.hooks) == sorted(rows)
+
+
+def test_decode_and_to_str_tokens(model):
+    with open(STORIES + "/tokenizer_test_vectors.json", encoding="utf-8") as f:
+        cases = json.load(f)["cases"]
+    for case in cases:
+        assert model.decode(case["ids"]) == case["decoded"], case["text"]
+    ids = model.tokenize("Once upon a time, Lily.")
+    assert model.decode(ids) == "<s> Once upon a time, Lily."
+    assert model.decode(ids, skip_special_tokens=True) == "Once upon a time, Lily."
+    assert model.decode(np.array(ids)) == model.decode(ids)
+    pieces = model.to_str_tokens("Once upon a time, Lily.")
+    assert pieces == model.to_str_tokens(ids) == [model.decode([i]) for i in ids]
+    assert pieces[:3] == ["<s>", "Once", "upon"] and len(pieces) == len(ids)
+    assert model.to_str_tokens("Lily", add_special_tokens=False) == ["Lily"]
+    with pytest.raises(loom.InvalidArgumentError, match="^ids"):
+        model.decode([1, 99999])
+    with pytest.raises(TypeError, match=r"^ids\[1\]: expected an int"):
+        model.decode([1, "a"])
 
 
 def test_extract_bare_sites_with_layers_and_template(model, tmp_path):
@@ -70,9 +170,9 @@ def test_extract_bare_sites_with_layers_and_template(model, tmp_path):
     got = model.extract(PROMPTS[:3], "hook_resid_post", layers=["0.25", "1.0"], select="mean",
                         template="Story: {text}")
     manifest = json.loads((out / "manifest.json").read_text())
-    assert list(got) == manifest["settings"]["hooks"]
+    assert list(got) == [h + ".mean" for h in manifest["settings"]["hooks"]]
     for entry in manifest["arrays"]:
-        assert_same_bytes(got[entry["hook"]], np.load(out / entry["file"]), entry["hook"])
+        assert_same_bytes(got[entry["file"][:-4]], np.load(out / entry["file"]), entry["hook"])
 
 
 def test_bad_prompt_fails_or_is_skipped(model, tmp_path):
@@ -171,3 +271,28 @@ def test_plan_equals_cli(model, flags, kw):
     assert loom.plan(STORIES, **kw) == want
     assert model.plan(**kw) == want
     assert want["fits"] == (cli.returncode == 0)
+
+
+def test_short_text_is_one_window_as_in_the_cli(model, tmp_path):
+    text = "Once upon a time there was a cat."
+    path = tmp_path / "short.txt"
+    path.write_bytes(text.encode())
+    cli = json.loads(run_loom("perplexity", "--model", STORIES, "--text", path, "--json",
+                              "--quiet").stdout)
+    got = model.perplexity(text)
+    for key in ("seconds", "tokens_per_second"):
+        cli.pop(key), got.pop(key)
+    assert got == cli
+    # Hugging Face's strided recipe: one window of the whole text, every
+    # token after the first scored.
+    assert got["windows"] == 1 and got["ctx"] == 512
+    assert got["tokens_scored"] == got["tokens"] - 1 == len(model.tokenize(text)) - 1
+    # A path (the file's bytes, as --text reads them) and bytes: the same.
+    assert model.perplexity(path)["nll_sum"] == got["nll_sum"]
+    assert model.perplexity(text.encode())["nll_sum"] == got["nll_sum"]
+    with pytest.raises(loom.InvalidArgumentError, match="nothing to score"):
+        model.perplexity(tokens=[1])
+    # llama-cpp still needs a whole chunk; the error names ctx, not --ctx.
+    with pytest.raises(loom.InvalidArgumentError) as e:
+        model.perplexity(text, protocol="llama-cpp", ctx=64)
+    assert "use a smaller ctx" in str(e.value) and "--" not in str(e.value)

@@ -1,7 +1,11 @@
 """Errors are Python exceptions carrying Loom's message and status code."""
 
+import inspect
+import json
 import os
+import types
 
+import numpy as np
 import pytest
 
 import loom
@@ -51,13 +55,13 @@ def test_plan_that_does_not_fit_is_resource_exhausted(model):
 def test_bad_options_raise_value_errors(model):
     with pytest.raises(loom.InvalidArgumentError, match="selector"):
         model.extract(PROMPTS, "blocks.1.hook_resid_post", select="middle")
-    with pytest.raises(loom.InvalidArgumentError, match="--dtype"):
+    with pytest.raises(loom.InvalidArgumentError, match="^dtype: 'f64' is not one of 'f32'"):
         model.extract(PROMPTS, "blocks.1.hook_resid_post", dtype="f64")
     with pytest.raises(loom.InvalidArgumentError, match="protocol"):
         model.perplexity("Once upon a time", protocol="nope")
     with pytest.raises(loom.InvalidArgumentError):
         loom.Model(STORIES, precision="f8")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"^prompts\[0\]: expected a str or a sequence"):
         model.extract([3.5], "blocks.1.hook_resid_post")
     # The model is still usable after errors.
     assert model.extract(PROMPTS[:1], "blocks.1.hook_resid_post")["blocks.1.hook_resid_post"].shape == (1, 64)
@@ -70,3 +74,169 @@ def test_unknown_isa_cap_is_refused_like_the_cli(monkeypatch):
     cli = run_loom("devices", check=False)
     assert cli.returncode == 2
     assert str(e.value) in cli.stderr, (str(e.value), cli.stderr)
+
+
+@pytest.fixture(scope="module")
+def model1():
+    # One thread: the calls below compare Python with Python, and are many
+    # small forwards (OpenMP's barriers cost most on a busy machine).
+    return loom.Model(STORIES, threads=1)
+
+
+def fake_torch_dtype(name):
+    """An object typed as torch's dtype class (torch itself is not needed)."""
+    cls = types.new_class("dtype")
+    cls.__module__ = "torch"
+    cls.__str__ = lambda self: "torch." + name
+    return cls()
+
+
+@pytest.mark.parametrize("want,spellings", [
+    ("f16", [np.float16, np.dtype("float16"), "float16", "fp16", "half", "F16", "torch.float16",
+             fake_torch_dtype("float16"), fake_torch_dtype("half")]),
+    ("bf16", ["bfloat16", "BF16", "torch.bfloat16", fake_torch_dtype("bfloat16")]),
+    ("f32", [np.float32, np.dtype("<f4"), "float32", "fp32", "float", "torch.float32"]),
+])
+def test_dtypes_take_numpy_torch_and_alias_spellings(model1, want, spellings):
+    model = model1
+    hook = "blocks.1.hook_resid_post"
+    ref = model.extract(PROMPTS[:2], hook, dtype=want)
+    plan_ref = loom.plan(STORIES, hooks=hook, dtype=want, kv_dtype=want, assume_dtype=want)
+    for spelling in spellings:
+        got = model.extract(PROMPTS[:2], hook, dtype=spelling)
+        assert got.dtype == ref.dtype, spelling
+        assert got[hook].tobytes() == ref[hook].tobytes(), spelling
+        assert loom.plan(STORIES, hooks=hook, dtype=spelling, kv_dtype=spelling,
+                         assume_dtype=spelling) == plan_ref, spelling
+
+
+def test_precision_takes_the_same_spellings():
+    for spelling in [np.float32, "float32", "fp32", fake_torch_dtype("float32"), "auto"]:
+        assert loom.Model(STORIES, precision=spelling).compute_dtype == "F32", spelling
+    with pytest.raises(loom.InvalidArgumentError, match="^precision: 'int8' is not one of"):
+        loom.Model(STORIES, precision=np.int8)
+
+
+def test_wrong_dtypes_name_the_argument(model1):
+    model = model1
+    hook = "blocks.1.hook_resid_post"
+    with pytest.raises(TypeError, match="^dtype: expected a dtype name"):
+        model.extract(PROMPTS[:1], hook, dtype=5)
+    with pytest.raises(TypeError, match="^dtype: expected a dtype name"):
+        model.extract(PROMPTS[:1], hook, dtype=[np.float16])
+    with pytest.raises(loom.InvalidArgumentError, match="^dtype: 'float64' is not one of") as e:
+        model.extract(PROMPTS[:1], hook, dtype=np.float64)
+    assert e.value.code == "INVALID_ARGUMENT" and isinstance(e.value, ValueError)
+    with pytest.raises(TypeError, match="^kv_dtype: expected a dtype name"):
+        loom.plan(STORIES, kv_dtype=3)
+
+
+def test_a_str_that_is_not_unicode_is_a_clear_error(model1, tmp_path):
+    model = model1
+    with pytest.raises(loom.InvalidArgumentError, match=r"^text: .*lone surrogate \(U\+DCFF at "
+                                                        r"index 1\)") as e:
+        model.tokenize("a\udcff")
+    assert isinstance(e.value, ValueError) and "Unable to cast" not in str(e.value)
+    # Replaced as the undecodable byte it escapes is, as the CLI replaces it.
+    raw = tmp_path / "raw.txt"
+    raw.write_bytes(b"a\xff")
+    cli = json.loads(run_loom("tokenize", STORIES, "--file", raw, "--json",
+                              "--replace-invalid-utf8").stdout)["ids"]
+    assert model.tokenize("a\udcff", replace_invalid_utf8=True) == cli
+    assert model.tokenize(b"a\xff", replace_invalid_utf8=True) == cli
+    # A prompt is a bad row (on_error decides), or replaced on request.
+    with pytest.raises(loom.InvalidArgumentError, match="^prompt 1: .*UTF-8"):
+        model.extract(["ok", "a\udcff"], "logits")
+    got = model.extract(["ok", "a\udcff"], "logits", on_error="skip")
+    assert [r["status"] for r in got.rows] == ["ok", "skipped"]
+    got = model.extract(["ok", "a\udcff"], "logits", replace_invalid_utf8=True)
+    assert [r["tokens"] for r in got.rows] == [len(model.tokenize("ok")), len(cli)]
+    with pytest.raises(loom.InvalidArgumentError, match="^text: .*lone surrogate"):
+        model.perplexity("Once upon a time \ud800 there")
+
+
+# A valid value of every argument of every entry point, and the call that
+# uses them (the wrong-type audit below replaces one at a time).
+VALID = {
+    "loom.Model": (lambda **kw: loom.Model(**kw),
+                   dict(path=STORIES, device="auto", precision="auto", max_memory=None,
+                        reserve=None, threads=0, hf_bf16=False)),
+    "tokenize": ("tokenize", dict(text="Once", add_special_tokens=True,
+                                  replace_invalid_utf8=False)),
+    "decode": ("decode", dict(ids=[1, 403], skip_special_tokens=False)),
+    "to_str_tokens": ("to_str_tokens", dict(text_or_ids=[1, 403], add_special_tokens=True)),
+    "extract": ("extract", dict(prompts=["Once"], hooks="logits", layers=None, select="last",
+                                dtype=None, template=None, add_bos="auto", batch_tokens=0,
+                                commit_every=256, on_error="fail", streaming_chunk_size=0,
+                                max_row_tokens=0, replace_invalid_utf8=False)),
+    "perplexity": ("perplexity", dict(text="Once upon a time", protocol="hf-stride", ctx=0,
+                                      stride=0, max_windows=0, add_bos="auto", chunk_rows=256)),
+    "perplexity(tokens)": ("perplexity", dict(tokens=[1, 403, 407])),
+    "generate": ("generate", dict(prompt="Once", max_tokens=2, temperature=0.0, top_k=0,
+                                  top_p=1.0, seed=0, stop=None, ctx=0, prefill_chunk=256,
+                                  hooks="blocks.0.hook_resid_post", layers=None,
+                                  select="last")),
+    "loom.plan": (lambda **kw: loom.plan(**kw),
+                  dict(path=STORIES, device="auto", max_memory="", reserve="", offload=False,
+                       hooks=None, layers=None, select="all", mode="analysis", batch_tokens=0,
+                       ctx=0, seqs_per_batch=0, dtype="f32", capture_to="host",
+                       capture_buffers=1, logits=False, logits_chunk=256, kv_dtype="",
+                       kv_context=0, assume_dtype="", strategy="balanced",
+                       layers_per_device="", solve="")),
+    "loom.open_activations": (lambda **kw: loom.open_activations(**kw),
+                              dict(out_dir="/nonexistent")),
+    "loom.bf16_to_float32": (lambda **kw: loom.bf16_to_float32(**kw),
+                             dict(bits=np.zeros(2, np.uint16))),
+}
+
+
+class Unconvertible:
+    """No argument of Loom's takes this."""
+
+
+def test_every_argument_of_the_wrong_type_is_a_type_error_naming_it(model1):
+    model = model1
+    # Every public entry point is covered, with all of its arguments.
+    covered = {name for name, (call, _) in VALID.items() if isinstance(call, str)}
+    public = {n for n, f in inspect.getmembers(loom.Model, callable)
+              if not n.startswith("_") and n != "plan"}
+    assert public <= covered, public - covered
+    for name, (call, kwargs) in VALID.items():
+        f = getattr(model, call) if isinstance(call, str) else call
+        params = (inspect.signature(getattr(loom.Model, call)).parameters
+                  if isinstance(call, str) else kwargs)
+        for arg in params:
+            if arg == "self" or arg not in kwargs or (name == "perplexity" and arg == "tokens"):
+                continue
+            bad = dict(kwargs, **{arg: Unconvertible()})
+            with pytest.raises(TypeError) as e:
+                f(**bad)
+            message = str(e.value)
+            assert message.startswith(arg + ": ") or message.startswith(arg + "["), (
+                name, arg, message)
+            for dump in ("incompatible function arguments", "Unable to cast", "C++ type"):
+                assert dump not in message, (name, arg, message)
+    for name, (call, kwargs) in VALID.items():  # the valid values are valid
+        if name not in ("loom.open_activations",):
+            (getattr(model, call) if isinstance(call, str) else call)(**kwargs)
+
+
+def test_errors_name_python_arguments_not_cli_flags(model1):
+    model = model1
+    cases = [
+        (lambda: model.perplexity("Once upon a time", ctx=600), "ctx"),
+        (lambda: model.extract(PROMPTS[:1], "hook_resid_post"), "layers"),
+        (lambda: model.extract(PROMPTS[:1], []), "hooks"),
+        (lambda: model.extract(PROMPTS[:1], "logits", select=[]), "select"),
+        (lambda: model.extract(["a b c d e f g"], "logits", batch_tokens=4), "batch_tokens"),
+        (lambda: loom.plan(STORIES, strategy="manual"), "layers_per_device"),
+        (lambda: model.extract(["a"], "logits", batch_tokens=64, max_row_tokens=8),
+         "max_row_tokens"),
+        (lambda: model.generate("Once upon a time", ctx=3), "ctx"),
+        (lambda: model.generate("Once", layers=1), "layers"),
+    ]
+    for call, arg in cases:
+        with pytest.raises(loom.LoomError) as e:
+            call()
+        message = str(e.value)
+        assert arg in message and "--" not in message, message

@@ -87,3 +87,14 @@ def test_ctrl_c_interrupts_perplexity(model):
     timer.join()
     again = model.perplexity(TEXT, **PPL_ARGS)
     assert again["nll_sum"] == full["nll_sum"] and again["windows"] == full["windows"]
+
+
+def test_ctrl_c_interrupts_generate(model):
+    args = dict(max_tokens=600, ctx=512)  # greedy runs to the full context
+    full, seconds = timed(model.generate, "Once upon a time", **args)
+    assert full["stop_reason"] == "context"
+    timer = interrupt_after(seconds / 10)
+    with pytest.raises(KeyboardInterrupt):
+        model.generate("Once upon a time", **args)
+    timer.join()
+    assert model.generate("Once upon a time", **args) == full

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "src/base/check.h"
+#include "src/tokenizer/tokenizer.h"
 #include "src/base/read_file.h"
 #include "src/eval/logits_head.h"
 #include "src/io/npy.h"
@@ -600,6 +601,39 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
   Finish(s, options.keep_token_logprobs, token_kl, r);
   r.eval_bytes = exec->arena_bytes() + head->bytes();
   return r;
+}
+
+Status CheckSameTokenizer(const std::string& model_dir,
+                          const std::string& reference_dir) {
+  const std::string way_out =
+      " (--same-tokens with --tokens ids compares them anyway, when you know "
+      "the two models read ids alike)";
+  StatusOr<std::unique_ptr<tok::Tokenizer>> a = tok::Tokenizer::Load(model_dir);
+  StatusOr<std::unique_ptr<tok::Tokenizer>> b =
+      tok::Tokenizer::Load(reference_dir);
+  for (const auto* t : {&a, &b})
+    if (!t->ok())
+      return FailedPreconditionError(
+          "cannot check that --model and --reference share a tokenizer: " +
+          (t == &a ? model_dir : reference_dir) + " has none that loads (" +
+          std::string(t->status().message()) + ")" + way_out);
+  const int64_t va = (*a)->vocab_size(), vb = (*b)->vocab_size();
+  if (va != vb)
+    return FailedPreconditionError(
+        "--model " + model_dir + " and --reference " + reference_dir +
+        " have different tokenizers: " + std::to_string(va) + " and " +
+        std::to_string(vb) + " tokens; KL would compare unrelated tokens" +
+        way_out);
+  for (int32_t id = 0; id < va; ++id) {
+    const std::string ta = (*a)->IdToToken(id), tb = (*b)->IdToToken(id);
+    if (ta != tb)
+      return FailedPreconditionError(
+          "--model " + model_dir + " and --reference " + reference_dir +
+          " have different tokenizers: id " + std::to_string(id) + " is '" +
+          ta + "' in the model and '" + tb +
+          "' in the reference; KL would compare unrelated tokens" + way_out);
+  }
+  return Status();
 }
 
 }  // namespace loom::eval

@@ -97,6 +97,15 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
 // Linear-interpolated percentile of sorted values (llama.cpp's definition).
 double Percentile(std::span<const double> sorted, double fraction);
 
+// A live comparison's models must read token ids alike: the tokenizers in
+// `model_dir` and `reference_dir` must hold the same token at every id
+// (special tokens included). FailedPrecondition naming the first id that
+// differs (or the vocabulary sizes), or the directory whose tokenizer does
+// not load, with the way out: `--same-tokens` with `--tokens` ids when the
+// user knows the ids agree.
+Status CheckSameTokenizer(const std::string& model_dir,
+                          const std::string& reference_dir);
+
 }  // namespace loom::eval
 
 #endif  // LOOM_EVAL_COMPARE_H_

@@ -56,8 +56,17 @@ StatusOr<WindowPlan> PlanWindows(int64_t num_tokens,
   if (options.window_bos >= 0 && options.protocol != Protocol::kLlamaCpp)
     return InvalidArgumentError(
         "a per-window BOS belongs to protocol llama-cpp only, not " + name);
+  // hf-stride scores a stream shorter than ctx as one window of its length,
+  // as Hugging Face's strided recipe does (its first window is
+  // ids[0:min(ctx, n)]); it needs two tokens to score one.
+  if (options.protocol == Protocol::kHfStride && n < 2)
+    return InvalidArgumentError(
+        "the text has " + std::to_string(n) + (n == 1 ? " token" : " tokens") +
+        ": nothing to score (protocol hf-stride scores every token after "
+        "the first)");
   const bool need_more = options.protocol == Protocol::kAllTokens;
-  if (n < ctx || (need_more && n == ctx))
+  if ((n < ctx && options.protocol != Protocol::kHfStride) ||
+      (need_more && n == ctx))
     return InvalidArgumentError(
         "the text has " + std::to_string(n) + " tokens, " +
         (need_more ? "not more than" : "fewer than") +

@@ -58,10 +58,11 @@ struct WindowPlan {
   int64_t max_window_scored = 0;
 };
 
-// Plans the windows over a stream of `num_tokens` tokens. Errors: ctx < 2,
-// stride outside [1, ctx], a stride other than ctx for llama-cpp, and a
-// stream too short for one window (hf-stride and llama-cpp need >= ctx
-// tokens, all-tokens > ctx).
+// Plans the windows over a stream of `num_tokens` tokens. A stream shorter
+// than ctx is one window of its length under hf-stride (as Hugging Face's
+// recipe). Errors: ctx < 2, stride outside [1, ctx], a stride other than ctx
+// for llama-cpp, and a stream too short (hf-stride needs >= 2 tokens,
+// llama-cpp >= ctx, all-tokens > ctx).
 StatusOr<WindowPlan> PlanWindows(int64_t num_tokens,
                                  const WindowOptions& options);
 

@@ -91,9 +91,29 @@ TEST(WindowsTest, AllTokensFollowsCompareQ) {
       PlanWindows(256, {.protocol = Protocol::kAllTokens, .ctx = 256}).ok());
 }
 
+// Hugging Face's strided recipe over a text shorter than ctx: one window of
+// the whole text, every token after the first scored.
+TEST(WindowsTest, HfStrideScoresATextShorterThanCtxAsOneWindow) {
+  auto plan = PlanWindows(10, {.protocol = Protocol::kHfStride, .ctx = 64});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->windows.size(), 1u);
+  EXPECT_EQ(plan->windows[0].begin, 0);
+  EXPECT_EQ(plan->windows[0].end, 10);
+  EXPECT_EQ(plan->windows[0].score_begin, 1);
+  EXPECT_EQ(plan->windows[0].score_end, 10);
+  EXPECT_EQ(plan->tokens_scored, 9);
+  EXPECT_EQ(plan->ctx, 64);
+  auto two = PlanWindows(2, {.protocol = Protocol::kHfStride, .ctx = 64});
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->tokens_scored, 1);
+  auto one = PlanWindows(1, {.protocol = Protocol::kHfStride, .ctx = 64});
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.status().message().find("nothing to score"), std::string::npos);
+}
+
 TEST(WindowsTest, Errors) {
   auto short_text =
-      PlanWindows(10, {.protocol = Protocol::kHfStride, .ctx = 64});
+      PlanWindows(10, {.protocol = Protocol::kLlamaCpp, .ctx = 64});
   ASSERT_FALSE(short_text.ok());
   EXPECT_NE(short_text.status().message().find("10 tokens"), std::string::npos);
   EXPECT_FALSE(

@@ -31,6 +31,7 @@ struct CompareArgs : WindowArgs {
   std::string reference_logprobs;  // saved reference instead of --reference
   std::string save_reference;      // write the reference's top-k log-probs here
   int64_t top_k = 32;
+  bool same_tokens = false;  // skip the tokenizer check (--tokens only)
 };
 
 nlohmann::json Number(double v) {
@@ -56,6 +57,14 @@ Status RunCompare(const CompareArgs& args) {
     return InvalidArgumentError("give exactly one of --reference MODEL_DIR and --reference-logprobs DIR");
   if (saved && !args.save_reference.empty())
     return InvalidArgumentError("--save-reference needs the reference model (--reference)");
+  if (args.same_tokens && args.tokens_file.empty())
+    return InvalidArgumentError(
+        "--same-tokens needs --tokens: text goes through one tokenizer, "
+        "which the other model may not share");
+  // A live comparison reads one token stream with both models: refused when
+  // their tokenizers differ (the saved reference records its ids instead).
+  if (!saved && !args.same_tokens)
+    RETURN_IF_ERROR(eval::CheckSameTokenizer(args.model_dir, args.reference_dir));
   const RssWatch rss_watch = StartRssWatch();
   ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
   MemoryPlan plan_b;
@@ -136,7 +145,7 @@ Status RunCompare(const CompareArgs& args) {
   }
 
   if (args.plan.verify_plan) {
-    const nlohmann::json v = VerifyPlan(planned, rss_watch);
+    const nlohmann::json v = VerifyPlan(planned, rss_watch, "loom compare");
     std::fprintf(stderr, "loom compare: verify-plan: %s\n", v.dump().c_str());
   }
   if (args.json) {
@@ -252,6 +261,10 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
                   "one bucket for the rest: a lower bound)");
   cmd->add_option("--save-reference", args->save_reference,
                   "Write B's top-k log-probs per scored token to this directory for later runs");
+  cmd->add_flag("--same-tokens", args->same_tokens,
+                "With --tokens: compare even though the two tokenizers differ "
+                "or are missing (you vouch that both models read the ids "
+                "alike)");
   cmd->add_option("--top-k", args->top_k, "Log-probs kept per token by --save-reference (at most the vocabulary)")
       ->capture_default_str()
       ->check(IntRange(1));
