@@ -75,14 +75,6 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
                                      Backend* backend,
                                      const GenerateRequest& r);
 
-// The rows of [n, cols] f32 `rows` that `s` keeps (as `loom generate
-// --hooks` selects them: mean and max in double; pos and span positions
-// negative from the end).
-StatusOr<std::vector<float>> SelectCapturedRows(const RowSelector& s,
-                                                const float* rows, int64_t n,
-                                                int64_t cols,
-                                                int64_t* out_rows);
-
 }  // namespace loom::python
 
 #endif  // LOOM_PYTHON_GENERATE_H_

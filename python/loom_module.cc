@@ -381,8 +381,9 @@ std::optional<std::string> OptStrArg(const std::string& arg, py::handle o) {
   return StrArg(arg, o);
 }
 
-// An integer (int, numpy integer; not bool, not float).
-int64_t IntArg(const std::string& arg, py::handle o) {
+// `o` as a Python int (int, numpy integer; not bool, not float), else a
+// TypeError naming `arg`.
+py::object IndexArg(const std::string& arg, py::handle o) {
   if (PyBool_Check(o.ptr()) || PyFloat_Check(o.ptr()))
     WrongType(arg, "an int", o);
   py::object v = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
@@ -390,6 +391,12 @@ int64_t IntArg(const std::string& arg, py::handle o) {
     PyErr_Clear();
     WrongType(arg, "an int", o);
   }
+  return v;
+}
+
+// An integer (int, numpy integer; not bool, not float).
+int64_t IntArg(const std::string& arg, py::handle o) {
+  const py::object v = IndexArg(arg, o);
   int overflow = 0;
   const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
   if (overflow != 0)
@@ -411,13 +418,7 @@ int64_t IntArgAtLeast(const std::string& arg, py::handle o, int64_t min,
 
 // An unsigned 64-bit int (a seed).
 uint64_t SeedArg(const std::string& arg, py::handle o) {
-  if (PyBool_Check(o.ptr()) || PyFloat_Check(o.ptr()))
-    WrongType(arg, "an int", o);
-  py::object v = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
-  if (!v) {
-    PyErr_Clear();
-    WrongType(arg, "an int", o);
-  }
+  const py::object v = IndexArg(arg, o);
   const unsigned long long x = PyLong_AsUnsignedLongLong(v.ptr());
   if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
     PyErr_Clear();

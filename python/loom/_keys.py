@@ -95,7 +95,24 @@ def _missing(key, keys):
     return KeyError("%r: no such array (keys: %s)" % (key, ", ".join(keys)))
 
 
-class ArrayDict(dict):
+class LookupMixin:
+    """`in` and get() for a mapping whose [] resolves several spellings."""
+
+    def __contains__(self, key):
+        try:
+            self[key]
+            return True
+        except KeyError:
+            return False
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+class ArrayDict(LookupMixin, dict):
     """A dict of numpy arrays keyed "<hook>.<selector>" (and
     "<selector>.offsets") whose lookups (`d[key]`, `key in d`, `d.get`) also
     take the user's spellings (see loom._keys)."""
@@ -125,11 +142,6 @@ class ArrayDict(dict):
         except KeyError:
             return False
 
-    def get(self, key, default=None):
-        try:
-            return self[key]
-        except KeyError:
-            return default
 
     def key_of(self, key):
         """The canonical key a spelling resolves to (KeyError if none)."""
@@ -139,7 +151,7 @@ class ArrayDict(dict):
         return found
 
 
-class OffsetsDict(dict):
+class OffsetsDict(LookupMixin, dict):
     """{selector file part: int64 offsets} whose lookups also take the
     selector's spec ("span:1:-1" for "span_1_-1")."""
 
@@ -156,15 +168,4 @@ class OffsetsDict(dict):
                            % (key, ", ".join(self.keys())))
         return dict.__getitem__(self, part)
 
-    def __contains__(self, key):
-        try:
-            self[key]
-            return True
-        except KeyError:
-            return False
 
-    def get(self, key, default=None):
-        try:
-            return self[key]
-        except KeyError:
-            return default

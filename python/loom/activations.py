@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from ._keys import KeyResolver, OffsetsDict
+from ._keys import KeyResolver, LookupMixin, OffsetsDict
 
 __all__ = ["Activations", "open_activations", "bf16_to_float32"]
 
@@ -61,7 +61,7 @@ def read_safetensors(path):
     return tensors, meta
 
 
-class Activations:
+class Activations(LookupMixin):
     """A `loom extract` output directory.
 
     Attributes:
@@ -118,18 +118,7 @@ class Activations:
                 return self.offsets[selector]
         return self.arrays[self.key_of(key)]
 
-    def __contains__(self, key):
-        try:
-            self[key]
-            return True
-        except KeyError:
-            return False
 
-    def get(self, key, default=None):
-        try:
-            return self[key]
-        except KeyError:
-            return default
 
     def __iter__(self):
         return iter(self.arrays)

@@ -49,6 +49,15 @@ inline int64_t ResolvePosition(int64_t q, int64_t len) {
   return q < 0 ? len + q : q;
 }
 
+// A row selector applied to captured rows [n, cols] held in memory (serve's
+// and generate's captures): last, first, mean (double sums), max, all,
+// pos:..., span:A:B. Returns the selected rows [k, cols] (*out_rows = k);
+// no rows, or a position or span outside them, is OutOfRange naming it and
+// n.
+StatusOr<std::vector<float>> SelectRows(const RowSelector& s, const float* rows,
+                                        int64_t n, int64_t cols,
+                                        int64_t* out_rows);
+
 }  // namespace loom
 
 #endif  // LOOM_EVAL_ROW_SELECTOR_H_

@@ -287,58 +287,6 @@ std::vector<float> Pool(const float* rows, int64_t n, int64_t cols,
   return out;
 }
 
-StatusOr<std::vector<float>> SelectRows(const RowSelector& s, const float* rows,
-                                        int64_t n, int64_t cols,
-                                        int64_t* out_rows) {
-  using Kind = RowSelector::Kind;
-  std::vector<float> out;
-  auto take = [&](int64_t r) {
-    out.insert(out.end(), rows + r * cols, rows + (r + 1) * cols);
-  };
-  switch (s.kind) {
-    case Kind::kLast:
-      take(n - 1);
-      break;
-    case Kind::kFirst:
-      take(0);
-      break;
-    case Kind::kMean:
-    case Kind::kMax:
-      out.resize(static_cast<size_t>(cols));
-      for (int64_t c = 0; c < cols; ++c) {
-        double acc = s.kind == Kind::kMean ? 0.0 : -INFINITY;
-        for (int64_t r = 0; r < n; ++r)
-          acc = s.kind == Kind::kMean
-                    ? acc + rows[r * cols + c]
-                    : std::max<double>(acc, rows[r * cols + c]);
-        out[static_cast<size_t>(c)] =
-            static_cast<float>(s.kind == Kind::kMean ? acc / n : acc);
-      }
-      break;
-    case Kind::kPos:
-      for (int64_t q : s.positions) {
-        const int64_t p = ResolvePosition(q, n);
-        if (p < 0 || p >= n)
-          return OutOfRangeError("selector " + s.spec + ": position " +
-                                 std::to_string(q) + " is outside the " +
-                                 std::to_string(n) + " rows");
-        take(p);
-      }
-      break;
-    case Kind::kAll:
-    case Kind::kSpan: {
-      SpanRange range;
-      if (!ResolveSpan(s, n, &range))
-        return OutOfRangeError("selector " + s.spec + " is outside the " +
-                               std::to_string(n) + " rows");
-      for (int64_t r = range.begin; r < range.end; ++r) take(r);
-      break;
-    }
-  }
-  *out_rows = static_cast<int64_t>(out.size()) / std::max<int64_t>(cols, 1);
-  return out;
-}
-
 StatusOr<json> AnalyzeVector(const std::vector<double>& v) {
   if (v.empty()) return InvalidArgumentError("the vector is empty");
   for (size_t i = 0; i < v.size(); ++i)

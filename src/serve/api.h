@@ -62,14 +62,6 @@ StatusOr<Pooling> ParsePooling(std::string_view s);
 std::vector<float> Pool(const float* rows, int64_t n, int64_t cols,
                         Pooling pooling, bool normalize);
 
-// A row selector of `loom extract` applied to captured rows [n, cols]:
-// last, first, mean (double sums), max, all, pos:..., span:A:B. Returns the
-// selected rows [k, cols]; a position or span outside the rows is
-// OutOfRange naming it and n.
-StatusOr<std::vector<float>> SelectRows(const RowSelector& s, const float* rows,
-                                        int64_t n, int64_t cols,
-                                        int64_t* out_rows);
-
 // /analyze: mean, std (population), min, max, l2_norm, sparsity (fraction of
 // entries with |x| < 1e-6), quartiles q1/median/q3 (linear interpolation,
 // numpy's default) of one vector. InvalidArgument for an empty vector or a

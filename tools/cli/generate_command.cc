@@ -101,7 +101,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
       int64_t k = 0;
       ASSIGN_OR_RETURN(
           std::vector<float> rows,
-          serve::SelectRows(s, g.captures[h].data(), g.rows, g.widths[h], &k));
+          SelectRows(s, g.captures[h].data(), g.rows, g.widths[h], &k));
       per[s.spec] = serve::EncodeArray(rows.data(), k, g.widths[h], false,
                                        DType::kF32, serve::ArrayFormat::kList);
     }
