@@ -22,6 +22,7 @@ PACKAGES=(
   python3-jinja2       # regenerates expected chat template renders; tests do not need it
   libcpp-httplib-dev   # HTTP server of `loom serve` (and the client its tests drive it with)
   libyaml-cpp-dev      # `loom serve --config` (YAML)
+  curl                 # the docs' curl examples run against `loom serve` (docs_curl)
   openmpi-bin libopenmpi-dev  # `extract --shard auto` under mpirun (rank 0
                        # merges after a barrier) and its test (mpirun -np 2)
   clang libclang-rt-14-dev libomp-dev llvm  # `make asan` / `make fuzz`: clang, its
