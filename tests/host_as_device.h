@@ -94,7 +94,9 @@ class HostAsDevice final : public Backend {
   }
   void Add(const float* x, float* y, int64_t n) override { cpu_->Add(x, y, n); }
   void Scale(float* x, int64_t n, float s) override { cpu_->Scale(x, n, s); }
-  void Softcap(float* x, int64_t n, float c) override { cpu_->Softcap(x, n, c); }
+  void Softcap(float* x, int64_t n, float c) override {
+    cpu_->Softcap(x, n, c);
+  }
   void Clamp(float* x, int64_t r, int64_t c, int64_t ld, float lo,
              float hi) override {
     cpu_->Clamp(x, r, c, ld, lo, hi);
@@ -128,9 +130,29 @@ class HostAsDevice final : public Backend {
     cpu_->SigmoidGateAddRows(x, g, rows, cols, y, ldy);
   }
   void SetZero(float* x, int64_t n) override { cpu_->SetZero(x, n); }
-  Status GroupByExpert(const int32_t* ids, const float* w, int64_t t,
-                       int64_t k, int64_t e, int32_t* off, int32_t* rows,
-                       float* rw, int32_t* host_off) override {
+  Status AddRowsBroadcast(float* x, int64_t r, int64_t c, int64_t ld,
+                          const int32_t* idx, int64_t n, const float* v,
+                          float s) override {
+    return cpu_->AddRowsBroadcast(x, r, c, ld, idx, n, v, s);
+  }
+  Status ProjectOutRows(float* x, int64_t r, int64_t c, int64_t ld,
+                        const int32_t* idx, int64_t n,
+                        const float* u) override {
+    return cpu_->ProjectOutRows(x, r, c, ld, idx, n, u);
+  }
+  Status SetRows(float* x, int64_t r, int64_t c, int64_t ld, const int32_t* idx,
+                 int64_t n, int64_t cb, int64_t ce, const float* src,
+                 int64_t sr) override {
+    return cpu_->SetRows(x, r, c, ld, idx, n, cb, ce, src, sr);
+  }
+  Status CopyRows(float* x, int64_t r, int64_t c, int64_t ld, const int32_t* di,
+                  int64_t n, const float* src, int64_t sr, int64_t lds,
+                  const int32_t* si) override {
+    return cpu_->CopyRows(x, r, c, ld, di, n, src, sr, lds, si);
+  }
+  Status GroupByExpert(const int32_t* ids, const float* w, int64_t t, int64_t k,
+                       int64_t e, int32_t* off, int32_t* rows, float* rw,
+                       int32_t* host_off) override {
     // A device backend's offsets come back into separate host memory.
     LOOM_CHECK(host_off != off);
     return cpu_->GroupByExpert(ids, w, t, k, e, off, rows, rw, host_off);

@@ -350,6 +350,43 @@ class Backend {
                               const float* weights, int64_t n, int64_t cols,
                               float* y, int64_t ldy) = 0;
 
+  // ---- Row edits (interventions) ----
+  // Each edits rows idx[0..n) of an activation x [rows, cols] (row stride ld,
+  // this backend's memory) in place. idx [n] i32 (this backend's memory) must
+  // be strictly increasing and in [0, rows): otherwise InvalidArgument naming
+  // the first bad entry, with x unchanged. Rows are edited independently, so
+  // the result does not depend on the thread count. A backend without them
+  // returns Unimplemented naming the op. No model knowledge: the caller maps
+  // hooks, positions and heads to rows and columns.
+  //
+  // Steering: x[idx[i], :] += scale * v[:] (the product rounded to f32, then
+  // added). v: [cols].
+  virtual Status AddRowsBroadcast(float* x, int64_t rows, int64_t cols,
+                                  int64_t ld, const int32_t* idx, int64_t n,
+                                  const float* v, float scale) = 0;
+  // Directional ablation: x[idx[i], :] -= d_i * u[:] with d_i = x[idx[i], :]
+  // . u accumulated in double from the f32 values (rounded to f32 once), then
+  // d_i * u[j] rounded to f32 and subtracted. u: [cols], a unit vector (the
+  // caller's contract).
+  virtual Status ProjectOutRows(float* x, int64_t rows, int64_t cols,
+                                int64_t ld, const int32_t* idx, int64_t n,
+                                const float* u) = 0;
+  // Zero / mean / head ablation: x[idx[i], col_begin + j] = src[s, j] for
+  // j < width = col_end - col_begin, s = i when src_rows == n, s = 0 when
+  // src_rows == 1 (one row broadcast). 0 <= col_begin <= col_end <= cols.
+  // src: [src_rows, width] dense.
+  virtual Status SetRows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                         const int32_t* idx, int64_t n, int64_t col_begin,
+                         int64_t col_end, const float* src,
+                         int64_t src_rows) = 0;
+  // Activation patching: x[dst_idx[i], :] = src[src_idx[i], :]. src:
+  // [src_rows, cols] row stride ld_src, a buffer not overlapping x; src_idx
+  // [n] in [0, src_rows), any order (a bad one is InvalidArgument too).
+  virtual Status CopyRows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                          const int32_t* dst_idx, int64_t n, const float* src,
+                          int64_t src_rows, int64_t ld_src,
+                          const int32_t* src_idx) = 0;
+
   // ---- Mixture of experts ----
   // Top-k routing of `tokens` rows of router logits [tokens, experts] (row
   // stride ld, f32): ids [tokens, k] i32 and weights [tokens, k] f32 in slot
@@ -415,10 +452,9 @@ class Backend {
   // (row stride ld), in double, combined with out's values when
   // `accumulate`. begin/end [segments] i32 and out [segments, cols] as for
   // GatherRowsConvert.
-  virtual void SegmentReduce(const float* src, int64_t ld,
-                             const int32_t* begin, const int32_t* end,
-                             int64_t segments, int64_t cols, bool max,
-                             bool accumulate, double* out) = 0;
+  virtual void SegmentReduce(const float* src, int64_t ld, const int32_t* begin,
+                             const int32_t* end, int64_t segments, int64_t cols,
+                             bool max, bool accumulate, double* out) = 0;
 };
 
 // Rows of one head chunk a device backend scores at once (TargetLogProbs,

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 
 #include "src/backend/cpu/kernels_moe.h"
+#include "src/backend/cpu/kernels_rows.h"
 #include "src/backend/cpu/quant_decode.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
@@ -207,8 +210,7 @@ Status CpuBackend::Attention(const AttentionOp& op) {
       return UnimplementedError(
           "cpu backend: attention probabilities with a KV cache");
     for (int64_t s = 0; s < op.num_seqs; ++s) {
-      const int64_t end =
-          op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
+      const int64_t end = op.q_pos0[s] + op.seq_start[s + 1] - op.seq_start[s];
       const bool ring = op.window > 0 && op.window <= op.kv_capacity;
       if (op.q_pos0[s] < 0 ||
           (end > op.kv_capacity && (!ring || op.kv_page_size > 0)))
@@ -319,6 +321,96 @@ void CpuBackend::SigmoidGateAddRows(const float* x, const float* gate_logit,
 
 void CpuBackend::SetZero(float* x, int64_t n) { cpu::SetZero(x, n); }
 
+namespace {
+
+// The arguments every row edit shares, checked before any kernel runs.
+Status CheckRowEdit(std::string_view op, int64_t rows, int64_t cols, int64_t ld,
+                    int64_t n) {
+  if (rows < 0 || cols < 0 || ld < cols || n < 0)
+    return InvalidArgumentError(
+        std::string(op) + ": bad shape (rows " + std::to_string(rows) +
+        ", cols " + std::to_string(cols) + ", ld " + std::to_string(ld) +
+        ", n " + std::to_string(n) + ")");
+  return Status();
+}
+
+// The error of a kernel's bad-index answer `bad` (-1 = none; i < n: idx[i]
+// is not strictly increasing inside [0, rows); n + i: src_idx[i] is outside
+// [0, src_rows)).
+Status RowIndexError(std::string_view op, int64_t bad, const int32_t* idx,
+                     int64_t n, int64_t rows, const int32_t* src_idx = nullptr,
+                     int64_t src_rows = 0) {
+  if (bad < 0) return Status();
+  if (bad >= n)
+    return InvalidArgumentError(
+        std::string(op) + ": source row index src_idx[" +
+        std::to_string(bad - n) + "] = " + std::to_string(src_idx[bad - n]) +
+        " is outside [0, " + std::to_string(src_rows) + ")");
+  std::string why = " is outside [0, " + std::to_string(rows) + ")";
+  if (idx[bad] >= 0 && idx[bad] < rows)
+    why = " is not above the previous index " + std::to_string(idx[bad - 1]) +
+          " (indices must be strictly increasing)";
+  return InvalidArgumentError(std::string(op) + ": row index idx[" +
+                              std::to_string(bad) +
+                              "] = " + std::to_string(idx[bad]) + why);
+}
+
+}  // namespace
+
+Status CpuBackend::AddRowsBroadcast(float* x, int64_t rows, int64_t cols,
+                                    int64_t ld, const int32_t* idx, int64_t n,
+                                    const float* v, float scale) {
+  RETURN_IF_ERROR(CheckRowEdit("AddRowsBroadcast", rows, cols, ld, n));
+  return RowIndexError(
+      "AddRowsBroadcast",
+      cpu::AddRowsBroadcast(x, rows, cols, ld, idx, n, v, scale), idx, n, rows);
+}
+
+Status CpuBackend::ProjectOutRows(float* x, int64_t rows, int64_t cols,
+                                  int64_t ld, const int32_t* idx, int64_t n,
+                                  const float* u) {
+  RETURN_IF_ERROR(CheckRowEdit("ProjectOutRows", rows, cols, ld, n));
+  return RowIndexError("ProjectOutRows",
+                       cpu::ProjectOutRows(x, rows, cols, ld, idx, n, u), idx,
+                       n, rows);
+}
+
+Status CpuBackend::SetRows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                           const int32_t* idx, int64_t n, int64_t col_begin,
+                           int64_t col_end, const float* src,
+                           int64_t src_rows) {
+  RETURN_IF_ERROR(CheckRowEdit("SetRows", rows, cols, ld, n));
+  if (col_begin < 0 || col_begin > col_end || col_end > cols)
+    return InvalidArgumentError(
+        "SetRows: column range [" + std::to_string(col_begin) + ", " +
+        std::to_string(col_end) + ") is not inside [0, " +
+        std::to_string(cols) + ")");
+  if (src_rows != 1 && src_rows != n)
+    return InvalidArgumentError(
+        "SetRows: src has " + std::to_string(src_rows) +
+        " rows; it needs 1 (broadcast) or n = " + std::to_string(n));
+  return RowIndexError("SetRows",
+                       cpu::SetRows(x, rows, cols, ld, idx, n, col_begin,
+                                    col_end, src, src_rows),
+                       idx, n, rows);
+}
+
+Status CpuBackend::CopyRows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                            const int32_t* dst_idx, int64_t n, const float* src,
+                            int64_t src_rows, int64_t ld_src,
+                            const int32_t* src_idx) {
+  RETURN_IF_ERROR(CheckRowEdit("CopyRows", rows, cols, ld, n));
+  if (src_rows < 0 || ld_src < cols)
+    return InvalidArgumentError("CopyRows: bad source shape (src_rows " +
+                                std::to_string(src_rows) + ", ld_src " +
+                                std::to_string(ld_src) + ", cols " +
+                                std::to_string(cols) + ")");
+  return RowIndexError("CopyRows",
+                       cpu::CopyRows(x, rows, cols, ld, dst_idx, n, src,
+                                     src_rows, ld_src, src_idx),
+                       dst_idx, n, rows, src_idx, src_rows);
+}
+
 Status CpuBackend::GroupByExpert(const int32_t* ids, const float* weights,
                                  int64_t tokens, int64_t k, int64_t experts,
                                  int32_t* offsets, int32_t* rows,
@@ -369,8 +461,7 @@ void CpuBackend::SegmentReduce(const float* src, int64_t ld,
                                const int32_t* begin, const int32_t* end,
                                int64_t segments, int64_t cols, bool max,
                                bool accumulate, double* out) {
-  cpu::SegmentReduce(src, ld, begin, end, segments, cols, max, accumulate,
-                     out);
+  cpu::SegmentReduce(src, ld, begin, end, segments, cols, max, accumulate, out);
 }
 
 }  // namespace loom::cpu

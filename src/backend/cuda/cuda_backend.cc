@@ -30,7 +30,8 @@ std::string CudaMessage(cudaError_t e) {
 }
 
 cudaMemcpyKind KindOf(DeviceRef dst, DeviceRef src) {
-  const bool d = dst.kind == DeviceKind::kCuda, s = src.kind == DeviceKind::kCuda;
+  const bool d = dst.kind == DeviceKind::kCuda,
+             s = src.kind == DeviceKind::kCuda;
   if (d && s) return cudaMemcpyDeviceToDevice;
   if (d) return cudaMemcpyHostToDevice;
   if (s) return cudaMemcpyDeviceToHost;
@@ -63,7 +64,8 @@ std::vector<GpuInfo> ListGpus(std::string* reason) {
     size_t free = 0, total = 0;
     int prev = 0;
     cudaGetDevice(&prev);
-    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess)
+    if (cudaSetDevice(i) == cudaSuccess &&
+        cudaMemGetInfo(&free, &total) == cudaSuccess)
       g.free_bytes = static_cast<int64_t>(free);
     cudaSetDevice(prev);
     gpus.push_back(g);
@@ -144,8 +146,7 @@ KernelCosts CudaBackend::Costs() const { return CudaKernelCosts(); }
 int CudaBackend::SetNumThreads(int /*n*/) { return 1; }
 
 void CudaBackend::Fail(const char* op, const std::string& message) {
-  if (error_.ok())
-    error_ = InternalError(name_ + ": " + op + ": " + message);
+  if (error_.ok()) error_ = InternalError(name_ + ": " + op + ": " + message);
 }
 
 void CudaBackend::Check(const char* op) {
@@ -287,7 +288,7 @@ void CudaBackend::Gemm(const GemmOp& op) {
   Check("gemm");
 }
 
-// ---- Norms, RoPE -------------------------------------------------------------
+// ---- Norms, RoPE ------------------------------------------------------------
 
 void CudaBackend::RmsNorm(const float* x, const void* w, DType w_dtype,
                           float offset, float eps, float* y, int64_t rows,
@@ -332,7 +333,7 @@ void CudaBackend::ApplyRope(float* x, int64_t tokens, int64_t heads,
   Check("rope");
 }
 
-// ---- Attention ---------------------------------------------------------------
+// ---- Attention --------------------------------------------------------------
 
 Status CudaBackend::Attention(const AttentionOp& op) {
   if (op.k_cache != nullptr)
@@ -375,8 +376,9 @@ Status CudaBackend::Attention(const AttentionOp& op) {
   if (op.probs != nullptr) {
     if (op.num_seqs != 1 || op.probs_seq != 0)
       return InvalidArgumentError(
-          name_ + ": attention probabilities are written for one sequence "
-                  "at a time");
+          name_ +
+          ": attention probabilities are written for one sequence "
+          "at a time");
     a.probs = op.probs;
     a.compute = DType::kF32;
   }
@@ -386,7 +388,7 @@ Status CudaBackend::Attention(const AttentionOp& op) {
   return Status();
 }
 
-// ---- Elementwise ---------------------------------------------------------------
+// ---- Elementwise ------------------------------------------------------------
 
 void CudaBackend::Activation(ActivationFn fn, float* x, int64_t n) {
   cuda::Activation(ToAct(fn), x, n, stream_);
@@ -440,9 +442,8 @@ void CudaBackend::Gather(const void* table, DType table_dtype,
     return;
   }
   cudaPointerAttributes attr{};
-  const bool on_device =
-      cudaPointerGetAttributes(&attr, ids) == cudaSuccess &&
-      attr.type == cudaMemoryTypeDevice;
+  const bool on_device = cudaPointerGetAttributes(&attr, ids) == cudaSuccess &&
+                         attr.type == cudaMemoryTypeDevice;
   cudaGetLastError();
   const int32_t* dev_ids = ids;
   if (!on_device) {
@@ -482,9 +483,9 @@ void CudaBackend::TopKRoute(const float* logits, int64_t tokens,
   Check("top-k route");
 }
 
-void CudaBackend::ClampedSwiglu(const float* gate_up, int64_t gu_rs,
-                                float* out, int64_t rows, int64_t n,
-                                float alpha, float limit) {
+void CudaBackend::ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
+                                int64_t rows, int64_t n, float alpha,
+                                float limit) {
   cuda::ClampedSwiglu(gate_up, gu_rs, out, rows, n, alpha, limit, stream_);
   Check("clamped swiglu");
 }
@@ -499,6 +500,37 @@ void CudaBackend::SigmoidGateAddRows(const float* x, const float* gate_logit,
 void CudaBackend::SetZero(float* x, int64_t n) {
   cuda::SetZero(x, n, stream_);
   Check("set zero");
+}
+
+// The row edits of interventions have CPU kernels only so far.
+Status CudaBackend::AddRowsBroadcast(float*, int64_t, int64_t, int64_t,
+                                     const int32_t*, int64_t, const float*,
+                                     float) {
+  return UnimplementedError(name_ +
+                            ": AddRowsBroadcast (steering row edit) is not "
+                            "implemented on cuda yet; use --device cpu");
+}
+
+Status CudaBackend::ProjectOutRows(float*, int64_t, int64_t, int64_t,
+                                   const int32_t*, int64_t, const float*) {
+  return UnimplementedError(name_ +
+                            ": ProjectOutRows (directional ablation row edit) "
+                            "is not implemented on cuda yet; use --device cpu");
+}
+
+Status CudaBackend::SetRows(float*, int64_t, int64_t, int64_t, const int32_t*,
+                            int64_t, int64_t, int64_t, const float*, int64_t) {
+  return UnimplementedError(name_ +
+                            ": SetRows (zero/replace/head ablation row edit) "
+                            "is not implemented on cuda yet; use --device cpu");
+}
+
+Status CudaBackend::CopyRows(float*, int64_t, int64_t, int64_t, const int32_t*,
+                             int64_t, const float*, int64_t, int64_t,
+                             const int32_t*) {
+  return UnimplementedError(name_ +
+                            ": CopyRows (activation patching row edit) is not "
+                            "implemented on cuda yet; use --device cpu");
 }
 
 Status CudaBackend::GroupByExpert(const int32_t* ids, const float* weights,
@@ -531,7 +563,7 @@ Status CudaBackend::GroupByExpert(const int32_t* ids, const float* weights,
   return Status();
 }
 
-// ---- Conversion, head ----------------------------------------------------------
+// ---- Conversion, head -------------------------------------------------------
 
 void CudaBackend::ConvertFromF32(const float* src, void* dst, DType dtype,
                                  int64_t n) {
@@ -585,7 +617,7 @@ void CudaBackend::TargetLogProbs(const float* logits, int64_t rows,
     logprob[r] = static_cast<double>(picked[r]) - logprob[r];
 }
 
-// ---- Capture -------------------------------------------------------------------
+// ---- Capture ----------------------------------------------------------------
 
 void CudaBackend::GatherRowsConvert(const float* src, int64_t ld,
                                     const int32_t* index, int64_t n,

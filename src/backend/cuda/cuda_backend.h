@@ -119,6 +119,18 @@ class CudaBackend final : public Backend {
   void SigmoidGateAddRows(const float* x, const float* gate_logit, int64_t rows,
                           int64_t cols, float* y, int64_t ldy) override;
   void SetZero(float* x, int64_t n) override;
+  Status AddRowsBroadcast(float* x, int64_t rows, int64_t cols, int64_t ld,
+                          const int32_t* idx, int64_t n, const float* v,
+                          float scale) override;
+  Status ProjectOutRows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                        const int32_t* idx, int64_t n, const float* u) override;
+  Status SetRows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                 const int32_t* idx, int64_t n, int64_t col_begin,
+                 int64_t col_end, const float* src, int64_t src_rows) override;
+  Status CopyRows(float* x, int64_t rows, int64_t cols, int64_t ld,
+                  const int32_t* dst_idx, int64_t n, const float* src,
+                  int64_t src_rows, int64_t ld_src,
+                  const int32_t* src_idx) override;
   Status GroupByExpert(const int32_t* ids, const float* weights, int64_t tokens,
                        int64_t k, int64_t experts, int32_t* offsets,
                        int32_t* rows, float* row_weights,

@@ -36,7 +36,8 @@ typedef int (*LoomCudaListFn)(LoomGpuInfo* out, int max, char* reason,
 }
 
 namespace loom::cuda {
-inline constexpr int kLoomCudaPluginAbi = 1;
+// 2: the row-edit ops (AddRowsBroadcast, ProjectOutRows, SetRows, CopyRows).
+inline constexpr int kLoomCudaPluginAbi = 2;
 inline constexpr const char* kPluginFile = "libloom_cuda.so";
 }  // namespace loom::cuda
 

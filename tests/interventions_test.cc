@@ -1,0 +1,407 @@
+// The intervention file parser (src/model/interventions.h): every golden
+// spec.json under shared/golden/interventions that lists interventions parses
+// to what it says (hooks, modes, positions, heads, rows, and the vectors equal
+// to the goldens' own copies in expected.safetensors); activation_patch is
+// refused naming the field; and every validation error names the entry, the
+// field and the values involved.
+#include "src/model/interventions.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "src/io/npy.h"
+#include "src/io/test_util.h"
+#include "src/model/registry.h"
+#include "tests/golden_util.h"
+
+namespace loom {
+namespace {
+
+using ::loom::testing::TempDir;
+
+ModelConfig Llama8B() {
+  StatusOr<ModelConfig> c =
+      LoadModelConfig(std::string(LOOM_TESTDATA_DIR) + "/configs/Llama-3.1-8B");
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return c.ok() ? *c : ModelConfig();
+}
+
+std::string PositionsKind(const InterventionPositions& p) {
+  switch (p.kind) {
+    case InterventionPositions::Kind::kAll:
+      return "all";
+    case InterventionPositions::Kind::kLast:
+      return "last";
+    case InterventionPositions::Kind::kList:
+      return "explicit";
+  }
+  return "?";
+}
+
+// Writes `v` as a [1, n] f32 .npy file.
+void WriteNpy(const std::string& path, const std::vector<float>& v) {
+  auto w =
+      NpyWriter::Create(path, DType::kF32, {static_cast<int64_t>(v.size())});
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ASSERT_TRUE((*w)->AppendRows(v.data(), 1).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  ASSERT_TRUE((*w)->Close().ok());
+}
+
+TEST(InterventionGoldens, EveryListCaseParsesToItsSpec) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: no shared golden directory ("
+                 << LOOM_SHARED_DIR << "/golden); the intervention spec.json "
+                 << "files were not checked";
+  const std::string root = shared + "/interventions";
+  ASSERT_TRUE(std::filesystem::is_directory(root)) << root;
+  int parsed = 0, refused = 0;
+  for (const auto& dir : std::filesystem::directory_iterator(root)) {
+    if (!dir.is_directory()) continue;
+    const std::string spec_path = dir.path().string() + "/spec.json";
+    SCOPED_TRACE(spec_path);
+    const nlohmann::json spec = testing::ReadJson(spec_path);
+    const std::string model = spec.at("model").get<std::string>();
+    StatusOr<ModelConfig> config = LoadModelConfig(shared + "/tiny/" + model);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    StatusOr<std::vector<Intervention>> got =
+        ParseInterventionFile(spec_path, *config);
+    if (spec.at("case") == "activation_patch") {
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status().code(), StatusCode::kUnimplemented);
+      EXPECT_CONTAINS(got.status().message(), "interventions[0].mode");
+      EXPECT_CONTAINS(got.status().message(), "source run");
+      ++refused;
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    const nlohmann::json& list = spec.at("interventions");
+    ASSERT_EQ(got->size(), list.size());
+    auto expected = testing::GoldenFile::Open(dir.path().string() +
+                                              "/expected.safetensors");
+    ASSERT_NE(expected, nullptr);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const nlohmann::json& want = list[i];
+      const Intervention& iv = (*got)[i];
+      SCOPED_TRACE(i);
+      EXPECT_EQ(HookName(iv.hook), want.at("hook").get<std::string>());
+      EXPECT_EQ(InterventionModeName(iv.mode),
+                want.at("mode").get<std::string>());
+      EXPECT_EQ(iv.scale, want.value("scale", 1.0));
+      EXPECT_EQ(iv.head, want.value("head", int64_t{-1}));
+      EXPECT_EQ(iv.rows, want.value("rows", std::vector<int64_t>()));
+      if (want.contains("positions_rule")) {
+        EXPECT_EQ(PositionsKind(iv.positions),
+                  want.at("positions_rule").get<std::string>());
+        if (iv.positions.kind == InterventionPositions::Kind::kList) {
+          EXPECT_EQ(iv.positions.list,
+                    want.at("positions").get<std::vector<int64_t>>());
+        }
+      } else {
+        EXPECT_EQ(PositionsKind(iv.positions), "all");  // batch_mixed
+      }
+      if (want.contains("vector_key")) {
+        const std::vector<float> v =
+            expected->F32(want.at("vector_key").get<std::string>());
+        ASSERT_EQ(iv.vector.size(), v.size());
+        EXPECT_EQ(iv.vector, v);
+        EXPECT_EQ(static_cast<int64_t>(v.size()), config->hidden_size);
+      } else {
+        EXPECT_TRUE(iv.vector.empty());
+      }
+    }
+    ++parsed;
+  }
+  // 9 steering cases, 2 project_ablate, zero/mean/head ablation, batch_mixed;
+  // 3 activation_patch.
+  EXPECT_EQ(parsed, 15);
+  EXPECT_EQ(refused, 3);
+}
+
+class InterventionParseTest : public ::testing::Test {
+ protected:
+  StatusOr<std::vector<Intervention>> Parse(const std::string& entries) {
+    return ParseInterventions("{\"interventions\": [" + entries + "]}",
+                              dir_.path(), config_);
+  }
+  // The error message of Parse(entries), "" when it succeeds.
+  std::string Error(const std::string& entries) {
+    StatusOr<std::vector<Intervention>> r = Parse(entries);
+    return r.ok() ? "" : r.status().message();
+  }
+  // An inline vector of `n` values (the first one `first`).
+  static std::string Vector(int64_t n, double first = 1.0) {
+    std::string s = "[" + std::to_string(first);
+    for (int64_t i = 1; i < n; ++i) s += ",0";
+    return s + "]";
+  }
+
+  ModelConfig config_ = Llama8B();  // 32 layers, hidden 4096, 32 heads of 128
+  TempDir dir_;
+};
+
+TEST_F(InterventionParseTest, AllModesWithDefaultsAndUnknownFieldsIgnored) {
+  ASSERT_EQ(config_.hidden_size, 4096);
+  WriteNpy(dir_.File("v.npy"), std::vector<float>(4096, 0.25f));
+  StatusOr<std::vector<Intervention>> r = Parse(
+      R"({"hook": "blocks.3.hook_resid_post", "mode": "add", "scale": -2.5,
+          "vector_file": "v.npy", "positions": [0, -1], "rows": [4, 1],
+          "note": "ignored", "formula": {"also": "ignored"}},
+         {"hook": "blocks.-1.hook_mlp_out", "mode": "zero", "positions": "last"},
+         {"hook": "blocks.0.attn.hook_z", "mode": "zero_head", "head": 31},
+         {"hook": "blocks.2.mlp.hook_post", "mode": "replace",
+          "vector": )" +
+      Vector(14336, 0.5) + R"(},
+         {"hook": "blocks.{0.5}.hook_resid_mid", "mode": "project_out",
+          "vector": )" +
+      Vector(4096) + "}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->size(), 5u);
+  const Intervention& add = (*r)[0];
+  EXPECT_EQ(HookName(add.hook), "blocks.3.hook_resid_post");
+  EXPECT_EQ(add.mode, InterventionMode::kAdd);
+  EXPECT_EQ(add.scale, -2.5f);
+  EXPECT_EQ(add.vector, std::vector<float>(4096, 0.25f));
+  EXPECT_EQ(add.positions.list, (std::vector<int64_t>{0, -1}));
+  EXPECT_EQ(add.rows, (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(add.head, -1);
+  EXPECT_EQ(HookName((*r)[1].hook), "blocks.31.hook_mlp_out");
+  EXPECT_EQ((*r)[1].positions.kind, InterventionPositions::Kind::kLast);
+  EXPECT_TRUE((*r)[1].vector.empty());
+  EXPECT_TRUE((*r)[1].rows.empty());
+  EXPECT_EQ((*r)[2].head, 31);
+  EXPECT_EQ((*r)[2].positions.kind, InterventionPositions::Kind::kAll);
+  EXPECT_EQ((*r)[3].vector.size(), 14336u);
+  EXPECT_EQ((*r)[3].vector[0], 0.5f);
+  EXPECT_EQ(HookName((*r)[4].hook), "blocks.16.hook_resid_mid");
+}
+
+TEST_F(InterventionParseTest, LayerPatternGivesOneInterventionPerLayer) {
+  StatusOr<std::vector<Intervention>> r =
+      Parse(R"({"hook": "blocks.*.hook_resid_pre", "mode": "project_out",
+                "vector": )" +
+            Vector(4096) + "}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->size(), 32u);
+  for (int64_t l = 0; l < 32; ++l) {
+    EXPECT_EQ((*r)[l].hook.layer, l);
+    EXPECT_EQ((*r)[l].vector.size(), 4096u);
+  }
+}
+
+TEST_F(InterventionParseTest, HookErrorsNameTheFieldAndTheHook) {
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.99.hook_resid_post",
+                            "mode": "zero"})"),
+                  "interventions[0].hook: 'blocks.99.hook_resid_post'");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_nope", "mode": "zero"})"),
+                  "interventions[0].hook: 'blocks.1.hook_nope'");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.attn.hook_q", "mode": "zero"})"),
+                  "'blocks.1.attn.hook_q' cannot be edited");
+  EXPECT_CONTAINS(Error(R"({"hook": "logits", "mode": "zero"})"),
+                  "cannot be edited; the sites that can: hook_resid_pre");
+  EXPECT_CONTAINS(Error(R"({"mode": "zero"})"),
+                  "interventions[0].hook: missing");
+  EXPECT_CONTAINS(Error(R"({"hook": 3, "mode": "zero"})"),
+                  "interventions[0].hook: 3 is not a string");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_mlp_out", "mode": "zero"},
+                           {"hook": "blocks.0.hook_resid_post",
+                            "mode": "zero_head", "head": 0})"),
+                  "interventions[1].hook: mode \"zero_head\" needs "
+                  "attn.hook_z, not 'blocks.0.hook_resid_post'");
+}
+
+TEST_F(InterventionParseTest, VectorWidthFinitenessAndNorm) {
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector": [1, 2, 3]})"),
+                  "interventions[0].vector: has 3 values but "
+                  "blocks.1.hook_resid_post is 4096 wide");
+  WriteNpy(dir_.File("short.npy"), std::vector<float>(64, 1.0f));
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "short.npy"})"),
+                  "interventions[0].vector_file: has 64 values but "
+                  "blocks.1.hook_resid_post is 4096 wide");
+  std::vector<float> nan(4096, 0.0f);
+  nan[0] = 1.0f;
+  nan[5] = std::numeric_limits<float>::quiet_NaN();
+  WriteNpy(dir_.File("nan.npy"), nan);
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "nan.npy"})"),
+                  "interventions[0].vector_file: value 5 of 4096 is nan");
+  nan[5] = std::numeric_limits<float>::infinity();
+  WriteNpy(dir_.File("inf.npy"), nan);
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post",
+                            "mode": "replace", "vector_file": "inf.npy"})"),
+                  "value 5 of 4096 is infinite");
+  // 1e39 is finite as a double but not as f32.
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector": )" +
+                        Vector(4096, 1e39) + "}"),
+                  "value 0 of 4096 is infinite");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post",
+                            "mode": "project_out", "vector": )" +
+                        Vector(4096, 2.0) + "}"),
+                  "project_out needs a unit vector; its norm is 2.0");
+  EXPECT_CONTAINS(
+      Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add"})"),
+      "interventions[0].vector_file: missing");
+  EXPECT_CONTAINS(
+      Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "zero",
+                            "vector_file": "v.npy"})"),
+      "interventions[0].vector_file: mode \"zero\" takes no vector");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector": [1], "vector_file": "v.npy"})"),
+                  "give vector or vector_file, not both");
+}
+
+TEST_F(InterventionParseTest, MissingOrBadVectorFile) {
+  StatusOr<std::vector<Intervention>> r =
+      Parse(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                "vector_file": "absent.npy"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_CONTAINS(r.status().message(), "interventions[0].vector_file: ");
+  EXPECT_CONTAINS(r.status().message(), dir_.File("absent.npy"));
+  { std::ofstream(dir_.File("junk.npy")) << "not an npy file"; }
+  r = Parse(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                "vector_file": "junk.npy"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), "interventions[0].vector_file: ");
+  auto w = NpyWriter::Create(dir_.File("i32.npy"), DType::kI32, {4096});
+  ASSERT_TRUE(w.ok());
+  std::vector<int32_t> ints(4096, 1);
+  ASSERT_TRUE((*w)->AppendRows(ints.data(), 1).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "i32.npy"})"),
+                  "holds <i4 values; expected float32");
+  w = NpyWriter::Create(dir_.File("two.npy"), DType::kF32, {4096});
+  ASSERT_TRUE(w.ok());
+  std::vector<float> two(2 * 4096, 0.0f);
+  ASSERT_TRUE((*w)->AppendRows(two.data(), 2).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "two.npy"})"),
+                  "has shape [2, 4096]; expected one vector");
+}
+
+TEST_F(InterventionParseTest, ModeScaleHeadPositionsAndRowsErrors) {
+  const std::string hook = R"("hook": "blocks.0.attn.hook_z", )";
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "steer"})"),
+                  "interventions[0].mode: \"steer\" is not one of add, "
+                  "project_out, zero, replace, zero_head, patch");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head", "head": 32})"),
+                  "interventions[0].head: 32 is outside [0, 32)");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head", "head": -1})"),
+                  "interventions[0].head: -1 is outside [0, 32)");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head", "head": 1.5})"),
+                  "interventions[0].head: 1.5 is not an integer");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head"})"),
+                  "interventions[0].head: missing");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "head": 1})"),
+                  "interventions[0].head: applies to mode \"zero_head\" only");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "scale": 2})"),
+                  "interventions[0].scale: applies to mode \"add\" only");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "add",
+                            "scale": 1e39, "vector": )" +
+                        Vector(4096) + "}"),
+                  "interventions[0].scale: 1e+39 is not a finite f32 value");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "add",
+                            "scale": "4", "vector": )" +
+                        Vector(4096) + "}"),
+                  "interventions[0].scale: \"4\" is not a number");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "positions": []})"),
+                  "interventions[0].positions: empty list");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "positions": [1, 1]})"),
+                  "interventions[0].positions: position 1 is listed twice");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "positions": [0.5]})"),
+                  "entry 0 (0.5) is not a 32-bit integer position");
+  EXPECT_CONTAINS(
+      Error("{" + hook + R"("mode": "zero", "positions": "first"})"),
+      "interventions[0].positions: \"first\" is not \"all\", "
+      "\"last\" or a list");
+  EXPECT_CONTAINS(
+      Error("{" + hook + R"("mode": "zero", "positions_rule": "every"})"),
+      "interventions[0].positions_rule: \"every\" is not one of");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "rows": [2, 2]})"),
+                  "interventions[0].rows: row 2 is listed twice");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "rows": [-1]})"),
+                  "interventions[0].rows: -1 is not a row index");
+  EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "rows": []})"),
+                  "interventions[0].rows: [] is not a non-empty list");
+  StatusOr<std::vector<Intervention>> patch =
+      Parse(R"({"hook": "blocks.0.hook_resid_pre", "mode": "patch"})");
+  ASSERT_FALSE(patch.ok());
+  EXPECT_EQ(patch.status().code(), StatusCode::kUnimplemented);
+  EXPECT_CONTAINS(patch.status().message(), "interventions[0].mode");
+}
+
+TEST_F(InterventionParseTest, MalformedDocuments) {
+  auto error = [&](const std::string& text) {
+    StatusOr<std::vector<Intervention>> r =
+        ParseInterventions(text, dir_.path(), config_);
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    return r.ok() ? std::string() : r.status().message();
+  };
+  EXPECT_CONTAINS(error(R"({"interventions": [)"), "not valid JSON at line 1");
+  EXPECT_CONTAINS(error("[1, 2]"), "the top level is array");
+  EXPECT_CONTAINS(error(R"({"steer": []})"),
+                  "expected a non-empty list under \"interventions\"");
+  EXPECT_CONTAINS(error(R"({"interventions": []})"), "non-empty list");
+  EXPECT_CONTAINS(error(R"({"interventions": [3]})"),
+                  "interventions[0]: 3 is not an object");
+}
+
+TEST_F(InterventionParseTest, FileResolvesVectorsBesideItAndNamesItself) {
+  std::filesystem::create_directory(dir_.File("sub"));
+  std::vector<float> v(4096, 0.0f);
+  v[7] = 1.0f;
+  WriteNpy(dir_.File("sub/dir.npy"), v);
+  std::ofstream(dir_.File("sub/iv.json"))
+      << R"({"interventions": [{"hook": "blocks.2.hook_resid_pre",
+            "mode": "project_out", "vector_file": "dir.npy"}]})";
+  StatusOr<std::vector<Intervention>> r =
+      ParseInterventionFile(dir_.File("sub/iv.json"), config_);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].vector, v);
+  std::ofstream(dir_.File("bad.json")) << "{";
+  r = ParseInterventionFile(dir_.File("bad.json"), config_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), dir_.File("bad.json") + ": ");
+  r = ParseInterventionFile(dir_.File("none.json"), config_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+}
+
+TEST(ResolvePositionsTest, AllLastAndListsWithNegatives) {
+  using Kind = InterventionPositions::Kind;
+  EXPECT_EQ(*ResolvePositions({Kind::kAll, {}}, 3),
+            (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(*ResolvePositions({Kind::kLast, {}}, 9), (std::vector<int64_t>{8}));
+  EXPECT_TRUE(ResolvePositions({Kind::kLast, {}}, 0)->empty());
+  EXPECT_EQ(*ResolvePositions({Kind::kList, {3, -1, 1}}, 9),
+            (std::vector<int64_t>{1, 3, 8}));
+  StatusOr<std::vector<int64_t>> r = ResolvePositions({Kind::kList, {9}}, 9);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
+  EXPECT_CONTAINS(r.status().message(),
+                  "position 9 is outside a sequence of 9 tokens");
+  r = ResolvePositions({Kind::kList, {-10}}, 9);
+  EXPECT_FALSE(r.ok());
+  r = ResolvePositions({Kind::kList, {8, -1}}, 9);
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), "name token 8 twice");
+}
+
+}  // namespace
+}  // namespace loom
