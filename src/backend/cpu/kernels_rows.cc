@@ -56,6 +56,7 @@ int64_t SetRows(float* x, int64_t rows, int64_t cols, int64_t ld,
   const int64_t bad = FirstBadRowIndex(idx, n, rows);
   if (bad >= 0) return bad;
   const int64_t width = col_end - col_begin;
+  if (n == 0 || width <= 0) return -1;  // nothing to write (src may be null)
   const size_t bytes = sizeof(float) * static_cast<size_t>(width);
 #pragma omp parallel for schedule(static) if (n * width > 16384)
   for (int64_t i = 0; i < n; ++i) {
@@ -72,6 +73,7 @@ int64_t CopyRows(float* x, int64_t rows, int64_t cols, int64_t ld,
   if (bad >= 0) return bad;
   for (int64_t i = 0; i < n; ++i)
     if (src_idx[i] < 0 || src_idx[i] >= src_rows) return n + i;
+  if (n == 0 || cols <= 0) return -1;  // nothing to copy (src may be null)
   const size_t bytes = sizeof(float) * static_cast<size_t>(cols);
 #pragma omp parallel for schedule(static) if (n * cols > 16384)
   for (int64_t i = 0; i < n; ++i)

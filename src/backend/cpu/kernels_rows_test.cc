@@ -186,6 +186,8 @@ TEST(RowKernels, HandComputedValues) {
   }
 }
 
+// 1, 2 and 3 threads, as the GEMM thread test (more threads than the CI's
+// two cores make the sanitizers' libomp report a leak of its own).
 TEST(RowKernels, ByteIdenticalForAnyThreadCount) {
   const int64_t rows = 600, cols = 128, ld = 130;
   std::vector<int32_t> idx;
@@ -212,7 +214,7 @@ TEST(RowKernels, ByteIdenticalForAnyThreadCount) {
   };
   const int before = NumThreads();
   const std::vector<float> one = run_all(1);
-  for (int t : {2, 3, 8}) EXPECT_TRUE(SameBytes(run_all(t), one)) << t;
+  for (int t : {2, 3}) EXPECT_TRUE(SameBytes(run_all(t), one)) << t;
   SetNumThreads(before);
 }
 
