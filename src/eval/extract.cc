@@ -472,7 +472,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   summary.seconds = SecondsSince(start);
   summary.planned_bytes = PlannedHostBytes(plan);
   if (o.plan.verify_plan)
-    summary.verify_plan = VerifyPlan(summary.planned_bytes, rss_watch, "loom extract");
+    summary.verify_plan =
+        VerifyPlan(summary.planned_bytes, rss_watch, "loom extract");
   return summary;
 }
 

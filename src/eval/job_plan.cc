@@ -152,10 +152,10 @@ nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch,
   // File pages that are not the checkpoint's (the libraries' code and data
   // as it first runs: oneDNN's kernels, ...) are no memory the plan
   // allocates; they are reported apart and left out of the comparison.
-  const int64_t weights = std::max<int64_t>(0, MappedRssBytes(".safetensors")) -
-                          watch.weights_before;
-  const int64_t code = std::max<int64_t>(
-      0, (RssFileBytes() - watch.file_before) - std::max<int64_t>(0, weights));
+  const int64_t weights = std::max<int64_t>(
+      0, MappedRssBytes(".safetensors") - watch.weights_before);
+  const int64_t code =
+      std::max<int64_t>(0, RssFileBytes() - watch.file_before - weights);
   const int64_t resident = grown - code;
   const double ratio =
       planned > 0 ? static_cast<double>(resident) / static_cast<double>(planned)
@@ -165,10 +165,10 @@ nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch,
     std::fprintf(
         stderr,
         "%s: warning: --verify-plan: resident %s, planned %s (ratio %.3f, "
-        "not within 1%%); the difference, %s, is memory the plan does not "
-        "describe (library heap: oneDNN's generated kernels, thread stacks, "
-        "the tokenizer: a fixed cost that shows on small models). Library "
-        "code pages (%s) are not counted.\n",
+        "not within 1%%): %s that the plan does not describe, such as the "
+        "libraries' own heap (oneDNN's generated kernels, thread stacks, the "
+        "tokenizer: a fixed cost that shows on small models). Library code "
+        "pages (%s) are not counted.\n",
         who, FormatBytes(resident).c_str(), FormatBytes(planned).c_str(), ratio,
         FormatBytes(resident - planned).c_str(), FormatBytes(code).c_str());
   return nlohmann::json{{"planned_bytes", planned},

@@ -83,8 +83,8 @@ size_t EditDistance(std::string_view a, std::string_view b) {
 // An item naming no hook of `c`: the error lists this model's own hooks
 // (model-level names, per-layer sites as blocks.{L}.<site>) and suggests the
 // nearest spelling, keeping the item's layer.
-Status UnknownHookError(const std::string& item, const ModelConfig& c,
-                        const Status& parse_error) {
+Status UnknownHookError(const std::string& item, const std::string& what,
+                        const ModelConfig& c) {
   std::string layer_prefix, site = item;
   if (item.rfind("blocks.", 0) == 0) {
     size_t at = 7;
@@ -108,7 +108,7 @@ Status UnknownHookError(const std::string& item, const ModelConfig& c,
   for (const std::string& n : names) {
     list += (list.empty() ? "" : ", ") + n;
     const bool layered = n.rfind("blocks.{L}.", 0) == 0;
-    if (layered != !layer_prefix.empty() && !layer_prefix.empty()) continue;
+    if (!layer_prefix.empty() && !layered) continue;  // keep the item's kind
     const std::string bare = layered ? n.substr(11) : n;
     const size_t d = EditDistance(site, bare);
     if (d < best_d) {
@@ -118,8 +118,6 @@ Status UnknownHookError(const std::string& item, const ModelConfig& c,
                  : bare;
     }
   }
-  std::string what(parse_error.message());
-  what = what.substr(0, what.find("; known hooks"));  // this model's follow
   return InvalidArgumentError(
       what + (best.empty() ? "" : "; did you mean '" + best + "'?") +
       "; hooks of this " + c.model_type + " model: " + list +
@@ -176,9 +174,19 @@ StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t n) {
   return layer;
 }
 
-StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
-                                                  int64_t num_layers) {
+namespace {
+
+// ParseHookPattern; a name that is no hook is refused listing every site, or,
+// given the model `c`, its own hooks and the nearest spelling.
+StatusOr<std::vector<HookPoint>> ParsePattern(std::string_view pattern,
+                                              int64_t num_layers,
+                                              const ModelConfig* c) {
   const std::string p(pattern);
+  auto unknown = [&](const std::string& what) {
+    return c != nullptr ? UnknownHookError(p, what, *c)
+                        : InvalidArgumentError(
+                              what + "; known hooks: " + AllSiteNames());
+  };
   for (const auto& n : kSiteNames) {
     if (!IsLayerSite(n.site) && p == n.name)
       return std::vector<HookPoint>{{n.site, -1}};
@@ -189,8 +197,7 @@ StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
       if (IsLayerSite(n.site) && p == n.name)
         return InvalidArgumentError("hook '" + p +
                                     "' needs a layer: blocks.{L}." + p);
-    return InvalidArgumentError("unknown hook '" + p +
-                                "'; known hooks: " + AllSiteNames());
+    return unknown("unknown hook '" + p + "'");
   }
   std::string rest = p.substr(prefix.size());
   std::string layer_spec;
@@ -217,8 +224,7 @@ StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
   for (const auto& n : kSiteNames)
     if (IsLayerSite(n.site) && n.name == site_name) site = &n;
   if (site == nullptr)
-    return InvalidArgumentError("hook '" + p + "': unknown site '" + site_name +
-                                "'; known hooks: " + AllSiteNames());
+    return unknown("hook '" + p + "': unknown site '" + site_name + "'");
   std::vector<HookPoint> out;
   if (layer_spec == "*") {
     for (int64_t l = 0; l < num_layers; ++l) out.push_back({site->site, l});
@@ -228,6 +234,13 @@ StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
   if (!layer.ok()) return layer.status().WithContext("hook '" + p + "'");
   out.push_back({site->site, *layer});
   return out;
+}
+
+}  // namespace
+
+StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
+                                                  int64_t num_layers) {
+  return ParsePattern(pattern, num_layers, nullptr);
 }
 
 Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
@@ -364,13 +377,9 @@ StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
         expanded.push_back(item);
       }
       for (const std::string& p : expanded) {
-        StatusOr<std::vector<HookPoint>> points =
-            ParseHookPattern(p, c.num_layers);
-        if (!points.ok() &&
-            points.status().message().find("unknown") != std::string::npos)
-          return UnknownHookError(p, c, points.status());
-        RETURN_IF_ERROR(points.status());
-        for (const HookPoint& hp : *points) {
+        ASSIGN_OR_RETURN(std::vector<HookPoint> points,
+                         ParsePattern(p, c.num_layers, &c));
+        for (const HookPoint& hp : points) {
           RETURN_IF_ERROR(CheckHookExists(hp, c));
           set.Add(hp);
         }

@@ -27,9 +27,10 @@ namespace {
 // of spinning: with libgomp's default spin, every parallel region waited on
 // a thread descheduled while another process held a core. Measured with
 // bench/threads_neighbour.sh (AMD EPYC, lscpu family 25 model 1, Zen 3, 2
-// cores): perplexity on the bundled model took 2.7-3x its time alone beside
-// a busy-loop process, 1.5x when passive; alone, passive costs under 5 % on
-// a 4-layer TinyLlama. libgomp reads its wait settings once, as it loads,
+// cores; docs/design/cpu-backend.md): beside a busy-loop process, perplexity
+// on the bundled model took 2.34x its time alone when spinning, 1.37x when
+// passive; alone, passive costs 2-5 % on a 4-layer TinyLlama (within noise).
+// libgomp reads its wait settings once, as it loads,
 // so the process starts itself again with the policy set; OMP_WAIT_POLICY
 // or GOMP_SPINCOUNT given by the user are kept (OMP_WAIT_POLICY=active
 // restores the spinning).
