@@ -13,9 +13,6 @@
 namespace loom::python {
 namespace {
 
-// `loom generate --hooks` (the serving engine): KV pages of 16 positions.
-constexpr int64_t kEnginePageSize = 16;
-
 // Copies every position of the one sequence fed to its row of each capture
 // buffer (row = the position in the sequence), straight from the forward's
 // buffers.
@@ -111,8 +108,8 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
     const int64_t context =
         r.context > 0 ? r.context
                       : std::min<int64_t>(2048, c.max_position_embeddings);
-    go.paging = {kEnginePageSize,
-                 (context + kEnginePageSize - 1) / kEnginePageSize};
+    go.paging = {eval::kKvPageSize,
+                 (context + eval::kKvPageSize - 1) / eval::kKvPageSize};
   }
   ASSIGN_OR_RETURN(std::unique_ptr<eval::Generator> gen,
                    eval::Generator::Create(model, go));

@@ -48,6 +48,11 @@ namespace loom::eval {
 // OpenAI's and TheLoom's APIs.
 inline constexpr float kMaxTemperature = 2.0f;
 
+// Positions per KV-cache page of the serving engine (serve, `loom generate
+// --hooks`, the Python module's generate): one value, so their forwards
+// and outputs are the same.
+inline constexpr int64_t kKvPageSize = 16;
+
 struct SamplingOptions {
   float temperature = 0.0f;  // 0 = greedy; at most kMaxTemperature
   int64_t top_k = 0;         // 0 = off

@@ -87,7 +87,7 @@ struct EngineOptions {
   int64_t kv_tokens = 0;
   // Positions per KV page; 0 = no pages: every slot holds `context`
   // positions of its own (kv_tokens must then be 0).
-  int64_t page_size = 16;
+  int64_t page_size = eval::kKvPageSize;
   // Hooks capturable besides TheLoom's hidden-state layers (every
   // blocks.K.hook_resid_pre and ln_final.hook_normalized): extract patterns
   // such as "blocks.*.hook_mlp_out".
