@@ -10,11 +10,11 @@
 #include <string>
 
 #include "src/base/check.h"
-#include "src/tokenizer/tokenizer.h"
 #include "src/base/read_file.h"
 #include "src/eval/logits_head.h"
 #include "src/io/npy.h"
 #include "src/runtime/executor.h"
+#include "src/tokenizer/tokenizer.h"
 
 namespace loom::eval {
 namespace {
@@ -187,7 +187,8 @@ void AddToken(Sums& s, double lpa, double lpb, double kl, bool same) {
   s.same += same;
 }
 
-void Finish(const Sums& s, bool keep_token_kl, std::vector<double>& token_kl, CompareResult& r);
+void Finish(const Sums& s, bool keep_token_kl, std::vector<double>& token_kl,
+            CompareResult& r);
 
 // The reference's saved rows: [tokens, k] ids and log-probs, [tokens] target
 // log-probs, read chunk by chunk.
@@ -198,8 +199,10 @@ struct SavedReference {
 
 // Top k of `row` [V] by value, as (ids, values) in descending order; `heap`
 // holds k (value, id) pairs of scratch.
-void TopK(const float* row, int64_t V, int64_t k, std::pair<float, int32_t>* heap, int32_t* ids, float* values) {
-  auto greater = [](const std::pair<float, int32_t>& x, const std::pair<float, int32_t>& y) { return x > y; };
+void TopK(const float* row, int64_t V, int64_t k,
+          std::pair<float, int32_t>* heap, int32_t* ids, float* values) {
+  auto greater = [](const std::pair<float, int32_t>& x,
+                    const std::pair<float, int32_t>& y) { return x > y; };
   int64_t n = 0;
   for (int64_t v = 0; v < V; ++v) {
     if (n < k) {
@@ -218,14 +221,14 @@ void TopK(const float* row, int64_t V, int64_t k, std::pair<float, int32_t>* hea
   }
 }
 
-
 uint64_t HashIds(std::span<const int32_t> ids) {
   uint64_t h = 1469598103934665603ull;
   for (int32_t id : ids) h = (h ^ static_cast<uint32_t>(id)) * 1099511628211ull;
   return h;
 }
 
-nlohmann::json ReferenceHeader(const std::string& model_dir, int64_t vocab, std::span<const int32_t> ids,
+nlohmann::json ReferenceHeader(const std::string& model_dir, int64_t vocab,
+                               std::span<const int32_t> ids,
                                const WindowPlan& plan, int64_t k) {
   return nlohmann::json{{"format", "loom-reference-logprobs"},
                         {"version", 1},
@@ -240,20 +243,27 @@ nlohmann::json ReferenceHeader(const std::string& model_dir, int64_t vocab, std:
                         {"top_k", k}};
 }
 
-Status CreateReferenceDir(const std::string& dir, const Model& b, std::span<const int32_t> ids,
-                          const WindowPlan& plan, int64_t top_k, SavedReference* save) {
+Status CreateReferenceDir(const std::string& dir, const Model& b,
+                          std::span<const int32_t> ids, const WindowPlan& plan,
+                          int64_t top_k, SavedReference* save) {
   const int64_t V = b.config().vocab_size;
   if (top_k <= 0 || top_k > V)
-    return InvalidArgumentError("--top-k " + std::to_string(top_k) + ": expected 1.." + std::to_string(V));
+    return InvalidArgumentError("--top-k " + std::to_string(top_k) +
+                                ": expected 1.." + std::to_string(V));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("--save-reference " + dir + ": " + ec.message());
   if (std::filesystem::exists(dir + "/reference.json"))
-    return FailedPreconditionError("--save-reference " + dir + " already holds a reference (nothing overwritten)");
+    return FailedPreconditionError(
+        "--save-reference " + dir +
+        " already holds a reference (nothing overwritten)");
   save->k = top_k;
-  ASSIGN_OR_RETURN(save->ids, NpyWriter::Create(dir + "/topk_ids.npy", DType::kI32, {top_k}));
-  ASSIGN_OR_RETURN(save->logprobs, NpyWriter::Create(dir + "/topk_logprobs.npy", DType::kF32, {top_k}));
-  ASSIGN_OR_RETURN(save->target, NpyWriter::Create(dir + "/target_logprob.npy", DType::kF32, {}));
+  ASSIGN_OR_RETURN(save->ids, NpyWriter::Create(dir + "/topk_ids.npy",
+                                                DType::kI32, {top_k}));
+  ASSIGN_OR_RETURN(save->logprobs, NpyWriter::Create(dir + "/topk_logprobs.npy",
+                                                     DType::kF32, {top_k}));
+  ASSIGN_OR_RETURN(save->target, NpyWriter::Create(dir + "/target_logprob.npy",
+                                                   DType::kF32, {}));
   std::ofstream out(dir + "/reference.json");
   out << ReferenceHeader(b.dir(), V, ids, plan, top_k).dump(2) << "\n";
   if (!out) return IoError(dir + "/reference.json: write failed");
@@ -264,7 +274,8 @@ Status CreateReferenceDir(const std::string& dir, const Model& b, std::span<cons
 
 namespace {
 
-void Finish(const Sums& s, bool keep_token_kl, std::vector<double>& token_kl, CompareResult& r) {
+void Finish(const Sums& s, bool keep_token_kl, std::vector<double>& token_kl,
+            CompareResult& r) {
   const double n = s.n;
   r.nll_mean_a = s.nll_a / n;
   r.nll_mean_b = s.nll_b / n;
@@ -371,8 +382,8 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   std::vector<float> hidden_a(T * Ha), hidden_b(T * Hb);
   std::vector<float> ref_layers(options.drift ? L * T * Hb : 0);
   const std::vector<Backend*> devices_a = DeviceBackends(*exec_a);
-  std::vector<float> drift_staging(
-      options.drift && !devices_a.empty() ? T * Ha : 0);
+  std::vector<float> drift_staging(options.drift && !devices_a.empty() ? T * Ha
+                                                                       : 0);
   std::vector<DriftSums> drift_sums(options.drift ? L : 0);
   std::vector<double> lse_a(C), lse_b(C), row_kl(C);
   std::vector<uint8_t> row_same(C);
@@ -385,11 +396,10 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   r.eval_bytes =
       exec_a->arena_bytes() + exec_b->arena_bytes() + head_a->bytes() +
       head_b->bytes() +
-      static_cast<int64_t>(sizeof(float) * (hidden_a.size() + hidden_b.size() +
-                                            ref_layers.size() +
-                                            drift_staging.size()) +
-                           sizeof(double) * (4 * C + token_kl.size()) +
-                           sizeof(int32_t) * T);
+      static_cast<int64_t>(
+          sizeof(float) * (hidden_a.size() + hidden_b.size() +
+                           ref_layers.size() + drift_staging.size()) +
+          sizeof(double) * (4 * C + token_kl.size()) + sizeof(int32_t) * T);
 
   ReferenceSink sink_b(hidden_b.data(),
                        options.drift ? ref_layers.data() : nullptr, T * Hb,
@@ -402,7 +412,8 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   std::vector<float> save_lp, save_target;
   std::vector<std::pair<float, int32_t>> save_heap;
   if (!options.save_reference_dir.empty()) {
-    RETURN_IF_ERROR(CreateReferenceDir(options.save_reference_dir, b, ids, plan, options.top_k, &save));
+    RETURN_IF_ERROR(CreateReferenceDir(options.save_reference_dir, b, ids, plan,
+                                       options.top_k, &save));
     save_ids.resize(C * save.k);
     save_lp.resize(C * save.k);
     save_target.resize(C);
@@ -440,8 +451,10 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
         if (save.k > 0) {
           const int64_t k = save.k;
           TopK(rb, V, k, &save_heap[i * k], &save_ids[i * k], &save_lp[i * k]);
-          for (int64_t j = 0; j < k; ++j) save_lp[i * k + j] -= static_cast<float>(zb);
-          save_target[i] = static_cast<float>(static_cast<double>(rb[wids[r0 + i + 1]]) - zb);
+          for (int64_t j = 0; j < k; ++j)
+            save_lp[i * k + j] -= static_cast<float>(zb);
+          save_target[i] = static_cast<float>(
+              static_cast<double>(rb[wids[r0 + i + 1]]) - zb);
         }
       }
       if (save.k > 0) {
@@ -494,34 +507,46 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
 
 namespace loom::eval {
 
-StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<const int32_t> ids,
-                                                  const WindowPlan& plan, const std::string& dir,
-                                                  const CompareOptions& options) {
-  if (options.drift) return InvalidArgumentError("--drift needs the reference model itself, not saved log-probs");
+StatusOr<CompareResult> CompareWithSavedReference(
+    const Model& a, std::span<const int32_t> ids, const WindowPlan& plan,
+    const std::string& dir, const CompareOptions& options) {
+  if (options.drift)
+    return InvalidArgumentError(
+        "--drift needs the reference model itself, not saved log-probs");
   StatusOr<std::string> text = ReadFileToString(dir + "/reference.json");
   if (!text.ok()) return text.status().WithContext("--reference-logprobs");
   const nlohmann::json saved = nlohmann::json::parse(*text, nullptr, false);
-  if (saved.is_discarded() || !saved.is_object() || saved.value("format", "") != "loom-reference-logprobs")
+  if (saved.is_discarded() || !saved.is_object() ||
+      saved.value("format", "") != "loom-reference-logprobs")
     return DataLossError(dir + "/reference.json: not a saved reference");
   const int64_t V = a.config().vocab_size;
   const int64_t k = saved.value("top_k", int64_t{0});
-  const nlohmann::json now = ReferenceHeader(saved.value("reference_model", ""), V, ids, plan, k);
-  for (const char* key : {"vocab_size", "protocol", "ctx", "stride", "windows", "tokens_scored", "ids_fnv1a64"})
+  const nlohmann::json now =
+      ReferenceHeader(saved.value("reference_model", ""), V, ids, plan, k);
+  for (const char* key : {"vocab_size", "protocol", "ctx", "stride", "windows",
+                          "tokens_scored", "ids_fnv1a64"})
     if (saved.value(key, nlohmann::json()) != now[key])
-      return FailedPreconditionError("--reference-logprobs " + dir + ": " + key + " is " +
-                                     saved.value(key, nlohmann::json()).dump() + " there but " + now[key].dump() +
-                                     " for this run; use the same text, tokenizer and window options");
+      return FailedPreconditionError(
+          "--reference-logprobs " + dir + ": " + key + " is " +
+          saved.value(key, nlohmann::json()).dump() + " there but " +
+          now[key].dump() +
+          " for this run; use the same text, tokenizer and window options");
   ASSIGN_OR_RETURN(NpyHeader ids_h, ReadNpyHeader(dir + "/topk_ids.npy"));
   ASSIGN_OR_RETURN(NpyHeader lp_h, ReadNpyHeader(dir + "/topk_logprobs.npy"));
   ASSIGN_OR_RETURN(NpyHeader tg_h, ReadNpyHeader(dir + "/target_logprob.npy"));
   const std::vector<int64_t> want_k = {plan.tokens_scored, k};
-  if (ids_h.shape != want_k || lp_h.shape != want_k || tg_h.shape != std::vector<int64_t>{plan.tokens_scored} ||
-      ids_h.dtype != DType::kI32 || lp_h.dtype != DType::kF32 || tg_h.dtype != DType::kF32)
-    return DataLossError(dir + ": arrays do not hold " + std::to_string(plan.tokens_scored) + " rows of top-" +
-                         std::to_string(k) + " (int32 ids, float32 log-probs) and float32 targets");
+  if (ids_h.shape != want_k || lp_h.shape != want_k ||
+      tg_h.shape != std::vector<int64_t>{plan.tokens_scored} ||
+      ids_h.dtype != DType::kI32 || lp_h.dtype != DType::kF32 ||
+      tg_h.dtype != DType::kF32)
+    return DataLossError(dir + ": arrays do not hold " +
+                         std::to_string(plan.tokens_scored) + " rows of top-" +
+                         std::to_string(k) +
+                         " (int32 ids, float32 log-probs) and float32 targets");
   RETURN_IF_ERROR(CheckPlanFitsModel(a, ids, plan, a.dir()));
 
-  const int64_t T = plan.max_window_tokens, C = options.logits_chunk_rows, H = a.config().hidden_size;
+  const int64_t T = plan.max_window_tokens, C = options.logits_chunk_rows,
+                H = a.config().hidden_size;
   HookSet hooks;
   hooks.Add({HookSite::kFinalNorm, -1});
   ExecutorOptions eo;
@@ -537,12 +562,16 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
   std::vector<double> lse(C), row_kl(C);
   std::vector<uint8_t> row_same(C);
   std::vector<double> token_kl(plan.tokens_scored);
-  std::ifstream f_ids(dir + "/topk_ids.npy", std::ios::binary), f_lp(dir + "/topk_logprobs.npy", std::ios::binary),
+  std::ifstream f_ids(dir + "/topk_ids.npy", std::ios::binary),
+      f_lp(dir + "/topk_logprobs.npy", std::ios::binary),
       f_tg(dir + "/target_logprob.npy", std::ios::binary);
-  auto read_rows = [&](std::ifstream& f, const NpyHeader& h, int64_t row, int64_t n, int64_t row_bytes, void* dst) {
+  auto read_rows = [&](std::ifstream& f, const NpyHeader& h, int64_t row,
+                       int64_t n, int64_t row_bytes, void* dst) {
     f.seekg(h.data_offset + row * row_bytes);
     f.read(static_cast<char*>(dst), n * row_bytes);
-    return f.good() ? Status() : DataLossError(dir + ": short read at row " + std::to_string(row));
+    return f.good() ? Status()
+                    : DataLossError(dir + ": short read at row " +
+                                    std::to_string(row));
   };
   CandidateSink sink(hidden.data(), nullptr, T * H, nullptr,
                      DeviceBackends(*exec));
@@ -557,11 +586,13 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
     const Window& w = plan.windows[wi];
     std::span<const int32_t> wids = WindowIds(plan, w, ids, window_ids);
     const int64_t seq_start[2] = {0, w.length()};
-    RETURN_IF_ERROR(exec->Forward(Batch{wids, std::span<const int64_t>(seq_start, 2)}, &sink));
+    RETURN_IF_ERROR(exec->Forward(
+        Batch{wids, std::span<const int64_t>(seq_start, 2)}, &sink));
     const int64_t row_end = w.score_end - w.begin - 1;
     for (int64_t r0 = w.score_begin - w.begin - 1; r0 < row_end; r0 += C) {
       const int64_t n = std::min(C, row_end - r0);
-      RETURN_IF_ERROR(read_rows(f_ids, ids_h, scored, n, 4 * k, ref_ids.data()));
+      RETURN_IF_ERROR(
+          read_rows(f_ids, ids_h, scored, n, 4 * k, ref_ids.data()));
       RETURN_IF_ERROR(read_rows(f_lp, lp_h, scored, n, 4 * k, ref_lp.data()));
       RETURN_IF_ERROR(read_rows(f_tg, tg_h, scored, n, 4, ref_target.data()));
       const float* la = head->Compute(hidden.data() + r0 * H, n);
@@ -572,14 +603,17 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
         double kl = 0, mass_b = 0, mass_a = 0;
         for (int64_t j = 0; j < k; ++j) {
           const double lpb = ref_lp[i * k + j];
-          const double lpa = static_cast<double>(la[i * V + ref_ids[i * k + j]]) - lse[i];
+          const double lpa =
+              static_cast<double>(la[i * V + ref_ids[i * k + j]]) - lse[i];
           const double pb = std::exp(lpb);
           kl += pb * (lpb - lpa);
           mass_b += pb;
           mass_a += std::exp(lpa);
         }
-        const double rest_b = 1.0 - mass_b, rest_a = std::max(1.0 - mass_a, 1e-300);
-        if (rest_b > 1e-12) kl += rest_b * (std::log(rest_b) - std::log(rest_a));
+        const double rest_b = 1.0 - mass_b,
+                     rest_a = std::max(1.0 - mass_a, 1e-300);
+        if (rest_b > 1e-12)
+          kl += rest_b * (std::log(rest_b) - std::log(rest_a));
         row_kl[i] = std::max(kl, 0.0);
         row_same[i] = ArgMax(la + i * V, V) == ref_ids[i * k];
       }
@@ -591,10 +625,13 @@ StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<cons
       }
     }
     if (options.progress)
-      options.progress(static_cast<int64_t>(wi) + 1, static_cast<int64_t>(plan.windows.size()));
+      options.progress(static_cast<int64_t>(wi) + 1,
+                       static_cast<int64_t>(plan.windows.size()));
   }
   LOOM_CHECK(scored == plan.tokens_scored);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   r.windows = static_cast<int64_t>(plan.windows.size());
   r.tokens_scored = scored;
   r.tokens_evaluated = plan.tokens_evaluated;

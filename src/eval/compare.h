@@ -90,9 +90,9 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
 // saved top-k tokens plus one bucket holding the rest of each distribution:
 // a lower bound of the full KL (merging outcomes never increases KL), exact
 // when the top-k hold all of B's mass. Drift needs the live reference.
-StatusOr<CompareResult> CompareWithSavedReference(const Model& a, std::span<const int32_t> ids,
-                                                  const WindowPlan& plan, const std::string& reference_dir,
-                                                  const CompareOptions& options);
+StatusOr<CompareResult> CompareWithSavedReference(
+    const Model& a, std::span<const int32_t> ids, const WindowPlan& plan,
+    const std::string& reference_dir, const CompareOptions& options);
 
 // Linear-interpolated percentile of sorted values (llama.cpp's definition).
 double Percentile(std::span<const double> sorted, double fraction);

@@ -243,11 +243,14 @@ Status Manifest::CheckSettings(const Json& now, const Json& absent) const {
 void Manifest::SetProgress(const ManifestProgress& p) {
   Json ragged = Json::object();
   for (const auto& [file, rows] : p.ragged_rows) ragged[file] = rows;
-  doc_["progress"] = {
-      {"rows_committed", p.rows_committed},   {"rows_ok", p.rows_ok},
-      {"rows_skipped", p.rows_skipped},       {"input_offset", p.input_offset},
-      {"rows_file_bytes", p.rows_file_bytes}, {"shards", p.shards},
-      {"input_rows", p.input_rows},           {"ragged_rows", std::move(ragged)}};
+  doc_["progress"] = {{"rows_committed", p.rows_committed},
+                      {"rows_ok", p.rows_ok},
+                      {"rows_skipped", p.rows_skipped},
+                      {"input_offset", p.input_offset},
+                      {"rows_file_bytes", p.rows_file_bytes},
+                      {"shards", p.shards},
+                      {"input_rows", p.input_rows},
+                      {"ragged_rows", std::move(ragged)}};
   if (p.rows_file_crc32)
     doc_["progress"]["rows_file_crc32"] = *p.rows_file_crc32;
 }

@@ -28,7 +28,7 @@ struct ManifestProgress {
   int64_t rows_committed = 0;  // input rows committed (ok + skipped)
   int64_t rows_ok = 0;
   int64_t rows_skipped = 0;
-  int64_t input_offset = 0;     // input byte offset of the next row
+  int64_t input_offset = 0;  // input byte offset of the next row
   // Input rows before input_offset (the index of the next row): the rows
   // committed, plus, for a shard (--shard), the other shards' rows read
   // past. Absent in a manifest written before shards: rows_committed.
@@ -86,7 +86,9 @@ class Manifest {
 
   // `loom merge`: a copy of this manifest that saves to `path`, and the
   // changes merging makes (settings.<key>; the per-row records).
-  Manifest CopyTo(std::string path) const { return Manifest(std::move(path), doc_); }
+  Manifest CopyTo(std::string path) const {
+    return Manifest(std::move(path), doc_);
+  }
   void SetSetting(const std::string& key, nlohmann::json value);
   // --resume, once CheckSettings passed: the settings as this loom writes
   // them (a manifest from before a setting existed gains it, so the job ends

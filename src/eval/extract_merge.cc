@@ -68,8 +68,8 @@ StatusOr<ShardOut> LoadShard(const std::string& dir) {
   }
   StatusOr<ShardSpec> shard = ParseShardSpec(spec);
   if (!shard.ok())
-    return DataLossError(path + ": field settings.shard: " +
-                         shard.status().message());
+    return DataLossError(path +
+                         ": field settings.shard: " + shard.status().message());
   s.shard = *shard;
   ASSIGN_OR_RETURN(bool complete, m.GetBool({"complete"}));
   ASSIGN_OR_RETURN(const Json* progress, m.GetObject({"progress"}));
@@ -104,9 +104,8 @@ Status CheckSameJob(const ShardOut& a, const ShardOut& b) {
   const auto differ = [&](const std::string& what, const Json& u,
                           const Json& v) {
     return FailedPreconditionError(
-        a.name() + " and " + b.name() +
-        " are not shards of one job: " + what + " is " + Short(u) + " in " +
-        a.dir + ", " + Short(v) + " in " + b.dir +
+        a.name() + " and " + b.name() + " are not shards of one job: " + what +
+        " is " + Short(u) + " in " + a.dir + ", " + Short(v) + " in " + b.dir +
         " (merge only the shards of one loom extract job)");
   };
   const Json& sx = x["settings"];
@@ -151,9 +150,8 @@ StatusOr<std::vector<ShardOut>> LoadShards(
           std::to_string(s.shard.count) + " shards)");
     const auto [it, fresh] = by_index.emplace(s.shard.index, &s);
     if (!fresh)
-      return InvalidArgumentError(it->second->dir + " and " +
-                                  s.dir + " are both shard " +
-                                  s.shard.ToString());
+      return InvalidArgumentError(it->second->dir + " and " + s.dir +
+                                  " are both shard " + s.shard.ToString());
     RETURN_IF_ERROR(CheckSameJob(shards.front(), s));
   }
   for (int64_t i = 0; i < n; ++i)
@@ -161,10 +159,10 @@ StatusOr<std::vector<ShardOut>> LoadShards(
       std::string given;
       for (const ShardOut& s : shards)
         given += (given.empty() ? "" : ", ") + s.name();
-      return InvalidArgumentError(
-          "shard " + ShardSpec{i, n}.ToString() +
-          " is missing (given: " + given + "); all " + std::to_string(n) +
-          " shards of the job are needed");
+      return InvalidArgumentError("shard " + ShardSpec{i, n}.ToString() +
+                                  " is missing (given: " + given + "); all " +
+                                  std::to_string(n) +
+                                  " shards of the job are needed");
     }
   std::sort(shards.begin(), shards.end(),
             [](const ShardOut& a, const ShardOut& b) {
@@ -187,8 +185,8 @@ struct Windows {
 
 StatusOr<Windows> CheckWindows(const std::vector<ShardOut>& shards) {
   Windows win;
-  ASSIGN_OR_RETURN(win.C, shards.front().manifest->GetInt(
-                              {"settings", "commit_every"}));
+  ASSIGN_OR_RETURN(
+      win.C, shards.front().manifest->GetInt({"settings", "commit_every"}));
   if (win.C <= 0)
     return DataLossError(shards.front().dir +
                          "/manifest.json: settings.commit_every is " +
@@ -246,7 +244,8 @@ StatusOr<NpyIn> OpenNpy(const std::string& path, int64_t rows) {
 // Appends rows [begin, begin + n) of `in` to `out`, a chunk at a time.
 Status CopyRows(const NpyIn& in, int64_t begin, int64_t n, NpyWriter& out,
                 std::vector<char>& buf, int64_t* copied) {
-  const int64_t rows_per_chunk = std::max<int64_t>(1, kCopyChunk / in.row_bytes);
+  const int64_t rows_per_chunk =
+      std::max<int64_t>(1, kCopyChunk / in.row_bytes);
   for (int64_t r = 0; r < n;) {
     const int64_t m = std::min(rows_per_chunk, n - r);
     const int64_t bytes = m * in.row_bytes;
@@ -287,9 +286,8 @@ Status MergeNpy(const std::vector<ShardOut>& shards, const Windows& win,
       ASSIGN_OR_RETURN(NpyArray o, ReadNpy(s.dir + "/" + offsets_file));
       if (o.header.dtype != DType::kI64 ||
           o.header.shape != std::vector<int64_t>{rows + 1})
-        return DataLossError(s.dir + "/" + offsets_file +
-                             ": expected int64 [" + std::to_string(rows + 1) +
-                             "] offsets");
+        return DataLossError(s.dir + "/" + offsets_file + ": expected int64 [" +
+                             std::to_string(rows + 1) + "] offsets");
       std::vector<int64_t> v(static_cast<size_t>(rows + 1));
       std::copy_n(reinterpret_cast<const int64_t*>(o.data.data()), rows + 1,
                   v.data());
@@ -298,25 +296,25 @@ Status MergeNpy(const std::vector<ShardOut>& shards, const Windows& win,
           it == s.progress.ragged_rows.end() ? -1 : it->second;
       if (v.front() != 0 || v.back() != data_rows ||
           !std::is_sorted(v.begin(), v.end()))
-        return DataLossError(s.dir + "/" + offsets_file +
-                             ": offsets do not run from 0 to the " +
-                             std::to_string(data_rows) + " committed rows of " +
-                             file);
+        return DataLossError(
+            s.dir + "/" + offsets_file + ": offsets do not run from 0 to the " +
+            std::to_string(data_rows) + " committed rows of " + file);
       ASSIGN_OR_RETURN(NpyIn in, OpenNpy(s.dir + "/" + file, data_rows));
       data.push_back(std::move(in));
       offsets.push_back(std::move(v));
     }
     const NpyHeader& h = data.front().header;
     const std::vector<int64_t> row_shape(h.shape.begin() + 1, h.shape.end());
-    ASSIGN_OR_RETURN(std::unique_ptr<NpyWriter> out,
-                     NpyWriter::Create(out_dir + "/" + file, h.dtype, row_shape));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<NpyWriter> out,
+        NpyWriter::Create(out_dir + "/" + file, h.dtype, row_shape));
     std::unique_ptr<NpyWriter> out_offsets;
     const bool write_offsets =
         !offsets_file.empty() && offsets_done.insert(offsets_file).second;
     if (write_offsets) {
-      ASSIGN_OR_RETURN(out_offsets, NpyWriter::Create(
-                                        out_dir + "/" + offsets_file,
-                                        DType::kI64, {}));
+      ASSIGN_OR_RETURN(
+          out_offsets,
+          NpyWriter::Create(out_dir + "/" + offsets_file, DType::kI64, {}));
       const int64_t zero = 0;
       RETURN_IF_ERROR(out_offsets->AppendRows(&zero, 1));
     }
@@ -354,19 +352,18 @@ int64_t WindowOfShardFile(const std::string& name) {
 
 // Safetensors: every shard file is already named and numbered by its
 // window; copied in window order.
-Status MergeSafetensors(const std::vector<ShardOut>& shards,
-                        const Windows& win, const std::string& out_dir,
+Status MergeSafetensors(const std::vector<ShardOut>& shards, const Windows& win,
+                        const std::string& out_dir,
                         std::vector<std::string>* files, int64_t* copied) {
   const int64_t A =
       static_cast<int64_t>(shards.front().manifest->doc()["arrays"].size());
   for (const ShardOut& s : shards) {
     const int64_t windows = (s.progress.rows_committed + win.C - 1) / win.C;
     if (static_cast<int64_t>(s.files.size()) != windows * A)
-      return DataLossError(s.name() + " lists " +
-                           std::to_string(s.files.size()) + " files; " +
-                           std::to_string(windows) + " windows of " +
-                           std::to_string(A) + " arrays make " +
-                           std::to_string(windows * A));
+      return DataLossError(
+          s.name() + " lists " + std::to_string(s.files.size()) + " files; " +
+          std::to_string(windows) + " windows of " + std::to_string(A) +
+          " arrays make " + std::to_string(windows * A));
   }
   for (int64_t w = 0; w < win.count; ++w) {
     const ShardOut& s = shards[static_cast<size_t>(win.shard(w))];
@@ -377,7 +374,8 @@ Status MergeSafetensors(const std::vector<ShardOut>& shards,
         return DataLossError(s.name() + ": file " + name +
                              " is listed as its window " + std::to_string(w) +
                              " of the input");
-      RETURN_IF_ERROR(CopyFileDurably(s.dir + "/" + name, out_dir + "/" + name));
+      RETURN_IF_ERROR(
+          CopyFileDurably(s.dir + "/" + name, out_dir + "/" + name));
       ASSIGN_OR_RETURN(int64_t bytes, FileSize(out_dir + "/" + name));
       *copied += bytes;
       files->push_back(name);
@@ -398,8 +396,7 @@ StatusOr<std::string> MergeRowsLog(const std::vector<ShardOut>& shards,
     ASSIGN_OR_RETURN(texts[i], ReadFileToString(path));
     const int64_t committed = s.progress.rows_file_bytes;
     if (static_cast<int64_t>(texts[i].size()) < committed)
-      return DataLossError(path + " has " +
-                           std::to_string(texts[i].size()) +
+      return DataLossError(path + " has " + std::to_string(texts[i].size()) +
                            " bytes, its manifest commits " +
                            std::to_string(committed));
     texts[i].resize(static_cast<size_t>(committed));
@@ -413,14 +410,12 @@ StatusOr<std::string> MergeRowsLog(const std::vector<ShardOut>& shards,
     while (!rest.empty()) {
       const size_t nl = rest.find('\n');
       if (nl == std::string_view::npos)
-        return DataLossError(path +
-                             ": the committed bytes end inside a line");
+        return DataLossError(path + ": the committed bytes end inside a line");
       lines[i].push_back(rest.substr(0, nl + 1));
       rest.remove_prefix(nl + 1);
     }
     if (static_cast<int64_t>(lines[i].size()) != s.progress.rows_committed)
-      return DataLossError(path + " has " +
-                           std::to_string(lines[i].size()) +
+      return DataLossError(path + " has " + std::to_string(lines[i].size()) +
                            " committed lines, its manifest commits " +
                            std::to_string(s.progress.rows_committed) + " rows");
   }
@@ -436,10 +431,10 @@ StatusOr<std::string> MergeRowsLog(const std::vector<ShardOut>& shards,
 }  // namespace
 
 Json MergeSummary::ToJson() const {
-  return Json{{"shards", shards},         {"rows", rows},
-              {"rows_ok", rows_ok},       {"rows_skipped", rows_skipped},
-              {"windows", windows},       {"bytes_copied", bytes_copied},
-              {"files", files},           {"complete", true}};
+  return Json{{"shards", shards},   {"rows", rows},
+              {"rows_ok", rows_ok}, {"rows_skipped", rows_skipped},
+              {"windows", windows}, {"bytes_copied", bytes_copied},
+              {"files", files},     {"complete", true}};
 }
 
 StatusOr<MergeSummary> MergeExtractShards(const MergeOptions& o) {
@@ -451,8 +446,7 @@ StatusOr<MergeSummary> MergeExtractShards(const MergeOptions& o) {
   for (const ShardOut& s : shards) {
     std::error_code ec;
     if (fs::equivalent(s.dir, o.out_dir, ec))
-      return InvalidArgumentError("OUT " + o.out_dir +
-                                  " is one of the shards");
+      return InvalidArgumentError("OUT " + o.out_dir + " is one of the shards");
   }
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
@@ -498,8 +492,8 @@ StatusOr<MergeSummary> MergeExtractShards(const MergeOptions& o) {
   p.rows_file_crc32 = RowsLog::Crc32(0, rows_log);
   Json rows = Json::array();
   for (int64_t w = 0; w < win.count; ++w) {
-    const Json& r = shards[static_cast<size_t>(win.shard(w))]
-                        .manifest->doc()["rows"];
+    const Json& r =
+        shards[static_cast<size_t>(win.shard(w))].manifest->doc()["rows"];
     for (int64_t i = 0; i < win.rows(w); ++i)
       rows.push_back(r[static_cast<size_t>(win.local_begin(w) + i)]);
   }
@@ -519,9 +513,8 @@ StatusOr<MergeSummary> MergeExtractShards(const MergeOptions& o) {
       s.lock.reset();
       fs::remove_all(s.dir, ec);
       if (ec)
-        return IoError("merged into " + o.out_dir +
-                       ", but removing shard " + s.dir +
-                       " failed: " + ec.message());
+        return IoError("merged into " + o.out_dir + ", but removing shard " +
+                       s.dir + " failed: " + ec.message());
       // The `--shard auto` parent, once empty.
       const fs::path parent = fs::path(s.dir).parent_path();
       std::error_code not_empty;

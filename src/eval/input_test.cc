@@ -1,8 +1,8 @@
 // Token-id parsing of evaluation inputs: numbers too large for any integer
 // type and a lone sign are errors naming the byte, not exceptions.
-#include <gtest/gtest.h>
-
 #include "src/eval/input.h"
+
+#include <gtest/gtest.h>
 
 namespace loom::eval {
 namespace {

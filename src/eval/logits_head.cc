@@ -12,10 +12,9 @@ LogitsHead::LogitsHead(const Model& model, int64_t chunk_rows)
       vocab_(model.config().vocab_size),
       hidden_(model.config().hidden_size) {}
 
-StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(const Model& model,
-                                                         int64_t chunk_rows,
-                                                         Backend* backend,
-                                                         const BoundWeights* weights) {
+StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(
+    const Model& model, int64_t chunk_rows, Backend* backend,
+    const BoundWeights* weights) {
   if (chunk_rows <= 0)
     return InvalidArgumentError("logits chunk rows must be > 0, got " +
                                 std::to_string(chunk_rows));

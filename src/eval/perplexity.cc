@@ -37,7 +37,8 @@ class ScoringSink : public HookSink {
     LOOM_CHECK(view.dtype == DType::kF32 && row_begin == 0 &&
                rows == static_cast<int64_t>(ids_.size()) && ld == cols &&
                cols == head_->hidden());
-    if (!(view.device == DeviceRef{})) RETURN_IF_ERROR(producer_->Synchronize());
+    if (!(view.device == DeviceRef{}))
+      RETURN_IF_ERROR(producer_->Synchronize());
     const float* data = static_cast<const float*>(view.data);
     for (int64_t r0 = row_begin_; r0 < row_end_; r0 += head_->chunk_rows()) {
       const int64_t n = std::min(head_->chunk_rows(), row_end_ - r0);
@@ -105,16 +106,15 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   eo.segments = options.segments;
   ASSIGN_OR_RETURN(auto executor, Executor::Create(model, hooks, eo));
   // The head runs where the final norm is computed.
-  const Executor::Device& last =
-      executor->device(executor->num_devices() - 1);
+  const Executor::Device& last = executor->device(executor->num_devices() - 1);
   std::unique_ptr<Backend> head_backend;
   if (!last.host_memory) {
     ASSIGN_OR_RETURN(head_backend, last.backend->NewInstance());
   }
-  ASSIGN_OR_RETURN(auto head,
-                   LogitsHead::Create(model, options.logits_chunk_rows,
-                                      head_backend.get(),
-                                      head_backend ? last.weights : nullptr));
+  ASSIGN_OR_RETURN(
+      auto head,
+      LogitsHead::Create(model, options.logits_chunk_rows, head_backend.get(),
+                         head_backend ? last.weights : nullptr));
 
   PerplexityResult r;
   r.protocol = plan.protocol;

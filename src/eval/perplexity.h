@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "src/base/status.h"

@@ -90,13 +90,11 @@ StatusOr<std::optional<ShardSpec>> SlurmArrayTask(EnvReader& env) {
   ASSIGN_OR_RETURN(std::optional<int64_t> step,
                    env.Int("SLURM_ARRAY_TASK_STEP"));
   const int64_t lo = min.value_or(0), by = step.value_or(1);
-  if (by < 1 || *id < lo || (*id - lo) % by != 0 ||
-      (*id - lo) / by >= *count)
+  if (by < 1 || *id < lo || (*id - lo) % by != 0 || (*id - lo) / by >= *count)
     return InvalidArgumentError(
-        "--shard auto: array task " + std::to_string(*id) +
-        " is not one of " + std::to_string(*count) + " tasks " +
-        std::to_string(lo) + ", " + std::to_string(lo + by) + ", ... (" +
-        env.source() +
+        "--shard auto: array task " + std::to_string(*id) + " is not one of " +
+        std::to_string(*count) + " tasks " + std::to_string(lo) + ", " +
+        std::to_string(lo + by) + ", ... (" + env.source() +
         "); submit the array as a contiguous range, e.g. --array=0-" +
         std::to_string(*count - 1));
   return std::optional<ShardSpec>(ShardSpec{(*id - lo) / by, *count});

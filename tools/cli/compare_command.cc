@@ -11,15 +11,15 @@
 #include <string>
 
 #include "src/backend/registry.h"
+#include "src/base/units.h"
 #include "src/eval/compare.h"
 #include "src/eval/input.h"
-#include "src/runtime/model.h"
-#include "src/base/units.h"
 #include "src/runtime/memory_stats.h"
+#include "src/runtime/model.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/job_options.h"
 #include "tools/cli/eval_progress.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/job_options.h"
 
 namespace loom::cli {
 namespace {
@@ -51,12 +51,16 @@ Status RunCompare(const CompareArgs& args) {
   host_a->SetNumThreads(args.threads);
   // Plan both models first (they are resident together); refuse before
   // loading if either, or both together, do not fit.
-  ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx, args.chunk_rows));
+  ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx,
+                                          args.chunk_rows));
   const bool saved = !args.reference_logprobs.empty();
   if (saved == !args.reference_dir.empty())
-    return InvalidArgumentError("give exactly one of --reference MODEL_DIR and --reference-logprobs DIR");
+    return InvalidArgumentError(
+        "give exactly one of --reference MODEL_DIR and --reference-logprobs "
+        "DIR");
   if (saved && !args.save_reference.empty())
-    return InvalidArgumentError("--save-reference needs the reference model (--reference)");
+    return InvalidArgumentError(
+        "--save-reference needs the reference model (--reference)");
   if (args.same_tokens && args.tokens_file.empty())
     return InvalidArgumentError(
         "--same-tokens needs --tokens: text goes through one tokenizer, "
@@ -64,21 +68,27 @@ Status RunCompare(const CompareArgs& args) {
   // A live comparison reads one token stream with both models: refused when
   // their tokenizers differ (the saved reference records its ids instead).
   if (!saved && !args.same_tokens)
-    RETURN_IF_ERROR(eval::CheckSameTokenizer(args.model_dir, args.reference_dir));
+    RETURN_IF_ERROR(
+        eval::CheckSameTokenizer(args.model_dir, args.reference_dir));
   const RssWatch rss_watch = StartRssWatch();
-  ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir, job_a, args.plan));
+  ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir,
+                                                      job_a, args.plan));
   MemoryPlan plan_b;
   if (!saved) {
-    ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b, args.ctx, args.chunk_rows));
-    ASSIGN_OR_RETURN(plan_b, PlanJobOrRefuse("compare", args.reference_dir, job_b, args.plan));
+    ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b,
+                                            args.ctx, args.chunk_rows));
+    ASSIGN_OR_RETURN(plan_b, PlanJobOrRefuse("compare", args.reference_dir,
+                                             job_b, args.plan));
   }
-  const int64_t planned = PlannedHostBytes(plan_a) + (saved ? 0 : PlannedHostBytes(plan_b));
+  const int64_t planned =
+      PlannedHostBytes(plan_a) + (saved ? 0 : PlannedHostBytes(plan_b));
   for (const DevicePlan& d : plan_a.devices)
     if (d.device.kind == DeviceKind::kCpu && planned > d.device.usable())
-      return ResourceExhaustedError("the two models together need " + FormatBytes(planned) + " on " + d.device.name +
-                                    ", usable " + FormatBytes(d.device.usable()) + " (model " +
-                                    FormatBytes(PlannedHostBytes(plan_a)) + " + reference " +
-                                    FormatBytes(PlannedHostBytes(plan_b)) + ")");
+      return ResourceExhaustedError(
+          "the two models together need " + FormatBytes(planned) + " on " +
+          d.device.name + ", usable " + FormatBytes(d.device.usable()) +
+          " (model " + FormatBytes(PlannedHostBytes(plan_a)) + " + reference " +
+          FormatBytes(PlannedHostBytes(plan_b)) + ")");
   ASSIGN_OR_RETURN(JobBackends backends_a,
                    CreateJobBackends(plan_a, host_a.get()));
   JobBackends backends_b;
@@ -97,7 +107,8 @@ Status RunCompare(const CompareArgs& args) {
     ASSIGN_OR_RETURN(b, Model::Load(args.reference_dir, precision_b, &warning,
                                     backends_b.gpu_capability));
     if (!warning.empty() && !args.quiet)
-      std::fprintf(stderr, "loom compare: %s: %s\n", args.reference_dir.c_str(), warning.c_str());
+      std::fprintf(stderr, "loom compare: %s: %s\n", args.reference_dir.c_str(),
+                   warning.c_str());
   }
   const ModelConfig& ca = a->config();
   const ModelConfig& cb = saved ? a->config() : b->config();
@@ -107,10 +118,11 @@ Status RunCompare(const CompareArgs& args) {
         std::to_string(ca.vocab_size) + " tokens but the reference " +
         args.reference_dir + " has " + std::to_string(cb.vocab_size) +
         "; KL needs the same vocabulary");
-  eval::InputOptions io{
-      args.text_file, args.tokens_file,
-      args.tokenizer_dir.empty() ? (saved ? args.model_dir : args.reference_dir) : args.tokenizer_dir,
-      add_bos};
+  eval::InputOptions io{args.text_file, args.tokens_file,
+                        args.tokenizer_dir.empty()
+                            ? (saved ? args.model_dir : args.reference_dir)
+                            : args.tokenizer_dir,
+                        add_bos};
   ASSIGN_OR_RETURN(eval::EvalInput input, eval::LoadEvalInput(io, cb));
   const int64_t max_ctx =
       std::min(ca.max_position_embeddings, cb.max_position_embeddings);
@@ -139,7 +151,8 @@ Status RunCompare(const CompareArgs& args) {
   o.top_k = args.top_k;
   eval::CompareResult r;
   if (saved) {
-    ASSIGN_OR_RETURN(r, eval::CompareWithSavedReference(*a, input.ids, plan, args.reference_logprobs, o));
+    ASSIGN_OR_RETURN(r, eval::CompareWithSavedReference(
+                            *a, input.ids, plan, args.reference_logprobs, o));
   } else {
     ASSIGN_OR_RETURN(r, eval::CompareModels(*a, *b, input.ids, plan, o));
   }
@@ -153,7 +166,9 @@ Status RunCompare(const CompareArgs& args) {
         {"model", args.model_dir},
         {"reference", saved ? args.reference_logprobs : args.reference_dir},
         {"precision", std::string(DTypeName(a->compute_dtype()))},
-        {"reference_precision", saved ? std::string("saved") : std::string(DTypeName(b->compute_dtype()))},
+        {"reference_precision",
+         saved ? std::string("saved")
+               : std::string(DTypeName(b->compute_dtype()))},
         {"protocol", std::string(eval::ProtocolName(r.protocol))},
         {"ctx", r.ctx},
         {"stride", r.stride},
@@ -198,8 +213,10 @@ Status RunCompare(const CompareArgs& args) {
   }
   std::printf("model        %s (%s)\n", args.model_dir.c_str(),
               std::string(DTypeName(a->compute_dtype())).c_str());
-  std::printf("reference    %s (%s)\n", (saved ? args.reference_logprobs : args.reference_dir).c_str(),
-              saved ? "saved top-k log-probs" : std::string(DTypeName(b->compute_dtype())).c_str());
+  std::printf("reference    %s (%s)\n",
+              (saved ? args.reference_logprobs : args.reference_dir).c_str(),
+              saved ? "saved top-k log-probs"
+                    : std::string(DTypeName(b->compute_dtype())).c_str());
   std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
               input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
   std::printf(
@@ -257,15 +274,19 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--reference", args->reference_dir, "Reference model B");
   cmd->add_option("--reference-logprobs", args->reference_logprobs,
-                  "Instead of --reference: top-k log-probs saved by --save-reference (KL over the top-k plus "
+                  "Instead of --reference: top-k log-probs saved by "
+                  "--save-reference (KL over the top-k plus "
                   "one bucket for the rest: a lower bound)");
   cmd->add_option("--save-reference", args->save_reference,
-                  "Write B's top-k log-probs per scored token to this directory for later runs");
+                  "Write B's top-k log-probs per scored token to this "
+                  "directory for later runs");
   cmd->add_flag("--same-tokens", args->same_tokens,
                 "With --tokens: compare even though the two tokenizers differ "
                 "or are missing (you vouch that both models read the ids "
                 "alike)");
-  cmd->add_option("--top-k", args->top_k, "Log-probs kept per token by --save-reference (at most the vocabulary)")
+  cmd->add_option("--top-k", args->top_k,
+                  "Log-probs kept per token by --save-reference (at most the "
+                  "vocabulary)")
       ->capture_default_str()
       ->check(IntRange(1));
   AddWindowOptions(cmd, args.get(), "--reference");

@@ -11,11 +11,11 @@
 #include "src/backend/registry.h"
 #include "src/eval/input.h"
 #include "src/eval/perplexity.h"
-#include "src/runtime/model.h"
 #include "src/runtime/memory_stats.h"
+#include "src/runtime/model.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/job_options.h"
 #include "tools/cli/eval_progress.h"
+#include "tools/cli/job_options.h"
 
 namespace loom::cli {
 namespace {
@@ -34,9 +34,12 @@ Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
   host->SetNumThreads(args.threads);
   // Plan first; refuse before loading if the job does not fit.
-  ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx, args.chunk_rows));
+  ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx,
+                                        args.chunk_rows));
   const RssWatch rss_watch = StartRssWatch();
-  ASSIGN_OR_RETURN(MemoryPlan memory_plan, PlanJobOrRefuse("perplexity", args.model_dir, job, args.plan));
+  ASSIGN_OR_RETURN(
+      MemoryPlan memory_plan,
+      PlanJobOrRefuse("perplexity", args.model_dir, job, args.plan));
   ASSIGN_OR_RETURN(JobBackends backends,
                    CreateJobBackends(memory_plan, host.get()));
   std::string warning;
@@ -72,13 +75,15 @@ Status RunPerplexity(const PerplexityArgs& args) {
                    eval::EvaluatePerplexity(*model, input.ids, plan, eo));
 
   if (args.plan.verify_plan) {
-    const nlohmann::json v = VerifyPlan(PlannedHostBytes(memory_plan), rss_watch, "loom perplexity");
-    std::fprintf(stderr, "loom perplexity: verify-plan: %s\n", v.dump().c_str());
+    const nlohmann::json v =
+        VerifyPlan(PlannedHostBytes(memory_plan), rss_watch, "loom perplexity");
+    std::fprintf(stderr, "loom perplexity: verify-plan: %s\n",
+                 v.dump().c_str());
   }
   if (args.json) {
-    const nlohmann::json j = eval::PerplexityJson(
-        args.model_dir, model->compute_dtype(), input.bos,
-        static_cast<int64_t>(input.ids.size()), r);
+    const nlohmann::json j =
+        eval::PerplexityJson(args.model_dir, model->compute_dtype(), input.bos,
+                             static_cast<int64_t>(input.ids.size()), r);
     std::cout << j.dump(2) << "\n";
     return Status::Ok();
   }
