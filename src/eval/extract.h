@@ -76,6 +76,12 @@ struct ExtractOptions {
   bool resume = false;
   bool replace_invalid_utf8 = false;  // else invalid UTF-8 is a row error
   JobPlanOptions plan;  // devices, caps, --show-plan, --verify-plan
+  // --intervene FILE (docs/interventions.md): edits applied in the forward;
+  // or the same document inline (the Python module), vector files resolved
+  // against interventions_dir. At most one of the two.
+  std::string interventions_file;
+  std::string interventions_json;
+  std::string interventions_dir = ".";
   // Round activations to bf16 where HF's bf16 forward does (bf16 compute
   // only), to reproduce HF's bf16 hidden states.
   bool hf_bf16_activations = false;

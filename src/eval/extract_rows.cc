@@ -167,6 +167,8 @@ PreparedRow RowPreparer::Prepare(InputRow row) const {
     p.reason = Encode(row.text, &p.ids);
   }
   if (p.ok()) p.reason = Validate(p.ids);
+  if (p.ok() && o_.interventions != nullptr)
+    p.reason = CheckInterventionsFit(*o_.interventions, p.index, p.size());
   return p;
 }
 

@@ -96,6 +96,9 @@ class RowPreparer {
     int64_t max_positions = 0;
     int64_t vocab_size = 0;
     int64_t config_bos_id = -1;  // for token rows
+    // The job's interventions (borrowed; null = none): a row whose positions
+    // they do not fit is a row error.
+    const std::vector<Intervention>* interventions = nullptr;
   };
   // `tokenizer` may be null (token-id rows work without one; text rows are
   // then skipped with `tokenizer_error`). Borrowed: tokenizer and selectors.

@@ -14,8 +14,8 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
                                             const char* who) {
   LoadedModel m;
   std::string warning;
-  ASSIGN_OR_RETURN(m.model, Model::Load(model_dir, precision, &warning,
-                                        gpu_capability));
+  ASSIGN_OR_RETURN(m.model,
+                   Model::Load(model_dir, precision, &warning, gpu_capability));
   if (!warning.empty())
     std::fprintf(stderr, "%s: warning: %s\n", who, warning.c_str());
   StatusOr<std::unique_ptr<tok::Tokenizer>> t = tok::Tokenizer::Load(model_dir);
@@ -36,7 +36,8 @@ RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
                       .max_row_tokens = s.max_row_tokens,
                       .max_positions = s.max_positions,
                       .vocab_size = c.vocab_size,
-                      .config_bos_id = c.bos_token_id},
+                      .config_bos_id = c.bos_token_id,
+                      .interventions = &s.interventions},
                      loaded.tokenizer.get(), loaded.tokenizer_error,
                      &s.selectors);
 }
@@ -77,6 +78,7 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
   std::unique_ptr<WindowRunner> r(new WindowRunner());
   r->batch_tokens_ = s.batch_tokens;
   r->outputs_ = outputs;
+  r->interventions_ = &s.interventions;
   ASSIGN_OR_RETURN(
       r->ex_, Executor::Create(
                   model, s.hooks,
@@ -133,6 +135,7 @@ Status WindowRunner::StreamRow(const std::vector<PreparedRow>& window,
   st.cache->Reset(st.kv_slot);
   st.slots[0] = slot;
   outputs_->SetBatchSlots(&st.slots);
+  CollectEdits(window, st.slots);
   for (int64_t p0 = 0; p0 < n; p0 += st.chunk) {
     RETURN_IF_ERROR(CheckCancelled(cancelled));
     const int64_t len = std::min(st.chunk, n - p0);
@@ -142,15 +145,24 @@ Status WindowRunner::StreamRow(const std::vector<PreparedRow>& window,
     const Batch b{std::span<const int32_t>(row.ids).subspan(
                       static_cast<size_t>(p0), static_cast<size_t>(len)),
                   std::span<const int64_t>(st.starts)};
-    const Status status = ex_->Forward(
-        b, sink_.get(),
-        KvBatch{st.cache.get(), {&st.kv_slot, 1}, {&st.pos0, 1}});
+    const KvBatch kv{st.cache.get(), {&st.kv_slot, 1}, {&st.pos0, 1}};
+    const Status status = ex_->Forward(b, sink_.get(), &kv, edits_);
     outputs_->ClearChunk();
     RETURN_IF_ERROR(status);
     sink_->Flush();  // Forward has synchronised every device
     *tokens += len;
   }
   return Status();
+}
+
+void WindowRunner::CollectEdits(const std::vector<PreparedRow>& window,
+                                const std::vector<int64_t>& slots) {
+  edits_.clear();
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const PreparedRow& row = window[static_cast<size_t>(slots[s])];
+    AddSequenceEdits(*interventions_, row.index, static_cast<int64_t>(s),
+                     row.size(), &edits_);
+  }
 }
 
 Status WindowRunner::Run(const std::vector<PreparedRow>& window,
@@ -163,7 +175,9 @@ Status WindowRunner::Run(const std::vector<PreparedRow>& window,
   while (packer.Next(&b)) {
     RETURN_IF_ERROR(CheckCancelled(cancelled));
     outputs_->SetBatchSlots(&b.slots);
-    RETURN_IF_ERROR(ex_->Forward(Batch{b.ids, b.starts}, sink_.get()));
+    CollectEdits(window, b.slots);
+    RETURN_IF_ERROR(
+        ex_->Forward(Batch{b.ids, b.starts}, sink_.get(), nullptr, edits_));
     sink_->Flush();  // Forward has synchronised every device
     *tokens += static_cast<int64_t>(b.ids.size());
   }

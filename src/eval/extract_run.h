@@ -73,8 +73,15 @@ class WindowRunner {
   Status StreamRow(const std::vector<PreparedRow>& window, int64_t slot,
                    int64_t* tokens, const std::function<bool()>& cancelled);
 
+  // The edits of the batch in progress: the interventions of each of its
+  // rows (capacity reserved once per window).
+  void CollectEdits(const std::vector<PreparedRow>& window,
+                    const std::vector<int64_t>& slots);
+
   int64_t batch_tokens_ = 0;
   OutputSet* outputs_ = nullptr;
+  const std::vector<Intervention>* interventions_ = nullptr;
+  std::vector<SequenceEdit> edits_;
   std::unique_ptr<Executor> ex_;
   std::unique_ptr<ExtractSink> sink_;
   std::unique_ptr<Streamer> streamer_;

@@ -147,6 +147,9 @@ StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& o) {
   for (const HookPoint& hp : s.hooks.hooks())
     s.hook_names.push_back(HookName(hp));
   ASSIGN_OR_RETURN(s.selectors, ParseSelectors(o.selectors));
+  ASSIGN_OR_RETURN(s.interventions,
+                   LoadInterventions(o.interventions_file, o.interventions_json,
+                                     o.interventions_dir, s.config));
   s.max_positions = s.config.max_position_embeddings;
   s.batch_tokens = o.batch_tokens > 0
                        ? o.batch_tokens
@@ -188,7 +191,7 @@ StatusOr<Json> SettingsJson(const ExtractOptions& o, const ExtractSettings& s,
   std::vector<std::string> selector_specs;
   for (const auto& sel : s.selectors) selector_specs.push_back(sel.spec);
   const ModelConfig& c = s.config;
-  return Json{
+  Json settings{
       {"model",
        {{"path", model_path},
         {"config_sha256", config_sha256},
@@ -211,6 +214,11 @@ StatusOr<Json> SettingsJson(const ExtractOptions& o, const ExtractSettings& s,
       {"streaming_chunk_size", s.streaming_chunk_size},
       {"max_row_tokens", s.max_row_tokens},
   };
+  // Only when given, so that a manifest written before interventions existed
+  // resumes unchanged.
+  if (!s.interventions.empty())
+    settings["interventions"] = InterventionsJson(s.interventions);
+  return settings;
 }
 
 }  // namespace loom

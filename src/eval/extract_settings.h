@@ -17,6 +17,7 @@
 #include "src/eval/row_selector.h"
 #include "src/model/config.h"
 #include "src/model/hooks.h"
+#include "src/model/interventions.h"
 #include "src/plan/job.h"
 
 namespace loom {
@@ -46,8 +47,10 @@ struct ExtractSettings {
   HookSet hooks;                        // deduplicated, in layer order
   std::vector<std::string> hook_names;  // HookName of each, same order
   std::vector<RowSelector> selectors;   // as given, distinct file names
-  int64_t batch_tokens = 0;             // resolved --batch-tokens
-  int64_t max_positions = 0;            // the model's max_position_embeddings
+  // --intervene: the edits of every forward (those of a row apply to it).
+  std::vector<Intervention> interventions;
+  int64_t batch_tokens = 0;   // resolved --batch-tokens
+  int64_t max_positions = 0;  // the model's max_position_embeddings
   // --streaming-chunk-size (0 = off) and the resolved --max-row-tokens (0
   // when off): rows of batch_tokens < n <= max_row_tokens tokens are
   // prefilled in chunks through a KV cache of one sequence of

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -377,6 +379,146 @@ StatusOr<std::vector<Intervention>> ParseInterventionFile(
     return Status(parsed.status().code(),
                   path + ": " + parsed.status().message());
   return parsed;
+}
+
+StatusOr<std::vector<Intervention>> LoadInterventions(
+    const std::string& file, const std::string& json, const std::string& dir,
+    const ModelConfig& config) {
+  std::vector<Intervention> out;
+  if (!file.empty()) {
+    ASSIGN_OR_RETURN(out, ParseInterventionFile(file, config));
+  }
+  if (!json.empty()) {
+    ASSIGN_OR_RETURN(std::vector<Intervention> more,
+                     ParseInterventions(json, dir, config));
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+
+StatusOr<std::string> ShorthandInterventions(
+    const std::vector<std::string>& steer,
+    const std::vector<std::string>& ablate) {
+  Json list = Json::array();
+  for (const std::string& s : steer) {
+    const std::string flag = "--steer " + s;
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return InvalidArgumentError(flag +
+                                  ": expected HOOK=VECTOR*SCALE[@POSITIONS]");
+    std::string rest = s.substr(eq + 1);
+    Json e{{"hook", s.substr(0, eq)}, {"mode", "add"}};
+    if (const size_t at = rest.rfind('@'); at != std::string::npos) {
+      const std::string p = rest.substr(at + 1);
+      rest.resize(at);
+      if (p == "all" || p == "last") {
+        e["positions"] = p;
+      } else {
+        Json positions = Json::array();
+        size_t b = 0;
+        while (b <= p.size()) {
+          const size_t c = std::min(p.find(',', b), p.size());
+          const std::string item = p.substr(b, c - b);
+          char* end = nullptr;
+          const long long v = std::strtoll(item.c_str(), &end, 10);
+          if (item.empty() || *end != '\0')
+            return InvalidArgumentError(flag + ": position '" + item +
+                                        "' is not an integer (POSITIONS is "
+                                        "all, last or a comma-separated list)");
+          positions.push_back(v);
+          b = c + 1;
+        }
+        e["positions"] = positions;
+      }
+    }
+    const size_t star = rest.rfind('*');
+    if (star == std::string::npos)
+      return InvalidArgumentError(
+          flag + ": expected HOOK=VECTOR*SCALE[@POSITIONS] (no *SCALE)");
+    const std::string scale = rest.substr(star + 1);
+    char* end = nullptr;
+    const double v = std::strtod(scale.c_str(), &end);
+    if (scale.empty() || *end != '\0')
+      return InvalidArgumentError(flag + ": scale '" + scale +
+                                  "' is not a number");
+    e["scale"] = v;
+    e["vector_file"] = rest.substr(0, star);
+    list.push_back(std::move(e));
+  }
+  for (const std::string& s : ablate) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
+      return InvalidArgumentError("--ablate-direction " + s +
+                                  ": expected HOOK=DIRECTION");
+    list.push_back(Json{{"hook", s.substr(0, eq)},
+                        {"mode", "project_out"},
+                        {"vector_file", s.substr(eq + 1)}});
+  }
+  if (list.empty()) return std::string();
+  return Json{{"interventions", list}}.dump();
+}
+
+Json InterventionsJson(const std::vector<Intervention>& list) {
+  Json out = Json::array();
+  for (const Intervention& iv : list) {
+    uint64_t h = 14695981039346656037ull;  // FNV-1a 64
+    for (float f : iv.vector) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, sizeof(bits));
+      for (int b = 0; b < 4; ++b) {
+        h ^= (bits >> (8 * b)) & 0xff;
+        h *= 1099511628211ull;
+      }
+    }
+    char digest[17];
+    std::snprintf(digest, sizeof(digest), "%016llx",
+                  static_cast<unsigned long long>(h));
+    Json positions;
+    switch (iv.positions.kind) {
+      case InterventionPositions::Kind::kAll:
+        positions = "all";
+        break;
+      case InterventionPositions::Kind::kLast:
+        positions = "last";
+        break;
+      case InterventionPositions::Kind::kList:
+        positions = iv.positions.list;
+        break;
+    }
+    Json e{{"hook", HookName(iv.hook)},
+           {"mode", std::string(InterventionModeName(iv.mode))},
+           {"positions", positions}};
+    if (iv.mode == InterventionMode::kAdd) e["scale"] = iv.scale;
+    if (iv.head >= 0) e["head"] = iv.head;
+    if (!iv.rows.empty()) e["rows"] = iv.rows;
+    if (!iv.vector.empty()) {
+      e["vector_values"] = iv.vector.size();
+      e["vector_fnv1a64"] = digest;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+bool AppliesToRow(const Intervention& iv, int64_t row) {
+  return iv.rows.empty() ||
+         std::binary_search(iv.rows.begin(), iv.rows.end(), row);
+}
+
+std::string CheckInterventionsFit(const std::vector<Intervention>& list,
+                                  int64_t row, int64_t length) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Intervention& iv = list[i];
+    if (!AppliesToRow(iv, row) ||
+        iv.positions.kind != InterventionPositions::Kind::kList)
+      continue;
+    const StatusOr<std::vector<int64_t>> p =
+        ResolvePositions(iv.positions, length);
+    if (!p.ok())
+      return "intervention " + std::to_string(i) + " (" + HookName(iv.hook) +
+             "): " + p.status().message();
+  }
+  return "";
 }
 
 StatusOr<std::vector<int64_t>> ResolvePositions(

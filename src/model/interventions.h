@@ -14,6 +14,7 @@
 #define LOOM_MODEL_INTERVENTIONS_H_
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,6 +81,37 @@ StatusOr<std::vector<Intervention>> ParseInterventions(
 // against its folder); the file's own errors name it.
 StatusOr<std::vector<Intervention>> ParseInterventionFile(
     const std::string& path, const ModelConfig& config);
+
+// Whether `iv` applies to input row `row` (its `rows`, or every row).
+bool AppliesToRow(const Intervention& iv, int64_t row);
+
+// Why the interventions that apply to input row `row` of `length` tokens do
+// not fit it ("" if they do): the first position outside the row or named
+// twice, e.g. "intervention 2 (blocks.1.hook_resid_post): position 12 is
+// outside a sequence of 9 tokens".
+std::string CheckInterventionsFit(const std::vector<Intervention>& list,
+                                  int64_t row, int64_t length);
+
+// The interventions of a job: those of ParseInterventionFile(file) (when
+// given), then those of ParseInterventions(json, dir) (when given).
+StatusOr<std::vector<Intervention>> LoadInterventions(
+    const std::string& file, const std::string& json, const std::string& dir,
+    const ModelConfig& config);
+
+// The intervention document of the CLI's shorthand flags (empty when there
+// are none): --steer HOOK=VECTOR*SCALE[@POSITIONS] (mode add; POSITIONS all,
+// last or a list "1,3,-1"; default all) and --ablate-direction HOOK=DIRECTION
+// (mode project_out at every position). Vector paths are kept as given
+// (relative to the working directory). InvalidArgument naming the flag.
+StatusOr<std::string> ShorthandInterventions(
+    const std::vector<std::string>& steer,
+    const std::vector<std::string>& ablate);
+
+// A record of `list` for manifests and reports, one object per
+// intervention: hook, mode, scale, positions, head, rows, and the vector's
+// width and FNV-1a 64 digest of its f32 bytes (hex), so that a --resume with
+// other interventions is refused.
+nlohmann::json InterventionsJson(const std::vector<Intervention>& list);
 
 // The positions of a sequence of `length` tokens, ascending: all, the last,
 // or the list with negatives counted from the end. OutOfRange naming the

@@ -69,6 +69,13 @@ void ComputeLogits(const ModelConfig& c, const BoundWeights& weights,
     backend.Softcap(logits, rows * c.vocab_size, c.final_softcap);
 }
 
+void AddSequenceEdits(const std::vector<Intervention>& list, int64_t row,
+                      int64_t seq, int64_t length,
+                      std::vector<SequenceEdit>* edits) {
+  for (const Intervention& iv : list)
+    if (AppliesToRow(iv, row)) edits->push_back({seq, length, &iv});
+}
+
 JobSpec Executor::MakeJob(const Model& model, const HookSet& hooks,
                           const ExecutorOptions& o) {
   JobSpec job;
@@ -224,6 +231,11 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
   for (const LayerConfig& lc : ex->program_.layers)
     max_experts = std::max(max_experts, lc.moe() ? lc.num_experts : 0);
   ex->host_expert_offsets_.resize(static_cast<size_t>(max_experts) + 1);
+  ex->edit_rows_.reserve(static_cast<size_t>(o.max_tokens));
+  ex->zero_row_.assign(
+      static_cast<size_t>(std::max(
+          {c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size})),
+      0.0f);
   const Arena& a = ex->devices_.front().activations;
   LOOM_CHECK(a.region(BufferId::kPositions) && a.region(BufferId::kResidual) &&
              a.region(BufferId::kQkv) && a.region(BufferId::kZ) &&
@@ -234,13 +246,153 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
   return ex;
 }
 
-Status Executor::Emit(HookSite site, int64_t layer, const Batch& batch,
-                      const Device& d, int64_t cols, int64_t ld,
-                      const float* data, HookSink* sink) {
+Status Executor::Deliver(HookSite site, int64_t layer, const Batch& batch,
+                         Device& d, int64_t cols, int64_t ld, float* data,
+                         HookSink* sink) {
+  bool edited = false;
+  for (const SequenceEdit& e : edits_) {
+    if (e.edit->hook.site != site || e.edit->hook.layer != layer) continue;
+    RETURN_IF_ERROR(ApplyEdit(e, batch, d, cols, ld, data));
+    edited = true;
+  }
+  if (edited) RoundActivations(d, data, batch.num_tokens(), cols, ld);
   if (sink == nullptr || !hooks_.Contains(site, layer)) return Status();
   return sink->OnActivation(
       HookPoint{site, layer}, batch, -1, 0,
       F32View(*d.backend, data, batch.num_tokens(), cols, ld));
+}
+
+Status Executor::CheckEdits(const Batch& batch,
+                            std::span<const SequenceEdit> edits) const {
+  using Kind = InterventionPositions::Kind;
+  for (size_t i = 0; i < edits.size(); ++i) {
+    const SequenceEdit& e = edits[i];
+    const std::string name = "intervention " + std::to_string(i);
+    if (e.edit == nullptr)
+      return InvalidArgumentError(name + ": no intervention");
+    const Intervention& iv = *e.edit;
+    if (e.seq < 0 || e.seq >= batch.num_seqs())
+      return InvalidArgumentError(name + ": sequence " + std::to_string(e.seq) +
+                                  " outside the batch's " +
+                                  std::to_string(batch.num_seqs()));
+    const int64_t len = batch.seq_start[e.seq + 1] - batch.seq_start[e.seq];
+    if (e.length < Pos0(e.seq) + len)
+      return InvalidArgumentError(name + ": sequence " + std::to_string(e.seq) +
+                                  " of " + std::to_string(e.length) +
+                                  " tokens, but the batch holds positions " +
+                                  "up to " + std::to_string(Pos0(e.seq) + len));
+    if (!IsInterventionSite(iv.hook.site))
+      return InvalidArgumentError(name + ": '" + HookName(iv.hook) +
+                                  "' cannot be edited");
+    RETURN_IF_ERROR(CheckHookExists(iv.hook, c_));
+    ASSIGN_OR_RETURN(const int64_t width, HookWidth(iv.hook, c_));
+    const int64_t n = static_cast<int64_t>(iv.positions.list.size());
+    int64_t want = 0;
+    switch (iv.mode) {
+      case InterventionMode::kAdd:
+      case InterventionMode::kProjectOut:
+      case InterventionMode::kReplace:
+        want = width;
+        break;
+      case InterventionMode::kPatch:
+        want = width * n;
+        if (iv.positions.kind != Kind::kList)
+          return InvalidArgumentError(name + ": a patch names its positions");
+        for (int64_t j = 0; j < n; ++j)
+          if (iv.positions.list[j] < 0 ||
+              (j > 0 && iv.positions.list[j] <= iv.positions.list[j - 1]))
+            return InvalidArgumentError(
+                name + ": a patch's positions must be ascending and >= 0");
+        break;
+      case InterventionMode::kZeroHead:
+        if (iv.hook.site != HookSite::kZ || iv.head < 0 ||
+            iv.head >= c_.num_heads)
+          return InvalidArgumentError(name + ": head " +
+                                      std::to_string(iv.head) + " of " +
+                                      HookName(iv.hook) + " outside [0, " +
+                                      std::to_string(c_.num_heads) + ")");
+        break;
+      case InterventionMode::kZero:
+        break;
+    }
+    if (static_cast<int64_t>(iv.vector.size()) != want)
+      return InvalidArgumentError(name + ": " + HookName(iv.hook) + " needs " +
+                                  std::to_string(want) + " values, got " +
+                                  std::to_string(iv.vector.size()));
+    if (iv.positions.kind == Kind::kList)
+      for (int64_t p : iv.positions.list)
+        if (p < -e.length || p >= e.length)
+          return OutOfRangeError(name + ": position " + std::to_string(p) +
+                                 " outside sequence " + std::to_string(e.seq) +
+                                 " of " + std::to_string(e.length) + " tokens");
+  }
+  if (!edits.empty())
+    for (const Device& d : devices_)
+      if (!d.host_memory)
+        return UnimplementedError(
+            "executor: interventions run on the CPU backend only so far; "
+            "layers " +
+            std::to_string(d.first_layer) + "-" + std::to_string(d.last_layer) +
+            " run on '" + std::string(d.backend->name()) + "'");
+  return Status();
+}
+
+Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
+                           int64_t cols, int64_t ld, float* data) {
+  using Kind = InterventionPositions::Kind;
+  const Intervention& iv = *e.edit;
+  const int64_t T = batch.num_tokens(), begin = batch.seq_start[e.seq];
+  const int64_t p0 = Pos0(e.seq), p1 = p0 + batch.seq_start[e.seq + 1] - begin;
+  // The batch rows of the edited positions this batch holds, ascending
+  // (capacity max_tokens: no allocation). `first`: the list index of the
+  // first one (a patch's source row).
+  edit_rows_.clear();
+  int64_t first = -1;
+  auto take = [&](int64_t p) {
+    if (p >= p0 && p < p1)
+      edit_rows_.push_back(static_cast<int32_t>(begin + p - p0));
+  };
+  switch (iv.positions.kind) {
+    case Kind::kAll:
+      for (int64_t p = p0; p < p1; ++p) take(p);
+      break;
+    case Kind::kLast:
+      take(e.length - 1);
+      break;
+    case Kind::kList:
+      for (size_t j = 0; j < iv.positions.list.size(); ++j) {
+        const int64_t q = iv.positions.list[j];
+        const int64_t p = q < 0 ? q + e.length : q;
+        if (first < 0 && p >= p0 && p < p1) first = static_cast<int64_t>(j);
+        take(p);
+      }
+      std::sort(edit_rows_.begin(), edit_rows_.end());
+      break;
+  }
+  const int64_t n = static_cast<int64_t>(edit_rows_.size());
+  if (n == 0) return Status();
+  const int32_t* idx = edit_rows_.data();
+  Backend& be = *d.backend;
+  switch (iv.mode) {
+    case InterventionMode::kAdd:
+      return be.AddRowsBroadcast(data, T, cols, ld, idx, n, iv.vector.data(),
+                                 iv.scale);
+    case InterventionMode::kProjectOut:
+      return be.ProjectOutRows(data, T, cols, ld, idx, n, iv.vector.data());
+    case InterventionMode::kZero:
+      return be.SetRows(data, T, cols, ld, idx, n, 0, cols, zero_row_.data(),
+                        1);
+    case InterventionMode::kReplace:
+      return be.SetRows(data, T, cols, ld, idx, n, 0, cols, iv.vector.data(),
+                        1);
+    case InterventionMode::kZeroHead:
+      return be.SetRows(data, T, cols, ld, idx, n, iv.head * c_.head_dim,
+                        (iv.head + 1) * c_.head_dim, zero_row_.data(), 1);
+    case InterventionMode::kPatch:
+      return be.SetRows(data, T, cols, ld, idx, n, 0, cols,
+                        iv.vector.data() + first * cols, n);
+  }
+  return InternalError("executor: unknown intervention mode");
 }
 
 void Executor::Linear(Device& d, const float* x, int64_t m, WeightRole wrole,
@@ -296,7 +448,7 @@ Status Executor::Norm(Device& d, NormKind kind, float eps, float offset,
       break;
   }
   RoundActivations(d, y, rows, dim, dim);
-  return Emit(site, layer, batch, d, dim, dim, y, sink);
+  return Deliver(site, layer, batch, d, dim, dim, y, sink);
 }
 
 Status Executor::ComputeRope(Device& d, const Batch& batch) {
@@ -383,12 +535,17 @@ Status Executor::Transfer(const Device& from, Device& to, const Batch& batch) {
 }
 
 Status Executor::Forward(const Batch& batch, HookSink* sink) {
-  return RunForward(batch, sink, nullptr);
+  return RunForward(batch, sink, nullptr, {});
 }
 
 Status Executor::Forward(const Batch& batch, HookSink* sink,
                          const KvBatch& kv) {
-  return RunForward(batch, sink, &kv);
+  return RunForward(batch, sink, &kv, {});
+}
+
+Status Executor::Forward(const Batch& batch, HookSink* sink, const KvBatch* kv,
+                         std::span<const SequenceEdit> edits) {
+  return RunForward(batch, sink, kv, edits);
 }
 
 Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
@@ -474,7 +631,8 @@ Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
 }
 
 Status Executor::RunForward(const Batch& batch, HookSink* sink,
-                            const KvBatch* kv) {
+                            const KvBatch* kv,
+                            std::span<const SequenceEdit> edits) {
   const int64_t T = batch.num_tokens();
   if (batch.num_seqs() < 1 || batch.seq_start[0] != 0 ||
       batch.seq_start[batch.num_seqs()] != T)
@@ -508,12 +666,18 @@ Status Executor::RunForward(const Batch& batch, HookSink* sink,
                              " is outside the vocabulary [0, " +
                              std::to_string(c_.vocab_size) + ")");
   if (kv != nullptr) RETURN_IF_ERROR(CheckKv(batch, *kv));
-  // kv_ is the cache of this forward only.
-  struct ClearKv {
+  // kv_ and edits_ are this forward's only.
+  struct Clear {
     const KvBatch*& kv;
-    ~ClearKv() { kv = nullptr; }
-  } clear{kv_};
+    std::span<const SequenceEdit>& edits;
+    ~Clear() {
+      kv = nullptr;
+      edits = {};
+    }
+  } clear{kv_, edits_};
   kv_ = kv;
+  RETURN_IF_ERROR(CheckEdits(batch, edits));
+  edits_ = edits;
   if (kv != nullptr && kv->cache->paged()) {
     const int64_t S = batch.num_seqs(), n = kv->cache->pages_per_seq();
     kv_page_rows_.resize(static_cast<size_t>(S * n));
@@ -564,7 +728,7 @@ Status Executor::BranchResidualAdd(Device& d, const LayerConfig& lc,
                          post_site, batch, sink));
   d.backend->Add(branch, x, T * H);
   RoundActivations(d, x, T, H, H);
-  return Emit(resid_site, l, batch, d, H, H, x, sink);
+  return Deliver(resid_site, l, batch, d, H, H, x, sink);
 }
 
 Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
@@ -590,13 +754,14 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         be.Scale(x, T * H, scale);
         RoundActivations(d, x, T, H, H);
       }
-      RETURN_IF_ERROR(Emit(HookSite::kEmbed, -1, batch, d, H, H, x, sink));
+      RETURN_IF_ERROR(Deliver(HookSite::kEmbed, -1, batch, d, H, H, x, sink));
       if (c_.learned_positions) {
         float* h = buf(BufferId::kPosEmbed);
         const TensorView& wpe = d.weights->Require(WeightRole::kPosEmbed);
         be.Gather(wpe.data, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T,
                   H, h);
-        RETURN_IF_ERROR(Emit(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
+        RETURN_IF_ERROR(
+            Deliver(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
         be.Add(h, x, T * H);
         RoundActivations(d, x, T, H, H);
       }
@@ -605,7 +770,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
     }
 
     case StepId::kLn1: {
-      RETURN_IF_ERROR(Emit(HookSite::kResidPre, l, batch, d, H, H, x, sink));
+      RETURN_IF_ERROR(Deliver(HookSite::kResidPre, l, batch, d, H, H, x, sink));
       if (!lc->pre_attn_norm) return Status();
       return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset,
                   WeightRole::kAttnNorm, WeightRole::kAttnNormBias, l, x,
@@ -642,9 +807,9 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
                        per_head ? hd : KV, kn.data, kn.dtype, lc->norm_eps);
         RoundActivations(d, qkv, T, Q + KV, ld);
       }
-      RETURN_IF_ERROR(Emit(HookSite::kQ, l, batch, d, Q, ld, q, sink));
-      RETURN_IF_ERROR(Emit(HookSite::kK, l, batch, d, KV, ld, k, sink));
-      return Emit(HookSite::kV, l, batch, d, KV, ld, v, sink);
+      RETURN_IF_ERROR(Deliver(HookSite::kQ, l, batch, d, Q, ld, q, sink));
+      RETURN_IF_ERROR(Deliver(HookSite::kK, l, batch, d, KV, ld, k, sink));
+      return Deliver(HookSite::kV, l, batch, d, KV, ld, v, sink);
     }
 
     case StepId::kAttention: {
@@ -660,8 +825,8 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         be.ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, lc->rope_half);
         be.ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, lc->rope_half);
         RoundActivations(d, q, T, Q + KV, ld);
-        RETURN_IF_ERROR(Emit(HookSite::kRotQ, l, batch, d, Q, ld, q, sink));
-        RETURN_IF_ERROR(Emit(HookSite::kRotK, l, batch, d, KV, ld, k, sink));
+        RETURN_IF_ERROR(Deliver(HookSite::kRotQ, l, batch, d, Q, ld, q, sink));
+        RETURN_IF_ERROR(Deliver(HookSite::kRotK, l, batch, d, KV, ld, k, sink));
       }
       AttentionOp op;
       if (lc->attn_sinks) {  // [num_heads] sink logits (gpt-oss)
@@ -728,7 +893,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         RETURN_IF_ERROR(be.Attention(op));
       }
       RoundActivations(d, z, T, Q, Q);
-      return Emit(HookSite::kZ, l, batch, d, Q, Q, z, sink);
+      return Deliver(HookSite::kZ, l, batch, d, Q, Q, z, sink);
     }
 
     case StepId::kOProj: {
@@ -736,7 +901,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       Linear(d, buf(BufferId::kZ), T, WeightRole::kO, WeightRole::kOBias, l, o,
              H);
       RoundActivations(d, o, T, H, H);
-      return Emit(HookSite::kAttnOut, l, batch, d, H, H, o, sink);
+      return Deliver(HookSite::kAttnOut, l, batch, d, H, H, o, sink);
     }
 
     case StepId::kAttnResidualAdd:
@@ -759,7 +924,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       if (lc->mlp == MlpKind::kPlain) {
         Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up, I);
         RoundActivations(d, up, T, I, I);
-        return Emit(HookSite::kMlpPre, l, batch, d, I, I, up, sink);
+        return Deliver(HookSite::kMlpPre, l, batch, d, I, I, up, sink);
       }
       if (lc->mlp == MlpKind::kGatedFused) {
         Linear(d, in, T, WeightRole::kGateUp, WeightRole::kOther, l, up, 2 * I);
@@ -770,7 +935,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
                /*same_x=*/true);
       }
       RoundActivations(d, up, T, 2 * I, 2 * I);
-      return Emit(HookSite::kMlpPre, l, batch, d, I, 2 * I, up, sink);
+      return Deliver(HookSite::kMlpPre, l, batch, d, I, 2 * I, up, sink);
     }
 
     case StepId::kActivation: {
@@ -784,7 +949,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         be.GatedActivation(fn, in, 2 * I, in + I, 2 * I, out, T, I);
       }
       RoundActivations(d, out, T, I, I);
-      return Emit(HookSite::kMlpPost, l, batch, d, I, I, out, sink);
+      return Deliver(HookSite::kMlpPost, l, batch, d, I, I, out, sink);
     }
 
     case StepId::kDownProj: {
@@ -792,7 +957,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       Linear(d, buf(step.reads[0]), T, WeightRole::kDown, WeightRole::kDownBias,
              l, o, H);
       RoundActivations(d, o, T, H, H);
-      return Emit(HookSite::kMlpOut, l, batch, d, H, H, o, sink);
+      return Deliver(HookSite::kMlpOut, l, batch, d, H, H, o, sink);
     }
 
     case StepId::kRouter: {
@@ -805,7 +970,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
              lc->router_bias ? WeightRole::kRouterBias : WeightRole::kOther, l,
              logits, E);
       RETURN_IF_ERROR(
-          Emit(HookSite::kRouterLogits, l, batch, d, E, E, logits, sink));
+          Deliver(HookSite::kRouterLogits, l, batch, d, E, E, logits, sink));
       be.TopKRoute(logits, T, E, E, K, lc->router, lc->norm_topk_prob, ids, w);
       if (sink != nullptr && hooks_.Contains(HookSite::kExpertIds, l)) {
         static_assert(IsIntegerSite(HookSite::kExpertIds));
@@ -815,7 +980,7 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
         RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kExpertIds, l},
                                            batch, -1, 0, v));
       }
-      return Emit(HookSite::kExpertWeights, l, batch, d, K, K, w, sink);
+      return Deliver(HookSite::kExpertWeights, l, batch, d, K, K, w, sink);
     }
 
     case StepId::kExpertGather: {
@@ -949,8 +1114,8 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
       // An MoE block's output is complete only here (routed sum + shared
       // expert); a dense MLP's was delivered by its down projection.
       if (lc->moe())
-        RETURN_IF_ERROR(Emit(HookSite::kMlpOut, l, batch, d, H, H,
-                             buf(BufferId::kMlpOut), sink));
+        RETURN_IF_ERROR(Deliver(HookSite::kMlpOut, l, batch, d, H, H,
+                                buf(BufferId::kMlpOut), sink));
       return BranchResidualAdd(d, *lc, lc->post_mlp_norm,
                                WeightRole::kPostMlpNorm, HookSite::kLn2Post,
                                HookSite::kResidPost, l, buf(BufferId::kMlpOut),

@@ -47,6 +47,7 @@
 #include "src/backend/backend.h"
 #include "src/base/status.h"
 #include "src/model/hooks.h"
+#include "src/model/interventions.h"
 #include "src/plan/activations.h"
 #include "src/plan/job.h"
 #include "src/plan/program.h"
@@ -98,6 +99,32 @@ class HookSink {
                               int64_t seq, int64_t row_begin,
                               const ActivationView& view) = 0;
 };
+
+// One intervention applied to one sequence of a batch (Forward's `edits`).
+// `seq` indexes the batch's sequences. `length` is the whole sequence's token
+// count: a batch may hold only a chunk of it (positions pos0 .. pos0 + chunk
+// length), and "last" and negative positions count from `length`. The edit
+// touches the positions of the sequence that the batch holds.
+//
+// Delivery at a hook point is: every edit at that point, in the order given
+// (edits of different sequences touch different rows), then the bf16
+// re-rounding of --hf-bf16, then the capture, so a captured value is the
+// edited one and every later step reads it.
+//
+// kPatch: `edit->vector` holds one row per listed position ([n, width], in
+// the list's order), and the list must be ascending and non-negative.
+struct SequenceEdit {
+  int64_t seq = 0;
+  int64_t length = 0;
+  const Intervention* edit = nullptr;  // borrowed, valid for the forward
+};
+
+// Appends the edits of the interventions in `list` that apply to input row
+// `row` (AppliesToRow), run as sequence `seq` of a batch, `length` tokens in
+// all; they borrow `list`.
+void AddSequenceEdits(const std::vector<Intervention>& list, int64_t row,
+                      int64_t seq, int64_t length,
+                      std::vector<SequenceEdit>* edits);
 
 // Layers [first_layer, last_layer] run on `backend` (not owned). `offload`:
 // their weights are streamed from pinned host memory, layer by layer (see
@@ -155,6 +182,12 @@ class Executor {
   // hooked); attention patterns cannot be hooked. On success each slot's
   // length becomes pos0 + its sequence's length.
   Status Forward(const Batch& batch, HookSink* sink, const KvBatch& kv);
+  // Either of the above (kv null: none) with interventions (SequenceEdit).
+  // Validated before anything runs: sequence indices, vector widths, heads
+  // and positions (OutOfRange naming the sequence); the CPU backend only for
+  // now (Unimplemented on a device backend).
+  Status Forward(const Batch& batch, HookSink* sink, const KvBatch* kv,
+                 std::span<const SequenceEdit> edits);
 
   // The planned layout every device's arenas follow (activations by
   // liveness, kernel workspace; the logits chunk on the last device) and the
@@ -208,8 +241,13 @@ class Executor {
   // blocks).
   Status RunStep(const ProgramStep& step, Device& d, int64_t layer,
                  const Batch& batch, HookSink* sink);
-  // Forward with an optional KV cache (kv_ is set for its duration).
-  Status RunForward(const Batch& batch, HookSink* sink, const KvBatch* kv);
+  // Forward with an optional KV cache (kv_ and edits_ are set for its
+  // duration).
+  Status RunForward(const Batch& batch, HookSink* sink, const KvBatch* kv,
+                    std::span<const SequenceEdit> edits);
+  // Checks the edits of a forward against the batch and the model.
+  Status CheckEdits(const Batch& batch,
+                    std::span<const SequenceEdit> edits) const;
   // Checks a KvBatch against the batch and the cache.
   Status CheckKv(const Batch& batch, const KvBatch& kv) const;
   // First position of sequence s: 0, or kv_->pos0[s].
@@ -228,8 +266,13 @@ class Executor {
   Status CopyLayer(Device& d, int64_t layer);
   Status StartStream(Device& d);
   Status AdvanceStream(Device& d, int64_t layer);
-  Status Emit(HookSite site, int64_t layer, const Batch& batch, const Device& d,
-              int64_t cols, int64_t ld, const float* data, HookSink* sink);
+  // The hook point (site, layer) of the token-major buffer `data` [T, cols]
+  // (row stride ld): the forward's edits there, the re-rounding, the capture.
+  Status Deliver(HookSite site, int64_t layer, const Batch& batch, Device& d,
+                 int64_t cols, int64_t ld, float* data, HookSink* sink);
+  // One edit's rows of the batch (edit_rows_) and its backend op.
+  Status ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
+                   int64_t cols, int64_t ld, float* data);
   // `same_x`: x is the input of the previous Linear call, whose 16-bit copy in
   // the workspace is reused instead of converting x again.
   void Linear(Device& d, const float* x, int64_t m, WeightRole w,
@@ -284,6 +327,12 @@ class Executor {
   std::vector<int32_t> host_expert_offsets_;
   // The KV cache of the forward in progress (null: none).
   const KvBatch* kv_ = nullptr;
+  // The edits of the forward in progress, and the row indices of one edit
+  // (capacity max_tokens, reserved at Create) and a zero row (zero / head
+  // ablation's source, as wide as the widest editable hook).
+  std::span<const SequenceEdit> edits_;
+  std::vector<int32_t> edit_rows_;
+  std::vector<float> zero_row_;
   // A paged cache: the page tables of the forward's sequences, [S,
   // pages_per_seq] (AttentionOp::kv_page_table).
   std::vector<int32_t> kv_page_rows_;

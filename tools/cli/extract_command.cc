@@ -15,6 +15,7 @@
 #include "src/eval/extract_merge.h"
 #include "src/eval/shard.h"
 #include "src/io/file_util.h"
+#include "src/model/interventions.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
@@ -35,6 +36,7 @@ struct ExtractCliOptions {
   std::string format = "npy";
   std::string on_error = "fail";
   std::string shard;  // "I/N" or "auto"
+  InterventionFlags interventions;
   bool progress = false;
   bool quiet = false;
 };
@@ -51,6 +53,10 @@ Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
   if (!opts.shard.empty() && opts.shard != "auto") {
     ASSIGN_OR_RETURN(job->shard, ParseShardSpec(opts.shard));
   }
+  job->interventions_file = opts.interventions.file;
+  ASSIGN_OR_RETURN(job->interventions_json,
+                   ShorthandInterventions(opts.interventions.steer,
+                                          opts.interventions.ablate));
   return Status();
 }
 
@@ -298,6 +304,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
                 "instead of failing the row");
   AddPlanFlags(*cmd, &opts->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--hf-bf16", j.hf_bf16_activations, kHfBf16Help);
+  AddInterventionFlags(*cmd, &opts->interventions);
   cmd->add_flag("--progress", opts->progress,
                 "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--quiet", opts->quiet,

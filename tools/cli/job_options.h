@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/plan_flags.h"
@@ -24,6 +25,26 @@ struct WindowArgs {
   bool hf_bf16 = false;
   PlanFlags plan;  // --device ... --verify-plan (kJobCommand)
 };
+
+// --intervene, --steer, --ablate-direction (docs/interventions.md): the
+// edits applied in the forward, shared by every command that computes.
+struct InterventionFlags {
+  std::string file;
+  std::vector<std::string> steer, ablate;
+};
+inline void AddInterventionFlags(CLI::App& cmd, InterventionFlags* f) {
+  cmd.add_option("--intervene", f->file,
+                 "JSON file of interventions applied inside the forward "
+                 "(steering, ablation; docs/interventions.md)")
+      ->check(CLI::ExistingFile);
+  cmd.add_option("--steer", f->steer,
+                 "HOOK=VECTOR.npy*SCALE[@POSITIONS]: add SCALE times the "
+                 "vector at HOOK (POSITIONS all, last or 1,3,-1; default "
+                 "all); repeatable");
+  cmd.add_option("--ablate-direction", f->ablate,
+                 "HOOK=DIRECTION.npy: project the unit direction out of HOOK "
+                 "at every position; repeatable");
+}
 
 // --hf-bf16: what it means, shared by every command that computes.
 inline constexpr const char* kHfBf16Help =
