@@ -249,9 +249,6 @@ TEST_F(InterventionsGoldenTest, StreamedChunksAndRowErrors) {
   const std::string flags = " --steer blocks.0.hook_resid_post=" + vec +
                             "*4@1,6 --steer blocks.1.hook_resid_pre=" + vec +
                             "*-2@last";
-  const std::string whole =
-      Extract(model_dir, Path("row.jsonl"), Path("whole"), {}, "");
-  (void)whole;
   std::string log;
   const std::string base = std::string(LOOM_BINARY) + " extract --model " +
                            model_dir + " --input " + Path("row.jsonl") +
