@@ -207,12 +207,18 @@ StatusOr<const float*> Generator::StepLogits(const Batch& batch,
 StatusOr<const float*> Generator::StepLogits(const Batch& batch,
                                              const KvBatch& kv,
                                              HookSink* capture) {
+  return StepLogits(batch, kv, capture, {});
+}
+
+StatusOr<const float*> Generator::StepLogits(
+    const Batch& batch, const KvBatch& kv, HookSink* capture,
+    std::span<const SequenceEdit> edits) {
   if (batch.num_seqs() > options_.slots)
     return OutOfRangeError("generate: " + std::to_string(batch.num_seqs()) +
                            " sequences in one step, more than the " +
                            std::to_string(options_.slots) + " slots");
   sink_->set_capture(capture);
-  const Status st = executor_->Forward(batch, sink_.get(), kv);
+  const Status st = executor_->Forward(batch, sink_.get(), &kv, edits);
   sink_->set_capture(nullptr);
   RETURN_IF_ERROR(st);
   return head_->Compute(last_hidden_.data(), batch.num_seqs());
@@ -251,6 +257,9 @@ StatusOr<std::vector<Generation>> Generator::Generate(
   std::vector<int64_t> free_slots;
   for (int64_t s = options_.slots - 1; s >= 0; --s) free_slots.push_back(s);
   SamplingScratch scratch(V);
+  if (options.interventions != nullptr)
+    edits_.reserve(options.interventions->size() *
+                   static_cast<size_t>(options_.slots));
 
   // Records token `tok` of `a`; true when its sequence is finished.
   auto take = [&](Active& a, int32_t tok) -> StatusOr<bool> {
@@ -316,6 +325,10 @@ StatusOr<std::vector<Generation>> Generator::Generate(
       a.slot = free_slots.back();
       a.rng.seed(options.sampling.seed + i);
       const float* logits = nullptr;
+      edits_.clear();
+      if (options.interventions != nullptr)
+        AddSequenceEdits(*options.interventions, static_cast<int64_t>(i), 0, n,
+                         &edits_);
       for (int64_t p0 = 0; p0 < n; p0 += options_.prefill_chunk) {
         const int64_t len = std::min(options_.prefill_chunk, n - p0);
         seq_start_[0] = 0;
@@ -324,9 +337,10 @@ StatusOr<std::vector<Generation>> Generator::Generate(
         pos0_[0] = p0;
         const Batch b{std::span<const int32_t>(prompt).subspan(p0, len),
                       std::span<const int64_t>(seq_start_.data(), 2)};
-        ASSIGN_OR_RETURN(logits, StepLogits(b, {cache_.get(),
-                                                {slot_.data(), 1},
-                                                {pos0_.data(), 1}}));
+        ASSIGN_OR_RETURN(
+            logits,
+            StepLogits(b, {cache_.get(), {slot_.data(), 1}, {pos0_.data(), 1}},
+                       nullptr, edits_));
       }
       a.pos = n;
       ASSIGN_OR_RETURN(
@@ -343,8 +357,13 @@ StatusOr<std::vector<Generation>> Generator::Generate(
     // One decode step: one token per active sequence.
     const int64_t S = static_cast<int64_t>(active.size());
     seq_start_[0] = 0;
+    edits_.clear();
     for (int64_t s = 0; s < S; ++s) {
       const Active& a = active[static_cast<size_t>(s)];
+      if (options.interventions != nullptr)
+        AddGeneratedEdits(*options.interventions,
+                          static_cast<int64_t>(a.prompt), s, a.pos + 1,
+                          &edits_);
       ids_[static_cast<size_t>(s)] = a.next;
       seq_start_[static_cast<size_t>(s) + 1] = s + 1;
       slot_[static_cast<size_t>(s)] = a.slot;
@@ -354,9 +373,11 @@ StatusOr<std::vector<Generation>> Generator::Generate(
                   std::span<const int64_t>(seq_start_.data(),
                                            static_cast<size_t>(S) + 1)};
     ASSIGN_OR_RETURN(const float* logits,
-                     StepLogits(b, {cache_.get(),
-                                    {slot_.data(), static_cast<size_t>(S)},
-                                    {pos0_.data(), static_cast<size_t>(S)}}));
+                     StepLogits(b,
+                                {cache_.get(),
+                                 {slot_.data(), static_cast<size_t>(S)},
+                                 {pos0_.data(), static_cast<size_t>(S)}},
+                                nullptr, edits_));
     // Leaving: finished sequences free their slots (order kept).
     size_t kept = 0;
     for (int64_t s = 0; s < S; ++s) {

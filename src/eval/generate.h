@@ -88,6 +88,10 @@ struct GenerateOptions {
   // the stop strings (needs a tokenizer; the text is kept whole).
   std::vector<int32_t> stop_ids;
   std::vector<std::string> stop_strings;
+  // Interventions (borrowed, may be null): those whose `rows` include a
+  // prompt's index (or every prompt) edit its prefill at their positions
+  // (edits_prompt) and every generated token fed back (edits_generated).
+  const std::vector<Intervention>* interventions = nullptr;
 };
 
 struct Generation {
@@ -142,6 +146,10 @@ class Generator {
   // norm) to `capture` (may be null) as the forward produces it.
   StatusOr<const float*> StepLogits(const Batch& batch, const KvBatch& kv,
                                     HookSink* capture);
+  // The same with interventions (Executor::Forward's SequenceEdit).
+  StatusOr<const float*> StepLogits(const Batch& batch, const KvBatch& kv,
+                                    HookSink* capture,
+                                    std::span<const SequenceEdit> edits);
 
   KvCache& cache() { return *cache_; }
   const Executor& executor() const { return *executor_; }
@@ -167,6 +175,7 @@ class Generator {
   std::vector<int32_t> ids_;
   std::vector<int64_t> seq_start_, slot_, pos0_;
   std::vector<float> last_hidden_;
+  std::vector<SequenceEdit> edits_;  // of one step (capacity reserved)
 };
 
 }  // namespace loom::eval

@@ -123,6 +123,9 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
   // Everything the loop touches is allocated here.
   std::vector<int32_t> window_ids(plan.max_window_tokens);
   std::vector<double> lse(options.logits_chunk_rows);
+  std::vector<SequenceEdit> edits;
+  if (options.interventions != nullptr)
+    edits.reserve(options.interventions->size());
   r.window_nll_sum.assign(plan.windows.size(), 0.0);
   if (options.keep_token_logprobs) {
     r.token_position.resize(plan.tokens_scored);
@@ -147,7 +150,14 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
         options.keep_token_logprobs ? r.token_logprob.data() + scored : nullptr;
     sink.SetWindow(wids, w.score_begin - w.begin - 1, w.score_end - w.begin - 1,
                    out);
-    RETURN_IF_ERROR(executor->Forward(batch, &sink));
+    edits.clear();
+    if (options.interventions != nullptr)
+      AddSequenceEdits(*options.interventions, static_cast<int64_t>(wi), 0,
+                       w.length(), &edits);
+    const Status st = executor->Forward(batch, &sink, nullptr, edits);
+    if (!st.ok())
+      return Status(st.code(),
+                    "window " + std::to_string(wi) + ": " + st.message());
     if (options.keep_token_logprobs)
       for (int64_t t = w.score_begin; t < w.score_end; ++t)
         r.token_position[scored + t - w.score_begin] = t;

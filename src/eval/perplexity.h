@@ -40,6 +40,10 @@ struct EvalOptions {
   // computed on a device, the head runs on that device too (a second
   // backend instance there, reading the device's copy of lm_head).
   std::vector<ExecutorSegment> segments;
+  // Interventions (borrowed, may be null; docs/interventions.md): each
+  // window is one sequence, its positions counted from the window's first
+  // token; `rows` are window indices.
+  const std::vector<Intervention>* interventions = nullptr;
 };
 
 struct PerplexityResult {

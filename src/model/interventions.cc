@@ -295,6 +295,21 @@ StatusOr<std::vector<int64_t>> ParseRows(const Entry& e) {
   return rows;
 }
 
+StatusOr<InterventionApplyTo> ParseApplyTo(
+    const Entry& e, const InterventionPositions& positions) {
+  const Json* a = e.Find("apply_to");
+  if (a == nullptr)
+    return positions.kind == InterventionPositions::Kind::kAll
+               ? InterventionApplyTo::kBoth
+               : InterventionApplyTo::kPrompt;
+  const std::string s = a->is_string() ? a->get<std::string>() : "";
+  if (s == "prompt") return InterventionApplyTo::kPrompt;
+  if (s == "generated") return InterventionApplyTo::kGenerated;
+  if (s == "both") return InterventionApplyTo::kBoth;
+  return e.Error("apply_to",
+                 a->dump() + " is not one of prompt, generated, both");
+}
+
 // The interventions of one entry (one per hook its pattern names).
 Status ParseEntry(const Entry& e, const ModelConfig& config,
                   const std::string& base_dir, std::vector<Intervention>* out) {
@@ -309,6 +324,7 @@ Status ParseEntry(const Entry& e, const ModelConfig& config,
   ASSIGN_OR_RETURN(iv.positions, ParsePositions(e));
   ASSIGN_OR_RETURN(iv.head, ParseHead(e, mode, hooks, config));
   ASSIGN_OR_RETURN(iv.rows, ParseRows(e));
+  ASSIGN_OR_RETURN(iv.apply_to, ParseApplyTo(e, iv.positions));
   for (const HookPoint& hook : hooks) {
     iv.hook = hook;
     // Every hook of a pattern has the same site, hence the same width.
@@ -491,6 +507,10 @@ Json InterventionsJson(const std::vector<Intervention>& list) {
     if (iv.mode == InterventionMode::kAdd) e["scale"] = iv.scale;
     if (iv.head >= 0) e["head"] = iv.head;
     if (!iv.rows.empty()) e["rows"] = iv.rows;
+    e["apply_to"] = iv.apply_to == InterventionApplyTo::kPrompt ? "prompt"
+                    : iv.apply_to == InterventionApplyTo::kGenerated
+                        ? "generated"
+                        : "both";
     if (!iv.vector.empty()) {
       e["vector_values"] = iv.vector.size();
       e["vector_fnv1a64"] = digest;

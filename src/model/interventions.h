@@ -46,6 +46,14 @@ struct InterventionPositions {
   std::vector<int64_t> list;
 };
 
+// Generation: which tokens an intervention edits. kPrompt: its positions of
+// the prompt (prefill); kGenerated: every generated token as it is fed back
+// (each decode step), not the prompt; kBoth: both. Field "apply_to":
+// "prompt" | "generated" | "both"; default "both" with positions "all",
+// else "prompt". Evaluations without generation (extract, perplexity)
+// edit the prompt only, whatever it says.
+enum class InterventionApplyTo : uint8_t { kPrompt, kGenerated, kBoth };
+
 struct Intervention {
   HookPoint hook;
   InterventionMode mode = InterventionMode::kAdd;
@@ -58,6 +66,13 @@ struct Intervention {
   // Input rows (sequences of the request, 0-based) it applies to, sorted and
   // distinct; empty = every row.
   std::vector<int64_t> rows;
+  InterventionApplyTo apply_to = InterventionApplyTo::kBoth;
+  bool edits_prompt() const {
+    return apply_to != InterventionApplyTo::kGenerated;
+  }
+  bool edits_generated() const {
+    return apply_to != InterventionApplyTo::kPrompt;
+  }
 };
 
 // Whether `site` can be edited: hook_resid_pre / hook_resid_mid /

@@ -73,7 +73,16 @@ void AddSequenceEdits(const std::vector<Intervention>& list, int64_t row,
                       int64_t seq, int64_t length,
                       std::vector<SequenceEdit>* edits) {
   for (const Intervention& iv : list)
-    if (AppliesToRow(iv, row)) edits->push_back({seq, length, &iv});
+    if (AppliesToRow(iv, row) && iv.edits_prompt())
+      edits->push_back({seq, length, &iv});
+}
+
+void AddGeneratedEdits(const std::vector<Intervention>& list, int64_t row,
+                       int64_t seq, int64_t length,
+                       std::vector<SequenceEdit>* edits) {
+  for (const Intervention& iv : list)
+    if (AppliesToRow(iv, row) && iv.edits_generated())
+      edits->push_back({seq, length, &iv, /*every_position=*/true});
 }
 
 JobSpec Executor::MakeJob(const Model& model, const HookSet& hooks,
@@ -296,6 +305,8 @@ Status Executor::CheckEdits(const Batch& batch,
         break;
       case InterventionMode::kPatch:
         want = width * n;
+        if (e.every_position)
+          return InvalidArgumentError(name + ": a patch edits its positions");
         if (iv.positions.kind != Kind::kList)
           return InvalidArgumentError(name + ": a patch names its positions");
         for (int64_t j = 0; j < n; ++j)
@@ -352,7 +363,7 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
     if (p >= p0 && p < p1)
       edit_rows_.push_back(static_cast<int32_t>(begin + p - p0));
   };
-  switch (iv.positions.kind) {
+  switch (e.every_position ? Kind::kAll : iv.positions.kind) {
     case Kind::kAll:
       for (int64_t p = p0; p < p1; ++p) take(p);
       break;

@@ -113,18 +113,28 @@ class HookSink {
 //
 // kPatch: `edit->vector` holds one row per listed position ([n, width], in
 // the list's order), and the list must be ascending and non-negative.
+// every_position: the edit's own positions are ignored and every token of
+// the sequence the batch holds is edited (a generated token fed back).
 struct SequenceEdit {
   int64_t seq = 0;
   int64_t length = 0;
   const Intervention* edit = nullptr;  // borrowed, valid for the forward
+  bool every_position = false;
 };
 
 // Appends the edits of the interventions in `list` that apply to input row
-// `row` (AppliesToRow), run as sequence `seq` of a batch, `length` tokens in
-// all; they borrow `list`.
+// `row` (AppliesToRow) and edit the prompt, run as sequence `seq` of a
+// batch, `length` tokens in all; they borrow `list`.
 void AddSequenceEdits(const std::vector<Intervention>& list, int64_t row,
                       int64_t seq, int64_t length,
                       std::vector<SequenceEdit>* edits);
+
+// Generation: appends, for the token of input row `row` fed back as
+// sequence `seq` (position length - 1), the edits of the interventions that
+// apply to the row and edit generated tokens (every_position).
+void AddGeneratedEdits(const std::vector<Intervention>& list, int64_t row,
+                       int64_t seq, int64_t length,
+                       std::vector<SequenceEdit>* edits);
 
 // Layers [first_layer, last_layer] run on `backend` (not owned). `offload`:
 // their weights are streamed from pinned host memory, layer by layer (see

@@ -23,6 +23,7 @@
 #include "src/tokenizer/tokenizer.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/job_options.h"
 
 namespace loom::cli {
 namespace {
@@ -44,6 +45,7 @@ struct GenerateArgs {
   std::vector<std::string> layers;  // with bare site names
   std::vector<std::string> select = {"last"};
   int64_t chunk = 256;
+  InterventionFlags interventions;
 };
 
 eval::SamplingOptions SamplingOf(const GenerateArgs& args) {
@@ -124,7 +126,14 @@ Status RunGenerate(const GenerateArgs& args) {
   // As extract refuses an empty text row and serve an empty `prompt`.
   if (args.prompt.empty()) return InvalidArgumentError("--prompt: empty text");
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
-  if (!args.hooks.empty()) return RunGenerateWithHooks(args, precision);
+  if (!args.hooks.empty()) {
+    if (!args.interventions.file.empty() || !args.interventions.steer.empty() ||
+        !args.interventions.ablate.empty())
+      return UnimplementedError(
+          "generate: --hooks with interventions is not supported yet (run "
+          "them without --hooks, or capture with `loom extract --intervene`)");
+    return RunGenerateWithHooks(args, precision);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
   host->SetNumThreads(args.threads);
   ASSIGN_OR_RETURN(auto model, Model::Load(args.model_dir, precision));
@@ -136,6 +145,9 @@ Status RunGenerate(const GenerateArgs& args) {
   o.stop_strings = args.stop;
   ASSIGN_OR_RETURN(o.stop_ids, eval::LoadStopIds(*model));
   RETURN_IF_ERROR(eval::ValidateSampling(o.sampling));
+  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
+                   LoadInterventionFlags(args.interventions, model->config()));
+  o.interventions = &interventions;
   eval::Generator::Options go;
   go.context = args.ctx;
   go.prefill_chunk = args.chunk;
@@ -209,6 +221,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                   "Prompt tokens per forward (default 256); longer prompts "
                   "are prefilled in chunks carrying the KV cache (exact)")
       ->check(IntRange(1));
+  AddInterventionFlags(*cmd, &args->interventions);
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("generate", RunGenerate(*args));
   });

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "src/base/status.h"
+#include "src/model/interventions.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/plan_flags.h"
 
@@ -44,6 +46,15 @@ inline void AddInterventionFlags(CLI::App& cmd, InterventionFlags* f) {
   cmd.add_option("--ablate-direction", f->ablate,
                  "HOOK=DIRECTION.npy: project the unit direction out of HOOK "
                  "at every position; repeatable");
+}
+
+// The interventions of the flags: the file's, then the shorthand ones
+// (their vector paths relative to the working directory).
+inline StatusOr<std::vector<Intervention>> LoadInterventionFlags(
+    const InterventionFlags& f, const ModelConfig& config) {
+  ASSIGN_OR_RETURN(const std::string json,
+                   ShorthandInterventions(f.steer, f.ablate));
+  return LoadInterventions(f.file, json, ".", config);
 }
 
 // --hf-bf16: what it means, shared by every command that computes.

@@ -11,6 +11,7 @@
 #include "src/backend/registry.h"
 #include "src/eval/input.h"
 #include "src/eval/perplexity.h"
+#include "src/model/registry.h"
 #include "src/runtime/memory_stats.h"
 #include "src/runtime/model.h"
 #include "tools/cli/commands.h"
@@ -23,6 +24,7 @@ namespace {
 struct PerplexityArgs : WindowArgs {
   std::string model_dir;
   std::string precision = "auto";
+  InterventionFlags interventions;
 };
 
 Status RunPerplexity(const PerplexityArgs& args) {
@@ -34,6 +36,10 @@ Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
   host->SetNumThreads(args.threads);
   // Plan first; refuse before loading if the job does not fit.
+  // The interventions are checked against config.json before anything loads.
+  ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(args.model_dir));
+  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
+                   LoadInterventionFlags(args.interventions, config));
   ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx,
                                         args.chunk_rows));
   const RssWatch rss_watch = StartRssWatch();
@@ -70,6 +76,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
   eo.logits_chunk_rows = args.chunk_rows;
   eo.hf_bf16_activations = args.hf_bf16;
   eo.segments = backends.segments;
+  eo.interventions = &interventions;
   eo.progress = MakeWindowProgress(args.quiet, "perplexity");
   ASSIGN_OR_RETURN(eval::PerplexityResult r,
                    eval::EvaluatePerplexity(*model, input.ids, plan, eo));
@@ -117,6 +124,7 @@ void AddPerplexityCommand(CLI::App& app, int* exit_code) {
       ->required();
   AddWindowOptions(cmd, args.get(), "--model");
   cmd->add_option("--precision", args->precision, "auto, f32, bf16 or f16");
+  AddInterventionFlags(*cmd, &args->interventions);
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("perplexity", RunPerplexity(*args));
   });
