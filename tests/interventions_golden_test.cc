@@ -285,5 +285,70 @@ TEST_F(InterventionsGoldenTest, StreamedChunksAndRowErrors) {
       << log;
 }
 
+// `loom patch` reproduces the golden activation-patching grids (every layer's
+// hook_resid_pre x every position): the answer tokens by the goldens' rule,
+// the clean and corrupted logit differences, every patched run's last
+// logits (atol = rtol = 1e-4) and the recovery grid (atol 1e-3, the README's
+// tolerance: qwen3_moe's denominator is 0.385), in 2 + ceil(cells / batch)
+// forwards.
+TEST_F(InterventionsGoldenTest, PatchReproducesTheGoldenGrids) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  for (const std::string model : {"llama", "gemma2", "qwen3_moe"}) {
+    SCOPED_TRACE(model);
+    const std::string dir =
+        shared + "/interventions/" + model + "__activation_patch";
+    const nlohmann::json spec = testing::ReadJson(dir + "/spec.json");
+    auto golden = testing::GoldenFile::Open(dir + "/expected.safetensors");
+    ASSERT_NE(golden, nullptr);
+    auto ids = [](const nlohmann::json& row) {
+      std::string s;
+      for (const auto& id : row) s += (s.empty() ? "" : ",") + id.dump();
+      return s;
+    };
+    const std::string out = Path(model + "_patch");
+    const std::string cmd =
+        std::string(LOOM_BINARY) + " patch --model " + shared + "/tiny/" +
+        model + " --clean-tokens " + ids(spec["clean_input_ids"][0]) +
+        " --corrupted-tokens " + ids(spec["corrupted_input_ids"][0]) +
+        " --precision f32 --quiet --batch-tokens 64 --out " + out;
+    std::string log;
+    ASSERT_EQ(RunShell(cmd, &log), 0) << cmd << "\n" << log;
+    const nlohmann::json got = testing::ReadJson(out + "/patch.json");
+    EXPECT_EQ(got["answer_token_ids"]["A"], spec["answer_token_ids"]["A"]);
+    EXPECT_EQ(got["answer_token_ids"]["B"], spec["answer_token_ids"]["B"]);
+    EXPECT_NEAR(got["clean_logit_diff"].get<double>(),
+                spec["clean_logit_diff"].get<double>(), 1e-4);
+    EXPECT_NEAR(got["corrupted_logit_diff"].get<double>(),
+                spec["corrupted_logit_diff"].get<double>(), 1e-4);
+    Shape shape;
+    const std::vector<float> want_ld =
+        golden->F32("patched.logit_diff", &shape);
+    const std::vector<float> want_rec = golden->F32("recovery");
+    ASSERT_EQ(shape.rank(), 2);
+    const int64_t L = shape[0], T = shape[1];
+    ASSERT_EQ(static_cast<int64_t>(got["recovery"].size()), L);
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t p = 0; p < T; ++p) {
+        EXPECT_NEAR(got["logit_diff"][l][p].get<double>(), want_ld[l * T + p],
+                    1e-4)
+            << "layer " << l << " position " << p;
+        EXPECT_NEAR(got["recovery"][l][p].get<double>(), want_rec[l * T + p],
+                    1e-3)
+            << "layer " << l << " position " << p;
+      }
+    const AllArray logits = ReadAll(out + "/patched.logits_last.npy");
+    const std::vector<float> want = golden->F32("patched.logits_last");
+    ASSERT_EQ(logits.data.size(), want.size());
+    const testing::CompareResult r =
+        testing::Compare(logits.data.data(), want.data(),
+                         static_cast<int64_t>(want.size()), kTol, kTol);
+    EXPECT_TRUE(r.ok) << r.message;
+    // 64 tokens hold 8 cells of 8 tokens: L*T/8 patched forwards + 2.
+    EXPECT_EQ(got["forwards"].get<int64_t>(), 2 + (L * T + 7) / 8);
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -326,7 +326,11 @@ Status Executor::CheckEdits(const Batch& batch,
       case InterventionMode::kZero:
         break;
     }
-    if (static_cast<int64_t>(iv.vector.size()) != want)
+    if (e.patch_rows != nullptr && iv.mode != InterventionMode::kPatch)
+      return InvalidArgumentError(name + ": patch rows given to a " +
+                                  std::string(InterventionModeName(iv.mode)));
+    if (e.patch_rows == nullptr &&
+        static_cast<int64_t>(iv.vector.size()) != want)
       return InvalidArgumentError(name + ": " + HookName(iv.hook) + " needs " +
                                   std::to_string(want) + " values, got " +
                                   std::to_string(iv.vector.size()));
@@ -400,8 +404,9 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
       return be.SetRows(data, T, cols, ld, idx, n, iv.head * c_.head_dim,
                         (iv.head + 1) * c_.head_dim, zero_row_.data(), 1);
     case InterventionMode::kPatch:
-      return be.SetRows(data, T, cols, ld, idx, n, 0, cols,
-                        iv.vector.data() + first * cols, n);
+      return be.SetRows(
+          data, T, cols, ld, idx, n, 0, cols,
+          (e.patch_rows ? e.patch_rows : iv.vector.data()) + first * cols, n);
   }
   return InternalError("executor: unknown intervention mode");
 }

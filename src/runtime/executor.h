@@ -115,11 +115,15 @@ class HookSink {
 // the list's order), and the list must be ascending and non-negative.
 // every_position: the edit's own positions are ignored and every token of
 // the sequence the batch holds is edited (a generated token fed back).
+// patch_rows (kPatch only): the rows written, one per listed position
+// ([n, width], borrowed), instead of edit->vector (e.g. a recorded run's
+// activations, not copied per cell).
 struct SequenceEdit {
   int64_t seq = 0;
   int64_t length = 0;
   const Intervention* edit = nullptr;  // borrowed, valid for the forward
   bool every_position = false;
+  const float* patch_rows = nullptr;
 };
 
 // Appends the edits of the interventions in `list` that apply to input row

@@ -1,0 +1,75 @@
+// Activation patching (`loom patch`, the Python module's Model.patch): the
+// (hook x position) grid of a clean and a corrupted prompt of equal length.
+//
+// One job: the clean prompt runs once, capturing every grid hook at every
+// position, and the corrupted prompt once; then each cell (hook h, position
+// p) is the corrupted prompt with h[p] replaced by the clean run's h[p]
+// (Intervention mode kPatch), run as one sequence of a packed batch: as many
+// cells per forward as the token budget holds, each with its own edit (no
+// edit reaches a neighbour). Only the last position's logits are computed
+// per sequence (final norm of the last row, then lm_head).
+//
+// Metric (the goldens' definitions): ld(x) = logits_last[A] -
+// logits_last[B]; recovery[h][p] = (ld(patched) - ld(corrupted)) /
+// (ld(clean) - ld(corrupted)), in double from the f32 logits. A (answer) is
+// the argmax of the clean last logits and B (wrong) the argmax of the
+// corrupted ones, or their runner-up when that is A, unless given.
+#ifndef LOOM_EVAL_PATCH_H_
+#define LOOM_EVAL_PATCH_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/model/interventions.h"
+#include "src/runtime/executor.h"
+#include "src/runtime/model.h"
+
+namespace loom::eval {
+
+struct PatchOptions {
+  // Hook patterns as extract's (blocks.*.hook_resid_pre, ...); every one an
+  // intervention site (IsInterventionSite). The grid's rows, in layer order.
+  std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
+  // The grid's columns: all, last, or a list (negatives from the end).
+  InterventionPositions positions;
+  int64_t answer = -1;       // A; -1 = the clean argmax
+  int64_t wrong = -1;        // B; -1 = the corrupted argmax (runner-up if == A)
+  int64_t batch_tokens = 0;  // tokens per forward; 0 = min(4096, max pos)
+  bool hf_bf16_activations = false;
+  // Placement; empty = every layer on a host backend of the executor's own.
+  std::vector<ExecutorSegment> segments;
+};
+
+struct PatchResult {
+  std::vector<std::string> hooks;  // [n_hooks] the grid's rows
+  std::vector<int64_t> positions;  // [P] the grid's columns, ascending
+  int32_t answer = 0, wrong = 0;
+  double clean_logit_diff = 0, corrupted_logit_diff = 0;
+  std::vector<double> logit_diff;            // [n_hooks, P]
+  std::vector<double> recovery;              // [n_hooks, P]
+  std::vector<float> patched_logits_last;    // [n_hooks, P, V]
+  std::vector<float> clean_logits_last;      // [V]
+  std::vector<float> corrupted_logits_last;  // [V]
+  int64_t forwards = 0;  // executor forwards, the two un-patched included
+  double seconds = 0;
+};
+
+// InvalidArgument for prompts of different lengths (naming both), an empty
+// grid, a hook that cannot be patched, or A/B outside the vocabulary.
+StatusOr<PatchResult> RunPatch(const Model& model,
+                               std::span<const int32_t> clean,
+                               std::span<const int32_t> corrupted,
+                               const PatchOptions& options);
+
+// patch.json: hooks, positions, answer_token_ids {A, B},
+// clean_logit_diff, corrupted_logit_diff, logit_diff [h][p], recovery
+// [h][p], forwards, seconds.
+nlohmann::json PatchJson(const PatchResult& r);
+
+}  // namespace loom::eval
+
+#endif  // LOOM_EVAL_PATCH_H_

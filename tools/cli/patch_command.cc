@@ -1,0 +1,224 @@
+// `loom patch --model DIR (--clean TEXT | --clean-tokens IDS) (--corrupted
+//  TEXT | --corrupted-tokens IDS) [--hooks PATTERN...] [--positions
+//  all|last|LIST] [--answer A --wrong B] --out DIR`: the activation-patching
+// grid (src/eval/patch.h) written as OUT/patch.json and
+// OUT/patched.logits_last.npy [hooks, positions, vocab] (and the clean and
+// corrupted runs' last logits, [1, vocab] each).
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/backend/registry.h"
+#include "src/eval/patch.h"
+#include "src/io/file_util.h"
+#include "src/io/npy.h"
+#include "src/runtime/model.h"
+#include "src/tokenizer/tokenizer.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
+
+namespace loom::cli {
+namespace {
+
+struct PatchArgs {
+  std::string model_dir, out_dir;
+  std::string clean, corrupted;                   // text
+  std::vector<int64_t> clean_ids, corrupted_ids;  // or token ids
+  std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
+  std::string positions = "all";
+  std::string metric = "logit-diff";
+  int64_t answer = -1, wrong = -1, batch_tokens = 0;
+  std::string precision = "f32";
+  int threads = 0;
+  bool hf_bf16 = false, quiet = false;
+};
+
+// all | last | "3,-1" -> InterventionPositions.
+StatusOr<InterventionPositions> ParsePositionsFlag(const std::string& text) {
+  InterventionPositions p;
+  if (text == "all") return p;
+  if (text == "last") {
+    p.kind = InterventionPositions::Kind::kLast;
+    return p;
+  }
+  p.kind = InterventionPositions::Kind::kList;
+  size_t b = 0;
+  while (b <= text.size()) {
+    const size_t e = std::min(text.find(',', b), text.size());
+    const std::string item = text.substr(b, e - b);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0')
+      return InvalidArgumentError("--positions: '" + item +
+                                  "' is not an integer (all, last or a "
+                                  "comma-separated list)");
+    p.list.push_back(v);
+    b = e + 1;
+  }
+  return p;
+}
+
+// The ids of one prompt: the given ids, or the text encoded as extract
+// encodes a text row (special tokens added).
+StatusOr<std::vector<int32_t>> PromptIds(const char* flag,
+                                         const std::string& text,
+                                         const std::vector<int64_t>& ids,
+                                         const tok::Tokenizer* tokenizer,
+                                         int64_t vocab) {
+  std::vector<int32_t> out;
+  if (!ids.empty()) {
+    for (int64_t id : ids) {
+      if (id < 0 || id >= vocab)
+        return OutOfRangeError(
+            std::string(flag) + "-tokens: id " + std::to_string(id) +
+            " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      out.push_back(static_cast<int32_t>(id));
+    }
+    return out;
+  }
+  if (tokenizer == nullptr)
+    return FailedPreconditionError(std::string(flag) +
+                                   ": the model has no tokenizer; give " +
+                                   flag + "-tokens");
+  ASSIGN_OR_RETURN(tok::Encoding enc, tokenizer->Encode(text, true));
+  return enc.ids;
+}
+
+Status WriteLogits(const std::string& path, const float* data, int64_t rows,
+                   const std::vector<int64_t>& row_shape) {
+  ASSIGN_OR_RETURN(auto w, NpyWriter::Create(path, DType::kF32, row_shape));
+  RETURN_IF_ERROR(w->AppendRows(data, rows));
+  return w->Close();
+}
+
+Status RunPatchCommand(const PatchArgs& a) {
+  if (a.metric != "logit-diff")
+    return InvalidArgumentError("--metric: '" + a.metric +
+                                "' is not a metric (logit-diff)");
+  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(a.precision));
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
+  host->SetNumThreads(a.threads);
+  eval::PatchOptions o;
+  o.hooks = a.hooks;
+  ASSIGN_OR_RETURN(o.positions, ParsePositionsFlag(a.positions));
+  o.answer = a.answer;
+  o.wrong = a.wrong;
+  o.batch_tokens = a.batch_tokens;
+  o.hf_bf16_activations = a.hf_bf16;
+  std::string warning;
+  ASSIGN_OR_RETURN(auto model, Model::Load(a.model_dir, precision, &warning));
+  if (!warning.empty() && !a.quiet)
+    std::fprintf(stderr, "loom patch: warning: %s\n", warning.c_str());
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+  if (a.clean_ids.empty() || a.corrupted_ids.empty()) {
+    ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::Load(a.model_dir));
+  }
+  const int64_t V = model->config().vocab_size;
+  ASSIGN_OR_RETURN(
+      const std::vector<int32_t> clean,
+      PromptIds("--clean", a.clean, a.clean_ids, tokenizer.get(), V));
+  ASSIGN_OR_RETURN(const std::vector<int32_t> corrupted,
+                   PromptIds("--corrupted", a.corrupted, a.corrupted_ids,
+                             tokenizer.get(), V));
+  ASSIGN_OR_RETURN(eval::PatchResult r,
+                   eval::RunPatch(*model, clean, corrupted, o));
+  std::error_code ec;
+  std::filesystem::create_directories(a.out_dir, ec);
+  if (ec)
+    return IoError("--out " + a.out_dir + ": cannot create: " + ec.message());
+  const int64_t P = static_cast<int64_t>(r.positions.size());
+  RETURN_IF_ERROR(WriteLogits(a.out_dir + "/patched.logits_last.npy",
+                              r.patched_logits_last.data(),
+                              static_cast<int64_t>(r.hooks.size()), {P, V}));
+  RETURN_IF_ERROR(WriteLogits(a.out_dir + "/clean.logits_last.npy",
+                              r.clean_logits_last.data(), 1, {V}));
+  RETURN_IF_ERROR(WriteLogits(a.out_dir + "/corrupted.logits_last.npy",
+                              r.corrupted_logits_last.data(), 1, {V}));
+  nlohmann::json j = eval::PatchJson(r);
+  j["model"] = a.model_dir;
+  j["clean_input_ids"] = clean;
+  j["corrupted_input_ids"] = corrupted;
+  const std::string text = j.dump(2) + "\n";
+  RETURN_IF_ERROR(io_internal::ReplaceFileDurably(
+                      a.out_dir + "/patch.json",
+                      [&](int fd, const std::string& tmp) {
+                        return io_internal::PwriteFully(
+                            fd, tmp, text.data(),
+                            static_cast<int64_t>(text.size()), 0);
+                      })
+                      .status());
+  if (!a.quiet)
+    std::fprintf(stderr,
+                 "loom patch: %zu hooks x %lld positions in %lld forwards, "
+                 "%.2f s; clean logit diff %.4f, corrupted %.4f -> %s\n",
+                 r.hooks.size(), static_cast<long long>(P),
+                 static_cast<long long>(r.forwards), r.seconds,
+                 r.clean_logit_diff, r.corrupted_logit_diff,
+                 (a.out_dir + "/patch.json").c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddPatchCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<PatchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "patch",
+      "Activation patching: the (hook x position) grid of a clean and a "
+      "corrupted prompt, with logit differences and recovery");
+  cmd->add_option("--model", a->model_dir, "Model directory")->required();
+  auto* ct = cmd->add_option("--clean", a->clean, "Clean prompt text");
+  auto* ci = cmd->add_option("--clean-tokens", a->clean_ids,
+                             "Clean prompt token ids (5,17,300)")
+                 ->delimiter(',');
+  ct->excludes(ci);
+  auto* xt = cmd->add_option("--corrupted", a->corrupted,
+                             "Corrupted prompt text (as many tokens)");
+  auto* xi = cmd->add_option("--corrupted-tokens", a->corrupted_ids,
+                             "Corrupted prompt token ids")
+                 ->delimiter(',');
+  xt->excludes(xi);
+  cmd->add_option("--hooks", a->hooks,
+                  "Hooks patched (extract's patterns; default "
+                  "blocks.*.hook_resid_pre)")
+      ->capture_default_str();
+  cmd->add_option("--positions", a->positions,
+                  "Positions patched: all (default), last or a list 1,3,-1");
+  cmd->add_option("--metric", a->metric, "logit-diff (default)");
+  cmd->add_option("--answer", a->answer,
+                  "Token id A (default: the clean run's argmax)")
+      ->check(IntRange(0));
+  cmd->add_option("--wrong", a->wrong,
+                  "Token id B (default: the corrupted run's argmax, or its "
+                  "runner-up when that is A)")
+      ->check(IntRange(0));
+  cmd->add_option("--batch-tokens", a->batch_tokens,
+                  "Tokens per forward (patched runs are batched; default "
+                  "min(4096, max positions))")
+      ->check(IntRange(1));
+  cmd->add_option("--out", a->out_dir, "Output directory")->required();
+  cmd->add_option("--precision", a->precision,
+                  "f32 (default), bf16, f16 or auto");
+  AddThreadsFlag(*cmd, &a->threads);
+  cmd->add_flag("--hf-bf16", a->hf_bf16,
+                "With bf16 compute, round activations as HF's bf16 forward");
+  cmd->add_flag("--quiet", a->quiet, "No summary on stderr");
+  cmd->callback([a, exit_code] {
+    if (a->clean.empty() && a->clean_ids.empty()) {
+      *exit_code = ReportStatus(
+          "patch", InvalidArgumentError("give --clean or --clean-tokens"));
+      return;
+    }
+    if (a->corrupted.empty() && a->corrupted_ids.empty()) {
+      *exit_code = ReportStatus(
+          "patch",
+          InvalidArgumentError("give --corrupted or --corrupted-tokens"));
+      return;
+    }
+    *exit_code = ReportStatus("patch", RunPatchCommand(*a));
+  });
+}
+
+}  // namespace loom::cli
