@@ -350,5 +350,40 @@ TEST_F(InterventionsGoldenTest, PatchReproducesTheGoldenGrids) {
   }
 }
 
+// perplexity and compare take the same flags: a model compared with itself
+// under a steering vector has KL > 0 (0 without), and its perplexity is the
+// one `loom perplexity --intervene` gives.
+TEST_F(InterventionsGoldenTest, PerplexityAndCompareUnderAnIntervention) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  const std::string model = shared + "/tiny/llama";
+  const std::string spec =
+      shared + "/interventions/llama__steer_add_all/spec.json";
+  WriteFile("toks.txt", "243 330 430 199 90 54 451 206 34 12 55 77 99 101 300");
+  const std::string common =
+      " --model " + model + " --tokens " + Path("toks.txt") + " --json --quiet";
+  auto run = [&](const std::string& cmd) {
+    std::string out;
+    EXPECT_EQ(RunShell(std::string(LOOM_BINARY) + cmd, &out), 0) << out;
+    const size_t brace = out.find('{');
+    return brace == std::string::npos
+               ? nlohmann::json()
+               : nlohmann::json::parse(out.substr(brace), nullptr, false);
+  };
+  const nlohmann::json off = run(" compare" + common + " --reference " + model);
+  const nlohmann::json on = run(" compare" + common + " --reference " + model +
+                                " --intervene " + spec);
+  const nlohmann::json ppl =
+      run(" perplexity" + common + " --intervene " + spec);
+  const nlohmann::json base = run(" perplexity" + common);
+  ASSERT_TRUE(on.is_object() && off.is_object() && ppl.is_object());
+  EXPECT_EQ(off["kl_mean"].get<double>(), 0.0);
+  EXPECT_GT(on["kl_mean"].get<double>(), 1e-3);
+  EXPECT_DOUBLE_EQ(on["ppl"].get<double>(), ppl["perplexity"].get<double>());
+  EXPECT_DOUBLE_EQ(on["ppl_reference"].get<double>(),
+                   base["perplexity"].get<double>());
+}
+
 }  // namespace
 }  // namespace loom

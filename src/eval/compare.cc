@@ -421,6 +421,9 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
   }
   Sums s;
   int64_t scored = 0;
+  std::vector<SequenceEdit> edits;  // the candidate's (options.interventions)
+  if (options.interventions != nullptr)
+    edits.reserve(options.interventions->size());
   const auto start = std::chrono::steady_clock::now();
   for (size_t wi = 0; wi < plan.windows.size(); ++wi) {
     const Window& w = plan.windows[wi];
@@ -428,7 +431,8 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
     const int64_t seq_start[2] = {0, w.length()};
     Batch batch{wids, std::span<const int64_t>(seq_start, 2)};
     RETURN_IF_ERROR(exec_b->Forward(batch, &sink_b));
-    RETURN_IF_ERROR(exec_a->Forward(batch, &sink_a));
+    WindowEdits(options, wi, w.length(), &edits);
+    RETURN_IF_ERROR(exec_a->Forward(batch, &sink_a, nullptr, edits));
     const int64_t row_end = w.score_end - w.begin - 1;
     for (int64_t r0 = w.score_begin - w.begin - 1; r0 < row_end; r0 += C) {
       const int64_t n = std::min(C, row_end - r0);
@@ -562,6 +566,9 @@ StatusOr<CompareResult> CompareWithSavedReference(
   std::vector<double> lse(C), row_kl(C);
   std::vector<uint8_t> row_same(C);
   std::vector<double> token_kl(plan.tokens_scored);
+  std::vector<SequenceEdit> edits;  // the candidate's (options.interventions)
+  if (options.interventions != nullptr)
+    edits.reserve(options.interventions->size());
   std::ifstream f_ids(dir + "/topk_ids.npy", std::ios::binary),
       f_lp(dir + "/topk_logprobs.npy", std::ios::binary),
       f_tg(dir + "/target_logprob.npy", std::ios::binary);
@@ -586,8 +593,10 @@ StatusOr<CompareResult> CompareWithSavedReference(
     const Window& w = plan.windows[wi];
     std::span<const int32_t> wids = WindowIds(plan, w, ids, window_ids);
     const int64_t seq_start[2] = {0, w.length()};
-    RETURN_IF_ERROR(exec->Forward(
-        Batch{wids, std::span<const int64_t>(seq_start, 2)}, &sink));
+    WindowEdits(options, wi, w.length(), &edits);
+    RETURN_IF_ERROR(
+        exec->Forward(Batch{wids, std::span<const int64_t>(seq_start, 2)},
+                      &sink, nullptr, edits));
     const int64_t row_end = w.score_end - w.begin - 1;
     for (int64_t r0 = w.score_begin - w.begin - 1; r0 < row_end; r0 += C) {
       const int64_t n = std::min(C, row_end - r0);

@@ -91,6 +91,14 @@ Status CheckPlanFitsModel(const Model& model, std::span<const int32_t> ids,
   return Status();
 }
 
+void WindowEdits(const EvalOptions& options, size_t wi, int64_t length,
+                 std::vector<SequenceEdit>* edits) {
+  edits->clear();
+  if (options.interventions != nullptr)
+    AddSequenceEdits(*options.interventions, static_cast<int64_t>(wi), 0,
+                     length, edits);
+}
+
 StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
                                               std::span<const int32_t> ids,
                                               const WindowPlan& plan,
@@ -150,10 +158,7 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
         options.keep_token_logprobs ? r.token_logprob.data() + scored : nullptr;
     sink.SetWindow(wids, w.score_begin - w.begin - 1, w.score_end - w.begin - 1,
                    out);
-    edits.clear();
-    if (options.interventions != nullptr)
-      AddSequenceEdits(*options.interventions, static_cast<int64_t>(wi), 0,
-                       w.length(), &edits);
+    WindowEdits(options, wi, w.length(), &edits);
     const Status st = executor->Forward(batch, &sink, nullptr, edits);
     if (!st.ok())
       return Status(st.code(),

@@ -81,6 +81,11 @@ nlohmann::json PerplexityJson(const std::string& model_name, DType precision,
                               bool bos, int64_t tokens,
                               const PerplexityResult& r);
 
+// The edits of window `wi` of `length` tokens under options.interventions
+// (none when null) into *edits (cleared first).
+void WindowEdits(const EvalOptions& options, size_t wi, int64_t length,
+                 std::vector<SequenceEdit>* edits);
+
 StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
                                               std::span<const int32_t> ids,
                                               const WindowPlan& plan,

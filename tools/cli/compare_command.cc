@@ -31,7 +31,8 @@ struct CompareArgs : WindowArgs {
   std::string reference_logprobs;  // saved reference instead of --reference
   std::string save_reference;      // write the reference's top-k log-probs here
   int64_t top_k = 32;
-  bool same_tokens = false;  // skip the tokenizer check (--tokens only)
+  bool same_tokens = false;         // skip the tokenizer check (--tokens only)
+  InterventionFlags interventions;  // applied to --model only
 };
 
 nlohmann::json Number(double v) {
@@ -140,7 +141,10 @@ Status RunCompare(const CompareArgs& args) {
       eval::PlanWindows(static_cast<int64_t>(input.ids.size()),
                         eval::MakeWindowOptions(protocol, ctx, args.stride,
                                                 args.max_windows, input)));
+  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
+                   LoadInterventionFlags(args.interventions, ca));
   eval::CompareOptions o;
+  o.interventions = &interventions;
   o.segments = backends_a.segments;
   o.reference_segments = backends_b.segments;
   o.logits_chunk_rows = args.chunk_rows;
@@ -290,6 +294,7 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(IntRange(1));
   AddWindowOptions(cmd, args.get(), "--reference");
+  AddInterventionFlags(*cmd, &args->interventions);
   cmd->add_option("--precision", args->precision,
                   "Precision of A: auto, f32, bf16 or f16");
   cmd->add_option("--reference-precision", args->reference_precision,
