@@ -57,12 +57,10 @@ class CaptureSink : public HookSink {
   int64_t pos0_ = 0;
 };
 
-}  // namespace
-
-StatusOr<GenerateResult> GenerateOne(const Model& model,
-                                     const tok::Tokenizer* tokenizer,
-                                     Backend* backend,
-                                     const GenerateRequest& r) {
+// The request's checks that need no forward; the width of each hook.
+StatusOr<std::vector<int64_t>> CheckRequest(const ModelConfig& c,
+                                            const tok::Tokenizer* tokenizer,
+                                            const GenerateRequest& r) {
   RETURN_IF_ERROR(eval::ValidateSampling(r.sampling));
   if (r.max_new_tokens < 0)
     return InvalidArgumentError("max_tokens must be >= 0, got " +
@@ -72,7 +70,6 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
                                 std::to_string(r.prefill_chunk));
   if (!r.stop_strings.empty() && tokenizer == nullptr)
     return InvalidArgumentError("stop strings need a tokenizer");
-  const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size;
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   if (n == 0) return InvalidArgumentError("the prompt has no tokens");
@@ -82,7 +79,11 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
           "token " + std::to_string(i) + " of the prompt is " +
           std::to_string(r.prompt[i]) + ", outside the vocabulary [0, " +
           std::to_string(V) + ")");
-  const bool capture = !r.hooks.empty();
+  if (r.interventions != nullptr) {
+    const std::string misfit = CheckInterventionsFit(*r.interventions, 0, n);
+    if (!misfit.empty())
+      return InvalidArgumentError("interventions: " + misfit + " (the prompt)");
+  }
   std::vector<int64_t> widths;
   for (const HookPoint& h : r.hooks) {
     if (h.site == HookSite::kPattern || IsIntegerSite(h.site) ||
@@ -94,6 +95,41 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
     ASSIGN_OR_RETURN(int64_t w, HookWidth(h, c));
     widths.push_back(w);
   }
+  return widths;
+}
+
+// The rows each selector keeps of each hook's `captures` [rows, width].
+Status SelectCaptures(const GenerateRequest& r,
+                      const std::vector<int64_t>& widths,
+                      const std::vector<std::vector<float>>& captures,
+                      GenerateResult* out) {
+  for (size_t h = 0; h < r.hooks.size(); ++h) {
+    for (const RowSelector& s : r.selectors) {
+      SelectedRows sel;
+      sel.hook = r.hooks[h];
+      sel.selector = s;
+      sel.cols = widths[h];
+      ASSIGN_OR_RETURN(sel.data,
+                       SelectRows(s, captures[h].data(), out->activation_rows,
+                                  widths[h], &sel.rows));
+      out->activations.push_back(std::move(sel));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<GenerateResult> GenerateOne(const Model& model,
+                                     const tok::Tokenizer* tokenizer,
+                                     Backend* backend,
+                                     const GenerateRequest& r) {
+  const ModelConfig& c = model.config();
+  ASSIGN_OR_RETURN(const std::vector<int64_t> widths,
+                   CheckRequest(c, tokenizer, r));
+  const int64_t V = c.vocab_size;
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  const bool capture = !r.hooks.empty();
 
   eval::Generator::Options go;
   go.slots = 1;
@@ -141,17 +177,28 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
   int64_t slot[1] = {0};
   int64_t pos0[1] = {0};
   int64_t fed = 0;
+  // The interventions of one forward, as eval::Generator::Generate gives
+  // them: the prompt's (its positions of the whole prompt) in each prefill
+  // chunk, the generated tokens' (every_position) in each decode step.
+  std::vector<SequenceEdit> edits;
   auto forward = [&](const int32_t* ids,
                      int64_t len) -> StatusOr<const float*> {
     if (r.cancelled && r.cancelled()) return CancelledError("interrupted");
     seq_start[1] = len;
     pos0[0] = fed;
     sink.set_pos0(fed);
+    edits.clear();
+    if (r.interventions != nullptr) {
+      if (fed < n)
+        AddSequenceEdits(*r.interventions, 0, 0, n, &edits);
+      else
+        AddGeneratedEdits(*r.interventions, 0, 0, fed + 1, &edits);
+    }
     const Batch b{std::span<const int32_t>(ids, static_cast<size_t>(len)),
                   std::span<const int64_t>(seq_start, 2)};
     ASSIGN_OR_RETURN(const float* logits,
                      gen->StepLogits(b, {&cache, {slot, 1}, {pos0, 1}},
-                                     capture ? &sink : nullptr));
+                                     capture ? &sink : nullptr, edits));
     fed += len;
     return logits;
   };
@@ -202,18 +249,7 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
   }
   if (capture) {
     out.activation_rows = std::min(fed, capacity);
-    for (size_t h = 0; h < r.hooks.size(); ++h) {
-      for (const RowSelector& s : r.selectors) {
-        SelectedRows sel;
-        sel.hook = r.hooks[h];
-        sel.selector = s;
-        sel.cols = widths[h];
-        ASSIGN_OR_RETURN(sel.data,
-                         SelectRows(s, captures[h].data(), out.activation_rows,
-                                    widths[h], &sel.rows));
-        out.activations.push_back(std::move(sel));
-      }
-    }
+    RETURN_IF_ERROR(SelectCaptures(r, widths, captures, &out));
   }
   return out;
 }

@@ -25,6 +25,7 @@
 #include "src/eval/generate.h"
 #include "src/eval/row_selector.h"
 #include "src/model/hooks.h"
+#include "src/model/interventions.h"
 #include "src/runtime/model.h"
 #include "src/tokenizer/tokenizer.h"
 
@@ -41,6 +42,12 @@ struct GenerateRequest {
   // Captured at every position fed; empty: `loom generate`'s path.
   std::vector<HookPoint> hooks;
   std::vector<RowSelector> selectors;  // applied to each hook's rows
+  // Interventions (borrowed, may be null), as `loom generate --intervene`
+  // applies them: the prompt is input row 0; those that edit the prompt at
+  // its positions in the prefill, those that edit generated tokens every
+  // token fed back (apply_to). With hooks, the captured values are the
+  // edited ones.
+  const std::vector<Intervention>* interventions = nullptr;
   // Polled before every forward; true stops with Cancelled.
   std::function<bool()> cancelled;
 };
@@ -69,7 +76,8 @@ struct GenerateResult {
 // enables stop strings. Errors: bad sampling options, a prompt longer than
 // the context, a hook that is not rows of floats per token (attention
 // patterns, expert ids, logits: as `loom generate --hooks` refuses them), a
-// selector outside the captured rows, Cancelled.
+// selector outside the captured rows, an intervention position outside the
+// prompt, Cancelled.
 StatusOr<GenerateResult> GenerateOne(const Model& model,
                                      const tok::Tokenizer* tokenizer,
                                      Backend* backend,

@@ -14,6 +14,12 @@
 // plan and forward; Ctrl-C is polled before every forward (the `cancelled`
 // hooks of WindowRunner, EvaluatePerplexity and GenerateOne; the GIL is
 // taken for it at most every 20 ms) and re-raised as KeyboardInterrupt.
+//
+// Interventions (`interventions=` of extract, perplexity and generate) arrive
+// as the JSON text of an intervention document (docs/interventions.md), built
+// by python/loom/_args.py, and are parsed against the model's config as the
+// CLI's --intervene file is (LoadInterventions; `vector_file` relative to the
+// working directory); their errors name the entry and field.
 #include <Python.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -51,6 +57,7 @@
 #include "src/eval/row_selector.h"
 #include "src/eval/windows.h"
 #include "src/model/hooks.h"
+#include "src/model/interventions.h"
 #include "src/model/registry.h"
 #include "src/runtime/model.h"
 #include "src/tokenizer/tokenizer.h"
@@ -559,6 +566,9 @@ struct ExtractArgs {
   int64_t streaming_chunk_size = 0, max_row_tokens = 0;
   std::string on_error = "fail";
   bool replace_invalid_utf8 = false;
+  // The intervention document (docs/interventions.md) as JSON text, built
+  // by python/loom/_args.py from `interventions=[...]`; "" = none.
+  std::string interventions;
 };
 
 // What one extract call produced, before it is turned into Python objects.
@@ -702,6 +712,9 @@ class PyModel {
     o.replace_invalid_utf8 = a.replace_invalid_utf8;
     o.plan = plan_;
     o.hf_bf16_activations = hf_bf16_;
+    // Vector files are relative to the working directory.
+    o.interventions_json = a.interventions;
+    o.interventions_dir = ".";
     StatusOr<ExtractOutput> out = WithoutGil([&]() -> StatusOr<ExtractOutput> {
       std::lock_guard<std::mutex> lock(mu_);
       UseThreadsHere();
@@ -757,7 +770,8 @@ class PyModel {
                         const py::object& ctx_obj, const py::object& stride_obj,
                         const py::object& max_windows_obj,
                         const py::object& add_bos_arg,
-                        const py::object& chunk_rows_obj) {
+                        const py::object& chunk_rows_obj,
+                        const py::object& interventions_obj) {
     if (text.is_none() == tokens.is_none())
       Raise(InvalidArgumentError("give exactly one of text and tokens"));
     const eval::Protocol protocol =
@@ -773,6 +787,8 @@ class PyModel {
     const int64_t max_windows =
         IntArgAtLeast("max_windows", max_windows_obj, 0, " (0: all)");
     const int64_t chunk_rows = IntArgAtLeast("chunk_rows", chunk_rows_obj, 1);
+    const std::string interventions_json =
+        OptStrArg("interventions", interventions_obj).value_or("");
     std::string text_value;
     std::vector<int32_t> ids;
     if (!text.is_none()) {
@@ -785,8 +801,11 @@ class PyModel {
       std::lock_guard<std::mutex> lock(mu_);
       UseThreadsHere();
       const ModelConfig& c = loaded_.model->config();
-      // As `loom perplexity`: plan first (refusing what does not fit), the
-      // input, the windows, then the evaluation.
+      // As `loom perplexity`: the interventions checked first, the plan
+      // (refusing what does not fit), the input, the windows, then the
+      // evaluation (each window one sequence: `rows` are window indices).
+      ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
+                       LoadInterventions("", interventions_json, ".", c));
       ASSIGN_OR_RETURN(JobSpec job,
                        EvalJob(path_, precision_, ctx_arg, chunk_rows));
       ASSIGN_OR_RETURN(MemoryPlan memory_plan,
@@ -819,6 +838,7 @@ class PyModel {
       eo.hf_bf16_activations = hf_bf16_;
       eo.segments = backends.segments;
       eo.cancelled = InterruptPoll();
+      eo.interventions = &interventions;
       ASSIGN_OR_RETURN(
           eval::PerplexityResult r,
           eval::EvaluatePerplexity(*loaded_.model, input.ids, plan, eo));
@@ -837,7 +857,8 @@ class PyModel {
                     const py::object& top_p, const py::object& seed,
                     const py::object& stop, const py::object& ctx,
                     const py::object& prefill_chunk, const py::object& hooks,
-                    const py::object& layers, const py::object& select) {
+                    const py::object& layers, const py::object& select,
+                    const py::object& interventions) {
     GenerateRequest r;
     r.max_new_tokens = IntArgAtLeast("max_tokens", max_tokens, 0);
     r.sampling.temperature =
@@ -853,6 +874,9 @@ class PyModel {
     const std::vector<std::string> layer_specs = StrListArg("layers", layers);
     const std::vector<std::string> selector_specs =
         StrListArg("select", select);
+    const std::string interventions_json =
+        OptStrArg("interventions", interventions).value_or("");
+    std::vector<Intervention> edits;
     const bool from_text =
         PyUnicode_Check(prompt.ptr()) || PyBytes_Check(prompt.ptr());
     std::string text;
@@ -871,6 +895,9 @@ class PyModel {
           std::lock_guard<std::mutex> lock(mu_);
           UseThreadsHere();
           const ModelConfig& c = loaded_.model->config();
+          ASSIGN_OR_RETURN(edits,
+                           LoadInterventions("", interventions_json, ".", c));
+          if (!edits.empty()) r.interventions = &edits;
           if (from_text) {
             if (!loaded_.tokenizer)
               return FailedPreconditionError(
@@ -1196,7 +1223,7 @@ PYBIND11_MODULE(_loom, m) {
           [](PyModel& self, Obj prompts, Obj hooks, Obj layers, Obj select,
              Obj dtype, Obj template_text, Obj add_bos, Obj batch_tokens,
              Obj commit_every, Obj on_error, Obj streaming_chunk_size,
-             Obj max_row_tokens, Obj replace_invalid_utf8) {
+             Obj max_row_tokens, Obj replace_invalid_utf8, Obj interventions) {
             ExtractArgs a;
             a.hooks = StrListArg("hooks", hooks);
             a.layers = StrListArg("layers", layers);
@@ -1215,22 +1242,25 @@ PYBIND11_MODULE(_loom, m) {
                 IntArgAtLeast("max_row_tokens", max_row_tokens, 0, kOff);
             a.replace_invalid_utf8 =
                 BoolArg("replace_invalid_utf8", replace_invalid_utf8);
+            a.interventions =
+                OptStrArg("interventions", interventions).value_or("");
             return self.Extract(prompts, a);
           },
           py::arg("prompts"), py::arg("hooks"), py::arg("layers"),
           py::arg("select"), py::arg("dtype"), py::arg("template"),
           py::arg("add_bos"), py::arg("batch_tokens"), py::arg("commit_every"),
           py::arg("on_error"), py::arg("streaming_chunk_size"),
-          py::arg("max_row_tokens"), py::arg("replace_invalid_utf8"))
+          py::arg("max_row_tokens"), py::arg("replace_invalid_utf8"),
+          py::arg("interventions"))
       .def("_perplexity", &PyModel::Perplexity, py::arg("text"),
            py::arg("tokens"), py::arg("protocol"), py::arg("ctx"),
            py::arg("stride"), py::arg("max_windows"), py::arg("add_bos"),
-           py::arg("chunk_rows"))
+           py::arg("chunk_rows"), py::arg("interventions"))
       .def("_generate", &PyModel::Generate, py::arg("prompt"),
            py::arg("max_tokens"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("seed"), py::arg("stop"), py::arg("ctx"),
            py::arg("prefill_chunk"), py::arg("hooks"), py::arg("layers"),
-           py::arg("select"));
+           py::arg("select"), py::arg("interventions"));
 
   m.def("_plan", &Plan, py::arg("model_dir"), py::arg("device"),
         py::arg("max_memory"), py::arg("reserve"), py::arg("offload"),

@@ -22,6 +22,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 from . import _loom  # noqa: E402
 from ._args import check_bool as _check_bool
 from ._args import dtype_name as _dtype_name
+from ._args import interventions_json as _interventions_json
 from ._args import layer_specs as _layer_specs
 from ._keys import ArrayDict, KeyResolver, OffsetsDict
 from ._loom import (
@@ -166,7 +167,7 @@ class Model(_loom.Model):
     def extract(self, prompts, hooks, *, layers=None, select="last", dtype=None,
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,
                 on_error="fail", streaming_chunk_size=0, max_row_tokens=0,
-                replace_invalid_utf8=False):
+                replace_invalid_utf8=False, interventions=None):
         """Hidden states at `hooks` for every prompt, as `loom extract` computes
         them (the same batches, hence the same bits).
 
@@ -190,6 +191,15 @@ class Model(_loom.Model):
           on_error: "fail" (default: a bad prompt raises InvalidArgumentError
             before anything runs) or "skip" (its row is NaN, or has no rows in
             a ragged array, and its record says why).
+          interventions: edits applied inside the forward pass, as
+            `loom extract --intervene FILE` applies the file's list: a list
+            of dicts with the file's fields (hook, mode, scale, positions,
+            vector or vector_file, head, rows; docs/interventions.md), where
+            `vector` may be a numpy array ([width] or [1, width], any float
+            dtype) and `vector_file` is relative to the working directory;
+            `rows` are indices into `prompts`. The captured values are the
+            edited ones. A bad entry is an InvalidArgumentError naming its
+            field; a position outside a prompt is that prompt's error.
 
         Returns: an ExtractResult (a dict of numpy arrays that own Loom's
         buffers: no copy is made), keyed "<hook>.<selector>".
@@ -197,7 +207,8 @@ class Model(_loom.Model):
         raw = self._extract(
             prompts, hooks, _layer_specs(layers), select, _dtype_name(dtype, "dtype"),
             template, add_bos, batch_tokens, commit_every, on_error,
-            streaming_chunk_size, max_row_tokens, replace_invalid_utf8)
+            streaming_chunk_size, max_row_tokens, replace_invalid_utf8,
+            _interventions_json(interventions))
         result = _arrays(raw["arrays"], self._num_layers, ExtractResult())
         result.offsets = OffsetsDict()
         result.offsets._selector_file = {}
@@ -212,7 +223,8 @@ class Model(_loom.Model):
         return result
 
     def perplexity(self, text=None, *, tokens=None, protocol="hf-stride", ctx=0,
-                   stride=0, max_windows=0, add_bos="auto", chunk_rows=256):
+                   stride=0, max_windows=0, add_bos="auto", chunk_rows=256,
+                   interventions=None):
         """Perplexity under a protocol ("hf-stride", "llama-cpp",
         "all-tokens"), as `loom perplexity --json` computes it; returns that
         JSON as a dict (perplexity, nll_mean, nll_sum, tokens_scored, windows,
@@ -223,16 +235,19 @@ class Model(_loom.Model):
           file read with open() in text mode has lost its "\r\n" line
           ends); or tokens: token ids. ctx 0: min(512,
           max_position_embeddings); stride 0: the protocol's default. With
-          hf-stride, a text shorter than ctx is one window of its length."""
+          hf-stride, a text shorter than ctx is one window of its length.
+        interventions: as Model.extract's, applied in every window (each
+          window is one sequence: `rows` are window indices, positions are
+          positions in the window), as `loom perplexity --intervene`."""
         if isinstance(text, os.PathLike):
             with open(os.fspath(text), "rb") as f:
                 text = f.read()
         return self._perplexity(text, tokens, protocol, ctx, stride, max_windows, add_bos,
-                                chunk_rows)
+                                chunk_rows, _interventions_json(interventions))
 
     def generate(self, prompt, *, max_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
                  seed=0, stop=None, ctx=0, prefill_chunk=256, hooks=None, layers=None,
-                 select="last"):
+                 select="last", interventions=None):
         """Continues `prompt` as `loom generate` does, on this model (loaded
         once; the CPU backend).
 
@@ -244,13 +259,19 @@ class Model(_loom.Model):
         hooks, layers, select: as `loom generate --hooks/--layers/--select`:
           hidden states at every position fed (the prompt, then each
           generated token but the last), reduced by each selector.
+        interventions: as Model.extract's (the prompt is row 0), as
+          `loom generate --intervene` applies them: `apply_to` "prompt" (its
+          positions of the prompt), "generated" (every generated token fed
+          back) or "both" (the default with positions "all", else "prompt").
+          With hooks, the captured values are the edited ones.
 
         Returns a GenerateResult: `loom generate --json`'s object (model,
         prompt, prompt_ids, token_ids, text, stop_reason) and, with hooks,
         activation_rows and activations ({"<hook>.<selector>": float32
         [rows selected, width]}, with the lookups of ExtractResult)."""
         raw = self._generate(prompt, max_tokens, temperature, top_k, top_p, seed, stop, ctx,
-                             prefill_chunk, hooks, _layer_specs(layers), select)
+                             prefill_chunk, hooks, _layer_specs(layers), select,
+                             _interventions_json(interventions))
         result = GenerateResult(model=self.path, prompt=prompt,
                                 prompt_ids=raw["prompt_ids"], token_ids=raw["token_ids"],
                                 text=raw["text"], stop_reason=raw["stop_reason"])

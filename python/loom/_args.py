@@ -1,10 +1,15 @@
 """Arguments of the Python API that take more than one spelling: dtypes and
 precisions (Loom's names, torch-style names, numpy and torch dtypes) and
-layers (ints, fractions as floats, strings, lists of them). Everything else
-is type-checked by the extension, whose errors name the argument."""
+layers (ints, fractions as floats, strings, lists of them), and
+interventions (dicts with numpy vectors, turned into the JSON document the
+extension parses). Everything else is type-checked by the extension, whose
+errors name the argument."""
 
+import json
 import math
 import numbers
+import os
+from collections.abc import Mapping
 
 from ._loom import InvalidArgumentError
 
@@ -121,3 +126,93 @@ def check_bool(value, arg):
     if isinstance(value, numbers.Integral) and value in (0, 1):
         return bool(value)
     raise TypeError("%s: expected a bool, got %s" % (arg, type(value).__name__))
+
+
+def _json_plain(value, where):
+    """`value` as plain JSON data (numpy scalars and arrays, tuples and
+    os.PathLike made lists, numbers and str); a non-finite float is an
+    InvalidArgumentError naming `where`, any other type a TypeError."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if not math.isfinite(f):
+            raise invalid("%s: %r is not a finite number" % (where, f))
+        return f
+    if isinstance(value, Mapping):
+        return {str(k): _json_plain(v, "%s.%s" % (where, k)) for k, v in value.items()}
+    if hasattr(value, "tolist") and not isinstance(value, (bytes, bytearray)):
+        return _json_plain(value.tolist(), where)  # a numpy array or scalar
+    if isinstance(value, (list, tuple)):
+        return [_json_plain(v, "%s[%d]" % (where, i)) for i, v in enumerate(value)]
+    raise TypeError("%s: expected JSON-like data (numbers, str, lists, dicts), got %s"
+                    % (where, type(value).__name__))
+
+
+def _vector(value, where):
+    """An intervention's `vector` as a list of Python floats: a numpy array
+    of any float dtype (or anything numpy takes: a list, a torch CPU tensor),
+    1-D or [1, width], finite. f32 values convert to JSON exactly (a double
+    holds them, and json writes the shortest repr that reads back)."""
+    import numpy as np
+    if isinstance(value, (str, bytes)) or isinstance(value, Mapping):
+        raise TypeError("%s: expected a 1-D array or a list of numbers, got %s"
+                        % (where, type(value).__name__))
+    try:
+        a = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s: expected a 1-D array or a list of numbers (%s)" % (where, e)) from None
+    if a.dtype.kind not in "fiu":
+        raise TypeError("%s: expected floats, got an array of %s" % (where, a.dtype))
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 1:
+        raise invalid("%s: has shape %s; expected one vector ([width] or [1, width])"
+                      % (where, tuple(a.shape)))
+    a = a.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(a))
+    if bad.size:
+        i = int(bad[0])
+        raise invalid("%s: value %d of %d is %s" % (where, i, a.size,
+                                                    "nan" if np.isnan(a[i]) else "infinite"))
+    return a.tolist()
+
+
+def interventions_json(value, arg="interventions"):
+    """The JSON text of the intervention document (docs/interventions.md) of
+    the `interventions` argument, None for None or an empty list. `value`: a
+    list of dicts with the file format's fields (hook, mode, scale,
+    positions, vector or vector_file, head, rows, apply_to), or a whole
+    document ({"interventions": [...]}, e.g. a loaded spec.json). `vector`
+    may be a numpy array; `vector_file` (a str or os.PathLike) is read
+    relative to the working directory. The extension parses the text against
+    the model's config: its errors name the entry and the field
+    ("interventions[0].vector: has 3 values but ... is 64 wide")."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        if "interventions" not in value:
+            raise TypeError("%s: expected a list of dicts (or a document with an "
+                            "'interventions' list), got a dict without 'interventions'" % arg)
+        value = value["interventions"]
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise TypeError("%s: expected a list of dicts, got %s" % (arg, type(value).__name__))
+    entries = []
+    for i, entry in enumerate(value):
+        where = "%s[%d]" % (arg, i)
+        if not isinstance(entry, Mapping):
+            raise TypeError("%s: expected a dict, got %s" % (where, type(entry).__name__))
+        plain = {}
+        for key, v in entry.items():
+            if not isinstance(key, str):
+                raise TypeError("%s: field names are str, got %r" % (where, key))
+            field = "%s.%s" % (where, key)
+            plain[key] = _vector(v, field) if key == "vector" else _json_plain(v, field)
+        entries.append(plain)
+    if not entries:
+        return None
+    return json.dumps({"interventions": entries}, allow_nan=False)
