@@ -385,5 +385,28 @@ TEST_F(InterventionsGoldenTest, PerplexityAndCompareUnderAnIntervention) {
                    base["perplexity"].get<double>());
 }
 
+// The plan counts the vectors (64 f32 = 256 bytes of the steering vector) in
+// the host's staging and says so; without interventions it has no such line.
+TEST_F(InterventionsGoldenTest, PlanCountsTheVectors) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  const std::string spec =
+      shared + "/interventions/llama__steer_add_all/spec.json";
+  WriteFile("row.jsonl", "{\"tokens\": [1, 2, 3]}\n");
+  const std::string cmd = std::string(LOOM_BINARY) + " extract --model " +
+                          shared + "/tiny/llama --input " + Path("row.jsonl") +
+                          " --hooks logits --precision f32 --quiet --show-plan";
+  std::string with, without;
+  ASSERT_EQ(
+      RunShell(cmd + " --out " + Path("a") + " --intervene " + spec, &with), 0)
+      << with;
+  ASSERT_EQ(RunShell(cmd + " --out " + Path("b"), &without), 0) << without;
+  EXPECT_NE(with.find("interventions: 256 B of vectors in host memory"),
+            std::string::npos)
+      << with;
+  EXPECT_EQ(without.find("interventions:"), std::string::npos) << without;
+}
+
 }  // namespace
 }  // namespace loom

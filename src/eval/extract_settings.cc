@@ -175,6 +175,7 @@ JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
   // Staging holds a commit window.
   job.seqs_per_batch = std::min(o.commit_every, job.batch_tokens);
   job.weight_compute_dtype = planned_compute;
+  job.intervention_bytes = InterventionBytes(s.interventions);
   // Streamed long rows: one KV cache of one sequence of the longest row
   // (its dtype: the backend's activations', the planner's default).
   if (s.streaming()) {

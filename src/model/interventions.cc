@@ -520,6 +520,13 @@ Json InterventionsJson(const std::vector<Intervention>& list) {
   return out;
 }
 
+int64_t InterventionBytes(const std::vector<Intervention>& list) {
+  int64_t bytes = 0;
+  for (const Intervention& iv : list)
+    bytes += static_cast<int64_t>(iv.vector.size() * sizeof(float));
+  return bytes;
+}
+
 bool AppliesToRow(const Intervention& iv, int64_t row) {
   return iv.rows.empty() ||
          std::binary_search(iv.rows.begin(), iv.rows.end(), row);

@@ -122,6 +122,9 @@ StatusOr<std::string> ShorthandInterventions(
     const std::vector<std::string>& steer,
     const std::vector<std::string>& ablate);
 
+// The bytes of the vectors of `list` (f32), as the memory plan counts them.
+int64_t InterventionBytes(const std::vector<Intervention>& list);
+
 // A record of `list` for manifests and reports, one object per
 // intervention: hook, mode, scale, positions, head, rows, and the vector's
 // width and FNV-1a 64 digest of its f32 bytes (hex), so that a --resume with

@@ -78,6 +78,11 @@ struct JobSpec {
   // into an owned arena (the CPU runtime); nullopt = used as stored.
   std::optional<DType> weight_compute_dtype;
 
+  // Interventions (docs/interventions.md): the bytes of their vectors, held
+  // in host memory for the job (InterventionBytes); counted in the host's
+  // staging.
+  int64_t intervention_bytes = 0;
+
   // Derived: rows per batch of a per-sequence selection.
   int64_t Seqs() const {
     if (seqs_per_batch > 0) return seqs_per_batch;

@@ -76,6 +76,9 @@ std::string FormatPlanTable(const MemoryPlan& p) {
       std::string(StrategyName(p.strategy)).c_str(),
       p.offload ? ", offload (host layers computed on the last GPU)" : "");
   out += line;
+  if (j.intervention_bytes > 0)
+    out += "interventions: " + Bytes(j.intervention_bytes) +
+           " of vectors in host memory (in the host's staging)\n";
   std::snprintf(
       line, sizeof(line),
       "%-8s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s "
@@ -184,6 +187,8 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
       p.job.capture_to == CaptureTarget::kHost ? "host" : "device";
   job["logits"] = p.job.NeedsLogits();
   job["logits_chunk_rows"] = p.job.logits_chunk_rows;
+  if (p.job.intervention_bytes > 0)
+    job["intervention_bytes"] = p.job.intervention_bytes;
   if (p.job.mode == JobMode::kAnalysis && p.job.kv_context > 0) {
     job["kv_context"] = p.job.kv_context;
     job["kv_seqs"] = p.job.kv_seqs > 0 ? p.job.kv_seqs : 1;

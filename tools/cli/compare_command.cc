@@ -14,6 +14,7 @@
 #include "src/base/units.h"
 #include "src/eval/compare.h"
 #include "src/eval/input.h"
+#include "src/model/registry.h"
 #include "src/runtime/memory_stats.h"
 #include "src/runtime/model.h"
 #include "tools/cli/commands.h"
@@ -50,10 +51,16 @@ Status RunCompare(const CompareArgs& args) {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host_a, CreateBackend("cpu"));
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host_b, CreateBackend("cpu"));
   host_a->SetNumThreads(args.threads);
+  // The candidate's interventions, checked against its config.json before
+  // anything is planned or loaded.
+  ASSIGN_OR_RETURN(const ModelConfig config_a, LoadModelConfig(args.model_dir));
+  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
+                   LoadInterventionFlags(args.interventions, config_a));
   // Plan both models first (they are resident together); refuse before
   // loading if either, or both together, do not fit.
   ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx,
                                           args.chunk_rows));
+  job_a.intervention_bytes = InterventionBytes(interventions);
   const bool saved = !args.reference_logprobs.empty();
   if (saved == !args.reference_dir.empty())
     return InvalidArgumentError(
@@ -141,8 +148,6 @@ Status RunCompare(const CompareArgs& args) {
       eval::PlanWindows(static_cast<int64_t>(input.ids.size()),
                         eval::MakeWindowOptions(protocol, ctx, args.stride,
                                                 args.max_windows, input)));
-  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
-                   LoadInterventionFlags(args.interventions, ca));
   eval::CompareOptions o;
   o.interventions = &interventions;
   o.segments = backends_a.segments;

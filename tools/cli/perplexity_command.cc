@@ -42,6 +42,7 @@ Status RunPerplexity(const PerplexityArgs& args) {
                    LoadInterventionFlags(args.interventions, config));
   ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx,
                                         args.chunk_rows));
+  job.intervention_bytes = InterventionBytes(interventions);
   const RssWatch rss_watch = StartRssWatch();
   ASSIGN_OR_RETURN(
       MemoryPlan memory_plan,
