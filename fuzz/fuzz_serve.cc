@@ -5,7 +5,12 @@
 //     a 500 means an unexpected failure inside Loom and is reported;
 //   mode 10: the input is a `loom serve --config` YAML file;
 //   mode 11: the input is environment overrides (one NAME=VALUE per line)
-//     applied to the default configuration.
+//     applied to the default configuration;
+//   mode 12: the input is the `interventions` field of a /generate request
+//     (spliced into a fixed body as raw JSON text), so that mutations stay
+//     on request interventions: hostile vectors, hooks, positions, rows and
+//     base64 must all be 4xx (or 501), never a 500 or a crash. The seeds of
+//     modes 0..9 also carry `interventions`.
 #include <httplib.h>
 
 #include <cstdint>
@@ -105,9 +110,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   using namespace loom::fuzz;
   const auto in = TakeMode(data, size);
-  const int mode = in.mode % 12;
+  const int mode = in.mode % 13;
   if (mode < 10) {
     Post(mode, in.rest);
+  } else if (mode == 12) {
+    Post(0, R"({"prompt": "Once", "max_tokens": 2, "temperature": 0, )"
+            R"("interventions": )" +
+                std::string(in.rest) + "}");
   } else if (mode == 10) {
     auto c = serve::ParseServeConfig(in.rest, "fuzz.yaml");
     if (c.ok() && !serve::ValidateServeConfig(*c).ok())

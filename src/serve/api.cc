@@ -28,7 +28,149 @@ const json* Field(const json& j, std::string_view name) {
   return &*it;
 }
 
+// The message of `s` with its "interventions[0]" (the one entry parsed)
+// renamed "interventions[i]".
+Status RenameEntry(const Status& s, size_t i) {
+  constexpr std::string_view kFirst = "interventions[0]";
+  std::string m(s.message());
+  if (m.starts_with(kFirst))
+    m = "interventions[" + std::to_string(i) + "]" + m.substr(kFirst.size());
+  return Status(s.code(), m);
+}
+
+// `entry` with `vector_b64` (base64 of little-endian f32) decoded into an
+// inline `vector`; non-finite values are refused here, where the f32 value
+// is known (JSON has no NaN).
+StatusOr<json> DecodeVectorB64(const json& entry, const std::string& name) {
+  const json& b64 = entry["vector_b64"];
+  const std::string field = name + ".vector_b64";
+  if (entry.contains("vector") && !entry["vector"].is_null())
+    return InvalidArgumentError(field +
+                                ": give vector or vector_b64, not both");
+  if (!b64.is_string())
+    return InvalidArgumentError(field + ": " + Shown(b64) +
+                                " is not a base64 string");
+  StatusOr<std::string> bytes = Base64Decode(b64.get<std::string>());
+  if (!bytes.ok())
+    return InvalidArgumentError(field + ": " + bytes.status().message());
+  if (bytes->size() % 4 != 0)
+    return InvalidArgumentError(field + ": " + std::to_string(bytes->size()) +
+                                " bytes are not a whole number of f32 values");
+  const size_t n = bytes->size() / 4;
+  json values = json::array();
+  values.get_ref<json::array_t&>().reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto* b =
+        reinterpret_cast<const unsigned char*>(bytes->data() + 4 * i);
+    const uint32_t bits = uint32_t{b[0]} | uint32_t{b[1]} << 8 |
+                          uint32_t{b[2]} << 16 | uint32_t{b[3]} << 24;
+    float v;
+    std::memcpy(&v, &bits, sizeof(v));
+    if (!std::isfinite(v))
+      return InvalidArgumentError(field + ": value " + std::to_string(i) +
+                                  " of " + std::to_string(n) + " is " +
+                                  (std::isnan(v) ? "nan" : "infinite"));
+    values.push_back(static_cast<double>(v));
+  }
+  json out = entry;
+  out.erase("vector_b64");
+  out["vector"] = std::move(values);
+  return out;
+}
+
+// Vector values an entry carries as sent (before pattern expansion), to
+// refuse a huge request before parsing it.
+int64_t RawFloats(const json& entry) {
+  if (!entry.is_object()) return 0;
+  const json* v = Field(entry, "vector");
+  const json* b = Field(entry, "vector_b64");
+  int64_t n = 0;
+  if (v != nullptr && v->is_array()) n += static_cast<int64_t>(v->size());
+  if (b != nullptr && b->is_string())
+    n += static_cast<int64_t>(b->get_ref<const std::string&>().size() / 4 * 3 /
+                              4);
+  return n;
+}
+
+Status TooManyFloats(int64_t floats, int64_t max_floats) {
+  return OutOfRangeError(
+      "field `interventions`: " + std::to_string(floats) +
+      " vector values (hook patterns expanded), more than the server's "
+      "limit of " +
+      std::to_string(max_floats) + " per request");
+}
+
 }  // namespace
+
+StatusOr<RequestInterventions> ParseRequestInterventions(
+    const json& body, const ModelConfig& config, int64_t prompts,
+    int64_t max_floats) {
+  RequestInterventions out;
+  const json* list = body.is_object() ? Field(body, "interventions") : nullptr;
+  if (list == nullptr) return out;
+  if (!list->is_array())
+    return FieldError("interventions", "a list of intervention objects", *list);
+  int64_t raw = 0;
+  for (const json& entry : *list) raw += RawFloats(entry);
+  if (raw > max_floats) return TooManyFloats(raw, max_floats);
+  for (size_t i = 0; i < list->size(); ++i) {
+    const json& entry = (*list)[i];
+    const std::string name = "interventions[" + std::to_string(i) + "]";
+    json one = entry;
+    if (entry.is_object()) {
+      if (Field(entry, "vector_file") != nullptr)
+        return InvalidArgumentError(
+            name +
+            ".vector_file: no request can read server files; send the vector "
+            "inline (`vector`, a list of numbers, or `vector_b64`, base64 of "
+            "little-endian f32)");
+      if (Field(entry, "vector_b64") != nullptr) {
+        ASSIGN_OR_RETURN(one, DecodeVectorB64(entry, name));
+      }
+    }
+    const json doc = {{"interventions", json::array({std::move(one)})}};
+    StatusOr<std::vector<Intervention>> parsed = ParseInterventions(
+        doc.dump(-1, ' ', false, json::error_handler_t::replace), "", config);
+    if (!parsed.ok()) return RenameEntry(parsed.status(), i);
+    for (Intervention& iv : *parsed) {
+      if (!iv.rows.empty() && iv.rows.back() >= prompts)
+        return InvalidArgumentError(
+            name + ".rows: row " + std::to_string(iv.rows.back()) +
+            " is outside the request's " + std::to_string(prompts) +
+            (prompts == 1 ? " prompt" : " prompts") + " (rows count from 0)");
+      out.floats += static_cast<int64_t>(iv.vector.size());
+      if (out.floats > max_floats) return TooManyFloats(out.floats, max_floats);
+      if (static_cast<int64_t>(out.list.size()) >= kMaxRequestInterventions)
+        return OutOfRangeError(
+            "field `interventions`: more than " +
+            std::to_string(kMaxRequestInterventions) +
+            " interventions (hook patterns expanded) in one request");
+      out.list.push_back(std::move(iv));
+      out.entry.push_back(static_cast<int64_t>(i));
+    }
+  }
+  return out;
+}
+
+StatusOr<std::vector<Intervention>> InterventionsForPrompt(
+    const RequestInterventions& r, int64_t row, int64_t length) {
+  std::vector<Intervention> out;
+  for (size_t k = 0; k < r.list.size(); ++k) {
+    const Intervention& iv = r.list[k];
+    if (!AppliesToRow(iv, row)) continue;
+    if (iv.edits_prompt()) {
+      StatusOr<std::vector<int64_t>> fit =
+          ResolvePositions(iv.positions, length);
+      if (!fit.ok())
+        return InvalidArgumentError("interventions[" +
+                                    std::to_string(r.entry[k]) +
+                                    "].positions: " + fit.status().message());
+    }
+    out.push_back(iv);
+    out.back().rows.clear();
+  }
+  return out;
+}
 
 StatusOr<int64_t> GetInt(const json& j, std::string_view name, int64_t def,
                          int64_t lo, int64_t hi) {

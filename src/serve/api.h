@@ -16,6 +16,8 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/eval/row_selector.h"
+#include "src/model/config.h"
+#include "src/model/interventions.h"
 
 namespace loom::serve {
 
@@ -53,6 +55,34 @@ json EncodeArray(const float* values, int64_t rows, int64_t cols, bool vector,
                  DType dtype, ArrayFormat format);
 std::string Base64Encode(const void* data, size_t bytes);
 StatusOr<std::string> Base64Decode(std::string_view text);
+
+// The `interventions` field of a request (docs/server.md): a list of entries
+// in the intervention file's schema (src/model/interventions.h), vectors
+// inline (`vector`: numbers) or as `vector_b64` (base64 of little-endian
+// f32). `list` holds them expanded (a hook pattern gives one per layer) and
+// `entry[k]` is the index in the request of list[k].
+struct RequestInterventions {
+  std::vector<Intervention> list;
+  std::vector<int64_t> entry;
+  int64_t floats = 0;  // vector values over `list`
+};
+// Expanded interventions one request may carry (any mode).
+inline constexpr int64_t kMaxRequestInterventions = 4096;
+// Parses body["interventions"] (missing, null or [] = none) for a request of
+// `prompts` prompts (`rows`, when given, index them). Errors name the entry
+// and field ("interventions[2].vector: has 3 values but ... is 64 wide") and
+// are InvalidArgument (400), except: `vector_file` is refused (no request can
+// read server files), more than `max_floats` vector values after expanding
+// hook patterns or more than kMaxRequestInterventions is OutOfRange (400),
+// and mode "patch" stays Unimplemented (501).
+StatusOr<RequestInterventions> ParseRequestInterventions(
+    const json& body, const ModelConfig& config, int64_t prompts,
+    int64_t max_floats);
+// The interventions of prompt `row` (those whose `rows` hold it, `rows`
+// cleared), after checking that their prompt positions fit its `length`
+// tokens (InvalidArgument naming interventions[i].positions otherwise).
+StatusOr<std::vector<Intervention>> InterventionsForPrompt(
+    const RequestInterventions& r, int64_t row, int64_t length);
 
 // Pooling of [rows, cols] for /embed: "last_token", "first_token", "mean"
 // (sums in double); `normalize` divides by the L2 norm (a zero vector stays

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <span>
@@ -17,6 +18,14 @@ using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Bytes of a request's intervention vectors (counted in its capture need).
+int64_t InterventionBytes(const GenRequest& r) {
+  int64_t n = 0;
+  for (const Intervention& iv : r.interventions)
+    n += static_cast<int64_t>(iv.vector.size());
+  return n * static_cast<int64_t>(sizeof(float));
 }
 
 // U+FFFD, what Decode gives for an incomplete UTF-8 sequence at the end.
@@ -240,6 +249,55 @@ int64_t Engine::CaptureNeed(const GenRequest& r) const {
   return rows * width * static_cast<int64_t>(sizeof(float));
 }
 
+Status Engine::CheckInterventions(const GenRequest& r) const {
+  const ModelConfig& c = model_->config();
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  for (size_t i = 0; i < r.interventions.size(); ++i) {
+    const Intervention& iv = r.interventions[i];
+    const std::string name =
+        "intervention " + std::to_string(i) + " (" + HookName(iv.hook) + ")";
+    if (!IsInterventionSite(iv.hook.site))
+      return InvalidArgumentError(name + ": this hook cannot be edited");
+    RETURN_IF_ERROR(CheckHookExists(iv.hook, c).WithContext(name));
+    const int64_t width = WidthOf(iv.hook);
+    int64_t want = 0;
+    switch (iv.mode) {
+      case InterventionMode::kAdd:
+      case InterventionMode::kProjectOut:
+      case InterventionMode::kReplace:
+        want = width;
+        break;
+      case InterventionMode::kZeroHead:
+        if (iv.hook.site != HookSite::kZ || iv.head < 0 ||
+            iv.head >= c.num_heads)
+          return InvalidArgumentError(
+              name + ": head " + std::to_string(iv.head) + " outside [0, " +
+              std::to_string(c.num_heads) + ") or not at attn.hook_z");
+        break;
+      case InterventionMode::kZero:
+        break;
+      case InterventionMode::kPatch:
+        return UnimplementedError(name +
+                                  ": mode patch is not served (it needs a "
+                                  "source run)");
+    }
+    if (static_cast<int64_t>(iv.vector.size()) != want)
+      return InvalidArgumentError(name + ": needs " + std::to_string(want) +
+                                  " values, got " +
+                                  std::to_string(iv.vector.size()));
+    for (float v : iv.vector)
+      if (!std::isfinite(v))
+        return InvalidArgumentError(name + ": a vector value is not finite");
+    if (!AppliesToRow(iv, 0) || !iv.edits_prompt()) continue;
+    // A position outside the prompt would fail the shared forward, and every
+    // request in it: refused here.
+    StatusOr<std::vector<int64_t>> fit = ResolvePositions(iv.positions, n);
+    if (!fit.ok())
+      return InvalidArgumentError(name + ": " + fit.status().message());
+  }
+  return Status();
+}
+
 int64_t Engine::PagesNeed(const GenRequest& r) const {
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   return gen_->cache().PagesFor(std::min(n + r.max_new_tokens, context_));
@@ -269,6 +327,7 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
           "hook " + HookName(h) +
           " is not captured by this server (hidden-state layers and " +
           options_.extra_hooks_setting + ")");
+  RETURN_IF_ERROR(CheckInterventions(r));
   auto p = std::make_unique<Pending>();
   p->pages_need = PagesNeed(r);
   if (p->pages_need > gen_->cache().num_pages())
@@ -286,6 +345,15 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
         "capture budget of " +
         std::to_string(options_.capture_bytes) +
         " bytes (batching.capture_bytes); ask for fewer layers or rows");
+  const int64_t edit_bytes = InterventionBytes(r);
+  if (edit_bytes > 0 && p->capture_need + edit_bytes > options_.capture_bytes)
+    return OutOfRangeError(
+        "the hidden states asked for (" + std::to_string(p->capture_need) +
+        " bytes) and the intervention vectors (" + std::to_string(edit_bytes) +
+        " bytes) need more than the server's capture budget of " +
+        std::to_string(options_.capture_bytes) +
+        " bytes (batching.capture_bytes)");
+  p->capture_need += edit_bytes;
   p->ticket = std::make_shared<Ticket>();
   p->request = std::move(r);
   p->submitted = Clock::now();
@@ -396,6 +464,11 @@ void Engine::Admit() {
         s->slot, std::min(n + r.max_new_tokens, context_));
     LOOM_CHECK(reserved.ok()) << reserved.ToString();
     pages_reserved_ += gen_->cache().reserved_pages(s->slot);
+    // Every intervention of every admitted request fits the edit list, so
+    // a forward never grows it.
+    active_interventions_ += static_cast<int64_t>(r.interventions.size());
+    if (edits_.capacity() < static_cast<size_t>(active_interventions_))
+      edits_.reserve(static_cast<size_t>(active_interventions_));
     active_.push_back(std::move(s));
   }
   stats_.queued = static_cast<int64_t>(queue_.size());
@@ -436,6 +509,8 @@ void Engine::Finish(Seq& s, Status status) {
     gen_->cache().Reset(s.slot);  // its pages go back to the pool
     --stats_.active;
     stats_.capture_reserved -= s.p->capture_need;
+    active_interventions_ -=
+        static_cast<int64_t>(s.p->request.interventions.size());
     stats_.generated_tokens += static_cast<int64_t>(res.token_ids.size());
     if (!status.ok()) {
       ++stats_.requests_failed;
@@ -500,13 +575,18 @@ Status Engine::Step() {
       std::span<const int32_t>(ids_.data(), static_cast<size_t>(tokens)),
       std::span<const int64_t>(seq_start_.data(), S + 1)};
   const KvBatch kv{&gen_->cache(), {slot_.data(), S}, {pos0_.data(), S}};
+  BuildEdits(step);
+  const bool edited = !edits_.empty();
   sink_->Begin(&step);
   const Clock::time_point t0 = Clock::now();
-  StatusOr<const float*> logits = gen_->StepLogits(batch, kv, sink_.get());
+  StatusOr<const float*> logits =
+      gen_->StepLogits(batch, kv, sink_.get(), edits_);
   sink_->Begin(nullptr);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.forwards;
+    stats_.edits_applied += static_cast<int64_t>(edits_.size());
+    if (edited && S > 1) ++stats_.mixed_edit_forwards;
     stats_.forward_tokens += tokens;
     stats_.forward_seqs += static_cast<int64_t>(S);
     stats_.max_forward_seqs =
@@ -591,6 +671,25 @@ Status Engine::Step() {
            std::find(done.begin(), done.end(), s.get()) != done.end();
   });
   return Status();
+}
+
+void Engine::BuildEdits(const std::vector<Seq*>& step) {
+  edits_.clear();  // capacity reserved at admission: no allocation
+  for (size_t i = 0; i < step.size(); ++i) {
+    const Seq& s = *step[i];
+    const std::vector<Intervention>& list = s.p->request.interventions;
+    if (list.empty()) continue;
+    const int64_t seq = static_cast<int64_t>(i);
+    if (s.decoding()) {
+      // The token fed back at position s.fed.
+      AddGeneratedEdits(list, 0, seq, s.fed + 1, &edits_);
+    } else {
+      // A chunk of the prompt: positions count in the whole prompt.
+      AddSequenceEdits(list, 0, seq,
+                       static_cast<int64_t>(s.p->request.prompt.size()),
+                       &edits_);
+    }
+  }
 }
 
 void Engine::Loop() {

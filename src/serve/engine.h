@@ -24,7 +24,10 @@
 //     free KV pages, reserved at admission and freed when it finishes,
 //   - its capture bytes: rows x sum of hook widths x 4 (rows = 1 for the
 //     last row; for every row: prompt + max_new_tokens - 1, at most the
-//     context, as the last generated token is never fed).
+//     context, as the last generated token is never fed), plus the bytes of
+//     its intervention vectors (4 per value: they live as long as the
+//     request and are read by every forward it is in), both from the one
+//     capture budget.
 // A request that does not fit now waits in a FIFO queue of at most
 // `max_queue` requests (admitted in arrival order: a large request is not
 // overtaken forever by small ones); past that Submit returns
@@ -43,6 +46,13 @@
 //   4. the forward with the KV cache, then one token selected per sequence
 //      whose prompt is complete; finished sequences free their slot, pages
 //      and capture bytes before the next iteration.
+// Interventions: each request carries its own (GenRequest::interventions);
+// every forward edits each sequence it packs with that sequence's own, as
+// Executor::Forward's SequenceEdits of its index in the forward (a prefill
+// chunk: the prompt edits, positions counted in the whole prompt; a decode
+// token: the edits of generated tokens). Nothing touches a neighbour's rows.
+// The edit list is reserved at admission: nothing is allocated per forward.
+//
 // A prompt longer than a chunk is prefilled over several forwards carrying
 // the KV cache: its hidden states equal a one-pass forward's to f32 round-off
 // (docs/design/generation.md), unlike TheLoom's independent chunks.
@@ -68,6 +78,8 @@
 #include "src/base/status.h"
 #include "src/eval/generate.h"
 #include "src/model/hooks.h"
+#include "src/model/interventions.h"
+#include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
@@ -114,6 +126,12 @@ struct GenRequest {
   std::vector<std::string> stop_strings;
   std::vector<HookPoint> hooks;  // each one of Engine::capturable()
   CaptureRows rows = CaptureRows::kLast;
+  // Edits of this request's one sequence (src/model/interventions.h), in
+  // order; the sequence is input row 0 for `rows` (leave it empty: the
+  // server's InterventionsForPrompt selects a batch request's prompts and
+  // clears it). Validated at Submit: sites, widths, finite values, heads and
+  // prompt positions against the prompt.
+  std::vector<Intervention> interventions;
   // Called on the scheduler thread for every generated token with the text
   // it completes (UTF-8 held back until whole); keep it short.
   std::function<void(int32_t id, const std::string& piece)> on_token;
@@ -164,6 +182,11 @@ struct EngineStats {
   double forward_seconds = 0;
   int64_t queued = 0, active = 0;
   int64_t capture_reserved = 0;
+  // Forwards holding at least two sequences (requests), at least one of
+  // them edited: proof that requests with different interventions (or
+  // none) shared forwards.
+  int64_t mixed_edit_forwards = 0;
+  int64_t edits_applied = 0;  // SequenceEdits over all forwards
 };
 
 // Planned bytes of an engine (host memory), and what is in use now.
@@ -233,6 +256,12 @@ class Engine {
   void Admit();
   void Finish(Seq& s, Status status);
   int64_t CaptureNeed(const GenRequest& r) const;
+  // InvalidArgument when `r`'s interventions cannot run on this engine (a
+  // bad site, width, head, value, or a prompt position outside the prompt):
+  // a failing forward would fail its neighbours too.
+  Status CheckInterventions(const GenRequest& r) const;
+  // The edits of this step's sequences into edits_ (reserved).
+  void BuildEdits(const std::vector<Seq*>& step);
   // KV pages a request reserves (0 without paging).
   int64_t PagesNeed(const GenRequest& r) const;
   int64_t WidthOf(const HookPoint& hook) const;
@@ -262,6 +291,10 @@ class Engine {
   std::vector<std::unique_ptr<Seq>> active_;
   std::vector<Seq*> step_seqs_, done_seqs_;  // one step's sequences (Step)
   std::vector<int64_t> free_slots_;
+  // This forward's edits; capacity >= the interventions of the admitted
+  // requests (active_interventions_), grown at admission only.
+  std::vector<SequenceEdit> edits_;
+  int64_t active_interventions_ = 0;
   int64_t pages_reserved_ = 0;  // guarded by mu_ (Memory reads it)
   std::unique_ptr<eval::SamplingScratch> scratch_;
   std::vector<int32_t> ids_, decode_ids_;

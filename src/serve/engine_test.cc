@@ -338,5 +338,172 @@ TEST(ServeEngineTest, LayerIndicesFollowTheLoom) {
             std::string::npos);
 }
 
+// A unit vector of `width` random values.
+std::vector<float> RandomUnit(int64_t width, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(static_cast<size_t>(width));
+  double n2 = 0;
+  for (float& x : v) {
+    x = d(rng);
+    n2 += double{x} * x;
+  }
+  for (float& x : v) x = static_cast<float>(x / std::sqrt(n2));
+  return v;
+}
+
+// Within atol + rtol * |want| (1e-4 each), naming the first index that is
+// not.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_LE(std::abs(got[i] - want[i]), 1e-4f + 1e-4f * std::abs(want[i]))
+        << what << " index " << i;
+}
+
+// Requests with different interventions (a steering vector, none, a
+// directional ablation at every layer at two positions) share forwards, with
+// prompts split over several chunks, and each gets what it gets alone: its
+// own edits and none of its neighbours'. The generated tokens also equal the
+// Generator's own interventions path.
+TEST(ServeEngineTest, InterventionsStayInTheirSequence) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 3;
+  o.context = 96;
+  o.prefill_chunk = 3;
+  auto engine = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  const ModelConfig& c = e.model().config();
+  const int64_t H = c.hidden_size;
+  std::vector<HookPoint> hooks;
+  for (int64_t i = 0; i <= c.num_layers; ++i) hooks.push_back(*e.LayerHook(i));
+  Intervention steer;
+  steer.hook = {HookSite::kResidPost, 1};
+  steer.mode = InterventionMode::kAdd;
+  steer.scale = 6.0f;
+  steer.vector = RandomUnit(H, 1);
+  std::vector<Intervention> ablate;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Intervention a;
+    a.hook = {HookSite::kResidPre, l};
+    a.mode = InterventionMode::kProjectOut;
+    a.positions.kind = InterventionPositions::Kind::kList;
+    a.positions.list = {1, -1};
+    a.apply_to = InterventionApplyTo::kPrompt;
+    a.vector = RandomUnit(H, 2);
+    ablate.push_back(a);
+  }
+  std::vector<GenRequest> reqs(3);
+  const uint32_t seeds[] = {11, 12, 13};
+  const int64_t lens[] = {10, 8, 13};
+  for (size_t i = 0; i < 3; ++i) {
+    reqs[i].prompt = RandomPrompt(lens[i], c.vocab_size, seeds[i]);
+    reqs[i].max_new_tokens = 6;
+    reqs[i].hooks = hooks;
+    reqs[i].rows = CaptureRows::kAll;
+  }
+  reqs[0].interventions = {steer};
+  reqs[2].interventions = ablate;
+  // Alone, one after the other.
+  std::vector<GenResult> alone;
+  for (const GenRequest& r : reqs) {
+    auto t = e.Submit(r);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    auto g = (*t)->Wait();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    alone.push_back(std::move(g).value());
+  }
+  EXPECT_EQ(e.Stats().mixed_edit_forwards, 0);
+  // Together.
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  for (const GenRequest& r : reqs) {
+    auto t = e.Submit(r);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tickets.push_back(*t);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    auto g = tickets[i]->Wait();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->token_ids, alone[i].token_ids) << "request " << i;
+    ASSERT_EQ(g->rows, alone[i].rows);
+    for (size_t h = 0; h < hooks.size(); ++h)
+      ExpectClose(g->captures[h], alone[i].captures[h],
+                  "request " + std::to_string(i) + " " + HookName(hooks[h]));
+  }
+  const EngineStats st = e.Stats();
+  EXPECT_GT(st.mixed_edit_forwards, 0) << "edited requests never shared";
+  EXPECT_GT(st.max_forward_seqs, 1);
+  EXPECT_EQ(st.capture_reserved, 0);
+  // The edits did something, and the same as the Generator's path.
+  GenRequest plain = reqs[0];
+  plain.interventions.clear();
+  auto t = e.Submit(plain);
+  ASSERT_TRUE(t.ok());
+  auto none = (*t)->Wait();
+  ASSERT_TRUE(none.ok());
+  EXPECT_NE(none->captures.back(), alone[0].captures.back());
+  eval::Generator::Options go;
+  go.context = 96;
+  go.prefill_chunk = 4;
+  auto gen = eval::Generator::Create(e.model(), go);
+  ASSERT_TRUE(gen.ok());
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    eval::GenerateOptions g;
+    g.max_new_tokens = 6;
+    g.interventions = &reqs[i].interventions;
+    auto want = (*gen)->Generate({reqs[i].prompt}, g);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    EXPECT_EQ(alone[i].token_ids, (*want)[0].token_ids) << "request " << i;
+  }
+}
+
+TEST(ServeEngineTest, InterventionsAreCheckedAndCountedAtSubmit) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 2;
+  o.context = 64;
+  o.capture_bytes = 1024;
+  auto engine = Engine::Create("stories", Stories(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  const int64_t H = e.model().config().hidden_size;
+  GenRequest r;
+  r.prompt = RandomPrompt(5, e.model().config().vocab_size, 3);
+  Intervention iv;
+  iv.hook = {HookSite::kResidPost, 0};
+  iv.vector.assign(static_cast<size_t>(H - 1), 0.5f);
+  r.interventions = {iv};
+  auto s = e.Submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("needs 64 values, got 63"),
+            std::string::npos)
+      << s.status().message();
+  r.interventions[0].vector.assign(static_cast<size_t>(H), 0.5f);
+  r.interventions[0].positions.kind = InterventionPositions::Kind::kList;
+  r.interventions[0].positions.list = {5};
+  s = e.Submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("position 5"), std::string::npos)
+      << s.status().message();
+  // 5 interventions x 64 floats x 4 bytes = 1280 bytes > the 1024 budget.
+  r.interventions[0].positions = {};
+  r.interventions.assign(5, r.interventions[0]);
+  s = e.Submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.status().message().find("intervention vectors (1280 bytes)"),
+            std::string::npos)
+      << s.status().message();
+  r.interventions.resize(3);  // 768 bytes: admitted, then freed
+  s = e.Submit(r);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE((*s)->Wait().ok());
+  EXPECT_EQ(e.Stats().capture_reserved, 0);
+}
+
 }  // namespace
 }  // namespace loom::serve

@@ -511,6 +511,23 @@ class Server::Impl {
     return f;
   }
 
+  // The request's `interventions` for `prompts` prompts, parsed once.
+  StatusOr<RequestInterventions> Interventions(const Engine& e, const json& b,
+                                               int64_t prompts) {
+    return ParseRequestInterventions(b, e.model().config(), prompts,
+                                     o_.max_intervention_floats);
+  }
+
+  // Gives prompt `row` of a request its interventions.
+  static Status Attach(const RequestInterventions& ivs, int64_t row,
+                       GenRequest* r) {
+    if (ivs.list.empty()) return Status();
+    ASSIGN_OR_RETURN(r->interventions,
+                     InterventionsForPrompt(
+                         ivs, row, static_cast<int64_t>(r->prompt.size())));
+    return Status();
+  }
+
   // The capture of `hook` in a result: [rows, width].
   static const float* Capture(const GenFields& f, const GenResult& g,
                               const HookPoint& hook, int64_t* width) {
@@ -793,6 +810,8 @@ class Server::Impl {
       ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
       ASSIGN_OR_RETURN(auto ids, Tokens(*e, b["prompt"], special));
       ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), false));
+      ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
+      RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
       ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
       ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
       ASSIGN_OR_RETURN(json out, GenResponse(*e, f, g));
@@ -886,6 +905,10 @@ class Server::Impl {
       ASSIGN_OR_RETURN(ids, Tokens(*e, b["prompt"], special));
     }
     ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), chat));
+    {
+      ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
+      RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
+    }
     auto st = std::make_shared<StreamState>();
     const std::string id =
         "chatcmpl-" + std::to_string(std::time(nullptr)) + "-" +
@@ -1081,6 +1104,8 @@ class Server::Impl {
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
     ASSIGN_OR_RETURN(auto ids, ChatTokens(*e, b));
     ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), true));
+    ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
+    RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
     ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
     ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
     ASSIGN_OR_RETURN(json body, GenResponse(*e, f, g));
@@ -1122,6 +1147,8 @@ class Server::Impl {
                                   std::to_string(o_.max_batch_prompts));
     ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
     const Clock::time_point t0 = Clock::now();
+    ASSIGN_OR_RETURN(RequestInterventions ivs,
+                     Interventions(*e, b, static_cast<int64_t>(n)));
     std::vector<GenFields> fields;
     for (size_t i = 0; i < n; ++i) {
       StatusOr<std::vector<int32_t>> ids = Tokens(*e, b["prompts"][i], special);
@@ -1129,6 +1156,8 @@ class Server::Impl {
         return ids.status().WithContext("prompt " + std::to_string(i));
       ASSIGN_OR_RETURN(GenFields f,
                        ParseGen(*e, b, std::move(ids).value(), false));
+      if (Status s = Attach(ivs, static_cast<int64_t>(i), &f.request); !s.ok())
+        return s.WithContext("prompt " + std::to_string(i));
       fields.push_back(std::move(f));
     }
     // Every prompt goes to the engine at once: they share forwards.
@@ -1193,6 +1222,8 @@ class Server::Impl {
     ASSIGN_OR_RETURN(HookPoint hook, e->LayerHook(layer));
     ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
     const Clock::time_point t0 = Clock::now();
+    ASSIGN_OR_RETURN(RequestInterventions ivs,
+                     Interventions(*e, b, static_cast<int64_t>(texts.size())));
     std::vector<std::shared_ptr<Ticket>> tickets;
     int64_t tokens = 0;
     for (size_t i = 0; i < texts.size(); ++i) {
@@ -1207,6 +1238,10 @@ class Server::Impl {
       r.hooks = {hook};
       r.rows = pooling == Pooling::kLastToken ? CaptureRows::kLast
                                               : CaptureRows::kAll;
+      if (Status s = Attach(ivs, static_cast<int64_t>(i), &r); !s.ok()) {
+        for (auto& ticket : tickets) ticket->Cancel();
+        return s.WithContext("text " + std::to_string(i));
+      }
       StatusOr<std::shared_ptr<Ticket>> t = e->Submit(std::move(r));
       if (!t.ok()) {
         for (auto& s : tickets) s->Cancel();
@@ -1336,6 +1371,14 @@ class Server::Impl {
         {"loom_forward_sequences_total", "counter",
          "Sequences over all forwards (divide by forwards: the mean batch).",
          [](const EngineStats& x) { return double(x.forward_seqs); }},
+        {"loom_forwards_mixed_interventions_total", "counter",
+         "Forwards that edited a sequence (request interventions) beside "
+         "other requests' sequences.",
+         [](const EngineStats& x) { return double(x.mixed_edit_forwards); }},
+        {"loom_intervention_edits_total", "counter",
+         "Intervention edits applied over all forwards (one per sequence and "
+         "intervention per forward).",
+         [](const EngineStats& x) { return double(x.edits_applied); }},
         {"loom_forward_seconds_total", "counter", "Seconds in forwards.",
          [](const EngineStats& x) { return x.forward_seconds; }},
         {"loom_queue_depth", "gauge", "Requests waiting for admission.",

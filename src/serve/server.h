@@ -41,6 +41,9 @@ struct ServerOptions {
   int64_t max_body_bytes = 8 << 20;
   int64_t max_prompt_tokens = 0;  // 0 = the model's serving context
   int64_t max_batch_prompts = 100;
+  // Vector values one request's `interventions` may carry, hook patterns
+  // expanded (400 past it; docs/server.md).
+  int64_t max_intervention_floats = 1 << 20;
   int threads = 0;  // HTTP workers; 0 = max_queue + 16, at most 512
   std::string chat_stream_format = "auto";  // auto | openai | theloom
   // Where models may come from: names relative to these directories, and

@@ -30,6 +30,7 @@
 #include "src/eval/generate.h"
 #include "src/io/npy.h"
 #include "src/serve/api.h"
+#include "tests/golden_util.h"
 
 namespace loom::serve {
 namespace {
@@ -42,14 +43,14 @@ std::string Stories() { return std::string(LOOM_MODELS_DIR) + "/stories260K"; }
 // A server on a free loopback port, run on a thread.
 class Running {
  public:
-  explicit Running(ServerOptions o) {
+  explicit Running(ServerOptions o, const std::string& model = Stories()) {
     o.host = "127.0.0.1";
     o.port = 0;
-    if (o.model_paths.empty()) o.model_paths = {Stories()};
+    if (o.model_paths.empty()) o.model_paths = {model};
     auto s = Server::Create(o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(s).value();
-    auto id = server_->LoadModel(Stories());
+    auto id = server_->LoadModel(model);
     EXPECT_TRUE(id.ok()) << id.status().ToString();
     auto port = server_->Bind();
     EXPECT_TRUE(port.ok()) << port.status().ToString();
@@ -1147,6 +1148,328 @@ TEST(ServeHttpTest, StopFinishesInFlightRequests) {
   s.Stop();
   client.join();
   EXPECT_EQ(status.load(), 200);
+}
+
+// ---- Interventions (docs/server.md, "Interventions")
+
+// The rows of `hook` selected "all" in a /generate result: [rows, width].
+std::vector<float> AllRows(const json& result, const std::string& hook) {
+  return DecodeF32(result["activations"][hook]["all"]);
+}
+
+std::string B64(const std::vector<float>& v) {
+  return Base64Encode(v.data(), v.size() * sizeof(float));
+}
+
+// The value of a Prometheus sample of /metrics (-1 when absent).
+double Metric(httplib::Client& c, const std::string& sample) {
+  auto r = c.Get("/metrics");
+  if (!r) return -1;
+  const size_t at = r->body.find(sample + " ");
+  if (at == std::string::npos) return -1;
+  return std::strtod(r->body.c_str() + at + sample.size() + 1, nullptr);
+}
+
+// Row b, positions [0, n), of a golden [B, T, W] tensor.
+std::vector<float> GoldenRows(const loom::testing::GoldenFile& g,
+                              const std::string& name, int64_t b, int64_t n) {
+  Shape shape;
+  const std::vector<float> all = g.F32(name, &shape);
+  const int64_t T = shape[1], W = shape[2];
+  return std::vector<float>(all.begin() + (b * T) * W,
+                            all.begin() + (b * T + n) * W);
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float d = std::abs(got[i] - want[i]);
+    ASSERT_LE(d, 1e-4f + 1e-4f * std::abs(want[i])) << what << " index " << i;
+    worst = std::max(worst, d);
+  }
+}
+
+// The golden mixed batch (shared/golden/interventions/llama__batch_mixed):
+// three prompts in one /generate/batch, row 0 steered at
+// blocks.1.hook_resid_post (vector_b64), row 1 untouched, row 2 with its
+// residual inputs ablated at every layer (an inline vector, a hook pattern).
+// Prompts are prefilled in chunks of 2 tokens, so the rows share forwards
+// (the metrics prove it); every row's residuals and final norm equal Hugging
+// Face's to 1e-4 and its greedy token is HF's argmax; row 1 equals the
+// un-intervened baseline.
+TEST(ServeInterventionsTest, GoldenMixedBatchInOneSharedBatch) {
+  const std::string shared = loom::testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: ../shared/golden is absent: the golden "
+                    "mixed-batch interventions through loom serve are NOT "
+                    "checked";
+  const std::string dir = shared + "/interventions/llama__batch_mixed";
+  const json spec = loom::testing::ReadJson(dir + "/spec.json");
+  auto golden = loom::testing::GoldenFile::Open(dir + "/expected.safetensors");
+  ASSERT_NE(golden, nullptr);
+  const std::string model = shared + "/tiny/llama";
+  ServerOptions o = Defaults();
+  o.engine.prefill_chunk = 2;
+  o.engine.extra_hooks = {"blocks.*.hook_resid_post"};
+  Running s(o, model);
+  auto c = s.Client();
+  const int64_t L = 3;
+  json prompts = json::array();
+  std::vector<int64_t> lens;
+  for (size_t b = 0; b < spec["input_ids"].size(); ++b) {
+    json ids = json::array();
+    for (size_t t = 0; t < spec["input_ids"][b].size(); ++t)
+      if (spec["attention_mask"][b][t] == 1)
+        ids.push_back(spec["input_ids"][b][t]);
+    lens.push_back(static_cast<int64_t>(ids.size()));
+    prompts.push_back(ids);
+  }
+  const std::vector<float> v = golden->F32("intervention.0.vector");
+  const std::vector<float> r = golden->F32("intervention.1.vector");
+  json hooks = json::array({"ln_final.hook_normalized"});
+  for (int64_t l = 0; l < L; ++l) {
+    hooks.push_back("blocks." + std::to_string(l) + ".hook_resid_pre");
+    hooks.push_back("blocks." + std::to_string(l) + ".hook_resid_post");
+  }
+  const json body = {{"prompts", prompts},
+                     {"max_tokens", 2},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"return_hidden_states", false},
+                     {"hooks", hooks},
+                     {"select", {"all"}},
+                     {"hidden_state_format", "base64"},
+                     {"interventions",
+                      {{{"hook", "blocks.1.hook_resid_post"},
+                        {"mode", "add"},
+                        {"scale", 4.0},
+                        {"rows", {0}},
+                        {"vector_b64", B64(v)}},
+                       {{"hook", "blocks.*.hook_resid_pre"},
+                        {"mode", "project_out"},
+                        {"rows", {2}},
+                        {"vector", r}}}}};
+  int status = 0;
+  const json out = Post(c, "/generate/batch", body, &status);
+  ASSERT_EQ(status, 200) << out.dump();
+  ASSERT_EQ(out["results"].size(), 3u);
+  Shape ls;
+  const std::vector<float> logits = golden->F32("logits", &ls);
+  const int64_t T = ls[1], V = ls[2];
+  for (int64_t b = 0; b < 3; ++b) {
+    const json& res = out["results"][b];
+    const int64_t n = lens[static_cast<size_t>(b)];
+    const std::string row = "row " + std::to_string(b) + " ";
+    for (const std::string prefix : {"", "baseline."}) {
+      if (!prefix.empty() && b != 1) continue;  // row 1: also the baseline
+      for (int64_t l = 0; l < L; ++l)
+        for (const std::string site : {"resid_pre", "resid_post"}) {
+          std::vector<float> got =
+              AllRows(res, "blocks." + std::to_string(l) + ".hook_" + site);
+          ASSERT_GE(static_cast<int64_t>(got.size()), n * 64);
+          got.resize(static_cast<size_t>(n * 64));  // the prompt's rows
+          ExpectClose(got,
+                      GoldenRows(*golden,
+                                 prefix + site + "." + std::to_string(l), b, n),
+                      row + prefix + site + "." + std::to_string(l));
+        }
+      std::vector<float> norm = AllRows(res, "ln_final.hook_normalized");
+      norm.resize(static_cast<size_t>(n * 64));
+      ExpectClose(norm, GoldenRows(*golden, prefix + "final_norm", b, n),
+                  row + prefix + "final_norm");
+    }
+    const float* last = logits.data() + (b * T + n - 1) * V;
+    const int64_t argmax = std::max_element(last, last + V) - last;
+    EXPECT_EQ(res["token_ids"][0], argmax) << row;
+  }
+  EXPECT_GT(
+      Metric(c, "loom_forwards_mixed_interventions_total{model=\"llama\"}"), 0)
+      << "the three rows never shared a forward";
+  EXPECT_GT(Metric(c, "loom_intervention_edits_total{model=\"llama\"}"), 0);
+}
+
+// Hostile `interventions` get a 400 naming the entry and field; none reaches
+// a forward (the server goes on answering).
+TEST(ServeInterventionsTest, HostileRequestsGet400NamingTheField) {
+  ServerOptions o = Defaults();
+  o.max_intervention_floats = 1000;
+  Running s(o);
+  auto c = s.Client();
+  const std::vector<float> ok(64, 0.125f);
+  std::vector<float> nan = ok;
+  nan[3] = std::nanf("");
+  struct Case {
+    const char* route;
+    std::vector<json> interventions;  // a vector: {x} is never x itself
+    const char* want;
+  };
+  const json add = {{"hook", "blocks.1.hook_resid_post"}, {"mode", "add"}};
+  auto with = [&](json j, const char* key, json value) {
+    j[key] = std::move(value);
+    return j;
+  };
+  const std::vector<Case> cases = {
+      {"/generate",
+       {with(add, "vector", std::vector<float>(63, 1.0f))},
+       "interventions[0].vector: has 63 values but blocks.1.hook_resid_post "
+       "is 64 wide"},
+      {"/generate",
+       {with(add, "vector_b64", B64(nan))},
+       "interventions[0].vector_b64: value 3 of 64 is nan"},
+      {"/generate",
+       {with(add, "vector_b64", "abc")},
+       "interventions[0].vector_b64: base64"},
+      {"/generate",
+       {with(add, "vector", std::vector<float>(2000, 1.0f))},
+       "2000 vector values"},
+      {"/generate",
+       {with(with(add, "vector", ok), "hook", "blocks.*.hook_resid_pre"),
+        with(with(add, "vector", ok), "hook", "blocks.*.hook_resid_post"),
+        with(with(add, "vector", ok), "hook", "blocks.*.hook_resid_mid"),
+        with(with(add, "vector", ok), "hook", "blocks.*.hook_mlp_out")},
+       "more than the server's limit of 1000"},
+      {"/generate",
+       {with(with(add, "vector", ok), "hook", "blocks.9.hook_x")},
+       "interventions[0].hook"},
+      {"/generate",
+       {with(add, "vector_file", "/etc/hostname")},
+       "interventions[0].vector_file: no request can read server files"},
+      {"/generate",
+       {with(add, "vector", ok),
+        with(with(add, "vector", ok), "positions", json::array({0, 99}))},
+       "interventions[1].positions: position 99"},
+      {"/generate",
+       {with(with(add, "vector", ok), "positions", "middle")},
+       "interventions[0].positions"},
+      {"/generate",
+       {with(with(add, "vector", ok), "rows", {1})},
+       "interventions[0].rows: row 1 is outside the request's 1 prompt"},
+      {"/generate",
+       {json::object({{"hook", "blocks.0.attn.hook_z"},
+                      {"mode", "zero_head"},
+                      {"head", 8}})},
+       "interventions[0].head: 8 is outside [0, 8)"},
+      {"/generate/stream",
+       {with(add, "vector", {1, 2})},
+       "interventions[0].vector"},
+      {"/embed", {with(add, "vector", {1, 2})}, "interventions[0].vector"},
+      {"/v1/chat/completions",
+       {with(add, "vector", {1, 2})},
+       "interventions[0].vector"},
+      {"/generate/batch",
+       {with(with(add, "vector", ok), "rows", {0, 2})},
+       "interventions[0].rows: row 2 is outside the request's 2 prompts"},
+  };
+  for (const Case& k : cases) {
+    json body = {{"max_tokens", 2}, {"interventions", json::array()}};
+    for (const json& iv : k.interventions) body["interventions"].push_back(iv);
+    const std::string route = k.route;
+    if (route == "/generate/batch") {
+      body["prompts"] = {"Once", "The cat"};
+    } else if (route == "/embed") {
+      body["text"] = "Once";
+    } else if (route == "/v1/chat/completions") {
+      body["messages"] = {{{"role", "user"}, {"content", "Hi"}}};
+    } else {
+      body["prompt"] = "Once";
+    }
+    int status = 0;
+    const json out = Post(c, route, body, &status);
+    EXPECT_EQ(status, 400) << route << " "
+                           << body["interventions"].dump().substr(0, 200)
+                           << " -> " << out.dump();
+    EXPECT_NE(out.value("detail", "").find(k.want), std::string::npos)
+        << "want \"" << k.want << "\" in: " << out.value("detail", "");
+  }
+  int status = 0;
+  const json not_list =
+      Post(c, "/generate", {{"prompt", "Once"}, {"interventions", "steer"}},
+           &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(not_list.value("detail", "").find("field `interventions`"),
+            std::string::npos)
+      << not_list.dump();
+  Post(c, "/generate", {{"prompt", "Once"}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
+// Steering changes the generated text; apply_to "generated" leaves the
+// prompt's hidden states as they are and "prompt" changes them; the same
+// vector as a list or base64 gives the same result; /embed and chat take
+// interventions too.
+TEST(ServeInterventionsTest, SteeringChangesTextAndApplyToDiffers) {
+  Running s(Defaults());
+  auto c = s.Client();
+  std::vector<float> v(64);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<float>((i * 37 % 11)) / 11.0f - 0.5f;
+  const json base = {{"prompt", "Once upon a time"},
+                     {"max_tokens", 8},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"return_hidden_states", false},
+                     {"hooks", {"blocks.4.hook_resid_pre"}},
+                     {"select", {"all"}},
+                     {"hidden_state_format", "base64"}};
+  auto run = [&](const json& interventions) {
+    json b = base;
+    if (!interventions.is_null()) b["interventions"] = interventions;
+    int status = 0;
+    json out = Post(c, "/generate", b, &status);
+    EXPECT_EQ(status, 200) << out.dump();
+    return out;
+  };
+  auto steer = [&](const char* apply_to, bool b64) {
+    json iv = {{"hook", "blocks.2.hook_resid_post"},
+               {"mode", "add"},
+               {"scale", 8.0},
+               {"apply_to", apply_to}};
+    if (b64) {
+      iv["vector_b64"] = B64(v);
+    } else {
+      iv["vector"] = v;
+    }
+    return json::array({iv});
+  };
+  const json none = run(nullptr);
+  const json both = run(steer("both", false));
+  const json both64 = run(steer("both", true));
+  const json prompt = run(steer("prompt", false));
+  const json generated = run(steer("generated", true));
+  EXPECT_NE(both["text"], none["text"]);
+  EXPECT_EQ(both64["token_ids"], both["token_ids"]);
+  EXPECT_EQ(AllRows(both64, "blocks.4.hook_resid_pre"),
+            AllRows(both, "blocks.4.hook_resid_pre"));
+  const size_t n = none["metadata"]["input_tokens"].get<size_t>() * 64;
+  auto prompt_rows = [&](const json& out) {
+    std::vector<float> r = AllRows(out, "blocks.4.hook_resid_pre");
+    r.resize(n);
+    return r;
+  };
+  EXPECT_EQ(prompt_rows(generated), prompt_rows(none));
+  EXPECT_NE(prompt_rows(prompt), prompt_rows(none));
+  EXPECT_NE(generated["token_ids"], prompt["token_ids"]);
+  EXPECT_NE(AllRows(generated, "blocks.4.hook_resid_pre"),
+            AllRows(none, "blocks.4.hook_resid_pre"));
+  // /embed and chat.
+  int status = 0;
+  const json e0 = Post(c, "/embed", {{"text", "Once upon a time"}}, &status);
+  ASSERT_EQ(status, 200);
+  const json e1 = Post(
+      c, "/embed",
+      {{"text", "Once upon a time"}, {"interventions", steer("prompt", false)}},
+      &status);
+  ASSERT_EQ(status, 200) << e1.dump();
+  EXPECT_NE(e0["embedding"], e1["embedding"]);
+  const json chat = Post(c, "/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                          {"max_tokens", 4},
+                          {"temperature", 0},
+                          {"interventions", steer("both", true)}},
+                         &status);
+  EXPECT_EQ(status, 200) << chat.dump();
 }
 
 }  // namespace

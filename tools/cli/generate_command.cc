@@ -59,7 +59,9 @@ eval::SamplingOptions SamplingOf(const GenerateArgs& args) {
 
 // With --hooks: the serving engine (one slot) captures the hooks at every
 // position fed (the prompt, then each generated token but the last), and the
-// selectors of `loom extract` pick the rows written to the JSON.
+// selectors of `loom extract` pick the rows written to the JSON. The
+// interventions of the flags edit the one prompt (input row 0), so the
+// captures are the edited values.
 Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   serve::EngineOptions eo;
   eo.precision = precision;
@@ -78,6 +80,8 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   // answers that (the weights load once, in the engine).
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(args.model_dir));
   ASSIGN_OR_RETURN(HookSet set, ResolveHooks(args.hooks, args.layers, config));
+  ASSIGN_OR_RETURN(std::vector<Intervention> interventions,
+                   LoadInterventionFlags(args.interventions, config));
   if (set.empty()) return InvalidArgumentError("--hooks: no hook selected");
   for (const HookPoint& h : set.hooks()) eo.extra_hooks.push_back(HookName(h));
   ASSIGN_OR_RETURN(
@@ -94,6 +98,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   r.stop_ids = engine->stop_ids();
   r.hooks = set.hooks();
   r.rows = serve::CaptureRows::kAll;
+  r.interventions = std::move(interventions);
   ASSIGN_OR_RETURN(auto ticket, engine->Submit(r));
   ASSIGN_OR_RETURN(serve::GenResult g, ticket->Wait());
   nlohmann::json acts = nlohmann::json::object();
@@ -126,14 +131,7 @@ Status RunGenerate(const GenerateArgs& args) {
   // As extract refuses an empty text row and serve an empty `prompt`.
   if (args.prompt.empty()) return InvalidArgumentError("--prompt: empty text");
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
-  if (!args.hooks.empty()) {
-    if (!args.interventions.file.empty() || !args.interventions.steer.empty() ||
-        !args.interventions.ablate.empty())
-      return UnimplementedError(
-          "generate: --hooks with interventions is not supported yet (run "
-          "them without --hooks, or capture with `loom extract --intervene`)");
-    return RunGenerateWithHooks(args, precision);
-  }
+  if (!args.hooks.empty()) return RunGenerateWithHooks(args, precision);
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
   host->SetNumThreads(args.threads);
   ASSIGN_OR_RETURN(auto model, Model::Load(args.model_dir, precision));
