@@ -1,9 +1,9 @@
 // The Python module `loom._loom` (pybind11): a model loaded once and reused
 // by every call; extraction through the pipeline of `loom extract` (settings,
 // plan, backends, WindowRunner) into in-memory arrays handed to numpy without
-// a copy; perplexity, plan, generate (python/generate.h), tokenize and decode
-// as the CLI computes them. The pure Python part of the package
-// (python/loom/__init__.py) wraps this.
+// a copy; perplexity, plan, generate (python/generate.h), activation
+// patching (src/eval/patch.h), tokenize and decode as the CLI computes them.
+// The pure Python part of the package (python/loom/__init__.py) wraps this.
 //
 // Errors: every Status becomes a Python exception carrying Loom's message,
 // with the CLI's flags renamed to the Python arguments ("--ctx" -> "ctx"),
@@ -12,8 +12,9 @@
 // pybind11 signature dump. No C++ exception crosses into Python (pybind11
 // translates anything that would). The GIL is released around every load,
 // plan and forward; Ctrl-C is polled before every forward (the `cancelled`
-// hooks of WindowRunner, EvaluatePerplexity and GenerateOne; the GIL is
-// taken for it at most every 20 ms) and re-raised as KeyboardInterrupt.
+// hooks of WindowRunner, EvaluatePerplexity, GenerateOne and RunPatch; the
+// GIL is taken for it at most every 20 ms) and re-raised as
+// KeyboardInterrupt.
 //
 // Interventions (`interventions=` of extract, perplexity and generate) arrive
 // as the JSON text of an intervention document (docs/interventions.md), built
@@ -52,6 +53,7 @@
 #include "src/eval/generate.h"
 #include "src/eval/input.h"
 #include "src/eval/job_plan.h"
+#include "src/eval/patch.h"
 #include "src/eval/perplexity.h"
 #include "src/eval/plan_query.h"
 #include "src/eval/row_selector.h"
@@ -101,6 +103,7 @@ PyObject* ErrorClassOf(StatusCode code) {
 bool IsPythonArgument(std::string_view name) {
   static const std::set<std::string_view, std::less<>> kArguments = {
       "add_bos",
+      "answer",
       "assume_dtype",
       "batch_tokens",
       "capture_buffers",
@@ -125,6 +128,7 @@ bool IsPythonArgument(std::string_view name) {
       "mode",
       "offload",
       "on_error",
+      "positions",
       "precision",
       "prefill_chunk",
       "protocol",
@@ -144,7 +148,8 @@ bool IsPythonArgument(std::string_view name) {
       "threads",
       "tokens",
       "top_k",
-      "top_p"};
+      "top_p",
+      "wrong"};
   return kArguments.count(name) > 0;
 }
 
@@ -552,6 +557,62 @@ InputRow ToInputRow(const py::handle& item, int64_t index) {
   return row;
 }
 
+// Model.patch's positions: "all", "last", an int or a sequence of ints
+// (negative from the end), as `loom patch --positions` takes them.
+InterventionPositions PatchPositionsArg(py::handle o) {
+  InterventionPositions p;
+  const char* kExpected = "\"all\", \"last\" or a list of ints";
+  if (PyUnicode_Check(o.ptr())) {
+    const std::string s = StrArg("positions", o);
+    if (s == "all") return p;
+    if (s == "last") {
+      p.kind = InterventionPositions::Kind::kLast;
+      return p;
+    }
+    Raise(InvalidArgumentError("positions: '" + s + "' is not " + kExpected));
+  }
+  p.kind = InterventionPositions::Kind::kList;
+  if (PyBytes_Check(o.ptr()) || PyBool_Check(o.ptr()) || PyFloat_Check(o.ptr()))
+    WrongType("positions", kExpected, o);
+  if (!py::hasattr(o, "__iter__")) {  // one position (an int)
+    if (!PyIndex_Check(o.ptr())) WrongType("positions", kExpected, o);
+    p.list.push_back(IntArg("positions", o));
+    return p;
+  }
+  for (const py::handle item : py::iter(o))
+    p.list.push_back(
+        IntArg("positions[" + std::to_string(p.list.size()) + "]", item));
+  if (p.list.empty())
+    Raise(
+        InvalidArgumentError("positions: an empty list (give \"all\", "
+                             "\"last\" or at least one position)"));
+  return p;
+}
+
+// One prompt of Model.patch: text (a str or bytes, encoded as extract encodes
+// a text row: special tokens added) or token ids, as `loom patch --clean` /
+// `--clean-tokens` take it.
+struct PatchPrompt {
+  std::string name;  // "clean", "corrupted"
+  bool from_text = false;
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+PatchPrompt PatchPromptArg(const std::string& name, py::handle o) {
+  PatchPrompt p;
+  p.name = name;
+  p.from_text = PyUnicode_Check(o.ptr()) || PyBytes_Check(o.ptr());
+  if (p.from_text) {
+    p.text = TextArg(name, o, false, false);
+  } else {
+    if (!py::hasattr(o, "__iter__"))
+      WrongType(name, "a str or a sequence of token ids", o);
+    p.ids = TokenIdsArg(name, o);
+  }
+  return p;
+}
+
 // ---- Model ------------------------------------------------------------------
 
 // Models loaded by this process (the test that calls reuse the weights).
@@ -953,12 +1014,102 @@ class PyModel {
     return result;
   }
 
+  // `loom patch` on this model (src/eval/patch.h): the (hook x position)
+  // grid of a clean and a corrupted prompt, on the CPU backend (as the CLI:
+  // nothing is planned against the devices).
+  py::dict Patch(const py::object& clean_obj, const py::object& corrupted_obj,
+                 const py::object& hooks, const py::object& positions,
+                 const py::object& answer, const py::object& wrong,
+                 const py::object& batch_tokens) {
+    PatchPrompt clean = PatchPromptArg("clean", clean_obj);
+    PatchPrompt corrupted = PatchPromptArg("corrupted", corrupted_obj);
+    eval::PatchOptions o;
+    o.hooks = StrListArg("hooks", hooks);
+    if (o.hooks.empty()) Raise(InvalidArgumentError("hooks: no hook given"));
+    o.positions = PatchPositionsArg(positions);
+    const char* kDefault = " (None: the default)";
+    if (!answer.is_none()) o.answer = IntArgAtLeast("answer", answer, 0);
+    if (!wrong.is_none()) o.wrong = IntArgAtLeast("wrong", wrong, 0);
+    if (!batch_tokens.is_none())
+      o.batch_tokens = IntArgAtLeast("batch_tokens", batch_tokens, 1, kDefault);
+    o.hf_bf16_activations = hf_bf16_;
+    o.cancelled = InterruptPoll();
+    StatusOr<eval::PatchResult> out =
+        WithoutGil([&]() -> StatusOr<eval::PatchResult> {
+          std::lock_guard<std::mutex> lock(mu_);
+          UseThreadsHere();
+          const int64_t V = loaded_.model->config().vocab_size;
+          for (const auto& [name, id] :
+               {std::pair<const char*, int64_t>{"answer", o.answer},
+                {"wrong", o.wrong}})
+            if (id >= V)
+              return InvalidArgumentError(
+                  std::string(name) + ": token id " + std::to_string(id) +
+                  " is outside the vocabulary [0, " + std::to_string(V) + ")");
+          RETURN_IF_ERROR(PatchPromptIds(&clean));
+          RETURN_IF_ERROR(PatchPromptIds(&corrupted));
+          return eval::RunPatch(*loaded_.model, clean.ids, corrupted.ids, o);
+        });
+    // A Ctrl-C ends the grid before its next forward (Cancelled).
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    return PatchDict(ValueOrRaise(std::move(out)),
+                     loaded_.model->config().vocab_size);
+  }
+
  private:
   const tok::Tokenizer& TokenizerOrRaise() const {
     if (!loaded_.tokenizer)
       Raise(
           FailedPreconditionError("no tokenizer: " + loaded_.tokenizer_error));
     return *loaded_.tokenizer;
+  }
+
+  // The ids of a Model.patch prompt: its text encoded (special tokens
+  // added), or its ids checked against the vocabulary. Without the GIL.
+  Status PatchPromptIds(PatchPrompt* p) const {
+    const int64_t V = loaded_.model->config().vocab_size;
+    if (!p->from_text) {
+      for (size_t i = 0; i < p->ids.size(); ++i)
+        if (p->ids[i] >= V)
+          return OutOfRangeError(p->name + "[" + std::to_string(i) +
+                                 "]: token id " + std::to_string(p->ids[i]) +
+                                 " is outside the vocabulary [0, " +
+                                 std::to_string(V) + ")");
+      return Status();
+    }
+    if (!loaded_.tokenizer)
+      return FailedPreconditionError(
+          p->name + ": a text prompt needs the model's tokenizer, which did " +
+          "not load (" + loaded_.tokenizer_error + "); give token ids");
+    StatusOr<tok::Encoding> enc = loaded_.tokenizer->Encode(p->text, true);
+    if (!enc.ok()) return enc.status().WithContext(p->name);
+    p->ids = std::move(enc->ids);
+    return Status();
+  }
+
+  // A PatchResult as Model.patch's dict: the grids and logits as numpy
+  // arrays (handed over, no copy), the rest as Python values.
+  static py::dict PatchDict(eval::PatchResult r, int64_t V) {
+    const int64_t n = static_cast<int64_t>(r.hooks.size());
+    const int64_t P = static_cast<int64_t>(r.positions.size());
+    const py::dtype f64("float64"), f32("float32");
+    py::dict d;
+    d["hooks"] = r.hooks;
+    d["positions"] = r.positions;
+    d["answer"] = r.answer;
+    d["wrong"] = r.wrong;
+    d["clean_logit_diff"] = r.clean_logit_diff;
+    d["corrupted_logit_diff"] = r.corrupted_logit_diff;
+    d["logit_diff"] = HandOver(std::move(r.logit_diff), f64, {n, P});
+    d["recovery"] = HandOver(std::move(r.recovery), f64, {n, P});
+    d["patched_logits_last"] =
+        HandOver(std::move(r.patched_logits_last), f32, {n, P, V});
+    d["clean_logits_last"] = HandOver(std::move(r.clean_logits_last), f32, {V});
+    d["corrupted_logits_last"] =
+        HandOver(std::move(r.corrupted_logits_last), f32, {V});
+    d["forwards"] = r.forwards;
+    d["seconds"] = r.seconds;
+    return d;
   }
 
   // OpenMP's thread count belongs to the calling thread: a call from another
@@ -1260,7 +1411,10 @@ PYBIND11_MODULE(_loom, m) {
            py::arg("max_tokens"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("seed"), py::arg("stop"), py::arg("ctx"),
            py::arg("prefill_chunk"), py::arg("hooks"), py::arg("layers"),
-           py::arg("select"), py::arg("interventions"));
+           py::arg("select"), py::arg("interventions"))
+      .def("_patch", &PyModel::Patch, py::arg("clean"), py::arg("corrupted"),
+           py::arg("hooks"), py::arg("positions"), py::arg("answer"),
+           py::arg("wrong"), py::arg("batch_tokens"));
 
   m.def("_plan", &Plan, py::arg("model_dir"), py::arg("device"),
         py::arg("max_memory"), py::arg("reserve"), py::arg("offload"),

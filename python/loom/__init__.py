@@ -1,6 +1,7 @@
-"""Loom from Python: hidden states, perplexity, generation and memory plans
-of Hugging Face models, computed by Loom's engine (the same code and the same
-values as the `loom` command). API reference: docs/python.md.
+"""Loom from Python: hidden states, perplexity, generation, activation
+patching and memory plans of Hugging Face models, computed by Loom's engine
+(the same code and the same values as the `loom` command). API reference:
+docs/python.md.
 
     import loom
     model = loom.Model("models/stories260K")          # loads the weights once
@@ -279,6 +280,35 @@ class Model(_loom.Model):
             result["activation_rows"] = raw["activation_rows"]
             result["activations"] = _arrays(raw["arrays"], self._num_layers, ArrayDict())
         return result
+
+    def patch(self, clean, corrupted, *, hooks="blocks.*.hook_resid_pre", positions="all",
+              answer=None, wrong=None, batch_tokens=None):
+        """Activation patching, as `loom patch` computes it: the (hook x
+        position) grid of a clean and a corrupted prompt of one length. Each
+        cell is the corrupted prompt with hook h at position p replaced by
+        the clean run's value there, scored by the logit difference
+        ld = logits_last[answer] - logits_last[wrong] and its recovery
+        (ld - corrupted ld) / (clean ld - corrupted ld).
+
+        clean, corrupted: a str (tokenized with the special tokens, as
+          `--clean TEXT`) or token ids (a list or a numpy array, as
+          `--clean-tokens`); the two must have as many tokens.
+        hooks: a str or a list of extract's hook patterns, each a site that
+          can be patched (the residual stream, hook_attn_out, hook_mlp_out,
+          attn.hook_z, mlp.hook_post); the grid's rows, in layer order.
+        positions: "all", "last", an int or a list of ints (negative from
+          the end); the grid's columns.
+        answer, wrong: token ids A and B (None: the clean run's argmax, and
+          the corrupted run's argmax, or its runner-up when that is A).
+        batch_tokens: tokens per forward (None: min(4096, max positions));
+          the patched runs are batched as sequences of shared forwards.
+
+        Returns a dict: logit_diff and recovery (float64 [hooks, P]),
+        patched_logits_last (float32 [hooks, P, vocab]), clean_logits_last
+        and corrupted_logits_last (float32 [vocab]), hooks (names),
+        positions (resolved, ascending), answer, wrong, clean_logit_diff,
+        corrupted_logit_diff, forwards and seconds."""
+        return self._patch(clean, corrupted, hooks, positions, answer, wrong, batch_tokens)
 
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,

@@ -138,8 +138,13 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   PatchSink sink(grid, H, last_hidden.data());
   const auto start = std::chrono::steady_clock::now();
 
+  auto check_cancelled = [&]() -> Status {
+    if (o.cancelled && o.cancelled()) return CancelledError("interrupted");
+    return Status();
+  };
   // The two un-patched runs.
   for (const bool is_clean : {true, false}) {
+    RETURN_IF_ERROR(check_cancelled());
     const std::span<const int32_t> prompt = is_clean ? clean : corrupted;
     starts[0] = 0;
     starts[1] = T;
@@ -170,6 +175,7 @@ StatusOr<PatchResult> RunPatch(const Model& model,
     iv.positions.list = {r.positions[static_cast<size_t>(k % P)]};
   }
   for (int64_t k0 = 0; k0 < cells; k0 += per_forward) {
+    RETURN_IF_ERROR(check_cancelled());
     const int64_t S = std::min(per_forward, cells - k0);
     edits.clear();
     for (int64_t s = 0; s < S; ++s) {

@@ -18,6 +18,7 @@
 #define LOOM_EVAL_PATCH_H_
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -42,6 +43,9 @@ struct PatchOptions {
   bool hf_bf16_activations = false;
   // Placement; empty = every layer on a host backend of the executor's own.
   std::vector<ExecutorSegment> segments;
+  // Asked before every forward: true ends the job with Cancelled (the Python
+  // module's Ctrl-C).
+  std::function<bool()> cancelled;
 };
 
 struct PatchResult {
