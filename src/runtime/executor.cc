@@ -749,418 +749,542 @@ Status Executor::BranchResidualAdd(Device& d, const LayerConfig& lc,
 
 Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
                          const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens(), H = c_.hidden_size;
+  // One member per StepId, in the enum's order.
+  static constexpr StepFn kSteps[] = {
+      &Executor::StepEmbed,        &Executor::StepLn1,
+      &Executor::StepQkvProj,      &Executor::StepAttention,
+      &Executor::StepOProj,        &Executor::StepAttnResidualAdd,
+      &Executor::StepLn2,          &Executor::StepUpProj,
+      &Executor::StepActivation,   &Executor::StepDownProj,
+      &Executor::StepRouter,       &Executor::StepExpertGather,
+      &Executor::StepExpertGateUp, &Executor::StepExpertActivation,
+      &Executor::StepExpertDown,   &Executor::StepExpertScatterAdd,
+      &Executor::StepSharedExpert, &Executor::StepMlpResidualAdd,
+      &Executor::StepFinalNorm,    &Executor::StepLogits,
+  };
+  static_assert(std::size(kSteps) == static_cast<size_t>(StepId::kLogits) + 1);
+  const size_t i = static_cast<size_t>(step.id);
+  if (i >= std::size(kSteps)) return InternalError("executor: unknown step");
+  return (this->*kSteps[i])(step, d, l, batch, sink);
+}
+
+Status Executor::StepEmbed(const ProgramStep& step, Device& d, int64_t l,
+                           const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
   const Arena& a = d.activations;
   Backend& be = *d.backend;
   float* x = a.as<float>(BufferId::kResidual);
   auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc =
-      l >= 0 ? &program_.layers[static_cast<size_t>(l)] : nullptr;
+  const TensorView& embed = d.weights->Require(WeightRole::kEmbed);
+  be.Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
+  RoundActivations(d, x, T, H, H);
+  if (c_.embedding_scale != 1.0f) {
+    // HF multiplies by the scale held in the activation dtype.
+    const float scale = model_.compute_dtype() == DType::kBF16
+                            ? RoundBf16(c_.embedding_scale)
+                            : c_.embedding_scale;
+    be.Scale(x, T * H, scale);
+    RoundActivations(d, x, T, H, H);
+  }
+  RETURN_IF_ERROR(Deliver(HookSite::kEmbed, -1, batch, d, H, H, x, sink));
+  if (c_.learned_positions) {
+    float* h = buf(BufferId::kPosEmbed);
+    const TensorView& wpe = d.weights->Require(WeightRole::kPosEmbed);
+    be.Gather(wpe.data, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T, H,
+              h);
+    RETURN_IF_ERROR(Deliver(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
+    be.Add(h, x, T * H);
+    RoundActivations(d, x, T, H, H);
+  }
+  if (a.region(BufferId::kRopeCos) != nullptr) return ComputeRope(d, batch);
+  return Status();
+}
 
-  switch (step.id) {
-    case StepId::kEmbed: {
-      const TensorView& embed = d.weights->Require(WeightRole::kEmbed);
-      be.Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
-      RoundActivations(d, x, T, H, H);
-      if (c_.embedding_scale != 1.0f) {
-        // HF multiplies by the scale held in the activation dtype.
-        const float scale = model_.compute_dtype() == DType::kBF16
-                                ? RoundBf16(c_.embedding_scale)
-                                : c_.embedding_scale;
-        be.Scale(x, T * H, scale);
-        RoundActivations(d, x, T, H, H);
-      }
-      RETURN_IF_ERROR(Deliver(HookSite::kEmbed, -1, batch, d, H, H, x, sink));
-      if (c_.learned_positions) {
-        float* h = buf(BufferId::kPosEmbed);
-        const TensorView& wpe = d.weights->Require(WeightRole::kPosEmbed);
-        be.Gather(wpe.data, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T,
-                  H, h);
-        RETURN_IF_ERROR(
-            Deliver(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
-        be.Add(h, x, T * H);
-        RoundActivations(d, x, T, H, H);
-      }
-      if (a.region(BufferId::kRopeCos) != nullptr) return ComputeRope(d, batch);
-      return Status();
+Status Executor::StepLn1(const ProgramStep& step, Device& d, int64_t l,
+                         const Batch& batch, HookSink* sink) {
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  float* x = a.as<float>(BufferId::kResidual);
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  RETURN_IF_ERROR(Deliver(HookSite::kResidPre, l, batch, d, H, H, x, sink));
+  if (!lc->pre_attn_norm) return Status();
+  return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset, WeightRole::kAttnNorm,
+              WeightRole::kAttnNormBias, l, x, buf(BufferId::kAttnIn),
+              HookSite::kLn1, batch, sink);
+}
+
+Status Executor::StepQkvProj(const ProgramStep& step, Device& d, int64_t l,
+                             const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV;
+  const float* in = buf(step.reads[0]);  // [T, H]
+  float* qkv = buf(BufferId::kQkv);      // [T, Q + 2 KV]
+  float* q = qkv;                        // [T, Q]  row stride ld
+  float* k = qkv + Q;                    // [T, KV] row stride ld
+  float* v = qkv + Q + KV;               // [T, KV] row stride ld
+  if (lc->fused_qkv) {
+    Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
+  } else {
+    Linear(d, in, T, WeightRole::kQ, WeightRole::kQBias, l, q, ld);
+    Linear(d, in, T, WeightRole::kK, WeightRole::kKBias, l, k, ld,
+           /*same_x=*/true);
+    Linear(d, in, T, WeightRole::kV, WeightRole::kVBias, l, v, ld,
+           /*same_x=*/true);
+  }
+  RoundActivations(d, qkv, T, ld, ld);
+  if (lc->clip_qkv > 0) be.Clamp(qkv, T, ld, ld, -lc->clip_qkv, lc->clip_qkv);
+  if (lc->qk_norm != QkNormKind::kNone) {
+    const TensorView& qn = d.weights->Require(WeightRole::kQNorm, l);
+    const TensorView& kn = d.weights->Require(WeightRole::kKNorm, l);
+    const bool per_head = lc->qk_norm == QkNormKind::kPerHead;
+    const int64_t hd = c_.head_dim;
+    be.RmsNormRows(q, T, ld, per_head ? c_.num_heads : 1, per_head ? hd : Q,
+                   qn.data, qn.dtype, lc->norm_eps);
+    be.RmsNormRows(k, T, ld, per_head ? c_.num_kv_heads : 1, per_head ? hd : KV,
+                   kn.data, kn.dtype, lc->norm_eps);
+    RoundActivations(d, qkv, T, Q + KV, ld);
+  }
+  RETURN_IF_ERROR(Deliver(HookSite::kQ, l, batch, d, Q, ld, q, sink));
+  RETURN_IF_ERROR(Deliver(HookSite::kK, l, batch, d, KV, ld, k, sink));
+  return Deliver(HookSite::kV, l, batch, d, KV, ld, v, sink);
+}
+
+Status Executor::StepAttention(const ProgramStep& step, Device& d, int64_t l,
+                               const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV,
+                hd = c_.head_dim;
+  float* q = buf(BufferId::kQkv);
+  float* k = q + Q;
+  float* v = q + Q + KV;
+  float* z = buf(BufferId::kZ);
+  if (lc->rope_half > 0) {
+    const float* cos = buf(BufferId::kRopeCos);
+    const float* sin = buf(BufferId::kRopeSin);
+    be.ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, lc->rope_half);
+    be.ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, lc->rope_half);
+    RoundActivations(d, q, T, Q + KV, ld);
+    RETURN_IF_ERROR(Deliver(HookSite::kRotQ, l, batch, d, Q, ld, q, sink));
+    RETURN_IF_ERROR(Deliver(HookSite::kRotK, l, batch, d, KV, ld, k, sink));
+  }
+  AttentionOp op;
+  if (lc->attn_sinks) {  // [num_heads] sink logits (gpt-oss)
+    const TensorView& sinks = d.weights->Require(WeightRole::kAttnSinks, l);
+    op.sinks = sinks.data;
+    op.sinks_dtype = sinks.dtype;
+  }
+  op.q = q;
+  op.q_rs = ld;
+  op.k = k;
+  op.k_rs = ld;
+  op.v = v;
+  op.v_rs = ld;
+  op.z = z;
+  const int64_t* seq_device = a.as<int64_t>(BufferId::kSeqStart);
+  op.seq_start = batch.seq_start.data();
+  op.seq_start_device = seq_device;
+  op.num_seqs = batch.num_seqs();
+  for (int64_t s = 0; s < batch.num_seqs(); ++s)
+    op.max_seq_len =
+        std::max(op.max_seq_len, batch.seq_start[s + 1] - batch.seq_start[s]);
+  op.q_heads = c_.num_heads;
+  op.kv_heads = c_.num_kv_heads;
+  op.head_dim = hd;
+  op.scale = lc->attn_scale;
+  op.compute = model_.compute_dtype();
+  op.softcap = lc->attn_softcap;
+  op.window = lc->window;
+  op.workspace = d.workspace.region(BufferId::kAttnWorkspace);
+  if (kv_ != nullptr) {
+    // New K/V rows go to the cache; queries see the cached prefix.
+    op.k_cache = kv_->cache->k(l);
+    op.v_cache = kv_->cache->v(l);
+    op.kv_capacity = kv_->cache->positions(l);
+    op.kv_slot = kv_->slot.data();
+    op.q_pos0 = kv_->pos0.data();
+    if (kv_->cache->layer_paged(l)) {
+      op.kv_page_table = kv_page_rows_.data();
+      op.kv_pages_per_seq = kv_->cache->pages_per_seq();
+      op.kv_page_size = kv_->cache->page_size();
+      op.kv_num_pages = kv_->cache->num_pages();
     }
-
-    case StepId::kLn1: {
-      RETURN_IF_ERROR(Deliver(HookSite::kResidPre, l, batch, d, H, H, x, sink));
-      if (!lc->pre_attn_norm) return Status();
-      return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset,
-                  WeightRole::kAttnNorm, WeightRole::kAttnNormBias, l, x,
-                  buf(BufferId::kAttnIn), HookSite::kLn1, batch, sink);
+    op.workspace = kv_->cache->workspace();
+    RETURN_IF_ERROR(be.Attention(op));
+  } else if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {
+    // One sequence at a time so each sequence's probabilities can be
+    // delivered.
+    float* probs = buf(BufferId::kPattern);
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      AttentionOp one = op;
+      one.seq_start = batch.seq_start.data() + s;
+      one.seq_start_device = seq_device + s;
+      one.num_seqs = 1;
+      one.max_seq_len = batch.seq_start[s + 1] - batch.seq_start[s];
+      one.probs = probs;
+      one.probs_seq = 0;
+      RETURN_IF_ERROR(be.Attention(one));
+      const int64_t len = batch.seq_start[s + 1] - batch.seq_start[s];
+      RETURN_IF_ERROR(sink->OnActivation(
+          HookPoint{HookSite::kPattern, l}, batch, s, batch.seq_start[s],
+          F32View(be, probs, c_.num_heads * len, len, len)));
     }
+  } else {
+    RETURN_IF_ERROR(be.Attention(op));
+  }
+  RoundActivations(d, z, T, Q, Q);
+  return Deliver(HookSite::kZ, l, batch, d, Q, Q, z, sink);
+}
 
-    case StepId::kQkvProj: {
-      const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV;
-      const float* in = buf(step.reads[0]);  // [T, H]
-      float* qkv = buf(BufferId::kQkv);      // [T, Q + 2 KV]
-      float* q = qkv;                        // [T, Q]  row stride ld
-      float* k = qkv + Q;                    // [T, KV] row stride ld
-      float* v = qkv + Q + KV;               // [T, KV] row stride ld
-      if (lc->fused_qkv) {
-        Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
-      } else {
-        Linear(d, in, T, WeightRole::kQ, WeightRole::kQBias, l, q, ld);
-        Linear(d, in, T, WeightRole::kK, WeightRole::kKBias, l, k, ld,
-               /*same_x=*/true);
-        Linear(d, in, T, WeightRole::kV, WeightRole::kVBias, l, v, ld,
-               /*same_x=*/true);
-      }
-      RoundActivations(d, qkv, T, ld, ld);
-      if (lc->clip_qkv > 0)
-        be.Clamp(qkv, T, ld, ld, -lc->clip_qkv, lc->clip_qkv);
-      if (lc->qk_norm != QkNormKind::kNone) {
-        const TensorView& qn = d.weights->Require(WeightRole::kQNorm, l);
-        const TensorView& kn = d.weights->Require(WeightRole::kKNorm, l);
-        const bool per_head = lc->qk_norm == QkNormKind::kPerHead;
-        const int64_t hd = c_.head_dim;
-        be.RmsNormRows(q, T, ld, per_head ? c_.num_heads : 1, per_head ? hd : Q,
-                       qn.data, qn.dtype, lc->norm_eps);
-        be.RmsNormRows(k, T, ld, per_head ? c_.num_kv_heads : 1,
-                       per_head ? hd : KV, kn.data, kn.dtype, lc->norm_eps);
-        RoundActivations(d, qkv, T, Q + KV, ld);
-      }
-      RETURN_IF_ERROR(Deliver(HookSite::kQ, l, batch, d, Q, ld, q, sink));
-      RETURN_IF_ERROR(Deliver(HookSite::kK, l, batch, d, KV, ld, k, sink));
-      return Deliver(HookSite::kV, l, batch, d, KV, ld, v, sink);
-    }
+Status Executor::StepOProj(const ProgramStep& step, Device& d, int64_t l,
+                           const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  float* o = buf(BufferId::kAttnOut);
+  Linear(d, buf(BufferId::kZ), T, WeightRole::kO, WeightRole::kOBias, l, o, H);
+  RoundActivations(d, o, T, H, H);
+  return Deliver(HookSite::kAttnOut, l, batch, d, H, H, o, sink);
+}
 
-    case StepId::kAttention: {
-      const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV,
-                    hd = c_.head_dim;
-      float* q = buf(BufferId::kQkv);
-      float* k = q + Q;
-      float* v = q + Q + KV;
-      float* z = buf(BufferId::kZ);
-      if (lc->rope_half > 0) {
-        const float* cos = buf(BufferId::kRopeCos);
-        const float* sin = buf(BufferId::kRopeSin);
-        be.ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, lc->rope_half);
-        be.ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, lc->rope_half);
-        RoundActivations(d, q, T, Q + KV, ld);
-        RETURN_IF_ERROR(Deliver(HookSite::kRotQ, l, batch, d, Q, ld, q, sink));
-        RETURN_IF_ERROR(Deliver(HookSite::kRotK, l, batch, d, KV, ld, k, sink));
-      }
-      AttentionOp op;
-      if (lc->attn_sinks) {  // [num_heads] sink logits (gpt-oss)
-        const TensorView& sinks = d.weights->Require(WeightRole::kAttnSinks, l);
-        op.sinks = sinks.data;
-        op.sinks_dtype = sinks.dtype;
-      }
-      op.q = q;
-      op.q_rs = ld;
-      op.k = k;
-      op.k_rs = ld;
-      op.v = v;
-      op.v_rs = ld;
-      op.z = z;
-      const int64_t* seq_device = a.as<int64_t>(BufferId::kSeqStart);
-      op.seq_start = batch.seq_start.data();
-      op.seq_start_device = seq_device;
-      op.num_seqs = batch.num_seqs();
-      for (int64_t s = 0; s < batch.num_seqs(); ++s)
-        op.max_seq_len = std::max(op.max_seq_len,
-                                  batch.seq_start[s + 1] - batch.seq_start[s]);
-      op.q_heads = c_.num_heads;
-      op.kv_heads = c_.num_kv_heads;
-      op.head_dim = hd;
-      op.scale = lc->attn_scale;
-      op.compute = model_.compute_dtype();
-      op.softcap = lc->attn_softcap;
-      op.window = lc->window;
-      op.workspace = d.workspace.region(BufferId::kAttnWorkspace);
-      if (kv_ != nullptr) {
-        // New K/V rows go to the cache; queries see the cached prefix.
-        op.k_cache = kv_->cache->k(l);
-        op.v_cache = kv_->cache->v(l);
-        op.kv_capacity = kv_->cache->positions(l);
-        op.kv_slot = kv_->slot.data();
-        op.q_pos0 = kv_->pos0.data();
-        if (kv_->cache->layer_paged(l)) {
-          op.kv_page_table = kv_page_rows_.data();
-          op.kv_pages_per_seq = kv_->cache->pages_per_seq();
-          op.kv_page_size = kv_->cache->page_size();
-          op.kv_num_pages = kv_->cache->num_pages();
-        }
-        op.workspace = kv_->cache->workspace();
-        RETURN_IF_ERROR(be.Attention(op));
-      } else if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {
-        // One sequence at a time so each sequence's probabilities can be
-        // delivered.
-        float* probs = buf(BufferId::kPattern);
-        for (int64_t s = 0; s < batch.num_seqs(); ++s) {
-          AttentionOp one = op;
-          one.seq_start = batch.seq_start.data() + s;
-          one.seq_start_device = seq_device + s;
-          one.num_seqs = 1;
-          one.max_seq_len = batch.seq_start[s + 1] - batch.seq_start[s];
-          one.probs = probs;
-          one.probs_seq = 0;
-          RETURN_IF_ERROR(be.Attention(one));
-          const int64_t len = batch.seq_start[s + 1] - batch.seq_start[s];
-          RETURN_IF_ERROR(sink->OnActivation(
-              HookPoint{HookSite::kPattern, l}, batch, s, batch.seq_start[s],
-              F32View(be, probs, c_.num_heads * len, len, len)));
-        }
-      } else {
-        RETURN_IF_ERROR(be.Attention(op));
-      }
-      RoundActivations(d, z, T, Q, Q);
-      return Deliver(HookSite::kZ, l, batch, d, Q, Q, z, sink);
-    }
+Status Executor::StepAttnResidualAdd(const ProgramStep& step, Device& d,
+                                     int64_t l, const Batch& batch,
+                                     HookSink* sink) {
+  const Arena& a = d.activations;
+  float* x = a.as<float>(BufferId::kResidual);
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  return BranchResidualAdd(
+      d, *lc, lc->post_attn_norm, WeightRole::kPostAttnNorm, HookSite::kLn1Post,
+      HookSite::kResidMid, l, buf(BufferId::kAttnOut), x, batch, sink);
+}
 
-    case StepId::kOProj: {
-      float* o = buf(BufferId::kAttnOut);
-      Linear(d, buf(BufferId::kZ), T, WeightRole::kO, WeightRole::kOBias, l, o,
-             H);
-      RoundActivations(d, o, T, H, H);
-      return Deliver(HookSite::kAttnOut, l, batch, d, H, H, o, sink);
-    }
+Status Executor::StepLn2(const ProgramStep& step, Device& d, int64_t l,
+                         const Batch& batch, HookSink* sink) {
+  const Arena& a = d.activations;
+  float* x = a.as<float>(BufferId::kResidual);
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  if (!lc->pre_mlp_norm) return Status();
+  return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset, WeightRole::kMlpNorm,
+              WeightRole::kMlpNormBias, l, x, buf(BufferId::kMlpIn),
+              HookSite::kLn2, batch, sink);
+}
 
-    case StepId::kAttnResidualAdd:
-      return BranchResidualAdd(d, *lc, lc->post_attn_norm,
-                               WeightRole::kPostAttnNorm, HookSite::kLn1Post,
-                               HookSite::kResidMid, l, buf(BufferId::kAttnOut),
-                               x, batch, sink);
+Status Executor::StepUpProj(const ProgramStep& step, Device& d, int64_t l,
+                            const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const Arena& a = d.activations;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t I = c_.intermediate_size;
+  const float* in = buf(step.reads[0]);  // [T, H]
+  float* up = buf(step.writes[0]);       // [T, I] fc or [T, 2I] gate|up
+  if (lc->mlp == MlpKind::kPlain) {
+    Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up, I);
+    RoundActivations(d, up, T, I, I);
+    return Deliver(HookSite::kMlpPre, l, batch, d, I, I, up, sink);
+  }
+  if (lc->mlp == MlpKind::kGatedFused) {
+    Linear(d, in, T, WeightRole::kGateUp, WeightRole::kOther, l, up, 2 * I);
+  } else {
+    Linear(d, in, T, WeightRole::kGate, WeightRole::kGateBias, l, up, 2 * I);
+    Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up + I, 2 * I,
+           /*same_x=*/true);
+  }
+  RoundActivations(d, up, T, 2 * I, 2 * I);
+  return Deliver(HookSite::kMlpPre, l, batch, d, I, 2 * I, up, sink);
+}
 
-    case StepId::kLn2: {
-      if (!lc->pre_mlp_norm) return Status();
-      return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset,
-                  WeightRole::kMlpNorm, WeightRole::kMlpNormBias, l, x,
-                  buf(BufferId::kMlpIn), HookSite::kLn2, batch, sink);
-    }
+Status Executor::StepActivation(const ProgramStep& step, Device& d, int64_t l,
+                                const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t I = c_.intermediate_size;
+  const ActivationFn fn = ToActivationFn(lc->act);
+  float* in = buf(step.reads[0]);
+  float* out = buf(step.writes[0]);
+  if (lc->mlp == MlpKind::kPlain) {
+    be.Activation(fn, out, T * I);  // in place on the dense fc rows
+  } else {
+    be.GatedActivation(fn, in, 2 * I, in + I, 2 * I, out, T, I);
+  }
+  RoundActivations(d, out, T, I, I);
+  return Deliver(HookSite::kMlpPost, l, batch, d, I, I, out, sink);
+}
 
-    case StepId::kUpProj: {
-      const int64_t I = c_.intermediate_size;
-      const float* in = buf(step.reads[0]);  // [T, H]
-      float* up = buf(step.writes[0]);       // [T, I] fc or [T, 2I] gate|up
-      if (lc->mlp == MlpKind::kPlain) {
-        Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up, I);
-        RoundActivations(d, up, T, I, I);
-        return Deliver(HookSite::kMlpPre, l, batch, d, I, I, up, sink);
-      }
-      if (lc->mlp == MlpKind::kGatedFused) {
-        Linear(d, in, T, WeightRole::kGateUp, WeightRole::kOther, l, up, 2 * I);
-      } else {
-        Linear(d, in, T, WeightRole::kGate, WeightRole::kGateBias, l, up,
-               2 * I);
-        Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up + I, 2 * I,
-               /*same_x=*/true);
-      }
-      RoundActivations(d, up, T, 2 * I, 2 * I);
-      return Deliver(HookSite::kMlpPre, l, batch, d, I, 2 * I, up, sink);
-    }
+Status Executor::StepDownProj(const ProgramStep& step, Device& d, int64_t l,
+                              const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  float* o = buf(BufferId::kMlpOut);
+  Linear(d, buf(step.reads[0]), T, WeightRole::kDown, WeightRole::kDownBias, l,
+         o, H);
+  RoundActivations(d, o, T, H, H);
+  return Deliver(HookSite::kMlpOut, l, batch, d, H, H, o, sink);
+}
 
-    case StepId::kActivation: {
-      const int64_t I = c_.intermediate_size;
-      const ActivationFn fn = ToActivationFn(lc->act);
-      float* in = buf(step.reads[0]);
-      float* out = buf(step.writes[0]);
-      if (lc->mlp == MlpKind::kPlain) {
-        be.Activation(fn, out, T * I);  // in place on the dense fc rows
-      } else {
-        be.GatedActivation(fn, in, 2 * I, in + I, 2 * I, out, T, I);
-      }
-      RoundActivations(d, out, T, I, I);
-      return Deliver(HookSite::kMlpPost, l, batch, d, I, I, out, sink);
-    }
+Status Executor::StepRouter(const ProgramStep& step, Device& d, int64_t l,
+                            const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t E = lc->num_experts, K = lc->experts_per_token;
+  const float* in = buf(step.reads[0]);               // [T, H]
+  float* logits = buf(BufferId::kRouterLogits);       // [T, E] f32
+  int32_t* ids = a.as<int32_t>(BufferId::kRouteIds);  // [T, k] i32
+  float* w = buf(BufferId::kRouteWeights);            // [T, k] f32
+  Linear(d, in, T, WeightRole::kRouter,
+         lc->router_bias ? WeightRole::kRouterBias : WeightRole::kOther, l,
+         logits, E);
+  RETURN_IF_ERROR(
+      Deliver(HookSite::kRouterLogits, l, batch, d, E, E, logits, sink));
+  be.TopKRoute(logits, T, E, E, K, lc->router, lc->norm_topk_prob, ids, w);
+  if (sink != nullptr && hooks_.Contains(HookSite::kExpertIds, l)) {
+    static_assert(IsIntegerSite(HookSite::kExpertIds));
+    ActivationView v = F32View(be, nullptr, T, K, K);
+    v.data = ids;
+    v.dtype = DType::kI32;
+    RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kExpertIds, l},
+                                       batch, -1, 0, v));
+  }
+  return Deliver(HookSite::kExpertWeights, l, batch, d, K, K, w, sink);
+}
 
-    case StepId::kDownProj: {
-      float* o = buf(BufferId::kMlpOut);
-      Linear(d, buf(step.reads[0]), T, WeightRole::kDown, WeightRole::kDownBias,
-             l, o, H);
-      RoundActivations(d, o, T, H, H);
-      return Deliver(HookSite::kMlpOut, l, batch, d, H, H, o, sink);
-    }
+Status Executor::StepExpertGather(const ProgramStep& step, Device& d, int64_t l,
+                                  const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  // Group the T k (token, slot) pairs by expert, stable in token order;
+  // the per-expert offsets come back to the host, which issues one GEMM
+  // per expert with rows.
+  const int64_t E = lc->num_experts, K = lc->experts_per_token;
+  int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);  // [E + 1]
+  Status st = be.GroupByExpert(
+      a.as<int32_t>(BufferId::kRouteIds), buf(BufferId::kRouteWeights), T, K, E,
+      off, a.as<int32_t>(BufferId::kExpertRows),
+      buf(BufferId::kExpertRowWeights),
+      d.host_memory ? off : host_expert_offsets_.data());
+  if (!st.ok())
+    return InternalError("executor: layer " + std::to_string(l) + ": " +
+                         st.message());
+  be.GatherRows(buf(step.reads[0]), H, a.as<int32_t>(BufferId::kExpertRows),
+                T * K, H, buf(BufferId::kExpertIn));
+  return Status();
+}
 
-    case StepId::kRouter: {
-      const int64_t E = lc->num_experts, K = lc->experts_per_token;
-      const float* in = buf(step.reads[0]);               // [T, H]
-      float* logits = buf(BufferId::kRouterLogits);       // [T, E] f32
-      int32_t* ids = a.as<int32_t>(BufferId::kRouteIds);  // [T, k] i32
-      float* w = buf(BufferId::kRouteWeights);            // [T, k] f32
-      Linear(d, in, T, WeightRole::kRouter,
-             lc->router_bias ? WeightRole::kRouterBias : WeightRole::kOther, l,
-             logits, E);
-      RETURN_IF_ERROR(
-          Deliver(HookSite::kRouterLogits, l, batch, d, E, E, logits, sink));
-      be.TopKRoute(logits, T, E, E, K, lc->router, lc->norm_topk_prob, ids, w);
-      if (sink != nullptr && hooks_.Contains(HookSite::kExpertIds, l)) {
-        static_assert(IsIntegerSite(HookSite::kExpertIds));
-        ActivationView v = F32View(be, nullptr, T, K, K);
-        v.data = ids;
-        v.dtype = DType::kI32;
-        RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kExpertIds, l},
-                                           batch, -1, 0, v));
-      }
-      return Deliver(HookSite::kExpertWeights, l, batch, d, K, K, w, sink);
-    }
-
-    case StepId::kExpertGather: {
-      // Group the T k (token, slot) pairs by expert, stable in token order;
-      // the per-expert offsets come back to the host, which issues one GEMM
-      // per expert with rows.
-      const int64_t E = lc->num_experts, K = lc->experts_per_token;
-      int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);  // [E + 1]
-      Status st = be.GroupByExpert(
-          a.as<int32_t>(BufferId::kRouteIds), buf(BufferId::kRouteWeights), T,
-          K, E, off, a.as<int32_t>(BufferId::kExpertRows),
-          buf(BufferId::kExpertRowWeights),
-          d.host_memory ? off : host_expert_offsets_.data());
-      if (!st.ok())
-        return InternalError("executor: layer " + std::to_string(l) + ": " +
-                             st.message());
-      be.GatherRows(buf(step.reads[0]), H, a.as<int32_t>(BufferId::kExpertRows),
-                    T * K, H, buf(BufferId::kExpertIn));
-      return Status();
-    }
-
-    case StepId::kExpertGateUp: {
-      const int64_t Ie = lc->expert_intermediate_size;
-      const int32_t* off = HostExpertOffsets(d);
-      const float* in = buf(BufferId::kExpertIn);  // [T k, H]
-      float* gu = buf(BufferId::kExpertGateUp);    // [T k, 2 Ie]
-      const bool fused =
-          lc->expert_act == ExpertActKind::kClampedSwigluInterleaved;
-      for (int64_t e = 0; e < lc->num_experts; ++e) {
-        const int64_t n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        const float* x = in + off[e] * H;  // [n, H]
-        float* y = gu + off[e] * 2 * Ie;   // [n, 2 Ie]
-        if (fused) {
-          ExpertLinear(d, x, n, WeightRole::kExpertGateUp,
-                       WeightRole::kExpertGateUpBias, l, e, y, 2 * Ie);
-        } else {
-          ExpertLinear(d, x, n, WeightRole::kExpertGate, WeightRole::kOther, l,
-                       e, y, 2 * Ie);
-          ExpertLinear(d, x, n, WeightRole::kExpertUp, WeightRole::kOther, l, e,
-                       y + Ie, 2 * Ie, /*same_x=*/true);
-        }
-      }
-      RoundActivations(d, gu, T * lc->experts_per_token, 2 * Ie, 2 * Ie);
-      return Status();
-    }
-
-    case StepId::kExpertActivation: {
-      const int64_t Ie = lc->expert_intermediate_size,
-                    R = T * lc->experts_per_token;
-      const float* gu = buf(BufferId::kExpertGateUp);  // [R, 2 Ie]
-      float* act = buf(BufferId::kExpertAct);          // [R, Ie]
-      if (lc->expert_act == ExpertActKind::kClampedSwigluInterleaved)
-        be.ClampedSwiglu(gu, 2 * Ie, act, R, Ie, lc->swiglu_alpha,
-                         lc->swiglu_limit);
-      else
-        be.GatedActivation(ToActivationFn(lc->act), gu, 2 * Ie, gu + Ie, 2 * Ie,
-                           act, R, Ie);
-      RoundActivations(d, act, R, Ie, Ie);
-      return Status();
-    }
-
-    case StepId::kExpertDown: {
-      const int64_t Ie = lc->expert_intermediate_size;
-      const int32_t* off = HostExpertOffsets(d);
-      const float* act = buf(BufferId::kExpertAct);  // [T k, Ie]
-      float* out = buf(BufferId::kExpertOut);        // [T k, H]
-      for (int64_t e = 0; e < lc->num_experts; ++e) {
-        const int64_t n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        ExpertLinear(
-            d, act + off[e] * Ie, n, WeightRole::kExpertDown,
-            lc->expert_bias ? WeightRole::kExpertDownBias : WeightRole::kOther,
-            l, e, out + off[e] * H, H);
-      }
-      RoundActivations(d, out, T * lc->experts_per_token, H, H);
-      return Status();
-    }
-
-    case StepId::kExpertScatterAdd: {
-      // HF's loop over experts 0..E-1 adding weight * out into the zeroed
-      // output (index_add_): the same order gives the same f32 sums. Within
-      // one expert the rows are distinct tokens.
-      const int32_t* off = HostExpertOffsets(d);
-      const int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);
-      const float* row_w = buf(BufferId::kExpertRowWeights);
-      const float* out = buf(BufferId::kExpertOut);  // [T k, H]
-      float* y = buf(BufferId::kMlpOut);             // [T, H]
-      be.SetZero(y, T * H);
-      for (int64_t e = 0; e < lc->num_experts; ++e) {
-        const int64_t n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        be.ScatterAddRows(out + off[e] * H, rows + off[e], row_w + off[e], n, H,
-                          y, H);
-      }
-      RoundActivations(d, y, T, H, H);
-      return Status();
-    }
-
-    case StepId::kSharedExpert: {
-      const int64_t S = lc->shared_expert_intermediate_size;
-      const float* in = buf(step.reads[0]);      // [T, H]
-      float* gu = buf(BufferId::kSharedGateUp);  // [T, 2 S]
-      float* act = buf(BufferId::kSharedAct);    // [T, S]
-      float* out = buf(BufferId::kSharedOut);    // [T, H]
-      Linear(d, in, T, WeightRole::kSharedExpertGateProj, WeightRole::kOther, l,
-             gu, 2 * S);
-      Linear(d, in, T, WeightRole::kSharedExpertUp, WeightRole::kOther, l,
-             gu + S, 2 * S, /*same_x=*/true);
-      RoundActivations(d, gu, T, 2 * S, 2 * S);
-      be.GatedActivation(ToActivationFn(lc->act), gu, 2 * S, gu + S, 2 * S, act,
-                         T, S);
-      RoundActivations(d, act, T, S, S);
-      Linear(d, act, T, WeightRole::kSharedExpertDown, WeightRole::kOther, l,
-             out, H);
-      RoundActivations(d, out, T, H, H);
-      float* y = buf(BufferId::kMlpOut);  // [T, H]
-      if (lc->shared_expert_gate) {
-        float* g = buf(BufferId::kSharedGateLogit);  // [T] f32
-        Linear(d, in, T, WeightRole::kSharedExpertGate, WeightRole::kOther, l,
-               g, 1);
-        be.SigmoidGateAddRows(out, g, T, H, y, H);
-      } else {
-        be.Add(out, y, T * H);
-      }
-      RoundActivations(d, y, T, H, H);
-      return Status();
-    }
-
-    case StepId::kMlpResidualAdd:
-      // An MoE block's output is complete only here (routed sum + shared
-      // expert); a dense MLP's was delivered by its down projection.
-      if (lc->moe())
-        RETURN_IF_ERROR(Deliver(HookSite::kMlpOut, l, batch, d, H, H,
-                                buf(BufferId::kMlpOut), sink));
-      return BranchResidualAdd(d, *lc, lc->post_mlp_norm,
-                               WeightRole::kPostMlpNorm, HookSite::kLn2Post,
-                               HookSite::kResidPost, l, buf(BufferId::kMlpOut),
-                               x, batch, sink);
-
-    case StepId::kFinalNorm: {
-      return Norm(d, c_.norm, c_.norm_eps, c_.norm_offset,
-                  WeightRole::kFinalNorm, WeightRole::kFinalNormBias, -1, x,
-                  buf(BufferId::kFinalNorm), HookSite::kFinalNorm, batch, sink);
-    }
-
-    case StepId::kLogits: {
-      const float* h = buf(BufferId::kFinalNorm);
-      float* logits = d.logits.as<float>(BufferId::kLogitsChunk);
-      const int64_t V = c_.vocab_size;
-      for (int64_t r0 = 0; r0 < T; r0 += options_.logits_chunk_rows) {
-        const int64_t rows = std::min(options_.logits_chunk_rows, T - r0);
-        ComputeLogits(c_, *d.weights, be, h + r0 * H, rows, logits,
-                      d.workspace.region(BufferId::kGemmInputCopy));
-        RoundActivations(d, logits, rows, V, V);
-        if (sink)
-          RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1},
-                                             batch, -1, r0,
-                                             F32View(be, logits, rows, V, V)));
-      }
-      return Status();
+Status Executor::StepExpertGateUp(const ProgramStep& step, Device& d, int64_t l,
+                                  const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  float* x = a.as<float>(BufferId::kResidual);
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t Ie = lc->expert_intermediate_size;
+  const int32_t* off = HostExpertOffsets(d);
+  const float* in = buf(BufferId::kExpertIn);  // [T k, H]
+  float* gu = buf(BufferId::kExpertGateUp);    // [T k, 2 Ie]
+  const bool fused = lc->expert_act == ExpertActKind::kClampedSwigluInterleaved;
+  for (int64_t e = 0; e < lc->num_experts; ++e) {
+    const int64_t n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    const float* x = in + off[e] * H;  // [n, H]
+    float* y = gu + off[e] * 2 * Ie;   // [n, 2 Ie]
+    if (fused) {
+      ExpertLinear(d, x, n, WeightRole::kExpertGateUp,
+                   WeightRole::kExpertGateUpBias, l, e, y, 2 * Ie);
+    } else {
+      ExpertLinear(d, x, n, WeightRole::kExpertGate, WeightRole::kOther, l, e,
+                   y, 2 * Ie);
+      ExpertLinear(d, x, n, WeightRole::kExpertUp, WeightRole::kOther, l, e,
+                   y + Ie, 2 * Ie, /*same_x=*/true);
     }
   }
-  return InternalError("executor: unknown step");
+  RoundActivations(d, gu, T * lc->experts_per_token, 2 * Ie, 2 * Ie);
+  return Status();
+}
+
+Status Executor::StepExpertActivation(const ProgramStep& step, Device& d,
+                                      int64_t l, const Batch& batch,
+                                      HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t Ie = lc->expert_intermediate_size,
+                R = T * lc->experts_per_token;
+  const float* gu = buf(BufferId::kExpertGateUp);  // [R, 2 Ie]
+  float* act = buf(BufferId::kExpertAct);          // [R, Ie]
+  if (lc->expert_act == ExpertActKind::kClampedSwigluInterleaved)
+    be.ClampedSwiglu(gu, 2 * Ie, act, R, Ie, lc->swiglu_alpha,
+                     lc->swiglu_limit);
+  else
+    be.GatedActivation(ToActivationFn(lc->act), gu, 2 * Ie, gu + Ie, 2 * Ie,
+                       act, R, Ie);
+  RoundActivations(d, act, R, Ie, Ie);
+  return Status();
+}
+
+Status Executor::StepExpertDown(const ProgramStep& step, Device& d, int64_t l,
+                                const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t Ie = lc->expert_intermediate_size;
+  const int32_t* off = HostExpertOffsets(d);
+  const float* act = buf(BufferId::kExpertAct);  // [T k, Ie]
+  float* out = buf(BufferId::kExpertOut);        // [T k, H]
+  for (int64_t e = 0; e < lc->num_experts; ++e) {
+    const int64_t n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    ExpertLinear(
+        d, act + off[e] * Ie, n, WeightRole::kExpertDown,
+        lc->expert_bias ? WeightRole::kExpertDownBias : WeightRole::kOther, l,
+        e, out + off[e] * H, H);
+  }
+  RoundActivations(d, out, T * lc->experts_per_token, H, H);
+  return Status();
+}
+
+Status Executor::StepExpertScatterAdd(const ProgramStep& step, Device& d,
+                                      int64_t l, const Batch& batch,
+                                      HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  // HF's loop over experts 0..E-1 adding weight * out into the zeroed
+  // output (index_add_): the same order gives the same f32 sums. Within
+  // one expert the rows are distinct tokens.
+  const int32_t* off = HostExpertOffsets(d);
+  const int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);
+  const float* row_w = buf(BufferId::kExpertRowWeights);
+  const float* out = buf(BufferId::kExpertOut);  // [T k, H]
+  float* y = buf(BufferId::kMlpOut);             // [T, H]
+  be.SetZero(y, T * H);
+  for (int64_t e = 0; e < lc->num_experts; ++e) {
+    const int64_t n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    be.ScatterAddRows(out + off[e] * H, rows + off[e], row_w + off[e], n, H, y,
+                      H);
+  }
+  RoundActivations(d, y, T, H, H);
+  return Status();
+}
+
+Status Executor::StepSharedExpert(const ProgramStep& step, Device& d, int64_t l,
+                                  const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  const int64_t S = lc->shared_expert_intermediate_size;
+  const float* in = buf(step.reads[0]);      // [T, H]
+  float* gu = buf(BufferId::kSharedGateUp);  // [T, 2 S]
+  float* act = buf(BufferId::kSharedAct);    // [T, S]
+  float* out = buf(BufferId::kSharedOut);    // [T, H]
+  Linear(d, in, T, WeightRole::kSharedExpertGateProj, WeightRole::kOther, l, gu,
+         2 * S);
+  Linear(d, in, T, WeightRole::kSharedExpertUp, WeightRole::kOther, l, gu + S,
+         2 * S, /*same_x=*/true);
+  RoundActivations(d, gu, T, 2 * S, 2 * S);
+  be.GatedActivation(ToActivationFn(lc->act), gu, 2 * S, gu + S, 2 * S, act, T,
+                     S);
+  RoundActivations(d, act, T, S, S);
+  Linear(d, act, T, WeightRole::kSharedExpertDown, WeightRole::kOther, l, out,
+         H);
+  RoundActivations(d, out, T, H, H);
+  float* y = buf(BufferId::kMlpOut);  // [T, H]
+  if (lc->shared_expert_gate) {
+    float* g = buf(BufferId::kSharedGateLogit);  // [T] f32
+    Linear(d, in, T, WeightRole::kSharedExpertGate, WeightRole::kOther, l, g,
+           1);
+    be.SigmoidGateAddRows(out, g, T, H, y, H);
+  } else {
+    be.Add(out, y, T * H);
+  }
+  RoundActivations(d, y, T, H, H);
+  return Status();
+}
+
+Status Executor::StepMlpResidualAdd(const ProgramStep& step, Device& d,
+                                    int64_t l, const Batch& batch,
+                                    HookSink* sink) {
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  float* x = a.as<float>(BufferId::kResidual);
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+  // An MoE block's output is complete only here (routed sum + shared
+  // expert); a dense MLP's was delivered by its down projection.
+  if (lc->moe())
+    RETURN_IF_ERROR(Deliver(HookSite::kMlpOut, l, batch, d, H, H,
+                            buf(BufferId::kMlpOut), sink));
+  return BranchResidualAdd(d, *lc, lc->post_mlp_norm, WeightRole::kPostMlpNorm,
+                           HookSite::kLn2Post, HookSite::kResidPost, l,
+                           buf(BufferId::kMlpOut), x, batch, sink);
+}
+
+Status Executor::StepFinalNorm(const ProgramStep& step, Device& d, int64_t l,
+                               const Batch& batch, HookSink* sink) {
+  const Arena& a = d.activations;
+  float* x = a.as<float>(BufferId::kResidual);
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  return Norm(d, c_.norm, c_.norm_eps, c_.norm_offset, WeightRole::kFinalNorm,
+              WeightRole::kFinalNormBias, -1, x, buf(BufferId::kFinalNorm),
+              HookSite::kFinalNorm, batch, sink);
+}
+
+Status Executor::StepLogits(const ProgramStep& step, Device& d, int64_t l,
+                            const Batch& batch, HookSink* sink) {
+  const int64_t T = batch.num_tokens();
+  const int64_t H = c_.hidden_size;
+  const Arena& a = d.activations;
+  Backend& be = *d.backend;
+  auto buf = [&](BufferId id) { return a.as<float>(id); };
+  const float* h = buf(BufferId::kFinalNorm);
+  float* logits = d.logits.as<float>(BufferId::kLogitsChunk);
+  const int64_t V = c_.vocab_size;
+  for (int64_t r0 = 0; r0 < T; r0 += options_.logits_chunk_rows) {
+    const int64_t rows = std::min(options_.logits_chunk_rows, T - r0);
+    ComputeLogits(c_, *d.weights, be, h + r0 * H, rows, logits,
+                  d.workspace.region(BufferId::kGemmInputCopy));
+    RoundActivations(d, logits, rows, V, V);
+    if (sink)
+      RETURN_IF_ERROR(sink->OnActivation(HookPoint{HookSite::kLogits, -1},
+                                         batch, -1, r0,
+                                         F32View(be, logits, rows, V, V)));
+  }
+  return Status();
 }
 
 Status Executor::CopyLayer(Device& d, int64_t layer) {

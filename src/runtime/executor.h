@@ -252,9 +252,55 @@ class Executor {
   Executor(const Model& model, const HookSet& hooks,
            const ExecutorOptions& options);
   // Runs one step of the program on device `d` (`layer` = -1 outside the
-  // blocks).
+  // blocks): the step's function from a table indexed by StepId.
   Status RunStep(const ProgramStep& step, Device& d, int64_t layer,
                  const Batch& batch, HookSink* sink);
+  // One function per StepId (src/plan/program.h), same arguments as RunStep;
+  // `l` is the layer (-1 for the embedding, final norm and logits), whose
+  // LayerConfig is program_.layers[l].
+  using StepFn = Status (Executor::*)(const ProgramStep& step, Device& d,
+                                      int64_t l, const Batch& batch,
+                                      HookSink* sink);
+  Status StepEmbed(const ProgramStep& step, Device& d, int64_t l,
+                   const Batch& batch, HookSink* sink);
+  Status StepLn1(const ProgramStep& step, Device& d, int64_t l,
+                 const Batch& batch, HookSink* sink);
+  Status StepQkvProj(const ProgramStep& step, Device& d, int64_t l,
+                     const Batch& batch, HookSink* sink);
+  Status StepAttention(const ProgramStep& step, Device& d, int64_t l,
+                       const Batch& batch, HookSink* sink);
+  Status StepOProj(const ProgramStep& step, Device& d, int64_t l,
+                   const Batch& batch, HookSink* sink);
+  Status StepAttnResidualAdd(const ProgramStep& step, Device& d, int64_t l,
+                             const Batch& batch, HookSink* sink);
+  Status StepLn2(const ProgramStep& step, Device& d, int64_t l,
+                 const Batch& batch, HookSink* sink);
+  Status StepUpProj(const ProgramStep& step, Device& d, int64_t l,
+                    const Batch& batch, HookSink* sink);
+  Status StepActivation(const ProgramStep& step, Device& d, int64_t l,
+                        const Batch& batch, HookSink* sink);
+  Status StepDownProj(const ProgramStep& step, Device& d, int64_t l,
+                      const Batch& batch, HookSink* sink);
+  Status StepRouter(const ProgramStep& step, Device& d, int64_t l,
+                    const Batch& batch, HookSink* sink);
+  Status StepExpertGather(const ProgramStep& step, Device& d, int64_t l,
+                          const Batch& batch, HookSink* sink);
+  Status StepExpertGateUp(const ProgramStep& step, Device& d, int64_t l,
+                          const Batch& batch, HookSink* sink);
+  Status StepExpertActivation(const ProgramStep& step, Device& d, int64_t l,
+                              const Batch& batch, HookSink* sink);
+  Status StepExpertDown(const ProgramStep& step, Device& d, int64_t l,
+                        const Batch& batch, HookSink* sink);
+  Status StepExpertScatterAdd(const ProgramStep& step, Device& d, int64_t l,
+                              const Batch& batch, HookSink* sink);
+  Status StepSharedExpert(const ProgramStep& step, Device& d, int64_t l,
+                          const Batch& batch, HookSink* sink);
+  Status StepMlpResidualAdd(const ProgramStep& step, Device& d, int64_t l,
+                            const Batch& batch, HookSink* sink);
+  Status StepFinalNorm(const ProgramStep& step, Device& d, int64_t l,
+                       const Batch& batch, HookSink* sink);
+  Status StepLogits(const ProgramStep& step, Device& d, int64_t l,
+                    const Batch& batch, HookSink* sink);
   // Forward with an optional KV cache (kv_ and edits_ are set for its
   // duration).
   Status RunForward(const Batch& batch, HookSink* sink, const KvBatch* kv,
