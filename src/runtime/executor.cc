@@ -765,17 +765,24 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
   static_assert(std::size(kSteps) == static_cast<size_t>(StepId::kLogits) + 1);
   const size_t i = static_cast<size_t>(step.id);
   if (i >= std::size(kSteps)) return InternalError("executor: unknown step");
-  return (this->*kSteps[i])(step, d, l, batch, sink);
+  const Arena& a = d.activations;
+  const StepArgs args{
+      step,
+      d,
+      l,
+      batch,
+      sink,
+      l >= 0 ? &program_.layers[static_cast<size_t>(l)] : nullptr,
+      batch.num_tokens(),
+      c_.hidden_size,
+      a,
+      *d.backend,
+      a.as<float>(BufferId::kResidual)};
+  return (this->*kSteps[i])(args);
 }
 
-Status Executor::StepEmbed(const ProgramStep& step, Device& d, int64_t l,
-                           const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  float* x = a.as<float>(BufferId::kResidual);
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
+Status Executor::StepEmbed(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const TensorView& embed = d.weights->Require(WeightRole::kEmbed);
   be.Gather(embed.data, embed.dtype, batch.ids.data(), T, H, x);
   RoundActivations(d, x, T, H, H);
@@ -789,7 +796,7 @@ Status Executor::StepEmbed(const ProgramStep& step, Device& d, int64_t l,
   }
   RETURN_IF_ERROR(Deliver(HookSite::kEmbed, -1, batch, d, H, H, x, sink));
   if (c_.learned_positions) {
-    float* h = buf(BufferId::kPosEmbed);
+    float* h = s.buf(BufferId::kPosEmbed);
     const TensorView& wpe = d.weights->Require(WeightRole::kPosEmbed);
     be.Gather(wpe.data, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T, H,
               h);
@@ -801,33 +808,23 @@ Status Executor::StepEmbed(const ProgramStep& step, Device& d, int64_t l,
   return Status();
 }
 
-Status Executor::StepLn1(const ProgramStep& step, Device& d, int64_t l,
-                         const Batch& batch, HookSink* sink) {
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  float* x = a.as<float>(BufferId::kResidual);
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepLn1(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   RETURN_IF_ERROR(Deliver(HookSite::kResidPre, l, batch, d, H, H, x, sink));
   if (!lc->pre_attn_norm) return Status();
   return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset, WeightRole::kAttnNorm,
-              WeightRole::kAttnNormBias, l, x, buf(BufferId::kAttnIn),
+              WeightRole::kAttnNormBias, l, x, s.buf(BufferId::kAttnIn),
               HookSite::kLn1, batch, sink);
 }
 
-Status Executor::StepQkvProj(const ProgramStep& step, Device& d, int64_t l,
-                             const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepQkvProj(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV;
-  const float* in = buf(step.reads[0]);  // [T, H]
-  float* qkv = buf(BufferId::kQkv);      // [T, Q + 2 KV]
-  float* q = qkv;                        // [T, Q]  row stride ld
-  float* k = qkv + Q;                    // [T, KV] row stride ld
-  float* v = qkv + Q + KV;               // [T, KV] row stride ld
+  const float* in = s.buf(step.reads[0]);  // [T, H]
+  float* qkv = s.buf(BufferId::kQkv);      // [T, Q + 2 KV]
+  float* q = qkv;                          // [T, Q]  row stride ld
+  float* k = qkv + Q;                      // [T, KV] row stride ld
+  float* v = qkv + Q + KV;                 // [T, KV] row stride ld
   if (lc->fused_qkv) {
     Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
   } else {
@@ -855,22 +852,17 @@ Status Executor::StepQkvProj(const ProgramStep& step, Device& d, int64_t l,
   return Deliver(HookSite::kV, l, batch, d, KV, ld, v, sink);
 }
 
-Status Executor::StepAttention(const ProgramStep& step, Device& d, int64_t l,
-                               const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepAttention(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV,
                 hd = c_.head_dim;
-  float* q = buf(BufferId::kQkv);
+  float* q = s.buf(BufferId::kQkv);
   float* k = q + Q;
   float* v = q + Q + KV;
-  float* z = buf(BufferId::kZ);
+  float* z = s.buf(BufferId::kZ);
   if (lc->rope_half > 0) {
-    const float* cos = buf(BufferId::kRopeCos);
-    const float* sin = buf(BufferId::kRopeSin);
+    const float* cos = s.buf(BufferId::kRopeCos);
+    const float* sin = s.buf(BufferId::kRopeSin);
     be.ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, lc->rope_half);
     be.ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, lc->rope_half);
     RoundActivations(d, q, T, Q + KV, ld);
@@ -923,7 +915,7 @@ Status Executor::StepAttention(const ProgramStep& step, Device& d, int64_t l,
   } else if (sink != nullptr && hooks_.Contains(HookSite::kPattern, l)) {
     // One sequence at a time so each sequence's probabilities can be
     // delivered.
-    float* probs = buf(BufferId::kPattern);
+    float* probs = s.buf(BufferId::kPattern);
     for (int64_t s = 0; s < batch.num_seqs(); ++s) {
       AttentionOp one = op;
       one.seq_start = batch.seq_start.data() + s;
@@ -945,51 +937,35 @@ Status Executor::StepAttention(const ProgramStep& step, Device& d, int64_t l,
   return Deliver(HookSite::kZ, l, batch, d, Q, Q, z, sink);
 }
 
-Status Executor::StepOProj(const ProgramStep& step, Device& d, int64_t l,
-                           const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  float* o = buf(BufferId::kAttnOut);
-  Linear(d, buf(BufferId::kZ), T, WeightRole::kO, WeightRole::kOBias, l, o, H);
+Status Executor::StepOProj(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
+  float* o = s.buf(BufferId::kAttnOut);
+  Linear(d, s.buf(BufferId::kZ), T, WeightRole::kO, WeightRole::kOBias, l, o,
+         H);
   RoundActivations(d, o, T, H, H);
   return Deliver(HookSite::kAttnOut, l, batch, d, H, H, o, sink);
 }
 
-Status Executor::StepAttnResidualAdd(const ProgramStep& step, Device& d,
-                                     int64_t l, const Batch& batch,
-                                     HookSink* sink) {
-  const Arena& a = d.activations;
-  float* x = a.as<float>(BufferId::kResidual);
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepAttnResidualAdd(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   return BranchResidualAdd(
       d, *lc, lc->post_attn_norm, WeightRole::kPostAttnNorm, HookSite::kLn1Post,
-      HookSite::kResidMid, l, buf(BufferId::kAttnOut), x, batch, sink);
+      HookSite::kResidMid, l, s.buf(BufferId::kAttnOut), x, batch, sink);
 }
 
-Status Executor::StepLn2(const ProgramStep& step, Device& d, int64_t l,
-                         const Batch& batch, HookSink* sink) {
-  const Arena& a = d.activations;
-  float* x = a.as<float>(BufferId::kResidual);
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepLn2(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   if (!lc->pre_mlp_norm) return Status();
   return Norm(d, lc->norm, lc->norm_eps, lc->norm_offset, WeightRole::kMlpNorm,
-              WeightRole::kMlpNormBias, l, x, buf(BufferId::kMlpIn),
+              WeightRole::kMlpNormBias, l, x, s.buf(BufferId::kMlpIn),
               HookSite::kLn2, batch, sink);
 }
 
-Status Executor::StepUpProj(const ProgramStep& step, Device& d, int64_t l,
-                            const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const Arena& a = d.activations;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepUpProj(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t I = c_.intermediate_size;
-  const float* in = buf(step.reads[0]);  // [T, H]
-  float* up = buf(step.writes[0]);       // [T, I] fc or [T, 2I] gate|up
+  const float* in = s.buf(step.reads[0]);  // [T, H]
+  float* up = s.buf(step.writes[0]);       // [T, I] fc or [T, 2I] gate|up
   if (lc->mlp == MlpKind::kPlain) {
     Linear(d, in, T, WeightRole::kUp, WeightRole::kUpBias, l, up, I);
     RoundActivations(d, up, T, I, I);
@@ -1006,17 +982,12 @@ Status Executor::StepUpProj(const ProgramStep& step, Device& d, int64_t l,
   return Deliver(HookSite::kMlpPre, l, batch, d, I, 2 * I, up, sink);
 }
 
-Status Executor::StepActivation(const ProgramStep& step, Device& d, int64_t l,
-                                const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepActivation(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t I = c_.intermediate_size;
   const ActivationFn fn = ToActivationFn(lc->act);
-  float* in = buf(step.reads[0]);
-  float* out = buf(step.writes[0]);
+  float* in = s.buf(step.reads[0]);
+  float* out = s.buf(step.writes[0]);
   if (lc->mlp == MlpKind::kPlain) {
     be.Activation(fn, out, T * I);  // in place on the dense fc rows
   } else {
@@ -1026,31 +997,22 @@ Status Executor::StepActivation(const ProgramStep& step, Device& d, int64_t l,
   return Deliver(HookSite::kMlpPost, l, batch, d, I, I, out, sink);
 }
 
-Status Executor::StepDownProj(const ProgramStep& step, Device& d, int64_t l,
-                              const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  float* o = buf(BufferId::kMlpOut);
-  Linear(d, buf(step.reads[0]), T, WeightRole::kDown, WeightRole::kDownBias, l,
-         o, H);
+Status Executor::StepDownProj(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
+  float* o = s.buf(BufferId::kMlpOut);
+  Linear(d, s.buf(step.reads[0]), T, WeightRole::kDown, WeightRole::kDownBias,
+         l, o, H);
   RoundActivations(d, o, T, H, H);
   return Deliver(HookSite::kMlpOut, l, batch, d, H, H, o, sink);
 }
 
-Status Executor::StepRouter(const ProgramStep& step, Device& d, int64_t l,
-                            const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepRouter(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t E = lc->num_experts, K = lc->experts_per_token;
-  const float* in = buf(step.reads[0]);               // [T, H]
-  float* logits = buf(BufferId::kRouterLogits);       // [T, E] f32
+  const float* in = s.buf(step.reads[0]);             // [T, H]
+  float* logits = s.buf(BufferId::kRouterLogits);     // [T, E] f32
   int32_t* ids = a.as<int32_t>(BufferId::kRouteIds);  // [T, k] i32
-  float* w = buf(BufferId::kRouteWeights);            // [T, k] f32
+  float* w = s.buf(BufferId::kRouteWeights);          // [T, k] f32
   Linear(d, in, T, WeightRole::kRouter,
          lc->router_bias ? WeightRole::kRouterBias : WeightRole::kOther, l,
          logits, E);
@@ -1068,44 +1030,32 @@ Status Executor::StepRouter(const ProgramStep& step, Device& d, int64_t l,
   return Deliver(HookSite::kExpertWeights, l, batch, d, K, K, w, sink);
 }
 
-Status Executor::StepExpertGather(const ProgramStep& step, Device& d, int64_t l,
-                                  const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepExpertGather(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   // Group the T k (token, slot) pairs by expert, stable in token order;
   // the per-expert offsets come back to the host, which issues one GEMM
   // per expert with rows.
   const int64_t E = lc->num_experts, K = lc->experts_per_token;
   int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);  // [E + 1]
   Status st = be.GroupByExpert(
-      a.as<int32_t>(BufferId::kRouteIds), buf(BufferId::kRouteWeights), T, K, E,
-      off, a.as<int32_t>(BufferId::kExpertRows),
-      buf(BufferId::kExpertRowWeights),
+      a.as<int32_t>(BufferId::kRouteIds), s.buf(BufferId::kRouteWeights), T, K,
+      E, off, a.as<int32_t>(BufferId::kExpertRows),
+      s.buf(BufferId::kExpertRowWeights),
       d.host_memory ? off : host_expert_offsets_.data());
   if (!st.ok())
     return InternalError("executor: layer " + std::to_string(l) + ": " +
                          st.message());
-  be.GatherRows(buf(step.reads[0]), H, a.as<int32_t>(BufferId::kExpertRows),
-                T * K, H, buf(BufferId::kExpertIn));
+  be.GatherRows(s.buf(step.reads[0]), H, a.as<int32_t>(BufferId::kExpertRows),
+                T * K, H, s.buf(BufferId::kExpertIn));
   return Status();
 }
 
-Status Executor::StepExpertGateUp(const ProgramStep& step, Device& d, int64_t l,
-                                  const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  float* x = a.as<float>(BufferId::kResidual);
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepExpertGateUp(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t Ie = lc->expert_intermediate_size;
   const int32_t* off = HostExpertOffsets(d);
-  const float* in = buf(BufferId::kExpertIn);  // [T k, H]
-  float* gu = buf(BufferId::kExpertGateUp);    // [T k, 2 Ie]
+  const float* in = s.buf(BufferId::kExpertIn);  // [T k, H]
+  float* gu = s.buf(BufferId::kExpertGateUp);    // [T k, 2 Ie]
   const bool fused = lc->expert_act == ExpertActKind::kClampedSwigluInterleaved;
   for (int64_t e = 0; e < lc->num_experts; ++e) {
     const int64_t n = off[e + 1] - off[e];
@@ -1126,18 +1076,12 @@ Status Executor::StepExpertGateUp(const ProgramStep& step, Device& d, int64_t l,
   return Status();
 }
 
-Status Executor::StepExpertActivation(const ProgramStep& step, Device& d,
-                                      int64_t l, const Batch& batch,
-                                      HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepExpertActivation(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t Ie = lc->expert_intermediate_size,
                 R = T * lc->experts_per_token;
-  const float* gu = buf(BufferId::kExpertGateUp);  // [R, 2 Ie]
-  float* act = buf(BufferId::kExpertAct);          // [R, Ie]
+  const float* gu = s.buf(BufferId::kExpertGateUp);  // [R, 2 Ie]
+  float* act = s.buf(BufferId::kExpertAct);          // [R, Ie]
   if (lc->expert_act == ExpertActKind::kClampedSwigluInterleaved)
     be.ClampedSwiglu(gu, 2 * Ie, act, R, Ie, lc->swiglu_alpha,
                      lc->swiglu_limit);
@@ -1148,17 +1092,12 @@ Status Executor::StepExpertActivation(const ProgramStep& step, Device& d,
   return Status();
 }
 
-Status Executor::StepExpertDown(const ProgramStep& step, Device& d, int64_t l,
-                                const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepExpertDown(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t Ie = lc->expert_intermediate_size;
   const int32_t* off = HostExpertOffsets(d);
-  const float* act = buf(BufferId::kExpertAct);  // [T k, Ie]
-  float* out = buf(BufferId::kExpertOut);        // [T k, H]
+  const float* act = s.buf(BufferId::kExpertAct);  // [T k, Ie]
+  float* out = s.buf(BufferId::kExpertOut);        // [T k, H]
   for (int64_t e = 0; e < lc->num_experts; ++e) {
     const int64_t n = off[e + 1] - off[e];
     if (n == 0) continue;
@@ -1171,23 +1110,16 @@ Status Executor::StepExpertDown(const ProgramStep& step, Device& d, int64_t l,
   return Status();
 }
 
-Status Executor::StepExpertScatterAdd(const ProgramStep& step, Device& d,
-                                      int64_t l, const Batch& batch,
-                                      HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepExpertScatterAdd(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   // HF's loop over experts 0..E-1 adding weight * out into the zeroed
   // output (index_add_): the same order gives the same f32 sums. Within
   // one expert the rows are distinct tokens.
   const int32_t* off = HostExpertOffsets(d);
   const int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);
-  const float* row_w = buf(BufferId::kExpertRowWeights);
-  const float* out = buf(BufferId::kExpertOut);  // [T k, H]
-  float* y = buf(BufferId::kMlpOut);             // [T, H]
+  const float* row_w = s.buf(BufferId::kExpertRowWeights);
+  const float* out = s.buf(BufferId::kExpertOut);  // [T k, H]
+  float* y = s.buf(BufferId::kMlpOut);             // [T, H]
   be.SetZero(y, T * H);
   for (int64_t e = 0; e < lc->num_experts; ++e) {
     const int64_t n = off[e + 1] - off[e];
@@ -1199,19 +1131,13 @@ Status Executor::StepExpertScatterAdd(const ProgramStep& step, Device& d,
   return Status();
 }
 
-Status Executor::StepSharedExpert(const ProgramStep& step, Device& d, int64_t l,
-                                  const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepSharedExpert(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   const int64_t S = lc->shared_expert_intermediate_size;
-  const float* in = buf(step.reads[0]);      // [T, H]
-  float* gu = buf(BufferId::kSharedGateUp);  // [T, 2 S]
-  float* act = buf(BufferId::kSharedAct);    // [T, S]
-  float* out = buf(BufferId::kSharedOut);    // [T, H]
+  const float* in = s.buf(step.reads[0]);      // [T, H]
+  float* gu = s.buf(BufferId::kSharedGateUp);  // [T, 2 S]
+  float* act = s.buf(BufferId::kSharedAct);    // [T, S]
+  float* out = s.buf(BufferId::kSharedOut);    // [T, H]
   Linear(d, in, T, WeightRole::kSharedExpertGateProj, WeightRole::kOther, l, gu,
          2 * S);
   Linear(d, in, T, WeightRole::kSharedExpertUp, WeightRole::kOther, l, gu + S,
@@ -1223,9 +1149,9 @@ Status Executor::StepSharedExpert(const ProgramStep& step, Device& d, int64_t l,
   Linear(d, act, T, WeightRole::kSharedExpertDown, WeightRole::kOther, l, out,
          H);
   RoundActivations(d, out, T, H, H);
-  float* y = buf(BufferId::kMlpOut);  // [T, H]
+  float* y = s.buf(BufferId::kMlpOut);  // [T, H]
   if (lc->shared_expert_gate) {
-    float* g = buf(BufferId::kSharedGateLogit);  // [T] f32
+    float* g = s.buf(BufferId::kSharedGateLogit);  // [T] f32
     Linear(d, in, T, WeightRole::kSharedExpertGate, WeightRole::kOther, l, g,
            1);
     be.SigmoidGateAddRows(out, g, T, H, y, H);
@@ -1236,42 +1162,28 @@ Status Executor::StepSharedExpert(const ProgramStep& step, Device& d, int64_t l,
   return Status();
 }
 
-Status Executor::StepMlpResidualAdd(const ProgramStep& step, Device& d,
-                                    int64_t l, const Batch& batch,
-                                    HookSink* sink) {
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  float* x = a.as<float>(BufferId::kResidual);
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const LayerConfig* lc = &program_.layers[static_cast<size_t>(l)];
+Status Executor::StepMlpResidualAdd(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   // An MoE block's output is complete only here (routed sum + shared
   // expert); a dense MLP's was delivered by its down projection.
   if (lc->moe())
     RETURN_IF_ERROR(Deliver(HookSite::kMlpOut, l, batch, d, H, H,
-                            buf(BufferId::kMlpOut), sink));
+                            s.buf(BufferId::kMlpOut), sink));
   return BranchResidualAdd(d, *lc, lc->post_mlp_norm, WeightRole::kPostMlpNorm,
                            HookSite::kLn2Post, HookSite::kResidPost, l,
-                           buf(BufferId::kMlpOut), x, batch, sink);
+                           s.buf(BufferId::kMlpOut), x, batch, sink);
 }
 
-Status Executor::StepFinalNorm(const ProgramStep& step, Device& d, int64_t l,
-                               const Batch& batch, HookSink* sink) {
-  const Arena& a = d.activations;
-  float* x = a.as<float>(BufferId::kResidual);
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
+Status Executor::StepFinalNorm(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   return Norm(d, c_.norm, c_.norm_eps, c_.norm_offset, WeightRole::kFinalNorm,
-              WeightRole::kFinalNormBias, -1, x, buf(BufferId::kFinalNorm),
+              WeightRole::kFinalNormBias, -1, x, s.buf(BufferId::kFinalNorm),
               HookSite::kFinalNorm, batch, sink);
 }
 
-Status Executor::StepLogits(const ProgramStep& step, Device& d, int64_t l,
-                            const Batch& batch, HookSink* sink) {
-  const int64_t T = batch.num_tokens();
-  const int64_t H = c_.hidden_size;
-  const Arena& a = d.activations;
-  Backend& be = *d.backend;
-  auto buf = [&](BufferId id) { return a.as<float>(id); };
-  const float* h = buf(BufferId::kFinalNorm);
+Status Executor::StepLogits(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
+  const float* h = s.buf(BufferId::kFinalNorm);
   float* logits = d.logits.as<float>(BufferId::kLogitsChunk);
   const int64_t V = c_.vocab_size;
   for (int64_t r0 = 0; r0 < T; r0 += options_.logits_chunk_rows) {

@@ -255,52 +255,46 @@ class Executor {
   // blocks): the step's function from a table indexed by StepId.
   Status RunStep(const ProgramStep& step, Device& d, int64_t layer,
                  const Batch& batch, HookSink* sink);
-  // One function per StepId (src/plan/program.h), same arguments as RunStep;
-  // `l` is the layer (-1 for the embedding, final norm and logits), whose
-  // LayerConfig is program_.layers[l].
-  using StepFn = Status (Executor::*)(const ProgramStep& step, Device& d,
-                                      int64_t l, const Batch& batch,
-                                      HookSink* sink);
-  Status StepEmbed(const ProgramStep& step, Device& d, int64_t l,
-                   const Batch& batch, HookSink* sink);
-  Status StepLn1(const ProgramStep& step, Device& d, int64_t l,
-                 const Batch& batch, HookSink* sink);
-  Status StepQkvProj(const ProgramStep& step, Device& d, int64_t l,
-                     const Batch& batch, HookSink* sink);
-  Status StepAttention(const ProgramStep& step, Device& d, int64_t l,
-                       const Batch& batch, HookSink* sink);
-  Status StepOProj(const ProgramStep& step, Device& d, int64_t l,
-                   const Batch& batch, HookSink* sink);
-  Status StepAttnResidualAdd(const ProgramStep& step, Device& d, int64_t l,
-                             const Batch& batch, HookSink* sink);
-  Status StepLn2(const ProgramStep& step, Device& d, int64_t l,
-                 const Batch& batch, HookSink* sink);
-  Status StepUpProj(const ProgramStep& step, Device& d, int64_t l,
-                    const Batch& batch, HookSink* sink);
-  Status StepActivation(const ProgramStep& step, Device& d, int64_t l,
-                        const Batch& batch, HookSink* sink);
-  Status StepDownProj(const ProgramStep& step, Device& d, int64_t l,
-                      const Batch& batch, HookSink* sink);
-  Status StepRouter(const ProgramStep& step, Device& d, int64_t l,
-                    const Batch& batch, HookSink* sink);
-  Status StepExpertGather(const ProgramStep& step, Device& d, int64_t l,
-                          const Batch& batch, HookSink* sink);
-  Status StepExpertGateUp(const ProgramStep& step, Device& d, int64_t l,
-                          const Batch& batch, HookSink* sink);
-  Status StepExpertActivation(const ProgramStep& step, Device& d, int64_t l,
-                              const Batch& batch, HookSink* sink);
-  Status StepExpertDown(const ProgramStep& step, Device& d, int64_t l,
-                        const Batch& batch, HookSink* sink);
-  Status StepExpertScatterAdd(const ProgramStep& step, Device& d, int64_t l,
-                              const Batch& batch, HookSink* sink);
-  Status StepSharedExpert(const ProgramStep& step, Device& d, int64_t l,
-                          const Batch& batch, HookSink* sink);
-  Status StepMlpResidualAdd(const ProgramStep& step, Device& d, int64_t l,
-                            const Batch& batch, HookSink* sink);
-  Status StepFinalNorm(const ProgramStep& step, Device& d, int64_t l,
-                       const Batch& batch, HookSink* sink);
-  Status StepLogits(const ProgramStep& step, Device& d, int64_t l,
-                    const Batch& batch, HookSink* sink);
+  // One function per StepId (src/plan/program.h); `l` is the layer (-1 for
+  // the embedding, final norm and logits).
+  // What a step function reads: its arguments, the layer's config (null
+  // outside the blocks), and the device's buffers; each function starts with
+  // `const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;`.
+  struct StepArgs {
+    const ProgramStep& step;
+    Device& d;
+    int64_t l;
+    const Batch& batch;
+    HookSink* sink;
+    const LayerConfig* lc;
+    int64_t T;       // tokens of the batch
+    int64_t H;       // hidden size
+    const Arena& a;  // the device's activations
+    Backend& be;
+    float* x;  // [T, H] the residual stream
+    float* buf(BufferId id) const { return a.as<float>(id); }
+  };
+  using StepFn = Status (Executor::*)(const StepArgs& s);
+  Status StepEmbed(const StepArgs& s);
+  Status StepLn1(const StepArgs& s);
+  Status StepQkvProj(const StepArgs& s);
+  Status StepAttention(const StepArgs& s);
+  Status StepOProj(const StepArgs& s);
+  Status StepAttnResidualAdd(const StepArgs& s);
+  Status StepLn2(const StepArgs& s);
+  Status StepUpProj(const StepArgs& s);
+  Status StepActivation(const StepArgs& s);
+  Status StepDownProj(const StepArgs& s);
+  Status StepRouter(const StepArgs& s);
+  Status StepExpertGather(const StepArgs& s);
+  Status StepExpertGateUp(const StepArgs& s);
+  Status StepExpertActivation(const StepArgs& s);
+  Status StepExpertDown(const StepArgs& s);
+  Status StepExpertScatterAdd(const StepArgs& s);
+  Status StepSharedExpert(const StepArgs& s);
+  Status StepMlpResidualAdd(const StepArgs& s);
+  Status StepFinalNorm(const StepArgs& s);
+  Status StepLogits(const StepArgs& s);
   // Forward with an optional KV cache (kv_ and edits_ are set for its
   // duration).
   Status RunForward(const Batch& batch, HookSink* sink, const KvBatch* kv,
