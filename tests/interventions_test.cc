@@ -403,5 +403,56 @@ TEST(ResolvePositionsTest, AllLastAndListsWithNegatives) {
   EXPECT_CONTAINS(r.status().message(), "name token 8 twice");
 }
 
+// CheckIntervention: what every forward that applies an intervention needs
+// (the executor and the server check it), each error naming the entry.
+TEST(CheckInterventionTest, EveryRuleOnItsOwn) {
+  const ModelConfig c = Llama8B();
+  Intervention ok;
+  ok.hook = {HookSite::kResidPost, 3};
+  ok.mode = InterventionMode::kAdd;
+  ok.vector.assign(4096, 0.5f);
+  EXPECT_TRUE(CheckIntervention(ok, c, "iv").ok());
+  auto message = [&](const Intervention& iv, bool elsewhere = false) {
+    const Status st = CheckIntervention(iv, c, "iv 7", elsewhere);
+    EXPECT_FALSE(st.ok());
+    return std::string(st.message());
+  };
+  Intervention bad = ok;
+  bad.vector.resize(64);
+  EXPECT_EQ(message(bad),
+            "iv 7: blocks.3.hook_resid_post needs 4096 values, got 64");
+  bad = ok;
+  bad.vector[17] = std::nanf("");
+  EXPECT_EQ(message(bad), "iv 7: value 17 of the vector is not finite");
+  bad = ok;
+  bad.hook = {HookSite::kQ, 3};
+  EXPECT_NE(message(bad).find("iv 7: 'blocks.3.attn.hook_q' cannot be edited"),
+            std::string::npos);
+  bad = ok;
+  bad.hook = {HookSite::kResidPost, 32};
+  EXPECT_NE(message(bad).find("iv 7"), std::string::npos);
+  Intervention head;
+  head.hook = {HookSite::kZ, 0};
+  head.mode = InterventionMode::kZeroHead;
+  head.head = 32;
+  EXPECT_EQ(message(head),
+            "iv 7: head 32 of blocks.0.attn.hook_z outside [0, 32)");
+  head.head = 31;
+  EXPECT_TRUE(CheckIntervention(head, c, "iv").ok());
+  Intervention patch;
+  patch.hook = {HookSite::kResidPre, 1};
+  patch.mode = InterventionMode::kPatch;
+  patch.positions.kind = InterventionPositions::Kind::kList;
+  patch.positions.list = {3, 1};
+  EXPECT_EQ(message(patch, true),
+            "iv 7: a patch's positions must be ascending and >= 0");
+  patch.positions.list = {1, 3};
+  EXPECT_TRUE(CheckIntervention(patch, c, "iv", true).ok());
+  EXPECT_EQ(message(patch),
+            "iv 7: blocks.1.hook_resid_pre needs 8192 values, got 0");
+  patch.positions.kind = InterventionPositions::Kind::kAll;
+  EXPECT_EQ(message(patch, true), "iv 7: a patch names its positions");
+}
+
 }  // namespace
 }  // namespace loom

@@ -527,6 +527,53 @@ int64_t InterventionBytes(const std::vector<Intervention>& list) {
   return bytes;
 }
 
+Status CheckIntervention(const Intervention& iv, const ModelConfig& c,
+                         const std::string& name, bool patch_rows_elsewhere) {
+  if (!IsInterventionSite(iv.hook.site))
+    return InvalidArgumentError(
+        name + ": '" + HookName(iv.hook) +
+        "' cannot be edited; the sites that can: " + kSiteList);
+  RETURN_IF_ERROR(CheckHookExists(iv.hook, c).WithContext(name));
+  ASSIGN_OR_RETURN(const int64_t width, HookWidth(iv.hook, c));
+  const std::vector<int64_t>& list = iv.positions.list;
+  int64_t want = 0;
+  switch (iv.mode) {
+    case InterventionMode::kAdd:
+    case InterventionMode::kProjectOut:
+    case InterventionMode::kReplace:
+      want = width;
+      break;
+    case InterventionMode::kPatch:
+      if (iv.positions.kind != InterventionPositions::Kind::kList)
+        return InvalidArgumentError(name + ": a patch names its positions");
+      for (size_t j = 0; j < list.size(); ++j)
+        if (list[j] < 0 || (j > 0 && list[j] <= list[j - 1]))
+          return InvalidArgumentError(
+              name + ": a patch's positions must be ascending and >= 0");
+      want =
+          patch_rows_elsewhere ? 0 : width * static_cast<int64_t>(list.size());
+      break;
+    case InterventionMode::kZeroHead:
+      if (iv.hook.site != HookSite::kZ || iv.head < 0 || iv.head >= c.num_heads)
+        return InvalidArgumentError(name + ": head " + std::to_string(iv.head) +
+                                    " of " + HookName(iv.hook) +
+                                    " outside [0, " +
+                                    std::to_string(c.num_heads) + ")");
+      break;
+    case InterventionMode::kZero:
+      break;
+  }
+  if (static_cast<int64_t>(iv.vector.size()) != want)
+    return InvalidArgumentError(name + ": " + HookName(iv.hook) + " needs " +
+                                std::to_string(want) + " values, got " +
+                                std::to_string(iv.vector.size()));
+  for (size_t j = 0; j < iv.vector.size(); ++j)
+    if (!std::isfinite(iv.vector[j]))
+      return InvalidArgumentError(name + ": value " + std::to_string(j) +
+                                  " of the vector is not finite");
+  return Status();
+}
+
 bool AppliesToRow(const Intervention& iv, int64_t row) {
   return iv.rows.empty() ||
          std::binary_search(iv.rows.begin(), iv.rows.end(), row);

@@ -97,6 +97,15 @@ StatusOr<std::vector<Intervention>> ParseInterventions(
 StatusOr<std::vector<Intervention>> ParseInterventionFile(
     const std::string& path, const ModelConfig& config);
 
+// Checks one intervention against a model, as every forward that applies it
+// needs: the hook can be edited and exists, the vector's width (kPatch:
+// width x the listed positions, which must be ascending and >= 0; none when
+// `patch_rows_elsewhere`: the rows come from another buffer), finite
+// values, and zero_head's head. InvalidArgument starting with `name`.
+Status CheckIntervention(const Intervention& iv, const ModelConfig& config,
+                         const std::string& name,
+                         bool patch_rows_elsewhere = false);
+
 // Whether `iv` applies to input row `row` (its `rows`, or every row).
 bool AppliesToRow(const Intervention& iv, int64_t row);
 

@@ -290,50 +290,13 @@ Status Executor::CheckEdits(const Batch& batch,
                                   " of " + std::to_string(e.length) +
                                   " tokens, but the batch holds positions " +
                                   "up to " + std::to_string(Pos0(e.seq) + len));
-    if (!IsInterventionSite(iv.hook.site))
-      return InvalidArgumentError(name + ": '" + HookName(iv.hook) +
-                                  "' cannot be edited");
-    RETURN_IF_ERROR(CheckHookExists(iv.hook, c_));
-    ASSIGN_OR_RETURN(const int64_t width, HookWidth(iv.hook, c_));
-    const int64_t n = static_cast<int64_t>(iv.positions.list.size());
-    int64_t want = 0;
-    switch (iv.mode) {
-      case InterventionMode::kAdd:
-      case InterventionMode::kProjectOut:
-      case InterventionMode::kReplace:
-        want = width;
-        break;
-      case InterventionMode::kPatch:
-        want = width * n;
-        if (e.every_position)
-          return InvalidArgumentError(name + ": a patch edits its positions");
-        if (iv.positions.kind != Kind::kList)
-          return InvalidArgumentError(name + ": a patch names its positions");
-        for (int64_t j = 0; j < n; ++j)
-          if (iv.positions.list[j] < 0 ||
-              (j > 0 && iv.positions.list[j] <= iv.positions.list[j - 1]))
-            return InvalidArgumentError(
-                name + ": a patch's positions must be ascending and >= 0");
-        break;
-      case InterventionMode::kZeroHead:
-        if (iv.hook.site != HookSite::kZ || iv.head < 0 ||
-            iv.head >= c_.num_heads)
-          return InvalidArgumentError(name + ": head " +
-                                      std::to_string(iv.head) + " of " +
-                                      HookName(iv.hook) + " outside [0, " +
-                                      std::to_string(c_.num_heads) + ")");
-        break;
-      case InterventionMode::kZero:
-        break;
-    }
+    if (e.every_position && iv.mode == InterventionMode::kPatch)
+      return InvalidArgumentError(name + ": a patch edits its positions");
     if (e.patch_rows != nullptr && iv.mode != InterventionMode::kPatch)
       return InvalidArgumentError(name + ": patch rows given to a " +
                                   std::string(InterventionModeName(iv.mode)));
-    if (e.patch_rows == nullptr &&
-        static_cast<int64_t>(iv.vector.size()) != want)
-      return InvalidArgumentError(name + ": " + HookName(iv.hook) + " needs " +
-                                  std::to_string(want) + " values, got " +
-                                  std::to_string(iv.vector.size()));
+    RETURN_IF_ERROR(CheckIntervention(
+        iv, c_, name, /*patch_rows_elsewhere=*/e.patch_rows != nullptr));
     if (iv.positions.kind == Kind::kList)
       for (int64_t p : iv.positions.list)
         if (p < -e.length || p >= e.length)
