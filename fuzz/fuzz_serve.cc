@@ -10,7 +10,10 @@
 //     (spliced into a fixed body as raw JSON text), so that mutations stay
 //     on request interventions: hostile vectors, hooks, positions, rows and
 //     base64 must all be 4xx (or 501), never a 500 or a crash. The seeds of
-//     modes 0..9 also carry `interventions`.
+//     modes 0..9 also carry `interventions`;
+//   mode 13: the input is the body of a POST to /api/patching/run (a real
+//     patching grid; the server's limits keep each run small), mode 14 to
+//     /api/patching/configure: 2xx, 4xx, 501 or 503 only.
 #include <httplib.h>
 
 #include <cstdint>
@@ -56,6 +59,8 @@ Running& Get() {
     o.engine.threads = 1;
     o.max_body_bytes = 1 << 20;
     o.threads = 4;
+    o.patching.max_cells = 64;
+    o.patching.max_seconds = 5;
     o.model_paths = {SourcePath("models/stories260K")};
     auto s = serve::Server::Create(o);
     if (!s.ok()) Fail("server: " + s.status().ToString());
@@ -84,7 +89,9 @@ constexpr const char* kRoutes[] = {"/generate",
                                    "/v1/chat/completions",
                                    "/analyze",
                                    "/models/load",
-                                   "/v1/chat/completions"};
+                                   "/v1/chat/completions",
+                                   "/api/patching/run",
+                                   "/api/patching/configure"};
 
 void Post(int route, std::string_view body) {
   Running& r = Get();
@@ -110,9 +117,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   using namespace loom::fuzz;
   const auto in = TakeMode(data, size);
-  const int mode = in.mode % 13;
+  const int mode = in.mode % 15;
   if (mode < 10) {
     Post(mode, in.rest);
+  } else if (mode >= 13) {
+    Post(mode - 3, in.rest);
   } else if (mode == 12) {
     Post(0, R"({"prompt": "Once", "max_tokens": 2, "temperature": 0, )"
             R"("interventions": )" +

@@ -210,6 +210,13 @@ def serve():
              "stream": True, "stream_format": "theloom"}),
         (7, {"embedding": [1.0, 2.0, 3.0, 4.0, 0.0]}),
         (8, {"model": "stories260K"}),
+        (13, {"model": "stories260K", "clean_input": [1, 403, 407, 261],
+              "corrupted_input": [1, 403, 407, 300], "layers": [0, -1],
+              "components": ["resid_pre", "attn", "mlp_post"]}),
+        (13, {"clean_input": "Once upon a time", "corrupted_input": "Once upon a dog",
+              "positions": "last", "answer_token_ids": {"A": 10, "B": 20}}),
+        (14, {"experiment_name": "x", "layers": [1, 2],
+              "components": ["resid_post"], "positions": [0, -1]}),
     ]
     for mode, body in bodies:
         add("fuzz_serve", mode, json.dumps(body).encode())

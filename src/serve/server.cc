@@ -169,9 +169,16 @@ std::string BindFailure(const std::string& host, int port) {
 
 class Server::Impl {
  public:
-  explicit Impl(const ServerOptions& o) : o_(o) {}
+  explicit Impl(const ServerOptions& o) : o_(o), patching_(PatchOptionsOf(o)) {}
+
+  static PatchingOptions PatchOptionsOf(const ServerOptions& o) {
+    PatchingOptions p = o.patching;
+    if (p.threads == 0) p.threads = o.engine.threads;
+    return p;
+  }
 
   ServerOptions o_;
+  Patching patching_;
   httplib::Server http_;
   std::mutex load_mu_;    // serializes loads (held while a model loads)
   std::mutex models_mu_;  // guards models_ (never held while loading)
@@ -382,7 +389,8 @@ class Server::Impl {
       for (const json& t : prompt) {
         if (!t.is_number_integer())
           return InvalidArgumentError(
-              "field `prompt`: expected a string or a list of token ids, got "
+              "field `" + field +
+              "`: expected a string or a list of token ids, got "
               "an element " +
               Dump(t));
         const int64_t v = JsonInt64(t).value_or(-1);
@@ -872,6 +880,7 @@ class Server::Impl {
                  Reply(res, 200, out);
                  return Status();
                }));
+    RegisterPatching();
     // Last (routes match in order): any other POST: its body is read as a JSON
     // route's (the library's own reading would answer a form body over 8 KiB
     // with 413), then 404.
@@ -882,6 +891,78 @@ class Server::Impl {
         Reply(res, 404,
               ErrorBody(404, "no route " + req.method + " " + req.path));
     });
+  }
+
+  // /api/patching/* (patching.h).
+  void RegisterPatching() {
+    auto reply = [this](httplib::Response& res, StatusOr<json> out) {
+      if (!out.ok()) return out.status();
+      Reply(res, 200, *out);
+      return Status();
+    };
+    http_.Post("/api/patching/configure",
+               JsonRoute("/api/patching/configure",
+                         [this, reply](const auto& req, auto& res) {
+                           ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+                           return reply(res, patching_.Configure(b));
+                         }));
+    http_.Post(
+        "/api/patching/run",
+        JsonRoute("/api/patching/run", [this, reply](const auto& req,
+                                                     auto& res) {
+          ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+          ASSIGN_OR_RETURN(auto e, EngineFor(b));
+          ASSIGN_OR_RETURN(bool special,
+                           GetBool(b, "add_special_tokens", true));
+          const PromptIdsFn ids = [&](const json& v, const std::string& field) {
+            return Tokens(*e, v, special, field);
+          };
+          return reply(res, patching_.Run(b, *e, ids,
+                                          [this] { return draining_.load(); }));
+        }));
+    http_.Get(
+        R"(/api/patching/results/([^/]+))",
+        Route("/api/patching/results/{id}", [this, reply](const auto& req,
+                                                          auto& res) {
+          ASSIGN_OR_RETURN(bool effects,
+                           QueryBool(req, "include_causal_effects", true));
+          return reply(res, patching_.Results(
+                                req.matches[1],
+                                req.get_param_value("metric_type"), effects));
+        }));
+    http_.Get(
+        "/api/patching/experiments",
+        Route("/api/patching/experiments", [this](const auto&, auto& res) {
+          Reply(res, 200, patching_.Experiments());
+          return Status();
+        }));
+    http_.Get(
+        "/api/patching/cache/status",
+        Route("/api/patching/cache/status", [this](const auto&, auto& res) {
+          Reply(res, 200, patching_.CacheStatus());
+          return Status();
+        }));
+    http_.Delete(R"(/api/patching/cache/([^/]+))",
+                 Route("/api/patching/cache/{id}",
+                       [this, reply](const auto& req, auto& res) {
+                         return reply(res,
+                                      patching_.DeleteCache(req.matches[1]));
+                       }));
+    http_.Delete("/api/patching/cache",
+                 Route("/api/patching/cache", [this](const auto&, auto& res) {
+                   Reply(res, 200, patching_.ClearCache());
+                   return Status();
+                 }));
+  }
+
+  static StatusOr<bool> QueryBool(const httplib::Request& req,
+                                  const std::string& name, bool def) {
+    if (!req.has_param(name)) return def;
+    const std::string v = req.get_param_value(name);
+    if (v == "true" || v == "1") return true;
+    if (v == "false" || v == "0") return false;
+    return InvalidArgumentError("query parameter `" + name +
+                                "`: expected true or false, got '" + v + "'");
   }
 
   // SSE for /generate/stream (events: token, done, error) and for streamed

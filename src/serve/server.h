@@ -31,6 +31,7 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/serve/engine.h"
+#include "src/serve/patching.h"
 
 namespace loom::serve {
 
@@ -59,6 +60,9 @@ struct ServerOptions {
   std::vector<std::string> cors_origins;  // "*" or origins; [] = no CORS
   bool cors_allow_credentials = false;
   EngineOptions engine;
+  // /api/patching/*: limits of the experiments kept and of one run
+  // (patching.h; threads 0 = engine.threads).
+  PatchingOptions patching;
   nlohmann::json config;  // the effective configuration, echoed in /health
 };
 
