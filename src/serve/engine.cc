@@ -256,38 +256,11 @@ Status Engine::CheckInterventions(const GenRequest& r) const {
     const Intervention& iv = r.interventions[i];
     const std::string name =
         "intervention " + std::to_string(i) + " (" + HookName(iv.hook) + ")";
-    if (!IsInterventionSite(iv.hook.site))
-      return InvalidArgumentError(name + ": this hook cannot be edited");
-    RETURN_IF_ERROR(CheckHookExists(iv.hook, c).WithContext(name));
-    const int64_t width = WidthOf(iv.hook);
-    int64_t want = 0;
-    switch (iv.mode) {
-      case InterventionMode::kAdd:
-      case InterventionMode::kProjectOut:
-      case InterventionMode::kReplace:
-        want = width;
-        break;
-      case InterventionMode::kZeroHead:
-        if (iv.hook.site != HookSite::kZ || iv.head < 0 ||
-            iv.head >= c.num_heads)
-          return InvalidArgumentError(
-              name + ": head " + std::to_string(iv.head) + " outside [0, " +
-              std::to_string(c.num_heads) + ") or not at attn.hook_z");
-        break;
-      case InterventionMode::kZero:
-        break;
-      case InterventionMode::kPatch:
-        return UnimplementedError(name +
-                                  ": mode patch is not served (it needs a "
-                                  "source run)");
-    }
-    if (static_cast<int64_t>(iv.vector.size()) != want)
-      return InvalidArgumentError(name + ": needs " + std::to_string(want) +
-                                  " values, got " +
-                                  std::to_string(iv.vector.size()));
-    for (float v : iv.vector)
-      if (!std::isfinite(v))
-        return InvalidArgumentError(name + ": a vector value is not finite");
+    if (iv.mode == InterventionMode::kPatch)
+      return UnimplementedError(name +
+                                ": mode patch is not served (it needs a "
+                                "source run)");
+    RETURN_IF_ERROR(CheckIntervention(iv, c, name));
     if (!AppliesToRow(iv, 0) || !iv.edits_prompt()) continue;
     // A position outside the prompt would fail the shared forward, and every
     // request in it: refused here.
