@@ -37,6 +37,7 @@
 #include "src/eval/row_selector.h"
 #include "src/eval/shard.h"
 #include "src/io/file_util.h"
+#include "src/model/control_vectors.h"
 #include "src/model/hooks.h"
 #include "src/runtime/model.h"
 
@@ -82,6 +83,10 @@ struct ExtractOptions {
   std::string interventions_file;
   std::string interventions_json;
   std::string interventions_dir = ".";
+  // --control-vector / --control-vector-scaled / --control-vector-layer-range
+  // (src/model/control_vectors.h): appended after the interventions above.
+  std::vector<ControlVectorFile> control_vectors;
+  std::optional<ControlVectorLayerRange> control_vector_layer_range;
   // Round activations to bf16 where HF's bf16 forward does (bf16 compute
   // only), to reproduce HF's bf16 hidden states.
   bool hf_bf16_activations = false;

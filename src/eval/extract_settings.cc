@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "src/eval/extract.h"
+#include "src/model/control_vectors.h"
 
 namespace loom {
 namespace {
@@ -150,6 +151,11 @@ StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& o) {
   ASSIGN_OR_RETURN(s.interventions,
                    LoadInterventions(o.interventions_file, o.interventions_json,
                                      o.interventions_dir, s.config));
+  ASSIGN_OR_RETURN(
+      std::vector<Intervention> control,
+      ControlVectorInterventions(o.control_vectors,
+                                 o.control_vector_layer_range, s.config));
+  for (Intervention& iv : control) s.interventions.push_back(std::move(iv));
   s.max_positions = s.config.max_position_embeddings;
   s.batch_tokens = o.batch_tokens > 0
                        ? o.batch_tokens

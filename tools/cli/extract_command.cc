@@ -57,6 +57,9 @@ Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
   ASSIGN_OR_RETURN(job->interventions_json,
                    ShorthandInterventions(opts.interventions.steer,
                                           opts.interventions.ablate));
+  ASSIGN_OR_RETURN(job->control_vectors,
+                   ControlVectorFlagFiles(opts.interventions));
+  job->control_vector_layer_range = ControlVectorFlagRange(opts.interventions);
   return Status();
 }
 

@@ -5,11 +5,16 @@
 #define LOOM_TOOLS_CLI_JOB_OPTIONS_H_
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/base/status.h"
+#include "src/model/control_vectors.h"
 #include "src/model/interventions.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/plan_flags.h"
@@ -28,11 +33,16 @@ struct WindowArgs {
   PlanFlags plan;  // --device ... --verify-plan (kJobCommand)
 };
 
-// --intervene, --steer, --ablate-direction (docs/interventions.md): the
-// edits applied in the forward, shared by every command that computes.
+// --intervene, --steer, --ablate-direction and the llama.cpp control-vector
+// flags (docs/interventions.md): the edits applied in the forward, shared by
+// every command that computes.
 struct InterventionFlags {
   std::string file;
   std::vector<std::string> steer, ablate;
+  std::vector<std::string> control_vectors;  // --control-vector FILE
+  // --control-vector-scaled FILE SCALE (the scale as given).
+  std::vector<std::pair<std::string, std::string>> control_vectors_scaled;
+  std::vector<int64_t> control_vector_layer_range;  // A B, or empty
 };
 inline void AddInterventionFlags(CLI::App& cmd, InterventionFlags* f) {
   cmd.add_option("--intervene", f->file,
@@ -46,15 +56,62 @@ inline void AddInterventionFlags(CLI::App& cmd, InterventionFlags* f) {
   cmd.add_option("--ablate-direction", f->ablate,
                  "HOOK=DIRECTION.npy: project the unit direction out of HOOK "
                  "at every position; repeatable");
+  cmd.add_option("--control-vector", f->control_vectors,
+                 "llama.cpp control vector (GGUF, tensors direction.N added "
+                 "to the output of layer N); repeatable, summed");
+  cmd.add_option("--control-vector-scaled", f->control_vectors_scaled,
+                 "FILE SCALE: a control vector times SCALE; repeatable, "
+                 "summed with --control-vector's");
+  cmd.add_option("--control-vector-layer-range", f->control_vector_layer_range,
+                 "A B: apply the control vectors to layers A..B only "
+                 "(inclusive; A <= 0: 1, B <= 0: the last layer)")
+      ->expected(2);
+}
+
+// The control-vector files of the flags: --control-vector's (scale 1), then
+// --control-vector-scaled's. InvalidArgument naming a scale that is not a
+// finite number.
+inline StatusOr<std::vector<ControlVectorFile>> ControlVectorFlagFiles(
+    const InterventionFlags& f) {
+  std::vector<ControlVectorFile> files;
+  for (const std::string& path : f.control_vectors)
+    files.push_back({path, 1.0f});
+  for (const auto& [path, text] : f.control_vectors_scaled) {
+    char* end = nullptr;
+    const float scale = std::strtof(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() ||
+        !std::isfinite(scale))
+      return InvalidArgumentError("--control-vector-scaled " + path + " " +
+                                  text + ": the scale is not a finite number");
+    files.push_back({path, scale});
+  }
+  return files;
+}
+
+// --control-vector-layer-range A B, when given.
+inline std::optional<ControlVectorLayerRange> ControlVectorFlagRange(
+    const InterventionFlags& f) {
+  if (f.control_vector_layer_range.size() != 2) return std::nullopt;
+  return ControlVectorLayerRange{f.control_vector_layer_range[0],
+                                 f.control_vector_layer_range[1]};
 }
 
 // The interventions of the flags: the file's, then the shorthand ones
-// (their vector paths relative to the working directory).
+// (their vector paths relative to the working directory), then the control
+// vectors' (one per layer, in layer order).
 inline StatusOr<std::vector<Intervention>> LoadInterventionFlags(
     const InterventionFlags& f, const ModelConfig& config) {
   ASSIGN_OR_RETURN(const std::string json,
                    ShorthandInterventions(f.steer, f.ablate));
-  return LoadInterventions(f.file, json, ".", config);
+  ASSIGN_OR_RETURN(std::vector<Intervention> list,
+                   LoadInterventions(f.file, json, ".", config));
+  ASSIGN_OR_RETURN(const std::vector<ControlVectorFile> files,
+                   ControlVectorFlagFiles(f));
+  ASSIGN_OR_RETURN(
+      std::vector<Intervention> cv,
+      ControlVectorInterventions(files, ControlVectorFlagRange(f), config));
+  for (Intervention& iv : cv) list.push_back(std::move(iv));
+  return list;
 }
 
 // --hf-bf16: what it means, shared by every command that computes.
