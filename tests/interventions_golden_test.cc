@@ -408,5 +408,54 @@ TEST_F(InterventionsGoldenTest, PlanCountsTheVectors) {
   EXPECT_EQ(without.find("interventions:"), std::string::npos) << without;
 }
 
+// bf16: the intervened forward stays within the dense bf16 bound of the
+// parity tests (atol 5 % of max |x|, golden_parity_test.cc) of HF's f32
+// intervened run (no bf16 intervention goldens exist; the README says why),
+// for the dense models' steering and directional-ablation cases.
+TEST_F(InterventionsGoldenTest, Bf16WithinTheDenseBounds) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  for (const std::string name :
+       {"llama__steer_add_all", "llama__project_ablate",
+        "gemma2__steer_add_positions", "gemma2__project_ablate"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = shared + "/interventions/" + name;
+    const nlohmann::json spec = testing::ReadJson(dir + "/spec.json");
+    const std::string model_dir =
+        shared + "/tiny/" + spec["model"].get<std::string>();
+    WriteFile(name + ".jsonl",
+              nlohmann::json{{"tokens", spec["input_ids"][0]}}.dump() + "\n");
+    const std::string out = Path(name + "_bf16");
+    const std::string cmd =
+        std::string(LOOM_BINARY) + " extract --model " + model_dir +
+        " --input " + Path(name + ".jsonl") + " --out " + out +
+        " --select all --precision bf16 --dtype f32 --quiet --hooks "
+        "'blocks.*.hook_resid_post' logits --intervene " +
+        dir + "/spec.json";
+    std::string log;
+    ASSERT_EQ(RunShell(cmd, &log), 0) << cmd << "\n" << log;
+    auto golden = testing::GoldenFile::Open(dir + "/expected.safetensors");
+    const int64_t layers =
+        testing::ReadJson(model_dir + "/config.json")["num_hidden_layers"];
+    std::vector<std::pair<std::string, std::string>> tensors = {
+        {"logits", "logits"}};
+    for (int64_t l = 0; l < layers; ++l)
+      tensors.push_back({"blocks." + std::to_string(l) + ".hook_resid_post",
+                         "resid_post." + std::to_string(l)});
+    for (const auto& [hook, key] : tensors) {
+      const AllArray got = ReadAll(out + "/" + hook + ".all.npy");
+      const std::vector<float> want = golden->F32(key);
+      ASSERT_EQ(got.data.size(), want.size()) << hook;
+      double max_abs = 0;
+      for (float v : want) max_abs = std::max(max_abs, std::fabs(double{v}));
+      const testing::CompareResult r = testing::Compare(
+          got.data.data(), want.data(), static_cast<int64_t>(want.size()),
+          0.05 * max_abs, 0);
+      EXPECT_TRUE(r.ok) << hook << ": " << r.message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom
