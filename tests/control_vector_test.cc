@@ -26,15 +26,7 @@ namespace {
 constexpr int64_t kHidden = 64;
 const std::string kModel = std::string(LOOM_MODELS_DIR) + "/stories260K";
 
-int RunShell(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string s;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) s.append(buf, n);
-  const int rc = pclose(p);
-  *out = s;
-  return WEXITSTATUS(rc);
-}
+using testing::RunShell;
 
 void PutU(std::string& out, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out += static_cast<char>(v >> (8 * i));

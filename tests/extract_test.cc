@@ -39,16 +39,7 @@ class ExtractTest : public testing::TempDirTest {
   }
 };
 
-// Runs a shell command, returns its exit code; output into *out.
-int RunShell(const std::string& cmd, std::string* out = nullptr) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string s;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) s.append(buf, n);
-  const int rc = pclose(p);
-  if (out) *out = s;
-  return WEXITSTATUS(rc);
-}
+using testing::RunShell;
 
 // Token rows of the tiny golden models: last / all / mean of every layer's
 // resid_pre (HF hidden.K) match the golden hidden states.

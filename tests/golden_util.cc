@@ -1,6 +1,7 @@
 #include "tests/golden_util.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -201,6 +202,17 @@ std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V,
     out.push_back(row[ids[t + 1]] - mx - std::log(sum));
   }
   return out;
+}
+
+int RunShell(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string s;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) s.append(buf, n);
+  const int rc = pclose(p);
+  if (out != nullptr) *out = s;
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 }  // namespace loom::testing

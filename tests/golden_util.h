@@ -92,6 +92,10 @@ CompareResult Compare(const float* actual, const float* expected, int64_t n,
 std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V,
                                 const int32_t* ids);
 
+// Runs a shell command with stderr merged into stdout; returns its exit code
+// and, when `out` is given, the output.
+int RunShell(const std::string& cmd, std::string* out = nullptr);
+
 // A whole file's bytes ("" when it cannot be read).
 inline std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

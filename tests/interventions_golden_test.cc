@@ -27,15 +27,7 @@ namespace {
 
 constexpr double kTol = 1e-4;
 
-int RunShell(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string s;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) s.append(buf, n);
-  const int rc = pclose(p);
-  *out = s;
-  return WEXITSTATUS(rc);
-}
+using testing::RunShell;
 
 // A selector-"all" array: [rows' tokens, cols] and the row offsets.
 struct AllArray {
