@@ -412,6 +412,30 @@ StatusOr<std::vector<Intervention>> LoadInterventions(
   return out;
 }
 
+StatusOr<InterventionPositions> ParsePositionsText(std::string_view text) {
+  InterventionPositions p;
+  if (text == "all") return p;
+  if (text == "last") {
+    p.kind = InterventionPositions::Kind::kLast;
+    return p;
+  }
+  p.kind = InterventionPositions::Kind::kList;
+  size_t b = 0;
+  while (b <= text.size()) {
+    const size_t e = std::min(text.find(',', b), text.size());
+    const std::string item(text.substr(b, e - b));
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0')
+      return InvalidArgumentError("position '" + item +
+                                  "' is not an integer (all, last or a "
+                                  "comma-separated list)");
+    p.list.push_back(v);
+    b = e + 1;
+  }
+  return p;
+}
+
 StatusOr<std::string> ShorthandInterventions(
     const std::vector<std::string>& steer,
     const std::vector<std::string>& ablate) {
@@ -427,25 +451,12 @@ StatusOr<std::string> ShorthandInterventions(
     if (const size_t at = rest.rfind('@'); at != std::string::npos) {
       const std::string p = rest.substr(at + 1);
       rest.resize(at);
-      if (p == "all" || p == "last") {
+      StatusOr<InterventionPositions> pos = ParsePositionsText(p);
+      if (!pos.ok()) return pos.status().WithContext(flag);
+      if (pos->kind == InterventionPositions::Kind::kList)
+        e["positions"] = pos->list;
+      else
         e["positions"] = p;
-      } else {
-        Json positions = Json::array();
-        size_t b = 0;
-        while (b <= p.size()) {
-          const size_t c = std::min(p.find(',', b), p.size());
-          const std::string item = p.substr(b, c - b);
-          char* end = nullptr;
-          const long long v = std::strtoll(item.c_str(), &end, 10);
-          if (item.empty() || *end != '\0')
-            return InvalidArgumentError(flag + ": position '" + item +
-                                        "' is not an integer (POSITIONS is "
-                                        "all, last or a comma-separated list)");
-          positions.push_back(v);
-          b = c + 1;
-        }
-        e["positions"] = positions;
-      }
     }
     const size_t star = rest.rfind('*');
     if (star == std::string::npos)

@@ -122,6 +122,10 @@ StatusOr<std::vector<Intervention>> LoadInterventions(
     const std::string& file, const std::string& json, const std::string& dir,
     const ModelConfig& config);
 
+// Positions as the command line spells them: "all", "last" or a
+// comma-separated list "1,3,-1". InvalidArgument naming the bad item.
+StatusOr<InterventionPositions> ParsePositionsText(std::string_view text);
+
 // The intervention document of the CLI's shorthand flags (empty when there
 // are none): --steer HOOK=VECTOR*SCALE[@POSITIONS] (mode add; POSITIONS all,
 // last or a list "1,3,-1"; default all) and --ablate-direction HOOK=DIRECTION

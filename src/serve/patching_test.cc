@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/serve/running_server.h"
 #include "src/serve/server.h"
 #include "tests/golden_util.h"
 
@@ -20,41 +21,6 @@ namespace loom::serve {
 namespace {
 
 using nlohmann::json;
-
-std::string Stories() { return std::string(LOOM_MODELS_DIR) + "/stories260K"; }
-
-// A server on a free loopback port, run on a thread.
-class Running {
- public:
-  explicit Running(ServerOptions o, const std::string& model = Stories()) {
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.model_paths = {model};
-    auto s = Server::Create(o);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    server_ = std::move(s).value();
-    auto id = server_->LoadModel(model);
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    auto port = server_->Bind();
-    EXPECT_TRUE(port.ok()) << port.status().ToString();
-    thread_ = std::thread([this] { status_ = server_->Run(); });
-  }
-  ~Running() {
-    server_->Stop();
-    thread_.join();
-    EXPECT_TRUE(status_.ok()) << status_.ToString();
-  }
-  httplib::Client Client() const {
-    httplib::Client c("127.0.0.1", server_->port());
-    c.set_read_timeout(600);
-    return c;
-  }
-
- private:
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  Status status_;
-};
 
 ServerOptions Defaults() {
   ServerOptions o;

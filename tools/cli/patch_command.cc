@@ -35,31 +35,6 @@ struct PatchArgs {
   bool hf_bf16 = false, quiet = false;
 };
 
-// all | last | "3,-1" -> InterventionPositions.
-StatusOr<InterventionPositions> ParsePositionsFlag(const std::string& text) {
-  InterventionPositions p;
-  if (text == "all") return p;
-  if (text == "last") {
-    p.kind = InterventionPositions::Kind::kLast;
-    return p;
-  }
-  p.kind = InterventionPositions::Kind::kList;
-  size_t b = 0;
-  while (b <= text.size()) {
-    const size_t e = std::min(text.find(',', b), text.size());
-    const std::string item = text.substr(b, e - b);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0')
-      return InvalidArgumentError("--positions: '" + item +
-                                  "' is not an integer (all, last or a "
-                                  "comma-separated list)");
-    p.list.push_back(v);
-    b = e + 1;
-  }
-  return p;
-}
-
 // The ids of one prompt: the given ids, or the text encoded as extract
 // encodes a text row (special tokens added).
 StatusOr<std::vector<int32_t>> PromptIds(const char* flag,
@@ -102,7 +77,9 @@ Status RunPatchCommand(const PatchArgs& a) {
   host->SetNumThreads(a.threads);
   eval::PatchOptions o;
   o.hooks = a.hooks;
-  ASSIGN_OR_RETURN(o.positions, ParsePositionsFlag(a.positions));
+  StatusOr<InterventionPositions> positions = ParsePositionsText(a.positions);
+  if (!positions.ok()) return positions.status().WithContext("--positions");
+  o.positions = *std::move(positions);
   o.answer = a.answer;
   o.wrong = a.wrong;
   o.batch_tokens = a.batch_tokens;
