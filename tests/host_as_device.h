@@ -132,8 +132,8 @@ class HostAsDevice final : public Backend {
   void SetZero(float* x, int64_t n) override { cpu_->SetZero(x, n); }
   Status AddRowsBroadcast(float* x, int64_t r, int64_t c, int64_t ld,
                           const int32_t* idx, int64_t n, const float* v,
-                          float s) override {
-    return cpu_->AddRowsBroadcast(x, r, c, ld, idx, n, v, s);
+                          float s, bool norm_match) override {
+    return cpu_->AddRowsBroadcast(x, r, c, ld, idx, n, v, s, norm_match);
   }
   Status ProjectOutRows(float* x, int64_t r, int64_t c, int64_t ld,
                         const int32_t* idx, int64_t n,

@@ -1,9 +1,9 @@
 // The intervention file parser (src/model/interventions.h): every golden
 // spec.json under shared/golden/interventions that lists interventions parses
 // to what it says (hooks, modes, positions, heads, rows, and the vectors equal
-// to the goldens' own copies in expected.safetensors); activation_patch is
-// refused naming the field; and every validation error names the entry, the
-// field and the values involved.
+// to the goldens' own copies in expected.safetensors); activation_patch (a
+// description of a grid, hook "blocks.L...") is refused naming the field; and
+// every validation error names the entry, the field and the values involved.
 #include "src/model/interventions.h"
 
 #include <gtest/gtest.h>
@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "src/base/float16.h"
 #include "src/io/npy.h"
+#include "src/io/safetensors_writer.h"
 #include "src/io/test_util.h"
 #include "src/model/registry.h"
 #include "tests/golden_util.h"
@@ -40,6 +42,8 @@ std::string PositionsKind(const InterventionPositions& p) {
       return "last";
     case InterventionPositions::Kind::kList:
       return "explicit";
+    case InterventionPositions::Kind::kSpan:
+      return "span";
   }
   return "?";
 }
@@ -75,9 +79,9 @@ TEST(InterventionGoldens, EveryListCaseParsesToItsSpec) {
         ParseInterventionFile(spec_path, *config);
     if (spec.at("case") == "activation_patch") {
       ASSERT_FALSE(got.ok());
-      EXPECT_EQ(got.status().code(), StatusCode::kUnimplemented);
-      EXPECT_CONTAINS(got.status().message(), "interventions[0].mode");
-      EXPECT_CONTAINS(got.status().message(), "source run");
+      EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_CONTAINS(got.status().message(),
+                      "interventions[0].hook: 'blocks.L.hook_resid_pre'");
       ++refused;
       continue;
     }
@@ -290,14 +294,15 @@ TEST_F(InterventionParseTest, MissingOrBadVectorFile) {
   ASSERT_TRUE((*w)->Close().ok());
   EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
                             "vector_file": "two.npy"})"),
-                  "has shape [2, 4096]; expected one vector");
+                  "has shape [2, 4096] but blocks.1.hook_resid_post needs "
+                  "[4096]");
 }
 
 TEST_F(InterventionParseTest, ModeScaleHeadPositionsAndRowsErrors) {
   const std::string hook = R"("hook": "blocks.0.attn.hook_z", )";
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "steer"})"),
                   "interventions[0].mode: \"steer\" is not one of add, "
-                  "project_out, zero, replace, zero_head, patch");
+                  "project_out, zero, replace, zero_head, patch, patch_head");
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head", "head": 32})"),
                   "interventions[0].head: 32 is outside [0, 32)");
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head", "head": -1})"),
@@ -307,7 +312,8 @@ TEST_F(InterventionParseTest, ModeScaleHeadPositionsAndRowsErrors) {
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head"})"),
                   "interventions[0].head: missing");
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "head": 1})"),
-                  "interventions[0].head: applies to mode \"zero_head\" only");
+                  "interventions[0].head: applies to modes zero_head and "
+                  "patch_head only");
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "scale": 2})"),
                   "interventions[0].scale: applies to mode \"add\" only");
   EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "add",
@@ -327,7 +333,7 @@ TEST_F(InterventionParseTest, ModeScaleHeadPositionsAndRowsErrors) {
   EXPECT_CONTAINS(
       Error("{" + hook + R"("mode": "zero", "positions": "first"})"),
       "interventions[0].positions: \"first\" is not \"all\", "
-      "\"last\" or a list");
+      "\"last\", a list");
   EXPECT_CONTAINS(
       Error("{" + hook + R"("mode": "zero", "positions_rule": "every"})"),
       "interventions[0].positions_rule: \"every\" is not one of");
@@ -337,11 +343,10 @@ TEST_F(InterventionParseTest, ModeScaleHeadPositionsAndRowsErrors) {
                   "interventions[0].rows: -1 is not a row index");
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero", "rows": []})"),
                   "interventions[0].rows: [] is not a non-empty list");
-  StatusOr<std::vector<Intervention>> patch =
-      Parse(R"({"hook": "blocks.0.hook_resid_pre", "mode": "patch"})");
-  ASSERT_FALSE(patch.ok());
-  EXPECT_EQ(patch.status().code(), StatusCode::kUnimplemented);
-  EXPECT_CONTAINS(patch.status().message(), "interventions[0].mode");
+  EXPECT_CONTAINS(
+      Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "patch"})"),
+      "interventions[0].positions: a patch names its positions (a list or a "
+      "span), not \"all\"");
 }
 
 TEST_F(InterventionParseTest, MalformedDocuments) {
@@ -451,7 +456,221 @@ TEST(CheckInterventionTest, EveryRuleOnItsOwn) {
   EXPECT_EQ(message(patch),
             "iv 7: blocks.1.hook_resid_pre needs 8192 values, got 0");
   patch.positions.kind = InterventionPositions::Kind::kAll;
-  EXPECT_EQ(message(patch, true), "iv 7: a patch names its positions");
+  EXPECT_CONTAINS(message(patch, true), "iv 7: a patch names its positions");
+  patch.positions.kind = InterventionPositions::Kind::kSpan;
+  patch.positions.span_begin = 2;
+  patch.positions.span_end = 5;
+  EXPECT_TRUE(CheckIntervention(patch, c, "iv", true).ok());
+  patch.vector.assign(3 * 4096, 1.0f);
+  EXPECT_TRUE(CheckIntervention(patch, c, "iv").ok());
+  patch.positions.span_to_end = true;
+  EXPECT_CONTAINS(message(patch), "a patch's span needs 0 <= begin < end");
+  Intervention ph = patch;
+  ph.positions.span_to_end = false;
+  ph.mode = InterventionMode::kPatchHead;
+  ph.hook = {HookSite::kZ, 1};
+  ph.head = 32;
+  EXPECT_EQ(message(ph),
+            "iv 7: head 32 of blocks.1.attn.hook_z outside [0, 32)");
+  ph.head = 5;
+  EXPECT_TRUE(CheckIntervention(ph, c, "iv").ok());
+}
+
+TEST(ResolvePositionsTest, Spans) {
+  InterventionPositions p;
+  p.kind = InterventionPositions::Kind::kSpan;
+  p.span_begin = 2;
+  p.span_end = 5;
+  EXPECT_EQ(*ResolvePositions(p, 9), (std::vector<int64_t>{2, 3, 4}));
+  p.span_begin = -3;
+  p.span_to_end = true;
+  EXPECT_EQ(*ResolvePositions(p, 9), (std::vector<int64_t>{6, 7, 8}));
+  p.span_begin = 0;
+  p.span_to_end = false;
+  p.span_end = -1;  // all but the last
+  EXPECT_EQ(*ResolvePositions(p, 4), (std::vector<int64_t>{0, 1, 2}));
+  p.span_end = 10;
+  StatusOr<std::vector<int64_t>> r = ResolvePositions(p, 9);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(r.status().message(),
+            "span [0, 10) is outside a sequence of 9 tokens");
+  p.span_begin = -2;
+  p.span_end = 1;
+  r = ResolvePositions(p, 9);  // [7, 1): empty here
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "span [-2, 1) is empty in a sequence of 9 tokens");
+}
+
+TEST(PositionsTextTest, AllLastListsAndSpans) {
+  using Kind = InterventionPositions::Kind;
+  EXPECT_EQ(ParsePositionsText("all")->kind, Kind::kAll);
+  EXPECT_EQ(ParsePositionsText("last")->kind, Kind::kLast);
+  EXPECT_EQ(ParsePositionsText("1,-1")->list, (std::vector<int64_t>{1, -1}));
+  StatusOr<InterventionPositions> s = ParsePositionsText("2:5");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->kind, Kind::kSpan);
+  EXPECT_EQ(s->span_begin, 2);
+  EXPECT_EQ(s->span_end, 5);
+  EXPECT_FALSE(s->span_to_end);
+  s = ParsePositionsText("-3:");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->span_begin, -3);
+  EXPECT_TRUE(s->span_to_end);
+  s = ParsePositionsText(":-1");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->span_begin, 0);
+  EXPECT_EQ(s->span_end, -1);
+  s = ParsePositionsText("1:x");
+  ASSERT_FALSE(s.ok());
+  EXPECT_CONTAINS(s.status().message(), "span '1:x' is not A:B");
+  // The shorthand writes the span into the document, and it parses back.
+  StatusOr<std::string> doc =
+      ShorthandInterventions({"blocks.0.hook_resid_pre=v.npy*2@1:3"}, {});
+  ASSERT_TRUE(doc.ok());
+  EXPECT_CONTAINS(*doc, R"("positions":{"span":[1,3]})");
+  doc = ShorthandInterventions({"blocks.0.hook_resid_pre=v.st#dir.4*2@-2:"},
+                               {"blocks.1.hook_resid_pre=d.gguf#direction.1"});
+  ASSERT_TRUE(doc.ok());
+  EXPECT_CONTAINS(*doc, R"("positions":{"span":[-2,null]})");
+  EXPECT_CONTAINS(*doc, R"("tensor":"dir.4","vector_file":"v.st")");
+  EXPECT_CONTAINS(*doc, R"("tensor":"direction.1","vector_file":"d.gguf")");
+}
+
+TEST_F(InterventionParseTest, SpansNormMatchAndPatches) {
+  const std::string v = Vector(4096);
+  StatusOr<std::vector<Intervention>> r =
+      Parse(R"({"hook": "blocks.0.hook_resid_pre", "mode": "add",
+                "norm_match": true, "positions": {"span": [1, null]},
+                "vector": )" +
+            v + "}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE((*r)[0].norm_match);
+  EXPECT_EQ((*r)[0].positions.kind, InterventionPositions::Kind::kSpan);
+  EXPECT_EQ((*r)[0].positions.span_begin, 1);
+  EXPECT_TRUE((*r)[0].positions.span_to_end);
+  EXPECT_EQ((*r)[0].apply_to, InterventionApplyTo::kPrompt);
+  const nlohmann::json record = InterventionsJson(*r);
+  EXPECT_EQ(record[0]["positions"],
+            nlohmann::json::parse(R"({"span": [1, null]})"));
+  EXPECT_EQ(record[0]["norm_match"], true);
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "zero",
+                            "norm_match": true})"),
+                  "interventions[0].norm_match: applies to mode \"add\" only");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "zero",
+                            "norm_match": 1})"),
+                  "interventions[0].norm_match: 1 is not true or false");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "zero",
+                            "positions": {"span": [3, 3]}})"),
+                  "interventions[0].positions: span [3,3] is empty");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "zero",
+                            "positions": {"from": 3}})"),
+                  "interventions[0].positions: {\"from\":3} is not {\"span\"");
+  // A patch: one row per position, inline (flat or as rows) or from a file.
+  const std::string row = Vector(4096, 2.0);
+  r = Parse(R"({"hook": "blocks.0.hook_resid_pre", "mode": "patch",
+                "positions": [1, 3], "vector": [)" +
+            row + "," + row + "]}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)[0].vector.size(), 2u * 4096);
+  EXPECT_EQ((*r)[0].vector[4096], 2.0f);
+  EXPECT_TRUE(CheckIntervention((*r)[0], config_, "iv").ok());
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "patch",
+                            "positions": [1, 3], "vector": )" +
+                        row + "}"),
+                  "interventions[0].vector: has shape [4096] but "
+                  "blocks.0.hook_resid_pre needs [2, 4096] (one row per "
+                  "position)");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "patch",
+                            "positions": [3, 1], "vector": )" +
+                        row + "}"),
+                  "interventions[0].positions: a patch's positions must be "
+                  "ascending");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "patch",
+                            "positions": [1], "apply_to": "both",
+                            "vector": )" +
+                        row + "}"),
+                  "interventions[0].apply_to: a patch edits prompt positions "
+                  "only");
+  r = Parse(R"({"hook": "blocks.2.attn.hook_z", "mode": "patch_head",
+                "head": 7, "positions": {"span": [4, 5]}, "vector": )" +
+            row + "}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)[0].mode, InterventionMode::kPatchHead);
+  EXPECT_EQ((*r)[0].head, 7);
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.2.hook_resid_pre",
+                            "mode": "patch_head", "head": 7, "positions": [4],
+                            "vector": )" +
+                        row + "}"),
+                  "mode \"patch_head\" needs attn.hook_z");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.2.attn.hook_z",
+                            "mode": "patch_head", "positions": [4],
+                            "vector": )" +
+                        row + "}"),
+                  "interventions[0].head: missing (patch_head needs it)");
+}
+
+// Vectors from .safetensors (F32, F16, BF16; `tensor` picks one) read as the
+// same values as an f32 .npy.
+TEST_F(InterventionParseTest, SafetensorsVectors) {
+  std::vector<float> v(4096);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  std::vector<uint16_t> bf16(v.size()), f16(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    bf16[i] = F32ToBf16(v[i]);  // exact: these values fit bf16 and f16
+    f16[i] = F32ToF16(v[i]);
+  }
+  std::vector<float> rows(2 * 4096, 1.0f);
+  SafetensorsWriter w;
+  ASSERT_TRUE(w.Add("a", DType::kF32, {4096}, v.data(), 4 * 4096).ok());
+  ASSERT_TRUE(w.Add("b", DType::kBF16, {1, 4096}, bf16.data(), 2 * 4096).ok());
+  ASSERT_TRUE(w.Add("c", DType::kF16, {4096}, f16.data(), 2 * 4096).ok());
+  ASSERT_TRUE(
+      w.Add("rows", DType::kF32, {2, 4096}, rows.data(), 8 * 4096).ok());
+  ASSERT_TRUE(w.Write(dir_.File("v.safetensors")).ok());
+  SafetensorsWriter one;
+  ASSERT_TRUE(
+      one.Add("only", DType::kBF16, {4096}, bf16.data(), 2 * 4096).ok());
+  ASSERT_TRUE(one.Write(dir_.File("one.safetensors")).ok());
+  for (const char* t : {"a", "b", "c"}) {
+    StatusOr<std::vector<Intervention>> r =
+        Parse(std::string(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                        "vector_file": "v.safetensors", "tensor": ")") +
+              t + "\"}");
+    ASSERT_TRUE(r.ok()) << t << ": " << r.status().message();
+    EXPECT_EQ((*r)[0].vector, v) << t;
+  }
+  StatusOr<std::vector<Intervention>> r =
+      Parse(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                "vector_file": "one.safetensors"})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)[0].vector, v);
+  r = Parse(R"({"hook": "blocks.1.hook_resid_post", "mode": "patch",
+                "positions": [0, 5], "vector_file": "v.safetensors",
+                "tensor": "rows"})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)[0].vector, rows);
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "v.safetensors"})"),
+                  "interventions[0].vector_file: '" +
+                      dir_.File("v.safetensors") +
+                      "' holds 4 tensors; name one with `tensor`");
+  StatusOr<std::vector<Intervention>> missing =
+      Parse(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                "vector_file": "v.safetensors", "tensor": "z"})");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_CONTAINS(missing.status().message(), "has no tensor 'z' (it has 4)");
+  EXPECT_CONTAINS(
+      Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "v.safetensors", "tensor": "rows"})"),
+      "has shape [2, 4096] but blocks.1.hook_resid_post needs [4096]");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector": )" +
+                        Vector(4096) + R"(, "tensor": "a"})"),
+                  "interventions[0].tensor: needs a vector_file");
 }
 
 }  // namespace

@@ -360,10 +360,12 @@ class Backend {
   // hooks, positions and heads to rows and columns.
   //
   // Steering: x[idx[i], :] += scale * v[:] (the product rounded to f32, then
-  // added). v: [cols].
+  // added). v: [cols]. norm_match: each edited row is then rescaled to its
+  // pre-edit L2 norm (cpu/kernels_rows.h states the roundings).
   virtual Status AddRowsBroadcast(float* x, int64_t rows, int64_t cols,
                                   int64_t ld, const int32_t* idx, int64_t n,
-                                  const float* v, float scale) = 0;
+                                  const float* v, float scale,
+                                  bool norm_match) = 0;
   // Directional ablation: x[idx[i], :] -= d_i * u[:] with d_i = x[idx[i], :]
   // . u accumulated in double from the f32 values (rounded to f32 once), then
   // d_i * u[j] rounded to f32 and subtracted. u: [cols], a unit vector (the

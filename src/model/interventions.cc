@@ -6,14 +6,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
+#include "src/base/float16.h"
 #include "src/base/read_file.h"
 #include "src/core/json_error.h"
 #include "src/core/json_int.h"
+#include "src/io/gguf.h"
 #include "src/io/npy.h"
+#include "src/io/safetensors.h"
 
 namespace loom {
 namespace {
@@ -30,6 +35,7 @@ constexpr std::pair<InterventionMode, std::string_view> kModes[] = {
     {InterventionMode::kReplace, "replace"},
     {InterventionMode::kZeroHead, "zero_head"},
     {InterventionMode::kPatch, "patch"},
+    {InterventionMode::kPatchHead, "patch_head"},
 };
 
 constexpr const char* kSiteList =
@@ -37,8 +43,13 @@ constexpr const char* kSiteList =
     "hook_mlp_out, attn.hook_z, mlp.hook_post";
 
 bool NeedsVector(InterventionMode m) {
-  return m == InterventionMode::kAdd || m == InterventionMode::kProjectOut ||
-         m == InterventionMode::kReplace;
+  return m != InterventionMode::kZero && m != InterventionMode::kZeroHead;
+}
+bool IsPatch(InterventionMode m) {
+  return m == InterventionMode::kPatch || m == InterventionMode::kPatchHead;
+}
+bool IsHeadMode(InterventionMode m) {
+  return m == InterventionMode::kZeroHead || m == InterventionMode::kPatchHead;
 }
 
 // One entry of the list, with "interventions[i]" for its errors.
@@ -60,14 +71,7 @@ StatusOr<InterventionMode> ParseMode(const Entry& e) {
   if (m == nullptr) return e.Error("mode", "missing");
   std::string names;
   for (const auto& [mode, name] : kModes) {
-    if (m->is_string() && m->get<std::string>() == name) {
-      if (mode == InterventionMode::kPatch)
-        return UnimplementedError(
-            e.Field("mode") +
-            ": \"patch\" needs a source run (the recorded activations to "
-            "copy in), which an intervention file cannot name yet");
-      return mode;
-    }
+    if (m->is_string() && m->get<std::string>() == name) return mode;
     names += (names.empty() ? "" : ", ") + std::string(name);
   }
   return e.Error("mode", m->dump() + " is not one of " + names);
@@ -106,6 +110,43 @@ StatusOr<float> ParseScale(const Entry& e, InterventionMode mode) {
   if (!std::isfinite(static_cast<float>(d)))
     return e.Error("scale", s->dump() + " is not a finite f32 value");
   return static_cast<float>(d);
+}
+
+StatusOr<bool> ParseNormMatch(const Entry& e, InterventionMode mode) {
+  const Json* n = e.Find("norm_match");
+  if (n == nullptr) return false;
+  if (!n->is_boolean())
+    return e.Error("norm_match", n->dump() + " is not true or false");
+  if (n->get<bool>() && mode != InterventionMode::kAdd)
+    return e.Error("norm_match", "applies to mode \"add\" only, not \"" +
+                                     std::string(InterventionModeName(mode)) +
+                                     "\"");
+  return n->get<bool>();
+}
+
+// {"span": [a, b]}: b exclusive, null for the end; negatives from the end.
+StatusOr<InterventionPositions> ParseSpan(const Entry& e, const Json& p) {
+  InterventionPositions out;
+  out.kind = InterventionPositions::Kind::kSpan;
+  auto it = p.find("span");
+  if (p.size() != 1 || it == p.end() || !it->is_array() || it->size() != 2)
+    return e.Error("positions", p.dump() +
+                                    " is not {\"span\": [begin, end]} (end "
+                                    "exclusive, null for the sequence's end)");
+  const std::optional<int64_t> a = JsonInt64((*it)[0]);
+  const std::optional<int64_t> b =
+      (*it)[1].is_null() ? std::optional<int64_t>(0) : JsonInt64((*it)[1]);
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  if (!a || !b || *a < -kLimit || *a >= kLimit || *b < -kLimit || *b >= kLimit)
+    return e.Error("positions", "span " + it->dump() +
+                                    " is not two 32-bit integer positions");
+  out.span_begin = *a;
+  out.span_end = *b;
+  out.span_to_end = (*it)[1].is_null();
+  if (!out.span_to_end && (*a >= 0) == (*b >= 0) && *b <= *a)
+    return e.Error("positions",
+                   "span " + it->dump() + " is empty (the end is exclusive)");
+  return out;
 }
 
 StatusOr<std::vector<int64_t>> ParsePositionList(const Entry& e,
@@ -161,45 +202,163 @@ StatusOr<InterventionPositions> ParsePositions(const Entry& e) {
     out.kind = Kind::kList;
     ASSIGN_OR_RETURN(out.list, ParsePositionList(e, *p));
     return out;
+  } else if (p->is_object()) {
+    return ParseSpan(e, *p);
   }
   return e.Error("positions", p->dump() +
-                                  " is not \"all\", \"last\" or a list of "
-                                  "token positions");
+                                  " is not \"all\", \"last\", a list of "
+                                  "token positions or {\"span\": [a, b]}");
 }
 
-// The f32 values of a .npy vector file: [width] or [1, width].
-StatusOr<std::vector<float>> ReadVectorFile(const Entry& e,
-                                            const std::string& path) {
-  StatusOr<NpyArray> a = ReadNpy(path);
-  if (!a.ok())
-    return Status(a.status().code(),
-                  e.Field("vector_file") + ": " + a.status().message());
-  const NpyHeader& h = a->header;
+// The values of a vector file and their shape (outermost first).
+struct VectorData {
+  std::vector<float> values;
+  std::vector<int64_t> shape;
+};
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out;
+  for (int64_t d : shape) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + out + "]";
+}
+
+StatusOr<VectorData> ReadNpyVector(const std::string& path) {
+  ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
+  const NpyHeader& h = a.header;
   if (h.dtype != DType::kF32)
-    return e.Error("vector_file", "'" + path + "' holds " + h.descr +
-                                      " values; expected float32 ('<f4')");
-  if (h.fortran_order || h.shape.empty() || h.shape.size() > 2 ||
-      (h.shape.size() == 2 && h.shape[0] != 1)) {
-    std::string shape;
-    for (int64_t d : h.shape)
-      shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-    return e.Error("vector_file", "'" + path + "' has shape [" + shape +
-                                      "]; expected one vector ([width] or "
-                                      "[1, width], C order)");
-  }
-  std::vector<float> v(static_cast<size_t>(h.numel()));
-  std::memcpy(v.data(), a->data.data(), v.size() * sizeof(float));
-  return v;
+    return InvalidArgumentError("'" + path + "' holds " + h.descr +
+                                " values; expected float32 ('<f4')");
+  if (h.fortran_order)
+    return InvalidArgumentError("'" + path + "' is in Fortran order");
+  VectorData out{std::vector<float>(static_cast<size_t>(h.numel())), h.shape};
+  std::memcpy(out.values.data(), a.data.data(),
+              out.values.size() * sizeof(float));
+  return out;
 }
 
-// The vector of the entry (`vector_file`, or an inline `vector` list),
-// checked against the hook's width, for finiteness and (project_out) norm.
+// The tensor `name` of a file holding `names`, or its only tensor.
+StatusOr<std::string> PickTensor(const std::string& path,
+                                 const std::vector<std::string>& names,
+                                 const std::string& name) {
+  if (!name.empty()) {
+    if (std::find(names.begin(), names.end(), name) != names.end()) return name;
+    return NotFoundError("'" + path + "' has no tensor '" + name +
+                         "' (it has " + std::to_string(names.size()) + ")");
+  }
+  if (names.size() == 1) return names[0];
+  std::string list;
+  for (size_t i = 0; i < names.size() && i < 5; ++i)
+    list += (i ? ", " : "") + names[i];
+  return InvalidArgumentError(
+      "'" + path + "' holds " + std::to_string(names.size()) +
+      " tensors; name one with `tensor` (FILE#TENSOR on the command line): " +
+      list + (names.size() > 5 ? ", ..." : ""));
+}
+
+StatusOr<VectorData> ReadSafetensorsVector(const std::string& path,
+                                           const std::string& tensor) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f,
+                   SafetensorsFile::Open(path));
+  std::vector<std::string> names;
+  for (const TensorInfo& t : f->header().tensors) names.push_back(t.name);
+  ASSIGN_OR_RETURN(const std::string name, PickTensor(path, names, tensor));
+  const TensorView v = f->View(*f->Find(name));
+  VectorData out{std::vector<float>(static_cast<size_t>(v.numel())),
+                 v.shape.dims()};
+  const auto* bytes = static_cast<const uint8_t*>(v.data);
+  for (size_t i = 0; i < out.values.size(); ++i) {
+    uint32_t f32 = 0;
+    uint16_t half = 0;
+    switch (v.dtype) {
+      case DType::kF32:
+        std::memcpy(&f32, bytes + 4 * i, 4);  // views may be unaligned
+        std::memcpy(&out.values[i], &f32, 4);
+        break;
+      case DType::kF16:
+      case DType::kBF16:
+        std::memcpy(&half, bytes + 2 * i, 2);
+        out.values[i] =
+            v.dtype == DType::kF16 ? F16ToF32(half) : Bf16ToF32(half);
+        break;
+      default:
+        return InvalidArgumentError("'" + path + "' tensor '" + name + "' is " +
+                                    std::string(DTypeName(v.dtype)) +
+                                    "; expected F32, F16 or BF16");
+    }
+  }
+  return out;
+}
+
+StatusOr<VectorData> ReadGgufVector(const std::string& path,
+                                    const std::string& tensor) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(path));
+  std::vector<std::string> names;
+  for (const GgufTensorInfo& t : f->header().tensors) names.push_back(t.name);
+  ASSIGN_OR_RETURN(const std::string name, PickTensor(path, names, tensor));
+  const GgufTensorInfo& info = *f->header().Find(name);
+  VectorData out;
+  ASSIGN_OR_RETURN(out.values, f->ReadF32(info));
+  out.shape.assign(info.dims.rbegin(), info.dims.rend());  // outermost first
+  return out;
+}
+
+// A vector file: .npy (f32), .safetensors or GGUF, told apart by its first
+// bytes (GGUF: "GGUF"; .npy: "\x93NUMPY"; otherwise safetensors).
+StatusOr<VectorData> ReadVectorFile(const Entry& e, const std::string& path,
+                                    const std::string& tensor) {
+  char magic[6] = {};
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      return NotFoundError(e.Field("vector_file") + ": '" + path +
+                           "' cannot be opened");
+    in.read(magic, sizeof(magic));
+  }
+  if (std::memcmp(magic, "\x93NUMPY", 6) == 0 && !tensor.empty())
+    return e.Error("tensor", "'" + path + "' is a .npy file (one array)");
+  StatusOr<VectorData> data = std::memcmp(magic, "\x93NUMPY", 6) == 0
+                                  ? ReadNpyVector(path)
+                              : std::memcmp(magic, "GGUF", 4) == 0
+                                  ? ReadGgufVector(path, tensor)
+                                  : ReadSafetensorsVector(path, tensor);
+  if (!data.ok())
+    return Status(data.status().code(),
+                  e.Field("vector_file") + ": " + data.status().message());
+  return data;
+}
+
+// The entry's inline `vector`: numbers, or (patch modes) a list of rows.
+StatusOr<VectorData> ParseInlineVector(const Entry& e, const Json& v) {
+  if (!v.is_array()) return e.Error("vector", "is not a list of numbers");
+  VectorData out;
+  const bool rows = !v.empty() && v[0].is_array();
+  for (const Json& x : v) {
+    if (rows != x.is_array() || (rows && x.size() != v[0].size()))
+      return e.Error("vector",
+                     "mixes numbers and lists, or rows of "
+                     "different lengths");
+    for (const Json& y : rows ? x : Json::array({x})) {
+      if (!y.is_number())
+        return e.Error("vector", y.dump() + " is not a number");
+      out.values.push_back(static_cast<float>(y.get<double>()));
+    }
+  }
+  out.shape = rows ? std::vector<int64_t>{static_cast<int64_t>(v.size()),
+                                          static_cast<int64_t>(v[0].size())}
+                   : std::vector<int64_t>{static_cast<int64_t>(v.size())};
+  return out;
+}
+
+// The vector of the entry (`vector_file`, or an inline `vector` list): one
+// row of the hook's width, or a patch's `rows` rows; finite values, and
+// (project_out) of norm 1.
 StatusOr<std::vector<float>> ParseVector(const Entry& e, InterventionMode mode,
-                                         const HookPoint& hook,
+                                         const HookPoint& hook, int64_t rows,
                                          const ModelConfig& config,
                                          const std::string& base_dir) {
   const Json* file = e.Find("vector_file");
   const Json* inline_v = e.Find("vector");
+  const Json* tensor = e.Find("tensor");
   if (!NeedsVector(mode)) {
     if (file != nullptr || inline_v != nullptr)
       return e.Error(file ? "vector_file" : "vector",
@@ -209,7 +368,11 @@ StatusOr<std::vector<float>> ParseVector(const Entry& e, InterventionMode mode,
   }
   if (file != nullptr && inline_v != nullptr)
     return e.Error("vector", "give vector or vector_file, not both");
-  std::vector<float> v;
+  if (tensor != nullptr && (file == nullptr || !tensor->is_string()))
+    return e.Error("tensor", file == nullptr
+                                 ? "needs a vector_file"
+                                 : tensor->dump() + " is not a tensor name");
+  VectorData v;
   const char* field = file != nullptr ? "vector_file" : "vector";
   if (file != nullptr) {
     if (!file->is_string() || file->get<std::string>().empty())
@@ -217,15 +380,10 @@ StatusOr<std::vector<float>> ParseVector(const Entry& e, InterventionMode mode,
     std::string path = file->get<std::string>();
     if (path[0] != '/' && !base_dir.empty())
       path = (std::filesystem::path(base_dir) / path).string();
-    ASSIGN_OR_RETURN(v, ReadVectorFile(e, path));
+    ASSIGN_OR_RETURN(
+        v, ReadVectorFile(e, path, tensor ? tensor->get<std::string>() : ""));
   } else if (inline_v != nullptr) {
-    if (!inline_v->is_array())
-      return e.Error("vector", "is not a list of numbers");
-    for (const Json& x : *inline_v) {
-      if (!x.is_number())
-        return e.Error("vector", x.dump() + " is not a number");
-      v.push_back(static_cast<float>(x.get<double>()));
-    }
+    ASSIGN_OR_RETURN(v, ParseInlineVector(e, *inline_v));
   } else {
     return e.Error("vector_file",
                    "missing: mode \"" +
@@ -233,40 +391,54 @@ StatusOr<std::vector<float>> ParseVector(const Entry& e, InterventionMode mode,
                        "\" needs a vector (vector_file or vector)");
   }
   ASSIGN_OR_RETURN(const int64_t width, HookWidth(hook, config));
-  if (static_cast<int64_t>(v.size()) != width)
-    return e.Error(field, "has " + std::to_string(v.size()) + " values but " +
-                              HookName(hook) + " is " + std::to_string(width) +
-                              " wide");
+  // Shape [width] or [1, width]; a patch's [rows, width] (or flat).
+  int64_t outer = 1;
+  for (size_t d = 0; d + 1 < v.shape.size(); ++d) outer *= v.shape[d];
+  const bool flat_rows = v.shape.size() == 1 &&
+                         static_cast<int64_t>(v.values.size()) == rows * width;
+  if (rows == 1 && !v.shape.empty() && v.shape.back() != width)
+    return e.Error(field, "has " + std::to_string(v.values.size()) +
+                              " values but " + HookName(hook) + " is " +
+                              std::to_string(width) + " wide");
+  if (!flat_rows &&
+      (v.shape.empty() || v.shape.back() != width || outer != rows))
+    return e.Error(field, "has shape " + ShapeText(v.shape) + " but " +
+                              HookName(hook) + " needs " +
+                              (rows == 1 ? "[" + std::to_string(width) + "]"
+                                         : ShapeText({rows, width})) +
+                              (IsPatch(mode) ? " (one row per position)" : ""));
   double norm2 = 0;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (!std::isfinite(v[i]))
+  for (size_t i = 0; i < v.values.size(); ++i) {
+    const float x = v.values[i];
+    if (!std::isfinite(x))
       return e.Error(field, "value " + std::to_string(i) + " of " +
-                                std::to_string(v.size()) + " is " +
-                                (std::isnan(v[i]) ? "nan" : "infinite") +
+                                std::to_string(v.values.size()) + " is " +
+                                (std::isnan(x) ? "nan" : "infinite") +
                                 " (as f32)");
-    norm2 += double{v[i]} * v[i];
+    norm2 += double{x} * x;
   }
   if (mode == InterventionMode::kProjectOut &&
       std::abs(std::sqrt(norm2) - 1.0) > kUnitTolerance)
     return e.Error(field, "project_out needs a unit vector; its norm is " +
                               std::to_string(std::sqrt(norm2)));
-  return v;
+  return std::move(v.values);
 }
 
 StatusOr<int64_t> ParseHead(const Entry& e, InterventionMode mode,
                             const std::vector<HookPoint>& hooks,
                             const ModelConfig& config) {
   const Json* h = e.Find("head");
-  if (mode != InterventionMode::kZeroHead) {
+  const std::string m(InterventionModeName(mode));
+  if (!IsHeadMode(mode)) {
     if (h != nullptr)
-      return e.Error("head", "applies to mode \"zero_head\" only");
+      return e.Error("head", "applies to modes zero_head and patch_head only");
     return int64_t{-1};
   }
   for (const HookPoint& hook : hooks)
     if (hook.site != HookSite::kZ)
-      return e.Error("hook", "mode \"zero_head\" needs attn.hook_z, not '" +
+      return e.Error("hook", "mode \"" + m + "\" needs attn.hook_z, not '" +
                                  HookName(hook) + "'");
-  if (h == nullptr) return e.Error("head", "missing (zero_head needs it)");
+  if (h == nullptr) return e.Error("head", "missing (" + m + " needs it)");
   const std::optional<int64_t> head = JsonInt64(*h);
   if (!head) return e.Error("head", h->dump() + " is not an integer");
   if (*head < 0 || *head >= config.num_heads)
@@ -296,14 +468,18 @@ StatusOr<std::vector<int64_t>> ParseRows(const Entry& e) {
 }
 
 StatusOr<InterventionApplyTo> ParseApplyTo(
-    const Entry& e, const InterventionPositions& positions) {
+    const Entry& e, InterventionMode mode,
+    const InterventionPositions& positions) {
   const Json* a = e.Find("apply_to");
   if (a == nullptr)
-    return positions.kind == InterventionPositions::Kind::kAll
+    return positions.kind == InterventionPositions::Kind::kAll && !IsPatch(mode)
                ? InterventionApplyTo::kBoth
                : InterventionApplyTo::kPrompt;
   const std::string s = a->is_string() ? a->get<std::string>() : "";
   if (s == "prompt") return InterventionApplyTo::kPrompt;
+  if (IsPatch(mode) && (s == "generated" || s == "both"))
+    return e.Error("apply_to",
+                   "a patch edits prompt positions only, not " + a->dump());
   if (s == "generated") return InterventionApplyTo::kGenerated;
   if (s == "both") return InterventionApplyTo::kBoth;
   return e.Error("apply_to",
@@ -321,15 +497,23 @@ Status ParseEntry(const Entry& e, const ModelConfig& config,
   Intervention iv;
   iv.mode = mode;
   ASSIGN_OR_RETURN(iv.scale, ParseScale(e, mode));
+  ASSIGN_OR_RETURN(iv.norm_match, ParseNormMatch(e, mode));
   ASSIGN_OR_RETURN(iv.positions, ParsePositions(e));
   ASSIGN_OR_RETURN(iv.head, ParseHead(e, mode, hooks, config));
   ASSIGN_OR_RETURN(iv.rows, ParseRows(e));
-  ASSIGN_OR_RETURN(iv.apply_to, ParseApplyTo(e, iv.positions));
+  ASSIGN_OR_RETURN(iv.apply_to, ParseApplyTo(e, mode, iv.positions));
+  int64_t rows = 1;
+  if (IsPatch(mode)) {
+    StatusOr<int64_t> n = PatchRowCount(iv.positions);
+    if (!n.ok()) return e.Error("positions", n.status().message());
+    rows = *n;
+  }
   for (const HookPoint& hook : hooks) {
     iv.hook = hook;
     // Every hook of a pattern has the same site, hence the same width.
     if (hook == hooks.front()) {
-      ASSIGN_OR_RETURN(iv.vector, ParseVector(e, mode, hook, config, base_dir));
+      ASSIGN_OR_RETURN(iv.vector,
+                       ParseVector(e, mode, hook, rows, config, base_dir));
     }
     out->push_back(iv);
   }
@@ -419,6 +603,20 @@ StatusOr<InterventionPositions> ParsePositionsText(std::string_view text) {
     p.kind = InterventionPositions::Kind::kLast;
     return p;
   }
+  if (const size_t colon = text.find(':'); colon != std::string_view::npos) {
+    p.kind = InterventionPositions::Kind::kSpan;
+    const std::string a(text.substr(0, colon)), z(text.substr(colon + 1));
+    char* end_a = nullptr;
+    char* end_z = nullptr;
+    p.span_begin = a.empty() ? 0 : std::strtoll(a.c_str(), &end_a, 10);
+    p.span_end = z.empty() ? 0 : std::strtoll(z.c_str(), &end_z, 10);
+    p.span_to_end = z.empty();
+    if ((!a.empty() && *end_a != '\0') || (!z.empty() && *end_z != '\0'))
+      return InvalidArgumentError("span '" + std::string(text) +
+                                  "' is not A:B (integers; either may be "
+                                  "left out)");
+    return p;
+  }
   p.kind = InterventionPositions::Kind::kList;
   size_t b = 0;
   while (b <= text.size()) {
@@ -435,6 +633,34 @@ StatusOr<InterventionPositions> ParsePositionsText(std::string_view text) {
   }
   return p;
 }
+
+namespace {
+
+// The file form of `p`: "all", "last", [..] or {"span": [a, b | null]}.
+Json PositionsJson(const InterventionPositions& p) {
+  switch (p.kind) {
+    case InterventionPositions::Kind::kAll:
+      return "all";
+    case InterventionPositions::Kind::kLast:
+      return "last";
+    case InterventionPositions::Kind::kList:
+      return p.list;
+    case InterventionPositions::Kind::kSpan:
+      return Json{
+          {"span",
+           {p.span_begin, p.span_to_end ? Json(nullptr) : Json(p.span_end)}}};
+  }
+  return "all";
+}
+
+// FILE or FILE#TENSOR into the entry's vector_file (and tensor).
+void SetVectorFile(const std::string& spec, Json* e) {
+  const size_t hash = spec.rfind('#');
+  (*e)["vector_file"] = spec.substr(0, hash);
+  if (hash != std::string::npos) (*e)["tensor"] = spec.substr(hash + 1);
+}
+
+}  // namespace
 
 StatusOr<std::string> ShorthandInterventions(
     const std::vector<std::string>& steer,
@@ -453,10 +679,7 @@ StatusOr<std::string> ShorthandInterventions(
       rest.resize(at);
       StatusOr<InterventionPositions> pos = ParsePositionsText(p);
       if (!pos.ok()) return pos.status().WithContext(flag);
-      if (pos->kind == InterventionPositions::Kind::kList)
-        e["positions"] = pos->list;
-      else
-        e["positions"] = p;
+      e["positions"] = PositionsJson(*pos);
     }
     const size_t star = rest.rfind('*');
     if (star == std::string::npos)
@@ -469,7 +692,7 @@ StatusOr<std::string> ShorthandInterventions(
       return InvalidArgumentError(flag + ": scale '" + scale +
                                   "' is not a number");
     e["scale"] = v;
-    e["vector_file"] = rest.substr(0, star);
+    SetVectorFile(rest.substr(0, star), &e);
     list.push_back(std::move(e));
   }
   for (const std::string& s : ablate) {
@@ -477,9 +700,9 @@ StatusOr<std::string> ShorthandInterventions(
     if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
       return InvalidArgumentError("--ablate-direction " + s +
                                   ": expected HOOK=DIRECTION");
-    list.push_back(Json{{"hook", s.substr(0, eq)},
-                        {"mode", "project_out"},
-                        {"vector_file", s.substr(eq + 1)}});
+    Json e{{"hook", s.substr(0, eq)}, {"mode", "project_out"}};
+    SetVectorFile(s.substr(eq + 1), &e);
+    list.push_back(std::move(e));
   }
   if (list.empty()) return std::string();
   return Json{{"interventions", list}}.dump();
@@ -500,22 +723,11 @@ Json InterventionsJson(const std::vector<Intervention>& list) {
     char digest[17];
     std::snprintf(digest, sizeof(digest), "%016llx",
                   static_cast<unsigned long long>(h));
-    Json positions;
-    switch (iv.positions.kind) {
-      case InterventionPositions::Kind::kAll:
-        positions = "all";
-        break;
-      case InterventionPositions::Kind::kLast:
-        positions = "last";
-        break;
-      case InterventionPositions::Kind::kList:
-        positions = iv.positions.list;
-        break;
-    }
     Json e{{"hook", HookName(iv.hook)},
            {"mode", std::string(InterventionModeName(iv.mode))},
-           {"positions", positions}};
+           {"positions", PositionsJson(iv.positions)}};
     if (iv.mode == InterventionMode::kAdd) e["scale"] = iv.scale;
+    if (iv.norm_match) e["norm_match"] = true;
     if (iv.head >= 0) e["head"] = iv.head;
     if (!iv.rows.empty()) e["rows"] = iv.rows;
     e["apply_to"] = iv.apply_to == InterventionApplyTo::kPrompt ? "prompt"
@@ -546,7 +758,6 @@ Status CheckIntervention(const Intervention& iv, const ModelConfig& c,
         "' cannot be edited; the sites that can: " + kSiteList);
   RETURN_IF_ERROR(CheckHookExists(iv.hook, c).WithContext(name));
   ASSIGN_OR_RETURN(const int64_t width, HookWidth(iv.hook, c));
-  const std::vector<int64_t>& list = iv.positions.list;
   int64_t want = 0;
   switch (iv.mode) {
     case InterventionMode::kAdd:
@@ -555,15 +766,13 @@ Status CheckIntervention(const Intervention& iv, const ModelConfig& c,
       want = width;
       break;
     case InterventionMode::kPatch:
-      if (iv.positions.kind != InterventionPositions::Kind::kList)
-        return InvalidArgumentError(name + ": a patch names its positions");
-      for (size_t j = 0; j < list.size(); ++j)
-        if (list[j] < 0 || (j > 0 && list[j] <= list[j - 1]))
-          return InvalidArgumentError(
-              name + ": a patch's positions must be ascending and >= 0");
-      want =
-          patch_rows_elsewhere ? 0 : width * static_cast<int64_t>(list.size());
-      break;
+    case InterventionMode::kPatchHead: {
+      StatusOr<int64_t> n = PatchRowCount(iv.positions);
+      if (!n.ok()) return n.status().WithContext(name);
+      want = patch_rows_elsewhere ? 0 : width * *n;
+      if (iv.mode == InterventionMode::kPatch) break;
+      [[fallthrough]];
+    }
     case InterventionMode::kZeroHead:
       if (iv.hook.site != HookSite::kZ || iv.head < 0 || iv.head >= c.num_heads)
         return InvalidArgumentError(name + ": head " + std::to_string(iv.head) +
@@ -595,7 +804,8 @@ std::string CheckInterventionsFit(const std::vector<Intervention>& list,
   for (size_t i = 0; i < list.size(); ++i) {
     const Intervention& iv = list[i];
     if (!AppliesToRow(iv, row) ||
-        iv.positions.kind != InterventionPositions::Kind::kList)
+        (iv.positions.kind != InterventionPositions::Kind::kList &&
+         iv.positions.kind != InterventionPositions::Kind::kSpan))
       continue;
     const StatusOr<std::vector<int64_t>> p =
         ResolvePositions(iv.positions, length);
@@ -618,6 +828,11 @@ StatusOr<std::vector<int64_t>> ResolvePositions(
     if (length > 0) out.push_back(length - 1);
     return out;
   }
+  if (positions.kind == Kind::kSpan) {
+    ASSIGN_OR_RETURN(const auto span, ResolveSpan(positions, length));
+    for (int64_t p = span.first; p < span.second; ++p) out.push_back(p);
+    return out;
+  }
   for (int64_t p : positions.list) {
     const int64_t q = p < 0 ? p + length : p;
     if (q < 0 || q >= length)
@@ -632,6 +847,43 @@ StatusOr<std::vector<int64_t>> ResolvePositions(
                                 " twice (in a sequence of " +
                                 std::to_string(length) + " tokens)");
   return out;
+}
+
+StatusOr<std::pair<int64_t, int64_t>> ResolveSpan(
+    const InterventionPositions& positions, int64_t length) {
+  const int64_t a = positions.span_begin, b = positions.span_end;
+  const int64_t begin = a < 0 ? a + length : a;
+  const int64_t end = positions.span_to_end ? length : b < 0 ? b + length : b;
+  const std::string span = "span [" + std::to_string(a) + ", " +
+                           (positions.span_to_end ? "end" : std::to_string(b)) +
+                           ")";
+  if (begin < 0 || begin > length || end < 0 || end > length)
+    return OutOfRangeError(span + " is outside a sequence of " +
+                           std::to_string(length) + " tokens");
+  if (end <= begin)
+    return OutOfRangeError(span + " is empty in a sequence of " +
+                           std::to_string(length) + " tokens");
+  return std::make_pair(begin, end);
+}
+
+StatusOr<int64_t> PatchRowCount(const InterventionPositions& p) {
+  using Kind = InterventionPositions::Kind;
+  if (p.kind == Kind::kSpan) {
+    if (p.span_begin < 0 || p.span_to_end || p.span_end <= p.span_begin)
+      return InvalidArgumentError(
+          "a patch's span needs 0 <= begin < end, both given (it sets the "
+          "rows it copies)");
+    return p.span_end - p.span_begin;
+  }
+  if (p.kind != Kind::kList)
+    return InvalidArgumentError(
+        "a patch names its positions (a list or a span), not \"" +
+        std::string(p.kind == Kind::kAll ? "all" : "last") + "\"");
+  for (size_t j = 0; j < p.list.size(); ++j)
+    if (p.list[j] < 0 || (j > 0 && p.list[j] <= p.list[j - 1]))
+      return InvalidArgumentError(
+          "a patch's positions must be ascending and >= 0");
+  return static_cast<int64_t>(p.list.size());
 }
 
 }  // namespace loom

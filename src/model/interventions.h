@@ -1,8 +1,8 @@
 // Interventions: edits of a hooked activation inside the forward pass
-// (steering, directional ablation, zero / mean / head ablation), as read from
-// an intervention file (docs/interventions.md). This is the validated
-// specification only: applying it in the forward pass is later work (the
-// executor does not read it yet). Nothing here knows a backend.
+// (steering, directional ablation, zero / mean / head ablation, activation
+// patching), as read from an intervention file (docs/interventions.md): the
+// validated specification. The executor applies it (SequenceEdit in
+// src/runtime/executor.h); nothing here knows a backend.
 //
 // File format: a JSON object with an `interventions` list; each entry uses the
 // field names of the goldens' spec.json (shared/golden/interventions/README.md)
@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "src/base/status.h"
@@ -31,19 +32,26 @@ enum class InterventionMode : uint8_t {
   kZero,        // h = 0
   kReplace,     // h = m (e.g. a mean activation)
   kZeroHead,    // attn.hook_z only: the columns of head `head` = 0
-  kPatch,       // h[p] = a recorded run's h[p] (not accepted yet: see below)
+  kPatch,       // h[p] = a recorded run's h[p]
+  kPatchHead,   // attn.hook_z only: h[p, head] = a recorded run's h[p, head]
 };
-// "add", "project_out", "zero", "replace", "zero_head", "patch".
+// "add", "project_out", "zero", "replace", "zero_head", "patch",
+// "patch_head".
 std::string_view InterventionModeName(InterventionMode mode);
 
 // Token positions of a sequence an intervention applies to.
 struct InterventionPositions {
-  enum class Kind : uint8_t { kAll, kLast, kList };
+  enum class Kind : uint8_t { kAll, kLast, kList, kSpan };
   Kind kind = Kind::kAll;
   // kList: distinct positions; negative ones count from the end (-1 = the
   // last token). Which are in range is known only per sequence
   // (ResolvePositions).
   std::vector<int64_t> list;
+  // kSpan: the positions [span_begin, span_end), each negative bound counted
+  // from the end; span_to_end: span_end is the sequence's end ({"span": [a,
+  // null]}, text "a:").
+  int64_t span_begin = 0, span_end = 0;
+  bool span_to_end = false;
 };
 
 // Generation: which tokens an intervention edits. kPrompt: its positions of
@@ -58,11 +66,16 @@ struct Intervention {
   HookPoint hook;
   InterventionMode mode = InterventionMode::kAdd;
   float scale = 1.0f;  // kAdd only
+  // kAdd only: rescale each edited row to its L2 norm before the add.
+  bool norm_match = false;
   InterventionPositions positions;
   // [HookWidth(hook)] f32, finite: v (kAdd), the unit r (kProjectOut), m
-  // (kReplace); empty for kZero and kZeroHead.
+  // (kReplace); kPatch / kPatchHead: [n, HookWidth(hook)], the recorded
+  // run's rows at the n positions in order (kPatchHead copies only the
+  // head's columns); empty for kZero and kZeroHead.
   std::vector<float> vector;
-  int64_t head = -1;  // kZeroHead: 0 <= head < num_heads; -1 otherwise
+  // kZeroHead / kPatchHead: 0 <= head < num_heads; -1 otherwise.
+  int64_t head = -1;
   // Input rows (sequences of the request, 0-based) it applies to, sorted and
   // distinct; empty = every row.
   std::vector<int64_t> rows;
@@ -84,10 +97,11 @@ bool IsInterventionSite(HookSite site);
 // A `hook` with a layer pattern (blocks.*.hook_resid_pre) gives one
 // Intervention per layer, in layer order; otherwise entries keep the file's
 // order. Every error is InvalidArgument naming the entry and field
-// ("interventions[2].head: 7 is outside [0, 4)"), except: a vector file that
-// cannot be read keeps its reader's code (NotFound, DataLoss, ...), and mode
-// "patch" is Unimplemented (it needs a source run, which a file cannot name
-// yet).
+// ("interventions[2].head: 7 is outside [0, 4)"), except that a vector file
+// that cannot be read keeps its reader's code (NotFound, DataLoss, ...).
+// Vector files are .npy (f32), .safetensors or GGUF (F32, F16 or BF16),
+// told apart by their first bytes; `tensor` names the tensor of a
+// .safetensors or GGUF file (optional when it holds one).
 StatusOr<std::vector<Intervention>> ParseInterventions(
     std::string_view json_text, const std::string& base_dir,
     const ModelConfig& config);
@@ -98,13 +112,17 @@ StatusOr<std::vector<Intervention>> ParseInterventionFile(
     const std::string& path, const ModelConfig& config);
 
 // Checks one intervention against a model, as every forward that applies it
-// needs: the hook can be edited and exists, the vector's width (kPatch:
-// width x the listed positions, which must be ascending and >= 0; none when
-// `patch_rows_elsewhere`: the rows come from another buffer), finite
-// values, and zero_head's head. InvalidArgument starting with `name`.
+// needs: the hook can be edited and exists, the vector's width (kPatch,
+// kPatchHead: width x PatchRowCount; none when `patch_rows_elsewhere`: the
+// rows come from another buffer), finite values, and the head of zero_head
+// and patch_head. InvalidArgument starting with `name`.
 Status CheckIntervention(const Intervention& iv, const ModelConfig& config,
                          const std::string& name,
                          bool patch_rows_elsewhere = false);
+
+// The rows a patch copies in: its listed positions (ascending, >= 0) or its
+// span (0 <= begin < end, end given). InvalidArgument otherwise.
+StatusOr<int64_t> PatchRowCount(const InterventionPositions& positions);
 
 // Whether `iv` applies to input row `row` (its `rows`, or every row).
 bool AppliesToRow(const Intervention& iv, int64_t row);
@@ -122,15 +140,19 @@ StatusOr<std::vector<Intervention>> LoadInterventions(
     const std::string& file, const std::string& json, const std::string& dir,
     const ModelConfig& config);
 
-// Positions as the command line spells them: "all", "last" or a
-// comma-separated list "1,3,-1". InvalidArgument naming the bad item.
+// Positions as the command line spells them: "all", "last", a
+// comma-separated list "1,3,-1" or a span "A:B" (B exclusive; either may be
+// left out: ":B" from 0, "A:" to the end; negatives count from the end).
+// InvalidArgument naming the bad item.
 StatusOr<InterventionPositions> ParsePositionsText(std::string_view text);
 
 // The intervention document of the CLI's shorthand flags (empty when there
-// are none): --steer HOOK=VECTOR*SCALE[@POSITIONS] (mode add; POSITIONS all,
-// last or a list "1,3,-1"; default all) and --ablate-direction HOOK=DIRECTION
-// (mode project_out at every position). Vector paths are kept as given
-// (relative to the working directory). InvalidArgument naming the flag.
+// are none): --steer HOOK=VECTOR*SCALE[@POSITIONS] (mode add; POSITIONS as
+// ParsePositionsText; default all) and --ablate-direction HOOK=DIRECTION
+// (mode project_out at every position). VECTOR and DIRECTION are a file,
+// or FILE#TENSOR for one tensor of a .safetensors or GGUF file. Vector
+// paths are kept as given (relative to the working directory).
+// InvalidArgument naming the flag.
 StatusOr<std::string> ShorthandInterventions(
     const std::vector<std::string>& steer,
     const std::vector<std::string>& ablate);
@@ -145,10 +167,16 @@ int64_t InterventionBytes(const std::vector<Intervention>& list);
 nlohmann::json InterventionsJson(const std::vector<Intervention>& list);
 
 // The positions of a sequence of `length` tokens, ascending: all, the last,
-// or the list with negatives counted from the end. OutOfRange naming the
-// position and `length` when one falls outside [0, length); InvalidArgument
-// when two name the same token (e.g. 8 and -1 with length 9).
+// the list with negatives counted from the end, or the span. OutOfRange
+// naming the position and `length` when one falls outside [0, length) (a
+// span's bounds outside [0, length] or an empty span); InvalidArgument when
+// two name the same token (e.g. 8 and -1 with length 9).
 StatusOr<std::vector<int64_t>> ResolvePositions(
+    const InterventionPositions& positions, int64_t length);
+
+// A kSpan's [begin, end) in a sequence of `length` tokens, with the errors of
+// ResolvePositions; allocates nothing.
+StatusOr<std::pair<int64_t, int64_t>> ResolveSpan(
     const InterventionPositions& positions, int64_t length);
 
 }  // namespace loom

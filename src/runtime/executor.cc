@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "src/backend/registry.h"
 #include "src/base/float16.h"
@@ -241,6 +242,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
     max_experts = std::max(max_experts, lc.moe() ? lc.num_experts : 0);
   ex->host_expert_offsets_.resize(static_cast<size_t>(max_experts) + 1);
   ex->edit_rows_.reserve(static_cast<size_t>(o.max_tokens));
+  ex->source_rows_.resize(static_cast<size_t>(o.max_tokens));
+  std::iota(ex->source_rows_.begin(), ex->source_rows_.end(), 0);
   ex->zero_row_.assign(
       static_cast<size_t>(std::max(
           {c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size})),
@@ -290,9 +293,11 @@ Status Executor::CheckEdits(const Batch& batch,
                                   " of " + std::to_string(e.length) +
                                   " tokens, but the batch holds positions " +
                                   "up to " + std::to_string(Pos0(e.seq) + len));
-    if (e.every_position && iv.mode == InterventionMode::kPatch)
+    const bool patch = iv.mode == InterventionMode::kPatch ||
+                       iv.mode == InterventionMode::kPatchHead;
+    if (e.every_position && patch)
       return InvalidArgumentError(name + ": a patch edits its positions");
-    if (e.patch_rows != nullptr && iv.mode != InterventionMode::kPatch)
+    if (e.patch_rows != nullptr && !patch)
       return InvalidArgumentError(name + ": patch rows given to a " +
                                   std::string(InterventionModeName(iv.mode)));
     RETURN_IF_ERROR(CheckIntervention(
@@ -303,6 +308,13 @@ Status Executor::CheckEdits(const Batch& batch,
           return OutOfRangeError(name + ": position " + std::to_string(p) +
                                  " outside sequence " + std::to_string(e.seq) +
                                  " of " + std::to_string(e.length) + " tokens");
+    if (iv.positions.kind == Kind::kSpan && !e.every_position) {
+      StatusOr<std::pair<int64_t, int64_t>> span =
+          ResolveSpan(iv.positions, e.length);
+      if (!span.ok())
+        return span.status().WithContext(name + ", sequence " +
+                                         std::to_string(e.seq));
+    }
   }
   if (!edits.empty())
     for (const Device& d : devices_)
@@ -346,6 +358,13 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
       }
       std::sort(edit_rows_.begin(), edit_rows_.end());
       break;
+    case Kind::kSpan: {
+      // Checked by CheckEdits: a non-empty span inside the sequence.
+      const auto span = *ResolveSpan(iv.positions, e.length);
+      for (int64_t p = span.first; p < span.second; ++p) take(p);
+      first = std::max(p0, span.first) - span.first;
+      break;
+    }
   }
   const int64_t n = static_cast<int64_t>(edit_rows_.size());
   if (n == 0) return Status();
@@ -354,7 +373,7 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
   switch (iv.mode) {
     case InterventionMode::kAdd:
       return be.AddRowsBroadcast(data, T, cols, ld, idx, n, iv.vector.data(),
-                                 iv.scale);
+                                 iv.scale, iv.norm_match);
     case InterventionMode::kProjectOut:
       return be.ProjectOutRows(data, T, cols, ld, idx, n, iv.vector.data());
     case InterventionMode::kZero:
@@ -370,6 +389,14 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
       return be.SetRows(
           data, T, cols, ld, idx, n, 0, cols,
           (e.patch_rows ? e.patch_rows : iv.vector.data()) + first * cols, n);
+    case InterventionMode::kPatchHead: {
+      // The head's columns of the source rows first .. first + n - 1.
+      const int64_t c0 = iv.head * c_.head_dim;
+      const float* src = e.patch_rows ? e.patch_rows : iv.vector.data();
+      return be.CopyRows(data + c0, T, c_.head_dim, ld, idx, n,
+                         src + first * cols + c0, n, cols,
+                         source_rows_.data());
+    }
   }
   return InternalError("executor: unknown intervention mode");
 }

@@ -382,10 +382,12 @@ class Executor {
   // The KV cache of the forward in progress (null: none).
   const KvBatch* kv_ = nullptr;
   // The edits of the forward in progress, and the row indices of one edit
-  // (capacity max_tokens, reserved at Create) and a zero row (zero / head
-  // ablation's source, as wide as the widest editable hook).
+  // (capacity max_tokens, reserved at Create), 0 .. max_tokens - 1 (a
+  // head patch's source rows) and a zero row (zero / head ablation's source,
+  // as wide as the widest editable hook).
   std::span<const SequenceEdit> edits_;
   std::vector<int32_t> edit_rows_;
+  std::vector<int32_t> source_rows_;
   std::vector<float> zero_row_;
   // A paged cache: the page tables of the forward's sequences, [S,
   // pages_per_seq] (AttentionOp::kv_page_table).

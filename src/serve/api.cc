@@ -133,6 +133,12 @@ StatusOr<RequestInterventions> ParseRequestInterventions(
         doc.dump(-1, ' ', false, json::error_handler_t::replace), "", config);
     if (!parsed.ok()) return RenameEntry(parsed.status(), i);
     for (Intervention& iv : *parsed) {
+      if (iv.mode == InterventionMode::kPatch ||
+          iv.mode == InterventionMode::kPatchHead)
+        return InvalidArgumentError(
+            name + ".mode: " + std::string(InterventionModeName(iv.mode)) +
+            " is not served on the generation routes (TheLoom's "
+            "/api/patching/run patches)");
       if (!iv.rows.empty() && iv.rows.back() >= prompts)
         return InvalidArgumentError(
             name + ".rows: row " + std::to_string(iv.rows.back()) +

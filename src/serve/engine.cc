@@ -256,10 +256,12 @@ Status Engine::CheckInterventions(const GenRequest& r) const {
     const Intervention& iv = r.interventions[i];
     const std::string name =
         "intervention " + std::to_string(i) + " (" + HookName(iv.hook) + ")";
-    if (iv.mode == InterventionMode::kPatch)
-      return UnimplementedError(name +
-                                ": mode patch is not served (it needs a "
-                                "source run)");
+    if (iv.mode == InterventionMode::kPatch ||
+        iv.mode == InterventionMode::kPatchHead)
+      return UnimplementedError(name + ": mode " +
+                                std::string(InterventionModeName(iv.mode)) +
+                                " is not served on the generation routes (use "
+                                "/api/patching/run)");
     RETURN_IF_ERROR(CheckIntervention(iv, c, name));
     if (!AppliesToRow(iv, 0) || !iv.edits_prompt()) continue;
     // A position outside the prompt would fail the shared forward, and every

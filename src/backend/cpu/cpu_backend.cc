@@ -359,11 +359,13 @@ Status RowIndexError(std::string_view op, int64_t bad, const int32_t* idx,
 
 Status CpuBackend::AddRowsBroadcast(float* x, int64_t rows, int64_t cols,
                                     int64_t ld, const int32_t* idx, int64_t n,
-                                    const float* v, float scale) {
+                                    const float* v, float scale,
+                                    bool norm_match) {
   RETURN_IF_ERROR(CheckRowEdit("AddRowsBroadcast", rows, cols, ld, n));
   return RowIndexError(
       "AddRowsBroadcast",
-      cpu::AddRowsBroadcast(x, rows, cols, ld, idx, n, v, scale), idx, n, rows);
+      cpu::AddRowsBroadcast(x, rows, cols, ld, idx, n, v, scale, norm_match),
+      idx, n, rows);
 }
 
 Status CpuBackend::ProjectOutRows(float* x, int64_t rows, int64_t cols,

@@ -1,5 +1,6 @@
 #include "src/backend/cpu/kernels_rows.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace loom::cpu {
@@ -14,18 +15,36 @@ int64_t FirstBadRowIndex(const int32_t* idx, int64_t n, int64_t rows) {
   return -1;
 }
 
+namespace {
+
+// sqrt of the sum of squares of row [cols], in double, in column order.
+double RowNorm(const float* row, int64_t cols) {
+  double s = 0.0;
+  for (int64_t j = 0; j < cols; ++j)
+    s += static_cast<double>(row[j]) * static_cast<double>(row[j]);
+  return std::sqrt(s);
+}
+
+}  // namespace
+
 int64_t AddRowsBroadcast(float* x, int64_t rows, int64_t cols, int64_t ld,
                          const int32_t* idx, int64_t n, const float* v,
-                         float scale) {
+                         float scale, bool norm_match) {
   const int64_t bad = FirstBadRowIndex(idx, n, rows);
   if (bad >= 0) return bad;
 #pragma omp parallel for schedule(static) if (n * cols > 16384)
   for (int64_t i = 0; i < n; ++i) {
     float* row = x + static_cast<int64_t>(idx[i]) * ld;
+    const double before = norm_match ? RowNorm(row, cols) : 0.0;
     for (int64_t j = 0; j < cols; ++j) {
       const float t = scale * v[j];
       row[j] += t;
     }
+    if (!norm_match) continue;
+    const double after = RowNorm(row, cols);
+    if (after == 0.0) continue;
+    const float f = static_cast<float>(before / after);
+    for (int64_t j = 0; j < cols; ++j) row[j] *= f;
   }
   return -1;
 }

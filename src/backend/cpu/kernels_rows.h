@@ -22,10 +22,15 @@ namespace loom::cpu {
 int64_t FirstBadRowIndex(const int32_t* idx, int64_t n, int64_t rows);
 
 // x[idx[i], :] += scale * v[:] (scale * v[j] rounded to f32, then added).
+// norm_match: each edited row is then rescaled to its L2 norm before the
+// add: with n0 and n1 the row's norms before and after the add (sums of
+// squares of the f32 values in double, column order), every value is
+// multiplied by f = (float)(n0 / n1) and rounded to f32; a row whose norm
+// after the add is 0 is left as it is.
 //   x: [rows, cols] row stride ld; idx: [n]; v: [cols]
 int64_t AddRowsBroadcast(float* x, int64_t rows, int64_t cols, int64_t ld,
                          const int32_t* idx, int64_t n, const float* v,
-                         float scale);
+                         float scale, bool norm_match = false);
 
 // x[idx[i], :] -= d_i * u[:] with d_i = x[idx[i], :] . u, the dot of the f32
 // values accumulated in double in column order and rounded to f32 once; then

@@ -70,6 +70,50 @@ TEST(RowKernels, AddRowsBroadcastMatchesReference) {
   }
 }
 
+TEST(RowKernels, AddRowsBroadcastNormMatchedMatchesReference) {
+  for (const Shape& s : Shapes()) {
+    SCOPED_TRACE(::testing::Message() << "rows " << s.rows << " cols " << s.cols
+                                      << " n " << s.idx.size());
+    std::vector<float> x = Random(s.rows * s.ld, 21), want = x;
+    const std::vector<float> v = Random(s.cols, 22);
+    const int64_t n = static_cast<int64_t>(s.idx.size());
+    EXPECT_EQ(AddRowsBroadcast(x.data(), s.rows, s.cols, s.ld, s.idx.data(), n,
+                               v.data(), 3.0f, /*norm_match=*/true),
+              -1);
+    ref::AddRowsBroadcast(want.data(), s.ld, s.cols, s.idx.data(), n, v.data(),
+                          3.0f, /*norm_match=*/true);
+    EXPECT_TRUE(SameBytes(x, want));
+    // Each edited row keeps its norm (to f32 rounding) and changes direction.
+    const std::vector<float> x0 = Random(s.rows * s.ld, 21);
+    for (int32_t r : s.idx) {
+      double n0 = 0, n1 = 0, dot = 0;
+      for (int64_t j = 0; j < s.cols; ++j) {
+        const double a = x0[r * s.ld + j], b = x[r * s.ld + j];
+        n0 += a * a, n1 += b * b, dot += a * b;
+      }
+      EXPECT_NEAR(std::sqrt(n1), std::sqrt(n0), 1e-5 * std::sqrt(n0)) << r;
+      if (s.cols > 1) EXPECT_LT(dot, n0 * (1 - 1e-6)) << r;
+    }
+  }
+}
+
+// Norm matching of a hand-computed row: (3, 4) + (0, 2)·1 = (3, 6), norm 5
+// before, sqrt(45) after: (3, 6) · 5 / sqrt(45). A zero row stays zero.
+TEST(RowKernels, NormMatchHandComputed) {
+  std::vector<float> x = {3, 4, 0, 0};
+  const float v[] = {0, 2}, minus[] = {0, 0};
+  const int32_t idx[] = {0};
+  ASSERT_EQ(AddRowsBroadcast(x.data(), 2, 2, 2, idx, 1, v, 1.0f, true), -1);
+  const float f = static_cast<float>(5.0 / std::sqrt(45.0));
+  EXPECT_EQ(x[0], 3.0f * f);
+  EXPECT_EQ(x[1], 6.0f * f);
+  const int32_t zero_row[] = {1};
+  ASSERT_EQ(AddRowsBroadcast(x.data(), 2, 2, 2, zero_row, 1, minus, 1.0f, true),
+            -1);
+  EXPECT_EQ(x[2], 0.0f);
+  EXPECT_EQ(x[3], 0.0f);
+}
+
 TEST(RowKernels, ProjectOutRowsMatchesReference) {
   for (const Shape& s : Shapes()) {
     SCOPED_TRACE(::testing::Message()
@@ -202,6 +246,9 @@ TEST(RowKernels, ByteIdenticalForAnyThreadCount) {
     EXPECT_EQ(AddRowsBroadcast(x.data(), rows, cols, ld, idx.data(), n,
                                v.data(), 0.37f),
               -1);
+    EXPECT_EQ(AddRowsBroadcast(x.data(), rows, cols, ld, idx.data(), n,
+                               v.data(), 1.5f, /*norm_match=*/true),
+              -1);
     EXPECT_EQ(ProjectOutRows(x.data(), rows, cols, ld, idx.data(), n, u.data()),
               -1);
     EXPECT_EQ(SetRows(x.data(), rows, cols, ld, idx.data(), n / 2, 16, 48,
@@ -241,9 +288,9 @@ TEST(RowKernels, CpuBackendChecksArgumentsAndNamesTheBadIndex) {
   std::vector<float> x(4 * 3, 1.0f), v(3, 0.5f);
   const int32_t good[] = {0, 3}, bad[] = {0, 4}, dup[] = {2, 2};
   EXPECT_TRUE(
-      be.AddRowsBroadcast(x.data(), 4, 3, 3, good, 2, v.data(), 2).ok());
+      be.AddRowsBroadcast(x.data(), 4, 3, 3, good, 2, v.data(), 2, false).ok());
   EXPECT_EQ(x[0], 2.0f);
-  Status s = be.AddRowsBroadcast(x.data(), 4, 3, 3, bad, 2, v.data(), 2);
+  Status s = be.AddRowsBroadcast(x.data(), 4, 3, 3, bad, 2, v.data(), 2, false);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("idx[1] = 4 is outside [0, 4)"), std::string::npos)
       << s.message();

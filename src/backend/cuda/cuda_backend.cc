@@ -505,7 +505,7 @@ void CudaBackend::SetZero(float* x, int64_t n) {
 // The row edits of interventions have CPU kernels only so far.
 Status CudaBackend::AddRowsBroadcast(float*, int64_t, int64_t, int64_t,
                                      const int32_t*, int64_t, const float*,
-                                     float) {
+                                     float, bool) {
   return UnimplementedError(name_ +
                             ": AddRowsBroadcast (steering row edit) is not "
                             "implemented on cuda yet; use --device cpu");

@@ -121,7 +121,7 @@ class CudaBackend final : public Backend {
   void SetZero(float* x, int64_t n) override;
   Status AddRowsBroadcast(float* x, int64_t rows, int64_t cols, int64_t ld,
                           const int32_t* idx, int64_t n, const float* v,
-                          float scale) override;
+                          float scale, bool norm_match) override;
   Status ProjectOutRows(float* x, int64_t rows, int64_t cols, int64_t ld,
                         const int32_t* idx, int64_t n, const float* u) override;
   Status SetRows(float* x, int64_t rows, int64_t cols, int64_t ld,

@@ -37,7 +37,8 @@ typedef int (*LoomCudaListFn)(LoomGpuInfo* out, int max, char* reason,
 
 namespace loom::cuda {
 // 2: the row-edit ops (AddRowsBroadcast, ProjectOutRows, SetRows, CopyRows).
-inline constexpr int kLoomCudaPluginAbi = 2;
+// 3: AddRowsBroadcast's norm_match.
+inline constexpr int kLoomCudaPluginAbi = 3;
 inline constexpr const char* kPluginFile = "libloom_cuda.so";
 }  // namespace loom::cuda
 

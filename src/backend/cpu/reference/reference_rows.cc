@@ -1,14 +1,28 @@
 #include "src/backend/cpu/reference/reference_rows.h"
 
+#include <cmath>
+
 namespace loom::cpu::ref {
 
 void AddRowsBroadcast(float* x, int64_t ld, int64_t cols, const int32_t* idx,
-                      int64_t n, const float* v, float scale) {
+                      int64_t n, const float* v, float scale, bool norm_match) {
   for (int64_t i = 0; i < n; ++i) {
+    float* row = &x[idx[i] * ld];
+    double before = 0.0;
+    for (int64_t j = 0; j < cols; ++j)
+      before = before + double{row[j]} * double{row[j]};
     for (int64_t j = 0; j < cols; ++j) {
       const float product = scale * v[j];
-      x[idx[i] * ld + j] = x[idx[i] * ld + j] + product;
+      row[j] = row[j] + product;
     }
+    if (!norm_match) continue;
+    double after = 0.0;
+    for (int64_t j = 0; j < cols; ++j)
+      after = after + double{row[j]} * double{row[j]};
+    if (after == 0.0) continue;
+    const float factor =
+        static_cast<float>(std::sqrt(before) / std::sqrt(after));
+    for (int64_t j = 0; j < cols; ++j) row[j] = row[j] * factor;
   }
 }
 

@@ -12,7 +12,8 @@ namespace loom::cpu::ref {
 
 // x: [rows, cols] row stride ld; idx: [n]; v: [cols]
 void AddRowsBroadcast(float* x, int64_t ld, int64_t cols, const int32_t* idx,
-                      int64_t n, const float* v, float scale);
+                      int64_t n, const float* v, float scale,
+                      bool norm_match = false);
 // x: [rows, cols] row stride ld; idx: [n]; u: [cols]
 void ProjectOutRows(float* x, int64_t ld, int64_t cols, const int32_t* idx,
                     int64_t n, const float* u);
