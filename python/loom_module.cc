@@ -561,15 +561,25 @@ InputRow ToInputRow(const py::handle& item, int64_t index) {
 // (negative from the end), as `loom patch --positions` takes them.
 InterventionPositions PatchPositionsArg(py::handle o) {
   InterventionPositions p;
-  const char* kExpected = "\"all\", \"last\" or a list of ints";
+  const char* kExpected =
+      "\"all\", \"last\", \"A:B\", a slice or a list of ints";
   if (PyUnicode_Check(o.ptr())) {
-    const std::string s = StrArg("positions", o);
-    if (s == "all") return p;
-    if (s == "last") {
-      p.kind = InterventionPositions::Kind::kLast;
-      return p;
-    }
-    Raise(InvalidArgumentError("positions: '" + s + "' is not " + kExpected));
+    // "all", "last", "1,3,-1" or a span "A:B", as `loom patch --positions`.
+    StatusOr<InterventionPositions> text =
+        ParsePositionsText(StrArg("positions", o));
+    if (!text.ok()) Raise(text.status().WithContext("positions"));
+    return *std::move(text);
+  }
+  if (PySlice_Check(o.ptr())) {  // positions[a:b], b exclusive
+    const py::slice s = py::reinterpret_borrow<py::slice>(o);
+    const py::object start = s.attr("start"), stop = s.attr("stop");
+    if (!s.attr("step").is_none())
+      Raise(InvalidArgumentError("positions: a slice with a step"));
+    p.kind = InterventionPositions::Kind::kSpan;
+    p.span_begin = start.is_none() ? 0 : IntArg("positions.start", start);
+    p.span_to_end = stop.is_none();
+    p.span_end = stop.is_none() ? 0 : IntArg("positions.stop", stop);
+    return p;
   }
   p.kind = InterventionPositions::Kind::kList;
   if (PyBytes_Check(o.ptr()) || PyBool_Check(o.ptr()) || PyFloat_Check(o.ptr()))
@@ -1020,13 +1030,14 @@ class PyModel {
   py::dict Patch(const py::object& clean_obj, const py::object& corrupted_obj,
                  const py::object& hooks, const py::object& positions,
                  const py::object& answer, const py::object& wrong,
-                 const py::object& batch_tokens) {
+                 const py::object& batch_tokens, bool per_head) {
     PatchPrompt clean = PatchPromptArg("clean", clean_obj);
     PatchPrompt corrupted = PatchPromptArg("corrupted", corrupted_obj);
     eval::PatchOptions o;
     o.hooks = StrListArg("hooks", hooks);
     if (o.hooks.empty()) Raise(InvalidArgumentError("hooks: no hook given"));
     o.positions = PatchPositionsArg(positions);
+    o.per_head = per_head;
     const char* kDefault = " (None: the default)";
     if (!answer.is_none()) o.answer = IntArgAtLeast("answer", answer, 0);
     if (!wrong.is_none()) o.wrong = IntArgAtLeast("wrong", wrong, 0);
@@ -1095,6 +1106,7 @@ class PyModel {
     const py::dtype f64("float64"), f32("float32");
     py::dict d;
     d["hooks"] = r.hooks;
+    d["heads"] = r.heads;
     d["positions"] = r.positions;
     d["answer"] = r.answer;
     d["wrong"] = r.wrong;
@@ -1148,6 +1160,9 @@ class PyModel {
                 {"architecture", c.architecture},
                 {"num_layers", c.num_layers},
                 {"hidden_size", c.hidden_size},
+                {"num_heads", c.num_heads},
+                {"num_kv_heads", c.num_kv_heads},
+                {"head_dim", c.head_dim},
                 {"vocab_size", c.vocab_size},
                 {"max_position_embeddings", c.max_position_embeddings}};
   }
@@ -1414,7 +1429,7 @@ PYBIND11_MODULE(_loom, m) {
            py::arg("select"), py::arg("interventions"))
       .def("_patch", &PyModel::Patch, py::arg("clean"), py::arg("corrupted"),
            py::arg("hooks"), py::arg("positions"), py::arg("answer"),
-           py::arg("wrong"), py::arg("batch_tokens"));
+           py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"));
 
   m.def("_plan", &Plan, py::arg("model_dir"), py::arg("device"),
         py::arg("max_memory"), py::arg("reserve"), py::arg("offload"),

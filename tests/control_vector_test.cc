@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "src/io/npy.h"
+#include "src/io/safetensors_writer.h"
 #include "tests/golden_util.h"
 
 namespace loom {
@@ -150,6 +151,33 @@ TEST_F(ControlVectorTest, IsTheSteeringVectorAtEachLayersOutput) {
   const nlohmann::json m = testing::ReadJson(Path("cv") + "/manifest.json");
   EXPECT_NE(m.dump().find("blocks.3.hook_resid_post"), std::string::npos)
       << m.dump();
+}
+
+// --steer HOOK=FILE#TENSOR reads one tensor of a GGUF or .safetensors file:
+// the same bytes as the .npy of that vector.
+TEST_F(ControlVectorTest, SteerReadsOneTensorOfAGgufOrSafetensorsFile) {
+  const std::vector<float> v1 = Vec(1), v3 = Vec(3), other = Vec(7);
+  const std::string cv =
+      Gguf("cv.gguf", {{"direction.1", v1}, {"direction.3", Vec(9)}});
+  SafetensorsWriter w;
+  ASSERT_TRUE(
+      w.Add("layer3", DType::kF32, {kHidden}, v3.data(), 4 * kHidden).ok());
+  ASSERT_TRUE(
+      w.Add("other", DType::kF32, {1, kHidden}, other.data(), 4 * kHidden)
+          .ok());
+  ASSERT_TRUE(w.Write(Path("v.safetensors")).ok());
+  ExpectSameOutputs(Steer(1, Npy("v1.npy", v1)) + Steer(3, Npy("v3.npy", v3)),
+                    Steer(1, cv + "#direction.1") +
+                        Steer(3, Path("v.safetensors") + "#layer3"));
+  std::string log;
+  EXPECT_NE(Extract("bad", Steer(1, cv), &log), 0);
+  EXPECT_NE(log.find("holds 2 tensors; name one with `tensor` (FILE#TENSOR on "
+                     "the command line): direction.1, direction.3"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(Extract("bad2", Steer(1, Path("v.safetensors") + "#layer9"), &log),
+            0);
+  EXPECT_NE(log.find("has no tensor 'layer9'"), std::string::npos) << log;
 }
 
 TEST_F(ControlVectorTest, ScaledFilesAreSummedPerLayer) {

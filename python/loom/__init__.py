@@ -282,7 +282,7 @@ class Model(_loom.Model):
         return result
 
     def patch(self, clean, corrupted, *, hooks="blocks.*.hook_resid_pre", positions="all",
-              answer=None, wrong=None, batch_tokens=None):
+              answer=None, wrong=None, batch_tokens=None, per_head=False):
         """Activation patching, as `loom patch` computes it: the (hook x
         position) grid of a clean and a corrupted prompt of one length. Each
         cell is the corrupted prompt with hook h at position p replaced by
@@ -296,19 +296,24 @@ class Model(_loom.Model):
         hooks: a str or a list of extract's hook patterns, each a site that
           can be patched (the residual stream, hook_attn_out, hook_mlp_out,
           attn.hook_z, mlp.hook_post); the grid's rows, in layer order.
-        positions: "all", "last", an int or a list of ints (negative from
+        positions: "all", "last", an int, a list of ints (negative from
+          the end), or a span: "A:B" or slice(A, B) (B exclusive, None for
           the end); the grid's columns.
+        per_head: each attn.hook_z hook gives one row per head, whose cells
+          patch only that head's columns (mode patch_head).
         answer, wrong: token ids A and B (None: the clean run's argmax, and
           the corrupted run's argmax, or its runner-up when that is A).
         batch_tokens: tokens per forward (None: min(4096, max positions));
           the patched runs are batched as sequences of shared forwards.
 
-        Returns a dict: logit_diff and recovery (float64 [hooks, P]),
-        patched_logits_last (float32 [hooks, P, vocab]), clean_logits_last
-        and corrupted_logits_last (float32 [vocab]), hooks (names),
+        Returns a dict: logit_diff and recovery (float64 [rows, P]),
+        patched_logits_last (float32 [rows, P, vocab]), clean_logits_last
+        and corrupted_logits_last (float32 [vocab]), hooks (each row's hook
+        name), heads (each row's head, -1 for a whole hook),
         positions (resolved, ascending), answer, wrong, clean_logit_diff,
         corrupted_logit_diff, forwards and seconds."""
-        return self._patch(clean, corrupted, hooks, positions, answer, wrong, batch_tokens)
+        return self._patch(clean, corrupted, hooks, positions, answer, wrong, batch_tokens,
+                           bool(per_head))
 
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,

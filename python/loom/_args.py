@@ -153,11 +153,12 @@ def _json_plain(value, where):
                     % (where, type(value).__name__))
 
 
-def _vector(value, where):
+def _vector(value, where, rows=False):
     """An intervention's `vector` as a list of Python floats: a numpy array
     of any float dtype (or anything numpy takes: a list, a torch CPU tensor),
-    1-D or [1, width], finite. f32 values convert to JSON exactly (a double
-    holds them, and json writes the shortest repr that reads back)."""
+    1-D or [1, width], finite; with `rows` (modes patch and patch_head) also
+    [n, width], as a list of rows. f32 values convert to JSON exactly (a
+    double holds them, and json writes the shortest repr that reads back)."""
     import numpy as np
     if isinstance(value, (str, bytes)) or isinstance(value, Mapping):
         raise TypeError("%s: expected a 1-D array or a list of numbers, got %s"
@@ -168,11 +169,12 @@ def _vector(value, where):
         raise TypeError("%s: expected a 1-D array or a list of numbers (%s)" % (where, e)) from None
     if a.dtype.kind not in "fiu":
         raise TypeError("%s: expected floats, got an array of %s" % (where, a.dtype))
-    if a.ndim == 2 and a.shape[0] == 1:
+    if a.ndim == 2 and a.shape[0] == 1 and not rows:
         a = a[0]
-    if a.ndim != 1:
-        raise invalid("%s: has shape %s; expected one vector ([width] or [1, width])"
-                      % (where, tuple(a.shape)))
+    if a.ndim != 1 and not (rows and a.ndim == 2):
+        raise invalid("%s: has shape %s; expected %s" % (
+            where, tuple(a.shape), "rows [n, width]" if rows
+            else "one vector ([width] or [1, width])"))
     a = a.astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(a))
     if bad.size:
@@ -186,7 +188,8 @@ def interventions_json(value, arg="interventions"):
     """The JSON text of the intervention document (docs/interventions.md) of
     the `interventions` argument, None for None or an empty list. `value`: a
     list of dicts with the file format's fields (hook, mode, scale,
-    positions, vector or vector_file, head, rows, apply_to), or a whole
+    norm_match, positions (a slice is a span), vector or vector_file,
+    tensor, head, rows, apply_to), or a whole
     document ({"interventions": [...]}, e.g. a loaded spec.json). `vector`
     may be a numpy array; `vector_file` (a str or os.PathLike) is read
     relative to the working directory. The extension parses the text against
@@ -207,11 +210,20 @@ def interventions_json(value, arg="interventions"):
         if not isinstance(entry, Mapping):
             raise TypeError("%s: expected a dict, got %s" % (where, type(entry).__name__))
         plain = {}
+        rows = entry.get("mode") in ("patch", "patch_head")
         for key, v in entry.items():
             if not isinstance(key, str):
                 raise TypeError("%s: field names are str, got %r" % (where, key))
             field = "%s.%s" % (where, key)
-            plain[key] = _vector(v, field) if key == "vector" else _json_plain(v, field)
+            if key == "vector":
+                plain[key] = _vector(v, field, rows)
+            elif key == "positions" and isinstance(v, slice):  # p[a:b]: a span
+                if v.step is not None:
+                    raise invalid("%s: a slice with a step" % field)
+                plain[key] = {"span": [_json_plain(v.start or 0, field),
+                                       _json_plain(v.stop, field)]}
+            else:
+                plain[key] = _json_plain(v, field)
         entries.append(plain)
     if not entries:
         return None

@@ -124,6 +124,42 @@ def test_token_prompts_and_options_equal_the_cli(tmp_path):
     np.testing.assert_allclose(last["recovery"], [[0.0]], atol=1e-5)
 
 
+def test_per_head_grid_equals_the_cli_and_patch_head_interventions(tmp_path):
+    # One row per head of blocks.1.attn.hook_z over the span 3:5; each cell
+    # is the corrupted run with only that head's columns at that position
+    # taken from the clean run, which is also what `interventions=` gives
+    # with a patch_head entry whose rows are the clean run's recorded z.
+    model = loom.Model(STORIES, precision="f32")
+    heads = model.config["num_heads"]
+    clean, corrupted = [1, 403, 407, 261, 378, 275], [1, 403, 407, 261, 379, 275]
+    z = "blocks.1.attn.hook_z"
+    r = model.patch(clean, corrupted, hooks=z, positions=slice(3, 5), per_head=True)
+    assert r["hooks"] == [z] * heads and r["heads"] == list(range(heads))
+    assert r["positions"] == [3, 4]
+    assert r["patched_logits_last"].shape == (heads, 2, 512)
+    j, arrays = cli_patch(tmp_path, "--clean-tokens", ",".join(map(str, clean)),
+                          "--corrupted-tokens", ",".join(map(str, corrupted)),
+                          "--hooks", z, "--positions", "3:5", "--per-head", "--precision", "f32")
+    assert j["heads"] == r["heads"]
+    assert_same_as_cli(r, j, arrays)
+    recorded = model.extract([clean], z, select="all")[z]  # [T, heads * head_dim]
+    for head in (0, heads - 1):
+        for col, p in enumerate(r["positions"]):
+            iv = {"hook": z, "mode": "patch_head", "head": head, "positions": [p],
+                  "vector": recorded[p:p + 1]}
+            got = model.extract([corrupted], "logits", select="last", interventions=[iv])
+            np.testing.assert_allclose(got["logits"][0], r["patched_logits_last"][head, col],
+                                       rtol=1e-5, atol=1e-5, err_msg="head %d position %d" % (head, p))
+    # Every head patched at once is the whole-row patch.
+    whole = model.patch(clean, corrupted, hooks=z, positions="3:5")
+    assert whole["heads"] == [-1]
+    all_heads = [{"hook": z, "mode": "patch_head", "head": h, "positions": slice(4, 5),
+                  "vector": recorded[4:5]} for h in range(heads)]
+    got = model.extract([corrupted], "logits", select="last", interventions=all_heads)
+    np.testing.assert_allclose(got["logits"][0], whole["patched_logits_last"][0, 1], atol=1e-5)
+    assert abs(got["logits"][0] - r["patched_logits_last"][0, 1]).max() > 1e-4
+
+
 @pytest.fixture(scope="module")
 def model():
     return loom.Model(STORIES, precision="f32")
@@ -140,6 +176,7 @@ def model():
     (dict(clean=[1, 403, 407, 9999]), ["clean[3]", "9999", "vocabulary"]),
     (dict(positions=[9]), ["positions", "9", "4 tokens"]),
     (dict(positions="first"), ["positions", "'first'"]),
+    (dict(positions="2:9"), ["positions", "span [2, 9)", "4 tokens"]),
     (dict(positions=[]), ["positions", "empty"]),
     (dict(batch_tokens=0), ["batch_tokens", "got 0"]),
 ])

@@ -104,9 +104,18 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   PatchResult r;
   std::vector<HookPoint> grid;
   RETURN_IF_ERROR(ResolveGrid(c, T, o, &grid, &r.positions));
-  for (const HookPoint& h : grid) r.hooks.push_back(HookName(h));
+  // The grid's rows: (index into `grid`, head or -1).
+  std::vector<std::pair<size_t, int64_t>> rows;
+  for (size_t g = 0; g < grid.size(); ++g) {
+    const bool heads = o.per_head && grid[g].site == HookSite::kZ;
+    for (int64_t h = heads ? 0 : -1; h < (heads ? c.num_heads : 0); ++h) {
+      rows.emplace_back(g, h);
+      r.hooks.push_back(HookName(grid[g]));
+      r.heads.push_back(h);
+    }
+  }
   const int64_t P = static_cast<int64_t>(r.positions.size());
-  const int64_t cells = static_cast<int64_t>(grid.size()) * P;
+  const int64_t cells = static_cast<int64_t>(rows.size()) * P;
 
   // One executor for the three kinds of forwards: the grid hooks (captured
   // by the clean run) and the final norm (every run's last rows).
@@ -166,11 +175,14 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   r.corrupted_logit_diff =
       LogitDiff(r.corrupted_logits_last.data(), r.answer, r.wrong);
 
-  // The cells, per_forward at a time: cell k = (hook k / P, position k % P).
+  // The cells, per_forward at a time: cell k = (row k / P, position k % P).
   for (int64_t k = 0; k < cells; ++k) {
     Intervention& iv = cell_edit[static_cast<size_t>(k)];
-    iv.hook = grid[static_cast<size_t>(k / P)];
-    iv.mode = InterventionMode::kPatch;
+    const auto [g, head] = rows[static_cast<size_t>(k / P)];
+    iv.hook = grid[g];
+    iv.mode =
+        head < 0 ? InterventionMode::kPatch : InterventionMode::kPatchHead;
+    iv.head = head;
     iv.positions.kind = InterventionPositions::Kind::kList;
     iv.positions.list = {r.positions[static_cast<size_t>(k % P)]};
   }
@@ -182,7 +194,8 @@ StatusOr<PatchResult> RunPatch(const Model& model,
       std::copy(corrupted.begin(), corrupted.end(), ids.begin() + s * T);
       starts[static_cast<size_t>(s) + 1] = (s + 1) * T;
       const int64_t k = k0 + s;
-      const std::vector<float>& src = clean_rows[static_cast<size_t>(k / P)];
+      const std::vector<float>& src =
+          clean_rows[rows[static_cast<size_t>(k / P)].first];
       const int64_t width = static_cast<int64_t>(src.size()) / T;
       edits.push_back({s, T, &cell_edit[static_cast<size_t>(k)], false,
                        src.data() + r.positions[k % P] * width});
@@ -217,16 +230,21 @@ nlohmann::json PatchJson(const PatchResult& r) {
     rec.push_back(std::vector<double>(r.recovery.begin() + h * P,
                                       r.recovery.begin() + (h + 1) * P));
   }
-  return {{"hooks", r.hooks},
-          {"positions", r.positions},
-          {"answer_token_ids", {{"A", r.answer}, {"B", r.wrong}}},
-          {"metric", "logit_diff"},
-          {"clean_logit_diff", r.clean_logit_diff},
-          {"corrupted_logit_diff", r.corrupted_logit_diff},
-          {"logit_diff", ld},
-          {"recovery", rec},
-          {"forwards", r.forwards},
-          {"seconds", r.seconds}};
+  nlohmann::json out = {{"hooks", r.hooks}};
+  if (std::any_of(r.heads.begin(), r.heads.end(),
+                  [](int64_t h) { return h >= 0; }))
+    out["heads"] = r.heads;
+  out.update(
+      nlohmann::json{{"positions", r.positions},
+                     {"answer_token_ids", {{"A", r.answer}, {"B", r.wrong}}},
+                     {"metric", "logit_diff"},
+                     {"clean_logit_diff", r.clean_logit_diff},
+                     {"corrupted_logit_diff", r.corrupted_logit_diff},
+                     {"logit_diff", ld},
+                     {"recovery", rec},
+                     {"forwards", r.forwards},
+                     {"seconds", r.seconds}});
+  return out;
 }
 
 }  // namespace loom::eval

@@ -9,6 +9,9 @@
 // edit reaches a neighbour). Only the last position's logits are computed
 // per sequence (final norm of the last row, then lm_head).
 //
+// With per_head, each attn.hook_z hook of the grid gives one row per head:
+// the cell patches only that head's columns (Intervention mode kPatchHead).
+//
 // Metric (the goldens' definitions): ld(x) = logits_last[A] -
 // logits_last[B]; recovery[h][p] = (ld(patched) - ld(corrupted)) /
 // (ld(clean) - ld(corrupted)), in double from the f32 logits. A (answer) is
@@ -35,8 +38,10 @@ struct PatchOptions {
   // Hook patterns as extract's (blocks.*.hook_resid_pre, ...); every one an
   // intervention site (IsInterventionSite). The grid's rows, in layer order.
   std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
-  // The grid's columns: all, last, or a list (negatives from the end).
+  // The grid's columns: all, last, a list (negatives from the end) or a span.
   InterventionPositions positions;
+  // attn.hook_z hooks: one grid row per head (patch_head) instead of one.
+  bool per_head = false;
   int64_t answer = -1;       // A; -1 = the clean argmax
   int64_t wrong = -1;        // B; -1 = the corrupted argmax (runner-up if == A)
   int64_t batch_tokens = 0;  // tokens per forward; 0 = min(4096, max pos)
@@ -49,13 +54,16 @@ struct PatchOptions {
 };
 
 struct PatchResult {
-  std::vector<std::string> hooks;  // [n_hooks] the grid's rows
+  // [n_rows] the grid's rows: a hook, and the head it patches (-1: the
+  // whole hook; per_head rows of attn.hook_z: 0 .. heads - 1).
+  std::vector<std::string> hooks;
+  std::vector<int64_t> heads;
   std::vector<int64_t> positions;  // [P] the grid's columns, ascending
   int32_t answer = 0, wrong = 0;
   double clean_logit_diff = 0, corrupted_logit_diff = 0;
-  std::vector<double> logit_diff;            // [n_hooks, P]
-  std::vector<double> recovery;              // [n_hooks, P]
-  std::vector<float> patched_logits_last;    // [n_hooks, P, V]
+  std::vector<double> logit_diff;            // [n_rows, P]
+  std::vector<double> recovery;              // [n_rows, P]
+  std::vector<float> patched_logits_last;    // [n_rows, P, V]
   std::vector<float> clean_logits_last;      // [V]
   std::vector<float> corrupted_logits_last;  // [V]
   int64_t forwards = 0;  // executor forwards, the two un-patched included
@@ -69,8 +77,8 @@ StatusOr<PatchResult> RunPatch(const Model& model,
                                std::span<const int32_t> corrupted,
                                const PatchOptions& options);
 
-// patch.json: hooks, positions, answer_token_ids {A, B},
-// clean_logit_diff, corrupted_logit_diff, logit_diff [h][p], recovery
+// patch.json: hooks (and heads, with per_head), positions, answer_token_ids {A,
+// B}, clean_logit_diff, corrupted_logit_diff, logit_diff [h][p], recovery
 // [h][p], forwards, seconds.
 nlohmann::json PatchJson(const PatchResult& r);
 

@@ -1,8 +1,8 @@
 // `loom patch --model DIR (--clean TEXT | --clean-tokens IDS) (--corrupted
 //  TEXT | --corrupted-tokens IDS) [--hooks PATTERN...] [--positions
-//  all|last|LIST] [--answer A --wrong B] --out DIR`: the activation-patching
-// grid (src/eval/patch.h) written as OUT/patch.json and
-// OUT/patched.logits_last.npy [hooks, positions, vocab] (and the clean and
+//  all|last|LIST|A:B] [--per-head] [--answer A --wrong B] --out DIR`: the
+// activation-patching grid (src/eval/patch.h) written as OUT/patch.json and
+// OUT/patched.logits_last.npy [rows, positions, vocab] (and the clean and
 // corrupted runs' last logits, [1, vocab] each).
 #include <cstdio>
 #include <filesystem>
@@ -32,7 +32,7 @@ struct PatchArgs {
   int64_t answer = -1, wrong = -1, batch_tokens = 0;
   std::string precision = "f32";
   int threads = 0;
-  bool hf_bf16 = false, quiet = false;
+  bool hf_bf16 = false, quiet = false, per_head = false;
 };
 
 // The ids of one prompt: the given ids, or the text encoded as extract
@@ -80,6 +80,7 @@ Status RunPatchCommand(const PatchArgs& a) {
   StatusOr<InterventionPositions> positions = ParsePositionsText(a.positions);
   if (!positions.ok()) return positions.status().WithContext("--positions");
   o.positions = *std::move(positions);
+  o.per_head = a.per_head;
   o.answer = a.answer;
   o.wrong = a.wrong;
   o.batch_tokens = a.batch_tokens;
@@ -162,7 +163,10 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
                   "blocks.*.hook_resid_pre)")
       ->capture_default_str();
   cmd->add_option("--positions", a->positions,
-                  "Positions patched: all (default), last or a list 1,3,-1");
+                  "Positions patched: all (default), last, a list 1,3,-1 or "
+                  "a span A:B");
+  cmd->add_flag("--per-head", a->per_head,
+                "attn.hook_z hooks: one grid row per head (patch_head)");
   cmd->add_option("--metric", a->metric, "logit-diff (default)");
   cmd->add_option("--answer", a->answer,
                   "Token id A (default: the clean run's argmax)")
