@@ -34,6 +34,24 @@
 
 namespace loom::eval {
 
+// The two un-patched runs of a job, which a later job with the same model,
+// prompts, grid hooks and rounding can reuse instead of running them again
+// (the server's patching cache).
+struct PatchBaselines {
+  std::vector<int32_t> clean_ids, corrupted_ids;
+  std::vector<std::string> hooks;  // the grid's hooks, in layer order
+  bool hf_bf16_activations = false;
+  // [hooks][T, hook width]: the clean run's captures (empty: not kept).
+  std::vector<std::vector<float>> clean_rows;
+  std::vector<float> clean_logits_last;      // [V] (empty: not kept)
+  std::vector<float> corrupted_logits_last;  // [V] (empty: not kept)
+
+  bool has_clean() const { return !clean_logits_last.empty(); }
+  bool has_corrupted() const { return !corrupted_logits_last.empty(); }
+  int64_t clean_bytes() const;      // the clean rows and logits
+  int64_t corrupted_bytes() const;  // the corrupted logits
+};
+
 struct PatchOptions {
   // Hook patterns as extract's (blocks.*.hook_resid_pre, ...); every one an
   // intervention site (IsInterventionSite). The grid's rows, in layer order.
@@ -51,6 +69,9 @@ struct PatchOptions {
   // Asked before every forward: true ends the job with Cancelled (the Python
   // module's Ctrl-C).
   std::function<bool()> cancelled;
+  // Un-patched runs to reuse (borrowed): used when they hold both runs and
+  // their prompts, hooks and hf_bf16 equal this job's; ignored otherwise.
+  const PatchBaselines* reuse = nullptr;
 };
 
 struct PatchResult {
@@ -68,6 +89,9 @@ struct PatchResult {
   std::vector<float> corrupted_logits_last;  // [V]
   int64_t forwards = 0;  // executor forwards, the two un-patched included
   double seconds = 0;
+  bool reused = false;  // the un-patched runs came from options.reuse
+  // This job's un-patched runs (the clean captures moved here at the end).
+  PatchBaselines baselines;
 };
 
 // InvalidArgument for prompts of different lengths (naming both), an empty

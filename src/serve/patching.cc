@@ -523,6 +523,12 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
     timed_out = Clock::now() > deadline;
     return timed_out || (stopping && stopping());
   };
+  std::shared_ptr<const eval::PatchBaselines> reuse;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (const Cache* kept = FindCache(x.id, engine.id())) reuse = kept->runs;
+  }
+  po.reuse = reuse.get();
   StatusOr<eval::PatchResult> r =
       eval::RunPatch(engine.model(), spec.clean, spec.corrupted, po);
   if (!r.ok()) {
@@ -536,6 +542,14 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
   }
   json out, record;
   BuildRunJson(engine, spec, *r, &out, &record);
+  out["metadata"]["reused_baselines"] = r->reused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (x.cleanup_on_completion)
+      caches_.clear();  // TheLoom clears every cache
+    else
+      Keep(x.id, engine.id(), std::move(r->baselines));
+  }
   out["experiment_id"] = x.id;
   out["experiment_name"] = x.name;
   record["experiment_name"] = x.name;
@@ -579,26 +593,96 @@ json Patching::Experiments() {
           {"max_experiments", o_.max_experiments}};
 }
 
-json Patching::CacheStatus() const {
-  return {{"num_caches", 0},
-          {"total_size_mb", 0.0},
-          {"max_size_mb", 0.0},
-          {"utilization", 0.0},
-          {"cache_ids", json::array()},
-          {"cache_details", json::object()},
-          {"note",
-           "loom keeps no activation cache between requests: a run's clean "
-           "activations live for that run only"}};
+void Patching::Keep(const std::string& experiment, const std::string& model,
+                    eval::PatchBaselines runs) {
+  caches_.remove_if([&](const Cache& k) { return k.experiment == experiment; });
+  Cache kept{experiment, model,
+             std::make_shared<const eval::PatchBaselines>(std::move(runs))};
+  if (kept.bytes() > o_.max_cache_bytes) return;  // never fits
+  caches_.push_front(std::move(kept));
+  int64_t total = 0;
+  for (const Cache& k : caches_) total += k.bytes();
+  while (total > o_.max_cache_bytes) {
+    total -= caches_.back().bytes();
+    caches_.pop_back();
+  }
 }
 
-StatusOr<json> Patching::DeleteCache(const std::string& id) const {
+Patching::Cache* Patching::FindCache(const std::string& experiment,
+                                     const std::string& model) {
+  for (auto it = caches_.begin(); it != caches_.end(); ++it)
+    if (it->experiment == experiment && it->model == model) {
+      caches_.splice(caches_.begin(), caches_, it);
+      return &caches_.front();
+    }
+  return nullptr;
+}
+
+json Patching::CacheStatus() {
+  std::lock_guard<std::mutex> lock(mu_);
+  json ids = json::array(), details = json::object();
+  int64_t total = 0;
+  for (const Cache& k : caches_) {
+    if (k.runs->has_clean()) {
+      ids.push_back(k.experiment + "_clean");
+      details[k.experiment + "_clean"] = k.runs->clean_bytes();
+    }
+    if (k.runs->has_corrupted()) {
+      ids.push_back(k.experiment + "_corrupted");
+      details[k.experiment + "_corrupted"] = k.runs->corrupted_bytes();
+    }
+    total += k.bytes();
+  }
+  const double mib = 1024.0 * 1024.0;
+  return {{"num_caches", ids.size()},
+          {"total_size_mb", static_cast<double>(total) / mib},
+          {"max_size_mb", static_cast<double>(o_.max_cache_bytes) / mib},
+          {"utilization", o_.max_cache_bytes > 0
+                              ? static_cast<double>(total) /
+                                    static_cast<double>(o_.max_cache_bytes)
+                              : 0.0},
+          {"cache_ids", ids},
+          {"cache_details", details}};
+}
+
+StatusOr<json> Patching::DeleteCache(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = caches_.begin(); it != caches_.end(); ++it) {
+    const bool clean = id == it->experiment + "_clean" && it->runs->has_clean();
+    const bool corrupted =
+        id == it->experiment + "_corrupted" && it->runs->has_corrupted();
+    if (!clean && !corrupted) continue;
+    // A copy without that part (a run may be reading the kept one).
+    auto rest = std::make_shared<eval::PatchBaselines>(*it->runs);
+    if (clean) {
+      rest->clean_rows.clear();
+      rest->clean_logits_last.clear();
+    } else {
+      rest->corrupted_logits_last.clear();
+    }
+    if (rest->has_clean() || rest->has_corrupted())
+      it->runs = std::move(rest);
+    else
+      caches_.erase(it);
+    return json{{"status", "deleted"},
+                {"cache_id", id},
+                {"message", "Cache " + id + " deleted successfully"}};
+  }
   return NotFoundError("Cache not found: " + id);
 }
 
-json Patching::ClearCache() const {
+json Patching::ClearCache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Entries: one per hook captured by a clean run, one per kept logits.
+  int64_t entries = 0;
+  for (const Cache& k : caches_)
+    entries += static_cast<int64_t>(k.runs->clean_rows.size()) +
+               (k.runs->has_clean() ? 1 : 0) +
+               (k.runs->has_corrupted() ? 1 : 0);
+  caches_.clear();
   return {{"status", "cleared"},
-          {"entries_cleared", 0},
-          {"message", "Cleared 0 cache entries"}};
+          {"entries_cleared", entries},
+          {"message", "Cleared " + std::to_string(entries) + " cache entries"}};
 }
 
 }  // namespace loom::serve

@@ -23,21 +23,31 @@
 // for cores. Bounds: grid cells, the patched logits' bytes, tokens per
 // forward, and a time limit checked before every forward (PatchingOptions).
 // State: at most max_experiments experiments, the least recently used idle
-// one evicted for a new one; nothing persisted. Loom caches no activations
-// between requests (a run's clean captures live for the run only), so the
-// cache routes report none.
+// one evicted for a new one; nothing persisted.
+//
+// Cache (TheLoom's `<experiment>_clean` and `<experiment>_corrupted`): after
+// a run of an experiment whose cleanup_on_completion is false (ad hoc runs
+// are), its un-patched runs are kept (the clean run's captures of every grid
+// hook and both last-position logits: eval::PatchBaselines), at most
+// max_cache_bytes in all, the least recently used evicted first. A later run
+// of that experiment with the same model, prompts and grid reuses them
+// instead of running the clean and corrupted prompts again (metadata
+// `reused_baselines`). A completed run whose experiment has
+// cleanup_on_completion true clears every cache, as TheLoom's does.
 #ifndef LOOM_SERVE_PATCHING_H_
 #define LOOM_SERVE_PATCHING_H_
 
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "src/base/status.h"
+#include "src/eval/patch.h"
 #include "src/serve/engine.h"
 
 namespace loom::serve {
@@ -50,6 +60,8 @@ struct PatchingOptions {
   int64_t batch_tokens = 1024;  // tokens per patched forward (arenas)
   double max_seconds = 300;     // a run past it stops before its next forward
   int threads = 0;              // CPU threads of a run (0 = all)
+  // Kept un-patched runs, in bytes (0 = no cache).
+  int64_t max_cache_bytes = int64_t{256} << 20;
 };
 
 // The token ids of a request's prompt field (text or ids); errors name
@@ -76,9 +88,9 @@ class Patching {
   nlohmann::json Experiments();
   // GET /api/patching/cache/status, DELETE /api/patching/cache/{id},
   // DELETE /api/patching/cache.
-  nlohmann::json CacheStatus() const;
-  StatusOr<nlohmann::json> DeleteCache(const std::string& id) const;
-  nlohmann::json ClearCache() const;
+  nlohmann::json CacheStatus();
+  StatusOr<nlohmann::json> DeleteCache(const std::string& id);
+  nlohmann::json ClearCache();
 
  private:
   struct Experiment {
@@ -98,9 +110,27 @@ class Patching {
   void SetStatus(const std::string& id, const std::string& status,
                  nlohmann::json record);
 
+  // One experiment's kept un-patched runs, for the model `model`.
+  // `runs` is shared with a run reading it and replaced, never changed.
+  struct Cache {
+    std::string experiment, model;
+    std::shared_ptr<const eval::PatchBaselines> runs;
+    int64_t bytes() const {
+      return runs->clean_bytes() + runs->corrupted_bytes();
+    }
+  };
+  // Keeps `runs` as `experiment`'s cache (replacing it), then evicts the
+  // least recently used caches past max_cache_bytes. Caller holds mu_.
+  void Keep(const std::string& experiment, const std::string& model,
+            eval::PatchBaselines runs);
+  // The cache of `experiment` for `model`, moved to the front; nullptr if
+  // none. Caller holds mu_.
+  Cache* FindCache(const std::string& experiment, const std::string& model);
+
   PatchingOptions o_;
-  std::mutex mu_;              // guards experiments_
+  std::mutex mu_;              // guards lru_ and caches_
   std::list<Experiment> lru_;  // most recently used first
+  std::list<Cache> caches_;    // most recently used first
   std::mutex run_mu_;          // held by the one run in progress
 };
 

@@ -163,14 +163,90 @@ TEST(ServePatchingTest, ConfigureRunResultsExperimentsCache) {
   }
   EXPECT_EQ(Get(c, "/api/patching/experiments", &status)["total_count"], 2);
 
+  // The ad-hoc run (cleanup off) kept its two un-patched runs.
   const json cache = Get(c, "/api/patching/cache/status", &status);
   ASSERT_EQ(status, 200);
-  EXPECT_EQ(cache["num_caches"], 0);
+  EXPECT_EQ(cache["num_caches"], 2) << cache.dump();
   EXPECT_EQ(Send(c, "DELETE", "/api/patching/cache", "", &status)["status"],
             "cleared");
   EXPECT_EQ(status, 200);
+  EXPECT_EQ(Get(c, "/api/patching/cache/status", &status)["num_caches"], 0);
   Send(c, "DELETE", "/api/patching/cache/x_clean", "", &status);
   EXPECT_EQ(status, 404);
+}
+
+// TheLoom's cache: a run of an experiment without cleanup keeps its clean
+// captures and both last logits (`<id>_clean`, `<id>_corrupted`); the next
+// run of that experiment reuses them (two forwards fewer, the same results);
+// deleting one part stops the reuse; a run of an experiment with cleanup
+// (the configure default) clears every cache, as TheLoom's does.
+TEST(ServePatchingTest, CacheKeepsAndReusesTheUnpatchedRuns) {
+  Running s(Defaults());
+  auto c = s.Client();
+  int status = 0;
+  const json body = {{"clean_input", kClean},
+                     {"corrupted_input", kCorrupted},
+                     {"layers", {0, 2, 4}}};
+  const json first = Post(c, "/api/patching/run", body, &status);
+  ASSERT_EQ(status, 200) << first.dump();
+  const std::string id = first["experiment_id"];
+  EXPECT_FALSE(first["metadata"]["reused_baselines"].get<bool>());
+  json cache = Get(c, "/api/patching/cache/status", &status);
+  ASSERT_EQ(cache["num_caches"], 2) << cache.dump();
+  EXPECT_EQ(cache["cache_ids"], json({id + "_clean", id + "_corrupted"}));
+  // 3 hooks x 6 tokens x 64 values + 512 logits; 512 logits.
+  EXPECT_EQ(cache["cache_details"][id + "_clean"], 4 * (3 * 6 * 64 + 512));
+  EXPECT_EQ(cache["cache_details"][id + "_corrupted"], 4 * 512);
+  EXPECT_EQ(cache["max_size_mb"], 256.0);
+
+  json again = body;
+  again["experiment_id"] = id;
+  const json second = Post(c, "/api/patching/run", again, &status);
+  ASSERT_EQ(status, 200) << second.dump();
+  EXPECT_TRUE(second["metadata"]["reused_baselines"].get<bool>());
+  EXPECT_EQ(second["metadata"]["forwards"].get<int64_t>(),
+            first["metadata"]["forwards"].get<int64_t>() - 2);
+  EXPECT_EQ(second["patched_results"], first["patched_results"]);
+  EXPECT_EQ(second["metadata"]["recovery"], first["metadata"]["recovery"]);
+  // Other prompts for the same experiment: not reused.
+  json other = again;
+  other["clean_input"] = kCorrupted;
+  other["corrupted_input"] = kClean;
+  EXPECT_FALSE(Post(c, "/api/patching/run", other,
+                    &status)["metadata"]["reused_baselines"]
+                   .get<bool>());
+  ASSERT_EQ(status, 200);
+  EXPECT_TRUE(Post(c, "/api/patching/run", other,
+                   &status)["metadata"]["reused_baselines"]
+                  .get<bool>());
+
+  const json del = Send(c, "DELETE", "/api/patching/cache/" + id + "_corrupted",
+                        "", &status);
+  ASSERT_EQ(status, 200) << del.dump();
+  EXPECT_EQ(del["message"], "Cache " + id + "_corrupted deleted successfully");
+  Send(c, "DELETE", "/api/patching/cache/" + id + "_corrupted", "", &status);
+  EXPECT_EQ(status, 404);
+  cache = Get(c, "/api/patching/cache/status", &status);
+  EXPECT_EQ(cache["cache_ids"], json({id + "_clean"}));
+  EXPECT_FALSE(Post(c, "/api/patching/run", other,
+                    &status)["metadata"]["reused_baselines"]
+                   .get<bool>());
+  // 3 captured hooks + the clean logits + the corrupted logits.
+  const json cleared = Send(c, "DELETE", "/api/patching/cache", "", &status);
+  EXPECT_EQ(cleared["entries_cleared"], 5) << cleared.dump();
+
+  // A configured experiment cleans up on completion: every cache goes.
+  ASSERT_EQ(Post(c, "/api/patching/run", body, &status)["status"], "completed");
+  EXPECT_EQ(Get(c, "/api/patching/cache/status", &status)["num_caches"], 2);
+  const json conf =
+      Post(c, "/api/patching/configure",
+           {{"experiment_name", "tidy"}, {"layers", {1}}}, &status);
+  ASSERT_EQ(status, 200) << conf.dump();
+  json tidy = body;
+  tidy.erase("layers");
+  tidy["experiment_id"] = conf["experiment_id"];
+  ASSERT_EQ(Post(c, "/api/patching/run", tidy, &status)["status"], "completed");
+  EXPECT_EQ(Get(c, "/api/patching/cache/status", &status)["num_caches"], 0);
 }
 
 // The golden llama activation-patching grid (every layer's resid_pre at
