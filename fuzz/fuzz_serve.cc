@@ -13,7 +13,9 @@
 //     modes 0..9 also carry `interventions`;
 //   mode 13: the input is the body of a POST to /api/patching/run (a real
 //     patching grid; the server's limits keep each run small), mode 14 to
-//     /api/patching/configure: 2xx, 4xx, 501 or 503 only.
+//     /api/patching/configure: 2xx, 4xx, 501 or 503 only;
+//   mode 15: the body of a POST to /v1/completions, mode 16 to
+//     /v1/embeddings (OpenAI's routes): 2xx, 4xx, 501 or 503 only.
 #include <httplib.h>
 
 #include <cstdint>
@@ -91,7 +93,9 @@ constexpr const char* kRoutes[] = {"/generate",
                                    "/models/load",
                                    "/v1/chat/completions",
                                    "/api/patching/run",
-                                   "/api/patching/configure"};
+                                   "/api/patching/configure",
+                                   "/v1/completions",
+                                   "/v1/embeddings"};
 
 void Post(int route, std::string_view body) {
   Running& r = Get();
@@ -117,7 +121,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   using namespace loom::fuzz;
   const auto in = TakeMode(data, size);
-  const int mode = in.mode % 15;
+  const int mode = in.mode % 17;
   if (mode < 10) {
     Post(mode, in.rest);
   } else if (mode >= 13) {

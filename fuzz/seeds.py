@@ -217,6 +217,11 @@ def serve():
               "positions": "last", "answer_token_ids": {"A": 10, "B": 20}}),
         (14, {"experiment_name": "x", "layers": [1, 2],
               "components": ["resid_post"], "positions": [0, -1]}),
+        (15, {"model": "", "prompt": ["Once", [1, 403, 407]], "max_tokens": 3,
+              "temperature": 0, "stop": ["\n"], "seed": 2}),
+        (15, {"prompt": "Once", "max_tokens": 2, "stream": True}),
+        (16, {"input": ["The cat sat", [1, 403]], "encoding_format": "base64",
+              "pooling": "mean", "layer": 2}),
     ]
     for mode, body in bodies:
         add("fuzz_serve", mode, json.dumps(body).encode())

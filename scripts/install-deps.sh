@@ -23,6 +23,8 @@ PACKAGES=(
   libcpp-httplib-dev   # HTTP server of `loom serve` (and the client its tests drive it with)
   libyaml-cpp-dev      # `loom serve --config` (YAML)
   curl                 # the docs' curl examples run against `loom serve` (docs_curl)
+  nodejs               # the OpenAI SDK test of `loom serve` (serve_openai_sdk;
+                       # npm and the SDK: below)
   openmpi-bin libopenmpi-dev  # `extract --shard auto` under mpirun (rank 0
                        # merges after a barrier) and its test (mpirun -np 2)
   clang libclang-rt-14-dev libomp-dev llvm  # `make asan` / `make fuzz`: clang, its
@@ -38,12 +40,34 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# npm: Debian's nodejs lacks it (package npm); NodeSource's nodejs bundles it
+# and conflicts with Debian's npm, so it is installed only when missing.
+if ! command -v npm > /dev/null; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "install-deps: installing npm"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+    --no-install-recommends npm || echo "install-deps: npm could not be installed"
+fi
+
+# npm packages of the tests, at the versions of tests/node/package-lock.json
+# (the official OpenAI SDK), into tests/node/node_modules (git-ignored).
+node_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/node"
+if ! command -v npm > /dev/null; then
+  echo "install-deps: npm is missing: the serve_openai_sdk test will skip"
+elif [ "$(node -p "require('$node_dir/package.json').dependencies.openai" 2>&1)" != \
+       "$(node -p "require('$node_dir/node_modules/openai/package.json').version" 2>&1)" ]; then
+  echo "install-deps: npm ci in tests/node"
+  npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error
+else
+  echo "install-deps: tests/node/node_modules is up to date"
+fi

@@ -495,13 +495,45 @@ int HttpStatusOf(const Status& s) {
   }
 }
 
+namespace {
+
+std::string_view ErrorType(int http_status) {
+  return http_status < 500
+             ? "invalid_request_error"
+             : (http_status == 503 ? "overloaded" : "server_error");
+}
+
+}  // namespace
+
 json ErrorBody(int http_status, std::string_view message) {
-  std::string type = http_status < 500
-                         ? "invalid_request_error"
-                         : (http_status == 503 ? "overloaded" : "server_error");
-  return json{
-      {"detail", message},
-      {"error", {{"message", message}, {"type", type}, {"code", http_status}}}};
+  return json{{"detail", message},
+              {"error",
+               {{"message", message},
+                {"type", ErrorType(http_status)},
+                {"code", http_status}}}};
+}
+
+json OpenAiErrorBody(int http_status, std::string_view message) {
+  json param = nullptr;
+  constexpr std::string_view kField = "field `";
+  if (const size_t at = message.find(kField); at != std::string_view::npos) {
+    const size_t from = at + kField.size();
+    const size_t end = message.find('`', from);
+    if (end != std::string_view::npos && end > from)
+      param = std::string(message.substr(from, end - from));
+  }
+  json code = nullptr;
+  if (http_status == 401) code = "invalid_api_key";
+  if (http_status == 404 && message.rfind("model `", 0) == 0)
+    code = "model_not_found";
+  if (http_status == 413) code = "request_too_large";
+  if (http_status == 501) code = "unsupported";
+  return json{{"detail", message},
+              {"error",
+               {{"message", message},
+                {"type", ErrorType(http_status)},
+                {"param", param},
+                {"code", code}}}};
 }
 
 }  // namespace loom::serve

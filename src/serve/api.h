@@ -105,6 +105,13 @@ int HttpStatusOf(const Status& s);
 // {"detail": message, "error": {"message", "type", "code"}}: FastAPI's and
 // OpenAI's error shapes in one object.
 json ErrorBody(int http_status, std::string_view message);
+// The error body of the OpenAI routes (/v1/...): OpenAI's error object
+// {"error": {"message", "type", "param", "code"}} plus FastAPI's "detail".
+// `type` as ErrorBody's; `param` the field a "field `name`" message names,
+// else null; `code` a string for the statuses OpenAI names ("invalid_api_key"
+// 401, "model_not_found" a 404 about a model, "request_too_large" 413,
+// "unsupported" 501), else null.
+json OpenAiErrorBody(int http_status, std::string_view message);
 
 }  // namespace loom::serve
 

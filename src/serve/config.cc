@@ -132,6 +132,15 @@ const std::vector<Field>& Fields() {
       {LOOM_SERVE_FIELD(hidden_states, default_layers), Rule()},
       {LOOM_SERVE_FIELD(hidden_states, precision),
        Rule().Choices({"float32", "bfloat16", "float16"})},
+      {LOOM_SERVE_FIELD(hidden_states, embedding_layer),
+       Rule().Range(-100000, 100000)},
+      {LOOM_SERVE_FIELD(hidden_states, embedding_pooling),
+       Rule()
+           .Choices({"last_token", "first_token", "mean"})
+           .Aliases({{"last", "last_token"},
+                     {"first", "first_token"},
+                     {"cls", "first_token"}})},
+      {LOOM_SERVE_FIELD(hidden_states, embedding_normalize), Rule()},
       {LOOM_SERVE_FIELD(memory, precision_mode),
        Rule().Choices({"auto", "fp32", "fp16", "bf16"})},
       {LOOM_SERVE_FIELD(memory, streaming_chunk_size), Rule().Min(1)},

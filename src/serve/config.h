@@ -38,6 +38,9 @@
 //   hidden_states:
 //     default_layers: [-1]     # TheLoom layer indices (-1 = the last)
 //     precision: float32       # float32 | bfloat16 | float16
+//     embedding_layer: -1      # /embed and /v1/embeddings: the layer pooled
+//     embedding_pooling: last_token  # last_token | first_token | mean
+//     embedding_normalize: false     # divide by the L2 norm
 //   memory:
 //     precision_mode: auto     # auto | fp32 | fp16 | bf16
 //     streaming_chunk_size: 512
@@ -131,6 +134,13 @@ struct HiddenStatesSection {
   std::vector<int64_t> default_layers = {-1};  // TheLoom layer indices
   // The dtype hidden states are returned in: float32 | bfloat16 | float16.
   std::string precision = "float32";
+  // Defaults of the embedding routes (/embed, /embed/batch, /v1/embeddings):
+  // the layer pooled (TheLoom index), the pooling (last_token | first_token
+  // | mean; the parser reads last / first / cls as those) and whether the
+  // vector is divided by its L2 norm.
+  int64_t embedding_layer = -1;
+  std::string embedding_pooling = "last_token";
+  bool embedding_normalize = false;
 };
 
 struct MemorySection {

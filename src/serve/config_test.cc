@@ -51,6 +51,9 @@ void ExpectDefaults(const ServeConfig& c) {
   EXPECT_EQ(c.models.default_dtype, "auto");
   EXPECT_EQ(c.hidden_states.default_layers, std::vector<int64_t>{-1});
   EXPECT_EQ(c.hidden_states.precision, "float32");
+  EXPECT_EQ(c.hidden_states.embedding_layer, -1);
+  EXPECT_EQ(c.hidden_states.embedding_pooling, "last_token");
+  EXPECT_FALSE(c.hidden_states.embedding_normalize);
   EXPECT_EQ(c.memory.precision_mode, "auto");
   EXPECT_EQ(c.memory.streaming_chunk_size, 512);
   EXPECT_DOUBLE_EQ(c.memory.memory_warning_threshold, 0.85);
@@ -108,6 +111,9 @@ models:
 hidden_states:
   default_layers: [0, -2, -1]
   precision: bfloat16
+  embedding_layer: 2
+  embedding_pooling: cls
+  embedding_normalize: true
 memory:
   precision_mode: fp16
   streaming_chunk_size: 128
@@ -156,6 +162,9 @@ TEST(ServeConfigTest, FullExampleSetsEveryKey) {
   EXPECT_EQ(c.models.default_dtype, "bfloat16");  // bf16 read as the long name
   EXPECT_EQ(c.hidden_states.default_layers, (std::vector<int64_t>{0, -2, -1}));
   EXPECT_EQ(c.hidden_states.precision, "bfloat16");
+  EXPECT_EQ(c.hidden_states.embedding_layer, 2);
+  EXPECT_EQ(c.hidden_states.embedding_pooling, "first_token");  // cls
+  EXPECT_TRUE(c.hidden_states.embedding_normalize);
   EXPECT_EQ(c.memory.precision_mode, "fp16");
   EXPECT_EQ(c.memory.streaming_chunk_size, 128);
   EXPECT_DOUBLE_EQ(c.memory.memory_warning_threshold, 1.0);
@@ -216,7 +225,7 @@ TEST(ServeConfigTest, ToJsonHasEverySectionAndKeyAndHidesTheToken) {
   const nlohmann::json d = ServeConfig().ToJson();
   EXPECT_EQ(d["server"]["auth_token"], "");  // nothing to hide
   const std::vector<std::pair<std::string, size_t>> sizes = {
-      {"server", 13}, {"gpu", 3},      {"models", 4}, {"hidden_states", 2},
+      {"server", 13}, {"gpu", 3},      {"models", 4}, {"hidden_states", 5},
       {"memory", 4},  {"batching", 6}, {"logging", 3}};
   for (const auto& [section, keys] : sizes) {
     ASSERT_TRUE(d.contains(section)) << section;

@@ -109,6 +109,87 @@ std::string Dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The error body of a reply on `path`: OpenAI's error object on the OpenAI
+// routes (/v1/...), else FastAPI's detail with the OpenAI fields beside.
+json ErrorJson(std::string_view path, int status, std::string_view message) {
+  return path.rfind("/v1/", 0) == 0 ? OpenAiErrorBody(status, message)
+                                    : ErrorBody(status, message);
+}
+
+// What a stream sends: /generate/stream's events, TheLoom's chat events, or
+// OpenAI's chunks of a chat or a completion.
+enum class StreamKind {
+  kGenerate,
+  kTheLoomChat,
+  kOpenAiChat,
+  kOpenAiCompletion
+};
+
+bool IsOpenAi(StreamKind k) {
+  return k == StreamKind::kOpenAiChat || k == StreamKind::kOpenAiCompletion;
+}
+
+// The id, creation time and model every OpenAI chunk of a stream repeats.
+struct StreamIds {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+};
+
+// OpenAI's finish_reason of a generation's stop_reason.
+std::string FinishReason(const std::string& stop_reason) {
+  return stop_reason == "max_tokens" || stop_reason == "context" ? "length"
+                                                                 : "stop";
+}
+
+// One OpenAI chunk: `choice` holds the fields of its one choice (index 0).
+std::string OpenAiChunk(StreamKind kind, const StreamIds& s, json choice,
+                        const json& usage = nullptr) {
+  choice["index"] = 0;
+  json j = {{"id", s.id},
+            {"object", kind == StreamKind::kOpenAiChat ? "chat.completion.chunk"
+                                                       : "text_completion"},
+            {"created", s.created},
+            {"model", s.model},
+            {"choices", json::array({std::move(choice)})}};
+  if (!usage.is_null()) j["usage"] = usage;
+  return Sse("", j);
+}
+
+// The event of one non-empty piece of generated text (chat and completion
+// streams).
+std::string PieceEvent(StreamKind kind, const StreamIds& s,
+                       const std::string& piece) {
+  if (kind == StreamKind::kOpenAiChat)
+    return OpenAiChunk(
+        kind, s, {{"delta", {{"content", piece}}}, {"finish_reason", nullptr}});
+  if (kind == StreamKind::kOpenAiCompletion)
+    return OpenAiChunk(
+        kind, s,
+        {{"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+  return Sse("content_block_delta",
+             {{"type", "content_block_delta"},
+              {"index", 0},
+              {"delta", {{"type", "text_delta"}, {"text", piece}}}});
+}
+
+// Whether an Accept header names text/event-stream (any case).
+bool AcceptsEventStream(std::string accept) {
+  for (char& c : accept) c = static_cast<char>(std::tolower(c));
+  return accept.find("text/event-stream") != std::string::npos;
+}
+
+// An OpenAI field Loom does not implement, present with a value other than
+// its default: 400 naming the field, the value and what Loom does.
+Status RefuseOpenAiField(const json& b, const char* field, const json& def,
+                         const char* why) {
+  if (!b.contains(field) || b[field].is_null() || b[field] == def)
+    return Status();
+  return InvalidArgumentError("field `" + std::string(field) + "`: " + why +
+                              "; only " + Dump(def) + " is accepted, got " +
+                              Dump(b[field]));
+}
+
 // What a generation request asks for, parsed once.
 struct GenFields {
   GenRequest request;
@@ -184,6 +265,7 @@ class Server::Impl {
   std::mutex models_mu_;  // guards models_ (never held while loading)
   std::map<std::string, std::shared_ptr<Engine>> models_;
   std::map<std::string, Clock::time_point> last_used_;  // by model id
+  std::map<std::string, int64_t> loaded_at_;  // Unix seconds, by model id
   std::atomic<bool> draining_{false};
   std::mutex metrics_mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;  // route, code
@@ -333,6 +415,7 @@ class Server::Impl {
       std::lock_guard<std::mutex> lock(models_mu_);
       models_[id] = shared;
       last_used_[id] = Clock::now();
+      loaded_at_[id] = std::time(nullptr);
       ++models_loaded_total_;
     }
     std::fprintf(stderr, "loom serve: loaded %s from %s (%.2f s)\n", id.c_str(),
@@ -359,13 +442,20 @@ class Server::Impl {
   StatusOr<std::shared_ptr<Engine>> EngineFor(const json& body) {
     ASSIGN_OR_RETURN(std::string name, GetString(body, "model", ""));
     if (name.empty()) {
+      // Missing, null or "" (Weaver's agents without a model send ""): the
+      // only loaded model.
       std::lock_guard<std::mutex> lock(models_mu_);
       if (models_.size() == 1) return models_.begin()->second;
+      std::string loaded;
+      for (const auto& [id, _] : models_)
+        loaded += (loaded.empty() ? "" : ", ") + id;
       return InvalidArgumentError(
           models_.empty()
-              ? "field `model` is required: no model is loaded"
-              : "field `model` is required: " + std::to_string(models_.size()) +
-                    " models are loaded");
+              ? "field `model` is empty or missing and no model is loaded: "
+                "name one"
+              : "field `model` is empty or missing and " +
+                    std::to_string(models_.size()) + " models are loaded (" +
+                    loaded + "): name one of them");
     }
     return Load(name);
   }
@@ -610,11 +700,13 @@ class Server::Impl {
     res.status = status;
     res.set_content(Dump(body), "application/json");
   }
-  void ReplyError(httplib::Response& res, const Status& s) {
+  // An error reply on `path` (OpenAI's error object on /v1/ routes).
+  void ReplyError(httplib::Response& res, const Status& s,
+                  std::string_view path) {
     const int code = HttpStatusOf(s);
     if (s.code() == StatusCode::kResourceExhausted)
       res.set_header("Retry-After", "1");
-    Reply(res, code, ErrorBody(code, s.message()));
+    Reply(res, code, ErrorJson(path, code, s.message()));
   }
 
   void Count(const std::string& route, int status) {
@@ -636,7 +728,7 @@ class Server::Impl {
           } catch (...) {
             s = InternalError("unexpected exception");
           }
-          if (!s.ok()) ReplyError(res, s);
+          if (!s.ok()) ReplyError(res, s, name);
           Count(name, res.status);
         };
   }
@@ -677,7 +769,7 @@ class Server::Impl {
     auto refuse = [&](int status, const std::string& message) {
       // The rest of the body may be unread: end the connection after this.
       res.set_header("Connection", "close");
-      Reply(res, status, ErrorBody(status, message));
+      Reply(res, status, ErrorJson(req.path, status, message));
       return false;
     };
     if (req.is_multipart_form_data()) {
@@ -831,7 +923,7 @@ class Server::Impl {
     http_.Post(
         "/generate/stream",
         JsonRoute("/generate/stream", [this](const auto& req, auto& res) {
-          return Stream(req, res, /*chat=*/false);
+          return GenerateStream(req, res);
         }));
     http_.Post("/generate/batch",
                JsonRoute("/generate/batch", [this](const auto& req, auto& res) {
@@ -850,6 +942,7 @@ class Server::Impl {
         JsonRoute("/v1/chat/completions", [this](const auto& req, auto& res) {
           return Chat(req, res);
         }));
+    RegisterOpenAi();
     http_.Get("/gpu/status",
               Route("/gpu/status", [this](const auto&, auto& res) {
                 Reply(res, 200, GpuStatus());
@@ -889,8 +982,37 @@ class Server::Impl {
       std::string body;
       if (ReadBody(req, reader, res, &body))
         Reply(res, 404,
-              ErrorBody(404, "no route " + req.method + " " + req.path));
+              ErrorJson(req.path, 404,
+                        "no route " + req.method + " " + req.path));
     });
+  }
+
+  // OpenAI's routes beside /v1/chat/completions: models, completions,
+  // embeddings.
+  void RegisterOpenAi() {
+    http_.Get("/v1/models", Route("/v1/models", [this](const auto&, auto& res) {
+                json data = json::array();
+                for (const auto& e : Engines()) data.push_back(OpenAiModel(*e));
+                Reply(res, 200, {{"object", "list"}, {"data", data}});
+                return Status();
+              }));
+    http_.Get(R"(/v1/models/(.+))",
+              Route("/v1/models/{id}", [this](const auto& req, auto& res) {
+                const std::string id = req.matches[1];
+                std::shared_ptr<Engine> e = Find(id);
+                if (e == nullptr)
+                  return NotFoundError("model `" + id + "` is not loaded");
+                Reply(res, 200, OpenAiModel(*e));
+                return Status();
+              }));
+    http_.Post("/v1/completions",
+               JsonRoute("/v1/completions", [this](const auto& req, auto& res) {
+                 return Completions(req, res);
+               }));
+    http_.Post("/v1/embeddings",
+               JsonRoute("/v1/embeddings", [this](const auto& req, auto& res) {
+                 return Embeddings(req, res);
+               }));
   }
 
   // /api/patching/* (patching.h).
@@ -965,81 +1087,55 @@ class Server::Impl {
                                 "`: expected true or false, got '" + v + "'");
   }
 
-  // SSE for /generate/stream (events: token, done, error) and for streamed
-  // chat (openai or theloom formats).
-  Status Stream(const httplib::Request& req, httplib::Response& res, bool chat,
-                json body = nullptr, std::string format = "") {
-    json b;
-    if (chat) {
-      b = std::move(body);
-    } else {
-      ASSIGN_OR_RETURN(b, ParseBody(req.body));
-    }
+  // /generate/stream: a /generate request answered as events (token, done,
+  // error).
+  Status GenerateStream(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
-    std::vector<int32_t> ids;
-    if (chat) {
-      ASSIGN_OR_RETURN(ids, ChatTokens(*e, b));
-    } else {
-      if (!b.contains("prompt"))
-        return InvalidArgumentError("field `prompt` is required");
-      ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
-      ASSIGN_OR_RETURN(ids, Tokens(*e, b["prompt"], special));
-    }
-    ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), chat));
-    {
-      ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
-      RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
-    }
+    if (!b.contains("prompt"))
+      return InvalidArgumentError("field `prompt` is required");
+    ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
+    ASSIGN_OR_RETURN(auto ids, Tokens(*e, b["prompt"], special));
+    ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), false));
+    ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
+    RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
+    return Stream(res, e, std::move(f), StreamKind::kGenerate);
+  }
+
+  // Streams the generation `f` on `e` as server-sent events of `kind`.
+  Status Stream(httplib::Response& res, std::shared_ptr<Engine> e, GenFields f,
+                StreamKind kind) {
     auto st = std::make_shared<StreamState>();
-    const std::string id =
-        "chatcmpl-" + std::to_string(std::time(nullptr)) + "-" +
-        std::to_string(reinterpret_cast<uintptr_t>(st.get()) % 100000);
-    const int64_t created = std::time(nullptr);
+    const StreamIds ids{
+        (kind == StreamKind::kOpenAiCompletion ? "cmpl-" : "chatcmpl-") +
+            std::to_string(std::time(nullptr)) + "-" +
+            std::to_string(reinterpret_cast<uintptr_t>(st.get()) % 100000),
+        std::time(nullptr), e->id()};
     auto index = std::make_shared<int64_t>(0);
-    const std::string model_id = e->id();
-    f.request.on_token = [st, chat, format, id, created, model_id, index](
-                             int32_t tok, const std::string& piece) {
-      if (!chat) {
+    f.request.on_token = [st, kind, ids, index](int32_t tok,
+                                                const std::string& piece) {
+      if (kind == StreamKind::kGenerate) {
         st->Push(
             Sse("token",
                 {{"token", piece}, {"token_id", tok}, {"index", (*index)++}}));
       } else if (!piece.empty()) {
-        if (format == "openai") {
-          st->Push(Sse("", {{"id", id},
-                            {"object", "chat.completion.chunk"},
-                            {"created", created},
-                            {"model", model_id},
-                            {"choices",
-                             {{{"index", 0},
-                               {"delta", {{"content", piece}}},
-                               {"finish_reason", nullptr}}}}}));
-        } else {
-          st->Push(Sse("content_block_delta",
-                       {{"type", "content_block_delta"},
-                        {"index", 0},
-                        {"delta", {{"type", "text_delta"}, {"text", piece}}}}));
-        }
+        st->Push(PieceEvent(kind, ids, piece));
       }
     };
     f.request.on_finish = [st] { st->Finish(); };
-    // OpenAI's first chunk carries the role. It is queued before Submit:
-    // from Submit on, the scheduler thread may push content chunks at any
-    // moment (pushed after Submit, it sometimes came after them).
-    if (chat && format == "openai")
-      st->Push(Sse("", {{"id", id},
-                        {"object", "chat.completion.chunk"},
-                        {"created", created},
-                        {"model", model_id},
-                        {"choices",
-                         {{{"index", 0},
-                           {"delta", {{"role", "assistant"}, {"content", ""}}},
-                           {"finish_reason", nullptr}}}}}));
+    // OpenAI's first chat chunk carries the role. It is queued before
+    // Submit: from Submit on, the scheduler thread may push content chunks
+    // at any moment (pushed after Submit, it sometimes came after them).
+    if (kind == StreamKind::kOpenAiChat)
+      st->Push(OpenAiChunk(kind, ids,
+                           {{"delta", {{"role", "assistant"}, {"content", ""}}},
+                            {"finish_reason", nullptr}}));
     ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, st, ticket, e, f, chat, format, id,
-                              created](size_t, httplib::DataSink& sink) {
+        "text/event-stream",
+        [this, st, ticket, e, f, kind, ids](size_t, httplib::DataSink& sink) {
           std::unique_lock<std::mutex> lock(st->mu);
           st->cv.wait_for(lock, std::chrono::milliseconds(200),
                           [&] { return !st->events.empty() || st->finished; });
@@ -1061,8 +1157,7 @@ class Server::Impl {
             return true;
           }
           lock.unlock();
-          const std::string last =
-              FinalEvent(*e, f, *ticket, chat, format, id, created);
+          const std::string last = FinalEvent(*e, f, *ticket, kind, ids);
           sink.write(last.data(), last.size());
           sink.done();
           return true;
@@ -1070,45 +1165,42 @@ class Server::Impl {
     return Status();
   }
 
+  // The last event of a stream: /generate/stream's done, TheLoom's
+  // message_delta, or OpenAI's last chunk (finish_reason, usage) and
+  // [DONE]; an error event (OpenAI's error object) when the request failed.
   std::string FinalEvent(const Engine& e, const GenFields& f, Ticket& ticket,
-                         bool chat, const std::string& format,
-                         const std::string& id, int64_t created) {
+                         StreamKind kind, const StreamIds& ids) {
     StatusOr<GenResult> g = ticket.Wait();
     StatusOr<json> body =
         g.ok() ? GenResponse(e, f, *g) : StatusOr<json>(g.status());
     if (!body.ok()) {
-      if (chat && format == "openai")
-        return Sse("", ErrorBody(HttpStatusOf(body.status()),
-                                 body.status().message())) +
+      const int code = HttpStatusOf(body.status());
+      if (IsOpenAi(kind))
+        return Sse("", OpenAiErrorBody(code, body.status().message())) +
                "data: [DONE]\n\n";
-      return Sse("error", {{"type", "error"},
-                           {"error",
-                            {{"message", body.status().message()},
-                             {"code", HttpStatusOf(body.status())}}}});
+      return Sse(
+          "error",
+          {{"type", "error"},
+           {"error", {{"message", body.status().message()}, {"code", code}}}});
     }
-    if (!chat) {
-      json d = *body;
-      return Sse("done", d);
-    }
+    if (kind == StreamKind::kGenerate) return Sse("done", *body);
     const json usage = {
         {"prompt_tokens", g->prompt_ids.size()},
         {"completion_tokens", g->token_ids.size()},
         {"total_tokens", g->prompt_ids.size() + g->token_ids.size()}};
-    const std::string finish =
-        g->stop_reason == "max_tokens" || g->stop_reason == "context" ? "length"
-                                                                      : "stop";
-    if (format == "openai") {
-      return Sse("", {{"id", id},
-                      {"object", "chat.completion.chunk"},
-                      {"created", created},
-                      {"model", e.id()},
-                      {"choices",
-                       {{{"index", 0},
-                         {"delta", json::object()},
-                         {"finish_reason", finish}}}},
-                      {"usage", usage}}) +
+    const std::string finish = FinishReason(g->stop_reason);
+    if (kind == StreamKind::kOpenAiChat)
+      return OpenAiChunk(kind, ids,
+                         {{"delta", json::object()}, {"finish_reason", finish}},
+                         usage) +
              "data: [DONE]\n\n";
-    }
+    if (kind == StreamKind::kOpenAiCompletion)
+      return OpenAiChunk(kind, ids,
+                         {{"text", ""},
+                          {"logprobs", nullptr},
+                          {"finish_reason", finish}},
+                         usage) +
+             "data: [DONE]\n\n";
     json delta = {{"type", "message_delta"},
                   {"delta", {{"stop_reason", finish}}},
                   {"usage", usage},
@@ -1164,11 +1256,53 @@ class Server::Impl {
     return Tokens(e, json(text), false);
   }
 
-  std::string ChatFormat(const json& b, std::string f) {
+  // The format of a streamed chat (docs/server.md, "Which stream format"):
+  // the request's `stream_format`, else server.chat_stream_format; `auto`
+  // tells the two kinds of clients apart by what they send, the first rule
+  // that matches deciding:
+  //   1. the OpenAI SDKs' marks: an X-Stainless-* header (every official
+  //      SDK sends X-Stainless-Lang and others) or a User-Agent starting
+  //      "OpenAI/" -> openai;
+  //   2. `stream_options` (an OpenAI-only field) -> openai;
+  //   3. a TheLoom-only field (return_hidden_states, hidden_state_layers,
+  //      device, loader) -> theloom;
+  //   4. Accept naming text/event-stream (TheLoom's Go client, Weaver, sends
+  //      it; the OpenAI SDKs send Accept: application/json) -> theloom;
+  //   5. anything else -> openai.
+  std::string ChatFormat(const httplib::Request& req, const json& b,
+                         std::string f) {
     if (f.empty()) f = o_.chat_stream_format;
-    if (f == "auto")
-      f = b.contains("return_hidden_states") ? "theloom" : "openai";
-    return f;
+    if (f != "auto") return f;
+    for (const auto& [name, _] : req.headers)
+      if (strncasecmp(name.c_str(), "x-stainless-", 12) == 0) return "openai";
+    if (req.get_header_value("User-Agent").rfind("OpenAI/", 0) == 0)
+      return "openai";
+    if (b.contains("stream_options")) return "openai";
+    for (const char* field :
+         {"return_hidden_states", "hidden_state_layers", "device", "loader"})
+      if (b.contains(field)) return "theloom";
+    if (AcceptsEventStream(req.get_header_value("Accept"))) return "theloom";
+    return "openai";
+  }
+
+  // Chat and completion fields of OpenAI's that Loom does not implement:
+  // 400 naming the field when given a value other than the default.
+  static Status RefuseOpenAiFields(const json& b) {
+    RETURN_IF_ERROR(RefuseOpenAiField(
+        b, "n", 1, "loom serve returns one choice per prompt"));
+    RETURN_IF_ERROR(RefuseOpenAiField(
+        b, "best_of", 1, "loom serve returns one choice per prompt"));
+    RETURN_IF_ERROR(RefuseOpenAiField(b, "echo", false,
+                                      "echoing the prompt is not supported"));
+    RETURN_IF_ERROR(RefuseOpenAiField(
+        b, "suffix", nullptr, "suffixes (insertion) are not supported"));
+    if (b.contains("logprobs") && !b["logprobs"].is_null() &&
+        b["logprobs"] != false)
+      return InvalidArgumentError(
+          "field `logprobs`: log probabilities are not returned by loom "
+          "serve (null or false), got " +
+          Dump(b["logprobs"]));
+    return Status();
   }
 
   Status Chat(const httplib::Request& req, httplib::Response& res) {
@@ -1178,21 +1312,29 @@ class Server::Impl {
       return InvalidArgumentError(
           "field `stream_format`: expected \"openai\" or \"theloom\", got \"" +
           sf + "\"");
+    RETURN_IF_ERROR(RefuseOpenAiFields(b));
     ASSIGN_OR_RETURN(bool stream, GetBool(b, "stream", false));
+    // Decided before the defaults below add fields.
+    const std::string format = stream ? ChatFormat(req, b, sf) : "";
     // A chat's hidden state is the final layer's unless asked otherwise.
     if (!b.contains("hidden_state_layers")) b["hidden_state_layers"] = {-1};
-    if (stream) return Stream(req, res, true, b, ChatFormat(b, sf));
+    // OpenAI's newer name of max_tokens.
+    if ((!b.contains("max_tokens") || b["max_tokens"].is_null()) &&
+        b.contains("max_completion_tokens"))
+      b["max_tokens"] = b["max_completion_tokens"];
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
     ASSIGN_OR_RETURN(auto ids, ChatTokens(*e, b));
     ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), true));
     ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
     RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
+    if (stream)
+      return Stream(res, e, std::move(f),
+                    format == "openai" ? StreamKind::kOpenAiChat
+                                       : StreamKind::kTheLoomChat);
     ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
     ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
     ASSIGN_OR_RETURN(json body, GenResponse(*e, f, g));
-    const std::string finish =
-        g.stop_reason == "max_tokens" || g.stop_reason == "context" ? "length"
-                                                                    : "stop";
+    const std::string finish = FinishReason(g.stop_reason);
     json out = {{"id", "chatcmpl-" + std::to_string(std::time(nullptr))},
                 {"object", "chat.completion"},
                 {"created", std::time(nullptr)},
@@ -1275,89 +1417,268 @@ class Server::Impl {
     return Status();
   }
 
-  Status Embed(const httplib::Request& req, httplib::Response& res,
-               bool batch) {
-    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
-    ASSIGN_OR_RETURN(auto e, EngineFor(b));
-    std::vector<json> texts;
-    if (batch) {
-      if (!b.contains("texts") || !b["texts"].is_array() || b["texts"].empty())
-        return InvalidArgumentError(
-            "field `texts`: expected a non-empty list of strings");
-      if (static_cast<int64_t>(b["texts"].size()) > o_.max_batch_prompts)
-        return InvalidArgumentError(
-            "field `texts`: " + std::to_string(b["texts"].size()) +
-            " texts, more than server.max_batch_prompts = " +
-            std::to_string(o_.max_batch_prompts));
-      for (const json& t : b["texts"]) texts.push_back(t);
-    } else {
-      if (!b.contains("text"))
-        return InvalidArgumentError("field `text` is required");
-      texts.push_back(b["text"]);
-    }
-    ASSIGN_OR_RETURN(std::string pooling_name,
-                     GetString(b, "pooling", "last_token"));
-    ASSIGN_OR_RETURN(Pooling pooling, ParsePooling(pooling_name));
-    ASSIGN_OR_RETURN(bool normalize, GetBool(b, "normalize", false));
-    ASSIGN_OR_RETURN(int64_t layer, GetInt(b, "layer", -1, -100000, 100000));
-    ASSIGN_OR_RETURN(HookPoint hook, e->LayerHook(layer));
+  // Pooled hidden states of some inputs (/embed's machinery).
+  struct Embedded {
+    std::vector<std::vector<float>> vectors;
+    int64_t width = 0;
+    int64_t tokens = 0;  // prompt tokens over all inputs
+    std::string pooling;
+    bool normalize = false;
+    int64_t layer = -1;
+  };
+
+  // Each input (a text or token ids; errors name `field` and the input's
+  // index) as a prompt-only request capturing one layer, the inputs sharing
+  // forwards, pooled. `layer`, `pooling`, `normalize` and
+  // `add_special_tokens` come from `b`, defaulting to hidden_states.
+  // embedding_* of the configuration.
+  StatusOr<Embedded> EmbedInputs(Engine& e, const json& b,
+                                 const std::vector<json>& inputs,
+                                 const std::string& field) {
+    Embedded out;
+    ASSIGN_OR_RETURN(out.pooling,
+                     GetString(b, "pooling", o_.embedding_pooling));
+    ASSIGN_OR_RETURN(Pooling pooling, ParsePooling(out.pooling));
+    ASSIGN_OR_RETURN(out.normalize,
+                     GetBool(b, "normalize", o_.embedding_normalize));
+    ASSIGN_OR_RETURN(out.layer,
+                     GetInt(b, "layer", o_.embedding_layer, -100000, 100000));
+    ASSIGN_OR_RETURN(HookPoint hook, e.LayerHook(out.layer));
     ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
-    const Clock::time_point t0 = Clock::now();
     ASSIGN_OR_RETURN(RequestInterventions ivs,
-                     Interventions(*e, b, static_cast<int64_t>(texts.size())));
+                     Interventions(e, b, static_cast<int64_t>(inputs.size())));
     std::vector<std::shared_ptr<Ticket>> tickets;
-    int64_t tokens = 0;
-    for (size_t i = 0; i < texts.size(); ++i) {
-      StatusOr<std::vector<int32_t>> ids =
-          Tokens(*e, texts[i], special, batch ? "texts" : "text");
-      if (!ids.ok())
-        return ids.status().WithContext("text " + std::to_string(i));
-      tokens += static_cast<int64_t>(ids->size());
+    auto fail = [&](const Status& s, size_t i) {
+      for (auto& t : tickets) t->Cancel();
+      // "text 2: ..." on /embed/batch as on /embed, "input 2: ..."
+      return s.WithContext((field == "texts" ? "text" : field) + " " +
+                           std::to_string(i));
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      StatusOr<std::vector<int32_t>> ids = Tokens(e, inputs[i], special, field);
+      if (!ids.ok()) return fail(ids.status(), i);
+      out.tokens += static_cast<int64_t>(ids->size());
       GenRequest r;
       r.prompt = std::move(ids).value();
       r.max_new_tokens = 0;
       r.hooks = {hook};
       r.rows = pooling == Pooling::kLastToken ? CaptureRows::kLast
                                               : CaptureRows::kAll;
-      if (Status s = Attach(ivs, static_cast<int64_t>(i), &r); !s.ok()) {
-        for (auto& ticket : tickets) ticket->Cancel();
-        return s.WithContext("text " + std::to_string(i));
-      }
-      StatusOr<std::shared_ptr<Ticket>> t = e->Submit(std::move(r));
-      if (!t.ok()) {
-        for (auto& s : tickets) s->Cancel();
-        return t.status().WithContext("text " + std::to_string(i));
-      }
+      if (Status s = Attach(ivs, static_cast<int64_t>(i), &r); !s.ok())
+        return fail(s, i);
+      StatusOr<std::shared_ptr<Ticket>> t = e.Submit(std::move(r));
+      if (!t.ok()) return fail(t.status(), i);
       tickets.push_back(*t);
     }
-    json embeddings = json::array();
-    int64_t width = 0;
     for (auto& t : tickets) {
       ASSIGN_OR_RETURN(GenResult g, t->Wait());
-      width = g.widths[0];
-      embeddings.push_back(
-          Pool(g.captures[0].data(), g.rows, width, pooling, normalize));
+      out.width = g.widths[0];
+      out.vectors.push_back(Pool(g.captures[0].data(), g.rows, out.width,
+                                 pooling, out.normalize));
     }
+    return out;
+  }
+
+  // The inputs of /embed/batch (`texts`) and /embed (`text`).
+  StatusOr<std::vector<json>> EmbedTexts(const json& b, bool batch) {
+    if (!batch) {
+      if (!b.contains("text"))
+        return InvalidArgumentError("field `text` is required");
+      return std::vector<json>{b["text"]};
+    }
+    if (!b.contains("texts") || !b["texts"].is_array() || b["texts"].empty())
+      return InvalidArgumentError(
+          "field `texts`: expected a non-empty list of strings");
+    if (static_cast<int64_t>(b["texts"].size()) > o_.max_batch_prompts)
+      return InvalidArgumentError(
+          "field `texts`: " + std::to_string(b["texts"].size()) +
+          " texts, more than server.max_batch_prompts = " +
+          std::to_string(o_.max_batch_prompts));
+    return std::vector<json>(b["texts"].begin(), b["texts"].end());
+  }
+
+  Status Embed(const httplib::Request& req, httplib::Response& res,
+               bool batch) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    ASSIGN_OR_RETURN(std::vector<json> texts, EmbedTexts(b, batch));
+    const Clock::time_point t0 = Clock::now();
+    ASSIGN_OR_RETURN(Embedded m,
+                     EmbedInputs(*e, b, texts, batch ? "texts" : "text"));
     const json meta = {
         {"model", e->id()},
-        {"pooling", pooling_name},
-        {"normalized", normalize},
-        {"layer", layer},
-        {"input_tokens", tokens},
+        {"pooling", m.pooling},
+        {"normalized", m.normalize},
+        {"layer", m.layer},
+        {"input_tokens", m.tokens},
         {"inference_time_ms",
          std::chrono::duration<double, std::milli>(Clock::now() - t0).count()}};
     if (batch) {
       Reply(res, 200,
-            {{"embeddings", embeddings},
-             {"shape", {embeddings.size(), width}},
+            {{"embeddings", m.vectors},
+             {"shape", {m.vectors.size(), m.width}},
              {"metadata", meta}});
     } else {
       Reply(res, 200,
-            {{"embedding", embeddings[0]},
-             {"shape", {width}},
+            {{"embedding", m.vectors[0]},
+             {"shape", {m.width}},
              {"metadata", meta}});
     }
     return Status();
+  }
+
+  // OpenAI's inputs of /v1/completions (`prompt`) and /v1/embeddings
+  // (`input`): a string, a list of strings, a list of token ids, or a list
+  // of token-id lists; at most server.max_batch_prompts of them.
+  StatusOr<std::vector<json>> OpenAiInputs(const json& b,
+                                           const std::string& field) {
+    if (!b.contains(field) || b[field].is_null())
+      return InvalidArgumentError("field `" + field + "` is required");
+    const json& v = b[field];
+    const std::string expected =
+        "expected a string, a list of strings, a list of token ids or a list "
+        "of token-id lists, got ";
+    if (v.is_string()) return std::vector<json>{v};
+    if (!v.is_array() || v.empty())
+      return InvalidArgumentError("field `" + field + "`: " + expected +
+                                  (v.is_array() ? "[]" : v.type_name()));
+    if (v[0].is_number()) return std::vector<json>{v};  // one token-id list
+    if (static_cast<int64_t>(v.size()) > o_.max_batch_prompts)
+      return InvalidArgumentError(
+          "field `" + field + "`: " + std::to_string(v.size()) +
+          " inputs, more than server.max_batch_prompts = " +
+          std::to_string(o_.max_batch_prompts));
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!v[i].is_string() && !v[i].is_array())
+        return InvalidArgumentError("field `" + field + "`: item " +
+                                    std::to_string(i) + ": " + expected +
+                                    v[i].type_name());
+    return std::vector<json>(v.begin(), v.end());
+  }
+
+  // POST /v1/embeddings: OpenAI's embeddings, each the pooled hidden state
+  // of one input (EmbedInputs), as floats or base64 of little-endian f32.
+  Status Embeddings(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    if (b.contains("dimensions") && !b["dimensions"].is_null())
+      return InvalidArgumentError(
+          "field `dimensions`: not supported: an embedding has the width of "
+          "the model's hidden state (GET /models lists hidden_size), got " +
+          Dump(b["dimensions"]));
+    ASSIGN_OR_RETURN(std::string encoding,
+                     GetString(b, "encoding_format", "float"));
+    if (encoding != "float" && encoding != "base64")
+      return InvalidArgumentError(
+          "field `encoding_format`: expected \"float\" or \"base64\", got \"" +
+          encoding + "\"");
+    ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    ASSIGN_OR_RETURN(std::vector<json> inputs, OpenAiInputs(b, "input"));
+    ASSIGN_OR_RETURN(Embedded m, EmbedInputs(*e, b, inputs, "input"));
+    json data = json::array();
+    for (size_t i = 0; i < m.vectors.size(); ++i) {
+      const std::vector<float>& v = m.vectors[i];
+      data.push_back(
+          {{"object", "embedding"},
+           {"index", i},
+           {"embedding", encoding == "base64"
+                             ? json(Base64Encode(v.data(), v.size() * 4))
+                             : json(v)}});
+    }
+    Reply(
+        res, 200,
+        {{"object", "list"},
+         {"data", std::move(data)},
+         {"model", e->id()},
+         {"usage", {{"prompt_tokens", m.tokens}, {"total_tokens", m.tokens}}}});
+    return Status();
+  }
+
+  // POST /v1/completions: OpenAI's text completions (one choice per
+  // prompt), streamed as text_completion chunks when `stream` is true.
+  Status Completions(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    RETURN_IF_ERROR(RefuseOpenAiFields(b));
+    ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    ASSIGN_OR_RETURN(std::vector<json> prompts, OpenAiInputs(b, "prompt"));
+    ASSIGN_OR_RETURN(bool stream, GetBool(b, "stream", false));
+    if (stream && prompts.size() > 1)
+      return InvalidArgumentError(
+          "field `prompt`: a streamed completion takes one prompt, got " +
+          std::to_string(prompts.size()));
+    // OpenAI's defaults; hidden states only when asked for.
+    const std::pair<const char*, json> defaults[] = {
+        {"max_tokens", 16},
+        {"temperature", 1.0},
+        {"return_hidden_states", false}};
+    for (const auto& [field, def] : defaults)
+      if (!b.contains(field) || b[field].is_null()) b[field] = def;
+    ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
+    ASSIGN_OR_RETURN(
+        RequestInterventions ivs,
+        Interventions(*e, b, static_cast<int64_t>(prompts.size())));
+    std::vector<GenFields> fields;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      StatusOr<std::vector<int32_t>> ids = Tokens(*e, prompts[i], special);
+      if (!ids.ok())
+        return ids.status().WithContext("prompt " + std::to_string(i));
+      ASSIGN_OR_RETURN(GenFields f,
+                       ParseGen(*e, b, std::move(ids).value(), true));
+      if (Status s = Attach(ivs, static_cast<int64_t>(i), &f.request); !s.ok())
+        return s.WithContext("prompt " + std::to_string(i));
+      fields.push_back(std::move(f));
+    }
+    if (stream)
+      return Stream(res, e, std::move(fields[0]),
+                    StreamKind::kOpenAiCompletion);
+    std::vector<std::shared_ptr<Ticket>> tickets;
+    for (size_t i = 0; i < fields.size(); ++i) {
+      StatusOr<std::shared_ptr<Ticket>> t = e->Submit(fields[i].request);
+      if (!t.ok()) {
+        for (auto& s : tickets) s->Cancel();
+        return t.status().WithContext("prompt " + std::to_string(i));
+      }
+      tickets.push_back(*t);
+    }
+    json choices = json::array();
+    size_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < tickets.size(); ++i) {
+      StatusOr<GenResult> g = tickets[i]->Wait();
+      if (!g.ok()) {
+        for (size_t k = i + 1; k < tickets.size(); ++k) tickets[k]->Cancel();
+        return g.status().WithContext("prompt " + std::to_string(i));
+      }
+      prompt_tokens += g->prompt_ids.size();
+      completion_tokens += g->token_ids.size();
+      json choice = {{"text", g->text},
+                     {"index", i},
+                     {"logprobs", nullptr},
+                     {"finish_reason", FinishReason(g->stop_reason)}};
+      ASSIGN_OR_RETURN(json body, GenResponse(*e, fields[i], *g));
+      for (const char* extra : {"hidden_states", "activations"})
+        if (body.contains(extra)) choice[extra] = std::move(body[extra]);
+      choices.push_back(std::move(choice));
+    }
+    Reply(res, 200,
+          {{"id", "cmpl-" + std::to_string(std::time(nullptr))},
+           {"object", "text_completion"},
+           {"created", std::time(nullptr)},
+           {"model", e->id()},
+           {"choices", std::move(choices)},
+           {"usage",
+            {{"prompt_tokens", prompt_tokens},
+             {"completion_tokens", completion_tokens},
+             {"total_tokens", prompt_tokens + completion_tokens}}}});
+    return Status();
+  }
+
+  // OpenAI's model object of a loaded model.
+  json OpenAiModel(const Engine& e) {
+    std::lock_guard<std::mutex> lock(models_mu_);
+    const auto it = loaded_at_.find(e.id());
+    return {{"id", e.id()},
+            {"object", "model"},
+            {"created", it == loaded_at_.end() ? 0 : it->second},
+            {"owned_by", "loom"}};
   }
 
   json GpuStatus() {
@@ -1537,7 +1858,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
       [p](const httplib::Request& req, httplib::Response& res) {
         if (p->draining_ && req.path != "/health") {
           res.set_header("Retry-After", "5");
-          p->Reply(res, 503, ErrorBody(503, "the server is shutting down"));
+          p->Reply(res, 503,
+                   ErrorJson(req.path, 503, "the server is shutting down"));
           return httplib::Server::HandlerResponse::Handled;
         }
         bool cors = false;
@@ -1568,7 +1890,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
                         "Bearer " + p->o_.auth_token)) {
           res.set_header("WWW-Authenticate", "Bearer");
           p->Reply(res, 401,
-                   ErrorBody(401,
+                   ErrorJson(req.path, 401,
                              "missing or wrong bearer token "
                              "(Authorization: Bearer <token>)"));
           return httplib::Server::HandlerResponse::Handled;
@@ -1581,7 +1903,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
         std::string msg = "HTTP " + std::to_string(res.status);
         if (res.status == 404) msg = "no route " + req.method + " " + req.path;
         if (res.status == 413) msg = p->TooLarge(req);
-        p->Reply(res, res.status, ErrorBody(res.status, msg));
+        p->Reply(res, res.status, ErrorJson(req.path, res.status, msg));
       });
   p->Register();
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -1,5 +1,7 @@
-// `loom serve`: TheLoom's HTTP API over the batching engine (engine.h).
-// Routes, fields and differences from TheLoom: docs/server.md.
+// `loom serve`: TheLoom's HTTP API, and OpenAI's /v1 routes (models, chat,
+// completions, embeddings), over the batching engine (engine.h). Routes,
+// fields, the stream-format rule and differences from TheLoom:
+// docs/server.md.
 //
 // The server holds the loaded models (at most max_loaded), each an Engine
 // with its own planned memory and scheduler; HTTP worker threads parse a
@@ -53,6 +55,12 @@ struct ServerOptions {
   std::vector<std::string> model_paths;
   int max_loaded = 3;
   std::vector<int64_t> default_layers = {-1};
+  // Defaults of /embed, /embed/batch and /v1/embeddings (a request's
+  // `layer`, `pooling`, `normalize` override them): the layer pooled, the
+  // pooling ("last_token" | "first_token" | "mean") and L2 normalisation.
+  int64_t embedding_layer = -1;
+  std::string embedding_pooling = "last_token";
+  bool embedding_normalize = false;
   DType hidden_dtype = DType::kF32;
   double memory_fraction = 0.9;
   double memory_warning_threshold = 0.85;

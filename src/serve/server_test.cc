@@ -767,6 +767,332 @@ TEST(ServeHttpTest, StreamBatchEmbedChatAnalyze) {
             std::string::npos);
 }
 
+// A chunked (Transfer-Encoding: chunked) body decoded.
+std::string Dechunk(const std::string& body) {
+  std::string out;
+  size_t at = 0;
+  while (at < body.size()) {
+    const size_t eol = body.find("\r\n", at);
+    if (eol == std::string::npos) break;
+    const size_t n =
+        std::strtoul(body.substr(at, eol - at).c_str(), nullptr, 16);
+    if (n == 0) break;
+    out += body.substr(eol + 2, n);
+    at = eol + 2 + n + 2;
+  }
+  return out;
+}
+
+// The OpenAI routes beside chat: /v1/models, /v1/completions (prompts of
+// every form, streamed), /v1/embeddings (equal to /embed's vectors, floats
+// and base64), OpenAI's error objects, refusals of what Loom lacks.
+TEST(ServeHttpTest, OpenAiModelsCompletionsEmbeddings) {
+  Running s(Defaults());
+  auto c = s.Client();
+  int status = 0;
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json list = json::parse(models->body);
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["data"][0]["id"], "stories260K");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+  EXPECT_EQ(list["data"][0]["owned_by"], "loom");
+  EXPECT_GT(list["data"][0]["created"].get<int64_t>(), 0);
+  auto one = c.Get("/v1/models/stories260K");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(json::parse(one->body), list["data"][0]);
+  auto none = c.Get("/v1/models/nope");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "model_not_found");
+
+  // Completions: the text of /generate, greedy; every prompt form.
+  const json gen = Post(
+      c, "/generate",
+      {{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}},
+      &status);
+  ASSERT_EQ(status, 200);
+  json cmpl = Post(c, "/v1/completions",
+                   {{"model", ""},
+                    {"prompt", "Once upon a time"},
+                    {"max_tokens", 6},
+                    {"temperature", 0}},
+                   &status);
+  ASSERT_EQ(status, 200) << cmpl.dump();
+  EXPECT_EQ(cmpl["object"], "text_completion");
+  EXPECT_EQ(cmpl["choices"][0]["text"], gen["text"]);
+  EXPECT_EQ(cmpl["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(cmpl["choices"][0]["logprobs"].is_null());
+  EXPECT_FALSE(cmpl["choices"][0].contains("hidden_states"));
+  EXPECT_EQ(cmpl["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(cmpl["usage"]["prompt_tokens"], gen["metadata"]["input_tokens"]);
+  json ids = gen["token_ids"];  // any ids will do
+  json many = Post(c, "/v1/completions",
+                   {{"prompt", {"Once upon a time", "The cat"}},
+                    {"max_tokens", 6},
+                    {"temperature", 0}},
+                   &status);
+  ASSERT_EQ(status, 200) << many.dump();
+  ASSERT_EQ(many["choices"].size(), 2u);
+  EXPECT_EQ(many["choices"][0]["text"], gen["text"]);
+  EXPECT_EQ(many["choices"][1]["index"], 1);
+  json by_ids =
+      Post(c, "/v1/completions",
+           {{"prompt", {{1, 403, 407}, {1, 403}}}, {"max_tokens", 2}}, &status);
+  ASSERT_EQ(status, 200) << by_ids.dump();
+  EXPECT_EQ(by_ids["usage"]["prompt_tokens"], 5);
+  by_ids = Post(c, "/v1/completions",
+                {{"prompt", {1, 403, 407}}, {"max_tokens", 0}}, &status);
+  ASSERT_EQ(status, 200) << by_ids.dump();
+  EXPECT_EQ(by_ids["choices"].size(), 1u);
+  // Streamed: text_completion chunks, the same text, then [DONE].
+  auto r = c.Post("/v1/completions",
+                  json({{"prompt", "Once upon a time"},
+                        {"max_tokens", 6},
+                        {"temperature", 0},
+                        {"stream", true}})
+                      .dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  auto events = Events(r->body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back().second, "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json chunk = json::parse(events[i].second);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    text += chunk["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, gen["text"]);
+  const json last = json::parse(events[events.size() - 2].second);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(last["usage"]["completion_tokens"], 6);
+
+  // Embeddings: /embed's vectors; base64 of little-endian f32.
+  const json emb =
+      Post(c, "/embed/batch", {{"texts", {"The cat sat", "A dog"}}}, &status);
+  ASSERT_EQ(status, 200);
+  json oe = Post(
+      c, "/v1/embeddings",
+      {{"model", "stories260K"}, {"input", {"The cat sat", "A dog"}}}, &status);
+  ASSERT_EQ(status, 200) << oe.dump();
+  EXPECT_EQ(oe["object"], "list");
+  EXPECT_EQ(oe["model"], "stories260K");
+  ASSERT_EQ(oe["data"].size(), 2u);
+  EXPECT_EQ(oe["data"][1]["index"], 1);
+  EXPECT_EQ(oe["data"][1]["object"], "embedding");
+  EXPECT_EQ(oe["data"][0]["embedding"], emb["embeddings"][0]);
+  EXPECT_EQ(oe["data"][1]["embedding"], emb["embeddings"][1]);
+  EXPECT_EQ(oe["usage"]["prompt_tokens"], emb["metadata"]["input_tokens"]);
+  EXPECT_EQ(oe["usage"]["total_tokens"], oe["usage"]["prompt_tokens"]);
+  json b64 =
+      Post(c, "/v1/embeddings",
+           {{"input", "The cat sat"}, {"encoding_format", "base64"}}, &status);
+  ASSERT_EQ(status, 200) << b64.dump();
+  auto bytes = Base64Decode(b64["data"][0]["embedding"].get<std::string>());
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_EQ(bytes->size(), 64u * 4);
+  std::vector<float> v(64);
+  std::memcpy(v.data(), bytes->data(), bytes->size());
+  for (size_t i = 0; i < 64; ++i)
+    EXPECT_EQ(v[i], emb["embeddings"][0][i].get<float>()) << i;
+  json tok = Post(c, "/v1/embeddings", {{"input", {{1, 403}, {1, 403, 407}}}},
+                  &status);
+  ASSERT_EQ(status, 200) << tok.dump();
+  EXPECT_EQ(tok["usage"]["prompt_tokens"], 5);
+  tok = Post(c, "/v1/embeddings",
+             {{"input", {1, 403}}, {"pooling", "mean"}, {"layer", 2}}, &status);
+  ASSERT_EQ(status, 200) << tok.dump();
+  EXPECT_EQ(tok["data"].size(), 1u);
+
+  // Refusals: OpenAI's error object naming the field.
+  const std::vector<std::pair<std::string, json>> refused = {
+      {"/v1/completions", {{"prompt", "a"}, {"n", 2}}},
+      {"/v1/completions", {{"prompt", "a"}, {"best_of", 3}}},
+      {"/v1/completions", {{"prompt", "a"}, {"echo", true}}},
+      {"/v1/completions", {{"prompt", "a"}, {"logprobs", 2}}},
+      {"/v1/completions", {{"prompt", {"a", "b"}}, {"stream", true}}},
+      {"/v1/completions", {{"prompt", json::array()}}},
+      {"/v1/completions", {{"max_tokens", 2}}},
+      {"/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"n", 2}}},
+      {"/v1/chat/completions", {{"messages", json::array()}}},
+      {"/v1/embeddings", {{"input", "a"}, {"dimensions", 32}}},
+      {"/v1/embeddings", {{"input", "a"}, {"encoding_format", "int8"}}},
+      {"/v1/embeddings", {{"input", {"a", 5}}}},
+      {"/v1/embeddings", {{"input", ""}}},
+  };
+  for (const auto& [path, body] : refused) {
+    SCOPED_TRACE(path + " " + body.dump());
+    const json e = Post(c, path, body, &status);
+    EXPECT_EQ(status, 400);
+    ASSERT_TRUE(e.contains("error")) << e.dump();
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(e["error"]["message"].is_string());
+    EXPECT_TRUE(e["error"].contains("param"));
+    EXPECT_TRUE(e["error"]["code"].is_null());
+  }
+  json e =
+      Post(c, "/v1/embeddings", {{"input", "a"}, {"dimensions", 32}}, &status);
+  EXPECT_EQ(e["error"]["param"], "dimensions");
+  e = Post(c, "/v1/completions", {{"prompt", "a"}, {"n", 2}}, &status);
+  EXPECT_EQ(e["error"]["message"],
+            "field `n`: loom serve returns one choice per prompt; only 1 is "
+            "accepted, got 2");
+  e = Post(c, "/v1/chat/completions",
+           {{"model", "nope"},
+            {"messages", {{{"role", "user"}, {"content", "Hi"}}}}},
+           &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(e["error"]["code"], "model_not_found");
+  // An unknown /v1 route: OpenAI's shape too; TheLoom's routes keep theirs.
+  e = Post(c, "/v1/nowhere", json::object(), &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_TRUE(e["error"].contains("param"));
+  e = Post(c, "/generate", {{"max_tokens", 2}}, &status);
+  EXPECT_EQ(e["error"]["code"], 400);
+}
+
+// `model` "" or missing: the only loaded model; with several loaded, a 400
+// listing them.
+TEST(ServeHttpTest, EmptyModelMeansTheOnlyLoadedOne) {
+  const fs::path root = fs::temp_directory_path() / "loom_serve_empty_model";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  fs::copy(Stories(), root / "other", fs::copy_options::recursive);
+  ServerOptions o = Defaults();
+  o.model_dirs = {root.string()};
+  Running s(o);
+  auto c = s.Client();
+  int status = 0;
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 2}};
+  for (const json& model : {json(""), json(nullptr)}) {
+    json b = chat;
+    b["model"] = model;
+    const json r = Post(c, "/v1/chat/completions", b, &status);
+    EXPECT_EQ(status, 200) << r.dump();
+    EXPECT_EQ(r["model"], "stories260K");
+  }
+  Post(c, "/models/load", {{"model", "other"}}, &status);
+  ASSERT_EQ(status, 200);
+  json b = chat;
+  b["model"] = "";
+  for (const std::string path : {"/v1/chat/completions", "/generate"}) {
+    const json r =
+        Post(c, path,
+             path == "/generate" ? json({{"prompt", "a"}, {"model", ""}}) : b,
+             &status);
+    EXPECT_EQ(status, 400) << r.dump();
+    EXPECT_EQ(r["detail"],
+              "field `model` is empty or missing and 2 models are loaded "
+              "(other, stories260K): name one of them");
+  }
+  fs::remove_all(root);
+}
+
+// Which stream format a streamed chat gets with the default configuration
+// (chat_stream_format: auto), from request bytes as the clients send them:
+//   - the OpenAI SDK for JavaScript 6.49.0, captured off the wire
+//     (`connection: keep-alive` made `close` so that the reply ends);
+//   - Weaver, TheLoom's Go client (Weaver/pkg/backend/loom.go), as Go's
+//     net/http writes its request: Host, User-Agent, Content-Length, then
+//     its headers sorted, then the transport's Accept-Encoding (Connection:
+//     close added likewise); `model` "", no return_hidden_states (Go's
+//     omitempty drops a false one);
+//   - curl's defaults.
+TEST(ServeHttpTest, StreamFormatFromWhatTheClientSends) {
+  Running s(Defaults());
+  const int port = s.server().port();
+  const std::string host = "127.0.0.1:" + std::to_string(port);
+  auto request = [&](const std::string& head, const std::string& body) {
+    return "POST /v1/chat/completions HTTP/1.1\r\n" + head +
+           "content-length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  const std::string openai_head =
+      "host: " + host +
+      "\r\nconnection: close\r\naccept: application/json\r\n"
+      "user-agent: OpenAI/JS 6.49.0\r\nx-stainless-retry-count: 0\r\n"
+      "x-stainless-lang: js\r\nx-stainless-package-version: 6.49.0\r\n"
+      "x-stainless-os: Linux\r\nx-stainless-arch: x64\r\n"
+      "x-stainless-runtime: node\r\nx-stainless-runtime-version: v20.20.2\r\n"
+      "authorization: Bearer none\r\ncontent-type: application/json\r\n"
+      "accept-language: *\r\nsec-fetch-mode: cors\r\n"
+      "accept-encoding: gzip, deflate\r\n";
+  const std::string openai_body =
+      R"({"model":"","messages":[{"role":"user","content":"Hi"}],)"
+      R"("max_tokens":4,"stream":true})";
+  // The SDK with Loom's extra field (extra_body): still OpenAI's chunks.
+  const std::string openai_hidden_body =
+      R"({"model":"","messages":[{"role":"user","content":"Hi"}],)"
+      R"("max_tokens":4,"stream":true,"return_hidden_states":true})";
+  auto go_head = [&](size_t length) {
+    return "Host: " + host +
+           "\r\nUser-Agent: Go-http-client/1.1\r\nContent-Length: " +
+           std::to_string(length) +
+           "\r\nAccept: text/event-stream\r\nContent-Type: "
+           "application/json\r\nAccept-Encoding: gzip\r\nConnection: "
+           "close\r\n\r\n";
+  };
+  const std::string weaver_body =
+      R"({"model":"","messages":[{"role":"user","content":"Hi"}],)"
+      R"("max_tokens":4,"temperature":0.7,"stream":true})";
+  const std::string weaver_hidden_body =
+      R"({"model":"","messages":[{"role":"user","content":"Hi"}],)"
+      R"("max_tokens":4,"temperature":0.7,"return_hidden_states":true,)"
+      R"("hidden_state_layers":"all","device":"cuda:0","stream":true})";
+  const std::string curl_head =
+      "Host: " + host +
+      "\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\nContent-Type: "
+      "application/json\r\nConnection: close\r\n";
+  struct Case {
+    std::string name, bytes;
+    bool theloom;
+  };
+  const std::vector<Case> cases = {
+      {"OpenAI SDK", request(openai_head, openai_body), false},
+      {"OpenAI SDK + return_hidden_states",
+       request(openai_head, openai_hidden_body), false},
+      {"Weaver",
+       "POST /v1/chat/completions HTTP/1.1\r\n" + go_head(weaver_body.size()) +
+           weaver_body,
+       true},
+      {"Weaver + hidden states",
+       "POST /v1/chat/completions HTTP/1.1\r\n" +
+           go_head(weaver_hidden_body.size()) + weaver_hidden_body,
+       true},
+      {"curl", request(curl_head, openai_body), false},
+      {"curl + stream_format",
+       request(curl_head,
+               R"({"messages":[{"role":"user","content":"Hi"}],)"
+               R"("max_tokens":4,"stream":true,"stream_format":"theloom"})"),
+       true},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const RawReply r = Raw(port, k.bytes);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto events = Events(Dechunk(r.body));
+    ASSERT_GE(events.size(), 2u) << r.body;
+    if (k.theloom) {
+      for (size_t i = 0; i + 1 < events.size(); ++i)
+        EXPECT_EQ(events[i].first, "content_block_delta");
+      EXPECT_EQ(events.back().first, "message_delta");
+      const json md = json::parse(events.back().second);
+      EXPECT_EQ(md["type"], "message_delta");
+      EXPECT_EQ(md["usage"]["completion_tokens"], 4);
+    } else {
+      EXPECT_EQ(events.back().second, "[DONE]");
+      for (size_t i = 0; i + 1 < events.size(); ++i) {
+        EXPECT_EQ(events[i].first, "");
+        EXPECT_EQ(json::parse(events[i].second)["object"],
+                  "chat.completion.chunk");
+      }
+    }
+  }
+}
+
 TEST(ServeHttpTest, MalformedRequestsGet4xx) {
   ServerOptions o = Defaults();
   o.max_body_bytes = 4096;

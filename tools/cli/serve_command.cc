@@ -119,6 +119,9 @@ Status RunServe(const ServeArgs& args) {
   o.model_paths = args.models;
   o.max_loaded = config.models.max_loaded;
   o.default_layers = config.hidden_states.default_layers;
+  o.embedding_layer = config.hidden_states.embedding_layer;
+  o.embedding_pooling = config.hidden_states.embedding_pooling;
+  o.embedding_normalize = config.hidden_states.embedding_normalize;
   ASSIGN_OR_RETURN(o.hidden_dtype,
                    serve::ParseReturnDType(config.hidden_states.precision));
   o.memory_fraction = config.gpu.memory_fraction;
