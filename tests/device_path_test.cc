@@ -125,7 +125,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gemma2", false}, Case{"gpt2", false},
                       Case{"qwen3_moe", false}, Case{"qwen2_moe", false},
                       Case{"gpt_oss_mxfp4", false},
-                      Case{"qwen3_fp8_block", false}),
+                      Case{"qwen3_fp8_block", false},
+                      // Per-head fused q/k/v regrouped on the device;
+                      // parallel blocks.
+                      Case{"gpt_neox", false}, Case{"phi", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

@@ -134,9 +134,13 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
     std::fprintf(stderr, "SKIPPED LOUDLY: shared golden directory absent\n");
     GTEST_SKIP();
   }
-  // A sliding-window ring (window 16 < 49 positions) and attention sinks
-  // with alternating windows.
-  for (const char* m : {"mistral_sw16_sharded", "gpt_oss", "gemma2"})
+  // Sliding-window rings (window 16 < 49 positions: mistral, starcoder2),
+  // attention sinks with alternating windows, Granite's multipliers and
+  // OLMoE's full-width q/k norms with unrenormalised routing; parallel
+  // blocks with partial rotary (GPT-NeoX, Phi).
+  for (const char* m :
+       {"mistral_sw16_sharded", "gpt_oss", "gemma2", "granite", "starcoder2",
+        "olmoe", "gpt_neox", "phi", "deepseek_v3"})
     CheckCachedDecodeEqualsRecompute(SharedGoldenDir() + "/tiny/" + m);
 }
 

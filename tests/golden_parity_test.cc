@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "src/backend/cpu/reference/reference_moe.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 #include "tests/golden_util.h"
@@ -141,15 +142,33 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
         ASSERT_EQ(static_cast<int64_t>(router.size()), T * E);
         const std::vector<float>& mine_ids =
             sink.Get({HookSite::kExpertIds, l}).data;  // [T, K] exact ints
+        // DeepSeek's router: its f32 correction bias from the checkpoint.
+        std::vector<float> bias;  // [E]
+        if (c.moe.router == RouterKind::kSigmoidGroupTopK) {
+          auto ckpt = GoldenFile::Open(GoldenDir(mc) + "/model.safetensors");
+          ASSERT_NE(ckpt, nullptr);
+          bias = ckpt->F32("model.layers." + std::to_string(l) +
+                           ".mlp.gate.e_score_correction_bias");
+        }
         n_same = 0;
         for (int64_t t = 0; t < T; ++t) {
           // HF's choice: the k largest f32 logits (softmax is monotonic, so
-          // both router kinds pick these).
+          // both softmax router kinds pick these); DeepSeek's group-limited
+          // choice by the reference router.
           std::vector<int> order(static_cast<size_t>(E));
           for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
           std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
             return router[t * E + a] > router[t * E + b];
           });
+          if (!bias.empty()) {
+            std::vector<int32_t> ids_ref(static_cast<size_t>(K));
+            std::vector<float> w_ref(static_cast<size_t>(K));
+            cpu::ref::SigmoidGroupTopKRoute(
+                router.data() + t * E, 1, E, E, K, bias.data(), c.moe.n_group,
+                c.moe.topk_group, c.moe.norm_topk_prob,
+                c.moe.routed_scaling_factor, ids_ref.data(), w_ref.data());
+            order.assign(ids_ref.begin(), ids_ref.end());
+          }
           std::vector<int> hf(order.begin(), order.begin() + K), mine;
           for (int64_t s = 0; s < K; ++s)
             mine.push_back(static_cast<int>(mine_ids[t * K + s]));
@@ -365,6 +384,12 @@ std::vector<ModelCase> Cases() {
       {"gpt2", "gpt2", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
+      // Parallel blocks: two norms (GPT-NeoX, per-head fused q/k/v) and one
+      // shared norm (Phi, lm_head bias); partial rotary in both.
+      {"gpt_neox", "gpt_neox", false},
+      {"phi", "phi", false},
+      {"granite", "granite", false},
+      {"starcoder2", "starcoder2", false},
       // Quantized weights, decoded as the GEMM runs (weight-only).
       {"qwen3_fp8_block", "qwen3_fp8_block", false},
       {"llama_nvfp4_modelopt", "llama_nvfp4_modelopt", false},
@@ -374,6 +399,9 @@ std::vector<ModelCase> Cases() {
       {"qwen3_moe", "qwen3_moe", false},
       {"gpt_oss", "gpt_oss", false},
       {"gpt_oss_mxfp4", "gpt_oss_mxfp4", false},
+      {"olmoe", "olmoe", false},
+      // Multi-head latent attention, group-limited sigmoid routing.
+      {"deepseek_v3", "deepseek_v3", false},
   };
 }
 

@@ -108,6 +108,16 @@ class HostAsDevice final : public Backend {
               int64_t dim, float* out) override {
     cpu_->Gather(t, td, ids, n, dim, out);
   }
+  void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                   float* y, int64_t ldy, int64_t gsy, int64_t isy,
+                   int64_t rows, int64_t groups, int64_t n) override {
+    cpu_->StridedCopy(x, ldx, gsx, isx, y, ldy, gsy, isy, rows, groups, n);
+  }
+  void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                          int64_t groups, int64_t parts, int64_t width,
+                          float* y, int64_t ldy) override {
+    cpu_->DeinterleaveBlocks(x, ldx, rows, groups, parts, width, y, ldy);
+  }
   void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
                   int64_t cols, float* out) override {
     cpu_->GatherRows(x, ldx, rows, n, cols, out);
@@ -116,10 +126,9 @@ class HostAsDevice final : public Backend {
                       int64_t n, int64_t cols, float* y, int64_t ldy) override {
     cpu_->ScatterAddRows(x, rows, w, n, cols, y, ldy);
   }
-  void TopKRoute(const float* l, int64_t t, int64_t e, int64_t ld, int64_t k,
-                 RouterKind kind, bool renorm, int32_t* ids,
-                 float* w) override {
-    cpu_->TopKRoute(l, t, e, ld, k, kind, renorm, ids, w);
+  Status TopKRoute(const float* l, int64_t t, int64_t e, int64_t ld, int64_t k,
+                   const RouteOp& op, int32_t* ids, float* w) override {
+    return cpu_->TopKRoute(l, t, e, ld, k, op, ids, w);
   }
   void ClampedSwiglu(const float* gu, int64_t rs, float* out, int64_t rows,
                      int64_t n, float alpha, float limit) override {

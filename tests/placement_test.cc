@@ -268,9 +268,9 @@ TEST_P(PlacementTest, OffloadedSegmentBitIdenticalAndBytesAsPlanned) {
 }
 
 std::vector<Case> Cases() {
-  return {{"stories260K", true}, {"llama", false}, {"gemma2", false},
-          {"gpt2", false},       {"olmo2", false}, {"phi3", false},
-          {"qwen2_moe", false}};
+  return {{"stories260K", true}, {"llama", false},    {"gemma2", false},
+          {"gpt2", false},       {"olmo2", false},    {"phi3", false},
+          {"qwen2_moe", false},  {"gpt_neox", false}, {"phi", false}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PlacementTest, ::testing::ValuesIn(Cases()),

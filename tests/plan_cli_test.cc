@@ -2,6 +2,7 @@
 // not fit, planning from config.json + index alone.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -174,10 +175,16 @@ TEST(PlanCli, DefaultsFollowTheModelsPositions) {
 }
 
 TEST(PlanCli, UnsupportedArchitectureNamesTheSupportedOnes) {
-  const Result r = Loom(Dir("DeepSeek-V3") + " --device cuda:0=80GiB");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("loom_plan_cli_mamba_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json")
+      << R"({"model_type": "mamba", "hidden_size": 64})";
+  const Result r = Loom(dir.string() + " --device cuda:0=80GiB");
   EXPECT_EQ(r.rc, 1);
   const std::string cmd =
-      std::string(LOOM_BINARY) + " plan " + Dir("DeepSeek-V3") + " 2>&1";
+      std::string(LOOM_BINARY) + " plan " + dir.string() + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[4096];
@@ -191,6 +198,20 @@ TEST(PlanCli, UnsupportedArchitectureNamesTheSupportedOnes) {
   EXPECT_EQ(runnable.find("gemma3"), std::string::npos) << err;
   EXPECT_NE(err.find("not yet run: gemma3, gemma3_text)"), std::string::npos)
       << err;
+  std::filesystem::remove_all(dir);
+}
+
+// DeepSeek-V3 (671B, FP8 block-scaled) plans from its config.json alone and
+// says what it would need.
+TEST(PlanCli, DeepSeekV3PlansFromItsConfig) {
+  const Result r =
+      RunLoom("plan", Dir("DeepSeek-V3") + " --device cuda:0=80GiB", true);
+  EXPECT_EQ(r.rc, 1) << r.out;  // does not fit one 80 GiB GPU
+  EXPECT_NE(r.out.find("model deepseek_v3: 61 layers"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("from config.json only, fp8-block[128x128]"),
+            std::string::npos)
+      << r.out;
 }
 
 // `loom hooks`: every hook of the model with the shape one prompt captures,

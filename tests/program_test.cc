@@ -42,6 +42,10 @@ std::vector<ModelCase> GoldenModels() {
           {"gpt2", false},
           {"olmo", false},
           {"olmo2", false},
+          {"gpt_neox", false},
+          {"phi", false},
+          {"granite", false},
+          {"starcoder2", false},
           {"qwen3_fp8_block", false},
           {"llama_nvfp4_modelopt", false},
           {"llama_nvfp4_ct", false},
@@ -49,7 +53,9 @@ std::vector<ModelCase> GoldenModels() {
           {"qwen2_moe", false},
           {"qwen3_moe", false},
           {"gpt_oss", false},
-          {"gpt_oss_mxfp4", false}};
+          {"gpt_oss_mxfp4", false},
+          {"olmoe", false},
+          {"deepseek_v3", false}};
 }
 
 std::string ModelDir(const ModelCase& m) {
@@ -280,6 +286,105 @@ TEST(ProgramTest, LayerConfigCarriesPerLayerFacts) {
   EXPECT_EQ(p.blocks.size(), 1u);
   for (int b = 0; b < kNumBuffers; ++b)
     EXPECT_NE(BufferName(static_cast<BufferId>(b)), "?");
+}
+
+// The block kind wires the residual: sequential (attention add, ln2 of the
+// updated residual, MLP add), parallel (ln2 of the block input, one add of
+// both branches) and parallel with a shared norm (the MLP reads ln1's
+// output, no ln2); the planner keeps attention out alive until the parallel
+// add and a per-head fused q/k/v buffer within its step.
+TEST(ProgramTest, BlockKindsWireTheResidual) {
+  ModelConfig c;
+  c.num_layers = 2;
+  c.num_heads = c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.vocab_size = 64;
+  c.norm = NormKind::kLayer;
+  c.mlp = MlpKind::kPlain;
+  c.fused_qkv = true;
+  using S = StepId;
+  using B = BufferId;
+  struct Case {
+    BlockKind block;
+    std::vector<StepId> steps;
+    BufferId mlp_in;
+  };
+  for (const Case& k :
+       {Case{BlockKind::kSequential,
+             {S::kLn1, S::kQkvProj, S::kAttention, S::kOProj,
+              S::kAttnResidualAdd, S::kLn2, S::kUpProj, S::kActivation,
+              S::kDownProj, S::kMlpResidualAdd},
+             B::kMlpIn},
+        Case{
+            BlockKind::kParallel,
+            {S::kLn1, S::kQkvProj, S::kAttention, S::kOProj, S::kLn2,
+             S::kUpProj, S::kActivation, S::kDownProj, S::kParallelResidualAdd},
+            B::kMlpIn},
+        Case{BlockKind::kParallelSharedNorm,
+             {S::kLn1, S::kQkvProj, S::kAttention, S::kOProj, S::kUpProj,
+              S::kActivation, S::kDownProj, S::kParallelResidualAdd},
+             B::kAttnIn}}) {
+    SCOPED_TRACE(static_cast<int>(k.block));
+    c.block = k.block;
+    c.pre_mlp_norm = k.block != BlockKind::kParallelSharedNorm;
+    const Program p = BuildProgram(c);
+    ASSERT_EQ(p.blocks.size(), 1u);
+    std::vector<StepId> ids;
+    for (const ProgramStep& s : p.blocks[0]) {
+      ids.push_back(s.id);
+      if (s.id == S::kUpProj) {
+        EXPECT_EQ(s.reads, std::vector<B>{k.mlp_in});
+      }
+      if (s.id == S::kLn2) {
+        EXPECT_EQ(s.reads, std::vector<B>{B::kResidual});
+      }
+      if (s.id == S::kParallelResidualAdd) {
+        EXPECT_EQ(s.reads,
+                  (std::vector<B>{B::kAttnOut, B::kMlpOut, B::kResidual}));
+        ASSERT_EQ(s.hooks.size(), 1u);
+        EXPECT_EQ(s.hooks[0].site, HookSite::kResidPost);
+      }
+    }
+    EXPECT_EQ(ids, k.steps);
+    // hook_resid_mid exists in sequential blocks only; ln2 wherever a pre-MLP
+    // norm of its own exists.
+    EXPECT_EQ(CheckHookExists({HookSite::kResidMid, 1}, c).ok(),
+              k.block == BlockKind::kSequential);
+    EXPECT_EQ(CheckHookExists({HookSite::kLn2, 1}, c).ok(),
+              k.block != BlockKind::kParallelSharedNorm);
+
+    JobSpec job;
+    job.batch_tokens = 32;
+    job.context = 32;
+    job.hooks.Add({HookSite::kResidPost, 1});
+    const ActivationLayout l =
+        PlanActivations(c, job, (*CreateBackend("cpu"))->Costs());
+    const PlannedRegion& out =
+        l.activations
+            .regions[static_cast<size_t>(l.activations.Find(B::kAttnOut))];
+    EXPECT_EQ(l.steps[static_cast<size_t>(out.last_step)],
+              k.block == BlockKind::kSequential ? "attention residual add"
+                                                : "parallel residual add");
+    EXPECT_EQ(l.activations.Find(B::kMlpIn) >= 0, c.pre_mlp_norm);
+    EXPECT_LT(l.activations.Find(B::kQkvPerHead), 0);  // concat layout
+  }
+  // GPT-NeoX's per-head fused projection: its own buffer, live in the q/k/v
+  // step only.
+  c.qkv_layout = QkvLayout::kPerHead;
+  JobSpec job;
+  job.batch_tokens = 32;
+  job.context = 32;
+  job.hooks.Add({HookSite::kResidPost, 1});
+  const ActivationLayout l =
+      PlanActivations(c, job, (*CreateBackend("cpu"))->Costs());
+  const int i = l.activations.Find(BufferId::kQkvPerHead);
+  ASSERT_GE(i, 0);
+  const PlannedRegion& r = l.activations.regions[static_cast<size_t>(i)];
+  EXPECT_EQ(r.first_step, r.last_step);
+  EXPECT_EQ(l.steps[static_cast<size_t>(r.first_step)], "qkv proj");
+  EXPECT_EQ(r.bytes, 32 * 3 * 16 * 4);
 }
 
 TEST(ProgramTest, QwenMoeDenseLayersKeepAGatedMlp) {

@@ -115,12 +115,44 @@ WeightOperand QuantizedOperand(const BoundWeights::Quantized& q, int64_t expert,
   return op;
 }
 
+// Rows [row0, row0 + rows) of a dense [out, in] view.
+TensorView RowSlice(const TensorView& v, int64_t row0, int64_t rows) {
+  LOOM_CHECK(v.shape.rank() == 2 && row0 >= 0 && rows > 0 &&
+             row0 + rows <= v.shape[0])
+      << "rows [" << row0 << ", " << row0 + rows << ") of a matrix of shape "
+      << v.shape.ToString();
+  TensorView s{nullptr, v.dtype, Shape({rows, v.shape[1]})};
+  s.data =
+      static_cast<uint8_t*>(v.data) + row0 * v.shape[1] * DTypeSize(v.dtype);
+  return s;
+}
+
 }  // namespace
 
 WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
                               int64_t layer, int64_t expert) {
   if (const BoundWeights::Quantized* q = w.GetQuantized(role, layer, expert))
     return QuantizedOperand(*q, kNoExpert, w.compute_dtype());
+  const bool gate_or_up =
+      role == WeightRole::kExpertGate || role == WeightRole::kExpertUp;
+  if (gate_or_up && expert != kNoExpert &&
+      w.Get(role, layer, expert) == nullptr &&
+      w.Get(role, layer, kAllExperts) == nullptr) {
+    // Packed [E, 2I, H] gate_up (MoEConfig::packed_experts, dense only):
+    // expert e's gate is rows [0, I) of its slice, its up rows [I, 2I).
+    LOOM_CHECK(w.GetQuantized(WeightRole::kExpertGateUp, layer, kAllExperts) ==
+               nullptr)
+        << "layer " << layer << ": packed quantized experts";
+    LOOM_CHECK(w.Layout(WeightRole::kExpertGateUp, layer, kAllExperts) ==
+               MatrixLayout::kOutIn)
+        << "layer " << layer << ": packed experts stored [in, out]";
+    const TensorView gate_up = ExpertSlice(
+        w.Require(WeightRole::kExpertGateUp, layer, kAllExperts), expert);
+    const int64_t I = gate_up.shape[0] / 2;
+    return MakeWeightOperand(
+        RowSlice(gate_up, role == WeightRole::kExpertGate ? 0 : I, I),
+        MatrixLayout::kOutIn);
+  }
   if (expert != kNoExpert && w.Get(role, layer, expert) == nullptr) {
     // Stacked experts.
     if (const BoundWeights::Quantized* q =
@@ -132,6 +164,23 @@ WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
   }
   return MakeWeightOperand(w.Require(role, layer, expert),
                            w.Layout(role, layer, expert));
+}
+
+Status CheckRouteOp(const RouteOp& op, int64_t experts, int64_t k) {
+  if (k <= 0 || k > experts)
+    return InvalidArgumentError("TopKRoute: k = " + std::to_string(k) +
+                                ", experts = " + std::to_string(experts) +
+                                ", expected 0 < k <= experts");
+  if (op.kind != RouterKind::kSigmoidGroupTopK) return Status();
+  const int64_t g = op.groups, keep = op.keep_groups;
+  if (g <= 0 || experts % g != 0 || experts / g < 2 || keep <= 0 || keep > g)
+    return InvalidArgumentError(
+        "TopKRoute (sigmoid group top-k): experts = " +
+        std::to_string(experts) + ", groups = " + std::to_string(g) +
+        ", keep_groups = " + std::to_string(keep) +
+        ", expected groups dividing the experts into groups of >= 2 and 0 < "
+        "keep_groups <= groups");
+  return Status();
 }
 
 BiasOperand BiasOf(const BoundWeights& w, WeightRole role, int64_t layer,

@@ -214,6 +214,30 @@ struct AttentionOp {
 enum class ActivationFn { kSilu, kGeluTanh, kGeluExact, kRelu };
 ActivationFn ToActivationFn(ActKind act);
 
+// How TopKRoute turns a row of router logits into k (expert, weight) pairs:
+// the router's kind and its data (see RouterKind).
+struct RouteOp {
+  RouterKind kind = RouterKind::kSoftmaxTopK;
+  // kSoftmaxTopK / kSigmoidGroupTopK: divide the k weights by their sum
+  // (kSigmoidGroupTopK: sum + 1e-20).
+  bool renormalize = false;
+  // kSigmoidGroupTopK only. correction_bias [experts] in its dtype, this
+  // backend's memory (null = zeros), is added to the choice values; experts
+  // split into `groups` consecutive groups of experts / groups (>= 2 each),
+  // of which the `keep_groups` with the largest sum of their top-2 choice
+  // values are kept (equal sums: lower group first).
+  const void* correction_bias = nullptr;
+  DType correction_bias_dtype = DType::kF32;
+  int64_t groups = 1;
+  int64_t keep_groups = 1;
+  // Multiplies the final weights (routed_scaling_factor; 1 otherwise).
+  float scale = 1.0f;
+};
+// InvalidArgument naming the values unless 0 < k <= experts and, for
+// kSigmoidGroupTopK, experts % groups == 0, experts / groups >= 2 and
+// 0 < keep_groups <= groups.
+Status CheckRouteOp(const RouteOp& op, int64_t experts, int64_t k);
+
 // The weight storages both backends take: dense f32 / bf16 / f16 in either
 // layout, FP8 (per-tensor, block) and the FP4 formats (MXFP4, NVFP4) as
 // [n, k] codes, decoded to the compute dtype.
@@ -341,6 +365,24 @@ class Backend {
   // table_dtype, ids [tokens] (validated by the caller), out [tokens, dim].
   virtual void Gather(const void* table, DType table_dtype, const int32_t* ids,
                       int64_t tokens, int64_t dim, float* out) = 0;
+  // Regroups blocks of `width` columns part-major: x [rows, groups * parts *
+  // width] (row stride ldx) holds, per row, `groups` groups of `parts`
+  // blocks; y [rows, parts * groups * width] (row stride ldy) gets
+  // y[r, (p * groups + g) * width + i] = x[r, (g * parts + p) * width + i]
+  // (a fused projection whose parts are interleaved per head, groups =
+  // heads, becomes one run per part). Exact; x and y do not overlap.
+  virtual void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                                  int64_t groups, int64_t parts, int64_t width,
+                                  float* y, int64_t ldy) = 0;
+  // A copy over three strided levels: for r < rows, g < groups, i < n,
+  // y[r * ldy + g * gsy + i * isy] = x[r * ldx + g * gsx + i * isx]. A zero
+  // source stride broadcasts (MLA's one rope key head to every head), isx = 2
+  // picks every other element (de-interleaving rope pairs). Exact; the
+  // destinations are distinct and x and y do not overlap.
+  virtual void StridedCopy(const float* x, int64_t ldx, int64_t gsx,
+                           int64_t isx, float* y, int64_t ldy, int64_t gsy,
+                           int64_t isy, int64_t rows, int64_t groups,
+                           int64_t n) = 0;
   // Experts: out[i, :] = x[rows[i], :]; x row stride ldx, out [n, cols].
   virtual void GatherRows(const float* x, int64_t ldx, const int32_t* rows,
                           int64_t n, int64_t cols, float* out) = 0;
@@ -394,11 +436,14 @@ class Backend {
   // stride ld, f32): ids [tokens, k] i32 and weights [tokens, k] f32 in slot
   // order (descending score; equal scores: lower expert id first).
   // kSoftmaxTopK: p = softmax over all experts (f32), the k largest p
-  // (renormalised to sum 1 when `renormalize`); kTopKSoftmax: the k largest
-  // logits, weights = softmax over those k.
-  virtual void TopKRoute(const float* logits, int64_t tokens, int64_t experts,
-                         int64_t ld, int64_t k, RouterKind kind,
-                         bool renormalize, int32_t* ids, float* weights) = 0;
+  // (renormalised to sum 1 when op.renormalize); kTopKSoftmax: the k largest
+  // logits, weights = softmax over those k; kSigmoidGroupTopK: see
+  // RouterKind and RouteOp. Weights are then multiplied by op.scale. A kind
+  // this backend does not implement, or group counts that do not divide the
+  // experts, is an error naming them.
+  virtual Status TopKRoute(const float* logits, int64_t tokens, int64_t experts,
+                           int64_t ld, int64_t k, const RouteOp& op,
+                           int32_t* ids, float* weights) = 0;
   // gpt-oss's clamped SwiGLU on interleaved gate_up [rows, 2n] (row stride
   // gu_rs; gate = even columns, up = odd): g = min(gate, limit),
   // u = clamp(up, -limit, limit), out [rows, n] dense =

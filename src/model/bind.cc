@@ -278,7 +278,7 @@ void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
       const auto r = static_cast<WeightRole>(role);
       if (row == num_layers_ && !head &&
           (r == WeightRole::kFinalNorm || r == WeightRole::kFinalNormBias ||
-           r == WeightRole::kLmHead))
+           r == WeightRole::kLmHead || r == WeightRole::kLmHeadBias))
         continue;
       loom::FaultIn(s.view);
       if (s.quantized) loom::FaultIn(s.quant.scales);

@@ -28,6 +28,24 @@ enum class MlpKind {
   kMoE,         // mixture of experts (MoEConfig; dense layers per LayerConfig)
 };
 
+// How a layer's attention and MLP branches meet the residual stream x.
+enum class BlockKind : uint8_t {
+  kSequential,  // x += attn(ln1(x)); x += mlp(ln2(x))
+  // x += attn(ln1(x)) + mlp(ln2(x)): both norms read the same x, the branch
+  // sum is added once (GPT-NeoX use_parallel_residual).
+  kParallel,
+  // x += attn(ln1(x)) + mlp(ln1(x)): one norm feeds both branches (Phi).
+  kParallelSharedNorm,
+};
+
+// Column order of a fused q/k/v projection's output.
+enum class QkvLayout : uint8_t {
+  kConcat,  // [all q | all k | all v] (Phi-3, GPT-2)
+  // Per head [q_h | k_h | v_h] (GPT-NeoX query_key_value, heads = kv heads):
+  // regrouped to [all q | all k | all v] right after the GEMM.
+  kPerHead,
+};
+
 enum class QkNormKind {
   kNone,
   kPerHead,  // RMSNorm over head_dim, weight [head_dim] (Qwen3)
@@ -53,6 +71,31 @@ struct RopeConfig {
   bool truncate = true;
   // Multiplies cos and sin (YaRN's attention_factor; 1 otherwise).
   float attention_scaling = 1.0f;
+  // DeepSeek's rope_interleave: adjacent pairs (x[2i], x[2i+1]) rotate with
+  // frequency i. Like HF, the rotated part is first de-interleaved (even
+  // then odd elements) and then rotated half-split, so it stays in that
+  // order in q and k.
+  bool interleaved = false;
+};
+
+// How a layer's attention computes its queries, keys and values.
+enum class AttentionKind : uint8_t {
+  // q/k/v projections of head_dim per head (kv heads shared by GQA groups).
+  kStandard,
+  // DeepSeek's multi-head latent attention (MlaConfig): low-rank q and a
+  // compressed kv latent; per head q and k = [nope | rope] of qk_head_dim,
+  // v of v_head_dim, the rope key one head shared by all heads.
+  kMla,
+};
+
+// Multi-head latent attention's dimensions (config.json's keys).
+struct MlaConfig {
+  int64_t q_lora_rank = 0;  // 0 (null): a plain q_proj [heads qk, H]
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
 
 // How a router turns logits [T, E] into k (expert, weight) pairs per token.
@@ -62,6 +105,12 @@ enum class RouterKind : uint8_t {
   kSoftmaxTopK,
   // the top k logits, then softmax over those k only: gpt-oss.
   kTopKSoftmax,
+  // DeepSeek-V3: s = sigmoid(logits), choice c = s + correction bias; the
+  // experts split into n_group groups scored by the sum of their top-2 c;
+  // the best topk_group groups are kept (the others' c set to 0.0, not
+  // -inf); the top k by c; weights = their unbiased s (divided by their sum
+  // + 1e-20 when norm_topk_prob) times routed_scaling_factor.
+  kSigmoidGroupTopK,
 };
 
 // An expert's activation between its gate/up and down projections.
@@ -85,12 +134,27 @@ struct MoEConfig {
   bool norm_topk_prob = false;
   bool router_bias = false;
   RouterKind router = RouterKind::kSoftmaxTopK;
+  // kSigmoidGroupTopK: mlp.gate.e_score_correction_bias [E] is declared
+  // (added to the choice values only), the experts form n_group groups of
+  // which topk_group are kept, and the weights are scaled by
+  // routed_scaling_factor (1 for the other kinds).
+  bool router_correction_bias = false;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  float routed_scaling_factor = 1.0f;
   ExpertActKind expert_act = ExpertActKind::kGated;
   // kClampedSwigluInterleaved: alpha and limit (HF 4.55 hard-codes 1.702 and
   // 7.0 in the eager experts; config.swiglu_limit is 7.0 in every release).
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
   bool expert_bias = false;  // gate_up / down biases per expert (gpt-oss)
+  // kGated experts stored packed, as transformers 5 writes Mixtral, Qwen-MoE
+  // and OLMoE: mlp.experts.gate_up_proj [E, 2 Ie, H] (each expert's gate rows,
+  // then its up rows) and mlp.experts.down_proj [E, H, Ie] under "mlp."
+  // (Mixtral's block_sparse_moe renamed), instead of one tensor per expert
+  // and projection. Set from the checkpoint's tensor names (DetectPackedExperts
+  // in src/model/arch/moe.h).
+  bool packed_experts = false;
   // Qwen-MoE: layer l is sparse when l is not in mlp_only_layers and
   // (l + 1) % decoder_sparse_step == 0; the others have a dense MLP of
   // intermediate_size.
@@ -148,16 +212,26 @@ struct ModelConfig {
   ActKind act = ActKind::kSilu;
   MlpKind mlp = MlpKind::kGated;
   QkNormKind qk_norm = QkNormKind::kNone;
+  AttentionKind attention = AttentionKind::kStandard;
+  MlaConfig mla;  // kMla only
 
   bool tie_word_embeddings = false;
   bool learned_positions = false;  // GPT-2 wpe
-  float embedding_scale = 1.0f;    // Gemma: sqrt(hidden_size)
+  // Multiplies the token embeddings: Gemma sqrt(hidden_size), Granite
+  // embedding_multiplier.
+  float embedding_scale = 1.0f;
+  // Granite: every residual add is x + residual_multiplier * sublayer(x).
+  float residual_multiplier = 1.0f;
+  // Granite: logits = lm_head(norm(x)) / logits_scaling.
+  float logits_scaling = 1.0f;
   RopeConfig rope;
 
   bool qkv_bias = false;   // q/k/v projection biases
   bool o_bias = false;     // output projection bias
   bool mlp_bias = false;   // gate/up/down biases
   bool fused_qkv = false;  // one [q; k; v] projection (Phi-3, GPT-2)
+  QkvLayout qkv_layout = QkvLayout::kConcat;  // of the fused projection
+  BlockKind block = BlockKind::kSequential;
 
   bool pre_attn_norm = true;    // input_layernorm / ln_1 (absent in OLMo2)
   bool post_attn_norm = false;  // Gemma2 / OLMo2

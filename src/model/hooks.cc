@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "src/model/layer_config.h"
+
 namespace loom {
 namespace {
 
@@ -252,22 +254,36 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
     return OutOfRangeError("hook " + HookName(h) +
                            ": layer out of range (model has " +
                            std::to_string(c.num_layers) + " layers)");
+  // Per-layer facts come from the layer's LayerConfig.
+  const LayerConfig l = MakeLayerConfig(c, IsLayerSite(h.site) ? h.layer : 0);
+  const std::string at = "blocks." + std::to_string(h.layer) + ".";
   switch (h.site) {
     case HookSite::kPosEmbed:
       if (!c.learned_positions)
         return missing("no learned position embeddings");
       break;
     case HookSite::kLn1:
-      if (!c.pre_attn_norm) return missing("no pre-attention norm");
+      if (!l.pre_attn_norm) return missing("no pre-attention norm");
       break;
     case HookSite::kLn2:
-      if (!c.pre_mlp_norm) return missing("no pre-MLP norm");
+      if (l.block == BlockKind::kParallelSharedNorm)
+        return missing("one norm per layer feeds both attention and MLP: " +
+                       at + "ln1.hook_normalized is the MLP's input too");
+      if (!l.pre_mlp_norm) return missing("no pre-MLP norm");
+      break;
+    case HookSite::kResidMid:
+      if (l.parallel())
+        return missing(
+            "a parallel block: attention and MLP both read " + at +
+            "hook_resid_pre, and " + at +
+            "hook_resid_post = hook_resid_pre + " +
+            "hook_attn_out + hook_mlp_out; no residual exists between them");
       break;
     case HookSite::kLn1Post:
-      if (!c.post_attn_norm) return missing("no post-attention norm");
+      if (!l.post_attn_norm) return missing("no post-attention norm");
       break;
     case HookSite::kLn2Post:
-      if (!c.post_mlp_norm) return missing("no post-MLP norm");
+      if (!l.post_mlp_norm) return missing("no post-MLP norm");
       break;
     case HookSite::kRotQ:
     case HookSite::kRotK:
@@ -301,15 +317,21 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
 StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c,
                             int64_t pattern_keys) {
   RETURN_IF_ERROR(CheckHookExists(h, c));
+  // Attention widths: the layer's geometry (MLA: z and v are heads x
+  // v_head_dim, q and k heads x (qk_nope + qk_rope)).
+  const LayerConfig g = MakeLayerConfig(
+      c, std::max<int64_t>(0, std::min(h.layer, c.num_layers - 1)));
   switch (h.site) {
     case HookSite::kQ:
     case HookSite::kRotQ:
+      return g.q_width();
     case HookSite::kZ:
-      return c.q_dim();
+      return g.z_width();
     case HookSite::kK:
-    case HookSite::kV:
     case HookSite::kRotK:
-      return c.kv_dim();
+      return g.k_width();
+    case HookSite::kV:
+      return g.v_width();
     case HookSite::kMlpPre:
     case HookSite::kMlpPost:
       return c.intermediate_size;

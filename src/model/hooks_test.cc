@@ -189,5 +189,51 @@ TEST(HookWidthTest, HooksWithoutARowWidthAreErrors) {
   EXPECT_FALSE(HookWidth({HookSite::kMlpPre, 1}, mixed).ok());
 }
 
+// Parallel blocks (the tiny GPT-NeoX and Phi configs of the shared goldens):
+// no residual between attention and MLP, so hook_resid_mid is refused with
+// the reason; Phi's one norm has no ln2 of its own.
+TEST(CheckHookExistsTest, ParallelBlocksRefuseTheHooksTheyLack) {
+  const std::string tiny = std::string(LOOM_SHARED_DIR) + "/golden/tiny/";
+  StatusOr<ModelConfig> neox = LoadModelConfig(tiny + "gpt_neox");
+  StatusOr<ModelConfig> phi = LoadModelConfig(tiny + "phi");
+  if (!neox.ok() || !phi.ok())
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << tiny
+                 << "{gpt_neox,phi} not found; parallel-block hooks unchecked";
+  ASSERT_EQ(neox->block, BlockKind::kParallel);
+  ASSERT_EQ(phi->block, BlockKind::kParallelSharedNorm);
+  const Status mid = CheckHookExists({HookSite::kResidMid, 1}, *neox);
+  ASSERT_FALSE(mid.ok());
+  EXPECT_NE(mid.message().find("blocks.1.hook_resid_mid does not exist in "
+                               "gpt_neox (a parallel block"),
+            std::string::npos)
+      << mid.message();
+  EXPECT_TRUE(CheckHookExists({HookSite::kLn2, 1}, *neox).ok());
+  const Status ln2 = CheckHookExists({HookSite::kLn2, 2}, *phi);
+  ASSERT_FALSE(ln2.ok());
+  EXPECT_NE(ln2.message().find("blocks.2.ln1.hook_normalized is the MLP's "
+                               "input too"),
+            std::string::npos)
+      << ln2.message();
+  EXPECT_FALSE(CheckHookExists({HookSite::kResidMid, 0}, *phi).ok());
+  for (const ModelConfig* c : {&*neox, &*phi}) {
+    // '*' lists none of them; asking by name is an error.
+    for (const HookPoint& h : ModelHooks(*c)) {
+      EXPECT_NE(h.site, HookSite::kResidMid) << c->model_type;
+      if (c == &*phi) {
+        EXPECT_NE(h.site, HookSite::kLn2);
+      }
+    }
+    EXPECT_FALSE(ResolveHooks({"hook_resid_mid"}, {"0"}, *c).ok());
+    EXPECT_TRUE(ResolveHooks({"hook_resid_pre,hook_attn_out,hook_mlp_out,"
+                              "hook_resid_post,ln1.hook_normalized"},
+                             {"*"}, *c)
+                    .ok());
+  }
+  // use_parallel_residual = false: a sequential block with hook_resid_mid.
+  ModelConfig seq = *neox;
+  seq.block = BlockKind::kSequential;
+  EXPECT_TRUE(CheckHookExists({HookSite::kResidMid, 1}, seq).ok());
+}
+
 }  // namespace
 }  // namespace loom

@@ -33,6 +33,18 @@ std::string RopeName(RopeConfig::Type t) {
   return "?";
 }
 
+std::string BlockName(BlockKind b) {
+  switch (b) {
+    case BlockKind::kSequential:
+      return "sequential";
+    case BlockKind::kParallel:
+      return "parallel";
+    case BlockKind::kParallelSharedNorm:
+      return "parallel, shared norm";
+  }
+  return "?";
+}
+
 // Weight families in display order; stored tensors no weight uses come last.
 enum class Family : int {
   kEmbeddings,
@@ -78,12 +90,18 @@ Family FamilyOf(WeightRole role) {
     case R::kMlpNorm:
     case R::kMlpNormBias:
     case R::kPostMlpNorm:
+    case R::kQANorm:
+    case R::kKvANorm:
       return Family::kNorms;
     case R::kQ:
     case R::kK:
     case R::kV:
     case R::kQkv:
     case R::kO:
+    case R::kQA:
+    case R::kQB:
+    case R::kKvA:
+    case R::kKvB:
       return Family::kAttention;
     case R::kQBias:
     case R::kKBias:
@@ -104,6 +122,7 @@ Family FamilyOf(WeightRole role) {
       return Family::kMlpBiases;
     case R::kRouter:
     case R::kRouterBias:
+    case R::kRouterCorrectionBias:
       return Family::kRouter;
     case R::kExpertGate:
     case R::kExpertUp:
@@ -120,6 +139,7 @@ Family FamilyOf(WeightRole role) {
     case R::kSharedExpertGate:
       return Family::kSharedExpert;
     case R::kLmHead:
+    case R::kLmHeadBias:
       return Family::kLmHead;
     case R::kOther:
       return Family::kOther;
@@ -251,6 +271,7 @@ nlohmann::json InspectReport::ToJson() const {
                {"theta", c.rope.theta},
                {"rotary_dim", c.rope.rotary_dim}};
   j["sliding_window"] = c.sliding_window;
+  j["block"] = BlockName(c.block);
   j["num_parameters"] = num_parameters;
   j["bytes_by_dtype"] = bytes_by_dtype;
   j["weights_by_format"] = weights_by_format;
@@ -290,8 +311,13 @@ std::string InspectReport::ToText() const {
     o << ", sliding window on " << windowed << "/" << c.num_layers << " layers";
   o << "\n";
   o << "positions         "
-    << (c.learned_positions ? "learned" : "rope " + RopeName(c.rope.type))
-    << ", max " << c.max_position_embeddings << "\n";
+    << (c.learned_positions ? "learned" : "rope " + RopeName(c.rope.type));
+  if (!c.learned_positions && c.rope.type != RopeConfig::Type::kNone &&
+      c.rope.rotary_dim < c.head_dim)
+    o << " on " << c.rope.rotary_dim << " of " << c.head_dim << " dims";
+  o << ", max " << c.max_position_embeddings << "\n";
+  if (c.block != BlockKind::kSequential)
+    o << "block             " << BlockName(c.block) << " (x + attn + mlp)\n";
   o << "vocab             " << c.vocab_size
     << (c.tie_word_embeddings ? "  (tied embeddings)" : "") << "\n";
   o << "parameters        " << num_parameters << "\n";

@@ -2,11 +2,14 @@
 
 #include <cmath>
 
+#include "src/base/check.h"
+
 namespace loom {
 
 LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
   LayerConfig l;
   l.layer = layer;
+  l.block = c.block;
   l.norm = c.norm;
   l.norm_eps = c.norm_eps;
   l.norm_offset = c.norm_offset;
@@ -14,8 +17,29 @@ LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
   l.post_attn_norm = c.post_attn_norm;
   l.pre_mlp_norm = c.pre_mlp_norm;
   l.post_mlp_norm = c.post_mlp_norm;
+  if (l.block == BlockKind::kParallelSharedNorm) l.pre_mlp_norm = false;
+  // An architecture's declaration error, not a checkpoint's: no model has
+  // both (the parallel residual add has no post-branch norm step).
+  LOOM_CHECK(!l.parallel() || !(l.post_attn_norm || l.post_mlp_norm))
+      << c.model_type << ": a parallel block with post-branch norms";
+  l.residual_multiplier = c.residual_multiplier;
 
+  l.attention = c.attention;
+  l.q_heads = c.num_heads;
+  l.kv_heads = c.num_kv_heads;
+  l.head_dim = c.head_dim;  // MLA: qk_head_dim (the arch sets it)
+  l.v_head_dim = c.head_dim;
+  if (c.attention == AttentionKind::kMla) {
+    LOOM_CHECK(c.head_dim == c.mla.qk_head_dim() &&
+               c.num_kv_heads == c.num_heads)
+        << c.model_type << ": MLA head_dim " << c.head_dim << " vs "
+        << c.mla.qk_head_dim() << ", kv heads " << c.num_kv_heads;
+    l.mla = c.mla;
+    l.v_head_dim = c.mla.v_head_dim;
+    l.rope_offset = c.mla.qk_nope_head_dim;
+  }
   l.fused_qkv = c.fused_qkv;
+  l.qkv_layout = c.fused_qkv ? c.qkv_layout : QkvLayout::kConcat;
   l.qk_norm = c.qk_norm;
   l.clip_qkv = c.clip_qkv;
   l.window = layer >= 0 && layer < static_cast<int64_t>(c.sliding_window.size())
@@ -46,6 +70,10 @@ LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
     l.norm_topk_prob = m.norm_topk_prob;
     l.router = m.router;
     l.router_bias = m.router_bias;
+    l.router_correction_bias = m.router_correction_bias;
+    l.router_groups = m.n_group;
+    l.router_keep_groups = m.topk_group;
+    l.routed_scaling_factor = m.routed_scaling_factor;
     l.expert_act = m.expert_act;
     l.swiglu_alpha = m.swiglu_alpha;
     l.swiglu_limit = m.swiglu_limit;

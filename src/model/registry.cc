@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "src/model/arch/archs.h"
+#include "src/model/arch/moe.h"
 #include "src/model/quant.h"
 
 namespace loom {
@@ -10,10 +11,12 @@ namespace loom {
 const std::vector<ArchDef>& AllArchs() {
   // The registry: one row per architecture, in alphabetical order.
   static const std::vector<ArchDef>* const kArchs = new std::vector<ArchDef>{
-      arch::kGemma,   arch::kGemma2,   arch::kGemma3, arch::kGemma3Text,
-      arch::kGpt2,    arch::kGptOss,   arch::kLlama,  arch::kMistral,
-      arch::kMixtral, arch::kOlmo,     arch::kOlmo2,  arch::kPhi3,
-      arch::kQwen2,   arch::kQwen2Moe, arch::kQwen3,  arch::kQwen3Moe,
+      arch::kDeepseekV3, arch::kGemma,      arch::kGemma2,   arch::kGemma3,
+      arch::kGemma3Text, arch::kGpt2,       arch::kGptNeox,  arch::kGptOss,
+      arch::kGranite,    arch::kLlama,      arch::kMistral,  arch::kMixtral,
+      arch::kOlmo,       arch::kOlmo2,      arch::kOlmoe,    arch::kPhi,
+      arch::kPhi3,       arch::kQwen2,      arch::kQwen2Moe, arch::kQwen3,
+      arch::kQwen3Moe,   arch::kStarcoder2,
   };
   return *kArchs;
 }
@@ -70,6 +73,7 @@ StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
                    ConfigReader::FromFile(model_dir + "/config.json"));
   ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(reader));
   RETURN_IF_ERROR(ReadHfQuantConfig(model_dir, &config));
+  RETURN_IF_ERROR(arch::DetectPackedExperts(model_dir, &config));
   return config;
 }
 

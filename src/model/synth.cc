@@ -102,6 +102,7 @@ bool IsBias(WeightRole r) {
     case WeightRole::kVBias:
     case WeightRole::kOBias:
     case WeightRole::kRouterBias:
+    case WeightRole::kRouterCorrectionBias:
     case WeightRole::kExpertGateUpBias:
     case WeightRole::kExpertDownBias:
       return true;

@@ -14,6 +14,8 @@ std::string_view WeightRoleName(WeightRole role) {
       return "final_norm_bias";
     case WeightRole::kLmHead:
       return "lm_head";
+    case WeightRole::kLmHeadBias:
+      return "lm_head_bias";
     case WeightRole::kAttnNorm:
       return "attn_norm";
     case WeightRole::kAttnNormBias:
@@ -70,6 +72,8 @@ std::string_view WeightRoleName(WeightRole role) {
       return "router";
     case WeightRole::kRouterBias:
       return "router_bias";
+    case WeightRole::kRouterCorrectionBias:
+      return "router_correction_bias";
     case WeightRole::kExpertGate:
       return "expert_gate";
     case WeightRole::kExpertUp:
@@ -90,6 +94,18 @@ std::string_view WeightRoleName(WeightRole role) {
       return "shared_expert_down";
     case WeightRole::kSharedExpertGate:
       return "shared_expert_gate";
+    case WeightRole::kQA:
+      return "q_a";
+    case WeightRole::kQANorm:
+      return "q_a_norm";
+    case WeightRole::kQB:
+      return "q_b";
+    case WeightRole::kKvA:
+      return "kv_a";
+    case WeightRole::kKvANorm:
+      return "kv_a_norm";
+    case WeightRole::kKvB:
+      return "kv_b";
     case WeightRole::kOther:
       return "other";
   }

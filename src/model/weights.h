@@ -28,6 +28,7 @@ enum class WeightRole : uint8_t {
   kFinalNorm,
   kFinalNormBias,
   kLmHead,
+  kLmHeadBias,  // Phi
   // Per layer.
   kAttnNorm,
   kAttnNormBias,
@@ -59,6 +60,9 @@ enum class WeightRole : uint8_t {
   // carry WeightSpec::expert.
   kRouter,
   kRouterBias,
+  // DeepSeek-V3's e_score_correction_bias [E]: added to the routing choice
+  // values only (RouterKind::kSigmoidGroupTopK).
+  kRouterCorrectionBias,
   kExpertGate,
   kExpertUp,
   kExpertDown,
@@ -69,6 +73,13 @@ enum class WeightRole : uint8_t {
   kSharedExpertUp,
   kSharedExpertDown,
   kSharedExpertGate,  // the shared expert's sigmoid gate [1, H] (Qwen2-MoE)
+  // Multi-head latent attention (DeepSeek-V3, AttentionKind::kMla).
+  kQA,       // q_a_proj [q_lora, H]
+  kQANorm,   // q_a_layernorm [q_lora] (RMSNorm)
+  kQB,       // q_b_proj [heads (nope + rope), q_lora]
+  kKvA,      // kv_a_proj_with_mqa [kv_lora + rope, H]
+  kKvANorm,  // kv_a_layernorm [kv_lora] (RMSNorm)
+  kKvB,      // kv_b_proj [heads (nope + v), kv_lora]
   kOther,
 };
 inline constexpr int kNumWeightRoles = static_cast<int>(WeightRole::kOther) + 1;

@@ -173,6 +173,9 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
   if (moe)
     kmax = std::max({kmax, c.moe.expert_intermediate_size,
                      c.moe.shared_expert_intermediate_size});
+  const MlaConfig& mla = c.mla;
+  const bool is_mla = c.attention == AttentionKind::kMla;
+  if (is_mla) kmax = std::max({kmax, mla.q_lora_rank, mla.kv_lora_rank});
   const int64_t gemm_m =
       job.NeedsLogits() ? std::max(T, job.logits_chunk_rows) : T;
   auto ws = [&](BufferId id, int64_t bytes, std::string shape) {
@@ -210,6 +213,16 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
         shapes.push_back({T, H, S});
         shapes.push_back({T, 1, H});
       }
+    }
+    if (is_mla) {
+      // q_a, q_b, kv_a, kv_b and o_proj (from z of heads x v_head_dim).
+      const int64_t heads = c.num_heads;
+      shapes.push_back({T, mla.q_lora_rank, H});
+      shapes.push_back({T, heads * mla.qk_head_dim(), mla.q_lora_rank});
+      shapes.push_back({T, mla.kv_lora_rank + mla.qk_rope_head_dim, H});
+      shapes.push_back({T, heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+                        mla.kv_lora_rank});
+      shapes.push_back({T, H, heads * mla.v_head_dim});
     }
     if (job.NeedsLogits())
       shapes.push_back({std::min(job.logits_chunk_rows, T), c.vocab_size, H});

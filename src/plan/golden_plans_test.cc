@@ -11,6 +11,7 @@
 #include <set>
 
 #include "src/io/safetensors.h"
+#include "src/model/layer_config.h"
 #include "src/model/match.h"
 #include "src/model/registry.h"
 #include "src/plan/planner.h"
@@ -208,15 +209,54 @@ TEST(GoldenDeclarations, DenseConfigsParseAndDeclare) {
   }
 }
 
+// A directory holding only a config.json of `model_type` (removed after).
+class ConfigOnlyDir {
+ public:
+  explicit ConfigOnlyDir(const std::string& model_type)
+      : path_(std::filesystem::temp_directory_path() /
+              ("loom_config_only_" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(path_);
+    std::ofstream(path_ / "config.json") << nlohmann::json{
+        {"model_type", model_type},
+        {"hidden_size", 64},
+        {"num_hidden_layers", 2}}.dump();
+  }
+  ~ConfigOnlyDir() { std::filesystem::remove_all(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
 TEST(GoldenDeclarations, UnknownModelTypeListsTheSupportedOnes) {
-  auto config = LoadModelConfig(ConfigDir("DeepSeek-V3"));
+  const ConfigOnlyDir dir("mamba");
+  auto config = LoadModelConfig(dir.path());
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(config.status().message().find(
-                "model_type 'deepseek_v3' is not supported; supported: "),
+                "model_type 'mamba' is not supported; supported: "),
             std::string::npos)
       << config.status().message();
-  EXPECT_NE(config.status().message().find("qwen3_moe"), std::string::npos);
+  for (const char* arch : {"qwen3_moe", "deepseek_v3", "gpt_neox", "phi",
+                           "olmoe", "granite", "starcoder2"})
+    EXPECT_NE(config.status().message().find(arch), std::string::npos) << arch;
+}
+
+// DeepSeek-V3 as published (671B, FP8 block-scaled): planned from its
+// config.json alone, every layer's weights declared (61 layers, the MTP
+// layer not run), as FP8 blocks of 128 x 128.
+TEST(GoldenDeclarations, DeepSeekV3IsPlannedFromItsConfig) {
+  auto config = LoadModelConfig(ConfigDir("DeepSeek-V3"));
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(config->attention, AttentionKind::kMla);
+  EXPECT_EQ(config->moe.router, RouterKind::kSigmoidGroupTopK);
+  EXPECT_EQ(config->num_layers, 61);
+  const ArchDef* arch = FindArch(config->model_type);
+  ASSERT_NE(arch, nullptr);
+  EXPECT_TRUE(arch->runnable);
+  const ArchWeights decl = arch->declare_weights(*config);
+  // 3 dense layers and 58 MoE layers of 256 routed experts.
+  EXPECT_GT(decl.specs.size(), 58u * 256u * 3u);
 }
 
 PlanInput Input(const Loaded& l, std::vector<DeviceSpec> devices) {
@@ -402,9 +442,10 @@ TEST(GoldenWeights, AssumeDtypeOverridesAndDisagreementIsReported) {
       << table;
 }
 
-// The tiny quantized and MoE checkpoints (one per format): the planner's
-// table from their headers consumes every tensor and counts exactly the bytes
-// the files hold.
+// The tiny quantized and MoE checkpoints (one per format) and the dense ones
+// declared with new weight names (Granite; Starcoder2's LayerNorm biases and
+// c_fc / c_proj; GPT-NeoX; Phi's lm_head bias): the planner's table from their
+// headers consumes every tensor and counts exactly the bytes the files hold.
 TEST(GoldenWeights, TinyCheckpointsOfEveryFormatMatchTheirHeaders) {
   const std::string tiny = std::string(LOOM_SHARED_DIR) + "/golden/tiny";
   if (!std::filesystem::exists(tiny))
@@ -421,7 +462,9 @@ TEST(GoldenWeights, TinyCheckpointsOfEveryFormatMatchTheirHeaders) {
         Case{"llama_nvfp4_modelopt", "nvfp4-modelopt", 2 * 7},
         Case{"llama_nvfp4_ct", "nvfp4-compressed-tensors", 2 * 7},
         Case{"gpt_oss", "", 0}, Case{"mixtral", "", 0},
-        Case{"qwen2_moe", "", 0}, Case{"qwen3_moe", "", 0}}) {
+        Case{"qwen2_moe", "", 0}, Case{"qwen3_moe", "", 0},
+        Case{"olmoe", "", 0}, Case{"granite", "", 0}, Case{"starcoder2", "", 0},
+        Case{"gpt_neox", "", 0}, Case{"phi", "", 0}}) {
     SCOPED_TRACE(c.name);
     const std::string dir = tiny + "/" + c.name;
     auto config = LoadModelConfig(dir);
@@ -508,6 +551,58 @@ StatusOr<ModelConfig> ParseEdited(const std::string& name,
   nlohmann::json j = ConfigJson(name);
   edit(j);
   return ParseModelConfig(ConfigReader(name + "/config.json", j));
+}
+
+// Granite's multipliers, Starcoder2's LayerNorm / plain MLP / window and
+// OLMoE's q/k norms and routing, as parsed from the tiny golden configs; the
+// values that cannot run are refused naming the key and value.
+TEST(GoldenDeclarations, GraniteStarcoder2OlmoeConfigs) {
+  const std::string tiny = std::string(LOOM_SHARED_DIR) + "/golden/tiny";
+  if (!std::filesystem::exists(tiny))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << tiny << " not found";
+  auto read = [&](const std::string& name,
+                  void (*edit)(nlohmann::json & j)) -> StatusOr<ModelConfig> {
+    std::ifstream in(tiny + "/" + name + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    return ParseModelConfig(ConfigReader(name + "/config.json", j));
+  };
+  auto granite = read("granite", [](nlohmann::json&) {});
+  ASSERT_TRUE(granite.ok()) << granite.status().ToString();
+  EXPECT_EQ(granite->embedding_scale, 6.0f);
+  EXPECT_EQ(granite->residual_multiplier, 0.3f);
+  EXPECT_EQ(granite->attn_scale, 0.125f);
+  EXPECT_EQ(granite->logits_scaling, 3.0f);
+  EXPECT_EQ(MakeLayerConfig(*granite, 1).residual_multiplier, 0.3f);
+  auto starcoder2 = read("starcoder2", [](nlohmann::json&) {});
+  ASSERT_TRUE(starcoder2.ok()) << starcoder2.status().ToString();
+  EXPECT_EQ(starcoder2->norm, NormKind::kLayer);
+  EXPECT_EQ(starcoder2->norm_eps, 1e-5f);
+  EXPECT_EQ(starcoder2->mlp, MlpKind::kPlain);
+  EXPECT_EQ(starcoder2->act, ActKind::kGeluTanh);
+  EXPECT_TRUE(starcoder2->qkv_bias && starcoder2->o_bias &&
+              starcoder2->mlp_bias && starcoder2->tie_word_embeddings);
+  EXPECT_EQ(starcoder2->sliding_window, std::vector<int64_t>({16, 16}));
+  auto olmoe = read("olmoe", [](nlohmann::json&) {});
+  ASSERT_TRUE(olmoe.ok()) << olmoe.status().ToString();
+  EXPECT_EQ(olmoe->qk_norm, QkNormKind::kFull);
+  EXPECT_FALSE(olmoe->moe.norm_topk_prob);
+  EXPECT_EQ(olmoe->moe.shared_expert_intermediate_size, 0);
+  EXPECT_EQ(olmoe->moe.expert_intermediate_size, olmoe->intermediate_size);
+
+  auto scaling =
+      read("granite", [](nlohmann::json& j) { j["logits_scaling"] = 0.0; });
+  ASSERT_FALSE(scaling.ok());
+  EXPECT_NE(scaling.status().message().find(
+                "granite/config.json: logits_scaling = 0.000000"),
+            std::string::npos)
+      << scaling.status().message();
+  auto clip = read("olmoe", [](nlohmann::json& j) { j["clip_qkv"] = 8.0; });
+  ASSERT_FALSE(clip.ok());
+  EXPECT_EQ(clip.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(clip.status().message().find("clip_qkv = 8.000000"),
+            std::string::npos)
+      << clip.status().message();
 }
 
 // MoE keys are parsed and validated once (arch/moe.cc) for every MoE

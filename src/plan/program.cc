@@ -30,25 +30,39 @@ bool SameSteps(const std::vector<ProgramStep>& a,
   return true;
 }
 
-// The steps of one layer.
-std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
-  std::vector<ProgramStep> s;
+// The attention branch: ln1 (after hook_resid_pre), q/k/v, attention and
+// the output projection, ending in attention out.
+void AddAttentionSteps(const LayerConfig& l, std::vector<ProgramStep>* s) {
   const B attn_in = l.pre_attn_norm ? B::kAttnIn : B::kResidual;
-  const B mlp_in = l.pre_mlp_norm ? B::kMlpIn : B::kResidual;
-
   ProgramStep ln1{
       S::kLn1, {B::kResidual}, {}, {{HookSite::kResidPre, B::kResidual}}};
   if (l.pre_attn_norm) {
     ln1.writes = {B::kAttnIn};
     ln1.hooks.push_back({HookSite::kLn1, B::kAttnIn});
   }
-  s.push_back(ln1);
-  s.push_back({S::kQkvProj,
-               {attn_in},
-               {B::kQkv},
-               {{HookSite::kQ, B::kQkv},
-                {HookSite::kK, B::kQkv},
-                {HookSite::kV, B::kQkv}}});
+  s->push_back(ln1);
+  if (l.is_mla()) {
+    // Latents and projections, then q | k | v assembled in qkv; hook_v comes
+    // from the unpadded v.
+    s->push_back({S::kMlaProj,
+                  {attn_in},
+                  {B::kMlaQLatent, B::kMlaQ, B::kMlaKvA, B::kMlaKvLatent,
+                   B::kMlaKv, B::kMlaV, B::kQkv},
+                  {{HookSite::kQ, B::kQkv},
+                   {HookSite::kK, B::kQkv},
+                   {HookSite::kV, B::kMlaV}}});
+  }
+  ProgramStep qkv{S::kQkvProj,
+                  {attn_in},
+                  {B::kQkv},
+                  {{HookSite::kQ, B::kQkv},
+                   {HookSite::kK, B::kQkv},
+                   {HookSite::kV, B::kQkv}}};
+  // A per-head fused projection lands in its own buffer and is regrouped
+  // into qkv within the step.
+  if (l.fused_qkv && l.qkv_layout == QkvLayout::kPerHead)
+    qkv.writes = {B::kQkvPerHead, B::kQkv};
+  if (!l.is_mla()) s->push_back(qkv);
   ProgramStep attn{S::kAttention, {B::kQkv, B::kSeqStart}, {B::kZ}, {}};
   if (l.rope_half > 0) {
     attn.reads.push_back(B::kRopeCos);
@@ -57,79 +71,113 @@ std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
     attn.hooks.push_back({HookSite::kRotK, B::kQkv});
   }
   attn.hooks.push_back({HookSite::kPattern, B::kPattern});
-  attn.hooks.push_back({HookSite::kZ, B::kZ});
+  // MLA: z (padded to head_dim per head) is compacted to heads x v_head_dim.
+  const B z = l.is_mla() ? B::kMlaZ : B::kZ;
+  if (l.is_mla()) attn.writes.push_back(B::kMlaZ);
+  attn.hooks.push_back({HookSite::kZ, z});
   attn.conditional = true;
   attn.condition = HookSite::kPattern;
   attn.conditional_buffer = B::kPattern;
-  s.push_back(attn);
-  s.push_back(
-      {S::kOProj, {B::kZ}, {B::kAttnOut}, {{HookSite::kAttnOut, B::kAttnOut}}});
-  s.push_back({S::kAttnResidualAdd,
-               {B::kAttnOut, B::kResidual},
-               {B::kResidual},
-               {{HookSite::kLn1Post, B::kAttnOut},
-                {HookSite::kResidMid, B::kResidual}}});
-  ProgramStep ln2{S::kLn2, {B::kResidual}, {}, {}};
-  if (l.pre_mlp_norm) {
-    ln2.writes = {B::kMlpIn};
-    ln2.hooks.push_back({HookSite::kLn2, B::kMlpIn});
-  }
-  s.push_back(ln2);
+  s->push_back(attn);
+  s->push_back(
+      {S::kOProj, {z}, {B::kAttnOut}, {{HookSite::kAttnOut, B::kAttnOut}}});
+}
+
+// The MLP branch from `mlp_in` to mlp out: dense, or routed experts (+ the
+// shared expert).
+void AddMlpSteps(const LayerConfig& l, B mlp_in, std::vector<ProgramStep>* s) {
   if (!l.moe()) {
     const bool plain = l.mlp == MlpKind::kPlain;
     const B up = plain ? B::kMlpFc : B::kMlpGateUp;
     const B act = plain ? B::kMlpFc : B::kMlpAct;
-    s.push_back({S::kUpProj, {mlp_in}, {up}, {{HookSite::kMlpPre, up}}});
-    s.push_back({S::kActivation, {up}, {act}, {{HookSite::kMlpPost, act}}});
-    s.push_back(
+    s->push_back({S::kUpProj, {mlp_in}, {up}, {{HookSite::kMlpPre, up}}});
+    s->push_back({S::kActivation, {up}, {act}, {{HookSite::kMlpPost, act}}});
+    s->push_back(
         {S::kDownProj, {act}, {B::kMlpOut}, {{HookSite::kMlpOut, B::kMlpOut}}});
-  } else {
-    s.push_back({S::kRouter,
-                 {mlp_in},
-                 {B::kRouterLogits, B::kRouteIds, B::kRouteWeights},
-                 {{HookSite::kRouterLogits, B::kRouterLogits},
-                  {HookSite::kExpertIds, B::kRouteIds},
-                  {HookSite::kExpertWeights, B::kRouteWeights}}});
-    s.push_back({S::kExpertGather,
-                 {mlp_in, B::kRouteIds, B::kRouteWeights},
-                 {B::kExpertOffsets, B::kExpertRows, B::kExpertRowWeights,
-                  B::kExpertIn},
-                 {}});
-    s.push_back({S::kExpertGateUp,
-                 {B::kExpertIn, B::kExpertOffsets},
-                 {B::kExpertGateUp},
-                 {}});
-    s.push_back(
-        {S::kExpertActivation, {B::kExpertGateUp}, {B::kExpertAct}, {}});
-    s.push_back({S::kExpertDown,
-                 {B::kExpertAct, B::kExpertOffsets},
-                 {B::kExpertOut},
-                 {}});
-    s.push_back({S::kExpertScatterAdd,
-                 {B::kExpertOut, B::kExpertOffsets, B::kExpertRows,
-                  B::kExpertRowWeights},
-                 {B::kMlpOut},
-                 {}});
-    if (l.shared_expert()) {
-      ProgramStep shared{
-          S::kSharedExpert,
-          {mlp_in, B::kMlpOut},
-          {B::kSharedGateUp, B::kSharedAct, B::kSharedOut, B::kMlpOut},
-          {}};
-      if (l.shared_expert_gate) shared.writes.push_back(B::kSharedGateLogit);
-      s.push_back(shared);
-    }
+    return;
   }
-  s.push_back({S::kMlpResidualAdd,
-               {B::kMlpOut, B::kResidual},
-               {B::kResidual},
-               {{HookSite::kMlpOut, B::kMlpOut},
-                {HookSite::kLn2Post, B::kMlpOut},
-                {HookSite::kResidPost, B::kResidual}}});
-  // mlp.hook_out is delivered by the down projection of a dense MLP and
-  // after the scatter-add of an MoE one; it is listed once, at the step that
-  // produces it.
-  if (!l.moe()) s.back().hooks.erase(s.back().hooks.begin());
+  s->push_back({S::kRouter,
+                {mlp_in},
+                {B::kRouterLogits, B::kRouteIds, B::kRouteWeights},
+                {{HookSite::kRouterLogits, B::kRouterLogits},
+                 {HookSite::kExpertIds, B::kRouteIds},
+                 {HookSite::kExpertWeights, B::kRouteWeights}}});
+  s->push_back(
+      {S::kExpertGather,
+       {mlp_in, B::kRouteIds, B::kRouteWeights},
+       {B::kExpertOffsets, B::kExpertRows, B::kExpertRowWeights, B::kExpertIn},
+       {}});
+  s->push_back({S::kExpertGateUp,
+                {B::kExpertIn, B::kExpertOffsets},
+                {B::kExpertGateUp},
+                {}});
+  s->push_back({S::kExpertActivation, {B::kExpertGateUp}, {B::kExpertAct}, {}});
+  s->push_back({S::kExpertDown,
+                {B::kExpertAct, B::kExpertOffsets},
+                {B::kExpertOut},
+                {}});
+  s->push_back(
+      {S::kExpertScatterAdd,
+       {B::kExpertOut, B::kExpertOffsets, B::kExpertRows, B::kExpertRowWeights},
+       {B::kMlpOut},
+       {}});
+  if (l.shared_expert()) {
+    ProgramStep shared{
+        S::kSharedExpert,
+        {mlp_in, B::kMlpOut},
+        {B::kSharedGateUp, B::kSharedAct, B::kSharedOut, B::kMlpOut},
+        {}};
+    if (l.shared_expert_gate) shared.writes.push_back(B::kSharedGateLogit);
+    s->push_back(shared);
+  }
+}
+
+// The steps of one layer, wired by its block kind (LayerConfig::block):
+// sequential: attention, residual add (hook_resid_mid), ln2 of the updated
+// residual, MLP, residual add; parallel: attention, ln2 of the block's input
+// (the residual is not updated in between), MLP, one add of both branches;
+// parallel with a shared norm: the MLP reads ln1's output (no ln2).
+std::vector<ProgramStep> BlockSteps(const LayerConfig& l) {
+  std::vector<ProgramStep> s;
+  AddAttentionSteps(l, &s);
+  if (!l.parallel())
+    s.push_back({S::kAttnResidualAdd,
+                 {B::kAttnOut, B::kResidual},
+                 {B::kResidual},
+                 {{HookSite::kLn1Post, B::kAttnOut},
+                  {HookSite::kResidMid, B::kResidual}}});
+  B mlp_in = l.pre_attn_norm ? B::kAttnIn : B::kResidual;
+  if (l.block != BlockKind::kParallelSharedNorm) {
+    mlp_in = l.pre_mlp_norm ? B::kMlpIn : B::kResidual;
+    ProgramStep ln2{S::kLn2, {B::kResidual}, {}, {}};
+    if (l.pre_mlp_norm) {
+      ln2.writes = {B::kMlpIn};
+      ln2.hooks.push_back({HookSite::kLn2, B::kMlpIn});
+    }
+    s.push_back(ln2);
+  }
+  AddMlpSteps(l, mlp_in, &s);
+  // mlp.hook_out is delivered by the down projection of a dense MLP and at
+  // the residual add of an MoE one (after the scatter-add and the shared
+  // expert); it is listed once, at the step that produces it.
+  std::vector<HookEmit> mlp_out_hook;
+  if (l.moe()) mlp_out_hook.push_back({HookSite::kMlpOut, B::kMlpOut});
+  if (l.parallel()) {
+    ProgramStep add{S::kParallelResidualAdd,
+                    {B::kAttnOut, B::kMlpOut, B::kResidual},
+                    {B::kMlpOut, B::kResidual},
+                    mlp_out_hook};
+    add.hooks.push_back({HookSite::kResidPost, B::kResidual});
+    s.push_back(add);
+    return s;
+  }
+  ProgramStep add{S::kMlpResidualAdd,
+                  {B::kMlpOut, B::kResidual},
+                  {B::kResidual},
+                  mlp_out_hook};
+  add.hooks.push_back({HookSite::kLn2Post, B::kMlpOut});
+  add.hooks.push_back({HookSite::kResidPost, B::kResidual});
+  s.push_back(add);
   return s;
 }
 
@@ -153,8 +201,24 @@ std::string_view BufferName(BufferId id) {
       return "rope sin";
     case B::kAttnIn:
       return "attention input";
+    case B::kQkvPerHead:
+      return "qkv (per-head order)";
     case B::kQkv:
       return "qkv";
+    case B::kMlaQLatent:
+      return "mla q latent";
+    case B::kMlaQ:
+      return "mla q";
+    case B::kMlaKvA:
+      return "mla kv_a (latent | k rope)";
+    case B::kMlaKvLatent:
+      return "mla kv latent";
+    case B::kMlaKv:
+      return "mla kv_b (k nope | v)";
+    case B::kMlaV:
+      return "mla v";
+    case B::kMlaZ:
+      return "mla z";
     case B::kPattern:
       return "attention pattern";
     case B::kZ:
@@ -223,6 +287,8 @@ std::string_view StepName(StepId id) {
       return "ln1";
     case S::kQkvProj:
       return "qkv proj";
+    case S::kMlaProj:
+      return "mla q/kv proj";
     case S::kAttention:
       return "attention";
     case S::kOProj:
@@ -253,6 +319,8 @@ std::string_view StepName(StepId id) {
       return "shared expert";
     case S::kMlpResidualAdd:
       return "mlp residual add";
+    case S::kParallelResidualAdd:
+      return "parallel residual add";
     case S::kFinalNorm:
       return "final norm";
     case S::kLogits:
@@ -308,8 +376,11 @@ Program BuildProgram(const ModelConfig& c) {
 
 BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
                     int64_t logits_rows, DType A) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(),
-                KV = c.kv_dim();
+  // Attention widths come from the layer geometry (every layer shares it).
+  const LayerConfig g = MakeLayerConfig(c, 0);
+  const MlaConfig& mla = g.mla;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = g.q_width(),
+                KV = g.k_width();
   const int64_t half =
       c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
   const int64_t E = c.moe.num_experts, K = c.moe.experts_per_token,
@@ -334,8 +405,23 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
     case B::kRopeCos:
     case B::kRopeSin:
       return {{T, half}, DType::kF32};
+    case B::kQkvPerHead:
     case B::kQkv:
       return {{T, Q + 2 * KV}, A};
+    case B::kMlaQLatent:
+      return {{T, mla.q_lora_rank}, A};
+    case B::kMlaQ:
+      return {{T, g.q_width()}, A};
+    case B::kMlaKvA:
+      return {{T, mla.kv_lora_rank + mla.qk_rope_head_dim}, A};
+    case B::kMlaKvLatent:
+      return {{T, mla.kv_lora_rank}, A};
+    case B::kMlaKv:
+      return {{T, g.q_heads * (mla.qk_nope_head_dim + g.v_head_dim)}, A};
+    case B::kMlaV:
+      return {{T, g.v_width()}, A};
+    case B::kMlaZ:
+      return {{T, g.z_width()}, A};
     case B::kPattern:
       return {{c.num_heads, L, L}, A};
     case B::kZ:

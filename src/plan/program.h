@@ -32,15 +32,24 @@ namespace loom {
 // (ties in the arena packing are broken by this order).
 enum class BufferId : uint8_t {
   // ---- Activations (the liveness-packed arena) ----
-  kPositions,     // [T] i32, whole program
-  kSeqStart,      // [T + 1] i64 sequence offsets, whole program
-  kResidual,      // [T, H], whole program
-  kPosEmbed,      // [T, H] learned position embeddings (GPT-2)
-  kRopeInvFreq,   // [R/2] f32, to the end of the blocks
-  kRopeCos,       // [T, R/2] f32, to the end of the blocks
-  kRopeSin,       // [T, R/2] f32, to the end of the blocks
-  kAttnIn,        // [T, H] ln1 output
-  kQkv,           // [T, Q + 2 KV] q | k | v per token
+  kPositions,    // [T] i32, whole program
+  kSeqStart,     // [T + 1] i64 sequence offsets, whole program
+  kResidual,     // [T, H], whole program
+  kPosEmbed,     // [T, H] learned position embeddings (GPT-2)
+  kRopeInvFreq,  // [R/2] f32, to the end of the blocks
+  kRopeCos,      // [T, R/2] f32, to the end of the blocks
+  kRopeSin,      // [T, R/2] f32, to the end of the blocks
+  kAttnIn,       // [T, H] ln1 output
+  kQkvPerHead,   // [T, Q + 2 KV] fused projection, per head q_h | k_h | v_h
+  kQkv,          // [T, Q + 2 KV] q | k | v per token (MLA: v padded)
+  // Multi-head latent attention (LayerConfig::is_mla(), widths from MlaConfig):
+  kMlaQLatent,    // [T, q_lora] q_a_proj output, q_a_layernorm in place
+  kMlaQ,          // [T, heads qk] q_b_proj (or q_proj) output
+  kMlaKvA,        // [T, kv_lora + rope] kv_a_proj_with_mqa output
+  kMlaKvLatent,   // [T, kv_lora] the latent, kv_a_layernorm in place
+  kMlaKv,         // [T, heads (nope + v)] kv_b_proj output
+  kMlaV,          // [T, heads v] v per head, unpadded (hook_v)
+  kMlaZ,          // [T, heads v] attention output unpadded (hook_z, o_proj)
   kPattern,       // [heads, L, L] attention probabilities (hooked only)
   kZ,             // [T, Q] attention output before o_proj
   kAttnOut,       // [T, H] o_proj output (post-attention norm in place)
@@ -80,9 +89,11 @@ inline constexpr int kNumBuffers = static_cast<int>(BufferId::kLogitsChunk) + 1;
 std::string_view BufferName(BufferId id);
 
 enum class StepId : uint8_t {
-  kEmbed,             // token (+ position) embeddings, positions, RoPE tables
-  kLn1,               // pre-attention norm
-  kQkvProj,           // q/k/v projections, clip, q/k norms
+  kEmbed,    // token (+ position) embeddings, positions, RoPE tables
+  kLn1,      // pre-attention norm
+  kQkvProj,  // q/k/v projections, clip, q/k norms
+  // MLA: q_a / q_b, kv_a / kv_b with their latent norms, assembled into qkv
+  kMlaProj,
   kAttention,         // RoPE on q/k, attention (probabilities when hooked)
   kOProj,             // output projection
   kAttnResidualAdd,   // post-attention norm, residual += attention out
@@ -98,8 +109,11 @@ enum class StepId : uint8_t {
   kExpertScatterAdd,  // MoE: mlp out = sum of weight * out, in expert order
   kSharedExpert,      // MoE: shared expert MLP (x its sigmoid gate, if any)
   kMlpResidualAdd,    // post-MLP norm, residual += mlp out
-  kFinalNorm,         // final norm
-  kLogits,            // lm_head (+ final softcap), chunk by chunk
+  // Parallel blocks: residual += (attention out + mlp out), the branch sum
+  // first (in mlp out), as HF adds them.
+  kParallelResidualAdd,
+  kFinalNorm,  // final norm
+  kLogits,     // lm_head (+ final softcap), chunk by chunk
 };
 
 // The planner's display name ("qkv proj", ...).

@@ -60,12 +60,19 @@ void ComputeLogits(const ModelConfig& c, const BoundWeights& weights,
   op.w = WeightOperandOf(weights, WeightRole::kLmHead, -1);
   LOOM_CHECK(op.w.n == c.vocab_size && op.w.k == c.hidden_size)
       << "lm_head shape " << op.w.n << "x" << op.w.k;
+  const BiasOperand bias = BiasOf(weights, WeightRole::kLmHeadBias, -1);
+  op.bias = bias.data;  // [V] (Phi); null: none
+  op.bias_dtype = bias.dtype;
   op.x = hidden;
   op.m = rows;
   op.y = logits;
   op.ldy = c.vocab_size;
   op.workspace = workspace;
   backend.Gemm(op);
+  // Granite divides the logits by logits_scaling (here: times its reciprocal,
+  // within an ulp of the quotient).
+  if (c.logits_scaling != 1.0f)
+    backend.Scale(logits, rows * c.vocab_size, 1.0f / c.logits_scaling);
   if (c.final_softcap > 0)
     backend.Softcap(logits, rows * c.vocab_size, c.final_softcap);
 }
@@ -370,6 +377,12 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
   if (n == 0) return Status();
   const int32_t* idx = edit_rows_.data();
   Backend& be = *d.backend;
+  // A head's columns: v and z heads are v_head_dim wide (MLA), q and k heads
+  // head_dim.
+  const LayerConfig& g =
+      program_.layers[static_cast<size_t>(std::max<int64_t>(0, iv.hook.layer))];
+  const bool vz = iv.hook.site == HookSite::kV || iv.hook.site == HookSite::kZ;
+  const int64_t head_width = vz ? g.v_head_dim : g.head_dim;
   switch (iv.mode) {
     case InterventionMode::kAdd:
       return be.AddRowsBroadcast(data, T, cols, ld, idx, n, iv.vector.data(),
@@ -383,19 +396,18 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
       return be.SetRows(data, T, cols, ld, idx, n, 0, cols, iv.vector.data(),
                         1);
     case InterventionMode::kZeroHead:
-      return be.SetRows(data, T, cols, ld, idx, n, iv.head * c_.head_dim,
-                        (iv.head + 1) * c_.head_dim, zero_row_.data(), 1);
+      return be.SetRows(data, T, cols, ld, idx, n, iv.head * head_width,
+                        (iv.head + 1) * head_width, zero_row_.data(), 1);
     case InterventionMode::kPatch:
       return be.SetRows(
           data, T, cols, ld, idx, n, 0, cols,
           (e.patch_rows ? e.patch_rows : iv.vector.data()) + first * cols, n);
     case InterventionMode::kPatchHead: {
       // The head's columns of the source rows first .. first + n - 1.
-      const int64_t c0 = iv.head * c_.head_dim;
+      const int64_t c0 = iv.head * head_width;
       const float* src = e.patch_rows ? e.patch_rows : iv.vector.data();
-      return be.CopyRows(data + c0, T, c_.head_dim, ld, idx, n,
-                         src + first * cols + c0, n, cols,
-                         source_rows_.data());
+      return be.CopyRows(data + c0, T, head_width, ld, idx, n,
+                         src + first * cols + c0, n, cols, source_rows_.data());
     }
   }
   return InternalError("executor: unknown intervention mode");
@@ -732,6 +744,10 @@ Status Executor::BranchResidualAdd(Device& d, const LayerConfig& lc,
     RETURN_IF_ERROR(Norm(d, lc.norm, lc.norm_eps, lc.norm_offset,
                          post_norm_role, WeightRole::kOther, l, branch, branch,
                          post_site, batch, sink));
+  if (lc.residual_multiplier != 1.0f) {  // Granite: x + m * branch
+    d.backend->Scale(branch, T * H, lc.residual_multiplier);
+    RoundActivations(d, branch, T, H, H);
+  }
   d.backend->Add(branch, x, T * H);
   RoundActivations(d, x, T, H, H);
   return Deliver(resid_site, l, batch, d, H, H, x, sink);
@@ -741,16 +757,28 @@ Status Executor::RunStep(const ProgramStep& step, Device& d, int64_t l,
                          const Batch& batch, HookSink* sink) {
   // One member per StepId, in the enum's order.
   static constexpr StepFn kSteps[] = {
-      &Executor::StepEmbed,        &Executor::StepLn1,
-      &Executor::StepQkvProj,      &Executor::StepAttention,
-      &Executor::StepOProj,        &Executor::StepAttnResidualAdd,
-      &Executor::StepLn2,          &Executor::StepUpProj,
-      &Executor::StepActivation,   &Executor::StepDownProj,
-      &Executor::StepRouter,       &Executor::StepExpertGather,
-      &Executor::StepExpertGateUp, &Executor::StepExpertActivation,
-      &Executor::StepExpertDown,   &Executor::StepExpertScatterAdd,
-      &Executor::StepSharedExpert, &Executor::StepMlpResidualAdd,
-      &Executor::StepFinalNorm,    &Executor::StepLogits,
+      &Executor::StepEmbed,
+      &Executor::StepLn1,
+      &Executor::StepQkvProj,
+      &Executor::StepMlaProj,
+      &Executor::StepAttention,
+      &Executor::StepOProj,
+      &Executor::StepAttnResidualAdd,
+      &Executor::StepLn2,
+      &Executor::StepUpProj,
+      &Executor::StepActivation,
+      &Executor::StepDownProj,
+      &Executor::StepRouter,
+      &Executor::StepExpertGather,
+      &Executor::StepExpertGateUp,
+      &Executor::StepExpertActivation,
+      &Executor::StepExpertDown,
+      &Executor::StepExpertScatterAdd,
+      &Executor::StepSharedExpert,
+      &Executor::StepMlpResidualAdd,
+      &Executor::StepParallelResidualAdd,
+      &Executor::StepFinalNorm,
+      &Executor::StepLogits,
   };
   static_assert(std::size(kSteps) == static_cast<size_t>(StepId::kLogits) + 1);
   const size_t i = static_cast<size_t>(step.id);
@@ -815,7 +843,13 @@ Status Executor::StepQkvProj(const StepArgs& s) {
   float* q = qkv;                          // [T, Q]  row stride ld
   float* k = qkv + Q;                      // [T, KV] row stride ld
   float* v = qkv + Q + KV;                 // [T, KV] row stride ld
-  if (lc->fused_qkv) {
+  if (lc->fused_qkv && lc->qkv_layout == QkvLayout::kPerHead) {
+    // Per head [q_h | k_h | v_h] (heads = kv heads): the GEMM into its own
+    // buffer, then one exact copy regrouping it to q | k | v.
+    float* fused = s.buf(BufferId::kQkvPerHead);  // [T, Q + 2 KV]
+    Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, fused, ld);
+    be.DeinterleaveBlocks(fused, ld, T, c_.num_heads, 3, c_.head_dim, qkv, ld);
+  } else if (lc->fused_qkv) {
     Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
   } else {
     Linear(d, in, T, WeightRole::kQ, WeightRole::kQBias, l, q, ld);
@@ -842,10 +876,78 @@ Status Executor::StepQkvProj(const StepArgs& s) {
   return Deliver(HookSite::kV, l, batch, d, KV, ld, v, sink);
 }
 
+Status Executor::StepMlaProj(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
+  const MlaConfig& m = lc->mla;
+  const int64_t heads = lc->q_heads, hd = lc->head_dim,
+                nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim,
+                vd = lc->v_head_dim;
+  const int64_t Q = lc->q_width(), KV = lc->k_width(), ld = lc->qkv_width();
+  const int64_t kva_w = m.kv_lora_rank + rope, kv_w = heads * (nope + vd);
+  const float* in = s.buf(step.reads[0]);         // [T, H]
+  float* mq = s.buf(BufferId::kMlaQ);             // [T, heads hd]
+  float* kva = s.buf(BufferId::kMlaKvA);          // [T, kv_lora + rope]
+  float* latent = s.buf(BufferId::kMlaKvLatent);  // [T, kv_lora]
+  float* kv = s.buf(BufferId::kMlaKv);            // [T, heads (nope + vd)]
+  float* v = s.buf(BufferId::kMlaV);              // [T, heads vd]
+  float* qkv = s.buf(BufferId::kQkv);             // [T, ld]
+  auto latent_norm = [&](WeightRole role, float* y, int64_t dim) {
+    const TensorView& w = d.weights->Require(role, l);
+    be.RmsNormRows(y, T, dim, 1, dim, w.data, w.dtype, lc->latent_norm_eps);
+    RoundActivations(d, y, T, dim, dim);
+  };
+  // q = q_b(rmsnorm(q_a(x))) (or q_proj(x)): [T, heads, nope | rope].
+  if (m.q_lora_rank > 0) {
+    float* ql = s.buf(BufferId::kMlaQLatent);  // [T, q_lora]
+    Linear(d, in, T, WeightRole::kQA, WeightRole::kOther, l, ql, m.q_lora_rank);
+    RoundActivations(d, ql, T, m.q_lora_rank, m.q_lora_rank);
+    latent_norm(WeightRole::kQANorm, ql, m.q_lora_rank);
+    Linear(d, ql, T, WeightRole::kQB, WeightRole::kOther, l, mq, Q);
+  } else {
+    Linear(d, in, T, WeightRole::kQ, WeightRole::kOther, l, mq, Q);
+  }
+  RoundActivations(d, mq, T, Q, Q);
+  // kv_a(x) = [latent | k_rope]; k_nope | v = kv_b(rmsnorm(latent)).
+  Linear(d, in, T, WeightRole::kKvA, WeightRole::kOther, l, kva, kva_w,
+         /*same_x=*/m.q_lora_rank == 0);
+  RoundActivations(d, kva, T, kva_w, kva_w);
+  be.StridedCopy(kva, kva_w, 0, 1, latent, m.kv_lora_rank, 0, 1, T, 1,
+                 m.kv_lora_rank);
+  latent_norm(WeightRole::kKvANorm, latent, m.kv_lora_rank);
+  Linear(d, latent, T, WeightRole::kKvB, WeightRole::kOther, l, kv, kv_w);
+  RoundActivations(d, kv, T, kv_w, kv_w);
+  // Assemble q | k | v in qkv (zeroed: v's per-head padding stays 0).
+  be.SetZero(qkv, T * ld);
+  // The rope part in the order HF rotates it: interleaved pairs split into
+  // their even then odd elements.
+  const int64_t rope_step = lc->rope.interleaved ? 2 : 1,
+                rope_n = lc->rope.interleaved ? rope / 2 : rope;
+  auto copy_rope = [&](const float* src, int64_t ldx, int64_t gsx, float* dst) {
+    for (int64_t part = 0; part < rope / rope_n; ++part)
+      be.StridedCopy(src + part, ldx, gsx, rope_step, dst + part * rope_n, ld,
+                     hd, 1, T, heads, rope_n);
+  };
+  be.StridedCopy(mq, Q, hd, 1, qkv, ld, hd, 1, T, heads, nope);  // q nope
+  copy_rope(mq + nope, Q, hd, qkv + nope);
+  be.StridedCopy(kv, kv_w, nope + vd, 1, qkv + Q, ld, hd, 1, T, heads,
+                 nope);  // k nope
+  // The one rope key head, broadcast to every head (source stride 0).
+  copy_rope(kva + m.kv_lora_rank, kva_w, 0, qkv + Q + nope);
+  be.StridedCopy(kv + nope, kv_w, nope + vd, 1, v, heads * vd, vd, 1, T, heads,
+                 vd);
+  RETURN_IF_ERROR(Deliver(HookSite::kQ, l, batch, d, Q, ld, qkv, sink));
+  RETURN_IF_ERROR(Deliver(HookSite::kK, l, batch, d, KV, ld, qkv + Q, sink));
+  RETURN_IF_ERROR(
+      Deliver(HookSite::kV, l, batch, d, heads * vd, heads * vd, v, sink));
+  // v (after any edit of hook_v) into qkv, padded to hd per head.
+  be.StridedCopy(v, heads * vd, vd, 1, qkv + Q + KV, ld, hd, 1, T, heads, vd);
+  return Status();
+}
+
 Status Executor::StepAttention(const StepArgs& s) {
   const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
-  const int64_t Q = c_.q_dim(), KV = c_.kv_dim(), ld = Q + 2 * KV,
-                hd = c_.head_dim;
+  const int64_t Q = lc->q_width(), KV = lc->k_width(), ld = lc->qkv_width(),
+                hd = lc->head_dim;
   float* q = s.buf(BufferId::kQkv);
   float* k = q + Q;
   float* v = q + Q + KV;
@@ -853,8 +955,11 @@ Status Executor::StepAttention(const StepArgs& s) {
   if (lc->rope_half > 0) {
     const float* cos = s.buf(BufferId::kRopeCos);
     const float* sin = s.buf(BufferId::kRopeSin);
-    be.ApplyRope(q, T, c_.num_heads, hd, ld, cos, sin, lc->rope_half);
-    be.ApplyRope(k, T, c_.num_kv_heads, hd, ld, cos, sin, lc->rope_half);
+    // The rotated columns start at rope_offset in each head (MLA: after
+    // the nope part).
+    const int64_t r0 = lc->rope_offset;
+    be.ApplyRope(q + r0, T, lc->q_heads, hd, ld, cos, sin, lc->rope_half);
+    be.ApplyRope(k + r0, T, lc->kv_heads, hd, ld, cos, sin, lc->rope_half);
     RoundActivations(d, q, T, Q + KV, ld);
     RETURN_IF_ERROR(Deliver(HookSite::kRotQ, l, batch, d, Q, ld, q, sink));
     RETURN_IF_ERROR(Deliver(HookSite::kRotK, l, batch, d, KV, ld, k, sink));
@@ -879,8 +984,8 @@ Status Executor::StepAttention(const StepArgs& s) {
   for (int64_t s = 0; s < batch.num_seqs(); ++s)
     op.max_seq_len =
         std::max(op.max_seq_len, batch.seq_start[s + 1] - batch.seq_start[s]);
-  op.q_heads = c_.num_heads;
-  op.kv_heads = c_.num_kv_heads;
+  op.q_heads = lc->q_heads;
+  op.kv_heads = lc->kv_heads;
   op.head_dim = hd;
   op.scale = lc->attn_scale;
   op.compute = model_.compute_dtype();
@@ -924,13 +1029,18 @@ Status Executor::StepAttention(const StepArgs& s) {
     RETURN_IF_ERROR(be.Attention(op));
   }
   RoundActivations(d, z, T, Q, Q);
-  return Deliver(HookSite::kZ, l, batch, d, Q, Q, z, sink);
+  if (!lc->is_mla()) return Deliver(HookSite::kZ, l, batch, d, Q, Q, z, sink);
+  // MLA: z per head is [v_head_dim values | zeros from v's padding].
+  const int64_t Z = lc->z_width(), vd = lc->v_head_dim;
+  float* zc = s.buf(BufferId::kMlaZ);  // [T, heads vd]
+  be.StridedCopy(z, Q, hd, 1, zc, Z, vd, 1, T, lc->q_heads, vd);
+  return Deliver(HookSite::kZ, l, batch, d, Z, Z, zc, sink);
 }
 
 Status Executor::StepOProj(const StepArgs& s) {
   const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
   float* o = s.buf(BufferId::kAttnOut);
-  Linear(d, s.buf(BufferId::kZ), T, WeightRole::kO, WeightRole::kOBias, l, o,
+  Linear(d, s.buf(step.reads[0]), T, WeightRole::kO, WeightRole::kOBias, l, o,
          H);
   RoundActivations(d, o, T, H, H);
   return Deliver(HookSite::kAttnOut, l, batch, d, H, H, o, sink);
@@ -1008,7 +1118,22 @@ Status Executor::StepRouter(const StepArgs& s) {
          logits, E);
   RETURN_IF_ERROR(
       Deliver(HookSite::kRouterLogits, l, batch, d, E, E, logits, sink));
-  be.TopKRoute(logits, T, E, E, K, lc->router, lc->norm_topk_prob, ids, w);
+  RouteOp route;
+  route.kind = lc->router;
+  route.renormalize = lc->norm_topk_prob;
+  if (lc->router_correction_bias) {
+    const BiasOperand b =
+        BiasOf(*d.weights, WeightRole::kRouterCorrectionBias, l);
+    route.correction_bias = b.data;
+    route.correction_bias_dtype = b.dtype;
+  }
+  route.groups = lc->router_groups;
+  route.keep_groups = lc->router_keep_groups;
+  route.scale = lc->routed_scaling_factor;
+  Status routed = be.TopKRoute(logits, T, E, E, K, route, ids, w);
+  if (!routed.ok())
+    return Status(routed.code(), "executor: layer " + std::to_string(l) + ": " +
+                                     routed.message());
   if (sink != nullptr && hooks_.Contains(HookSite::kExpertIds, l)) {
     static_assert(IsIntegerSite(HookSite::kExpertIds));
     ActivationView v = F32View(be, nullptr, T, K, K);
@@ -1162,6 +1287,21 @@ Status Executor::StepMlpResidualAdd(const StepArgs& s) {
   return BranchResidualAdd(d, *lc, lc->post_mlp_norm, WeightRole::kPostMlpNorm,
                            HookSite::kLn2Post, HookSite::kResidPost, l,
                            s.buf(BufferId::kMlpOut), x, batch, sink);
+}
+
+Status Executor::StepParallelResidualAdd(const StepArgs& s) {
+  const auto& [step, d, l, batch, sink, lc, T, H, a, be, x] = s;
+  float* attn = s.buf(BufferId::kAttnOut);  // [T, H]
+  float* mlp = s.buf(BufferId::kMlpOut);    // [T, H]
+  if (lc->moe())  // complete only now (see StepMlpResidualAdd)
+    RETURN_IF_ERROR(Deliver(HookSite::kMlpOut, l, batch, d, H, H, mlp, sink));
+  // HF: x + (attn + mlp), the branch sum first (GPT-NeoX mlp + attn + x,
+  // Phi attn + mlp + x: the same f32 sum), each add rounded in bf16.
+  be.Add(attn, mlp, T * H);
+  RoundActivations(d, mlp, T, H, H);
+  be.Add(mlp, x, T * H);
+  RoundActivations(d, x, T, H, H);
+  return Deliver(HookSite::kResidPost, l, batch, d, H, H, x, sink);
 }
 
 Status Executor::StepFinalNorm(const StepArgs& s) {

@@ -278,6 +278,7 @@ class Executor {
   Status StepEmbed(const StepArgs& s);
   Status StepLn1(const StepArgs& s);
   Status StepQkvProj(const StepArgs& s);
+  Status StepMlaProj(const StepArgs& s);
   Status StepAttention(const StepArgs& s);
   Status StepOProj(const StepArgs& s);
   Status StepAttnResidualAdd(const StepArgs& s);
@@ -293,6 +294,7 @@ class Executor {
   Status StepExpertScatterAdd(const StepArgs& s);
   Status StepSharedExpert(const StepArgs& s);
   Status StepMlpResidualAdd(const StepArgs& s);
+  Status StepParallelResidualAdd(const StepArgs& s);
   Status StepFinalNorm(const StepArgs& s);
   Status StepLogits(const StepArgs& s);
   // Forward with an optional KV cache (kv_ and edits_ are set for its

@@ -181,6 +181,26 @@ TEST(CudaOps, ClampAndRoundToBf16Strided) {
   }
 }
 
+TEST(CudaOps, DeinterleaveBlocksExact) {
+  auto gpu = REQUIRE_GPU();
+  auto cpu = MakeCpu();
+  for (int64_t width : {1, 16, 20}) {
+    const int64_t rows = 7, groups = 4, parts = 3,
+                  cols = groups * parts * width, ldx = cols + 3, ldy = cols + 5;
+    std::vector<float> x = SpecialFloats(rows * ldx, 9);
+    x.resize(static_cast<size_t>(rows * ldx));
+    std::vector<float> y(static_cast<size_t>(rows * ldy), -7.0f);
+    auto dx = Upload(*gpu, x);
+    auto dy = Upload(*gpu, y);
+    gpu->DeinterleaveBlocks(dx.data(), ldx, rows, groups, parts, width,
+                            dy.data(), ldy);
+    cpu->DeinterleaveBlocks(x.data(), ldx, rows, groups, parts, width, y.data(),
+                            ldy);
+    ExpectBits(Download(*gpu, dy), y,
+               "deinterleave width=" + std::to_string(width));
+  }
+}
+
 TEST(CudaOps, ConvertExact) {
   auto gpu = REQUIRE_GPU();
   auto cpu = MakeCpu();
@@ -576,13 +596,18 @@ void CheckRoute(Backend& gpu, Backend& cpu, const std::vector<float>& x,
                 RouterKind kind, bool renorm, const std::string& what) {
   std::vector<int32_t> ids(static_cast<size_t>(tokens * k));
   std::vector<float> w(ids.size());
-  cpu.TopKRoute(x.data(), tokens, experts, ld, k, kind, renorm, ids.data(),
-                w.data());
+  RouteOp op;
+  op.kind = kind;
+  op.renormalize = renorm;
+  ASSERT_TRUE(
+      cpu.TopKRoute(x.data(), tokens, experts, ld, k, op, ids.data(), w.data())
+          .ok());
   auto dx = Upload(gpu, x);
   auto dids = Zeros<int32_t>(gpu, tokens * k);
   auto dw = Zeros<float>(gpu, tokens * k);
-  gpu.TopKRoute(dx.data(), tokens, experts, ld, k, kind, renorm, dids.data(),
-                dw.data());
+  ASSERT_TRUE(gpu.TopKRoute(dx.data(), tokens, experts, ld, k, op, dids.data(),
+                            dw.data())
+                  .ok());
   ExpectBits(Download(gpu, dids), ids, what + " ids");
   // A softmax over n values: (n + 4) u each side (see kernels_moe_test), plus
   // the exp functions' 4 ulp: renormalised or not, within 32u + 2 n u.

@@ -286,6 +286,19 @@ void CpuBackend::Gather(const void* table, DType table_dtype,
   cpu::Gather(table, table_dtype, ids, tokens, dim, out);
 }
 
+void CpuBackend::StridedCopy(const float* x, int64_t ldx, int64_t gsx,
+                             int64_t isx, float* y, int64_t ldy, int64_t gsy,
+                             int64_t isy, int64_t rows, int64_t groups,
+                             int64_t n) {
+  cpu::StridedCopy(x, ldx, gsx, isx, y, ldy, gsy, isy, rows, groups, n);
+}
+
+void CpuBackend::DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                                    int64_t groups, int64_t parts,
+                                    int64_t width, float* y, int64_t ldy) {
+  cpu::DeinterleaveBlocks(x, ldx, rows, groups, parts, width, y, ldy);
+}
+
 void CpuBackend::GatherRows(const float* x, int64_t ldx, const int32_t* rows,
                             int64_t n, int64_t cols, float* out) {
   cpu::GatherRows(x, ldx, rows, n, cols, out);
@@ -297,14 +310,33 @@ void CpuBackend::ScatterAddRows(const float* x, const int32_t* rows,
   cpu::ScatterAddRows(x, rows, weights, n, cols, y, ldy);
 }
 
-void CpuBackend::TopKRoute(const float* logits, int64_t tokens, int64_t experts,
-                           int64_t ld, int64_t k, RouterKind kind,
-                           bool renormalize, int32_t* ids, float* weights) {
+Status CpuBackend::TopKRoute(const float* logits, int64_t tokens,
+                             int64_t experts, int64_t ld, int64_t k,
+                             const RouteOp& op, int32_t* ids, float* weights) {
+  RETURN_IF_ERROR(CheckRouteOp(op, experts, k));
+  if (experts > cpu::kMaxRouteColumns)
+    return InvalidArgumentError(
+        "cpu TopKRoute: experts = " + std::to_string(experts) +
+        ", expected <= " + std::to_string(cpu::kMaxRouteColumns));
+  if (op.kind == RouterKind::kSigmoidGroupTopK) {
+    std::vector<float> bias;  // [experts] f32
+    if (op.correction_bias != nullptr) {
+      bias.resize(static_cast<size_t>(experts));
+      cpu::ConvertToF32(op.correction_bias, op.correction_bias_dtype,
+                        bias.data(), experts);
+    }
+    cpu::SigmoidGroupTopKRoute(
+        logits, tokens, experts, ld, k, bias.empty() ? nullptr : bias.data(),
+        op.groups, op.keep_groups, op.renormalize, op.scale, ids, weights);
+    return Status();
+  }
   cpu::TopKRoute(logits, tokens, experts, ld, k,
-                 kind == RouterKind::kSoftmaxTopK
+                 op.kind == RouterKind::kSoftmaxTopK
                      ? cpu::TopKMode::kSoftmaxThenTopK
                      : cpu::TopKMode::kTopKThenSoftmax,
-                 renormalize, ids, weights);
+                 op.renormalize, ids, weights);
+  if (op.scale != 1.0f) cpu::Scale(weights, tokens * k, op.scale);
+  return Status();
 }
 
 void CpuBackend::ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,

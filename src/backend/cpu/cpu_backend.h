@@ -64,13 +64,19 @@ class CpuBackend final : public Backend {
   void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) override;
   void Gather(const void* table, DType table_dtype, const int32_t* ids,
               int64_t tokens, int64_t dim, float* out) override;
+  void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                   float* y, int64_t ldy, int64_t gsy, int64_t isy,
+                   int64_t rows, int64_t groups, int64_t n) override;
+  void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                          int64_t groups, int64_t parts, int64_t width,
+                          float* y, int64_t ldy) override;
   void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
                   int64_t cols, float* out) override;
   void ScatterAddRows(const float* x, const int32_t* rows, const float* weights,
                       int64_t n, int64_t cols, float* y, int64_t ldy) override;
-  void TopKRoute(const float* logits, int64_t tokens, int64_t experts,
-                 int64_t ld, int64_t k, RouterKind kind, bool renormalize,
-                 int32_t* ids, float* weights) override;
+  Status TopKRoute(const float* logits, int64_t tokens, int64_t experts,
+                   int64_t ld, int64_t k, const RouteOp& op, int32_t* ids,
+                   float* weights) override;
   void ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
                      int64_t rows, int64_t n, float alpha,
                      float limit) override;

@@ -615,6 +615,42 @@ void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) {
     for (int64_t j = 0; j < cols; ++j) x[r * ld + j] = RoundBf16(x[r * ld + j]);
 }
 
+void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                        int64_t groups, int64_t parts, int64_t width, float* y,
+                        int64_t ldy) {
+  const int64_t cols = groups * parts * width;
+  LOOM_CHECK(rows >= 0 && groups >= 1 && parts >= 1 && width >= 1 &&
+             ldx >= cols && ldy >= cols)
+      << "rows=" << rows << " groups=" << groups << " parts=" << parts
+      << " width=" << width << " ldx=" << ldx << " ldy=" << ldy;
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t p = 0; p < parts; ++p)
+        std::memcpy(y + r * ldy + (p * groups + g) * width,
+                    x + r * ldx + (g * parts + p) * width,
+                    sizeof(float) * static_cast<size_t>(width));
+}
+
+void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                 float* y, int64_t ldy, int64_t gsy, int64_t isy, int64_t rows,
+                 int64_t groups, int64_t n) {
+  LOOM_CHECK(rows >= 0 && groups >= 0 && n >= 0 && ldx >= 0 && gsx >= 0 &&
+             isx >= 0 && ldy >= 0 && gsy >= 0 && isy >= 0)
+      << "rows=" << rows << " groups=" << groups << " n=" << n;
+#pragma omp parallel for schedule(static) if (rows * groups * n > 16384)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xs = x + r * ldx + g * gsx;
+      float* ys = y + r * ldy + g * gsy;
+      if (isx == 1 && isy == 1) {
+        std::memcpy(ys, xs, sizeof(float) * static_cast<size_t>(n));
+      } else {
+        for (int64_t i = 0; i < n; ++i) ys[i * isy] = xs[i * isx];
+      }
+    }
+}
+
 void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
                 int64_t cols, float* out) {
 #pragma omp parallel for schedule(static) if (n * cols > 16384)

@@ -285,6 +285,19 @@ void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
 // x[r, j] = bf16(x[r, j]) (round to nearest even, stored as f32).
 //   x: [rows, cols] with row stride ld
 void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld);
+// Regroups blocks of `width` columns part-major:
+// y[r, (p * groups + g) * width + i] = x[r, (g * parts + p) * width + i].
+//   x: [rows, groups * parts * width] row stride ldx; y: [rows, parts * groups
+//   * width] row stride ldy; x and y do not overlap. Exact (a copy).
+void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                        int64_t groups, int64_t parts, int64_t width, float* y,
+                        int64_t ldy);
+// y[r * ldy + g * gsy + i * isy] = x[r * ldx + g * gsx + i * isx] for
+// r < rows, g < groups, i < n (strides may be 0 on x: broadcast). Exact;
+// destinations distinct, x and y do not overlap.
+void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                 float* y, int64_t ldy, int64_t gsy, int64_t isy, int64_t rows,
+                 int64_t groups, int64_t n);
 // out[i, :] = x[rows[i], :]. x: [*, cols] row stride ldx; rows: [n];
 // out: [n, cols] dense
 void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,

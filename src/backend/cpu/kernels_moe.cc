@@ -76,6 +76,52 @@ void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
   }
 }
 
+void SigmoidGroupTopKRoute(const float* logits, int64_t rows, int64_t cols,
+                           int64_t ld, int64_t k, const float* bias,
+                           int64_t groups, int64_t keep_groups,
+                           bool renormalize, float scale, int32_t* ids,
+                           float* weights) {
+  LOOM_CHECK(groups > 0 && cols % groups == 0 && cols / groups >= 2 &&
+             keep_groups > 0 && keep_groups <= groups && k > 0 && k <= cols &&
+             cols <= kMaxRouteColumns)
+      << "k=" << k << " cols=" << cols << " groups=" << groups
+      << " keep_groups=" << keep_groups;
+  const int64_t per = cols / groups;
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * ld;
+    int32_t* id = ids + r * k;
+    float* w = weights + r * k;
+    float s[kMaxRouteColumns];  // [cols] sigmoid scores (checked above)
+    float c[kMaxRouteColumns];  // [cols] choice values
+    for (int64_t j = 0; j < cols; ++j) {
+      s[j] = Sigmoid(x[j]);
+      c[j] = bias != nullptr ? s[j] + bias[j] : s[j];
+    }
+    float gscore[kMaxRouteColumns];  // [groups] sum of the top-2 c
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t top2[2];
+      SelectTopK(c + g * per, per, 2, top2);
+      gscore[g] = c[g * per + top2[0]] + c[g * per + top2[1]];
+    }
+    int32_t kept[kMaxRouteColumns];  // [keep_groups] group ids
+    SelectTopK(gscore, groups, keep_groups, kept);
+    bool keep[kMaxRouteColumns] = {};  // [groups]
+    for (int64_t i = 0; i < keep_groups; ++i) keep[kept[i]] = true;
+    for (int64_t j = 0; j < cols; ++j)
+      if (!keep[j / per]) c[j] = 0.0f;
+    SelectTopK(c, cols, k, id);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < k; ++i) {
+      w[i] = s[id[i]];
+      sum += w[i];
+    }
+    const float denom = sum + 1e-20f;
+    for (int64_t i = 0; i < k; ++i)
+      w[i] = (renormalize ? w[i] / denom : w[i]) * scale;
+  }
+}
+
 void ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
                    int64_t rows, int64_t n, float alpha, float limit) {
 #pragma omp parallel for schedule(static) if (rows * n > 16384)

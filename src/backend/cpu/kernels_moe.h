@@ -27,6 +27,24 @@ void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
                int64_t k, TopKMode mode, bool renormalize, int32_t* ids,
                float* weights);
 
+// Group-limited sigmoid routing (DeepSeek-V3's), for each of `rows` rows of
+// `cols` logits x (row stride ld): s = sigmoid(x), choice c = s + bias
+// (bias [cols] f32, null = zeros). The columns form `groups` consecutive
+// groups of cols / groups (>= 2) columns, each scored by the sum of its two
+// largest c; the `keep_groups` best groups are kept (equal scores: lower
+// group first) and the other groups' c set to 0.0 (not -inf: a kept column
+// with c < 0 ranks below them). ids [rows, k] = the k largest c in
+// descending order (equal: lower column first); weights [rows, k] = s of
+// those (not c), divided by (their sum + 1e-20) when `renormalize`, times
+// `scale`. 0 < keep_groups <= groups, cols % groups == 0, 0 < k <= cols <=
+// kMaxRouteColumns (k may exceed the kept columns: masked ones then fill
+// the remaining slots, as in HF).
+void SigmoidGroupTopKRoute(const float* logits, int64_t rows, int64_t cols,
+                           int64_t ld, int64_t k, const float* bias,
+                           int64_t groups, int64_t keep_groups,
+                           bool renormalize, float scale, int32_t* ids,
+                           float* weights);
+
 // gate_up [rows, 2n] (row stride gu_rs) holds gate in the even columns and up
 // in the odd ones: g = min(gate, limit), u = clamp(up, -limit, limit),
 // out[r, i] = (u + 1) * (g * sigmoid(alpha * g)).   out: [rows, n] dense

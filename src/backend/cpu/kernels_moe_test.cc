@@ -106,6 +106,77 @@ TEST(MoeKernels, TopKRouteSoftmaxSumsToOneWhenRenormalised) {
   }
 }
 
+TEST(MoeKernels, SigmoidGroupTopKRouteMatchesReference) {
+  struct Case {
+    int64_t rows, cols, ld, k, groups, keep;
+  };
+  // DeepSeek-V3's 256 experts in 8 groups keep 4, top 8; the tiny model's
+  // 8 in 4 keep 2, top 3; a single group (plain sigmoid top-k).
+  for (const Case& c : {Case{37, 8, 11, 3, 4, 2}, Case{300, 256, 259, 8, 8, 4},
+                        Case{5, 64, 64, 6, 8, 3}, Case{9, 16, 16, 4, 1, 1}}) {
+    const std::vector<float> x = SeparatedLogits(c.rows, c.cols, c.ld, 13);
+    // Distinct small biases: the choice values stay far apart.
+    const std::vector<float> b = SeparatedLogits(1, c.cols, c.cols, 17);
+    std::vector<float> bias(b.begin(), b.begin() + c.cols);
+    for (float& v : bias) v *= 0.031f;
+    for (bool renorm : {false, true}) {
+      for (float scale : {1.0f, 2.5f}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "cols " << c.cols << " k " << c.k << " groups "
+                     << c.groups << " keep " << c.keep << " renorm " << renorm
+                     << " scale " << scale);
+        std::vector<int32_t> ids(c.rows * c.k), ids_ref(c.rows * c.k);
+        std::vector<float> w(c.rows * c.k), w_ref(c.rows * c.k);
+        SigmoidGroupTopKRoute(x.data(), c.rows, c.cols, c.ld, c.k, bias.data(),
+                              c.groups, c.keep, renorm, scale, ids.data(),
+                              w.data());
+        ref::SigmoidGroupTopKRoute(x.data(), c.rows, c.cols, c.ld, c.k,
+                                   bias.data(), c.groups, c.keep, renorm, scale,
+                                   ids_ref.data(), w_ref.data());
+        EXPECT_EQ(ids, ids_ref);
+        // sigmoid (expf + add + divide: 6 u), the sum of k, one division and
+        // the scale.
+        const double rel = (6 + 2 * c.k + 4) * kU;
+        for (size_t i = 0; i < w.size(); ++i)
+          ASSERT_NEAR(w[i], w_ref[i], rel * std::abs(w_ref[i]) + 1e-30)
+              << "weight " << i;
+      }
+    }
+  }
+}
+
+TEST(MoeKernels, SigmoidGroupTopKRouteMasksDroppedGroupsWithZero) {
+  // s = 0.5 everywhere; c = [0.7, -0.4 | 0, 0]: group 0 scores 0.3 and is
+  // kept, group 1 (0.0) is dropped and its c set to 0.0, which still beats
+  // the kept expert 1's -0.4 (HF masks with 0.0, not -inf). The two masked
+  // experts tie at 0.0: the lower goes first.
+  const std::vector<float> x = {0.0f, 0.0f, 0.0f, 0.0f};
+  const std::vector<float> bias = {0.2f, -0.9f, -0.5f, -0.5f};
+  std::vector<int32_t> ids(3);
+  std::vector<float> w(3);
+  SigmoidGroupTopKRoute(x.data(), 1, 4, 4, 3, bias.data(), 2, 1, true, 2.5f,
+                        ids.data(), w.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 2, 3}));
+  // The weights are the unbiased s (all 0.5), renormalised, times 2.5.
+  for (float v : w) EXPECT_NEAR(v, 2.5 / 3, 4 * kU);
+}
+
+TEST(MoeKernels, SigmoidGroupTopKRouteBreaksGroupTiesTowardsTheLowerGroup) {
+  // Row 0: every choice value equal: group 0 is kept, then columns 0, 1.
+  // Row 1: groups 1 and 2 tie above group 0: group 1 is kept. The weights
+  // are s, not c: without renormalisation 0.5 each despite the bias.
+  const std::vector<float> x(12, 0.0f);
+  const std::vector<float> bias = {0.0f, 0.0f, 0.1f, 0.1f, 0.1f, 0.1f};
+  std::vector<int32_t> ids(4);
+  std::vector<float> w(4);
+  SigmoidGroupTopKRoute(x.data(), 1, 6, 6, 2, nullptr, 3, 1, false, 1.0f,
+                        ids.data(), w.data());
+  SigmoidGroupTopKRoute(x.data() + 6, 1, 6, 6, 2, bias.data(), 3, 1, false,
+                        1.0f, ids.data() + 2, w.data() + 2);
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1, 2, 3}));
+  for (float v : w) EXPECT_EQ(v, 0.5f);
+}
+
 TEST(MoeKernels, ClampedSwigluMatchesReference) {
   const int64_t rows = 41, n = 37, ld = 2 * n + 3;
   std::mt19937 rng(3);

@@ -491,8 +491,10 @@ TEST(Norms, LayerNorm) {
 // -------------------------------------------------------------------------------
 
 TEST(Rope, TablesAndApply) {
-  for (int64_t head_dim :
-       {int64_t{8}, int64_t{64}, int64_t{80}, int64_t{128}}) {
+  // 16 and 20: GPT-NeoX's and Phi's tiny head sizes (rotary halves of 4 and
+  // 5 when partial: below one vector, odd).
+  for (int64_t head_dim : {int64_t{8}, int64_t{16}, int64_t{20}, int64_t{64},
+                           int64_t{80}, int64_t{128}}) {
     for (bool partial : {false, true}) {
       const int64_t half =
           partial ? head_dim / 4 : head_dim / 2;  // partial rotary (e.g. phi)
@@ -1127,6 +1129,59 @@ TEST(RowOps, ClampAndRoundExact) {
   ExpectBitwise("round bf16", got.data(), want.data(), rows * ld * 4);
   EXPECT_EQ(got[cols], x[cols]);
   EXPECT_EQ(got[0], RoundBf16(x[0]));
+}
+
+// Per-head interleaved parts (groups x parts blocks of width) regrouped part
+// by part: bit-identical to the reference, the right source block at a
+// hand-computed spot, and the padding of both strides untouched.
+TEST(RowOps, DeinterleaveBlocksExact) {
+  struct Case {
+    int64_t rows, groups, parts, width;
+  };
+  for (const Case c : {Case{1, 1, 1, 1}, Case{7, 4, 3, 16}, Case{9, 4, 3, 20},
+                       Case{130, 8, 3, 32}}) {  // the last one threaded
+    const int64_t cols = c.groups * c.parts * c.width, ldx = cols + 3,
+                  ldy = cols + 5;
+    const std::vector<float> x = Random(c.rows * ldx, 37);
+    std::vector<float> got(c.rows * ldy, -7.0f), want = got;
+    DeinterleaveBlocks(x.data(), ldx, c.rows, c.groups, c.parts, c.width,
+                       got.data(), ldy);
+    ref::DeinterleaveBlocks(x.data(), ldx, c.rows, c.groups, c.parts, c.width,
+                            want.data(), ldy);
+    ExpectBitwise("deinterleave blocks", got.data(), want.data(),
+                  c.rows * ldy * 4);
+    // Row r, the last group's last part, element 1 (if any).
+    const int64_t r = c.rows - 1, g = c.groups - 1, p = c.parts - 1,
+                  i = std::min<int64_t>(1, c.width - 1);
+    EXPECT_EQ(got[r * ldy + (p * c.groups + g) * c.width + i],
+              x[r * ldx + (g * c.parts + p) * c.width + i]);
+    EXPECT_EQ(got[r * ldy + cols], -7.0f);  // padding untouched
+  }
+}
+
+// MLA's copies: per head blocks into a wider stride, a broadcast source
+// (gsx = 0) and de-interleaving (isx = 2): bit-identical to the reference,
+// hand-checked spots, and the gaps between destinations untouched.
+TEST(RowOps, StridedCopyExact) {
+  struct Case {
+    int64_t rows, groups, n, ldx, gsx, isx, ldy, gsy, isy;
+  };
+  for (const Case c : {Case{3, 4, 16, 130, 32, 1, 100, 24, 1},  // k_nope
+                       Case{5, 4, 4, 40, 0, 2, 96, 24, 1},      // rope bcast
+                       Case{2, 1, 7, 9, 1, 1, 8, 1, 1},
+                       Case{300, 16, 8, 520, 32, 2, 400, 24, 1}}) {  // threads
+    const std::vector<float> x = Random(c.rows * c.ldx, 41);
+    std::vector<float> got(c.rows * c.ldy, -7.0f), want = got;
+    StridedCopy(x.data(), c.ldx, c.gsx, c.isx, got.data(), c.ldy, c.gsy, c.isy,
+                c.rows, c.groups, c.n);
+    ref::StridedCopy(x.data(), c.ldx, c.gsx, c.isx, want.data(), c.ldy, c.gsy,
+                     c.isy, c.rows, c.groups, c.n);
+    ExpectBitwise("strided copy", got.data(), want.data(), c.rows * c.ldy * 4);
+    const int64_t r = c.rows - 1, g = c.groups - 1, i = c.n - 1;
+    EXPECT_EQ(got[r * c.ldy + g * c.gsy + i * c.isy],
+              x[r * c.ldx + g * c.gsx + i * c.isx]);
+    if (c.gsy > c.n) EXPECT_EQ(got[c.n], -7.0f);  // gap untouched
+  }
 }
 
 TEST(RowOps, GatherAndScatterAddRows) {

@@ -459,6 +459,22 @@ void CudaBackend::Gather(const void* table, DType table_dtype,
   Check("gather");
 }
 
+void CudaBackend::StridedCopy(const float* x, int64_t ldx, int64_t gsx,
+                              int64_t isx, float* y, int64_t ldy, int64_t gsy,
+                              int64_t isy, int64_t rows, int64_t groups,
+                              int64_t n) {
+  cuda::StridedCopy(x, ldx, gsx, isx, y, ldy, gsy, isy, rows, groups, n,
+                    stream_);
+  Check("strided copy");
+}
+
+void CudaBackend::DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                                     int64_t groups, int64_t parts,
+                                     int64_t width, float* y, int64_t ldy) {
+  cuda::DeinterleaveBlocks(x, ldx, rows, groups, parts, width, y, ldy, stream_);
+  Check("deinterleave blocks");
+}
+
 void CudaBackend::GatherRows(const float* x, int64_t ldx, const int32_t* rows,
                              int64_t n, int64_t cols, float* out) {
   cuda::GatherRows(x, ldx, rows, n, cols, out, stream_);
@@ -472,15 +488,22 @@ void CudaBackend::ScatterAddRows(const float* x, const int32_t* rows,
   Check("scatter-add rows");
 }
 
-void CudaBackend::TopKRoute(const float* logits, int64_t tokens,
-                            int64_t experts, int64_t ld, int64_t k,
-                            RouterKind kind, bool renormalize, int32_t* ids,
-                            float* weights) {
+Status CudaBackend::TopKRoute(const float* logits, int64_t tokens,
+                              int64_t experts, int64_t ld, int64_t k,
+                              const RouteOp& op, int32_t* ids, float* weights) {
+  RETURN_IF_ERROR(CheckRouteOp(op, experts, k));
+  if (op.kind == RouterKind::kSigmoidGroupTopK)
+    return UnimplementedError(
+        "cuda TopKRoute: the sigmoid group-limited router "
+        "(RouterKind::kSigmoidGroupTopK, DeepSeek-V3) has no CUDA kernel "
+        "yet; run this model on the CPU backend");
   cuda::TopKRoute(logits, tokens, experts, ld, k,
-                  kind == RouterKind::kSoftmaxTopK ? Route::kSoftmaxTopK
-                                                   : Route::kTopKSoftmax,
-                  renormalize, ids, weights, stream_);
+                  op.kind == RouterKind::kSoftmaxTopK ? Route::kSoftmaxTopK
+                                                      : Route::kTopKSoftmax,
+                  op.renormalize, ids, weights, stream_);
   Check("top-k route");
+  if (op.scale != 1.0f) Scale(weights, tokens * k, op.scale);
+  return Status();
 }
 
 void CudaBackend::ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,

@@ -92,6 +92,16 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
 // out[t, :] = table[ids[t], :] widened to f32; table [vocab, dim] in dtype.
 void Gather(const void* table, DType table_dtype, const int32_t* ids,
             int64_t tokens, int64_t dim, float* out, cudaStream_t s);
+// y[r, (p * groups + g) * width + i] = x[r, (g * parts + p) * width + i];
+// x row stride ldx, y row stride ldy (Backend::DeinterleaveBlocks).
+void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                        int64_t groups, int64_t parts, int64_t width, float* y,
+                        int64_t ldy, cudaStream_t s);
+// y[r * ldy + g * gsy + i * isy] = x[r * ldx + g * gsx + i * isx]
+// (Backend::StridedCopy).
+void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                 float* y, int64_t ldy, int64_t gsy, int64_t isy, int64_t rows,
+                 int64_t groups, int64_t n, cudaStream_t s);
 // out[i, :] = x[rows[i], :]; x row stride ldx, out [n, cols] dense.
 void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
                 int64_t cols, float* out, cudaStream_t s);
@@ -106,9 +116,9 @@ void ScatterAddRows(const float* x, const int32_t* rows, const float* weights,
 // Top-k routing of logits [tokens, experts] (row stride ld): ids/weights
 // [tokens, k], slot order = descending score, ties to the lower expert id.
 // Same arithmetic as the CPU kernel (softmax in f32 with expf).
-void TopKRoute(const float* logits, int64_t tokens, int64_t experts,
-               int64_t ld, int64_t k, Route kind, bool renormalize,
-               int32_t* ids, float* weights, cudaStream_t s);
+void TopKRoute(const float* logits, int64_t tokens, int64_t experts, int64_t ld,
+               int64_t k, Route kind, bool renormalize, int32_t* ids,
+               float* weights, cudaStream_t s);
 // Counting sort of the tokens * k (token, slot) pairs by expert, stable in
 // token order: offsets [experts + 1] (offsets[e] = first routed row of expert
 // e), rows [tokens * k] (token of each routed row), row_weights [tokens * k].

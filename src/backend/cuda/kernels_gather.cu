@@ -44,6 +44,35 @@ __global__ void GatherRowsKernel(const float* x, int64_t ldx,
   }
 }
 
+// One thread per output element: y[r, j] with j = (p * groups + g) * width
+// + i reads x[r, (g * parts + p) * width + i].
+__global__ void DeinterleaveBlocksKernel(const float* x, int64_t ldx,
+                                         int64_t rows, int64_t groups,
+                                         int64_t parts, int64_t width, float* y,
+                                         int64_t ldy) {
+  const int64_t cols = groups * parts * width, total = rows * cols;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / cols, j = e % cols;
+    const int64_t p = j / (groups * width), g = (j / width) % groups,
+                  i = j % width;
+    y[r * ldy + j] = x[r * ldx + (g * parts + p) * width + i];
+  }
+}
+
+// One thread per copied element (r, g, i).
+__global__ void StridedCopyKernel(const float* x, int64_t ldx, int64_t gsx,
+                                  int64_t isx, float* y, int64_t ldy,
+                                  int64_t gsy, int64_t isy, int64_t rows,
+                                  int64_t groups, int64_t n) {
+  const int64_t total = rows * groups * n;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / (groups * n), g = (e / n) % groups, i = e % n;
+    y[r * ldy + g * gsy + i * isy] = x[r * ldx + g * gsx + i * isx];
+  }
+}
+
 // y[rows[i], :] (row stride ldy) += w[i] * x[i, :] (x [n, cols] dense; w
 // null = 1). rows are distinct within a call (as the CPU kernel requires),
 // so every output element has one writer.
@@ -74,6 +103,24 @@ void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
   if (n <= 0 || cols <= 0) return;
   GatherRowsKernel<<<GridFor(n * cols), kThreads, 0, s>>>(x, ldx, rows, n, cols,
                                                           out);
+}
+
+void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                        int64_t groups, int64_t parts, int64_t width, float* y,
+                        int64_t ldy, cudaStream_t s) {
+  const int64_t total = rows * groups * parts * width;
+  if (total <= 0) return;
+  DeinterleaveBlocksKernel<<<GridFor(total), kThreads, 0, s>>>(
+      x, ldx, rows, groups, parts, width, y, ldy);
+}
+
+void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                 float* y, int64_t ldy, int64_t gsy, int64_t isy, int64_t rows,
+                 int64_t groups, int64_t n, cudaStream_t s) {
+  const int64_t total = rows * groups * n;
+  if (total <= 0) return;
+  StridedCopyKernel<<<GridFor(total), kThreads, 0, s>>>(
+      x, ldx, gsx, isx, y, ldy, gsy, isy, rows, groups, n);
 }
 
 void ScatterAddRows(const float* x, const int32_t* rows, const float* weights,

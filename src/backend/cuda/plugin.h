@@ -38,7 +38,10 @@ typedef int (*LoomCudaListFn)(LoomGpuInfo* out, int max, char* reason,
 namespace loom::cuda {
 // 2: the row-edit ops (AddRowsBroadcast, ProjectOutRows, SetRows, CopyRows).
 // 3: AddRowsBroadcast's norm_match.
-inline constexpr int kLoomCudaPluginAbi = 3;
+// 4: DeinterleaveBlocks (per-head fused q/k/v).
+// 5: TopKRoute takes a RouteOp (router kind + data) and returns a Status;
+//    StridedCopy (MLA's per-head copies).
+inline constexpr int kLoomCudaPluginAbi = 5;
 inline constexpr const char* kPluginFile = "libloom_cuda.so";
 }  // namespace loom::cuda
 

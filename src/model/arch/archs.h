@@ -13,17 +13,25 @@ extern const ArchDef kQwen2;
 extern const ArchDef kQwen3;
 extern const ArchDef kGemma;
 extern const ArchDef kGemma2;
+// Planned and inspected only (runnable = false).
 extern const ArchDef kGemma3;
 extern const ArchDef kGemma3Text;
 extern const ArchDef kPhi3;
 extern const ArchDef kGpt2;
+extern const ArchDef kGptNeox;
+extern const ArchDef kPhi;
 extern const ArchDef kOlmo;
 extern const ArchDef kOlmo2;
-// Planning only (runnable = false).
+extern const ArchDef kGranite;
+extern const ArchDef kStarcoder2;
+// Mixture of experts (src/model/arch/moe.h).
 extern const ArchDef kMixtral;
 extern const ArchDef kQwen2Moe;
 extern const ArchDef kQwen3Moe;
 extern const ArchDef kGptOss;
+extern const ArchDef kOlmoe;
+// Multi-head latent attention + group-limited sigmoid routing.
+extern const ArchDef kDeepseekV3;
 
 }  // namespace loom::arch
 

@@ -249,11 +249,18 @@ ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(),
                 KV = c.kv_dim();
+  // A norm's weight [H], and its bias [H] when it is a LayerNorm.
+  auto add_norm = [&](const std::string& name, WeightRole role,
+                      WeightRole bias_role, int64_t layer) {
+    add(name + ".weight", role, layer, {H});
+    if (c.norm == NormKind::kLayer) add(name + ".bias", bias_role, layer, {H});
+  };
   add("model.embed_tokens.weight", WeightRole::kEmbed, -1, {c.vocab_size, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     if (!n.attn_norm.empty())
-      add(p + n.attn_norm + ".weight", WeightRole::kAttnNorm, i, {H});
+      add_norm(p + n.attn_norm, WeightRole::kAttnNorm,
+               WeightRole::kAttnNormBias, i);
     if (c.fused_qkv) {
       add(p + "self_attn.qkv_proj.weight", WeightRole::kQkv, i,
           {Q + 2 * KV, H});
@@ -279,24 +286,29 @@ ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
     if (!n.post_attn_norm.empty())
       add(p + n.post_attn_norm + ".weight", WeightRole::kPostAttnNorm, i, {H});
     if (!n.mlp_norm.empty())
-      add(p + n.mlp_norm + ".weight", WeightRole::kMlpNorm, i, {H});
+      add_norm(p + n.mlp_norm, WeightRole::kMlpNorm, WeightRole::kMlpNormBias,
+               i);
+    const std::string up = p + "mlp." + n.up, down = p + "mlp." + n.down;
     if (c.mlp == MlpKind::kGatedFused) {
       add(p + "mlp.gate_up_proj.weight", WeightRole::kGateUp, i, {2 * I, H});
-    } else {
+    } else if (c.mlp != MlpKind::kPlain) {
       add(p + "mlp.gate_proj.weight", WeightRole::kGate, i, {I, H});
-      add(p + "mlp.up_proj.weight", WeightRole::kUp, i, {I, H});
     }
-    add(p + "mlp.down_proj.weight", WeightRole::kDown, i, {H, I});
+    if (c.mlp != MlpKind::kGatedFused)
+      add(up + ".weight", WeightRole::kUp, i, {I, H});
+    add(down + ".weight", WeightRole::kDown, i, {H, I});
     if (c.mlp_bias) {
-      add(p + "mlp.gate_proj.bias", WeightRole::kGateBias, i, {I});
-      add(p + "mlp.up_proj.bias", WeightRole::kUpBias, i, {I});
-      add(p + "mlp.down_proj.bias", WeightRole::kDownBias, i, {H});
+      if (c.mlp != MlpKind::kPlain)
+        add(p + "mlp.gate_proj.bias", WeightRole::kGateBias, i, {I});
+      add(up + ".bias", WeightRole::kUpBias, i, {I});
+      add(down + ".bias", WeightRole::kDownBias, i, {H});
     }
     if (!n.post_mlp_norm.empty())
       add(p + n.post_mlp_norm + ".weight", WeightRole::kPostMlpNorm, i, {H});
   }
   if (c.norm != NormKind::kLayerNoAffine)
-    add("model.norm.weight", WeightRole::kFinalNorm, -1, {H});
+    add_norm("model.norm", WeightRole::kFinalNorm, WeightRole::kFinalNormBias,
+             -1);
   add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H});
   if (c.tie_word_embeddings) {
     w.specs.back().required = false;

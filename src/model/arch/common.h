@@ -47,9 +47,15 @@ struct DecoderNames {
   std::string post_attn_norm;
   std::string mlp_norm = "post_attention_layernorm";
   std::string post_mlp_norm;
+  // The MLP's up and down projections inside "mlp." (a plain MLP's fc and
+  // proj: Starcoder2's c_fc / c_proj).
+  std::string up = "up_proj";
+  std::string down = "down_proj";
 };
 
-// Biases, fused projections and q/k norms follow the config's flags.
+// Biases, fused projections, q/k norms and the MLP kind (gated, fused gated
+// or plain) follow the config's flags; LayerNorms (NormKind::kLayer) have a
+// bias beside every pre-norm and the final norm's weight.
 // Declares model.embed_tokens, model.layers.{i}.{norms, self_attn.*, mlp.*},
 // model.norm and lm_head (tied to the embedding when c.tie_word_embeddings).
 // Projections (q/k/v/o, gate/up/down, lm_head) are marked Linear (quantizable).

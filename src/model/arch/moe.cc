@@ -1,6 +1,9 @@
 #include "src/model/arch/moe.h"
 
 #include <algorithm>
+#include <filesystem>
+
+#include "src/io/safetensors.h"
 
 namespace loom {
 
@@ -81,11 +84,46 @@ Status ParseMoe(const ConfigReader& r, const MoeKeys& keys, ModelConfig* c) {
   return Status();
 }
 
+Status DetectPackedExperts(const std::string& model_dir, ModelConfig* c) {
+  if (c->mlp != MlpKind::kMoE || c->moe.expert_act != ExpertActKind::kGated)
+    return Status();
+  namespace fs = std::filesystem;
+  const std::string index = model_dir + "/model.safetensors.index.json";
+  const std::string single = model_dir + "/model.safetensors";
+  std::error_code ec;
+  std::vector<std::string> names;
+  if (fs::exists(index, ec)) {
+    ASSIGN_OR_RETURN(SafetensorsIndex idx, ReadSafetensorsIndex(index));
+    for (const auto& [name, shard] : idx.weight_map) names.push_back(name);
+  } else if (fs::exists(single, ec)) {
+    ASSIGN_OR_RETURN(SafetensorsHeader h, ReadSafetensorsHeader(single));
+    for (const TensorInfo& t : h.tensors) names.push_back(t.name);
+  }
+  static const std::string kPacked = ".mlp.experts.gate_up_proj";
+  for (const std::string& name : names) {
+    if (name.size() < kPacked.size() ||
+        name.compare(name.size() - kPacked.size(), kPacked.size(), kPacked) !=
+            0)
+      continue;
+    if (c->quant.quantized())
+      return UnimplementedError(
+          model_dir + ": tensor " + name + " stores " + c->model_type +
+          "'s experts packed, and quantized (" + c->quant.method + ", " +
+          c->quant.source +
+          "); packed experts are supported dense only (F32, BF16, F16)");
+    c->moe.packed_experts = true;
+    return Status();
+  }
+  return Status();
+}
+
 void DeclareMoeLayer(const ModelConfig& c, int64_t i, const MoeNames& n,
                      std::vector<WeightSpec>* specs) {
   const int64_t H = c.hidden_size, I = c.moe.expert_intermediate_size,
                 E = c.moe.num_experts;
-  const std::string p = "model.layers." + std::to_string(i) + "." + n.block;
+  // transformers 5 names every packed MoE block "mlp." (Mixtral included).
+  const std::string p = "model.layers." + std::to_string(i) + "." +
+                        (c.moe.packed_experts ? "mlp." : n.block);
   auto add = [&](std::string name, WeightRole role, int64_t expert,
                  Shape shape) {
     AddSpec(specs, std::move(name), role, i, std::move(shape));
@@ -93,7 +131,19 @@ void DeclareMoeLayer(const ModelConfig& c, int64_t i, const MoeNames& n,
     specs->back().linear = true;
   };
   add(p + n.router + ".weight", WeightRole::kRouter, kNoExpert, {E, H});
-  for (int64_t e = 0; e < E; ++e) {
+  if (c.moe.router_correction_bias) {
+    AddSpec(specs, p + n.router + ".e_score_correction_bias",
+            WeightRole::kRouterCorrectionBias, i, {E});
+  }
+  if (c.moe.packed_experts) {
+    // Expert e's gate is rows [0, I) of gate_up[e], its up rows [I, 2I)
+    // (WeightOperandOf serves kExpertGate / kExpertUp from them).
+    add(p + "experts.gate_up_proj", WeightRole::kExpertGateUp, kAllExperts,
+        {E, 2 * I, H});
+    add(p + "experts.down_proj", WeightRole::kExpertDown, kAllExperts,
+        {E, H, I});
+  }
+  for (int64_t e = 0; e < E && !c.moe.packed_experts; ++e) {
     const std::string x = p + "experts." + std::to_string(e) + ".";
     add(x + n.gate + ".weight", WeightRole::kExpertGate, e, {I, H});
     add(x + n.up + ".weight", WeightRole::kExpertUp, e, {I, H});
@@ -101,7 +151,7 @@ void DeclareMoeLayer(const ModelConfig& c, int64_t i, const MoeNames& n,
   }
   const int64_t S = c.moe.shared_expert_intermediate_size;
   if (S > 0) {
-    const std::string s = p + "shared_expert.";
+    const std::string s = p + n.shared + ".";
     add(s + "gate_proj.weight", WeightRole::kSharedExpertGateProj, kNoExpert,
         {S, H});
     add(s + "up_proj.weight", WeightRole::kSharedExpertUp, kNoExpert, {S, H});

@@ -42,14 +42,24 @@ Status ParseMoe(const ConfigReader& r, const MoeKeys& keys, ModelConfig* c);
 struct MoeNames {
   std::string block = "mlp.";  // Mixtral: "block_sparse_moe."
   std::string router = "gate";
-  std::string gate = "gate_proj";  // Mixtral: w1
-  std::string up = "up_proj";      // Mixtral: w3
-  std::string down = "down_proj";  // Mixtral: w2
+  std::string gate = "gate_proj";        // Mixtral: w1
+  std::string up = "up_proj";            // Mixtral: w3
+  std::string down = "down_proj";        // Mixtral: w2
+  std::string shared = "shared_expert";  // DeepSeek-V3: shared_experts
 };
 
-// Appends layer `layer`'s router [E, H], E experts' gate/up [I_e, H] and down
-// [H, I_e], and the shared expert (gate/up/down and its [1, H] gate) when
-// configured.
+// Sets c->moe.packed_experts when the checkpoint in `model_dir` stores a
+// kGated MoE's experts packed (a tensor name ending in
+// ".mlp.experts.gate_up_proj"; names from model.safetensors.index.json, else
+// model.safetensors' header; none present: per expert). Unimplemented for a
+// packed checkpoint whose experts are quantized.
+Status DetectPackedExperts(const std::string& model_dir, ModelConfig* c);
+
+// Appends layer `layer`'s router [E, H] (and its correction bias [E] when
+// MoEConfig::router_correction_bias), E experts' gate/up [I_e, H] and down
+// [H, I_e] (packed: the stacked gate_up [E, 2 I_e, H] and down [E, H, I_e]
+// under "mlp.", MoEConfig::packed_experts), and the shared expert
+// (gate/up/down and its [1, H] gate) when configured.
 void DeclareMoeLayer(const ModelConfig& c, int64_t layer, const MoeNames& n,
                      std::vector<WeightSpec>* specs);
 

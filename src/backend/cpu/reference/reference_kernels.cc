@@ -393,6 +393,28 @@ void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld) {
     for (int64_t j = 0; j < cols; ++j) x[r * ld + j] = RoundBf16(x[r * ld + j]);
 }
 
+void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                        int64_t groups, int64_t parts, int64_t width, float* y,
+                        int64_t ldy) {
+  // Column j of y: part p = j / (groups * width), group g, offset i.
+  const int64_t cols = groups * parts * width;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t p = j / (groups * width), g = (j / width) % groups,
+                    i = j % width;
+      y[r * ldy + j] = x[r * ldx + (g * parts + p) * width + i];
+    }
+}
+
+void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                 float* y, int64_t ldy, int64_t gsy, int64_t isy, int64_t rows,
+                 int64_t groups, int64_t n) {
+  for (int64_t e = 0; e < rows * groups * n; ++e) {
+    const int64_t r = e / (groups * n), g = (e / n) % groups, i = e % n;
+    y[r * ldy + g * gsy + i * isy] = x[r * ldx + g * gsx + i * isx];
+  }
+}
+
 void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
                 int64_t cols, float* out) {
   for (int64_t i = 0; i < n; ++i)

@@ -76,6 +76,12 @@ void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
 void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
            float hi);
 void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld);
+void DeinterleaveBlocks(const float* x, int64_t ldx, int64_t rows,
+                        int64_t groups, int64_t parts, int64_t width, float* y,
+                        int64_t ldy);
+void StridedCopy(const float* x, int64_t ldx, int64_t gsx, int64_t isx,
+                 float* y, int64_t ldy, int64_t gsy, int64_t isy, int64_t rows,
+                 int64_t groups, int64_t n);
 void GatherRows(const float* x, int64_t ldx, const int32_t* rows, int64_t n,
                 int64_t cols, float* out);
 void ScatterAddRows(const float* x, const int32_t* rows, const float* w,

@@ -39,6 +39,55 @@ void TopKRoute(const float* logits, int64_t rows, int64_t cols, int64_t ld,
   }
 }
 
+namespace {
+
+// Indices [0, n) of v sorted by value descending, index ascending.
+std::vector<int32_t> Ranked(const std::vector<float>& v) {
+  std::vector<int32_t> order(v.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+  return order;
+}
+
+}  // namespace
+
+void SigmoidGroupTopKRoute(const float* logits, int64_t rows, int64_t cols,
+                           int64_t ld, int64_t k, const float* bias,
+                           int64_t groups, int64_t keep_groups,
+                           bool renormalize, float scale, int32_t* ids,
+                           float* weights) {
+  const int64_t per = cols / groups;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> s(static_cast<size_t>(cols)), c(s.size());
+    for (int64_t j = 0; j < cols; ++j) {
+      s[j] =
+          static_cast<float>(1 / (1 + std::exp(-double{logits[r * ld + j]})));
+      c[j] = s[j] + (bias != nullptr ? bias[j] : 0.0f);
+    }
+    std::vector<float> gscore(static_cast<size_t>(groups));
+    for (int64_t g = 0; g < groups; ++g) {
+      const std::vector<float> members(c.begin() + g * per,
+                                       c.begin() + (g + 1) * per);
+      const std::vector<int32_t> o = Ranked(members);
+      gscore[g] = members[o[0]] + members[o[1]];
+    }
+    const std::vector<int32_t> gorder = Ranked(gscore);
+    std::vector<bool> keep(static_cast<size_t>(groups), false);
+    for (int64_t i = 0; i < keep_groups; ++i) keep[gorder[i]] = true;
+    for (int64_t j = 0; j < cols; ++j)
+      if (!keep[j / per]) c[j] = 0.0f;
+    const std::vector<int32_t> order = Ranked(c);
+    double sum = 0;
+    for (int64_t i = 0; i < k; ++i) sum += s[order[i]];
+    for (int64_t i = 0; i < k; ++i) {
+      ids[r * k + i] = order[i];
+      const double w = renormalize ? s[order[i]] / (sum + 1e-20) : s[order[i]];
+      weights[r * k + i] = static_cast<float>(w * scale);
+    }
+  }
+}
+
 void ClampedSwiglu(const float* gate_up, int64_t gu_rs, float* out,
                    int64_t rows, int64_t n, float alpha, float limit) {
   for (int64_t r = 0; r < rows; ++r)
