@@ -226,11 +226,58 @@ StatusOr<int64_t> WriteSyntheticModel(const std::string& out_dir,
               {"model.layers.*.self_attn", "model.layers.*.mlp.router",
                "model.embed_tokens", "lm_head"}},
              {"quant_method", "mxfp4"}}}};
+  } else if (o.preset == "deepseek-v3") {
+    // deepseek-ai/DeepSeek-V3's layer shapes (MLA with q/kv LoRA ranks 1536
+    // and 512, 128 heads of 128 + 64 rope dims; 256 routed experts of 2048
+    // in 8 groups, top-8 of the best 4 groups, one shared expert), 2 layers
+    // (layer 0 dense, layer 1 MoE: first_k_dense_replace 1 instead of 3)
+    // and a 32000-token vocabulary; bf16 instead of the released FP8.
+    cfg = {{"architectures", {"DeepseekV3ForCausalLM"}},
+           {"model_type", "deepseek_v3"},
+           {"hidden_act", "silu"},
+           {"hidden_size", 7168},
+           {"intermediate_size", 18432},
+           {"moe_intermediate_size", 2048},
+           {"n_routed_experts", 256},
+           {"n_shared_experts", 1},
+           {"num_experts_per_tok", 8},
+           {"n_group", 8},
+           {"topk_group", 4},
+           {"routed_scaling_factor", 2.5},
+           {"norm_topk_prob", true},
+           {"scoring_func", "sigmoid"},
+           {"topk_method", "noaux_tc"},
+           {"first_k_dense_replace", 1},
+           {"moe_layer_freq", 1},
+           {"num_hidden_layers", 2},
+           {"num_attention_heads", 128},
+           {"num_key_value_heads", 128},
+           {"q_lora_rank", 1536},
+           {"kv_lora_rank", 512},
+           {"qk_nope_head_dim", 128},
+           {"qk_rope_head_dim", 64},
+           {"v_head_dim", 128},
+           {"attention_bias", false},
+           {"rms_norm_eps", 1e-6},
+           {"rope_theta", 10000.0},
+           {"rope_scaling",
+            {{"type", "yarn"},
+             {"factor", 40.0},
+             {"beta_fast", 32.0},
+             {"beta_slow", 1.0},
+             {"mscale", 1.0},
+             {"mscale_all_dim", 1.0},
+             {"original_max_position_embeddings", 4096}}},
+           {"max_position_embeddings", 163840},
+           {"tie_word_embeddings", false},
+           {"vocab_size", 32000},
+           {"bos_token_id", 0},
+           {"eos_token_id", 1}};
   } else {
     return InvalidArgumentError(
         "--preset '" + o.preset +
-        "': expected tinyllama-1.1b, small, llama-3.1-8b, qwen3-30b-a3b or "
-        "gpt-oss-20b");
+        "': expected tinyllama-1.1b, small, llama-3.1-8b, qwen3-30b-a3b, "
+        "gpt-oss-20b or deepseek-v3");
   }
   if (o.num_layers > 0) cfg["num_hidden_layers"] = o.num_layers;
   if (o.vocab_size > 0) cfg["vocab_size"] = o.vocab_size;

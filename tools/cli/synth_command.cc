@@ -1,5 +1,6 @@
 // loom synth OUT_DIR
-// [--preset tinyllama-1.1b|small|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b]
+// [--preset
+// tinyllama-1.1b|small|llama-3.1-8b|qwen3-30b-a3b|gpt-oss-20b|deepseek-v3]
 // [--layers N]
 // [--vocab N]
 // [--dtype bf16] [--seed N]
@@ -36,8 +37,11 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
                   "heads, intermediate 14336, vocab 128256, llama3 RoPE "
                   "scaling; 16 GB in bf16), qwen3-30b-a3b "
                   "(Qwen3-30B-A3B layer shapes: 128 experts top-8 of 768, "
-                  "2 layers, vocab 32000) or gpt-oss-20b (gpt-oss-20b's "
-                  "shapes, 2 layers, vocab 32768, MXFP4 experts)")
+                  "2 layers, vocab 32000), gpt-oss-20b (gpt-oss-20b's "
+                  "shapes, 2 layers, vocab 32768, MXFP4 experts) or "
+                  "deepseek-v3 (DeepSeek-V3's MLA and MoE shapes: 256 "
+                  "experts in 8 groups, top-8; layer 0 dense, layer 1 MoE, "
+                  "vocab 32000; 24 GB in bf16)")
       ->capture_default_str();
   cmd->add_option("--layers", opts->synth.num_layers,
                   "Override the number of layers")
