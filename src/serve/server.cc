@@ -204,6 +204,23 @@ struct GenFields {
   DType dtype = DType::kF32;
 };
 
+// Submits every request of `fields` to `e` at once (they share forwards);
+// on a refusal the tickets already taken are cancelled and the error names
+// the prompt.
+StatusOr<std::vector<std::shared_ptr<Ticket>>> SubmitAll(
+    Engine& e, const std::vector<GenFields>& fields) {
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    StatusOr<std::shared_ptr<Ticket>> t = e.Submit(fields[i].request);
+    if (!t.ok()) {
+      for (auto& s : tickets) s->Cancel();
+      return t.status().WithContext("prompt " + std::to_string(i));
+    }
+    tickets.push_back(*t);
+  }
+  return tickets;
+}
+
 // Why binding `host`:`port` failed, as the OS says it; the HTTP library
 // reports only that it did. Resolves the host as the library does (any
 // family, passive) and binds a probe socket of its own, closed at once:
@@ -1384,15 +1401,8 @@ class Server::Impl {
       fields.push_back(std::move(f));
     }
     // Every prompt goes to the engine at once: they share forwards.
-    std::vector<std::shared_ptr<Ticket>> tickets;
-    for (size_t i = 0; i < n; ++i) {
-      StatusOr<std::shared_ptr<Ticket>> t = e->Submit(fields[i].request);
-      if (!t.ok()) {
-        for (auto& s : tickets) s->Cancel();
-        return t.status().WithContext("prompt " + std::to_string(i));
-      }
-      tickets.push_back(*t);
-    }
+    ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Ticket>> tickets,
+                     SubmitAll(*e, fields));
     json results = json::array();
     int64_t total = 0;
     Status first_error;
@@ -1630,15 +1640,8 @@ class Server::Impl {
     if (stream)
       return Stream(res, e, std::move(fields[0]),
                     StreamKind::kOpenAiCompletion);
-    std::vector<std::shared_ptr<Ticket>> tickets;
-    for (size_t i = 0; i < fields.size(); ++i) {
-      StatusOr<std::shared_ptr<Ticket>> t = e->Submit(fields[i].request);
-      if (!t.ok()) {
-        for (auto& s : tickets) s->Cancel();
-        return t.status().WithContext("prompt " + std::to_string(i));
-      }
-      tickets.push_back(*t);
-    }
+    ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Ticket>> tickets,
+                     SubmitAll(*e, fields));
     json choices = json::array();
     size_t prompt_tokens = 0, completion_tokens = 0;
     for (size_t i = 0; i < tickets.size(); ++i) {
