@@ -922,13 +922,7 @@ class Server::Impl {
     auto generate = [this](const auto& req, auto& res) -> Status {
       ASSIGN_OR_RETURN(json b, ParseBody(req.body));
       ASSIGN_OR_RETURN(auto e, EngineFor(b));
-      if (!b.contains("prompt"))
-        return InvalidArgumentError("field `prompt` is required");
-      ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
-      ASSIGN_OR_RETURN(auto ids, Tokens(*e, b["prompt"], special));
-      ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), false));
-      ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
-      RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
+      ASSIGN_OR_RETURN(GenFields f, PromptFields(*e, b));
       ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
       ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
       ASSIGN_OR_RETURN(json out, GenResponse(*e, f, g));
@@ -1109,14 +1103,21 @@ class Server::Impl {
   Status GenerateStream(const httplib::Request& req, httplib::Response& res) {
     ASSIGN_OR_RETURN(json b, ParseBody(req.body));
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
+    ASSIGN_OR_RETURN(GenFields f, PromptFields(*e, b));
+    return Stream(res, e, std::move(f), StreamKind::kGenerate);
+  }
+
+  // The request of a /generate body's one `prompt` on `e`: its tokens, the
+  // generation fields and the body's interventions.
+  StatusOr<GenFields> PromptFields(const Engine& e, const json& b) {
     if (!b.contains("prompt"))
       return InvalidArgumentError("field `prompt` is required");
     ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
-    ASSIGN_OR_RETURN(auto ids, Tokens(*e, b["prompt"], special));
-    ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), false));
-    ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
+    ASSIGN_OR_RETURN(auto ids, Tokens(e, b["prompt"], special));
+    ASSIGN_OR_RETURN(GenFields f, ParseGen(e, b, std::move(ids), false));
+    ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(e, b, 1));
     RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
-    return Stream(res, e, std::move(f), StreamKind::kGenerate);
+    return f;
   }
 
   // Streams the generation `f` on `e` as server-sent events of `kind`.
