@@ -67,7 +67,8 @@ if ! command -v npm > /dev/null; then
 elif [ "$(node -p "require('$node_dir/package.json').dependencies.openai" 2>&1)" != \
        "$(node -p "require('$node_dir/node_modules/openai/package.json').version" 2>&1)" ]; then
   echo "install-deps: npm ci in tests/node"
-  npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error
+  npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error ||
+    echo "install-deps: npm ci failed: the serve_openai_sdk test will skip"
 else
   echo "install-deps: tests/node/node_modules is up to date"
 fi
