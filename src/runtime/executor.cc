@@ -891,10 +891,16 @@ Status Executor::StepMlaProj(const StepArgs& s) {
   float* kv = s.buf(BufferId::kMlaKv);            // [T, heads (nope + vd)]
   float* v = s.buf(BufferId::kMlaV);              // [T, heads vd]
   float* qkv = s.buf(BufferId::kQkv);             // [T, ld]
+  // Named copies for the lambdas below (clang 14 cannot capture structured
+  // bindings).
+  Device& dev = s.d;
+  Backend& backend = s.be;
+  const int64_t layer = s.l, rows = s.T;
   auto latent_norm = [&](WeightRole role, float* y, int64_t dim) {
-    const TensorView& w = d.weights->Require(role, l);
-    be.RmsNormRows(y, T, dim, 1, dim, w.data, w.dtype, lc->latent_norm_eps);
-    RoundActivations(d, y, T, dim, dim);
+    const TensorView& w = dev.weights->Require(role, layer);
+    backend.RmsNormRows(y, rows, dim, 1, dim, w.data, w.dtype,
+                        s.lc->latent_norm_eps);
+    RoundActivations(dev, y, rows, dim, dim);
   };
   // q = q_b(rmsnorm(q_a(x))) (or q_proj(x)): [T, heads, nope | rope].
   if (m.q_lora_rank > 0) {
@@ -924,8 +930,8 @@ Status Executor::StepMlaProj(const StepArgs& s) {
                 rope_n = lc->rope.interleaved ? rope / 2 : rope;
   auto copy_rope = [&](const float* src, int64_t ldx, int64_t gsx, float* dst) {
     for (int64_t part = 0; part < rope / rope_n; ++part)
-      be.StridedCopy(src + part, ldx, gsx, rope_step, dst + part * rope_n, ld,
-                     hd, 1, T, heads, rope_n);
+      backend.StridedCopy(src + part, ldx, gsx, rope_step, dst + part * rope_n,
+                          ld, hd, 1, rows, heads, rope_n);
   };
   be.StridedCopy(mq, Q, hd, 1, qkv, ld, hd, 1, T, heads, nope);  // q nope
   copy_rope(mq + nope, Q, hd, qkv + nope);
