@@ -126,6 +126,21 @@ TEST(GoldenWeights, IndexTotalSizeReproducedExactly) {
   }
 }
 
+// Pythia-6.9B and phi-2 from their config.json alone (float16): the weight
+// bytes are twice the published parameter counts (Pythia's model card:
+// 6,857,302,016; phi-2: 2,779,683,840), which the declarations reach only
+// with every bias, both LayerNorms (one for phi), the untied output layer
+// and phi's lm_head bias.
+TEST(GoldenWeights, PythiaAndPhi2ParameterCounts) {
+  for (const auto& [name, params] :
+       {std::pair<const char*, int64_t>{"pythia-6.9b", 6'857'302'016},
+        std::pair<const char*, int64_t>{"phi-2", 2'779'683'840}}) {
+    SCOPED_TRACE(name);
+    const Loaded l = Load(name, std::nullopt);
+    EXPECT_EQ(l.table.total_bytes(), 2 * params);
+  }
+}
+
 // A gemma-3-27b variant (google/medgemma-27b-it: Gemma3ForConditionalGeneration
 // with its SigLIP vision tower). Its files stay in the shared data directory
 // (their terms do not allow bundling them here).
