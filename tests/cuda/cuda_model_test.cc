@@ -70,12 +70,14 @@ class HostCopySink : public HookSink {
 
 using Case = ModelCase;
 
-Batch ThreeSequences(const ModelConfig& c, std::vector<int32_t>* ids,
-                     const std::vector<int64_t>& starts) {
-  ids->resize(static_cast<size_t>(starts.back()));
+// Three sequences of 13, 7 and 21 tokens. The Batch views `ids` and the
+// static row starts (a Batch holds spans: the starts must outlive it).
+Batch ThreeSequences(const ModelConfig& c, std::vector<int32_t>* ids) {
+  static const std::vector<int64_t> kStarts = {0, 13, 20, 41};
+  ids->resize(static_cast<size_t>(kStarts.back()));
   for (size_t t = 0; t < ids->size(); ++t)
     (*ids)[t] = static_cast<int32_t>((t * 17 + 3) % c.vocab_size);
-  return Batch{*ids, starts};
+  return Batch{*ids, kStarts};
 }
 
 const std::vector<Case>& Cases() {
@@ -130,7 +132,7 @@ TEST_P(CudaModelTest, EveryHookMatchesTheCpu) {
     const ModelConfig& c = (*model)->config();
     const HookSet hooks = EveryHookOf(c, /*with_pattern=*/false);
     std::vector<int32_t> ids;
-    const Batch batch = ThreeSequences(c, &ids, {0, 13, 20, 41});
+    const Batch batch = ThreeSequences(c, &ids);
     ExecutorOptions o;
     o.max_tokens = 48;
     o.max_seq_len = 24;
@@ -143,7 +145,10 @@ TEST_P(CudaModelTest, EveryHookMatchesTheCpu) {
     auto ex_cpu = Executor::Create(**model, hooks, on_cpu);
     ASSERT_TRUE(ex_cpu.ok()) << ex_cpu.status().ToString();
     CaptureSink want;
-    ASSERT_TRUE((*ex_cpu)->Forward(batch, &want).ok());
+    {
+      const Status fwd = (*ex_cpu)->Forward(batch, &want);
+      ASSERT_TRUE(fwd.ok()) << fwd.ToString();
+    }
 
     ExecutorOptions on_gpu = o;
     on_gpu.backend = gpu.get();
@@ -179,7 +184,7 @@ TEST_P(CudaModelTest, TwoSegmentsBitIdenticalToOne) {
   if (c.num_layers < 2) GTEST_SKIP() << "one layer: nothing to split";
   const HookSet hooks = EveryHookOf(c, /*with_pattern=*/false);
   std::vector<int32_t> ids;
-  const Batch batch = ThreeSequences(c, &ids, {0, 13, 20, 41});
+  const Batch batch = ThreeSequences(c, &ids);
   ExecutorOptions o;
   o.max_tokens = 48;
   o.max_seq_len = 24;
@@ -189,7 +194,10 @@ TEST_P(CudaModelTest, TwoSegmentsBitIdenticalToOne) {
   auto single = Executor::Create(**model, hooks, one);
   ASSERT_TRUE(single.ok()) << single.status().ToString();
   HostCopySink want({gpu.get()});
-  ASSERT_TRUE((*single)->Forward(batch, &want).ok());
+  {
+    const Status fwd = (*single)->Forward(batch, &want);
+    ASSERT_TRUE(fwd.ok()) << fwd.ToString();
+  }
 
   auto second = CreateBackend("cuda:0");
   ASSERT_TRUE(second.ok()) << second.status().ToString();
@@ -202,7 +210,10 @@ TEST_P(CudaModelTest, TwoSegmentsBitIdenticalToOne) {
   HostCopySink got({gpu.get(), second->get()});
   // Both instances are cuda:0: the sink copies through the first, which
   // reaches all of the device's memory.
-  ASSERT_TRUE((*placed)->Forward(batch, &got).ok());
+  {
+    const Status fwd = (*placed)->Forward(batch, &got);
+    ASSERT_TRUE(fwd.ok()) << fwd.ToString();
+  }
   for (const HookPoint& h : hooks.hooks()) {
     const auto& a = want.captured().Get(h);
     const auto& b = got.captured().Get(h);
@@ -226,7 +237,7 @@ TEST_P(CudaModelTest, OffloadedLayersBitIdenticalToResident) {
   const ModelConfig& c = (*model)->config();
   const HookSet hooks = EveryHookOf(c, /*with_pattern=*/false);
   std::vector<int32_t> ids;
-  const Batch batch = ThreeSequences(c, &ids, {0, 13, 20, 41});
+  const Batch batch = ThreeSequences(c, &ids);
   ExecutorOptions o;
   o.max_tokens = 48;
   o.max_seq_len = 24;
@@ -236,7 +247,10 @@ TEST_P(CudaModelTest, OffloadedLayersBitIdenticalToResident) {
   auto single = Executor::Create(**model, hooks, one);
   ASSERT_TRUE(single.ok()) << single.status().ToString();
   HostCopySink want({gpu.get()});
-  ASSERT_TRUE((*single)->Forward(batch, &want).ok());
+  {
+    const Status fwd = (*single)->Forward(batch, &want);
+    ASSERT_TRUE(fwd.ok()) << fwd.ToString();
+  }
 
   for (const int64_t split : {c.num_layers / 2, int64_t{0}}) {
     SCOPED_TRACE("split " + std::to_string(split));
@@ -250,7 +264,10 @@ TEST_P(CudaModelTest, OffloadedLayersBitIdenticalToResident) {
     EXPECT_GT((*placed)->staged_weight_bytes(), 0);
     for (int run = 0; run < 2; ++run) {
       HostCopySink got({gpu.get()});
-      ASSERT_TRUE((*placed)->Forward(batch, &got).ok());
+      {
+        const Status fwd = (*placed)->Forward(batch, &got);
+        ASSERT_TRUE(fwd.ok()) << fwd.ToString();
+      }
       for (const HookPoint& h : hooks.hooks()) {
         const auto& a = want.captured().Get(h);
         const auto& b = got.captured().Get(h);
@@ -308,9 +325,12 @@ TEST(CudaRuntime, RuntimeOverheadWithinPlan) {
   auto ex = Executor::Create(**model, hooks, o);
   ASSERT_TRUE(ex.ok()) << ex.status().ToString();
   std::vector<int32_t> ids;
-  const Batch batch = ThreeSequences((*model)->config(), &ids, {0, 13, 20, 41});
+  const Batch batch = ThreeSequences((*model)->config(), &ids);
   HostCopySink sink({gpu.get()});
-  ASSERT_TRUE((*ex)->Forward(batch, &sink).ok());
+  {
+    const Status fwd = (*ex)->Forward(batch, &sink);
+    ASSERT_TRUE(fwd.ok()) << fwd.ToString();
+  }
   std::string why;
   const GpuDescription g = ListGpus(&why).at(0);
   const int64_t ours = (*ex)->arena_bytes() + (*ex)->uploaded_weight_bytes();
