@@ -180,8 +180,10 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   for (const HookPoint& h : grid) grid_names.push_back(HookName(h));
   r.reused =
       Reusable(o.reuse, clean, corrupted, grid_names, o.hf_bf16_activations);
+  // The clean captures the cells read: this job's, or the reused ones.
+  const std::vector<std::vector<float>>& clean_source =
+      r.reused ? o.reuse->clean_rows : clean_rows;
   if (r.reused) {
-    clean_rows = o.reuse->clean_rows;
     r.clean_logits_last = o.reuse->clean_logits_last;
     r.corrupted_logits_last = o.reuse->corrupted_logits_last;
   }
@@ -229,7 +231,7 @@ StatusOr<PatchResult> RunPatch(const Model& model,
       starts[static_cast<size_t>(s) + 1] = (s + 1) * T;
       const int64_t k = k0 + s;
       const std::vector<float>& src =
-          clean_rows[rows[static_cast<size_t>(k / P)].first];
+          clean_source[rows[static_cast<size_t>(k / P)].first];
       const int64_t width = static_cast<int64_t>(src.size()) / T;
       edits.push_back({s, T, &cell_edit[static_cast<size_t>(k)], false,
                        src.data() + r.positions[k % P] * width});
@@ -252,6 +254,7 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   r.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
+  if (r.reused) return r;  // the caller holds them already
   PatchBaselines& b = r.baselines;
   b.clean_ids.assign(clean.begin(), clean.end());
   b.corrupted_ids.assign(corrupted.begin(), corrupted.end());

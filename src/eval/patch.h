@@ -90,7 +90,8 @@ struct PatchResult {
   int64_t forwards = 0;  // executor forwards, the two un-patched included
   double seconds = 0;
   bool reused = false;  // the un-patched runs came from options.reuse
-  // This job's un-patched runs (the clean captures moved here at the end).
+  // This job's un-patched runs (the clean captures moved here at the end);
+  // empty when they were reused (options.reuse holds them).
   PatchBaselines baselines;
 };
 

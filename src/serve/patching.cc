@@ -547,7 +547,7 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
     std::lock_guard<std::mutex> lock(mu_);
     if (x.cleanup_on_completion)
       caches_.clear();  // TheLoom clears every cache
-    else
+    else if (!r->reused)  // a reused cache is kept as it is
       Keep(x.id, engine.id(), std::move(r->baselines));
   }
   out["experiment_id"] = x.id;
