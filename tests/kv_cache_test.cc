@@ -76,6 +76,11 @@ TEST(KvCacheTest, BytesEqualThePlannersKvTerm) {
     auto model = Model::Load(dir, Precision::kF32);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     const ModelConfig& c = (*model)->config();
+    // MLA caches what HF caches per position and layer: key_states [heads,
+    // qk_nope + qk_rope] and value_states [heads, v_head_dim], v unpadded.
+    if (c.attention == AttentionKind::kMla)
+      EXPECT_EQ(KvLayerBytes(c, 0, 1, 1, DType::kF32),
+                4 * c.num_heads * (c.mla.qk_head_dim() + c.mla.v_head_dim));
     for (int64_t context : {1, 20, 100}) {
       const int64_t slots = 3;
       auto cache = KvCache::Create(c, slots, context, **backend);
@@ -114,9 +119,10 @@ TEST(KvCacheTest, BytesEqualThePlannersKvTerm) {
           const bool global =
               c.sliding_window.empty() || c.sliding_window[l] <= 0;
           EXPECT_EQ((*paged)->layer_paged(l), global);
-          want += global
-                      ? 2 * paging.num_pages * paging.page_size * c.kv_dim() * 4
-                      : KvLayerBytes(c, l, context, slots, DType::kF32);
+          // K rows of kv_dim, V rows of kv_v_dim (MLA: narrower v heads).
+          want += global ? paging.num_pages * paging.page_size *
+                               (c.kv_dim() + c.kv_v_dim()) * 4
+                         : KvLayerBytes(c, l, context, slots, DType::kF32);
         }
         EXPECT_EQ((*paged)->storage_bytes(), pplanned)
             << "context " << context << " page size " << paging.page_size;

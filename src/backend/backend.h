@@ -155,9 +155,9 @@ struct AttentionOp {
   int64_t q_rs = 0;
   const float* k = nullptr;  // [T, kv_heads, head_dim], row stride k_rs
   int64_t k_rs = 0;
-  const float* v = nullptr;  // [T, kv_heads, head_dim], row stride v_rs
+  const float* v = nullptr;  // [T, kv_heads, dv], row stride v_rs
   int64_t v_rs = 0;
-  float* z = nullptr;                  // [T, q_heads * head_dim] dense
+  float* z = nullptr;                  // [T, q_heads * dv] dense
   const int64_t* seq_start = nullptr;  // [num_seqs + 1] (host memory)
   // The same offsets in this backend's memory (a device backend reads
   // these; null on the host backend).
@@ -166,6 +166,9 @@ struct AttentionOp {
   // Longest sequence of the op (0: computed from seq_start).
   int64_t max_seq_len = 0;
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0;  // GQA: q_heads % kv_heads
+  // dv, the v and z head width: 0 = head_dim (MLA: v_head_dim < head_dim). A
+  // backend without distinct widths returns Unimplemented for dv != head_dim.
+  int64_t v_head_dim = 0;
   float scale = 1.0f;
   float softcap = 0.0f;  // 0 = none
   int64_t window = 0;    // sliding window; 0 = global
@@ -191,7 +194,7 @@ struct AttentionOp {
   // bytes (instead of attention_workspace). A backend without it returns
   // Unimplemented.
   float* k_cache = nullptr;  // [slots, kv_capacity, kv_heads * head_dim]
-  float* v_cache = nullptr;  // [slots, kv_capacity, kv_heads * head_dim]
+  float* v_cache = nullptr;  // [slots, kv_capacity, kv_heads * dv]
   // Positions per slot; position p is row p % kv_capacity (a ring when
   // smaller than the positions seen: sliding-window layers).
   int64_t kv_capacity = 0;

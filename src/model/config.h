@@ -258,6 +258,11 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  // v (and z) head width: MLA's v_head_dim, else head_dim.
+  int64_t v_head_dim() const {
+    return attention == AttentionKind::kMla ? mla.v_head_dim : head_dim;
+  }
+  int64_t kv_v_dim() const { return num_kv_heads * v_head_dim(); }  // v row
 };
 
 }  // namespace loom

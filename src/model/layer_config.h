@@ -41,8 +41,8 @@ struct LayerConfig {
   // qk_rope).
   int64_t head_dim = 0;
   // v and z head width as the model defines them (MLA: v_head_dim; else
-  // head_dim). MLA's v rows in the qkv buffer and the KV cache are
-  // zero-padded to head_dim per head (docs/design/attention-mla.md).
+  // head_dim): the qkv buffer's v rows, the KV cache's V and the attention
+  // output are this wide per head (docs/design/attention-mla.md).
   int64_t v_head_dim = 0;
   MlaConfig mla;  // kMla only
   // kMla: eps of q_a_layernorm / kv_a_layernorm (HF constructs them with
@@ -51,8 +51,8 @@ struct LayerConfig {
   int64_t rope_offset = 0;  // first rotated column of a q/k head (MLA: nope)
   int64_t q_width() const { return q_heads * head_dim; }
   int64_t k_width() const { return kv_heads * head_dim; }
-  // The qkv buffer's row: q | k | v, v padded to head_dim per head.
-  int64_t qkv_width() const { return q_width() + 2 * k_width(); }
+  // The qkv buffer's row: q | k | v (MLA: v heads of v_head_dim).
+  int64_t qkv_width() const { return q_width() + k_width() + v_width(); }
   int64_t v_width() const { return kv_heads * v_head_dim; }  // hook_v
   int64_t z_width() const { return q_heads * v_head_dim; }   // o_proj input
   bool is_mla() const { return attention == AttentionKind::kMla; }

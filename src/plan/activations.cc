@@ -260,7 +260,9 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
   }
   if (costs.attention_workspace)
     ws(BufferId::kAttnWorkspace,
-       costs.attention_workspace(L, c.num_heads, c.head_dim, costs.num_threads),
+       costs.attention_workspace(L, c.num_heads,
+                                 std::max(c.head_dim, c.v_head_dim()),
+                                 costs.num_threads),
        "L=" + std::to_string(L) + " heads=" + std::to_string(c.num_heads) +
            " threads=" + std::to_string(costs.num_threads));
   PackArena(&out.workspace);

@@ -44,15 +44,17 @@ struct KernelCosts {
   // Library scratch of one GEMM y[m, n] = x[m, k] W (W stored [n, k], or
   // [k, n] when `k_major`), e.g. oneDNN's scratchpad. nullptr = none.
   int64_t (*gemm_scratchpad)(int64_t m, int64_t n, int64_t k, DType w_dtype, bool k_major) = nullptr;
-  // Scratch bytes of attention over sequences up to `max_seq_len`
+  // Scratch bytes of attention over sequences up to `max_seq_len` with head
+  // width `width` = max(q/k head_dim, v head width)
   // (cpu::AttentionWorkspaceBytes). nullptr = none.
   int64_t (*attention_workspace)(int64_t max_seq_len, int64_t q_heads,
-                                 int64_t head_dim, int num_threads) = nullptr;
+                                 int64_t width, int num_threads) = nullptr;
   // Scratch bytes of attention over a KV cache (AttentionOp::k_cache) with
   // up to `context` positions per sequence (cpu::KvAttentionWorkspaceBytes).
   // nullptr = the backend has no such op.
   int64_t (*kv_attention_workspace)(int64_t context, int64_t q_heads,
                                     int64_t kv_heads, int64_t head_dim,
+                                    int64_t v_head_dim,
                                     int num_threads) = nullptr;
   // Bytes one GEMM of an [n, k] weight stored in `kind` needs to decode its
   // weights into (in the compute dtype `compute`); 0 for dense weights

@@ -13,7 +13,7 @@ int64_t KvPositions(const ModelConfig& c, int64_t layer, int64_t context) {
 
 int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
                      int64_t slots, DType dtype) {
-  return 2 * c.kv_dim() * KvPositions(c, layer, context) * slots *
+  return (c.kv_dim() + c.kv_v_dim()) * KvPositions(c, layer, context) * slots *
          DTypeSize(dtype);
 }
 
@@ -27,7 +27,7 @@ int64_t KvLayerBytes(const ModelConfig& c, int64_t layer, int64_t context,
                      int64_t slots, DType dtype, const KvPaging& paging) {
   if (!KvLayerPaged(c, layer, paging))
     return KvLayerBytes(c, layer, context, slots, dtype);
-  return 2 * c.kv_dim() * paging.num_pages * paging.page_size *
+  return (c.kv_dim() + c.kv_v_dim()) * paging.num_pages * paging.page_size *
          DTypeSize(dtype);
 }
 

@@ -80,9 +80,9 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
       k.layer_kv[l] = KvLayerBytes(c, l, context, seqs, kv_dtype,
                                    KvPaging{job.kv_page_size, job.kv_pages});
     if (in.costs.kv_attention_workspace != nullptr && layers_run > 0)
-      k.kv_ws =
-          in.costs.kv_attention_workspace(context, c.num_heads, c.num_kv_heads,
-                                          c.head_dim, in.costs.num_threads);
+      k.kv_ws = in.costs.kv_attention_workspace(
+          context, c.num_heads, c.num_kv_heads, c.head_dim, c.v_head_dim(),
+          in.costs.num_threads);
   }
   for (const HookPoint& h : job.hooks.hooks()) {
     ASSIGN_OR_RETURN(int64_t bytes, CaptureBytes(c, job, h));

@@ -396,7 +396,8 @@ TEST(Placement, GenerationAddsKvPerLayerCappedBySlidingWindow) {
   EXPECT_EQ(p->devices[0].kv, 2 * 64 * 2200 * 4);
 }
 
-int64_t FakeKvWorkspace(int64_t context, int64_t, int64_t, int64_t, int) {
+int64_t FakeKvWorkspace(int64_t context, int64_t, int64_t, int64_t, int64_t,
+                        int) {
   return context * 1000;
 }
 

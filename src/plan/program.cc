@@ -71,16 +71,13 @@ void AddAttentionSteps(const LayerConfig& l, std::vector<ProgramStep>* s) {
     attn.hooks.push_back({HookSite::kRotK, B::kQkv});
   }
   attn.hooks.push_back({HookSite::kPattern, B::kPattern});
-  // MLA: z (padded to head_dim per head) is compacted to heads x v_head_dim.
-  const B z = l.is_mla() ? B::kMlaZ : B::kZ;
-  if (l.is_mla()) attn.writes.push_back(B::kMlaZ);
-  attn.hooks.push_back({HookSite::kZ, z});
+  attn.hooks.push_back({HookSite::kZ, B::kZ});
   attn.conditional = true;
   attn.condition = HookSite::kPattern;
   attn.conditional_buffer = B::kPattern;
   s->push_back(attn);
   s->push_back(
-      {S::kOProj, {z}, {B::kAttnOut}, {{HookSite::kAttnOut, B::kAttnOut}}});
+      {S::kOProj, {B::kZ}, {B::kAttnOut}, {{HookSite::kAttnOut, B::kAttnOut}}});
 }
 
 // The MLP branch from `mlp_in` to mlp out: dense, or routed experts (+ the
@@ -217,8 +214,6 @@ std::string_view BufferName(BufferId id) {
       return "mla kv_b (k nope | v)";
     case B::kMlaV:
       return "mla v";
-    case B::kMlaZ:
-      return "mla z";
     case B::kPattern:
       return "attention pattern";
     case B::kZ:
@@ -379,8 +374,7 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
   // Attention widths come from the layer geometry (every layer shares it).
   const LayerConfig g = MakeLayerConfig(c, 0);
   const MlaConfig& mla = g.mla;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = g.q_width(),
-                KV = g.k_width();
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
   const int64_t half =
       c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
   const int64_t E = c.moe.num_experts, K = c.moe.experts_per_token,
@@ -407,7 +401,7 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
       return {{T, half}, DType::kF32};
     case B::kQkvPerHead:
     case B::kQkv:
-      return {{T, Q + 2 * KV}, A};
+      return {{T, g.qkv_width()}, A};
     case B::kMlaQLatent:
       return {{T, mla.q_lora_rank}, A};
     case B::kMlaQ:
@@ -420,12 +414,10 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
       return {{T, g.q_heads * (mla.qk_nope_head_dim + g.v_head_dim)}, A};
     case B::kMlaV:
       return {{T, g.v_width()}, A};
-    case B::kMlaZ:
-      return {{T, g.z_width()}, A};
     case B::kPattern:
       return {{c.num_heads, L, L}, A};
     case B::kZ:
-      return {{T, Q}, A};
+      return {{T, g.z_width()}, A};
     case B::kMlpFc:
     case B::kMlpAct:
       return {{T, I}, A};

@@ -41,17 +41,16 @@ enum class BufferId : uint8_t {
   kRopeSin,      // [T, R/2] f32, to the end of the blocks
   kAttnIn,       // [T, H] ln1 output
   kQkvPerHead,   // [T, Q + 2 KV] fused projection, per head q_h | k_h | v_h
-  kQkv,          // [T, Q + 2 KV] q | k | v per token (MLA: v padded)
+  kQkv,          // [T, Q + KV + V] q | k | v per token (V: MLA's v width)
   // Multi-head latent attention (LayerConfig::is_mla(), widths from MlaConfig):
   kMlaQLatent,    // [T, q_lora] q_a_proj output, q_a_layernorm in place
   kMlaQ,          // [T, heads qk] q_b_proj (or q_proj) output
   kMlaKvA,        // [T, kv_lora + rope] kv_a_proj_with_mqa output
   kMlaKvLatent,   // [T, kv_lora] the latent, kv_a_layernorm in place
   kMlaKv,         // [T, heads (nope + v)] kv_b_proj output
-  kMlaV,          // [T, heads v] v per head, unpadded (hook_v)
-  kMlaZ,          // [T, heads v] attention output unpadded (hook_z, o_proj)
+  kMlaV,          // [T, heads v] v per head (hook_v)
   kPattern,       // [heads, L, L] attention probabilities (hooked only)
-  kZ,             // [T, Q] attention output before o_proj
+  kZ,             // [T, q_heads v] attention output before o_proj
   kAttnOut,       // [T, H] o_proj output (post-attention norm in place)
   kMlpIn,         // [T, H] ln2 output
   kMlpFc,         // [T, I] plain MLP fc (activation in place)

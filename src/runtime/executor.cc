@@ -922,8 +922,7 @@ Status Executor::StepMlaProj(const StepArgs& s) {
   latent_norm(WeightRole::kKvANorm, latent, m.kv_lora_rank);
   Linear(d, latent, T, WeightRole::kKvB, WeightRole::kOther, l, kv, kv_w);
   RoundActivations(d, kv, T, kv_w, kv_w);
-  // Assemble q | k | v in qkv (zeroed: v's per-head padding stays 0).
-  be.SetZero(qkv, T * ld);
+  // Assemble q | k | v in qkv (every column is written).
   // The rope part in the order HF rotates it: interleaved pairs split into
   // their even then odd elements.
   const int64_t rope_step = lc->rope.interleaved ? 2 : 1,
@@ -945,8 +944,8 @@ Status Executor::StepMlaProj(const StepArgs& s) {
   RETURN_IF_ERROR(Deliver(HookSite::kK, l, batch, d, KV, ld, qkv + Q, sink));
   RETURN_IF_ERROR(
       Deliver(HookSite::kV, l, batch, d, heads * vd, heads * vd, v, sink));
-  // v (after any edit of hook_v) into qkv, padded to hd per head.
-  be.StridedCopy(v, heads * vd, vd, 1, qkv + Q + KV, ld, hd, 1, T, heads, vd);
+  // v (after any edit of hook_v) into qkv.
+  be.StridedCopy(v, heads * vd, 0, 1, qkv + Q + KV, ld, 0, 1, T, 1, heads * vd);
   return Status();
 }
 
@@ -993,6 +992,7 @@ Status Executor::StepAttention(const StepArgs& s) {
   op.q_heads = lc->q_heads;
   op.kv_heads = lc->kv_heads;
   op.head_dim = hd;
+  op.v_head_dim = lc->v_head_dim;
   op.scale = lc->attn_scale;
   op.compute = model_.compute_dtype();
   op.softcap = lc->attn_softcap;
@@ -1034,13 +1034,9 @@ Status Executor::StepAttention(const StepArgs& s) {
   } else {
     RETURN_IF_ERROR(be.Attention(op));
   }
-  RoundActivations(d, z, T, Q, Q);
-  if (!lc->is_mla()) return Deliver(HookSite::kZ, l, batch, d, Q, Q, z, sink);
-  // MLA: z per head is [v_head_dim values | zeros from v's padding].
-  const int64_t Z = lc->z_width(), vd = lc->v_head_dim;
-  float* zc = s.buf(BufferId::kMlaZ);  // [T, heads vd]
-  be.StridedCopy(z, Q, hd, 1, zc, Z, vd, 1, T, lc->q_heads, vd);
-  return Deliver(HookSite::kZ, l, batch, d, Z, Z, zc, sink);
+  const int64_t Z = lc->z_width();  // [T, q_heads v_head_dim]
+  RoundActivations(d, z, T, Z, Z);
+  return Deliver(HookSite::kZ, l, batch, d, Z, Z, z, sink);
 }
 
 Status Executor::StepOProj(const StepArgs& s) {

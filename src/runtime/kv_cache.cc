@@ -66,11 +66,14 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
                      backend.Allocate(bytes, MemoryKind::kDevice));
     layer.buffer.bytes = bytes;
     layer.k = layer.buffer.data();
-    layer.v = static_cast<char*>(layer.buffer.data()) + bytes / 2;
+    // k rows [.., kv_dim] first, then v rows [.., kv_v_dim].
+    layer.v = static_cast<char*>(layer.buffer.data()) +
+              bytes / (c.kv_dim() + c.kv_v_dim()) * c.kv_dim();
     cache->layers_.push_back(std::move(layer));
   }
   const int64_t ws = costs.kv_attention_workspace(
-      context, c.num_heads, c.num_kv_heads, c.head_dim, costs.num_threads);
+      context, c.num_heads, c.num_kv_heads, c.head_dim, c.v_head_dim(),
+      costs.num_threads);
   ASSIGN_OR_RETURN(cache->workspace_,
                    backend.Allocate(ws, MemoryKind::kDevice));
   cache->workspace_.bytes = ws;

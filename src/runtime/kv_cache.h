@@ -3,17 +3,18 @@
 // rows of `loom extract --streaming-chunk-size`).
 //
 // Layout (src/plan/kv_layout.h): layer l holds K [slots, P_l, kv_dim] and
-// V [slots, P_l, kv_dim] in the backend's activation dtype (f32 on the CPU),
-// one allocation per layer, with P_l = KvPositions(config, l, context):
-// `context` for a global layer (position p at row p), min(context, window)
-// for a sliding-window layer (a ring: position p at row p % P_l). The bytes
-// are exactly the planner's `kv` term for a generation job of `context`
-// tokens and `slots` sequences (KvLayerBytes; tested), plus one attention
-// workspace (Costs().kv_attention_workspace) shared by all layers.
+// V [slots, P_l, kv_v_dim] (kv_v_dim: MLA's narrower v heads, else kv_dim) in
+// the backend's activation dtype (f32 on the CPU), one allocation per layer,
+// with P_l = KvPositions(config, l, context): `context` for a global layer
+// (position p at row p), min(context, window) for a sliding-window layer (a
+// ring: position p at row p % P_l). The bytes are exactly the planner's `kv`
+// term for a generation job of `context` tokens and `slots` sequences
+// (KvLayerBytes; tested), plus one attention workspace
+// (Costs().kv_attention_workspace) shared by all layers.
 //
 // Paged (KvPaging::page_size > 0, docs/design/generation.md "Paged KV"):
 // every global layer holds K [num_pages, page_size, kv_dim] and V [num_pages,
-// page_size, kv_dim], one pool shared by the slots; each slot has a page
+// page_size, kv_v_dim], one pool shared by the slots; each slot has a page
 // table (int32 page ids, at most ceil(context / page_size) entries, the same
 // for every global layer), and its position p lives at row
 // table[p / page_size] * page_size + p % page_size. Sliding-window layers
@@ -69,8 +70,8 @@ class KvCache {
   bool layer_paged(int64_t layer) const {
     return layers_[static_cast<size_t>(layer)].paged;
   }
-  // K [slots, P_l, kv_dim] and V [slots, P_l, kv_dim] of `layer` (paged:
-  // [num_pages, page_size, kv_dim] each).
+  // K [slots, P_l, kv_dim] and V [slots, P_l, kv_v_dim] of `layer` (paged:
+  // [num_pages, page_size, kv_dim / kv_v_dim]).
   float* k(int64_t layer) const {
     return static_cast<float*>(layers_[static_cast<size_t>(layer)].k);
   }
@@ -133,7 +134,7 @@ class KvCache {
 
  private:
   struct Layer {
-    Buffer buffer;  // [2, slots, positions, kv_dim]
+    Buffer buffer;  // K [slots, positions, kv_dim] | V [.., kv_v_dim]
     void* k = nullptr;
     void* v = nullptr;
     int64_t positions = 0;

@@ -192,6 +192,7 @@ Status CpuBackend::Attention(const AttentionOp& op) {
   a.q_heads = op.q_heads;
   a.kv_heads = op.kv_heads;
   a.head_dim = op.head_dim;
+  a.v_head_dim = op.v_head_dim;
   a.scale = op.scale;
   a.softcap = op.softcap;
   a.window = op.window;

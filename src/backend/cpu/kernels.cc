@@ -169,27 +169,44 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
 // ------------------------------------------------------------------
 
 namespace {
-int64_t AttnThreadStrideBytes(int64_t max_seq_len, int64_t head_dim) {
-  return AlignUp(AttnTileScratchFloats(max_seq_len, head_dim) * 4, 64);
+int64_t AttnThreadStrideBytes(int64_t max_seq_len, int64_t width) {
+  return AlignUp(AttnTileScratchFloats(max_seq_len, width) * 4, 64);
+}
+
+// The tile kernel for q/k heads of head_dim and v/z heads of v_dim. The
+// AVX-512 tile has one head width; other widths run the AVX2 tile (every
+// AVX-512 CPU has AVX2).
+decltype(&portable::AttentionTile) TileFor(int64_t head_dim, int64_t v_dim) {
+  const auto fn = Kernels().attention_tile;
+  if (v_dim != head_dim && fn == &avx512::AttentionTile)
+    return &avx2::AttentionTile;
+  return fn;
+}
+
+int64_t VDim(const AttentionArgs& a) {
+  return a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
 }
 }  // namespace
 
 int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads,
-                                int64_t head_dim, int num_threads) {
-  LOOM_CHECK(max_seq_len >= 0 && head_dim > 0 && num_threads > 0);
+                                int64_t width, int num_threads) {
+  LOOM_CHECK(max_seq_len >= 0 && width > 0 && num_threads > 0);
   return static_cast<int64_t>(num_threads) *
-         AttnThreadStrideBytes(std::max<int64_t>(max_seq_len, 1), head_dim);
+         AttnThreadStrideBytes(std::max<int64_t>(max_seq_len, 1), width);
 }
 
 int64_t KvAttentionWorkspaceBytes(int64_t context, int64_t q_heads,
                                   int64_t kv_heads, int64_t head_dim,
-                                  int num_threads) {
-  LOOM_CHECK(context >= 0 && kv_heads > 0 && head_dim > 0 && num_threads > 0);
-  const int64_t panel = AlignUp(2 * std::max<int64_t>(context, 1) * kv_heads *
-                                    head_dim * int64_t{sizeof(float)},
-                                64);
-  return panel +
-         AttentionWorkspaceBytes(context, q_heads, head_dim, num_threads);
+                                  int64_t v_head_dim, int num_threads) {
+  LOOM_CHECK(context >= 0 && kv_heads > 0 && head_dim > 0 && v_head_dim > 0 &&
+             num_threads > 0);
+  const int64_t panel =
+      AlignUp(std::max<int64_t>(context, 1) * kv_heads *
+                  (head_dim + v_head_dim) * int64_t{sizeof(float)},
+              64);
+  return panel + AttentionWorkspaceBytes(context, q_heads,
+                                         std::max(head_dim, v_head_dim),
+                                         num_threads);
 }
 
 namespace {
@@ -211,14 +228,14 @@ void KvAttention(const AttentionArgs& a) {
              a.q_pos0 != nullptr && a.kv_capacity > 0);
   LOOM_CHECK(a.probs == nullptr) << "attention probabilities with a KV cache";
   const int64_t group = a.q_heads / a.kv_heads;
-  const int64_t d = a.head_dim;
-  const int64_t kvd = a.kv_heads * d;
+  const int64_t d = a.head_dim, dv = VDim(a);
+  const int64_t kvd = a.kv_heads * d, kvv = a.kv_heads * dv;  // k, v rows
   const int64_t cap = a.kv_capacity;
   const bool paged = a.kv_page_size > 0;
   LOOM_CHECK(!paged || (a.kv_page_table != nullptr &&
                         a.kv_pages_per_seq * a.kv_page_size >= cap));
   constexpr int64_t B = kAttnBlock;
-  const int64_t z_rs = a.q_heads * d;
+  const int64_t z_rs = a.q_heads * dv;
   // The panel rows and the longest key run of this call.
   int64_t panel_rows = 0, max_nk = 1;
   for (int64_t s = 0; s < a.num_seqs; ++s) {
@@ -239,10 +256,10 @@ void KvAttention(const AttentionArgs& a) {
     max_nk = std::max(max_nk, end - lo);
   }
   float* panel_k = static_cast<float*>(a.workspace);  // [panel_rows, kvd]
-  float* panel_v = panel_k + panel_rows * kvd;        // [panel_rows, kvd]
+  float* panel_v = panel_k + panel_rows * kvd;        // [panel_rows, kvv]
   char* tiles = static_cast<char*>(a.workspace) +
-                AlignUp(2 * panel_rows * kvd * int64_t{sizeof(float)}, 64);
-  const int64_t stride_bytes = AttnThreadStrideBytes(max_nk, d);
+                AlignUp(panel_rows * (kvd + kvv) * int64_t{sizeof(float)}, 64);
+  const int64_t stride_bytes = AttnThreadStrideBytes(max_nk, std::max(d, dv));
   int nt = omp_get_max_threads();
   if (a.workspace_bytes > 0) {
     const int64_t fit =
@@ -252,14 +269,15 @@ void KvAttention(const AttentionArgs& a) {
                           << a.workspace_bytes << " bytes";
     nt = static_cast<int>(std::min<int64_t>(nt, fit));
   }
-  const auto tile_fn = Kernels().attention_tile;
-  auto copy_rows = [kvd](const float* src, int64_t src_rs, float* dst,
-                         int64_t rows) {
+  const auto tile_fn = TileFor(d, dv);
+  // rows x width floats from src (row stride src_rs) to dense dst.
+  auto copy_rows = [](const float* src, int64_t src_rs, float* dst,
+                      int64_t rows, int64_t width) {
     for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(dst + r * kvd, src + r * src_rs, sizeof(float) * kvd);
+      std::memcpy(dst + r * width, src + r * src_rs, sizeof(float) * width);
   };
   // Tiles of sequence s over keys whose position `base` is row 0 of kbase /
-  // vbase (row stride kvd).
+  // vbase (row strides kvd / kvv).
   auto run_tile = [&](int64_t s, int64_t item, const float* kbase,
                       const float* vbase, int64_t base, float* scratch) {
     const int64_t t0 = a.seq_start[s], len = a.seq_start[s + 1] - t0;
@@ -274,13 +292,14 @@ void KvAttention(const AttentionArgs& a) {
     t.nk = t.i0 + t.rows - t.j_lo;
     t.q = a.q + (t0 + qb * B) * a.q_rs + h * d;
     t.k = kbase + (t.j_lo - base) * kvd + kvh * d;
-    t.v = vbase + (t.j_lo - base) * kvd + kvh * d;
-    t.z = a.z + (t0 + qb * B) * z_rs + h * d;
+    t.v = vbase + (t.j_lo - base) * kvv + kvh * dv;
+    t.z = a.z + (t0 + qb * B) * z_rs + h * dv;
     t.q_rs = a.q_rs;
     t.k_rs = kvd;
-    t.v_rs = kvd;
+    t.v_rs = kvv;
     t.z_rs = z_rs;
     t.head_dim = d;
+    t.v_dim = dv;
     t.window = a.window;
     t.scale = a.scale;
     t.softcap = a.softcap;
@@ -307,8 +326,8 @@ void KvAttention(const AttentionArgs& a) {
     any_direct = true;
     const int64_t t0 = a.seq_start[s], len = a.seq_start[s + 1] - t0;
     const int64_t row = a.kv_slot[s] * cap + a.q_pos0[s];
-    copy_rows(a.k + t0 * a.k_rs, a.k_rs, a.k_cache + row * kvd, len);
-    copy_rows(a.v + t0 * a.v_rs, a.v_rs, a.v_cache + row * kvd, len);
+    copy_rows(a.k + t0 * a.k_rs, a.k_rs, a.k_cache + row * kvd, len, kvd);
+    copy_rows(a.v + t0 * a.v_rs, a.v_rs, a.v_cache + row * kvv, len, kvv);
   }
   if (any_direct) {
 #pragma omp parallel num_threads(nt)
@@ -320,7 +339,7 @@ void KvAttention(const AttentionArgs& a) {
         const int64_t len = a.seq_start[s + 1] - a.seq_start[s];
         const int64_t nb = (len + B - 1) / B;
         const float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;
-        const float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;
+        const float* vc = a.v_cache + a.kv_slot[s] * cap * kvv;
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t item = 0; item < nb * a.q_heads; ++item)
           run_tile(s, item, kc, vc, 0, scratch);
@@ -342,8 +361,8 @@ void KvAttention(const AttentionArgs& a) {
         const int64_t row = page_row(s, p0 + i);
         std::memcpy(a.k_cache + row * kvd, a.k + (t0 + i) * a.k_rs,
                     sizeof(float) * kvd);
-        std::memcpy(a.v_cache + row * kvd, a.v + (t0 + i) * a.v_rs,
-                    sizeof(float) * kvd);
+        std::memcpy(a.v_cache + row * kvv, a.v + (t0 + i) * a.v_rs,
+                    sizeof(float) * kvv);
       }
       // [lo, p0 + len) in position order, a page's run at a time.
       for (int64_t j = lo; j < p0 + len;) {
@@ -352,21 +371,21 @@ void KvAttention(const AttentionArgs& a) {
         const int64_t row = page_row(s, j);
         std::memcpy(panel_k + (j - lo) * kvd, a.k_cache + row * kvd,
                     sizeof(float) * kvd * run);
-        std::memcpy(panel_v + (j - lo) * kvd, a.v_cache + row * kvd,
-                    sizeof(float) * kvd * run);
+        std::memcpy(panel_v + (j - lo) * kvv, a.v_cache + row * kvv,
+                    sizeof(float) * kvv * run);
         j += run;
       }
     } else {
       float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
-      float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
+      float* vc = a.v_cache + a.kv_slot[s] * cap * kvv;  // [cap, kvv]
       for (int64_t j = lo; j < p0; ++j) {
         std::memcpy(panel_k + (j - lo) * kvd, kc + (j % cap) * kvd,
                     sizeof(float) * kvd);
-        std::memcpy(panel_v + (j - lo) * kvd, vc + (j % cap) * kvd,
-                    sizeof(float) * kvd);
+        std::memcpy(panel_v + (j - lo) * kvv, vc + (j % cap) * kvv,
+                    sizeof(float) * kvv);
       }
-      copy_rows(a.k + t0 * a.k_rs, a.k_rs, panel_k + (p0 - lo) * kvd, len);
-      copy_rows(a.v + t0 * a.v_rs, a.v_rs, panel_v + (p0 - lo) * kvd, len);
+      copy_rows(a.k + t0 * a.k_rs, a.k_rs, panel_k + (p0 - lo) * kvd, len, kvd);
+      copy_rows(a.v + t0 * a.v_rs, a.v_rs, panel_v + (p0 - lo) * kvv, len, kvv);
     }
     const int64_t nb = (len + B - 1) / B;
 #pragma omp parallel num_threads(nt)
@@ -380,11 +399,11 @@ void KvAttention(const AttentionArgs& a) {
     if (paged) continue;
     // Only the last `cap` new rows survive in the ring.
     float* kc = a.k_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
-    float* vc = a.v_cache + a.kv_slot[s] * cap * kvd;  // [cap, kvd]
+    float* vc = a.v_cache + a.kv_slot[s] * cap * kvv;  // [cap, kvv]
     for (int64_t i = std::max<int64_t>(0, len - cap); i < len; ++i) {
       const int64_t row = (p0 + i) % cap;
       std::memcpy(kc + row * kvd, a.k + (t0 + i) * a.k_rs, sizeof(float) * kvd);
-      std::memcpy(vc + row * kvd, a.v + (t0 + i) * a.v_rs, sizeof(float) * kvd);
+      std::memcpy(vc + row * kvv, a.v + (t0 + i) * a.v_rs, sizeof(float) * kvv);
     }
   }
 }
@@ -402,14 +421,14 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
       << "workspace not 64-byte aligned";
   if (a.k_cache != nullptr) return KvAttention(a);
   const int64_t group = a.q_heads / a.kv_heads;
-  const int64_t d = a.head_dim;
+  const int64_t d = a.head_dim, dv = VDim(a);
   int64_t max_len = 1;
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t len = a.seq_start[s + 1] - a.seq_start[s];
     LOOM_CHECK_GE(len, 0);
     max_len = std::max(max_len, len);
   }
-  const int64_t stride_bytes = AttnThreadStrideBytes(max_len, d);
+  const int64_t stride_bytes = AttnThreadStrideBytes(max_len, std::max(d, dv));
   int nt = omp_get_max_threads();
   if (a.workspace_bytes > 0) {
     const int64_t fit = a.workspace_bytes / stride_bytes;
@@ -425,9 +444,9 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
     probs_len = a.seq_start[a.probs_seq + 1] - a.seq_start[a.probs_seq];
     std::memset(probs, 0, sizeof(float) * a.q_heads * probs_len * probs_len);
   }
-  const auto tile_fn = Kernels().attention_tile;
+  const auto tile_fn = TileFor(d, dv);
   constexpr int64_t B = kAttnBlock;
-  const int64_t z_rs = a.q_heads * d;
+  const int64_t z_rs = a.q_heads * dv;
 #pragma omp parallel num_threads(nt)
   {
     float* scratch = reinterpret_cast<float*>(
@@ -449,13 +468,14 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
         t.nk = t.i0 + t.rows - t.j_lo;
         t.q = a.q + (t0 + t.i0) * a.q_rs + h * d;
         t.k = a.k + (t0 + t.j_lo) * a.k_rs + kvh * d;
-        t.v = a.v + (t0 + t.j_lo) * a.v_rs + kvh * d;
-        t.z = a.z + (t0 + t.i0) * z_rs + h * d;
+        t.v = a.v + (t0 + t.j_lo) * a.v_rs + kvh * dv;
+        t.z = a.z + (t0 + t.i0) * z_rs + h * dv;
         t.q_rs = a.q_rs;
         t.k_rs = a.k_rs;
         t.v_rs = a.v_rs;
         t.z_rs = z_rs;
         t.head_dim = d;
+        t.v_dim = dv;
         t.window = a.window;
         t.scale = a.scale;
         t.softcap = a.softcap;

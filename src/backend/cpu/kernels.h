@@ -184,8 +184,9 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
 // Causal self-attention over packed variable-length sequences (no padding).
 // Sequence s occupies tokens [seq_start[s], seq_start[s+1]).
 //   q: [T, q_heads, head_dim] with row stride q_rs elements per token
-//   k, v: [T, kv_heads, head_dim] with row strides k_rs, v_rs
-//   z (out): [T, q_heads, head_dim] dense (row stride q_heads*head_dim)
+//   k: [T, kv_heads, head_dim], v: [T, kv_heads, dv] (row strides k_rs, v_rs)
+//   z (out): [T, q_heads, dv] dense (row stride q_heads * dv)
+// where dv = v_head_dim (0: head_dim; MLA's v heads are narrower than q/k).
 // Query head h uses kv head h / (q_heads / kv_heads) (GQA).
 // scores = (q . k) * scale; if softcap > 0: scores = softcap * tanh(scores /
 // softcap); key j is visible to query i (positions within the sequence) iff j
@@ -207,6 +208,7 @@ struct AttentionArgs {
   const int64_t* seq_start;  // [num_seqs + 1]
   int64_t num_seqs;
   int64_t q_heads, kv_heads, head_dim;
+  int64_t v_head_dim = 0;  // 0 = head_dim
   float scale;
   float softcap = 0.0f;
   int64_t window = 0;
@@ -223,8 +225,9 @@ struct AttentionArgs {
   // for.
   int64_t workspace_bytes = 0;
   // KV cache (AttentionOp::k_cache): k/v hold the new rows of sequence s at
-  // positions q_pos0[s] + i of slot kv_slot[s]; k_cache/v_cache [slots,
-  // kv_capacity, kv_heads * head_dim], position p at row p % kv_capacity.
+  // positions q_pos0[s] + i of slot kv_slot[s]; k_cache [slots,
+  // kv_capacity, kv_heads * head_dim] and v_cache [slots, kv_capacity,
+  // kv_heads * dv], position p at row p % kv_capacity.
   // The new rows are stored into the cache and queries attend to positions
   // [0, p] (window respected) with the same masking, softcap and sinks as
   // above. probs must be null; the workspace is KvAttentionWorkspaceBytes.
@@ -234,7 +237,8 @@ struct AttentionArgs {
   const int64_t* kv_slot = nullptr;  // [num_seqs]
   const int64_t* q_pos0 = nullptr;   // [num_seqs]
   // Paged cache (kv_page_size > 0, AttentionOp::kv_page_table): k_cache /
-  // v_cache [num_pages, kv_page_size, kv_heads * head_dim]; position p of
+  // v_cache [num_pages, kv_page_size, kv_heads * head_dim (v: dv)]; position p
+  // of
   // sequence s at row kv_page_table[s * kv_pages_per_seq + p / kv_page_size]
   // * kv_page_size + p % kv_page_size. The new rows are stored into their
   // pages, then the visible keys are gathered in position order into the
@@ -245,20 +249,20 @@ struct AttentionArgs {
 };
 // Workspace for sequences of up to max_seq_len tokens on num_threads threads:
 // O(64 x max_seq_len) floats per thread (query tiles of 64 rows; see
-// docs/design/cpu-backend.md).
+// docs/design/cpu-backend.md). width = max(head_dim, v_head_dim).
 int64_t AttentionWorkspaceBytes(int64_t max_seq_len, int64_t q_heads,
-                                int64_t head_dim, int num_threads);
+                                int64_t width, int num_threads);
 // Tiled over (sequence, head, 64 query rows); fully masked key blocks are never
 // visited. Deterministic and independent of the thread count. `ctx` is not
 // used by the current implementation (a dedicated AVX-512 tile kernel).
 void Attention(GemmContext& ctx, const AttentionArgs& args);
 // Workspace of attention over a KV cache of up to `context` positions per
 // sequence: the tile scratch of AttentionWorkspaceBytes(context, ...) plus
-// one staging panel of K and V rows [2, context, kv_heads * head_dim] (a
-// sliding-window ring is unrolled there in position order).
+// one staging panel of K and V rows [context, kv_heads * (head_dim +
+// v_head_dim)] (a sliding-window ring is unrolled there in position order).
 int64_t KvAttentionWorkspaceBytes(int64_t context, int64_t q_heads,
                                   int64_t kv_heads, int64_t head_dim,
-                                  int num_threads);
+                                  int64_t v_head_dim, int num_threads);
 
 // ---- Elementwise
 // -------------------------------------------------------------

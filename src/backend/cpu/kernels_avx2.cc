@@ -437,25 +437,25 @@ void PvChunk(const AttnTile& t, const float* st, const float* vp, int64_t vs,
 }  // namespace
 
 void AttentionTile(const AttnTile& t) {
-  const int64_t d = t.head_dim;
-  const int64_t vs = (d + 15) / 16 * 16;
+  const int64_t d = t.head_dim, dv = t.v_dim;
+  const int64_t qs = (d + 15) / 16 * 16, vs = (dv + 15) / 16 * 16;
   float* qt = t.scratch;         // [d, 64]
   float* st = qt + d * kB;       // [nk, 64]
   float* rmax = st + t.nk * kB;  // [64]
   float* rinv = rmax + kB;       // [64]
   float* o = rinv + kB;          // [64, vs]
-  float* vp = o + kB * vs;       // [kKeyChunk, vs]
+  float* vp = o + kB * vs;       // [kKeyChunk, vs] (first: [rows, qs])
   const int64_t groups = (t.rows + 15) / 16;
   // Q^T: the query rows copied densely first (the rows of a fused QKV buffer
   // sit at a large, nearly power-of-two stride), then transposed.
   for (int64_t r = 0; r < t.rows; ++r) {
     const float* src = t.q + r * t.q_rs;
-    for (int64_t c = 0; c < vs; c += 8)
-      _mm256_store_ps(vp + r * vs + c, Load(src + c, d - c));
+    for (int64_t c = 0; c < qs; c += 8)
+      _mm256_store_ps(vp + r * qs + c, Load(src + c, d - c));
   }
   for (int64_t p = 0; p < d; ++p) {
     float* dst = qt + p * kB;
-    for (int64_t r = 0; r < t.rows; ++r) dst[r] = vp[r * vs + p];
+    for (int64_t r = 0; r < t.rows; ++r) dst[r] = vp[r * qs + p];
     for (int64_t r = t.rows; r < 16 * groups; ++r) dst[r] = 0.0f;
   }
   // The running max starts at the sink logit: it covers keys and sink.
@@ -488,7 +488,7 @@ void AttentionTile(const AttnTile& t) {
     for (int64_t jj = 0; jj < kc; ++jj) {
       const float* src = t.v + (c0 + jj) * t.v_rs;
       for (int64_t c = 0; c < vs; c += 8)
-        _mm256_store_ps(vp + jj * vs + c, Load(src + c, d - c));
+        _mm256_store_ps(vp + jj * vs + c, Load(src + c, dv - c));
     }
     PvChunk(t, st, vp, vs, o, c0, kc);
   }
@@ -501,8 +501,8 @@ void AttentionTile(const AttnTile& t) {
   for (int64_t r = 0; r < t.rows; ++r) {
     const __m256 inv = _mm256_set1_ps(rinv[r]);
     float* z = t.z + r * t.z_rs;
-    for (int64_t c = 0; c < d; c += 8)
-      Store(z + c, _mm256_mul_ps(_mm256_load_ps(o + r * vs + c), inv), d - c);
+    for (int64_t c = 0; c < dv; c += 8)
+      Store(z + c, _mm256_mul_ps(_mm256_load_ps(o + r * vs + c), inv), dv - c);
   }
   if (t.probs != nullptr) {
     for (int64_t r = 0; r < t.rows; ++r)

@@ -54,31 +54,31 @@ struct AttnTile {
                    // stride q_rs
   const float*
       k;  // key row of position j_lo, kv head: [nk, head_dim], row stride k_rs
-  const float*
-      v;     // value row of position j_lo: [nk, head_dim], row stride v_rs
-  float* z;  // output row of the tile's first query: [rows, head_dim], row
-             // stride z_rs
+  const float* v;  // value row of position j_lo: [nk, v_dim], row stride v_rs
+  float* z;        // output row of the tile's first query: [rows, v_dim], row
+                   // stride z_rs
   int64_t q_rs, k_rs, v_rs, z_rs;
   int64_t rows;  // <= kAttnBlock
   int64_t i0;    // position of the first query row
   int64_t j_lo;  // position of the first key considered
   int64_t nk;    // keys considered: [j_lo, j_lo + nk)
-  int64_t head_dim;
-  int64_t window;  // <= 0: none
+  int64_t head_dim;  // q and k head width
+  int64_t v_dim;     // v and z head width (MLA: v_head_dim < head_dim)
+  int64_t window;    // <= 0: none
   float scale, softcap;
   bool has_sink;  // the head's sink logit joins every row's softmax
   float sink;     // (then its column is dropped)
   float* probs;   // probs row of query i0 for this head: [rows, seq_len] (row
                   // stride probs_rs), or null
   int64_t probs_rs;
-  float* scratch;  // AttnTileScratchFloats(max nk, head_dim) floats, 64-byte
-                   // aligned
+  float* scratch;  // AttnTileScratchFloats(max nk, max(head_dim, v_dim))
+                   // floats, 64-byte aligned
 };
-// Scratch floats one tile needs (a multiple of 16): Q^T [head_dim, kAttnBlock],
-// S^T [nk, kAttnBlock], per-row statistics [2, kAttnBlock], the output
-// accumulator and one chunk of packed V (each [kAttnBlock, head_dim padded to
-// 16]).
-int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim);
+// Scratch floats one tile needs (a multiple of 16), `width` = max(head_dim,
+// v_dim): Q^T [head_dim, kAttnBlock], S^T [nk, kAttnBlock], per-row
+// statistics [2, kAttnBlock], the output accumulator and one chunk of packed
+// V (each [kAttnBlock, width padded to 16]).
+int64_t AttnTileScratchFloats(int64_t max_nk, int64_t width);
 
 // Decode-sized GEMM (m <= kSmallGemmMaxM rows), where oneDNN's brgemm would
 // repack the whole weight for a handful of rows: y[:, n0:n1] (+)= x W^T + bias

@@ -33,12 +33,13 @@ float LoadScalarAsF32(const void* p, DType dtype, int64_t i) {
   return 0.0f;
 }
 
-int64_t AttnTileScratchFloats(int64_t max_nk, int64_t head_dim) {
+int64_t AttnTileScratchFloats(int64_t max_nk, int64_t width) {
   auto pad16 = [](int64_t x) { return (x + 15) / 16 * 16; };
-  // The AVX-512 tile also keeps O [kAttnBlock, head_dim] and one chunk of
-  // packed V [kAttnBlock, head_dim] (head_dim padded to 16).
-  return pad16(head_dim) * kAttnBlock + max_nk * kAttnBlock + 2 * kAttnBlock +
-         2 * kAttnBlock * pad16(head_dim);
+  // The AVX-512 and AVX2 tiles also keep O [kAttnBlock, v_dim] and one chunk
+  // of packed V [kAttnBlock, v_dim] (padded to 16; their staging of Q rows
+  // reuses the V chunk, so it is max(head_dim, v_dim) wide).
+  return pad16(width) * kAttnBlock + max_nk * kAttnBlock + 2 * kAttnBlock +
+         2 * kAttnBlock * pad16(width);
 }
 
 #endif  // LOOM_PORTABLE_KERNELS_ONLY
@@ -243,14 +244,14 @@ void AttentionTile(const AttnTile& t) {
   // Z = P V.
   for (int64_t r = 0; r < t.rows; ++r) {
     float* z = t.z + r * t.z_rs;
-    for (int64_t d = 0; d < t.head_dim; ++d) z[d] = 0.0f;
+    for (int64_t d = 0; d < t.v_dim; ++d) z[d] = 0.0f;
     const int64_t i = t.i0 + r;
     const int64_t jj_end = std::min(t.nk, i - t.j_lo + 1);
     for (int64_t jj = 0; jj < jj_end; ++jj) {
       const float p = st[jj * B + r];
       if (p == 0.0f) continue;
       const float* vrow = t.v + jj * t.v_rs;
-      for (int64_t d = 0; d < t.head_dim; ++d) z[d] += p * vrow[d];
+      for (int64_t d = 0; d < t.v_dim; ++d) z[d] += p * vrow[d];
     }
   }
   if (t.probs != nullptr) {

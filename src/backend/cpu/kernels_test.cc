@@ -553,20 +553,22 @@ struct AttnCase {
   int64_t head_dim, ratio, window;
   float softcap;
   bool sinks = false;  // bf16 per-head sink logits (gpt-oss)
+  int64_t v_dim = 0;   // v / z head width, 0 = head_dim (MLA: narrower)
 };
 
 class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionTest, MatchesReference) {
-  const auto [d, ratio, window, softcap, sinks] = GetParam();
+  const auto [d, ratio, window, softcap, sinks, v_dim] = GetParam();
+  const int64_t dv = v_dim > 0 ? v_dim : d;
   const int64_t kv_heads = 2, q_heads = kv_heads * ratio;
   const std::vector<int64_t> lens = {1, 7, 33, 300};
   std::vector<int64_t> starts = {0};
   for (int64_t l : lens) starts.push_back(starts.back() + l);
   const int64_t T = starts.back();
-  // q, k, v interleaved in one fused [T, (q_heads + 2 kv_heads) d] buffer, as a
-  // fused QKV projection would leave them.
-  const int64_t rs = (q_heads + 2 * kv_heads) * d;
+  // q, k, v interleaved in one fused [T, (q_heads + kv_heads) d + kv_heads dv]
+  // buffer, as a fused QKV projection would leave them.
+  const int64_t rs = (q_heads + kv_heads) * d + kv_heads * dv;
   std::vector<float> qkv = Random(T * rs, 51, -2.0f, 2.0f);
   AttentionArgs a;
   a.q = qkv.data(), a.q_rs = rs;
@@ -575,6 +577,7 @@ TEST_P(AttentionTest, MatchesReference) {
   a.seq_start = starts.data();
   a.num_seqs = static_cast<int64_t>(lens.size());
   a.q_heads = q_heads, a.kv_heads = kv_heads, a.head_dim = d;
+  a.v_head_dim = v_dim;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   a.softcap = softcap;
   a.window = window;
@@ -587,10 +590,10 @@ TEST_P(AttentionTest, MatchesReference) {
     a.sinks_dtype = DType::kBF16;
   }
   const int64_t probs_seq = 3, pl = lens[probs_seq];
-  std::vector<float> got(T * q_heads * d), want(T * q_heads * d);
+  std::vector<float> got(T * q_heads * dv), want(T * q_heads * dv);
   std::vector<float> pgot(q_heads * pl * pl, -1.0f), pwant(q_heads * pl * pl);
   const int64_t ws_bytes =
-      AttentionWorkspaceBytes(300, q_heads, d, NumThreads());
+      AttentionWorkspaceBytes(300, q_heads, std::max(d, dv), NumThreads());
   AlignedBuf ws(ws_bytes);
   a.workspace = ws.p;
   a.z = got.data();
@@ -629,24 +632,22 @@ TEST_P(AttentionTest, MatchesReference) {
             ptol[(h * len + i) * len + j] = 2 * rel * pj[j] + 1e-30;
           }
         }
-        for (int64_t p = 0; p < d; ++p) {
+        for (int64_t p = 0; p < dv; ++p) {
           // sum_j p_j |v_j| bounded by max |v_j| over the visible keys.
           double vmax = 0.0;
           for (int64_t j = 0; j <= i; ++j)
             vmax = std::max<double>(
-                vmax,
-                std::abs(
-                    qkv[(t0 + j) * rs + (q_heads + kv_heads + kvh) * d + p]));
-          tol[(t0 + i) * q_heads * d + h * d + p] = 2 * rel * vmax + 1e-30;
+                vmax, std::abs(qkv[(t0 + j) * rs + (q_heads + kv_heads) * d +
+                                   kvh * dv + p]));
+          tol[(t0 + i) * q_heads * dv + h * dv + p] = 2 * rel * vmax + 1e-30;
         }
       }
     }
   }
-  const std::string name = "attention d=" + std::to_string(d) +
-                           " ratio=" + std::to_string(ratio) +
-                           " window=" + std::to_string(window) +
-                           " softcap=" + std::to_string(softcap) +
-                           (sinks ? " sinks" : "");
+  const std::string name =
+      "attention d=" + std::to_string(d) + " dv=" + std::to_string(dv) +
+      " ratio=" + std::to_string(ratio) + " window=" + std::to_string(window) +
+      " softcap=" + std::to_string(softcap) + (sinks ? " sinks" : "");
   ExpectNear(name + " z", got.data(), want.data(), tol,
              static_cast<int64_t>(got.size()));
   ExpectNear(name + " probs", pgot.data(), pwant.data(), ptol,
@@ -660,7 +661,7 @@ TEST_P(AttentionTest, MatchesReference) {
   ExpectBitwise(name + " repeat", again.data(), got.data(),
                 static_cast<int64_t>(got.size()) * 4);
   a.z = one_thread.data();
-  a.workspace_bytes = AttentionWorkspaceBytes(300, q_heads, d, 1);
+  a.workspace_bytes = AttentionWorkspaceBytes(300, q_heads, std::max(d, dv), 1);
   Attention(ctx, a);
   ExpectBitwise(name + " one thread", one_thread.data(), got.data(),
                 static_cast<int64_t>(got.size()) * 4);
@@ -681,6 +682,11 @@ std::vector<AttnCase> AttnCases() {
   for (int64_t d : {16, 64, 80})
     for (int64_t window : {0, 8, 64, 128})
       cases.push_back({d, d == 64 ? 4 : 2, window, 0.0f, true});
+  // v heads narrower (MLA: qk 48 = nope 32 + rope 16, v 32) and wider than
+  // the q/k heads.
+  cases.push_back({48, 1, 0, 0.0f, false, 32});
+  cases.push_back({48, 2, 40, 0.0f, false, 32});
+  cases.push_back({24, 2, 0, 30.0f, false, 40});
   return cases;
 }
 
@@ -697,7 +703,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
                            return "d" + std::to_string(c.head_dim) + "_ratio" +
                                   std::to_string(c.ratio) + "_window" +
                                   std::to_string(c.window) + "_softcap" + cap +
-                                  (c.sinks ? "_sinks" : "");
+                                  (c.sinks ? "_sinks" : "") +
+                                  (c.v_dim > 0 ? "_dv" + std::to_string(c.v_dim)
+                                               : "");
                          });
 
 // Attention over a KV cache, prefilled chunk by chunk (decode = chunks of
@@ -709,8 +717,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
 // cap, kvd] layout; else a paged pool whose pages are handed to the two
 // sequences in a scrambled order) against the one-pass kernel, bitwise.
 void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
-                          float softcap, bool sinks, int64_t page_size) {
-  const int64_t kv_heads = 2, q_heads = kv_heads * ratio, kvd = kv_heads * d;
+                          float softcap, bool sinks, int64_t v_dim,
+                          int64_t page_size) {
+  const int64_t dv = v_dim > 0 ? v_dim : d;
+  const int64_t kv_heads = 2, q_heads = kv_heads * ratio, kvd = kv_heads * d,
+                kvv = kv_heads * dv;
   // Two sequences in slots 2 and 0 of a 3-slot cache.
   const std::vector<int64_t> lens = {300, 45};
   const std::vector<int64_t> slots = {2, 0};
@@ -719,7 +730,7 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
   std::vector<int64_t> starts = {0};
   for (int64_t l : lens) starts.push_back(starts.back() + l);
   const int64_t T = starts.back();
-  const int64_t rs = (q_heads + 2 * kv_heads) * d;
+  const int64_t rs = (q_heads + kv_heads) * d + kvv;
   const std::vector<float> qkv = Random(T * rs, 61, -2.0f, 2.0f);
   std::vector<uint16_t> sink_bf16;
   for (float x : Random(q_heads, 62, -2.0f, 4.0f))
@@ -731,6 +742,7 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
   a.seq_start = starts.data();
   a.num_seqs = 2;
   a.q_heads = q_heads, a.kv_heads = kv_heads, a.head_dim = d;
+  a.v_head_dim = v_dim;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   a.softcap = softcap;
   a.window = window;
@@ -738,10 +750,11 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
     a.sinks = sink_bf16.data();
     a.sinks_dtype = DType::kBF16;
   }
-  AlignedBuf ws(KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d,
+  AlignedBuf ws(KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d, dv,
                                           NumThreads()));
   a.workspace = ws.p;
-  std::vector<float> full(T * q_heads * d), full_ref(T * q_heads * d);
+  const int64_t zw = q_heads * dv;  // z row
+  std::vector<float> full(T * zw), full_ref(T * zw);
   GemmContext ctx;
   a.z = full.data();
   Attention(ctx, a);
@@ -766,9 +779,9 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
   // [num_pages, page_size, kvd]).
   const int64_t cache_rows =
       page_size > 0 ? num_pages * page_size : num_slots * cap;
-  std::vector<float> kc(cache_rows * kvd), vc(kc.size());
-  std::vector<float> kc_ref(kc.size()), vc_ref(kc.size());
-  std::vector<float> got(T * q_heads * d), got_ref(T * q_heads * d);
+  std::vector<float> kc(cache_rows * kvd), vc(cache_rows * kvv);
+  std::vector<float> kc_ref(kc.size()), vc_ref(vc.size());
+  std::vector<float> got(T * zw), got_ref(T * zw);
   // Chunk sizes, cycled per sequence until it is consumed.
   const std::vector<int64_t> chunks = {37, 1, 64, 100, 1, 1, 70};
   std::vector<int64_t> done = {0, 0};
@@ -791,7 +804,7 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
       done[s] += n;
     }
     const int64_t n_rows = sub.back();
-    std::vector<float> z(n_rows * q_heads * d), z_ref(z.size());
+    std::vector<float> z(n_rows * zw), z_ref(z.size());
     AttentionArgs c = a;
     c.q = rows.data();
     c.k = rows.data() + q_heads * d;
@@ -819,18 +832,16 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
     ref::KvAttention(c);
     for (int64_t s = 0; s < c.num_seqs; ++s) {
       const int64_t n = sub[s + 1] - sub[s];
-      std::copy(z.begin() + sub[s] * q_heads * d,
-                z.begin() + sub[s + 1] * q_heads * d,
-                got.begin() + src_row[s] * q_heads * d);
-      std::copy(z_ref.begin() + sub[s] * q_heads * d,
-                z_ref.begin() + (sub[s] + n) * q_heads * d,
-                got_ref.begin() + src_row[s] * q_heads * d);
+      std::copy(z.begin() + sub[s] * zw, z.begin() + sub[s + 1] * zw,
+                got.begin() + src_row[s] * zw);
+      std::copy(z_ref.begin() + sub[s] * zw, z_ref.begin() + (sub[s] + n) * zw,
+                got_ref.begin() + src_row[s] * zw);
     }
   }
-  const std::string name = "kv attention d=" + std::to_string(d) +
-                           " ratio=" + std::to_string(ratio) +
-                           " window=" + std::to_string(window) +
-                           " page_size=" + std::to_string(page_size);
+  const std::string name =
+      "kv attention d=" + std::to_string(d) + " dv=" + std::to_string(dv) +
+      " ratio=" + std::to_string(ratio) + " window=" + std::to_string(window) +
+      " page_size=" + std::to_string(page_size);
   ExpectBitwise(name + " vs one pass", got.data(), full.data(),
                 static_cast<int64_t>(got.size()) * 4);
   // The two double-precision references differ only in f64 round-off.
@@ -840,8 +851,9 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
 }
 
 TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
-  const auto [d, ratio, window, softcap, sinks] = GetParam();
-  KvChunksEqualOnePass(d, ratio, window, softcap, sinks, /*page_size=*/0);
+  const auto [d, ratio, window, softcap, sinks, v_dim] = GetParam();
+  KvChunksEqualOnePass(d, ratio, window, softcap, sinks, v_dim,
+                       /*page_size=*/0);
 }
 
 // A paged cache (pages in a scrambled order; page sizes that do and do not
@@ -850,9 +862,9 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
 // and, in the same steps, a ring cache is what KvCacheChunksEqualOnePass
 // checks.
 TEST_P(AttentionTest, PagedKvCacheChunksEqualOnePass) {
-  const auto [d, ratio, window, softcap, sinks] = GetParam();
+  const auto [d, ratio, window, softcap, sinks, v_dim] = GetParam();
   for (int64_t page_size : {1, 7, 16, 64})
-    KvChunksEqualOnePass(d, ratio, window, softcap, sinks, page_size);
+    KvChunksEqualOnePass(d, ratio, window, softcap, sinks, v_dim, page_size);
 }
 
 // Exact math: with q = 0 every visible score is 0, so each of the n visible

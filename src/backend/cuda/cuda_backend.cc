@@ -344,6 +344,11 @@ Status CudaBackend::Attention(const AttentionOp& op) {
     return InvalidArgumentError(name_ +
                                 ": attention needs the sequence offsets in "
                                 "device memory (seq_start_device)");
+  if (op.v_head_dim > 0 && op.v_head_dim != op.head_dim)
+    return UnimplementedError(
+        name_ + ": attention with v heads of " + std::to_string(op.v_head_dim) +
+        " and q/k heads of " + std::to_string(op.head_dim) +
+        " (multi-head latent attention) is not implemented on cuda yet");
   if (!AttentionSupportsHeadDim(op.head_dim))
     return UnimplementedError(name_ + ": attention with head_dim " +
                               std::to_string(op.head_dim) +

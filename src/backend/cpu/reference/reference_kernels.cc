@@ -142,7 +142,7 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
 
 void Attention(const AttentionArgs& a) {
   const int64_t group = a.q_heads / a.kv_heads;
-  const int64_t d = a.head_dim;
+  const int64_t d = a.head_dim, dv = a.v_head_dim > 0 ? a.v_head_dim : d;
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t t0 = a.seq_start[s];
     const int64_t len = a.seq_start[s + 1] - t0;
@@ -179,11 +179,11 @@ void Attention(const AttentionArgs& a) {
           sum += e;
         }
         for (int64_t j = 0; j < len; ++j) scores[i * len + j] /= sum;
-        float* z = a.z + (t0 + i) * a.q_heads * d + h * d;
-        for (int64_t p = 0; p < d; ++p) {
+        float* z = a.z + (t0 + i) * a.q_heads * dv + h * dv;
+        for (int64_t p = 0; p < dv; ++p) {
           double acc = 0.0;
           for (int64_t j = 0; j <= i; ++j) {
-            acc += scores[i * len + j] * a.v[(t0 + j) * a.v_rs + kvh * d + p];
+            acc += scores[i * len + j] * a.v[(t0 + j) * a.v_rs + kvh * dv + p];
           }
           z[p] = static_cast<float>(acc);
         }
@@ -201,6 +201,7 @@ void Attention(const AttentionArgs& a) {
 void KvAttention(const AttentionArgs& a) {
   const int64_t group = a.q_heads / a.kv_heads;
   const int64_t d = a.head_dim, kvd = a.kv_heads * a.head_dim;
+  const int64_t dv = a.v_head_dim > 0 ? a.v_head_dim : d, kvv = a.kv_heads * dv;
   const int64_t cap = a.kv_capacity;
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t t0 = a.seq_start[s];
@@ -222,8 +223,8 @@ void KvAttention(const AttentionArgs& a) {
                      : a.k_cache + cache_row(j) * kvd + kvh * d;
     };
     auto value = [&](int64_t j, int64_t kvh) {
-      return j >= p0 ? a.v + (t0 + j - p0) * a.v_rs + kvh * d
-                     : a.v_cache + cache_row(j) * kvd + kvh * d;
+      return j >= p0 ? a.v + (t0 + j - p0) * a.v_rs + kvh * dv
+                     : a.v_cache + cache_row(j) * kvv + kvh * dv;
     };
     for (int64_t h = 0; h < a.q_heads; ++h) {
       const int64_t kvh = h / group;
@@ -250,8 +251,8 @@ void KvAttention(const AttentionArgs& a) {
           x = std::exp(x - mx);
           sum += x;
         }
-        float* z = a.z + (t0 + i) * a.q_heads * d + h * d;
-        for (int64_t c = 0; c < d; ++c) {
+        float* z = a.z + (t0 + i) * a.q_heads * dv + h * dv;
+        for (int64_t c = 0; c < dv; ++c) {
           double acc = 0.0;
           for (int64_t j = lo; j <= p; ++j)
             acc += e[static_cast<size_t>(j - lo)] / sum * value(j, kvh)[c];
@@ -263,8 +264,8 @@ void KvAttention(const AttentionArgs& a) {
       const int64_t row = cache_row(p0 + i);
       std::memcpy(a.k_cache + row * kvd, a.k + (t0 + i) * a.k_rs,
                   sizeof(float) * kvd);
-      std::memcpy(a.v_cache + row * kvd, a.v + (t0 + i) * a.v_rs,
-                  sizeof(float) * kvd);
+      std::memcpy(a.v_cache + row * kvv, a.v + (t0 + i) * a.v_rs,
+                  sizeof(float) * kvv);
     }
   }
 }
