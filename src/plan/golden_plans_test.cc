@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "src/io/safetensors.h"
 #include "src/model/layer_config.h"
@@ -138,6 +139,32 @@ TEST(GoldenWeights, PythiaAndPhi2ParameterCounts) {
     SCOPED_TRACE(name);
     const Loaded l = Load(name, std::nullopt);
     EXPECT_EQ(l.table.total_bytes(), 2 * params);
+  }
+}
+
+// OLMoE-1B-7B-0924, granite-3.0-8b-base and starcoder2-15b from config.json
+// alone. Parameters by hand from the configs:
+//   OLMoE: 2 x 50304 x 2048 (embed, lm_head) + 2048 + 16 x (4 x 2048^2 + 4 x
+//     2048 (q/k norms over the full width, two RMSNorms) + 64 x 2048 (router)
+//     + 64 x 3 x 2048 x 1024) = 6,919,161,856 (published: 6.92B);
+//   granite: 49155 x 4096 (tied) + 4096 + 40 x (2 x 4096^2 + 2 x 1024 x 4096
+//     + 3 x 4096 x 12800 + 2 x 4096) = 8,170,848,256 (published: 8.17B);
+//   starcoder2-15b (biases everywhere, LayerNorms with bias, a plain
+//     c_fc/c_proj MLP, no tie_word_embeddings key: tied, HF's default):
+//     49152 x 6144 + 2 x 6144 + 40 x (2 x 6144^2 + 2 x 512 x 6144 + 2 x 6144
+//     + 2 x 512 + 2 x 6144 x 24576 + 24576 + 6144 + 4 x 6144) =
+//     15,655,899,136 (published: 16B), stored as f32.
+TEST(GoldenWeights, OlmoeGraniteStarcoder2ParameterCounts) {
+  for (const auto& [name, params, bytes_per] :
+       {std::tuple<const char*, int64_t, int64_t>{"OLMoE-1B-7B-0924",
+                                                  6'919'161'856, 2},
+        std::tuple<const char*, int64_t, int64_t>{"granite-3.0-8b-base",
+                                                  8'170'848'256, 2},
+        std::tuple<const char*, int64_t, int64_t>{"starcoder2-15b",
+                                                  15'655'899'136, 4}}) {
+    SCOPED_TRACE(name);
+    const Loaded l = Load(name, std::nullopt);
+    EXPECT_EQ(l.table.total_bytes(), bytes_per * params);
   }
 }
 
