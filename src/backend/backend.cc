@@ -13,6 +13,15 @@ const float* ActivationView::f32() const {
   return static_cast<const float*>(data);
 }
 
+void Backend::GemmGroup(const GemmGroupOp& op) {
+  for (int64_t i = 0; i < op.count; ++i) {
+    GemmOp g = op.items[i];
+    g.workspace = op.workspace;
+    g.reuse_x_workspace = false;
+    Gemm(g);
+  }
+}
+
 ActivationFn ToActivationFn(ActKind act) {
   switch (act) {
     case ActKind::kSilu:

@@ -145,6 +145,20 @@ struct GemmOp {
   bool reuse_x_workspace = false;
 };
 
+// Several GEMMs whose inputs are row ranges of one x (the routed experts of
+// a layer: rows grouped by expert). Every item's x lies in [x, x + rows * k)
+// with its own weight, bias and output; all items share k and the weight's
+// compute dtype. A backend may run them together (the CPU backend runs all
+// their tiles in one parallel region); results equal one Gemm per item.
+struct GemmGroupOp {
+  const float* x = nullptr;  // [rows, k] row stride k
+  int64_t rows = 0;
+  const GemmOp* items = nullptr;  // [count]; their workspace is not read
+  int64_t count = 0;
+  // Scratch of Costs().gemm_workspace(rows, k, dtype) bytes.
+  void* workspace = nullptr;
+};
+
 // ---- Attention
 // ---------------------------------------------------------------
 
@@ -311,6 +325,9 @@ class Backend {
     (void)bytes;
   }
   virtual void Gemm(const GemmOp& op) = 0;
+  // The items one by one (each rounds its x into the workspace) unless a
+  // backend groups them.
+  virtual void GemmGroup(const GemmGroupOp& op);
 
   // ---- Norms: x, y [rows, dim] dense (may alias); w, b [dim] in w_dtype ----
   // y = x * rsqrt(mean(x^2) + eps) * (w + offset); w may be null.

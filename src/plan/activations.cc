@@ -176,8 +176,10 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
   const MlaConfig& mla = c.mla;
   const bool is_mla = c.attention == AttentionKind::kMla;
   if (is_mla) kmax = std::max({kmax, mla.q_lora_rank, mla.kv_lora_rank});
-  const int64_t gemm_m =
-      job.NeedsLogits() ? std::max(T, job.logits_chunk_rows) : T;
+  // Rows of the largest GEMM input: a logits chunk, or the T k routed rows
+  // whose 16-bit copy the experts' grouped GEMMs share (Backend::GemmGroup).
+  int64_t gemm_m = job.NeedsLogits() ? std::max(T, job.logits_chunk_rows) : T;
+  if (moe) gemm_m = std::max(gemm_m, T * c.moe.experts_per_token);
   auto ws = [&](BufferId id, int64_t bytes, std::string shape) {
     PlannedRegion r;
     r.id = id;

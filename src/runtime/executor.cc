@@ -248,6 +248,7 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
   for (const LayerConfig& lc : ex->program_.layers)
     max_experts = std::max(max_experts, lc.moe() ? lc.num_experts : 0);
   ex->host_expert_offsets_.resize(static_cast<size_t>(max_experts) + 1);
+  ex->expert_gemms_.reserve(2 * static_cast<size_t>(max_experts));
   ex->edit_rows_.reserve(static_cast<size_t>(o.max_tokens));
   ex->source_rows_.resize(static_cast<size_t>(o.max_tokens));
   std::iota(ex->source_rows_.begin(), ex->source_rows_.end(), 0);
@@ -419,10 +420,9 @@ void Executor::Linear(Device& d, const float* x, int64_t m, WeightRole wrole,
   ExpertLinear(d, x, m, wrole, brole, layer, kNoExpert, y, ldy, same_x);
 }
 
-void Executor::ExpertLinear(Device& d, const float* x, int64_t m,
-                            WeightRole wrole, WeightRole brole, int64_t layer,
-                            int64_t expert, float* y, int64_t ldy,
-                            bool same_x) {
+GemmOp Executor::ExpertGemmOp(Device& d, const float* x, int64_t m,
+                              WeightRole wrole, WeightRole brole, int64_t layer,
+                              int64_t expert, float* y, int64_t ldy) const {
   GemmOp op;
   op.w = WeightOperandOf(*d.weights, wrole, layer, expert);
   const BiasOperand b = BiasOf(*d.weights, brole, layer, expert);
@@ -433,8 +433,27 @@ void Executor::ExpertLinear(Device& d, const float* x, int64_t m,
   op.y = y;
   op.ldy = ldy;
   op.workspace = d.workspace.region(BufferId::kGemmInputCopy);
+  return op;
+}
+
+void Executor::ExpertLinear(Device& d, const float* x, int64_t m,
+                            WeightRole wrole, WeightRole brole, int64_t layer,
+                            int64_t expert, float* y, int64_t ldy,
+                            bool same_x) {
+  GemmOp op = ExpertGemmOp(d, x, m, wrole, brole, layer, expert, y, ldy);
   op.reuse_x_workspace = same_x;
   d.backend->Gemm(op);
+}
+
+void Executor::RunExpertGemms(Device& d, const float* x, int64_t rows) {
+  GemmGroupOp g;
+  g.x = x;
+  g.rows = rows;
+  g.items = expert_gemms_.data();
+  g.count = static_cast<int64_t>(expert_gemms_.size());
+  g.workspace = d.workspace.region(BufferId::kGemmInputCopy);
+  d.backend->GemmGroup(g);
+  expert_gemms_.clear();
 }
 
 Status Executor::Norm(Device& d, NormKind kind, float eps, float offset,
@@ -1174,22 +1193,28 @@ Status Executor::StepExpertGateUp(const StepArgs& s) {
   const float* in = s.buf(BufferId::kExpertIn);  // [T k, H]
   float* gu = s.buf(BufferId::kExpertGateUp);    // [T k, 2 Ie]
   const bool fused = lc->expert_act == ExpertActKind::kClampedSwigluInterleaved;
+  // Every expert's gate and up GEMMs as one group (experts in parallel).
   for (int64_t e = 0; e < lc->num_experts; ++e) {
     const int64_t n = off[e + 1] - off[e];
     if (n == 0) continue;
     const float* x = in + off[e] * H;  // [n, H]
     float* y = gu + off[e] * 2 * Ie;   // [n, 2 Ie]
     if (fused) {
-      ExpertLinear(d, x, n, WeightRole::kExpertGateUp,
-                   WeightRole::kExpertGateUpBias, l, e, y, 2 * Ie);
+      expert_gemms_.push_back(ExpertGemmOp(d, x, n, WeightRole::kExpertGateUp,
+                                           WeightRole::kExpertGateUpBias, l, e,
+                                           y, 2 * Ie));
     } else {
-      ExpertLinear(d, x, n, WeightRole::kExpertGate, WeightRole::kOther, l, e,
-                   y, 2 * Ie);
-      ExpertLinear(d, x, n, WeightRole::kExpertUp, WeightRole::kOther, l, e,
-                   y + Ie, 2 * Ie, /*same_x=*/true);
+      expert_gemms_.push_back(ExpertGemmOp(d, x, n, WeightRole::kExpertGate,
+                                           WeightRole::kOther, l, e, y,
+                                           2 * Ie));
+      expert_gemms_.push_back(ExpertGemmOp(d, x, n, WeightRole::kExpertUp,
+                                           WeightRole::kOther, l, e, y + Ie,
+                                           2 * Ie));
     }
   }
-  RoundActivations(d, gu, T * lc->experts_per_token, 2 * Ie, 2 * Ie);
+  const int64_t R = T * lc->experts_per_token;
+  RunExpertGemms(d, in, R);
+  RoundActivations(d, gu, R, 2 * Ie, 2 * Ie);
   return Status();
 }
 
@@ -1218,11 +1243,12 @@ Status Executor::StepExpertDown(const StepArgs& s) {
   for (int64_t e = 0; e < lc->num_experts; ++e) {
     const int64_t n = off[e + 1] - off[e];
     if (n == 0) continue;
-    ExpertLinear(
+    expert_gemms_.push_back(ExpertGemmOp(
         d, act + off[e] * Ie, n, WeightRole::kExpertDown,
         lc->expert_bias ? WeightRole::kExpertDownBias : WeightRole::kOther, l,
-        e, out + off[e] * H, H);
+        e, out + off[e] * H, H));
   }
+  RunExpertGemms(d, act, T * lc->experts_per_token);
   RoundActivations(d, out, T * lc->experts_per_token, H, H);
   return Status();
 }

@@ -339,6 +339,13 @@ class Executor {
   void ExpertLinear(Device& d, const float* x, int64_t m, WeightRole w,
                     WeightRole bias, int64_t layer, int64_t expert, float* y,
                     int64_t ldy, bool same_x = false);
+  // Its GemmOp (the kGemmInputCopy workspace, no reuse).
+  GemmOp ExpertGemmOp(Device& d, const float* x, int64_t m, WeightRole w,
+                      WeightRole bias, int64_t layer, int64_t expert, float* y,
+                      int64_t ldy) const;
+  // Runs the GEMMs collected in expert_gemms_ (inputs: row ranges of x
+  // [rows, k]) as one Backend::GemmGroup, then clears the list.
+  void RunExpertGemms(Device& d, const float* x, int64_t rows);
   // y [T, H] = norm(x [T, H]) with weights `w` / bias `b` of `layer` (x and y
   // may alias), rounded where HF's bf16 forward rounds, delivered to `site`.
   Status Norm(Device& d, NormKind kind, float eps, float offset, WeightRole w,
@@ -381,6 +388,8 @@ class Executor {
   std::vector<int64_t> host_seq_start_;
   std::vector<float> host_inv_freq_;
   std::vector<int32_t> host_expert_offsets_;
+  // One layer's expert GEMMs (capacity 2 E, reserved at Create).
+  std::vector<GemmOp> expert_gemms_;
   // The KV cache of the forward in progress (null: none).
   const KvBatch* kv_ = nullptr;
   // The edits of the forward in progress, and the row indices of one edit

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "src/backend/cpu/kernels_internal.h"
 #include "src/backend/cpu/kernels_moe.h"
 #include "src/backend/cpu/kernels_rows.h"
 #include "src/backend/cpu/quant_decode.h"
@@ -111,7 +112,9 @@ void CpuBackend::SetWeightDecodeWorkspace(void* workspace, int64_t bytes) {
   decode_workspace_bytes_ = bytes;
 }
 
-void CpuBackend::Gemm(const GemmOp& op) {
+namespace {
+
+GemmArgs ArgsOf(const GemmOp& op) {
   GemmArgs a;
   a.x = op.x;
   a.w = op.w.data;
@@ -127,6 +130,13 @@ void CpuBackend::Gemm(const GemmOp& op) {
   a.accumulate = op.accumulate;
   a.workspace = op.workspace;
   a.reuse_x_workspace = op.reuse_x_workspace;
+  return a;
+}
+
+}  // namespace
+
+void CpuBackend::Gemm(const GemmOp& op) {
+  const GemmArgs a = ArgsOf(op);
   if (op.w.quantized()) {
     LOOM_CHECK(op.w.format.layout == MatrixLayout::kOutIn)
         << "quantized weights are [n, k]";
@@ -135,6 +145,34 @@ void CpuBackend::Gemm(const GemmOp& op) {
     return;
   }
   gemm_->Gemm(a);
+}
+
+// Dense items of m rows that oneDNN tiles run as one group; quantized items
+// (their panels share one decode workspace) and the AVX-512 small-m kernel's
+// items run one by one afterwards, as Gemm would run them.
+void CpuBackend::GemmGroup(const GemmGroupOp& op) {
+  group_args_.clear();
+  for (int64_t i = 0; i < op.count; ++i) {
+    const GemmOp& g = op.items[i];
+    const bool small = cpu::HasAvx512() && g.m <= cpu::kSmallGemmMaxM;
+    if (g.m > 0 && !g.w.quantized() && !small) {
+      group_args_.push_back(ArgsOf(g));
+      group_args_.back().workspace = op.workspace;
+      group_args_.back().reuse_x_workspace = false;
+    }
+  }
+  gemm_->GemmGroup(group_args_.data(), static_cast<int64_t>(group_args_.size()),
+                   op.x, op.rows, op.workspace);
+  for (int64_t i = 0; i < op.count; ++i) {
+    const GemmOp& g = op.items[i];
+    const bool small = cpu::HasAvx512() && g.m <= cpu::kSmallGemmMaxM;
+    if (g.m > 0 && (g.w.quantized() || small)) {
+      GemmOp one = g;
+      one.workspace = op.workspace;
+      one.reuse_x_workspace = false;
+      Gemm(one);
+    }
+  }
 }
 
 void CpuBackend::RmsNorm(const float* x, const void* w, DType w_dtype,

@@ -7,6 +7,7 @@
 #define LOOM_BACKEND_CPU_CPU_BACKEND_H_
 
 #include <memory>
+#include <vector>
 
 #include "src/backend/backend.h"
 #include "src/backend/cpu/kernels.h"
@@ -35,6 +36,7 @@ class CpuBackend final : public Backend {
   void SetGemmScratchpad(void* scratch, int64_t bytes) override;
   void SetWeightDecodeWorkspace(void* workspace, int64_t bytes) override;
   void Gemm(const GemmOp& op) override;
+  void GemmGroup(const GemmGroupOp& op) override;
 
   void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
                float eps, float* y, int64_t rows, int64_t dim) override;
@@ -118,6 +120,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<GemmContext> gemm_;
   void* decode_workspace_ = nullptr;  // borrowed, see SetWeightDecodeWorkspace
   int64_t decode_workspace_bytes_ = 0;
+  std::vector<GemmArgs> group_args_;  // GemmGroup's items, reused
 };
 
 // The CPU backend's planner costs (what CpuBackend::Costs returns), for code

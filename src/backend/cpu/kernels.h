@@ -102,6 +102,16 @@ class GemmContext {
   // LOOM_CHECK.
   void Gemm(const GemmArgs& args);
 
+  // Several GEMMs (`items`, dense weights of one dtype and k) whose inputs
+  // are row ranges of one x [rows, k] (experts' gate, up or down): x is
+  // rounded once into `workspace` (GemmWorkspaceBytes(rows, k, w_dtype)
+  // bytes; the items' own workspace and reuse_x_workspace are not read), and
+  // the tiles of all items run as the tasks of one parallel region. Outputs
+  // are bit-identical to calling Gemm per item, at any thread count. Items
+  // must have m > 0; the AVX-512 small-m kernel is not used here.
+  void GemmGroup(const GemmArgs* items, int64_t count, const float* x,
+                 int64_t rows, void* workspace);
+
   // y = x W^T (+ bias) (+ y) with W [n, k] stored quantized (`w`): each
   // panel of kQuantPanelRows weight rows is decoded (DecodeRows) into
   // `decode_workspace` in `args.w_dtype` (the compute dtype: f32, bf16 or

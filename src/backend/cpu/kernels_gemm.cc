@@ -312,8 +312,32 @@ struct GemmContext::Impl {
         << "oneDNN matmul failed: status " << static_cast<int>(st);
   }
 
+  // One GEMM's tile grid with the primitives of its (up to four) tile
+  // shapes, ready for RunTile on any thread slot.
+  struct Tiled {
+    const GemmArgs* a;
+    int64_t ldy;
+    const void* src;  // x as the primitives read it (rounded copy or x)
+    bool widen;
+    char* panels;  // thread slots' widened panels (widen only)
+    GemmTiling g;
+    Entry* entries[2][2];
+    int64_t x_esize;
+    int64_t tiles() const { return g.row_tiles * g.col_tiles; }
+  };
+  // GemmGroup's plans and (plan, tile) tasks, reused from call to call.
+  std::vector<Tiled> group_plans;
+  std::vector<std::pair<int64_t, int64_t>> group_tasks;
   void Gemm(const GemmArgs& a);
+  // Rounds x (m x k) into the workspace as the GEMM reads it; returns what
+  // the primitives read.
+  const void* PrepareX(const GemmArgs& a, bool widen, int64_t rows);
+  Tiled PrepareTiles(const GemmArgs& a, int64_t ldy, const void* src,
+                     bool widen, char* panels);
+  void RunTile(const Tiled& p, int64_t t, int slot);
   void GemmTiles(const GemmArgs& a, int64_t ldy, const void* src, bool widen);
+  void GemmGroup(const GemmArgs* items, int64_t count, const float* x,
+                 int64_t rows, void* workspace);
   void GemmSmall(const GemmArgs& a, int64_t ldy);
   void Matmul(const GemmContext::StridedMatmul& a);
 };
@@ -394,23 +418,85 @@ void GemmContext::Impl::Gemm(const GemmArgs& a) {
     return;
   }
   const bool widen = !NativeGemmDType(a.w_dtype);
-  const void* src = a.x;
-  if (x_dtype != DType::kF32) {
-    LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
-    LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0)
-        << "workspace not 64-byte aligned";
-    // The native path reads x in the weight's type, the widened (and the
-    // f32-weight) path reads the rounded values as f32.
-    if (!a.reuse_x_workspace) {
-      if (x_dtype == a.w_dtype && !widen)
-        ConvertFromF32(a.x, a.workspace, a.w_dtype, a.m * a.k);
-      else
-        RoundToDTypeAsF32(a.x, static_cast<float*>(a.workspace), x_dtype,
-                          a.m * a.k);
-    }
-    src = a.workspace;
-  }
+  const void* src =
+      a.reuse_x_workspace && x_dtype != DType::kF32 ? a.workspace : nullptr;
+  if (src == nullptr) src = PrepareX(a, widen, a.m);
   GemmTiles(a, ldy, src, widen);
+}
+
+const void* GemmContext::Impl::PrepareX(const GemmArgs& a, bool widen,
+                                        int64_t rows) {
+  const DType x_dtype = a.x_dtype.value_or(a.w_dtype);
+  if (x_dtype == DType::kF32) return a.x;
+  LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 64 == 0)
+      << "workspace not 64-byte aligned";
+  // The native path reads x in the weight's type, the widened (and the
+  // f32-weight) path reads the rounded values as f32.
+  if (x_dtype == a.w_dtype && !widen)
+    ConvertFromF32(a.x, a.workspace, a.w_dtype, rows * a.k);
+  else
+    RoundToDTypeAsF32(a.x, static_cast<float*>(a.workspace), x_dtype,
+                      rows * a.k);
+  return a.workspace;
+}
+
+GemmContext::Impl::Tiled GemmContext::Impl::PrepareTiles(
+    const GemmArgs& a, int64_t ldy, const void* src, bool widen, char* panels) {
+  Tiled p{&a, ldy, src, widen, panels, GemmTilesOf(a.m, a.n), {}, 4};
+  const bool out_in = a.layout == WeightLayout::kOutIn;
+  // What oneDNN multiplies: the stored type in place, or f32 panels.
+  const dt t_dt = widen ? dt::f32 : ToDnnl(a.w_dtype);
+  const dt src_dt =
+      (a.x_dtype.value_or(a.w_dtype) == DType::kF32 || widen) ? dt::f32 : t_dt;
+  p.x_esize = src_dt == dt::f32 ? 4 : 2;
+  if (widen) LOOM_CHECK(panels != nullptr) << "16-bit GEMM needs a workspace";
+  // The (up to four) tile shapes: full, last row tile, last column tile.
+  const GemmTiling& g = p.g;
+  for (int lr = 0; lr < 2; ++lr)
+    for (int lc = 0; lc < 2; ++lc) {
+      const int64_t tm = lr ? a.m - (g.row_tiles - 1) * g.rows : g.rows;
+      const int64_t tn = lc ? a.n - (g.col_tiles - 1) * g.cols : g.cols;
+      const int64_t w_rs = out_in ? 1 : (widen ? tn : a.n);
+      const int64_t w_cs = out_in ? a.k : 1;
+      p.entries[lr][lc] = &Get(
+          TileShape{tm, tn, a.k, src_dt, t_dt, w_rs, w_cs, a.accumulate, ldy});
+    }
+  return p;
+}
+
+// Tile t: column tile t / row_tiles, row tile t % row_tiles. A widened panel
+// is widened again for every row tile (M > 512): one pass over [cols, K] per
+// [512, cols, K] of products.
+void GemmContext::Impl::RunTile(const Tiled& p, int64_t t, int slot) {
+  const GemmArgs& a = *p.a;
+  const GemmTiling& g = p.g;
+  const int64_t ct = t / g.row_tiles, rt = t % g.row_tiles;
+  const int64_t i0 = rt * g.rows, j0 = ct * g.cols;
+  const int64_t tn = std::min(g.cols, a.n - j0);
+  Entry& e =
+      *p.entries[rt == g.row_tiles - 1 ? 1 : 0][ct == g.col_tiles - 1 ? 1 : 0];
+  const bool out_in = a.layout == WeightLayout::kOutIn;
+  const void* w = nullptr;
+  if (p.widen) {
+    float* panel =
+        reinterpret_cast<float*>(p.panels + slot * PanelSlotBytes(a.k));
+    const auto* w16 = static_cast<const uint16_t*>(a.w);
+    if (out_in) {
+      // Rows j0..j0+tn of W [N, K] are contiguous: widen them as they are.
+      ConvertToF32Serial(w16 + j0 * a.k, a.w_dtype, panel, tn * a.k);
+    } else {
+      // Columns j0..j0+tn of W [K, N]: a dense [K, tn] panel.
+      for (int64_t q = 0; q < a.k; ++q)
+        ConvertToF32Serial(w16 + q * a.n + j0, a.w_dtype, panel + q * tn, tn);
+    }
+    w = panel;
+  } else {
+    w = static_cast<const char*>(a.w) +
+        (out_in ? j0 * a.k : j0) * DTypeSize(a.w_dtype);
+  }
+  Run(e, slot, static_cast<const char*>(p.src) + i0 * a.k * p.x_esize, w,
+      a.y + i0 * p.ldy + j0);
 }
 
 // The tiles of one GEMM (GemmTilesOf), each on one thread.
@@ -418,78 +504,105 @@ void GemmContext::Impl::GemmTiles(const GemmArgs& a, int64_t ldy,
                                   const void* src, bool widen) {
   const int threads = NumThreads();
   PrepareThreads(threads);
-  const bool out_in = a.layout == WeightLayout::kOutIn;
-  const DType w_dtype = a.w_dtype;
-  // What oneDNN multiplies: the stored type in place, or f32 panels.
-  const dt t_dt = widen ? dt::f32 : ToDnnl(w_dtype);
-  const dt src_dt =
-      (a.x_dtype.value_or(w_dtype) == DType::kF32 || widen) ? dt::f32 : t_dt;
-  const GemmTiling g = GemmTilesOf(a.m, a.n);
   if (cache.size() + 4 >= kMaxEntries) cache.clear();
-  // The (up to four) tile shapes: full, last row tile, last column tile.
-  Entry* entries[2][2];
-  for (int lr = 0; lr < 2; ++lr)
-    for (int lc = 0; lc < 2; ++lc) {
-      const int64_t tm = lr ? a.m - (g.row_tiles - 1) * g.rows : g.rows;
-      const int64_t tn = lc ? a.n - (g.col_tiles - 1) * g.cols : g.cols;
-      const int64_t w_rs = out_in ? 1 : (widen ? tn : a.n);
-      const int64_t w_cs = out_in ? a.k : 1;
-      entries[lr][lc] = &Get(
-          TileShape{tm, tn, a.k, src_dt, t_dt, w_rs, w_cs, a.accumulate, ldy});
-    }
-  const int64_t x_esize = src_dt == dt::f32 ? 4 : 2;
-  const int64_t w_esize = DTypeSize(w_dtype);
   if (widen)
     LOOM_CHECK(a.workspace != nullptr) << "16-bit GEMM needs a workspace";
   // Thread slot i's widened panel: after the rounded x, PanelSlotBytes each.
   char* panels =
       widen ? static_cast<char*>(a.workspace) + XCopyBytes(a.m, a.k) : nullptr;
-  const int64_t tiles = g.row_tiles * g.col_tiles;
-  // Tile t: column tile t / row_tiles, row tile t % row_tiles. A widened
-  // panel is widened again for every row tile (M > 512): one pass over
-  // [cols, K] per [512, cols, K] of products.
-  auto tile = [&](int64_t t, int slot) {
-    const int64_t ct = t / g.row_tiles, rt = t % g.row_tiles;
-    const int64_t i0 = rt * g.rows, j0 = ct * g.cols;
-    const int64_t tn = std::min(g.cols, a.n - j0);
-    Entry& e =
-        *entries[rt == g.row_tiles - 1 ? 1 : 0][ct == g.col_tiles - 1 ? 1 : 0];
-    const void* w = nullptr;
-    if (widen) {
-      float* panel =
-          reinterpret_cast<float*>(panels + slot * PanelSlotBytes(a.k));
-      const auto* w16 = static_cast<const uint16_t*>(a.w);
-      if (out_in) {
-        // Rows j0..j0+tn of W [N, K] are contiguous: widen them as they are.
-        ConvertToF32Serial(w16 + j0 * a.k, w_dtype, panel, tn * a.k);
-      } else {
-        // Columns j0..j0+tn of W [K, N]: a dense [K, tn] panel.
-        for (int64_t p = 0; p < a.k; ++p)
-          ConvertToF32Serial(w16 + p * a.n + j0, w_dtype, panel + p * tn, tn);
-      }
-      w = panel;
-    } else {
-      w = static_cast<const char*>(a.w) + (out_in ? j0 * a.k : j0) * w_esize;
-    }
-    Run(e, slot, static_cast<const char*>(src) + i0 * a.k * x_esize, w,
-        a.y + i0 * ldy + j0);
-  };
+  const Tiled p = PrepareTiles(a, ldy, src, widen, panels);
+  const int64_t tiles = p.tiles();
   if (tiles == 1 || threads == 1) {
     // Outside a parallel region oneDNN would thread the primitive itself.
     WithOneThread([&] {
-      for (int64_t t = 0; t < tiles; ++t) tile(t, 0);
+      for (int64_t t = 0; t < tiles; ++t) RunTile(p, t, 0);
       return 0;
     });
   } else {
     // Inside the region each primitive runs on its calling thread.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t t = 0; t < tiles; ++t) tile(t, omp_get_thread_num());
+    for (int64_t t = 0; t < tiles; ++t) RunTile(p, t, omp_get_thread_num());
   }
   // The bias is added here, never given to oneDNN: its bias post-processing
   // books scratch by the thread count it sees when it runs, more than a
   // one-thread primitive declares (measured: tiles on two threads overwrote
   // each other's slices).
   if (a.bias != nullptr) AddBiasRows(a.y, ldy, a.m, a.n, a.bias, a.bias_dtype);
+}
+
+// Several GEMMs whose inputs are row ranges of one x [rows, k] (experts):
+// x is rounded once, then every tile of every GEMM is a task of one parallel
+// region, the largest (rows x columns) first. Each tile is the primitive
+// GemmTiles would run for it, so every output is bit-identical to the GEMMs
+// run one by one, at any thread count.
+void GemmContext::Impl::GemmGroup(const GemmArgs* items, int64_t count,
+                                  const float* x, int64_t rows,
+                                  void* workspace) {
+  const GemmArgs& f = items[0];
+  for (int64_t i = 0; i < count; ++i) {
+    const GemmArgs& a = items[i];
+    LOOM_CHECK(a.k == f.k && a.w_dtype == f.w_dtype &&
+               a.x_dtype.value_or(a.w_dtype) == f.x_dtype.value_or(f.w_dtype))
+        << "GEMM group item " << i << ": k=" << a.k << " vs " << f.k;
+    LOOM_CHECK(a.m > 0 && a.n > 0 && a.x >= x &&
+               a.x + a.m * a.k <= x + rows * f.k && (a.x - x) % f.k == 0)
+        << "GEMM group item " << i << ": rows outside the group's x";
+  }
+  const bool widen = !NativeGemmDType(f.w_dtype);
+  if (widen || f.x_dtype.value_or(f.w_dtype) != DType::kF32)
+    LOOM_CHECK(workspace != nullptr) << "16-bit GEMM needs a workspace";
+  GemmArgs whole = f;
+  whole.x = x;
+  whole.workspace = workspace;
+  const char* src = static_cast<const char*>(PrepareX(whole, widen, rows));
+  const int threads = NumThreads();
+  PrepareThreads(threads);
+  if (cache.size() + 4 * static_cast<size_t>(count) >= kMaxEntries)
+    cache.clear();
+  char* panels =
+      widen ? static_cast<char*>(workspace) + XCopyBytes(rows, f.k) : nullptr;
+  // Host bookkeeping kept by the context: its capacity grows on the first
+  // groups, later calls allocate nothing.
+  std::vector<Tiled>& plans = group_plans;
+  std::vector<std::pair<int64_t, int64_t>>& tasks =
+      group_tasks;  // (plan, tile)
+  plans.clear();
+  tasks.clear();
+  for (int64_t i = 0; i < count; ++i) {
+    const GemmArgs& a = items[i];
+    const int64_t ldy = a.ldy == 0 ? a.n : a.ldy;
+    plans.push_back(PrepareTiles(a, ldy, nullptr, widen, panels));
+    Tiled& p = plans.back();
+    p.src = src + (a.x - x) * p.x_esize;
+    for (int64_t t = 0; t < p.tiles(); ++t) tasks.emplace_back(i, t);
+  }
+  // Largest tiles first (rows x columns of the tile), then in item order.
+  auto cost = [&](const std::pair<int64_t, int64_t>& task) {
+    const Tiled& p = plans[static_cast<size_t>(task.first)];
+    const int64_t rt = task.second % p.g.row_tiles;
+    const int64_t ct = task.second / p.g.row_tiles;
+    return std::min(p.g.rows, p.a->m - rt * p.g.rows) *
+           std::min(p.g.cols, p.a->n - ct * p.g.cols);
+  };
+  std::sort(tasks.begin(), tasks.end(), [&](const auto& l, const auto& r) {
+    const int64_t cl = cost(l), cr = cost(r);
+    return cl != cr ? cl > cr : l < r;
+  });
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  if (threads == 1 || n_tasks == 1) {
+    WithOneThread([&] {
+      for (const auto& [i, t] : tasks) RunTile(plans[i], t, 0);
+      return 0;
+    });
+  } else {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t j = 0; j < n_tasks; ++j)
+      RunTile(plans[static_cast<size_t>(tasks[j].first)], tasks[j].second,
+              omp_get_thread_num());
+  }
+  for (const Tiled& p : plans)
+    if (p.a->bias != nullptr)
+      AddBiasRows(p.a->y, p.ldy, p.a->m, p.a->n, p.a->bias, p.a->bias_dtype);
 }
 
 void GemmContext::Impl::GemmSmall(const GemmArgs& a, int64_t ldy) {
@@ -597,6 +710,16 @@ void GemmContext::Gemm(const GemmArgs& args) {
   } catch (const dnnl::error& e) {
     LOOM_CHECK(false) << "oneDNN GEMM m=" << args.m << " n=" << args.n
                       << " k=" << args.k << ": " << e.what();
+  }
+}
+
+void GemmContext::GemmGroup(const GemmArgs* items, int64_t count,
+                            const float* x, int64_t rows, void* workspace) {
+  if (count <= 0) return;
+  try {
+    impl_->GemmGroup(items, count, x, rows, workspace);
+  } catch (const dnnl::error& e) {
+    LOOM_CHECK(false) << "oneDNN GEMM group of " << count << ": " << e.what();
   }
 }
 

@@ -319,6 +319,82 @@ TEST(GemmThreads, BytesDoNotDependOnTheThreadCount) {
   SetNumThreads(before);
 }
 
+// A group of GEMMs over row ranges of one x (experts: ragged row counts,
+// two weights reading the same rows, one item past 512 rows, biases, both
+// layouts) equals one Gemm per item byte for byte, at 1, 2 and 3 threads.
+TEST(GemmGroup, EqualsOneGemmPerItemAtEveryThreadCount) {
+  const int before = NumThreads();
+  const int64_t k = 96, n = 130;
+  // More than kSmallGemmMaxM rows each: Gemm would run the AVX-512 small-m
+  // kernel for fewer (CpuBackend::GemmGroup runs those items by Gemm).
+  const std::vector<int64_t> counts = {5, 9, 33, 0, 530, 6, 17};
+  std::vector<int64_t> row0 = {0};
+  for (int64_t c : counts) row0.push_back(row0.back() + c);
+  const int64_t rows = row0.back();
+  uint32_t seed = 901;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+      const std::vector<float> x = Random(rows * k, seed++);
+      std::vector<std::vector<float>> wf;
+      std::vector<std::vector<uint16_t>> w16;
+      for (size_t e = 0; e < 2 * counts.size(); ++e) {
+        wf.push_back(Random(n * k, seed++));
+        w16.push_back(To16(wf.back(), dt == DType::kF32 ? DType::kBF16 : dt));
+      }
+      const std::vector<float> bias = Random(n, seed++);
+      // Items: per row range, a "gate" into columns [0, n) and an "up" into
+      // [n, 2n) of y [rows, 2n]; the gate of every other range has a bias.
+      std::vector<GemmArgs> items;
+      for (size_t e = 0; e < counts.size(); ++e) {
+        if (counts[e] == 0) continue;
+        for (int half = 0; half < 2; ++half) {
+          GemmArgs a;
+          a.x = x.data() + row0[e] * k;
+          const size_t wi = 2 * e + half;
+          a.w = dt == DType::kF32 ? static_cast<const void*>(wf[wi].data())
+                                  : static_cast<const void*>(w16[wi].data());
+          a.w_dtype = dt;
+          a.layout = layout;
+          a.bias = half == 0 && e % 2 == 0 ? bias.data() : nullptr;
+          a.m = counts[e], a.n = n, a.k = k;
+          a.ldy = 2 * n;
+          a.y = reinterpret_cast<float*>(half * n * 4 + row0[e] * 2 * n * 4);
+          items.push_back(a);
+        }
+      }
+      std::vector<float> first;
+      for (int threads : {1, 2, 3}) {
+        SetNumThreads(threads);
+        GemmContext ctx;
+        AlignedBuf ws(GemmWorkspaceBytes(rows, k, dt));
+        std::vector<float> one(rows * 2 * n, -1.0f), grouped = one;
+        for (GemmArgs a : items) {  // y holds the offset into the output
+          a.y = one.data() + reinterpret_cast<intptr_t>(a.y) / 4;
+          a.workspace = ws.p;
+          ctx.Gemm(a);
+        }
+        std::vector<GemmArgs> g = items;
+        for (GemmArgs& a : g)
+          a.y = grouped.data() + reinterpret_cast<intptr_t>(a.y) / 4;
+        ctx.GemmGroup(g.data(), static_cast<int64_t>(g.size()), x.data(), rows,
+                      ws.p);
+        const std::string name = std::string(DTypeName(dt)) + " layout=" +
+                                 std::to_string(static_cast<int>(layout)) +
+                                 " threads=" + std::to_string(threads);
+        EXPECT_EQ(0, std::memcmp(one.data(), grouped.data(), 4 * one.size()))
+            << name;
+        if (threads == 1)
+          first = grouped;
+        else
+          EXPECT_EQ(0,
+                    std::memcmp(first.data(), grouped.data(), 4 * first.size()))
+              << name;
+      }
+    }
+  }
+  SetNumThreads(before);
+}
+
 // The tile grid is a function of the shape alone, covers the output once,
 // and keeps several column tiles where n allows it.
 TEST(GemmThreads, TilesDependOnTheShapeOnly) {
