@@ -78,9 +78,10 @@ TEST(KvCacheTest, BytesEqualThePlannersKvTerm) {
     const ModelConfig& c = (*model)->config();
     // MLA caches what HF caches per position and layer: key_states [heads,
     // qk_nope + qk_rope] and value_states [heads, v_head_dim], v unpadded.
-    if (c.attention == AttentionKind::kMla)
+    if (c.attention == AttentionKind::kMla) {
       EXPECT_EQ(KvLayerBytes(c, 0, 1, 1, DType::kF32),
                 4 * c.num_heads * (c.mla.qk_head_dim() + c.mla.v_head_dim));
+    }
     for (int64_t context : {1, 20, 100}) {
       const int64_t slots = 3;
       auto cache = KvCache::Create(c, slots, context, **backend);
