@@ -296,6 +296,36 @@ std::optional<std::string> NpyDescr(DType dtype) {
   return std::nullopt;
 }
 
+StatusOr<std::string> NpyBytes(DType dtype, const std::vector<int64_t>& shape,
+                               const void* data, int64_t bytes) {
+  const std::optional<std::string> descr = NpyDescr(dtype);
+  if (!descr)
+    return InvalidArgumentError(
+        fmt::format("npy: dtype {} cannot be stored", DTypeName(dtype)));
+  if (shape.empty())
+    return InvalidArgumentError("npy: an array needs at least one dimension");
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0)
+      return InvalidArgumentError(fmt::format("npy: negative dimension {}", d));
+    numel *= d;
+  }
+  if (bytes != numel * DTypeSize(dtype))
+    return InvalidArgumentError(
+        fmt::format("npy: {} bytes of data for {} values of {}", bytes, numel,
+                    DTypeName(dtype)));
+  const std::vector<int64_t> row_shape(shape.begin() + 1, shape.end());
+  const int64_t need =
+      PrefixBytes(1) +
+      static_cast<int64_t>(DictText(*descr, shape[0], row_shape).size()) + 1;
+  std::string out = RenderHeader(1, *descr, shape[0], row_shape,
+                                 (need + kAlign - 1) / kAlign * kAlign);
+  if (out.empty() || out.size() - PrefixBytes(1) > 0xffff)
+    return InvalidArgumentError("npy: the shape does not fit a 1.0 header");
+  out.append(static_cast<const char*>(data), static_cast<size_t>(bytes));
+  return out;
+}
+
 int64_t NpyHeader::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

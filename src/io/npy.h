@@ -49,6 +49,14 @@ inline constexpr int64_t kNpyMaxRows = 1'000'000'000'000'000;
 // dtype cannot be stored.
 std::optional<std::string> NpyDescr(DType dtype);
 
+// The bytes of a whole version 1.0 .npy file holding `data` (C order,
+// `bytes` = numel x the dtype's size) of `shape` (at least one dimension):
+// the same header NpyWriter writes, sized for this shape (64-aligned). For
+// arrays that are not files (an HTTP reply). InvalidArgument for a dtype
+// NpyDescr cannot store, no or a negative dimension, or a size mismatch.
+StatusOr<std::string> NpyBytes(DType dtype, const std::vector<int64_t>& shape,
+                               const void* data, int64_t bytes);
+
 struct NpyHeader {
   int major = 1;
   int minor = 0;

@@ -66,6 +66,36 @@ TEST(NpyWriterTest, HeaderIsValidNpy) {
   EXPECT_EQ((*w)->row_bytes(), 128);
 }
 
+// NpyBytes: a whole .npy in memory that ReadNpy reads back (1-D and 2-D,
+// f32 and bf16), with a 64-aligned header; bad input refused.
+TEST(NpyBytesTest, ReadsBackAsAFile) {
+  TempDir dir;
+  const std::vector<float> v = Rows(0, 2, 3);
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{6}, std::vector<int64_t>{2, 3}}) {
+    auto bytes = NpyBytes(DType::kF32, shape, v.data(), 24);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    WriteBytes(dir.File("m.npy"), *bytes);
+    auto a = ReadNpy(dir.File("m.npy"));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->header.shape, shape);
+    EXPECT_EQ(a->header.descr, "<f4");
+    EXPECT_EQ(a->header.data_offset % 64, 0);
+    EXPECT_EQ(static_cast<int64_t>(bytes->size()), a->header.data_offset + 24);
+    EXPECT_EQ(std::memcmp(a->data.data(), v.data(), 24), 0);
+  }
+  const uint16_t h[2] = {F32ToBf16(1.5f), F32ToBf16(-2.0f)};
+  auto bf = NpyBytes(DType::kBF16, {2}, h, 4);
+  ASSERT_TRUE(bf.ok());
+  WriteBytes(dir.File("b.npy"), *bf);
+  auto b = ReadNpy(dir.File("b.npy"));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->header.descr, "<u2");
+  EXPECT_FALSE(NpyBytes(DType::kF32, {}, v.data(), 0).ok());
+  EXPECT_FALSE(NpyBytes(DType::kF32, {5}, v.data(), 24).ok());
+  EXPECT_FALSE(NpyBytes(DType::kF32, {-1}, v.data(), 0).ok());
+}
+
 TEST(NpyWriterTest, AppendCommitRead) {
   TempDir dir;
   const std::string path = dir.File("a.npy");

@@ -18,12 +18,6 @@ namespace {
 
 using io_internal::UniqueFd;
 
-struct Placed {
-  size_t tensor;  // index into tensors_
-  int64_t begin;
-  int64_t end;
-};
-
 // Writes one tensor's bytes through a shared mapping of its page range.
 Status FillMapped(int fd, const std::string& tmp, const std::string& name,
                   int64_t file_offset, int64_t bytes,
@@ -161,7 +155,8 @@ int64_t SafetensorsWriter::data_bytes() const {
   return total;
 }
 
-Status SafetensorsWriter::Write(const std::string& path) const {
+StatusOr<SafetensorsWriter::Layout> SafetensorsWriter::Plan(
+    const std::string& what) const {
   // Layout: element size descending, then name (what the HF library does).
   std::vector<size_t> order(tensors_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -177,11 +172,11 @@ Status SafetensorsWriter::Write(const std::string& path) const {
     for (const auto& [k, v] : metadata_) meta[k] = v;
     header["__metadata__"] = std::move(meta);
   }
-  std::vector<Placed> placed;
+  Layout out;
   int64_t offset = 0;
   for (size_t i : order) {
     const Pending& p = tensors_[i];
-    placed.push_back({i, offset, offset + p.bytes});
+    out.placed.push_back({i, offset});
     header[p.name] = {{"dtype", std::string(DTypeName(p.dtype))},
                       {"shape", p.shape.dims()},
                       {"data_offsets", {offset, offset + p.bytes}}};
@@ -193,17 +188,42 @@ Status SafetensorsWriter::Write(const std::string& path) const {
   } catch (
       const nlohmann::ordered_json::exception& e) {  // invalid UTF-8 in a name
     return InvalidArgumentError(
-        fmt::format("{}: cannot encode header: {}", path, e.what()));
+        fmt::format("{}: cannot encode header: {}", what, e.what()));
   }
   while (text.size() % 8 != 0) text += ' ';
-  const int64_t data_start = 8 + static_cast<int64_t>(text.size());
-  const int64_t total = data_start + offset;
-
-  std::string prefix(8, '\0');
+  out.data_start = 8 + static_cast<int64_t>(text.size());
+  out.total = out.data_start + offset;
+  out.prefix.assign(8, '\0');
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i)
-    prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  prefix += text;
+    out.prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out.prefix += text;
+  return out;
+}
+
+StatusOr<std::string> SafetensorsWriter::Serialize() const {
+  ASSIGN_OR_RETURN(Layout layout, Plan("safetensors bytes"));
+  std::string out = std::move(layout.prefix);
+  out.resize(static_cast<size_t>(layout.total), '\0');
+  for (const auto& [tensor, begin] : layout.placed) {
+    const Pending& p = tensors_[tensor];
+    if (p.bytes == 0) continue;
+    uint8_t* dst =
+        reinterpret_cast<uint8_t*>(out.data()) + layout.data_start + begin;
+    if (p.fill) {
+      Status s = p.fill(dst, p.bytes);
+      if (!s.ok()) return s.WithContext(fmt::format("tensor {}", p.name));
+    } else {
+      std::memcpy(dst, p.data, static_cast<size_t>(p.bytes));
+    }
+  }
+  return out;
+}
+
+Status SafetensorsWriter::Write(const std::string& path) const {
+  ASSIGN_OR_RETURN(Layout layout, Plan(path));
+  const std::string& prefix = layout.prefix;
+  const int64_t data_start = layout.data_start, total = layout.total;
   return io_internal::ReplaceFileDurably(
              path,
              [&](int fd, const std::string& tmp) -> Status {
@@ -211,14 +231,14 @@ Status SafetensorsWriter::Write(const std::string& path) const {
                RETURN_IF_ERROR(io_internal::PwriteFully(
                    fd, tmp, prefix.data(), static_cast<int64_t>(prefix.size()),
                    0));
-               for (const Placed& pl : placed) {
-                 const Pending& p = tensors_[pl.tensor];
+               for (const auto& [tensor, begin] : layout.placed) {
+                 const Pending& p = tensors_[tensor];
                  if (p.bytes == 0) continue;
                  RETURN_IF_ERROR(
-                     p.fill ? FillMapped(fd, tmp, p.name, data_start + pl.begin,
+                     p.fill ? FillMapped(fd, tmp, p.name, data_start + begin,
                                          p.bytes, p.fill)
                             : io_internal::PwriteFully(fd, tmp, p.data, p.bytes,
-                                                       data_start + pl.begin));
+                                                       data_start + begin));
                }
                return Status::Ok();
              })

@@ -28,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/base/status.h"
@@ -71,6 +72,9 @@ class SafetensorsWriter {
   // Writes the file (see the crash-safety note above). May be called more
   // than once; fill callbacks run again each time.
   Status Write(const std::string& path) const;
+  // The bytes Write() would put in the file, in memory (an HTTP reply);
+  // fill callbacks run into the returned string.
+  StatusOr<std::string> Serialize() const;
 
  private:
   struct Pending {
@@ -84,6 +88,16 @@ class SafetensorsWriter {
   };
   Status Check(const std::string& name, DType dtype, const Shape& shape,
                int64_t* bytes) const;
+  // The file's layout: the 8-byte length and JSON header (`prefix`), where
+  // the data starts, the whole size, and each tensor's (index into
+  // tensors_, offset in the data section). `what` names the output in
+  // errors.
+  struct Layout {
+    std::string prefix;
+    int64_t data_start = 0, total = 0;
+    std::vector<std::pair<size_t, int64_t>> placed;
+  };
+  StatusOr<Layout> Plan(const std::string& what) const;
 
   std::map<std::string, std::string> metadata_;
   std::vector<Pending> tensors_;

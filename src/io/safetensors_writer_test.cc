@@ -100,6 +100,37 @@ TEST(SafetensorsWriterTest, RoundTrip) {
   EXPECT_LT(header.size() - close - 1, 8u);
 }
 
+// Serialize() gives the bytes Write() puts in the file.
+TEST(SafetensorsWriterTest, SerializeEqualsTheFile) {
+  TempDir dir;
+  std::vector<float> f32 = {1.f, -2.f, 3.5f, 4.f, 5.f, 6.f};
+  SafetensorsWriter w;
+  w.SetMetadata("format", "loom");
+  ASSERT_TRUE(w.Add("a", DType::kF32, Shape({2, 3}), f32.data(), 24).ok());
+  ASSERT_TRUE(
+      w.AddFill("b", DType::kU8, Shape({3}), [](uint8_t* dst, int64_t n) {
+         for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(9 + i);
+         return Status::Ok();
+       }).ok());
+  ASSERT_TRUE(w.Write(dir.File("w.safetensors")).ok());
+  auto bytes = w.Serialize();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*bytes, ReadBytes(dir.File("w.safetensors")));
+  auto h = ParseSafetensorsHeader(
+      "mem", reinterpret_cast<const uint8_t*>(bytes->data()),
+      static_cast<int64_t>(bytes->size()));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->metadata["format"], "loom");
+  EXPECT_EQ(h->tensors.size(), 2u);
+  // A failing fill fails Serialize too, naming the tensor.
+  SafetensorsWriter bad;
+  ASSERT_TRUE(
+      bad.AddFill("c", DType::kU8, Shape({1}),
+                  [](uint8_t*, int64_t) { return InvalidArgumentError("no"); })
+          .ok());
+  EXPECT_FALSE(bad.Serialize().ok());
+}
+
 TEST(SafetensorsWriterTest, NoTensorsNoMetadata) {
   TempDir dir;
   SafetensorsWriter w;
