@@ -22,6 +22,9 @@ PACKAGES=(
   python3-jinja2       # regenerates expected chat template renders; tests do not need it
   libcpp-httplib-dev   # HTTP server of `loom serve` (and the client its tests drive it with)
   libyaml-cpp-dev      # `loom serve --config` (YAML)
+  libeigen3-dev        # `loom serve`'s /analyze/geometry and /analyze/bilateral
+                       # (Gram matrices, symmetric eigen-decompositions)
+  libsqlite3-dev       # `loom serve`'s /experiments store (SQLite, WAL)
   curl                 # the docs' curl examples run against `loom serve` (docs_curl)
   nodejs               # the OpenAI SDK test of `loom serve` (serve_openai_sdk;
                        # npm and the SDK: below)

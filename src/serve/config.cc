@@ -104,11 +104,14 @@ struct Field {
 const std::vector<Field>& Fields() {
   static const auto* const kFields = new std::vector<Field>{
       {LOOM_SERVE_FIELD(server, transport),
-       Rule().Choices({"http"}).Unimplemented({"unix", "both"})},
+       Rule().Choices({"http", "unix", "both"})},
+      {LOOM_SERVE_FIELD(server, unix_socket), Rule().NonEmpty()},
       {LOOM_SERVE_FIELD(server, http_host), Rule().NonEmpty()},
       {LOOM_SERVE_FIELD(server, http_port), Rule().Range(0, 65535)},
       {LOOM_SERVE_FIELD(server, auth_token), Rule().Nullable().Secret()},
       {LOOM_SERVE_FIELD(server, max_body_bytes), Rule().Min(1).Bytes()},
+      {LOOM_SERVE_FIELD(server, max_analysis_body_bytes),
+       Rule().Min(1).Bytes()},
       {LOOM_SERVE_FIELD(server, max_prompt_tokens), Rule().Min(0)},
       {LOOM_SERVE_FIELD(server, max_queue), Rule().Min(0)},
       {LOOM_SERVE_FIELD(server, max_batch_prompts), Rule().Min(1)},
@@ -157,6 +160,19 @@ const std::vector<Field>& Fields() {
        Rule().Choices({"debug", "info", "warning", "error"}).FoldCase()},
       {LOOM_SERVE_FIELD(logging, file), Rule().Nullable()},
       {LOOM_SERVE_FIELD(logging, format), Rule().Nullable()},
+      {LOOM_SERVE_FIELD(persistence, enabled), Rule()},
+      {LOOM_SERVE_FIELD(persistence, db_path), Rule().NonEmpty()},
+      {LOOM_SERVE_FIELD(persistence, hidden_states_dir), Rule().NonEmpty()},
+      {LOOM_SERVE_FIELD(persistence, export_dir), Rule().NonEmpty()},
+      {LOOM_SERVE_FIELD(persistence, compression),
+       Rule()
+           .Nullable()
+           .Choices({"gzip", "lzf", "none"})
+           .Aliases({{"", "none"}})
+           .FoldCase()},
+      {LOOM_SERVE_FIELD(persistence, compression_level), Rule().Range(0, 9)},
+      {LOOM_SERVE_FIELD(persistence, auto_persist), Rule()},
+      {LOOM_SERVE_FIELD(persistence, chunk_size), Rule().Min(64)},
   };
   return *kFields;
 }
@@ -164,13 +180,13 @@ const std::vector<Field>& Fields() {
 #undef LOOM_SERVE_FIELD
 
 constexpr std::string_view kSections[] = {
-    "server", "gpu", "models", "hidden_states", "memory", "batching", "logging",
+    "server", "gpu",      "models",  "hidden_states",
+    "memory", "batching", "logging", "persistence",
 };
 
 // TheLoom's keys and sections that mean nothing to Loom: accepted, ignored,
 // reported in ServeConfig::warnings.
 constexpr std::pair<std::string_view, std::string_view> kIgnoredKeys[] = {
-    {"server", "unix_socket"},
     {"models", "cache_dir"},
     {"models", "trust_remote_code"},
     {"models", "auto_unload_minutes"},
@@ -180,7 +196,6 @@ constexpr std::pair<std::string_view, std::string_view> kIgnoredKeys[] = {
 constexpr std::string_view kIgnoredSections[] = {
     "loaders",
     "patching",
-    "persistence",
     "model_overrides",
 };
 
@@ -847,6 +862,12 @@ Status ValidateServeConfig(const ServeConfig& config) {
         "gpu.default_device: expected -1 (the CPU) or one of gpu.devices " +
         ListOfInts(gpu.devices) + ", found " +
         std::to_string(gpu.default_device));
+  }
+  // sockaddr_un::sun_path holds 108 bytes, the terminating NUL included.
+  if (config.server.unix_socket.size() > 107) {
+    return InvalidArgumentError(
+        "server.unix_socket: a socket path holds at most 107 bytes, found " +
+        std::to_string(config.server.unix_socket.size()));
   }
   if (config.batching.kv_tokens > 0 && config.batching.page_size == 0) {
     return InvalidArgumentError(

@@ -10,11 +10,13 @@
 // where a comment says otherwise:
 //
 //   server:
-//     transport: http          # only http; unix and both are not implemented
+//     transport: http          # http | unix | both (TCP and the socket)
+//     unix_socket: /tmp/loom.sock  # unix, both: the socket's path (mode 0600)
 //     http_host: 127.0.0.1     # TheLoom's default is 0.0.0.0
 //     http_port: 8080          # 0 = any free port
 //     auth_token: ""           # non-empty: "Authorization: Bearer <token>"
 //     max_body_bytes: 8MiB     # a count of bytes, or a number with a unit
+//     max_analysis_body_bytes: 256MiB  # /analyze/geometry, /analyze/bilateral
 //     max_prompt_tokens: 0     # 0 = batching.context
 //     max_queue: 256           # requests waiting for admission
 //     max_batch_prompts: 100   # prompts of /generate/batch, texts of
@@ -57,6 +59,16 @@
 //     level: info              # debug | info | warning | error, any case
 //     file: ""                 # "" or null: standard error
 //     format: ""
+//   persistence:               # the /experiments store (docs/server.md)
+//     enabled: false           # false: /experiments* answer 503
+//     db_path: ~/.local/share/loom/experiments.db  # SQLite, WAL journal
+//     hidden_states_dir: ~/.local/share/loom/hidden_states  # .safetensors
+//     export_dir: ~/.local/share/loom/exports  # exports are written here only
+//     compression: gzip        # gzip | lzf | none (null = none)
+//     compression_level: 4     # 0..9
+//     chunk_size: 1024         # >= 64; these three: no effect (the arrays
+//                              # are uncompressed safetensors files)
+//     auto_persist: true       # no effect: nothing records experiments yet
 //
 // Types are strict: an integer key takes a plain integer (`8080`, not
 // `"8080"` or `8080.0`), a list key takes a list (block or flow style; null
@@ -69,15 +81,15 @@
 //   config.yaml:3:14: server.http_port: expected an integer in 0..65535,
 //   found 70000
 // Unknown sections and keys are errors (naming the key path, with the known
-// keys), as are duplicate keys. A transport Loom recognises but does not
-// implement ("unix", "both") is Unimplemented.
+// keys), as are duplicate keys.
 //
 // Keys of TheLoom's config that mean nothing to Loom are accepted and
-// ignored, each with a line in ServeConfig::warnings: server.unix_socket,
-// models.cache_dir, models.trust_remote_code, models.auto_unload_minutes,
+// ignored, each with a line in ServeConfig::warnings: models.cache_dir,
+// models.trust_remote_code, models.auto_unload_minutes,
 // hidden_states.include_attention, memory.enable_gradient_checkpointing, and
-// the whole sections loaders, patching, persistence and model_overrides (one
-// warning per section, their contents unread).
+// the whole sections loaders, patching and model_overrides (one warning per
+// section, their contents unread). A leading "~/" of a persistence path is
+// kept as written; the server expands it (HOME) when it opens the store.
 //
 // Thread-safety: plain values and free functions; no shared state.
 #ifndef LOOM_SERVE_CONFIG_H_
@@ -94,14 +106,22 @@
 namespace loom::serve {
 
 struct ServerSection {
-  // Only "http" is supported: "unix" and "both" are Unimplemented.
+  // http (TCP on http_host:http_port) | unix (HTTP/1.1 on unix_socket) |
+  // both (the two listeners, the same routes and state).
   std::string transport = "http";
+  // The socket's path (at most 107 bytes): a stale socket there (no server
+  // answering) is replaced, anything else there is an error; the socket is
+  // made mode 0600 and removed on shutdown.
+  std::string unix_socket = "/tmp/loom.sock";
   std::string http_host = "127.0.0.1";  // safe default (TheLoom's: 0.0.0.0)
   int http_port = 8080;                 // 0..65535 (0 = pick a free port)
   // "" = no authentication; else every request needs
   // "Authorization: Bearer <token>". ToJson never reveals it.
   std::string auth_token;
   int64_t max_body_bytes = 8 << 20;  // > 0
+  // The body limit of /analyze/geometry and /analyze/bilateral (1,000
+  // vectors of width 4,096 as Go writes them are about 80 MB); > 0.
+  int64_t max_analysis_body_bytes = int64_t{256} << 20;
   int64_t max_prompt_tokens = 0;     // >= 0; 0 = batching.context
   int64_t max_queue = 256;           // requests waiting for admission; >= 0
   // Prompts per /generate/batch, texts per /embed/batch; > 0.
@@ -175,6 +195,21 @@ struct LoggingSection {
   std::string format;  // free text (TheLoom: a Python logging format)
 };
 
+// TheLoom's `persistence` section: the /experiments store.
+struct PersistenceSection {
+  bool enabled = false;  // false: every /experiments* route answers 503
+  std::string db_path = "~/.local/share/loom/experiments.db";
+  std::string hidden_states_dir = "~/.local/share/loom/hidden_states";
+  std::string export_dir = "~/.local/share/loom/exports";
+  // TheLoom's HDF5 options, validated and without effect (hidden states are
+  // uncompressed safetensors files): gzip | lzf | none ("" = none), 0..9,
+  // >= 64.
+  std::string compression = "gzip";
+  int compression_level = 4;
+  int64_t chunk_size = 1024;
+  bool auto_persist = true;  // without effect: nothing records experiments
+};
+
 struct ServeConfig {
   ServerSection server;
   GpuSection gpu;
@@ -183,6 +218,7 @@ struct ServeConfig {
   MemorySection memory;
   BatchingSection batching;
   LoggingSection logging;
+  PersistenceSection persistence;
   // Notes for the log, e.g. "config.yaml:4:3: models.trust_remote_code is a
   // TheLoom key that loom serve ignores".
   std::vector<std::string> warnings;

@@ -34,6 +34,7 @@ void ExpectDefaults(const ServeConfig& c) {
   EXPECT_EQ(c.server.http_port, 8080);
   EXPECT_EQ(c.server.auth_token, "");
   EXPECT_EQ(c.server.max_body_bytes, 8 << 20);
+  EXPECT_EQ(c.server.max_analysis_body_bytes, int64_t{256} << 20);
   EXPECT_EQ(c.server.max_prompt_tokens, 0);
   EXPECT_EQ(c.server.max_queue, 256);
   EXPECT_EQ(c.server.max_batch_prompts, 100);
@@ -89,6 +90,7 @@ server:
   http_port: 9001
   auth_token: "s3cret token"
   max_body_bytes: 16MiB
+  max_analysis_body_bytes: 512MiB
   max_prompt_tokens: 4096
   max_queue: 0
   max_batch_prompts: 7
@@ -141,6 +143,7 @@ TEST(ServeConfigTest, FullExampleSetsEveryKey) {
   EXPECT_EQ(c.server.http_port, 9001);
   EXPECT_EQ(c.server.auth_token, "s3cret token");
   EXPECT_EQ(c.server.max_body_bytes, 16 << 20);
+  EXPECT_EQ(c.server.max_analysis_body_bytes, int64_t{512} << 20);
   EXPECT_EQ(c.server.max_prompt_tokens, 4096);
   EXPECT_EQ(c.server.max_queue, 0);
   EXPECT_EQ(c.server.max_batch_prompts, 7);
@@ -225,8 +228,8 @@ TEST(ServeConfigTest, ToJsonHasEverySectionAndKeyAndHidesTheToken) {
   const nlohmann::json d = ServeConfig().ToJson();
   EXPECT_EQ(d["server"]["auth_token"], "");  // nothing to hide
   const std::vector<std::pair<std::string, size_t>> sizes = {
-      {"server", 13}, {"gpu", 3},      {"models", 4}, {"hidden_states", 5},
-      {"memory", 4},  {"batching", 6}, {"logging", 3}};
+      {"server", 15}, {"gpu", 3},      {"models", 4},  {"hidden_states", 5},
+      {"memory", 4},  {"batching", 6}, {"logging", 3}, {"persistence", 8}};
   for (const auto& [section, keys] : sizes) {
     ASSERT_TRUE(d.contains(section)) << section;
     EXPECT_EQ(d[section].size(), keys) << section;
@@ -238,7 +241,8 @@ TEST(ServeConfigTest, UnknownKeyNamesItsPathAndPlace) {
   const std::string message = ParseError("server:\n  http_prot: 80\n");
   EXPECT_CONTAINS(message, "test.yaml:2:3: unknown key server.http_prot");
   EXPECT_CONTAINS(message, "did you mean server.http_port?");
-  EXPECT_CONTAINS(message, "the keys of server are: transport, http_host");
+  EXPECT_CONTAINS(message,
+                  "the keys of server are: transport, unix_socket, http_host");
   EXPECT_CONTAINS(ParseError("batching:\n  slot_count: 2\n"),
                   "unknown key batching.slot_count");
   // Keys are exact: TheLoom's names only.
@@ -292,7 +296,8 @@ TEST(ServeConfigTest, WrongTypesNameTheKeyTheValueAndTheExpectation) {
                   "section server: expected a map of keys, found 8080");
   EXPECT_CONTAINS(ParseError("- server\n- gpu\n"),
                   "test.yaml:1:1: expected a map of sections (server, gpu, "
-                  "models, hidden_states, memory, batching, logging), found "
+                  "models, hidden_states, memory, batching, logging, "
+                  "persistence), found "
                   "a list");
   EXPECT_CONTAINS(ParseError("models:\n  preload: [a, ~]\n"),
                   "models.preload[1]: expected a non-empty string, found null");
@@ -387,23 +392,68 @@ TEST(ServeConfigTest, DuplicateKeysAreErrors) {
                   "1)");
 }
 
-TEST(ServeConfigTest, UnixTransportIsUnimplemented) {
-  for (std::string_view transport : {"unix", "both"}) {
-    const std::string message =
-        ParseError("server:\n  transport: " + std::string(transport) + "\n",
-                   StatusCode::kUnimplemented);
-    EXPECT_CONTAINS(message, "test.yaml:2:14: server.transport: \"" +
-                                 std::string(transport) +
-                                 "\" is not implemented by loom serve; "
-                                 "expected http");
+TEST(ServeConfigTest, Transports) {
+  for (std::string_view transport : {"http", "unix", "both"}) {
+    StatusOr<ServeConfig> c =
+        Parse("server:\n  transport: " + std::string(transport) +
+              "\n  unix_socket: /run/loom/s.sock\n");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->server.transport, transport);
+    EXPECT_EQ(c->server.unix_socket, "/run/loom/s.sock");
   }
+  EXPECT_EQ(ServeConfig().server.unix_socket, "/tmp/loom.sock");
   EXPECT_CONTAINS(ParseError("server:\n  transport: grpc\n"),
-                  "server.transport: expected one of http, found \"grpc\"");
+                  "server.transport: expected one of http, unix, both, found "
+                  "\"grpc\"");
+  EXPECT_CONTAINS(ParseError("server:\n  unix_socket: \"\"\n"),
+                  "server.unix_socket: expected a non-empty string");
+  EXPECT_CONTAINS(
+      ParseError("server:\n  unix_socket: /" + std::string(120, 'a') + "\n"),
+      "server.unix_socket: a socket path holds at most 107 bytes, found 121");
+}
+
+TEST(ServeConfigTest, Persistence) {
+  const ServeConfig defaults;
+  EXPECT_FALSE(defaults.persistence.enabled);
+  EXPECT_EQ(defaults.persistence.db_path, "~/.local/share/loom/experiments.db");
+  EXPECT_EQ(defaults.persistence.hidden_states_dir,
+            "~/.local/share/loom/hidden_states");
+  EXPECT_EQ(defaults.persistence.export_dir, "~/.local/share/loom/exports");
+  EXPECT_EQ(defaults.persistence.compression, "gzip");
+  EXPECT_EQ(defaults.persistence.compression_level, 4);
+  EXPECT_EQ(defaults.persistence.chunk_size, 1024);
+  EXPECT_TRUE(defaults.persistence.auto_persist);
+  StatusOr<ServeConfig> c = Parse(
+      "persistence:\n  enabled: true\n  db_path: /srv/x.db\n"
+      "  hidden_states_dir: /srv/h\n  export_dir: /srv/e\n"
+      "  compression: null\n  compression_level: 9\n  chunk_size: 64\n"
+      "  auto_persist: false\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->persistence.enabled);
+  EXPECT_EQ(c->persistence.db_path, "/srv/x.db");
+  EXPECT_EQ(c->persistence.hidden_states_dir, "/srv/h");
+  EXPECT_EQ(c->persistence.export_dir, "/srv/e");
+  EXPECT_EQ(c->persistence.compression, "");
+  EXPECT_EQ(c->persistence.compression_level, 9);
+  EXPECT_EQ(c->persistence.chunk_size, 64);
+  EXPECT_FALSE(c->persistence.auto_persist);
+  EXPECT_TRUE(c->warnings.empty());
+  EXPECT_EQ(c->ToJson()["persistence"]["db_path"], "/srv/x.db");
+  EXPECT_CONTAINS(ParseError("persistence:\n  compression: zstd\n"),
+                  "persistence.compression: expected one of gzip, lzf, none");
+  EXPECT_CONTAINS(ParseError("persistence:\n  compression_level: 10\n"),
+                  "persistence.compression_level: expected an integer in 0..9");
+  EXPECT_CONTAINS(ParseError("persistence:\n  chunk_size: 63\n"),
+                  "persistence.chunk_size: expected an integer >= 64");
+  EXPECT_CONTAINS(ParseError("persistence:\n  dbpath: x\n"),
+                  "unknown key persistence.dbpath (did you mean "
+                  "persistence.db_path?)");
 }
 
 TEST(ServeConfigTest, NullAndUnitsAndSpellings) {
   StatusOr<ServeConfig> c = Parse(
       "server:\n  auth_token: ~\n  max_body_bytes: 1.5 KiB\n"
+      "  max_analysis_body_bytes: 1GiB\n"
       "  cors_origins:\n  cors_allow_credentials: YES\n"
       "logging:\n  file: null\n  format:\n  level: Debug\n"
       "models:\n  default_dtype: f16\n"
@@ -411,6 +461,7 @@ TEST(ServeConfigTest, NullAndUnitsAndSpellings) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->server.auth_token, "");
   EXPECT_EQ(c->server.max_body_bytes, 1536);
+  EXPECT_EQ(c->server.max_analysis_body_bytes, int64_t{1} << 30);
   EXPECT_TRUE(c->server.cors_origins.empty());
   EXPECT_TRUE(c->server.cors_allow_credentials);
   EXPECT_EQ(c->logging.file, "");
@@ -480,8 +531,6 @@ TEST(ServeConfigTest, TheLoomKeysThatDoNotApplyAreIgnoredWithWarnings) {
   EXPECT_EQ(c->logging.format,
             "%(asctime)s - %(name)s - %(levelname)s - %(message)s");
   const std::vector<std::string> expected = {
-      "test.yaml:6:3: server.unix_socket is a TheLoom key that loom serve "
-      "ignores",
       "test.yaml:14:3: models.cache_dir is a TheLoom key that loom serve "
       "ignores",
       "test.yaml:18:3: models.trust_remote_code is a TheLoom key that loom "
@@ -494,8 +543,6 @@ TEST(ServeConfigTest, TheLoomKeysThatDoNotApplyAreIgnoredWithWarnings) {
       "that loom serve ignores",
       "test.yaml:30:1: section loaders is a TheLoom section that loom serve "
       "ignores",
-      "test.yaml:37:1: section persistence is a TheLoom section that loom "
-      "serve ignores",
       "test.yaml:40:1: section patching is a TheLoom section that loom serve "
       "ignores",
       "test.yaml:41:1: section model_overrides is a TheLoom section that "
@@ -638,10 +685,9 @@ TEST(ServeConfigEnvTest, BadValuesNameTheVariableAndTheValue) {
   EXPECT_CONTAINS(EnvError({"LOOM_SERVER__HTTP_PORT="}),
                   "LOOM_SERVER__HTTP_PORT: server.http_port: expected an "
                   "integer in 0..65535, found null (no value)");
-  EXPECT_CONTAINS(
-      EnvError({"LOOM_SERVER__TRANSPORT=unix"}, StatusCode::kUnimplemented),
-      "environment variable LOOM_SERVER__TRANSPORT: "
-      "server.transport: \"unix\" is not implemented");
+  EXPECT_CONTAINS(EnvError({"LOOM_SERVER__TRANSPORT=tcp"}),
+                  "environment variable LOOM_SERVER__TRANSPORT: "
+                  "server.transport: expected one of http, unix, both");
   // Relations are checked once all variables are applied.
   EXPECT_CONTAINS(EnvError({"LOOM_GPU__DEFAULT_DEVICE=2"}),
                   "after the LOOM_ environment overrides: "
@@ -661,11 +707,11 @@ TEST(ServeConfigEnvTest, TheLoomKeysThatDoNotApplyWarn) {
   });
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->server.http_port, 81);
+  EXPECT_TRUE(c->persistence.enabled);
+  EXPECT_EQ(c->persistence.db_path, "x.db");
   const std::vector<std::string> expected = {
       "environment variable LOOM_MODELS__TRUST_REMOTE_CODE: "
       "models.trust_remote_code is a TheLoom key that loom serve ignores",
-      "environment variable LOOM_PERSISTENCE__ENABLED: section persistence is "
-      "a TheLoom section that loom serve ignores",
   };
   EXPECT_EQ(c->warnings, expected);
 }
@@ -681,7 +727,10 @@ TEST(ServeConfigTest, ValidateChecksValuesSetInCode) {
                   "70000");
   c = ServeConfig();
   c.server.transport = "both";
-  EXPECT_EQ(ValidateServeConfig(c).code(), StatusCode::kUnimplemented);
+  EXPECT_TRUE(ValidateServeConfig(c).ok());
+  c.server.transport = "udp";
+  EXPECT_CONTAINS(ValidateServeConfig(c).message(),
+                  "server.transport: expected one of http, unix, both");
   c = ServeConfig();
   c.models.default_dtype = "bf16";  // the short names are valid
   c.logging.level = "WARNING";      // so is any case

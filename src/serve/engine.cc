@@ -4,11 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
 
 #include "src/backend/registry.h"
 #include "src/base/check.h"
+#include "src/base/float16.h"
+#include "src/model/layer_config.h"
 #include "src/runtime/executor.h"
 
 namespace loom::serve {
@@ -57,6 +60,10 @@ struct Engine::Seq {
   std::mt19937_64 rng;
   GenResult result;
   int64_t capacity_rows = 0;  // rows each capture buffer holds
+  // Attention (request.attention_layers): each block's query hook and the
+  // query row of the last position fed, [q_width] (sized at admission).
+  std::vector<HookPoint> attn_hooks;
+  std::vector<std::vector<float>> attn_q;
   size_t emitted = 0;         // bytes of text passed to on_token
   Clock::time_point admitted;
   // This step's share of the forward.
@@ -75,8 +82,10 @@ class Engine::CaptureSink : public HookSink {
                       int64_t row_begin, const ActivationView& view) override {
     if (seqs_ == nullptr) return Status();
     bool wanted = false;
-    for (const Seq* s : *seqs_)
+    for (const Seq* s : *seqs_) {
       for (const HookPoint& h : s->p->request.hooks) wanted |= h == hook;
+      for (const HookPoint& h : s->attn_hooks) wanted |= h == hook;
+    }
     if (!wanted) return Status();
     if (!view.host_f32())
       return UnimplementedError("serve: captures outside host memory");
@@ -84,13 +93,21 @@ class Engine::CaptureSink : public HookSink {
     const int64_t row_end = row_begin + view.rows;
     for (size_t i = 0; i < seqs_->size(); ++i) {
       Seq& s = *(*seqs_)[i];
+      const int64_t b = batch.seq_start[i], e = batch.seq_start[i + 1];
+      // The attention query row: the last row of this step (the last one
+      // fed when the sequence finishes).
+      for (size_t a = 0; a < s.attn_hooks.size(); ++a) {
+        if (!(s.attn_hooks[a] == hook) || e - 1 < row_begin || e - 1 >= row_end)
+          continue;
+        std::memcpy(s.attn_q[a].data(), data + (e - 1 - row_begin) * view.ld,
+                    s.attn_q[a].size() * sizeof(float));
+      }
       const std::vector<HookPoint>& hooks = s.p->request.hooks;
       const auto it = std::find(hooks.begin(), hooks.end(), hook);
       if (it == hooks.end()) continue;
       const size_t h = static_cast<size_t>(it - hooks.begin());
       const int64_t width = s.result.widths[h];
       float* dst = s.result.captures[h].data();  // [capacity_rows, width]
-      const int64_t b = batch.seq_start[i], e = batch.seq_start[i + 1];
       const bool all = s.p->request.rows == CaptureRows::kAll;
       for (int64_t r = std::max(b, row_begin); r < std::min(e, row_end); ++r) {
         if (!all && r != e - 1) continue;
@@ -168,6 +185,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
                         : options.prefill_chunk + options.slots;
   for (const HookPoint& h : e->capturable_.hooks())
     if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
+  // The query rows of every block, for return_attention (the KV cache holds
+  // the keys).
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    go.capture_hooks.Add(e->AttentionQueryHook(l));
   go.backend = e->backend_.get();
   if (options.kv_tokens < 0 || options.page_size < 0 ||
       (options.kv_tokens > 0 && options.page_size == 0))
@@ -242,11 +263,88 @@ int64_t Engine::CaptureNeed(const GenRequest& r) const {
   int64_t width = 0;
   for (const HookPoint& h : r.hooks) width += WidthOf(h);
   const int64_t n = static_cast<int64_t>(r.prompt.size());
-  const int64_t rows =
-      r.rows == CaptureRows::kLast
-          ? 1
-          : std::min(n + std::max<int64_t>(r.max_new_tokens - 1, 0), context_);
-  return rows * width * static_cast<int64_t>(sizeof(float));
+  const int64_t fed =
+      std::min(n + std::max<int64_t>(r.max_new_tokens - 1, 0), context_);
+  const int64_t rows = r.rows == CaptureRows::kLast ? 1 : fed;
+  // Attention: one query row and heads x positions fed probabilities.
+  int64_t attention = 0;
+  for (int64_t l : r.attention_layers) {
+    const LayerConfig lc = MakeLayerConfig(model_->config(), l);
+    attention += lc.q_width() + lc.q_heads * fed;
+  }
+  return (rows * width + attention) * static_cast<int64_t>(sizeof(float));
+}
+
+HookPoint Engine::AttentionQueryHook(int64_t layer) const {
+  const LayerConfig lc = MakeLayerConfig(model_->config(), layer);
+  return {lc.rope_half > 0 ? HookSite::kRotQ : HookSite::kQ, layer};
+}
+
+void Engine::AttentionRows(Seq& s) {
+  const GenRequest& r = s.p->request;
+  GenResult& res = s.result;
+  const KvCache& kv = gen_->cache();
+  const int64_t keys = s.fed, p = s.fed - 1;  // the last position fed
+  res.attention_keys = keys;
+  std::vector<double> e(static_cast<size_t>(keys));
+  for (size_t a = 0; a < r.attention_layers.size(); ++a) {
+    const int64_t l = r.attention_layers[a];
+    const LayerConfig lc = MakeLayerConfig(model_->config(), l);
+    const int64_t heads = lc.q_heads, group = lc.q_heads / lc.kv_heads,
+                  d = lc.head_dim, kvd = lc.k_width();
+    // The cache row of position j: its page's row, or the slot's row
+    // (a ring for a sliding-window layer).
+    const int64_t cap = kv.positions(l), page = kv.page_size();
+    const int32_t* table = kv.layer_paged(l) ? kv.page_table(s.slot) : nullptr;
+    auto key = [&](int64_t j) {
+      const int64_t row = table != nullptr
+                              ? int64_t{table[j / page]} * page + j % page
+                              : s.slot * cap + j % cap;
+      return kv.k(l) + row * kvd;
+    };
+    const int64_t lo =
+        lc.window > 0 ? std::max<int64_t>(0, p - lc.window + 1) : 0;
+    const TensorView* sinks =
+        lc.attn_sinks ? &model_->weights().Require(WeightRole::kAttnSinks, l)
+                      : nullptr;
+    std::vector<float>& out = res.attention[a];  // sized at admission
+    out.assign(static_cast<size_t>(heads * keys), 0.0f);
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* q = s.attn_q[a].data() + h * d;
+      const int64_t kvh = h / group;
+      // As the attention kernels (src/backend/cpu/kernels.h): scores in
+      // double, softcap, the sink logit joining the max and the sum.
+      double sink = 0.0;
+      if (sinks != nullptr) {
+        const void* v = sinks->data;
+        sink = sinks->dtype == DType::kBF16
+                   ? Bf16ToF32(static_cast<const uint16_t*>(v)[h])
+               : sinks->dtype == DType::kF16
+                   ? F16ToF32(static_cast<const uint16_t*>(v)[h])
+                   : static_cast<const float*>(v)[h];
+      }
+      double mx =
+          sinks != nullptr ? sink : -std::numeric_limits<double>::infinity();
+      for (int64_t j = lo; j <= p; ++j) {
+        const float* k = key(j) + kvh * d;
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
+        dot *= lc.attn_scale;
+        if (lc.attn_softcap > 0.0f)
+          dot = lc.attn_softcap * std::tanh(dot / lc.attn_softcap);
+        e[static_cast<size_t>(j)] = dot;
+        mx = std::max(mx, dot);
+      }
+      double sum = sinks != nullptr ? std::exp(sink - mx) : 0.0;
+      for (int64_t j = lo; j <= p; ++j)
+        sum += e[static_cast<size_t>(j)] =
+            std::exp(e[static_cast<size_t>(j)] - mx);
+      for (int64_t j = lo; j <= p; ++j)
+        out[static_cast<size_t>(h * keys + j)] =
+            static_cast<float>(e[static_cast<size_t>(j)] / sum);
+    }
+    res.attention_heads.push_back(heads);
+  }
 }
 
 Status Engine::CheckInterventions(const GenRequest& r) const {
@@ -303,6 +401,16 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
           " is not captured by this server (hidden-state layers and " +
           options_.extra_hooks_setting + ")");
   RETURN_IF_ERROR(CheckInterventions(r));
+  for (int64_t l : r.attention_layers)
+    if (l < 0 || l >= c.num_layers)
+      return OutOfRangeError("attention of block " + std::to_string(l) +
+                             ": the model has blocks 0.." +
+                             std::to_string(c.num_layers - 1));
+  // AttentionRows reads the cached keys as f32 (the CPU backend's cache).
+  if (!r.attention_layers.empty() && gen_->cache().dtype() != DType::kF32)
+    return UnimplementedError(
+        "return_attention needs an f32 KV cache; this engine's holds " +
+        std::string(DTypeName(gen_->cache().dtype())));
   auto p = std::make_unique<Pending>();
   p->pages_need = PagesNeed(r);
   if (p->pages_need > gen_->cache().num_pages())
@@ -431,6 +539,16 @@ void Engine::Admit() {
       s->result.captures.emplace_back(static_cast<size_t>(s->capacity_rows * w),
                                       0.0f);
     }
+    for (int64_t l : r.attention_layers) {
+      const LayerConfig lc = MakeLayerConfig(model_->config(), l);
+      s->attn_hooks.push_back(AttentionQueryHook(l));
+      s->attn_q.emplace_back(static_cast<size_t>(lc.q_width()), 0.0f);
+      // Room for every position the request can feed: filled at Finish.
+      s->result.attention.emplace_back();
+      s->result.attention.back().reserve(static_cast<size_t>(
+          lc.q_heads *
+          std::min(n + std::max<int64_t>(r.max_new_tokens - 1, 0), context_)));
+    }
     s->result.token_ids.reserve(
         static_cast<size_t>(std::min(r.max_new_tokens, context_)));
     gen_->cache().Reset(s->slot);
@@ -470,6 +588,8 @@ void Engine::Finish(Seq& s, Status status) {
       status = text.status();
     }
   }
+  if (status.ok() && s.fed > 0 && !s.p->request.attention_layers.empty())
+    AttentionRows(s);
   // Rows captured: 1, or every position fed.
   res.rows = s.p->request.rows == CaptureRows::kLast
                  ? 1

@@ -132,6 +132,12 @@ struct GenRequest {
   // clears it). Validated at Submit: sites, widths, finite values, heads and
   // prompt positions against the prompt.
   std::vector<Intervention> interventions;
+  // Transformer blocks (0 <= b < num_layers) whose attention probabilities
+  // of the last position fed are returned (TheLoom's return_attention):
+  // GenResult::attention[i] for attention_layers[i]. They count in the
+  // capture bytes: per block, one query row (q_heads x head_dim) and
+  // q_heads x (the positions the request can feed) probabilities.
+  std::vector<int64_t> attention_layers;
   // Called on the scheduler thread for every generated token with the text
   // it completes (UTF-8 held back until whole); keep it short.
   std::function<void(int32_t id, const std::string& piece)> on_token;
@@ -150,6 +156,15 @@ struct GenResult {
   std::vector<std::vector<float>> captures;
   std::vector<int64_t> widths;
   int64_t rows = 0;
+  // attention[i]: [attention_heads[i], attention_keys] f32, block
+  // request.attention_layers[i]: the softmax probabilities of the last
+  // position fed (the one that chose the last token) over every position
+  // fed, the KV cache's keys as the forward saw them; 0 where masked (outside
+  // a sliding window). A row sums to 1 (less the sink's share with
+  // attention sinks).
+  std::vector<std::vector<float>> attention;
+  std::vector<int64_t> attention_heads;
+  int64_t attention_keys = 0;
   double queue_ms = 0, run_ms = 0;  // waiting for admission; admitted to done
 };
 
@@ -256,6 +271,12 @@ class Engine {
   void Admit();
   void Finish(Seq& s, Status status);
   int64_t CaptureNeed(const GenRequest& r) const;
+  // The hook of the query rows block `layer`'s attention reads: rotated q
+  // (attn.hook_rot_q) with rotary embeddings, else attn.hook_q.
+  HookPoint AttentionQueryHook(int64_t layer) const;
+  // s.result.attention from the captured query rows and the KV cache of
+  // s's slot (before the slot is reset).
+  void AttentionRows(Seq& s);
   // InvalidArgument when `r`'s interventions cannot run on this engine (a
   // bad site, width, head, value, or a prompt position outside the prompt):
   // a failing forward would fail its neighbours too.

@@ -24,6 +24,10 @@
 #include "src/model/registry.h"
 #include "src/plan/kv_layout.h"
 #include "src/serve/api.h"
+#include "src/serve/binary_response.h"
+#include "src/serve/loaders.h"
+#include "src/serve/theloom_analysis.h"
+#include "src/serve/transport.h"
 
 namespace loom::serve {
 namespace {
@@ -198,6 +202,9 @@ struct GenFields {
   // Loom's hooks + selectors.
   std::vector<HookPoint> hooks;
   std::vector<RowSelector> selectors;
+  // return_attention: key (as requested in hidden_state_layers) -> block.
+  std::vector<std::pair<std::string, int64_t>> attention;
+  bool return_attention = false;
   bool return_hidden = true;
   bool full_sequence = false;
   ArrayFormat format = ArrayFormat::kList;
@@ -277,7 +284,13 @@ class Server::Impl {
 
   ServerOptions o_;
   Patching patching_;
-  httplib::Server http_;
+  // The routes are registered on both listeners (transport.h); the ones
+  // server.transport names are bound.
+  HttpListeners http_;
+  bool use_tcp_ = true, use_unix_ = false;
+  UnixSocketFile unix_socket_;
+  std::unique_ptr<ExperimentRoutes> experiments_;
+  GpuSelection gpu_selection_;
   std::mutex load_mu_;    // serializes loads (held while a model loads)
   std::mutex models_mu_;  // guards models_ (never held while loading)
   std::map<std::string, std::shared_ptr<Engine>> models_;
@@ -554,12 +567,7 @@ class Server::Impl {
     ASSIGN_OR_RETURN(f.return_hidden, GetBool(b, "return_hidden_states", true));
     ASSIGN_OR_RETURN(f.full_sequence,
                      GetBool(b, "return_full_sequence", false));
-    ASSIGN_OR_RETURN(bool attention, GetBool(b, "return_attention", false));
-    if (attention)
-      return UnimplementedError(
-          "return_attention is not supported by loom serve (attention "
-          "patterns are available from `loom extract --hooks "
-          "blocks.L.attn.hook_pattern`)");
+    ASSIGN_OR_RETURN(f.return_attention, GetBool(b, "return_attention", false));
     ASSIGN_OR_RETURN(std::string fmt,
                      GetString(b, "hidden_state_format", "list"));
     ASSIGN_OR_RETURN(f.format, ParseArrayFormat(fmt));
@@ -600,6 +608,24 @@ class Server::Impl {
       for (int64_t l : layers) {
         ASSIGN_OR_RETURN(HookPoint h, e.LayerHook(l));
         f.layers.emplace_back(std::to_string(l), h);
+      }
+    // TheLoom's attention keys: the same layer list; index i >= 0 is block
+    // i, i < 0 block n + i (so -1 is the last block, as for hidden states).
+    if (f.return_attention)
+      for (int64_t l : layers) {
+        const int64_t block = l < 0 ? n + l : l;
+        if (block < 0 || block >= n)
+          return InvalidArgumentError(
+              "return_attention: layer " + std::to_string(l) +
+              " of hidden_state_layers is outside [" + std::to_string(-n) +
+              ", " + std::to_string(n - 1) +
+              "]: attention layer i >= 0 is "
+              "block i, i < 0 is block " +
+              std::to_string(n) + " + i");
+        f.attention.emplace_back(std::to_string(l), block);
+        auto& blocks = r.attention_layers;
+        if (std::find(blocks.begin(), blocks.end(), block) == blocks.end())
+          blocks.push_back(block);
       }
     ASSIGN_OR_RETURN(std::vector<std::string> hooks, GetStrings(b, "hooks"));
     if (!hooks.empty()) {
@@ -653,15 +679,37 @@ class Server::Impl {
     return g.captures[i].data();
   }
 
-  // TheLoom's generation response, plus Loom's fields.
+  // TheLoom's attention_weights: {key: {data (flat), shape [1, heads, keys],
+  // dtype}} in the request's array format and dtype; null for no layers.
+  static json AttentionWeights(const GenFields& f, const GenResult& g) {
+    if (f.attention.empty()) return nullptr;
+    json out = json::object();
+    const auto& blocks = f.request.attention_layers;
+    for (const auto& [key, block] : f.attention) {
+      const size_t i = static_cast<size_t>(
+          std::find(blocks.begin(), blocks.end(), block) - blocks.begin());
+      if (i >= g.attention_heads.size()) continue;  // nothing was fed
+      const int64_t heads = g.attention_heads[i];
+      json a = EncodeArray(g.attention[i].data(), 1, heads * g.attention_keys,
+                           true, f.dtype, f.format);
+      a["shape"] = {1, heads, g.attention_keys};
+      out[key] = std::move(a);
+    }
+    return out;
+  }
+
+  // TheLoom's generation response, plus Loom's fields; without `arrays`,
+  // the fields beside the arrays (a binary reply's metadata).
   StatusOr<json> GenResponse(const Engine& e, const GenFields& f,
-                             const GenResult& g) {
+                             const GenResult& g, bool arrays = true) {
     json j;
     j["text"] = g.text;
     j["token_count"] = g.token_ids.size();
     j["token_ids"] = g.token_ids;
     j["stop_reason"] = g.stop_reason;
-    if (f.return_hidden) {
+    if (!arrays) {
+      if (!f.hooks.empty()) j["activation_rows"] = g.rows;
+    } else if (f.return_hidden) {
       json hs = json::object(), seq = json::object();
       for (const auto& [key, hook] : f.layers) {
         int64_t w = 0;
@@ -680,7 +728,9 @@ class Server::Impl {
       j["hidden_states"] = std::move(hs);
       if (f.full_sequence) j["sequence_hidden_states"] = std::move(seq);
     }
-    if (!f.hooks.empty()) {
+    if (f.return_attention && arrays)
+      j["attention_weights"] = AttentionWeights(f, g);
+    if (!f.hooks.empty() && arrays) {
       json acts = json::object();
       for (const HookPoint& h : f.hooks) {
         int64_t w = 0;
@@ -726,6 +776,114 @@ class Server::Impl {
     Reply(res, code, ErrorJson(path, code, s.message()));
   }
 
+  // The body format the request's Accept header asks for (binary replies of
+  // /generate, /embed, /v1/embeddings); when it asks for none this route
+  // answers, replies 406 and returns nullopt.
+  std::optional<BodyFormat> Accepted(const httplib::Request& req,
+                                     httplib::Response& res) {
+    StatusOr<BodyFormat> f = NegotiateBody(req.get_header_value("Accept"));
+    if (f.ok()) return *f;
+    NotAcceptable(req, res, f.status().message()).IgnoreError();
+    return std::nullopt;
+  }
+  Status NotAcceptable(const httplib::Request& req, httplib::Response& res,
+                       std::string_view message) {
+    Reply(res, 406, ErrorJson(req.path, 406, message));
+    return Status();
+  }
+  // A binary reply (binary_response.h): npy or safetensors of `arrays` in
+  // `dtype`, `rest` in the safetensors metadata; 406 when npy cannot hold
+  // the arrays.
+  Status ReplyBinary(const httplib::Request& req, httplib::Response& res,
+                     BodyFormat format, const std::vector<BinaryArray>& arrays,
+                     DType dtype, const json& rest) {
+    StatusOr<std::string> body = BinaryBody(format, arrays, dtype, rest);
+    if (!body.ok() && body.status().code() == StatusCode::kInvalidArgument)
+      return NotAcceptable(req, res, body.status().message());
+    if (!body.ok()) return body.status();
+    res.status = 200;
+    res.set_content(std::move(body).value(),
+                    std::string(ContentTypeOf(format)));
+    return Status();
+  }
+  // The dtype of a binary embedding reply: `hidden_state_dtype`, else
+  // hidden_states.precision.
+  StatusOr<DType> BinaryDType(const json& b) {
+    ASSIGN_OR_RETURN(std::string name, GetString(b, "hidden_state_dtype", ""));
+    if (name.empty()) return o_.hidden_dtype;
+    return ParseReturnDType(name);
+  }
+
+  // The arrays of a generation reply, named as its JSON fields:
+  // hidden_states.<layer>, sequence_hidden_states.<layer>,
+  // activations.<hook>.<selector>, attention_weights.<layer>.
+  static std::vector<std::string> GenArrayNames(const GenFields& f) {
+    std::vector<std::string> names;
+    if (f.return_hidden) {
+      for (const auto& [key, _] : f.layers)
+        names.push_back("hidden_states." + key);
+      if (f.full_sequence)
+        for (const auto& [key, _] : f.layers)
+          names.push_back("sequence_hidden_states." + key);
+    }
+    for (const HookPoint& h : f.hooks)
+      for (const RowSelector& s : f.selectors)
+        names.push_back("activations." + HookName(h) + "." + s.spec);
+    for (const auto& [key, _] : f.attention)
+      names.push_back("attention_weights." + key);
+    return names;
+  }
+  // The arrays of GenArrayNames (values in `g`, or in *storage), with the
+  // shapes of the JSON reply.
+  static StatusOr<std::vector<BinaryArray>> GenArrays(
+      const GenFields& f, const GenResult& g,
+      std::vector<std::vector<float>>* storage) {
+    const std::vector<std::string> names = GenArrayNames(f);
+    std::vector<BinaryArray> out;
+    size_t next = 0;
+    auto add = [&](std::vector<int64_t> shape, const float* values) {
+      out.push_back({names[next++], std::move(shape), values});
+    };
+    if (f.return_hidden) {
+      for (const auto& [_, hook] : f.layers) {
+        int64_t w = 0;
+        const float* rows = Capture(f, g, hook, &w);
+        add({w}, rows + (g.rows - 1) * w);
+      }
+      if (f.full_sequence)
+        for (const auto& [_, hook] : f.layers) {
+          int64_t w = 0;
+          const float* rows = Capture(f, g, hook, &w);
+          const int64_t first = static_cast<int64_t>(g.prompt_ids.size()) - 1;
+          const int64_t count =
+              std::min<int64_t>(std::max<int64_t>(g.rows - first, 0),
+                                static_cast<int64_t>(g.token_ids.size()));
+          add({count, w}, rows + first * w);
+        }
+    }
+    storage->reserve(f.hooks.size() * f.selectors.size());
+    for (const HookPoint& h : f.hooks) {
+      int64_t w = 0;
+      const float* rows = Capture(f, g, h, &w);
+      for (const RowSelector& s : f.selectors) {
+        int64_t k = 0;
+        ASSIGN_OR_RETURN(std::vector<float> sel,
+                         SelectRows(s, rows, g.rows, w, &k));
+        storage->push_back(std::move(sel));
+        add({k, w}, storage->back().data());
+      }
+    }
+    const auto& blocks = f.request.attention_layers;
+    for (const auto& [_, block] : f.attention) {
+      const size_t i = static_cast<size_t>(
+          std::find(blocks.begin(), blocks.end(), block) - blocks.begin());
+      if (i >= g.attention_heads.size())
+        return InternalError("no attention rows were computed");
+      add({1, g.attention_heads[i], g.attention_keys}, g.attention[i].data());
+    }
+    return out;
+  }
+
   void Count(const std::string& route, int status) {
     std::lock_guard<std::mutex> lock(metrics_mu_);
     ++requests_[{route, status}];
@@ -753,14 +911,14 @@ class Server::Impl {
   // Why a body was too large: the limit that fired, and the size when the
   // request declared it.
   std::string TooLarge(const httplib::Request& req) const {
-    const std::string limit =
-        "server.max_body_bytes = " + std::to_string(o_.max_body_bytes);
+    const auto [bytes, key] = BodyLimit(req.path);
+    const std::string limit = key + " = " + std::to_string(bytes);
     if (!req.has_header("Content-Length"))
       return "request body larger than " + limit +
              " (a chunked body; reading stopped at the limit)";
     const std::string length = req.get_header_value("Content-Length");
     if (std::strtoull(length.c_str(), nullptr, 10) >
-        static_cast<uint64_t>(o_.max_body_bytes))
+        static_cast<uint64_t>(bytes))
       return "request body of " + length + " bytes is larger than " + limit;
     // Only where the library reads the body itself (a route that is not
     // one of the JSON routes): it caps form bodies on its own.
@@ -774,15 +932,24 @@ class Server::Impl {
     return "request body of " + length + " bytes is too large";
   }
 
+  // The body limit of a route and its configuration key: the analysis routes
+  // of many vectors (TheLoom's /analyze/geometry and /analyze/bilateral)
+  // have their own, server.max_analysis_body_bytes.
+  std::pair<int64_t, std::string> BodyLimit(const std::string& path) const {
+    if (path == "/analyze/geometry" || path == "/analyze/bilateral")
+      return {o_.max_analysis_body_bytes, "server.max_analysis_body_bytes"};
+    return {o_.max_body_bytes, "server.max_body_bytes"};
+  }
+
   // Reads the body of a JSON route into *body through the library's content
   // reader, whatever the Content-Type (curl -d sends
   // application/x-www-form-urlencoded, which the library's own reading caps
-  // at 8 KiB and parses as a form); server.max_body_bytes is the one limit.
+  // at 8 KiB and parses as a form); the route's BodyLimit is the one limit.
   // On failure replies (413, 415 or 400, JSON) and returns false.
   bool ReadBody(const httplib::Request& req,
                 const httplib::ContentReader& reader, httplib::Response& res,
                 std::string* body) {
-    const uint64_t limit = static_cast<uint64_t>(o_.max_body_bytes);
+    const uint64_t limit = static_cast<uint64_t>(BodyLimit(req.path).first);
     auto refuse = [&](int status, const std::string& message) {
       // The rest of the body may be unread: end the connection after this.
       res.set_header("Connection", "close");
@@ -807,6 +974,13 @@ class Server::Impl {
     // No Content-Length and not chunked: an HTTP/1.1 request has no body
     // (the library would wait for the client to close the connection).
     if (!chunked && !req.has_header("Content-Length")) return true;
+    // One allocation for a declared length within the limit (an 80 MB
+    // analysis body is not regrown as it arrives).
+    if (!chunked) {
+      const uint64_t declared = std::strtoull(
+          req.get_header_value("Content-Length").c_str(), nullptr, 10);
+      if (declared <= limit) body->reserve(static_cast<size_t>(declared));
+    }
     bool too_large = false;
     const bool read = reader([&](const char* data, size_t n) {
       if (body->size() + n > limit) {
@@ -920,11 +1094,30 @@ class Server::Impl {
                    return Status();
                  }));
     auto generate = [this](const auto& req, auto& res) -> Status {
+      std::optional<BodyFormat> format = Accepted(req, res);
+      if (!format) return Status();
       ASSIGN_OR_RETURN(json b, ParseBody(req.body));
       ASSIGN_OR_RETURN(auto e, EngineFor(b));
       ASSIGN_OR_RETURN(GenFields f, PromptFields(*e, b));
+      // npy holds one array: refused before the generation runs.
+      if (const std::vector<std::string> names = GenArrayNames(f);
+          *format == BodyFormat::kNpy && names.size() != 1) {
+        std::string list;
+        for (const std::string& n : names)
+          list += (list.empty() ? "" : ", ") + n;
+        return NotAcceptable(
+            req, res,
+            NpyNeedsOneArray(static_cast<int64_t>(names.size()), list));
+      }
       ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
       ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
+      if (*format != BodyFormat::kJson) {
+        ASSIGN_OR_RETURN(json rest, GenResponse(*e, f, g, false));
+        std::vector<std::vector<float>> storage;
+        ASSIGN_OR_RETURN(std::vector<BinaryArray> arrays,
+                         GenArrays(f, g, &storage));
+        return ReplyBinary(req, res, *format, arrays, f.dtype, rest);
+      }
       ASSIGN_OR_RETURN(json out, GenResponse(*e, f, g));
       Reply(res, 200, out);
       return Status();
@@ -966,25 +1159,21 @@ class Server::Impl {
               }));
     http_.Post("/analyze",
                JsonRoute("/analyze", [this](const auto& req, auto& res) {
-                 ASSIGN_OR_RETURN(json b, ParseBody(req.body));
-                 const char* key = b.contains("embedding") ? "embedding"
-                                   : b.contains("vector")  ? "vector"
-                                                           : "data";
-                 if (!b.contains(key) || !b[key].is_array())
-                   return InvalidArgumentError(
-                       "field `embedding`: expected a list of numbers");
-                 std::vector<double> v;
-                 for (const json& x : b[key]) {
-                   if (!x.is_number())
-                     return InvalidArgumentError(
-                         "field `embedding`: expected numbers, got " + Dump(x));
-                   v.push_back(x.get<double>());
-                 }
-                 ASSIGN_OR_RETURN(json out, AnalyzeVector(v));
-                 Reply(res, 200, out);
-                 return Status();
+                 return Analyze(req, res);
                }));
+    http_.Post(
+        "/analyze/geometry",
+        JsonRoute("/analyze/geometry", [this](const auto& req, auto& res) {
+          return AnalyzeGeometry(req, res);
+        }));
+    http_.Post(
+        "/analyze/bilateral",
+        JsonRoute("/analyze/bilateral", [this](const auto& req, auto& res) {
+          return AnalyzeBilateral(req, res);
+        }));
     RegisterPatching();
+    RegisterExperiments();
+    RegisterLoaders();
     // Last (routes match in order): any other POST: its body is read as a JSON
     // route's (the library's own reading would answer a form body over 8 KiB
     // with 413), then 404.
@@ -1023,6 +1212,87 @@ class Server::Impl {
     http_.Post("/v1/embeddings",
                JsonRoute("/v1/embeddings", [this](const auto& req, auto& res) {
                  return Embeddings(req, res);
+               }));
+  }
+
+  // /experiments* (experiments.h): TheLoom's persistence routes.
+  void RegisterExperiments() {
+    auto reply = [this](httplib::Response& res, StatusOr<json> out) {
+      if (!out.ok()) return out.status();
+      Reply(res, 200, *out);
+      return Status();
+    };
+    ExperimentRoutes* x = experiments_.get();
+    http_.Get("/experiments",
+              Route("/experiments", [x, reply](const auto& req, auto& res) {
+                return reply(res, x->List(req.params));
+              }));
+    http_.Get(
+        R"(/experiments/([^/]+))",
+        Route("/experiments/{id}", [x, reply](const auto& req, auto& res) {
+          return reply(res, x->Get(req.matches[1]));
+        }));
+    http_.Get(R"(/experiments/([^/]+)/conversations)",
+              Route("/experiments/{id}/conversations",
+                    [x, reply](const auto& req, auto& res) {
+                      return reply(
+                          res, x->Conversations(req.matches[1], req.params));
+                    }));
+    http_.Get(R"(/experiments/([^/]+)/hidden_states)",
+              Route("/experiments/{id}/hidden_states",
+                    [x, reply](const auto& req, auto& res) {
+                      return reply(res,
+                                   x->HiddenStates(req.matches[1], req.params));
+                    }));
+    http_.Get(R"(/experiments/([^/]+)/metrics)",
+              Route("/experiments/{id}/metrics",
+                    [x, reply](const auto& req, auto& res) {
+                      return reply(res, x->Metrics(req.matches[1], req.params));
+                    }));
+    http_.Post("/experiments/export",
+               JsonRoute("/experiments/export",
+                         [x, reply](const auto& req, auto& res) {
+                           ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+                           return reply(res, x->Export(b));
+                         }));
+    http_.Post("/experiments/export/batch",
+               JsonRoute("/experiments/export/batch",
+                         [x, reply](const auto& req, auto& res) {
+                           ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+                           return reply(res, x->ExportBatch(b));
+                         }));
+    http_.Post("/experiments/export/summary",
+               JsonRoute("/experiments/export/summary",
+                         [x, reply](const auto& req, auto& res) {
+                           ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+                           return reply(res, x->ExportSummary(b));
+                         }));
+  }
+
+  // GET /loaders, GET /loaders/probe/{id}, POST /gpu/configure (loaders.h).
+  void RegisterLoaders() {
+    http_.Get("/loaders", Route("/loaders", [this](const auto&, auto& res) {
+                Reply(res, 200, LoadersJson());
+                return Status();
+              }));
+    http_.Get(R"(/loaders/probe/(.+))",
+              Route("/loaders/probe/{id}", [this](const auto& req, auto& res) {
+                std::string id = req.matches[1];
+                for (size_t p; (p = id.find("--")) != std::string::npos;)
+                  id.replace(p, 2, "/");
+                std::string dir;
+                StatusOr<std::string> resolved = Resolve(id, &dir);
+                Reply(res, 200,
+                      ProbeJson(id, resolved.ok() ? StatusOr<std::string>(dir)
+                                                  : resolved.status()));
+                return Status();
+              }));
+    http_.Post("/gpu/configure",
+               JsonRoute("/gpu/configure", [this](const auto& req, auto& res) {
+                 ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+                 ASSIGN_OR_RETURN(json out, gpu_selection_.Configure(b));
+                 Reply(res, 200, out);
+                 return Status();
                }));
   }
 
@@ -1224,21 +1494,40 @@ class Server::Impl {
                   {"usage", usage},
                   {"metadata", (*body)["metadata"]}};
     if (f.return_hidden) delta["hidden_state"] = ChatHiddenState(f, *g);
+    if (f.return_hidden && f.layers.size() > 1)
+      delta["hidden_states"] = ChatHiddenStates(f, *g);
     return Sse("message_delta", delta);
   }
 
-  // TheLoom's chat hidden state: the final layer's last row.
-  json ChatHiddenState(const GenFields& f, const GenResult& g) {
-    if (f.layers.empty()) return nullptr;
+  // TheLoom's chat hidden state of layers[i] (the last position fed) under
+  // `values` ("final" for hidden_state, "vector" in Weaver's hidden_states
+  // map): a flat list (or base64) with TheLoom's shape [1, hidden].
+  json ChatLayerState(const GenFields& f, const GenResult& g, size_t i,
+                      const char* values) {
     int64_t w = 0;
-    const float* rows = Capture(f, g, f.layers.back().second, &w);
-    std::vector<float> last(rows + (g.rows - 1) * w, rows + g.rows * w);
-    json a = EncodeArray(last.data(), 1, w, true, f.dtype, f.format);
-    json out = {{"final", a["data"]},
-                {"shape", a["shape"]},
-                {"layer", std::stoll(f.layers.back().first)},
+    const float* rows = Capture(f, g, f.layers[i].second, &w);
+    json a =
+        EncodeArray(rows + (g.rows - 1) * w, 1, w, true, f.dtype, f.format);
+    json out = {{values, std::move(a["data"])},
+                {"shape", {1, w}},
+                {"layer", std::stoll(f.layers[i].first)},
                 {"dtype", a["dtype"]}};
     if (a.contains("encoding")) out["encoding"] = a["encoding"];
+    return out;
+  }
+
+  // TheLoom's chat hidden state: the last layer listed.
+  json ChatHiddenState(const GenFields& f, const GenResult& g) {
+    if (f.layers.empty()) return nullptr;
+    return ChatLayerState(f, g, f.layers.size() - 1, "final");
+  }
+
+  // Weaver's multi-layer map {key: {vector, shape, layer, dtype}} when
+  // several layers were asked for (TheLoom never sends it; Weaver reads it).
+  json ChatHiddenStates(const GenFields& f, const GenResult& g) {
+    json out = json::object();
+    for (size_t i = 0; i < f.layers.size(); ++i)
+      out[f.layers[i].first] = ChatLayerState(f, g, i, "vector");
     return out;
   }
 
@@ -1368,7 +1657,10 @@ class Server::Impl {
                 {"text", g.text},
                 {"metadata", body["metadata"]}};
     if (f.return_hidden) out["hidden_state"] = ChatHiddenState(f, g);
-    if (body.contains("activations")) out["activations"] = body["activations"];
+    if (f.return_hidden && f.layers.size() > 1)
+      out["hidden_states"] = ChatHiddenStates(f, g);
+    for (const char* extra : {"activations", "attention_weights"})
+      if (body.contains(extra)) out[extra] = body[extra];
     Reply(res, 200, out);
     return Status();
   }
@@ -1426,6 +1718,14 @@ class Server::Impl {
           std::chrono::duration<double, std::milli>(Clock::now() - t0).count()},
          {"prompts_processed", n}});
     return Status();
+  }
+
+  // Vectors of one width as the rows of one array.
+  static std::vector<float> Rows(const std::vector<std::vector<float>>& v) {
+    std::vector<float> out;
+    for (const std::vector<float>& row : v)
+      out.insert(out.end(), row.begin(), row.end());
+    return out;
   }
 
   // Pooled hidden states of some inputs (/embed's machinery).
@@ -1490,6 +1790,85 @@ class Server::Impl {
     return out;
   }
 
+  // POST /analyze in either form: TheLoom's (`text`: the statistics of its
+  // embedding, computed as /embed computes it but never normalised, with
+  // TheLoom's field names and the embed metadata) or Loom's (`embedding`,
+  // `vector` or `data`: the statistics of that vector).
+  Status Analyze(const httplib::Request& req, httplib::Response& res) {
+    ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    if (b.contains("text") && !b["text"].is_null()) {
+      ASSIGN_OR_RETURN(auto e, EngineFor(b));
+      json raw = b;
+      raw["normalize"] = false;  // TheLoom ignores `normalize` here
+      const Clock::time_point t0 = Clock::now();
+      ASSIGN_OR_RETURN(Embedded m, EmbedInputs(*e, raw, {b["text"]}, "text"));
+      json out = theloom::HiddenStateStatistics(m.vectors[0]);
+      out["layer"] = m.layer;
+      out["pooling"] = m.pooling;
+      out["inference_time_ms"] =
+          std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      out["input_tokens"] = m.tokens;
+      out["model_id"] = e->id();
+      Reply(res, 200, out);
+      return Status();
+    }
+    const char* key = b.contains("embedding") ? "embedding"
+                      : b.contains("vector")  ? "vector"
+                                              : "data";
+    if (!b.contains(key) || !b[key].is_array())
+      return InvalidArgumentError(
+          "field `embedding`: expected a list of numbers (or `text` and "
+          "`model`: the statistics of the text's embedding)");
+    std::vector<double> v;
+    for (const json& x : b[key]) {
+      if (!x.is_number())
+        return InvalidArgumentError(
+            "field `embedding`: expected numbers, got " + Dump(x));
+      v.push_back(x.get<double>());
+    }
+    ASSIGN_OR_RETURN(json out, AnalyzeVector(v));
+    Reply(res, 200, out);
+    return Status();
+  }
+
+  // POST /analyze/geometry (theloom_analysis.h): `vectors`, 3 to
+  // theloom::kMaxVectors rows; `seed` (Loom's) for the random draws.
+  Status AnalyzeGeometry(const httplib::Request& req, httplib::Response& res) {
+    const Clock::time_point t0 = Clock::now();
+    ASSIGN_OR_RETURN(theloom::AnalysisBody b,
+                     theloom::ParseAnalysisBody(req.body, {"vectors"}, 3,
+                                                theloom::kMaxVectors));
+    ASSIGN_OR_RETURN(uint32_t seed, theloom::SeedOf(b.rest));
+    json out = theloom::GeometryJson(
+        theloom::AnalyzeGeometry(b.matrices[0], seed, o_.engine.threads));
+    out["analysis_time_ms"] =
+        std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    Reply(res, 200, out);
+    return Status();
+  }
+
+  // POST /analyze/bilateral: `sender_vectors` and `receiver_vectors` of the
+  // same width; `seed` as above (both sides' Wolf draws use it).
+  Status AnalyzeBilateral(const httplib::Request& req, httplib::Response& res) {
+    const Clock::time_point t0 = Clock::now();
+    ASSIGN_OR_RETURN(theloom::AnalysisBody b,
+                     theloom::ParseAnalysisBody(
+                         req.body, {"sender_vectors", "receiver_vectors"}, 3,
+                         theloom::kMaxVectors));
+    ASSIGN_OR_RETURN(uint32_t seed, theloom::SeedOf(b.rest));
+    const theloom::Matrix &s = b.matrices[0], &r = b.matrices[1];
+    if (s.cols != r.cols)
+      return InvalidArgumentError("Dimension mismatch: sender has " +
+                                  std::to_string(s.cols) + ", receiver has " +
+                                  std::to_string(r.cols));
+    json out = theloom::BilateralJson(
+        theloom::AnalyzeBilateral(s, r, seed, o_.engine.threads));
+    out["analysis_time_ms"] =
+        std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    Reply(res, 200, out);
+    return Status();
+  }
+
   // The inputs of /embed/batch (`texts`) and /embed (`text`).
   StatusOr<std::vector<json>> EmbedTexts(const json& b, bool batch) {
     if (!batch) {
@@ -1510,7 +1889,10 @@ class Server::Impl {
 
   Status Embed(const httplib::Request& req, httplib::Response& res,
                bool batch) {
+    std::optional<BodyFormat> format = Accepted(req, res);
+    if (!format) return Status();
     ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    ASSIGN_OR_RETURN(DType binary_dtype, BinaryDType(b));
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
     ASSIGN_OR_RETURN(std::vector<json> texts, EmbedTexts(b, batch));
     const Clock::time_point t0 = Clock::now();
@@ -1524,6 +1906,19 @@ class Server::Impl {
         {"input_tokens", m.tokens},
         {"inference_time_ms",
          std::chrono::duration<double, std::milli>(Clock::now() - t0).count()}};
+    if (*format != BodyFormat::kJson) {
+      const std::vector<float> all = Rows(m.vectors);
+      const int64_t n = static_cast<int64_t>(m.vectors.size());
+      return ReplyBinary(req, res, *format,
+                         {{batch ? "embeddings" : "embedding",
+                           batch ? std::vector<int64_t>{n, m.width}
+                                 : std::vector<int64_t>{m.width},
+                           all.data()}},
+                         binary_dtype,
+                         {{"shape", batch ? json::array({n, m.width})
+                                          : json::array({m.width})},
+                          {"metadata", meta}});
+    }
     if (batch) {
       Reply(res, 200,
             {{"embeddings", m.vectors},
@@ -1570,7 +1965,10 @@ class Server::Impl {
   // POST /v1/embeddings: OpenAI's embeddings, each the pooled hidden state
   // of one input (EmbedInputs), as floats or base64 of little-endian f32.
   Status Embeddings(const httplib::Request& req, httplib::Response& res) {
+    std::optional<BodyFormat> format = Accepted(req, res);
+    if (!format) return Status();
     ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    ASSIGN_OR_RETURN(DType binary_dtype, BinaryDType(b));
     if (b.contains("dimensions") && !b["dimensions"].is_null())
       return InvalidArgumentError(
           "field `dimensions`: not supported: an embedding has the width of "
@@ -1585,6 +1983,18 @@ class Server::Impl {
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
     ASSIGN_OR_RETURN(std::vector<json> inputs, OpenAiInputs(b, "input"));
     ASSIGN_OR_RETURN(Embedded m, EmbedInputs(*e, b, inputs, "input"));
+    const json usage = {{"prompt_tokens", m.tokens},
+                        {"total_tokens", m.tokens}};
+    if (*format != BodyFormat::kJson) {
+      const std::vector<float> all = Rows(m.vectors);
+      return ReplyBinary(
+          req, res, *format,
+          {{"embeddings",
+            {static_cast<int64_t>(m.vectors.size()), m.width},
+            all.data()}},
+          binary_dtype,
+          {{"object", "list"}, {"model", e->id()}, {"usage", usage}});
+    }
     json data = json::array();
     for (size_t i = 0; i < m.vectors.size(); ++i) {
       const std::vector<float>& v = m.vectors[i];
@@ -1658,7 +2068,8 @@ class Server::Impl {
                      {"logprobs", nullptr},
                      {"finish_reason", FinishReason(g->stop_reason)}};
       ASSIGN_OR_RETURN(json body, GenResponse(*e, fields[i], *g));
-      for (const char* extra : {"hidden_states", "activations"})
+      for (const char* extra :
+           {"hidden_states", "activations", "attention_weights"})
         if (body.contains(extra)) choice[extra] = std::move(body[extra]);
       choices.push_back(std::move(choice));
     }
@@ -1834,81 +2245,97 @@ Server::~Server() {
 }
 
 StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
-  if (o.max_body_bytes <= 0 || o.max_loaded < 1 || o.max_batch_prompts < 1)
+  if (o.max_body_bytes <= 0 || o.max_analysis_body_bytes <= 0 ||
+      o.max_loaded < 1 || o.max_batch_prompts < 1)
     return InvalidArgumentError(
-        "serve: max_body_bytes, max_loaded and max_batch_prompts must be > 0");
+        "serve: max_body_bytes, max_analysis_body_bytes, max_loaded and "
+        "max_batch_prompts must be > 0");
   auto impl = std::make_unique<Impl>(o);
   Impl* p = impl.get();
   const size_t threads = o.threads > 0 ? static_cast<size_t>(o.threads)
                                        : static_cast<size_t>(std::min<int64_t>(
                                              o.engine.max_queue + 16, 512));
-  p->http_.new_task_queue = [threads] {
-    return new httplib::ThreadPool(threads);
-  };
-  p->http_.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
-  // The library listens with a backlog of 5: a burst of clients would see
-  // resets. Remember the listening socket (after setting the options the
-  // library would have set) so that Bind() can listen again with a deep
-  // backlog.
-  p->http_.set_socket_options([p](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    p->listen_socket_ = sock;
-  });
-  p->http_.set_keep_alive_timeout(5);
-  p->http_.set_read_timeout(30);
-  p->http_.set_write_timeout(30);
-  p->http_.set_pre_routing_handler(
-      [p](const httplib::Request& req, httplib::Response& res) {
-        if (p->draining_ && req.path != "/health") {
-          res.set_header("Retry-After", "5");
-          p->Reply(res, 503,
-                   ErrorJson(req.path, 503, "the server is shutting down"));
-          return httplib::Server::HandlerResponse::Handled;
-        }
-        bool cors = false;
-        if (!p->o_.cors_origins.empty()) {
-          const std::string origin = req.get_header_value("Origin");
-          for (const std::string& allowed : p->o_.cors_origins)
-            if (allowed == "*" || allowed == origin) {
-              res.set_header("Access-Control-Allow-Origin",
-                             allowed == "*" ? "*" : origin);
-              if (p->o_.cors_allow_credentials)
-                res.set_header("Access-Control-Allow-Credentials", "true");
-              cors = true;
-              break;
-            }
-        }
-        if (req.method == "OPTIONS") {  // CORS preflight: no token needed
-          if (cors) {
-            res.set_header("Access-Control-Allow-Methods",
-                           "GET, POST, DELETE, OPTIONS");
-            res.set_header("Access-Control-Allow-Headers",
-                           "Authorization, Content-Type");
+  if (o.transport != "http" && o.transport != "unix" && o.transport != "both")
+    return InvalidArgumentError("serve: transport `" + o.transport +
+                                "`: expected http, unix or both");
+  p->use_tcp_ = o.transport != "unix";
+  p->use_unix_ = o.transport != "http";
+  ASSIGN_OR_RETURN(p->experiments_, ExperimentRoutes::Create(o.persistence));
+  // Both listeners get the same settings and routes; Bind() binds the ones
+  // the transport names.
+  for (httplib::Server* srv : {&p->http_.tcp, &p->http_.unix_socket}) {
+    httplib::Server& h = *srv;
+    h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    // The largest route limit; ReadBody applies each route's own.
+    h.set_payload_max_length(static_cast<size_t>(
+        std::max(o.max_body_bytes, o.max_analysis_body_bytes)));
+    // The library listens with a backlog of 5: a burst of clients would see
+    // resets. Remember the listening socket (after setting the options the
+    // library would have set) so that Bind() can listen again with a deep
+    // backlog.
+    if (&h == &p->http_.tcp) {
+      h.set_socket_options([p](int sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        p->listen_socket_ = sock;
+      });
+    }
+    h.set_keep_alive_timeout(5);
+    h.set_read_timeout(30);
+    h.set_write_timeout(30);
+    h.set_pre_routing_handler(
+        [p](const httplib::Request& req, httplib::Response& res) {
+          if (p->draining_ && req.path != "/health") {
+            res.set_header("Retry-After", "5");
+            p->Reply(res, 503,
+                     ErrorJson(req.path, 503, "the server is shutting down"));
+            return httplib::Server::HandlerResponse::Handled;
           }
-          res.status = cors ? 204 : 404;
-          return httplib::Server::HandlerResponse::Handled;
-        }
-        if (!p->o_.auth_token.empty() && req.path != "/health" &&
-            !SameSecret(req.get_header_value("Authorization"),
-                        "Bearer " + p->o_.auth_token)) {
-          res.set_header("WWW-Authenticate", "Bearer");
-          p->Reply(res, 401,
-                   ErrorJson(req.path, 401,
-                             "missing or wrong bearer token "
-                             "(Authorization: Bearer <token>)"));
-          return httplib::Server::HandlerResponse::Handled;
-        }
-        return httplib::Server::HandlerResponse::Unhandled;
-      });
-  p->http_.set_error_handler(
-      [p](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return;  // a route's own error reply
-        std::string msg = "HTTP " + std::to_string(res.status);
-        if (res.status == 404) msg = "no route " + req.method + " " + req.path;
-        if (res.status == 413) msg = p->TooLarge(req);
-        p->Reply(res, res.status, ErrorJson(req.path, res.status, msg));
-      });
+          bool cors = false;
+          if (!p->o_.cors_origins.empty()) {
+            const std::string origin = req.get_header_value("Origin");
+            for (const std::string& allowed : p->o_.cors_origins)
+              if (allowed == "*" || allowed == origin) {
+                res.set_header("Access-Control-Allow-Origin",
+                               allowed == "*" ? "*" : origin);
+                if (p->o_.cors_allow_credentials)
+                  res.set_header("Access-Control-Allow-Credentials", "true");
+                cors = true;
+                break;
+              }
+          }
+          if (req.method == "OPTIONS") {  // CORS preflight: no token needed
+            if (cors) {
+              res.set_header("Access-Control-Allow-Methods",
+                             "GET, POST, DELETE, OPTIONS");
+              res.set_header("Access-Control-Allow-Headers",
+                             "Authorization, Content-Type");
+            }
+            res.status = cors ? 204 : 404;
+            return httplib::Server::HandlerResponse::Handled;
+          }
+          if (!p->o_.auth_token.empty() && req.path != "/health" &&
+              !SameSecret(req.get_header_value("Authorization"),
+                          "Bearer " + p->o_.auth_token)) {
+            res.set_header("WWW-Authenticate", "Bearer");
+            p->Reply(res, 401,
+                     ErrorJson(req.path, 401,
+                               "missing or wrong bearer token "
+                               "(Authorization: Bearer <token>)"));
+            return httplib::Server::HandlerResponse::Handled;
+          }
+          return httplib::Server::HandlerResponse::Unhandled;
+        });
+    h.set_error_handler(
+        [p](const httplib::Request& req, httplib::Response& res) {
+          if (!res.body.empty()) return;  // a route's own error reply
+          std::string msg = "HTTP " + std::to_string(res.status);
+          if (res.status == 404)
+            msg = "no route " + req.method + " " + req.path;
+          if (res.status == 413) msg = p->TooLarge(req);
+          p->Reply(res, res.status, ErrorJson(req.path, res.status, msg));
+        });
+  }
   p->Register();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
@@ -1921,38 +2348,52 @@ StatusOr<std::string> Server::LoadModel(const std::string& name) {
 Status Server::UnloadModel(const std::string& id) { return impl_->Unload(id); }
 
 StatusOr<int> Server::Bind() {
-  const ServerOptions& o = impl_->o_;
-  if (o.port == 0) {
-    const int port = impl_->http_.bind_to_any_port(o.host);
-    if (port <= 0)
-      return IoError("cannot bind " + o.host +
-                     " to a free port: " + BindFailure(o.host, 0));
-    port_ = port;
-  } else {
-    if (!impl_->http_.bind_to_port(o.host, o.port))
-      return IoError("cannot bind " + o.host + ":" + std::to_string(o.port) +
-                     ": " + BindFailure(o.host, o.port));
-    port_ = o.port;
+  Impl& p = *impl_;
+  const ServerOptions& o = p.o_;
+  if (p.use_tcp_) {
+    if (o.port == 0) {
+      const int port = p.http_.tcp.bind_to_any_port(o.host);
+      if (port <= 0)
+        return IoError("cannot bind " + o.host +
+                       " to a free port: " + BindFailure(o.host, 0));
+      port_ = port;
+    } else {
+      if (!p.http_.tcp.bind_to_port(o.host, o.port))
+        return IoError("cannot bind " + o.host + ":" + std::to_string(o.port) +
+                       ": " + BindFailure(o.host, o.port));
+      port_ = o.port;
+    }
+    if (p.listen_socket_ >= 0) ::listen(p.listen_socket_, SOMAXCONN);
   }
-  if (impl_->listen_socket_ >= 0) ::listen(impl_->listen_socket_, SOMAXCONN);
+  if (p.use_unix_) {
+    RETURN_IF_ERROR(p.unix_socket_.Listen(o.unix_socket));
+    RETURN_IF_ERROR(p.unix_socket_.Attach(p.http_.unix_socket));
+  }
+  bound_ = true;
   return port_;
 }
 
 Status Server::Run() {
-  if (port_ == 0) return FailedPreconditionError("serve: Bind() first");
-  // Stop() may come before the listener runs (a signal during start-up):
-  // a watcher stops the listener once it runs, and after
+  if (!bound_) return FailedPreconditionError("serve: Bind() first");
+  std::vector<httplib::Server*> servers;
+  if (impl_->use_tcp_) servers.push_back(&impl_->http_.tcp);
+  if (impl_->use_unix_) servers.push_back(&impl_->http_.unix_socket);
+  // Stop() may come before the listeners run (a signal during start-up):
+  // a watcher stops each listener once it runs, and after
   // shutdown_timeout_seconds of draining ends what is still running.
   std::atomic<bool> listening_done{false};
-  std::thread watcher([this, &listening_done] {
-    bool stopped = false, cut = false;
+  std::thread watcher([this, &listening_done, &servers] {
+    std::vector<bool> stopped(servers.size(), false);
+    bool cut = false;
     Clock::time_point since{};
     while (!listening_done.load()) {
       if (impl_->draining_) {
         if (since == Clock::time_point{}) since = Clock::now();
-        if (!stopped && impl_->http_.is_running()) {
-          impl_->http_.stop();
-          stopped = true;
+        for (size_t i = 0; i < servers.size(); ++i) {
+          if (!stopped[i] && servers[i]->is_running()) {
+            servers[i]->stop();
+            stopped[i] = true;
+          }
         }
         if (!cut &&
             Clock::now() - since >
@@ -1967,19 +2408,32 @@ Status Server::Run() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
-  const bool ok = impl_->http_.listen_after_bind();
+  // transport both: the unix socket's listener on a thread of its own.
+  std::atomic<bool> ok{true};
+  std::vector<std::thread> others;
+  for (size_t i = 1; i < servers.size(); ++i)
+    others.emplace_back([&ok, s = servers[i]] {
+      if (!s->listen_after_bind()) ok = false;
+    });
+  if (!servers[0]->listen_after_bind()) ok = false;
+  // One listener ending ends the others (the watcher stops them, even one
+  // that has not started yet).
+  const bool stopping = impl_->draining_;
+  impl_->draining_ = true;
+  for (std::thread& t : others) t.join();
   listening_done = true;
   watcher.join();
   // listen returns once the workers have finished their requests.
   for (const auto& e : impl_->Engines()) e->Shutdown(true);
-  if (!ok && !impl_->draining_)
-    return IoError("the HTTP server stopped unexpectedly");
+  impl_->unix_socket_.Remove();
+  if (!ok && !stopping) return IoError("the HTTP server stopped unexpectedly");
   return Status();
 }
 
 void Server::Stop() {
   impl_->draining_ = true;
-  impl_->http_.stop();
+  impl_->http_.tcp.stop();
+  impl_->http_.unix_socket.stop();
 }
 
 }  // namespace loom::serve

@@ -14,7 +14,8 @@
 // Safety: binds 127.0.0.1 unless told otherwise; with an auth token every
 // route but /health needs "Authorization: Bearer <token>"; a POST body is
 // read as JSON whatever its Content-Type (curl -d's form type too), with
-// max_body_bytes the one limit (413 naming it; multipart/form-data is 415);
+// max_body_bytes the limit (max_analysis_body_bytes on /analyze/geometry and
+// /analyze/bilateral; 413 naming it; multipart/form-data is 415);
 // prompts over max_prompt_tokens get 400; malformed JSON,
 // wrong types and unknown models get 4xx with a message; a full queue gets
 // 503 with Retry-After. Stop() (SIGTERM in the CLI) refuses new requests,
@@ -33,15 +34,24 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/serve/engine.h"
+#include "src/serve/experiments.h"
 #include "src/serve/patching.h"
 
 namespace loom::serve {
 
 struct ServerOptions {
+  // http: TCP on host:port; unix: HTTP/1.1 on the unix socket `unix_socket`
+  // (mode 0600, removed on shutdown); both: the two, sharing every route and
+  // all state (transport.h, docs/server.md).
+  std::string transport = "http";
+  std::string unix_socket = "/tmp/loom.sock";
   std::string host = "127.0.0.1";
   int port = 8080;         // 0 = any free port (see Server::port())
   std::string auth_token;  // "" = none
   int64_t max_body_bytes = 8 << 20;
+  // The body limit of /analyze/geometry and /analyze/bilateral: 1,000
+  // vectors of width 4,096 as Go writes float64 are about 80 MB.
+  int64_t max_analysis_body_bytes = int64_t{256} << 20;
   int64_t max_prompt_tokens = 0;  // 0 = the model's serving context
   int64_t max_batch_prompts = 100;
   // Vector values one request's `interventions` may carry, hook patterns
@@ -71,6 +81,8 @@ struct ServerOptions {
   // /api/patching/*: limits of the experiments kept and of one run
   // (patching.h; threads 0 = engine.threads).
   PatchingOptions patching;
+  // /experiments*: the store (experiments.h); disabled = 503.
+  PersistenceOptions persistence;
   nlohmann::json config;  // the effective configuration, echoed in /health
 };
 
@@ -84,7 +96,8 @@ class Server {
   StatusOr<std::string> LoadModel(const std::string& name);
   Status UnloadModel(const std::string& id);
 
-  // Binds the listening socket; the port (useful with port 0).
+  // Binds the listening sockets (the TCP port and/or the unix socket); the
+  // port (useful with port 0), 0 for transport "unix".
   StatusOr<int> Bind();
   // Serves until Stop(); returns once in-flight requests are done and the
   // models are unloaded.
@@ -98,6 +111,7 @@ class Server {
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
+  bool bound_ = false;
 };
 
 }  // namespace loom::serve

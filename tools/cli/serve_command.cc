@@ -1,5 +1,6 @@
 // `loom serve --model DIR [--host H] [--port N] [--config FILE] [--threads N]
-//  [--precision P]`: TheLoom's HTTP API (src/serve/server.h, docs/server.md).
+//  [--precision P] [--transport T] [--unix-socket PATH]`: TheLoom's HTTP API
+//  (src/serve/server.h, docs/server.md).
 // The configuration is the YAML file (src/serve/config.h), then
 // LOOM_<SECTION>__<KEY> environment variables, then these flags (--precision
 // sets memory.precision_mode). SIGTERM / SIGINT stop it gracefully: new
@@ -35,6 +36,8 @@ struct ServeArgs {
   std::string config;
   int threads = 0;
   std::string precision;  // "" = memory.precision_mode of the configuration
+  std::string transport;  // "" = server.transport
+  std::string unix_socket;  // "" = server.unix_socket
 };
 
 // memory.precision_mode's spelling of a --precision value (the YAML key takes
@@ -82,6 +85,8 @@ Status RunServe(const ServeArgs& args) {
   RETURN_IF_ERROR(serve::ApplyEnvOverrides(env, config));
   if (!args.host.empty()) config.server.http_host = args.host;
   if (args.port >= 0) config.server.http_port = args.port;
+  if (!args.transport.empty()) config.server.transport = args.transport;
+  if (!args.unix_socket.empty()) config.server.unix_socket = args.unix_socket;
   if (!args.precision.empty()) {
     ASSIGN_OR_RETURN(config.memory.precision_mode,
                      PrecisionMode(args.precision));
@@ -104,10 +109,17 @@ Status RunServe(const ServeArgs& args) {
         "in --config");
 
   serve::ServerOptions o;
+  o.transport = config.server.transport;
+  o.unix_socket = config.server.unix_socket;
+  o.persistence.enabled = config.persistence.enabled;
+  o.persistence.db_path = config.persistence.db_path;
+  o.persistence.hidden_states_dir = config.persistence.hidden_states_dir;
+  o.persistence.export_dir = config.persistence.export_dir;
   o.host = config.server.http_host;
   o.port = config.server.http_port;
   o.auth_token = config.server.auth_token;
   o.max_body_bytes = config.server.max_body_bytes;
+  o.max_analysis_body_bytes = config.server.max_analysis_body_bytes;
   o.max_prompt_tokens = config.server.max_prompt_tokens;
   o.max_batch_prompts = config.server.max_batch_prompts;
   o.threads = config.server.threads;
@@ -154,8 +166,12 @@ Status RunServe(const ServeArgs& args) {
   for (const std::string& m : config.models.preload)
     RETURN_IF_ERROR(server->LoadModel(m).status());
   ASSIGN_OR_RETURN(int port, server->Bind());
-  std::fprintf(stderr, "loom serve: listening on http://%s:%d\n",
-               o.host.c_str(), port);
+  if (o.transport != "unix")
+    std::fprintf(stderr, "loom serve: listening on http://%s:%d\n",
+                 o.host.c_str(), port);
+  if (o.transport != "http")
+    std::fprintf(stderr, "loom serve: listening on unix socket %s\n",
+                 o.unix_socket.c_str());
   std::fflush(stderr);
 
   std::atomic<bool> done{false};
@@ -195,6 +211,12 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->check(IntRange(0, 65535));
   cmd->add_option("--config", args->config,
                   "YAML configuration (docs/design/serve-config.md)");
+  cmd->add_option("--transport", args->transport,
+                  "http, unix or both (default http; server.transport)")
+      ->check(CLI::IsMember({"http", "unix", "both"}));
+  cmd->add_option("--unix-socket", args->unix_socket,
+                  "Path of the unix socket for --transport unix/both "
+                  "(default /tmp/loom.sock; server.unix_socket)");
   AddThreadsFlag(*cmd, &args->threads);
   cmd->add_option("--precision", args->precision,
                   "auto, f32, bf16 or f16: the compute precision of every "
