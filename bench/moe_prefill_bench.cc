@@ -15,8 +15,12 @@
 //   vs_dense       dense-GEMM time / MoE-layer time, i.e. MoE throughput as a
 //                  fraction of the baseline's (goal >= 0.8);
 //   router_frac    share of the MoE time in the router GEMM + top-k;
-//   gemm_frac      share in the expert GEMMs alone (the executor's per-expert
-//                  calls replayed with the same routing, same weights);
+//   gemm_frac      share in the expert GEMMs alone (the executor's calls
+//                  replayed with the same routing, same weights: one
+//                  Backend::GemmGroup for gate/up, one for down);
+//   group_speedup  the expert GEMMs one Gemm call after another (the
+//                  schedule before GemmGroup; experts_1by1_ms) over the
+//                  grouped schedule (experts_group_ms), same process;
 //   experts_hit    experts with at least one routed row.
 // Baseline (same process, same backend settings): the expert GEMMs' FLOPs as
 // ONE GEMM. With T tokens and k experts per token there are R = T k routed
@@ -209,8 +213,8 @@ void BM_MoePrefill(benchmark::State& state) {
           costs.weight_decode_workspace(n, k, w0.format.kind, w0.decode_dtype));
   Buf decode(decode_bytes);
   if (decode_bytes > 0) be.SetWeightDecodeWorkspace(decode.p, decode_bytes);
-  auto gemm = [&](const WeightOperand& op_w, WeightRole bias, int64_t e,
-                  int64_t m, bool same_x) {
+  auto make_op = [&](const WeightOperand& op_w, WeightRole bias, int64_t e,
+                     int64_t m) {
     GemmOp op;
     op.w = op_w;
     if (bias != WeightRole::kOther) {
@@ -222,6 +226,11 @@ void BM_MoePrefill(benchmark::State& state) {
     op.m = m;
     op.y = static_cast<float*>(y.p);
     op.workspace = gemm_ws.p;
+    return op;
+  };
+  auto gemm = [&](const WeightOperand& op_w, WeightRole bias, int64_t e,
+                  int64_t m, bool same_x) {
+    GemmOp op = make_op(op_w, bias, e, m);
     op.reuse_x_workspace = same_x;
     be.Gemm(op);
   };
@@ -244,6 +253,57 @@ void BM_MoePrefill(benchmark::State& state) {
            lc.expert_bias ? WeightRole::kExpertDownBias : WeightRole::kOther, e,
            rows[e], false);
     }
+  };
+
+  // The same GEMMs as the executor issues them now: one Backend::GemmGroup
+  // for every expert's gate and up, one for the downs (each expert's rows a
+  // range of one [R, k] input).
+  std::vector<GemmOp> items;
+  auto run_group = [&] {
+    GemmGroupOp g;
+    g.x = static_cast<const float*>(x.p);
+    g.rows = R;
+    g.items = items.data();
+    g.count = static_cast<int64_t>(items.size());
+    g.workspace = gemm_ws.p;
+    be.GemmGroup(g);
+  };
+  auto run_experts_grouped = [&] {
+    items.clear();
+    int64_t row = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (rows[e] == 0) continue;
+      auto add = [&](WeightRole wr, WeightRole br, int64_t col) {
+        GemmOp op = make_op(WeightOperandOf(w, wr, 0, e), br, e, rows[e]);
+        op.x = static_cast<const float*>(x.p) + row * H;
+        op.y = static_cast<float*>(y.p) + row * nmax + col;
+        op.ldy = nmax;
+        items.push_back(op);
+      };
+      if (fused) {
+        add(WeightRole::kExpertGateUp, WeightRole::kExpertGateUpBias, 0);
+      } else {
+        add(WeightRole::kExpertGate, WeightRole::kOther, 0);
+        add(WeightRole::kExpertUp, WeightRole::kOther, Ie);
+      }
+      row += rows[e];
+    }
+    run_group();
+    items.clear();
+    row = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (rows[e] == 0) continue;
+      GemmOp op = make_op(
+          WeightOperandOf(w, WeightRole::kExpertDown, 0, e),
+          lc.expert_bias ? WeightRole::kExpertDownBias : WeightRole::kOther, e,
+          rows[e]);
+      op.x = static_cast<const float*>(x.p) + row * Ie;
+      op.y = static_cast<float*>(y.p) + row * nmax;
+      op.ldy = nmax;
+      items.push_back(op);
+      row += rows[e];
+    }
+    run_group();
   };
 
   // The dense baseline: [R, H] x [H, 3 Ie] in the experts' weight format.
@@ -288,6 +348,7 @@ void BM_MoePrefill(benchmark::State& state) {
     return best;
   };
   const double experts_s = best_of(run_experts);
+  const double grouped_s = best_of(run_experts_grouped);
   const double dense_s = best_of(run_dense);
 
   state.counters["moe_tok/s"] = static_cast<double>(T) / moe_s;
@@ -295,7 +356,12 @@ void BM_MoePrefill(benchmark::State& state) {
   state.counters["dense_ms"] = dense_s * 1e3;
   state.counters["vs_dense"] = dense_s / moe_s;
   state.counters["router_frac"] = router_s / moe_s;
-  state.counters["gemm_frac"] = experts_s / moe_s;
+  state.counters["gemm_frac"] = grouped_s / moe_s;
+  // The expert GEMMs one by one (the schedule before GemmGroup) over the
+  // grouped schedule, same process, same routing.
+  state.counters["experts_1by1_ms"] = experts_s * 1e3;
+  state.counters["experts_group_ms"] = grouped_s * 1e3;
+  state.counters["group_speedup"] = experts_s / grouped_s;
   state.counters["experts_hit"] = static_cast<double>(hit);
   state.SetLabel(preset + " " + std::string(DTypeName(wd)) + " " +
                  (w0.quantized() ? "mxfp4" : "dense") + " experts, " +

@@ -1,0 +1,205 @@
+#include "src/eval/prefill_bench.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <random>
+
+#include "src/backend/cpu/isa.h"
+#include "src/backend/registry.h"
+#include "src/model/layer_config.h"
+#include "src/runtime/executor.h"
+
+namespace loom {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+// Host scratch of the ceiling's GEMM (outside any forward).
+struct Scratch {
+  explicit Scratch(int64_t bytes)
+      : p(bytes > 0 ? std::aligned_alloc(64, (bytes + 63) / 64 * 64)
+                    : nullptr) {}
+  ~Scratch() { std::free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* p;
+};
+
+// Weight elements one token multiplies in layer `lc` of `c`.
+double LayerWeightsPerToken(const ModelConfig& c, const LayerConfig& lc) {
+  const double H = static_cast<double>(c.hidden_size);
+  double w = 0;
+  if (lc.is_mla()) {
+    const MlaConfig& m = lc.mla;
+    const double heads = static_cast<double>(lc.q_heads);
+    w += m.q_lora_rank > 0
+             ? m.q_lora_rank * H + heads * m.qk_head_dim() * m.q_lora_rank
+             : heads * m.qk_head_dim() * H;
+    w += (m.kv_lora_rank + m.qk_rope_head_dim) * H;
+    w += heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank;
+  } else {
+    w += static_cast<double>(lc.q_width() + lc.k_width() + lc.v_width()) * H;
+  }
+  w += static_cast<double>(lc.z_width()) * H;  // o_proj
+  if (lc.moe()) {
+    const double Ie = static_cast<double>(lc.expert_intermediate_size);
+    w += static_cast<double>(lc.num_experts) * H;  // router
+    w += static_cast<double>(lc.experts_per_token) * 3 * Ie * H;
+    if (lc.shared_expert())
+      w += 3.0 * lc.shared_expert_intermediate_size * H +
+           (lc.shared_expert_gate ? H : 0);
+  } else {
+    const double I = static_cast<double>(c.intermediate_size);
+    w += (lc.mlp == MlpKind::kPlain ? 2 : 3) * I * H;
+  }
+  return w;
+}
+
+// Seconds of the fastest of `iterations` runs of fn (after one warm-up).
+template <typename Fn>
+StatusOr<double> Fastest(int iterations, Fn fn) {
+  RETURN_IF_ERROR(fn());
+  double best = 1e300;
+  for (int i = 0; i < iterations; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    RETURN_IF_ERROR(fn());
+    best = std::min(best, Since(t0));
+  }
+  return best;
+}
+
+// FLOP/s of one dense [T, H] x [H, 4H] GEMM in `dtype` (random weights).
+StatusOr<double> DenseGemmRate(Backend& be, int64_t T, int64_t H, DType dtype,
+                               int iterations) {
+  const int64_t N = 4 * H;
+  const KernelCosts costs = be.Costs();
+  Scratch w(N * H * DTypeSize(dtype)), x(T * H * 4), y(T * N * 4);
+  std::mt19937 rng(7);
+  if (dtype == DType::kF32) {
+    auto* v = static_cast<float*>(w.p);
+    for (int64_t i = 0; i < N * H; ++i) v[i] = (rng() % 2001) * 1e-5f - 0.01f;
+  } else {
+    // Small values as bf16 / f16 bit patterns.
+    auto* v = static_cast<uint16_t*>(w.p);
+    for (int64_t i = 0; i < N * H; ++i)
+      v[i] = static_cast<uint16_t>(0x3c00 + rng() % 0x100);
+  }
+  std::fill_n(static_cast<float*>(x.p), T * H, 0.01f);
+  Scratch ws(costs.gemm_workspace ? costs.gemm_workspace(T, H, dtype) : 0);
+  const int64_t pad_bytes =
+      costs.gemm_scratchpad ? costs.gemm_scratchpad(T, N, H, dtype, false) : 0;
+  Scratch pad(pad_bytes);
+  be.SetGemmScratchpad(pad.p, pad_bytes);
+  GemmOp op;
+  op.x = static_cast<const float*>(x.p);
+  op.m = T;
+  op.w.data = w.p;
+  op.w.n = N;
+  op.w.k = H;
+  op.w.format = WeightStorage{FormatKind::kDense, dtype, MatrixLayout::kOutIn};
+  op.w.decode_dtype = dtype;
+  op.y = static_cast<float*>(y.p);
+  op.workspace = ws.p;
+  ASSIGN_OR_RETURN(double s, Fastest(iterations, [&] {
+                     be.Gemm(op);
+                     return Status();
+                   }));
+  be.SetGemmScratchpad(nullptr, 0);
+  return 2.0 * static_cast<double>(T) * H * N / s;
+}
+
+// Hooks nothing but needs every layer run: the final norm's output is
+// delivered and dropped.
+class DropSink : public HookSink {
+ public:
+  Status OnActivation(const HookPoint&, const Batch&, int64_t, int64_t,
+                      const ActivationView&) override {
+    return Status();
+  }
+};
+
+}  // namespace
+
+double PrefillGemmFlops(const ModelConfig& c, int64_t tokens) {
+  double w = 0;
+  for (const LayerConfig& lc : MakeLayerConfigs(c))
+    w += LayerWeightsPerToken(c, lc);
+  return 2.0 * w * static_cast<double>(tokens);
+}
+
+StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
+                                             const PrefillBenchOptions& o) {
+  if (o.iterations < 1)
+    return InvalidArgumentError("bench: --iterations " +
+                                std::to_string(o.iterations) +
+                                ": expected at least 1");
+  PrefillBenchResult r;
+  r.cpu = CpuModel();
+  r.isa = std::string(cpu::IsaName(cpu::ActiveIsa()));
+  const Clock::time_point t0 = Clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                   Model::Load(model_dir, o.precision));
+  r.load_seconds = Since(t0);
+  const ModelConfig& c = model->config();
+  for (const char ch : DTypeName(model->compute_dtype()))  // "bf16"
+    r.precision += static_cast<char>(std::tolower(ch));
+  for (int64_t T : o.tokens)
+    if (T < 1 || T > c.max_position_embeddings)
+      return InvalidArgumentError("bench: --tokens " + std::to_string(T) +
+                                  " outside [1, " +
+                                  std::to_string(c.max_position_embeddings) +
+                                  "] (the model's max_position_embeddings)");
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
+  r.threads = backend->SetNumThreads(o.threads);
+  HookSet hooks;
+  hooks.Add({HookSite::kFinalNorm, -1});
+  for (int64_t T : o.tokens) {
+    PrefillPoint p;
+    p.tokens = T;
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Executor> ex,
+        Executor::Create(
+            *model, hooks,
+            {.max_tokens = T, .max_seq_len = T, .backend = backend.get()}));
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i)
+      ids[static_cast<size_t>(i)] =
+          static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+    const std::vector<int64_t> starts = {0, T};
+    DropSink sink;
+    ASSIGN_OR_RETURN(p.seconds, Fastest(o.iterations, [&] {
+                       return ex->Forward(Batch{ids, starts}, &sink);
+                     }));
+    ex.reset();  // its arenas, before the ceiling's buffers
+    p.tokens_per_second = static_cast<double>(T) / p.seconds;
+    p.gemm_flops = PrefillGemmFlops(c, T);
+    ASSIGN_OR_RETURN(p.dense_gemm_flops_per_second,
+                     DenseGemmRate(*backend, T, c.hidden_size,
+                                   model->compute_dtype(), o.iterations));
+    p.gemm_only_tokens_per_second =
+        p.dense_gemm_flops_per_second / (p.gemm_flops / static_cast<double>(T));
+    r.prefill.push_back(p);
+  }
+  return r;
+}
+
+}  // namespace loom

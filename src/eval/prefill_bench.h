@@ -1,0 +1,59 @@
+// `loom bench`: prefill throughput of a model on this machine, with the
+// ceiling its weight GEMMs would allow, in the form users compare with
+// llama.cpp's `llama-bench -p N` (docs/eval/bench.md).
+#ifndef LOOM_EVAL_PREFILL_BENCH_H_
+#define LOOM_EVAL_PREFILL_BENCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/model/config.h"
+#include "src/runtime/model.h"
+
+namespace loom {
+
+struct PrefillBenchOptions {
+  std::vector<int64_t> tokens = {128, 512};  // prompt lengths, one run each
+  int threads = 0;                           // 0 = all cores
+  Precision precision = Precision::kAuto;
+  int iterations = 3;  // timed forwards per length (after one warm-up)
+};
+
+struct PrefillPoint {
+  int64_t tokens = 0;
+  double seconds = 0;            // the fastest timed forward
+  double tokens_per_second = 0;  // tokens / seconds
+  // Weight-GEMM FLOPs of the forward (PrefillGemmFlops) and the throughput
+  // if all of them ran at the rate of one dense [tokens, H] x [H, 4H] GEMM
+  // in the compute dtype (the GEMM-only ceiling).
+  double gemm_flops = 0;
+  double dense_gemm_flops_per_second = 0;
+  double gemm_only_tokens_per_second = 0;
+};
+
+struct PrefillBenchResult {
+  std::string cpu;        // /proc/cpuinfo's model name
+  std::string isa;        // the ISA level Loom's kernels dispatch at
+  int threads = 0;        // threads used
+  std::string precision;  // the compute dtype
+  double load_seconds = 0;
+  std::vector<PrefillPoint> prefill;
+};
+
+// FLOPs of the weight GEMMs of one forward of `tokens` tokens: 2 x tokens x
+// the weight elements each token multiplies (q/k/v/o or MLA's projections;
+// the dense MLP, or the router, experts_per_token experts and the shared
+// expert). Attention scores, norms and the logits head are not counted.
+double PrefillGemmFlops(const ModelConfig& c, int64_t tokens);
+
+// Loads the model (timed as load_seconds), then per length: one warm-up and
+// `iterations` timed forwards of synthetic token ids through every layer
+// (hooked at the final norm: no logits), and the dense GEMM of the ceiling.
+StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
+                                             const PrefillBenchOptions& o);
+
+}  // namespace loom
+
+#endif  // LOOM_EVAL_PREFILL_BENCH_H_
