@@ -1,5 +1,6 @@
 #include "src/serve/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -765,6 +766,54 @@ Status MalformedYaml(const Source& source, const YAML::ParserException& e) {
   return InvalidArgumentError(source.At(e.mark) + "malformed YAML: " + e.msg);
 }
 
+// Counts the documents of a YAML stream (instead of YAML::LoadAll, which
+// never returns on some malformed streams such as ",&" in yaml-cpp 0.7: its
+// parser reports an empty document forever without consuming the token,
+// and LoadAll keeps them until memory runs out; yaml-cpp issue 1040). A
+// document that starts where the previous one started is that loop: `stuck`.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  int documents = 0;
+  bool stuck = false;
+  YAML::Mark start = YAML::Mark::null_mark();  // of the last document
+  // Where the root of the second document is (as YAML::Node::Mark gives it;
+  // null_mark for a null root).
+  YAML::Mark second = YAML::Mark::null_mark();
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (documents > 0 && mark.pos == start.pos) stuck = true;
+    start = mark;
+    ++documents;
+    root_pending_ = true;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {
+    Root(YAML::Mark::null_mark());
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Root(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Root(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&,
+                       YAML::anchor_t, YAML::EmitterStyle::value) override {
+    Root(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Root(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void Root(const YAML::Mark& mark) {
+    if (root_pending_ && documents == 2) second = mark;
+    root_pending_ = false;
+  }
+  bool root_pending_ = false;
+};
+
 // ---------------------------------------------------------------------------
 // Environment variables.
 
@@ -889,16 +938,25 @@ StatusOr<ServeConfig> ParseServeConfig(std::string_view yaml_text,
   Source file;
   file.name = source_name.empty() ? "config" : std::string(source_name);
   try {
-    const std::vector<YAML::Node> documents =
-        YAML::LoadAll(std::string(yaml_text));
+    const std::string text(yaml_text);
+    DocumentCounter counter;
+    {
+      std::istringstream in(text);
+      YAML::Parser parser(in);
+      while (!counter.stuck && parser.HandleNextDocument(counter)) {
+      }
+    }
+    if (counter.stuck)
+      return InvalidArgumentError(file.At(counter.start) +
+                                  "malformed YAML: unexpected character");
     ServeConfig config;
-    if (documents.empty()) return config;
-    if (documents.size() > 1) {
-      return InvalidArgumentError(file.At(documents[1]) + "holds " +
-                                  std::to_string(documents.size()) +
+    if (counter.documents == 0) return config;
+    if (counter.documents > 1) {
+      return InvalidArgumentError(file.At(counter.second) + "holds " +
+                                  std::to_string(counter.documents) +
                                   " YAML documents, expected one");
     }
-    RETURN_IF_ERROR(ParseDocument(file, documents[0], config));
+    RETURN_IF_ERROR(ParseDocument(file, YAML::Load(text), config));
     Status valid = ValidateServeConfig(config);
     if (!valid.ok()) return valid.WithContext(file.name);
     return config;

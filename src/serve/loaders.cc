@@ -1,7 +1,9 @@
 #include "src/serve/loaders.h"
 
+#include <climits>
 #include <utility>
 
+#include "src/core/json_int.h"
 #include "src/model/inspect.h"
 #include "src/model/registry.h"
 
@@ -15,6 +17,14 @@ std::string ListOfInts(const std::vector<int>& v) {
   for (size_t i = 0; i < v.size(); ++i)
     out += (i > 0 ? ", " : "") + std::to_string(v[i]);
   return out + "]";
+}
+
+// A device index: an integral number (1.0 too) within int's range; nullopt
+// otherwise (casting a float beyond int would be undefined behaviour).
+std::optional<int> DeviceIndex(const json& x) {
+  const std::optional<int64_t> v = JsonInt64(x, true);
+  if (!v || *v < INT_MIN || *v > INT_MAX) return std::nullopt;
+  return static_cast<int>(*v);
 }
 
 }  // namespace
@@ -98,24 +108,21 @@ StatusOr<json> GpuSelection::Configure(const json& b) {
       return InvalidArgumentError(
           "field `allowed_devices`: expected a list of integers or null");
     for (const json& x : allowed) {
-      if (!x.is_number_integer() &&
-          !(x.is_number_float() &&
-            x.get<double>() == static_cast<int>(x.get<double>())))
+      const std::optional<int> d = DeviceIndex(x);
+      if (!d)
         return InvalidArgumentError(
             "field `allowed_devices`: expected a list of integers, got " +
             x.dump());
-      list.push_back(static_cast<int>(x.get<double>()));
+      list.push_back(*d);
     }
   }
   std::optional<int> want;
   if (!def.is_null()) {
-    if (!def.is_number_integer() &&
-        !(def.is_number_float() &&
-          def.get<double>() == static_cast<int>(def.get<double>())))
+    want = DeviceIndex(def);
+    if (!want)
       return InvalidArgumentError(
           "field `default_device`: expected an integer or null, got " +
           def.dump());
-    want = static_cast<int>(def.get<double>());
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> changes;
