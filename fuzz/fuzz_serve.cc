@@ -15,19 +15,50 @@
 //     patching grid; the server's limits keep each run small), mode 14 to
 //     /api/patching/configure: 2xx, 4xx, 501 or 503 only;
 //   mode 15: the body of a POST to /v1/completions, mode 16 to
-//     /v1/embeddings (OpenAI's routes): 2xx, 4xx, 501 or 503 only.
+//     /v1/embeddings (OpenAI's routes): 2xx, 4xx, 501 or 503 only;
+//   mode 17: the body of a POST to /analyze/geometry, mode 18 to
+//     /analyze/bilateral (TheLoom's analysis; mode 7 takes /analyze's text
+//     and vector forms). An input with more than kMaxAnalysisRows '['
+//     (a bound on the rows) or over kMaxAnalysisBytes is skipped: the
+//     analysis keeps a rows x rows matrix, and one input must run fast;
+//   modes 19..24 run on a second server (no model loaded; persistence
+//     enabled in the harness's scratch directory, its store seeded with two
+//     experiments, one holding conversations, metrics and hidden states).
+//     In their input `{id}` and `{id2}` stand for the two experiments' ids.
+//     mode 19: the first line is a GET path after "/experiments" (an id,
+//     a sub-route, a query string; bytes outside printable ASCII are
+//     percent-encoded); mode 20: the body of a POST to
+//     /experiments/export, 21 to /experiments/export/batch, 22 to
+//     /experiments/export/summary (the export folder is emptied after each);
+//     mode 23: the first line is a GET path after "/loaders/probe/" (empty:
+//     GET /loaders); mode 24: the body of a POST to /gpu/configure;
+//   mode 25: a binary reply: the next byte picks /generate, /v1/generate,
+//     /embed, /embed/batch or /v1/embeddings, then the Accept header up to
+//     the first newline, then the body. A 200 must be the format asked for:
+//     application/x-npy a .npy whose header describes exactly the body's
+//     bytes, application/safetensors a valid safetensors file, else JSON;
+//   mode 26: the input is the `hidden_state_layers` of a /generate request
+//     with `return_attention` (spliced as raw JSON text).
+// Every reply of modes 17..26 must also be a 2xx, 4xx, 501 or 503.
 #include <httplib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
+#include "src/io/npy.h"
+#include "src/io/safetensors.h"
 #include "src/serve/config.h"
+#include "src/serve/experiments.h"
 #include "src/serve/server.h"
 
 namespace loom::fuzz {
@@ -40,13 +71,25 @@ struct Running {
 };
 
 Running* server_for_atexit = nullptr;
+Running* aux_for_atexit = nullptr;
 
-void StopServer() {
-  Running* r = server_for_atexit;
+void Stop(Running* r) {
   if (r == nullptr || !r->thread.joinable()) return;
   r->client.reset();
   r->server->Stop();
   r->thread.join();
+}
+void StopServer() { Stop(server_for_atexit); }
+void StopAux() { Stop(aux_for_atexit); }
+
+// Starts `r->server` on a loopback port and connects `r->client`.
+void Start(Running* r) {
+  auto port = r->server->Bind();
+  if (!port.ok()) Fail("bind: " + port.status().ToString());
+  r->thread = std::thread([r] { (void)r->server->Run(); });
+  r->client = std::make_unique<httplib::Client>("127.0.0.1", *port);
+  r->client->set_keep_alive(true);
+  r->client->set_read_timeout(30, 0);
 }
 
 Running& Get() {
@@ -69,17 +112,73 @@ Running& Get() {
     r->server = std::move(*s);
     auto id = r->server->LoadModel(SourcePath("models/stories260K"));
     if (!id.ok()) Fail("load: " + id.status().ToString());
-    auto port = r->server->Bind();
-    if (!port.ok()) Fail("bind: " + port.status().ToString());
-    r->thread = std::thread([r] { (void)r->server->Run(); });
-    r->client = std::make_unique<httplib::Client>("127.0.0.1", *port);
-    r->client->set_keep_alive(true);
-    r->client->set_read_timeout(30, 0);
+    Start(r);
     server_for_atexit = r;
     std::atexit(StopServer);
     return r;
   }();
   return *r;
+}
+
+// The experiments of the second server's store ({id}, {id2} in inputs).
+struct Aux {
+  Running running;
+  std::string id, id2;
+  std::string export_dir;
+};
+
+// The second server of modes 19..24: persistence on, in the scratch
+// directory (removed at exit, after the server stops: ScratchDir registers
+// its removal first), no model loaded; models/ is its model_dirs (probes).
+Aux& GetAux() {
+  static Aux* a = [] {
+    auto* a = new Aux;
+    const std::string dir = ScratchDir() + "/experiments";
+    serve::ServerOptions o;
+    o.port = 0;
+    o.threads = 4;
+    o.max_body_bytes = 1 << 20;
+    o.engine.threads = 1;
+    o.model_dirs = {SourcePath("models")};
+    o.model_paths = {SourcePath("models/stories260K")};
+    o.persistence.enabled = true;
+    o.persistence.db_path = dir + "/experiments.db";
+    o.persistence.hidden_states_dir = dir + "/hidden_states";
+    o.persistence.export_dir = dir + "/exports";
+    a->export_dir = o.persistence.export_dir;
+    {
+      // Seeded before the server opens the database.
+      auto store = serve::ExperimentStore::Open(
+          o.persistence.db_path, o.persistence.hidden_states_dir);
+      if (!store.ok()) Fail("store: " + store.status().ToString());
+      serve::ExperimentStore& st = **store;
+      auto id = st.CreateExperiment("stories260K", {{"temperature", 0.5}},
+                                    "completed", "fuzz, \"quoted\"\n");
+      auto id2 = st.CreateExperiment("other/model", nlohmann::json::object(),
+                                     "running");
+      if (!id.ok() || !id2.ok()) Fail("store: cannot create experiments");
+      a->id = *id;
+      a->id2 = *id2;
+      const float v[8] = {1, -2, 0.5f, 0, 3, 4, -1e-3f, 7};
+      const Status seeded[] = {
+          st.AddConversation(*id, "user", "Hi, \"there\"").status(),
+          st.AddConversation(*id, "assistant", "line\nbreak,comma").status(),
+          st.AddMetric(*id, "loss", 0.25, "nats", {{"step", 3}}).status(),
+          st.AddMetric(*id, "acc", 1.0).status(),
+          st.SaveHiddenState(*id, -1, DType::kF32, Shape({2, 4}), v).status(),
+          st.SaveHiddenState(*id, 2, DType::kF32, Shape({8}), v).status()};
+      for (const Status& status : seeded)
+        if (!status.ok()) Fail("store: cannot seed: " + status.ToString());
+    }
+    auto s = serve::Server::Create(o);
+    if (!s.ok()) Fail("aux server: " + s.status().ToString());
+    a->running.server = std::move(*s);
+    Start(&a->running);
+    aux_for_atexit = &a->running;
+    std::atexit(StopAux);
+    return a;
+  }();
+  return *a;
 }
 
 constexpr const char* kRoutes[] = {"/generate",
@@ -97,21 +196,115 @@ constexpr const char* kRoutes[] = {"/generate",
                                    "/v1/completions",
                                    "/v1/embeddings"};
 
-void Post(int route, std::string_view body) {
-  Running& r = Get();
-  const std::string path = kRoutes[route];
-  auto res = r.client->Post(path, std::string(body), "application/json");
+// A reply: status 2xx, 4xx, 501 or 503; JSON (or SSE); a 200 in a binary
+// format must be that format, whole.
+void Check(const std::string& path, const httplib::Result& res) {
   if (!res) {
     Fail(path + ": no reply (" + httplib::to_string(res.error()) + ")");
   }
   const int status = res->status;
   if (status >= 500 && status != 501 && status != 503)
     Fail(path + ": status " + std::to_string(status) + ": " + res->body);
-  const bool sse =
-      res->get_header_value("Content-Type").find("text/event-stream") !=
-      std::string::npos;
+  const std::string type = res->get_header_value("Content-Type");
+  if (status == 200 && type == "application/x-npy") {
+    auto npy = ReadNpy(WriteScratch("reply.npy", res->body));
+    if (!npy.ok()) Fail(path + ": bad .npy reply: " + npy.status().ToString());
+    if (npy->header.data_offset + npy->header.data_bytes() !=
+        static_cast<int64_t>(res->body.size()))
+      Fail(path + ": the .npy reply's header does not describe its " +
+           std::to_string(res->body.size()) + " bytes");
+    return;
+  }
+  if (status == 200 && type == "application/safetensors") {
+    auto h = ParseSafetensorsHeader(
+        path, reinterpret_cast<const uint8_t*>(res->body.data()),
+        static_cast<int64_t>(res->body.size()));
+    if (!h.ok())
+      Fail(path + ": bad safetensors reply: " + h.status().ToString());
+    return;
+  }
+  const bool sse = type.find("text/event-stream") != std::string::npos;
   if (!sse && nlohmann::json::parse(res->body, nullptr, false).is_discarded())
     Fail(path + ": the reply is not JSON: " + res->body.substr(0, 200));
+}
+
+void Post(int route, std::string_view body) {
+  Running& r = Get();
+  const std::string path = kRoutes[route];
+  Check(path, r.client->Post(path, std::string(body), "application/json"));
+}
+
+// Bounds of an analysis input (modes 17, 18).
+constexpr size_t kMaxAnalysisBytes = 64 << 10;
+constexpr size_t kMaxAnalysisRows = 300;
+
+void PostAnalysis(const std::string& path, std::string_view body) {
+  if (body.size() > kMaxAnalysisBytes ||
+      static_cast<size_t>(std::count(body.begin(), body.end(), '[')) >
+          kMaxAnalysisRows)
+    return;
+  Check(path, Get().client->Post(path, std::string(body), "application/json"));
+}
+
+// `text` with {id} and {id2} replaced by the seeded experiments' ids.
+std::string WithIds(std::string_view text, const Aux& a) {
+  std::string out(text);
+  for (const auto& [from, to] :
+       {std::pair<std::string, std::string>{"{id2}", a.id2},
+        std::pair<std::string, std::string>{"{id}", a.id}})
+    for (size_t p = 0; (p = out.find(from, p)) != std::string::npos;
+         p += to.size())
+      out.replace(p, from.size(), to);
+  return out;
+}
+
+// A request path from fuzzed bytes: its first line, bytes outside printable
+// ASCII (and '#') percent-encoded, so that it stays one request line.
+std::string PathOf(std::string_view text) {
+  text = text.substr(0, std::min(text.find('\n'), size_t{4096}));
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c <= 0x20 || c >= 0x7f || c == '#') {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+void AuxGet(const std::string& path) {
+  Check(path, GetAux().running.client->Get(path));
+}
+
+void AuxPost(const std::string& path, const std::string& body) {
+  Aux& a = GetAux();
+  Check(path, a.running.client->Post(path, body, "application/json"));
+}
+
+// Mode 25: a binary reply by Accept.
+void PostAccept(std::string_view input) {
+  constexpr const char* kBinaryRoutes[] = {
+      "/generate", "/v1/generate", "/embed", "/embed/batch", "/v1/embeddings"};
+  const auto in =
+      TakeMode(reinterpret_cast<const uint8_t*>(input.data()), input.size());
+  const std::string path = kBinaryRoutes[in.mode % 5];
+  const size_t nl = in.rest.find('\n');
+  std::string accept(in.rest.substr(0, nl));
+  const std::string_view body = nl == std::string_view::npos
+                                    ? std::string_view()
+                                    : in.rest.substr(nl + 1);
+  // A header value is one line of visible bytes (the client would refuse
+  // or split the request otherwise).
+  for (char& c : accept)
+    if (c == '\r' || c == '\0') c = ' ';
+  const httplib::Headers headers = {{"Accept", accept}};
+  Check(path, Get().client->Post(path, headers, std::string(body),
+                                 "application/json"));
 }
 
 }  // namespace
@@ -121,9 +314,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   using namespace loom::fuzz;
   const auto in = TakeMode(data, size);
-  const int mode = in.mode % 17;
+  const int mode = in.mode % 27;
   if (mode < 10) {
     Post(mode, in.rest);
+  } else if (mode == 17) {
+    PostAnalysis("/analyze/geometry", in.rest);
+  } else if (mode == 18) {
+    PostAnalysis("/analyze/bilateral", in.rest);
+  } else if (mode == 19) {
+    AuxGet("/experiments" + PathOf(WithIds(in.rest, GetAux())));
+  } else if (mode >= 20 && mode <= 22) {
+    constexpr const char* kExports[] = {"/experiments/export",
+                                        "/experiments/export/batch",
+                                        "/experiments/export/summary"};
+    Aux& a = GetAux();
+    AuxPost(kExports[mode - 20], WithIds(in.rest, a));
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(a.export_dir, ec))
+      std::filesystem::remove_all(e.path(), ec);
+  } else if (mode == 23) {
+    const std::string id = PathOf(in.rest);
+    AuxGet(id.empty() ? "/loaders" : "/loaders/probe/" + id);
+  } else if (mode == 24) {
+    AuxPost("/gpu/configure", std::string(in.rest));
+  } else if (mode == 25) {
+    PostAccept(in.rest);
+  } else if (mode == 26) {
+    Post(0, R"({"prompt": "Once", "max_tokens": 2, "temperature": 0, )"
+            R"("return_attention": true, "hidden_state_layers": )" +
+                std::string(in.rest) + "}");
   } else if (mode >= 13) {
     Post(mode - 3, in.rest);
   } else if (mode == 12) {

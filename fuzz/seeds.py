@@ -11,6 +11,7 @@ import glob
 import hashlib
 import json
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -236,6 +237,164 @@ def serve():
     add("fuzz_serve", 10, cfg.encode())
     add("fuzz_serve", 11, b"LOOM_SERVER__HTTP_PORT=9000\nLOOM_GPU__DEVICES=[0,1]\n"
         b"LOOM_MAX_MODELS=2\nLOOM_BATCHING__SLOTS=3\nLOOM_OTHER=1")
+    serve_theloom()
+
+
+def serve_theloom():
+    """Seeds of fuzz_serve's modes 17..26 (TheLoom's analysis, experiments,
+    loaders and device routes, binary replies, return_attention)."""
+    rng = random.Random(7)
+
+    def rows(n, d, scale=1.0):
+        return [[round(rng.gauss(0, scale), 4) for _ in range(d)]
+                for _ in range(n)]
+
+    geometry = [
+        {"vectors": [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0],
+                     [0.5, -0.5, 2]], "seed": 3},
+        {"vectors": rows(40, 8)},
+        {"vectors": rows(12, 3) + [[50.0, 50.0, 50.0]] * 4, "seed": 0},
+        {"vectors": [[1, 1], [1, 1], [1, 1], [1, 1]]},
+        {"vectors": [[0, 0, 0]] * 5},
+        {"vectors": [[0.0] * 1000] * 2 + [[1.0] * 1000]},
+        {"vectors": [[1, 2, 3], [4, 5, 6], [7, 8, 9]], "seed": 4294967295},
+        {"vectors": [[1, 2, 3], [4, 5, 6], [7, 8, 9]], "seed": -1},
+        {"vectors": [[1, 2, 3], [4, 5, 6], [7, 8, 9]], "seed": 1.5},
+        {"vectors": [[1, 2, 3], [4, 5, 6]]},
+        {"vectors": [[1, 2, 3], [1, 2], [4, 5, 6]]},
+        {"vectors": []},
+        {"vectors": [[], [], []]},
+        {"vectors": [["1", 2, 3], [4, 5, 6], [7, 8, 9]]},
+        {"vectors": [[[1]], [[2]], [[3]]]},
+        {"vectors": "abc"},
+        {"vectors": [[1e39, 0], [0, 1], [1, 1]]},
+        {"vectors": [[1e-50, 3.4028234e38], [-3.4028234e38, 1], [1, 1]]},
+    ]
+    for body in geometry:
+        add("fuzz_serve", 17, json.dumps(body).encode())
+    for raw in [b'{"vectors": [[1, 2, 3], [1e, 2, 3], [4, 5, 6]]}',
+                b'{"vectors": [[01, -0, 1.], [.5, +1, 2], [3, 4, 5]]}',
+                b'{"vectors": [[NaN, Infinity, -Infinity], [1, 2, 3], [4, 5, 6]]}',
+                b'{"vectors": [[1, 2], [3, 4], [5, 6]], "vectors": [[1]]}',
+                b'{"vec\\u0074ors": [[1, 2], [3, 4], [5, 6]]}',
+                b'{"vectors": [[1,2],[3,4],[5,6]',
+                b'{"vectors": [[1 2], [3, 4], [5, 6]]}',
+                b'{"vectors": [[1e400, -1e400], [1, 2], [3, 4]]}',
+                b'{"vectors": [[-0.0, 0e0], [0E-0, 1], [2, 3]], "seed": null}']:
+        add("fuzz_serve", 17, raw)
+    bilateral = [
+        {"sender_vectors": rows(6, 4), "receiver_vectors": rows(5, 4),
+         "seed": 1},
+        {"sender_vectors": rows(30, 6), "receiver_vectors": rows(30, 6, 3.0)},
+        {"sender_vectors": rows(4, 3), "receiver_vectors": rows(4, 5)},
+        {"sender_vectors": rows(4, 3), "receiver_vectors": []},
+        {"sender_vectors": rows(4, 3)},
+        {"sender_vectors": [[1, 2]] * 4, "receiver_vectors": [[1, 2]] * 4},
+        {"sender_vectors": [[1, 2, 3], [4, 5], [6, 7, 8]],
+         "receiver_vectors": [[1, 2, 3]] * 3},
+    ]
+    for body in bilateral:
+        add("fuzz_serve", 18, json.dumps(body).encode())
+    add("fuzz_serve", 18, b'{"sender_vectors": [[1, 2], [3, 4], [5, 6]], '
+        b'"receiver_vectors": [[1, 2], [3, -Infinity], [5, 6]]}')
+    # /analyze (mode 7): TheLoom's text form and the vector form.
+    for body in [{"text": "The cat sat", "model": "stories260K", "layer": -1,
+                  "pooling": "mean"},
+                 {"text": "", "layer": 0, "normalize": True},
+                 {"text": 5},
+                 {"vector": [1, 2, 1e39, -3]},
+                 {"data": []},
+                 {"embedding": [1e308, -1e308, 5e-324, 0]}]:
+        add("fuzz_serve", 7, json.dumps(body).encode())
+    # /experiments (mode 19): a GET path after /experiments.
+    for path in ["", "?limit=5&offset=0&model=stories260K&status=completed",
+                 "?limit=0", "?limit=1001&offset=-1", "?limit=abc",
+                 "?limit=99999999999999999999",
+                 "?date_from=2026-11-26&date_to=2026-11-26T23:59:59Z",
+                 "?date_from=2026-13-45T25:61", "?date_to=2026-11-26T11:42:42.123+02:00",
+                 "/{id}", "/{id2}", "/{id}/conversations?role=user",
+                 "/{id}/hidden_states?layer=-1",
+                 "/{id}/hidden_states?layer=2147483649",
+                 "/{id}/metrics?metric_name=loss", "/{id2}/metrics",
+                 "/nope", "/..%2F..%2Fetc", "/%00/metrics",
+                 "/{id}'; DROP TABLE experiments;--",
+                 "/{id}/conversations?role=%27%20OR%201=1--&role=x",
+                 "/\u20ac/hidden_states", "/{id}/unknown", "/%zz"]:
+        add("fuzz_serve", 19, path.encode())
+    exports = [
+        (20, {"experiment_id": "{id}", "format": "json",
+              "include_hidden_states": True}),
+        (20, {"experiment_id": "{id}", "format": "csv",
+              "output_path": "sub/dir"}),
+        (20, {"experiment_id": "{id2}", "format": "parquet"}),
+        (20, {"experiment_id": "{id}", "output_path": "../../escape"}),
+        (20, {"experiment_id": "{id}", "output_path": "/etc"}),
+        (20, {"experiment_id": "nope"}),
+        (20, {"experiment_id": 5}),
+        (20, {"experiment_id": "{id}", "format": "xml"}),
+        (21, {"experiment_ids": ["{id}", "{id2}"], "format": "csv",
+              "output_dir": "batch"}),
+        (21, {"experiment_ids": []}),
+        (21, {"experiment_ids": ["{id}", "nope"]}),
+        (21, {"experiment_ids": "{id}"}),
+        (21, {"experiment_ids": ["{id}"], "output_dir": "../.."}),
+        (22, {"format": "csv", "limit": 10, "output_path": "s/summary.csv"}),
+        (22, {"format": "json"}),
+        (22, {"limit": 0}),
+        (22, {"limit": 1e9}),
+        (22, {"output_path": ""}),
+        (22, {"output_path": "."}),
+        (22, {"output_path": "a/../../b.csv"}),
+        (22, {"output_path": "x\u0000y.csv"}),
+    ]
+    for mode, body in exports:
+        add("fuzz_serve", mode, json.dumps(body).encode())
+    # /loaders/probe/{id} (mode 23; empty: GET /loaders).
+    for probe in ["", "stories260K", "prompts", "..", "..--..--etc", "nope",
+                  "stories260K/../stories260K", "%2e%2e%2f", "/abs", "a--b",
+                  "a" * 300]:
+        add("fuzz_serve", 23, probe.encode())
+    for body in [{"allowed_devices": [0], "default_device": 0},
+                 {"allowed_devices": []}, {"default_device": "cpu"},
+                 {"default_device": -1}, {"allowed_devices": [1e20]},
+                 {"allowed_devices": "all"}, {},
+                 {"allowed_devices": [0, 0], "default_device": "cuda:0"},
+                 {"allowed_devices": None, "default_device": None}]:
+        add("fuzz_serve", 24, json.dumps(body).encode())
+    # Binary replies (mode 25): route byte, Accept line, body.
+    gen = {"prompt": "Once", "max_tokens": 2, "temperature": 0,
+           "hidden_state_layers": [-1]}
+    gen2 = dict(gen, hidden_state_layers=[0, -1], return_full_sequence=True)
+    accepts = [
+        (0, "application/x-npy", gen),
+        (0, "application/safetensors", gen2),
+        (1, "application/x-npy", gen2),
+        (2, "application/x-npy;q=0.9, application/json;q=0.1",
+         {"text": "The cat"}),
+        (3, "application/safetensors;q=1.0",
+         {"texts": ["a", "b"], "hidden_state_dtype": "bfloat16"}),
+        (4, "application/*;q=0.5, application/x-npy;q=0.7",
+         {"input": ["The cat", "A dog"], "hidden_state_dtype": "float16"}),
+        (1, "text/html", gen),
+        (2, "application/x-npy;q=0", {"text": "a"}),
+        (2, ";;;,,q=abc, */*;q=-1", {"text": "a"}),
+        (3, "application/x-npy;q=1e400, application/safetensors;q=0.001",
+         {"texts": ["a"]}),
+        (0, "APPLICATION/X-NPY ; Q=0.5 ; charset=utf-8", gen),
+        (4, "application/safetensors", {"input": "a",
+                                        "encoding_format": "base64"}),
+        (0, "application/safetensors",
+         dict(gen, return_attention=True, hooks=["blocks.0.hook_resid_post"],
+              select=["last", "all"])),
+    ]
+    for route, accept, body in accepts:
+        add("fuzz_serve", 25, bytes([route]) + accept.encode() + b"\n" +
+            json.dumps(body).encode())
+    # return_attention's layers (mode 26).
+    for layers in ["[-1]", "[0, -1, 0]", '"all"', "[]", "null", "[99]",
+                   "[-99]", "-9223372036854775808", "[9223372036854775807]",
+                   "[1.5]", '["0"]', "18446744073709551615", "3"]:
+        add("fuzz_serve", 26, layers.encode())
 
 
 def main():
