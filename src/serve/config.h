@@ -68,7 +68,7 @@
 //     compression_level: 4     # 0..9
 //     chunk_size: 1024         # >= 64; these three: no effect (the arrays
 //                              # are uncompressed safetensors files)
-//     auto_persist: true       # no effect: nothing records experiments yet
+//     auto_persist: true       # with enabled: record each generation
 //
 // Types are strict: an integer key takes a plain integer (`8080`, not
 // `"8080"` or `8080.0`), a list key takes a list (block or flow style; null
@@ -207,7 +207,9 @@ struct PersistenceSection {
   std::string compression = "gzip";
   int compression_level = 4;
   int64_t chunk_size = 1024;
-  bool auto_persist = true;  // without effect: nothing records experiments
+  // With enabled: every completed generation request is recorded as an
+  // experiment (docs/server.md, "Recording generations").
+  bool auto_persist = true;
 };
 
 struct ServeConfig {

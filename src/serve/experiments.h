@@ -161,6 +161,10 @@ struct PersistenceOptions {
   // (output_dir) is taken relative to it, and one that leads outside it is
   // refused (no request writes elsewhere on the server).
   std::string export_dir = "~/.local/share/loom/exports";
+  // With enabled: record every completed generation request as an
+  // experiment (experiment_recorder.h; a request's `persist: false` opts
+  // out).
+  bool auto_persist = true;
 };
 
 // The /experiments* routes over a store: each takes the query parameters or

@@ -25,6 +25,7 @@
 #include "src/plan/kv_layout.h"
 #include "src/serve/api.h"
 #include "src/serve/binary_response.h"
+#include "src/serve/experiment_recorder.h"
 #include "src/serve/loaders.h"
 #include "src/serve/theloom_analysis.h"
 #include "src/serve/transport.h"
@@ -290,6 +291,10 @@ class Server::Impl {
   bool use_tcp_ = true, use_unix_ = false;
   UnixSocketFile unix_socket_;
   std::unique_ptr<ExperimentRoutes> experiments_;
+  // persistence.auto_persist: the generation routes' experiments, written
+  // on its own thread (null when off). Declared after experiments_: it is
+  // destroyed first, writing what is queued into the store.
+  std::unique_ptr<ExperimentRecorder> recorder_;
   GpuSelection gpu_selection_;
   std::mutex load_mu_;    // serializes loads (held while a model loads)
   std::mutex models_mu_;  // guards models_ (never held while loading)
@@ -761,6 +766,115 @@ class Server::Impl {
     return j;
   }
 
+  // ---- Recording generations (persistence.auto_persist)
+
+  // Whether a request is recorded: auto_persist on and the body's `persist`
+  // (default true; a non-boolean is a 400 either way).
+  StatusOr<bool> Persisting(const json& b) {
+    ASSIGN_OR_RETURN(bool persist, GetBool(b, "persist", true));
+    return persist && recorder_ != nullptr;
+  }
+
+  // A plain prompt as a conversation message: its text, or the JSON list of
+  // its token ids.
+  static std::vector<ExperimentRecord::Message> PromptInput(const json& p) {
+    return {{"user", p.is_string() ? p.get<std::string>() : Dump(p)}};
+  }
+
+  // An experiment's config: the request's fields but its inputs (prompt,
+  // prompts, messages), `persist` and the interventions' vectors (their
+  // count instead), with the generation parameters as they were applied
+  // (defaults included).
+  json PersistConfig(const std::string& route, const json& b,
+                     const GenFields& f, bool chat) {
+    json c = json::object();
+    for (const auto& [k, v] : b.items())
+      if (k != "prompt" && k != "prompts" && k != "messages" &&
+          k != "persist" && k != "interventions")
+        c[k] = v;
+    if (b.contains("interventions") && b["interventions"].is_array())
+      c["interventions"] = b["interventions"].size();
+    auto number = [&](const char* name, double def) {
+      StatusOr<double> v = GetNumber(b, name, def, -1e300, 1e300);
+      return v.ok() ? *v : def;
+    };
+    const GenRequest& r = f.request;
+    c["route"] = route;
+    c["max_tokens"] = r.max_new_tokens;
+    c["temperature"] = number("temperature", 0.7);
+    c["top_p"] = number("top_p", chat ? 1.0 : 0.9);
+    c["top_k"] = r.sampling.top_k;
+    c["seed"] = r.sampling.seed;
+    c["stop"] = r.stop_strings;
+    c["return_hidden_states"] = f.return_hidden;
+    json layers = json::array();
+    for (const auto& [key, _] : f.layers) layers.push_back(std::stoll(key));
+    c["hidden_state_layers"] = layers;
+    c["return_full_sequence"] = f.full_sequence;
+    c["return_attention"] = f.return_attention;
+    c["hidden_state_format"] =
+        f.format == ArrayFormat::kBase64 ? "base64" : "list";
+    c["hidden_state_dtype"] = ReturnDTypeName(f.dtype);
+    return c;
+  }
+
+  // The experiment of one generation: `input` then the reply, the token
+  // counts and speed, and the hidden states the reply returned (the last
+  // position of each layer as [hidden]; with `sequence`, each layer's
+  // sequence_hidden_states as [tokens, hidden]). `done` is how the request
+  // ended: failed (its message in the notes) unless ok.
+  ExperimentRecord Record(const Engine& e, const std::string& route,
+                          const json& b, const GenFields& f, bool chat,
+                          std::vector<ExperimentRecord::Message> input,
+                          const StatusOr<GenResult>& g, const Status& done) {
+    ExperimentRecord r;
+    r.model = e.id();
+    r.config = PersistConfig(route, b, f, chat);
+    r.conversations = std::move(input);
+    if (!done.ok() || !g.ok()) {
+      r.status = "failed";
+      r.notes = (done.ok() ? g.status() : done).message();
+      return r;
+    }
+    r.conversations.push_back({"assistant", g->text});
+    const double tokens = static_cast<double>(g->token_ids.size());
+    r.metrics = {
+        {"prompt_tokens", static_cast<double>(g->prompt_ids.size()), "tokens"},
+        {"completion_tokens", tokens, "tokens"},
+        {"latency_ms", g->queue_ms + g->run_ms, "ms"},
+        {"tokens_per_second",
+         g->run_ms > 0 ? tokens / (g->run_ms / 1000.0) : 0.0, "tokens/s"}};
+    if (!f.return_hidden) return r;
+    for (const auto& [key, hook] : f.layers) {
+      int64_t w = 0;
+      const float* rows = Capture(f, *g, hook, &w);
+      const float* last = rows + (g->rows - 1) * w;
+      r.hidden_states.push_back(
+          {std::stoll(key), f.dtype, Shape({w}), {last, last + w}});
+    }
+    if (f.full_sequence && !chat)
+      for (const auto& [key, hook] : f.layers) {
+        int64_t w = 0;
+        const float* rows = Capture(f, *g, hook, &w);
+        const int64_t first = static_cast<int64_t>(g->prompt_ids.size()) - 1;
+        const int64_t count =
+            std::min<int64_t>(std::max<int64_t>(g->rows - first, 0),
+                              static_cast<int64_t>(g->token_ids.size()));
+        if (count <= 0) continue;
+        r.hidden_states.push_back(
+            {std::stoll(key),
+             f.dtype,
+             Shape({count, w}),
+             {rows + first * w, rows + (first + count) * w}});
+      }
+    return r;
+  }
+
+  // Hands a record to the writer thread (never blocks on the store).
+  void Persist(ExperimentRecord r) {
+    if (recorder_ != nullptr) recorder_->Submit(std::move(r));
+  }
+
   // ---- HTTP plumbing
 
   void Reply(httplib::Response& res, int status, const json& body) {
@@ -1099,6 +1213,7 @@ class Server::Impl {
       ASSIGN_OR_RETURN(json b, ParseBody(req.body));
       ASSIGN_OR_RETURN(auto e, EngineFor(b));
       ASSIGN_OR_RETURN(GenFields f, PromptFields(*e, b));
+      ASSIGN_OR_RETURN(const bool persist, Persisting(b));
       // npy holds one array: refused before the generation runs.
       if (const std::vector<std::string> names = GenArrayNames(f);
           *format == BodyFormat::kNpy && names.size() != 1) {
@@ -1110,17 +1225,26 @@ class Server::Impl {
             NpyNeedsOneArray(static_cast<int64_t>(names.size()), list));
       }
       ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
-      ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
-      if (*format != BodyFormat::kJson) {
-        ASSIGN_OR_RETURN(json rest, GenResponse(*e, f, g, false));
-        std::vector<std::vector<float>> storage;
-        ASSIGN_OR_RETURN(std::vector<BinaryArray> arrays,
-                         GenArrays(f, g, &storage));
-        return ReplyBinary(req, res, *format, arrays, f.dtype, rest);
-      }
-      ASSIGN_OR_RETURN(json out, GenResponse(*e, f, g));
-      Reply(res, 200, out);
-      return Status();
+      const StatusOr<GenResult> result = ticket->Wait();
+      const Status done = [&]() -> Status {
+        if (!result.ok()) return result.status();
+        const GenResult& g = *result;
+        if (*format != BodyFormat::kJson) {
+          ASSIGN_OR_RETURN(json rest, GenResponse(*e, f, g, false));
+          std::vector<std::vector<float>> storage;
+          ASSIGN_OR_RETURN(std::vector<BinaryArray> arrays,
+                           GenArrays(f, g, &storage));
+          return ReplyBinary(req, res, *format, arrays, f.dtype, rest);
+        }
+        ASSIGN_OR_RETURN(json out, GenResponse(*e, f, g));
+        Reply(res, 200, out);
+        return Status();
+      }();
+      // After the reply is made; the writer thread does the writing.
+      if (persist)
+        Persist(Record(*e, req.path, b, f, false, PromptInput(b["prompt"]),
+                       result, done));
+      return done;
     };
     http_.Post("/generate", JsonRoute("/generate", generate));
     http_.Post("/v1/generate", JsonRoute("/v1/generate", generate));
@@ -1374,7 +1498,16 @@ class Server::Impl {
     ASSIGN_OR_RETURN(json b, ParseBody(req.body));
     ASSIGN_OR_RETURN(auto e, EngineFor(b));
     ASSIGN_OR_RETURN(GenFields f, PromptFields(*e, b));
-    return Stream(res, e, std::move(f), StreamKind::kGenerate);
+    ASSIGN_OR_RETURN(const bool persist, Persisting(b));
+    OnStreamEnd persisted;
+    if (persist)
+      persisted = [this, e, b, f,
+                   path = req.path](const StatusOr<GenResult>& g) {
+        Persist(Record(*e, path, b, f, false, PromptInput(b["prompt"]), g,
+                       Status()));
+      };
+    return Stream(res, e, std::move(f), StreamKind::kGenerate,
+                  std::move(persisted));
   }
 
   // The request of a /generate body's one `prompt` on `e`: its tokens, the
@@ -1390,9 +1523,14 @@ class Server::Impl {
     return f;
   }
 
-  // Streams the generation `f` on `e` as server-sent events of `kind`.
+  // Called with a stream's result once its last event is written (not when
+  // the client went away first).
+  using OnStreamEnd = std::function<void(const StatusOr<GenResult>&)>;
+
+  // Streams the generation `f` on `e` as server-sent events of `kind`;
+  // `on_end` (may be empty) then gets the result.
   Status Stream(httplib::Response& res, std::shared_ptr<Engine> e, GenFields f,
-                StreamKind kind) {
+                StreamKind kind, OnStreamEnd on_end = nullptr) {
     auto st = std::make_shared<StreamState>();
     const StreamIds ids{
         (kind == StreamKind::kOpenAiCompletion ? "cmpl-" : "chatcmpl-") +
@@ -1422,8 +1560,8 @@ class Server::Impl {
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, st, ticket, e, f, kind, ids](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, st, ticket, e, f, kind, ids, on_end](
+                                 size_t, httplib::DataSink& sink) {
           std::unique_lock<std::mutex> lock(st->mu);
           st->cv.wait_for(lock, std::chrono::milliseconds(200),
                           [&] { return !st->events.empty() || st->finished; });
@@ -1445,9 +1583,11 @@ class Server::Impl {
             return true;
           }
           lock.unlock();
-          const std::string last = FinalEvent(*e, f, *ticket, kind, ids);
+          const StatusOr<GenResult> g = ticket->Wait();
+          const std::string last = FinalEvent(*e, f, g, kind, ids);
           sink.write(last.data(), last.size());
           sink.done();
+          if (on_end) on_end(g);
           return true;
         });
     return Status();
@@ -1456,9 +1596,9 @@ class Server::Impl {
   // The last event of a stream: /generate/stream's done, TheLoom's
   // message_delta, or OpenAI's last chunk (finish_reason, usage) and
   // [DONE]; an error event (OpenAI's error object) when the request failed.
-  std::string FinalEvent(const Engine& e, const GenFields& f, Ticket& ticket,
-                         StreamKind kind, const StreamIds& ids) {
-    StatusOr<GenResult> g = ticket.Wait();
+  std::string FinalEvent(const Engine& e, const GenFields& f,
+                         const StatusOr<GenResult>& g, StreamKind kind,
+                         const StreamIds& ids) {
     StatusOr<json> body =
         g.ok() ? GenResponse(e, f, *g) : StatusOr<json>(g.status());
     if (!body.ok()) {
@@ -1634,12 +1774,39 @@ class Server::Impl {
     ASSIGN_OR_RETURN(GenFields f, ParseGen(*e, b, std::move(ids), true));
     ASSIGN_OR_RETURN(RequestInterventions ivs, Interventions(*e, b, 1));
     RETURN_IF_ERROR(Attach(ivs, 0, &f.request));
-    if (stream)
+    ASSIGN_OR_RETURN(const bool persist, Persisting(b));
+    // The messages as given (ChatTokens checked them), for the experiment.
+    std::vector<ExperimentRecord::Message> input;
+    if (persist)
+      for (const json& m : b["messages"])
+        input.push_back(
+            {m["role"].get<std::string>(), m["content"].get<std::string>()});
+    if (stream) {
+      OnStreamEnd persisted;
+      if (persist)
+        persisted = [this, e, b, f, input,
+                     path = req.path](const StatusOr<GenResult>& g) {
+          Persist(Record(*e, path, b, f, true, input, g, Status()));
+        };
       return Stream(res, e, std::move(f),
                     format == "openai" ? StreamKind::kOpenAiChat
-                                       : StreamKind::kTheLoomChat);
+                                       : StreamKind::kTheLoomChat,
+                    std::move(persisted));
+    }
     ASSIGN_OR_RETURN(auto ticket, e->Submit(f.request));
-    ASSIGN_OR_RETURN(GenResult g, ticket->Wait());
+    const StatusOr<GenResult> result = ticket->Wait();
+    const Status done = ChatReply(res, *e, f, result);
+    if (persist)
+      Persist(Record(*e, req.path, b, f, true, std::move(input), result, done));
+    return done;
+  }
+
+  // The reply of a chat that is not streamed.
+  Status ChatReply(httplib::Response& res, const Engine& engine,
+                   const GenFields& f, const StatusOr<GenResult>& result) {
+    if (!result.ok()) return result.status();
+    const GenResult& g = *result;
+    const Engine* e = &engine;
     ASSIGN_OR_RETURN(json body, GenResponse(*e, f, g));
     const std::string finish = FinishReason(g.stop_reason);
     json out = {{"id", "chatcmpl-" + std::to_string(std::time(nullptr))},
@@ -1679,6 +1846,7 @@ class Server::Impl {
                                   "server.max_batch_prompts = " +
                                   std::to_string(o_.max_batch_prompts));
     ASSIGN_OR_RETURN(bool special, GetBool(b, "add_special_tokens", true));
+    ASSIGN_OR_RETURN(const bool persist, Persisting(b));
     const Clock::time_point t0 = Clock::now();
     ASSIGN_OR_RETURN(RequestInterventions ivs,
                      Interventions(*e, b, static_cast<int64_t>(n)));
@@ -1696,28 +1864,43 @@ class Server::Impl {
     // Every prompt goes to the engine at once: they share forwards.
     ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Ticket>> tickets,
                      SubmitAll(*e, fields));
-    json results = json::array();
-    int64_t total = 0;
-    Status first_error;
-    for (size_t i = 0; i < n; ++i) {
-      StatusOr<GenResult> g = tickets[i]->Wait();
-      if (!g.ok()) {
-        if (first_error.ok()) first_error = g.status();
-        continue;
+    // Each prompt's result, kept for its experiment.
+    std::vector<StatusOr<GenResult>> outcomes;
+    const Status done = [&]() -> Status {
+      json results = json::array();
+      int64_t total = 0;
+      Status first_error;
+      for (size_t i = 0; i < n; ++i) {
+        outcomes.push_back(tickets[i]->Wait());
+        const StatusOr<GenResult>& g = outcomes.back();
+        if (!g.ok()) {
+          if (first_error.ok()) first_error = g.status();
+          continue;
+        }
+        total += static_cast<int64_t>(g->token_ids.size());
+        ASSIGN_OR_RETURN(json r, GenResponse(*e, fields[i], *g));
+        results.push_back(std::move(r));
       }
-      total += static_cast<int64_t>(g->token_ids.size());
-      ASSIGN_OR_RETURN(json r, GenResponse(*e, fields[i], *g));
-      results.push_back(std::move(r));
-    }
-    RETURN_IF_ERROR(first_error);
-    Reply(
-        res, 200,
-        {{"results", results},
-         {"total_tokens", total},
-         {"total_time_ms",
-          std::chrono::duration<double, std::milli>(Clock::now() - t0).count()},
-         {"prompts_processed", n}});
-    return Status();
+      RETURN_IF_ERROR(first_error);
+      Reply(res, 200,
+            {{"results", results},
+             {"total_tokens", total},
+             {"total_time_ms",
+              std::chrono::duration<double, std::milli>(Clock::now() - t0)
+                  .count()},
+             {"prompts_processed", n}});
+      return Status();
+    }();
+    // One experiment per prompt, as that prompt ended.
+    if (persist)
+      for (size_t i = 0; i < outcomes.size(); ++i) {
+        ExperimentRecord r =
+            Record(*e, req.path, b, fields[i], false,
+                   PromptInput(b["prompts"][i]), outcomes[i], Status());
+        r.config["batch_index"] = i;
+        Persist(std::move(r));
+      }
+    return done;
   }
 
   // Vectors of one width as the rows of one array.
@@ -2156,6 +2339,25 @@ class Server::Impl {
         s += "loom_http_requests_total{route=\"" + k.first + "\",code=\"" +
              std::to_string(k.second) + "\"} " + std::to_string(v) + "\n";
     }
+    if (recorder_ != nullptr) {  // persistence.auto_persist
+      const ExperimentRecorder::Counts c = recorder_->counts();
+      family("loom_experiments_persisted_total", "counter",
+             "Generation requests recorded as experiments.");
+      s += "loom_experiments_persisted_total " + std::to_string(c.persisted) +
+           "\n";
+      family("loom_experiments_persist_errors_total", "counter",
+             "Experiments not recorded: the store failed, or the write queue "
+             "was full (dropped).");
+      s += "loom_experiments_persist_errors_total " +
+           std::to_string(c.errors + c.dropped) + "\n";
+      family("loom_experiments_persist_dropped_total", "counter",
+             "Experiments not recorded because the write queue was full.");
+      s += "loom_experiments_persist_dropped_total " +
+           std::to_string(c.dropped) + "\n";
+      family("loom_experiments_persist_queue", "gauge",
+             "Experiments waiting to be written.");
+      s += "loom_experiments_persist_queue " + std::to_string(c.queued) + "\n";
+    }
     const auto engines = Engines();
     family("loom_models_loaded", "gauge", "Models loaded.");
     s += "loom_models_loaded " + std::to_string(engines.size()) + "\n";
@@ -2261,6 +2463,9 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
   p->use_tcp_ = o.transport != "unix";
   p->use_unix_ = o.transport != "http";
   ASSIGN_OR_RETURN(p->experiments_, ExperimentRoutes::Create(o.persistence));
+  if (p->experiments_->store() != nullptr && o.persistence.auto_persist)
+    p->recorder_ =
+        std::make_unique<ExperimentRecorder>(p->experiments_->store());
   // Both listeners get the same settings and routes; Bind() binds the ones
   // the transport names.
   for (httplib::Server* srv : {&p->http_.tcp, &p->http_.unix_socket}) {

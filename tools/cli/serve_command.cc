@@ -115,6 +115,7 @@ Status RunServe(const ServeArgs& args) {
   o.persistence.db_path = config.persistence.db_path;
   o.persistence.hidden_states_dir = config.persistence.hidden_states_dir;
   o.persistence.export_dir = config.persistence.export_dir;
+  o.persistence.auto_persist = config.persistence.auto_persist;
   o.host = config.server.http_host;
   o.port = config.server.http_port;
   o.auth_token = config.server.auth_token;
