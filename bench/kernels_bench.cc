@@ -38,16 +38,6 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
 
 // Every figure is printed with the CPU it was measured on (benchmark context:
 // the model name from /proc/cpuinfo and the ISA level Loom dispatches at).
-std::string CpuModelName() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  return "unknown";
-}
 const bool kCpuContext = [] {
   benchmark::AddCustomContext("cpu_model", CpuModelName());
   benchmark::AddCustomContext(

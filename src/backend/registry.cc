@@ -183,6 +183,7 @@ HostDescription DescribeHost() {
   h.detected_isa = std::string(cpu::IsaName(cpu::DetectedIsa()));
   h.active_isa = std::string(cpu::IsaName(cpu::ActiveIsa()));
   h.features = cpu::FeatureList(cpu::DetectedCpuFeatures());
+  h.cpu_model = cpu::CpuModelName();
   for (const auto& [name, dtype] :
        {std::pair<const char*, DType>{"f32", DType::kF32},
         {"bf16", DType::kBF16},

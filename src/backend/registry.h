@@ -53,6 +53,7 @@ bool HasCudaBackend();
 // how a GEMM runs in each compute precision.
 struct HostDescription {
   std::string detected_isa, active_isa, features;
+  std::string cpu_model;  // /proc/cpuinfo's model name
   struct PrecisionPath {
     std::string precision;  // "f32", "bf16", "f16"
     bool native = false;    // multiplied in that type (else widened to f32)

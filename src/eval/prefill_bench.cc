@@ -4,11 +4,9 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <random>
 
-#include "src/backend/cpu/isa.h"
 #include "src/backend/registry.h"
 #include "src/model/layer_config.h"
 #include "src/runtime/executor.h"
@@ -20,17 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  return "unknown";
 }
 
 // Host scratch of the ceiling's GEMM (outside any forward).
@@ -153,8 +140,9 @@ StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
                                 std::to_string(o.iterations) +
                                 ": expected at least 1");
   PrefillBenchResult r;
-  r.cpu = CpuModel();
-  r.isa = std::string(cpu::IsaName(cpu::ActiveIsa()));
+  const HostDescription host = DescribeHost();
+  r.cpu = host.cpu_model;
+  r.isa = host.active_isa;
   const Clock::time_point t0 = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Load(model_dir, o.precision));

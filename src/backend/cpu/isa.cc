@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <string>
 
 namespace loom::cpu {
 namespace {
@@ -117,6 +119,17 @@ std::string FeatureList(const CpuFeatures& f) {
   add(f.avx512_fp16, "avx512_fp16");
   add(f.amx_bf16, "amx_bf16");
   return s.empty() ? "sse2" : s;
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
 }
 
 void InitOneDnnIsa() {

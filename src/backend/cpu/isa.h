@@ -45,6 +45,9 @@ StatusOr<CpuIsa> IsaCapFromEnvironment();
 std::string_view IsaName(CpuIsa isa);  // "baseline", "avx2", ...
 // "avx2 fma f16c" ...: the detected features, space separated.
 std::string FeatureList(const CpuFeatures& f);
+// /proc/cpuinfo's "model name" ("unknown" when there is none): printed with
+// every measured figure.
+std::string CpuModelName();
 
 // Applies the cap to oneDNN once (before its first primitive); every GEMM
 // entry point calls it.
