@@ -31,6 +31,7 @@
 #include "src/runtime/model.h"
 #include "src/serve/api.h"
 #include "src/serve/binary_response.h"
+#include "src/serve/raw_http_test_util.h"
 #include "src/serve/running_server.h"
 #include "src/serve/server.h"
 #include "src/tokenizer/tokenizer.h"
@@ -50,43 +51,12 @@ ServerOptions Defaults() {
   return o;
 }
 
-struct RawReply {
-  int status = 0;  // 0: no reply
-  std::string headers, body;
-};
-
 // Sends `request` byte for byte (it says "Connection: close") and reads the
 // reply until the server closes the connection; a chunked body is
 // de-chunked.
 RawReply Raw(int port, const std::string& request) {
-  RawReply out;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  timeval tv{60, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return out;
-  }
-  for (size_t at = 0; at < request.size();) {
-    const ssize_t n = send(fd, request.data() + at, request.size() - at, 0);
-    if (n <= 0) break;
-    at += static_cast<size_t>(n);
-  }
-  std::string reply;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0)
-    reply.append(buf, static_cast<size_t>(n));
-  close(fd);
-  const size_t end = reply.find("\r\n\r\n");
-  if (reply.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return out;
-  out.status = std::stoi(reply.substr(9, 3));
-  out.headers = reply.substr(0, end);
-  out.body = reply.substr(end + 4);
+  RawReply out = RawExchange(port, request, 60);
+  if (out.status == 0) return out;
   std::string lower = out.headers;
   for (char& c : lower) c = static_cast<char>(std::tolower(c));
   if (lower.find("transfer-encoding: chunked") != std::string::npos) {

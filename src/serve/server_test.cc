@@ -30,6 +30,7 @@
 #include "src/eval/generate.h"
 #include "src/io/npy.h"
 #include "src/serve/api.h"
+#include "src/serve/raw_http_test_util.h"
 #include "src/serve/running_server.h"
 #include "tests/golden_util.h"
 
@@ -90,49 +91,10 @@ std::vector<std::pair<std::string, std::string>> Events(const std::string& s) {
   return out;
 }
 
-// A reply read off a raw connection.
-struct RawReply {
-  int status = 0;  // 0: no reply
-  std::string headers, body;
-  double seconds = 0;
-};
-
-// Sends `request` byte for byte (it should say "Connection: close") and
-// reads the reply until the server closes the connection (10 s at most).
+// Sends `request` byte for byte and reads the reply until the server closes
+// the connection (10 s at most per read).
 RawReply Raw(int port, const std::string& request) {
-  RawReply out;
-  const auto t0 = std::chrono::steady_clock::now();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return out;
-  }
-  for (size_t at = 0; at < request.size();) {
-    const ssize_t n = send(fd, request.data() + at, request.size() - at, 0);
-    if (n <= 0) break;
-    at += static_cast<size_t>(n);
-  }
-  std::string reply;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0)
-    reply.append(buf, static_cast<size_t>(n));
-  close(fd);
-  out.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  const size_t end = reply.find("\r\n\r\n");
-  if (reply.rfind("HTTP/1.1 ", 0) != 0 || end == std::string::npos) return out;
-  out.status = std::stoi(reply.substr(9, 3));
-  out.headers = reply.substr(0, end);
-  out.body = reply.substr(end + 4);
-  return out;
+  return RawExchange(port, request, 10);
 }
 
 // A POST of `body` with these extra header lines ("" = none).
