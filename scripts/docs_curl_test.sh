@@ -18,7 +18,8 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 python3 - "$port" "$repo/README.md" "$repo/docs/server.md" <<'PY'
-import json, re, shlex, subprocess, sys
+import json, os, re, shlex, subprocess, sys, tempfile
+scratch = tempfile.mkdtemp(prefix="loom-docs-curl-")
 port, docs = sys.argv[1], sys.argv[2:]
 commands = []
 for doc in docs:
@@ -43,17 +44,41 @@ for doc, cmd in commands:
         print(f"FAIL {doc}: sends a body without Content-Type: application/json:\n{cmd}")
         failed += 1
         continue
-    out = subprocess.run(argv + ["-w", "\n%{http_code}"], capture_output=True, text=True)
-    body, _, code = out.stdout.rpartition("\n")
-    try:
-        json.loads(body)
-        ok = code == "200"
-    except ValueError:
-        ok = False
+    if "-o" in argv:
+        # A binary reply saved to a file (docs/server.md's npy / safetensors
+        # examples): written to a scratch folder, then its format checked.
+        i = argv.index("-o")
+        name = argv[i + 1]
+        argv[i + 1] = os.path.join(scratch, os.path.basename(name))
+        out = subprocess.run(argv + ["-w", "%{http_code}"], capture_output=True, text=True)
+        code, body = out.stdout, ""
+        data = open(argv[i + 1], "rb").read() if os.path.exists(argv[i + 1]) else b""
+        if name.endswith(".npy"):
+            ok = code == "200" and data.startswith(b"\x93NUMPY")
+        elif name.endswith(".safetensors"):
+            n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+            try:
+                ok = code == "200" and n > 0 and isinstance(json.loads(data[8:8 + n]), dict)
+            except ValueError:
+                ok = False
+        else:
+            ok = False
+        body = data[:200].decode("latin-1")
+    else:
+        out = subprocess.run(argv + ["-w", "\n%{http_code}"], capture_output=True, text=True)
+        body, _, code = out.stdout.rpartition("\n")
+        try:
+            json.loads(body)
+            ok = code == "200"
+        except ValueError:
+            ok = False
     print(("ok  " if ok else "FAIL") + f" {code} {doc.rsplit('/', 2)[-1]}: {cmd.splitlines()[0][:90]}")
     if not ok:
         print(body[:500])
         failed += 1
 print(f"{len(commands)} curl examples, {failed} failed")
+for f in os.listdir(scratch):
+    os.remove(os.path.join(scratch, f))
+os.rmdir(scratch)
 sys.exit(1 if failed else 0)
 PY

@@ -168,12 +168,13 @@ TEST(ServeCliTest, ConfigFileEnvAndErrors) {
       << "models:\n  dirs: [" << LOOM_MODELS_DIR << "]\n"
       << "  preload: [stories260K]\n"
       << "batching:\n  slots: 2\n  context: 64\n"
-      << "persistence:\n  enabled: false\n";
+      << "persistence:\n  enabled: false\n"
+      << "loaders:\n  default: transformers\n";
   Child c({"serve", "--config", (dir / "ok.yaml").string()},
           {"LOOM_BATCHING__SLOTS=3"});
   const int port = c.Port();
   ASSERT_GT(port, 0) << c.err();
-  EXPECT_NE(c.err().find("persistence"), std::string::npos)
+  EXPECT_NE(c.err().find("loaders"), std::string::npos)
       << "ignored TheLoom section not reported: " << c.err();
   httplib::Client http("127.0.0.1", port);
   auto r = http.Get("/models");
