@@ -205,7 +205,9 @@ MatD Gram(const RowMatD& x, int threads) {
   return g;
 }
 
-Prepared Prepare(const Matrix& m, int threads) {
+// The rows as doubles and their norms (np.linalg.norm of a float32 row is a
+// float32; a zero row keeps norm 1).
+Prepared LoadRows(const Matrix& m) {
   Prepared p;
   p.n = m.rows;
   p.d = m.cols;
@@ -218,10 +220,14 @@ Prepared Prepare(const Matrix& m, int threads) {
       p.x(i, j) = r[j];
       ss += static_cast<double>(r[j]) * r[j];
     }
-    // np.linalg.norm of a float32 row is a float32; a zero row keeps norm 1.
     const float nf = static_cast<float>(std::sqrt(ss));
     p.norm[i] = nf == 0.0f ? 1.0 : static_cast<double>(nf);
   }
+  return p;
+}
+
+Prepared Prepare(const Matrix& m, int threads) {
+  Prepared p = LoadRows(m);
   p.group.resize(p.n);
   std::unordered_map<std::string_view, int64_t> first;
   const size_t row_bytes = static_cast<size_t>(p.d) * sizeof(float);
@@ -848,21 +854,7 @@ double StudentTwoSidedP(double t, double df) {
 
 WolfResult WolfDensity(const Matrix& x, int regions, uint32_t seed,
                        int threads) {
-  Prepared p;
-  p.n = x.rows;
-  p.d = x.cols;
-  p.x.resize(p.n, p.d);
-  p.norm.resize(p.n);
-  for (int64_t i = 0; i < p.n; ++i) {
-    double ss = 0;
-    for (int64_t j = 0; j < p.d; ++j) {
-      p.x(i, j) = x.row(i)[j];
-      ss += p.x(i, j) * p.x(i, j);
-    }
-    const float nf = static_cast<float>(std::sqrt(ss));
-    p.norm[i] = nf == 0.0f ? 1.0 : static_cast<double>(nf);
-  }
-  return Wolf(p, regions, seed, threads);
+  return Wolf(LoadRows(x), regions, seed, threads);
 }
 
 GeometryResult AnalyzeGeometry(const Matrix& x, uint32_t seed, int threads) {

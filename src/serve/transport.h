@@ -44,27 +44,9 @@ struct HttpListeners {
     return *this;
   }
   template <typename H>
-  HttpListeners& Put(const std::string& pattern, H h) {
-    tcp.Put(pattern, h);
-    unix_socket.Put(pattern, h);
-    return *this;
-  }
-  template <typename H>
-  HttpListeners& Patch(const std::string& pattern, H h) {
-    tcp.Patch(pattern, h);
-    unix_socket.Patch(pattern, h);
-    return *this;
-  }
-  template <typename H>
   HttpListeners& Delete(const std::string& pattern, H h) {
     tcp.Delete(pattern, h);
     unix_socket.Delete(pattern, h);
-    return *this;
-  }
-  template <typename H>
-  HttpListeners& Options(const std::string& pattern, H h) {
-    tcp.Options(pattern, h);
-    unix_socket.Options(pattern, h);
     return *this;
   }
 };
