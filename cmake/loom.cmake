@@ -55,12 +55,17 @@ endfunction()
 # under every ISA cap below the CPU's own level (scripts/isa_cap.sh sets
 # LOOM_CPU_ISA and skips, exit 77, the caps that would be the native run),
 # labelled `isa`. With SHARDS, each cap runs as n gtest shards (CTest runs
-# them in parallel). SANITIZED_ARGS are appended in a LOOM_SANITIZE build.
+# them in parallel). SANITIZED_ARGS are appended in a LOOM_SANITIZE build;
+# NOT_SANITIZED leaves the capped runs out of it (the plain build runs them).
 function(loom_isa_test name)
   if(NOT LOOM_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "SHARDS;TIMEOUT" "COMMAND;SANITIZED_ARGS" ${ARGN})
+  cmake_parse_arguments(ARG "NOT_SANITIZED" "SHARDS;TIMEOUT"
+    "COMMAND;SANITIZED_ARGS" ${ARGN})
+  if(LOOM_SANITIZE AND ARG_NOT_SANITIZED)
+    return()
+  endif()
   if(LOOM_SANITIZE)
     list(APPEND ARG_COMMAND ${ARG_SANITIZED_ARGS})
   endif()
