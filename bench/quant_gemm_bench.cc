@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -144,6 +145,91 @@ void BM_QuantDecode(benchmark::State& state) {
 BENCHMARK(BM_QuantDecode)
     ->ArgNames({"N", "K", "nvfp4", "bf16"})
     ->ArgsProduct({{4096}, {4096}, {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
+
+// The two paths of GemmQuantized on the same weight in the same run: 512-row
+// panels decoded then multiplied by oneDNN, against the few-row kernel on the
+// codes (CodesGemm). Counter `codes_vs_panels` = panel time / codes time
+// (> 1: the codes path is faster); the crossover sets CodesGemmMaxRows.
+// Args: M, N, K, format (0 = mxfp4, 1 = nvfp4-modelopt, 2 = fp8-block).
+void BM_CodesGemmVsPanels(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const FormatKind kind = state.range(3) == 0   ? FormatKind::kMxfp4
+                          : state.range(3) == 1 ? FormatKind::kNvfp4ModelOpt
+                                                : FormatKind::kFp8Block;
+  const bool fp8 = kind == FormatKind::kFp8Block;
+  const int64_t block = kind == FormatKind::kMxfp4 ? 32 : fp8 ? 128 : 16;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(m * k), y(m * n);
+  for (auto& v : x) v = dist(rng);
+  std::vector<uint8_t> codes(fp8 ? n * k : n * k / 2);
+  for (auto& c : codes) c = static_cast<uint8_t>(rng() & 0x77);  // no NaN
+  QuantMatrix q;
+  q.kind = kind;
+  q.values = codes.data();
+  q.n = n;
+  q.k = k;
+  q.block_in = block;
+  std::vector<uint8_t> scales;
+  if (fp8) {
+    q.block_out = 128;
+    std::vector<float> f(((n + 127) / 128) * ((k + 127) / 128), 0.01f);
+    scales.resize(f.size() * 4);
+    std::memcpy(scales.data(), f.data(), scales.size());
+    q.scale_dtype = DType::kF32;
+  } else {
+    scales.resize(n * k / block);
+    for (auto& s : scales)
+      s = static_cast<uint8_t>(kind == FormatKind::kMxfp4 ? 118 + rng() % 8
+                                                          : 0x30 + rng() % 32);
+    q.scale_dtype =
+        kind == FormatKind::kMxfp4 ? DType::kF8E8M0 : DType::kF8E4M3;
+    q.global_scale = 0.01f;
+  }
+  q.scales = scales.data();
+  Buf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+  const int64_t decode_bytes =
+      QuantDecodeWorkspaceBytes(n, k, kind, DType::kBF16);
+  Buf decode(decode_bytes);
+  const int64_t panel = std::min(n, kQuantPanelRows);
+  const int64_t scratch =
+      GemmScratchpadBytes(m, panel, k, DType::kBF16, WeightLayout::kOutIn);
+  Buf scratchpad(scratch);
+  Ctx().SetScratchpad(scratchpad.p, scratch);
+  GemmArgs a;
+  a.x = x.data();
+  a.w_dtype = DType::kBF16;
+  a.y = y.data();
+  a.m = m, a.n = n, a.k = k;
+  a.workspace = ws.p;
+  auto run = [&](GemmContext::QuantPath path) {
+    Ctx().SetQuantPath(path);
+    const auto t0 = std::chrono::steady_clock::now();
+    Ctx().GemmQuantized(a, q, decode.p, decode_bytes);
+    return Seconds(std::chrono::steady_clock::now() - t0);
+  };
+  run(GemmContext::QuantPath::kPanels);  // warm-up: primitive creation
+  run(GemmContext::QuantPath::kCodes);
+  double t_panels = 0, t_codes = 0;
+  for (auto _ : state) {
+    t_panels += run(GemmContext::QuantPath::kPanels);
+    const double t = run(GemmContext::QuantPath::kCodes);
+    t_codes += t;
+    state.SetIterationTime(t);
+    benchmark::DoNotOptimize(y.data());
+  }
+  Ctx().SetQuantPath(GemmContext::QuantPath::kAuto);
+  const double flops = 2.0 * m * n * k * state.iterations();
+  state.counters["codes_GFLOPs"] = flops / t_codes * 1e-9;
+  state.counters["panels_GFLOPs"] = flops / t_panels * 1e-9;
+  state.counters["codes_vs_panels"] = t_panels / t_codes;
+}
+BENCHMARK(BM_CodesGemmVsPanels)
+    ->ArgNames({"M", "N", "K", "format"})
+    ->ArgsProduct({{1, 4, 16, 32, 64, 128, 256}, {5760}, {2880}, {0}})
+    ->ArgsProduct({{4, 32, 64, 128}, {4096}, {4096}, {1, 2}})
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -69,8 +69,13 @@ const float* E4M3Table() {
 float E2M1ToF32(uint8_t code) { return E2M1Table()[code & 15]; }
 float E4M3ToF32(uint8_t code) { return E4M3Table()[code]; }
 float E8M0ToF32(uint8_t code) {
-  if (code == 255) return std::numeric_limits<float>::quiet_NaN();
-  return std::ldexp(1.0f, static_cast<int>(code) - 127);
+  // A table: ldexp is a library call, and MXFP4 decodes one scale per 32
+  // values.
+  static const std::array<float, 256> t = MakeTable<256>([](uint8_t c) {
+    if (c == 255) return std::numeric_limits<float>::quiet_NaN();
+    return std::ldexp(1.0f, static_cast<int>(c) - 127);
+  });
+  return t[code];
 }
 
 void FormatBlock(const WeightFormat& format, int64_t* block_out,

@@ -147,9 +147,10 @@ void CpuBackend::Gemm(const GemmOp& op) {
   gemm_->Gemm(a);
 }
 
-// Dense items of m rows that oneDNN tiles run as one group; quantized items
-// (their panels share one decode workspace) and the AVX-512 small-m kernel's
-// items run one by one afterwards, as Gemm would run them.
+// Dense items of m rows that oneDNN tiles run as one group, and quantized
+// items of few rows (on the codes) as another; quantized items decoded in
+// panels (the panels share one decode workspace) and the AVX-512 small-m
+// kernel's items run one by one afterwards, as Gemm would run them.
 void CpuBackend::GemmGroup(const GemmGroupOp& op) {
   group_args_.clear();
   for (int64_t i = 0; i < op.count; ++i) {
@@ -163,10 +164,26 @@ void CpuBackend::GemmGroup(const GemmGroupOp& op) {
   }
   gemm_->GemmGroup(group_args_.data(), static_cast<int64_t>(group_args_.size()),
                    op.x, op.rows, op.workspace);
+  auto on_codes = [&](const GemmOp& g) {
+    return g.m > 0 && g.w.quantized() && gemm_->UsesCodes(g.m, g.w.format.kind);
+  };
+  group_args_.clear();
+  group_quant_.clear();
+  for (int64_t i = 0; i < op.count; ++i) {
+    const GemmOp& g = op.items[i];
+    if (!on_codes(g)) continue;
+    group_args_.push_back(ArgsOf(g));
+    group_quant_.push_back(QuantMatrixOf(g.w));
+  }
+  gemm_->GemmQuantizedGroup(group_args_.data(), group_quant_.data(),
+                            static_cast<int64_t>(group_args_.size()), op.x,
+                            op.rows, op.workspace, decode_workspace_,
+                            decode_workspace_bytes_);
   for (int64_t i = 0; i < op.count; ++i) {
     const GemmOp& g = op.items[i];
     const bool small = cpu::HasAvx512() && g.m <= cpu::kSmallGemmMaxM;
-    if (g.m > 0 && (g.w.quantized() || small)) {
+    const bool one_by_one = g.w.quantized() ? !on_codes(g) : small;
+    if (g.m > 0 && one_by_one) {
       GemmOp one = g;
       one.workspace = op.workspace;
       one.reuse_x_workspace = false;

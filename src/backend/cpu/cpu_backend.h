@@ -121,6 +121,7 @@ class CpuBackend final : public Backend {
   void* decode_workspace_ = nullptr;  // borrowed, see SetWeightDecodeWorkspace
   int64_t decode_workspace_bytes_ = 0;
   std::vector<GemmArgs> group_args_;  // GemmGroup's items, reused
+  std::vector<QuantMatrix> group_quant_;  // their quantized weights
 };
 
 // The CPU backend's planner costs (what CpuBackend::Costs returns), for code

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
+#include "src/backend/cpu/codes_gemm.h"
 #include "src/core/dtype.h"
 #include "src/core/quant_codes.h"
 
@@ -112,15 +114,31 @@ class GemmContext {
   void GemmGroup(const GemmArgs* items, int64_t count, const float* x,
                  int64_t rows, void* workspace);
 
-  // y = x W^T (+ bias) (+ y) with W [n, k] stored quantized (`w`): each
-  // panel of kQuantPanelRows weight rows is decoded (DecodeRows) into
+  // y = x W^T (+ bias) (+ y) with W [n, k] stored quantized (`w`). With at
+  // most CodesGemmMaxRows(w.kind) rows, on the codes (CodesGemm: L1 tiles of
+  // decoded weights, src/backend/cpu/codes_gemm.h); otherwise each panel of
+  // kQuantPanelRows weight rows is decoded (DecodeRows) into
   // `decode_workspace` in `args.w_dtype` (the compute dtype: f32, bf16 or
   // f16), then multiplied as a dense [n_panel, k] weight. args.w, n, k and
-  // layout are taken from `w` (kOutIn). `decode_workspace` holds at least
-  // QuantDecodeWorkspaceBytes(n, k, w.kind, args.w_dtype) bytes, 64-byte
-  // aligned; args.workspace is the usual x-copy scratch.
   void GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
                      void* decode_workspace, int64_t decode_workspace_bytes);
+
+  // GemmQuantized of several items whose inputs are row ranges of one
+  // x [rows, k] (experts), all on the codes (UsesCodes(m, kind) for each):
+  // x is rounded once into `workspace` (GemmWorkspaceBytes(rows, k, compute)
+  // bytes) and every item's column blocks are the tasks of one parallel
+  // region. The same bytes as one GemmQuantized per item.
+  void GemmQuantizedGroup(const GemmArgs* items, const QuantMatrix* w,
+                          int64_t count, const float* x, int64_t rows,
+                          void* workspace, void* decode_workspace,
+                          int64_t decode_workspace_bytes);
+
+  // Which path GemmQuantized takes: by the row count (kAuto), or always one
+  // (tests and benchmarks compare the two).
+  enum class QuantPath { kAuto, kPanels, kCodes };
+  void SetQuantPath(QuantPath path) { quant_path_ = path; }
+  // Whether GemmQuantized multiplies `m` rows of a `kind` weight on the codes.
+  bool UsesCodes(int64_t m, FormatKind kind) const;
 
   // Batched strided matmul (the QK^T / PV shapes of attention; Attention
   // itself uses a dedicated kernel): for b in [0, batch):
@@ -141,6 +159,11 @@ class GemmContext {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  QuantPath quant_path_ = QuantPath::kAuto;
+  // The last GemmQuantized ran on the codes: its f32 copy of x is not the
+  // panel path's, which must not reuse it.
+  bool last_codes_ = false;
+  std::vector<CodesGemmItem> codes_items_;
 };
 
 // ---- Norms ----------------------------------------------------------------

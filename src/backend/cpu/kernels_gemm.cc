@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/backend/cpu/codes_gemm.h"
 #include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/kernels_internal.h"
@@ -739,6 +740,13 @@ void GemmContext::GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
       << "decode workspace not 64-byte aligned";
   if (args.m == 0) return;
   const int64_t ldy = args.ldy == 0 ? w.n : args.ldy;
+  if (UsesCodes(args.m, w.kind)) {
+    GemmQuantizedGroup(&args, &w, 1, args.x, args.m, args.workspace,
+                       decode_workspace, decode_workspace_bytes);
+    return;
+  }
+  const bool reuse_x = args.reuse_x_workspace && !last_codes_;
+  last_codes_ = false;
   const int64_t bias_size =
       args.bias != nullptr ? DTypeSize(args.bias_dtype) : 0;
   // A 16-bit compute dtype the ISA cannot multiply natively: the panel is
@@ -749,7 +757,7 @@ void GemmContext::GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
   for (int64_t j0 = 0; j0 < w.n; j0 += kQuantPanelRows) {
     const int64_t nc = std::min(kQuantPanelRows, w.n - j0);
     DecodeRows(w, j0, nc, panel_dtype, decode_workspace);  // [nc, k]
-    if (panel_dtype != args.w_dtype)
+    if (panel_dtype != args.w_dtype && !DecodeIsExactIn(w.kind, args.w_dtype))
       RoundToDTypeAsF32(static_cast<const float*>(decode_workspace),
                         static_cast<float*>(decode_workspace), args.w_dtype,
                         nc * w.k);
@@ -766,9 +774,63 @@ void GemmContext::GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
                  ? static_cast<const uint8_t*>(args.bias) + j0 * bias_size
                  : nullptr;
     // Every panel multiplies the same x: its 16-bit copy is made once.
-    p.reuse_x_workspace = args.reuse_x_workspace || j0 > 0;
+    p.reuse_x_workspace = reuse_x || j0 > 0;
     Gemm(p);
   }
+}
+
+void GemmContext::GemmQuantizedGroup(const GemmArgs* items,
+                                     const QuantMatrix* w, int64_t count,
+                                     const float* x, int64_t rows,
+                                     void* workspace, void* decode_workspace,
+                                     int64_t decode_workspace_bytes) {
+  if (count <= 0) return;
+  const DType compute = items[0].w_dtype;
+  const int64_t k = w[0].k;
+  // x rounded to the compute dtype (an f32 copy) unless it is f32.
+  const float* xr = x;
+  if (compute != DType::kF32) {
+    LOOM_CHECK(workspace != nullptr) << "16-bit GEMM needs a workspace";
+    float* copy = static_cast<float*>(workspace);  // [rows, k]
+    RoundToDTypeAsF32(x, copy, compute, rows * k);
+    xr = copy;
+  }
+  // Host bookkeeping kept by the context: grows on the first groups only.
+  std::vector<CodesGemmItem>& list = codes_items_;
+  list.clear();
+  for (int64_t i = 0; i < count; ++i) {
+    const GemmArgs& a = items[i];
+    LOOM_CHECK(a.w_dtype == compute && w[i].k == k && a.x >= x &&
+               a.x + a.m * k <= x + rows * k && (a.x - x) % k == 0)
+        << "quantized GEMM group item " << i << ": k=" << w[i].k << " vs " << k
+        << ", compute " << DTypeName(a.w_dtype) << " vs " << DTypeName(compute)
+        << ", or rows outside the group's x";
+    CodesGemmItem c;
+    c.x = xr + (a.x - x);
+    c.m = a.m;
+    c.w = w[i];
+    c.y = a.y;
+    c.ldy = a.ldy;
+    c.accumulate = a.accumulate;
+    c.bias = a.bias;
+    c.bias_dtype = a.bias_dtype;
+    list.push_back(c);
+  }
+  CodesGemm(list.data(), count, compute, decode_workspace,
+            decode_workspace_bytes);
+  last_codes_ = true;
+}
+
+bool GemmContext::UsesCodes(int64_t m, FormatKind kind) const {
+  switch (quant_path_) {
+    case QuantPath::kPanels:
+      return false;
+    case QuantPath::kCodes:
+      return true;
+    case QuantPath::kAuto:
+      break;
+  }
+  return m <= CodesGemmMaxRows(kind);
 }
 
 void GemmContext::SetScratchpad(void* scratch, int64_t bytes) {
