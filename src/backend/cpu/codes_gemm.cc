@@ -67,11 +67,16 @@ void RunTask(const CodesGemmItem& it, int64_t j0, DType compute, float* tile) {
 
 int64_t CodesGemmMaxRows(FormatKind kind) {
   if (kind == FormatKind::kDense) return 0;
-  // BM_CodesGemmVsPanels, 2 threads, Zen 3 (AVX2), bf16 compute: the codes
-  // path is 1.2-1.5x the panels at 1-16 rows, even at 32 (1.00 on a 5760 x
-  // 2880 MXFP4 weight, 1.15 NVFP4 and 1.24 FP8 on 4096 x 4096) and behind from
-  // 64 rows (0.89-1.01). The same bound on AVX-512 until measured there.
-  return 32;
+  // BM_CodesGemmVsPanels, one GEMM, 2 threads, Zen 3 (AVX2), bf16 compute:
+  // the codes path is 1.2-1.5x the panels at 1-16 rows, 1.0-1.24 at 32, and
+  // 0.89-1.01 at 64 rows, 0.81-0.95 at 128. But experts run as one group
+  // (GemmQuantizedGroup) with no barrier per expert, one expert's decode
+  // overlapping another's multiply: BM_MoePrefill, gpt-oss-20b preset at 512
+  // tokens (about 64 rows per expert) gives a MoE layer 0.68 of the dense
+  // GEMM of equal FLOPs with experts up to 96 rows on the codes, 0.51 with
+  // those over 32 in panels. One bound for both, so that a group and one
+  // call per item stay the same bytes. The same on AVX-512 until measured.
+  return 96;
 }
 
 int64_t CodesGemmTileBytes(int64_t k) {
