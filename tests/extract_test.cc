@@ -353,6 +353,52 @@ TEST_F(ExtractTest, ResumeAfterEveryCommitPoint) {
   }
 }
 
+// A short input plans its default batch for its own tokens (rounded up to
+// 64), not for 4096: the manifest records it, the outputs are the bytes of a
+// run with --batch-tokens given, and a bad row keeps the default budget (its
+// message names that).
+TEST_F(ExtractTest, ShortInputPlansItsOwnTokens) {
+  std::string text;
+  for (int i = 0; i < 8; ++i)
+    text += "Tom had " + std::to_string(i) + " apples.\n";
+  WriteFile("in.txt", text);
+  ExtractOptions o;
+  o.model_dir = kModel;
+  o.input_path = Path("in.txt");
+  o.hooks = {"blocks.0.hook_resid_post"};
+  o.selectors = {"last", "all"};
+  o.out_dir = Path("short");
+  auto a = RunExtract(o);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const std::string manifest = Slurp(Path("short/manifest.json"));
+  const auto tokens = a->tokens;
+  ASSERT_GT(tokens, 8);
+  const int64_t want = (tokens + 63) / 64 * 64;
+  EXPECT_NE(manifest.find("\"batch_tokens\": " + std::to_string(want)),
+            std::string::npos)
+      << tokens << " tokens: " << manifest;
+  ExtractOptions p = o;
+  p.out_dir = Path("given");
+  p.batch_tokens = 256;
+  ASSERT_TRUE(RunExtract(p).ok());
+  for (const char* f : {"blocks.0.hook_resid_post.last.npy",
+                        "blocks.0.hook_resid_post.all.npy"})
+    EXPECT_EQ(Slurp(Path(std::string("short/") + f)),
+              Slurp(Path(std::string("given/") + f)))
+        << f;
+  // A row the vocabulary refuses (skipped): the default budget stays.
+  WriteFile("bad.jsonl",
+            "{\"id\": 0, \"tokens\": [1, 2, 3]}\n"
+            "{\"id\": 1, \"tokens\": [1, 99999999]}\n");
+  ExtractOptions b = o;
+  b.input_path = Path("bad.jsonl");
+  b.out_dir = Path("bad");
+  b.on_error = OnError::kSkip;
+  ASSERT_TRUE(RunExtract(b).ok());
+  EXPECT_EQ(Slurp(Path("bad/manifest.json")).find("\"batch_tokens\": 64"),
+            std::string::npos);
+}
+
 struct BadCase {
   std::string name;
   std::string line;    // one input line (JSONL)

@@ -208,8 +208,11 @@ Status CheckResumeInput(const Manifest& manifest, const std::string& path,
 // --resume (--out locked): reads and checks everything (manifest, settings,
 // input, committed files) before anything is written, then reopens the
 // outputs at the commit.
+// `fresh_batch_tokens` != 0: the budget a fresh run of this input would
+// plan, which differs from the recorded one the settings were given.
 StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
-                             OutputSet& outputs, RowsLog& rows_log) {
+                             int64_t fresh_batch_tokens, OutputSet& outputs,
+                             RowsLog& rows_log) {
   const std::string manifest_path = o.out_dir + "/manifest.json";
   StatusOr<Manifest> loaded = Manifest::Load(manifest_path);
   if (!loaded.ok()) return loaded.status().WithContext("--resume");
@@ -228,6 +231,15 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   state.manifest->SetSettings(settings);
   ASSIGN_OR_RETURN(state.progress, m.ReadProgress(outputs.RaggedDataFiles()));
   RETURN_IF_ERROR(CheckResumeInput(m, o.input_path, &state.input_bytes));
+  if (fresh_batch_tokens != 0) {
+    const int64_t recorded = settings["batch_tokens"].get<int64_t>();
+    return FailedPreconditionError(
+        "--resume: setting 'batch_tokens' differs from the interrupted run (" +
+        std::to_string(recorded) + " there, " +
+        std::to_string(fresh_batch_tokens) +
+        " now: this short input's own tokens); resume with --batch-tokens " +
+        std::to_string(recorded));
+  }
   ASSIGN_OR_RETURN(state.complete, m.GetBool({"complete"}));
   ASSIGN_OR_RETURN(state.files, m.GetStrings({"files"}));
   if (state.complete) return state;
@@ -415,6 +427,21 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   // Everything that depends only on config.json and the options is checked
   // before planning, so bad options fail before anything is loaded.
   ASSIGN_OR_RETURN(ExtractSettings settings, ResolveExtractSettings(o));
+  // The default budget: a short input's own tokens. A resumed job whose
+  // manifest records another budget plans with that one until the resume
+  // checks of the options and the input have run (so that a changed option
+  // or a missing input is reported by name), then is refused (ResumeJob).
+  const int64_t plain_batch = settings.batch_tokens;
+  settings.batch_tokens = ShortInputBatchTokens(o, settings);
+  int64_t fresh_batch = 0;  // != 0: the budget this run would plan
+  if (o.resume && o.batch_tokens == 0 && !settings.streaming()) {
+    const int64_t recorded = RecordedBatchTokens(o.out_dir);
+    if (recorded > 0 && recorded <= plain_batch &&
+        recorded != settings.batch_tokens) {
+      fresh_batch = settings.batch_tokens;
+      settings.batch_tokens = recorded;
+    }
+  }
   // Plan first, from config.json and the safetensors headers; refuse if the
   // job does not fit.
   ASSIGN_OR_RETURN(DType planned_compute,
@@ -448,9 +475,11 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
                    Sha256File(o.model_dir + "/config.json"));
   ASSIGN_OR_RETURN(Json settings_json,
                    SettingsJson(o, settings, config_sha, compute, out_dtype));
-  ASSIGN_OR_RETURN(JobState state,
-                   o.resume ? ResumeJob(o, settings_json, outputs, rows_log)
-                            : StartJob(o, settings_json, outputs, rows_log));
+  ASSIGN_OR_RETURN(
+      JobState state,
+      o.resume ? ResumeJob(o, settings_json, fresh_batch, outputs, rows_log)
+               : StartJob(o, settings_json, outputs, rows_log));
+
   if (state.complete) {
     ExtractSummary done;
     FillCounts(state, &done);

@@ -58,7 +58,9 @@ struct ExtractOptions {
   OutputFormat format = OutputFormat::kNpy;
   Precision precision = Precision::kAuto;
   int threads = 0;
-  int64_t batch_tokens = 0;  // 0 = min(4096, max_position_embeddings)
+  // 0 = min(4096, max_position_embeddings), or a short input's own tokens
+  // (ShortInputBatchTokens).
+  int64_t batch_tokens = 0;
   // Exact streaming of long rows (TheLoom's streaming_chunk_size, except that
   // the chunks carry the KV cache, so the hidden states are a full pass's):
   // a row of batch_tokens < n <= max_row_tokens tokens runs alone, prefilled

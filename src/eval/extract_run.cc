@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <span>
 
+#include "src/base/read_file.h"
+#include "src/base/units.h"
 #include "src/eval/extract_batches.h"
 
 namespace loom {
@@ -24,6 +27,56 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
   else
     m.tokenizer_error = t.status().message();
   return m;
+}
+
+int64_t ShortInputBatchTokens(const ExtractOptions& o,
+                              const ExtractSettings& s) {
+  if (o.batch_tokens > 0 || s.streaming()) return s.batch_tokens;
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(o.input_path, ec);
+  if (ec || bytes > kShortInputBytes) return s.batch_tokens;
+  StatusOr<std::unique_ptr<tok::Tokenizer>> t =
+      tok::Tokenizer::Load(o.model_dir);
+  StatusOr<std::unique_ptr<InputReader>> reader =
+      InputReader::Open(o.input_path, 0, 0);
+  if (!reader.ok()) return s.batch_tokens;
+  const RowPreparer preparer({.template_text = o.template_text,
+                              .add_bos = o.add_bos,
+                              .replace_invalid_utf8 = o.replace_invalid_utf8,
+                              .batch_tokens = s.batch_tokens,
+                              .max_row_tokens = s.max_row_tokens,
+                              .max_positions = s.max_positions,
+                              .vocab_size = s.config.vocab_size,
+                              .config_bos_id = s.config.bos_token_id,
+                              .interventions = &s.interventions},
+                             t.ok() ? t->get() : nullptr,
+                             t.ok() ? "" : t.status().message(), &s.selectors);
+  int64_t total = 0;
+  InputRow row;
+  while (true) {
+    StatusOr<bool> more = (*reader)->Next(&row, o.replace_invalid_utf8);
+    if (!more.ok()) return s.batch_tokens;
+    if (!*more) break;
+    const PreparedRow prepared = preparer.Prepare(std::move(row));
+    // A bad row keeps the default: its message names the default budget.
+    if (!prepared.ok()) return s.batch_tokens;
+    total += prepared.size();
+    row = InputRow();
+  }
+  if (total == 0) return s.batch_tokens;
+  return std::min(s.batch_tokens, AlignUp(total, 64));
+}
+
+int64_t RecordedBatchTokens(const std::string& out_dir) {
+  StatusOr<std::string> text = ReadFileToString(out_dir + "/manifest.json");
+  if (!text.ok()) return 0;
+  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, false);
+  if (!m.is_object() || !m.contains("settings")) return 0;
+  const nlohmann::json& st = m["settings"];
+  if (!st.is_object() || !st.contains("batch_tokens") ||
+      !st["batch_tokens"].is_number_integer())
+    return 0;
+  return st["batch_tokens"].get<int64_t>();
 }
 
 RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,

@@ -42,6 +42,19 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
                                             const char* who);
 
 // The row preparer of a job (borrows the tokenizer and the selectors).
+// The default batch budget for a short input (--batch-tokens not given, no
+// streaming, an input file of at most kShortInputBytes): the total tokens of
+// its rows rounded up to 64, when every row is valid under the default
+// budget, so that a handful of prompts does not plan (and touch) arenas for
+// 4096 tokens. Otherwise (or when the input cannot be read here: the run
+// reports that) s.batch_tokens unchanged. Reads and tokenizes the input once.
+inline constexpr int64_t kShortInputBytes = 64 << 10;
+int64_t ShortInputBatchTokens(const ExtractOptions& o,
+                              const ExtractSettings& s);
+
+// settings.batch_tokens of the manifest in `out_dir`; 0 if there is none.
+int64_t RecordedBatchTokens(const std::string& out_dir);
+
 RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
                             const LoadedModel& loaded);
 

@@ -271,7 +271,8 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   AddThreadsFlag(*cmd, &j.threads);
   cmd->add_option("--batch-tokens", j.batch_tokens,
-                  "Token budget per batch (default min(4096, max positions))")
+                  "Token budget per batch (default min(4096, max positions); a "
+                  "short input: its own tokens, rounded up to 64)")
       ->check(IntRange(1));
   cmd->add_option("--streaming-chunk-size", j.streaming_chunk_size,
                   "Rows longer than --batch-tokens run alone, prefilled in "
