@@ -386,6 +386,31 @@ TEST_F(ExtractTest, ShortInputPlansItsOwnTokens) {
     EXPECT_EQ(Slurp(Path(std::string("short/") + f)),
               Slurp(Path(std::string("given/") + f)))
         << f;
+  // A job recorded with another budget (an older version planned 512 for
+  // any input): --resume is refused naming --batch-tokens, files unchanged;
+  // with that option it resumes.
+  ExtractOptions r = o;
+  r.out_dir = Path("old");
+  r.commit_every = 3;
+  r.stop_after_commits = 1;
+  ASSERT_TRUE(RunExtract(r).ok());
+  std::string m = Slurp(Path("old/manifest.json"));
+  const std::string from = "\"batch_tokens\": " + std::to_string(want);
+  ASSERT_NE(m.find(from), std::string::npos);
+  m.replace(m.find(from), from.size(), "\"batch_tokens\": 512");
+  WriteFile("old/manifest.json", m);
+  r.stop_after_commits = 0;
+  r.resume = true;
+  auto refused = RunExtract(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("resume with --batch-tokens 512"),
+            std::string::npos)
+      << refused.status().ToString();
+  EXPECT_EQ(Slurp(Path("old/manifest.json")), m);
+  r.batch_tokens = 512;
+  auto resumed = RunExtract(r);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->rows, 8);
   // A row the vocabulary refuses (skipped): the default budget stays.
   WriteFile("bad.jsonl",
             "{\"id\": 0, \"tokens\": [1, 2, 3]}\n"
