@@ -37,61 +37,98 @@ double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+// A random [n, k] weight stored in `kind` (no NaN codes), x [m, k] in
+// [-1, 1), y [m, n], and the workspaces the executor lends a bf16-compute
+// GemmQuantized (the GEMM scratchpad also fits a dense [m, n] bf16 GEMM).
+struct QuantFixture {
+  QuantFixture(int64_t m, int64_t n, int64_t k, FormatKind kind, uint32_t seed)
+      : x(m * k),
+        y(m * n),
+        ws(GemmWorkspaceBytes(m, k, DType::kBF16)),
+        decode_bytes(QuantDecodeWorkspaceBytes(n, k, kind, DType::kBF16)),
+        decode(decode_bytes),
+        scratch_bytes(std::max(
+            GemmScratchpadBytes(m, n, k, DType::kBF16, WeightLayout::kOutIn),
+            GemmScratchpadBytes(m, std::min(n, kQuantPanelRows), k,
+                                DType::kBF16, WeightLayout::kOutIn))),
+        scratchpad(scratch_bytes) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (auto& v : x) v = dist(rng);
+    const bool fp8 = kind == FormatKind::kFp8Block;
+    const int64_t block = kind == FormatKind::kMxfp4 ? 32 : fp8 ? 128 : 16;
+    codes.resize(fp8 ? n * k : n * k / 2);
+    for (auto& c : codes) {
+      c = static_cast<uint8_t>(rng() & 0xFF);
+      if (fp8 && (c & 0x7F) == 0x7F) c = 0;  // E4M3 NaN
+    }
+    q.kind = kind;
+    q.values = codes.data();
+    q.n = n;
+    q.k = k;
+    q.block_in = block;
+    if (fp8) {
+      q.block_out = 128;
+      std::vector<float> f(((n + 127) / 128) * ((k + 127) / 128), 0.01f);
+      scales.resize(f.size() * 4);
+      std::memcpy(scales.data(), f.data(), scales.size());
+      q.scale_dtype = DType::kF32;
+    } else {
+      scales.resize(n * k / block);
+      for (auto& v : scales)
+        v = static_cast<uint8_t>(
+            kind == FormatKind::kMxfp4 ? 118 + rng() % 8 : 0x30 + rng() % 32);
+      q.scale_dtype =
+          kind == FormatKind::kMxfp4 ? DType::kF8E8M0 : DType::kF8E4M3;
+      q.global_scale = 0.01f;
+    }
+    q.scales = scales.data();
+    // The planned GEMM scratchpad, as the executor gives it (without one,
+    // oneDNN allocates its scratch on every call).
+    Ctx().SetScratchpad(scratchpad.p, scratch_bytes);
+    a.x = x.data();
+    a.w_dtype = DType::kBF16;
+    a.y = y.data();
+    a.m = m, a.n = n, a.k = k;
+    a.workspace = ws.p;
+  }
+  std::vector<float> x, y;
+  std::vector<uint8_t> codes, scales;
+  QuantMatrix q;
+  Buf ws;
+  int64_t decode_bytes;
+  Buf decode;
+  int64_t scratch_bytes;
+  Buf scratchpad;
+  GemmArgs a;  // x, y, m, n, k, bf16 compute, the x-copy workspace
+};
+
 // Args: M, N, K, format (0 = mxfp4, 1 = nvfp4-modelopt).
 void BM_QuantGemmVsBf16(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const FormatKind kind =
       state.range(3) == 0 ? FormatKind::kMxfp4 : FormatKind::kNvfp4ModelOpt;
-  const int64_t block = kind == FormatKind::kMxfp4 ? 32 : 16;
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> x(m * k), y(m * n);
-  for (auto& v : x) v = dist(rng);
-  std::vector<uint8_t> codes(n * k / 2), scales(n * k / block);
-  for (auto& c : codes) c = static_cast<uint8_t>(rng() & 0xFF);
-  for (auto& s : scales)
-    s = static_cast<uint8_t>(kind == FormatKind::kMxfp4 ? 118 + rng() % 8
-                                                        : 0x30 + rng() % 32);
-  QuantMatrix q;
-  q.kind = kind;
-  q.values = codes.data();
-  q.scales = scales.data();
-  q.scale_dtype = kind == FormatKind::kMxfp4 ? DType::kF8E8M0 : DType::kF8E4M3;
-  q.n = n;
-  q.k = k;
-  q.block_in = block;
-  q.global_scale = 0.01f;
+  QuantFixture fx(m, n, k, kind, 7);
+  const QuantMatrix& q = fx.q;
+  const std::vector<uint8_t>& codes = fx.codes;
+  const std::vector<uint8_t>& scales = fx.scales;
+  std::vector<float>& y = fx.y;
+  void* const decode_p = fx.decode.p;
+  const int64_t decode_bytes = fx.decode_bytes;
   // The bf16 weight of the same shape: the decoded values, rounded.
   std::vector<uint16_t> w16(n * k);
   DecodeRows(q, 0, n, DType::kBF16, w16.data());
-  Buf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
-  const int64_t decode_bytes =
-      QuantDecodeWorkspaceBytes(n, k, kind, DType::kBF16);
-  Buf decode(decode_bytes);
-  // The planned GEMM scratchpad, as the executor gives it (without one,
-  // oneDNN allocates its scratch on every call).
-  const int64_t panel = std::min(n, kQuantPanelRows);
-  const int64_t scratch = std::max(
-      GemmScratchpadBytes(m, n, k, DType::kBF16, WeightLayout::kOutIn),
-      GemmScratchpadBytes(m, panel, k, DType::kBF16, WeightLayout::kOutIn));
-  Buf scratchpad(scratch);
-  Ctx().SetScratchpad(scratchpad.p, scratch);
-  GemmArgs a;
-  a.x = x.data();
-  a.w_dtype = DType::kBF16;
-  a.y = y.data();
-  a.m = m, a.n = n, a.k = k;
-  a.workspace = ws.p;
+  const GemmArgs& a = fx.a;
   GemmArgs d = a;
   d.w = w16.data();
   Ctx().Gemm(d);  // warm-up: primitive creation
-  Ctx().GemmQuantized(a, q, decode.p, decode_bytes);
+  Ctx().GemmQuantized(a, q, decode_p, decode_bytes);
   double t_bf16 = 0, t_quant = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     Ctx().Gemm(d);
     const auto t1 = std::chrono::steady_clock::now();
-    Ctx().GemmQuantized(a, q, decode.p, decode_bytes);
+    Ctx().GemmQuantized(a, q, decode_p, decode_bytes);
     const auto t2 = std::chrono::steady_clock::now();
     t_bf16 += Seconds(t1 - t0);
     t_quant += Seconds(t2 - t1);
@@ -157,56 +194,16 @@ void BM_CodesGemmVsPanels(benchmark::State& state) {
   const FormatKind kind = state.range(3) == 0   ? FormatKind::kMxfp4
                           : state.range(3) == 1 ? FormatKind::kNvfp4ModelOpt
                                                 : FormatKind::kFp8Block;
-  const bool fp8 = kind == FormatKind::kFp8Block;
-  const int64_t block = kind == FormatKind::kMxfp4 ? 32 : fp8 ? 128 : 16;
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> x(m * k), y(m * n);
-  for (auto& v : x) v = dist(rng);
-  std::vector<uint8_t> codes(fp8 ? n * k : n * k / 2);
-  for (auto& c : codes) c = static_cast<uint8_t>(rng() & 0x77);  // no NaN
-  QuantMatrix q;
-  q.kind = kind;
-  q.values = codes.data();
-  q.n = n;
-  q.k = k;
-  q.block_in = block;
-  std::vector<uint8_t> scales;
-  if (fp8) {
-    q.block_out = 128;
-    std::vector<float> f(((n + 127) / 128) * ((k + 127) / 128), 0.01f);
-    scales.resize(f.size() * 4);
-    std::memcpy(scales.data(), f.data(), scales.size());
-    q.scale_dtype = DType::kF32;
-  } else {
-    scales.resize(n * k / block);
-    for (auto& s : scales)
-      s = static_cast<uint8_t>(kind == FormatKind::kMxfp4 ? 118 + rng() % 8
-                                                          : 0x30 + rng() % 32);
-    q.scale_dtype =
-        kind == FormatKind::kMxfp4 ? DType::kF8E8M0 : DType::kF8E4M3;
-    q.global_scale = 0.01f;
-  }
-  q.scales = scales.data();
-  Buf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
-  const int64_t decode_bytes =
-      QuantDecodeWorkspaceBytes(n, k, kind, DType::kBF16);
-  Buf decode(decode_bytes);
-  const int64_t panel = std::min(n, kQuantPanelRows);
-  const int64_t scratch =
-      GemmScratchpadBytes(m, panel, k, DType::kBF16, WeightLayout::kOutIn);
-  Buf scratchpad(scratch);
-  Ctx().SetScratchpad(scratchpad.p, scratch);
-  GemmArgs a;
-  a.x = x.data();
-  a.w_dtype = DType::kBF16;
-  a.y = y.data();
-  a.m = m, a.n = n, a.k = k;
-  a.workspace = ws.p;
+  QuantFixture fx(m, n, k, kind, 11);
+  const QuantMatrix& q = fx.q;
+  std::vector<float>& y = fx.y;
+  void* const decode_p = fx.decode.p;
+  const int64_t decode_bytes = fx.decode_bytes;
+  const GemmArgs& a = fx.a;
   auto run = [&](GemmContext::QuantPath path) {
     Ctx().SetQuantPath(path);
     const auto t0 = std::chrono::steady_clock::now();
-    Ctx().GemmQuantized(a, q, decode.p, decode_bytes);
+    Ctx().GemmQuantized(a, q, decode_p, decode_bytes);
     return Seconds(std::chrono::steady_clock::now() - t0);
   };
   run(GemmContext::QuantPath::kPanels);  // warm-up: primitive creation

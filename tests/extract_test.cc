@@ -37,6 +37,19 @@ class ExtractTest : public testing::TempDirTest {
     std::memcpy(v.data(), a->data.data(), v.size() * 4);
     return v;
   }
+  // A job over `rows` lines "Tom had i apples." (in.txt) capturing
+  // blocks.0.hook_resid_post.
+  ExtractOptions ApplesJob(int rows) {
+    std::string text;
+    for (int i = 0; i < rows; ++i)
+      text += "Tom had " + std::to_string(i) + " apples.\n";
+    WriteFile("in.txt", text);
+    ExtractOptions o;
+    o.model_dir = kModel;
+    o.input_path = Path("in.txt");
+    o.hooks = {"blocks.0.hook_resid_post"};
+    return o;
+  }
 };
 
 using testing::RunShell;
@@ -324,14 +337,7 @@ TEST_F(ExtractTest, CliTextRowsNumpyAndGolden) {
 
 // Resume after a simulated stop at each commit also restores exactly.
 TEST_F(ExtractTest, ResumeAfterEveryCommitPoint) {
-  std::string text;
-  for (int i = 0; i < 20; ++i)
-    text += "Tom had " + std::to_string(i) + " apples.\n";
-  WriteFile("in.txt", text);
-  ExtractOptions o;
-  o.model_dir = kModel;
-  o.input_path = Path("in.txt");
-  o.hooks = {"blocks.0.hook_resid_post"};
+  ExtractOptions o = ApplesJob(20);
   o.selectors = {"last", "span:1:3"};
   o.commit_every = 3;
   o.out_dir = Path("ref");
@@ -358,14 +364,7 @@ TEST_F(ExtractTest, ResumeAfterEveryCommitPoint) {
 // run with --batch-tokens given, and a bad row keeps the default budget (its
 // message names that).
 TEST_F(ExtractTest, ShortInputPlansItsOwnTokens) {
-  std::string text;
-  for (int i = 0; i < 8; ++i)
-    text += "Tom had " + std::to_string(i) + " apples.\n";
-  WriteFile("in.txt", text);
-  ExtractOptions o;
-  o.model_dir = kModel;
-  o.input_path = Path("in.txt");
-  o.hooks = {"blocks.0.hook_resid_post"};
+  ExtractOptions o = ApplesJob(8);
   o.selectors = {"last", "all"};
   o.out_dir = Path("short");
   auto a = RunExtract(o);
