@@ -87,12 +87,15 @@ void CodesGemm(const CodesGemmItem* items, int64_t count, DType compute,
                void* tiles, int64_t tiles_bytes) {
   if (count <= 0) return;
   const int64_t k = items[0].w.k;
-  const int threads = NumThreads();
   const int64_t slot = CodesGemmTileBytes(k);
-  LOOM_CHECK(tiles != nullptr && tiles_bytes >= threads * slot &&
+  LOOM_CHECK(tiles != nullptr && tiles_bytes >= slot &&
              reinterpret_cast<uintptr_t>(tiles) % 64 == 0)
-      << "codes GEMM: decode tiles of " << tiles_bytes << " bytes, need "
-      << threads << " x " << slot << " (64-byte aligned)";
+      << "codes GEMM: decode tiles of " << tiles_bytes << " bytes, need at "
+      << "least one of " << slot << " (64-byte aligned)";
+  // As many threads as the lent tiles hold (planned: NumThreads(); fewer if
+  // the thread count grew after planning). Outputs do not depend on it.
+  const int threads =
+      static_cast<int>(std::min<int64_t>(NumThreads(), tiles_bytes / slot));
   int64_t tasks = 0;
   for (int64_t i = 0; i < count; ++i) {
     const CodesGemmItem& it = items[i];

@@ -49,7 +49,8 @@ struct CodesGemmItem {
 
 // Computes every item (all with the same k and compute dtype) as the tasks of
 // one parallel region. `tiles` holds NumThreads() slots of
-// CodesGemmTileBytes(k) bytes, 64-byte aligned.
+// CodesGemmTileBytes(k) bytes, 64-byte aligned (with fewer slots, at least
+// one, as many threads run as there are slots).
 void CodesGemm(const CodesGemmItem* items, int64_t count, DType compute,
                void* tiles, int64_t tiles_bytes);
 

@@ -301,6 +301,12 @@ TEST(CodesGemm, SameBytesAtEveryThreadCount) {
     else
       ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * 4))
           << threads << " threads";
+    // Tiles for one thread only (the thread count grew after planning):
+    // one thread runs, the same bytes.
+    std::fill(y.begin(), y.end(), 0.0f);
+    CodesGemm(items, 2, DType::kBF16, tiles.p, CodesGemmTileBytes(k));
+    ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * 4))
+        << threads << " threads, one tile";
   }
   SetNumThreads(before);
 }
