@@ -39,15 +39,20 @@ static float RoundTo(float x, DType dtype) {
 
 void Gemm(const GemmArgs& a) {
   const int64_t ldy = a.ldy == 0 ? a.n : a.ldy;
+  // x rounded to the weight type and the weight as f32 [n, k], once each.
+  std::vector<float> xr(static_cast<size_t>(a.m * a.k));
+  std::vector<float> wt(static_cast<size_t>(a.n * a.k));
+  for (int64_t i = 0; i < a.m * a.k; ++i) xr[i] = RoundTo(a.x[i], a.w_dtype);
+  for (int64_t j = 0; j < a.n; ++j)
+    for (int64_t p = 0; p < a.k; ++p)
+      wt[j * a.k + p] = LoadAsF32(
+          a.w, a.w_dtype,
+          a.layout == WeightLayout::kOutIn ? j * a.k + p : p * a.n + j);
   for (int64_t i = 0; i < a.m; ++i) {
     for (int64_t j = 0; j < a.n; ++j) {
       double acc = 0.0;
-      for (int64_t p = 0; p < a.k; ++p) {
-        const float xv = RoundTo(a.x[i * a.k + p], a.w_dtype);
-        const int64_t widx =
-            a.layout == WeightLayout::kOutIn ? j * a.k + p : p * a.n + j;
-        acc += static_cast<double>(xv) * LoadAsF32(a.w, a.w_dtype, widx);
-      }
+      for (int64_t p = 0; p < a.k; ++p)
+        acc += static_cast<double>(xr[i * a.k + p]) * wt[j * a.k + p];
       if (a.bias != nullptr) acc += LoadAsF32(a.bias, a.bias_dtype, j);
       float* out = &a.y[i * ldy + j];
       *out = static_cast<float>(a.accumulate ? acc + *out : acc);
