@@ -1,29 +1,23 @@
 // `loom bench` on the bundled model: the table, the JSON fields, and the
 // errors (a prompt length beyond the model's positions, a bad precision).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "tests/golden_util.h"
 
 namespace {
 
 struct Result {
   int rc = -1;
-  std::string out;
+  std::string out;  // stdout and stderr
 };
 
 Result Bench(const std::string& args) {
   Result r;
-  const std::string cmd = std::string(LOOM_BINARY) + " bench " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.rc = loom::testing::RunShell(std::string(LOOM_BINARY) + " bench " + args,
+                                 &r.out);
   return r;
 }
 

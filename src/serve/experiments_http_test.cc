@@ -23,21 +23,6 @@ namespace {
 using json = nlohmann::json;
 using loom::testing::TempDir;
 
-json Body(const httplib::Result& r) {
-  EXPECT_TRUE(r) << "no response";
-  if (!r) return json();
-  return json::parse(r->body, nullptr, false);
-}
-
-ServerOptions WithPersistence(const TempDir& dir) {
-  ServerOptions o;
-  o.persistence.enabled = true;
-  o.persistence.db_path = dir.File("db/experiments.db");
-  o.persistence.hidden_states_dir = dir.File("db/hidden_states");
-  o.persistence.export_dir = dir.File("exports");
-  return o;
-}
-
 TEST(ServeExperimentsHttpTest, DisabledIs503) {
   Running s{ServerOptions()};
   auto c = s.Client();

@@ -7,9 +7,11 @@
 #include <httplib.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
+#include "src/io/test_util.h"
 #include "src/serve/server.h"
 
 namespace loom::serve {
@@ -17,6 +19,24 @@ namespace loom::serve {
 // The bundled model.
 inline std::string Stories() {
   return std::string(LOOM_MODELS_DIR) + "/stories260K";
+}
+
+// A reply's JSON body (discarded on a parse error; a failed request is a test
+// failure).
+inline nlohmann::json Body(const httplib::Result& r) {
+  EXPECT_TRUE(r) << "no response";
+  if (!r) return nlohmann::json();
+  return nlohmann::json::parse(r->body, nullptr, false);
+}
+
+// Options with persistence on, its database and folders inside `dir`.
+inline ServerOptions WithPersistence(const loom::testing::TempDir& dir) {
+  ServerOptions o;
+  o.persistence.enabled = true;
+  o.persistence.db_path = dir.File("db/experiments.db");
+  o.persistence.hidden_states_dir = dir.File("db/hidden_states");
+  o.persistence.export_dir = dir.File("exports");
+  return o;
 }
 
 // A server on a free loopback port, run on a thread.
