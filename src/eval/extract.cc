@@ -479,7 +479,6 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
       JobState state,
       o.resume ? ResumeJob(o, settings_json, fresh_batch, outputs, rows_log)
                : StartJob(o, settings_json, outputs, rows_log));
-
   if (state.complete) {
     ExtractSummary done;
     FillCounts(state, &done);

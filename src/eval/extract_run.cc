@@ -40,17 +40,9 @@ int64_t ShortInputBatchTokens(const ExtractOptions& o,
   StatusOr<std::unique_ptr<InputReader>> reader =
       InputReader::Open(o.input_path, 0, 0);
   if (!reader.ok()) return s.batch_tokens;
-  const RowPreparer preparer({.template_text = o.template_text,
-                              .add_bos = o.add_bos,
-                              .replace_invalid_utf8 = o.replace_invalid_utf8,
-                              .batch_tokens = s.batch_tokens,
-                              .max_row_tokens = s.max_row_tokens,
-                              .max_positions = s.max_positions,
-                              .vocab_size = s.config.vocab_size,
-                              .config_bos_id = s.config.bos_token_id,
-                              .interventions = &s.interventions},
-                             t.ok() ? t->get() : nullptr,
-                             t.ok() ? "" : t.status().message(), &s.selectors);
+  const RowPreparer preparer =
+      MakeRowPreparer(o, s, s.config, t.ok() ? t->get() : nullptr,
+                      t.ok() ? "" : std::string(t.status().message()));
   int64_t total = 0;
   InputRow row;
   while (true) {
@@ -80,8 +72,9 @@ int64_t RecordedBatchTokens(const std::string& out_dir) {
 }
 
 RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
-                            const LoadedModel& loaded) {
-  const ModelConfig& c = loaded.model->config();
+                            const ModelConfig& c,
+                            const tok::Tokenizer* tokenizer,
+                            const std::string& tokenizer_error) {
   return RowPreparer({.template_text = o.template_text,
                       .add_bos = o.add_bos,
                       .replace_invalid_utf8 = o.replace_invalid_utf8,
@@ -91,8 +84,13 @@ RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
                       .vocab_size = c.vocab_size,
                       .config_bos_id = c.bos_token_id,
                       .interventions = &s.interventions},
-                     loaded.tokenizer.get(), loaded.tokenizer_error,
-                     &s.selectors);
+                     tokenizer, tokenizer_error, &s.selectors);
+}
+
+RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
+                            const LoadedModel& loaded) {
+  return MakeRowPreparer(o, s, loaded.model->config(), loaded.tokenizer.get(),
+                         loaded.tokenizer_error);
 }
 
 Status CheckStreamingBackends(const JobBackends& backends) {

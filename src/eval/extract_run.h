@@ -41,7 +41,6 @@ StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
                                             int gpu_capability,
                                             const char* who);
 
-// The row preparer of a job (borrows the tokenizer and the selectors).
 // The default batch budget for a short input (--batch-tokens not given, no
 // streaming, an input file of at most kShortInputBytes): the total tokens of
 // its rows rounded up to 64, when every row is valid under the default
@@ -55,6 +54,13 @@ int64_t ShortInputBatchTokens(const ExtractOptions& o,
 // settings.batch_tokens of the manifest in `out_dir`; 0 if there is none.
 int64_t RecordedBatchTokens(const std::string& out_dir);
 
+// The row preparer of a job (borrows the tokenizer and the selectors), for
+// the model whose config is `c`; `tokenizer` may be null (then
+// `tokenizer_error` is why).
+RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
+                            const ModelConfig& c,
+                            const tok::Tokenizer* tokenizer,
+                            const std::string& tokenizer_error);
 RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
                             const LoadedModel& loaded);
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <cstdlib>
 #include <memory>
 #include <random>
 
@@ -19,17 +18,6 @@ using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
-// Host scratch of the ceiling's GEMM (outside any forward).
-struct Scratch {
-  explicit Scratch(int64_t bytes)
-      : p(bytes > 0 ? std::aligned_alloc(64, (bytes + 63) / 64 * 64)
-                    : nullptr) {}
-  ~Scratch() { std::free(p); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* p;
-};
 
 // Weight elements one token multiplies in layer `lc` of `c`.
 double LayerWeightsPerToken(const ModelConfig& c, const LayerConfig& lc) {
@@ -79,33 +67,40 @@ StatusOr<double> DenseGemmRate(Backend& be, int64_t T, int64_t H, DType dtype,
                                int iterations) {
   const int64_t N = 4 * H;
   const KernelCosts costs = be.Costs();
-  Scratch w(N * H * DTypeSize(dtype)), x(T * H * 4), y(T * N * 4);
+  // The backend's own buffers (outside any forward).
+  ASSIGN_OR_RETURN(Buffer w,
+                   be.Allocate(N * H * DTypeSize(dtype), MemoryKind::kDevice));
+  ASSIGN_OR_RETURN(Buffer x, be.Allocate(T * H * 4, MemoryKind::kDevice));
+  ASSIGN_OR_RETURN(Buffer y, be.Allocate(T * N * 4, MemoryKind::kDevice));
+  ASSIGN_OR_RETURN(
+      Buffer ws,
+      be.Allocate(costs.gemm_workspace ? costs.gemm_workspace(T, H, dtype) : 0,
+                  MemoryKind::kDevice));
+  const int64_t pad_bytes =
+      costs.gemm_scratchpad ? costs.gemm_scratchpad(T, N, H, dtype, false) : 0;
+  ASSIGN_OR_RETURN(Buffer pad, be.Allocate(pad_bytes, MemoryKind::kDevice));
   std::mt19937 rng(7);
   if (dtype == DType::kF32) {
-    auto* v = static_cast<float*>(w.p);
+    auto* v = static_cast<float*>(w.data());
     for (int64_t i = 0; i < N * H; ++i) v[i] = (rng() % 2001) * 1e-5f - 0.01f;
   } else {
     // Small values as bf16 / f16 bit patterns.
-    auto* v = static_cast<uint16_t*>(w.p);
+    auto* v = static_cast<uint16_t*>(w.data());
     for (int64_t i = 0; i < N * H; ++i)
       v[i] = static_cast<uint16_t>(0x3c00 + rng() % 0x100);
   }
-  std::fill_n(static_cast<float*>(x.p), T * H, 0.01f);
-  Scratch ws(costs.gemm_workspace ? costs.gemm_workspace(T, H, dtype) : 0);
-  const int64_t pad_bytes =
-      costs.gemm_scratchpad ? costs.gemm_scratchpad(T, N, H, dtype, false) : 0;
-  Scratch pad(pad_bytes);
-  be.SetGemmScratchpad(pad.p, pad_bytes);
+  std::fill_n(static_cast<float*>(x.data()), T * H, 0.01f);
+  be.SetGemmScratchpad(pad.data(), pad_bytes);
   GemmOp op;
-  op.x = static_cast<const float*>(x.p);
+  op.x = static_cast<const float*>(x.data());
   op.m = T;
-  op.w.data = w.p;
+  op.w.data = w.data();
   op.w.n = N;
   op.w.k = H;
   op.w.format = WeightStorage{FormatKind::kDense, dtype, MatrixLayout::kOutIn};
   op.w.decode_dtype = dtype;
-  op.y = static_cast<float*>(y.p);
-  op.workspace = ws.p;
+  op.y = static_cast<float*>(y.data());
+  op.workspace = ws.data();
   ASSIGN_OR_RETURN(double s, Fastest(iterations, [&] {
                      be.Gemm(op);
                      return Status();

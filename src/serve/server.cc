@@ -198,6 +198,9 @@ Status RefuseOpenAiField(const json& b, const char* field, const json& def,
 // What a generation request asks for, parsed once.
 struct GenFields {
   GenRequest request;
+  // temperature and top_p as given (or their defaults), before request's
+  // sampling narrows them to float.
+  double temperature = 0.0, top_p = 1.0;
   // TheLoom's hidden_state_layers: key (as requested) -> hook.
   std::vector<std::pair<std::string, HookPoint>> layers;
   // Loom's hooks + selectors.
@@ -562,6 +565,8 @@ class Server::Impl {
     ASSIGN_OR_RETURN(r.sampling.top_k, GetInt(b, "top_k", 0, 0, 1 << 30));
     ASSIGN_OR_RETURN(int64_t seed, GetInt(b, "seed", 0, 0,
                                           std::numeric_limits<int64_t>::max()));
+    f.temperature = t;
+    f.top_p = p;
     r.sampling.temperature = static_cast<float>(t);
     r.sampling.top_p = static_cast<float>(p);
     r.sampling.seed = static_cast<uint64_t>(seed);
@@ -785,8 +790,8 @@ class Server::Impl {
   // prompts, messages), `persist` and the interventions' vectors (their
   // count instead), with the generation parameters as they were applied
   // (defaults included).
-  json PersistConfig(const std::string& route, const json& b,
-                     const GenFields& f, bool chat) {
+  static json PersistConfig(const std::string& route, const json& b,
+                            const GenFields& f) {
     json c = json::object();
     for (const auto& [k, v] : b.items())
       if (k != "prompt" && k != "prompts" && k != "messages" &&
@@ -794,15 +799,11 @@ class Server::Impl {
         c[k] = v;
     if (b.contains("interventions") && b["interventions"].is_array())
       c["interventions"] = b["interventions"].size();
-    auto number = [&](const char* name, double def) {
-      StatusOr<double> v = GetNumber(b, name, def, -1e300, 1e300);
-      return v.ok() ? *v : def;
-    };
     const GenRequest& r = f.request;
     c["route"] = route;
     c["max_tokens"] = r.max_new_tokens;
-    c["temperature"] = number("temperature", 0.7);
-    c["top_p"] = number("top_p", chat ? 1.0 : 0.9);
+    c["temperature"] = f.temperature;
+    c["top_p"] = f.top_p;
     c["top_k"] = r.sampling.top_k;
     c["seed"] = r.sampling.seed;
     c["stop"] = r.stop_strings;
@@ -829,7 +830,7 @@ class Server::Impl {
                           const StatusOr<GenResult>& g, const Status& done) {
     ExperimentRecord r;
     r.model = e.id();
-    r.config = PersistConfig(route, b, f, chat);
+    r.config = PersistConfig(route, b, f);
     r.conversations = std::move(input);
     if (!done.ok() || !g.ok()) {
       r.status = "failed";

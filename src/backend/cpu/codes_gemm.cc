@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"

@@ -26,9 +26,10 @@ namespace loom::cpu {
 inline constexpr int64_t kCodesTileCols = 12;  // weight rows per task
 inline constexpr int64_t kCodesTileK = 512;    // input columns per chunk
 
-// The largest row count for which GemmQuantized multiplies on the codes
-// instead of decoding 512-row panels (the crossover measured by
-// BM_CodesGemm, docs/design/cpu-backend.md). 0: never.
+// The largest row count for which GemmQuantized (and GemmQuantizedGroup, the
+// same bound) multiplies on the codes instead of decoding 512-row panels: set
+// by BM_MoePrefill for experts in a group, above the single-GEMM crossover of
+// BM_CodesGemmVsPanels (docs/design/cpu-backend.md). 0: never.
 int64_t CodesGemmMaxRows(FormatKind kind);
 
 // Bytes of one thread's decode tile for an input width k (64-byte aligned).

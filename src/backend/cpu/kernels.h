@@ -120,6 +120,9 @@ class GemmContext {
   // kQuantPanelRows weight rows is decoded (DecodeRows) into
   // `decode_workspace` in `args.w_dtype` (the compute dtype: f32, bf16 or
   // f16), then multiplied as a dense [n_panel, k] weight. args.w, n, k and
+  // layout are taken from `w` (kOutIn). `decode_workspace` holds at least
+  // QuantDecodeWorkspaceBytes(n, k, w.kind, args.w_dtype) bytes, 64-byte
+  // aligned; args.workspace is the usual x-copy scratch.
   void GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
                      void* decode_workspace, int64_t decode_workspace_bytes);
 
@@ -160,8 +163,8 @@ class GemmContext {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   QuantPath quant_path_ = QuantPath::kAuto;
-  // The last GemmQuantized ran on the codes: its f32 copy of x is not the
-  // panel path's, which must not reuse it.
+  // The last call ran on the codes: the workspace holds its f32 copy of x,
+  // which a following Gemm (or a panel of GemmQuantized) must not reuse.
   bool last_codes_ = false;
   std::vector<CodesGemmItem> codes_items_;
 };

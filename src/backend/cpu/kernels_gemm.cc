@@ -706,8 +706,13 @@ GemmContext::GemmContext() {
 GemmContext::~GemmContext() = default;
 
 void GemmContext::Gemm(const GemmArgs& args) {
+  // After a GEMM on the codes the workspace holds its f32 copy of x, which
+  // is not the copy a native 16-bit GEMM reads: no reuse then.
+  GemmArgs a = args;
+  if (last_codes_) a.reuse_x_workspace = false;
+  last_codes_ = false;
   try {
-    impl_->Gemm(args);
+    impl_->Gemm(a);
   } catch (const dnnl::error& e) {
     LOOM_CHECK(false) << "oneDNN GEMM m=" << args.m << " n=" << args.n
                       << " k=" << args.k << ": " << e.what();
@@ -717,6 +722,7 @@ void GemmContext::Gemm(const GemmArgs& args) {
 void GemmContext::GemmGroup(const GemmArgs* items, int64_t count,
                             const float* x, int64_t rows, void* workspace) {
   if (count <= 0) return;
+  last_codes_ = false;  // the workspace now holds the group's copy
   try {
     impl_->GemmGroup(items, count, x, rows, workspace);
   } catch (const dnnl::error& e) {
@@ -745,8 +751,6 @@ void GemmContext::GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
                        decode_workspace, decode_workspace_bytes);
     return;
   }
-  const bool reuse_x = args.reuse_x_workspace && !last_codes_;
-  last_codes_ = false;
   const int64_t bias_size =
       args.bias != nullptr ? DTypeSize(args.bias_dtype) : 0;
   // A 16-bit compute dtype the ISA cannot multiply natively: the panel is
@@ -774,7 +778,7 @@ void GemmContext::GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
                  ? static_cast<const uint8_t*>(args.bias) + j0 * bias_size
                  : nullptr;
     // Every panel multiplies the same x: its 16-bit copy is made once.
-    p.reuse_x_workspace = reuse_x || j0 > 0;
+    p.reuse_x_workspace = args.reuse_x_workspace || j0 > 0;
     Gemm(p);
   }
 }

@@ -383,6 +383,45 @@ TEST(QuantGemm, GroupOnCodesEqualsOneCallPerItem) {
   SetNumThreads(before);
 }
 
+// A dense 16-bit Gemm that asks to reuse the x copy right after a GEMM on
+// the codes (which left its f32 copy in the workspace) makes its own copy:
+// the same bytes as on a fresh context (a native bf16 GEMM reads a bf16 copy).
+TEST(QuantGemm, DenseGemmAfterTheCodesPathDoesNotReuseItsCopy) {
+  const int64_t m = 7, n = 40, k = 96;
+  Case c = MakeCase(FormatKind::kMxfp4, n, k, 61, DType::kBF16, false);
+  std::mt19937 g(8);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(m * k), wf(n * k);
+  for (auto& v : x) v = u(g);
+  for (auto& v : wf) v = u(g);
+  std::vector<uint16_t> w16(n * k);
+  for (int64_t i = 0; i < n * k; ++i) w16[i] = F32ToBf16(wf[i]);
+  AlignedBuf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+  const int64_t decode_bytes =
+      QuantDecodeWorkspaceBytes(n, k, FormatKind::kMxfp4, DType::kBF16);
+  AlignedBuf decode(decode_bytes);
+  GemmArgs a;
+  a.x = x.data();
+  a.w_dtype = DType::kBF16;
+  a.m = m, a.n = n, a.k = k;
+  a.workspace = ws.p;
+  std::vector<float> yq(m * n), got(m * n), want(m * n);
+  GemmContext ctx;
+  a.y = yq.data();
+  ASSERT_TRUE(ctx.UsesCodes(m, FormatKind::kMxfp4));
+  ctx.GemmQuantized(a, c.m, decode.p, decode_bytes);
+  GemmArgs d = a;
+  d.w = w16.data();
+  d.y = got.data();
+  d.reuse_x_workspace = true;  // same x: the caller's claim
+  ctx.Gemm(d);
+  GemmContext fresh;
+  d.y = want.data();
+  d.reuse_x_workspace = false;
+  fresh.Gemm(d);
+  ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4));
+}
+
 void QuantGemmMatchesReference(GemmContext::QuantPath path);
 
 // Both paths: panels and codes (the latter's chunk boundary inside k).
