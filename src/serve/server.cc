@@ -1056,6 +1056,10 @@ class Server::Impl {
     return {o_.max_body_bytes, "server.max_body_bytes"};
   }
 
+  // How long a refused body is still read (and dropped) so that the refusal
+  // reaches a client that is still sending.
+  static constexpr std::chrono::seconds kDrainSeconds{5};
+
   // Reads the body of a JSON route into *body through the library's content
   // reader, whatever the Content-Type (curl -d sends
   // application/x-www-form-urlencoded, which the library's own reading caps
@@ -1075,9 +1079,13 @@ class Server::Impl {
       // Drained (not kept) so that the reply reaches the client; the
       // library's multipart parser needs both callbacks.
       uint64_t seen = 0;
+      const auto drain_end = std::chrono::steady_clock::now() + kDrainSeconds;
       const bool read =
           reader([](const httplib::MultipartFormData&) { return true; },
-                 [&](const char*, size_t n) { return (seen += n) <= limit; });
+                 [&](const char*, size_t n) {
+                   return (seen += n) <= limit ||
+                          std::chrono::steady_clock::now() < drain_end;
+                 });
       if (!read && (res.status == 413 || seen > limit))
         return refuse(413, TooLarge(req));
       return refuse(415,
@@ -1096,15 +1104,24 @@ class Server::Impl {
           req.get_header_value("Content-Length").c_str(), nullptr, 10);
       if (declared <= limit) body->reserve(static_cast<size_t>(declared));
     }
+    // Past the limit the rest of the body is read and dropped for up to
+    // kDrainSeconds: closing with unread bytes makes the kernel send a reset,
+    // which can discard the 413 before the client reads it.
     bool too_large = false;
+    std::chrono::steady_clock::time_point drain_end;
     const bool read = reader([&](const char* data, size_t n) {
+      if (too_large) return std::chrono::steady_clock::now() < drain_end;
       if (body->size() + n > limit) {
         too_large = true;
-        return false;
+        drain_end = std::chrono::steady_clock::now() + kDrainSeconds;
+        body->clear();
+        body->shrink_to_fit();
+        return true;
       }
       body->append(data, n);
       return true;
     });
+    if (too_large) return refuse(413, TooLarge(req));
     if (read) return true;
     if (too_large || res.status == 413) return refuse(413, TooLarge(req));
     return refuse(400,

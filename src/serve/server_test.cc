@@ -125,6 +125,28 @@ std::string Detail(const RawReply& r) {
                                                : "(no JSON detail) " + r.body;
 }
 
+// A body far over the limit still gets its 413: the server reads and drops
+// the rest (closing with unread bytes would reset the connection, and the
+// client, still sending, would see no reply at all).
+TEST(ServeHttpTest, RefusedLargeBodyStillGetsTheReply) {
+  ServerOptions o = Defaults();
+  o.max_body_bytes = 64 << 10;
+  Running s(o);
+  const std::string big =
+      json({{"prompt", "Once"}, {"padding", std::string(16 << 20, 'x')}})
+          .dump();
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    auto c = s.Client();
+    auto r = c.Post("/generate", big, "application/json");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 413);
+    EXPECT_NE(r->body.find("larger than server.max_body_bytes = 65536"),
+              std::string::npos)
+        << r->body;
+  }
+}
+
 // curl -d sends application/x-www-form-urlencoded, which the HTTP library
 // caps at 8 KiB when it reads a body itself: a JSON route reads its body as
 // JSON whatever the Content-Type (or none), limited by max_body_bytes only,
