@@ -57,7 +57,7 @@ warned = "warning: --verify-plan: resident" in err
 if v["within_1_percent"] == warned:
     print(f"FAIL: within_1_percent {v['within_1_percent']} but warning printed: {warned}: {err}")
     sys.exit(1)
-assert json.load(open(sys.argv[3]))["verify_plan"]["library_file_bytes"] >= 0
+assert json.load(open(sys.argv[3]))["verify_plan"]["library_bytes"] >= 0
 print(f"tiny: ratio {v['ratio']:.3f}, warning printed: {warned}")
 PY
 exit $fail

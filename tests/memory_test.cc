@@ -7,8 +7,11 @@
 // planner's arenas; (3) resident memory after a run is within 1 % of the plan.
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -160,6 +163,51 @@ class NullSink : public HookSink {
   }
   double sum_ = 0;
 };
+
+// --verify-plan's split of resident memory: pages of a file mapping with the
+// weights' suffix are `mapped`; other file mappings and anonymous executable
+// ones (generated code) are `library`; anonymous data is neither.
+TEST(MemoryTest, SmapsSplitsMappedLibraryAndData) {
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t pages = 16;
+  const std::string path =
+      (fs::temp_directory_path() /
+       ("loom_smaps_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, page * pages), 0);
+  const SmapsRss before = ReadSmapsRss(".safetensors");
+  ASSERT_TRUE(before.ok);
+  auto touch = [&](void* p) {
+    for (int64_t i = 0; i < pages; ++i)
+      static_cast<volatile char*>(p)[i * page] = 1;
+  };
+  void* file =
+      ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* code = ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE | PROT_EXEC,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* data = ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(file, MAP_FAILED);
+  ASSERT_NE(code, MAP_FAILED);
+  ASSERT_NE(data, MAP_FAILED);
+  touch(file);
+  touch(code);
+  touch(data);
+  const SmapsRss after = ReadSmapsRss(".safetensors");
+  ::munmap(file, page * pages);
+  ::munmap(code, page * pages);
+  ::munmap(data, page * pages);
+  ::close(fd);
+  fs::remove(path);
+  ASSERT_TRUE(after.ok);
+  EXPECT_EQ(after.mapped - before.mapped, page * pages);
+  // Exactly the code pages, give or take the libraries' own pages faulted in
+  // meanwhile (none are expected; a page of slack).
+  EXPECT_GE(after.library - before.library, page * pages);
+  EXPECT_LE(after.library - before.library, page * (pages + 1));
+}
 
 TEST(MemoryTest, ForwardMakesNoHeapAllocations) {
   for (Precision p : {Precision::kF32, Precision::kBF16}) {

@@ -73,7 +73,7 @@ int64_t PlannedHostBytes(const MemoryPlan& plan);
 struct RssWatch {
   int64_t before = 0;          // resident bytes then
   bool peak_reset = false;     // VmHWM was reset then (else: not readable)
-  int64_t file_before = 0;     // of which file-backed
+  int64_t library_before = 0;  // of which the libraries' (ReadSmapsRss)
   int64_t weights_before = 0;  // of which mapped from .safetensors files
 };
 // Resets the peak (VmHWM) and notes the resident bytes now.
@@ -82,8 +82,9 @@ RssWatch StartRssWatch();
 // arenas are freed before the job returns, so the peak, not the final
 // resident size, is what the plan must cover), against `planned`, and whether
 // they agree within 1 %. The resident bytes now where the peak was not reset.
-// Resident file pages other than the checkpoint's (library code faulted in
-// as it first runs) are reported as library_file_bytes and left out. When
+// The libraries' resident pages (their files' pages, those copied on write
+// included, and the code they generate, such as oneDNN's kernels, faulted in
+// as they first run) are reported as library_bytes and left out. When
 // they do not agree, a warning naming both figures is printed on stderr
 // after "<who>: warning: ".
 nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch,

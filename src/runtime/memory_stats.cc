@@ -27,34 +27,36 @@ int64_t StatusField(const char* key) {
 
 int64_t CurrentRssBytes() { return StatusField("VmRSS"); }
 int64_t PeakRssBytes() { return StatusField("VmHWM"); }
-int64_t RssFileBytes() { return StatusField("RssFile"); }
-
-int64_t MappedRssBytes(const char* suffix) {
+SmapsRss ReadSmapsRss(const char* mapped_suffix) {
+  SmapsRss r;
   FILE* f = std::fopen("/proc/self/smaps", "r");
-  if (!f) return -1;
-  const size_t suffix_len = std::strlen(suffix);
+  if (!f) return r;
+  const size_t suffix_len = std::strlen(mapped_suffix);
   char line[4096];
-  bool match = false;
-  int64_t kib = 0;
+  int64_t* into = nullptr;  // where the current mapping's Rss is added
   while (std::fgets(line, sizeof line, f)) {
     size_t n = std::strlen(line);
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == ' ')) line[--n] = 0;
     // A mapping's header: "start-end perms offset dev inode [path]"; its
     // fields follow as "Key:   value kB".
-    const char* colon = std::strchr(line, ':');
-    const char* space = std::strchr(line, ' ');
-    const bool header = std::strchr(line, '-') != nullptr &&
-                        (colon == nullptr || (space && space < colon));
-    if (header) {
-      match =
-          n >= suffix_len && std::strcmp(line + n - suffix_len, suffix) == 0;
-    } else if (match && std::strncmp(line, "Rss:", 4) == 0) {
-      long long v = 0;
-      if (std::sscanf(line + 4, "%lld", &v) == 1) kib += v;
+    char perms[8] = {};
+    unsigned long long inode = 0;
+    int path_at = 0;
+    if (std::sscanf(line, "%*llx-%*llx %7s %*llx %*x:%*x %llu %n", perms,
+                    &inode, &path_at) == 2) {
+      const bool mapped =
+          inode != 0 && n >= suffix_len &&
+          std::strcmp(line + n - suffix_len, mapped_suffix) == 0;
+      const bool code = inode == 0 && std::strchr(perms, 'x') != nullptr;
+      into = mapped ? &r.mapped : (inode != 0 || code) ? &r.library : nullptr;
+    } else if (into != nullptr && std::strncmp(line, "Rss:", 4) == 0) {
+      long long kib = 0;
+      if (std::sscanf(line + 4, "%lld", &kib) == 1) *into += kib * 1024;
     }
   }
   std::fclose(f);
-  return kib * 1024;
+  r.ok = true;
+  return r;
 }
 
 bool ResetPeakRss() {

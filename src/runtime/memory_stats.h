@@ -9,12 +9,17 @@ namespace loom {
 
 // Resident set size now (anonymous + file-backed pages, e.g. mmap'd weights).
 int64_t CurrentRssBytes();
-// Resident file-backed pages (libraries' code and data, mmap'd files).
-int64_t RssFileBytes();
-// Resident bytes of the file mappings whose path ends with `suffix`
-// (/proc/self/smaps), e.g. ".safetensors": the weights mapped from a
-// checkpoint. -1 if smaps cannot be read.
-int64_t MappedRssBytes(const char* suffix);
+// Resident bytes by kind of mapping (/proc/self/smaps).
+struct SmapsRss {
+  bool ok = false;     // smaps was read
+  int64_t mapped = 0;  // file mappings whose path ends with the suffix given
+  // Every other file mapping (the libraries' code and data, their pages
+  // copied on write included) and the anonymous executable mappings (code
+  // generated at run time, e.g. oneDNN's kernels).
+  int64_t library = 0;
+};
+// `mapped_suffix`, e.g. ".safetensors": the weights mapped from a checkpoint.
+SmapsRss ReadSmapsRss(const char* mapped_suffix);
 // Peak resident set size since the process started or the last ResetPeakRss.
 int64_t PeakRssBytes();
 // Resets the peak to the current RSS (/proc/self/clear_refs); false if the
