@@ -26,6 +26,48 @@ function(loom_library name)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 
+# The compile settings every test binary shares (loom_test, and the donor of
+# the tests' precompiled header, whose flags must be the same).
+function(loom_test_settings name)
+  target_link_libraries(${name} PRIVATE GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE
+    LOOM_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+    LOOM_MODELS_DIR="${LOOM_MODELS_DIR}"
+    LOOM_TESTDATA_DIR="${LOOM_TESTDATA_DIR}"
+    LOOM_SHARED_DIR="${LOOM_SHARED_DIR}"
+    LOOM_BINARY="${CMAKE_BINARY_DIR}/loom")
+  # Test code is assertions and fixtures: -O1 builds it in about 2/3 of
+  # -O3's time (the code under test is in the libraries, built as configured).
+  target_compile_options(${name} PRIVATE $<$<CONFIG:Release>:-O1>)
+endfunction()
+
+# With GCC, test binaries share one precompiled header of GoogleTest, JSON and
+# the standard library (about 4 s of parsing per file otherwise), made by the
+# first loom_test call (after the project-wide settings such as position
+# independence are final). GCC checks a precompiled header against each
+# compile and, where a test's own flags differ (a library's definitions),
+# parses the headers as usual instead; clang would refuse the compile, so its
+# builds (the sanitizer build) do without.
+function(loom_test_pch name)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    return()
+  endif()
+  if(NOT TARGET loom_test_pch)
+    add_executable(loom_test_pch ${CMAKE_SOURCE_DIR}/tests/pch_donor.cc)
+    loom_test_settings(loom_test_pch)
+    target_link_libraries(loom_test_pch PRIVATE nlohmann_json::nlohmann_json)
+    target_precompile_headers(loom_test_pch PRIVATE
+      <gtest/gtest.h> <nlohmann/json.hpp> <algorithm> <cstdint> <cstdio>
+      <filesystem> <fstream> <map> <memory> <string> <vector>)
+    loom_test_pch(loom_test_pch)
+  endif()
+  if(NOT name STREQUAL "loom_test_pch")
+    target_precompile_headers(${name} REUSE_FROM loom_test_pch)
+  endif()
+  # Says so in the build log where a test's flags make GCC parse instead.
+  target_compile_options(${name} PRIVATE -Winvalid-pch)
+endfunction()
+
 # loom_test(NAME SRCS ... DEPS ... LABELS ...): a GoogleTest binary registered with CTest.
 function(loom_test name)
   if(NOT LOOM_BUILD_TESTS)
@@ -33,13 +75,9 @@ function(loom_test name)
   endif()
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SRCS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
-  target_compile_definitions(${name} PRIVATE
-    LOOM_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-    LOOM_MODELS_DIR="${LOOM_MODELS_DIR}"
-    LOOM_TESTDATA_DIR="${LOOM_TESTDATA_DIR}"
-    LOOM_SHARED_DIR="${LOOM_SHARED_DIR}"
-    LOOM_BINARY="${CMAKE_BINARY_DIR}/loom")
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  loom_test_settings(${name})
+  loom_test_pch(${name})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
