@@ -734,7 +734,7 @@ TEST_F(ErrorClassesTest, IoError) {
   const std::string weights_dir = CopyModel("weights_dir");
   fs::remove(weights_dir + "/model.safetensors");
   fs::create_directory(weights_dir + "/model.safetensors");
-  for (const std::string& command : {"inspect", "plan"})
+  for (const std::string command : {"inspect", "plan"})
     ExpectError({command, weights_dir}, 1, command,
                 {weights_dir + "/model.safetensors: read: " + is_dir});
   ExpectError({"generate", "--model", weights_dir, "--prompt", "a"}, 1,

@@ -582,7 +582,7 @@ TEST(ServeHttpTest, HiddenStatesEqualLoomExtract) {
   g = Post(c2, "/generate", request, &status);
   ASSERT_EQ(status, 200) << g.dump();
   for (const std::string& hook : eo.hooks)
-    for (const std::string& sel : {"last", "mean", "all", "pos:0,-2"}) {
+    for (const std::string sel : {"last", "mean", "all", "pos:0,-2"}) {
       SCOPED_TRACE(hook + " " + sel);
       std::string file = sel == std::string("pos:0,-2") ? "pos_0_-2" : sel;
       auto npy = ReadNpy((dir / "out" / (hook + "." + file + ".npy")).string());

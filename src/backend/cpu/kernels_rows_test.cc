@@ -92,7 +92,9 @@ TEST(RowKernels, AddRowsBroadcastNormMatchedMatchesReference) {
         n0 += a * a, n1 += b * b, dot += a * b;
       }
       EXPECT_NEAR(std::sqrt(n1), std::sqrt(n0), 1e-5 * std::sqrt(n0)) << r;
-      if (s.cols > 1) EXPECT_LT(dot, n0 * (1 - 1e-6)) << r;
+      if (s.cols > 1) {
+        EXPECT_LT(dot, n0 * (1 - 1e-6)) << r;
+      }
     }
   }
 }

@@ -1264,10 +1264,10 @@ TEST(RowOps, StridedCopyExact) {
   struct Case {
     int64_t rows, groups, n, ldx, gsx, isx, ldy, gsy, isy;
   };
-  for (const Case c : {Case{3, 4, 16, 130, 32, 1, 100, 24, 1},  // k_nope
-                       Case{5, 4, 4, 40, 0, 2, 96, 24, 1},      // rope bcast
-                       Case{2, 1, 7, 9, 1, 1, 8, 1, 1},
-                       Case{300, 16, 8, 520, 32, 2, 400, 24, 1}}) {  // threads
+  for (const Case& c : {Case{3, 4, 16, 130, 32, 1, 100, 24, 1},  // k_nope
+                        Case{5, 4, 4, 40, 0, 2, 96, 24, 1},      // rope bcast
+                        Case{2, 1, 7, 9, 1, 1, 8, 1, 1},
+                        Case{300, 16, 8, 520, 32, 2, 400, 24, 1}}) {  // threads
     const std::vector<float> x = Random(c.rows * c.ldx, 41);
     std::vector<float> got(c.rows * c.ldy, -7.0f), want = got;
     StridedCopy(x.data(), c.ldx, c.gsx, c.isx, got.data(), c.ldy, c.gsy, c.isy,
@@ -1278,7 +1278,9 @@ TEST(RowOps, StridedCopyExact) {
     const int64_t r = c.rows - 1, g = c.groups - 1, i = c.n - 1;
     EXPECT_EQ(got[r * c.ldy + g * c.gsy + i * c.isy],
               x[r * c.ldx + g * c.gsx + i * c.isx]);
-    if (c.gsy > c.n) EXPECT_EQ(got[c.n], -7.0f);  // gap untouched
+    if (c.gsy > c.n) {
+      EXPECT_EQ(got[c.n], -7.0f);  // gap untouched
+    }
   }
 }
 
