@@ -165,12 +165,20 @@ nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch,
     std::fprintf(
         stderr,
         "%s: warning: --verify-plan: resident %s, planned %s (ratio %.3f, "
-        "not within 1%%): %s that the plan does not describe, such as the "
-        "libraries' own heap (thread stacks, the tokenizer: a fixed cost "
-        "that shows on small models). The libraries' code and data pages, "
-        "generated code included (%s), are not counted.\n",
+        "not within 1%%): %s. The libraries' code and data pages, generated "
+        "code included (%s), are not counted.\n",
         who, FormatBytes(resident).c_str(), FormatBytes(planned).c_str(), ratio,
-        FormatBytes(resident - planned).c_str(), FormatBytes(code).c_str());
+        resident > planned
+            ? (FormatBytes(resident - planned) +
+               " that the plan does not describe, such as heap no plan "
+               "counts (the tokenizer, the model's description, thread "
+               "stacks, the libraries' small objects: a fixed cost that "
+               "shows on small models)")
+                  .c_str()
+            : (FormatBytes(planned - resident) +
+               " planned but never resident (buffers the job did not touch)")
+                  .c_str(),
+        FormatBytes(code).c_str());
   return nlohmann::json{{"planned_bytes", planned},
                         {"resident_bytes", resident},
                         {"library_bytes", code},
