@@ -24,6 +24,51 @@ function(loom_library name)
   endif()
   target_include_directories(${name} PUBLIC ${LOOM_ROOT})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  set(uses_omp OFF)
+  if("OpenMP::OpenMP_CXX" IN_LIST ARG_DEPS OR
+     "OpenMP::OpenMP_CXX" IN_LIST ARG_PRIVATE_DEPS)
+    set(uses_omp ON)
+  endif()
+  set(has_cuda OFF)
+  foreach(src IN LISTS ARG_SRCS)
+    if(src MATCHES "\\.cu$")
+      set(has_cuda ON)
+    endif()
+  endforeach()
+  if(NOT has_cuda)
+    loom_library_pch(${name} ${uses_omp})
+  endif()
+endfunction()
+
+# With GCC, the libraries share a precompiled header of JSON and the standard
+# library (its parsing is a second or two of every file), made by the first
+# loom_library call that needs it, once the project-wide settings are final.
+# GCC refuses a header made without _OPENMP in a compile that defines it, so
+# the libraries that use OpenMP share a second one. A source compiled for
+# another ISA sets SKIP_PRECOMPILE_HEADERS (GCC would refuse it too). Clang
+# would fail the compile where flags differ, so its builds do without.
+function(loom_library_pch name uses_omp)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    return()
+  endif()
+  set(donor loom_library_pch)
+  if(uses_omp)
+    set(donor loom_library_pch_omp)
+  endif()
+  if(NOT TARGET ${donor})
+    add_library(${donor} STATIC ${CMAKE_SOURCE_DIR}/cmake/pch_donor.cc)
+    if(LOOM_PYTHON_ENABLED)
+      set_target_properties(${donor} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    endif()
+    target_link_libraries(${donor} PRIVATE nlohmann_json::nlohmann_json)
+    if(uses_omp)
+      target_link_libraries(${donor} PRIVATE OpenMP::OpenMP_CXX)
+    endif()
+    target_precompile_headers(${donor} PRIVATE
+      <nlohmann/json.hpp> <algorithm> <cstdint> <cstring> <functional>
+      <map> <memory> <optional> <string> <unordered_map> <vector>)
+  endif()
+  target_precompile_headers(${name} REUSE_FROM ${donor})
 endfunction()
 
 # The compile settings every test binary shares (loom_test, and the donor of
@@ -39,14 +84,6 @@ function(loom_test_settings name)
   # Test code is assertions and fixtures: -O1 builds it in about 2/3 of
   # -O3's time (the code under test is in the libraries, built as configured).
   target_compile_options(${name} PRIVATE $<$<CONFIG:Release>:-O1>)
-  # GCC 12 at -O1 warns of overreads inside libstdc++'s own string code that
-  # cannot happen (known false positives, like the -Wrestrict ones the
-  # top-level CMakeLists.txt turns off).
-  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND
-     CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
-    target_compile_options(${name} PRIVATE -Wno-stringop-overread
-                                           -Wno-stringop-overflow)
-  endif()
 endfunction()
 
 # With GCC, test binaries share one precompiled header of GoogleTest, JSON and
@@ -61,7 +98,7 @@ function(loom_test_pch name)
     return()
   endif()
   if(NOT TARGET loom_test_pch)
-    add_executable(loom_test_pch ${CMAKE_SOURCE_DIR}/tests/pch_donor.cc)
+    add_executable(loom_test_pch ${CMAKE_SOURCE_DIR}/cmake/pch_donor.cc)
     loom_test_settings(loom_test_pch)
     target_link_libraries(loom_test_pch PRIVATE nlohmann_json::nlohmann_json)
     target_precompile_headers(loom_test_pch PRIVATE

@@ -41,9 +41,7 @@ SmapsRss ReadSmapsRss(const char* mapped_suffix) {
     // fields follow as "Key:   value kB".
     char perms[8] = {};
     unsigned long long inode = 0;
-    int path_at = 0;
-    if (std::sscanf(line, "%*llx-%*llx %7s %*llx %*x:%*x %llu %n", perms,
-                    &inode, &path_at) == 2) {
+    if (std::sscanf(line, "%*x-%*x %7s %*x %*x:%*x %llu", perms, &inode) == 2) {
       const bool mapped =
           inode != 0 && n >= suffix_len &&
           std::strcmp(line + n - suffix_len, mapped_suffix) == 0;

@@ -474,7 +474,7 @@ std::string ExpandHome(const std::string& path) {
 
 std::string IsoTimestampNow() {
   const auto [tm, us] = UtcNow();
-  char buf[48];
+  char buf[96];  // room for any int fields (GCC checks the worst case)
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lld",
                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
                 tm.tm_min, tm.tm_sec, static_cast<long long>(us));
@@ -554,7 +554,7 @@ StatusOr<std::string> NormalizeIsoTimestamp(const std::string& text) {
   std::time_t t = timegm(&tm) - static_cast<std::time_t>(offset_minutes) * 60;
   std::tm out{};
   gmtime_r(&t, &out);
-  char buf[48];
+  char buf[96];  // room for any int fields (GCC checks the worst case)
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lld",
                 out.tm_year + 1900, out.tm_mon + 1, out.tm_mday, out.tm_hour,
                 out.tm_min, out.tm_sec, static_cast<long long>(us));
