@@ -245,9 +245,10 @@ TEST_F(ExtractTest, MoeRouterHooksMatchGoldenRouting) {
     for (int64_t t = 0; t < T; ++t) {
       // HF's routing from the golden logits, in double.
       std::vector<double> p(E);
-      double m = g[t * E], sum = 0;
+      // (Unnormalised: the top two are renormalised below.)
+      double m = g[t * E];
       for (int64_t e = 0; e < E; ++e) m = std::max(m, double{g[t * E + e]});
-      for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(g[t * E + e] - m);
+      for (int64_t e = 0; e < E; ++e) p[e] = std::exp(g[t * E + e] - m);
       std::vector<int> order = {0, 1, 2, 3};
       std::stable_sort(order.begin(), order.end(),
                        [&](int a, int c) { return p[a] > p[c]; });
