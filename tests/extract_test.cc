@@ -37,18 +37,22 @@ class ExtractTest : public testing::TempDirTest {
     std::memcpy(v.data(), a->data.data(), v.size() * 4);
     return v;
   }
-  // A job over `rows` lines "Tom had i apples." (in.txt) capturing
+  // A job over `text` (written to in.txt) capturing `hook`.
+  ExtractOptions TextJob(const std::string& text, const std::string& hook) {
+    WriteFile("in.txt", text);
+    ExtractOptions o;
+    o.model_dir = kModel;
+    o.input_path = Path("in.txt");
+    o.hooks = {hook};
+    return o;
+  }
+  // A job over `rows` lines "Tom had i apples." capturing
   // blocks.0.hook_resid_post.
   ExtractOptions ApplesJob(int rows) {
     std::string text;
     for (int i = 0; i < rows; ++i)
       text += "Tom had " + std::to_string(i) + " apples.\n";
-    WriteFile("in.txt", text);
-    ExtractOptions o;
-    o.model_dir = kModel;
-    o.input_path = Path("in.txt");
-    o.hooks = {"blocks.0.hook_resid_post"};
-    return o;
+    return TextJob(text, "blocks.0.hook_resid_post");
   }
 };
 
@@ -590,12 +594,8 @@ TEST_F(ExtractTest, CliWarnsOnEmptyOrSkippedInputAndChecksTheTokenizer) {
 }
 
 TEST_F(ExtractTest, OptionErrors) {
-  WriteFile("in.txt", "hello\n");
-  ExtractOptions o;
-  o.model_dir = kModel;
-  o.input_path = Path("in.txt");
+  ExtractOptions o = TextJob("hello\n", "hook_resid_post");
   o.out_dir = Path("o");
-  o.hooks = {"hook_resid_post"};
   EXPECT_NE(RunExtract(o).status().message().find("needs a layer"),
             std::string::npos);
   o.hooks = {"blocks.{1.5}.hook_resid_post"};
@@ -619,11 +619,7 @@ TEST_F(ExtractTest, SafetensorsShardsHoldTheSameRows) {
   std::string text;
   for (int i = 0; i < 7; ++i)
     text += "Sue saw " + std::to_string(i) + " red birds.\n";
-  WriteFile("in.txt", text);
-  ExtractOptions o;
-  o.model_dir = kModel;
-  o.input_path = Path("in.txt");
-  o.hooks = {"blocks.1.hook_mlp_out"};
+  ExtractOptions o = TextJob(text, "blocks.1.hook_mlp_out");
   o.selectors = {"last", "all"};
   o.commit_every = 3;  // shards of 3, 3 and 1 rows
   o.out_dir = Path("npy");

@@ -174,39 +174,44 @@ TEST(MemoryTest, SmapsSplitsMappedLibraryAndData) {
       (fs::temp_directory_path() /
        ("loom_smaps_" + std::to_string(::getpid()) + ".safetensors"))
           .string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, page * pages), 0);
-  const SmapsRss before = ReadSmapsRss(".safetensors");
-  ASSERT_TRUE(before.ok);
   auto touch = [&](void* p) {
     for (int64_t i = 0; i < pages; ++i)
       static_cast<volatile char*>(p)[i * page] = 1;
   };
-  void* file =
-      ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  void* code = ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE | PROT_EXEC,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  void* data = ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(file, MAP_FAILED);
-  ASSERT_NE(code, MAP_FAILED);
-  ASSERT_NE(data, MAP_FAILED);
-  touch(file);
-  touch(code);
-  touch(data);
-  const SmapsRss after = ReadSmapsRss(".safetensors");
-  ::munmap(file, page * pages);
-  ::munmap(code, page * pages);
-  ::munmap(data, page * pages);
-  ::close(fd);
-  fs::remove(path);
-  ASSERT_TRUE(after.ok);
-  EXPECT_EQ(after.mapped - before.mapped, page * pages);
-  // Exactly the code pages, give or take the libraries' own pages faulted in
-  // meanwhile (none are expected; a page of slack).
-  EXPECT_GE(after.library - before.library, page * pages);
-  EXPECT_LE(after.library - before.library, page * (pages + 1));
+  // Twice, checked the second time: the first faults in the libraries' code
+  // this sequence runs (the kernel maps file pages 16 at a time around a
+  // fault), which is library memory too, but not the mappings under test.
+  for (int round = 0; round < 2; ++round) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, page * pages), 0);
+    const SmapsRss before = ReadSmapsRss(".safetensors");
+    void* file = ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE,
+                        MAP_SHARED, fd, 0);
+    void* code =
+        ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE | PROT_EXEC,
+               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* data = ::mmap(nullptr, page * pages, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(file, MAP_FAILED);
+    ASSERT_NE(code, MAP_FAILED);
+    ASSERT_NE(data, MAP_FAILED);
+    touch(file);
+    touch(code);
+    touch(data);
+    const SmapsRss after = ReadSmapsRss(".safetensors");
+    ::munmap(file, page * pages);
+    ::munmap(code, page * pages);
+    ::munmap(data, page * pages);
+    ::close(fd);
+    fs::remove(path);
+    if (round == 0) continue;
+    ASSERT_TRUE(before.ok);
+    ASSERT_TRUE(after.ok);
+    EXPECT_EQ(after.mapped - before.mapped, page * pages);
+    // Exactly the code pages: the data pages are neither kind.
+    EXPECT_EQ(after.library - before.library, page * pages);
+  }
 }
 
 TEST(MemoryTest, ForwardMakesNoHeapAllocations) {

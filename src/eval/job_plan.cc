@@ -139,9 +139,7 @@ RssWatch StartRssWatch() {
   RssWatch w;
   w.peak_reset = ResetPeakRss();
   w.before = CurrentRssBytes();
-  const SmapsRss maps = ReadSmapsRss(".safetensors");
-  w.library_before = maps.library;
-  w.weights_before = maps.mapped;
+  w.library_before = ReadSmapsRss(".safetensors").library;
   return w;
 }
 
@@ -161,24 +159,25 @@ nlohmann::json VerifyPlan(int64_t planned, const RssWatch& watch,
       planned > 0 ? static_cast<double>(resident) / static_cast<double>(planned)
                   : 0.0;
   const bool agree = ratio > 0.99 && ratio < 1.01;
-  if (!agree)
-    std::fprintf(
-        stderr,
-        "%s: warning: --verify-plan: resident %s, planned %s (ratio %.3f, "
-        "not within 1%%): %s. The libraries' code and data pages, generated "
-        "code included (%s), are not counted.\n",
-        who, FormatBytes(resident).c_str(), FormatBytes(planned).c_str(), ratio,
+  if (!agree) {
+    const std::string off =
         resident > planned
-            ? (FormatBytes(resident - planned) +
-               " that the plan does not describe, such as heap no plan "
-               "counts (the tokenizer, the model's description, thread "
-               "stacks, the libraries' small objects: a fixed cost that "
-               "shows on small models)")
-                  .c_str()
-            : (FormatBytes(planned - resident) +
-               " planned but never resident (buffers the job did not touch)")
-                  .c_str(),
-        FormatBytes(code).c_str());
+            ? FormatBytes(resident - planned) +
+                  " that the plan does not describe, such as heap no plan "
+                  "counts (the tokenizer, the model's description, thread "
+                  "stacks, the libraries' small objects: a fixed cost that "
+                  "shows on small models)"
+            : FormatBytes(planned - resident) +
+                  " planned but never resident (buffers the job did not "
+                  "touch)";
+    std::fprintf(stderr,
+                 "%s: warning: --verify-plan: resident %s, planned %s (ratio "
+                 "%.3f, not within 1%%): %s. The libraries' code and data "
+                 "pages, generated code included (%s), are not counted.\n",
+                 who, FormatBytes(resident).c_str(),
+                 FormatBytes(planned).c_str(), ratio, off.c_str(),
+                 FormatBytes(code).c_str());
+  }
   return nlohmann::json{{"planned_bytes", planned},
                         {"resident_bytes", resident},
                         {"library_bytes", code},

@@ -74,7 +74,6 @@ struct RssWatch {
   int64_t before = 0;          // resident bytes then
   bool peak_reset = false;     // VmHWM was reset then (else: not readable)
   int64_t library_before = 0;  // of which the libraries' (ReadSmapsRss)
-  int64_t weights_before = 0;  // of which mapped from .safetensors files
 };
 // Resets the peak (VmHWM) and notes the resident bytes now.
 RssWatch StartRssWatch();

@@ -1056,9 +1056,25 @@ class Server::Impl {
     return {o_.max_body_bytes, "server.max_body_bytes"};
   }
 
-  // How long a refused body is still read (and dropped) so that the refusal
-  // reaches a client that is still sending.
-  static constexpr std::chrono::seconds kDrainSeconds{5};
+  // A body's bytes against its route's limit. Past the limit the rest is
+  // still read (and dropped) for up to 5 s: closing with unread bytes makes
+  // the kernel send a reset, which can discard the 413 before a client that
+  // is still sending reads it.
+  struct BodyBudget {
+    uint64_t limit;
+    uint64_t seen = 0;
+    std::chrono::steady_clock::time_point drain_end{};
+    bool over() const { return seen > limit; }
+    // Counts n more bytes; false when reading should stop.
+    bool Take(size_t n) {
+      seen += n;
+      if (!over()) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (drain_end == std::chrono::steady_clock::time_point{})
+        drain_end = now + std::chrono::seconds(5);
+      return now < drain_end;
+    }
+  };
 
   // Reads the body of a JSON route into *body through the library's content
   // reader, whatever the Content-Type (curl -d sends
@@ -1069,6 +1085,7 @@ class Server::Impl {
                 const httplib::ContentReader& reader, httplib::Response& res,
                 std::string* body) {
     const uint64_t limit = static_cast<uint64_t>(BodyLimit(req.path).first);
+    BodyBudget budget{limit};
     auto refuse = [&](int status, const std::string& message) {
       // The rest of the body may be unread: end the connection after this.
       res.set_header("Connection", "close");
@@ -1078,16 +1095,9 @@ class Server::Impl {
     if (req.is_multipart_form_data()) {
       // Drained (not kept) so that the reply reaches the client; the
       // library's multipart parser needs both callbacks.
-      uint64_t seen = 0;
-      const auto drain_end = std::chrono::steady_clock::now() + kDrainSeconds;
-      const bool read =
-          reader([](const httplib::MultipartFormData&) { return true; },
-                 [&](const char*, size_t n) {
-                   return (seen += n) <= limit ||
-                          std::chrono::steady_clock::now() < drain_end;
-                 });
-      if (!read && (res.status == 413 || seen > limit))
-        return refuse(413, TooLarge(req));
+      reader([](const httplib::MultipartFormData&) { return true; },
+             [&](const char*, size_t n) { return budget.Take(n); });
+      if (budget.over() || res.status == 413) return refuse(413, TooLarge(req));
       return refuse(415,
                     "multipart/form-data bodies are not accepted: the body "
                     "must be a JSON object (Content-Type: application/json)");
@@ -1104,26 +1114,17 @@ class Server::Impl {
           req.get_header_value("Content-Length").c_str(), nullptr, 10);
       if (declared <= limit) body->reserve(static_cast<size_t>(declared));
     }
-    // Past the limit the rest of the body is read and dropped for up to
-    // kDrainSeconds: closing with unread bytes makes the kernel send a reset,
-    // which can discard the 413 before the client reads it.
-    bool too_large = false;
-    std::chrono::steady_clock::time_point drain_end;
     const bool read = reader([&](const char* data, size_t n) {
-      if (too_large) return std::chrono::steady_clock::now() < drain_end;
-      if (body->size() + n > limit) {
-        too_large = true;
-        drain_end = std::chrono::steady_clock::now() + kDrainSeconds;
-        body->clear();
-        body->shrink_to_fit();
-        return true;
+      if (!budget.Take(n)) return false;
+      if (!budget.over()) {
+        body->append(data, n);
+      } else if (body->capacity() > 0) {
+        std::string().swap(*body);  // dropped: only the 413 follows
       }
-      body->append(data, n);
       return true;
     });
-    if (too_large) return refuse(413, TooLarge(req));
+    if (budget.over() || res.status == 413) return refuse(413, TooLarge(req));
     if (read) return true;
-    if (too_large || res.status == 413) return refuse(413, TooLarge(req));
     return refuse(400,
                   "the request body could not be read (the connection "
                   "closed or timed out, or a malformed chunked encoding)");
