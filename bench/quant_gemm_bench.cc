@@ -1,5 +1,6 @@
-// Quantized GEMM (weights kept as MXFP4 / NVFP4 codes, decoded one panel at
-// a time into the compute dtype) against the bf16 GEMM of the same shape,
+// Quantized GEMM (weights kept as MXFP4 / NVFP4 codes, decoded block by
+// block into the compute dtype as they are packed) against the bf16 GEMM of
+// the same shape,
 // both measured in the same run: counters `vs_bf16` (quantized throughput /
 // bf16 throughput) and `bytes_vs_bf16` (stored weight bytes / bf16 bytes).
 // Goal: vs_bf16 >= 0.8 at bytes_vs_bf16 <= 0.3. Compute dtype bf16.
@@ -38,20 +39,13 @@ double Seconds(std::chrono::steady_clock::duration d) {
 }
 
 // A random [n, k] weight stored in `kind` (no NaN codes), x [m, k] in
-// [-1, 1), y [m, n], and the workspaces the executor lends a bf16-compute
-// GemmQuantized (the GEMM scratchpad also fits a dense [m, n] bf16 GEMM).
+// [-1, 1), y [m, n], and the workspace the executor lends a bf16-compute
+// GEMM.
 struct QuantFixture {
   QuantFixture(int64_t m, int64_t n, int64_t k, FormatKind kind, uint32_t seed)
       : x(m * k),
         y(m * n),
-        ws(GemmWorkspaceBytes(m, k, DType::kBF16)),
-        decode_bytes(QuantDecodeWorkspaceBytes(n, k, kind, DType::kBF16)),
-        decode(decode_bytes),
-        scratch_bytes(std::max(
-            GemmScratchpadBytes(m, n, k, DType::kBF16, WeightLayout::kOutIn),
-            GemmScratchpadBytes(m, std::min(n, kQuantPanelRows), k,
-                                DType::kBF16, WeightLayout::kOutIn))),
-        scratchpad(scratch_bytes) {
+        ws(GemmWorkspaceBytes(m, k, DType::kBF16)) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     for (auto& v : x) v = dist(rng);
@@ -83,9 +77,6 @@ struct QuantFixture {
       q.global_scale = 0.01f;
     }
     q.scales = scales.data();
-    // The planned GEMM scratchpad, as the executor gives it (without one,
-    // oneDNN allocates its scratch on every call).
-    Ctx().SetScratchpad(scratchpad.p, scratch_bytes);
     a.x = x.data();
     a.w_dtype = DType::kBF16;
     a.y = y.data();
@@ -96,11 +87,7 @@ struct QuantFixture {
   std::vector<uint8_t> codes, scales;
   QuantMatrix q;
   Buf ws;
-  int64_t decode_bytes;
-  Buf decode;
-  int64_t scratch_bytes;
-  Buf scratchpad;
-  GemmArgs a;  // x, y, m, n, k, bf16 compute, the x-copy workspace
+  GemmArgs a;  // x, y, m, n, k, bf16 compute, the workspace
 };
 
 // Args: M, N, K, format (0 = mxfp4, 1 = nvfp4-modelopt).
@@ -113,22 +100,21 @@ void BM_QuantGemmVsBf16(benchmark::State& state) {
   const std::vector<uint8_t>& codes = fx.codes;
   const std::vector<uint8_t>& scales = fx.scales;
   std::vector<float>& y = fx.y;
-  void* const decode_p = fx.decode.p;
-  const int64_t decode_bytes = fx.decode_bytes;
   // The bf16 weight of the same shape: the decoded values, rounded.
   std::vector<uint16_t> w16(n * k);
   DecodeRows(q, 0, n, DType::kBF16, w16.data());
-  const GemmArgs& a = fx.a;
-  GemmArgs d = a;
+  GemmArgs a = fx.a;
+  a.quant = &q;
+  GemmArgs d = fx.a;
   d.w = w16.data();
-  Ctx().Gemm(d);  // warm-up: primitive creation
-  Ctx().GemmQuantized(a, q, decode_p, decode_bytes);
+  Ctx().Gemm(d);  // warm-up
+  Ctx().Gemm(a);
   double t_bf16 = 0, t_quant = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     Ctx().Gemm(d);
     const auto t1 = std::chrono::steady_clock::now();
-    Ctx().GemmQuantized(a, q, decode_p, decode_bytes);
+    Ctx().Gemm(a);
     const auto t2 = std::chrono::steady_clock::now();
     t_bf16 += Seconds(t1 - t0);
     t_quant += Seconds(t2 - t1);
@@ -182,51 +168,6 @@ void BM_QuantDecode(benchmark::State& state) {
 BENCHMARK(BM_QuantDecode)
     ->ArgNames({"N", "K", "nvfp4", "bf16"})
     ->ArgsProduct({{4096}, {4096}, {0, 1}, {0, 1}})
-    ->Unit(benchmark::kMillisecond);
-
-// The two paths of GemmQuantized on the same weight in the same run: 512-row
-// panels decoded then multiplied by oneDNN, against the few-row kernel on the
-// codes (CodesGemm). Counter `codes_vs_panels` = panel time / codes time
-// (> 1: the codes path is faster); the crossover sets CodesGemmMaxRows.
-// Args: M, N, K, format (0 = mxfp4, 1 = nvfp4-modelopt, 2 = fp8-block).
-void BM_CodesGemmVsPanels(benchmark::State& state) {
-  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  const FormatKind kind = state.range(3) == 0   ? FormatKind::kMxfp4
-                          : state.range(3) == 1 ? FormatKind::kNvfp4ModelOpt
-                                                : FormatKind::kFp8Block;
-  QuantFixture fx(m, n, k, kind, 11);
-  const QuantMatrix& q = fx.q;
-  std::vector<float>& y = fx.y;
-  void* const decode_p = fx.decode.p;
-  const int64_t decode_bytes = fx.decode_bytes;
-  const GemmArgs& a = fx.a;
-  auto run = [&](GemmContext::QuantPath path) {
-    Ctx().SetQuantPath(path);
-    const auto t0 = std::chrono::steady_clock::now();
-    Ctx().GemmQuantized(a, q, decode_p, decode_bytes);
-    return Seconds(std::chrono::steady_clock::now() - t0);
-  };
-  run(GemmContext::QuantPath::kPanels);  // warm-up: primitive creation
-  run(GemmContext::QuantPath::kCodes);
-  double t_panels = 0, t_codes = 0;
-  for (auto _ : state) {
-    t_panels += run(GemmContext::QuantPath::kPanels);
-    const double t = run(GemmContext::QuantPath::kCodes);
-    t_codes += t;
-    state.SetIterationTime(t);
-    benchmark::DoNotOptimize(y.data());
-  }
-  Ctx().SetQuantPath(GemmContext::QuantPath::kAuto);
-  const double flops = 2.0 * m * n * k * state.iterations();
-  state.counters["codes_GFLOPs"] = flops / t_codes * 1e-9;
-  state.counters["panels_GFLOPs"] = flops / t_panels * 1e-9;
-  state.counters["codes_vs_panels"] = t_panels / t_codes;
-}
-BENCHMARK(BM_CodesGemmVsPanels)
-    ->ArgNames({"M", "N", "K", "format"})
-    ->ArgsProduct({{1, 4, 16, 32, 64, 128, 256}, {5760}, {2880}, {0}})
-    ->ArgsProduct({{4, 32, 64, 128}, {4096}, {4096}, {1, 2}})
-    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -52,6 +52,16 @@ std::vector<std::string> RunnableTinyModels(const std::string& shared) {
                    c.status().message().c_str());
       continue;
     }
+    // Registered for inspect and plan only (Model::Load refuses it).
+    if (const ArchDef* arch = c.ok() ? FindArch(c->model_type) : nullptr;
+        arch != nullptr && !arch->runnable) {
+      std::fprintf(stderr,
+                   "SKIPPED LOUDLY: %s: model_type '%s' can be inspected and "
+                   "planned but not run yet\n",
+                   e.path().filename().string().c_str(),
+                   c->model_type.c_str());
+      continue;
+    }
     names.push_back(e.path().filename().string());
   }
   std::sort(names.begin(), names.end());

@@ -9,7 +9,6 @@
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/backend/cpu/kernels_moe.h"
 #include "src/backend/cpu/kernels_rows.h"
-#include "src/backend/cpu/quant_decode.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
 
@@ -35,19 +34,13 @@ WeightLayout ToCpu(MatrixLayout layout) {
                                         : WeightLayout::kInOut;
 }
 
-int64_t GemmScratchpad(int64_t m, int64_t n, int64_t k, DType w_dtype,
-                       bool k_major) {
-  return GemmScratchpadBytes(
-      m, n, k, w_dtype, k_major ? WeightLayout::kInOut : WeightLayout::kOutIn);
-}
-
 }  // namespace
 
 KernelCosts CpuKernelCosts() {
   KernelCosts k;
+  // One workspace for every GEMM: the rounded x and a packing slot per
+  // thread (quantized weights are decoded into the slots).
   k.gemm_workspace = &GemmWorkspaceBytes;
-  k.gemm_scratchpad = &GemmScratchpad;
-  k.weight_decode_workspace = &QuantDecodeWorkspaceBytes;
   k.attention_workspace = &AttentionWorkspaceBytes;
   k.kv_attention_workspace = &KvAttentionWorkspaceBytes;
   k.num_threads = NumThreads();
@@ -101,17 +94,6 @@ Status CpuBackend::Copy(void* dst, DeviceRef dst_device, const void* src,
   return Status();
 }
 
-void CpuBackend::SetGemmScratchpad(void* scratch, int64_t bytes) {
-  gemm_->SetScratchpad(scratch, bytes);
-}
-
-void CpuBackend::SetWeightDecodeWorkspace(void* workspace, int64_t bytes) {
-  LOOM_CHECK(bytes == 0 || reinterpret_cast<uintptr_t>(workspace) % 64 == 0)
-      << "weight decode workspace not 64-byte aligned";
-  decode_workspace_ = workspace;
-  decode_workspace_bytes_ = bytes;
-}
-
 namespace {
 
 GemmArgs ArgsOf(const GemmOp& op) {
@@ -136,60 +118,39 @@ GemmArgs ArgsOf(const GemmOp& op) {
 }  // namespace
 
 void CpuBackend::Gemm(const GemmOp& op) {
-  const GemmArgs a = ArgsOf(op);
+  GemmArgs a = ArgsOf(op);
+  QuantMatrix q;
   if (op.w.quantized()) {
     LOOM_CHECK(op.w.format.layout == MatrixLayout::kOutIn)
         << "quantized weights are [n, k]";
-    gemm_->GemmQuantized(a, QuantMatrixOf(op.w), decode_workspace_,
-                         decode_workspace_bytes_);
-    return;
+    q = QuantMatrixOf(op.w);
+    a.quant = &q;
   }
   gemm_->Gemm(a);
 }
 
-// Dense items of m rows that oneDNN tiles run as one group, and quantized
-// items of few rows (on the codes) as another; quantized items decoded in
-// panels (the panels share one decode workspace) and the AVX-512 small-m
-// kernel's items run one by one afterwards, as Gemm would run them.
+// Every item, dense or quantized, as tasks of one parallel region (the same
+// bytes as one Gemm per item).
 void CpuBackend::GemmGroup(const GemmGroupOp& op) {
   group_args_.clear();
+  group_quant_.clear();
+  group_quant_.reserve(static_cast<size_t>(op.count));  // pointers stay valid
   for (int64_t i = 0; i < op.count; ++i) {
     const GemmOp& g = op.items[i];
-    const bool small = cpu::HasAvx512() && g.m <= cpu::kSmallGemmMaxM;
-    if (g.m > 0 && !g.w.quantized() && !small) {
-      group_args_.push_back(ArgsOf(g));
-      group_args_.back().workspace = op.workspace;
-      group_args_.back().reuse_x_workspace = false;
+    if (g.m == 0) continue;
+    group_args_.push_back(ArgsOf(g));
+    GemmArgs& a = group_args_.back();
+    a.workspace = op.workspace;
+    a.reuse_x_workspace = false;
+    if (g.w.quantized()) {
+      LOOM_CHECK(g.w.format.layout == MatrixLayout::kOutIn)
+          << "quantized weights are [n, k]";
+      group_quant_.push_back(QuantMatrixOf(g.w));
+      a.quant = &group_quant_.back();
     }
   }
   gemm_->GemmGroup(group_args_.data(), static_cast<int64_t>(group_args_.size()),
                    op.x, op.rows, op.workspace);
-  auto on_codes = [&](const GemmOp& g) {
-    return g.m > 0 && g.w.quantized() && gemm_->UsesCodes(g.m, g.w.format.kind);
-  };
-  group_args_.clear();
-  group_quant_.clear();
-  for (int64_t i = 0; i < op.count; ++i) {
-    const GemmOp& g = op.items[i];
-    if (!on_codes(g)) continue;
-    group_args_.push_back(ArgsOf(g));
-    group_quant_.push_back(QuantMatrixOf(g.w));
-  }
-  gemm_->GemmQuantizedGroup(group_args_.data(), group_quant_.data(),
-                            static_cast<int64_t>(group_args_.size()), op.x,
-                            op.rows, op.workspace, decode_workspace_,
-                            decode_workspace_bytes_);
-  for (int64_t i = 0; i < op.count; ++i) {
-    const GemmOp& g = op.items[i];
-    const bool small = cpu::HasAvx512() && g.m <= cpu::kSmallGemmMaxM;
-    const bool one_by_one = g.w.quantized() ? !on_codes(g) : small;
-    if (g.m > 0 && one_by_one) {
-      GemmOp one = g;
-      one.workspace = op.workspace;
-      one.reuse_x_workspace = false;
-      Gemm(one);
-    }
-  }
 }
 
 void CpuBackend::RmsNorm(const float* x, const void* w, DType w_dtype,

@@ -33,8 +33,9 @@ class CpuBackend final : public Backend {
   Status Copy(void* dst, DeviceRef dst_device, const void* src,
               DeviceRef src_device, int64_t bytes) override;
 
-  void SetGemmScratchpad(void* scratch, int64_t bytes) override;
-  void SetWeightDecodeWorkspace(void* workspace, int64_t bytes) override;
+  // The CPU GEMM needs no library scratch and decodes quantized weights into
+  // its own workspace (GemmOp::workspace): nothing to lend.
+  void SetGemmScratchpad(void* /*scratch*/, int64_t /*bytes*/) override {}
   void Gemm(const GemmOp& op) override;
   void GemmGroup(const GemmGroupOp& op) override;
 
@@ -118,9 +119,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<GemmContext> gemm_;
-  void* decode_workspace_ = nullptr;  // borrowed, see SetWeightDecodeWorkspace
-  int64_t decode_workspace_bytes_ = 0;
-  std::vector<GemmArgs> group_args_;  // GemmGroup's items, reused
+  std::vector<GemmArgs> group_args_;      // GemmGroup's items, reused
   std::vector<QuantMatrix> group_quant_;  // their quantized weights
 };
 

@@ -1,13 +1,16 @@
 #include "src/backend/cpu/isa.h"
 
 #include <cpuid.h>
-#include <oneapi/dnnl/dnnl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <string>
+
+#include "src/backend/cpu/kernels.h"
 
 namespace loom::cpu {
 namespace {
@@ -16,6 +19,14 @@ uint64_t Xgetbv0() {
   uint32_t lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// Asks the kernel for the AMX tile state (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA, Linux 5.16 and later); false where it is refused.
+bool AmxRequestPermission() {
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
 CpuFeatures Detect() {
@@ -39,34 +50,31 @@ CpuFeatures Detect() {
   f.avx512bw = f.avx512f && (b7 & (1u << 30)) != 0;
   f.avx512vl = f.avx512f && (b7 & (1u << 31)) != 0;
   f.avx512_fp16 = f.avx512f && (d7 & (1u << 23)) != 0;
-  f.amx_bf16 = os_amx && (d7 & (1u << 22)) != 0 && (d7 & (1u << 24)) != 0;
+  const bool amx_tile = os_amx && (d7 & (1u << 24)) != 0;
   unsigned a71 = 0, b71 = 0, c71 = 0, d71 = 0;
-  if (a7 >= 1 && __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71) != 0)
+  if (a7 >= 1 && __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71) != 0) {
     f.avx512_bf16 = f.avx512f && (a71 & (1u << 5)) != 0;
+    f.amx_fp16 = amx_tile && (a71 & (1u << 21)) != 0;
+  }
+  // The tile registers need the kernel's permission, asked once here;
+  // without it every tile instruction faults.
+  f.amx_bf16 = amx_tile && (d7 & (1u << 22)) != 0 &&
+               AmxRequestPermission();
+  f.amx_fp16 = f.amx_fp16 && f.amx_bf16;
   return f;
 }
 
-// Every level: its LOOM_CPU_ISA name and the oneDNN cap it sets (indexed by
-// CpuIsa; avx512bf16 is also the "no cap" level, oneDNN then unrestricted).
-struct Level {
-  CpuIsa isa;
-  std::string_view name;
-  dnnl_cpu_isa_t onednn;
-};
-constexpr Level kLevels[] = {
-    {CpuIsa::kBaseline, "baseline", dnnl_cpu_isa_sse41},
-    {CpuIsa::kAvx2, "avx2", dnnl_cpu_isa_avx2},
-    {CpuIsa::kAvx512, "avx512", dnnl_cpu_isa_avx512_core},
-    {CpuIsa::kAvx512Bf16, "avx512bf16", dnnl_cpu_isa_all},
-};
+// Every level's LOOM_CPU_ISA name, indexed by CpuIsa.
+constexpr std::string_view kLevelNames[] = {"baseline", "avx2", "avx512",
+                                            "avx512bf16", "amx"};
 
 StatusOr<CpuIsa> ParseIsa(std::string_view v) {
-  if (v.empty() || v == "native") return CpuIsa::kAvx512Bf16;
-  for (const Level& l : kLevels)
-    if (v == l.name) return l.isa;
+  if (v.empty() || v == "native") return CpuIsa::kAmx;
+  for (int l = 0; l <= static_cast<int>(CpuIsa::kAmx); ++l)
+    if (v == kLevelNames[l]) return static_cast<CpuIsa>(l);
   return InvalidArgumentError(
       "LOOM_CPU_ISA='" + std::string(v) +
-      "': expected baseline, avx2, avx512, avx512bf16 or native");
+      "': expected baseline, avx2, avx512, avx512bf16, amx or native");
 }
 
 }  // namespace
@@ -81,7 +89,8 @@ CpuIsa DetectedIsa() {
   if (!(f.avx2 && f.fma && f.f16c)) return CpuIsa::kBaseline;
   if (!(f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl))
     return CpuIsa::kAvx2;
-  return f.avx512_bf16 ? CpuIsa::kAvx512Bf16 : CpuIsa::kAvx512;
+  if (!f.avx512_bf16) return CpuIsa::kAvx512;
+  return f.amx_bf16 ? CpuIsa::kAmx : CpuIsa::kAvx512Bf16;
 }
 
 StatusOr<CpuIsa> IsaCapFromEnvironment() {
@@ -98,7 +107,7 @@ CpuIsa ActiveIsa() {
 }
 
 std::string_view IsaName(CpuIsa isa) {
-  return kLevels[static_cast<int>(isa)].name;
+  return kLevelNames[static_cast<int>(isa)];
 }
 
 std::string FeatureList(const CpuFeatures& f) {
@@ -118,6 +127,7 @@ std::string FeatureList(const CpuFeatures& f) {
   add(f.avx512_bf16, "avx512_bf16");
   add(f.avx512_fp16, "avx512_fp16");
   add(f.amx_bf16, "amx_bf16");
+  add(f.amx_fp16, "amx_fp16");
   return s.empty() ? "sse2" : s;
 }
 
@@ -132,35 +142,44 @@ std::string CpuModelName() {
   return "unknown";
 }
 
-void InitOneDnnIsa() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // Fails only once a JIT kernel exists; the cap then applies to Loom's
-    // own dispatch alone (nothing to report: oneDNN picks within the CPU).
-    (void)dnnl_set_max_cpu_isa(kLevels[static_cast<int>(ActiveIsa())].onednn);
-  });
+std::string_view GemmPathName(DType compute) {
+  switch (GemmFamilyOf(compute)) {
+    case GemmFamily::kAmx:
+      return "amx";
+    case GemmFamily::kDot:
+      return "avx512bf16";
+    case GemmFamily::kFma:
+      break;
+  }
+  return ActiveIsa() >= CpuIsa::kAvx512 ? "avx512"
+         : ActiveIsa() >= CpuIsa::kAvx2 ? "avx2"
+                                        : "baseline";
 }
 
 std::string GemmPathDescription(DType compute) {
+  const std::string path(GemmPathName(compute));
   switch (compute) {
     case DType::kF32:
-      return "f32 weights, f32 multiply (oneDNN)";
+      return "f32 weights, f32 products accumulated by FMA chains (" + path +
+             ")";
     case DType::kBF16:
-      return NativeGemmDType(DType::kBF16)
-                 ? std::string(
-                       "bf16 weights kept, bf16 x bf16 products "
-                       "accumulated in f32 (oneDNN, ") +
-                       (ActiveIsa() >= CpuIsa::kAvx512Bf16 ? "AVX512_BF16"
-                                                           : "AVX-512") +
-                       ")"
-                 : "bf16 weights kept, activations rounded to bf16, "
-                   "multiplied in f32 (weights widened per panel)";
+      switch (GemmFamilyOf(compute)) {
+        case GemmFamily::kAmx:
+          return "bf16 weights kept, bf16 x bf16 products accumulated in f32 "
+                 "(AMX tiles)";
+        case GemmFamily::kDot:
+          return "bf16 weights kept, bf16 x bf16 products accumulated in f32 "
+                 "(AVX512_BF16)";
+        case GemmFamily::kFma:
+          break;
+      }
+      return "bf16 weights kept, activations rounded to bf16, multiplied in "
+             "f32 (weights widened as they are packed, " +
+             path + ")";
     case DType::kF16:
-      return NativeGemmDType(DType::kF16)
-                 ? "f16 weights kept, f16 products accumulated in f32 "
-                   "(oneDNN, AVX512_FP16)"
-                 : "f16 weights kept, activations rounded to f16, multiplied "
-                   "in f32 (weights widened per panel)";
+      return "f16 weights kept, activations rounded to f16, multiplied in "
+             "f32 (weights widened as they are packed, " +
+             path + ")";
     default:
       return "-";
   }

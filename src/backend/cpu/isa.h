@@ -1,11 +1,10 @@
 // The host CPU's instruction sets, detected once per process, and the level
-// Loom's own kernel dispatch and oneDNN are allowed to use.
+// Loom's kernel dispatch is allowed to use.
 //
 // Levels are ordered: a kernel written for level L runs on every CPU at or
-// above L. LOOM_CPU_ISA=baseline|avx2|avx512|avx512bf16|native caps the level
-// (to exercise the lower paths on a bigger machine); the cap is also given to
-// oneDNN (dnnl_set_max_cpu_isa) before its first primitive is created. A cap
-// above what the CPU has is the CPU's level: nothing runs that the CPU lacks.
+// above L. LOOM_CPU_ISA=baseline|avx2|avx512|avx512bf16|amx|native caps the
+// level (to exercise the lower paths on a bigger machine). A cap above what
+// the CPU has is the CPU's level: nothing runs that the CPU lacks.
 #ifndef LOOM_BACKEND_CPU_ISA_H_
 #define LOOM_BACKEND_CPU_ISA_H_
 
@@ -22,14 +21,19 @@ enum class CpuIsa : int {
   kAvx2 = 1,        // AVX2 + FMA + F16C (Haswell, Zen 1-3)
   kAvx512 = 2,      // AVX-512 F/BW/DQ/VL (Skylake-SP, Ice Lake, Zen 4)
   kAvx512Bf16 = 3,  // + AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4/5)
+  kAmx = 4,         // + AMX-TILE and AMX-BF16, granted by the OS (Sapphire
+                    // Rapids and later)
 };
 
 // What CPUID and XGETBV say (an instruction set counts only when the OS
-// saves its registers).
+// saves its registers; AMX only once the kernel granted this process its
+// tile state, arch_prctl ARCH_REQ_XCOMP_PERM).
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
-  bool avx512_bf16 = false, avx512_fp16 = false, amx_bf16 = false;
+  bool avx512_bf16 = false, avx512_fp16 = false;
+  bool amx_bf16 = false;  // AMX-TILE + AMX-BF16, usable
+  bool amx_fp16 = false;  // AMX-FP16 (detected; no kernel uses it yet)
 };
 
 const CpuFeatures& DetectedCpuFeatures();
@@ -49,17 +53,18 @@ std::string FeatureList(const CpuFeatures& f);
 // every measured figure.
 std::string CpuModelName();
 
-// Applies the cap to oneDNN once (before its first primitive); every GEMM
-// entry point calls it.
-void InitOneDnnIsa();
-
-// Whether a GEMM with 16-bit weights of `dtype` multiplies natively at the
-// active level (bf16: oneDNN has a non-reference bf16 matmul, i.e. AVX-512;
-// f16: AVX512-FP16), or widens the weights to f32 panel by panel.
+// Whether a GEMM computing in `dtype` multiplies its weights' type natively
+// at the active level (f32; bf16 with AVX512_BF16 or AMX), or widens them to
+// f32 as it packs them (bf16 below avx512bf16; f16 everywhere).
 bool NativeGemmDType(DType dtype);
 
+// The GEMM path a compute dtype runs at the active level: "amx",
+// "avx512bf16", "avx512", "avx2" or "baseline" (the fma family's level).
+std::string_view GemmPathName(DType compute);
+
 // One line per compute precision: how a GEMM runs in it on this host at the
-// active level ("bf16: bf16 weights kept, multiplied natively (AVX512_BF16)").
+// active level ("bf16 weights kept, bf16 products accumulated in f32 (AMX
+// tiles)").
 std::string GemmPathDescription(DType compute);
 
 }  // namespace loom::cpu

@@ -56,6 +56,7 @@ const Table& Kernels() {
     switch (ActiveIsa()) {
       case CpuIsa::kAvx512:
       case CpuIsa::kAvx512Bf16:
+      case CpuIsa::kAmx:
         return LOOM_KERNEL_TABLE(avx512);
       case CpuIsa::kAvx2:
         return LOOM_KERNEL_TABLE(avx2);

@@ -1,7 +1,7 @@
 // CPU kernels. They know nothing of models or HF names: plain row-major
 // arrays, explicit sizes, caller-provided outputs and workspaces. Nothing here
-// allocates on the heap during a call (oneDNN primitives are created once per
-// shape and cached in a GemmContext, outside the hot path after warm-up).
+// allocates on the heap during a call (a GemmContext's host bookkeeping grows
+// on its first calls only).
 //
 // Activations are always f32. Weights may be f32, bf16 or f16 (used in place).
 // Every kernel has a scalar reference in reference/reference_kernels.h that the
@@ -15,13 +15,12 @@
 #include <optional>
 #include <vector>
 
-#include "src/backend/cpu/codes_gemm.h"
 #include "src/core/dtype.h"
 #include "src/core/quant_codes.h"
 
 namespace loom::cpu {
 
-// ---- GEMM (oneDNN) -------------------------------------------------------
+// ---- GEMM ------------------------------------------------------------------
 
 // Weight layout: kOutIn is torch Linear's [N, K] (y = x W^T); kInOut is GPT-2
 // Conv1D's [K, N] (y = x W).
@@ -32,9 +31,12 @@ enum class WeightLayout { kOutIn, kInOut };
 // f32; the output is f32).
 struct GemmArgs {
   const float* x = nullptr;  // [M, K] row-major, row stride K
-  const void* w = nullptr;   // weight, see layout
+  // Dense weight in w_dtype, see layout. Quantized weights: `quant` ([N, K]
+  // codes, decoded to w_dtype, the compute dtype) and `w` unused.
+  const void* w = nullptr;
   DType w_dtype = DType::kF32;
   WeightLayout layout = WeightLayout::kOutIn;
+  const QuantMatrix* quant = nullptr;
   // [N] in w_dtype or f32 (bias_dtype), may be null
   const void* bias = nullptr;
   DType bias_dtype = DType::kF32;
@@ -42,51 +44,37 @@ struct GemmArgs {
   int64_t ldy = 0;
   int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;  // y += x W^T (+ bias) instead of y = ...
-  // Scratch for the 16-bit copy of x when w_dtype is 16-bit: at least
-  // GemmWorkspaceBytes(m, k, w_dtype) bytes, 64-byte aligned.
+  // At least GemmWorkspaceBytes(m, k, w_dtype) bytes, 64-byte aligned: the
+  // rounded copy of x, then one packing slot per thread.
   void* workspace = nullptr;
-  // Optional, 16-bit weights only: the previous Gemm on this context used the
-  // same x contents, m, k, w_dtype and workspace (e.g. the k and v projections
-  // after q), so the rounded copy of x already in the workspace is reused.
+  // The previous GEMM on this context used the same x contents, m, k,
+  // w_dtype and workspace (e.g. the k and v projections after q), so the
+  // rounded copy of x already in the workspace is reused.
   bool reuse_x_workspace = false;
-  // The type x is rounded to before the multiply when it differs from
-  // w_dtype (a quantized weight decoded to f32 on a CPU without native bf16
-  // while the compute dtype is bf16); unset: w_dtype.
-  std::optional<DType> x_dtype;
 };
 
-// Every GEMM is computed over a grid of output tiles that depends on its
-// shape (m, n) only, each tile by one thread with a single-threaded oneDNN
-// primitive: an output element is the same sum in the same order for any
-// thread count. 16-bit weights that the active ISA cannot multiply natively
-// (NativeGemmDType) are widened to f32 one tile panel at a time in the
-// calling thread's slot of the workspace.
-inline constexpr int64_t kGemmTileMaxRows = 512;
-inline constexpr int64_t kGemmTileMaxCols = 256;
-inline constexpr int64_t kGemmTileMinCols = 64;
-struct GemmTiling {
-  int64_t rows = 0, cols = 0;  // tile size
-  int64_t row_tiles = 0, col_tiles = 0;
-};
-GemmTiling GemmTilesOf(int64_t m, int64_t n);
+// How a GEMM multiplies (src/backend/cpu/gemm_internal.h): the fma family
+// (f32 products of f32 or widened 16-bit values, FMA chains at the active
+// level), dot (AVX512_BF16 pair dot products) or amx (AMX tiles). bf16 GEMMs
+// run amx at the amx level, dot at avx512bf16, fma below; f32 and f16 GEMMs
+// always run fma.
+enum class GemmFamily { kFma, kDot, kAmx };
+GemmFamily GemmFamilyOf(DType compute);
 
-// Bytes of GemmArgs::workspace for an [m, k] input and weights of `w_dtype`
-// at the current thread count (NumThreads()): the rounded copy of x, plus,
-// when w_dtype is not multiplied natively, one widened f32 weight panel
-// [kGemmTileMaxCols, k] per thread.
+// Every output element y[i, j] is one chain of multiply-adds over k in order,
+// whatever the number of rows, the tiles, the blocking or the thread count:
+// a row's result does not depend on what else shares its GEMM (batch
+// invariance), and the bytes do not depend on --threads.
+//
+// Bytes of GemmArgs::workspace for an [m, k] input and compute dtype
+// `w_dtype` at the current thread count (NumThreads()): the rounded copy of x
+// (none for f32 on the fma family), plus one slot per thread for a packed
+// block of the weight and its scratch.
 int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype);
 
-// Bytes of oneDNN scratchpad one GEMM of this shape needs at the current
-// thread count (one single-threaded tile primitive's scratch per thread;
-// queried from the primitive descriptors, nothing is executed or allocated;
-// 0 when oneDNN has no primitive for it). A context given a scratchpad of at
-// least the maximum over its shapes (SetScratchpad) runs every GEMM without
-// allocating.
-int64_t GemmScratchpadBytes(int64_t m, int64_t n, int64_t k, DType w_dtype,
-                            WeightLayout layout);
-
-// Caches oneDNN primitives per (shape, dtype, layout, flags). Not thread-safe:
-// one context per executing thread group.
+// Not thread-safe: one context per executing thread group. Holds host
+// bookkeeping only (reused from call to call); every buffer a GEMM uses is
+// the caller's workspace.
 class GemmContext {
  public:
   GemmContext();
@@ -94,79 +82,22 @@ class GemmContext {
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
 
-  // Memory oneDNN uses as scratch for every GEMM of this context (borrowed;
-  // 64-byte aligned; one slice per thread, see GemmScratchpadBytes). A tile
-  // primitive whose slices do not fit uses a buffer the context allocates
-  // (and keeps) when it creates that primitive, never during a warm call.
-  void SetScratchpad(void* scratch, int64_t bytes);
-
   // y = x W^T (+ bias) (+ y if accumulate). Checks its arguments with
   // LOOM_CHECK.
   void Gemm(const GemmArgs& args);
 
-  // Several GEMMs (`items`, dense weights of one dtype and k) whose inputs
-  // are row ranges of one x [rows, k] (experts' gate, up or down): x is
-  // rounded once into `workspace` (GemmWorkspaceBytes(rows, k, w_dtype)
-  // bytes; the items' own workspace and reuse_x_workspace are not read), and
-  // the tiles of all items run as the tasks of one parallel region. Outputs
-  // are bit-identical to calling Gemm per item, at any thread count. Items
-  // must have m > 0; the AVX-512 small-m kernel is not used here.
+  // Several GEMMs (`items`, dense or quantized weights of one compute dtype
+  // and k) whose inputs are row ranges of one x [rows, k] (experts' gate, up
+  // or down): x is rounded once into `workspace` (GemmWorkspaceBytes(rows,
+  // k, w_dtype) bytes; the items' own workspace and reuse_x_workspace are not
+  // read), and the tasks of all items run in one parallel region. Outputs
+  // are bit-identical to calling Gemm per item, at any thread count.
   void GemmGroup(const GemmArgs* items, int64_t count, const float* x,
                  int64_t rows, void* workspace);
-
-  // y = x W^T (+ bias) (+ y) with W [n, k] stored quantized (`w`). With at
-  // most CodesGemmMaxRows(w.kind) rows, on the codes (CodesGemm: L1 tiles of
-  // decoded weights, src/backend/cpu/codes_gemm.h); otherwise each panel of
-  // kQuantPanelRows weight rows is decoded (DecodeRows) into
-  // `decode_workspace` in `args.w_dtype` (the compute dtype: f32, bf16 or
-  // f16), then multiplied as a dense [n_panel, k] weight. args.w, n, k and
-  // layout are taken from `w` (kOutIn). `decode_workspace` holds at least
-  // QuantDecodeWorkspaceBytes(n, k, w.kind, args.w_dtype) bytes, 64-byte
-  // aligned; args.workspace is the usual x-copy scratch.
-  void GemmQuantized(const GemmArgs& args, const QuantMatrix& w,
-                     void* decode_workspace, int64_t decode_workspace_bytes);
-
-  // GemmQuantized of several items whose inputs are row ranges of one
-  // x [rows, k] (experts), all on the codes (UsesCodes(m, kind) for each):
-  // x is rounded once into `workspace` (GemmWorkspaceBytes(rows, k, compute)
-  // bytes) and every item's column blocks are the tasks of one parallel
-  // region. The same bytes as one GemmQuantized per item.
-  void GemmQuantizedGroup(const GemmArgs* items, const QuantMatrix* w,
-                          int64_t count, const float* x, int64_t rows,
-                          void* workspace, void* decode_workspace,
-                          int64_t decode_workspace_bytes);
-
-  // Which path GemmQuantized takes: by the row count (kAuto), or always one
-  // (tests and benchmarks compare the two).
-  enum class QuantPath { kAuto, kPanels, kCodes };
-  void SetQuantPath(QuantPath path) { quant_path_ = path; }
-  // Whether GemmQuantized multiplies `m` rows of a `kind` weight on the codes.
-  bool UsesCodes(int64_t m, FormatKind kind) const;
-
-  // Batched strided matmul (the QK^T / PV shapes of attention; Attention
-  // itself uses a dedicated kernel): for b in [0, batch):
-  //   C_b[M, N] = alpha * A_b[M, K] B_b[K, N]   (all f32)
-  // with explicit element strides (row, col) for A, B, C and batch strides.
-  struct StridedMatmul {
-    const float* a;
-    int64_t a_rs, a_cs, a_bs;
-    const float* b;
-    int64_t b_rs, b_cs, b_bs;
-    float* c;
-    int64_t c_rs, c_bs;  // C is dense along columns
-    int64_t batch, m, n, k;
-    float alpha = 1.0f;
-  };
-  void Matmul(const StridedMatmul& args);
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  QuantPath quant_path_ = QuantPath::kAuto;
-  // The last call ran on the codes: the workspace holds its f32 copy of x,
-  // which a following Gemm (or a panel of GemmQuantized) must not reuse.
-  bool last_codes_ = false;
-  std::vector<CodesGemmItem> codes_items_;
 };
 
 // ---- Norms ----------------------------------------------------------------

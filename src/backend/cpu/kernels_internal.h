@@ -80,28 +80,6 @@ struct AttnTile {
 // V (each [kAttnBlock, width padded to 16]).
 int64_t AttnTileScratchFloats(int64_t max_nk, int64_t width);
 
-// Decode-sized GEMM (m <= kSmallGemmMaxM rows), where oneDNN's brgemm would
-// repack the whole weight for a handful of rows: y[:, n0:n1] (+)= x W^T + bias
-// streaming the weight once. x is already rounded to the weight's type (kept as
-// f32). Only an AVX-512 version exists; elsewhere oneDNN handles every m.
-inline constexpr int64_t kSmallGemmMaxM = 4;
-struct SmallGemm {
-  const float* x;  // [m, k] row-major
-  int64_t m, k, n;
-  const void* w;  // [n, k] (out_in) or [k, n], w_dtype
-  DType w_dtype;
-  bool out_in;
-  const void* bias;  // [n] in bias_dtype, or null
-  DType bias_dtype;
-  float* y;  // [m, n], row stride ldy
-  int64_t ldy;
-  bool accumulate;
-};
-// Output columns per unit of work handed to a thread: W [n, k] rows are
-// independent dot products; W [k, n] is read in row segments, longer is better.
-inline constexpr int64_t kSmallGemmColumnBlockOutIn = 64;
-inline constexpr int64_t kSmallGemmColumnBlockInOut = 768;
-
 // The per-row kernels of the portable source, declared for the baseline
 // (portable) and the AVX2 (avx2) compilations of kernels_portable.cc.
 // RopeToken: one token, x [heads, head_dim], cos/sin [half].
@@ -148,8 +126,6 @@ double LogSumExpRow(const float* x, int64_t n);
 void RopeToken(float* x, int64_t heads, int64_t head_dim, const float* cos,
                const float* sin, int64_t half);
 void AttentionTile(const AttnTile& t);
-// Columns [n0, n1) of a SmallGemm.
-void SmallGemmColumns(const SmallGemm& g, int64_t n0, int64_t n1);
 // dst = f32(round_to_dtype(src)), n elements (dtype F32/BF16/F16).
 void RoundSpan(const float* src, float* dst, DType dtype, int64_t n);
 }  // namespace avx512

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/reference/reference_kernels.h"
 #include "src/base/float16.h"
 
@@ -335,9 +336,7 @@ TEST(GemmThreads, BytesDoNotDependOnTheThreadCount) {
 TEST(GemmGroup, EqualsOneGemmPerItemAtEveryThreadCount) {
   const int before = NumThreads();
   const int64_t k = 96, n = 130;
-  // More than kSmallGemmMaxM rows each: Gemm would run the AVX-512 small-m
-  // kernel for fewer (CpuBackend::GemmGroup runs those items by Gemm).
-  const std::vector<int64_t> counts = {5, 9, 33, 0, 530, 6, 17};
+  const std::vector<int64_t> counts = {5, 9, 33, 0, 530, 1, 6, 17, 2};
   std::vector<int64_t> row0 = {0};
   for (int64_t c : counts) row0.push_back(row0.back() + c);
   const int64_t rows = row0.back();
@@ -405,78 +404,54 @@ TEST(GemmGroup, EqualsOneGemmPerItemAtEveryThreadCount) {
   SetNumThreads(before);
 }
 
-// The tile grid is a function of the shape alone, covers the output once,
-// and keeps several column tiles where n allows it.
-TEST(GemmThreads, TilesDependOnTheShapeOnly) {
-  for (int64_t m : {1, 17, 512, 513, 2000})
-    for (int64_t n : {1, 63, 64, 65, 256, 2048, 5632, 32000}) {
-      const GemmTiling t = GemmTilesOf(m, n);
-      EXPECT_GE(t.rows * t.row_tiles, m);
-      EXPECT_LT(t.rows * (t.row_tiles - 1), m);
-      EXPECT_GE(t.cols * t.col_tiles, n);
-      EXPECT_LT(t.cols * (t.col_tiles - 1), n);
-      EXPECT_LE(t.cols, kGemmTileMaxCols);
-      EXPECT_LE(t.rows, kGemmTileMaxRows);
-      if (n >= 8 * kGemmTileMinCols) {
-        EXPECT_GE(t.col_tiles, 8) << n;
+// Batch invariance: a row's output is the same bytes whatever else shares
+// its GEMM. For every M in 1..600, rows [off, off + M) of one input (off
+// varies, so a row sits at every position of the tiles) give, row by row,
+// exactly what that row gives alone; f32, bf16 and f16, both layouts, a
+// bias and accumulate, n and k off every panel and block width.
+TEST(GemmBatchInvariance, EveryRowEqualsItselfAloneForMUpTo600) {
+  const int64_t n = 70, k = 300, total = 650;
+  uint32_t seed = 4242;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+      const std::vector<float> x = Random(total * k, seed++);
+      const std::vector<float> wf = Random(n * k, seed++);
+      const std::vector<float> bias = Random(n, seed++);
+      const std::vector<float> y0 = Random(total * n, seed++);
+      const std::vector<uint16_t> w16 =
+          To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
+      GemmContext ctx;
+      AlignedBuf ws(GemmWorkspaceBytes(total, k, dt));
+      GemmArgs a;
+      a.w = dt == DType::kF32 ? static_cast<const void*>(wf.data())
+                              : static_cast<const void*>(w16.data());
+      a.w_dtype = dt;
+      a.layout = layout;
+      a.bias = bias.data();
+      a.n = n;
+      a.k = k;
+      a.accumulate = true;
+      a.workspace = ws.p;
+      // Each row alone.
+      std::vector<float> alone = y0;
+      for (int64_t r = 0; r < total; ++r) {
+        a.x = x.data() + r * k;
+        a.m = 1;
+        a.y = alone.data() + r * n;
+        ctx.Gemm(a);
       }
-    }
-}
-
-TEST(StridedMatmul, AttentionShapes) {
-  GemmContext ctx;
-  // QK^T per head: A = q [T, H, D] (head batch), B = K^T read from k [T, H, D].
-  for (int64_t t : {int64_t{1}, int64_t{7}, int64_t{65}}) {
-    for (int64_t heads : {int64_t{1}, int64_t{3}}) {
-      const int64_t d = 24, rs = heads * d + 8;
-      std::vector<float> q = Random(t * rs, 11), k = Random(t * rs, 12);
-      GemmContext::StridedMatmul mm{};
-      mm.a = q.data(), mm.a_rs = rs, mm.a_cs = 1, mm.a_bs = d;
-      mm.b = k.data(), mm.b_rs = 1, mm.b_cs = rs, mm.b_bs = d;
-      std::vector<float> got(heads * t * t), want(heads * t * t);
-      mm.c_rs = t, mm.c_bs = t * t;
-      mm.batch = heads, mm.m = t, mm.n = t, mm.k = d;
-      mm.alpha = 0.125f;
-      mm.c = got.data();
-      ctx.Matmul(mm);
-      mm.c = want.data();
-      ref::Matmul(mm);
-      std::vector<double> tol(got.size());
-      for (int64_t b = 0; b < heads; ++b)
-        for (int64_t i = 0; i < t; ++i)
-          for (int64_t j = 0; j < t; ++j) {
-            double mag = 0.0;
-            for (int64_t p = 0; p < d; ++p)
-              mag += std::abs(q[i * rs + b * d + p] * k[j * rs + b * d + p]);
-            tol[(b * t + i) * t + j] = 2.0 * (d + 1) * kU * mag * mm.alpha;
-          }
-      ExpectNear(
-          "qk t=" + std::to_string(t) + " heads=" + std::to_string(heads),
-          got.data(), want.data(), tol, static_cast<int64_t>(got.size()));
-      // PV: C[t, d] = P[t, t] V[t, d] with V read from a strided buffer.
-      std::vector<float> p = Random(heads * t * t, 13, 0.0f, 1.0f);
-      GemmContext::StridedMatmul pv{};
-      pv.a = p.data(), pv.a_rs = t, pv.a_cs = 1, pv.a_bs = t * t;
-      pv.b = k.data(), pv.b_rs = rs, pv.b_cs = 1, pv.b_bs = d;
-      std::vector<float> got2(t * heads * d), want2(t * heads * d);
-      pv.c_rs = heads * d, pv.c_bs = d;
-      pv.batch = heads, pv.m = t, pv.n = d, pv.k = t;
-      pv.c = got2.data();
-      ctx.Matmul(pv);
-      pv.c = want2.data();
-      ref::Matmul(pv);
-      std::vector<double> tol2(got2.size());
-      for (int64_t b = 0; b < heads; ++b)
-        for (int64_t i = 0; i < t; ++i)
-          for (int64_t j = 0; j < d; ++j) {
-            double mag = 0.0;
-            for (int64_t l = 0; l < t; ++l)
-              mag += std::abs(p[(b * t + i) * t + l] * k[l * rs + b * d + j]);
-            tol2[i * heads * d + b * d + j] = 2.0 * (t + 1) * kU * mag;
-          }
-      ExpectNear(
-          "pv t=" + std::to_string(t) + " heads=" + std::to_string(heads),
-          got2.data(), want2.data(), tol2, static_cast<int64_t>(got2.size()));
+      for (int64_t m = 1; m <= 600; ++m) {
+        const int64_t off = (m * 37) % (total - m + 1);
+        std::vector<float> y(y0.begin() + off * n, y0.begin() + (off + m) * n);
+        a.x = x.data() + off * k;
+        a.m = m;
+        a.y = y.data();
+        ctx.Gemm(a);
+        ASSERT_EQ(0, std::memcmp(y.data(), alone.data() + off * n, 4 * m * n))
+            << DTypeName(dt) << " layout=" << static_cast<int>(layout)
+            << " M=" << m << " rows from " << off << " ("
+            << GemmPathName(dt) << ")";
+      }
     }
   }
 }

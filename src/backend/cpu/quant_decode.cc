@@ -4,7 +4,6 @@
 #include <array>
 #include <cstring>
 
-#include "src/backend/cpu/codes_gemm.h"
 #include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/kernels_internal.h"
@@ -83,18 +82,6 @@ void DecodeFp8Row(const QuantMatrix& m, int64_t r, float* out) {
 }
 
 }  // namespace
-
-int64_t QuantDecodeWorkspaceBytes(int64_t n, int64_t k, FormatKind kind,
-                                  DType compute) {
-  if (kind == FormatKind::kDense || n <= 0 || k <= 0) return 0;
-  // Decoded in the compute dtype, or in f32 where the ISA cannot multiply
-  // that dtype natively (GemmQuantized then rounds the panel in place).
-  const DType panel = NativeGemmDType(compute) ? compute : DType::kF32;
-  const int64_t panel_bytes =
-      AlignUp(std::min(n, kQuantPanelRows) * k * DTypeSize(panel), 64);
-  // Or, for the few-row GEMMs on the codes, one decode tile per thread.
-  return std::max(panel_bytes, NumThreads() * CodesGemmTileBytes(k));
-}
 
 bool DecodeIsExactIn(FormatKind kind, DType dtype) {
   return dtype == DType::kF32 ||

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "src/backend/cpu/codes_gemm.h"
+#include "src/backend/cpu/gemm_internal.h"
 #include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/reference/reference_kernels.h"
@@ -161,23 +161,6 @@ TEST(QuantDecode, FastEqualsReferenceOnRandomBytes) {
   }
 }
 
-TEST(QuantDecode, WorkspaceIsOnePanel) {
-  EXPECT_EQ(
-      QuantDecodeWorkspaceBytes(5760, 2880, FormatKind::kDense, DType::kBF16),
-      0);
-  // In the compute dtype where it is multiplied natively, else in f32 (the
-  // panel is then rounded to bf16 in place).
-  EXPECT_EQ(
-      QuantDecodeWorkspaceBytes(5760, 2880, FormatKind::kMxfp4, DType::kBF16),
-      AlignUp(kQuantPanelRows * 2880 * (NativeGemmDType(DType::kBF16) ? 2 : 4),
-              64));
-  // Or one decode tile per thread for the few-row path, where that is more.
-  EXPECT_EQ(
-      QuantDecodeWorkspaceBytes(64, 128, FormatKind::kFp8Block, DType::kF32),
-      std::max<int64_t>(64 * 128 * 4, NumThreads() * CodesGemmTileBytes(128)));
-  EXPECT_EQ(CodesGemmTileBytes(2880), kCodesTileCols * kCodesTileK * 4);
-}
-
 // MXFP4's decoded values are all bf16 values (GemmQuantized skips rounding
 // them): every code with every scale byte.
 TEST(QuantDecode, Mxfp4DecodeIsExactInBf16) {
@@ -192,134 +175,52 @@ TEST(QuantDecode, Mxfp4DecodeIsExactInBf16) {
     }
 }
 
-// The codes path's kernels of every ISA this CPU runs (portable always).
-struct CodesIsa {
+// The GEMM's row decoders of every ISA this CPU runs (portable always).
+struct DecodeIsa {
   const char* name;
   decltype(&portable::DecodeCodesRange) decode;
-  decltype(&portable::DotTile) dot;
 };
-std::vector<CodesIsa> RunnableCodesIsas() {
-  std::vector<CodesIsa> v = {
-      {"portable", portable::DecodeCodesRange, portable::DotTile}};
+std::vector<DecodeIsa> RunnableDecodeIsas() {
+  std::vector<DecodeIsa> v = {{"portable", portable::DecodeCodesRange}};
   if (ActiveIsa() >= CpuIsa::kAvx2)
-    v.push_back({"avx2", avx2::DecodeCodesRange, avx2::DotTile});
+    v.push_back({"avx2", avx2::DecodeCodesRange});
   if (ActiveIsa() >= CpuIsa::kAvx512)
-    v.push_back({"avx512", avx512::DecodeCodesRange, avx512::DotTile});
+    v.push_back({"avx512", avx512::DecodeCodesRange});
   return v;
 }
 
-// DecodeCodesRange (each ISA) == DecodeRowsReference, bit for bit, on chunks
-// that start inside the row (the codes path's 512-column chunks).
-TEST(CodesGemm, DecodeRangeEqualsReferenceOnEveryIsa) {
+// DecodeCodesRange (each ISA) == DecodeRowsReference, bit for bit, on
+// ranges that start inside the row (the GEMM's K blocks of 256 and 512).
+TEST(QuantDecode, DecodeRangeEqualsReferenceOnEveryIsa) {
   const int64_t n = 13, k = 1056;  // 512 + 512 + 32; FP8 blocks of 48
-  for (const CodesIsa& isa : RunnableCodesIsas()) {
+  for (const DecodeIsa& isa : RunnableDecodeIsas()) {
     for (FormatKind kind : kQuantKinds) {
       Case c = MakeCase(kind, n, k, 23 + static_cast<uint32_t>(kind));
-      std::vector<float> want(n * k), got(kCodesTileK);
+      std::vector<float> want(n * k);
       DecodeRowsReference(c.m, 0, n, want.data());
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t c0 = 0; c0 < k; c0 += kCodesTileK) {
-          const int64_t c1 = std::min(k, c0 + kCodesTileK);
-          isa.decode(c.m, r, c0, c1, got.data());
-          for (int64_t j = c0; j < c1; ++j)
-            ASSERT_TRUE(SameValue(got[j - c0], want[r * k + j]))
-                << isa.name << " " << FormatName(kind) << " (" << r << ", " << j
-                << "): " << got[j - c0] << " vs " << want[r * k + j];
-        }
-    }
-  }
-}
-
-// DotTile (each ISA) adds x . w to y within f32 summation error, for every
-// row / column remainder of its 4 x 3 blocks and lengths off the lane width.
-TEST(CodesGemm, DotTileMatchesDoubleOnEveryIsa) {
-  std::mt19937 g(3);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (const CodesIsa& isa : RunnableCodesIsas()) {
-    for (int64_t m : {1, 2, 3, 4, 5, 7, 9}) {
-      for (int64_t nb : {1, 2, 3, 5, 12}) {
-        for (int64_t kc : {1, 7, 8, 17, 64, 512}) {
-          const int64_t ldx = kc + 5, ldy = nb + 2;
-          std::vector<float> x(m * ldx), w(nb * kc), y(m * ldy);
-          for (auto& v : x) v = u(g);
-          for (auto& v : w) v = u(g);
-          for (auto& v : y) v = u(g);
-          std::vector<float> y0 = y;
-          isa.dot(x.data(), ldx, m, w.data(), nb, kc, y.data(), ldy);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < ldy; ++j) {
-              if (j >= nb) {
-                ASSERT_EQ(y[i * ldy + j], y0[i * ldy + j]) << "column " << j;
-                continue;
-              }
-              double want = y0[i * ldy + j], mag = std::abs(want);
-              for (int64_t c = 0; c < kc; ++c) {
-                want += static_cast<double>(x[i * ldx + c]) * w[j * kc + c];
-                mag += std::abs(x[i * ldx + c] * w[j * kc + c]);
-              }
-              ASSERT_NEAR(y[i * ldy + j], want,
-                          (kc + 2) * mag / (1 << 23) + 1e-30)
-                  << isa.name << " m=" << m << " nb=" << nb << " kc=" << kc
-                  << " (" << i << ", " << j << ")";
-            }
-        }
+      for (int64_t chunk : {int64_t{256}, int64_t{512}}) {
+        std::vector<float> got(static_cast<size_t>(chunk));
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c0 = 0; c0 < k; c0 += chunk) {
+            const int64_t c1 = std::min(k, c0 + chunk);
+            isa.decode(c.m, r, c0, c1, got.data());
+            for (int64_t j = c0; j < c1; ++j)
+              ASSERT_TRUE(SameValue(got[j - c0], want[r * k + j]))
+                  << isa.name << " " << FormatName(kind) << " (" << r << ", "
+                  << j << "): " << got[j - c0] << " vs " << want[r * k + j];
+          }
       }
     }
   }
 }
 
-// The codes path gives the same bytes at 1, 2 and 3 threads, alone and in a
-// group of items (each output column is one task's, in a fixed order).
-TEST(CodesGemm, SameBytesAtEveryThreadCount) {
-  const int64_t n = 301, k = 1056;
-  Case a = MakeCase(FormatKind::kMxfp4, n, k, 41, DType::kBF16, false);
-  Case b = MakeCase(FormatKind::kMxfp4, n, k, 42, DType::kBF16, false);
-  std::mt19937 g(9);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  const int64_t rows = 40;
-  std::vector<float> x(rows * k);
-  for (auto& v : x) v = u(g);
-  const int before = NumThreads();
-  std::vector<float> first;
-  for (int threads : {1, 2, 3}) {
-    SetNumThreads(threads);
-    AlignedBuf tiles(threads * CodesGemmTileBytes(k));
-    std::vector<float> y(rows * n, 0.0f);
-    CodesGemmItem items[2];
-    items[0].x = x.data();
-    items[0].m = 25;
-    items[0].w = a.m;
-    items[0].y = y.data();
-    items[1] = items[0];
-    items[1].x = x.data() + 25 * k;
-    items[1].m = rows - 25;
-    items[1].w = b.m;
-    items[1].y = y.data() + 25 * n;
-    CodesGemm(items, 2, DType::kBF16, tiles.p, threads * CodesGemmTileBytes(k));
-    if (first.empty())
-      first = y;
-    else
-      ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * 4))
-          << threads << " threads";
-    // Tiles for one thread only (the thread count grew after planning):
-    // one thread runs, the same bytes.
-    std::fill(y.begin(), y.end(), 0.0f);
-    CodesGemm(items, 2, DType::kBF16, tiles.p, CodesGemmTileBytes(k));
-    ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * 4))
-        << threads << " threads, one tile";
-  }
-  SetNumThreads(before);
-}
-
-// GemmQuantized == the reference GEMM on the reference-decoded weights (in
-// the compute dtype), across panel boundaries, with bias, ldy and accumulate.
-// GemmQuantizedGroup (experts on the codes: ragged row ranges of one x, two
-// weights reading the same rows, biases, accumulate) equals one
-// GemmQuantized per item byte for byte, at 1, 2 and 3 threads.
-TEST(QuantGemm, GroupOnCodesEqualsOneCallPerItem) {
+// A group of quantized GEMMs (experts: ragged row ranges of one x, two
+// weights reading the same rows, biases, accumulate, one dense item among
+// them) equals one Gemm per item byte for byte, at 1, 2 and 3 threads.
+TEST(QuantGemm, GroupEqualsOneCallPerItem) {
   const int before = NumThreads();
   const int64_t k = 640, n = 50;
-  const std::vector<int64_t> counts = {5, 1, 0, 32, 9};
+  const std::vector<int64_t> counts = {5, 1, 0, 32, 9, 130};
   std::vector<int64_t> row0 = {0};
   for (int64_t c : counts) row0.push_back(row0.back() + c);
   const int64_t rows = row0.back();
@@ -328,65 +229,107 @@ TEST(QuantGemm, GroupOnCodesEqualsOneCallPerItem) {
   std::vector<float> x(rows * k), bias(n);
   for (auto& v : x) v = u(g);
   for (auto& v : bias) v = u(g);
+  std::vector<uint16_t> dense(n * k);
+  for (auto& v : dense) v = F32ToBf16(u(g));
   std::vector<Case> cases;
   for (size_t e = 0; e < 2 * counts.size(); ++e)
     cases.push_back(
         MakeCase(e % 2 ? FormatKind::kNvfp4ModelOpt : FormatKind::kMxfp4, n, k,
                  500 + static_cast<uint32_t>(e), DType::kBF16, false));
-  std::vector<GemmArgs> items;
-  std::vector<QuantMatrix> ws;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] == 0) continue;
-    for (int half = 0; half < 2; ++half) {
-      GemmArgs a;
-      a.x = x.data() + row0[e] * k;
-      a.w_dtype = DType::kBF16;
-      a.bias = half == 0 && e % 2 == 0 ? bias.data() : nullptr;
-      a.accumulate = half == 1;
-      a.m = counts[e], a.n = n, a.k = k;
-      a.ldy = 2 * n;
-      a.y = reinterpret_cast<float*>(half * n * 4 + row0[e] * 2 * n * 4);
-      items.push_back(a);
-      ws.push_back(cases[2 * e + half].m);
+  for (DType compute : {DType::kBF16, DType::kF32}) {
+    std::vector<GemmArgs> items;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      if (counts[e] == 0) continue;
+      for (int half = 0; half < 2; ++half) {
+        GemmArgs a;
+        a.x = x.data() + row0[e] * k;
+        a.w_dtype = compute;
+        a.bias = half == 0 && e % 2 == 0 ? bias.data() : nullptr;
+        a.accumulate = half == 1;
+        a.m = counts[e], a.n = n, a.k = k;
+        a.ldy = 2 * n;
+        a.y = reinterpret_cast<float*>(half * n * 4 + row0[e] * 2 * n * 4);
+        if (e == 4 && half == 1 && compute == DType::kBF16)
+          a.w = dense.data();  // a dense item in the group
+        else
+          a.quant = &cases[2 * e + half].m;
+        items.push_back(a);
+      }
     }
-  }
-  std::vector<float> first;
-  for (int threads : {1, 2, 3}) {
-    SetNumThreads(threads);
-    GemmContext ctx;
-    AlignedBuf xcopy(GemmWorkspaceBytes(rows, k, DType::kBF16));
-    const int64_t decode_bytes =
-        QuantDecodeWorkspaceBytes(n, k, FormatKind::kMxfp4, DType::kBF16);
-    AlignedBuf decode(decode_bytes);
-    std::vector<float> one(rows * 2 * n, 0.5f), grouped = one;
-    for (size_t i = 0; i < items.size(); ++i) {
-      GemmArgs a = items[i];  // y holds the offset into the output
-      ASSERT_TRUE(ctx.UsesCodes(a.m, ws[i].kind));
-      a.y = one.data() + reinterpret_cast<intptr_t>(a.y) / 4;
-      a.workspace = xcopy.p;
-      ctx.GemmQuantized(a, ws[i], decode.p, decode_bytes);
+    std::vector<float> first;
+    for (int threads : {1, 2, 3}) {
+      SetNumThreads(threads);
+      GemmContext ctx;
+      AlignedBuf ws(GemmWorkspaceBytes(rows, k, compute));
+      std::vector<float> one(rows * 2 * n, 0.5f), grouped = one;
+      for (GemmArgs a : items) {  // y holds the offset into the output
+        a.y = one.data() + reinterpret_cast<intptr_t>(a.y) / 4;
+        a.workspace = ws.p;
+        ctx.Gemm(a);
+      }
+      std::vector<GemmArgs> gi = items;
+      for (GemmArgs& a : gi)
+        a.y = grouped.data() + reinterpret_cast<intptr_t>(a.y) / 4;
+      ctx.GemmGroup(gi.data(), static_cast<int64_t>(gi.size()), x.data(), rows,
+                    ws.p);
+      ASSERT_EQ(0, std::memcmp(one.data(), grouped.data(), one.size() * 4))
+          << DTypeName(compute) << " " << threads << " threads";
+      if (first.empty())
+        first = grouped;
+      else
+        ASSERT_EQ(0, std::memcmp(first.data(), grouped.data(), one.size() * 4))
+            << DTypeName(compute) << " " << threads << " threads vs 1";
     }
-    std::vector<GemmArgs> gi = items;
-    for (GemmArgs& a : gi)
-      a.y = grouped.data() + reinterpret_cast<intptr_t>(a.y) / 4;
-    ctx.GemmQuantizedGroup(gi.data(), ws.data(),
-                           static_cast<int64_t>(gi.size()), x.data(), rows,
-                           xcopy.p, decode.p, decode_bytes);
-    ASSERT_EQ(0, std::memcmp(one.data(), grouped.data(), one.size() * 4))
-        << threads << " threads";
-    if (first.empty())
-      first = grouped;
-    else
-      ASSERT_EQ(0, std::memcmp(first.data(), grouped.data(), one.size() * 4))
-          << threads << " threads vs 1";
   }
   SetNumThreads(before);
 }
 
-// A dense 16-bit Gemm that asks to reuse the x copy right after a GEMM on
-// the codes (which left its f32 copy in the workspace) makes its own copy:
-// the same bytes as on a fresh context (a native bf16 GEMM reads a bf16 copy).
-TEST(QuantGemm, DenseGemmAfterTheCodesPathDoesNotReuseItsCopy) {
+// Batch invariance on quantized weights: for every M in 1..600, each row of
+// rows [off, off + M) equals that row computed alone, every format, f32 and
+// bf16 compute.
+TEST(QuantGemm, EveryRowEqualsItselfAloneForMUpTo600) {
+  const int64_t n = 37, k = 192, total = 650;
+  std::mt19937 g(19);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(total * k);
+  for (auto& v : x) v = u(g);
+  for (FormatKind kind : kQuantKinds) {
+    Case c = MakeCase(kind, n, k, 300 + static_cast<uint32_t>(kind),
+                      DType::kBF16, /*edge=*/false);
+    for (DType compute : {DType::kBF16, DType::kF32}) {
+      GemmContext ctx;
+      AlignedBuf ws(GemmWorkspaceBytes(total, k, compute));
+      GemmArgs a;
+      a.quant = &c.m;
+      a.w_dtype = compute;
+      a.n = n;
+      a.k = k;
+      a.workspace = ws.p;
+      std::vector<float> alone(total * n);
+      for (int64_t r = 0; r < total; ++r) {
+        a.x = x.data() + r * k;
+        a.m = 1;
+        a.y = alone.data() + r * n;
+        ctx.Gemm(a);
+      }
+      for (int64_t m = 1; m <= 600; ++m) {
+        const int64_t off = (m * 29) % (total - m + 1);
+        std::vector<float> y(m * n);
+        a.x = x.data() + off * k;
+        a.m = m;
+        a.y = y.data();
+        ctx.Gemm(a);
+        ASSERT_EQ(0, std::memcmp(y.data(), alone.data() + off * n, 4 * m * n))
+            << FormatName(kind) << " " << DTypeName(compute) << " M=" << m
+            << " (" << GemmPathName(compute) << ")";
+      }
+    }
+  }
+}
+
+// A dense GEMM that reuses the x copy a quantized GEMM of the same compute
+// dtype left in the workspace gives the bytes of a fresh one.
+TEST(QuantGemm, DenseGemmReusesTheCopyOfAQuantizedOne) {
   const int64_t m = 7, n = 40, k = 96;
   Case c = MakeCase(FormatKind::kMxfp4, n, k, 61, DType::kBF16, false);
   std::mt19937 g(8);
@@ -397,20 +340,18 @@ TEST(QuantGemm, DenseGemmAfterTheCodesPathDoesNotReuseItsCopy) {
   std::vector<uint16_t> w16(n * k);
   for (int64_t i = 0; i < n * k; ++i) w16[i] = F32ToBf16(wf[i]);
   AlignedBuf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
-  const int64_t decode_bytes =
-      QuantDecodeWorkspaceBytes(n, k, FormatKind::kMxfp4, DType::kBF16);
-  AlignedBuf decode(decode_bytes);
   GemmArgs a;
   a.x = x.data();
   a.w_dtype = DType::kBF16;
   a.m = m, a.n = n, a.k = k;
   a.workspace = ws.p;
+  a.quant = &c.m;
   std::vector<float> yq(m * n), got(m * n), want(m * n);
   GemmContext ctx;
   a.y = yq.data();
-  ASSERT_TRUE(ctx.UsesCodes(m, FormatKind::kMxfp4));
-  ctx.GemmQuantized(a, c.m, decode.p, decode_bytes);
+  ctx.Gemm(a);
   GemmArgs d = a;
+  d.quant = nullptr;
   d.w = w16.data();
   d.y = got.data();
   d.reuse_x_workspace = true;  // same x: the caller's claim
@@ -422,26 +363,17 @@ TEST(QuantGemm, DenseGemmAfterTheCodesPathDoesNotReuseItsCopy) {
   ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4));
 }
 
-void QuantGemmMatchesReference(GemmContext::QuantPath path);
-
-// Both paths: panels and codes (the latter's chunk boundary inside k).
+// The quantized GEMM == the reference GEMM on the reference-decoded weights
+// (in the compute dtype), across K blocks, with bias, ldy and accumulate.
 TEST(QuantGemm, MatchesReferenceOnDecodedWeights) {
-  for (auto path :
-       {GemmContext::QuantPath::kPanels, GemmContext::QuantPath::kCodes}) {
-    QuantGemmMatchesReference(path);
-  }
-}
-
-void QuantGemmMatchesReference(GemmContext::QuantPath path) {
   GemmContext ctx;
-  ctx.SetQuantPath(path);
-  const int64_t n = 300, k = 96 * 6;  // 256 + 44: two panels
+  const int64_t n = 300, k = 96 * 6;  // K blocks of 256 / 512 and a tail
   for (FormatKind kind : kQuantKinds) {
     Case c = MakeCase(kind, n, k, 91 + static_cast<uint32_t>(kind),
                       DType::kBF16, /*edge=*/false);
     std::vector<float> wf(n * k);
     DecodeRowsReference(c.m, 0, n, wf.data());
-    for (DType compute : {DType::kF32, DType::kBF16}) {
+    for (DType compute : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{37}}) {
         std::mt19937 g(5);
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -451,14 +383,15 @@ void QuantGemmMatchesReference(GemmContext::QuantPath path) {
         for (auto& v : bias) v = u(g);
         std::vector<uint16_t> bias16(n);
         for (int64_t j = 0; j < n; ++j) bias16[j] = F32ToBf16(bias[j]);
+        // The weights as the GEMM multiplies them: rounded to the compute
+        // dtype.
         std::vector<uint16_t> w16(n * k);
-        for (int64_t i = 0; i < n * k; ++i) w16[i] = F32ToBf16(wf[i]);
+        for (int64_t i = 0; i < n * k; ++i)
+          w16[i] = compute == DType::kF16 ? F32ToF16(wf[i]) : F32ToBf16(wf[i]);
         AlignedBuf ws(GemmWorkspaceBytes(m, k, compute));
-        const int64_t decode_bytes =
-            QuantDecodeWorkspaceBytes(n, k, kind, compute);
-        AlignedBuf decode(decode_bytes);
         GemmArgs a;
         a.x = x.data();
+        a.quant = &c.m;
         a.w_dtype = compute;
         a.m = m;
         a.n = n;
@@ -470,7 +403,8 @@ void QuantGemmMatchesReference(GemmContext::QuantPath path) {
         a.workspace = ws.p;
         std::vector<float> got = y0, want = y0;
         a.y = got.data();
-        ctx.GemmQuantized(a, c.m, decode.p, decode_bytes);
+        ctx.Gemm(a);
+        a.quant = nullptr;
         a.w = compute == DType::kF32 ? static_cast<const void*>(wf.data())
                                      : static_cast<const void*>(w16.data());
         a.y = want.data();
@@ -484,8 +418,7 @@ void QuantGemmMatchesReference(GemmContext::QuantPath path) {
             const double tol = 2.0 * (k + 2) * kU * mag + 1e-30;
             ASSERT_NEAR(got[i * (n + 3) + j], want[i * (n + 3) + j], tol)
                 << FormatName(kind) << " " << DTypeName(compute) << " m=" << m
-                << " (" << i << ", " << j << ") codes path "
-                << (path == GemmContext::QuantPath::kCodes);
+                << " (" << i << ", " << j << ")";
           }
         // Columns n..ldy untouched.
         for (int64_t i = 0; i < m; ++i)

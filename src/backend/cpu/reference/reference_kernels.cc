@@ -60,22 +60,6 @@ void Gemm(const GemmArgs& a) {
   }
 }
 
-void Matmul(const GemmContext::StridedMatmul& a) {
-  for (int64_t b = 0; b < a.batch; ++b) {
-    for (int64_t i = 0; i < a.m; ++i) {
-      for (int64_t j = 0; j < a.n; ++j) {
-        double acc = 0.0;
-        for (int64_t p = 0; p < a.k; ++p) {
-          acc +=
-              static_cast<double>(a.a[b * a.a_bs + i * a.a_rs + p * a.a_cs]) *
-              a.b[b * a.b_bs + p * a.b_rs + j * a.b_cs];
-        }
-        a.c[b * a.c_bs + i * a.c_rs + j] = static_cast<float>(a.alpha * acc);
-      }
-    }
-  }
-}
-
 void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
              float eps, float* y, int64_t rows, int64_t dim) {
   for (int64_t r = 0; r < rows; ++r) {

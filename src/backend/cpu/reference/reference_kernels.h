@@ -20,8 +20,6 @@ float LoadAsF32(const void* p, DType dtype, int64_t i);
 // double. Honours bias, accumulate and ldy.
 void Gemm(const GemmArgs& args);
 
-// Naive batched strided matmul with the semantics of GemmContext::Matmul.
-void Matmul(const GemmContext::StridedMatmul& args);
 
 // Norms, see kernels.h. x [rows, dim], y [rows, dim], w/b [dim].
 void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,

@@ -1,6 +1,6 @@
-// CodesGemm's kernels for AVX2 + FMA (8 lanes; compiled with -mavx2 -mfma
-// -ffp-contract=fast, called after ActiveIsa() >= kAvx2), with an AVX2 FP4
-// block decoder; see codes_gemm_kernels.inc.
+// The GEMM's fma-family kernels, panel packing and quantized row decoding for
+// AVX2 + FMA (8 lanes; compiled with -mavx2 -mfma, called after ActiveIsa() >=
+// kAvx2), with an AVX2 FP4 block decoder; see gemm_kernels.inc.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -35,7 +35,10 @@ inline void DecodeFp4Block(const uint8_t* codes, int64_t count, float f,
 }  // namespace
 }  // namespace loom::cpu::avx2
 
-#define LOOM_CODES_NS avx2
-#define LOOM_CODES_LANES 8
+#define LOOM_GEMM_NS avx2
+#define LOOM_GEMM_LANES 8
+#define LOOM_GEMM_MR 6
+#define LOOM_GEMM_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define LOOM_GEMM_SPLAT(s) _mm256_set1_ps(s)
 #define LOOM_CODES_FP4_DECODE DecodeFp4Block
-#include "src/backend/cpu/codes_gemm_kernels.inc"  // NOLINT(build/include)
+#include "src/backend/cpu/gemm_kernels.inc"  // NOLINT(build/include)

@@ -1,0 +1,147 @@
+// Internal to the CPU GEMM (kernels_gemm.cc): the packed operand layouts and
+// the per-ISA micro-kernels behind GemmContext.
+//
+// Batch invariance is the rule every kernel here keeps: an output element
+// y[i, j] is one chain of multiply-adds over k = 0, 1, ..., K-1 in that order,
+// started from 0 (or from y[i, j] itself when accumulating), whatever the
+// number of rows M, the row's position in a tile, the tile sizes, the blocking
+// of K or the thread count. So a sequence's activations do not depend on what
+// else shares its batch. What a "multiply-add" is depends on the kernel
+// family, fixed per process by the ISA level and the compute dtype:
+//
+//   family  level           step                                  per step
+//   fma     baseline        acc = acc + round(a b)  (SSE2, 4 lanes)  1 k
+//   fma     avx2, avx512    acc = fma(a, b, acc)    (8 / 16 lanes)   1 k
+//   dot     avx512bf16      vdpbf16ps: acc += a0 b0 + a1 b1 (bf16)   2 k
+//   amx     amx             tdpbf16ps: a 32-k block into acc (bf16)  32 k
+//
+// f32 GEMMs and 16-bit ones below the dot level run the fma family (16-bit
+// weights widened to f32 while they are packed, x rounded to the 16-bit type:
+// the products are exact in f32, as in a native 16-bit GEMM); bf16 GEMMs run
+// dot or amx. A level's results therefore equal themselves for every M; the
+// avx2 and avx512 fma kernels even give the same bytes as each other.
+//
+// Packed B (the weight) is per column block, made by the task that uses it:
+//   f32 panels (fma): panel q holds columns [q nr, q nr + nr) as [kc][nr] f32,
+//     columns past the weight's end zero.
+//   bf16 strips (dot, amx): strip s holds columns [16 s, 16 s + 16) as pairs
+//     [kcp / 2][16][2] bf16 (kcp = kc rounded up to 32, zero-padded): pair p,
+//     column c is (w[c, 2p], w[c, 2p + 1]). One strip of 32 k is exactly one
+//     AMX B tile (16 rows of 64 bytes).
+// x for the dot and amx families is a bf16 copy [rows + 32, ldx] with zero
+// columns past K up to a multiple of 32 and zero rows past the last row.
+#ifndef LOOM_BACKEND_CPU_GEMM_INTERNAL_H_
+#define LOOM_BACKEND_CPU_GEMM_INTERNAL_H_
+
+#include <cstdint>
+
+#include "src/core/dtype.h"
+#include "src/core/quant_codes.h"
+
+namespace loom::cpu::gemm {
+
+// Columns of one bf16 strip, k values of one AMX block.
+inline constexpr int64_t kStripCols = 16;
+inline constexpr int64_t kTileK = 32;
+
+// The weight a task packs from: a dense matrix (f32, bf16 or f16, [n, k]
+// when out_in, else [k, n]) or a quantized one ([n, k] codes).
+struct WeightSource {
+  const void* w = nullptr;
+  DType dtype = DType::kF32;
+  bool out_in = true;
+  int64_t n = 0, k = 0;
+  const QuantMatrix* quant = nullptr;  // set: quantized, `w` unused
+  // Quantized only: the compute dtype the decoded values are rounded to.
+  DType round_to = DType::kF32;
+};
+
+// ---- fma family (portable / avx2 / avx512) ----------------------------------
+
+// C[rows, cols] (row stride ldc) = (load_c ? C : 0) + A[rows, kc] Bp, where
+// A has row stride lda and Bp is `cols` columns of consecutive f32 panels
+// ([kc][nr] each). rows <= mr, cols <= panels_per_call * nr.
+using FmaTileFn = void (*)(const float* a, int64_t lda, int64_t rows,
+                           const float* bp, int64_t kc, float* c, int64_t ldc,
+                           int64_t cols, bool load_c);
+// Packs columns [j0, j0 + cols) and k [k0, k0 + kc) of `src` into f32 panels
+// at `out` (ceil(cols / nr) panels of kc x nr). `scratch`: kc x nr floats
+// (a quantized weight's decoded rows).
+using PackPanelsFn = void (*)(const WeightSource& src, int64_t j0, int64_t cols,
+                              int64_t k0, int64_t kc, float* out,
+                              float* scratch);
+
+}  // namespace loom::cpu::gemm
+
+namespace loom::cpu {
+
+// Per ISA: FmaPanelsForRows(rows) panels one FmaTile call covers (more for
+// few rows, to keep enough independent accumulators); kFmaMr rows of the
+// widest tile, kFmaNr columns of a panel. DecodeCodesRange decodes row r of
+// `w`, columns [c0, c1) (c0 on the format's blocks), to f32, bit-identical
+// to DecodeRowsReference.
+#define LOOM_GEMM_FMA_DECLS                                                 \
+  int64_t FmaPanelsForRows(int64_t rows);                                   \
+  void FmaTile(const float* a, int64_t lda, int64_t rows, const float* bp,  \
+               int64_t kc, float* c, int64_t ldc, int64_t cols, bool load_c); \
+  void PackPanels(const gemm::WeightSource& src, int64_t j0, int64_t cols,  \
+                  int64_t k0, int64_t kc, float* out, float* scratch);      \
+  void DecodeCodesRange(const QuantMatrix& w, int64_t r, int64_t c0,        \
+                        int64_t c1, float* out);                            \
+  extern const int64_t kFmaMr;                                              \
+  extern const int64_t kFmaNr;
+namespace portable {
+LOOM_GEMM_FMA_DECLS
+}
+namespace avx2 {
+LOOM_GEMM_FMA_DECLS
+}
+namespace avx512 {
+LOOM_GEMM_FMA_DECLS
+}
+#undef LOOM_GEMM_FMA_DECLS
+
+}  // namespace loom::cpu
+
+namespace loom::cpu::gemm {
+
+// ---- dot and amx families (bf16) --------------------------------------------
+
+// x [rows, k] f32 -> bf16 [rows_padded, ldx] (round to nearest even, NaN
+// kept, subnormals kept), zero columns [k, ldx) and zero rows [rows,
+// rows_padded).
+void RoundXToBf16(const float* x, int64_t rows, int64_t k, uint16_t* out,
+                  int64_t ldx, int64_t rows_padded);
+// Packs columns [j0, j0 + cols) and k [k0, k0 + kc) of `src` (bf16 dense or
+// quantized, rounded to bf16) into bf16 strips at `out` (ceil(cols / 16)
+// strips of AlignUp(kc, 32) / 2 x 16 pairs; strip stride
+// 16 AlignUp(kc, 32) elements). `scratch`: 16 x kc floats.
+void PackStrips(const WeightSource& src, int64_t j0, int64_t cols, int64_t k0,
+                int64_t kc, uint16_t* out, float* scratch);
+
+// C[rows, cols] (ldc) = (load_c ? C : 0) + A B, A: bf16 rows [rows, kcp] with
+// row stride ldx (elements), B: `cols` columns of bf16 strips with strip
+// stride `strip_stride` elements, kcp a multiple of 32.
+struct BTile {
+  const uint16_t* b;
+  int64_t strip_stride;
+};
+// vdpbf16ps (avx512bf16): rows <= kDotMr, cols <= DotStripsForRows(rows) * 16.
+inline constexpr int64_t kDotMr = 12;
+int64_t DotStripsForRows(int64_t rows);
+void DotTile(const uint16_t* a, int64_t ldx, int64_t rows, BTile b,
+             int64_t kcp, float* c, int64_t ldc, int64_t cols, bool load_c);
+
+// AMX: rows <= 32 (the A rows past `rows` are read: the x copy is padded),
+// cols <= 32. `scratch`: 4 KB, 64-byte aligned (partial C tiles).
+void AmxTile(const uint16_t* a, int64_t ldx, int64_t rows, BTile b,
+             int64_t kcp, float* c, int64_t ldc, int64_t cols, bool load_c,
+             float* scratch);
+// Loads this thread's tile configuration (before AmxTile on a thread) and
+// releases it (after the last AmxTile of a parallel region).
+void AmxBegin();
+void AmxEnd();
+
+}  // namespace loom::cpu::gemm
+
+#endif  // LOOM_BACKEND_CPU_GEMM_INTERNAL_H_
