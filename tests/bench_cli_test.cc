@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 
 #include "tests/golden_util.h"
@@ -47,6 +48,29 @@ TEST(BenchCli, JsonHasEveryLengthAndACeiling) {
   // FLOPs scale with the tokens.
   EXPECT_DOUBLE_EQ(j["prefill"][1]["gemm_flops"].get<double>(),
                    8 * j["prefill"][0]["gemm_flops"].get<double>());
+  // The GEMM path and its peak: FLOP per cycle of the path x the measured
+  // clock x the threads, and each rate as a fraction of it.
+  const std::string path = j.at("gemm_path").get<std::string>();
+  const std::map<std::string, int64_t> per_cycle = {
+      {"avx512", 64}, {"avx2", 32}, {"baseline", 8}};  // f32: the fma family
+  ASSERT_TRUE(per_cycle.count(path)) << path;
+  EXPECT_EQ(j.at("peak_flops_per_cycle").get<int64_t>(), per_cycle.at(path));
+  const double hz = j.at("clock_hz").get<double>();
+  EXPECT_GT(hz, 2e8);
+  EXPECT_LT(hz, 1e10);
+  EXPECT_DOUBLE_EQ(j.at("peak_flops_per_second").get<double>(),
+                   per_cycle.at(path) * hz * 1);
+  for (const nlohmann::json& p : j.at("prefill")) {
+    const double peak = j.at("peak_flops_per_second").get<double>();
+    EXPECT_NEAR(p.at("forward_of_peak").get<double>(),
+                p.at("gemm_flops").get<double>() /
+                    p.at("seconds").get<double>() / peak,
+                1e-9);
+    EXPECT_NEAR(p.at("gemm_of_peak").get<double>(),
+                p.at("dense_gemm_flops_per_second").get<double>() / peak,
+                1e-9);
+    EXPECT_GT(p.at("gemm_of_peak").get<double>(), 0.0);
+  }
 }
 
 TEST(BenchCli, TableNamesTheCpu) {
@@ -54,6 +78,8 @@ TEST(BenchCli, TableNamesTheCpu) {
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("cpu: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("gemm-only tok/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gemm path: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FLOP/cycle x "), std::string::npos) << r.out;
 }
 
 TEST(BenchCli, ErrorsNameTheFlagAndTheBound) {

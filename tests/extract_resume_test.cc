@@ -238,6 +238,28 @@ TEST_F(ExtractResumeTest, ChangedArraysBlockIsWrittenAsThisJobsOwn) {
   ExpectResumeMatchesUninterrupted();
 }
 
+// The tokenizer the interrupted run used must be the model's (fuzz_resume:
+// a changed tokenizer hash was accepted and carried into the finished
+// manifest). A changed or absent record is refused with both values, files
+// unchanged; fields this loom does not write are not carried through.
+TEST_F(ExtractResumeTest, ChangedTokenizerIsRefused) {
+  Interrupt();
+  const std::string original = Slurp(Out("manifest.json"));
+  EditManifest([](Json& m) { m["tokenizer"]["sha256"] = "0123abcd"; });
+  ExpectResumeFails(StatusCode::kFailedPrecondition,
+                    {"--resume: the tokenizer", "tokenizer.json (sha256 ",
+                     "recorded tokenizer.json (sha256 0123abcd)"});
+  EditManifest([](Json& m) { m["tokenizer"] = Json{{"file", ""}}; });
+  ExpectResumeFails(StatusCode::kFailedPrecondition,
+                    {"--resume: the tokenizer", "recorded none"});
+  EditManifest([](Json& m) { m["tokenizer"] = 7; });
+  ExpectResumeFails(StatusCode::kDataLoss,
+                    {"field tokenizer: expected an object"});
+  Spit(Out("manifest.json"), original);
+  EditManifest([](Json& m) { m["extra"] = "not this loom's"; });
+  ExpectResumeMatchesUninterrupted();
+}
+
 TEST_F(ExtractResumeTest, AbsentManifestIsNotFound) {
   Interrupt();
   fs::remove(Out("manifest.json"));

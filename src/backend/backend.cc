@@ -71,8 +71,8 @@ WeightOperand MakeWeightOperand(const TensorView& w, MatrixLayout layout) {
   op.data = w.data;
   op.format.dtype = w.dtype;
   op.format.layout = layout;
-  op.n = layout == MatrixLayout::kOutIn ? w.shape[0] : w.shape[1];
-  op.k = layout == MatrixLayout::kOutIn ? w.shape[1] : w.shape[0];
+  op.n = IsOutIn(layout) ? w.shape[0] : w.shape[1];
+  op.k = IsOutIn(layout) ? w.shape[1] : w.shape[0];
   return op;
 }
 
@@ -152,15 +152,20 @@ WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
     LOOM_CHECK(w.GetQuantized(WeightRole::kExpertGateUp, layer, kAllExperts) ==
                nullptr)
         << "layer " << layer << ": packed quantized experts";
-    LOOM_CHECK(w.Layout(WeightRole::kExpertGateUp, layer, kAllExperts) ==
-               MatrixLayout::kOutIn)
+    const MatrixLayout layout =
+        w.Layout(WeightRole::kExpertGateUp, layer, kAllExperts);
+    LOOM_CHECK(IsOutIn(layout))
         << "layer " << layer << ": packed experts stored [in, out]";
     const TensorView gate_up = ExpertSlice(
         w.Require(WeightRole::kExpertGateUp, layer, kAllExperts), expert);
     const int64_t I = gate_up.shape[0] / 2;
+    // Strips of 16 rows: the up half starts on a strip (Repack only repacks
+    // a matrix whose halves are whole strips).
+    LOOM_CHECK(layout != MatrixLayout::kStrips || I % 16 == 0)
+        << "layer " << layer << ": gate/up halves of " << I
+        << " rows inside a strip";
     return MakeWeightOperand(
-        RowSlice(gate_up, role == WeightRole::kExpertGate ? 0 : I, I),
-        MatrixLayout::kOutIn);
+        RowSlice(gate_up, role == WeightRole::kExpertGate ? 0 : I, I), layout);
   }
   if (expert != kNoExpert && w.Get(role, layer, expert) == nullptr) {
     // Stacked experts.

@@ -325,6 +325,23 @@ class Backend {
     (void)bytes;
   }
   virtual void Gemm(const GemmOp& op) = 0;
+  // Optional: the layout this backend would rather read a dense [n, k]
+  // (out, in) GEMM weight of `dtype` in, and the rewrite into it (in place:
+  // the same bytes over the same address range, a slice of rows at a
+  // multiple of 16 staying a slice). kOutIn: keep the weight as stored.
+  virtual MatrixLayout RepackedLayout(int64_t n, int64_t k, DType dtype) const {
+    (void)n;
+    (void)k;
+    (void)dtype;
+    return MatrixLayout::kOutIn;
+  }
+  virtual void RepackWeight(void* data, int64_t n, int64_t k,
+                            DType dtype) const {
+    (void)data;
+    (void)n;
+    (void)k;
+    (void)dtype;
+  }
   // The items one by one (each rounds its x into the workspace) unless a
   // backend groups them.
   virtual void GemmGroup(const GemmGroupOp& op);

@@ -188,9 +188,13 @@ HostDescription DescribeHost() {
        {std::pair<const char*, DType>{"f32", DType::kF32},
         {"bf16", DType::kBF16},
         {"f16", DType::kF16}})
-    h.precisions.push_back(
-        {name, cpu::NativeGemmDType(dtype), cpu::GemmPathDescription(dtype)});
+    h.precisions.push_back({name, cpu::NativeGemmDType(dtype),
+                            cpu::GemmPathDescription(dtype),
+                            std::string(cpu::GemmPathName(dtype)),
+                            cpu::GemmPeakFlopsPerCycle(dtype)});
   return h;
 }
+
+double MeasureHostClockHz() { return cpu::MeasureCoreClockHz(); }
 
 }  // namespace loom

@@ -58,10 +58,14 @@ struct HostDescription {
     std::string precision;  // "f32", "bf16", "f16"
     bool native = false;    // multiplied in that type (else widened to f32)
     std::string how;
+    std::string gemm_path;  // "amx", "avx512bf16", "avx512", "avx2", "baseline"
+    int64_t peak_flops_per_cycle = 0;  // of that path, one core
   };
   std::vector<PrecisionPath> precisions;
 };
 HostDescription DescribeHost();
+// One core's clock, measured now (cpu::MeasureCoreClockHz; about 50 ms).
+double MeasureHostClockHz();
 // InvalidArgument when LOOM_CPU_ISA holds a value that is not a level
 // (commands refuse to run rather than silently ignore the cap).
 Status CheckCpuIsaCap();

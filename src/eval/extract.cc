@@ -186,9 +186,11 @@ StatusOr<JobState> StartJob(const ExtractOptions& o, Json settings,
   return state;
 }
 
-// --resume: the input must be the one the interrupted run read.
-Status CheckResumeInput(const Manifest& manifest, const std::string& path,
-                        int64_t* input_bytes) {
+// --resume: the input must be the one the interrupted run read. Returns
+// manifest.json's "input" for it as this run names it.
+StatusOr<Json> CheckResumeInput(const Manifest& manifest,
+                                const std::string& path,
+                                int64_t* input_bytes) {
   ASSIGN_OR_RETURN(*input_bytes, manifest.GetInt({"input", "bytes"}));
   ASSIGN_OR_RETURN(std::string sha, manifest.GetString({"input", "sha256"}));
   StatusOr<int64_t> size = FileSize(path);
@@ -202,7 +204,32 @@ Status CheckResumeInput(const Manifest& manifest, const std::string& path,
     return FailedPreconditionError("--resume: input " + path +
                                    " changed: sha256 " + now +
                                    ", the interrupted run read " + sha);
-  return Status();
+  ASSIGN_OR_RETURN(std::string absolute, AbsolutePath(path));
+  return Json{{"path", absolute}, {"sha256", sha}, {"bytes", *input_bytes}};
+}
+
+// --resume: the model's tokenizer must be the one the interrupted run used
+// (its file and sha256; a model without one records none). Returns
+// manifest.json's "tokenizer".
+StatusOr<Json> CheckResumeTokenizer(const Manifest& manifest,
+                                    const std::string& model_dir) {
+  ASSIGN_OR_RETURN(const Json* recorded, manifest.GetObject({"tokenizer"}));
+  ASSIGN_OR_RETURN(Json now, TokenizerJson(model_dir));
+  if (*recorded == now) return now;
+  auto describe = [](const Json& t) {
+    const std::string file =
+        t.contains("file") && t["file"].is_string() ? t["file"].get<std::string>()
+                                                    : "";
+    if (file.empty()) return std::string("none");
+    const std::string sha = t.contains("sha256") && t["sha256"].is_string()
+                                ? t["sha256"].get<std::string>()
+                                : "?";
+    return file + " (sha256 " + sha + ")";
+  };
+  return FailedPreconditionError(
+      "--resume: the tokenizer of " + model_dir + " is " + describe(now) +
+      ", the interrupted run recorded " + describe(*recorded) +
+      "; resume with the model it ran");
 }
 
 // --resume (--out locked): reads and checks everything (manifest, settings,
@@ -228,9 +255,10 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   RETURN_IF_ERROR(m.CheckSettings(compared, Json{{"streaming_chunk_size", 0},
                                                  {"max_row_tokens", 0},
                                                  {"shard", "0/1"}}));
-  state.manifest->SetSettings(settings);
   ASSIGN_OR_RETURN(state.progress, m.ReadProgress(outputs.RaggedDataFiles()));
-  RETURN_IF_ERROR(CheckResumeInput(m, o.input_path, &state.input_bytes));
+  ASSIGN_OR_RETURN(Json input,
+                   CheckResumeInput(m, o.input_path, &state.input_bytes));
+  ASSIGN_OR_RETURN(Json tokenizer, CheckResumeTokenizer(m, o.model_dir));
   if (fresh_batch_tokens != 0) {
     const int64_t recorded = settings["batch_tokens"].get<int64_t>();
     return FailedPreconditionError(
@@ -247,9 +275,6 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
     return DataLossError(manifest_path +
                          ": field files does not list this job's arrays");
   RETURN_IF_ERROR(outputs.CheckCommitted(state.progress, state.files));
-  // The files hold this job's shapes: the arrays block is written as this
-  // loom writes it (fuzz_resume found a changed row_shape carried through).
-  state.manifest->SetArrays(outputs.ArraysJson());
   // A shard's k-th window is window shard.Window(k) of the input, so its
   // line i records that window's row.
   const auto input_row = [&o](int64_t line) {
@@ -268,6 +293,14 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
         o.shard.ToString() + " end at input row " +
         std::to_string(o.shard.InputRow(p.rows_committed - 1, o.commit_every) +
                        1));
+  // From here on the manifest is the one this loom writes for the job: every
+  // field checked above, or derived from this run (fuzz_resume found a
+  // changed row_shape, then a changed tokenizer hash, carried through); only
+  // the progress and the files come from the interrupted run.
+  state.manifest = Manifest::Create(
+      manifest_path, settings, std::move(input), std::move(tokenizer),
+      outputs.ArraysJson(), state.files, outputs.RaggedDataFiles());
+  state.manifest->SetProgress(state.progress);
   RETURN_IF_ERROR(outputs.Reopen(state.progress, state.files));
   RETURN_IF_ERROR(rows_log.Reopen(state.progress.rows_file_bytes));
   return state;

@@ -88,23 +88,30 @@ StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan, Backend* host) {
       }
   }
   Backend* last = host;
-  bool last_offload = false;
+  bool last_offload = false, last_disk = false;
   for (int64_t l = 0; l < plan.num_layers; ++l) {
     // Disk-streamed layers keep their holder (the disk: the host's backend);
     // offloaded ones run on the GPU that computes them, streamed.
     bool offload = IsOffloaded(plan, l);
-    const int dev = offload ? ComputeDeviceOf(plan, l)
-                            : plan.layer_device[static_cast<size_t>(l)];
+    const int held = plan.layer_device[static_cast<size_t>(l)];
+    const int dev = offload ? ComputeDeviceOf(plan, l) : held;
     Backend* b = dev >= 0 ? by_device[static_cast<size_t>(dev)] : last;
     if (b == nullptr) b = host;
-    if (dev < 0) offload = last_offload;  // not run: the last segment's
+    bool disk = held >= 0 && plan.devices[static_cast<size_t>(held)]
+                                     .device.kind == DeviceKind::kDisk;
+    if (dev < 0) {  // not run: the last segment's
+      offload = last_offload;
+      disk = last_disk;
+    }
     if (jb.segments.empty() || jb.segments.back().backend != b ||
-        jb.segments.back().offload != offload)
-      jb.segments.push_back({b, l, l, offload});
+        jb.segments.back().offload != offload ||
+        jb.segments.back().from_disk != disk)
+      jb.segments.push_back({b, l, l, offload, disk});
     else
       jb.segments.back().last_layer = l;
     last = b;
     last_offload = offload;
+    last_disk = disk;
   }
   // (No layers: no segments; the executor then runs on its own host
   // backend.)

@@ -91,13 +91,16 @@ StatusOr<double> DenseGemmRate(Backend& be, int64_t T, int64_t H, DType dtype,
   }
   std::fill_n(static_cast<float*>(x.data()), T * H, 0.01f);
   be.SetGemmScratchpad(pad.data(), pad_bytes);
+  // In the layout the forward's weights have (the backend's repack).
+  const MatrixLayout layout = be.RepackedLayout(N, H, dtype);
+  if (layout != MatrixLayout::kOutIn) be.RepackWeight(w.data(), N, H, dtype);
   GemmOp op;
   op.x = static_cast<const float*>(x.data());
   op.m = T;
   op.w.data = w.data();
   op.w.n = N;
   op.w.k = H;
-  op.w.format = WeightStorage{FormatKind::kDense, dtype, MatrixLayout::kOutIn};
+  op.w.format = WeightStorage{FormatKind::kDense, dtype, layout};
   op.w.decode_dtype = dtype;
   op.y = static_cast<float*>(y.data());
   op.workspace = ws.data();
@@ -145,6 +148,11 @@ StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
   const ModelConfig& c = model->config();
   for (const char ch : DTypeName(model->compute_dtype()))  // "bf16"
     r.precision += static_cast<char>(std::tolower(ch));
+  for (const HostDescription::PrecisionPath& p : host.precisions)
+    if (p.precision == r.precision) {
+      r.gemm_path = p.gemm_path;
+      r.peak_flops_per_cycle = p.peak_flops_per_cycle;
+    }
   for (int64_t T : o.tokens)
     if (T < 1 || T > c.max_position_embeddings)
       return InvalidArgumentError("bench: --tokens " + std::to_string(T) +
@@ -153,6 +161,9 @@ StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
                                   "] (the model's max_position_embeddings)");
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
   r.threads = backend->SetNumThreads(o.threads);
+  r.clock_hz = MeasureHostClockHz();
+  r.peak_flops_per_second =
+      static_cast<double>(r.peak_flops_per_cycle) * r.clock_hz * r.threads;
   HookSet hooks;
   hooks.Add({HookSite::kFinalNorm, -1});
   for (int64_t T : o.tokens) {
@@ -180,6 +191,10 @@ StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
                                    model->compute_dtype(), o.iterations));
     p.gemm_only_tokens_per_second =
         p.dense_gemm_flops_per_second / (p.gemm_flops / static_cast<double>(T));
+    if (r.peak_flops_per_second > 0) {
+      p.forward_of_peak = p.gemm_flops / p.seconds / r.peak_flops_per_second;
+      p.gemm_of_peak = p.dense_gemm_flops_per_second / r.peak_flops_per_second;
+    }
     r.prefill.push_back(p);
   }
   return r;

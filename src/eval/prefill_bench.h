@@ -31,6 +31,10 @@ struct PrefillPoint {
   double gemm_flops = 0;
   double dense_gemm_flops_per_second = 0;
   double gemm_only_tokens_per_second = 0;
+  // The forward's weight-GEMM FLOP rate (gemm_flops / seconds) and the
+  // ceiling's, as fractions of the path's peak (PrefillBenchResult).
+  double forward_of_peak = 0;
+  double gemm_of_peak = 0;
 };
 
 struct PrefillBenchResult {
@@ -39,6 +43,14 @@ struct PrefillBenchResult {
   int threads = 0;        // threads used
   std::string precision;  // the compute dtype
   double load_seconds = 0;
+  // How the compute dtype's GEMMs run ("amx", "avx512bf16", "avx512",
+  // "avx2", "baseline") and that path's peak: FLOP per cycle of one core
+  // (cpu::GemmPeakFlopsPerCycle) x the clock measured on this core (turbo
+  // included) x the threads.
+  std::string gemm_path;
+  int64_t peak_flops_per_cycle = 0;
+  double clock_hz = 0;
+  double peak_flops_per_second = 0;
   std::vector<PrefillPoint> prefill;
 };
 

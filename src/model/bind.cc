@@ -1,5 +1,9 @@
 #include "src/model/bind.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -289,6 +293,111 @@ void BoundWeights::FaultIn(int64_t last_layer, bool head) const {
     loom::FaultIn(s.view);
     if (s.quantized) loom::FaultIn(s.quant.scales);
   }
+}
+
+namespace {
+
+// Roles read only as a GEMM's weight (WeightOperandOf).
+bool IsGemmWeight(WeightRole r) {
+  switch (r) {
+    case WeightRole::kLmHead:
+    case WeightRole::kQ:
+    case WeightRole::kK:
+    case WeightRole::kV:
+    case WeightRole::kQkv:
+    case WeightRole::kO:
+    case WeightRole::kGate:
+    case WeightRole::kUp:
+    case WeightRole::kGateUp:
+    case WeightRole::kDown:
+    case WeightRole::kRouter:
+    case WeightRole::kExpertGate:
+    case WeightRole::kExpertUp:
+    case WeightRole::kExpertDown:
+    case WeightRole::kExpertGateUp:
+    case WeightRole::kSharedExpertGateProj:
+    case WeightRole::kSharedExpertUp:
+    case WeightRole::kSharedExpertDown:
+    case WeightRole::kSharedExpertGate:
+    case WeightRole::kQA:
+    case WeightRole::kQB:
+    case WeightRole::kKvA:
+    case WeightRole::kKvB:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Makes the pages under `v` writable (a mapping's pages become private
+// copies on the first write).
+Status MakeWritable(const TensorView& v) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(v.data) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(v.data) +
+                    static_cast<uintptr_t>(v.bytes()) + page - 1) /
+                   page * page;
+  if (::mprotect(reinterpret_cast<void*>(begin), end - begin,
+                 PROT_READ | PROT_WRITE) != 0)
+    return IoError("repacking a weight of shape " + v.shape.ToString() +
+                   ": mprotect: " + std::strerror(errno));
+  return Status();
+}
+
+}  // namespace
+
+Status BoundWeights::Repack(int64_t first_layer, int64_t last_layer, bool head,
+                            const LayoutFn& layout_of,
+                            const RepackFn& repack) const {
+  std::lock_guard<std::mutex> lock(*repack_mutex_);
+  const Slot* embed = FindSlot(WeightRole::kEmbed, -1, kNoExpert);
+  const auto* embed_begin =
+      embed != nullptr && embed->present
+          ? static_cast<const uint8_t*>(embed->view.data)
+          : nullptr;
+  const uint8_t* embed_end =
+      embed_begin != nullptr ? embed_begin + embed->view.bytes() : nullptr;
+  auto offer = [&](const Slot& s, WeightRole role) -> Status {
+    if (!s.present || s.quantized || s.layout != MatrixLayout::kOutIn ||
+        s.view.dtype != compute_dtype_ || !IsGemmWeight(role))
+      return Status();
+    const TensorView& v = s.view;
+    const auto* p = static_cast<const uint8_t*>(v.data);
+    if (embed_begin != nullptr && p < embed_end && p + v.bytes() > embed_begin)
+      return Status();  // shares the embedding table (tied)
+    const int64_t rank = v.shape.rank();
+    if (rank != 2 && rank != 3) return Status();
+    const int64_t n = v.shape.dim(-2), k = v.shape.dim(-1);
+    const MatrixLayout to = layout_of(n, k, v.dtype);
+    if (to == MatrixLayout::kOutIn) return Status();
+    // Packed gate/up experts are served as row halves (WeightOperandOf).
+    if (role == WeightRole::kExpertGateUp && (n / 2) % 16 != 0)
+      return Status();
+    RETURN_IF_ERROR(MakeWritable(v));
+    const int64_t matrices = rank == 3 ? v.shape.dim(0) : 1;
+    const int64_t bytes = n * k * static_cast<int64_t>(DTypeSize(v.dtype));
+    for (int64_t e = 0; e < matrices; ++e)
+      repack(const_cast<uint8_t*>(p) + e * bytes, n, k, v.dtype);
+    s.layout = to;
+    return Status();
+  };
+  for (int64_t row = 0; row <= num_layers_; ++row) {
+    const bool model_level = row == num_layers_;
+    if (!model_level && (row < first_layer || row > last_layer)) continue;
+    if (model_level && !head) continue;
+    for (int role = 0; role < kNumWeightRoles; ++role) {
+      const auto r = static_cast<WeightRole>(role);
+      if (model_level && r != WeightRole::kLmHead) continue;
+      RETURN_IF_ERROR(offer(
+          slots_[static_cast<size_t>(row) * kNumWeightRoles + role], r));
+    }
+  }
+  for (const auto& [key, s] : expert_slots_) {
+    const int64_t layer = std::get<1>(key);
+    if (layer < first_layer || layer > last_layer) continue;
+    RETURN_IF_ERROR(offer(s, static_cast<WeightRole>(std::get<0>(key))));
+  }
+  return Status();
 }
 
 MatrixLayout BoundWeights::Layout(WeightRole role, int64_t layer) const {

@@ -10,8 +10,10 @@
 #define LOOM_MODEL_BIND_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -65,6 +67,24 @@ class BoundWeights {
   // plan says from the start and no forward pays page faults. Weights of
   // layers a job does not run are never read.
   void FaultIn(int64_t last_layer, bool head) const;
+  // Repacks, in place and at most once per tensor, the dense [out, in] GEMM
+  // matrices (of the compute dtype) of layers [first_layer, last_layer], and
+  // the lm_head when `head`, into the layout `layout_of` names for each
+  // (kOutIn: left as stored): `repack` rewrites every matrix of the tensor
+  // (each expert of a stacked [E, out, in] one alone) within its own bytes,
+  // and Layout() then says so. Tensors read as anything but a GEMM weight
+  // (the embedding table a tied lm_head shares) are never offered; nor a
+  // packed [E, 2I, H] gate/up whose halves are not the layout's whole
+  // 16-row blocks. Pages of the checkpoint's mapping become the process's
+  // private copies (the same bytes resident; the file is not written).
+  // Serialised with other Repack calls; the weights of layers a forward is
+  // reading must not be repacked under it (an executor repacks its own
+  // layers before its first forward, and a tensor already repacked is
+  // skipped).
+  using LayoutFn = std::function<MatrixLayout(int64_t n, int64_t k, DType)>;
+  using RepackFn = std::function<void(void* data, int64_t n, int64_t k, DType)>;
+  Status Repack(int64_t first_layer, int64_t last_layer, bool head,
+                const LayoutFn& layout_of, const RepackFn& repack) const;
   // The quantized storage of a weight, or nullptr when it is dense (Get()
   // then returns its values tensor as stored).
   const Quantized* GetQuantized(WeightRole role, int64_t layer,
@@ -94,7 +114,8 @@ class BoundWeights {
  private:
   struct Slot {
     TensorView view;
-    MatrixLayout layout = MatrixLayout::kOutIn;
+    // Mutable: Repack changes it (under repack_mutex_) with the bytes.
+    mutable MatrixLayout layout = MatrixLayout::kOutIn;
     bool present = false;
     bool quantized = false;
     Quantized quant;
@@ -107,6 +128,7 @@ class BoundWeights {
   // Expert weights: (role, layer, expert) -> slot.
   std::map<std::tuple<int, int64_t, int64_t>, Slot> expert_slots_;
   std::shared_ptr<uint8_t> arena_;
+  std::shared_ptr<std::mutex> repack_mutex_ = std::make_shared<std::mutex>();
   DType compute_dtype_ = DType::kF32;
   int64_t converted_bytes_ = 0;
   int64_t in_place_bytes_ = 0;

@@ -235,6 +235,22 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
       d.backend->SetWeightDecodeWorkspace(
           d.workspace.region(BufferId::kWeightDecode),
           ex->layout_.workspace.regions[static_cast<size_t>(i)].bytes);
+    // Host layers resident for the job: their GEMM weights in the layout the
+    // backend reads best (the CPU's bf16 strips), once per model.
+    if (d.host_memory && !d.offload && !s.from_disk) {
+      const bool head =
+          runs_head && (i + 1 == segments.size() ||
+                        segments[i + 1].first_layer > ex->last_layer_);
+      Backend* b = d.backend;
+      RETURN_IF_ERROR(model.weights().Repack(
+          d.first_layer, d.last_layer, head,
+          [b](int64_t n, int64_t k, DType t) {
+            return b->RepackedLayout(n, k, t);
+          },
+          [b](void* data, int64_t n, int64_t k, DType t) {
+            b->RepackWeight(data, n, k, t);
+          }));
+    }
     ex->devices_.push_back(std::move(d));
   }
   Device& last = ex->devices_.back();

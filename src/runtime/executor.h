@@ -148,6 +148,9 @@ struct ExecutorSegment {
   int64_t first_layer = 0;
   int64_t last_layer = -1;
   bool offload = false;
+  // The layers stream from the checkpoint's mapping (the disk tier): their
+  // weights stay the file's pages, never repacked for the backend.
+  bool from_disk = false;
 };
 
 struct ExecutorOptions {

@@ -19,13 +19,20 @@ void PrintTable(const std::string& dir, const PrefillBenchResult& r) {
   std::printf("cpu: %s (kernels: %s), %d threads, compute %s, load %.2f s\n",
               r.cpu.c_str(), r.isa.c_str(), r.threads, r.precision.c_str(),
               r.load_seconds);
-  std::printf("%8s %12s %12s %20s %9s\n", "tokens", "ms", "tok/s",
-              "gemm-only tok/s", "of gemm");
+  std::printf(
+      "gemm path: %s, peak %.0f GFLOP/s (%lld FLOP/cycle x %.2f GHz measured "
+      "x %d threads)\n",
+      r.gemm_path.c_str(), r.peak_flops_per_second * 1e-9,
+      static_cast<long long>(r.peak_flops_per_cycle), r.clock_hz * 1e-9,
+      r.threads);
+  std::printf("%8s %12s %12s %20s %9s %13s %13s\n", "tokens", "ms", "tok/s",
+              "gemm-only tok/s", "of gemm", "gemm of peak", "fwd of peak");
   for (const PrefillPoint& p : r.prefill)
-    std::printf("%8lld %12.1f %12.1f %20.1f %9.2f\n",
+    std::printf("%8lld %12.1f %12.1f %20.1f %9.2f %13.2f %13.2f\n",
                 static_cast<long long>(p.tokens), p.seconds * 1e3,
                 p.tokens_per_second, p.gemm_only_tokens_per_second,
-                p.tokens_per_second / p.gemm_only_tokens_per_second);
+                p.tokens_per_second / p.gemm_only_tokens_per_second,
+                p.gemm_of_peak, p.forward_of_peak);
 }
 
 nlohmann::json ToJson(const PrefillBenchResult& r) {
@@ -37,10 +44,16 @@ nlohmann::json ToJson(const PrefillBenchResult& r) {
          {"tokens_per_second", p.tokens_per_second},
          {"gemm_flops", p.gemm_flops},
          {"dense_gemm_flops_per_second", p.dense_gemm_flops_per_second},
-         {"gemm_only_tokens_per_second", p.gemm_only_tokens_per_second}});
+         {"gemm_only_tokens_per_second", p.gemm_only_tokens_per_second},
+         {"gemm_of_peak", p.gemm_of_peak},
+         {"forward_of_peak", p.forward_of_peak}});
   return {{"prefill", prefill},
           {"cpu", r.cpu},
           {"isa", r.isa},
+          {"gemm_path", r.gemm_path},
+          {"peak_flops_per_cycle", r.peak_flops_per_cycle},
+          {"clock_hz", r.clock_hz},
+          {"peak_flops_per_second", r.peak_flops_per_second},
           {"threads", r.threads},
           {"precision", r.precision},
           {"load_seconds", r.load_seconds}};

@@ -30,8 +30,15 @@ Activation ToCpu(ActivationFn fn) {
 }
 
 WeightLayout ToCpu(MatrixLayout layout) {
-  return layout == MatrixLayout::kOutIn ? WeightLayout::kOutIn
-                                        : WeightLayout::kInOut;
+  switch (layout) {
+    case MatrixLayout::kInOut:
+      return WeightLayout::kInOut;
+    case MatrixLayout::kStrips:
+      return WeightLayout::kStrips;
+    case MatrixLayout::kOutIn:
+      break;
+  }
+  return WeightLayout::kOutIn;
 }
 
 }  // namespace
@@ -55,6 +62,9 @@ BackendCapabilities CpuBackend::Capabilities() const {
   BackendCapabilities c;
   c.compute_dtypes = {DType::kF32, DType::kBF16, DType::kF16};
   c.weight_formats = StandardWeightFormats();
+  if (StripsLayoutFits(16, 32, DType::kBF16))
+    c.weight_formats.push_back(
+        WeightStorage{FormatKind::kDense, DType::kBF16, MatrixLayout::kStrips});
   c.attention_sinks = true;
   c.async_copy = false;
   c.max_route_experts = kMaxRouteColumns;
@@ -127,6 +137,20 @@ void CpuBackend::Gemm(const GemmOp& op) {
     a.quant = &q;
   }
   gemm_->Gemm(a);
+}
+
+MatrixLayout CpuBackend::RepackedLayout(int64_t n, int64_t k,
+                                        DType dtype) const {
+  return StripsLayoutFits(n, k, dtype) ? MatrixLayout::kStrips
+                                       : MatrixLayout::kOutIn;
+}
+
+void CpuBackend::RepackWeight(void* data, int64_t n, int64_t k,
+                              DType dtype) const {
+  LOOM_CHECK(RepackedLayout(n, k, dtype) == MatrixLayout::kStrips)
+      << "repack of a [" << n << ", " << k << "] " << DTypeName(dtype)
+      << " weight";
+  PackWeightStrips(data, n, k);
 }
 
 // Every item, dense or quantized, as tasks of one parallel region (the same

@@ -12,7 +12,9 @@
 // rows it sits in and whatever the other rows hold (measured: a row alone in
 // a tile gives the bytes it gives among 15 others), so C rows past `rows`
 // (the x copy's padding, or the next GEMM's rows of a group) are computed
-// and dropped.
+// and dropped. C lives in the task's contiguous scratch in tile order (1 KB
+// per tile): rows of y at a large power-of-two stride (n = 2048 f32 is 8 KB)
+// share a few L1 sets, and tiles read at such strides were measured slower.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -44,69 +46,28 @@ constexpr TileConfig MakeConfig() {
 // reads and may drop the stores of a local configuration.
 alignas(64) const TileConfig kConfig = MakeConfig();
 
-constexpr int64_t kCBytes = 16 * 16 * 4;  // one C tile
-
-// A partial C tile (vr valid rows, vc valid columns) through `scratch`: its
-// valid part copied in (the rest zero) before a load, out after a store.
-void ToScratch(const float* c, int64_t ldc, int64_t vr, int64_t vc,
-               float* scratch) {
-  std::memset(scratch, 0, kCBytes);
-  for (int64_t i = 0; i < vr; ++i)
-    std::memcpy(scratch + i * 16, c + i * ldc, static_cast<size_t>(vc) * 4);
-}
-void FromScratch(const float* scratch, int64_t vr, int64_t vc, float* c,
-                 int64_t ldc) {
-  for (int64_t i = 0; i < vr; ++i)
-    std::memcpy(c + i * ldc, scratch + i * 16, static_cast<size_t>(vc) * 4);
-}
-
-// Tile T of C with vr valid rows and vc valid columns, loaded from / stored
-// to c when whole, else through the scratch. (The tile intrinsics take the
-// register number as a literal.)
-#define LOOM_AMX_LOAD_C(T, c, ldc, vr, vc)            \
-  do {                                                \
-    if ((vr) == 16 && (vc) == 16) {                   \
-      _tile_loadd(T, (c), (ldc) * 4);                 \
-    } else {                                          \
-      ToScratch((c), (ldc), (vr), (vc), scratch);     \
-      _tile_loadd(T, scratch, 64);                    \
-    }                                                 \
-  } while (0)
-#define LOOM_AMX_STORE_C(T, c, ldc, vr, vc)           \
-  do {                                                \
-    if ((vr) == 16 && (vc) == 16) {                   \
-      _tile_stored(T, (c), (ldc) * 4);                \
-    } else {                                          \
-      _tile_stored(T, scratch, 64);                   \
-      FromScratch(scratch, (vr), (vc), (c), (ldc));   \
-    }                                                 \
-  } while (0)
-
-// The four C tiles' valid rows and columns.
-struct Valid {
-  int64_t r0, r1, c0, c1;  // rows of tiles 0/1 and 2/3; cols of 0/2 and 1/3
-};
-
 template <bool kTwoRowTiles, bool kTwoStrips>
-void Block(const uint16_t* a, int64_t ldx, BTile b, int64_t kcp, float* c,
-           int64_t ldc, const Valid& v, bool load_c, float* scratch) {
-  float* c2 = c + 16 * ldc;
+void Block(const uint16_t* a, ATile al, BTile b, int64_t kcp, float* c,
+           int64_t c_second, bool load_c) {
+  // C tiles: 1 KB each, (row tile, col tile) (0,0) at c, (0,1) at c + 256,
+  // (1,0) at c + c_second, (1,1) at c + c_second + 256.
+  float* c2 = c + c_second;
   if (load_c) {
-    LOOM_AMX_LOAD_C(0, c, ldc, v.r0, v.c0);
-    if (kTwoStrips) LOOM_AMX_LOAD_C(1, c + 16, ldc, v.r0, v.c1);
-    if (kTwoRowTiles) LOOM_AMX_LOAD_C(2, c2, ldc, v.r1, v.c0);
-    if (kTwoRowTiles && kTwoStrips) LOOM_AMX_LOAD_C(3, c2 + 16, ldc, v.r1, v.c1);
+    _tile_loadd(0, c, 64);
+    if (kTwoStrips) _tile_loadd(1, c + 256, 64);
+    if (kTwoRowTiles) _tile_loadd(2, c2, 64);
+    if (kTwoRowTiles && kTwoStrips) _tile_loadd(3, c2 + 256, 64);
   } else {
     _tile_zero(0);
     if (kTwoStrips) _tile_zero(1);
     if (kTwoRowTiles) _tile_zero(2);
     if (kTwoRowTiles && kTwoStrips) _tile_zero(3);
   }
-  const int64_t a_stride = ldx * 2;
-  const uint16_t* a1 = a + 16 * ldx;
+  const int64_t a_stride = al.row_bytes;
+  const uint16_t* a1 = a + al.second;
   const uint16_t* b1 = b.b + b.strip_stride;
-  for (int64_t k = 0; k < kcp; k += kTileK) {
-    _tile_loadd(4, a + k, a_stride);
+  for (int64_t k = 0, ka = 0; k < kcp; k += kTileK, ka += al.kstep) {
+    _tile_loadd(4, a + ka, a_stride);
     _tile_loadd(6, b.b + k * kStripCols, 64);
     _tile_dpbf16ps(0, 4, 6);
     if (kTwoStrips) {
@@ -114,33 +75,55 @@ void Block(const uint16_t* a, int64_t ldx, BTile b, int64_t kcp, float* c,
       _tile_dpbf16ps(1, 4, 7);
     }
     if (kTwoRowTiles) {
-      _tile_loadd(5, a1 + k, a_stride);
+      _tile_loadd(5, a1 + ka, a_stride);
       _tile_dpbf16ps(2, 5, 6);
       if (kTwoStrips) _tile_dpbf16ps(3, 5, 7);
     }
   }
-  LOOM_AMX_STORE_C(0, c, ldc, v.r0, v.c0);
-  if (kTwoStrips) LOOM_AMX_STORE_C(1, c + 16, ldc, v.r0, v.c1);
-  if (kTwoRowTiles) LOOM_AMX_STORE_C(2, c2, ldc, v.r1, v.c0);
-  if (kTwoRowTiles && kTwoStrips) LOOM_AMX_STORE_C(3, c2 + 16, ldc, v.r1, v.c1);
+  _tile_stored(0, c, 64);
+  if (kTwoStrips) _tile_stored(1, c + 256, 64);
+  if (kTwoRowTiles) _tile_stored(2, c2, 64);
+  if (kTwoRowTiles && kTwoStrips) _tile_stored(3, c2 + 256, 64);
 }
 
 }  // namespace
 
-void AmxTile(const uint16_t* a, int64_t ldx, int64_t rows, BTile b,
-             int64_t kcp, float* c, int64_t ldc, int64_t cols, bool load_c,
-             float* scratch) {
-  const Valid v{std::min<int64_t>(rows, 16), std::max<int64_t>(rows - 16, 0),
-                std::min<int64_t>(cols, 16), std::max<int64_t>(cols - 16, 0)};
+void AmxTile(const uint16_t* a, ATile al, int64_t rows, BTile b, int64_t kcp,
+             float* c, int64_t c_second, int64_t cols, bool load_c) {
   const bool two_rows = rows > 16, two_strips = cols > 16;
   if (two_rows && two_strips)
-    Block<true, true>(a, ldx, b, kcp, c, ldc, v, load_c, scratch);
+    Block<true, true>(a, al, b, kcp, c, c_second, load_c);
   else if (two_rows)
-    Block<true, false>(a, ldx, b, kcp, c, ldc, v, load_c, scratch);
+    Block<true, false>(a, al, b, kcp, c, c_second, load_c);
   else if (two_strips)
-    Block<false, true>(a, ldx, b, kcp, c, ldc, v, load_c, scratch);
+    Block<false, true>(a, al, b, kcp, c, c_second, load_c);
   else
-    Block<false, false>(a, ldx, b, kcp, c, ldc, v, load_c, scratch);
+    Block<false, false>(a, al, b, kcp, c, c_second, load_c);
+}
+
+void AmxLoadC(const float* y, int64_t ldy, int64_t rows, int64_t cols,
+              float* c, int64_t col_tiles, int64_t row_tiles) {
+  for (int64_t r = 0; r < row_tiles * 16; ++r)
+    for (int64_t t = 0; t < col_tiles; ++t) {
+      const int64_t n = std::clamp<int64_t>(cols - t * 16, 0, 16);
+      const __mmask16 m = r < rows ? static_cast<__mmask16>((1u << n) - 1) : 0;
+      _mm512_storeu_ps(c + ((r / 16) * col_tiles + t) * 256 + (r % 16) * 16,
+                       _mm512_maskz_loadu_ps(m, y + r * ldy + t * 16));
+    }
+}
+
+void AmxStoreC(const float* c, int64_t col_tiles, int64_t rows, int64_t cols,
+               float* y, int64_t ldy, const float* bias) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t * 16 < cols; ++t) {
+      const int64_t n = std::min<int64_t>(cols - t * 16, 16);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+      __m512 v =
+          _mm512_loadu_ps(c + ((r / 16) * col_tiles + t) * 256 + (r % 16) * 16);
+      if (bias != nullptr)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + t * 16));
+      _mm512_mask_storeu_ps(y + r * ldy + t * 16, m, v);
+    }
 }
 
 void AmxBegin() { _tile_loadconfig(&kConfig); }

@@ -178,6 +178,27 @@ void RoundXToBf16(const float* x, int64_t rows, int64_t k, uint16_t* out,
     std::fill(out + i * ldx, out + (i + 1) * ldx, uint16_t{0});
 }
 
+void RoundXToBf16Blocks(const float* x, int64_t rows, int64_t k, uint16_t* out,
+                        int64_t rows_padded, int64_t r0, int64_t r1) {
+  const int64_t blocks = (k + kTileK - 1) / kTileK;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * k;
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint16_t* o = out + (b * rows_padded + r) * kTileK;
+      if (r >= rows) {
+        _mm512_storeu_si512(o, _mm512_setzero_si512());
+        continue;
+      }
+      const int64_t c = b * kTileK, valid = std::min(kTileK, k - c);
+      const __m256i lo = ToBf16(_mm512_maskz_loadu_ps(Mask16(valid), xr + c));
+      const __m256i hi = ToBf16(_mm512_maskz_loadu_ps(
+          Mask16(std::max<int64_t>(valid - 16, 0)), xr + c + 16));
+      _mm512_storeu_si512(
+          o, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    }
+  }
+}
+
 void PackStrips(const WeightSource& src, int64_t j0, int64_t cols, int64_t k0,
                 int64_t kc, uint16_t* out, float* scratch) {
   const int64_t kcp = (kc + kTileK - 1) / kTileK * kTileK;

@@ -51,6 +51,7 @@ struct WeightSource {
   DType dtype = DType::kF32;
   bool out_in = true;
   int64_t n = 0, k = 0;
+  bool strips = false;  // bf16 [n, k] in kStrips (already packed)
   const QuantMatrix* quant = nullptr;  // set: quantized, `w` unused
   // Quantized only: the compute dtype the decoded values are rounded to.
   DType round_to = DType::kF32;
@@ -109,9 +110,16 @@ namespace loom::cpu::gemm {
 
 // x [rows, k] f32 -> bf16 [rows_padded, ldx] (round to nearest even, NaN
 // kept, subnormals kept), zero columns [k, ldx) and zero rows [rows,
-// rows_padded).
+// rows_padded). The dot family's x.
 void RoundXToBf16(const float* x, int64_t rows, int64_t k, uint16_t* out,
                   int64_t ldx, int64_t rows_padded);
+// The amx family's x: rows [r0, r1) of x [rows, k] rounded to bf16 into
+// 32-k blocks, block-major: out[(b * rows_padded + r) * 32 + j] = x[r, 32 b
+// + j] (zero past k and for rows >= rows), so that 16 consecutive rows of a
+// block, from any row, are one contiguous 1 KB tile (tiles read at a row
+// stride of a whole row were measured twice as slow).
+void RoundXToBf16Blocks(const float* x, int64_t rows, int64_t k, uint16_t* out,
+                        int64_t rows_padded, int64_t r0, int64_t r1);
 // Packs columns [j0, j0 + cols) and k [k0, k0 + kc) of `src` (bf16 dense or
 // quantized, rounded to bf16) into bf16 strips at `out` (ceil(cols / 16)
 // strips of AlignUp(kc, 32) / 2 x 16 pairs; strip stride
@@ -132,11 +140,24 @@ int64_t DotStripsForRows(int64_t rows);
 void DotTile(const uint16_t* a, int64_t ldx, int64_t rows, BTile b,
              int64_t kcp, float* c, int64_t ldc, int64_t cols, bool load_c);
 
-// AMX: rows <= 32 (the A rows past `rows` are read: the x copy is padded),
-// cols <= 32. `scratch`: 4 KB, 64-byte aligned (partial C tiles).
-void AmxTile(const uint16_t* a, int64_t ldx, int64_t rows, BTile b,
-             int64_t kcp, float* c, int64_t ldc, int64_t cols, bool load_c,
-             float* scratch);
+// Where AMX finds A's tiles: tile rows `row_bytes` apart, the next 32-k
+// block `kstep` elements on, the second 16-row tile `second` elements on.
+struct ATile {
+  int64_t row_bytes, kstep, second;
+};
+// AMX: C (+)= A B for a 32 x 32 block (16 x 16 tiles past `rows` / `cols`
+// skipped; A rows past `rows` are read: the x copy is padded). C is four
+// 1 KB f32 tiles in tile order: (0, 0) at c, (0, 1) at c + 256, (1, 0) at c
+// + c_second, (1, 1) at c + c_second + 256.
+void AmxTile(const uint16_t* a, ATile al, int64_t rows, BTile b, int64_t kcp,
+             float* c, int64_t c_second, int64_t cols, bool load_c);
+// A task's C in tile order ([row_tiles][col_tiles][16][16] f32) from / to y
+// [rows, cols] (row stride ldy): AmxLoadC zero-fills past rows and cols;
+// AmxStoreC adds `bias` [cols] (f32, or null) as it stores.
+void AmxLoadC(const float* y, int64_t ldy, int64_t rows, int64_t cols,
+              float* c, int64_t col_tiles, int64_t row_tiles);
+void AmxStoreC(const float* c, int64_t col_tiles, int64_t rows, int64_t cols,
+               float* y, int64_t ldy, const float* bias);
 // Loads this thread's tile configuration (before AmxTile on a thread) and
 // releases it (after the last AmxTile of a parallel region).
 void AmxBegin();

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -154,6 +155,34 @@ std::string_view GemmPathName(DType compute) {
   return ActiveIsa() >= CpuIsa::kAvx512 ? "avx512"
          : ActiveIsa() >= CpuIsa::kAvx2 ? "avx2"
                                         : "baseline";
+}
+
+int64_t GemmPeakFlopsPerCycle(DType compute) {
+  const std::string_view path = GemmPathName(compute);
+  if (path == "amx") return 1024;
+  if (path == "avx512bf16") return 128;
+  if (path == "avx512") return 64;
+  if (path == "avx2") return 32;
+  return 8;
+}
+
+double MeasureCoreClockHz() {
+  constexpr int64_t kAdds = 20'000'000;  // about 10 ms at 2 GHz
+  double best = 1e300;
+  for (int run = 0; run < 5; ++run) {
+    uint64_t v = 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < kAdds / 8; ++i)
+      // Eight dependent adds: one cycle each, whatever the pipeline width.
+      __asm__ volatile(
+          "add %0, %0\n\tadd %0, %0\n\tadd %0, %0\n\tadd %0, %0\n\t"
+          "add %0, %0\n\tadd %0, %0\n\tadd %0, %0\n\tadd %0, %0"
+          : "+r"(v));
+    best = std::min(best, std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count());
+  }
+  return static_cast<double>(kAdds) / best;
 }
 
 std::string GemmPathDescription(DType compute) {

@@ -62,6 +62,19 @@ bool NativeGemmDType(DType dtype);
 // "avx512bf16", "avx512", "avx2" or "baseline" (the fma family's level).
 std::string_view GemmPathName(DType compute);
 
+// The peak multiply-add rate of the GEMM path of `compute` at the active
+// level, in FLOP (2 per multiply-add) per cycle of one core: amx 1024 (one
+// 16 x 16 x 32 tdpbf16ps per 16 cycles), avx512bf16 128 (two 16-lane
+// vdpbf16ps, two products each, per cycle), avx512 64 and avx2 32 (two FMA
+// pipes of 16 / 8 lanes), baseline 8 (one 4-lane multiply and one add per
+// cycle). Cores with one 512-bit FMA pipe reach half the avx512 figures.
+int64_t GemmPeakFlopsPerCycle(DType compute);
+
+// This core's clock in Hz, measured (a chain of dependent one-cycle integer
+// adds, timed; the fastest of a few runs of about 10 ms): the frequency it
+// runs at now, turbo included, which a VM's nominal figure may not tell.
+double MeasureCoreClockHz();
+
 // One line per compute precision: how a GEMM runs in it on this host at the
 // active level ("bf16 weights kept, bf16 products accumulated in f32 (AMX
 // tiles)").

@@ -23,8 +23,10 @@ namespace loom::cpu {
 // ---- GEMM ------------------------------------------------------------------
 
 // Weight layout: kOutIn is torch Linear's [N, K] (y = x W^T); kInOut is GPT-2
-// Conv1D's [K, N] (y = x W).
-enum class WeightLayout { kOutIn, kInOut };
+// Conv1D's [K, N] (y = x W); kStrips is a bf16 [N, K] weight repacked in
+// place by PackWeightStrips (the layout the bf16 GEMMs of the dot and amx
+// families read without packing it per call).
+enum class WeightLayout { kOutIn, kInOut, kStrips };
 
 // Compute precision of a GEMM: kF32 (exact f32 math), kBF16 / kF16 (the
 // activation is rounded to the weight's 16-bit type, products accumulate in
@@ -60,6 +62,16 @@ struct GemmArgs {
 // always run fma.
 enum class GemmFamily { kFma, kDot, kAmx };
 GemmFamily GemmFamilyOf(DType compute);
+
+// Whether a dense [n, k] (kOutIn) weight of `dtype` can be repacked into
+// kStrips: bf16 on the dot or amx family, n a multiple of 16, k of 32.
+bool StripsLayoutFits(int64_t n, int64_t k, DType dtype);
+// Repacks w [n, k] bf16 (kOutIn, StripsLayoutFits) in place into kStrips:
+// every 16 rows (output columns) become one strip, the same bytes at the
+// same address range, as pairs [k / 2][16][2] (pair p of column c: (w[c,
+// 2p], w[c, 2p + 1])). Row slices at multiples of 16 rows stay valid slices.
+// Parallel over strips; allocates 16 k bf16 per thread.
+void PackWeightStrips(void* w, int64_t n, int64_t k);
 
 // Every output element y[i, j] is one chain of multiply-adds over k in order,
 // whatever the number of rows, the tiles, the blocking or the thread count:

@@ -63,11 +63,17 @@ constexpr int64_t kBf16Nc = 128;
 // Rows of one task at most (more rows: more tasks).
 constexpr int64_t kMaxRowBlock = 512;
 
+}  // namespace
+// TEMPORARY tuning knobs.
+int64_t g_tune[8] = {kFmaKc, 0, kBf16Kc, kBf16Nc, 1024, 256, 0, 128};
+namespace {
 int64_t KcOf(GemmFamily f, int64_t k) {
-  return std::min(k, f == GemmFamily::kFma ? kFmaKc : kBf16Kc);
+  return std::min(k, f == GemmFamily::kFma ? g_tune[0] : f == GemmFamily::kDot ? g_tune[2] : g_tune[4]);
 }
+// Rows of one amx task at most (its C tiles live in the slot).
+int64_t AmxRows() { return g_tune[7] ? g_tune[7] : 128; }
 int64_t NcOf(GemmFamily f) {
-  return f == GemmFamily::kFma ? 8 * Fma().nr : kBf16Nc;
+  return f == GemmFamily::kFma ? (g_tune[1] ? g_tune[1] : 8 * Fma().nr) : f == GemmFamily::kDot ? g_tune[3] : g_tune[5];
 }
 // Rows a task's row block is a multiple of.
 int64_t RowUnit(GemmFamily f) {
@@ -92,23 +98,26 @@ int64_t Bf16XStride(int64_t k) {
 
 // Bytes of the x copy for `rows` rows.
 int64_t XCopyBytes(GemmFamily f, DType compute, int64_t rows, int64_t k) {
+  if (f == GemmFamily::kAmx)
+    return AlignUp((rows + 32) * AlignUp(k, gemm::kTileK) * 2, 64);
   if (f != GemmFamily::kFma)
     return AlignUp((rows + 32) * Bf16XStride(k) * 2, 64);
   return compute == DType::kF32 ? 0 : AlignUp(rows * k * 4, 64);
 }
 
-// One thread's slot: the packed block, then scratch (a quantized weight's
-// decoded rows; AMX's partial C tiles).
+// One thread's slot: the packed block, scratch for a quantized weight's
+// decoded rows, and (amx) the task's C in tiles.
 struct SlotLayout {
-  int64_t pack_bytes, scratch_bytes;
-  int64_t bytes() const { return pack_bytes + scratch_bytes; }
+  int64_t pack_bytes, scratch_bytes, c_bytes;
+  int64_t bytes() const { return pack_bytes + scratch_bytes + c_bytes; }
 };
 SlotLayout SlotOf(GemmFamily f, int64_t k) {
   const int64_t kc = KcOf(f, k);
   if (f == GemmFamily::kFma)
-    return {AlignUp(kc * NcOf(f) * 4, 64), AlignUp(kc * Fma().nr * 4, 64)};
+    return {AlignUp(kc * NcOf(f) * 4, 64), AlignUp(kc * Fma().nr * 4, 64), 0};
   return {AlignUp(NcOf(f) * AlignUp(kc, gemm::kTileK) * 2, 64),
-          std::max<int64_t>(AlignUp(gemm::kStripCols * kc * 4, 64), 4096)};
+          AlignUp(gemm::kStripCols * kc * 4, 64),
+          f == GemmFamily::kAmx ? AmxRows() * NcOf(f) * 4 : 0};
 }
 
 // y[i, j] += bias[j] for rows [i0, i1), columns [j0, j1).
@@ -131,6 +140,34 @@ GemmFamily GemmFamilyOf(DType compute) {
 
 bool NativeGemmDType(DType dtype) {
   return dtype == DType::kF32 || GemmFamilyOf(dtype) != GemmFamily::kFma;
+}
+
+bool StripsLayoutFits(int64_t n, int64_t k, DType dtype) {
+  return dtype == DType::kBF16 && GemmFamilyOf(dtype) != GemmFamily::kFma &&
+         n > 0 && k > 0 && n % gemm::kStripCols == 0 && k % gemm::kTileK == 0;
+}
+
+void PackWeightStrips(void* w, int64_t n, int64_t k) {
+  LOOM_CHECK(StripsLayoutFits(n, k, DType::kBF16))
+      << "strips of a [" << n << ", " << k << "] weight at the "
+      << GemmPathName(DType::kBF16) << " level";
+  auto* base = static_cast<uint16_t*>(w);
+  const int64_t strip = gemm::kStripCols * k;  // elements
+  const int64_t strips = n / gemm::kStripCols;
+#pragma omp parallel
+  {
+    // Load-time, not a forward: the row copy is this thread's own.
+    std::vector<uint16_t> rows(static_cast<size_t>(strip));
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < strips; ++s) {
+      uint16_t* at = base + s * strip;
+      std::copy(at, at + strip, rows.begin());
+      const WeightSource src{rows.data(), DType::kBF16, true,
+                             gemm::kStripCols, k, false, nullptr,
+                             DType::kBF16};
+      gemm::PackStrips(src, 0, gemm::kStripCols, 0, k, at, nullptr);
+    }
+  }
 }
 
 int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype) {
@@ -168,6 +205,11 @@ struct GemmContext::Impl {
                    int64_t cols, int64_t k0, int64_t kc, char* slot_base);
   void RunBf16Block(const Prepared& p, int64_t i0, int64_t i1, int64_t j0,
                     int64_t cols, int64_t k0, int64_t kc, char* slot_base);
+  const uint16_t* StripsOf(const Prepared& p, int64_t j0, int64_t cols,
+                           int64_t k0, int64_t kc, char* slot_base,
+                           int64_t* stride);
+  void RunAmxTask(const Prepared& p, int64_t i0, int64_t i1, int64_t j0,
+                  int64_t cols, char* slot_base);
 };
 
 // Rounds x [rows, k] into the workspace as the family reads it (or nothing:
@@ -184,8 +226,16 @@ const void* GemmContext::Impl::PrepareX(const float* x, int64_t rows, int64_t k,
     return workspace;
   }
   auto* out = static_cast<uint16_t*>(workspace);
-  const int64_t ldx = Bf16XStride(k);
   const int64_t padded = rows + 32;
+  if (family == GemmFamily::kAmx) {
+    const int64_t blocks = CeilDiv(padded, 16);
+#pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
+    for (int64_t b = 0; b < blocks; ++b)
+      gemm::RoundXToBf16Blocks(x, rows, k, out, padded, b * 16,
+                               std::min(padded, b * 16 + 16));
+    return workspace;
+  }
+  const int64_t ldx = Bf16XStride(k);
   // Rows in blocks of 16 over the threads (each output row is one thread's).
   const int64_t blocks = CeilDiv(padded, 16);
 #pragma omp parallel for schedule(static) if (rows * k >= (1 << 16))
@@ -204,7 +254,8 @@ void GemmContext::Impl::Plan(Prepared& p, int threads, int64_t gemms) {
   const GemmArgs& a = *p.a;
   const int64_t unit = RowUnit(family);
   p.col_blocks = CeilDiv(a.n, NcOf(family));
-  int64_t row_blocks = CeilDiv(a.m, kMaxRowBlock);
+  int64_t row_blocks = CeilDiv(
+      a.m, family == GemmFamily::kAmx ? AmxRows() : kMaxRowBlock);
   const int64_t want = 4 * threads;
   if (threads > 1 && p.col_blocks * gemms * row_blocks < want)
     row_blocks = std::max(row_blocks, CeilDiv(want, p.col_blocks * gemms));
@@ -237,22 +288,11 @@ void GemmContext::Impl::RunBf16Block(const Prepared& p, int64_t i0, int64_t i1,
                                      int64_t j0, int64_t cols, int64_t k0,
                                      int64_t kc, char* slot_base) {
   const GemmArgs& a = *p.a;
-  auto* pack = reinterpret_cast<uint16_t*>(slot_base);
-  auto* scratch = reinterpret_cast<float*>(slot_base + slot.pack_bytes);
-  gemm::PackStrips(p.src, j0, cols, k0, kc, pack, scratch);
   const int64_t kcp = AlignUp(kc, gemm::kTileK);
-  const int64_t stride = gemm::kStripCols * kcp;
+  int64_t stride = 0;
+  const uint16_t* pack = StripsOf(p, j0, cols, k0, kc, slot_base, &stride);
   const bool load_c = a.accumulate || k0 > 0;
   const uint16_t* x = p.xb + k0;
-  if (family == GemmFamily::kAmx) {
-    for (int64_t i = i0; i < i1; i += 32)
-      for (int64_t jj = 0; jj < cols; jj += 32)
-        gemm::AmxTile(x + i * p.ldx, p.ldx, std::min<int64_t>(32, i1 - i),
-                      BTile{pack + (jj / 16) * stride, stride}, kcp,
-                      a.y + i * p.ldy + j0 + jj, p.ldy,
-                      std::min<int64_t>(32, cols - jj), load_c, scratch);
-    return;
-  }
   for (int64_t i = i0; i < i1;) {
     const int64_t rows = std::min(gemm::kDotMr, i1 - i);
     const int64_t width = gemm::DotStripsForRows(rows) * gemm::kStripCols;
@@ -265,6 +305,61 @@ void GemmContext::Impl::RunBf16Block(const Prepared& p, int64_t i0, int64_t i1,
   }
 }
 
+// Columns [j0, j0 + cols), k [k0, k0 + kc) of the weight as bf16 strips:
+// where a kStrips weight holds them, or packed into the slot.
+const uint16_t* GemmContext::Impl::StripsOf(const Prepared& p, int64_t j0,
+                                            int64_t cols, int64_t k0,
+                                            int64_t kc, char* slot_base,
+                                            int64_t* stride) {
+  if (p.src.strips) {
+    *stride = gemm::kStripCols * p.src.k;
+    return static_cast<const uint16_t*>(p.src.w) +
+           (j0 / gemm::kStripCols) * *stride + k0 * gemm::kStripCols;
+  }
+  auto* pack = reinterpret_cast<uint16_t*>(slot_base);
+  auto* scratch = reinterpret_cast<float*>(slot_base + slot.pack_bytes);
+  gemm::PackStrips(p.src, j0, cols, k0, kc, pack, scratch);
+  *stride = gemm::kStripCols * AlignUp(kc, gemm::kTileK);
+  return pack;
+}
+
+// An amx task: its C [rows, cols] lives in the slot as 16 x 16 tiles (rows
+// and columns padded to 32), loaded from y first when accumulating, and goes
+// to y (with the bias) once every K block is done.
+void GemmContext::Impl::RunAmxTask(const Prepared& p, int64_t i0, int64_t i1,
+                                   int64_t j0, int64_t cols, char* slot_base) {
+  const GemmArgs& a = *p.a;
+  const int64_t rows = i1 - i0;
+  const int64_t rt = AlignUp(rows, 32) / 16, ct = AlignUp(cols, 32) / 16;
+  auto* cs = reinterpret_cast<float*>(slot_base + slot.pack_bytes +
+                                      slot.scratch_bytes);  // [rt][ct][16][16]
+  if (a.accumulate) gemm::AmxLoadC(a.y + i0 * p.ldy + j0, p.ldy, rows, cols, cs, ct, rt);
+  const int64_t kc = KcOf(family, a.k);
+  // x block-major (RoundXToBf16Blocks): a 16-row tile is 1 KB contiguous.
+  const gemm::ATile al{64, p.ldx, 16 * gemm::kTileK};
+  for (int64_t k0 = 0; k0 < a.k; k0 += kc) {
+    const int64_t kcc = std::min(kc, a.k - k0);
+    const int64_t kcp = AlignUp(kcc, gemm::kTileK);
+    int64_t stride = 0;
+    const uint16_t* b = StripsOf(p, j0, cols, k0, kcc, slot_base, &stride);
+    const bool load_c = a.accumulate || k0 > 0;
+    const uint16_t* x =
+        p.xb + (k0 / gemm::kTileK) * p.ldx + i0 * gemm::kTileK;
+    for (int64_t ib = 0; ib < rt; ib += 2)
+      for (int64_t jc = 0; jc < ct; jc += 2)
+        gemm::AmxTile(x + ib * 16 * gemm::kTileK, al, std::min<int64_t>(32, rows - ib * 16),
+                      BTile{b + jc * stride, stride}, kcp,
+                      cs + (ib * ct + jc) * 256, ct * 256,
+                      std::min<int64_t>(32, cols - jc * 16), load_c);
+  }
+  // The bias joins here when it is f32 (the executor's); other dtypes after.
+  const bool f32_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
+  gemm::AmxStoreC(cs, ct, rows, cols, a.y + i0 * p.ldy + j0, p.ldy,
+                  f32_bias ? static_cast<const float*>(a.bias) + j0 : nullptr);
+  if (a.bias != nullptr && !f32_bias)
+    AddBias(a.y, p.ldy, i0, i1, j0, j0 + cols, a.bias, a.bias_dtype);
+}
+
 // Task t of a GEMM: column block t / row_blocks, row block t % row_blocks,
 // every K block in order.
 void GemmContext::Impl::RunTask(const Prepared& p, int64_t t, int slot_index) {
@@ -274,13 +369,18 @@ void GemmContext::Impl::RunTask(const Prepared& p, int64_t t, int slot_index) {
   const int64_t nc = NcOf(family);
   const int64_t j0 = cb * nc, cols = std::min(nc, a.n - j0);
   char* base = slots + slot_index * slot.bytes();
-  const int64_t kc = KcOf(family, a.k);
-  for (int64_t k0 = 0; k0 < a.k; k0 += kc) {
-    const int64_t kcc = std::min(kc, a.k - k0);
-    if (family == GemmFamily::kFma)
-      RunFmaBlock(p, i0, i1, j0, cols, k0, kcc, base);
-    else
-      RunBf16Block(p, i0, i1, j0, cols, k0, kcc, base);
+  if (family == GemmFamily::kAmx) {
+    RunAmxTask(p, i0, i1, j0, cols, base);  // with the bias
+    return;
+  } else {
+    const int64_t kc = KcOf(family, a.k);
+    for (int64_t k0 = 0; k0 < a.k; k0 += kc) {
+      const int64_t kcc = std::min(kc, a.k - k0);
+      if (family == GemmFamily::kFma)
+        RunFmaBlock(p, i0, i1, j0, cols, k0, kcc, base);
+      else
+        RunBf16Block(p, i0, i1, j0, cols, k0, kcc, base);
+    }
   }
   if (a.bias != nullptr)
     AddBias(a.y, p.ldy, i0, i1, j0, j0 + cols, a.bias, a.bias_dtype);
@@ -323,15 +423,25 @@ void GemmContext::Impl::Run(const GemmArgs* items, int64_t count,
       LOOM_CHECK(a.quant->n == a.n && a.quant->k == k)
           << "quantized weight [" << a.quant->n << ", " << a.quant->k
           << "] for a GEMM n=" << a.n << " k=" << k;
-      p.src = WeightSource{nullptr, compute, true, a.n, k, a.quant, compute};
+      p.src = WeightSource{nullptr, compute, true, a.n, k, false, a.quant,
+                           compute};
     } else {
-      p.src = WeightSource{a.w, a.w_dtype, a.layout == WeightLayout::kOutIn,
-                           a.n, k, nullptr, compute};
+      p.src = WeightSource{a.w, a.w_dtype, a.layout != WeightLayout::kInOut,
+                           a.n, k, a.layout == WeightLayout::kStrips, nullptr,
+                           compute};
+      LOOM_CHECK(!p.src.strips || (family != GemmFamily::kFma &&
+                                   StripsLayoutFits(a.n, k, a.w_dtype)))
+          << "a weight in kStrips [" << a.n << ", " << k << "] "
+          << DTypeName(a.w_dtype) << " on the " << GemmPathName(compute)
+          << " path, which does not read strips";
     }
     const int64_t row0 = (a.x - x) / k;
     if (family == GemmFamily::kFma) {
       p.xf = static_cast<const float*>(xp) + row0 * k;
       p.ldx = k;
+    } else if (family == GemmFamily::kAmx) {
+      p.ldx = (rows + 32) * gemm::kTileK;  // elements from one 32-k block to the next
+      p.xb = static_cast<const uint16_t*>(xp) + row0 * gemm::kTileK;
     } else {
       p.ldx = Bf16XStride(k);
       p.xb = static_cast<const uint16_t*>(xp) + row0 * p.ldx;

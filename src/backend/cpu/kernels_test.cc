@@ -206,7 +206,9 @@ TEST_P(GemmTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GemmTest,
     ::testing::Values(GemmCase{1, DType::kF32}, GemmCase{3, DType::kF32},
-                      GemmCase{17, DType::kF32}, GemmCase{129, DType::kF32},
+                      GemmCase{13, DType::kF32}, GemmCase{17, DType::kF32},
+                      GemmCase{129, DType::kF32}, GemmCase{2, DType::kBF16},
+                      GemmCase{33, DType::kBF16},
                       GemmCase{1, DType::kBF16}, GemmCase{3, DType::kBF16},
                       GemmCase{4, DType::kBF16}, GemmCase{5, DType::kBF16},
                       GemmCase{17, DType::kBF16}, GemmCase{129, DType::kBF16},
@@ -452,6 +454,75 @@ TEST(GemmBatchInvariance, EveryRowEqualsItselfAloneForMUpTo600) {
             << " M=" << m << " rows from " << off << " ("
             << GemmPathName(dt) << ")";
       }
+    }
+  }
+}
+
+// A bf16 weight repacked in place into kStrips (the dot and amx levels)
+// multiplies to the bytes of the same weight packed per call, whole and as
+// a slice of rows at a multiple of 16; the strip layout is the documented
+// one (pair p of column c: (w[c, 2p], w[c, 2p + 1]), 16 columns a strip).
+TEST(GemmStrips, RepackedWeightGivesThePerCallBytes) {
+  if (!StripsLayoutFits(16, 32, DType::kBF16)) {
+    EXPECT_EQ(GemmFamilyOf(DType::kBF16), GemmFamily::kFma);
+    GTEST_SKIP() << "SKIPPED LOUDLY: bf16 runs the fma family at the "
+                 << GemmPathName(DType::kBF16)
+                 << " level, which reads no strips";
+  }
+  EXPECT_FALSE(StripsLayoutFits(24, 32, DType::kBF16));
+  EXPECT_FALSE(StripsLayoutFits(16, 40, DType::kBF16));
+  EXPECT_FALSE(StripsLayoutFits(16, 32, DType::kF16));
+  uint32_t seed = 611;
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{64, 96},
+                             {96, 2048},
+                             {48, 1024 + 64}}) {
+    const std::vector<float> wf = Random(n * k, seed++);
+    const std::vector<uint16_t> w16 = To16(wf, DType::kBF16);
+    std::vector<uint16_t> strips = w16;
+    PackWeightStrips(strips.data(), n, k);
+    for (int64_t c = 0; c < n; c += 7)
+      for (int64_t kk = 0; kk < k; kk += 5)
+        ASSERT_EQ(strips[(c / 16) * 16 * k + (kk / 2) * 32 + (c % 16) * 2 +
+                         kk % 2],
+                  w16[c * k + kk])
+            << "element (" << c << ", " << kk << ") of a [" << n << ", " << k
+            << "] weight";
+    for (int64_t m : {1, 5, 33, 200}) {
+      const std::vector<float> x = Random(m * k, seed++);
+      const std::vector<float> y0 = Random(m * n, seed++);
+      AlignedBuf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+      GemmContext ctx;
+      GemmArgs a;
+      a.x = x.data();
+      a.w_dtype = DType::kBF16;
+      a.m = m, a.n = n, a.k = k;
+      a.accumulate = true;
+      a.workspace = ws.p;
+      std::vector<float> per_call = y0, packed = y0;
+      a.w = w16.data();
+      a.y = per_call.data();
+      ctx.Gemm(a);
+      a.w = strips.data();
+      a.layout = WeightLayout::kStrips;
+      a.y = packed.data();
+      ctx.Gemm(a);
+      ASSERT_EQ(0, std::memcmp(per_call.data(), packed.data(), 4 * m * n))
+          << "m=" << m << " n=" << n << " k=" << k;
+      // Rows [16, n) of the weight: a slice of the strips.
+      std::vector<float> slice_call(m * (n - 16)), slice_packed(m * (n - 16));
+      a.n = n - 16;
+      a.accumulate = false;
+      a.w = w16.data() + 16 * k;
+      a.layout = WeightLayout::kOutIn;
+      a.y = slice_call.data();
+      ctx.Gemm(a);
+      a.w = strips.data() + 16 * k;
+      a.layout = WeightLayout::kStrips;
+      a.y = slice_packed.data();
+      ctx.Gemm(a);
+      ASSERT_EQ(0, std::memcmp(slice_call.data(), slice_packed.data(),
+                               4 * m * (n - 16)))
+          << "slice m=" << m << " n=" << n << " k=" << k;
     }
   }
 }

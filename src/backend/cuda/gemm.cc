@@ -403,6 +403,11 @@ Status GemmRunner::Run(const GemmOp& op, cudaStream_t stream) {
                                 std::string(DTypeName(op.bias_dtype)));
 
   if (w.quantized()) RETURN_IF_ERROR(state_->CheckQuantized(w, dtype, shape));
+  // Repacked only for the CPU's kernels (host segments); a GPU reads the
+  // checkpoint's layouts.
+  if (w.format.layout == MatrixLayout::kStrips)
+    return InvalidArgumentError("cuda gemm " + shape +
+                                ": a weight repacked for the CPU's kernels");
   if (dtype != DType::kF32 && op.workspace == nullptr)
     return InvalidArgumentError("cuda gemm " + shape +
                                 ": 16-bit GEMM without a workspace");
