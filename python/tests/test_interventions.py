@@ -241,12 +241,12 @@ def test_generate_with_hooks_captures_the_edited_values(model, vector):
     got = model.generate(ids, max_tokens=8, hooks="blocks.3.hook_resid_post", select="all",
                          interventions=iv)
     assert got["token_ids"] == model.generate(ids, max_tokens=8, interventions=iv)["token_ids"]
-    # The prompt's rows are extract's with the same edits (another batch
-    # shape and KV layout: equal to f32 rounding).
+    # The prompt's rows are extract's with the same edits, byte for byte
+    # (another batch shape and KV layout: batch invariance).
     want = model.extract([ids], "blocks.3.hook_resid_post", select="all",
                          interventions=iv)["blocks.3.hook_resid_post"]
     rows = got["activations"]["blocks.3.hook_resid_post"][:len(ids)]
-    np.testing.assert_allclose(rows, want, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(rows, want)
     plain = model.extract([ids], "blocks.3.hook_resid_post", select="all")
     assert not np.allclose(rows, plain["blocks.3.hook_resid_post"], atol=1e-3)
 

@@ -326,21 +326,22 @@ class Backend {
   }
   virtual void Gemm(const GemmOp& op) = 0;
   // Optional: the layout this backend would rather read a dense [n, k]
-  // (out, in) GEMM weight of `dtype` in, and the rewrite into it (in place:
-  // the same bytes over the same address range, a slice of rows at a
-  // multiple of 16 staying a slice). kOutIn: keep the weight as stored.
+  // (out, in) GEMM weight of `dtype` in, and the rewrite into it: `data`'s
+  // n k elements into `out` (== data: in place), the same size, a slice of
+  // rows at a multiple of 16 staying a slice. kOutIn: keep it as stored.
   virtual MatrixLayout RepackedLayout(int64_t n, int64_t k, DType dtype) const {
     (void)n;
     (void)k;
     (void)dtype;
     return MatrixLayout::kOutIn;
   }
-  virtual void RepackWeight(void* data, int64_t n, int64_t k,
-                            DType dtype) const {
+  virtual void RepackWeight(const void* data, int64_t n, int64_t k,
+                            DType dtype, void* out) const {
     (void)data;
     (void)n;
     (void)k;
     (void)dtype;
+    (void)out;
   }
   // The items one by one (each rounds its x into the workspace) unless a
   // backend groups them.

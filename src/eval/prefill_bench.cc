@@ -93,7 +93,8 @@ StatusOr<double> DenseGemmRate(Backend& be, int64_t T, int64_t H, DType dtype,
   be.SetGemmScratchpad(pad.data(), pad_bytes);
   // In the layout the forward's weights have (the backend's repack).
   const MatrixLayout layout = be.RepackedLayout(N, H, dtype);
-  if (layout != MatrixLayout::kOutIn) be.RepackWeight(w.data(), N, H, dtype);
+  if (layout != MatrixLayout::kOutIn)
+    be.RepackWeight(w.data(), N, H, dtype, w.data());
   GemmOp op;
   op.x = static_cast<const float*>(x.data());
   op.m = T;

@@ -189,6 +189,7 @@ StatusOr<BoundWeights> BoundWeights::Bind(const ModelConfig& config,
                                     " for converted weights");
     b.arena_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p),
                                         [](uint8_t* q) { std::free(q); });
+    b.arena_bytes_ = arena_bytes;
   }
   std::map<const Checkpoint::Entry*, TensorView> bound;
   int64_t offset = 0;
@@ -329,19 +330,39 @@ bool IsGemmWeight(WeightRole r) {
   }
 }
 
-// Makes the pages under `v` writable (a mapping's pages become private
-// copies on the first write).
-Status MakeWritable(const TensorView& v) {
+
+// Anonymous memory for `bytes`, huge pages asked for its whole 2 MB blocks
+// (none past the last: nothing beyond the bytes becomes resident).
+StatusOr<std::shared_ptr<uint8_t>> AllocateRepacked(int64_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const size_t len = static_cast<size_t>(bytes) + kHuge;
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return ResourceExhaustedError("repacking " + std::to_string(bytes) +
+                                  " bytes of weights: mmap: " +
+                                  std::strerror(errno));
+  const auto base = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = (base + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t whole = (start + static_cast<uintptr_t>(bytes)) / kHuge * kHuge;
+  if (whole > start)
+    (void)::madvise(reinterpret_cast<void*>(start), whole - start,
+                    MADV_HUGEPAGE);  // a hint: 4 KB pages otherwise
+  return std::shared_ptr<uint8_t>(reinterpret_cast<uint8_t*>(start),
+                                   [p, len](uint8_t*) { ::munmap(p, len); });
+}
+
+// Drops the mapped pages wholly inside [begin, end) of a tensor whose bytes
+// span [lo, hi): they are read again from the file if touched (never: the
+// weight now lives elsewhere). Pages shared with a neighbour stay.
+void ReleaseMapped(const uint8_t* lo, const uint8_t* hi, const uint8_t* begin,
+                   const uint8_t* end) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(v.data) / page * page;
-  const auto end = (reinterpret_cast<uintptr_t>(v.data) +
-                    static_cast<uintptr_t>(v.bytes()) + page - 1) /
-                   page * page;
-  if (::mprotect(reinterpret_cast<void*>(begin), end - begin,
-                 PROT_READ | PROT_WRITE) != 0)
-    return IoError("repacking a weight of shape " + v.shape.ToString() +
-                   ": mprotect: " + std::strerror(errno));
-  return Status();
+  uintptr_t b = (reinterpret_cast<uintptr_t>(std::max(begin, lo)) + page - 1) /
+                page * page;
+  uintptr_t e = reinterpret_cast<uintptr_t>(std::min(end, hi)) / page * page;
+  if (e > b)
+    (void)::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
 }  // namespace
@@ -357,29 +378,32 @@ Status BoundWeights::Repack(int64_t first_layer, int64_t last_layer, bool head,
           : nullptr;
   const uint8_t* embed_end =
       embed_begin != nullptr ? embed_begin + embed->view.bytes() : nullptr;
-  auto offer = [&](const Slot& s, WeightRole role) -> Status {
+  const uint8_t* arena_begin = arena_.get();
+  const uint8_t* arena_end = arena_begin + arena_bytes_;
+  struct Job {
+    const Slot* slot;
+    MatrixLayout to;
+    bool in_place;  // in the owned arena
+  };
+  std::vector<Job> jobs;
+  auto offer = [&](const Slot& s, WeightRole role) {
     if (!s.present || s.quantized || s.layout != MatrixLayout::kOutIn ||
         s.view.dtype != compute_dtype_ || !IsGemmWeight(role))
-      return Status();
+      return;
     const TensorView& v = s.view;
     const auto* p = static_cast<const uint8_t*>(v.data);
     if (embed_begin != nullptr && p < embed_end && p + v.bytes() > embed_begin)
-      return Status();  // shares the embedding table (tied)
+      return;  // shares the embedding table (tied)
     const int64_t rank = v.shape.rank();
-    if (rank != 2 && rank != 3) return Status();
+    if (rank != 2 && rank != 3) return;
     const int64_t n = v.shape.dim(-2), k = v.shape.dim(-1);
     const MatrixLayout to = layout_of(n, k, v.dtype);
-    if (to == MatrixLayout::kOutIn) return Status();
+    if (to == MatrixLayout::kOutIn) return;
     // Packed gate/up experts are served as row halves (WeightOperandOf).
-    if (role == WeightRole::kExpertGateUp && (n / 2) % 16 != 0)
-      return Status();
-    RETURN_IF_ERROR(MakeWritable(v));
-    const int64_t matrices = rank == 3 ? v.shape.dim(0) : 1;
-    const int64_t bytes = n * k * static_cast<int64_t>(DTypeSize(v.dtype));
-    for (int64_t e = 0; e < matrices; ++e)
-      repack(const_cast<uint8_t*>(p) + e * bytes, n, k, v.dtype);
-    s.layout = to;
-    return Status();
+    if (role == WeightRole::kExpertGateUp && (n / 2) % 16 != 0) return;
+    const bool in_place =
+        arena_begin != nullptr && p >= arena_begin && p < arena_end;
+    jobs.push_back({&s, to, in_place});
   };
   for (int64_t row = 0; row <= num_layers_; ++row) {
     const bool model_level = row == num_layers_;
@@ -388,14 +412,44 @@ Status BoundWeights::Repack(int64_t first_layer, int64_t last_layer, bool head,
     for (int role = 0; role < kNumWeightRoles; ++role) {
       const auto r = static_cast<WeightRole>(role);
       if (model_level && r != WeightRole::kLmHead) continue;
-      RETURN_IF_ERROR(offer(
-          slots_[static_cast<size_t>(row) * kNumWeightRoles + role], r));
+      offer(slots_[static_cast<size_t>(row) * kNumWeightRoles + role], r);
     }
   }
   for (const auto& [key, s] : expert_slots_) {
     const int64_t layer = std::get<1>(key);
-    if (layer < first_layer || layer > last_layer) continue;
-    RETURN_IF_ERROR(offer(s, static_cast<WeightRole>(std::get<0>(key))));
+    if (layer >= first_layer && layer <= last_layer)
+      offer(s, static_cast<WeightRole>(std::get<0>(key)));
+  }
+  int64_t moved = 0;
+  for (const Job& j : jobs)
+    if (!j.in_place) moved += AlignUp(j.slot->view.bytes(), 64);
+  uint8_t* out = nullptr;
+  if (moved > 0) {
+    ASSIGN_OR_RETURN(std::shared_ptr<uint8_t> mem, AllocateRepacked(moved));
+    out = mem.get();
+    repacked_->push_back(std::move(mem));
+  }
+  for (const Job& j : jobs) {
+    TensorView& v = j.slot->view;
+    const int64_t n = v.shape.dim(-2), k = v.shape.dim(-1);
+    const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
+    const int64_t matrices = v.shape.rank() == 3 ? v.shape.dim(0) : 1;
+    const auto* src = static_cast<const uint8_t*>(v.data);
+    uint8_t* dst = j.in_place ? const_cast<uint8_t*>(src) : out;
+    for (int64_t e = 0; e < matrices; ++e)
+      for (int64_t r0 = 0; r0 < n; r0 += kRepackRows) {
+        const int64_t rows = std::min(kRepackRows, n - r0);
+        const int64_t at = (e * n + r0) * k * es;
+        repack(src + at, rows, k, v.dtype, dst + at);
+        if (!j.in_place)
+          ReleaseMapped(src, src + v.bytes(), src + at,
+                        src + at + rows * k * es);
+      }
+    if (!j.in_place) {
+      v.data = dst;
+      out += AlignUp(v.bytes(), 64);
+    }
+    j.slot->layout = j.to;
   }
   return Status();
 }

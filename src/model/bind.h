@@ -67,22 +67,25 @@ class BoundWeights {
   // plan says from the start and no forward pays page faults. Weights of
   // layers a job does not run are never read.
   void FaultIn(int64_t last_layer, bool head) const;
-  // Repacks, in place and at most once per tensor, the dense [out, in] GEMM
-  // matrices (of the compute dtype) of layers [first_layer, last_layer], and
-  // the lm_head when `head`, into the layout `layout_of` names for each
-  // (kOutIn: left as stored): `repack` rewrites every matrix of the tensor
-  // (each expert of a stacked [E, out, in] one alone) within its own bytes,
-  // and Layout() then says so. Tensors read as anything but a GEMM weight
-  // (the embedding table a tied lm_head shares) are never offered; nor a
-  // packed [E, 2I, H] gate/up whose halves are not the layout's whole
-  // 16-row blocks. Pages of the checkpoint's mapping become the process's
-  // private copies (the same bytes resident; the file is not written).
-  // Serialised with other Repack calls; the weights of layers a forward is
-  // reading must not be repacked under it (an executor repacks its own
-  // layers before its first forward, and a tensor already repacked is
-  // skipped).
+  // Repacks, at most once per tensor, the dense [out, in] GEMM matrices (of
+  // the compute dtype) of layers [first_layer, last_layer], and the lm_head
+  // when `head`, into the layout `layout_of` names for each (kOutIn: left as
+  // stored): `repack` rewrites one [n, k] block of rows (each expert of a
+  // stacked [E, out, in] tensor alone, in blocks of kRepackRows rows) into
+  // `out`, and Layout() then says so. Converted tensors (the owned arena)
+  // are rewritten in place; mapped ones into one anonymous allocation of
+  // the same bytes (huge pages where whole), the mapped pages released
+  // block by block as they are done, so resident memory stays the weights'
+  // bytes plus one block. Tensors read as anything but a GEMM weight (the
+  // embedding table a tied lm_head shares) are never offered; nor a packed
+  // [E, 2I, H] gate/up whose halves are not whole 16-row blocks. Serialised
+  // with other Repack calls; a forward must not read the layers being
+  // repacked (an executor repacks its own layers before its first forward,
+  // and a tensor already repacked is skipped).
+  static constexpr int64_t kRepackRows = 256;
   using LayoutFn = std::function<MatrixLayout(int64_t n, int64_t k, DType)>;
-  using RepackFn = std::function<void(void* data, int64_t n, int64_t k, DType)>;
+  using RepackFn = std::function<void(const void* data, int64_t n, int64_t k,
+                                      DType, void* out)>;
   Status Repack(int64_t first_layer, int64_t last_layer, bool head,
                 const LayoutFn& layout_of, const RepackFn& repack) const;
   // The quantized storage of a weight, or nullptr when it is dense (Get()
@@ -113,8 +116,8 @@ class BoundWeights {
 
  private:
   struct Slot {
-    TensorView view;
-    // Mutable: Repack changes it (under repack_mutex_) with the bytes.
+    mutable TensorView view;
+    // Mutable: Repack changes them (under repack_mutex_) with the bytes.
     mutable MatrixLayout layout = MatrixLayout::kOutIn;
     bool present = false;
     bool quantized = false;
@@ -128,7 +131,11 @@ class BoundWeights {
   // Expert weights: (role, layer, expert) -> slot.
   std::map<std::tuple<int, int64_t, int64_t>, Slot> expert_slots_;
   std::shared_ptr<uint8_t> arena_;
+  int64_t arena_bytes_ = 0;
   std::shared_ptr<std::mutex> repack_mutex_ = std::make_shared<std::mutex>();
+  // The allocations Repack moved mapped weights into (shared with copies).
+  std::shared_ptr<std::vector<std::shared_ptr<uint8_t>>> repacked_ =
+      std::make_shared<std::vector<std::shared_ptr<uint8_t>>>();
   DType compute_dtype_ = DType::kF32;
   int64_t converted_bytes_ = 0;
   int64_t in_place_bytes_ = 0;

@@ -247,8 +247,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
           [b](int64_t n, int64_t k, DType t) {
             return b->RepackedLayout(n, k, t);
           },
-          [b](void* data, int64_t n, int64_t k, DType t) {
-            b->RepackWeight(data, n, k, t);
+          [b](const void* data, int64_t n, int64_t k, DType t, void* out) {
+            b->RepackWeight(data, n, k, t, out);
           }));
     }
     ex->devices_.push_back(std::move(d));

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -144,17 +145,15 @@ TEST(ServeEngineTest, HiddenStatesEqualOnePassForward) {
     const std::vector<int64_t> starts = {0, static_cast<int64_t>(ids.size())};
     AllRows sink;
     ASSERT_TRUE((*ex)->Forward({ids, starts}, &sink).ok());
+    // Chunked prefill, decode steps and other requests in the batch: the
+    // bytes of one pass (batch invariance).
     for (size_t h = 0; h < hooks.size(); ++h) {
       SCOPED_TRACE(HookName(hooks[h]));
       const std::vector<float>& want = sink.rows[hooks[h]];
       const int64_t w = got.widths[h];
-      float scale = 0;
-      for (float v : want) scale = std::max(scale, std::fabs(v));
-      for (int64_t r = 0; r < got.rows; ++r)
-        for (int64_t j = 0; j < w; ++j)
-          ASSERT_NEAR(got.captures[h][r * w + j], want[(first_row + r) * w + j],
-                      2e-5f * scale)
-              << "row " << r << " col " << j;
+      ASSERT_EQ(0, std::memcmp(got.captures[h].data(),
+                               want.data() + first_row * w,
+                               4 * static_cast<size_t>(got.rows * w)));
     }
   };
   check(p0, *g0, 0);
@@ -162,6 +161,68 @@ TEST(ServeEngineTest, HiddenStatesEqualOnePassForward) {
   std::vector<int32_t> full = p2;
   full.insert(full.end(), g2->token_ids.begin(), g2->token_ids.end() - 1);
   check(full, *g2, 0);
+}
+
+// A request's hidden states and tokens alone, and under 15 other concurrent
+// requests (prompts of other lengths, some generating) in a bf16 engine:
+// the same bytes (batch invariance; the engine batches whatever is running).
+TEST(ServeEngineTest, RequestAloneEqualsUnderSixteenConcurrent) {
+  EngineOptions o;
+  o.precision = Precision::kBF16;
+  o.slots = 16;
+  o.context = 160;
+  o.prefill_chunk = 24;
+  o.extra_hooks = {"blocks.*.hook_mlp_out"};
+  auto run = [&](bool crowded, GenResult* out) {
+    auto engine = Engine::Create("stories", Stories(), o);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    Engine& e = **engine;
+    const ModelConfig& c = e.model().config();
+    GenRequest target;
+    target.prompt = RandomPrompt(41, c.vocab_size, 5);
+    target.max_new_tokens = 9;
+    target.rows = CaptureRows::kAll;
+    for (int64_t l = 0; l <= c.num_layers; ++l) {
+      auto h = e.LayerHook(l);
+      ASSERT_TRUE(h.ok());
+      target.hooks.push_back(*h);
+    }
+    target.hooks.push_back({HookSite::kMlpOut, 1});
+    std::vector<std::shared_ptr<Ticket>> others;
+    auto submit_others = [&](int first, int last) {
+      for (int i = first; i < last; ++i) {
+        GenRequest r;
+        r.prompt = RandomPrompt(3 + 9 * i, c.vocab_size, 300 + i);
+        r.max_new_tokens = i % 3 == 0 ? 0 : 4 + i;
+        auto t = e.Submit(r);
+        ASSERT_TRUE(t.ok()) << t.status().ToString();
+        others.push_back(*t);
+      }
+    };
+    if (crowded) submit_others(0, 8);
+    auto t = e.Submit(target);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    if (crowded) submit_others(8, 15);
+    auto got = (*t)->Wait();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    *out = *got;
+    for (auto& other : others) ASSERT_TRUE(other->Wait().ok());
+    if (crowded) {
+      EXPECT_GT(e.Stats().max_forward_seqs, 1);
+    }
+  };
+  GenResult alone, crowded;
+  run(false, &alone);
+  run(true, &crowded);
+  EXPECT_EQ(alone.token_ids, crowded.token_ids);
+  ASSERT_EQ(alone.rows, crowded.rows);
+  ASSERT_EQ(alone.captures.size(), crowded.captures.size());
+  for (size_t h = 0; h < alone.captures.size(); ++h) {
+    ASSERT_EQ(alone.captures[h].size(), crowded.captures[h].size());
+    EXPECT_EQ(0, std::memcmp(alone.captures[h].data(), crowded.captures[h].data(),
+                             4 * alone.captures[h].size()))
+        << "hook " << h;
+  }
 }
 
 TEST(ServeEngineTest, AdmissionRefusesWhatCanNeverFitAndQueuesTheRest) {

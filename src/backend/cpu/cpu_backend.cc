@@ -145,12 +145,12 @@ MatrixLayout CpuBackend::RepackedLayout(int64_t n, int64_t k,
                                        : MatrixLayout::kOutIn;
 }
 
-void CpuBackend::RepackWeight(void* data, int64_t n, int64_t k,
-                              DType dtype) const {
+void CpuBackend::RepackWeight(const void* data, int64_t n, int64_t k,
+                              DType dtype, void* out) const {
   LOOM_CHECK(RepackedLayout(n, k, dtype) == MatrixLayout::kStrips)
       << "repack of a [" << n << ", " << k << "] " << DTypeName(dtype)
       << " weight";
-  PackWeightStrips(data, n, k);
+  PackWeightStrips(data, n, k, out);
 }
 
 // Every item, dense or quantized, as tasks of one parallel region (the same

@@ -39,8 +39,8 @@ class CpuBackend final : public Backend {
   void Gemm(const GemmOp& op) override;
   // bf16 weights at the avx512bf16 and amx levels: kStrips (PackWeightStrips).
   MatrixLayout RepackedLayout(int64_t n, int64_t k, DType dtype) const override;
-  void RepackWeight(void* data, int64_t n, int64_t k,
-                    DType dtype) const override;
+  void RepackWeight(const void* data, int64_t n, int64_t k, DType dtype,
+                    void* out) const override;
   void GemmGroup(const GemmGroupOp& op) override;
 
   void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,

@@ -66,12 +66,13 @@ GemmFamily GemmFamilyOf(DType compute);
 // Whether a dense [n, k] (kOutIn) weight of `dtype` can be repacked into
 // kStrips: bf16 on the dot or amx family, n a multiple of 16, k of 32.
 bool StripsLayoutFits(int64_t n, int64_t k, DType dtype);
-// Repacks w [n, k] bf16 (kOutIn, StripsLayoutFits) in place into kStrips:
-// every 16 rows (output columns) become one strip, the same bytes at the
-// same address range, as pairs [k / 2][16][2] (pair p of column c: (w[c,
-// 2p], w[c, 2p + 1])). Row slices at multiples of 16 rows stay valid slices.
-// Parallel over strips; allocates 16 k bf16 per thread.
-void PackWeightStrips(void* w, int64_t n, int64_t k);
+// Packs w [n, k] bf16 (kOutIn, StripsLayoutFits) into kStrips at `out`
+// (n k bf16; `out` == `w`: in place): every 16 rows (output columns) become
+// one strip over the same byte range, as pairs [k / 2][16][2] (pair p of
+// column c: (w[c, 2p], w[c, 2p + 1])), so a slice of rows at a multiple of
+// 16 is a slice of the strips. Parallel over strips; in place it allocates
+// 16 k bf16 per thread.
+void PackWeightStrips(const void* w, int64_t n, int64_t k, void* out);
 
 // Every output element y[i, j] is one chain of multiply-adds over k in order,
 // whatever the number of rows, the tiles, the blocking or the thread count:

@@ -147,25 +147,30 @@ bool StripsLayoutFits(int64_t n, int64_t k, DType dtype) {
          n > 0 && k > 0 && n % gemm::kStripCols == 0 && k % gemm::kTileK == 0;
 }
 
-void PackWeightStrips(void* w, int64_t n, int64_t k) {
+void PackWeightStrips(const void* w, int64_t n, int64_t k, void* out) {
   LOOM_CHECK(StripsLayoutFits(n, k, DType::kBF16))
       << "strips of a [" << n << ", " << k << "] weight at the "
       << GemmPathName(DType::kBF16) << " level";
-  auto* base = static_cast<uint16_t*>(w);
+  const auto* src = static_cast<const uint16_t*>(w);
+  auto* dst = static_cast<uint16_t*>(out);
   const int64_t strip = gemm::kStripCols * k;  // elements
   const int64_t strips = n / gemm::kStripCols;
+  const bool in_place = src == dst;
 #pragma omp parallel
   {
-    // Load-time, not a forward: the row copy is this thread's own.
-    std::vector<uint16_t> rows(static_cast<size_t>(strip));
+    // Load-time, not a forward: in place, the rows are first copied aside.
+    std::vector<uint16_t> rows(in_place ? static_cast<size_t>(strip) : 0);
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < strips; ++s) {
-      uint16_t* at = base + s * strip;
-      std::copy(at, at + strip, rows.begin());
-      const WeightSource src{rows.data(), DType::kBF16, true,
-                             gemm::kStripCols, k, false, nullptr,
-                             DType::kBF16};
-      gemm::PackStrips(src, 0, gemm::kStripCols, 0, k, at, nullptr);
+      const uint16_t* from = src + s * strip;
+      if (in_place) {
+        std::copy(from, from + strip, rows.begin());
+        from = rows.data();
+      }
+      const WeightSource ws{from, DType::kBF16, true, gemm::kStripCols, k,
+                            false, nullptr, DType::kBF16};
+      gemm::PackStrips(ws, 0, gemm::kStripCols, 0, k, dst + s * strip,
+                       nullptr);
     }
   }
 }

@@ -478,8 +478,10 @@ TEST(GemmStrips, RepackedWeightGivesThePerCallBytes) {
                              {48, 1024 + 64}}) {
     const std::vector<float> wf = Random(n * k, seed++);
     const std::vector<uint16_t> w16 = To16(wf, DType::kBF16);
-    std::vector<uint16_t> strips = w16;
-    PackWeightStrips(strips.data(), n, k);
+    std::vector<uint16_t> strips(w16.size()), in_place = w16;
+    PackWeightStrips(w16.data(), n, k, strips.data());
+    PackWeightStrips(in_place.data(), n, k, in_place.data());
+    ASSERT_EQ(strips, in_place);
     for (int64_t c = 0; c < n; c += 7)
       for (int64_t kk = 0; kk < k; kk += 5)
         ASSERT_EQ(strips[(c / 16) * 16 * k + (kk / 2) * 32 + (c % 16) * 2 +
