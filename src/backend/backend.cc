@@ -159,9 +159,9 @@ WeightOperand WeightOperandOf(const BoundWeights& w, WeightRole role,
     const TensorView gate_up = ExpertSlice(
         w.Require(WeightRole::kExpertGateUp, layer, kAllExperts), expert);
     const int64_t I = gate_up.shape[0] / 2;
-    // Strips of 16 rows: the up half starts on a strip (Repack only repacks
-    // a matrix whose halves are whole strips).
-    LOOM_CHECK(layout != MatrixLayout::kStrips || I % 16 == 0)
+    // Blocks of 16 rows: the up half starts on one (Repack only repacks a
+    // matrix whose halves are whole blocks).
+    LOOM_CHECK(layout == MatrixLayout::kOutIn || I % 16 == 0)
         << "layer " << layer << ": gate/up halves of " << I
         << " rows inside a strip";
     return MakeWeightOperand(

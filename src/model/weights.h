@@ -92,12 +92,13 @@ inline constexpr int64_t kNoExpert = -1;
 inline constexpr int64_t kAllExperts = -2;  // one stacked [E, ...] tensor
 
 // Storage layout of a matrix: torch Linear's [out, in], or GPT-2 Conv1D's [in,
-// out]; or kStrips, an [out, in] bf16 matrix a backend repacked in place for
-// its kernels (BoundWeights::Repack; the CPU's bf16 GEMMs at the avx512bf16
-// and amx levels: every 16 rows one strip of in / 2 pairs of 16, so a slice
-// of rows at a multiple of 16 is still the same byte range).
-enum class MatrixLayout : uint8_t { kOutIn, kInOut, kStrips };
-// [out, in] (kOutIn or kStrips): n = rows, k = columns.
+// out]; or an [out, in] matrix a backend repacked for its kernels
+// (BoundWeights::Repack), every 16 rows over their own byte range, so a
+// slice of rows at a multiple of 16 is still a slice: kStrips (the CPU's
+// bf16 GEMMs at the avx512bf16 and amx levels: in / 2 pairs of 16) or
+// kPanels (its fma GEMMs: [in][16]).
+enum class MatrixLayout : uint8_t { kOutIn, kInOut, kStrips, kPanels };
+// [out, in] (kOutIn or repacked): n = rows, k = columns.
 inline bool IsOutIn(MatrixLayout l) { return l != MatrixLayout::kInOut; }
 
 // One logical weight.

@@ -35,6 +35,8 @@ WeightLayout ToCpu(MatrixLayout layout) {
       return WeightLayout::kInOut;
     case MatrixLayout::kStrips:
       return WeightLayout::kStrips;
+    case MatrixLayout::kPanels:
+      return WeightLayout::kPanels;
     case MatrixLayout::kOutIn:
       break;
   }
@@ -65,6 +67,10 @@ BackendCapabilities CpuBackend::Capabilities() const {
   if (StripsLayoutFits(16, 32, DType::kBF16))
     c.weight_formats.push_back(
         WeightStorage{FormatKind::kDense, DType::kBF16, MatrixLayout::kStrips});
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
+    if (PanelsLayoutFits(16, 32, d))
+      c.weight_formats.push_back(
+          WeightStorage{FormatKind::kDense, d, MatrixLayout::kPanels});
   c.attention_sinks = true;
   c.async_copy = false;
   c.max_route_experts = kMaxRouteColumns;
@@ -141,16 +147,24 @@ void CpuBackend::Gemm(const GemmOp& op) {
 
 MatrixLayout CpuBackend::RepackedLayout(int64_t n, int64_t k,
                                         DType dtype) const {
-  return StripsLayoutFits(n, k, dtype) ? MatrixLayout::kStrips
-                                       : MatrixLayout::kOutIn;
+  if (StripsLayoutFits(n, k, dtype)) return MatrixLayout::kStrips;
+  if (PanelsLayoutFits(n, k, dtype)) return MatrixLayout::kPanels;
+  return MatrixLayout::kOutIn;
 }
 
 void CpuBackend::RepackWeight(const void* data, int64_t n, int64_t k,
                               DType dtype, void* out) const {
-  LOOM_CHECK(RepackedLayout(n, k, dtype) == MatrixLayout::kStrips)
-      << "repack of a [" << n << ", " << k << "] " << DTypeName(dtype)
-      << " weight";
-  PackWeightStrips(data, n, k, out);
+  switch (RepackedLayout(n, k, dtype)) {
+    case MatrixLayout::kStrips:
+      PackWeightStrips(data, n, k, out);
+      return;
+    case MatrixLayout::kPanels:
+      PackWeightPanels(data, n, k, dtype, out);
+      return;
+    default:
+      LOOM_CHECK(false) << "repack of a [" << n << ", " << k << "] "
+                        << DTypeName(dtype) << " weight";
+  }
 }
 
 // Every item, dense or quantized, as tasks of one parallel region (the same

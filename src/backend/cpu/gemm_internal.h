@@ -21,9 +21,13 @@
 // dot or amx. A level's results therefore equal themselves for every M; the
 // avx2 and avx512 fma kernels even give the same bytes as each other.
 //
-// Packed B (the weight) is per column block, made by the task that uses it:
-//   f32 panels (fma): panel q holds columns [q nr, q nr + nr) as [kc][nr] f32,
-//     columns past the weight's end zero.
+// Packed B (the weight) is per column block, made by the task that uses it,
+// or made once at load (WeightLayout::kPanels, kStrips):
+//   f32 panels (fma): panel q holds columns [16 q, 16 q + 16) as [kc][16]
+//     f32, columns past the weight's end zero. A kPanels weight is [n / 16]
+//     such panels over all of k in its own dtype (f32, bf16, f16): f32 ones
+//     are read as they are, 16-bit ones widened as they are read (tiles of
+//     few rows) or into the slot (more rows).
 //   bf16 strips (dot, amx): strip s holds columns [16 s, 16 s + 16) as pairs
 //     [kcp / 2][16][2] bf16 (kcp = kc rounded up to 32, zero-padded): pair p,
 //     column c is (w[c, 2p], w[c, 2p + 1]). One strip of 32 k is exactly one
@@ -43,6 +47,11 @@ namespace loom::cpu::gemm {
 // Columns of one bf16 strip, k values of one AMX block.
 inline constexpr int64_t kStripCols = 16;
 inline constexpr int64_t kTileK = 32;
+// Columns of one f32 (or kPanels) panel of the fma family.
+inline constexpr int64_t kPanelCols = 16;
+// Tasks of at most this many rows read a 16-bit kPanels weight without
+// packing it (more rows: widened into the slot once per K block).
+inline constexpr int64_t kFmaFewRows = 4;
 
 // The weight a task packs from: a dense matrix (f32, bf16 or f16, [n, k]
 // when out_in, else [k, n]) or a quantized one ([n, k] codes).
@@ -52,6 +61,7 @@ struct WeightSource {
   bool out_in = true;
   int64_t n = 0, k = 0;
   bool strips = false;  // bf16 [n, k] in kStrips (already packed)
+  bool panels = false;  // [n, k] in kPanels (already packed)
   const QuantMatrix* quant = nullptr;  // set: quantized, `w` unused
   // Quantized only: the compute dtype the decoded values are rounded to.
   DType round_to = DType::kF32;
@@ -59,38 +69,33 @@ struct WeightSource {
 
 // ---- fma family (portable / avx2 / avx512) ----------------------------------
 
-// C[rows, cols] (row stride ldc) = (load_c ? C : 0) + A[rows, kc] Bp, where
-// A has row stride lda and Bp is `cols` columns of consecutive f32 panels
-// ([kc][nr] each). rows <= mr, cols <= panels_per_call * nr.
-using FmaTileFn = void (*)(const float* a, int64_t lda, int64_t rows,
-                           const float* bp, int64_t kc, float* c, int64_t ldc,
-                           int64_t cols, bool load_c);
-// Packs columns [j0, j0 + cols) and k [k0, k0 + kc) of `src` into f32 panels
-// at `out` (ceil(cols / nr) panels of kc x nr). `scratch`: kc x nr floats
-// (a quantized weight's decoded rows).
-using PackPanelsFn = void (*)(const WeightSource& src, int64_t j0, int64_t cols,
-                              int64_t k0, int64_t kc, float* out,
-                              float* scratch);
-
 }  // namespace loom::cpu::gemm
 
 namespace loom::cpu {
 
-// Per ISA: FmaPanelsForRows(rows) panels one FmaTile call covers (more for
-// few rows, to keep enough independent accumulators); kFmaMr rows of the
-// widest tile, kFmaNr columns of a panel. DecodeCodesRange decodes row r of
-// `w`, columns [c0, c1) (c0 on the format's blocks), to f32, bit-identical
-// to DecodeRowsReference.
-#define LOOM_GEMM_FMA_DECLS                                                 \
-  int64_t FmaPanelsForRows(int64_t rows);                                   \
-  void FmaTile(const float* a, int64_t lda, int64_t rows, const float* bp,  \
-               int64_t kc, float* c, int64_t ldc, int64_t cols, bool load_c); \
-  void PackPanels(const gemm::WeightSource& src, int64_t j0, int64_t cols,  \
-                  int64_t k0, int64_t kc, float* out, float* scratch);      \
-  void DecodeCodesRange(const QuantMatrix& w, int64_t r, int64_t c0,        \
-                        int64_t c1, float* out);                            \
-  extern const int64_t kFmaMr;                                              \
-  extern const int64_t kFmaNr;
+// Per ISA:
+//   FmaTile: C[rows, cols] (row stride ldc) = (load_c ? C : 0) + A[rows, kc]
+//     B, A with row stride lda, B 16-column panels of `bt` (f32; bf16 or f16
+//     for rows <= kFmaFewRows) from b, panel p at b + p * pstride elements,
+//     row k of a panel 16 elements on. rows <= kFmaMr, cols <=
+//     FmaVectorsForRows(rows) x kFmaLanes (vectors a tile row holds: more
+//     for few rows, to keep about 8 independent accumulators).
+//   PackPanels: columns [j0, j0 + cols), k [k0, k0 + kc) of `src` into f32
+//     panels at `out` (ceil(cols / 16) of [kc][16], columns past the weight
+//     zero); `scratch`: 16 kc floats (a quantized weight's decoded rows).
+//   DecodeCodesRange: row r of `w`, columns [c0, c1) (c0 on the format's
+//     blocks) to f32, bit-identical to DecodeRowsReference.
+#define LOOM_GEMM_FMA_DECLS                                                  \
+  int64_t FmaVectorsForRows(int64_t rows);                                   \
+  void FmaTile(const float* a, int64_t lda, int64_t rows, const void* b,     \
+               int64_t pstride, DType bt, int64_t kc, float* c, int64_t ldc, \
+               int64_t cols, bool load_c);                                   \
+  void PackPanels(const gemm::WeightSource& src, int64_t j0, int64_t cols,   \
+                  int64_t k0, int64_t kc, float* out, float* scratch);       \
+  void DecodeCodesRange(const QuantMatrix& w, int64_t r, int64_t c0,         \
+                        int64_t c1, float* out);                             \
+  extern const int64_t kFmaMr;                                               \
+  extern const int64_t kFmaLanes;
 namespace portable {
 LOOM_GEMM_FMA_DECLS
 }

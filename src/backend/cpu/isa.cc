@@ -33,6 +33,8 @@ bool AmxRequestPermission() {
 CpuFeatures Detect() {
   CpuFeatures f;
   unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) != 0)
+    f.amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "AuthenticAMD"
   if (__get_cpuid(1, &a, &b, &c, &d) == 0) return f;
   const bool osxsave = (c & (1u << 27)) != 0;
   if (!osxsave) return f;

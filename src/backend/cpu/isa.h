@@ -34,6 +34,7 @@ struct CpuFeatures {
   bool avx512_bf16 = false, avx512_fp16 = false;
   bool amx_bf16 = false;  // AMX-TILE + AMX-BF16, usable
   bool amx_fp16 = false;  // AMX-FP16 (detected; no kernel uses it yet)
+  bool amd = false;       // CPUID vendor AuthenticAMD
 };
 
 const CpuFeatures& DetectedCpuFeatures();

@@ -23,10 +23,11 @@ namespace loom::cpu {
 // ---- GEMM ------------------------------------------------------------------
 
 // Weight layout: kOutIn is torch Linear's [N, K] (y = x W^T); kInOut is GPT-2
-// Conv1D's [K, N] (y = x W); kStrips is a bf16 [N, K] weight repacked in
-// place by PackWeightStrips (the layout the bf16 GEMMs of the dot and amx
-// families read without packing it per call).
-enum class WeightLayout { kOutIn, kInOut, kStrips };
+// Conv1D's [K, N] (y = x W); kStrips and kPanels are [N, K] weights repacked
+// by PackWeightStrips (bf16, read by the dot and amx families) and
+// PackWeightPanels (f32, bf16 or f16, read by the fma family) into the
+// layouts those GEMMs read without packing them per call.
+enum class WeightLayout { kOutIn, kInOut, kStrips, kPanels };
 
 // Compute precision of a GEMM: kF32 (exact f32 math), kBF16 / kF16 (the
 // activation is rounded to the weight's 16-bit type, products accumulate in
@@ -62,6 +63,10 @@ struct GemmArgs {
 // always run fma.
 enum class GemmFamily { kFma, kDot, kAmx };
 GemmFamily GemmFamilyOf(DType compute);
+// Tests only: bf16 GEMMs of this process run `family` (which the active
+// level must support) instead of the policy's; nullopt restores it. Set it
+// before sizing workspaces and repacking weights.
+void SetBf16GemmFamilyForTesting(std::optional<GemmFamily> family);
 
 // Whether a dense [n, k] (kOutIn) weight of `dtype` can be repacked into
 // kStrips: bf16 on the dot or amx family, n a multiple of 16, k of 32.
@@ -73,6 +78,17 @@ bool StripsLayoutFits(int64_t n, int64_t k, DType dtype);
 // 16 is a slice of the strips. Parallel over strips; in place it allocates
 // 16 k bf16 per thread.
 void PackWeightStrips(const void* w, int64_t n, int64_t k, void* out);
+
+// Whether a dense [n, k] (kOutIn) weight of `dtype` can be repacked into
+// kPanels: f32, bf16 or f16 computed by the fma family, n a multiple of 16.
+bool PanelsLayoutFits(int64_t n, int64_t k, DType dtype);
+// Packs w [n, k] (kOutIn, PanelsLayoutFits) into kPanels at `out` (the same
+// bytes; `out` == `w`: in place): every 16 rows (output columns) become one
+// panel over the same byte range, [k][16] in the weight's dtype, so a slice
+// of rows at a multiple of 16 is a slice of the panels. Parallel over
+// panels; allocates one panel per thread.
+void PackWeightPanels(const void* w, int64_t n, int64_t k, DType dtype,
+                      void* out);
 
 // Every output element y[i, j] is one chain of multiply-adds over k in order,
 // whatever the number of rows, the tiles, the blocking or the thread count:

@@ -34,22 +34,23 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The fma family's per-ISA kernels.
 struct FmaKernels {
-  int64_t mr, nr;
+  int64_t mr, lanes;
   decltype(&portable::FmaTile) tile;
   decltype(&portable::PackPanels) pack;
-  decltype(&portable::FmaPanelsForRows) panels;
+  decltype(&portable::FmaVectorsForRows) vectors;
 };
 
 const FmaKernels& Fma() {
   static const FmaKernels k = [] {
     if (ActiveIsa() >= CpuIsa::kAvx512)
-      return FmaKernels{avx512::kFmaMr, avx512::kFmaNr, avx512::FmaTile,
-                        avx512::PackPanels, avx512::FmaPanelsForRows};
+      return FmaKernels{avx512::kFmaMr, avx512::kFmaLanes, avx512::FmaTile,
+                        avx512::PackPanels, avx512::FmaVectorsForRows};
     if (ActiveIsa() >= CpuIsa::kAvx2)
-      return FmaKernels{avx2::kFmaMr, avx2::kFmaNr, avx2::FmaTile,
-                        avx2::PackPanels, avx2::FmaPanelsForRows};
-    return FmaKernels{portable::kFmaMr, portable::kFmaNr, portable::FmaTile,
-                      portable::PackPanels, portable::FmaPanelsForRows};
+      return FmaKernels{avx2::kFmaMr, avx2::kFmaLanes, avx2::FmaTile,
+                        avx2::PackPanels, avx2::FmaVectorsForRows};
+    return FmaKernels{portable::kFmaMr, portable::kFmaLanes,
+                      portable::FmaTile, portable::PackPanels,
+                      portable::FmaVectorsForRows};
   }();
   return k;
 }
@@ -57,7 +58,6 @@ const FmaKernels& Fma() {
 // K values packed at once, and columns a task owns (a multiple of the
 // panel / strip pair width). The packed block (kc x nc) stays in L2 while the
 // task's rows sweep over it.
-constexpr int64_t kFmaKc = 256;
 constexpr int64_t kBf16Kc = 512;
 constexpr int64_t kBf16Nc = 128;
 // Rows of one task at most (more rows: more tasks).
@@ -65,7 +65,7 @@ constexpr int64_t kMaxRowBlock = 512;
 
 }  // namespace
 // TEMPORARY tuning knobs.
-int64_t g_tune[8] = {kFmaKc, 0, kBf16Kc, kBf16Nc, 1024, 256, 0, 128};
+int64_t g_tune[8] = {512, 128, kBf16Kc, kBf16Nc, 1024, 256, 0, 128};
 namespace {
 int64_t KcOf(GemmFamily f, int64_t k) {
   return std::min(k, f == GemmFamily::kFma ? g_tune[0] : f == GemmFamily::kDot ? g_tune[2] : g_tune[4]);
@@ -73,7 +73,7 @@ int64_t KcOf(GemmFamily f, int64_t k) {
 // Rows of one amx task at most (its C tiles live in the slot).
 int64_t AmxRows() { return g_tune[7] ? g_tune[7] : 128; }
 int64_t NcOf(GemmFamily f) {
-  return f == GemmFamily::kFma ? (g_tune[1] ? g_tune[1] : 8 * Fma().nr) : f == GemmFamily::kDot ? g_tune[3] : g_tune[5];
+  return f == GemmFamily::kFma ? g_tune[1] : f == GemmFamily::kDot ? g_tune[3] : g_tune[5];
 }
 // Rows a task's row block is a multiple of.
 int64_t RowUnit(GemmFamily f) {
@@ -114,7 +114,8 @@ struct SlotLayout {
 SlotLayout SlotOf(GemmFamily f, int64_t k) {
   const int64_t kc = KcOf(f, k);
   if (f == GemmFamily::kFma)
-    return {AlignUp(kc * NcOf(f) * 4, 64), AlignUp(kc * Fma().nr * 4, 64), 0};
+    return {AlignUp(kc * NcOf(f) * 4, 64),
+            AlignUp(gemm::kPanelCols * kc * 4, 64), 0};
   return {AlignUp(NcOf(f) * AlignUp(kc, gemm::kTileK) * 2, 64),
           AlignUp(gemm::kStripCols * kc * 4, 64),
           f == GemmFamily::kAmx ? AmxRows() * NcOf(f) * 4 : 0};
@@ -130,10 +131,31 @@ void AddBias(float* y, int64_t ldy, int64_t i0, int64_t i1, int64_t j0,
 
 }  // namespace
 
+namespace {
+std::optional<GemmFamily> g_bf16_family_for_testing;
+}  // namespace
+
+void SetBf16GemmFamilyForTesting(std::optional<GemmFamily> family) {
+  LOOM_CHECK(!family || *family == GemmFamily::kFma ||
+             (*family == GemmFamily::kDot &&
+              ActiveIsa() >= CpuIsa::kAvx512Bf16) ||
+             (*family == GemmFamily::kAmx && ActiveIsa() >= CpuIsa::kAmx))
+      << "a bf16 GEMM family the " << IsaName(ActiveIsa())
+      << " level does not run";
+  g_bf16_family_for_testing = family;
+}
+
+// bf16: AMX where it is; AVX512_BF16's pair dot products where they run at
+// twice the f32 FMA rate (AMD Zen 4 and 5: measured 392 vs 196 GFLOP/s on 2
+// cores); on Intel's AVX512_BF16 cores without AMX they do not (measured on
+// a Xeon capped at avx512bf16: the dot tiles 150 GFLOP/s, the fma family on
+// widened weights 248-271), so bf16 runs the fma family there.
 GemmFamily GemmFamilyOf(DType compute) {
   if (compute == DType::kBF16) {
+    if (g_bf16_family_for_testing) return *g_bf16_family_for_testing;
     if (ActiveIsa() >= CpuIsa::kAmx) return GemmFamily::kAmx;
-    if (ActiveIsa() >= CpuIsa::kAvx512Bf16) return GemmFamily::kDot;
+    if (ActiveIsa() >= CpuIsa::kAvx512Bf16 && DetectedCpuFeatures().amd)
+      return GemmFamily::kDot;
   }
   return GemmFamily::kFma;
 }
@@ -167,10 +189,43 @@ void PackWeightStrips(const void* w, int64_t n, int64_t k, void* out) {
         std::copy(from, from + strip, rows.begin());
         from = rows.data();
       }
-      const WeightSource ws{from, DType::kBF16, true, gemm::kStripCols, k,
-                            false, nullptr, DType::kBF16};
+      const WeightSource ws{from,  DType::kBF16, true,    gemm::kStripCols, k,
+                            false, false,        nullptr, DType::kBF16};
       gemm::PackStrips(ws, 0, gemm::kStripCols, 0, k, dst + s * strip,
                        nullptr);
+    }
+  }
+}
+
+bool PanelsLayoutFits(int64_t n, int64_t k, DType dtype) {
+  return IsComputeDType(dtype) && GemmFamilyOf(dtype) == GemmFamily::kFma &&
+         n > 0 && k > 0 && n % gemm::kPanelCols == 0;
+}
+
+void PackWeightPanels(const void* w, int64_t n, int64_t k, DType dtype,
+                      void* out) {
+  LOOM_CHECK(PanelsLayoutFits(n, k, dtype))
+      << "panels of a [" << n << ", " << k << "] " << DTypeName(dtype)
+      << " weight at the " << GemmPathName(dtype) << " level";
+  const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t panel = gemm::kPanelCols * k * es;  // bytes
+  const auto* src = static_cast<const char*>(w);
+  auto* dst = static_cast<char*>(out);
+  constexpr int64_t kBlock = 64;  // k values transposed at a time
+#pragma omp parallel
+  {
+    // Load-time, not a forward: this thread's copy of the panel's rows.
+    std::vector<char> rows(static_cast<size_t>(panel));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < n / gemm::kPanelCols; ++p) {
+      std::memcpy(rows.data(), src + p * panel, static_cast<size_t>(panel));
+      char* o = dst + p * panel;  // [k][16]
+      for (int64_t k0 = 0; k0 < k; k0 += kBlock)
+        for (int64_t c = 0; c < gemm::kPanelCols; ++c)
+          for (int64_t kk = k0; kk < std::min(k, k0 + kBlock); ++kk)
+            std::memcpy(o + (kk * gemm::kPanelCols + c) * es,
+                        rows.data() + (c * k + kk) * es,
+                        static_cast<size_t>(es));
     }
   }
 }
@@ -274,17 +329,51 @@ void GemmContext::Impl::RunFmaBlock(const Prepared& p, int64_t i0, int64_t i1,
                                     int64_t kc, char* slot_base) {
   const FmaKernels& fk = Fma();
   const GemmArgs& a = *p.a;
-  auto* pack = reinterpret_cast<float*>(slot_base);
+  const WeightSource& src = p.src;
+  // B: a kPanels weight read where it is (f32; 16-bit for few rows), or the
+  // block packed into the slot as f32 panels.
+  const bool direct = src.panels && (src.dtype == DType::kF32 ||
+                                     i1 - i0 <= gemm::kFmaFewRows);
+  const void* b = nullptr;
+  int64_t pstride = 0;
+  DType bt = DType::kF32;
   auto* scratch = reinterpret_cast<float*>(slot_base + slot.pack_bytes);
-  fk.pack(p.src, j0, cols, k0, kc, pack, scratch);
+  auto* pack = reinterpret_cast<float*>(slot_base);
+  if (direct) {
+    pstride = gemm::kPanelCols * src.k;
+    b = static_cast<const char*>(src.w) +
+        ((j0 / gemm::kPanelCols) * pstride + k0 * gemm::kPanelCols) *
+            DTypeSize(src.dtype);
+    bt = src.dtype;
+  } else {
+    fk.pack(src, j0, cols, k0, kc, pack, scratch);
+    b = pack;
+    pstride = gemm::kPanelCols * kc;
+  }
   const bool load_c = a.accumulate || k0 > 0;
   for (int64_t i = i0; i < i1;) {
     const int64_t rows = std::min(fk.mr, i1 - i);
-    const int64_t width = fk.panels(rows) * fk.nr;
-    for (int64_t jj = 0; jj < cols; jj += width)
-      fk.tile(p.xf + i * p.ldx + k0, p.ldx, rows, pack + jj * kc, kc,
-              a.y + i * p.ldy + j0 + jj, p.ldy, std::min(width, cols - jj),
-              load_c);
+    const int64_t width = fk.vectors(rows) * fk.lanes;
+    for (int64_t jj = 0; jj < cols; jj += width) {
+      const int64_t w = std::min(width, cols - jj);
+      // Column jj: panel jj / 16, column jj % 16 of it.
+      const void* bj = static_cast<const char*>(b) +
+                       ((jj / gemm::kPanelCols) * pstride +
+                        jj % gemm::kPanelCols) *
+                           (direct ? DTypeSize(bt) : 4);
+      int64_t ps = pstride;
+      DType t = bt;
+      if (direct && jj + width > AlignUp(cols, gemm::kPanelCols)) {
+        // The tile would read panels past the weight's last one: its
+        // columns go through the slot, zero-padded.
+        fk.pack(src, j0 + jj, w, k0, kc, pack, scratch);
+        bj = pack;
+        ps = gemm::kPanelCols * kc;
+        t = DType::kF32;
+      }
+      fk.tile(p.xf + i * p.ldx + k0, p.ldx, rows, bj, ps, t, kc,
+              a.y + i * p.ldy + j0 + jj, p.ldy, w, load_c);
+    }
     i += rows;
   }
 }
@@ -428,17 +517,28 @@ void GemmContext::Impl::Run(const GemmArgs* items, int64_t count,
       LOOM_CHECK(a.quant->n == a.n && a.quant->k == k)
           << "quantized weight [" << a.quant->n << ", " << a.quant->k
           << "] for a GEMM n=" << a.n << " k=" << k;
-      p.src = WeightSource{nullptr, compute, true, a.n, k, false, a.quant,
-                           compute};
+      p.src = WeightSource{nullptr, compute, true,   a.n,   k,
+                           false,   false,   a.quant, compute};
     } else {
-      p.src = WeightSource{a.w, a.w_dtype, a.layout != WeightLayout::kInOut,
-                           a.n, k, a.layout == WeightLayout::kStrips, nullptr,
+      p.src = WeightSource{a.w,
+                           a.w_dtype,
+                           a.layout != WeightLayout::kInOut,
+                           a.n,
+                           k,
+                           a.layout == WeightLayout::kStrips,
+                           a.layout == WeightLayout::kPanels,
+                           nullptr,
                            compute};
       LOOM_CHECK(!p.src.strips || (family != GemmFamily::kFma &&
                                    StripsLayoutFits(a.n, k, a.w_dtype)))
           << "a weight in kStrips [" << a.n << ", " << k << "] "
           << DTypeName(a.w_dtype) << " on the " << GemmPathName(compute)
           << " path, which does not read strips";
+      LOOM_CHECK(!p.src.panels || (family == GemmFamily::kFma &&
+                                   PanelsLayoutFits(a.n, k, a.w_dtype)))
+          << "a weight in kPanels [" << a.n << ", " << k << "] "
+          << DTypeName(a.w_dtype) << " on the " << GemmPathName(compute)
+          << " path, which does not read panels";
     }
     const int64_t row0 = (a.x - x) / k;
     if (family == GemmFamily::kFma) {

@@ -406,69 +406,146 @@ TEST(GemmGroup, EqualsOneGemmPerItemAtEveryThreadCount) {
   SetNumThreads(before);
 }
 
-// Batch invariance: a row's output is the same bytes whatever else shares
-// its GEMM. For every M in 1..600, rows [off, off + M) of one input (off
-// varies, so a row sits at every position of the tiles) give, row by row,
-// exactly what that row gives alone; f32, bf16 and f16, both layouts, a
-// bias and accumulate, n and k off every panel and block width.
-TEST(GemmBatchInvariance, EveryRowEqualsItselfAloneForMUpTo600) {
-  const int64_t n = 70, k = 300, total = 650;
-  uint32_t seed = 4242;
-  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
-      const std::vector<float> x = Random(total * k, seed++);
-      const std::vector<float> wf = Random(n * k, seed++);
-      const std::vector<float> bias = Random(n, seed++);
-      const std::vector<float> y0 = Random(total * n, seed++);
-      const std::vector<uint16_t> w16 =
-          To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
-      GemmContext ctx;
-      AlignedBuf ws(GemmWorkspaceBytes(total, k, dt));
-      GemmArgs a;
-      a.w = dt == DType::kF32 ? static_cast<const void*>(wf.data())
-                              : static_cast<const void*>(w16.data());
-      a.w_dtype = dt;
-      a.layout = layout;
-      a.bias = bias.data();
-      a.n = n;
-      a.k = k;
-      a.accumulate = true;
-      a.workspace = ws.p;
-      // Each row alone.
-      std::vector<float> alone = y0;
-      for (int64_t r = 0; r < total; ++r) {
-        a.x = x.data() + r * k;
-        a.m = 1;
-        a.y = alone.data() + r * n;
-        ctx.Gemm(a);
-      }
-      for (int64_t m = 1; m <= 600; ++m) {
-        const int64_t off = (m * 37) % (total - m + 1);
-        std::vector<float> y(y0.begin() + off * n, y0.begin() + (off + m) * n);
-        a.x = x.data() + off * k;
-        a.m = m;
-        a.y = y.data();
-        ctx.Gemm(a);
-        ASSERT_EQ(0, std::memcmp(y.data(), alone.data() + off * n, 4 * m * n))
-            << DTypeName(dt) << " layout=" << static_cast<int>(layout)
-            << " M=" << m << " rows from " << off << " ("
-            << GemmPathName(dt) << ")";
-      }
-    }
+// Every row of rows [off, off + M) of one input, for every M in 1..max_m
+// (off varies, so a row sits at every position of the tiles), equals that
+// row computed alone, byte for byte; a bias and accumulate, n and k off
+// every panel and block width.
+void ExpectBatchInvariant(DType dt, WeightLayout layout, int64_t max_m,
+                          uint32_t seed) {
+  const int64_t n = 70, k = 300, total = max_m + 50;
+  const std::vector<float> x = Random(total * k, seed++);
+  const std::vector<float> wf = Random(n * k, seed++);
+  const std::vector<float> bias = Random(n, seed++);
+  const std::vector<float> y0 = Random(total * n, seed++);
+  const std::vector<uint16_t> w16 =
+      To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
+  GemmContext ctx;
+  AlignedBuf ws(GemmWorkspaceBytes(total, k, dt));
+  GemmArgs a;
+  a.w = dt == DType::kF32 ? static_cast<const void*>(wf.data())
+                          : static_cast<const void*>(w16.data());
+  a.w_dtype = dt;
+  a.layout = layout;
+  a.bias = bias.data();
+  a.n = n;
+  a.k = k;
+  a.accumulate = true;
+  a.workspace = ws.p;
+  std::vector<float> alone = y0;  // each row alone
+  for (int64_t r = 0; r < total; ++r) {
+    a.x = x.data() + r * k;
+    a.m = 1;
+    a.y = alone.data() + r * n;
+    ctx.Gemm(a);
+  }
+  for (int64_t m = 1; m <= max_m; ++m) {
+    const int64_t off = (m * 37) % (total - m + 1);
+    std::vector<float> y(y0.begin() + off * n, y0.begin() + (off + m) * n);
+    a.x = x.data() + off * k;
+    a.m = m;
+    a.y = y.data();
+    ctx.Gemm(a);
+    ASSERT_EQ(0, std::memcmp(y.data(), alone.data() + off * n, 4 * m * n))
+        << DTypeName(dt) << " layout=" << static_cast<int>(layout)
+        << " M=" << m << " rows from " << off << " (" << GemmPathName(dt)
+        << ")";
   }
 }
 
-// A bf16 weight repacked in place into kStrips (the dot and amx levels)
+// Batch invariance: a row's output is the same bytes whatever else shares
+// its GEMM, for every M in 1..600; f32, bf16 and f16, both layouts.
+TEST(GemmBatchInvariance, EveryRowEqualsItselfAloneForMUpTo600) {
+  uint32_t seed = 4242;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+      ExpectBatchInvariant(dt, layout, 600, seed);
+      seed += 4;
+    }
+}
+
+// The bf16 families this level runs, each forced in turn (the policy picks
+// one; GemmFamilyOf): fma always, dot at avx512bf16 and above, amx at amx.
+std::vector<GemmFamily> Bf16Families() {
+  std::vector<GemmFamily> f = {GemmFamily::kFma};
+  if (ActiveIsa() >= CpuIsa::kAvx512Bf16) f.push_back(GemmFamily::kDot);
+  if (ActiveIsa() >= CpuIsa::kAmx) f.push_back(GemmFamily::kAmx);
+  return f;
+}
+struct ForcedBf16Family {
+  explicit ForcedBf16Family(GemmFamily f) { SetBf16GemmFamilyForTesting(f); }
+  ~ForcedBf16Family() { SetBf16GemmFamilyForTesting(std::nullopt); }
+};
+const char* FamilyName(GemmFamily f) {
+  return f == GemmFamily::kAmx ? "amx" : f == GemmFamily::kDot ? "dot" : "fma";
+}
+
+// Every bf16 family the level runs, not only the one the policy picks: the
+// reference GEMM's bound (rows off every tile, k off every block, both
+// layouts, bias and accumulate) and batch invariance for M up to 200.
+TEST(GemmBf16Families, EachMatchesTheReferenceAndIsBatchInvariant) {
+  for (GemmFamily f : Bf16Families()) {
+    SCOPED_TRACE(FamilyName(f));
+    ForcedBf16Family forced(f);
+    ASSERT_EQ(GemmFamilyOf(DType::kBF16), f);
+    uint32_t seed = 91;
+    for (int64_t m : {1, 3, 13, 33, 70})
+      for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+        const int64_t n = 45, k = 333;
+        const std::vector<float> x = Random(m * k, seed++),
+                                 wf = Random(n * k, seed++),
+                                 bias = Random(n, seed++),
+                                 y0 = Random(m * n, seed++);
+        const std::vector<uint16_t> w16 = To16(wf, DType::kBF16);
+        AlignedBuf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+        GemmContext ctx;
+        GemmArgs a;
+        a.x = x.data(), a.w = w16.data(), a.w_dtype = DType::kBF16;
+        a.layout = layout, a.bias = bias.data(), a.m = m, a.n = n, a.k = k;
+        a.accumulate = true, a.workspace = ws.p;
+        std::vector<float> got = y0, want = y0;
+        a.y = got.data();
+        ctx.Gemm(a);
+        a.y = want.data();
+        ref::Gemm(a);
+        std::vector<double> tol(m * n);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double mag = std::abs(bias[j]) + std::abs(y0[i * n + j]);
+            for (int64_t p = 0; p < k; ++p)
+              mag += std::abs(RoundBf16(x[i * k + p]) *
+                              Bf16ToF32(w16[layout == WeightLayout::kOutIn
+                                                ? j * k + p
+                                                : p * n + j]));
+            tol[i * n + j] = 2.0 * (k + 2) * kU * mag;
+          }
+        ExpectNear(std::string(FamilyName(f)) + " m=" + std::to_string(m),
+                   got.data(), want.data(), tol, m * n);
+      }
+    ExpectBatchInvariant(DType::kBF16, WeightLayout::kOutIn, 200, 555);
+  }
+}
+
+void ExpectStripsGiveThePerCallBytes();
+
+// A bf16 weight repacked in place into kStrips (the dot and amx families)
 // multiplies to the bytes of the same weight packed per call, whole and as
 // a slice of rows at a multiple of 16; the strip layout is the documented
 // one (pair p of column c: (w[c, 2p], w[c, 2p + 1]), 16 columns a strip).
 TEST(GemmStrips, RepackedWeightGivesThePerCallBytes) {
-  if (!StripsLayoutFits(16, 32, DType::kBF16)) {
-    EXPECT_EQ(GemmFamilyOf(DType::kBF16), GemmFamily::kFma);
-    GTEST_SKIP() << "SKIPPED LOUDLY: bf16 runs the fma family at the "
-                 << GemmPathName(DType::kBF16)
-                 << " level, which reads no strips";
+  if (ActiveIsa() < CpuIsa::kAvx512Bf16) {
+    EXPECT_FALSE(StripsLayoutFits(16, 32, DType::kBF16));
+    GTEST_SKIP() << "SKIPPED LOUDLY: no bf16 family of the "
+                 << IsaName(ActiveIsa()) << " level reads strips";
   }
+  for (GemmFamily f : Bf16Families()) {
+    if (f == GemmFamily::kFma) continue;
+    SCOPED_TRACE(FamilyName(f));
+    ForcedBf16Family forced(f);
+    ExpectStripsGiveThePerCallBytes();
+  }
+}
+
+void ExpectStripsGiveThePerCallBytes() {
   EXPECT_FALSE(StripsLayoutFits(24, 32, DType::kBF16));
   EXPECT_FALSE(StripsLayoutFits(16, 40, DType::kBF16));
   EXPECT_FALSE(StripsLayoutFits(16, 32, DType::kF16));
@@ -527,6 +604,84 @@ TEST(GemmStrips, RepackedWeightGivesThePerCallBytes) {
           << "slice m=" << m << " n=" << n << " k=" << k;
     }
   }
+}
+
+// A weight repacked in place into kPanels (the fma family: f32, bf16 and
+// f16) multiplies to the bytes of the same weight packed per call, for few
+// rows (16-bit panels read as they are) and more, whole and as a slice of
+// rows at a multiple of 16, n off every tile width; the panel layout is the
+// documented one (column c of panel c / 16, row k at k * 16 + c % 16).
+TEST(GemmPanels, RepackedWeightGivesThePerCallBytes) {
+  uint32_t seed = 711;
+  int checked = 0;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (!PanelsLayoutFits(16, 32, dt)) {
+      EXPECT_NE(GemmFamilyOf(dt), GemmFamily::kFma) << DTypeName(dt);
+      continue;  // bf16 on the dot or amx family (GemmStrips)
+    }
+    EXPECT_FALSE(PanelsLayoutFits(24, 32, dt));
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{48, 96},
+                               {160, 300},
+                               {144, 1100}}) {
+      const std::vector<float> wf = Random(n * k, seed++);
+      std::vector<uint16_t> w16 = To16(wf, dt == DType::kF16 ? dt : DType::kBF16);
+      const void* w = dt == DType::kF32 ? static_cast<const void*>(wf.data())
+                                        : static_cast<const void*>(w16.data());
+      const int64_t es = DTypeSize(dt);
+      std::vector<char> panels(static_cast<size_t>(n * k * es)),
+          in_place(static_cast<const char*>(w),
+                   static_cast<const char*>(w) + n * k * es);
+      PackWeightPanels(w, n, k, dt, panels.data());
+      PackWeightPanels(in_place.data(), n, k, dt, in_place.data());
+      ASSERT_EQ(panels, in_place);
+      for (int64_t c = 0; c < n; c += 5)
+        for (int64_t kk = 0; kk < k; kk += 7)
+          ASSERT_EQ(0, std::memcmp(panels.data() + ((c / 16) * 16 * k +
+                                                    kk * 16 + c % 16) * es,
+                                   static_cast<const char*>(w) +
+                                       (c * k + kk) * es,
+                                   static_cast<size_t>(es)))
+              << DTypeName(dt) << " element (" << c << ", " << kk << ")";
+      for (int64_t m : {1, 3, 4, 5, 33, 200}) {
+        const std::vector<float> x = Random(m * k, seed++);
+        const std::vector<float> y0 = Random(m * n, seed++);
+        AlignedBuf ws(GemmWorkspaceBytes(m, k, dt));
+        GemmContext ctx;
+        GemmArgs a;
+        a.x = x.data();
+        a.w_dtype = dt;
+        a.m = m, a.n = n, a.k = k;
+        a.accumulate = true;
+        a.workspace = ws.p;
+        std::vector<float> per_call = y0, packed = y0;
+        a.w = w;
+        a.y = per_call.data();
+        ctx.Gemm(a);
+        a.w = panels.data();
+        a.layout = WeightLayout::kPanels;
+        a.y = packed.data();
+        ctx.Gemm(a);
+        ASSERT_EQ(0, std::memcmp(per_call.data(), packed.data(), 4 * m * n))
+            << DTypeName(dt) << " m=" << m << " n=" << n << " k=" << k;
+        std::vector<float> slice_call(m * (n - 16)), slice_packed(m * (n - 16));
+        a.n = n - 16;
+        a.accumulate = false;
+        a.w = static_cast<const char*>(w) + 16 * k * es;
+        a.layout = WeightLayout::kOutIn;
+        a.y = slice_call.data();
+        ctx.Gemm(a);
+        a.w = panels.data() + 16 * k * es;
+        a.layout = WeightLayout::kPanels;
+        a.y = slice_packed.data();
+        ctx.Gemm(a);
+        ASSERT_EQ(0, std::memcmp(slice_call.data(), slice_packed.data(),
+                                 4 * m * (n - 16)))
+            << DTypeName(dt) << " slice m=" << m << " n=" << n;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 36) << "f32 and f16 always run the fma family";
 }
 
 // ---- Norms

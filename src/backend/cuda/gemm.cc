@@ -405,7 +405,8 @@ Status GemmRunner::Run(const GemmOp& op, cudaStream_t stream) {
   if (w.quantized()) RETURN_IF_ERROR(state_->CheckQuantized(w, dtype, shape));
   // Repacked only for the CPU's kernels (host segments); a GPU reads the
   // checkpoint's layouts.
-  if (w.format.layout == MatrixLayout::kStrips)
+  if (w.format.layout == MatrixLayout::kStrips ||
+      w.format.layout == MatrixLayout::kPanels)
     return InvalidArgumentError("cuda gemm " + shape +
                                 ": a weight repacked for the CPU's kernels");
   if (dtype != DType::kF32 && op.workspace == nullptr)
