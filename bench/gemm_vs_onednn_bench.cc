@@ -17,19 +17,14 @@
 #include <vector>
 
 #include "src/backend/cpu/isa.h"
+#include "bench/bench_util.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/base/float16.h"
 
 namespace loom::cpu {
 namespace {
 
-struct Buf {
-  explicit Buf(int64_t bytes)
-      : p(std::aligned_alloc(64,
-                             (std::max<int64_t>(bytes, 64) + 63) / 64 * 64)) {}
-  ~Buf() { std::free(p); }
-  void* p;
-};
+using bench::Buf;
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();

@@ -14,19 +14,14 @@
 #include <vector>
 
 #include "src/backend/cpu/isa.h"
+#include "bench/bench_util.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/base/float16.h"
 
 namespace loom::cpu {
 namespace {
 
-struct Aligned {
-  explicit Aligned(int64_t bytes)
-      : p(std::aligned_alloc(64,
-                             (std::max<int64_t>(bytes, 64) + 63) / 64 * 64)) {}
-  ~Aligned() { std::free(p); }
-  void* p;
-};
+using Aligned = bench::Buf;
 
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);

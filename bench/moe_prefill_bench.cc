@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "src/backend/registry.h"
 #include "src/model/synth.h"
 #include "src/runtime/executor.h"
@@ -59,15 +60,7 @@ double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-struct Buf {
-  explicit Buf(int64_t bytes)
-      : p(std::aligned_alloc(64,
-                             (std::max<int64_t>(bytes, 64) + 63) / 64 * 64)) {}
-  ~Buf() { std::free(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  void* p;
-};
+using bench::Buf;
 
 const char* kPresets[] = {"qwen3-30b-a3b", "gpt-oss-20b"};
 

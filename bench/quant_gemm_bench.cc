@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/quant_decode.h"
 #include "src/base/float16.h"
@@ -21,13 +22,7 @@
 namespace loom::cpu {
 namespace {
 
-struct Buf {
-  explicit Buf(int64_t bytes)
-      : p(std::aligned_alloc(64,
-                             (std::max<int64_t>(bytes, 64) + 63) / 64 * 64)) {}
-  ~Buf() { std::free(p); }
-  void* p;
-};
+using bench::Buf;
 
 GemmContext& Ctx() {
   static GemmContext* ctx = new GemmContext();

@@ -8,11 +8,7 @@
 # models (dense, sliding window, MoE, MLA, MXFP4, FP8, NVFP4; f32 and bf16).
 # Usage: batch_cli_test.sh path/to/loom
 set -euo pipefail
-loom=$(realpath "$1")
-here=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail=0
+source "$(dirname "$0")/cli_test_lib.sh"
 
 # in.jsonl files: alone, first, mid, last (token ids; the prompt of interest
 # has 37 tokens, the others 1 to 90).
@@ -73,7 +69,7 @@ run_model() {  # NAME DIR PRECISION
   local name=$1 dir=$2 prec=$3 d="$work/$1.$3"
   mkdir -p "$d"
   local vocab
-  vocab=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c.get('vocab_size') or c['text_config']['vocab_size'])" "$dir/config.json")
+  vocab=$(vocab_of "$dir")
   inputs "$vocab" "$d"
   for bt in 128 4096; do
     for v in alone first mid last; do
@@ -106,7 +102,6 @@ run_model() {  # NAME DIR PRECISION
 run_model stories260K "$here/models/stories260K" f32
 run_model stories260K "$here/models/stories260K" bf16
 
-tiny="$here/../shared/golden/tiny"
 if [ -d "$tiny" ]; then
   for m in llama qwen3 gemma2 mistral_sw16_sharded mixtral qwen3_moe \
            deepseek_v3 gpt_oss_mxfp4 qwen3_fp8_block llama_nvfp4_modelopt \

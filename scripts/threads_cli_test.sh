@@ -6,11 +6,7 @@
 # models (dense, MoE and quantized; f32 and bf16 compute).
 # Usage: threads_cli_test.sh path/to/loom
 set -euo pipefail
-loom=$(realpath "$1")
-here=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail=0
+source "$(dirname "$0")/cli_test_lib.sh"
 
 # Token-id prompts of lengths 1..45 (several batches at --batch-tokens 64).
 tokens_input() {  # VOCAB OUT
@@ -55,7 +51,7 @@ run_model() {  # NAME DIR PRECISION
   local name=$1 dir=$2 prec=$3 d="$work/$1.$3"
   mkdir -p "$d"
   local vocab
-  vocab=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c.get('vocab_size') or c['text_config']['vocab_size'])" "$dir/config.json")
+  vocab=$(vocab_of "$dir")
   tokens_input "$vocab" "$d/in.jsonl"
   python3 -c "import json,sys; print(' '.join(str(t) for l in open(sys.argv[1]) for t in json.loads(l)['tokens']))" "$d/in.jsonl" > "$d/ids.txt"
   for t in 1 2 3; do
@@ -83,7 +79,6 @@ done
 same "stories260K generate, threads 1 vs 2" "$work/gen1.json" "$work/gen2.json"
 same "stories260K generate, threads 1 vs 3" "$work/gen1.json" "$work/gen3.json"
 
-tiny="$here/../shared/golden/tiny"
 if [ -d "$tiny" ]; then
   for m in llama qwen3 gpt2 gemma2 mixtral qwen3_moe gpt_oss_mxfp4 \
            llama_nvfp4_modelopt qwen3_fp8_block llama3rope_bf16; do

@@ -259,12 +259,6 @@ void Manifest::SetSetting(const std::string& key, Json value) {
   doc_["settings"][key] = std::move(value);
 }
 
-void Manifest::SetSettings(Json settings) {
-  doc_["settings"] = std::move(settings);
-}
-
-void Manifest::SetArrays(Json arrays) { doc_["arrays"] = std::move(arrays); }
-
 void Manifest::SetFiles(const std::vector<std::string>& files) {
   doc_["files"] = files;
 }

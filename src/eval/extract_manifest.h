@@ -90,14 +90,6 @@ class Manifest {
     return Manifest(std::move(path), doc_);
   }
   void SetSetting(const std::string& key, nlohmann::json value);
-  // --resume, once CheckSettings passed: the settings as this loom writes
-  // them (a manifest from before a setting existed gains it, so the job ends
-  // as an uninterrupted run's).
-  void SetSettings(nlohmann::json settings);
-  // --resume, once the committed arrays were checked against this job's
-  // shapes: the arrays block as this loom writes it (it follows from the
-  // settings; a damaged or older block is not carried into the output).
-  void SetArrays(nlohmann::json arrays);
   const nlohmann::json& doc() const { return doc_; }
 
   const std::string& path() const { return path_; }

@@ -55,26 +55,35 @@ const FmaKernels& Fma() {
   return k;
 }
 
-// K values packed at once, and columns a task owns (a multiple of the
-// panel / strip pair width). The packed block (kc x nc) stays in L2 while the
-// task's rows sweep over it.
-constexpr int64_t kBf16Kc = 512;
-constexpr int64_t kBf16Nc = 128;
+// Blocking, per family (single-thread and 2-thread sweeps on the Xeon of
+// docs/design/cpu-backend.md; a packed block kc x nc stays in L2 while the
+// task's rows sweep over it):
+//   fma: K blocks of 512, 128 columns a task (f32 panels: 256 KB a slot);
+//     256 -> 512 -> 1024 gave 281 -> 286 -> 301 GFLOP/s at 512 x 5632 x 2048.
+//   dot: K blocks of 512, 128 columns.
+//   amx: K blocks of 1024, 256 columns, at most 128 rows a task (C in the
+//     slot as tiles: 128 KB); every C load and store drains the tile
+//     pipeline, so fewer, longer K blocks win (256: 604, 1024: 657, all of
+//     K: 676 GFLOP/s on one core), up to what a slot holds.
+struct Blocking {
+  int64_t kc, nc;
+};
+constexpr Blocking kFmaBlocking{512, 128};
+constexpr Blocking kDotBlocking{512, 128};
+constexpr Blocking kAmxBlocking{1024, 256};
+constexpr int64_t kAmxRows = 128;
 // Rows of one task at most (more rows: more tasks).
 constexpr int64_t kMaxRowBlock = 512;
 
-}  // namespace
-// TEMPORARY tuning knobs.
-int64_t g_tune[8] = {512, 128, kBf16Kc, kBf16Nc, 1024, 256, 0, 128};
-namespace {
+constexpr Blocking BlockingOf(GemmFamily f) {
+  return f == GemmFamily::kFma   ? kFmaBlocking
+         : f == GemmFamily::kDot ? kDotBlocking
+                                 : kAmxBlocking;
+}
 int64_t KcOf(GemmFamily f, int64_t k) {
-  return std::min(k, f == GemmFamily::kFma ? g_tune[0] : f == GemmFamily::kDot ? g_tune[2] : g_tune[4]);
+  return std::min(k, BlockingOf(f).kc);
 }
-// Rows of one amx task at most (its C tiles live in the slot).
-int64_t AmxRows() { return g_tune[7] ? g_tune[7] : 128; }
-int64_t NcOf(GemmFamily f) {
-  return f == GemmFamily::kFma ? g_tune[1] : f == GemmFamily::kDot ? g_tune[3] : g_tune[5];
-}
+int64_t NcOf(GemmFamily f) { return BlockingOf(f).nc; }
 // Rows a task's row block is a multiple of.
 int64_t RowUnit(GemmFamily f) {
   switch (f) {
@@ -118,7 +127,7 @@ SlotLayout SlotOf(GemmFamily f, int64_t k) {
             AlignUp(gemm::kPanelCols * kc * 4, 64), 0};
   return {AlignUp(NcOf(f) * AlignUp(kc, gemm::kTileK) * 2, 64),
           AlignUp(gemm::kStripCols * kc * 4, 64),
-          f == GemmFamily::kAmx ? AmxRows() * NcOf(f) * 4 : 0};
+          f == GemmFamily::kAmx ? kAmxRows * NcOf(f) * 4 : 0};
 }
 
 // y[i, j] += bias[j] for rows [i0, i1), columns [j0, j1).
@@ -315,7 +324,7 @@ void GemmContext::Impl::Plan(Prepared& p, int threads, int64_t gemms) {
   const int64_t unit = RowUnit(family);
   p.col_blocks = CeilDiv(a.n, NcOf(family));
   int64_t row_blocks = CeilDiv(
-      a.m, family == GemmFamily::kAmx ? AmxRows() : kMaxRowBlock);
+      a.m, family == GemmFamily::kAmx ? kAmxRows : kMaxRowBlock);
   const int64_t want = 4 * threads;
   if (threads > 1 && p.col_blocks * gemms * row_blocks < want)
     row_blocks = std::max(row_blocks, CeilDiv(want, p.col_blocks * gemms));

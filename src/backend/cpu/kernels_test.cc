@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "src/backend/cpu/gemm_test_util.h"
 #include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/reference/reference_kernels.h"
 #include "src/base/float16.h"
@@ -26,20 +27,6 @@ namespace loom::cpu {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);  // unit roundoff of f32
-
-// A 64-byte aligned buffer (workspaces must be aligned).
-struct AlignedBuf {
-  explicit AlignedBuf(int64_t bytes) {
-    size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 64) + 63) / 64 * 64;
-    p = std::aligned_alloc(64, n);
-    std::memset(p, 0xcd,
-                n);  // garbage: kernels must not read scratch before writing it
-  }
-  ~AlignedBuf() { std::free(p); }
-  AlignedBuf(const AlignedBuf&) = delete;
-  AlignedBuf& operator=(const AlignedBuf&) = delete;
-  void* p;
-};
 
 std::vector<float> Random(int64_t n, uint32_t seed, float lo = -1.0f,
                           float hi = 1.0f) {
@@ -376,19 +363,8 @@ TEST(GemmGroup, EqualsOneGemmPerItemAtEveryThreadCount) {
       std::vector<float> first;
       for (int threads : {1, 2, 3}) {
         SetNumThreads(threads);
-        GemmContext ctx;
-        AlignedBuf ws(GemmWorkspaceBytes(rows, k, dt));
-        std::vector<float> one(rows * 2 * n, -1.0f), grouped = one;
-        for (GemmArgs a : items) {  // y holds the offset into the output
-          a.y = one.data() + reinterpret_cast<intptr_t>(a.y) / 4;
-          a.workspace = ws.p;
-          ctx.Gemm(a);
-        }
-        std::vector<GemmArgs> g = items;
-        for (GemmArgs& a : g)
-          a.y = grouped.data() + reinterpret_cast<intptr_t>(a.y) / 4;
-        ctx.GemmGroup(g.data(), static_cast<int64_t>(g.size()), x.data(), rows,
-                      ws.p);
+        const auto [one, grouped] =
+            OneByOneAndGrouped(items, x.data(), rows, k, dt, rows * 2 * n, -1.0f);
         const std::string name = std::string(DTypeName(dt)) + " layout=" +
                                  std::to_string(static_cast<int>(layout)) +
                                  " threads=" + std::to_string(threads);

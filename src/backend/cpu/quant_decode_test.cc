@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "src/backend/cpu/gemm_internal.h"
+#include "src/backend/cpu/gemm_test_util.h"
 #include "src/backend/cpu/isa.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/reference/reference_kernels.h"
@@ -23,13 +24,6 @@
 namespace loom::cpu {
 namespace {
 
-struct AlignedBuf {
-  explicit AlignedBuf(int64_t bytes)
-      : p(std::aligned_alloc(64, static_cast<size_t>(AlignUp(
-                                     std::max<int64_t>(bytes, 64), 64)))) {}
-  ~AlignedBuf() { std::free(p); }
-  void* p;
-};
 
 std::vector<uint8_t> RandomBytes(int64_t n, uint32_t seed) {
   std::mt19937 g(seed);
@@ -259,19 +253,8 @@ TEST(QuantGemm, GroupEqualsOneCallPerItem) {
     std::vector<float> first;
     for (int threads : {1, 2, 3}) {
       SetNumThreads(threads);
-      GemmContext ctx;
-      AlignedBuf ws(GemmWorkspaceBytes(rows, k, compute));
-      std::vector<float> one(rows * 2 * n, 0.5f), grouped = one;
-      for (GemmArgs a : items) {  // y holds the offset into the output
-        a.y = one.data() + reinterpret_cast<intptr_t>(a.y) / 4;
-        a.workspace = ws.p;
-        ctx.Gemm(a);
-      }
-      std::vector<GemmArgs> gi = items;
-      for (GemmArgs& a : gi)
-        a.y = grouped.data() + reinterpret_cast<intptr_t>(a.y) / 4;
-      ctx.GemmGroup(gi.data(), static_cast<int64_t>(gi.size()), x.data(), rows,
-                    ws.p);
+      const auto [one, grouped] = OneByOneAndGrouped(
+          items, x.data(), rows, k, compute, rows * 2 * n, 0.5f);
       ASSERT_EQ(0, std::memcmp(one.data(), grouped.data(), one.size() * 4))
           << DTypeName(compute) << " " << threads << " threads";
       if (first.empty())
