@@ -48,7 +48,7 @@ alignas(64) const TileConfig kConfig = MakeConfig();
 
 template <bool kTwoRowTiles, bool kTwoStrips>
 void Block(const uint16_t* a, ATile al, BTile b, int64_t kcp, float* c,
-           int64_t c_second, bool load_c) {
+           int64_t c_second, bool load_c, float* out, int64_t ldo) {
   // C tiles: 1 KB each, (row tile, col tile) (0,0) at c, (0,1) at c + 256,
   // (1,0) at c + c_second, (1,1) at c + c_second + 256.
   float* c2 = c + c_second;
@@ -80,6 +80,15 @@ void Block(const uint16_t* a, ATile al, BTile b, int64_t kcp, float* c,
       if (kTwoStrips) _tile_dpbf16ps(3, 5, 7);
     }
   }
+  if (out != nullptr) {  // the final K block of whole tiles: into y
+    const int64_t stride = ldo * 4;
+    float* out2 = out + 16 * ldo;
+    _tile_stored(0, out, stride);
+    if (kTwoStrips) _tile_stored(1, out + 16, stride);
+    if (kTwoRowTiles) _tile_stored(2, out2, stride);
+    if (kTwoRowTiles && kTwoStrips) _tile_stored(3, out2 + 16, stride);
+    return;
+  }
   _tile_stored(0, c, 64);
   if (kTwoStrips) _tile_stored(1, c + 256, 64);
   if (kTwoRowTiles) _tile_stored(2, c2, 64);
@@ -89,16 +98,17 @@ void Block(const uint16_t* a, ATile al, BTile b, int64_t kcp, float* c,
 }  // namespace
 
 void AmxTile(const uint16_t* a, ATile al, int64_t rows, BTile b, int64_t kcp,
-             float* c, int64_t c_second, int64_t cols, bool load_c) {
+             float* c, int64_t c_second, int64_t cols, bool load_c,
+             float* out, int64_t ldo) {
   const bool two_rows = rows > 16, two_strips = cols > 16;
   if (two_rows && two_strips)
-    Block<true, true>(a, al, b, kcp, c, c_second, load_c);
+    Block<true, true>(a, al, b, kcp, c, c_second, load_c, out, ldo);
   else if (two_rows)
-    Block<true, false>(a, al, b, kcp, c, c_second, load_c);
+    Block<true, false>(a, al, b, kcp, c, c_second, load_c, out, ldo);
   else if (two_strips)
-    Block<false, true>(a, al, b, kcp, c, c_second, load_c);
+    Block<false, true>(a, al, b, kcp, c, c_second, load_c, out, ldo);
   else
-    Block<false, false>(a, al, b, kcp, c, c_second, load_c);
+    Block<false, false>(a, al, b, kcp, c, c_second, load_c, out, ldo);
 }
 
 void AmxLoadC(const float* y, int64_t ldy, int64_t rows, int64_t cols,
@@ -112,11 +122,12 @@ void AmxLoadC(const float* y, int64_t ldy, int64_t rows, int64_t cols,
     }
 }
 
-void AmxStoreC(const float* c, int64_t col_tiles, int64_t rows, int64_t cols,
-               float* y, int64_t ldy, const float* bias) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t t = 0; t * 16 < cols; ++t) {
-      const int64_t n = std::min<int64_t>(cols - t * 16, 16);
+void AmxStoreC(const float* c, int64_t col_tiles, int64_t r0, int64_t r1,
+               int64_t c0, int64_t c1, float* y, int64_t ldy,
+               const float* bias) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t t = c0 / 16; t * 16 < c1; ++t) {
+      const int64_t n = std::min<int64_t>(c1 - t * 16, 16);
       const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
       __m512 v =
           _mm512_loadu_ps(c + ((r / 16) * col_tiles + t) * 256 + (r % 16) * 16);

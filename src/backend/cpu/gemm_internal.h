@@ -153,16 +153,21 @@ struct ATile {
 // AMX: C (+)= A B for a 32 x 32 block (16 x 16 tiles past `rows` / `cols`
 // skipped; A rows past `rows` are read: the x copy is padded). C is four
 // 1 KB f32 tiles in tile order: (0, 0) at c, (0, 1) at c + 256, (1, 0) at c
-// + c_second, (1, 1) at c + c_second + 256.
+// + c_second, (1, 1) at c + c_second + 256. `out` (else null): the tiles,
+// every one whole (rows and cols 16 or 32), are stored there instead (row
+// stride ldo floats): the last K block writing straight into y.
 void AmxTile(const uint16_t* a, ATile al, int64_t rows, BTile b, int64_t kcp,
-             float* c, int64_t c_second, int64_t cols, bool load_c);
+             float* c, int64_t c_second, int64_t cols, bool load_c,
+             float* out = nullptr, int64_t ldo = 0);
 // A task's C in tile order ([row_tiles][col_tiles][16][16] f32) from / to y
 // [rows, cols] (row stride ldy): AmxLoadC zero-fills past rows and cols;
-// AmxStoreC adds `bias` [cols] (f32, or null) as it stores.
+// AmxStoreC stores rows [r0, r1) x columns [c0, c1) (c0 a multiple of 16),
+// adding `bias` [cols] (f32, or null) as it stores.
 void AmxLoadC(const float* y, int64_t ldy, int64_t rows, int64_t cols,
               float* c, int64_t col_tiles, int64_t row_tiles);
-void AmxStoreC(const float* c, int64_t col_tiles, int64_t rows, int64_t cols,
-               float* y, int64_t ldy, const float* bias);
+void AmxStoreC(const float* c, int64_t col_tiles, int64_t r0, int64_t r1,
+               int64_t c0, int64_t c1, float* y, int64_t ldy,
+               const float* bias);
 // Loads this thread's tile configuration (before AmxTile on a thread) and
 // releases it (after the last AmxTile of a parallel region).
 void AmxBegin();

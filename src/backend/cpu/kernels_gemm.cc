@@ -211,32 +211,45 @@ bool PanelsLayoutFits(int64_t n, int64_t k, DType dtype) {
          n > 0 && k > 0 && n % gemm::kPanelCols == 0;
 }
 
+namespace {
+
+// PackWeightPanels for elements of type T: per panel, its 16 rows copied
+// aside, then written as [k][16] in blocks of 64 k (a 16 x 64 block fits L1).
+template <typename T>
+void PackPanelsOf(const T* src, int64_t n, int64_t k, T* dst) {
+  constexpr int64_t kP = gemm::kPanelCols, kBlock = 64;
+  const int64_t panel = kP * k;  // elements
+#pragma omp parallel
+  {
+    // Load-time, not a forward: this thread's copy of the panel's rows.
+    std::vector<T> rows(static_cast<size_t>(panel));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < n / kP; ++p) {
+      std::copy(src + p * panel, src + (p + 1) * panel, rows.begin());
+      T* o = dst + p * panel;  // [k][16]
+      for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
+        const int64_t k1 = std::min(k, k0 + kBlock);
+        for (int64_t c = 0; c < kP; ++c) {
+          const T* r = rows.data() + c * k;
+          for (int64_t kk = k0; kk < k1; ++kk) o[kk * kP + c] = r[kk];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void PackWeightPanels(const void* w, int64_t n, int64_t k, DType dtype,
                       void* out) {
   LOOM_CHECK(PanelsLayoutFits(n, k, dtype))
       << "panels of a [" << n << ", " << k << "] " << DTypeName(dtype)
       << " weight at the " << GemmPathName(dtype) << " level";
-  const int64_t es = static_cast<int64_t>(DTypeSize(dtype));
-  const int64_t panel = gemm::kPanelCols * k * es;  // bytes
-  const auto* src = static_cast<const char*>(w);
-  auto* dst = static_cast<char*>(out);
-  constexpr int64_t kBlock = 64;  // k values transposed at a time
-#pragma omp parallel
-  {
-    // Load-time, not a forward: this thread's copy of the panel's rows.
-    std::vector<char> rows(static_cast<size_t>(panel));
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < n / gemm::kPanelCols; ++p) {
-      std::memcpy(rows.data(), src + p * panel, static_cast<size_t>(panel));
-      char* o = dst + p * panel;  // [k][16]
-      for (int64_t k0 = 0; k0 < k; k0 += kBlock)
-        for (int64_t c = 0; c < gemm::kPanelCols; ++c)
-          for (int64_t kk = k0; kk < std::min(k, k0 + kBlock); ++kk)
-            std::memcpy(o + (kk * gemm::kPanelCols + c) * es,
-                        rows.data() + (c * k + kk) * es,
-                        static_cast<size_t>(es));
-    }
-  }
+  if (dtype == DType::kF32)
+    PackPanelsOf(static_cast<const float*>(w), n, k, static_cast<float*>(out));
+  else
+    PackPanelsOf(static_cast<const uint16_t*>(w), n, k,
+                 static_cast<uint16_t*>(out));
 }
 
 int64_t GemmWorkspaceBytes(int64_t m, int64_t k, DType w_dtype) {
@@ -440,6 +453,14 @@ void GemmContext::Impl::RunAmxTask(const Prepared& p, int64_t i0, int64_t i1,
   const int64_t kc = KcOf(family, a.k);
   // x block-major (RoundXToBf16Blocks): a 16-row tile is 1 KB contiguous.
   const gemm::ATile al{64, p.ldx, 16 * gemm::kTileK};
+  // Without a bias, the last K block stores whole 32 x 32 blocks straight
+  // into y (saved: one pass over C, 4 % of a TinyLlama forward); the rest
+  // (the edges: rows past a multiple of 32, columns past one) go through
+  // the tiles in the slot.
+  const bool direct = a.bias == nullptr;
+  const int64_t rows_direct = direct ? rows / 32 * 32 : 0;
+  const int64_t cols_direct = direct ? cols / 32 * 32 : 0;
+  float* y = a.y + i0 * p.ldy + j0;
   for (int64_t k0 = 0; k0 < a.k; k0 += kc) {
     const int64_t kcc = std::min(kc, a.k - k0);
     const int64_t kcp = AlignUp(kcc, gemm::kTileK);
@@ -448,17 +469,26 @@ void GemmContext::Impl::RunAmxTask(const Prepared& p, int64_t i0, int64_t i1,
     const bool load_c = a.accumulate || k0 > 0;
     const uint16_t* x =
         p.xb + (k0 / gemm::kTileK) * p.ldx + i0 * gemm::kTileK;
+    const bool last = k0 + kc >= a.k;
     for (int64_t ib = 0; ib < rt; ib += 2)
-      for (int64_t jc = 0; jc < ct; jc += 2)
-        gemm::AmxTile(x + ib * 16 * gemm::kTileK, al, std::min<int64_t>(32, rows - ib * 16),
+      for (int64_t jc = 0; jc < ct; jc += 2) {
+        const bool to_y =
+            last && ib * 16 < rows_direct && jc * 16 < cols_direct;
+        gemm::AmxTile(x + ib * 16 * gemm::kTileK, al,
+                      std::min<int64_t>(32, rows - ib * 16),
                       BTile{b + jc * stride, stride}, kcp,
                       cs + (ib * ct + jc) * 256, ct * 256,
-                      std::min<int64_t>(32, cols - jc * 16), load_c);
+                      std::min<int64_t>(32, cols - jc * 16), load_c,
+                      to_y ? y + ib * 16 * p.ldy + jc * 16 : nullptr, p.ldy);
+      }
   }
-  // The bias joins here when it is f32 (the executor's); other dtypes after.
+  // The rest of C; the bias joins here when it is f32 (the executor's),
+  // other dtypes after.
   const bool f32_bias = a.bias != nullptr && a.bias_dtype == DType::kF32;
-  gemm::AmxStoreC(cs, ct, rows, cols, a.y + i0 * p.ldy + j0, p.ldy,
-                  f32_bias ? static_cast<const float*>(a.bias) + j0 : nullptr);
+  const float* bias =
+      f32_bias ? static_cast<const float*>(a.bias) + j0 : nullptr;
+  gemm::AmxStoreC(cs, ct, 0, rows_direct, cols_direct, cols, y, p.ldy, bias);
+  gemm::AmxStoreC(cs, ct, rows_direct, rows, 0, cols, y, p.ldy, bias);
   if (a.bias != nullptr && !f32_bias)
     AddBias(a.y, p.ldy, i0, i1, j0, j0 + cols, a.bias, a.bias_dtype);
 }
