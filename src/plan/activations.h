@@ -39,10 +39,11 @@ namespace loom {
 // dependency direction is plan -> backend, so the planner cannot ask).
 struct KernelCosts {
   // Scratch bytes of one GEMM with an [m, k] input and weights of `w_dtype`
-  // (cpu::GemmWorkspaceBytes). nullptr = none.
+  // (cpu::GemmWorkspaceBytes: the rounded x and a packing slot per thread).
+  // nullptr = none.
   int64_t (*gemm_workspace)(int64_t m, int64_t k, DType w_dtype) = nullptr;
   // Library scratch of one GEMM y[m, n] = x[m, k] W (W stored [n, k], or
-  // [k, n] when `k_major`), e.g. oneDNN's scratchpad. nullptr = none.
+  // [k, n] when `k_major`), e.g. cuBLASLt's workspace. nullptr = none.
   int64_t (*gemm_scratchpad)(int64_t m, int64_t n, int64_t k, DType w_dtype, bool k_major) = nullptr;
   // Scratch bytes of attention over sequences up to `max_seq_len` with head
   // width `width` = max(q/k head_dim, v head width)
@@ -58,7 +59,8 @@ struct KernelCosts {
                                     int num_threads) = nullptr;
   // Bytes one GEMM of an [n, k] weight stored in `kind` needs to decode its
   // weights into (in the compute dtype `compute`); 0 for dense weights
-  // (cpu::QuantDecodeWorkspaceBytes). nullptr = none.
+  // (the CUDA backend's decode panel). nullptr = none (the CPU decodes inside
+  // its GEMM workspace).
   int64_t (*weight_decode_workspace)(int64_t n, int64_t k, FormatKind kind,
                                      DType compute) = nullptr;
   int num_threads = 1;

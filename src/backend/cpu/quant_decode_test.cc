@@ -155,7 +155,7 @@ TEST(QuantDecode, FastEqualsReferenceOnRandomBytes) {
   }
 }
 
-// MXFP4's decoded values are all bf16 values (GemmQuantized skips rounding
+// MXFP4's decoded values are all bf16 values (the GEMM skips rounding
 // them): every code with every scale byte.
 TEST(QuantDecode, Mxfp4DecodeIsExactInBf16) {
   ASSERT_TRUE(DecodeIsExactIn(FormatKind::kMxfp4, DType::kBF16));
