@@ -44,6 +44,28 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 done
+# Generation is planned like extract (its KV cache, batch and logits head):
+# the bf16 model with the bundled tokenizer (ids below 512), the prompt's
+# forward through the cache.
+mkdir gen_model
+cp m_bf16/config.json gen_model/
+ln -s "$work/m_bf16/model.safetensors" gen_model/model.safetensors
+cp "$models_dir/stories260K/tokenizer.json" "$models_dir/stories260K/tokenizer_config.json" gen_model/
+"$loom" generate --model gen_model --prompt "Once upon a time, there was a little girl who" \
+  --max-tokens 0 --precision bf16 --json --show-plan --verify-plan > gen.json 2> gen_err.txt || fail=1
+python3 - gen_err.txt <<'PY' || fail=1
+import json, re, sys
+err = open(sys.argv[1]).read()
+if "loom generate: memory plan" not in err:
+    print("FAIL generate: --show-plan printed no plan:\n" + err); sys.exit(1)
+m = re.search(r"loom generate: verify-plan: (\{.*\})", err)
+if not m:
+    print("FAIL generate: no verify-plan report:\n" + err); sys.exit(1)
+v = json.loads(m.group(1))
+print(f"generate: planned {v['planned_bytes']} resident {v['resident_bytes']} ratio {v['ratio']:.4f}")
+if not v["within_1_percent"]:
+    print("FAIL generate: resident memory is not the plan's"); sys.exit(1)
+PY
 # Verification that fails says so on stderr (a tiny model: the libraries'
 # fixed heap outweighs its plan), and one that passes prints no warning.
 printf 'Once upon a time\n' > tiny.txt

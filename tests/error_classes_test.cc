@@ -49,6 +49,10 @@
 //     extract)
 //   UNIMPLEMENTED
 //     model_type, rope type              UnimplementedModelTypeAndRope
+//   UNAVAILABLE (exit 2)
+//     --device cuda:N not on this        UnavailableDevice
+//     machine, for every command that
+//     runs a model
 //   IO_ERROR
 //     a directory where a file is        IoError
 //     expected (input, config.json,
@@ -662,6 +666,42 @@ TEST_F(ErrorClassesTest, OutOfRangeSequenceLength) {
               {"context of 1000 positions", "max_position_embeddings = 512"});
 }
 
+// A GPU this machine (or build) lacks, for every command that runs a model:
+// exit 2 naming the device, before anything is read (the checkpoint here is
+// garbage, and not reported) or written.
+TEST_F(ErrorClassesTest, UnavailableDevice) {
+  // cuda:0 where no GPU is visible (every CI machine); past the last GPU
+  // otherwise.
+  const CliResult devices = Loom({"devices"});
+  int gpu = 0;
+  while (devices.out.find("cuda:" + std::to_string(gpu)) != std::string::npos)
+    ++gpu;
+  const std::string dev = "cuda:" + std::to_string(gpu);
+  const std::string model = CopyModel("garbage");
+  Spit(model + "/model.safetensors", "not a safetensors file");
+  const std::vector<std::string> needles = {"--device " + dev + ": no such GPU",
+                                            "nothing was loaded"};
+  const std::string out = Path("out");
+  const std::vector<std::vector<std::string>> runs = {
+      {"generate", "--model", model, "--prompt", "a", "--device", dev},
+      {"generate", "--model", model, "--prompt", "a", "--hooks", kHook,
+       "--device", dev},
+      {"patch", "--model", model, "--clean", "a b", "--corrupted", "b a",
+       "--out", out, "--device", dev},
+      {"serve", "--model", model, "--port", "0", "--device", dev},
+      {"perplexity", "--model", model, "--text", TextInput(), "--device", dev},
+      {"extract", "--model", model, "--input", TextInput(), "--out", out,
+       "--hooks", kHook, "--device", dev},
+  };
+  for (const std::vector<std::string>& run : runs)
+    ExpectError(run, 2, run[0], needles);
+  EXPECT_FALSE(fs::exists(out)) << "refused after writing";
+  // A GPU declared by --max-memory alone is the same.
+  ExpectError({"generate", "--model", model, "--prompt", "a", "--max-memory",
+               std::to_string(gpu) + "=1GiB"},
+              2, "generate", {"--max-memory " + dev + ": no such GPU"});
+}
+
 // Both byte counts: what the job needs and what the cap leaves.
 TEST_F(ErrorClassesTest, ResourceExhaustedMaxMemory) {
   const std::regex both("cpu: needs [0-9.]+ (KiB|MiB), usable 100\\.00 KiB");
@@ -674,6 +714,21 @@ TEST_F(ErrorClassesTest, ResourceExhaustedMaxMemory) {
        Path("out"), "--hooks", kHook, "--max-memory", "cpu=100KiB"},
       1, "extract", {"the plan does not fit", "DOES NOT FIT", "over by"});
   EXPECT_TRUE(std::regex_search(err, both)) << err;
+  EXPECT_FALSE(fs::exists(Path("out"))) << "refused after writing";
+  // Generation and patching are planned the same way (their KV cache and
+  // batches counted), and refused before loading.
+  for (const std::vector<std::string>& run :
+       std::vector<std::vector<std::string>>{
+           {"generate", "--model", kModel, "--prompt", "a", "--max-memory",
+            "cpu=100KiB"},
+           {"generate", "--model", kModel, "--prompt", "a", "--hooks", kHook,
+            "--max-memory", "cpu=100KiB"},
+           {"patch", "--model", kModel, "--clean", "a b", "--corrupted", "b a",
+            "--out", Path("out"), "--max-memory", "cpu=100KiB"}}) {
+    err = ExpectError(run, 1, run[0],
+                      {"the plan does not fit", "DOES NOT FIT", "over by"});
+    EXPECT_TRUE(std::regex_search(err, both)) << err;
+  }
   EXPECT_FALSE(fs::exists(Path("out"))) << "refused after writing";
 }
 

@@ -341,13 +341,17 @@ TEST(PlanCli, DeviceFlagsHaveOneHelpTextInEveryCommand) {
        {"--device", "--max-memory", "--reserve", "--offload"}) {
     const std::string plan = FlagHelp("plan", flag);
     EXPECT_GT(plan.size(), 20u) << flag << ": " << plan;
-    for (const char* command : {"extract", "perplexity", "compare"})
+    for (const char* command :
+         {"extract", "perplexity", "compare", "generate", "patch"})
       EXPECT_EQ(FlagHelp(command, flag), plan) << command << " " << flag;
+    // serve places every model it loads (no --offload: one device).
+    if (std::string(flag) != "--offload")
+      EXPECT_EQ(FlagHelp("serve", flag), plan) << "serve " << flag;
   }
   for (const char* flag : {"--show-plan", "--verify-plan"}) {
     const std::string extract = FlagHelp("extract", flag);
     EXPECT_GT(extract.size(), 20u) << flag << ": " << extract;
-    for (const char* command : {"perplexity", "compare"})
+    for (const char* command : {"perplexity", "compare", "generate", "patch"})
       EXPECT_EQ(FlagHelp(command, flag), extract) << command << " " << flag;
   }
   // --hooks / --layers: one text for extract and plan.

@@ -29,6 +29,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "IO_ERROR";
     case StatusCode::kCancelled:
       return "CANCELLED";
+    case StatusCode::kUnavailable:
+      return "UNAVAILABLE";
   }
   return "UNKNOWN";
 }
@@ -82,6 +84,9 @@ Status IoError(std::string m) {
 }
 Status CancelledError(std::string m) {
   return Status(StatusCode::kCancelled, std::move(m));
+}
+Status UnavailableError(std::string m) {
+  return Status(StatusCode::kUnavailable, std::move(m));
 }
 
 namespace internal {

@@ -32,7 +32,8 @@ enum class StatusCode {
   kUnimplemented,      // recognised but not supported (e.g. architecture)
   kInternal,
   kIoError,
-  kCancelled,  // stopped on request (Ctrl-C in the Python module)
+  kCancelled,    // stopped on request (Ctrl-C in the Python module)
+  kUnavailable,  // a device asked for is not on this machine or build
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -73,6 +74,7 @@ Status UnimplementedError(std::string message);
 Status InternalError(std::string message);
 Status IoError(std::string message);
 Status CancelledError(std::string message);
+Status UnavailableError(std::string message);
 
 template <typename T>
 class [[nodiscard]] StatusOr {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/backend/registry.h"
+#include "src/eval/job_plan.h"
 #include "src/model/config_reader.h"
 #include "src/tokenizer/tokenizer.h"
 
@@ -119,11 +120,13 @@ StatusOr<std::vector<int32_t>> LoadStopIds(const Model& model) {
   return ids;
 }
 
-// Copies the final-norm row of each sequence's last token to last_hidden_,
-// and passes every hook on to the step's capture sink, if any.
+// Copies the final-norm row of each sequence's last token to last_hidden_
+// (from a device's memory with its backend's Copy), and passes every hook on
+// to the step's capture sink, if any.
 class Generator::LastRowSink : public HookSink {
  public:
-  explicit LastRowSink(std::vector<float>& out) : out_(out) {}
+  LastRowSink(std::vector<float>& out, Backend* backend)
+      : out_(out), backend_(backend) {}
   void set_capture(HookSink* capture) { capture_ = capture; }
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
                       int64_t row_begin, const ActivationView& view) override {
@@ -131,19 +134,27 @@ class Generator::LastRowSink : public HookSink {
       RETURN_IF_ERROR(
           capture_->OnActivation(hook, batch, seq, row_begin, view));
     if (hook.site != HookSite::kFinalNorm) return Status();
-    if (!view.host_f32())
-      return UnimplementedError(
-          "generate: final-norm rows outside host memory (not yet)");
-    const float* rows = view.f32();
-    for (int64_t s = 0; s < batch.num_seqs(); ++s)
-      std::copy(rows + (batch.seq_start[s + 1] - 1) * view.ld,
-                rows + (batch.seq_start[s + 1] - 1) * view.ld + view.cols,
-                out_.begin() + s * view.cols);
+    if (view.dtype != DType::kF32)
+      return UnimplementedError("generate: final-norm rows in " +
+                                std::string(DTypeName(view.dtype)) +
+                                " (f32 expected)");
+    const float* rows = static_cast<const float*>(view.data);
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      const float* row = rows + (batch.seq_start[s + 1] - 1) * view.ld;
+      float* dst = out_.data() + s * view.cols;
+      if (view.host_f32()) {
+        std::copy(row, row + view.cols, dst);
+        continue;
+      }
+      RETURN_IF_ERROR(backend_->Copy(dst, DeviceRef{}, row, view.device,
+                                     view.cols * int64_t{sizeof(float)}));
+    }
     return Status();
   }
 
  private:
   std::vector<float>& out_;
+  Backend* backend_;  // the executor's: copies device rows to the host
   HookSink* capture_ = nullptr;
 };
 
@@ -152,12 +163,10 @@ Generator::Generator(const Model& model, const Options& options)
 
 Generator::~Generator() = default;
 
-StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
-                                                       const Options& options) {
-  const ModelConfig& c = model.config();
+StatusOr<Generator::Options> Generator::Resolve(const ModelConfig& c,
+                                                const Options& options) {
   Options o = options;
-  if (o.context <= 0)
-    o.context = std::min<int64_t>(2048, c.max_position_embeddings);
+  if (o.context <= 0) o.context = DefaultContext(c, kGenerationContext);
   if (o.slots <= 0 || o.prefill_chunk <= 0)
     return InvalidArgumentError("generate: slots (" + std::to_string(o.slots) +
                                 ") and prefill_chunk (" +
@@ -174,6 +183,31 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
         "generate: batch_tokens (" + std::to_string(o.batch_tokens) +
         ") must hold a prefill chunk (" + std::to_string(o.prefill_chunk) +
         ") and one token per slot (" + std::to_string(o.slots) + ")");
+  return o;
+}
+
+JobSpec Generator::Job(const ModelConfig& c, const Options& o) {
+  JobSpec job;
+  job.mode = JobMode::kGeneration;
+  job.batch_tokens = o.batch_tokens;
+  job.context = std::min(o.context, c.max_position_embeddings);
+  job.seqs_per_batch = o.slots;
+  job.kv_seqs = o.slots;
+  job.kv_page_size = o.paging.page_size;
+  job.kv_pages = o.paging.num_pages;
+  job.hooks = o.capture_hooks;
+  job.hooks.Add({HookSite::kFinalNorm, -1});
+  job.selector = Selector::kAll;
+  // LogitsHead: one row of logits per slot.
+  job.logits = true;
+  job.logits_chunk_rows = o.slots;
+  return job;
+}
+
+StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
+                                                       const Options& options) {
+  const ModelConfig& c = model.config();
+  ASSIGN_OR_RETURN(const Options o, Resolve(c, options));
   auto g = std::unique_ptr<Generator>(new Generator(model, o));
   Backend* backend = o.backend;
   if (backend == nullptr) {
@@ -195,7 +229,7 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
   g->slot_.resize(static_cast<size_t>(o.slots));
   g->pos0_.resize(static_cast<size_t>(o.slots));
   g->last_hidden_.resize(static_cast<size_t>(o.slots * c.hidden_size));
-  g->sink_ = std::make_unique<LastRowSink>(g->last_hidden_);
+  g->sink_ = std::make_unique<LastRowSink>(g->last_hidden_, backend);
   return g;
 }
 

@@ -131,6 +131,15 @@ class Generator {
                                                      const Options& options);
   ~Generator();
 
+  // `options` with the defaults filled in for `config` (context,
+  // batch_tokens, the prefill chunk capped at the context), as Create runs
+  // them; InvalidArgument / OutOfRange as Create.
+  static StatusOr<Options> Resolve(const ModelConfig& config,
+                                   const Options& options);
+  // The job the planner sizes for a generator of `resolved` options: its
+  // KV cache, its forwards' activations and the logits of every slot.
+  static JobSpec Job(const ModelConfig& config, const Options& resolved);
+
   // Generates a continuation of every prompt. `tokenizer` (may be null)
   // decodes the text and enables stop strings. A prompt longer than the
   // context is an OutOfRange error naming both numbers.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "src/backend/registry.h"
 #include "src/base/units.h"
@@ -14,6 +15,10 @@
 #include "src/runtime/memory_stats.h"
 
 namespace loom {
+
+int64_t DefaultContext(const ModelConfig& config, int64_t fallback) {
+  return std::min<int64_t>(fallback, config.max_position_embeddings);
+}
 
 int64_t HostMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
@@ -26,27 +31,72 @@ StatusOr<DType> PlannedComputeDType(const ModelConfig& config,
   return ResolvePrecision(precision, config.torch_dtype, &warning);
 }
 
+StatusOr<JobDevices> ResolveJobDevices(const JobPlanOptions& o) {
+  JobDevices out;
+  ASSIGN_OR_RETURN(const std::vector<int> named, GpusOfDeviceFlags(o.devices));
+  // The GPUs are listed only when the flags name one: the CUDA runtime's
+  // start costs memory and time a host job should not pay.
+  bool any_gpu = !named.empty();
+  for (std::string_view rest = o.max_memory; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string_view key =
+        rest.substr(0, rest.substr(0, comma).find('='));
+    any_gpu |= !key.empty() && key != "cpu" && key != "disk";
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  std::string reason;
+  const std::vector<GpuDescription> gpus = HasCudaBackend() && any_gpu
+                                               ? ListGpus(&reason)
+                                               : std::vector<GpuDescription>{};
+  if (!HasCudaBackend())
+    reason =
+        "this build has no CUDA backend (configure with -DLOOM_CUDA=on where "
+        "the CUDA toolkit is installed)";
+  std::map<int, int64_t> gpu_bytes;
+  std::map<int, int> capability;
+  for (const GpuDescription& g : gpus) {
+    gpu_bytes[g.index] = g.free_bytes;
+    capability[g.index] = g.major * 10 + g.minor;
+  }
+  auto missing = [&](int index, const std::string& flag) {
+    return UnavailableError(
+        flag + " cuda:" + std::to_string(index) + ": no such GPU here (" +
+        (reason.empty() ? std::to_string(gpus.size()) + " GPU(s) visible"
+                        : reason) +
+        "); nothing was loaded. Plan GPU placements on this machine with "
+        "`loom plan --device cuda:N=SIZE`");
+  };
+  for (const int index : named)
+    if (!gpu_bytes.contains(index)) return missing(index, "--device");
+  const std::vector<std::string> cpu_only = {"cpu"};
+  ASSIGN_OR_RETURN(
+      out.devices,
+      DevicesFromFlags(o.devices.empty() ? cpu_only : o.devices, o.max_memory,
+                       o.reserve, HostMemoryBytes(), &gpu_bytes));
+  for (const DeviceSpec& d : out.devices) {
+    if (d.kind != DeviceKind::kCuda || !d.compute) continue;
+    const int index = std::stoi(d.name.substr(5));
+    if (!capability.contains(index)) return missing(index, "--max-memory");
+    const int cap = capability[index];
+    out.gpu_capability =
+        out.gpu_capability == 0 ? cap : std::min(out.gpu_capability, cap);
+  }
+  return out;
+}
+
 StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
                                      const std::string& model_dir,
                                      const JobSpec& job,
                                      const JobPlanOptions& o) {
   const int64_t host = HostMemoryBytes();
-  // Job commands compute on the host unless told otherwise.
-  const std::vector<std::string> cpu_only = {"cpu"};
-  ASSIGN_OR_RETURN(std::vector<DeviceSpec> devices,
-                   DevicesFromFlags(o.devices.empty() ? cpu_only : o.devices,
-                                    o.max_memory, o.reserve, host));
+  // Job commands compute on the host unless told otherwise; a GPU named
+  // must be here.
+  ASSIGN_OR_RETURN(JobDevices jd, ResolveJobDevices(o));
+  std::vector<DeviceSpec>& devices = jd.devices;
   bool gpu = false;
-  for (const DeviceSpec& d : devices) {
-    if (d.kind != DeviceKind::kCuda || !d.compute) continue;
-    gpu = true;
-    if (!HasCudaBackend())
-      return UnimplementedError(
-          "--device " + d.name +
-          ": this build has no CUDA backend (configure with -DLOOM_CUDA=on "
-          "where the CUDA toolkit is installed); plan GPU placements with "
-          "`loom plan`");
-  }
+  for (const DeviceSpec& d : devices)
+    gpu |= d.kind == DeviceKind::kCuda && d.compute;
   // The kernels' costs of the backend the layers run on (a placement is of
   // one kind of accelerator, plus the host).
   const KernelCosts costs =
@@ -97,8 +147,9 @@ StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan, Backend* host) {
     const int dev = offload ? ComputeDeviceOf(plan, l) : held;
     Backend* b = dev >= 0 ? by_device[static_cast<size_t>(dev)] : last;
     if (b == nullptr) b = host;
-    bool disk = held >= 0 && plan.devices[static_cast<size_t>(held)]
-                                     .device.kind == DeviceKind::kDisk;
+    bool disk =
+        held >= 0 && plan.devices[static_cast<size_t>(held)].device.kind ==
+                         DeviceKind::kDisk;
     if (dev < 0) {  // not run: the last segment's
       offload = last_offload;
       disk = last_disk;
@@ -122,16 +173,20 @@ StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
                           int64_t ctx, int64_t chunk_rows) {
   ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(DType dtype, PlannedComputeDType(c, precision));
+  JobSpec job = EvalJobOf(c, ctx, chunk_rows);
+  job.weight_compute_dtype = dtype;
+  return job;
+}
+
+JobSpec EvalJobOf(const ModelConfig& c, int64_t ctx, int64_t chunk_rows) {
   JobSpec job;
-  job.batch_tokens =
-      ctx > 0 ? ctx : std::min<int64_t>(512, c.max_position_embeddings);
+  job.batch_tokens = ctx > 0 ? ctx : DefaultContext(c, kEvalContext);
   job.context = job.batch_tokens;
   job.hooks.Add({HookSite::kFinalNorm, -1});
   job.selector = Selector::kAll;
   job.capture_dtype = DType::kF32;
   job.logits = true;
   job.logits_chunk_rows = chunk_rows > 0 ? chunk_rows : 256;
-  job.weight_compute_dtype = dtype;
   return job;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "src/base/status.h"
+#include "src/plan/devices.h"
 #include "src/plan/planner.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
@@ -29,6 +30,13 @@ struct JobPlanOptions {
   bool offload = false;
 };
 
+// The context a job runs at when none is asked for: min(`fallback`,
+// max_position_embeddings). Evaluations (perplexity, compare) use
+// kEvalContext, generation and serving kGenerationContext.
+inline constexpr int64_t kEvalContext = 512;
+inline constexpr int64_t kGenerationContext = 2048;
+int64_t DefaultContext(const ModelConfig& config, int64_t fallback);
+
 // Physical RAM of this machine.
 int64_t HostMemoryBytes();
 
@@ -36,6 +44,19 @@ int64_t HostMemoryBytes();
 // resolved from config.json's torch_dtype and the requested precision.
 StatusOr<DType> PlannedComputeDType(const ModelConfig& config,
                                     Precision precision);
+
+// The devices of the placement flags (DevicesFromFlags; the host alone when
+// none is given). Every GPU they name (--device, or declared by a
+// --max-memory key) must be on this machine and in this build: UNAVAILABLE
+// naming it otherwise, before anything is read. A GPU named without a size
+// gets its free memory as its capacity. The GPUs are listed only when the
+// flags name one. `gpu_capability`: the lowest of the computing GPUs (0 =
+// none), for the precision rules.
+struct JobDevices {
+  std::vector<DeviceSpec> devices;
+  int gpu_capability = 0;
+};
+StatusOr<JobDevices> ResolveJobDevices(const JobPlanOptions& options);
 
 // Plans `job` for `model_dir`, prints the table when asked, and returns
 // ResourceExhausted with the breakdown and suggestions when it does not fit.
@@ -65,6 +86,8 @@ StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan, Backend* host);
 // commands' default, min(512, max_position_embeddings).
 StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
                           int64_t ctx, int64_t chunk_rows);
+// The same for a session (which sets the compute dtype).
+JobSpec EvalJobOf(const ModelConfig& config, int64_t ctx, int64_t chunk_rows);
 
 // Bytes the plan puts on the host (the CPU device).
 int64_t PlannedHostBytes(const MemoryPlan& plan);

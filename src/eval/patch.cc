@@ -78,6 +78,49 @@ Status ResolveGrid(const ModelConfig& c, int64_t T, const PatchOptions& o,
   return Status();
 }
 
+Status CheckPromptLengths(int64_t clean, int64_t corrupted) {
+  if (clean == 0 || corrupted != clean)
+    return InvalidArgumentError(
+        "patch: the clean prompt has " + std::to_string(clean) +
+        " tokens and the corrupted one " + std::to_string(corrupted) +
+        "; patching needs two non-empty prompts of one length");
+  return Status();
+}
+
+// The grid and the executor's shape, for both the plan (PatchJob) and the
+// run (RunPatch).
+struct PatchShape {
+  std::vector<HookPoint> grid;
+  std::vector<int64_t> positions;  // [P]
+  // The grid's rows: (index into `grid`, head or -1).
+  std::vector<std::pair<size_t, int64_t>> rows;
+  int64_t per_forward = 0;  // sequences of T tokens per forward
+  HookSet hooks;            // the grid's and the final norm
+};
+
+StatusOr<PatchShape> ShapeOf(const ModelConfig& c, int64_t T,
+                             const PatchOptions& o) {
+  PatchShape sh;
+  RETURN_IF_ERROR(ResolveGrid(c, T, o, &sh.grid, &sh.positions));
+  for (size_t g = 0; g < sh.grid.size(); ++g) {
+    const bool heads = o.per_head && sh.grid[g].site == HookSite::kZ;
+    for (int64_t h = heads ? 0 : -1; h < (heads ? c.num_heads : 0); ++h)
+      sh.rows.emplace_back(g, h);
+  }
+  const int64_t cells = static_cast<int64_t>(sh.rows.size()) *
+                        static_cast<int64_t>(sh.positions.size());
+  // One executor for the three kinds of forwards: the grid hooks (captured
+  // by the clean run) and the final norm (every run's last rows).
+  const int64_t budget =
+      std::max(T, o.batch_tokens > 0
+                      ? o.batch_tokens
+                      : std::min<int64_t>(4096, c.max_position_embeddings));
+  sh.per_forward = std::min(budget / T, std::max<int64_t>(cells, 2));
+  for (const HookPoint& h : sh.grid) sh.hooks.Add(h);
+  sh.hooks.Add({HookSite::kFinalNorm, -1});
+  return sh;
+}
+
 double LogitDiff(const float* logits, int32_t a, int32_t b) {
   return double{logits[a]} - double{logits[b]};
 }
@@ -115,42 +158,26 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   const ModelConfig& c = model.config();
   const int64_t T = static_cast<int64_t>(clean.size()), H = c.hidden_size,
                 V = c.vocab_size;
-  if (T == 0 || static_cast<int64_t>(corrupted.size()) != T)
-    return InvalidArgumentError(
-        "patch: the clean prompt has " + std::to_string(T) +
-        " tokens and the corrupted one " + std::to_string(corrupted.size()) +
-        "; patching needs two non-empty prompts of one length");
+  RETURN_IF_ERROR(
+      CheckPromptLengths(T, static_cast<int64_t>(corrupted.size())));
   for (const int64_t id : {o.answer, o.wrong})
     if (id >= V)
       return InvalidArgumentError("patch: token " + std::to_string(id) +
                                   " is outside the vocabulary [0, " +
                                   std::to_string(V) + ")");
   PatchResult r;
-  std::vector<HookPoint> grid;
-  RETURN_IF_ERROR(ResolveGrid(c, T, o, &grid, &r.positions));
-  // The grid's rows: (index into `grid`, head or -1).
-  std::vector<std::pair<size_t, int64_t>> rows;
-  for (size_t g = 0; g < grid.size(); ++g) {
-    const bool heads = o.per_head && grid[g].site == HookSite::kZ;
-    for (int64_t h = heads ? 0 : -1; h < (heads ? c.num_heads : 0); ++h) {
-      rows.emplace_back(g, h);
-      r.hooks.push_back(HookName(grid[g]));
-      r.heads.push_back(h);
-    }
+  ASSIGN_OR_RETURN(const PatchShape sh, ShapeOf(c, T, o));
+  const std::vector<HookPoint>& grid = sh.grid;
+  const std::vector<std::pair<size_t, int64_t>>& rows = sh.rows;
+  r.positions = sh.positions;
+  for (const auto& [g, h] : rows) {
+    r.hooks.push_back(HookName(grid[g]));
+    r.heads.push_back(h);
   }
   const int64_t P = static_cast<int64_t>(r.positions.size());
   const int64_t cells = static_cast<int64_t>(rows.size()) * P;
-
-  // One executor for the three kinds of forwards: the grid hooks (captured
-  // by the clean run) and the final norm (every run's last rows).
-  const int64_t budget =
-      std::max(T, o.batch_tokens > 0
-                      ? o.batch_tokens
-                      : std::min<int64_t>(4096, c.max_position_embeddings));
-  const int64_t per_forward = std::min(budget / T, std::max<int64_t>(cells, 2));
-  HookSet hooks;
-  for (const HookPoint& h : grid) hooks.Add(h);
-  hooks.Add({HookSite::kFinalNorm, -1});
+  const int64_t per_forward = sh.per_forward;
+  const HookSet& hooks = sh.hooks;
   ExecutorOptions eo;
   eo.max_tokens = per_forward * T;
   eo.max_seq_len = T;
@@ -264,6 +291,22 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   b.clean_logits_last = r.clean_logits_last;
   b.corrupted_logits_last = r.corrupted_logits_last;
   return r;
+}
+
+StatusOr<JobSpec> PatchJob(const ModelConfig& c, int64_t prompt_tokens,
+                           int64_t corrupted_tokens, const PatchOptions& o) {
+  RETURN_IF_ERROR(CheckPromptLengths(prompt_tokens, corrupted_tokens));
+  ASSIGN_OR_RETURN(const PatchShape sh, ShapeOf(c, prompt_tokens, o));
+  JobSpec job;
+  job.batch_tokens = sh.per_forward * prompt_tokens;
+  job.context = prompt_tokens;
+  job.seqs_per_batch = sh.per_forward;
+  job.hooks = sh.hooks;
+  job.selector = Selector::kAll;
+  // LogitsHead: the last row of every sequence of a forward.
+  job.logits = true;
+  job.logits_chunk_rows = sh.per_forward;
+  return job;
 }
 
 nlohmann::json PatchJson(const PatchResult& r) {

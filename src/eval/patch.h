@@ -102,6 +102,14 @@ StatusOr<PatchResult> RunPatch(const Model& model,
                                std::span<const int32_t> corrupted,
                                const PatchOptions& options);
 
+// The job the planner sizes for RunPatch over prompts of `prompt_tokens`
+// tokens (and `corrupted_tokens`, which must be as many): its executor's
+// forwards (the grid's hooks and the final norm) and the logits of each
+// forward's sequences. InvalidArgument as RunPatch.
+StatusOr<JobSpec> PatchJob(const ModelConfig& config, int64_t clean_tokens,
+                           int64_t corrupted_tokens,
+                           const PatchOptions& options);
+
 // patch.json: hooks (and heads, with per_head), positions, answer_token_ids {A,
 // B}, clean_logit_diff, corrupted_logit_diff, logit_diff [h][p], recovery
 // [h][p], forwards, seconds.

@@ -43,6 +43,23 @@ StatusOr<std::string> CanonicalName(std::string_view key,
                               "' is not one of cpu, cuda:N (or N), disk");
 }
 
+// The items of the --device flags: each may list several, comma-separated;
+// empty items are skipped.
+std::vector<std::string_view> DeviceItems(
+    const std::vector<std::string>& device_flags) {
+  std::vector<std::string_view> items;
+  for (std::string_view group : device_flags) {
+    while (!group.empty()) {
+      const size_t comma = group.find(',');
+      const std::string_view item = group.substr(0, comma);
+      if (!item.empty()) items.push_back(item);
+      if (comma == std::string_view::npos) break;
+      group.remove_prefix(comma + 1);
+    }
+  }
+  return items;
+}
+
 DeviceKind KindOf(const std::string& name) {
   if (name == "cpu") return DeviceKind::kCpu;
   if (name == "disk") return DeviceKind::kDisk;
@@ -252,25 +269,47 @@ Status NormalizeDevices(std::vector<DeviceSpec>* devices, int64_t host_bytes) {
 
 StatusOr<std::vector<DeviceSpec>> DevicesFromFlags(
     const std::vector<std::string>& device_flags, std::string_view max_memory,
-    std::string_view reserve, int64_t host_bytes) {
+    std::string_view reserve, int64_t host_bytes,
+    const std::map<int, int64_t>* gpu_bytes) {
   std::vector<DeviceSpec> devices;
-  for (std::string_view group : device_flags) {
-    while (!group.empty()) {
-      const size_t comma = group.find(',');
-      const std::string_view item = group.substr(0, comma);
-      if (!item.empty()) {
-        ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(item, host_bytes));
-        devices.push_back(spec);
+  for (const std::string_view item : DeviceItems(device_flags)) {
+    std::optional<int64_t> detected;
+    if (gpu_bytes != nullptr) {
+      ASSIGN_OR_RETURN(
+          const std::string name,
+          CanonicalName(item.substr(0, item.find('=')), "--device"));
+      if (KindOf(name) == DeviceKind::kCuda) {
+        const auto it = gpu_bytes->find(std::stoi(name.substr(5)));
+        if (it != gpu_bytes->end()) detected = it->second;
       }
-      if (comma == std::string_view::npos) break;
-      group.remove_prefix(comma + 1);
     }
+    ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(item, host_bytes, detected));
+    devices.push_back(spec);
   }
   if (!max_memory.empty())
     RETURN_IF_ERROR(ApplyMaxMemory(max_memory, &devices));
   RETURN_IF_ERROR(NormalizeDevices(&devices, host_bytes));
   if (!reserve.empty()) RETURN_IF_ERROR(ApplyReserve(reserve, &devices));
   return devices;
+}
+
+StatusOr<std::vector<int>> GpusOfDeviceFlags(
+    const std::vector<std::string>& device_flags) {
+  std::vector<int> gpus;
+  for (const std::string_view item : DeviceItems(device_flags)) {
+    ASSIGN_OR_RETURN(const std::string name,
+                     CanonicalName(item.substr(0, item.find('=')), "--device"));
+    if (KindOf(name) != DeviceKind::kCuda) continue;
+    int64_t index = 0;
+    const auto [end, ec] =
+        std::from_chars(name.data() + 5, name.data() + name.size(), index);
+    if (ec != std::errc() || end != name.data() + name.size() ||
+        index > 1 << 20)
+      return InvalidArgumentError("--device " + std::string(item) +
+                                  ": GPU index out of range");
+    gpus.push_back(static_cast<int>(index));
+  }
+  return gpus;
 }
 
 }  // namespace loom

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -69,9 +70,17 @@ Status NormalizeDevices(std::vector<DeviceSpec>* devices, int64_t host_bytes);
 // The device flags of every command that plans: --device (repeatable; each
 // may list several, comma-separated), --max-memory and --reserve, parsed,
 // normalized and with the reserve applied. `host_bytes`: this machine's RAM.
+// `gpu_bytes` (may be null): the usable bytes of the GPUs this machine has,
+// by index, for a `cuda:N` given without a size (else that is an error).
 StatusOr<std::vector<DeviceSpec>> DevicesFromFlags(
     const std::vector<std::string>& device_flags, std::string_view max_memory,
-    std::string_view reserve, int64_t host_bytes);
+    std::string_view reserve, int64_t host_bytes,
+    const std::map<int, int64_t>* gpu_bytes = nullptr);
+
+// The GPU indices --device names (cuda:N, N or cuda), in the order given;
+// InvalidArgument for a name that is no device.
+StatusOr<std::vector<int>> GpusOfDeviceFlags(
+    const std::vector<std::string>& device_flags);
 
 }  // namespace loom
 

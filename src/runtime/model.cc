@@ -86,6 +86,13 @@ DType CheckpointDType(const Checkpoint& ckpt) {
   return best;
 }
 
+Status CheckRunnable(const std::string& model_dir, const ModelConfig& config) {
+  if (!FindArch(config.model_type)->runnable)
+    return UnimplementedError(model_dir + ": model_type '" + config.model_type +
+                              "' can be inspected and planned but not run yet");
+  return Status();
+}
+
 StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
                                              Precision precision,
                                              std::string* warning,
@@ -93,12 +100,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
   auto m = std::unique_ptr<Model>(new Model());
   m->dir_ = model_dir;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
-  const ArchDef* arch = FindArch(m->config_.model_type);
-  if (!arch->runnable)
-    return UnimplementedError(model_dir + ": model_type '" +
-                              m->config_.model_type +
-                              "' can be inspected and planned but not run yet");
-  m->decl_ = arch->declare_weights(m->config_);
+  RETURN_IF_ERROR(CheckRunnable(model_dir, m->config_));
+  m->decl_ = FindArch(m->config_.model_type)->declare_weights(m->config_);
   ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
   ASSIGN_OR_RETURN(
       m->compute_dtype_,

@@ -48,6 +48,10 @@ StatusOr<DType> ResolvePrecisionOn(Precision requested, DType checkpoint_dtype,
 // x86-64 CPU; the CPU backend's `loom devices` line says how).
 bool CpuSupportsComputeDType(DType dtype);
 
+// Unimplemented, naming the directory and model_type, for an architecture
+// that can be inspected and planned but not run.
+Status CheckRunnable(const std::string& model_dir, const ModelConfig& config);
+
 // The dominant floating storage dtype of a checkpoint (by bytes).
 DType CheckpointDType(const Checkpoint& checkpoint);
 

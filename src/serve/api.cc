@@ -487,6 +487,7 @@ int HttpStatusOf(const Status& s) {
       return 404;
     case StatusCode::kResourceExhausted:
     case StatusCode::kFailedPrecondition:
+    case StatusCode::kUnavailable:
       return 503;
     case StatusCode::kUnimplemented:
       return 501;

@@ -8,7 +8,6 @@
 #include <random>
 #include <span>
 
-#include "src/backend/registry.h"
 #include "src/base/check.h"
 #include "src/base/float16.h"
 #include "src/model/layer_config.h"
@@ -64,7 +63,7 @@ struct Engine::Seq {
   // query row of the last position fed, [q_width] (sized at admission).
   std::vector<HookPoint> attn_hooks;
   std::vector<std::vector<float>> attn_q;
-  size_t emitted = 0;         // bytes of text passed to on_token
+  size_t emitted = 0;  // bytes of text passed to on_token
   Clock::time_point admitted;
   // This step's share of the forward.
   int64_t step_pos0 = 0, step_len = 0;
@@ -130,11 +129,72 @@ Engine::Engine(const std::string& id, const std::string& dir,
 
 Engine::~Engine() { Shutdown(true); }
 
-StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
-                                                 const std::string& dir,
-                                                 const EngineOptions& options) {
-  const Clock::time_point t0 = Clock::now();
-  auto e = std::unique_ptr<Engine>(new Engine(id, dir, options));
+namespace {
+
+// The query rows of a block (return_attention reads them; the KV cache holds
+// the keys): after RoPE where the layer rotates.
+HookPoint QueryHookOf(const ModelConfig& c, int64_t layer) {
+  const LayerConfig lc = MakeLayerConfig(c, layer);
+  return {lc.rope_half > 0 ? HookSite::kRotQ : HookSite::kQ, layer};
+}
+
+// The generator of an engine: its slots and chunks, every capturable hook
+// and the query rows of every block, and the paged KV cache.
+StatusOr<eval::Generator::Options> GeneratorOptions(
+    const ModelConfig& c, const HookSet& capturable,
+    const EngineOptions& options) {
+  eval::Generator::Options go;
+  go.slots = options.slots;
+  go.context = options.context;
+  go.prefill_chunk = options.prefill_chunk;
+  go.batch_tokens = options.batch_tokens > 0
+                        ? options.batch_tokens
+                        : options.prefill_chunk + options.slots;
+  for (const HookPoint& h : capturable.hooks())
+    if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    go.capture_hooks.Add(QueryHookOf(c, l));
+  if (options.page_size > 0) {
+    const int64_t context = options.context > 0
+                                ? options.context
+                                : DefaultContext(c, kGenerationContext);
+    const int64_t tokens =
+        options.kv_tokens > 0 ? options.kv_tokens : options.slots * context;
+    go.paging = {options.page_size,
+                 (tokens + options.page_size - 1) / options.page_size};
+  }
+  return eval::Generator::Resolve(c, go);
+}
+
+// Every blocks.K.hook_resid_pre, the final norm and the options' extra
+// hooks (InvalidArgument naming the setting for a hook that cannot be
+// captured while generating).
+StatusOr<HookSet> CapturableHooks(const ModelConfig& c,
+                                  const EngineOptions& options) {
+  HookSet set;
+  for (int64_t l = 0; l < c.num_layers; ++l) set.Add({HookSite::kResidPre, l});
+  set.Add({HookSite::kFinalNorm, -1});
+  if (options.extra_hooks.empty()) return set;
+  StatusOr<HookSet> extra = ResolveHooks(options.extra_hooks, {}, c);
+  if (!extra.ok())
+    return extra.status().WithContext(options.extra_hooks_setting);
+  for (const HookPoint& h : extra->hooks()) {
+    if (h.site == HookSite::kPattern || IsIntegerSite(h.site))
+      return InvalidArgumentError(
+          options.extra_hooks_setting + ": " + HookName(h) +
+          " cannot be captured while generating (attention patterns and "
+          "expert ids are not rows of floats per token)");
+    if (h.site == HookSite::kLogits)
+      return InvalidArgumentError(
+          options.extra_hooks_setting +
+          ": logits cannot be captured while generating (one row per "
+          "token of vocab_size floats); use the generated text");
+    set.Add(h);
+  }
+  return set;
+}
+
+Status CheckEngineOptions(const EngineOptions& options) {
   if (options.slots <= 0 || options.prefill_chunk <= 0 ||
       options.capture_bytes <= 0 || options.max_queue < 0)
     return InvalidArgumentError(
@@ -143,74 +203,74 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
         ") and capture_bytes (" + std::to_string(options.capture_bytes) +
         ") must be > 0, max_queue (" + std::to_string(options.max_queue) +
         ") >= 0");
-  ASSIGN_OR_RETURN(e->model_, Model::Load(dir, options.precision));
-  ASSIGN_OR_RETURN(e->tokenizer_, tok::Tokenizer::Load(dir));
-  StatusOr<tok::ChatTemplate> tpl = tok::LoadChatTemplate(dir);
-  if (tpl.ok()) {
-    e->chat_template_ = std::move(tpl).value();
-  } else if (tpl.status().code() != StatusCode::kNotFound) {
-    return tpl.status().WithContext("chat template of " + dir);
-  }
-  ASSIGN_OR_RETURN(e->stop_ids_, eval::LoadStopIds(*e->model_));
-  const ModelConfig& c = e->model_->config();
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    e->capturable_.Add({HookSite::kResidPre, l});
-  e->capturable_.Add({HookSite::kFinalNorm, -1});
-  if (!options.extra_hooks.empty()) {
-    StatusOr<HookSet> extra = ResolveHooks(options.extra_hooks, {}, c);
-    if (!extra.ok())
-      return extra.status().WithContext(options.extra_hooks_setting);
-    for (const HookPoint& h : extra->hooks()) {
-      if (h.site == HookSite::kPattern || IsIntegerSite(h.site))
-        return InvalidArgumentError(
-            options.extra_hooks_setting + ": " + HookName(h) +
-            " cannot be captured while generating (attention patterns and "
-            "expert ids are not rows of floats per token)");
-      if (h.site == HookSite::kLogits)
-        return InvalidArgumentError(
-            options.extra_hooks_setting +
-            ": logits cannot be captured while generating (one row per "
-            "token of vocab_size floats); use the generated text");
-      e->capturable_.Add(h);
-    }
-  }
-  ASSIGN_OR_RETURN(e->backend_, CreateBackend("cpu"));
-  e->backend_->SetNumThreads(options.threads);
-  eval::Generator::Options go;
-  go.slots = options.slots;
-  go.context = options.context;
-  go.prefill_chunk = options.prefill_chunk;
-  go.batch_tokens = options.batch_tokens > 0
-                        ? options.batch_tokens
-                        : options.prefill_chunk + options.slots;
-  for (const HookPoint& h : e->capturable_.hooks())
-    if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
-  // The query rows of every block, for return_attention (the KV cache holds
-  // the keys).
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    go.capture_hooks.Add(e->AttentionQueryHook(l));
-  go.backend = e->backend_.get();
   if (options.kv_tokens < 0 || options.page_size < 0 ||
       (options.kv_tokens > 0 && options.page_size == 0))
     return InvalidArgumentError(
         "kv_tokens (" + std::to_string(options.kv_tokens) +
         ") must be >= 0 and page_size (" + std::to_string(options.page_size) +
         ") >= 0, and > 0 when kv_tokens is given");
-  if (options.page_size > 0) {
-    // The same default context as the generator's.
-    const int64_t context =
-        options.context > 0
-            ? options.context
-            : std::min<int64_t>(2048, c.max_position_embeddings);
-    const int64_t tokens =
-        options.kv_tokens > 0 ? options.kv_tokens : options.slots * context;
-    go.paging = {options.page_size,
-                 (tokens + options.page_size - 1) / options.page_size};
+  return Status();
+}
+
+SessionParams SessionParamsOf(const std::string& dir,
+                              const EngineOptions& options) {
+  SessionParams sp;
+  sp.command = options.command;
+  sp.model_dir = dir;
+  sp.precision = options.precision;
+  sp.plan = options.plan;
+  sp.threads = options.threads;
+  sp.tokenizer = TokenizerUse::kRequired;
+  return sp;
+}
+
+}  // namespace
+
+StatusOr<MemoryPlan> Engine::Plan(const std::string& dir,
+                                  const EngineOptions& options) {
+  RETURN_IF_ERROR(CheckEngineOptions(options));
+  SessionParams sp = SessionParamsOf(dir, options);
+  sp.plan.show_plan = false;  // shown once, by Create
+  return Session::Plan(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+    ASSIGN_OR_RETURN(const HookSet capturable,
+                     CapturableHooks(s.config(), options));
+    ASSIGN_OR_RETURN(const eval::Generator::Options go,
+                     GeneratorOptions(s.config(), capturable, options));
+    return eval::Generator::Job(s.config(), go);
+  });
+}
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
+                                                 const std::string& dir,
+                                                 const EngineOptions& options) {
+  const Clock::time_point t0 = Clock::now();
+  auto e = std::unique_ptr<Engine>(new Engine(id, dir, options));
+  RETURN_IF_ERROR(CheckEngineOptions(options));
+  const SessionParams sp = SessionParamsOf(dir, options);
+  eval::Generator::Options go;
+  // The capturable hooks and the generator's options follow from
+  // config.json alone: a bad hook is refused before anything is planned.
+  ASSIGN_OR_RETURN(
+      e->session_,
+      Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        ASSIGN_OR_RETURN(e->capturable_, CapturableHooks(s.config(), options));
+        ASSIGN_OR_RETURN(go,
+                         GeneratorOptions(s.config(), e->capturable_, options));
+        return eval::Generator::Job(s.config(), go);
+      }));
+  ASSIGN_OR_RETURN(e->backend_, e->session_->OneBackend(options.command));
+  go.backend = e->backend_;
+  StatusOr<tok::ChatTemplate> tpl = tok::LoadChatTemplate(dir);
+  if (tpl.ok()) {
+    e->chat_template_ = std::move(tpl).value();
+  } else if (tpl.status().code() != StatusCode::kNotFound) {
+    return tpl.status().WithContext("chat template of " + dir);
   }
-  ASSIGN_OR_RETURN(e->gen_, eval::Generator::Create(*e->model_, go));
+  ASSIGN_OR_RETURN(e->stop_ids_, eval::LoadStopIds(e->model()));
+  ASSIGN_OR_RETURN(e->gen_, eval::Generator::Create(e->model(), go));
   e->context_ = e->gen_->context();
   e->sink_ = std::make_unique<CaptureSink>();
-  const BoundWeights& w = e->model_->weights();
+  const BoundWeights& w = e->model().weights();
   e->memory_.weights = w.converted_bytes() + w.in_place_bytes();
   e->memory_.arenas = e->gen_->executor().arena_bytes();
   e->memory_.kv =
@@ -227,7 +287,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
   e->active_.reserve(static_cast<size_t>(slots));
   e->step_seqs_.reserve(static_cast<size_t>(slots));
   e->done_seqs_.reserve(static_cast<size_t>(slots));
-  e->scratch_ = std::make_unique<eval::SamplingScratch>(c.vocab_size);
+  e->scratch_ =
+      std::make_unique<eval::SamplingScratch>(e->session_->config().vocab_size);
   e->load_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
   Engine* self = e.get();
   e->thread_ = std::thread([self] { self->Loop(); });
@@ -235,7 +296,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
 }
 
 StatusOr<HookPoint> Engine::LayerHook(int64_t index) const {
-  const int64_t n = model_->config().num_layers;
+  const int64_t n = session_->model().config().num_layers;
   const int64_t i = index < 0 ? index + n + 1 : index;
   if (i < 0 || i > n)
     return OutOfRangeError("hidden state layer " + std::to_string(index) +
@@ -251,11 +312,11 @@ bool Engine::Capturable(const HookPoint& hook) const {
 }
 
 StatusOr<int64_t> Engine::HookWidthOf(const HookPoint& hook) const {
-  return HookWidth(hook, model_->config());
+  return HookWidth(hook, session_->model().config());
 }
 
 int64_t Engine::WidthOf(const HookPoint& hook) const {
-  StatusOr<int64_t> w = HookWidth(hook, model_->config());
+  StatusOr<int64_t> w = HookWidth(hook, session_->model().config());
   return w.ok() ? *w : 0;  // capturable hooks exist: never 0
 }
 
@@ -269,15 +330,14 @@ int64_t Engine::CaptureNeed(const GenRequest& r) const {
   // Attention: one query row and heads x positions fed probabilities.
   int64_t attention = 0;
   for (int64_t l : r.attention_layers) {
-    const LayerConfig lc = MakeLayerConfig(model_->config(), l);
+    const LayerConfig lc = MakeLayerConfig(session_->model().config(), l);
     attention += lc.q_width() + lc.q_heads * fed;
   }
   return (rows * width + attention) * static_cast<int64_t>(sizeof(float));
 }
 
 HookPoint Engine::AttentionQueryHook(int64_t layer) const {
-  const LayerConfig lc = MakeLayerConfig(model_->config(), layer);
-  return {lc.rope_half > 0 ? HookSite::kRotQ : HookSite::kQ, layer};
+  return QueryHookOf(session_->config(), layer);
 }
 
 void Engine::AttentionRows(Seq& s) {
@@ -289,7 +349,7 @@ void Engine::AttentionRows(Seq& s) {
   std::vector<double> e(static_cast<size_t>(keys));
   for (size_t a = 0; a < r.attention_layers.size(); ++a) {
     const int64_t l = r.attention_layers[a];
-    const LayerConfig lc = MakeLayerConfig(model_->config(), l);
+    const LayerConfig lc = MakeLayerConfig(session_->model().config(), l);
     const int64_t heads = lc.q_heads, group = lc.q_heads / lc.kv_heads,
                   d = lc.head_dim, kvd = lc.k_width();
     // The cache row of position j: its page's row, or the slot's row
@@ -305,8 +365,9 @@ void Engine::AttentionRows(Seq& s) {
     const int64_t lo =
         lc.window > 0 ? std::max<int64_t>(0, p - lc.window + 1) : 0;
     const TensorView* sinks =
-        lc.attn_sinks ? &model_->weights().Require(WeightRole::kAttnSinks, l)
-                      : nullptr;
+        lc.attn_sinks
+            ? &session_->model().weights().Require(WeightRole::kAttnSinks, l)
+            : nullptr;
     std::vector<float>& out = res.attention[a];  // sized at admission
     out.assign(static_cast<size_t>(heads * keys), 0.0f);
     for (int64_t h = 0; h < heads; ++h) {
@@ -348,7 +409,7 @@ void Engine::AttentionRows(Seq& s) {
 }
 
 Status Engine::CheckInterventions(const GenRequest& r) const {
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = session_->model().config();
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   for (size_t i = 0; i < r.interventions.size(); ++i) {
     const Intervention& iv = r.interventions[i];
@@ -377,7 +438,7 @@ int64_t Engine::PagesNeed(const GenRequest& r) const {
 }
 
 StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = session_->model().config();
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   if (n == 0) return InvalidArgumentError("the prompt has no tokens");
   for (size_t i = 0; i < r.prompt.size(); ++i)
@@ -540,7 +601,7 @@ void Engine::Admit() {
                                       0.0f);
     }
     for (int64_t l : r.attention_layers) {
-      const LayerConfig lc = MakeLayerConfig(model_->config(), l);
+      const LayerConfig lc = MakeLayerConfig(session_->model().config(), l);
       s->attn_hooks.push_back(AttentionQueryHook(l));
       s->attn_q.emplace_back(static_cast<size_t>(lc.q_width()), 0.0f);
       // Room for every position the request can feed: filled at Finish.
@@ -571,11 +632,11 @@ void Engine::Admit() {
 StatusOr<std::string> Engine::DecodeText(const std::vector<int32_t>& ids) {
   // Ids past the tokenizer's vocabulary (padding rows of a larger embedding)
   // decode to nothing, as they have no text.
-  const int64_t known = tokenizer_->vocab_size();
+  const int64_t known = session_->tokenizer()->vocab_size();
   decode_ids_.clear();
   for (int32_t id : ids)
     if (id < known) decode_ids_.push_back(id);
-  return tokenizer_->Decode(decode_ids_, true);
+  return session_->tokenizer()->Decode(decode_ids_, true);
 }
 
 void Engine::Finish(Seq& s, Status status) {
@@ -698,7 +759,7 @@ Status Engine::Step() {
     });
     return Status();
   }
-  const int64_t V = model_->config().vocab_size;
+  const int64_t V = session_->model().config().vocab_size;
   std::vector<Seq*>& done = done_seqs_;  // at most `slots` (reserved)
   done.clear();
   for (size_t i = 0; i < S; ++i) {
@@ -726,7 +787,8 @@ Status Engine::Step() {
       stop = true;
     }
     if (r.on_token || !r.stop_strings.empty()) {
-      StatusOr<std::string> text = tokenizer_->Decode(s.result.token_ids, true);
+      StatusOr<std::string> text =
+          session_->tokenizer()->Decode(s.result.token_ids, true);
       if (!text.ok()) {
         Finish(s, text.status());
         s.p = nullptr;

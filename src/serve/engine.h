@@ -77,6 +77,7 @@
 #include "src/backend/backend.h"
 #include "src/base/status.h"
 #include "src/eval/generate.h"
+#include "src/eval/session.h"
 #include "src/model/hooks.h"
 #include "src/model/interventions.h"
 #include "src/runtime/executor.h"
@@ -108,6 +109,13 @@ struct EngineOptions {
   // serve YAML key by default; `loom generate` sets its flag ("--hooks").
   std::string extra_hooks_setting = "memory.activation_cache_filter";
   int threads = 0;  // CPU threads (0 = all)
+  // Placement (--device, --max-memory, --reserve; serve's YAML `devices` and
+  // `memory` keys): the engine is planned like any job, and refused before
+  // loading when it does not fit. Every layer runs on one device (the KV
+  // cache lives there).
+  JobPlanOptions plan;
+  // The command, in messages ("loom serve: warning: ...").
+  std::string command = "serve";
 };
 
 // Which captured rows a request keeps.
@@ -227,6 +235,10 @@ class Engine {
   static StatusOr<std::unique_ptr<Engine>> Create(const std::string& id,
                                                   const std::string& dir,
                                                   const EngineOptions& options);
+  // The plan Create would load `dir` by, with nothing loaded (the server
+  // admits a model by it); refused as Create refuses.
+  static StatusOr<MemoryPlan> Plan(const std::string& dir,
+                                   const EngineOptions& options);
   // Stops (Shutdown(true)) and frees.
   ~Engine();
 
@@ -246,8 +258,10 @@ class Engine {
 
   const std::string& id() const { return id_; }
   const std::string& dir() const { return dir_; }
-  const Model& model() const { return *model_; }
-  const tok::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const Model& model() const { return session_->model(); }
+  const tok::Tokenizer& tokenizer() const { return *session_->tokenizer(); }
+  // The session the engine runs in: its plan, devices and model.
+  const Session& session() const { return *session_; }
   // The model's chat template, if it has one.
   const tok::ChatTemplate* chat_template() const {
     return chat_template_ ? &*chat_template_ : nullptr;
@@ -291,11 +305,10 @@ class Engine {
 
   const std::string id_, dir_;
   EngineOptions options_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<tok::Tokenizer> tokenizer_;
+  std::unique_ptr<Session> session_;
   std::optional<tok::ChatTemplate> chat_template_;
   std::vector<int32_t> stop_ids_;
-  std::unique_ptr<Backend> backend_;  // the CPU backend the forwards run on
+  Backend* backend_ = nullptr;  // the session's, every forward runs on it
   std::unique_ptr<eval::Generator> gen_;
   std::unique_ptr<CaptureSink> sink_;
   HookSet capturable_;

@@ -386,27 +386,6 @@ class Server::Impl {
     return Status();
   }
 
-  // What a model's plan holds at least, known before anything is allocated:
-  // its stored weights, the KV cache (f32 on the CPU) and the capture budget.
-  StatusOr<int64_t> PlanLowerBound(const std::string& dir) const {
-    ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(dir));
-    ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(dir));
-    const EngineOptions& eo = o_.engine;
-    const int64_t context =
-        eo.context > 0 ? eo.context
-                       : std::min<int64_t>(2048, c.max_position_embeddings);
-    KvPaging paging;
-    if (eo.page_size > 0) {
-      const int64_t tokens =
-          eo.kv_tokens > 0 ? eo.kv_tokens : eo.slots * context;
-      paging = {eo.page_size, (tokens + eo.page_size - 1) / eo.page_size};
-    }
-    int64_t bytes = ck->total_bytes() + eo.capture_bytes;
-    for (int64_t l = 0; l < c.num_layers; ++l)
-      bytes += KvLayerBytes(c, l, context, eo.slots, DType::kF32, paging);
-    return bytes;
-  }
-
   StatusOr<std::shared_ptr<Engine>> Load(const std::string& name) {
     if (auto e = Find(name)) return e;
     std::lock_guard<std::mutex> load_lock(load_mu_);
@@ -417,15 +396,17 @@ class Server::Impl {
     const int64_t capacity = static_cast<int64_t>(
         static_cast<double>(HostMemoryBytes()) * o_.memory_fraction);
     {
-      // Refuse before allocating anything when the stored weights and the
-      // KV cache alone (a lower bound of the plan) do not fit.
-      ASSIGN_OR_RETURN(int64_t lower, PlanLowerBound(dir));
-      int64_t committed = lower;
+      // Refuse before allocating anything when the model's plan (its host
+      // bytes and the capture budget) does not fit beside the loaded ones.
+      ASSIGN_OR_RETURN(const MemoryPlan plan, Engine::Plan(dir, o_.engine));
+      const int64_t need = PlannedHostBytes(plan) + o_.engine.capture_bytes;
+      int64_t committed = need;
       for (const auto& m : Engines()) committed += m->Memory().planned();
       if (capacity > 0 && committed > capacity)
         return ResourceExhaustedError(
-            "cannot load `" + id + "`: its weights and KV cache alone need " +
-            std::to_string(lower) + " bytes; with the loaded models " +
+            "cannot load `" + id + "`: its plan needs " + std::to_string(need) +
+            " bytes on the host; with the loaded "
+            "models " +
             std::to_string(committed) + " bytes, more than " +
             std::to_string(capacity) + " (host memory x gpu.memory_fraction)");
     }

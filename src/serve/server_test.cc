@@ -486,8 +486,9 @@ TEST(ServeHttpTest, ChatUsesTheModelsTemplate) {
   fs::remove_all(dir.parent_path());
 }
 
-// A model whose weights and KV cache alone exceed host memory x
-// memory_fraction is refused before anything is allocated.
+// A model whose plan (weights, KV cache, activations, capture budget)
+// exceeds host memory x memory_fraction is refused before anything is
+// allocated.
 TEST(ServeHttpTest, LoadRefusedBeforeAllocatingWhenThePlanCannotFit) {
   ServerOptions o = Defaults();
   o.host = "127.0.0.1";
@@ -499,8 +500,7 @@ TEST(ServeHttpTest, LoadRefusedBeforeAllocatingWhenThePlanCannotFit) {
   auto id = (*server)->LoadModel(Stories());
   ASSERT_FALSE(id.ok());
   EXPECT_EQ(id.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(id.status().message().find("weights and KV cache alone"),
-            std::string::npos)
+  EXPECT_NE(id.status().message().find("its plan needs "), std::string::npos)
       << id.status().message();
 }
 
@@ -1160,6 +1160,7 @@ TEST(ServeHttpTest, HttpStatusOfEveryCode) {
       {NotFoundError("x"), 404},
       {ResourceExhaustedError("x"), 503},
       {FailedPreconditionError("x"), 503},
+      {UnavailableError("x"), 503},
       {UnimplementedError("x"), 501},
       {DataLossError("x"), 500},
       {IoError("x"), 500},
@@ -1236,7 +1237,7 @@ TEST(ServeHttpTest, ErrorClassesGetTheirHttpStatus) {
   const std::string detail = j["detail"];
   EXPECT_NE(detail.find("cannot load `stories260K`"), std::string::npos)
       << detail;
-  EXPECT_NE(detail.find("alone need "), std::string::npos) << detail;
+  EXPECT_NE(detail.find("its plan needs "), std::string::npos) << detail;
   EXPECT_NE(detail.find(" bytes, more than "), std::string::npos) << detail;
   EXPECT_EQ(j["error"]["type"], "overloaded");
 }

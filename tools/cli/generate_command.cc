@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "src/backend/registry.h"
 #include "src/eval/generate.h"
 #include "src/eval/row_selector.h"
+#include "src/eval/session.h"
 #include "src/model/registry.h"
 #include "src/runtime/model.h"
 #include "src/serve/api.h"
@@ -46,7 +46,16 @@ struct GenerateArgs {
   std::vector<std::string> select = {"last"};
   int64_t chunk = 256;
   InterventionFlags interventions;
+  PlanFlags plan;  // --device ... --verify-plan (kJobCommand)
 };
+
+// --verify-plan's report on stderr, when asked.
+void PrintVerifyPlan(const Session& session) {
+  const nlohmann::json verify = session.VerifyPlanReport();
+  if (!verify.is_null())
+    std::fprintf(stderr, "loom generate: verify-plan: %s\n",
+                 verify.dump().c_str());
+}
 
 eval::SamplingOptions SamplingOf(const GenerateArgs& args) {
   eval::SamplingOptions s;
@@ -71,6 +80,8 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   eo.threads = args.threads;
   eo.max_queue = 1;
   eo.extra_hooks_setting = "--hooks";  // errors name the flag, not serve's key
+  eo.plan = args.plan;
+  eo.command = "generate";
   std::vector<RowSelector> selectors;
   for (const std::string& s : args.select) {
     ASSIGN_OR_RETURN(RowSelector r, ParseRowSelector(s));
@@ -101,6 +112,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   r.interventions = std::move(interventions);
   ASSIGN_OR_RETURN(auto ticket, engine->Submit(r));
   ASSIGN_OR_RETURN(serve::GenResult g, ticket->Wait());
+  PrintVerifyPlan(engine->session());
   nlohmann::json acts = nlohmann::json::object();
   for (size_t h = 0; h < r.hooks.size(); ++h) {
     nlohmann::json per = nlohmann::json::object();
@@ -132,27 +144,37 @@ Status RunGenerate(const GenerateArgs& args) {
   if (args.prompt.empty()) return InvalidArgumentError("--prompt: empty text");
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
   if (!args.hooks.empty()) return RunGenerateWithHooks(args, precision);
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
-  host->SetNumThreads(args.threads);
-  ASSIGN_OR_RETURN(auto model, Model::Load(args.model_dir, precision));
-  ASSIGN_OR_RETURN(auto tokenizer, tok::Tokenizer::Load(args.model_dir));
+  SessionParams sp;
+  sp.command = "generate";
+  sp.model_dir = args.model_dir;
+  sp.precision = precision;
+  sp.plan = args.plan;
+  sp.threads = args.threads;
+  sp.tokenizer = TokenizerUse::kRequired;
+  ASSIGN_OR_RETURN(sp.interventions, InterventionSourceOf(args.interventions));
+  eval::Generator::Options go;
+  go.context = args.ctx;
+  go.prefill_chunk = args.chunk;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Session> session,
+      Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        ASSIGN_OR_RETURN(go, eval::Generator::Resolve(s.config(), go));
+        return eval::Generator::Job(s.config(), go);
+      }));
+  ASSIGN_OR_RETURN(go.backend, session->OneBackend("generate"));
+  const tok::Tokenizer* tokenizer = session->tokenizer();
   ASSIGN_OR_RETURN(tok::Encoding enc, tokenizer->Encode(args.prompt, true));
   eval::GenerateOptions o;
   o.max_new_tokens = args.max_tokens;
   o.sampling = SamplingOf(args);
   o.stop_strings = args.stop;
-  ASSIGN_OR_RETURN(o.stop_ids, eval::LoadStopIds(*model));
+  ASSIGN_OR_RETURN(o.stop_ids, eval::LoadStopIds(session->model()));
   RETURN_IF_ERROR(eval::ValidateSampling(o.sampling));
-  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
-                   LoadInterventionFlags(args.interventions, model->config()));
-  o.interventions = &interventions;
-  eval::Generator::Options go;
-  go.context = args.ctx;
-  go.prefill_chunk = args.chunk;
-  go.backend = host.get();
-  ASSIGN_OR_RETURN(auto gen, eval::Generator::Create(*model, go));
+  o.interventions = &session->interventions();
+  ASSIGN_OR_RETURN(auto gen, eval::Generator::Create(session->model(), go));
   ASSIGN_OR_RETURN(std::vector<eval::Generation> out,
-                   gen->Generate({enc.ids}, o, tokenizer.get()));
+                   gen->Generate({enc.ids}, o, tokenizer));
+  PrintVerifyPlan(*session);
   const eval::Generation& g = out.front();
   if (args.json) {
     const nlohmann::json j = {{"model", args.model_dir},
@@ -220,6 +242,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
                   "are prefilled in chunks carrying the KV cache (exact)")
       ->check(IntRange(1));
   AddInterventionFlags(*cmd, &args->interventions);
+  AddPlanFlags(*cmd, &args->plan, PlanFlagUse::kJobCommand);
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("generate", RunGenerate(*args));
   });

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "src/base/status.h"
+#include "src/eval/session.h"
 #include "src/model/control_vectors.h"
 #include "src/model/interventions.h"
 #include "tools/cli/flag_ranges.h"
@@ -94,6 +95,18 @@ inline std::optional<ControlVectorLayerRange> ControlVectorFlagRange(
   if (f.control_vector_layer_range.size() != 2) return std::nullopt;
   return ControlVectorLayerRange{f.control_vector_layer_range[0],
                                  f.control_vector_layer_range[1]};
+}
+
+// The interventions of the flags as a session reads them (the file's, then
+// the shorthand ones, then the control vectors').
+inline StatusOr<InterventionSource> InterventionSourceOf(
+    const InterventionFlags& f) {
+  InterventionSource s;
+  s.file = f.file;
+  ASSIGN_OR_RETURN(s.json, ShorthandInterventions(f.steer, f.ablate));
+  ASSIGN_OR_RETURN(s.control_vectors, ControlVectorFlagFiles(f));
+  s.control_vector_range = ControlVectorFlagRange(f);
+  return s;
 }
 
 // The interventions of the flags: the file's, then the shorthand ones

@@ -16,7 +16,9 @@ int ReportStatus(std::string_view command, const Status& status) {
   if (status.ok()) return 0;
   std::fprintf(stderr, "loom %.*s: %s\n", static_cast<int>(command.size()),
                command.data(), status.message().c_str());
-  return 1;
+  // A device the command was asked to run on is not here: a usage error, as
+  // CLI11's (docs/design/error-model.md).
+  return status.code() == StatusCode::kUnavailable ? 2 : 1;
 }
 
 }  // namespace loom::cli

@@ -10,14 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "src/backend/registry.h"
 #include "src/eval/patch.h"
+#include "src/eval/session.h"
 #include "src/io/file_util.h"
 #include "src/io/npy.h"
 #include "src/runtime/model.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 namespace {
@@ -33,6 +34,7 @@ struct PatchArgs {
   std::string precision = "f32";
   int threads = 0;
   bool hf_bf16 = false, quiet = false, per_head = false;
+  PlanFlags plan;  // --device ... --verify-plan (kJobCommand)
 };
 
 // The ids of one prompt: the given ids, or the text encoded as extract
@@ -73,8 +75,6 @@ Status RunPatchCommand(const PatchArgs& a) {
     return InvalidArgumentError("--metric: '" + a.metric +
                                 "' is not a metric (logit-diff)");
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(a.precision));
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
-  host->SetNumThreads(a.threads);
   eval::PatchOptions o;
   o.hooks = a.hooks;
   StatusOr<InterventionPositions> positions = ParsePositionsText(a.positions);
@@ -85,23 +85,38 @@ Status RunPatchCommand(const PatchArgs& a) {
   o.wrong = a.wrong;
   o.batch_tokens = a.batch_tokens;
   o.hf_bf16_activations = a.hf_bf16;
-  std::string warning;
-  ASSIGN_OR_RETURN(auto model, Model::Load(a.model_dir, precision, &warning));
-  if (!warning.empty() && !a.quiet)
-    std::fprintf(stderr, "loom patch: warning: %s\n", warning.c_str());
-  std::unique_ptr<tok::Tokenizer> tokenizer;
-  if (a.clean_ids.empty() || a.corrupted_ids.empty()) {
-    ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::Load(a.model_dir));
-  }
-  const int64_t V = model->config().vocab_size;
+  SessionParams sp;
+  sp.command = "patch";
+  sp.model_dir = a.model_dir;
+  sp.precision = precision;
+  sp.plan = a.plan;
+  sp.threads = a.threads;
+  sp.quiet = a.quiet;
+  // Text prompts need the tokenizer; token ids alone do not.
+  sp.tokenizer = a.clean_ids.empty() || a.corrupted_ids.empty()
+                     ? TokenizerUse::kRequired
+                     : TokenizerUse::kNone;
+  std::vector<int32_t> clean, corrupted;
   ASSIGN_OR_RETURN(
-      const std::vector<int32_t> clean,
-      PromptIds("--clean", a.clean, a.clean_ids, tokenizer.get(), V));
-  ASSIGN_OR_RETURN(const std::vector<int32_t> corrupted,
-                   PromptIds("--corrupted", a.corrupted, a.corrupted_ids,
-                             tokenizer.get(), V));
+      std::unique_ptr<Session> session,
+      Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        const int64_t V = s.config().vocab_size;
+        ASSIGN_OR_RETURN(clean, PromptIds("--clean", a.clean, a.clean_ids,
+                                          s.tokenizer(), V));
+        ASSIGN_OR_RETURN(corrupted,
+                         PromptIds("--corrupted", a.corrupted, a.corrupted_ids,
+                                   s.tokenizer(), V));
+        return eval::PatchJob(s.config(), static_cast<int64_t>(clean.size()),
+                              static_cast<int64_t>(corrupted.size()), o);
+      }));
+  o.segments = session->segments();
+  const int64_t V = session->config().vocab_size;
   ASSIGN_OR_RETURN(eval::PatchResult r,
-                   eval::RunPatch(*model, clean, corrupted, o));
+                   eval::RunPatch(session->model(), clean, corrupted, o));
+  const nlohmann::json verify = session->VerifyPlanReport();
+  if (!verify.is_null())
+    std::fprintf(stderr, "loom patch: verify-plan: %s\n",
+                 verify.dump().c_str());
   std::error_code ec;
   std::filesystem::create_directories(a.out_dir, ec);
   if (ec)
@@ -183,6 +198,7 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--precision", a->precision,
                   "f32 (default), bf16, f16 or auto");
   AddThreadsFlag(*cmd, &a->threads);
+  AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--hf-bf16", a->hf_bf16,
                 "With bf16 compute, round activations as HF's bf16 forward");
   cmd->add_flag("--quiet", a->quiet, "No summary on stderr");

@@ -31,38 +31,27 @@ Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
   ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
-  // Threads are a process-wide setting of the CPU backend; this instance
-  // also runs any layers the plan puts on the host.
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host, CreateBackend("cpu"));
-  host->SetNumThreads(args.threads);
-  // Plan first; refuse before loading if the job does not fit.
-  // The interventions are checked against config.json before anything loads.
-  ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(args.model_dir));
-  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
-                   LoadInterventionFlags(args.interventions, config));
-  ASSIGN_OR_RETURN(JobSpec job, EvalJob(args.model_dir, precision, args.ctx,
-                                        args.chunk_rows));
-  job.intervention_bytes = InterventionBytes(interventions);
-  const RssWatch rss_watch = StartRssWatch();
+  SessionParams sp;
+  sp.command = "perplexity";
+  sp.model_dir = args.model_dir;
+  sp.precision = precision;
+  sp.plan = args.plan;
+  sp.threads = args.threads;
+  sp.quiet = args.quiet;
+  ASSIGN_OR_RETURN(sp.interventions, InterventionSourceOf(args.interventions));
   ASSIGN_OR_RETURN(
-      MemoryPlan memory_plan,
-      PlanJobOrRefuse("perplexity", args.model_dir, job, args.plan));
-  ASSIGN_OR_RETURN(JobBackends backends,
-                   CreateJobBackends(memory_plan, host.get()));
-  std::string warning;
-  ASSIGN_OR_RETURN(auto model, Model::Load(args.model_dir, precision, &warning,
-                                           backends.gpu_capability));
-  if (!warning.empty() && !args.quiet)
-    std::fprintf(stderr, "loom perplexity: %s\n", warning.c_str());
-  const ModelConfig& c = model->config();
+      std::unique_ptr<Session> session,
+      Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        return EvalJobOf(s.config(), args.ctx, args.chunk_rows);
+      }));
+  const Model& model = session->model();
+  const ModelConfig& c = model.config();
   eval::InputOptions io{
       args.text_file, args.tokens_file,
       args.tokenizer_dir.empty() ? args.model_dir : args.tokenizer_dir,
       add_bos};
   ASSIGN_OR_RETURN(eval::EvalInput input, eval::LoadEvalInput(io, c));
-  const int64_t ctx = args.ctx > 0
-                          ? args.ctx
-                          : std::min<int64_t>(512, c.max_position_embeddings);
+  const int64_t ctx = session->job().context;
   if (ctx > c.max_position_embeddings)
     return OutOfRangeError("--ctx " + std::to_string(ctx) +
                            " exceeds the maximum context of " + args.model_dir +
@@ -76,28 +65,24 @@ Status RunPerplexity(const PerplexityArgs& args) {
   eval::EvalOptions eo;
   eo.logits_chunk_rows = args.chunk_rows;
   eo.hf_bf16_activations = args.hf_bf16;
-  eo.segments = backends.segments;
-  eo.interventions = &interventions;
+  eo.segments = session->segments();
+  eo.interventions = &session->interventions();
   eo.progress = MakeWindowProgress(args.quiet, "perplexity");
   ASSIGN_OR_RETURN(eval::PerplexityResult r,
-                   eval::EvaluatePerplexity(*model, input.ids, plan, eo));
-
-  if (args.plan.verify_plan) {
-    const nlohmann::json v =
-        VerifyPlan(PlannedHostBytes(memory_plan), rss_watch, "loom perplexity");
+                   eval::EvaluatePerplexity(model, input.ids, plan, eo));
+  if (args.plan.verify_plan)
     std::fprintf(stderr, "loom perplexity: verify-plan: %s\n",
-                 v.dump().c_str());
-  }
+                 session->VerifyPlanReport().dump().c_str());
   if (args.json) {
     const nlohmann::json j =
-        eval::PerplexityJson(args.model_dir, model->compute_dtype(), input.bos,
+        eval::PerplexityJson(args.model_dir, model.compute_dtype(), input.bos,
                              static_cast<int64_t>(input.ids.size()), r);
     std::cout << j.dump(2) << "\n";
     return Status::Ok();
   }
   std::printf("model        %s (%s, %s)\n", args.model_dir.c_str(),
               c.model_type.c_str(),
-              std::string(DTypeName(model->compute_dtype())).c_str());
+              std::string(DTypeName(model.compute_dtype())).c_str());
   std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
               input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
   std::printf("protocol     %s, ctx %lld, stride %lld\n",

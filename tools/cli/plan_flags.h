@@ -1,5 +1,6 @@
-// The device and memory-plan flags of every command that plans (`loom plan`
-// and the job commands extract, perplexity, compare), and the --hooks /
+// The device and memory-plan flags of every command that plans (`loom plan`,
+// the job commands extract, perplexity, compare, generate, patch, and
+// serve), and the --hooks /
 // --layers pair of the commands that capture (extract, plan). Each flag is
 // declared here once, with one help text; a command adds the set it takes.
 #ifndef LOOM_TOOLS_CLI_PLAN_FLAGS_H_
@@ -29,6 +30,8 @@ enum class PlanFlagUse {
                  // --strategy --layers-per-device --solve
   kJobCommand,   // --device --max-memory --reserve --offload --show-plan
                  // --verify-plan
+  kServe,        // --device --max-memory --reserve --show-plan (every model
+                 // the server loads is placed by them)
 };
 
 inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
@@ -44,6 +47,11 @@ inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
   cmd.add_option("--reserve", f->reserve,
                  "Bytes kept free: SIZE for every device, or "
                  "cuda:0=2GiB,cpu=4GiB");
+  if (use == PlanFlagUse::kServe) {
+    cmd.add_flag("--show-plan", f->show_plan,
+                 "Print each model's memory plan (stderr) as it loads");
+    return;
+  }
   cmd.add_flag("--offload", f->offload,
                "Layers placed on the host run on the last GPU, their weights "
                "streamed from pinned host memory, two layers' buffers on that "

@@ -23,6 +23,7 @@
 #include "src/serve/server.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/plan_flags.h"
 
 extern char** environ;
 
@@ -35,9 +36,10 @@ struct ServeArgs {
   int port = -1;
   std::string config;
   int threads = 0;
-  std::string precision;  // "" = memory.precision_mode of the configuration
-  std::string transport;  // "" = server.transport
+  std::string precision;    // "" = memory.precision_mode of the configuration
+  std::string transport;    // "" = server.transport
   std::string unix_socket;  // "" = server.unix_socket
+  PlanFlags plan;           // --device --max-memory --reserve --show-plan
 };
 
 // memory.precision_mode's spelling of a --precision value (the YAML key takes
@@ -97,11 +99,6 @@ Status RunServe(const ServeArgs& args) {
     return IoError("logging.file: cannot open " + config.logging.file);
   for (const std::string& w : config.warnings)
     std::fprintf(stderr, "loom serve: warning: %s\n", w.c_str());
-  if (!config.gpu.devices.empty())
-    std::fprintf(stderr,
-                 "loom serve: warning: gpu.devices is set, but loom serve "
-                 "computes on the CPU for now (the CUDA backend has no "
-                 "KV-cache attention yet)\n");
   if (args.models.empty() && config.models.preload.empty() &&
       config.models.dirs.empty())
     return InvalidArgumentError(
@@ -150,6 +147,14 @@ Status RunServe(const ServeArgs& args) {
   o.engine.max_queue = config.server.max_queue;
   o.engine.extra_hooks = config.memory.activation_cache_filter;
   o.engine.threads = args.threads;
+  o.engine.plan = args.plan;
+  // gpu.default_device (else the first of gpu.devices) places the models
+  // when no --device is given: every layer of a model runs on one device.
+  if (o.engine.plan.devices.empty() && !config.gpu.devices.empty()) {
+    const int gpu = config.gpu.default_device >= 0 ? config.gpu.default_device
+                                                   : config.gpu.devices.front();
+    o.engine.plan.devices = {"cuda:" + std::to_string(gpu)};
+  }
   o.config = config.ToJson();
 
   // Signals go to one waiting thread only: block them here, before any
@@ -223,6 +228,7 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "auto, f32, bf16 or f16: the compute precision of every "
                   "model loaded (memory.precision_mode; auto: "
                   "models.default_dtype, then as other commands' auto)");
+  AddPlanFlags(*cmd, &args->plan, PlanFlagUse::kServe);
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("serve", RunServe(*args));
   });

@@ -1,0 +1,142 @@
+#include "src/eval/session.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "src/backend/registry.h"
+#include "src/io/safetensors.h"
+
+namespace loom {
+
+Session::~Session() = default;
+
+void Session::Warn(const std::string& message) const {
+  if (!params_.quiet && !message.empty())
+    std::fprintf(stderr, "loom %s: warning: %s\n", params_.command.c_str(),
+                 message.c_str());
+}
+
+Status Session::ReadConfig() {
+  ASSIGN_OR_RETURN(config_, LoadModelConfig(params_.model_dir));
+  return CheckRunnable(params_.model_dir, config_);
+}
+
+Status Session::CheckDevices() {
+  ASSIGN_OR_RETURN(const JobDevices d, ResolveJobDevices(params_.plan));
+  gpu_capability_ = d.gpu_capability;
+  return Status();
+}
+
+Status Session::ResolveComputeDType() {
+  // From the stored dtype, as the weights will be bound; the plan counts the
+  // same bytes.
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt,
+                   Checkpoint::Open(params_.model_dir));
+  std::string warning;
+  ASSIGN_OR_RETURN(compute_dtype_,
+                   ResolvePrecisionOn(params_.precision, CheckpointDType(*ckpt),
+                                      gpu_capability_, &warning));
+  Warn(warning);
+  return Status();
+}
+
+Status Session::LoadTokenizerAndInterventions() {
+  if (params_.tokenizer != TokenizerUse::kNone) {
+    const std::string& dir = params_.tokenizer_dir.empty()
+                                 ? params_.model_dir
+                                 : params_.tokenizer_dir;
+    StatusOr<std::unique_ptr<tok::Tokenizer>> t = tok::Tokenizer::Load(dir);
+    if (t.ok()) {
+      tokenizer_ = std::move(t).value();
+    } else if (params_.tokenizer == TokenizerUse::kRequired) {
+      return t.status();
+    } else {
+      tokenizer_error_ = t.status().message();
+    }
+  }
+  const InterventionSource& src = params_.interventions;
+  ASSIGN_OR_RETURN(interventions_, LoadInterventions(src.file, src.json,
+                                                     src.base_dir, config_));
+  ASSIGN_OR_RETURN(std::vector<Intervention> cv,
+                   ControlVectorInterventions(
+                       src.control_vectors, src.control_vector_range, config_));
+  for (Intervention& iv : cv) interventions_.push_back(std::move(iv));
+  return Status();
+}
+
+Status Session::PlanJob(const JobShape& shape) {
+  ASSIGN_OR_RETURN(job_, shape(*this));
+  job_.weight_compute_dtype = compute_dtype_;
+  job_.intervention_bytes = InterventionBytes(interventions_);
+  ASSIGN_OR_RETURN(plan_, PlanJobOrRefuse(params_.command, params_.model_dir,
+                                          job_, params_.plan));
+  return Status();
+}
+
+Status Session::Load() {
+  ASSIGN_OR_RETURN(backends_, CreateJobBackends(plan_, host_.get()));
+  // The dtype resolved above is asked for explicitly: the load binds the
+  // weights at exactly the dtype the plan counted.
+  Precision exact = Precision::kF32;
+  if (compute_dtype_ == DType::kBF16) exact = Precision::kBF16;
+  if (compute_dtype_ == DType::kF16) exact = Precision::kF16;
+  ASSIGN_OR_RETURN(model_, Model::Load(params_.model_dir, exact, nullptr,
+                                       backends_.gpu_capability));
+  return Status();
+}
+
+StatusOr<std::unique_ptr<Session>> Session::Open(const SessionParams& params,
+                                                 const JobShape& shape) {
+  return Prepare(params, shape, true);
+}
+
+StatusOr<MemoryPlan> Session::Plan(const SessionParams& params,
+                                   const JobShape& shape) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Prepare(params, shape, false));
+  return std::move(s->plan_);
+}
+
+StatusOr<std::unique_ptr<Session>> Session::Prepare(const SessionParams& params,
+                                                    const JobShape& shape,
+                                                    bool load) {
+  auto s = std::unique_ptr<Session>(new Session(params));
+  s->rss_watch_ = StartRssWatch();
+  // Threads are a process-wide setting of the CPU backend; this instance
+  // also runs the layers the plan puts on the host.
+  ASSIGN_OR_RETURN(s->host_, CreateBackend("cpu"));
+  if (params.threads > 0) s->host_->SetNumThreads(params.threads);
+  RETURN_IF_ERROR(s->ReadConfig());
+  RETURN_IF_ERROR(s->CheckDevices());
+  RETURN_IF_ERROR(s->ResolveComputeDType());
+  RETURN_IF_ERROR(s->LoadTokenizerAndInterventions());
+  RETURN_IF_ERROR(s->PlanJob(shape));
+  if (load) RETURN_IF_ERROR(s->Load());
+  return s;
+}
+
+StatusOr<Backend*> Session::OneBackend(const std::string& what) const {
+  const std::vector<ExecutorSegment>& segs = backends_.segments;
+  if (segs.empty()) return host_.get();
+  for (const ExecutorSegment& seg : segs)
+    if (seg.backend != segs.front().backend || seg.offload || seg.from_disk)
+      return UnimplementedError(
+          what +
+          " holds its KV cache on one device, and the plan places "
+          "layers " +
+          std::to_string(segs.front().first_layer) + "-" +
+          std::to_string(segs.front().last_layer) + " and " +
+          std::to_string(seg.first_layer) + "-" +
+          std::to_string(seg.last_layer) +
+          " apart (or streams them): give one --device with room for every "
+          "layer (`--show-plan` shows the placement)");
+  return segs.front().backend;
+}
+
+nlohmann::json Session::VerifyPlanReport() const {
+  if (!params_.plan.verify_plan) return nullptr;
+  const std::string who = "loom " + params_.command;
+  return VerifyPlan(planned_host_bytes(), rss_watch_, who.c_str());
+}
+
+}  // namespace loom
