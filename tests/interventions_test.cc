@@ -538,6 +538,25 @@ TEST(PositionsTextTest, AllLastListsAndSpans) {
   EXPECT_CONTAINS(*doc, R"("tensor":"direction.1","vector_file":"d.gguf")");
 }
 
+// A scale that is not a finite f32 number is refused by the flag's name (it
+// used to be written as JSON null and read as the default scale, 1), and an
+// explicit null scale in a document is refused by its field.
+TEST_F(InterventionParseTest, NonFiniteScalesAreRefused) {
+  for (const std::string scale : {"nan", "inf", "-inf", "NaN", "1e39"}) {
+    const std::string flag = "blocks.0.hook_resid_pre=v.npy*" + scale;
+    StatusOr<std::string> doc = ShorthandInterventions({flag}, {});
+    ASSERT_FALSE(doc.ok()) << scale << ": " << *doc;
+    EXPECT_CONTAINS(doc.status().message(), "--steer " + flag);
+    EXPECT_CONTAINS(doc.status().message(),
+                    "scale '" + scale + "' is not a finite f32 number");
+    EXPECT_EQ(doc.status().message().find("interventions["), std::string::npos);
+  }
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "add",
+                            "scale": null, "vector": )" +
+                        Vector(4096) + "}"),
+                  "interventions[0].scale: null is not a number");
+}
+
 TEST_F(InterventionParseTest, SpansNormMatchAndPatches) {
   const std::string v = Vector(4096);
   StatusOr<std::vector<Intervention>> r =

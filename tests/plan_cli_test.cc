@@ -510,15 +510,17 @@ TEST(DevicesCli, ListsTheHostAndEveryGpuOrWhyNone) {
 }
 
 // A job on a GPU the build or the machine lacks is refused before loading,
-// naming the device.
+// naming the device: UNAVAILABLE, a usage error (exit 2), a declared size or
+// not.
 TEST(DevicesCli, JobOnAMissingGpuIsAClearError) {
   const Result r =
       RunLoom("perplexity",
               "--model " + std::string(LOOM_MODELS_DIR) +
                   "/stories260K --tokens /dev/null --device cuda:7=1GiB",
               true);
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("cuda:7"), std::string::npos) << r.out;
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--device cuda:7: no such GPU"), std::string::npos)
+      << r.out;
 }
 
 }  // namespace

@@ -100,6 +100,12 @@ StatusOr<std::vector<HookPoint>> ParseHooks(const Entry& e,
 }
 
 StatusOr<float> ParseScale(const Entry& e, InterventionMode mode) {
+  // An explicit null is no default: it is what a NaN or an infinity becomes
+  // in JSON (Python's float('nan') through json.dumps included).
+  if (const auto it = e.json.find("scale"); it != e.json.end() && it->is_null())
+    return e.Error("scale",
+                   "null is not a number (a NaN or infinity written as "
+                   "JSON null?); give a finite number or leave scale out");
   const Json* s = e.Find("scale");
   if (s == nullptr) return 1.0f;
   if (mode != InterventionMode::kAdd)
@@ -691,6 +697,11 @@ StatusOr<std::string> ShorthandInterventions(
     if (scale.empty() || *end != '\0')
       return InvalidArgumentError(flag + ": scale '" + scale +
                                   "' is not a number");
+    // A NaN or infinity would be written as JSON null, which reads as "no
+    // scale": refused here, by the flag's name.
+    if (!std::isfinite(static_cast<float>(v)))
+      return InvalidArgumentError(flag + ": scale '" + scale +
+                                  "' is not a finite f32 number");
     e["scale"] = v;
     SetVectorFile(rest.substr(0, star), &e);
     list.push_back(std::move(e));

@@ -27,7 +27,8 @@ inline __m256i ToBf16(__m512 v) {
       _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
   const __m512i lsb =
       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  __m512i r =
+      _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
   r = _mm512_srli_epi32(r, 16);
   const __m512i q =
       _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
@@ -52,11 +53,17 @@ void Tile(const uint16_t* a, int64_t ldx, BTile b, int64_t kcp, float* c,
     for (int s = 0; s < S; ++s)
       acc[i][s] = load_c ? _mm512_loadu_ps(ci + s * 16) : _mm512_setzero_ps();
   }
+  // Strips past the weight's last column (an edge block narrower than S
+  // strips) are not read: their accumulators reread the first strip, and
+  // are never stored.
+  const int64_t strips = (cols + kStripCols - 1) / kStripCols;
+  int64_t offset[S];
+  for (int s = 0; s < S; ++s) offset[s] = s < strips ? s * b.strip_stride : 0;
   for (int64_t p = 0; p < kcp / 2; ++p) {
     __m512i bv[S];
 #pragma GCC unroll 8
     for (int s = 0; s < S; ++s)
-      bv[s] = _mm512_loadu_si512(b.b + s * b.strip_stride + p * 32);
+      bv[s] = _mm512_loadu_si512(b.b + offset[s] + p * 32);
 #pragma GCC unroll 12
     for (int i = 0; i < R; ++i) {
       int32_t pair;
@@ -79,10 +86,10 @@ template <int S>
 void TileRows(const uint16_t* a, int64_t ldx, int64_t rows, BTile b,
               int64_t kcp, float* c, int64_t ldc, int64_t cols, bool load_c) {
   switch (rows) {
-#define LOOM_DOT_ROWS(r)                                       \
-  case r:                                                      \
-    if constexpr (r <= kDotMr)                                 \
-      Tile<r, S>(a, ldx, b, kcp, c, ldc, cols, load_c);        \
+#define LOOM_DOT_ROWS(r)                                \
+  case r:                                               \
+    if constexpr (r <= kDotMr)                          \
+      Tile<r, S>(a, ldx, b, kcp, c, ldc, cols, load_c); \
     return;
     LOOM_DOT_ROWS(1)
     LOOM_DOT_ROWS(2)
@@ -108,10 +115,10 @@ template <int B, int kHi>
 inline __m512i Interleave(__m512i a, __m512i b) {
   alignas(64) static constexpr int32_t kIdx[16] = {
 #define LOOM_IDX(p) ((p / B) % 2) * 16 + ((p / B) / 2) * B + p % B + kHi
-      LOOM_IDX(0),  LOOM_IDX(1),  LOOM_IDX(2),  LOOM_IDX(3),
-      LOOM_IDX(4),  LOOM_IDX(5),  LOOM_IDX(6),  LOOM_IDX(7),
-      LOOM_IDX(8),  LOOM_IDX(9),  LOOM_IDX(10), LOOM_IDX(11),
-      LOOM_IDX(12), LOOM_IDX(13), LOOM_IDX(14), LOOM_IDX(15)
+      LOOM_IDX(0),  LOOM_IDX(1),  LOOM_IDX(2),  LOOM_IDX(3),  LOOM_IDX(4),
+      LOOM_IDX(5),  LOOM_IDX(6),  LOOM_IDX(7),  LOOM_IDX(8),  LOOM_IDX(9),
+      LOOM_IDX(10), LOOM_IDX(11), LOOM_IDX(12), LOOM_IDX(13), LOOM_IDX(14),
+      LOOM_IDX(15)
 #undef LOOM_IDX
   };
   return _mm512_permutex2var_epi32(a, _mm512_load_si512(kIdx), b);
@@ -215,8 +222,8 @@ void PackStrips(const WeightSource& src, int64_t j0, int64_t cols, int64_t k0,
       StripFromRows(nc, kc, p, [&](int c, int64_t k, int64_t valid) {
         const float* f = scratch + c * kc + k;
         const __m256i lo = ToBf16(_mm512_maskz_loadu_ps(Mask16(valid), f));
-        const __m256i hi = ToBf16(
-            _mm512_maskz_loadu_ps(Mask16(std::max<int64_t>(valid - 16, 0)), f + 16));
+        const __m256i hi = ToBf16(_mm512_maskz_loadu_ps(
+            Mask16(std::max<int64_t>(valid - 16, 0)), f + 16));
         return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       });
       continue;
@@ -250,8 +257,8 @@ int64_t DotStripsForRows(int64_t rows) {
   return rows >= 4 ? 2 : (rows >= 2 ? 4 : 8);
 }
 
-void DotTile(const uint16_t* a, int64_t ldx, int64_t rows, BTile b,
-             int64_t kcp, float* c, int64_t ldc, int64_t cols, bool load_c) {
+void DotTile(const uint16_t* a, int64_t ldx, int64_t rows, BTile b, int64_t kcp,
+             float* c, int64_t ldc, int64_t cols, bool load_c) {
   switch (DotStripsForRows(rows)) {
     case 2:
       return TileRows<2>(a, ldx, rows, b, kcp, c, ldc, cols, load_c);
