@@ -8,6 +8,7 @@
 #include <span>
 #include <utility>
 
+#include "src/eval/job_plan.h"
 #include "src/runtime/executor.h"
 
 namespace loom::python {
@@ -142,8 +143,7 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
     for (const HookPoint& h : r.hooks)
       if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
     const int64_t context =
-        r.context > 0 ? r.context
-                      : std::min<int64_t>(2048, c.max_position_embeddings);
+        r.context > 0 ? r.context : DefaultContext(c, kGenerationContext);
     go.paging = {eval::kKvPageSize,
                  (context + eval::kKvPageSize - 1) / eval::kKvPageSize};
   }

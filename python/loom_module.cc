@@ -892,8 +892,7 @@ class PyModel {
                          eval::TokenIdsInput(std::move(ids), add_bos, c));
       }
       const int64_t ctx =
-          ctx_arg > 0 ? ctx_arg
-                      : std::min<int64_t>(512, c.max_position_embeddings);
+          ctx_arg > 0 ? ctx_arg : DefaultContext(c, kEvalContext);
       if (ctx > c.max_position_embeddings)
         return OutOfRangeError("--ctx " + std::to_string(ctx) +
                                " exceeds the maximum context of " + path_ +

@@ -36,19 +36,11 @@ StatusOr<JobDevices> ResolveJobDevices(const JobPlanOptions& o) {
   ASSIGN_OR_RETURN(const std::vector<int> named, GpusOfDeviceFlags(o.devices));
   // The GPUs are listed only when the flags name one: the CUDA runtime's
   // start costs memory and time a host job should not pay.
-  bool any_gpu = !named.empty();
-  for (std::string_view rest = o.max_memory; !rest.empty();) {
-    const size_t comma = rest.find(',');
-    const std::string_view key =
-        rest.substr(0, rest.substr(0, comma).find('='));
-    any_gpu |= !key.empty() && key != "cpu" && key != "disk";
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
   std::string reason;
-  const std::vector<GpuDescription> gpus = HasCudaBackend() && any_gpu
-                                               ? ListGpus(&reason)
-                                               : std::vector<GpuDescription>{};
+  const std::vector<GpuDescription> gpus =
+      HasCudaBackend() && FlagsNameAGpu(o.devices, o.max_memory)
+          ? ListGpus(&reason)
+          : std::vector<GpuDescription>{};
   if (!HasCudaBackend())
     reason =
         "this build has no CUDA backend (configure with -DLOOM_CUDA=on where "
@@ -89,11 +81,18 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
                                      const std::string& model_dir,
                                      const JobSpec& job,
                                      const JobPlanOptions& o) {
-  const int64_t host = HostMemoryBytes();
   // Job commands compute on the host unless told otherwise; a GPU named
   // must be here.
-  ASSIGN_OR_RETURN(JobDevices jd, ResolveJobDevices(o));
-  std::vector<DeviceSpec>& devices = jd.devices;
+  ASSIGN_OR_RETURN(const JobDevices devices, ResolveJobDevices(o));
+  return PlanJobOrRefuse(command, model_dir, job, devices, o);
+}
+
+StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
+                                     const std::string& model_dir,
+                                     const JobSpec& job, const JobDevices& jd,
+                                     const JobPlanOptions& o) {
+  const int64_t host = HostMemoryBytes();
+  const std::vector<DeviceSpec>& devices = jd.devices;
   bool gpu = false;
   for (const DeviceSpec& d : devices)
     gpu |= d.kind == DeviceKind::kCuda && d.compute;

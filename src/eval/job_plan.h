@@ -64,6 +64,12 @@ StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
                                      const std::string& model_dir,
                                      const JobSpec& job,
                                      const JobPlanOptions& options);
+// The same on devices already resolved (ResolveJobDevices of `options`).
+StatusOr<MemoryPlan> PlanJobOrRefuse(const std::string& command,
+                                     const std::string& model_dir,
+                                     const JobSpec& job,
+                                     const JobDevices& devices,
+                                     const JobPlanOptions& options);
 
 // The backends a plan computes on and the executor segments of its layer
 // placement: one backend per computing device (the host's is borrowed), the

@@ -23,8 +23,7 @@ Status Session::ReadConfig() {
 }
 
 Status Session::CheckDevices() {
-  ASSIGN_OR_RETURN(const JobDevices d, ResolveJobDevices(params_.plan));
-  gpu_capability_ = d.gpu_capability;
+  ASSIGN_OR_RETURN(devices_, ResolveJobDevices(params_.plan));
   return Status();
 }
 
@@ -36,7 +35,7 @@ Status Session::ResolveComputeDType() {
   std::string warning;
   ASSIGN_OR_RETURN(compute_dtype_,
                    ResolvePrecisionOn(params_.precision, CheckpointDType(*ckpt),
-                                      gpu_capability_, &warning));
+                                      devices_.gpu_capability, &warning));
   Warn(warning);
   return Status();
 }
@@ -70,8 +69,8 @@ Status Session::PlanJob(const JobShape& shape) {
   job_.weight_compute_dtype = compute_dtype_;
   job_.intervention_bytes = InterventionBytes(interventions_);
   ASSIGN_OR_RETURN(plan_, PlanJobOrRefuse(params_.command, params_.model_dir,
-                                          job_, params_.plan));
-  return Status();
+                                          job_, devices_, params_.plan));
+  return params_.admit ? params_.admit(plan_) : Status();
 }
 
 Status Session::Load() {
@@ -88,18 +87,6 @@ Status Session::Load() {
 
 StatusOr<std::unique_ptr<Session>> Session::Open(const SessionParams& params,
                                                  const JobShape& shape) {
-  return Prepare(params, shape, true);
-}
-
-StatusOr<MemoryPlan> Session::Plan(const SessionParams& params,
-                                   const JobShape& shape) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Prepare(params, shape, false));
-  return std::move(s->plan_);
-}
-
-StatusOr<std::unique_ptr<Session>> Session::Prepare(const SessionParams& params,
-                                                    const JobShape& shape,
-                                                    bool load) {
   auto s = std::unique_ptr<Session>(new Session(params));
   s->rss_watch_ = StartRssWatch();
   // Threads are a process-wide setting of the CPU backend; this instance
@@ -111,7 +98,7 @@ StatusOr<std::unique_ptr<Session>> Session::Prepare(const SessionParams& params,
   RETURN_IF_ERROR(s->ResolveComputeDType());
   RETURN_IF_ERROR(s->LoadTokenizerAndInterventions());
   RETURN_IF_ERROR(s->PlanJob(shape));
-  if (load) RETURN_IF_ERROR(s->Load());
+  RETURN_IF_ERROR(s->Load());
   return s;
 }
 

@@ -74,6 +74,10 @@ struct SessionParams {
   InterventionSource interventions;
   TokenizerUse tokenizer = TokenizerUse::kNone;
   std::string tokenizer_dir;  // empty = model_dir
+  // Asked once the plan fits, before anything is loaded (may be empty): an
+  // error here ends Open with nothing loaded (loom serve admits a model by
+  // its plan beside the models already loaded).
+  std::function<Status(const MemoryPlan&)> admit;
 };
 
 class Session {
@@ -84,11 +88,6 @@ class Session {
 
   static StatusOr<std::unique_ptr<Session>> Open(const SessionParams& params,
                                                  const JobShape& shape);
-  // Steps 1-5 alone: the plan Open would load by (refused the same way when
-  // it does not fit), with nothing loaded: for admission (loom serve's
-  // model pool) and dry runs.
-  static StatusOr<MemoryPlan> Plan(const SessionParams& params,
-                                   const JobShape& shape);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -130,10 +129,6 @@ class Session {
   Status CheckDevices();
   Status ResolveComputeDType();
   Status LoadTokenizerAndInterventions();
-  // Steps 1-5 (Plan), then, with `load`, 6-7.
-  static StatusOr<std::unique_ptr<Session>> Prepare(const SessionParams& params,
-                                                    const JobShape& shape,
-                                                    bool load);
   Status PlanJob(const JobShape& shape);
   Status Load();
   void Warn(const std::string& message) const;
@@ -141,7 +136,7 @@ class Session {
   SessionParams params_;
   RssWatch rss_watch_;
   ModelConfig config_;
-  int gpu_capability_ = 0;  // lowest of the GPUs placed on; 0 = none
+  JobDevices devices_;  // the placement flags' devices, GPUs checked
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<tok::Tokenizer> tokenizer_;
   std::string tokenizer_error_;

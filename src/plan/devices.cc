@@ -60,6 +60,16 @@ std::vector<std::string_view> DeviceItems(
   return items;
 }
 
+// The index of a canonical "cuda:N" (nullopt past 2^20 or not a number).
+std::optional<int> GpuIndex(const std::string& name) {
+  int64_t index = 0;
+  const auto [end, ec] =
+      std::from_chars(name.data() + 5, name.data() + name.size(), index);
+  if (ec != std::errc() || end != name.data() + name.size() || index > 1 << 20)
+    return std::nullopt;
+  return static_cast<int>(index);
+}
+
 DeviceKind KindOf(const std::string& name) {
   if (name == "cpu") return DeviceKind::kCpu;
   if (name == "disk") return DeviceKind::kDisk;
@@ -278,10 +288,11 @@ StatusOr<std::vector<DeviceSpec>> DevicesFromFlags(
       ASSIGN_OR_RETURN(
           const std::string name,
           CanonicalName(item.substr(0, item.find('=')), "--device"));
-      if (KindOf(name) == DeviceKind::kCuda) {
-        const auto it = gpu_bytes->find(std::stoi(name.substr(5)));
-        if (it != gpu_bytes->end()) detected = it->second;
-      }
+      if (KindOf(name) == DeviceKind::kCuda)
+        if (const std::optional<int> index = GpuIndex(name)) {
+          const auto it = gpu_bytes->find(*index);
+          if (it != gpu_bytes->end()) detected = it->second;
+        }
     }
     ASSIGN_OR_RETURN(DeviceSpec spec, ParseDevice(item, host_bytes, detected));
     devices.push_back(spec);
@@ -293,6 +304,20 @@ StatusOr<std::vector<DeviceSpec>> DevicesFromFlags(
   return devices;
 }
 
+bool FlagsNameAGpu(const std::vector<std::string>& device_flags,
+                   std::string_view max_memory) {
+  std::vector<std::string_view> keys = DeviceItems(device_flags);
+  if (!max_memory.empty())
+    for (const std::string_view item : Split(max_memory, ','))
+      keys.push_back(item);
+  for (const std::string_view item : keys) {
+    const StatusOr<std::string> name =
+        CanonicalName(item.substr(0, item.find('=')), "");
+    if (name.ok() && KindOf(*name) == DeviceKind::kCuda) return true;
+  }
+  return false;
+}
+
 StatusOr<std::vector<int>> GpusOfDeviceFlags(
     const std::vector<std::string>& device_flags) {
   std::vector<int> gpus;
@@ -300,14 +325,11 @@ StatusOr<std::vector<int>> GpusOfDeviceFlags(
     ASSIGN_OR_RETURN(const std::string name,
                      CanonicalName(item.substr(0, item.find('=')), "--device"));
     if (KindOf(name) != DeviceKind::kCuda) continue;
-    int64_t index = 0;
-    const auto [end, ec] =
-        std::from_chars(name.data() + 5, name.data() + name.size(), index);
-    if (ec != std::errc() || end != name.data() + name.size() ||
-        index > 1 << 20)
+    const std::optional<int> index = GpuIndex(name);
+    if (!index)
       return InvalidArgumentError("--device " + std::string(item) +
                                   ": GPU index out of range");
-    gpus.push_back(static_cast<int>(index));
+    gpus.push_back(*index);
   }
   return gpus;
 }

@@ -77,6 +77,11 @@ StatusOr<std::vector<DeviceSpec>> DevicesFromFlags(
     std::string_view reserve, int64_t host_bytes,
     const std::map<int, int64_t>* gpu_bytes = nullptr);
 
+// Whether --device or a --max-memory key names a GPU (malformed items are
+// left to DevicesFromFlags to report).
+bool FlagsNameAGpu(const std::vector<std::string>& device_flags,
+                   std::string_view max_memory);
+
 // The GPU indices --device names (cuda:N, N or cuda), in the order given;
 // InvalidArgument for a name that is no device.
 StatusOr<std::vector<int>> GpusOfDeviceFlags(

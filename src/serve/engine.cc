@@ -125,7 +125,10 @@ class Engine::CaptureSink : public HookSink {
 
 Engine::Engine(const std::string& id, const std::string& dir,
                const EngineOptions& options)
-    : id_(id), dir_(dir), options_(options) {}
+    : id_(id), dir_(dir), options_(options) {
+  options_.admit = nullptr;  // asked once, by Create (it may hold the caller's
+                             // locals)
+}
 
 Engine::~Engine() { Shutdown(true); }
 
@@ -154,16 +157,14 @@ StatusOr<eval::Generator::Options> GeneratorOptions(
     if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
   for (int64_t l = 0; l < c.num_layers; ++l)
     go.capture_hooks.Add(QueryHookOf(c, l));
-  if (options.page_size > 0) {
-    const int64_t context = options.context > 0
-                                ? options.context
-                                : DefaultContext(c, kGenerationContext);
+  ASSIGN_OR_RETURN(go, eval::Generator::Resolve(c, go));
+  if (options.page_size > 0) {  // the resolved context's positions per slot
     const int64_t tokens =
-        options.kv_tokens > 0 ? options.kv_tokens : options.slots * context;
+        options.kv_tokens > 0 ? options.kv_tokens : options.slots * go.context;
     go.paging = {options.page_size,
                  (tokens + options.page_size - 1) / options.page_size};
   }
-  return eval::Generator::Resolve(c, go);
+  return go;
 }
 
 // Every blocks.K.hook_resid_pre, the final norm and the options' extra
@@ -226,27 +227,14 @@ SessionParams SessionParamsOf(const std::string& dir,
 
 }  // namespace
 
-StatusOr<MemoryPlan> Engine::Plan(const std::string& dir,
-                                  const EngineOptions& options) {
-  RETURN_IF_ERROR(CheckEngineOptions(options));
-  SessionParams sp = SessionParamsOf(dir, options);
-  sp.plan.show_plan = false;  // shown once, by Create
-  return Session::Plan(sp, [&](const Session& s) -> StatusOr<JobSpec> {
-    ASSIGN_OR_RETURN(const HookSet capturable,
-                     CapturableHooks(s.config(), options));
-    ASSIGN_OR_RETURN(const eval::Generator::Options go,
-                     GeneratorOptions(s.config(), capturable, options));
-    return eval::Generator::Job(s.config(), go);
-  });
-}
-
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
                                                  const std::string& dir,
                                                  const EngineOptions& options) {
   const Clock::time_point t0 = Clock::now();
   auto e = std::unique_ptr<Engine>(new Engine(id, dir, options));
   RETURN_IF_ERROR(CheckEngineOptions(options));
-  const SessionParams sp = SessionParamsOf(dir, options);
+  SessionParams sp = SessionParamsOf(dir, options);
+  sp.admit = options.admit;
   eval::Generator::Options go;
   // The capturable hooks and the generator's options follow from
   // config.json alone: a bad hook is refused before anything is planned.

@@ -116,6 +116,9 @@ struct EngineOptions {
   JobPlanOptions plan;
   // The command, in messages ("loom serve: warning: ...").
   std::string command = "serve";
+  // Asked with the model's plan once it fits, before anything is loaded
+  // (SessionParams::admit): the server's admission beside the loaded models.
+  std::function<Status(const MemoryPlan&)> admit;
 };
 
 // Which captured rows a request keeps.
@@ -235,10 +238,7 @@ class Engine {
   static StatusOr<std::unique_ptr<Engine>> Create(const std::string& id,
                                                   const std::string& dir,
                                                   const EngineOptions& options);
-  // The plan Create would load `dir` by, with nothing loaded (the server
-  // admits a model by it); refused as Create refuses.
-  static StatusOr<MemoryPlan> Plan(const std::string& dir,
-                                   const EngineOptions& options);
+
   // Stops (Shutdown(true)) and frees.
   ~Engine();
 

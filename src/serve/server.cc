@@ -395,23 +395,22 @@ class Server::Impl {
     RETURN_IF_ERROR(MakeRoom(id));
     const int64_t capacity = static_cast<int64_t>(
         static_cast<double>(HostMemoryBytes()) * o_.memory_fraction);
-    {
-      // Refuse before allocating anything when the model's plan (its host
-      // bytes and the capture budget) does not fit beside the loaded ones.
-      ASSIGN_OR_RETURN(const MemoryPlan plan, Engine::Plan(dir, o_.engine));
-      const int64_t need = PlannedHostBytes(plan) + o_.engine.capture_bytes;
+    // Refused before anything is allocated when the model's plan (its host
+    // bytes and the capture budget) does not fit beside the loaded ones.
+    EngineOptions eo = o_.engine;
+    eo.admit = [&](const MemoryPlan& plan) -> Status {
+      const int64_t need = PlannedHostBytes(plan) + eo.capture_bytes;
       int64_t committed = need;
       for (const auto& m : Engines()) committed += m->Memory().planned();
       if (capacity > 0 && committed > capacity)
         return ResourceExhaustedError(
             "cannot load `" + id + "`: its plan needs " + std::to_string(need) +
-            " bytes on the host; with the loaded "
-            "models " +
+            " bytes on the host; with the loaded models " +
             std::to_string(committed) + " bytes, more than " +
             std::to_string(capacity) + " (host memory x gpu.memory_fraction)");
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
-                     Engine::Create(id, dir, o_.engine));
+      return Status();
+    };
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(id, dir, eo));
     // Admission of the model itself: what is planned for every loaded model
     // must fit the host's memory x memory_fraction.
     int64_t committed = e->Memory().planned();

@@ -134,7 +134,8 @@ Status RunCompare(const CompareArgs& args) {
   ASSIGN_OR_RETURN(eval::EvalInput input, eval::LoadEvalInput(io, cb));
   const int64_t max_ctx =
       std::min(ca.max_position_embeddings, cb.max_position_embeddings);
-  const int64_t ctx = args.ctx > 0 ? args.ctx : std::min<int64_t>(512, max_ctx);
+  const int64_t ctx =
+      args.ctx > 0 ? args.ctx : std::min<int64_t>(kEvalContext, max_ctx);
   if (ctx > max_ctx)
     return OutOfRangeError(
         "--ctx " + std::to_string(ctx) + " exceeds the maximum context " +

@@ -144,12 +144,9 @@ Status RunGenerate(const GenerateArgs& args) {
   if (args.prompt.empty()) return InvalidArgumentError("--prompt: empty text");
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
   if (!args.hooks.empty()) return RunGenerateWithHooks(args, precision);
-  SessionParams sp;
-  sp.command = "generate";
-  sp.model_dir = args.model_dir;
-  sp.precision = precision;
-  sp.plan = args.plan;
-  sp.threads = args.threads;
+  ASSIGN_OR_RETURN(SessionParams sp,
+                   CommandSession("generate", args.model_dir, args.precision,
+                                  args.plan, args.threads, false));
   sp.tokenizer = TokenizerUse::kRequired;
   ASSIGN_OR_RETURN(sp.interventions, InterventionSourceOf(args.interventions));
   eval::Generator::Options go;

@@ -97,6 +97,24 @@ inline std::optional<ControlVectorLayerRange> ControlVectorFlagRange(
                                  f.control_vector_layer_range[1]};
 }
 
+// A command's session: its name, --model, --precision (parsed here), the
+// placement flags and --threads; the command sets the rest (tokenizer,
+// interventions).
+inline StatusOr<SessionParams> CommandSession(const char* command,
+                                              const std::string& model_dir,
+                                              const std::string& precision,
+                                              const JobPlanOptions& plan,
+                                              int threads, bool quiet) {
+  SessionParams sp;
+  sp.command = command;
+  sp.model_dir = model_dir;
+  ASSIGN_OR_RETURN(sp.precision, ParsePrecision(precision));
+  sp.plan = plan;
+  sp.threads = threads;
+  sp.quiet = quiet;
+  return sp;
+}
+
 // The interventions of the flags as a session reads them (the file's, then
 // the shorthand ones, then the control vectors').
 inline StatusOr<InterventionSource> InterventionSourceOf(

@@ -18,6 +18,7 @@
 #include "src/tokenizer/tokenizer.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/job_options.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
@@ -74,7 +75,6 @@ Status RunPatchCommand(const PatchArgs& a) {
   if (a.metric != "logit-diff")
     return InvalidArgumentError("--metric: '" + a.metric +
                                 "' is not a metric (logit-diff)");
-  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(a.precision));
   eval::PatchOptions o;
   o.hooks = a.hooks;
   StatusOr<InterventionPositions> positions = ParsePositionsText(a.positions);
@@ -85,13 +85,9 @@ Status RunPatchCommand(const PatchArgs& a) {
   o.wrong = a.wrong;
   o.batch_tokens = a.batch_tokens;
   o.hf_bf16_activations = a.hf_bf16;
-  SessionParams sp;
-  sp.command = "patch";
-  sp.model_dir = a.model_dir;
-  sp.precision = precision;
-  sp.plan = a.plan;
-  sp.threads = a.threads;
-  sp.quiet = a.quiet;
+  ASSIGN_OR_RETURN(SessionParams sp,
+                   CommandSession("patch", a.model_dir, a.precision, a.plan,
+                                  a.threads, a.quiet));
   // Text prompts need the tokenizer; token ids alone do not.
   sp.tokenizer = a.clean_ids.empty() || a.corrupted_ids.empty()
                      ? TokenizerUse::kRequired

@@ -30,14 +30,9 @@ struct PerplexityArgs : WindowArgs {
 Status RunPerplexity(const PerplexityArgs& args) {
   ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
   ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
-  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
-  SessionParams sp;
-  sp.command = "perplexity";
-  sp.model_dir = args.model_dir;
-  sp.precision = precision;
-  sp.plan = args.plan;
-  sp.threads = args.threads;
-  sp.quiet = args.quiet;
+  ASSIGN_OR_RETURN(SessionParams sp,
+                   CommandSession("perplexity", args.model_dir, args.precision,
+                                  args.plan, args.threads, args.quiet));
   ASSIGN_OR_RETURN(sp.interventions, InterventionSourceOf(args.interventions));
   ASSIGN_OR_RETURN(
       std::unique_ptr<Session> session,
