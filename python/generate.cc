@@ -121,6 +121,27 @@ Status SelectCaptures(const GenerateRequest& r,
 
 }  // namespace
 
+eval::Generator::Options GeneratorOptionsOf(const ModelConfig& c,
+                                            const GenerateRequest& r,
+                                            Backend* backend) {
+  eval::Generator::Options go;
+  go.slots = 1;
+  go.context = r.context;
+  go.prefill_chunk = r.prefill_chunk;
+  go.backend = backend;
+  if (!r.hooks.empty()) {
+    // As the engine behind `loom generate --hooks` sizes its generator.
+    go.batch_tokens = r.prefill_chunk + 1;
+    for (const HookPoint& h : r.hooks)
+      if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
+    const int64_t context =
+        r.context > 0 ? r.context : DefaultContext(c, kGenerationContext);
+    go.paging = {eval::kKvPageSize,
+                 (context + eval::kKvPageSize - 1) / eval::kKvPageSize};
+  }
+  return go;
+}
+
 StatusOr<GenerateResult> GenerateOne(const Model& model,
                                      const tok::Tokenizer* tokenizer,
                                      Backend* backend,
@@ -132,21 +153,7 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   const bool capture = !r.hooks.empty();
 
-  eval::Generator::Options go;
-  go.slots = 1;
-  go.context = r.context;
-  go.prefill_chunk = r.prefill_chunk;
-  go.backend = backend;
-  if (capture) {
-    // As the engine behind `loom generate --hooks` sizes its generator.
-    go.batch_tokens = r.prefill_chunk + 1;
-    for (const HookPoint& h : r.hooks)
-      if (h.site != HookSite::kFinalNorm) go.capture_hooks.Add(h);
-    const int64_t context =
-        r.context > 0 ? r.context : DefaultContext(c, kGenerationContext);
-    go.paging = {eval::kKvPageSize,
-                 (context + eval::kKvPageSize - 1) / eval::kKvPageSize};
-  }
+  const eval::Generator::Options go = GeneratorOptionsOf(c, r, backend);
   ASSIGN_OR_RETURN(std::unique_ptr<eval::Generator> gen,
                    eval::Generator::Create(model, go));
   const int64_t context = gen->context();

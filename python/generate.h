@@ -78,6 +78,12 @@ struct GenerateResult {
 // patterns, expert ids, logits: as `loom generate --hooks` refuses them), a
 // selector outside the captured rows, an intervention position outside the
 // prompt, Cancelled.
+// The generator GenerateOne runs for `r` on `backend` (the options before
+// Generator::Resolve): the Python module plans its job from them.
+eval::Generator::Options GeneratorOptionsOf(const ModelConfig& config,
+                                            const GenerateRequest& r,
+                                            Backend* backend);
+
 StatusOr<GenerateResult> GenerateOne(const Model& model,
                                      const tok::Tokenizer* tokenizer,
                                      Backend* backend,

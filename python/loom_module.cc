@@ -57,6 +57,7 @@
 #include "src/eval/perplexity.h"
 #include "src/eval/plan_query.h"
 #include "src/eval/row_selector.h"
+#include "src/eval/session.h"
 #include "src/eval/windows.h"
 #include "src/model/hooks.h"
 #include "src/model/interventions.h"
@@ -673,10 +674,18 @@ class PyModel {
 
   const std::string& path() const { return path_; }
   std::string compute_dtype() const {
-    return std::string(DTypeName(loaded_.model->compute_dtype()));
+    return std::string(DTypeName(session_->model().compute_dtype()));
   }
   py::object config() const { return JsonToPython(ConfigJson()); }
+  // The devices the model's layers were placed on when it loaded, by name
+  // ("cpu", "cuda:0"), as `loom plan` lists them.
   py::list devices() const {
+    py::list l;
+    for (const std::string& d : placed_devices_) l.append(d);
+    return l;
+  }
+  // The placement asked for (`device=`), which Model.plan passes on.
+  py::list device_flags() const {
     py::list l;
     for (const std::string& d : plan_.devices) l.append(d);
     return l;
@@ -684,11 +693,11 @@ class PyModel {
   // Every hook of this model (ModelHooks), in execution order.
   py::list hook_names() const {
     py::list l;
-    for (const HookPoint& h : ModelHooks(loaded_.model->config()))
+    for (const HookPoint& h : ModelHooks(session_->config()))
       l.append(HookName(h));
     return l;
   }
-  int64_t num_layers() const { return loaded_.model->config().num_layers; }
+  int64_t num_layers() const { return session_->config().num_layers; }
 
   std::vector<int32_t> Tokenize(const py::object& text,
                                 const py::object& add_special_tokens,
@@ -871,18 +880,15 @@ class PyModel {
     StatusOr<Json> out = WithoutGil([&]() -> StatusOr<Json> {
       std::lock_guard<std::mutex> lock(mu_);
       UseThreadsHere();
-      const ModelConfig& c = loaded_.model->config();
+      const ModelConfig& c = session_->config();
       // As `loom perplexity`: the interventions checked first, the plan
       // (refusing what does not fit), the input, the windows, then the
       // evaluation (each window one sequence: `rows` are window indices).
-      ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
-                       LoadInterventions("", interventions_json, ".", c));
-      ASSIGN_OR_RETURN(JobSpec job,
-                       EvalJob(path_, precision_, ctx_arg, chunk_rows));
-      ASSIGN_OR_RETURN(MemoryPlan memory_plan,
-                       PlanJobOrRefuse("perplexity", path_, job, plan_));
-      ASSIGN_OR_RETURN(JobBackends backends,
-                       CreateJobBackends(memory_plan, host_.get()));
+      RETURN_IF_ERROR(session_->Replan(
+          InterventionsFromJson(interventions_json), [&](const Session& s) {
+            return StatusOr<JobSpec>(
+                EvalJobOf(s.config(), ctx_arg, chunk_rows));
+          }));
       eval::EvalInput input;
       if (from_text) {
         ASSIGN_OR_RETURN(input,
@@ -906,14 +912,14 @@ class PyModel {
       eval::EvalOptions eo;
       eo.logits_chunk_rows = chunk_rows;
       eo.hf_bf16_activations = hf_bf16_;
-      eo.segments = backends.segments;
+      eo.segments = session_->segments();
       eo.cancelled = InterruptPoll();
-      eo.interventions = &interventions;
+      eo.interventions = &session_->interventions();
       ASSIGN_OR_RETURN(
           eval::PerplexityResult r,
-          eval::EvaluatePerplexity(*loaded_.model, input.ids, plan, eo));
+          eval::EvaluatePerplexity(session_->model(), input.ids, plan, eo));
       // `loom perplexity --json`'s object, "model" being the path given.
-      return eval::PerplexityJson(path_, loaded_.model->compute_dtype(),
+      return eval::PerplexityJson(path_, session_->model().compute_dtype(),
                                   input.bos,
                                   static_cast<int64_t>(input.ids.size()), r);
     });
@@ -946,7 +952,6 @@ class PyModel {
         StrListArg("select", select);
     const std::string interventions_json =
         OptStrArg("interventions", interventions).value_or("");
-    std::vector<Intervention> edits;
     const bool from_text =
         PyUnicode_Check(prompt.ptr()) || PyBytes_Check(prompt.ptr());
     std::string text;
@@ -964,17 +969,15 @@ class PyModel {
         WithoutGil([&]() -> StatusOr<GenerateResult> {
           std::lock_guard<std::mutex> lock(mu_);
           UseThreadsHere();
-          const ModelConfig& c = loaded_.model->config();
-          ASSIGN_OR_RETURN(edits,
-                           LoadInterventions("", interventions_json, ".", c));
-          if (!edits.empty()) r.interventions = &edits;
+          const ModelConfig& c = session_->config();
+          const tok::Tokenizer* tokenizer = session_->tokenizer();
           if (from_text) {
-            if (!loaded_.tokenizer)
+            if (tokenizer == nullptr)
               return FailedPreconditionError(
                   "prompt: a text prompt needs the model's tokenizer, which "
                   "did not load (" +
-                  loaded_.tokenizer_error + "); give token ids");
-            StatusOr<tok::Encoding> enc = loaded_.tokenizer->Encode(text, true);
+                  session_->tokenizer_error() + "); give token ids");
+            StatusOr<tok::Encoding> enc = tokenizer->Encode(text, true);
             if (!enc.ok()) return enc.status().WithContext("prompt");
             r.prompt = std::move(enc->ids);
           }
@@ -995,10 +998,23 @@ class PyModel {
                 "layers: picks the layers of bare site names in hooks, and no "
                 "hooks were given");
           }
-          ASSIGN_OR_RETURN(r.stop_ids, eval::LoadStopIds(*loaded_.model));
+          // The generator's KV cache and forwards, planned on the model's
+          // devices (one device holds the cache).
+          RETURN_IF_ERROR(session_->Replan(
+              InterventionsFromJson(interventions_json),
+              [&](const Session& s) -> StatusOr<JobSpec> {
+                ASSIGN_OR_RETURN(const eval::Generator::Options go,
+                                 eval::Generator::Resolve(
+                                     s.config(), GeneratorOptionsOf(
+                                                     s.config(), r, nullptr)));
+                return eval::Generator::Job(s.config(), go);
+              }));
+          if (!session_->interventions().empty())
+            r.interventions = &session_->interventions();
+          ASSIGN_OR_RETURN(Backend * backend, session_->OneBackend("generate"));
+          ASSIGN_OR_RETURN(r.stop_ids, eval::LoadStopIds(session_->model()));
           r.cancelled = InterruptPoll();
-          return GenerateOne(*loaded_.model, loaded_.tokenizer.get(),
-                             host_.get(), r);
+          return GenerateOne(session_->model(), tokenizer, backend, r);
         });
     GenerateResult g = ValueOrRaise(std::move(out));
     py::dict result;
@@ -1048,7 +1064,7 @@ class PyModel {
         WithoutGil([&]() -> StatusOr<eval::PatchResult> {
           std::lock_guard<std::mutex> lock(mu_);
           UseThreadsHere();
-          const int64_t V = loaded_.model->config().vocab_size;
+          const int64_t V = session_->config().vocab_size;
           for (const auto& [name, id] :
                {std::pair<const char*, int64_t>{"answer", o.answer},
                 {"wrong", o.wrong}})
@@ -1058,26 +1074,35 @@ class PyModel {
                   " is outside the vocabulary [0, " + std::to_string(V) + ")");
           RETURN_IF_ERROR(PatchPromptIds(&clean));
           RETURN_IF_ERROR(PatchPromptIds(&corrupted));
-          return eval::RunPatch(*loaded_.model, clean.ids, corrupted.ids, o);
+          RETURN_IF_ERROR(eval::CheckPatchInputs(clean.ids, corrupted.ids, o));
+          // As `loom patch`: the grid's forwards planned on the model's
+          // devices.
+          RETURN_IF_ERROR(session_->Replan({}, [&](const Session& s) {
+            return eval::PatchJob(
+                s.config(), static_cast<int64_t>(clean.ids.size()),
+                static_cast<int64_t>(corrupted.ids.size()), o);
+          }));
+          o.segments = session_->segments();
+          return eval::RunPatch(session_->model(), clean.ids, corrupted.ids, o);
         });
     // A Ctrl-C ends the grid before its next forward (Cancelled).
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     return PatchDict(ValueOrRaise(std::move(out)),
-                     loaded_.model->config().vocab_size);
+                     session_->config().vocab_size);
   }
 
  private:
   const tok::Tokenizer& TokenizerOrRaise() const {
-    if (!loaded_.tokenizer)
-      Raise(
-          FailedPreconditionError("no tokenizer: " + loaded_.tokenizer_error));
-    return *loaded_.tokenizer;
+    if (session_->tokenizer() == nullptr)
+      Raise(FailedPreconditionError("no tokenizer: " +
+                                    session_->tokenizer_error()));
+    return *session_->tokenizer();
   }
 
   // The ids of a Model.patch prompt: its text encoded (special tokens
   // added), or its ids checked against the vocabulary. Without the GIL.
   Status PatchPromptIds(PatchPrompt* p) const {
-    const int64_t V = loaded_.model->config().vocab_size;
+    const int64_t V = session_->config().vocab_size;
     if (!p->from_text) {
       for (size_t i = 0; i < p->ids.size(); ++i)
         if (p->ids[i] >= V)
@@ -1087,11 +1112,11 @@ class PyModel {
                                  std::to_string(V) + ")");
       return Status();
     }
-    if (!loaded_.tokenizer)
+    if (session_->tokenizer() == nullptr)
       return FailedPreconditionError(
           p->name + ": a text prompt needs the model's tokenizer, which did " +
-          "not load (" + loaded_.tokenizer_error + "); give token ids");
-    StatusOr<tok::Encoding> enc = loaded_.tokenizer->Encode(p->text, true);
+          "not load (" + session_->tokenizer_error() + "); give token ids");
+    StatusOr<tok::Encoding> enc = session_->tokenizer()->Encode(p->text, true);
     if (!enc.ok()) return enc.status().WithContext(p->name);
     p->ids = std::move(enc->ids);
     return Status();
@@ -1128,33 +1153,34 @@ class PyModel {
   // its plan (per-thread GEMM and attention workspaces) and its forward see
   // the same count.
   void UseThreadsHere() {
-    if (threads_ > 0) host_->SetNumThreads(threads_);
+    if (threads_ > 0) session_->host()->SetNumThreads(threads_);
   }
 
   Status Load() {
     RETURN_IF_ERROR(CheckCpuIsaCap());  // an unknown LOOM_CPU_ISA is refused
-    ASSIGN_OR_RETURN(host_, CreateBackend("cpu"));
-    if (threads_ > 0) host_->SetNumThreads(threads_);
+    SessionParams sp;
+    sp.command = "python";
+    sp.speaker = "loom.Model";
+    sp.model_dir = path_;
+    sp.precision = precision_;
+    sp.plan = plan_;
+    sp.threads = threads_;
+    sp.tokenizer = TokenizerUse::kOptional;
     // The weights must fit the devices (a one-token job: each call plans its
-    // own activations); the plan's GPUs fix the precision rules.
-    ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(path_));
-    ASSIGN_OR_RETURN(DType compute, PlannedComputeDType(config, precision_));
-    JobSpec job;
-    job.batch_tokens = 1;
-    job.context = 1;
-    job.weight_compute_dtype = compute;
-    ASSIGN_OR_RETURN(MemoryPlan plan,
-                     PlanJobOrRefuse("python", path_, job, plan_));
-    ASSIGN_OR_RETURN(JobBackends backends,
-                     CreateJobBackends(plan, host_.get()));
-    ASSIGN_OR_RETURN(
-        loaded_, LoadModelAndTokenizer(path_, precision_,
-                                       backends.gpu_capability, "loom.Model"));
+    // own activations, Session::Replan); the plan's GPUs fix the precision.
+    ASSIGN_OR_RETURN(session_, Session::Open(sp, [](const Session&) {
+                       JobSpec job;
+                       job.batch_tokens = 1;
+                       job.context = 1;
+                       return StatusOr<JobSpec>(job);
+                     }));
+    for (const DevicePlan& d : session_->plan().devices)
+      if (d.computes()) placed_devices_.push_back(d.device.name);
     return Status();
   }
 
   Json ConfigJson() const {
-    const ModelConfig& c = loaded_.model->config();
+    const ModelConfig& c = session_->config();
     return Json{{"model_type", c.model_type},
                 {"architecture", c.architecture},
                 {"num_layers", c.num_layers},
@@ -1171,19 +1197,22 @@ class PyModel {
   // windows of commit_every rows through one WindowRunner.
   StatusOr<ExtractOutput> RunInMemory(const ExtractOptions& o,
                                       std::vector<InputRow> input) {
-    ASSIGN_OR_RETURN(ExtractSettings settings, ResolveExtractSettings(o));
-    ASSIGN_OR_RETURN(DType planned_compute,
-                     PlannedComputeDType(settings.config, o.precision));
-    ASSIGN_OR_RETURN(
-        MemoryPlan plan,
-        PlanJobOrRefuse("extract", o.model_dir,
-                        ExtractJobSpec(o, settings, planned_compute), o.plan));
-    ASSIGN_OR_RETURN(JobBackends backends,
-                     CreateJobBackends(plan, host_.get()));
-    if (settings.streaming()) RETURN_IF_ERROR(CheckStreamingBackends(backends));
+    ExtractSettings settings;
+    RETURN_IF_ERROR(session_->Replan(
+        InterventionsFromJson(o.interventions_json, o.interventions_dir),
+        [&](const Session& s) -> StatusOr<JobSpec> {
+          ASSIGN_OR_RETURN(settings, ResolveExtractSettings(o, s.config(),
+                                                            s.interventions()));
+          // As `loom extract`: a short input's own tokens as the budget.
+          settings.batch_tokens = ShortRowsBatchTokens(
+              o, settings, input, s.tokenizer(), s.tokenizer_error());
+          return ExtractJobSpec(o, settings, s.compute_dtype());
+        }));
+    if (settings.streaming())
+      RETURN_IF_ERROR(CheckStreamingBackends(session_->segments()));
     // Every row is prepared first: a bad row fails the call before any
     // forward (on_error="fail"), or is recorded and skipped.
-    const RowPreparer preparer = MakeRowPreparer(o, settings, loaded_);
+    const RowPreparer preparer = MakeRowPreparer(o, settings, *session_);
     ExtractOutput out;
     std::vector<PreparedRow> rows;
     rows.reserve(input.size());
@@ -1195,15 +1224,15 @@ class PyModel {
             " (on_error=\"skip\" records and skips bad prompts)");
       rows.push_back(std::move(p));
     }
-    out.dtype = o.dtype.value_or(loaded_.model->compute_dtype());
+    out.dtype = o.dtype.value_or(session_->model().compute_dtype());
     out.hooks = settings.hook_names;
     OutputSet outputs(settings, out.dtype, OutputFormat::kMemory, "",
-                      host_.get());
+                      session_->host());
     outputs.ReserveMemory(rows);
     ASSIGN_OR_RETURN(
         std::unique_ptr<WindowRunner> runner,
-        WindowRunner::Create(settings, o.hf_bf16_activations, *loaded_.model,
-                             backends.segments, &outputs));
+        WindowRunner::Create(settings, o.hf_bf16_activations, session_->model(),
+                             session_->segments(), &outputs));
     ManifestProgress progress;
     std::vector<std::string> files;
     const std::function<bool()> cancelled = InterruptPoll();
@@ -1236,8 +1265,8 @@ class PyModel {
   Precision precision_ = Precision::kAuto;
   int threads_ = 0;
   bool hf_bf16_ = false;
-  std::unique_ptr<Backend> host_;
-  LoadedModel loaded_;
+  std::unique_ptr<Session> session_;
+  std::vector<std::string> placed_devices_;  // computing devices at load
   // One call at a time per model (its host backend and tokenizer are
   // shared); waited for without the GIL.
   std::mutex mu_;
@@ -1376,6 +1405,7 @@ PYBIND11_MODULE(_loom, m) {
       .def_property_readonly("compute_dtype", &PyModel::compute_dtype)
       .def_property_readonly("config", &PyModel::config)
       .def_property_readonly("devices", &PyModel::devices)
+      .def_property_readonly("_device_flags", &PyModel::device_flags)
       .def_property_readonly("hook_names", &PyModel::hook_names)
       .def_property_readonly("_num_layers", &PyModel::num_layers)
       .def("_tokenize", &PyModel::Tokenize, py::arg("text"),

@@ -423,6 +423,31 @@ TEST_F(ErrorClassesTest, InvalidArgumentHookNames) {
   EXPECT_FALSE(fs::exists(Path("out")));
 }
 
+// A grid whose every recovery would be 0/0 is refused before loading, with
+// the reason; the message carries one prefix ("loom patch: "), not two.
+TEST_F(ErrorClassesTest, InvalidArgumentPatchInputs) {
+  const std::vector<std::string> base = {
+      "patch", "--model", kModel, "--out", Path("out"), "--hooks", kHook};
+  const auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  ExpectError(run({"--clean", "", "--corrupted", "b a"}), 1, "patch",
+              {"--clean: the prompt is empty"});
+  ExpectError(run({"--clean", "a b", "--corrupted", "a b"}), 1, "patch",
+              {"the clean and corrupted prompts are the same", "0/0"});
+  ExpectError(run({"--clean-tokens", "1,403,407", "--corrupted-tokens",
+                   "1,403,408", "--answer", "5", "--wrong", "5"}),
+              1, "patch", {"answer and wrong are the same token 5"});
+  const std::string err =
+      ExpectError(run({"--clean", "a b", "--corrupted", "b a", "--hooks",
+                       "blocks.0.attn.hook_pattern"}),
+                  1, "patch", {"hooks: 'blocks.0.attn.hook_pattern'"});
+  EXPECT_EQ(err.find("patch: patch:"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(Path("out"))) << "refused after writing";
+}
+
 TEST_F(ErrorClassesTest, InvalidArgumentSelectors) {
   const std::string in = TextInput();
   ExpectError({"extract", "--model", kModel, "--input", in, "--out",

@@ -467,7 +467,9 @@ TEST_F(ExtractStreamingTest, PlanHoldsTheKvCache) {
     o.batch_tokens = 64;
     o.streaming_chunk_size = 16;
     o.max_row_tokens = 300;
-    auto s = ResolveExtractSettings(o);
+    const StatusOr<ModelConfig> config = LoadModelConfig(kModel);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    auto s = ResolveExtractSettings(o, *config, {});
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     const JobSpec job = ExtractJobSpec(o, *s, DType::kF32);
     EXPECT_EQ(job.kv_context, 300);
@@ -477,7 +479,7 @@ TEST_F(ExtractStreamingTest, PlanHoldsTheKvCache) {
     ExtractOptions off = o;
     off.streaming_chunk_size = 0;
     off.max_row_tokens = 0;
-    auto s_off = ResolveExtractSettings(off);
+    auto s_off = ResolveExtractSettings(off, *config, {});
     ASSERT_TRUE(s_off.ok());
     auto plan_off =
         PlanModelDir(kModel, ExtractJobSpec(off, *s_off, DType::kF32), {*cpu},

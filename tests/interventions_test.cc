@@ -151,6 +151,38 @@ class InterventionParseTest : public ::testing::Test {
   TempDir dir_;
 };
 
+// numpy's default dtype: a float64 vector file is rounded to f32 (as the
+// Python module converts its arrays); one beyond f32's range is refused.
+TEST_F(InterventionParseTest, Float64VectorFilesAreConverted) {
+  const auto write_f64 = [&](const std::string& name,
+                             const std::vector<double>& v) {
+    auto w = NpyWriter::Create(dir_.File(name), DType::kF64,
+                               {static_cast<int64_t>(v.size())});
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    ASSERT_TRUE((*w)->AppendRows(v.data(), 1).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+    ASSERT_TRUE((*w)->Close().ok());
+  };
+  std::vector<double> v(4096, 0.1);
+  v[7] = -3.5;
+  write_f64("f64.npy", v);
+  StatusOr<std::vector<Intervention>> r =
+      Parse(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                "vector_file": "f64.npy"})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->front().vector.size(), 4096u);
+  EXPECT_EQ(r->front().vector[0], static_cast<float>(0.1));
+  EXPECT_EQ(r->front().vector[7], -3.5f);
+  v[9] = 1e300;
+  write_f64("huge.npy", v);
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "huge.npy"})"),
+                  "value 9 (");
+  EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
+                            "vector_file": "huge.npy"})"),
+                  "beyond the float32 range");
+}
+
 TEST_F(InterventionParseTest, AllModesWithDefaultsAndUnknownFieldsIgnored) {
   ASSERT_EQ(config_.hidden_size, 4096);
   WriteNpy(dir_.File("v.npy"), std::vector<float>(4096, 0.25f));
@@ -285,7 +317,7 @@ TEST_F(InterventionParseTest, MissingOrBadVectorFile) {
   ASSERT_TRUE((*w)->Close().ok());
   EXPECT_CONTAINS(Error(R"({"hook": "blocks.1.hook_resid_post", "mode": "add",
                             "vector_file": "i32.npy"})"),
-                  "holds <i4 values; expected float32");
+                  "holds <i4 values; expected float32 ('<f4') or float64");
   w = NpyWriter::Create(dir_.File("two.npy"), DType::kF32, {4096});
   ASSERT_TRUE(w.ok());
   std::vector<float> two(2 * 4096, 0.0f);

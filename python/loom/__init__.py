@@ -318,7 +318,7 @@ class Model(_loom.Model):
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,
         max_memory and reserve unless given. Options: those of `loom.plan`."""
-        options.setdefault("device", self.devices or "auto")
+        options.setdefault("device", self._device_flags or "auto")
         options.setdefault("max_memory", self._max_memory)
         options.setdefault("reserve", self._reserve)
         return plan(self.path, **options)

@@ -52,6 +52,19 @@ def test_extract_equals_cli_fixed_and_ragged(model, tmp_path, dtype):
         assert f.dtype == np.float32 and np.all(np.isfinite(f))
 
 
+def test_attention_patterns_have_the_clis_width(model, tmp_path):
+    # One batch-budget rule for both: a short input plans its own tokens, so
+    # the pattern rows ([heads, keys]) are as wide in Python as on the CLI.
+    hooks = ["blocks.0.attn.hook_pattern"]
+    out = cli_extract(tmp_path, PROMPTS, hooks, ["all"])
+    got = model.extract(PROMPTS, hooks, select="all")
+    want = np.load(out / "blocks.0.attn.hook_pattern.all.npy")
+    assert got["blocks.0.attn.hook_pattern.all"].shape == want.shape
+    assert_same_bytes(got["blocks.0.attn.hook_pattern.all"], want, "pattern")
+    settings = json.loads((out / "manifest.json").read_text())["settings"]
+    assert want.shape[-1] == min(settings["batch_tokens"], model.config["max_position_embeddings"])
+
+
 def test_extract_keys_are_hook_dot_selector_for_one_selector_too(model, tmp_path):
     out = cli_extract(tmp_path, PROMPTS, HOOKS[:1], ["all"], "--batch-tokens", "48",
                       "--commit-every", "2")
@@ -127,6 +140,14 @@ def test_bad_layers_name_the_argument(model):
         model.extract(PROMPTS[:1], "hook_resid_post", layers=float("nan"))
     with pytest.raises(loom.InvalidArgumentError, match="fraction 1.5 is outside"):
         model.extract(PROMPTS[:1], "hook_resid_post", layers=1.5)
+
+
+def test_devices_are_where_the_layers_were_placed(model):
+    # As `loom plan` places them (the CPU on a machine without a GPU).
+    cli = json.loads(run_loom("plan", STORIES, "--json").stdout)
+    placed = [d["name"] for d in cli["devices"] if d["computes"]]
+    assert model.devices == placed
+    assert model.devices == ["cpu"]
 
 
 def test_hook_names_lists_the_models_hooks(model):

@@ -180,6 +180,8 @@ def model():
     (dict(positions="2:9"), ["positions", "span [2, 9)", "4 tokens"]),
     (dict(positions=[]), ["positions", "empty"]),
     (dict(batch_tokens=0), ["batch_tokens", "got 0"]),
+    (dict(corrupted=[1, 403, 407, 261]), ["prompts are the same 4 tokens", "0/0"]),
+    (dict(answer=5, wrong=5), ["answer and wrong are the same token 5"]),
 ])
 def test_errors_name_the_argument(model, kwargs, names):
     args = dict(clean=[1, 403, 407, 261], corrupted=[1, 403, 407, 262])

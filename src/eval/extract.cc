@@ -115,9 +115,8 @@ StatusOr<FileLock> LockForStart(const ExtractOptions& o, bool* created) {
 
 // Text rows need the tokenizer: refused at the start, before --out is
 // touched, when the input's first row is text and the model has none.
-Status CheckTokenizerForText(const ExtractOptions& o,
-                             const LoadedModel& loaded) {
-  if (loaded.tokenizer) return Status();
+Status CheckTokenizerForText(const ExtractOptions& o, const Session& session) {
+  if (session.tokenizer() != nullptr) return Status();
   ASSIGN_OR_RETURN(std::unique_ptr<InputReader> reader,
                    InputReader::Open(o.input_path, 0, 0));
   InputRow row;
@@ -125,7 +124,7 @@ Status CheckTokenizerForText(const ExtractOptions& o,
   if (!got || row.has_tokens || !row.error.empty()) return Status();
   return FailedPreconditionError(
       "--input " + o.input_path + " holds text rows, but the model " +
-      o.model_dir + " has no tokenizer (" + loaded.tokenizer_error +
+      o.model_dir + " has no tokenizer (" + session.tokenizer_error() +
       "); give rows of token ids, {\"tokens\": [1, 2, ...]} per line of a "
       ".jsonl file, which need no tokenizer (nothing was written)");
 }
@@ -189,8 +188,7 @@ StatusOr<JobState> StartJob(const ExtractOptions& o, Json settings,
 // --resume: the input must be the one the interrupted run read. Returns
 // manifest.json's "input" for it as this run names it.
 StatusOr<Json> CheckResumeInput(const Manifest& manifest,
-                                const std::string& path,
-                                int64_t* input_bytes) {
+                                const std::string& path, int64_t* input_bytes) {
   ASSIGN_OR_RETURN(*input_bytes, manifest.GetInt({"input", "bytes"}));
   ASSIGN_OR_RETURN(std::string sha, manifest.GetString({"input", "sha256"}));
   StatusOr<int64_t> size = FileSize(path);
@@ -217,9 +215,9 @@ StatusOr<Json> CheckResumeTokenizer(const Manifest& manifest,
   ASSIGN_OR_RETURN(Json now, TokenizerJson(model_dir));
   if (*recorded == now) return now;
   auto describe = [](const Json& t) {
-    const std::string file =
-        t.contains("file") && t["file"].is_string() ? t["file"].get<std::string>()
-                                                    : "";
+    const std::string file = t.contains("file") && t["file"].is_string()
+                                 ? t["file"].get<std::string>()
+                                 : "";
     if (file.empty()) return std::string("none");
     const std::string sha = t.contains("sha256") && t["sha256"].is_string()
                                 ? t["sha256"].get<std::string>()
@@ -297,9 +295,9 @@ StatusOr<JobState> ResumeJob(const ExtractOptions& o, const Json& settings,
   // field checked above, or derived from this run (fuzz_resume found a
   // changed row_shape, then a changed tokenizer hash, carried through); only
   // the progress and the files come from the interrupted run.
-  state.manifest = Manifest::Create(
-      manifest_path, settings, std::move(input), std::move(tokenizer),
-      outputs.ArraysJson(), state.files, outputs.RaggedDataFiles());
+  state.manifest = Manifest::Create(manifest_path, settings, std::move(input),
+                                    std::move(tokenizer), outputs.ArraysJson(),
+                                    state.files, outputs.RaggedDataFiles());
   state.manifest->SetProgress(state.progress);
   RETURN_IF_ERROR(outputs.Reopen(state.progress, state.files));
   RETURN_IF_ERROR(rows_log.Reopen(state.progress.rows_file_bytes));
@@ -392,12 +390,11 @@ namespace {
 struct RunContext {
   const ExtractOptions& o;
   const ExtractSettings& settings;
-  LoadedModel& loaded;
+  const Session& session;  // the model, the tokenizer, the plan's segments
   OutputSet& outputs;
   RowsLog& rows_log;
   JobState& state;
   Clock::time_point start;
-  JobBackends& backends;  // run the forward (segments of the plan)
 };
 
 // Reads, runs and commits windows until the input ends, or the test hook
@@ -411,9 +408,9 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
                                      state.progress.input_rows));
   ASSIGN_OR_RETURN(
       std::unique_ptr<WindowRunner> runner,
-      WindowRunner::Create(s, o.hf_bf16_activations, *ctx.loaded.model,
-                           ctx.backends.segments, &ctx.outputs));
-  const RowPreparer preparer = MakeRowPreparer(o, s, ctx.loaded);
+      WindowRunner::Create(s, o.hf_bf16_activations, ctx.session.model(),
+                           ctx.session.segments(), &ctx.outputs));
+  const RowPreparer preparer = MakeRowPreparer(o, s, ctx.session);
   ExtractSummary summary;
   summary.resolved_hooks = s.hook_names;
   int64_t commits = 0;
@@ -453,56 +450,70 @@ StatusOr<ExtractSummary> RunWindows(RunContext& ctx, bool* stopped) {
 
 }  // namespace
 
+SessionParams ExtractSessionParams(const ExtractOptions& o) {
+  SessionParams sp;
+  sp.command = "extract";
+  sp.model_dir = o.model_dir;
+  sp.precision = o.precision;
+  sp.plan = o.plan;
+  sp.threads = o.threads;
+  // Token-id rows need no tokenizer; text rows without one are refused by
+  // name (CheckTokenizerForText, or the row's error).
+  sp.tokenizer = TokenizerUse::kOptional;
+  sp.interventions = {.file = o.interventions_file,
+                      .json = o.interventions_json,
+                      .base_dir = o.interventions_dir,
+                      .control_vectors = o.control_vectors,
+                      .control_vector_range = o.control_vector_layer_range};
+  sp.compute_backend_for_tests = o.compute_backend_for_tests;
+  return sp;
+}
+
 StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   const Clock::time_point start = Clock::now();
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
-  if (o.threads > 0) backend->SetNumThreads(o.threads);
-  // Everything that depends only on config.json and the options is checked
-  // before planning, so bad options fail before anything is loaded.
-  ASSIGN_OR_RETURN(ExtractSettings settings, ResolveExtractSettings(o));
-  // The default budget: a short input's own tokens. A resumed job whose
-  // manifest records another budget plans with that one until the resume
-  // checks of the options and the input have run (so that a changed option
-  // or a missing input is reported by name), then is refused (ResumeJob).
-  const int64_t plain_batch = settings.batch_tokens;
-  settings.batch_tokens = ShortInputBatchTokens(o, settings);
+  ExtractSettings settings;
   int64_t fresh_batch = 0;  // != 0: the budget this run would plan
-  if (o.resume && o.batch_tokens == 0 && !settings.streaming()) {
-    const int64_t recorded = RecordedBatchTokens(o.out_dir);
-    if (recorded > 0 && recorded <= plain_batch &&
-        recorded != settings.batch_tokens) {
-      fresh_batch = settings.batch_tokens;
-      settings.batch_tokens = recorded;
-    }
-  }
-  // Plan first, from config.json and the safetensors headers; refuse if the
-  // job does not fit.
-  ASSIGN_OR_RETURN(DType planned_compute,
-                   PlannedComputeDType(settings.config, o.precision));
-  const RssWatch rss_watch = StartRssWatch();
+  SessionParams sp = ExtractSessionParams(o);
+  // Before any weight is read: a streamed job's backends, and text rows
+  // against a missing tokenizer.
+  sp.admit = [&](const Session& s) -> Status {
+    if (settings.streaming())
+      RETURN_IF_ERROR(CheckStreamingBackends(s.segments()));
+    return CheckTokenizerForText(o, s);
+  };
   ASSIGN_OR_RETURN(
-      MemoryPlan plan,
-      PlanJobOrRefuse("extract", o.model_dir,
-                      ExtractJobSpec(o, settings, planned_compute), o.plan));
-  // One backend per device the plan computes on (the host's is `backend`).
-  ASSIGN_OR_RETURN(JobBackends backends,
-                   CreateJobBackends(plan, backend.get()));
-  if (o.compute_backend_for_tests != nullptr)
-    for (ExecutorSegment& seg : backends.segments)
-      seg.backend = o.compute_backend_for_tests;
-  if (settings.streaming()) RETURN_IF_ERROR(CheckStreamingBackends(backends));
-  ASSIGN_OR_RETURN(
-      LoadedModel loaded,
-      LoadModelAndTokenizer(o.model_dir, o.precision, backends.gpu_capability,
-                            "loom extract"));
-  RETURN_IF_ERROR(CheckTokenizerForText(o, loaded));
-  const DType compute = loaded.model->compute_dtype();
+      std::unique_ptr<Session> session,
+      Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        // Everything that depends only on config.json and the options is
+        // checked before planning, so bad options fail before anything is
+        // loaded.
+        ASSIGN_OR_RETURN(
+            settings, ResolveExtractSettings(o, s.config(), s.interventions()));
+        // The default budget: a short input's own tokens. A resumed job
+        // whose manifest records another budget plans with that one until
+        // the resume checks of the options and the input have run (so that
+        // a changed option or a missing input is reported by name), then is
+        // refused (ResumeJob).
+        const int64_t plain_batch = settings.batch_tokens;
+        settings.batch_tokens = ShortInputBatchTokens(
+            o, settings, s.tokenizer(), s.tokenizer_error());
+        if (o.resume && o.batch_tokens == 0 && !settings.streaming()) {
+          const int64_t recorded = RecordedBatchTokens(o.out_dir);
+          if (recorded > 0 && recorded <= plain_batch &&
+              recorded != settings.batch_tokens) {
+            fresh_batch = settings.batch_tokens;
+            settings.batch_tokens = recorded;
+          }
+        }
+        return ExtractJobSpec(o, settings, s.compute_dtype());
+      }));
+  const DType compute = session->model().compute_dtype();
   const DType out_dtype = o.dtype.value_or(compute);
   // Held until the job ends, after the outputs below are closed.
   bool created_dir = false;
   ASSIGN_OR_RETURN(FileLock lock,
                    o.resume ? LockForResume(o) : LockForStart(o, &created_dir));
-  OutputSet outputs(settings, out_dtype, o.format, o.out_dir, backend.get());
+  OutputSet outputs(settings, out_dtype, o.format, o.out_dir, session->host());
   RowsLog rows_log(o.out_dir + "/rows.jsonl");
   ASSIGN_OR_RETURN(std::string config_sha,
                    Sha256File(o.model_dir + "/config.json"));
@@ -519,8 +530,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     done.complete = true;
     return done;
   }
-  RunContext ctx{o,        settings, loaded, outputs,
-                 rows_log, state,    start,  backends};
+  RunContext ctx{o, settings, *session, outputs, rows_log, state, start};
   bool stopped = false;
   StatusOr<ExtractSummary> run = RunWindows(ctx, &stopped);
   if (!run.ok() && !o.resume && state.progress.rows_committed == 0 &&
@@ -531,10 +541,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
   RETURN_IF_ERROR(CompleteJob(rows_log, state));
   summary.complete = true;
   summary.seconds = SecondsSince(start);
-  summary.planned_bytes = PlannedHostBytes(plan);
-  if (o.plan.verify_plan)
-    summary.verify_plan =
-        VerifyPlan(summary.planned_bytes, rss_watch, "loom extract");
+  summary.planned_bytes = session->planned_host_bytes();
+  if (o.plan.verify_plan) summary.verify_plan = session->VerifyPlanReport();
   return summary;
 }
 

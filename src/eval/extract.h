@@ -35,6 +35,7 @@
 #include "src/eval/input.h"
 #include "src/eval/job_plan.h"
 #include "src/eval/row_selector.h"
+#include "src/eval/session.h"
 #include "src/eval/shard.h"
 #include "src/io/file_util.h"
 #include "src/model/control_vectors.h"
@@ -119,6 +120,11 @@ struct ExtractSummary {
   nlohmann::json verify_plan;  // with --verify-plan: resident vs planned
   nlohmann::json ToJson() const;
 };
+
+// The session of an extraction: the options' model, precision, placement,
+// threads and interventions; the tokenizer optional (token-id rows need
+// none).
+SessionParams ExtractSessionParams(const ExtractOptions& options);
 
 StatusOr<ExtractSummary> RunExtract(const ExtractOptions& options);
 

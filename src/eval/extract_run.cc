@@ -11,42 +11,20 @@
 
 namespace loom {
 
-StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
-                                            Precision precision,
-                                            int gpu_capability,
-                                            const char* who) {
-  LoadedModel m;
-  std::string warning;
-  ASSIGN_OR_RETURN(m.model,
-                   Model::Load(model_dir, precision, &warning, gpu_capability));
-  if (!warning.empty())
-    std::fprintf(stderr, "%s: warning: %s\n", who, warning.c_str());
-  StatusOr<std::unique_ptr<tok::Tokenizer>> t = tok::Tokenizer::Load(model_dir);
-  if (t.ok())
-    m.tokenizer = std::move(t).value();
-  else
-    m.tokenizer_error = t.status().message();
-  return m;
-}
+namespace {
 
-int64_t ShortInputBatchTokens(const ExtractOptions& o,
-                              const ExtractSettings& s) {
-  if (o.batch_tokens > 0 || s.streaming()) return s.batch_tokens;
-  std::error_code ec;
-  const auto bytes = std::filesystem::file_size(o.input_path, ec);
-  if (ec || bytes > kShortInputBytes) return s.batch_tokens;
-  StatusOr<std::unique_ptr<tok::Tokenizer>> t =
-      tok::Tokenizer::Load(o.model_dir);
-  StatusOr<std::unique_ptr<InputReader>> reader =
-      InputReader::Open(o.input_path, 0, 0);
-  if (!reader.ok()) return s.batch_tokens;
+// The short-input rule over the rows `next` gives (false at the end; an
+// error keeps the default).
+int64_t ShortBatchTokens(const ExtractOptions& o, const ExtractSettings& s,
+                         const std::function<StatusOr<bool>(InputRow*)>& next,
+                         const tok::Tokenizer* tokenizer,
+                         const std::string& tokenizer_error) {
   const RowPreparer preparer =
-      MakeRowPreparer(o, s, s.config, t.ok() ? t->get() : nullptr,
-                      t.ok() ? "" : std::string(t.status().message()));
+      MakeRowPreparer(o, s, s.config, tokenizer, tokenizer_error);
   int64_t total = 0;
   InputRow row;
   while (true) {
-    StatusOr<bool> more = (*reader)->Next(&row, o.replace_invalid_utf8);
+    StatusOr<bool> more = next(&row);
     if (!more.ok()) return s.batch_tokens;
     if (!*more) break;
     const PreparedRow prepared = preparer.Prepare(std::move(row));
@@ -57,6 +35,50 @@ int64_t ShortInputBatchTokens(const ExtractOptions& o,
   }
   if (total == 0) return s.batch_tokens;
   return std::min(s.batch_tokens, AlignUp(total, 64));
+}
+
+bool UsesShortInputRule(const ExtractOptions& o, const ExtractSettings& s) {
+  return o.batch_tokens == 0 && !s.streaming();
+}
+
+}  // namespace
+
+int64_t ShortInputBatchTokens(const ExtractOptions& o, const ExtractSettings& s,
+                              const tok::Tokenizer* tokenizer,
+                              const std::string& tokenizer_error) {
+  if (!UsesShortInputRule(o, s)) return s.batch_tokens;
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(o.input_path, ec);
+  if (ec || bytes > kShortInputBytes) return s.batch_tokens;
+  StatusOr<std::unique_ptr<InputReader>> reader =
+      InputReader::Open(o.input_path, 0, 0);
+  if (!reader.ok()) return s.batch_tokens;
+  return ShortBatchTokens(
+      o, s,
+      [&](InputRow* row) {
+        return (*reader)->Next(row, o.replace_invalid_utf8);
+      },
+      tokenizer, tokenizer_error);
+}
+
+int64_t ShortRowsBatchTokens(const ExtractOptions& o, const ExtractSettings& s,
+                             std::span<const InputRow> rows,
+                             const tok::Tokenizer* tokenizer,
+                             const std::string& tokenizer_error) {
+  if (!UsesShortInputRule(o, s)) return s.batch_tokens;
+  int64_t bytes = 0;
+  for (const InputRow& r : rows)
+    bytes += static_cast<int64_t>(r.text.size() + 4 * r.tokens.size());
+  if (bytes > kShortInputBytes) return s.batch_tokens;
+  size_t i = 0;
+  return ShortBatchTokens(
+      o, s,
+      [&](InputRow* row) -> StatusOr<bool> {
+        if (i == rows.size()) return false;
+        *row = rows[i++];
+        return true;
+      },
+      tokenizer, tokenizer_error);
 }
 
 int64_t RecordedBatchTokens(const std::string& out_dir) {
@@ -88,20 +110,20 @@ RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
 }
 
 RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
-                            const LoadedModel& loaded) {
-  return MakeRowPreparer(o, s, loaded.model->config(), loaded.tokenizer.get(),
-                         loaded.tokenizer_error);
+                            const Session& session) {
+  return MakeRowPreparer(o, s, session.config(), session.tokenizer(),
+                         session.tokenizer_error());
 }
 
-Status CheckStreamingBackends(const JobBackends& backends) {
-  for (const ExecutorSegment& seg : backends.segments) {
+Status CheckStreamingBackends(const std::vector<ExecutorSegment>& segments) {
+  for (const ExecutorSegment& seg : segments) {
     if (seg.backend->Costs().kv_attention_workspace == nullptr)
       return UnimplementedError(
           "--streaming-chunk-size: backend '" +
           std::string(seg.backend->name()) +
           "' has no attention over a KV cache yet (run the job on the CPU: "
           "--device cpu)");
-    if (!(seg.backend->device() == backends.segments.front().backend->device()))
+    if (!(seg.backend->device() == segments.front().backend->device()))
       return UnimplementedError(
           "--streaming-chunk-size: the KV cache of a streamed row lives on one "
           "device; this plan computes on several (run on one device)");

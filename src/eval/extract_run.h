@@ -1,6 +1,6 @@
 // The forward side of an extraction, shared by `loom extract` (rows from a
 // file, arrays to files) and the Python module (rows from a list, arrays in
-// memory): the loaded model and tokenizer, the row preparer, and the
+// memory): the session's row preparer, and the
 // WindowRunner that runs a window of prepared rows through the executor into
 // an OutputSet's staging (token-budget batches, then the rows longer than a
 // batch streamed chunk by chunk through a KV cache).
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "src/eval/extract_rows.h"
 #include "src/eval/extract_settings.h"
 #include "src/eval/job_plan.h"
+#include "src/eval/session.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/kv_cache.h"
 #include "src/runtime/model.h"
@@ -26,30 +28,25 @@
 
 namespace loom {
 
-// The model, and its tokenizer when it has one (token-id rows work without:
-// text rows are then skipped with `tokenizer_error`).
-struct LoadedModel {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<tok::Tokenizer> tokenizer;
-  std::string tokenizer_error;
-};
-
-// Loads the weights at `precision` and the tokenizer; a precision warning is
-// printed on stderr after "<who>: warning: ".
-StatusOr<LoadedModel> LoadModelAndTokenizer(const std::string& model_dir,
-                                            Precision precision,
-                                            int gpu_capability,
-                                            const char* who);
-
 // The default batch budget for a short input (--batch-tokens not given, no
 // streaming, an input file of at most kShortInputBytes): the total tokens of
 // its rows rounded up to 64, when every row is valid under the default
 // budget, so that a handful of prompts does not plan (and touch) arenas for
 // 4096 tokens. Otherwise (or when the input cannot be read here: the run
-// reports that) s.batch_tokens unchanged. Reads and tokenizes the input once.
+// reports that) s.batch_tokens unchanged. Reads and tokenizes the input once
+// (`tokenizer` may be null: then `tokenizer_error` is why).
 inline constexpr int64_t kShortInputBytes = 64 << 10;
-int64_t ShortInputBatchTokens(const ExtractOptions& o,
-                              const ExtractSettings& s);
+int64_t ShortInputBatchTokens(const ExtractOptions& o, const ExtractSettings& s,
+                              const tok::Tokenizer* tokenizer,
+                              const std::string& tokenizer_error);
+// The same rule for rows given in memory (the Python module's extract):
+// rows of at most kShortInputBytes of text and token ids (4 bytes each) get
+// their own tokens' budget, so that a call and `loom extract` on the same
+// prompts plan (and shape attn.hook_pattern rows) alike.
+int64_t ShortRowsBatchTokens(const ExtractOptions& o, const ExtractSettings& s,
+                             std::span<const InputRow> rows,
+                             const tok::Tokenizer* tokenizer,
+                             const std::string& tokenizer_error);
 
 // settings.batch_tokens of the manifest in `out_dir`; 0 if there is none.
 int64_t RecordedBatchTokens(const std::string& out_dir);
@@ -62,11 +59,11 @@ RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
                             const tok::Tokenizer* tokenizer,
                             const std::string& tokenizer_error);
 RowPreparer MakeRowPreparer(const ExtractOptions& o, const ExtractSettings& s,
-                            const LoadedModel& loaded);
+                            const Session& session);
 
 // --streaming-chunk-size before anything is loaded: the cache lives on one
 // device whose backend has attention over a KV cache.
-Status CheckStreamingBackends(const JobBackends& backends);
+Status CheckStreamingBackends(const std::vector<ExecutorSegment>& segments);
 
 // Everything the job's forwards touch, created once before the first one:
 // the executor (arenas for batch_tokens tokens), the sink with its device

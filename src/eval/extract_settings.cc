@@ -4,7 +4,6 @@
 #include <filesystem>
 
 #include "src/eval/extract.h"
-#include "src/model/control_vectors.h"
 
 namespace loom {
 namespace {
@@ -139,23 +138,18 @@ StatusOr<DType> ParseOutputDType(std::string_view text) {
   return *d;
 }
 
-StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& o) {
+StatusOr<ExtractSettings> ResolveExtractSettings(
+    const ExtractOptions& o, const ModelConfig& config,
+    std::vector<Intervention> interventions) {
   RETURN_IF_ERROR(CheckPlainOptions(o));
   ExtractSettings s;
-  ASSIGN_OR_RETURN(s.config, LoadModelConfig(o.model_dir));
+  s.config = config;
   ASSIGN_OR_RETURN(s.hooks, ResolveExtractHooks(o.hooks, o.layers, s.config,
                                                 o.streaming_chunk_size > 0));
   for (const HookPoint& hp : s.hooks.hooks())
     s.hook_names.push_back(HookName(hp));
   ASSIGN_OR_RETURN(s.selectors, ParseSelectors(o.selectors));
-  ASSIGN_OR_RETURN(s.interventions,
-                   LoadInterventions(o.interventions_file, o.interventions_json,
-                                     o.interventions_dir, s.config));
-  ASSIGN_OR_RETURN(
-      std::vector<Intervention> control,
-      ControlVectorInterventions(o.control_vectors,
-                                 o.control_vector_layer_range, s.config));
-  for (Intervention& iv : control) s.interventions.push_back(std::move(iv));
+  s.interventions = std::move(interventions);
   s.max_positions = s.config.max_position_embeddings;
   s.batch_tokens = o.batch_tokens > 0
                        ? o.batch_tokens

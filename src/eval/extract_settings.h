@@ -69,9 +69,13 @@ struct ExtractSettings {
 // capped at this (it sizes the KV cache of streamed rows).
 inline constexpr int64_t kDefaultMaxRowTokens = 32768;
 
-// Checks the options and resolves hooks, selectors and the token budget;
-// InvalidArgument (or the hook resolver's code) naming the bad option.
-StatusOr<ExtractSettings> ResolveExtractSettings(const ExtractOptions& options);
+// Checks the options and resolves hooks, selectors and the token budget
+// against the model's config; InvalidArgument (or the hook resolver's code)
+// naming the bad option. `interventions` (the session's, checked against the
+// config) are kept for the forwards.
+StatusOr<ExtractSettings> ResolveExtractSettings(
+    const ExtractOptions& options, const ModelConfig& config,
+    std::vector<Intervention> interventions);
 
 // The job the planner sizes: `planned_compute` is the compute dtype the
 // weights will be run at.

@@ -25,12 +25,6 @@ int64_t HostMemoryBytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-StatusOr<DType> PlannedComputeDType(const ModelConfig& config,
-                                    Precision precision) {
-  std::string warning;
-  return ResolvePrecision(precision, config.torch_dtype, &warning);
-}
-
 StatusOr<JobDevices> ResolveJobDevices(const JobPlanOptions& o) {
   JobDevices out;
   ASSIGN_OR_RETURN(const std::vector<int> named, GpusOfDeviceFlags(o.devices));
@@ -166,15 +160,6 @@ StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan, Backend* host) {
   // (No layers: no segments; the executor then runs on its own host
   // backend.)
   return jb;
-}
-
-StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
-                          int64_t ctx, int64_t chunk_rows) {
-  ASSIGN_OR_RETURN(ModelConfig c, LoadModelConfig(model_dir));
-  ASSIGN_OR_RETURN(DType dtype, PlannedComputeDType(c, precision));
-  JobSpec job = EvalJobOf(c, ctx, chunk_rows);
-  job.weight_compute_dtype = dtype;
-  return job;
 }
 
 JobSpec EvalJobOf(const ModelConfig& c, int64_t ctx, int64_t chunk_rows) {

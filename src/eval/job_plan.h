@@ -40,11 +40,6 @@ int64_t DefaultContext(const ModelConfig& config, int64_t fallback);
 // Physical RAM of this machine.
 int64_t HostMemoryBytes();
 
-// The compute dtype the job will run at (for planning the weight bytes):
-// resolved from config.json's torch_dtype and the requested precision.
-StatusOr<DType> PlannedComputeDType(const ModelConfig& config,
-                                    Precision precision);
-
 // The devices of the placement flags (DevicesFromFlags; the host alone when
 // none is given). Every GPU they name (--device, or declared by a
 // --max-memory key) must be on this machine and in this build: UNAVAILABLE
@@ -89,10 +84,8 @@ StatusOr<JobBackends> CreateJobBackends(const MemoryPlan& plan, Backend* host);
 
 // The job an evaluation (perplexity / compare) runs per window: `ctx` tokens
 // to the final norm, logits `chunk_rows` rows at a time. ctx 0 = the
-// commands' default, min(512, max_position_embeddings).
-StatusOr<JobSpec> EvalJob(const std::string& model_dir, Precision precision,
-                          int64_t ctx, int64_t chunk_rows);
-// The same for a session (which sets the compute dtype).
+// commands' default, min(512, max_position_embeddings). The session sets
+// the compute dtype.
 JobSpec EvalJobOf(const ModelConfig& config, int64_t ctx, int64_t chunk_rows);
 
 // Bytes the plan puts on the host (the CPU device).

@@ -66,14 +66,14 @@ Status ResolveGrid(const ModelConfig& c, int64_t T, const PatchOptions& o,
   for (const HookPoint& h : set.hooks()) {
     if (!IsInterventionSite(h.site))
       return InvalidArgumentError(
-          "patch: '" + HookName(h) +
+          "hooks: '" + HookName(h) +
           "' cannot be patched (the residual stream, hook_attn_out, "
           "hook_mlp_out, attn.hook_z and mlp.hook_post can)");
     hooks->push_back(h);
   }
-  if (hooks->empty()) return InvalidArgumentError("patch: no hook to patch");
+  if (hooks->empty()) return InvalidArgumentError("hooks: no hook to patch");
   StatusOr<std::vector<int64_t>> p = ResolvePositions(o.positions, T);
-  if (!p.ok()) return p.status().WithContext("patch: --positions");
+  if (!p.ok()) return p.status().WithContext("positions");
   *positions = *std::move(p);
   return Status();
 }
@@ -81,7 +81,7 @@ Status ResolveGrid(const ModelConfig& c, int64_t T, const PatchOptions& o,
 Status CheckPromptLengths(int64_t clean, int64_t corrupted) {
   if (clean == 0 || corrupted != clean)
     return InvalidArgumentError(
-        "patch: the clean prompt has " + std::to_string(clean) +
+        "the clean prompt has " + std::to_string(clean) +
         " tokens and the corrupted one " + std::to_string(corrupted) +
         "; patching needs two non-empty prompts of one length");
   return Status();
@@ -151,6 +151,26 @@ int64_t PatchBaselines::corrupted_bytes() const {
   return static_cast<int64_t>(corrupted_logits_last.size() * sizeof(float));
 }
 
+Status CheckPatchInputs(std::span<const int32_t> clean,
+                        std::span<const int32_t> corrupted,
+                        const PatchOptions& o) {
+  RETURN_IF_ERROR(CheckPromptLengths(static_cast<int64_t>(clean.size()),
+                                     static_cast<int64_t>(corrupted.size())));
+  if (std::equal(clean.begin(), clean.end(), corrupted.begin()))
+    return InvalidArgumentError(
+        "the clean and corrupted prompts are the same " +
+        std::to_string(clean.size()) +
+        " tokens: the corrupted run is the clean one, so every recovery "
+        "(patched - corrupted) / (clean - corrupted) would be 0/0; give "
+        "prompts that differ");
+  if (o.answer >= 0 && o.answer == o.wrong)
+    return InvalidArgumentError(
+        "answer and wrong are the same token " + std::to_string(o.answer) +
+        ": every logit difference would be 0 and every recovery undefined; "
+        "give two different tokens");
+  return Status();
+}
+
 StatusOr<PatchResult> RunPatch(const Model& model,
                                std::span<const int32_t> clean,
                                std::span<const int32_t> corrupted,
@@ -162,7 +182,7 @@ StatusOr<PatchResult> RunPatch(const Model& model,
       CheckPromptLengths(T, static_cast<int64_t>(corrupted.size())));
   for (const int64_t id : {o.answer, o.wrong})
     if (id >= V)
-      return InvalidArgumentError("patch: token " + std::to_string(id) +
+      return InvalidArgumentError("token " + std::to_string(id) +
                                   " is outside the vocabulary [0, " +
                                   std::to_string(V) + ")");
   PatchResult r;

@@ -95,6 +95,15 @@ struct PatchResult {
   PatchBaselines baselines;
 };
 
+// What `loom patch` and Model.patch check before anything is planned: two
+// non-empty prompts of one length that differ, and (when both are given) an
+// answer and a wrong token that differ (else every recovery is 0/0);
+// InvalidArgument saying why otherwise. (Serve's /api/patching/run follows
+// TheLoom's contract, which runs such grids.)
+Status CheckPatchInputs(std::span<const int32_t> clean,
+                        std::span<const int32_t> corrupted,
+                        const PatchOptions& options);
+
 // InvalidArgument for prompts of different lengths (naming both), an empty
 // grid, a hook that cannot be patched, or A/B outside the vocabulary.
 StatusOr<PatchResult> RunPatch(const Model& model,

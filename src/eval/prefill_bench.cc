@@ -7,6 +7,7 @@
 #include <random>
 
 #include "src/backend/registry.h"
+#include "src/eval/session.h"
 #include "src/model/layer_config.h"
 #include "src/runtime/executor.h"
 
@@ -142,10 +143,36 @@ StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
   const HostDescription host = DescribeHost();
   r.cpu = host.cpu_model;
   r.isa = host.active_isa;
+  // Planned (and refused when it does not fit) like any job: the largest
+  // prefill's forward to the final norm.
+  SessionParams sp;
+  sp.command = "bench";
+  sp.model_dir = model_dir;
+  sp.precision = o.precision;
+  sp.threads = o.threads;
   const Clock::time_point t0 = Clock::now();
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                   Model::Load(model_dir, o.precision));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Session> session,
+      Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        const ModelConfig& c = s.config();
+        JobSpec job;
+        job.batch_tokens = 0;
+        for (int64_t T : o.tokens) {
+          if (T < 1 || T > c.max_position_embeddings)
+            return InvalidArgumentError(
+                "bench: --tokens " + std::to_string(T) + " outside [1, " +
+                std::to_string(c.max_position_embeddings) +
+                "] (the model's max_position_embeddings)");
+          job.batch_tokens = std::max(job.batch_tokens, T);
+        }
+        if (job.batch_tokens == 0)
+          return InvalidArgumentError("bench: no --tokens given");
+        job.context = job.batch_tokens;
+        job.hooks.Add({HookSite::kFinalNorm, -1});
+        return job;
+      }));
   r.load_seconds = Since(t0);
+  const Model* model = &session->model();
   const ModelConfig& c = model->config();
   for (const char ch : DTypeName(model->compute_dtype()))  // "bf16"
     r.precision += static_cast<char>(std::tolower(ch));
@@ -154,13 +181,7 @@ StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
       r.gemm_path = p.gemm_path;
       r.peak_flops_per_cycle = p.peak_flops_per_cycle;
     }
-  for (int64_t T : o.tokens)
-    if (T < 1 || T > c.max_position_embeddings)
-      return InvalidArgumentError("bench: --tokens " + std::to_string(T) +
-                                  " outside [1, " +
-                                  std::to_string(c.max_position_embeddings) +
-                                  "] (the model's max_position_embeddings)");
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
+  Backend* backend = session->host();
   r.threads = backend->SetNumThreads(o.threads);
   r.clock_hz = MeasureHostClockHz();
   r.peak_flops_per_second =
@@ -174,7 +195,7 @@ StatusOr<PrefillBenchResult> RunPrefillBench(const std::string& model_dir,
         std::unique_ptr<Executor> ex,
         Executor::Create(
             *model, hooks,
-            {.max_tokens = T, .max_seq_len = T, .backend = backend.get()}));
+            {.max_tokens = T, .max_seq_len = T, .backend = backend}));
     std::vector<int32_t> ids(static_cast<size_t>(T));
     for (int64_t i = 0; i < T; ++i)
       ids[static_cast<size_t>(i)] =

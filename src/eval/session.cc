@@ -12,9 +12,10 @@ namespace loom {
 Session::~Session() = default;
 
 void Session::Warn(const std::string& message) const {
-  if (!params_.quiet && !message.empty())
-    std::fprintf(stderr, "loom %s: warning: %s\n", params_.command.c_str(),
-                 message.c_str());
+  if (params_.quiet || message.empty()) return;
+  const std::string speaker =
+      params_.speaker.empty() ? "loom " + params_.command : params_.speaker;
+  std::fprintf(stderr, "%s: warning: %s\n", speaker.c_str(), message.c_str());
 }
 
 Status Session::ReadConfig() {
@@ -40,7 +41,7 @@ Status Session::ResolveComputeDType() {
   return Status();
 }
 
-Status Session::LoadTokenizerAndInterventions() {
+Status Session::LoadTokenizer() {
   if (params_.tokenizer != TokenizerUse::kNone) {
     const std::string& dir = params_.tokenizer_dir.empty()
                                  ? params_.model_dir
@@ -54,9 +55,13 @@ Status Session::LoadTokenizerAndInterventions() {
       tokenizer_error_ = t.status().message();
     }
   }
-  const InterventionSource& src = params_.interventions;
-  ASSIGN_OR_RETURN(interventions_, LoadInterventions(src.file, src.json,
-                                                     src.base_dir, config_));
+  return Status();
+}
+
+Status Session::LoadInterventions(const InterventionSource& src) {
+  ASSIGN_OR_RETURN(
+      interventions_,
+      loom::LoadInterventions(src.file, src.json, src.base_dir, config_));
   ASSIGN_OR_RETURN(std::vector<Intervention> cv,
                    ControlVectorInterventions(
                        src.control_vectors, src.control_vector_range, config_));
@@ -70,11 +75,18 @@ Status Session::PlanJob(const JobShape& shape) {
   job_.intervention_bytes = InterventionBytes(interventions_);
   ASSIGN_OR_RETURN(plan_, PlanJobOrRefuse(params_.command, params_.model_dir,
                                           job_, devices_, params_.plan));
-  return params_.admit ? params_.admit(plan_) : Status();
+  return Status();
 }
 
-Status Session::Load() {
+Status Session::CreateBackends() {
   ASSIGN_OR_RETURN(backends_, CreateJobBackends(plan_, host_.get()));
+  if (params_.compute_backend_for_tests != nullptr)
+    for (ExecutorSegment& seg : backends_.segments)
+      seg.backend = params_.compute_backend_for_tests;
+  return params_.admit ? params_.admit(*this) : Status();
+}
+
+Status Session::LoadWeights() {
   // The dtype resolved above is asked for explicitly: the load binds the
   // weights at exactly the dtype the plan counted.
   Precision exact = Precision::kF32;
@@ -87,6 +99,13 @@ Status Session::Load() {
 
 StatusOr<std::unique_ptr<Session>> Session::Open(const SessionParams& params,
                                                  const JobShape& shape) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Session> s, Prepare(params, shape));
+  RETURN_IF_ERROR(s->LoadWeights());
+  return s;
+}
+
+StatusOr<std::unique_ptr<Session>> Session::Prepare(const SessionParams& params,
+                                                    const JobShape& shape) {
   auto s = std::unique_ptr<Session>(new Session(params));
   s->rss_watch_ = StartRssWatch();
   // Threads are a process-wide setting of the CPU backend; this instance
@@ -96,10 +115,25 @@ StatusOr<std::unique_ptr<Session>> Session::Open(const SessionParams& params,
   RETURN_IF_ERROR(s->ReadConfig());
   RETURN_IF_ERROR(s->CheckDevices());
   RETURN_IF_ERROR(s->ResolveComputeDType());
-  RETURN_IF_ERROR(s->LoadTokenizerAndInterventions());
+  RETURN_IF_ERROR(s->LoadTokenizer());
+  RETURN_IF_ERROR(s->LoadInterventions(params.interventions));
   RETURN_IF_ERROR(s->PlanJob(shape));
-  RETURN_IF_ERROR(s->Load());
+  RETURN_IF_ERROR(s->CreateBackends());
   return s;
+}
+
+Status Session::Replan(const InterventionSource& interventions,
+                       const JobShape& shape) {
+  // What a failure leaves: no job (segments of a previous plan would run a
+  // job this plan did not size).
+  job_ = JobSpec();
+  plan_ = MemoryPlan();
+  backends_ = JobBackends();
+  interventions_.clear();
+  rss_watch_ = StartRssWatch();
+  RETURN_IF_ERROR(LoadInterventions(interventions));
+  RETURN_IF_ERROR(PlanJob(shape));
+  return CreateBackends();
 }
 
 StatusOr<Backend*> Session::OneBackend(const std::string& what) const {

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/backend/backend.h"
@@ -56,11 +57,23 @@ struct InterventionSource {
   std::optional<ControlVectorLayerRange> control_vector_range;
 };
 
+// Interventions given as a document (an HTTP body's, a Python call's);
+// relative vector paths against `base_dir`.
+inline InterventionSource InterventionsFromJson(std::string json,
+                                                std::string base_dir = ".") {
+  InterventionSource s;
+  s.json = std::move(json);
+  s.base_dir = std::move(base_dir);
+  return s;
+}
+
 enum class TokenizerUse {
   kNone,      // not loaded
   kOptional,  // loaded when present; tokenizer_error() says why not
   kRequired,  // a job that cannot run without it: its absence is an error
 };
+
+class Session;
 
 struct SessionParams {
   // The command, for messages: "generate" prints "loom generate: warning:".
@@ -74,10 +87,17 @@ struct SessionParams {
   InterventionSource interventions;
   TokenizerUse tokenizer = TokenizerUse::kNone;
   std::string tokenizer_dir;  // empty = model_dir
-  // Asked once the plan fits, before anything is loaded (may be empty): an
-  // error here ends Open with nothing loaded (loom serve admits a model by
-  // its plan beside the models already loaded).
-  std::function<Status(const MemoryPlan&)> admit;
+  // Asked once the plan fits and its backends exist, before any weight is
+  // read (may be empty): an error here ends Open with nothing loaded (loom
+  // serve admits a model by its plan beside the models already loaded;
+  // extract refuses streaming on a backend without KV attention).
+  std::function<Status(const Session&)> admit;
+  // Warnings on stderr read "<speaker>: warning: ..."; empty: "loom
+  // <command>".
+  std::string speaker;
+  // Tests: every executor segment runs on this backend (a host-as-device
+  // backend standing in for a GPU).
+  Backend* compute_backend_for_tests = nullptr;
 };
 
 class Session {
@@ -88,7 +108,19 @@ class Session {
 
   static StatusOr<std::unique_ptr<Session>> Open(const SessionParams& params,
                                                  const JobShape& shape);
+  // Open in two steps, for jobs that hold several models at once (compare):
+  // Prepare does 1-6 (model() is not there yet), LoadWeights does 7.
+  static StatusOr<std::unique_ptr<Session>> Prepare(const SessionParams& params,
+                                                    const JobShape& shape);
+  Status LoadWeights();
   ~Session();
+
+  // Another job on the open session's weights (the Python module loads once
+  // and plans each call): its interventions and shape replace the session's,
+  // are checked, planned and refused as Open does them; plan(), segments(),
+  // job() and interventions() then describe this job. On an error the
+  // session is left describing no job (call Replan again).
+  Status Replan(const InterventionSource& interventions, const JobShape& shape);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -122,15 +154,18 @@ class Session {
   // --verify-plan's report (VerifyPlan) since Open began; a JSON null when
   // --verify-plan was not given.
   nlohmann::json VerifyPlanReport() const;
+  // The resident-memory watch started when the session began (VerifyPlan).
+  const RssWatch& rss_watch() const { return rss_watch_; }
 
  private:
   explicit Session(const SessionParams& p) : params_(p) {}
   Status ReadConfig();
   Status CheckDevices();
   Status ResolveComputeDType();
-  Status LoadTokenizerAndInterventions();
+  Status LoadTokenizer();
+  Status LoadInterventions(const InterventionSource& source);
   Status PlanJob(const JobShape& shape);
-  Status Load();
+  Status CreateBackends();
   void Warn(const std::string& message) const;
 
   SessionParams params_;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -231,14 +232,29 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 StatusOr<VectorData> ReadNpyVector(const std::string& path) {
   ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
   const NpyHeader& h = a.header;
-  if (h.dtype != DType::kF32)
+  if (h.dtype != DType::kF32 && h.dtype != DType::kF64)
     return InvalidArgumentError("'" + path + "' holds " + h.descr +
-                                " values; expected float32 ('<f4')");
+                                " values; expected float32 ('<f4') or "
+                                "float64 ('<f8', converted)");
   if (h.fortran_order)
     return InvalidArgumentError("'" + path + "' is in Fortran order");
   VectorData out{std::vector<float>(static_cast<size_t>(h.numel())), h.shape};
-  std::memcpy(out.values.data(), a.data.data(),
-              out.values.size() * sizeof(float));
+  if (h.dtype == DType::kF32) {
+    std::memcpy(out.values.data(), a.data.data(),
+                out.values.size() * sizeof(float));
+    return out;
+  }
+  // float64 (numpy's default): rounded to f32, as the Python module does; a
+  // finite value beyond f32's range is refused rather than made infinite.
+  for (size_t i = 0; i < out.values.size(); ++i) {
+    double d;
+    std::memcpy(&d, a.data.data() + i * sizeof(double), sizeof(double));
+    if (std::isfinite(d) && std::abs(d) > std::numeric_limits<float>::max())
+      return InvalidArgumentError("'" + path + "': value " + std::to_string(i) +
+                                  " (" + std::to_string(d) +
+                                  ") is beyond the float32 range");
+    out.values[i] = static_cast<float>(d);
+  }
   return out;
 }
 

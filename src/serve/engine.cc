@@ -222,6 +222,7 @@ SessionParams SessionParamsOf(const std::string& dir,
   sp.plan = options.plan;
   sp.threads = options.threads;
   sp.tokenizer = TokenizerUse::kRequired;
+  sp.interventions = options.interventions;
   return sp;
 }
 
@@ -234,7 +235,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
   auto e = std::unique_ptr<Engine>(new Engine(id, dir, options));
   RETURN_IF_ERROR(CheckEngineOptions(options));
   SessionParams sp = SessionParamsOf(dir, options);
-  sp.admit = options.admit;
+  if (options.admit)
+    sp.admit = [admit = options.admit](const Session& s) {
+      return admit(s.plan());
+    };
   eval::Generator::Options go;
   // The capturable hooks and the generator's options follow from
   // config.json alone: a bad hook is refused before anything is planned.

@@ -119,6 +119,11 @@ struct EngineOptions {
   // Asked with the model's plan once it fits, before anything is loaded
   // (SessionParams::admit): the server's admission beside the loaded models.
   std::function<Status(const MemoryPlan&)> admit;
+  // Interventions of the whole engine (`loom generate --hooks`'s flags),
+  // checked against the model when it opens; session().interventions()
+  // holds them for the requests that carry them. The server leaves this
+  // empty: its requests bring their own.
+  InterventionSource interventions;
 };
 
 // Which captured rows a request keeps.

@@ -9,8 +9,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
-#include "src/backend/registry.h"
 #include "src/base/units.h"
 #include "src/eval/compare.h"
 #include "src/eval/input.h"
@@ -40,28 +40,8 @@ nlohmann::json Number(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
 
-Status RunCompare(const CompareArgs& args) {
-  ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
-  ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
-  ASSIGN_OR_RETURN(Precision precision_a, ParsePrecision(args.precision));
-  ASSIGN_OR_RETURN(Precision precision_b,
-                   ParsePrecision(args.reference_precision));
-  // Threads are a process-wide setting of the CPU backend. Each model runs
-  // on its own backends (these run any layers its plan puts on the host).
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host_a, CreateBackend("cpu"));
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> host_b, CreateBackend("cpu"));
-  host_a->SetNumThreads(args.threads);
-  // The candidate's interventions, checked against its config.json before
-  // anything is planned or loaded.
-  ASSIGN_OR_RETURN(const ModelConfig config_a, LoadModelConfig(args.model_dir));
-  ASSIGN_OR_RETURN(const std::vector<Intervention> interventions,
-                   LoadInterventionFlags(args.interventions, config_a));
-  // Plan both models first (they are resident together); refuse before
-  // loading if either, or both together, do not fit.
-  ASSIGN_OR_RETURN(JobSpec job_a, EvalJob(args.model_dir, precision_a, args.ctx,
-                                          args.chunk_rows));
-  job_a.intervention_bytes = InterventionBytes(interventions);
-  const bool saved = !args.reference_logprobs.empty();
+// The options that need nothing read: InvalidArgument naming them.
+Status CheckCompareArgs(const CompareArgs& args, bool saved) {
   if (saved == !args.reference_dir.empty())
     return InvalidArgumentError(
         "give exactly one of --reference MODEL_DIR and --reference-logprobs "
@@ -73,53 +53,60 @@ Status RunCompare(const CompareArgs& args) {
     return InvalidArgumentError(
         "--same-tokens needs --tokens: text goes through one tokenizer, "
         "which the other model may not share");
-  // A live comparison reads one token stream with both models: refused when
-  // their tokenizers differ (the saved reference records its ids instead).
-  if (!saved && !args.same_tokens)
-    RETURN_IF_ERROR(
-        eval::CheckSameTokenizer(args.model_dir, args.reference_dir));
-  const RssWatch rss_watch = StartRssWatch();
-  ASSIGN_OR_RETURN(MemoryPlan plan_a, PlanJobOrRefuse("compare", args.model_dir,
-                                                      job_a, args.plan));
-  MemoryPlan plan_b;
+  return Status();
+}
+
+// The models of a comparison: the candidate A (with the interventions) and,
+// unless the reference is saved log-probs, the reference B.
+struct CompareSessions {
+  std::unique_ptr<Session> a, b;  // b null with --reference-logprobs
+  int64_t planned = 0;            // host bytes of both plans
+};
+
+// Both planned before either is loaded (they are resident together): refused
+// when either, or both together, do not fit; then both loaded.
+StatusOr<CompareSessions> OpenCompareSessions(const CompareArgs& args,
+                                              bool saved) {
+  CompareSessions m;
+  const auto shape = [&](const Session& s) -> StatusOr<JobSpec> {
+    return EvalJobOf(s.config(), args.ctx, args.chunk_rows);
+  };
+  ASSIGN_OR_RETURN(SessionParams sa,
+                   CommandSession("compare", args.model_dir, args.precision,
+                                  args.plan, args.threads, args.quiet));
+  sa.speaker = "loom compare: " + args.model_dir;
+  ASSIGN_OR_RETURN(sa.interventions, InterventionSourceOf(args.interventions));
+  ASSIGN_OR_RETURN(m.a, Session::Prepare(sa, shape));
+  m.planned = m.a->planned_host_bytes();
   if (!saved) {
-    ASSIGN_OR_RETURN(JobSpec job_b, EvalJob(args.reference_dir, precision_b,
-                                            args.ctx, args.chunk_rows));
-    ASSIGN_OR_RETURN(plan_b, PlanJobOrRefuse("compare", args.reference_dir,
-                                             job_b, args.plan));
+    ASSIGN_OR_RETURN(
+        SessionParams sb,
+        CommandSession("compare", args.reference_dir, args.reference_precision,
+                       args.plan, args.threads, args.quiet));
+    sb.speaker = "loom compare: " + args.reference_dir;
+    ASSIGN_OR_RETURN(m.b, Session::Prepare(sb, shape));
+    m.planned += m.b->planned_host_bytes();
   }
-  const int64_t planned =
-      PlannedHostBytes(plan_a) + (saved ? 0 : PlannedHostBytes(plan_b));
-  for (const DevicePlan& d : plan_a.devices)
-    if (d.device.kind == DeviceKind::kCpu && planned > d.device.usable())
+  for (const DevicePlan& d : m.a->plan().devices)
+    if (d.device.kind == DeviceKind::kCpu && m.planned > d.device.usable())
       return ResourceExhaustedError(
-          "the two models together need " + FormatBytes(planned) + " on " +
+          "the two models together need " + FormatBytes(m.planned) + " on " +
           d.device.name + ", usable " + FormatBytes(d.device.usable()) +
-          " (model " + FormatBytes(PlannedHostBytes(plan_a)) + " + reference " +
-          FormatBytes(PlannedHostBytes(plan_b)) + ")");
-  ASSIGN_OR_RETURN(JobBackends backends_a,
-                   CreateJobBackends(plan_a, host_a.get()));
-  JobBackends backends_b;
-  if (!saved) {
-    ASSIGN_OR_RETURN(backends_b, CreateJobBackends(plan_b, host_b.get()));
-  }
-  std::string warning;
-  ASSIGN_OR_RETURN(auto a, Model::Load(args.model_dir, precision_a, &warning,
-                                       backends_a.gpu_capability));
-  if (!warning.empty() && !args.quiet)
-    std::fprintf(stderr, "loom compare: %s: %s\n", args.model_dir.c_str(),
-                 warning.c_str());
-  warning.clear();
-  std::unique_ptr<Model> b;
-  if (!saved) {
-    ASSIGN_OR_RETURN(b, Model::Load(args.reference_dir, precision_b, &warning,
-                                    backends_b.gpu_capability));
-    if (!warning.empty() && !args.quiet)
-      std::fprintf(stderr, "loom compare: %s: %s\n", args.reference_dir.c_str(),
-                   warning.c_str());
-  }
-  const ModelConfig& ca = a->config();
-  const ModelConfig& cb = saved ? a->config() : b->config();
+          " (model " + FormatBytes(m.a->planned_host_bytes()) +
+          " + reference " + FormatBytes(m.planned - m.a->planned_host_bytes()) +
+          ")");
+  RETURN_IF_ERROR(m.a->LoadWeights());
+  if (m.b) RETURN_IF_ERROR(m.b->LoadWeights());
+  return m;
+}
+
+// The token stream (tokenized by B's tokenizer unless --tokenizer) and its
+// windows, checked against both models.
+StatusOr<std::pair<eval::EvalInput, eval::WindowPlan>> CompareInput(
+    const CompareArgs& args, const ModelConfig& ca, const ModelConfig& cb,
+    bool saved) {
+  ASSIGN_OR_RETURN(eval::Protocol protocol, eval::ParseProtocol(args.protocol));
+  ASSIGN_OR_RETURN(eval::AddBos add_bos, eval::ParseAddBos(args.add_bos));
   if (ca.vocab_size != cb.vocab_size)
     return InvalidArgumentError(
         "model " + args.model_dir + " has a vocabulary of " +
@@ -149,84 +136,74 @@ Status RunCompare(const CompareArgs& args) {
       eval::PlanWindows(static_cast<int64_t>(input.ids.size()),
                         eval::MakeWindowOptions(protocol, ctx, args.stride,
                                                 args.max_windows, input)));
-  eval::CompareOptions o;
-  o.interventions = &interventions;
-  o.segments = backends_a.segments;
-  o.reference_segments = backends_b.segments;
-  o.logits_chunk_rows = args.chunk_rows;
-  o.drift = args.drift;
-  o.hf_bf16_activations = args.hf_bf16;
-  o.progress = MakeWindowProgress(args.quiet, "compare");
-  o.save_reference_dir = args.save_reference;
-  o.top_k = args.top_k;
-  eval::CompareResult r;
-  if (saved) {
-    ASSIGN_OR_RETURN(r, eval::CompareWithSavedReference(
-                            *a, input.ids, plan, args.reference_logprobs, o));
-  } else {
-    ASSIGN_OR_RETURN(r, eval::CompareModels(*a, *b, input.ids, plan, o));
-  }
+  return std::make_pair(std::move(input), std::move(plan));
+}
 
-  if (args.plan.verify_plan) {
-    const nlohmann::json v = VerifyPlan(planned, rss_watch, "loom compare");
-    std::fprintf(stderr, "loom compare: verify-plan: %s\n", v.dump().c_str());
+// --json's object.
+nlohmann::json CompareJson(const CompareArgs& args, const CompareSessions& m,
+                           const eval::EvalInput& input,
+                           const eval::CompareResult& r) {
+  const bool saved = m.b == nullptr;
+  nlohmann::json j = {
+      {"model", args.model_dir},
+      {"reference", saved ? args.reference_logprobs : args.reference_dir},
+      {"precision", std::string(DTypeName(m.a->model().compute_dtype()))},
+      {"reference_precision",
+       saved ? std::string("saved")
+             : std::string(DTypeName(m.b->model().compute_dtype()))},
+      {"protocol", std::string(eval::ProtocolName(r.protocol))},
+      {"ctx", r.ctx},
+      {"stride", r.stride},
+      {"bos", input.bos},
+      {"windows", r.windows},
+      {"tokens_scored", r.tokens_scored},
+      {"tokens_evaluated", r.tokens_evaluated},
+      {"seconds", r.seconds},
+      {"ppl", r.ppl_a},
+      {"ppl_reference", r.ppl_b},
+      {"ln_ppl_ratio", r.ln_ppl_ratio.value},
+      {"ln_ppl_ratio_uncertainty", r.ln_ppl_ratio.uncertainty},
+      {"ppl_diff", r.ppl_diff.value},
+      {"ppl_diff_uncertainty", r.ppl_diff.uncertainty},
+      {"kl_mean", r.kl.value},
+      {"kl_uncertainty", r.kl.uncertainty},
+      {"kl_median", r.kl_median},
+      {"kl_p90", r.kl_p90},
+      {"kl_p95", r.kl_p95},
+      {"kl_p99", r.kl_p99},
+      {"kl_max", r.kl_max},
+      {"same_top1", r.same_top1.value},
+      {"same_top1_uncertainty", r.same_top1.uncertainty},
+      {"delta_p_mean", r.delta_p.value},
+      {"delta_p_uncertainty", r.delta_p.uncertainty},
+      {"rms_delta_p", r.rms_delta_p.value},
+      {"rms_delta_p_uncertainty", r.rms_delta_p.uncertainty},
+      {"prob_pearson", r.prob_pearson}};
+  if (args.drift) {
+    nlohmann::json d = nlohmann::json::array();
+    for (const auto& l : r.drift)
+      d.push_back(
+          {{"hook", "blocks." + std::to_string(l.layer) + ".hook_resid_post"},
+           {"layer", l.layer},
+           {"rel_frobenius", l.rel_frobenius},
+           {"cosine", l.cosine},
+           {"sqnr_db", Number(l.sqnr_db)}});
+    j["drift"] = std::move(d);
   }
-  if (args.json) {
-    nlohmann::json j = {
-        {"model", args.model_dir},
-        {"reference", saved ? args.reference_logprobs : args.reference_dir},
-        {"precision", std::string(DTypeName(a->compute_dtype()))},
-        {"reference_precision",
-         saved ? std::string("saved")
-               : std::string(DTypeName(b->compute_dtype()))},
-        {"protocol", std::string(eval::ProtocolName(r.protocol))},
-        {"ctx", r.ctx},
-        {"stride", r.stride},
-        {"bos", input.bos},
-        {"windows", r.windows},
-        {"tokens_scored", r.tokens_scored},
-        {"tokens_evaluated", r.tokens_evaluated},
-        {"seconds", r.seconds},
-        {"ppl", r.ppl_a},
-        {"ppl_reference", r.ppl_b},
-        {"ln_ppl_ratio", r.ln_ppl_ratio.value},
-        {"ln_ppl_ratio_uncertainty", r.ln_ppl_ratio.uncertainty},
-        {"ppl_diff", r.ppl_diff.value},
-        {"ppl_diff_uncertainty", r.ppl_diff.uncertainty},
-        {"kl_mean", r.kl.value},
-        {"kl_uncertainty", r.kl.uncertainty},
-        {"kl_median", r.kl_median},
-        {"kl_p90", r.kl_p90},
-        {"kl_p95", r.kl_p95},
-        {"kl_p99", r.kl_p99},
-        {"kl_max", r.kl_max},
-        {"same_top1", r.same_top1.value},
-        {"same_top1_uncertainty", r.same_top1.uncertainty},
-        {"delta_p_mean", r.delta_p.value},
-        {"delta_p_uncertainty", r.delta_p.uncertainty},
-        {"rms_delta_p", r.rms_delta_p.value},
-        {"rms_delta_p_uncertainty", r.rms_delta_p.uncertainty},
-        {"prob_pearson", r.prob_pearson}};
-    if (args.drift) {
-      nlohmann::json d = nlohmann::json::array();
-      for (const auto& l : r.drift)
-        d.push_back(
-            {{"hook", "blocks." + std::to_string(l.layer) + ".hook_resid_post"},
-             {"layer", l.layer},
-             {"rel_frobenius", l.rel_frobenius},
-             {"cosine", l.cosine},
-             {"sqnr_db", Number(l.sqnr_db)}});
-      j["drift"] = std::move(d);
-    }
-    std::cout << j.dump(2) << "\n";
-    return Status::Ok();
-  }
+  return j;
+}
+
+// The report in llama.cpp's layout.
+void PrintCompare(const CompareArgs& args, const CompareSessions& m,
+                  const eval::EvalInput& input, const eval::CompareResult& r) {
+  const bool saved = m.b == nullptr;
   std::printf("model        %s (%s)\n", args.model_dir.c_str(),
-              std::string(DTypeName(a->compute_dtype())).c_str());
-  std::printf("reference    %s (%s)\n",
-              (saved ? args.reference_logprobs : args.reference_dir).c_str(),
-              saved ? "saved top-k log-probs"
-                    : std::string(DTypeName(b->compute_dtype())).c_str());
+              std::string(DTypeName(m.a->model().compute_dtype())).c_str());
+  std::printf(
+      "reference    %s (%s)\n",
+      (saved ? args.reference_logprobs : args.reference_dir).c_str(),
+      saved ? "saved top-k log-probs"
+            : std::string(DTypeName(m.b->model().compute_dtype())).c_str());
   std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
               input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
   std::printf(
@@ -268,6 +245,49 @@ Status RunCompare(const CompareArgs& args) {
           "%-28s %14.6g %14.10f %10.2f\n",
           ("blocks." + std::to_string(l.layer) + ".hook_resid_post").c_str(),
           l.rel_frobenius, l.cosine, l.sqnr_db);
+  }
+}
+
+Status RunCompare(const CompareArgs& args) {
+  const bool saved = !args.reference_logprobs.empty();
+  RETURN_IF_ERROR(CheckCompareArgs(args, saved));
+  // A live comparison reads one token stream with both models: refused when
+  // their tokenizers differ (the saved reference records its ids instead).
+  if (!saved && !args.same_tokens)
+    RETURN_IF_ERROR(
+        eval::CheckSameTokenizer(args.model_dir, args.reference_dir));
+  ASSIGN_OR_RETURN(CompareSessions m, OpenCompareSessions(args, saved));
+  const ModelConfig& ca = m.a->config();
+  ASSIGN_OR_RETURN(auto input,
+                   CompareInput(args, ca, saved ? ca : m.b->config(), saved));
+  eval::CompareOptions o;
+  o.interventions = &m.a->interventions();
+  o.segments = m.a->segments();
+  if (m.b) o.reference_segments = m.b->segments();
+  o.logits_chunk_rows = args.chunk_rows;
+  o.drift = args.drift;
+  o.hf_bf16_activations = args.hf_bf16;
+  o.progress = MakeWindowProgress(args.quiet, "compare");
+  o.save_reference_dir = args.save_reference;
+  o.top_k = args.top_k;
+  eval::CompareResult r;
+  if (saved) {
+    ASSIGN_OR_RETURN(r, eval::CompareWithSavedReference(
+                            m.a->model(), input.first.ids, input.second,
+                            args.reference_logprobs, o));
+  } else {
+    ASSIGN_OR_RETURN(r, eval::CompareModels(m.a->model(), m.b->model(),
+                                            input.first.ids, input.second, o));
+  }
+  if (args.plan.verify_plan) {
+    const nlohmann::json v =
+        VerifyPlan(m.planned, m.a->rss_watch(), "loom compare");
+    std::fprintf(stderr, "loom compare: verify-plan: %s\n", v.dump().c_str());
+  }
+  if (args.json) {
+    std::cout << CompareJson(args, m, input.first, r).dump(2) << "\n";
+  } else {
+    PrintCompare(args, m, input.first, r);
   }
   return Status::Ok();
 }

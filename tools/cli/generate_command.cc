@@ -91,8 +91,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   // answers that (the weights load once, in the engine).
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(args.model_dir));
   ASSIGN_OR_RETURN(HookSet set, ResolveHooks(args.hooks, args.layers, config));
-  ASSIGN_OR_RETURN(std::vector<Intervention> interventions,
-                   LoadInterventionFlags(args.interventions, config));
+  ASSIGN_OR_RETURN(eo.interventions, InterventionSourceOf(args.interventions));
   if (set.empty()) return InvalidArgumentError("--hooks: no hook selected");
   for (const HookPoint& h : set.hooks()) eo.extra_hooks.push_back(HookName(h));
   ASSIGN_OR_RETURN(
@@ -109,7 +108,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   r.stop_ids = engine->stop_ids();
   r.hooks = set.hooks();
   r.rows = serve::CaptureRows::kAll;
-  r.interventions = std::move(interventions);
+  r.interventions = engine->session().interventions();
   ASSIGN_OR_RETURN(auto ticket, engine->Submit(r));
   ASSIGN_OR_RETURN(serve::GenResult g, ticket->Wait());
   PrintVerifyPlan(engine->session());

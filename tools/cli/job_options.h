@@ -127,24 +127,6 @@ inline StatusOr<InterventionSource> InterventionSourceOf(
   return s;
 }
 
-// The interventions of the flags: the file's, then the shorthand ones
-// (their vector paths relative to the working directory), then the control
-// vectors' (one per layer, in layer order).
-inline StatusOr<std::vector<Intervention>> LoadInterventionFlags(
-    const InterventionFlags& f, const ModelConfig& config) {
-  ASSIGN_OR_RETURN(const std::string json,
-                   ShorthandInterventions(f.steer, f.ablate));
-  ASSIGN_OR_RETURN(std::vector<Intervention> list,
-                   LoadInterventions(f.file, json, ".", config));
-  ASSIGN_OR_RETURN(const std::vector<ControlVectorFile> files,
-                   ControlVectorFlagFiles(f));
-  ASSIGN_OR_RETURN(
-      std::vector<Intervention> cv,
-      ControlVectorInterventions(files, ControlVectorFlagRange(f), config));
-  for (Intervention& iv : cv) list.push_back(std::move(iv));
-  return list;
-}
-
 // --hf-bf16: what it means, shared by every command that computes.
 inline constexpr const char* kHfBf16Help =
     "With bf16 compute, round activations to bf16 where Hugging Face's bf16 "

@@ -56,6 +56,10 @@ StatusOr<std::vector<int32_t>> PromptIds(const char* flag,
     }
     return out;
   }
+  if (text.empty())
+    return InvalidArgumentError(
+        std::string(flag) + ": the prompt is empty (give text, or ids with " +
+        flag + "-tokens)");
   if (tokenizer == nullptr)
     return FailedPreconditionError(std::string(flag) +
                                    ": the model has no tokenizer; give " +
@@ -102,6 +106,7 @@ Status RunPatchCommand(const PatchArgs& a) {
         ASSIGN_OR_RETURN(corrupted,
                          PromptIds("--corrupted", a.corrupted, a.corrupted_ids,
                                    s.tokenizer(), V));
+        RETURN_IF_ERROR(eval::CheckPatchInputs(clean, corrupted, o));
         return eval::PatchJob(s.config(), static_cast<int64_t>(clean.size()),
                               static_cast<int64_t>(corrupted.size()), o);
       }));
@@ -198,13 +203,15 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--hf-bf16", a->hf_bf16,
                 "With bf16 compute, round activations as HF's bf16 forward");
   cmd->add_flag("--quiet", a->quiet, "No summary on stderr");
-  cmd->callback([a, exit_code] {
-    if (a->clean.empty() && a->clean_ids.empty()) {
+  // Given but empty (--clean "") is the prompt's error (PromptIds), not a
+  // missing flag.
+  cmd->callback([a, exit_code, ct, ci, xt, xi] {
+    if (ct->count() == 0 && ci->count() == 0) {
       *exit_code = ReportStatus(
           "patch", InvalidArgumentError("give --clean or --clean-tokens"));
       return;
     }
-    if (a->corrupted.empty() && a->corrupted_ids.empty()) {
+    if (xt->count() == 0 && xi->count() == 0) {
       *exit_code = ReportStatus(
           "patch",
           InvalidArgumentError("give --corrupted or --corrupted-tokens"));
