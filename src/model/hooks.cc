@@ -368,6 +368,38 @@ std::vector<HookPoint> ModelHooks(const ModelConfig& c) {
   return out;
 }
 
+namespace {
+
+// The hooks of one pattern. "blocks.*.<site>" (also --layers '*') means every
+// layer that has the site: a layer without it (deepseek_v3's dense first
+// layers for the router hooks) is passed over, and only a site no layer has
+// is an error. A layer named explicitly must have it.
+Status AddPatternHooks(const std::string& pattern, const ModelConfig& c,
+                       HookSet* set) {
+  ASSIGN_OR_RETURN(std::vector<HookPoint> points,
+                   ParsePattern(pattern, c.num_layers, &c));
+  const bool every_layer = pattern.rfind("blocks.*.", 0) == 0;
+  Status first_missing;
+  bool added = false;
+  for (const HookPoint& hp : points) {
+    const Status exists = CheckHookExists(hp, c);
+    if (!exists.ok()) {
+      if (!every_layer) return exists;
+      if (first_missing.ok()) first_missing = exists;
+      continue;
+    }
+    set->Add(hp);
+    added = true;
+  }
+  if (!added && !first_missing.ok())
+    return InvalidArgumentError("'" + pattern + "': no layer of " +
+                                c.model_type + " has this hook (" +
+                                std::string(first_missing.message()) + ")");
+  return Status();
+}
+
+}  // namespace
+
 StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
                                const std::vector<std::string>& layers,
                                const ModelConfig& c, bool layers_given) {
@@ -398,14 +430,8 @@ StatusOr<HookSet> ResolveHooks(const std::vector<std::string>& patterns,
       } else {
         expanded.push_back(item);
       }
-      for (const std::string& p : expanded) {
-        ASSIGN_OR_RETURN(std::vector<HookPoint> points,
-                         ParsePattern(p, c.num_layers, &c));
-        for (const HookPoint& hp : points) {
-          RETURN_IF_ERROR(CheckHookExists(hp, c));
-          set.Add(hp);
-        }
-      }
+      for (const std::string& p : expanded)
+        RETURN_IF_ERROR(AddPatternHooks(p, c, &set));
     }
   }
   std::string layer_list;

@@ -189,6 +189,36 @@ TEST(HookWidthTest, HooksWithoutARowWidthAreErrors) {
   EXPECT_FALSE(HookWidth({HookSite::kMlpPre, 1}, mixed).ok());
 }
 
+// A wildcard layer means every layer that has the site (deepseek_v3's dense
+// first layers have no router); a layer named explicitly must have it, and a
+// site no layer has stays an error.
+TEST(ResolveHooksWildcardTest, EveryLayerThatHasTheSite) {
+  ModelConfig mixed = Config("Qwen3-30B-A3B");
+  ASSERT_EQ(mixed.mlp, MlpKind::kMoE);
+  mixed.moe.mlp_only_layers = {0, 1};
+  StatusOr<HookSet> r =
+      ResolveHooks({"blocks.*.mlp.hook_router_logits"}, {}, mixed);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->hooks().size(), static_cast<size_t>(mixed.num_layers - 2));
+  EXPECT_FALSE(r->Contains(HookSite::kRouterLogits, 0));
+  EXPECT_TRUE(r->Contains(HookSite::kRouterLogits, 2));
+  r = ResolveHooks({"mlp.hook_router_logits"}, {"*"}, mixed);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->hooks().size(), static_cast<size_t>(mixed.num_layers - 2));
+  // The dense layers' own hooks, the other way round.
+  r = ResolveHooks({"blocks.*.mlp.hook_pre"}, {}, mixed);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->hooks().size(), 2u);
+  EXPECT_FALSE(
+      ResolveHooks({"blocks.0.mlp.hook_router_logits"}, {}, mixed).ok());
+  EXPECT_FALSE(ResolveHooks({"mlp.hook_router_logits"}, {"0"}, mixed).ok());
+  const StatusOr<HookSet> none = ResolveHooks(
+      {"blocks.*.mlp.hook_router_logits"}, {}, Config("Llama-3.1-8B"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no layer of"), std::string::npos)
+      << none.status().ToString();
+}
+
 // Parallel blocks (the tiny GPT-NeoX and Phi configs of the shared goldens):
 // no residual between attention and MLP, so hook_resid_mid is refused with
 // the reason; Phi's one norm has no ln2 of its own.
