@@ -919,9 +919,9 @@ class PyModel {
           eval::PerplexityResult r,
           eval::EvaluatePerplexity(session_->model(), input.ids, plan, eo));
       // `loom perplexity --json`'s object, "model" being the path given.
-      return eval::PerplexityJson(path_, session_->model().compute_dtype(),
-                                  input.bos,
-                                  static_cast<int64_t>(input.ids.size()), r);
+      return eval::PerplexityJson(
+          path_, session_->model().compute_dtype(), input.bos,
+          static_cast<int64_t>(input.ids.size()), r, session_->interventions());
     });
     return JsonToPython(ValueOrRaise(std::move(out)));
   }
@@ -963,6 +963,19 @@ class PyModel {
     } else {
       if (!py::hasattr(prompt, "__iter__"))
         WrongType("prompt", "a str or a sequence of token ids", prompt);
+      // A list of prompts: generate continues one (the batch is the
+      // caller's loop), said as such rather than as a bad token id.
+      if (PySequence_Check(prompt.ptr()) && PySequence_Size(prompt.ptr()) > 0) {
+        const py::object first = prompt[py::int_(0)];
+        if (PyUnicode_Check(first.ptr()) || PyBytes_Check(first.ptr()) ||
+            PyList_Check(first.ptr()) || PyTuple_Check(first.ptr()))
+          throw py::type_error(
+              "prompt: expected a str or a sequence of token ids, got a " +
+              TypeNameOf(prompt) + " of " + std::to_string(py::len(prompt)) +
+              " prompts (" + TypeNameOf(first) +
+              " first); generate continues one prompt: call it once per "
+              "prompt");
+      }
       r.prompt = TokenIdsArg("prompt", prompt);
     }
     StatusOr<GenerateResult> out =

@@ -375,6 +375,25 @@ TEST_F(InterventionsGoldenTest, PerplexityAndCompareUnderAnIntervention) {
   EXPECT_DOUBLE_EQ(on["ppl"].get<double>(), ppl["perplexity"].get<double>());
   EXPECT_DOUBLE_EQ(on["ppl_reference"].get<double>(),
                    base["perplexity"].get<double>());
+  // The outputs record the edits applied, as extract's manifest does.
+  for (const nlohmann::json* j : {&on, &ppl}) {
+    ASSERT_TRUE(j->contains("interventions")) << j->dump();
+    EXPECT_EQ((*j)["interventions"][0]["hook"], "blocks.1.hook_resid_post")
+        << j->dump();
+    EXPECT_EQ((*j)["interventions"][0]["mode"], "add") << j->dump();
+  }
+  EXPECT_FALSE(off.contains("interventions"));
+  EXPECT_FALSE(base.contains("interventions"));
+  std::string text;
+  ASSERT_EQ(RunShell(std::string(LOOM_BINARY) + " perplexity --model " + model +
+                         " --tokens " + Path("toks.txt") +
+                         " --quiet --intervene " + spec,
+                     &text),
+            0)
+      << text;
+  EXPECT_NE(text.find("interventions blocks.1.hook_resid_post add"),
+            std::string::npos)
+      << text;
 }
 
 // The plan counts the vectors (64 f32 = 256 bytes of the steering vector) in

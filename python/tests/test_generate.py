@@ -115,6 +115,10 @@ def test_errors_name_the_python_arguments(model):
         model.generate([1, 600])
     with pytest.raises(TypeError, match="^prompt: expected a str or a sequence"):
         model.generate(3)
+    with pytest.raises(TypeError, match=r"got a list of 2 prompts \(str first\).*once per prompt"):
+        model.generate(["a", "b"])
+    with pytest.raises(TypeError, match=r"got a tuple of 1 prompts \(list first\)"):
+        model.generate(([1, 2],))
     with pytest.raises(loom.InvalidArgumentError, match="^prompt: empty text"):
         model.generate("")
     with pytest.raises(loom.InvalidArgumentError, match="selector"):

@@ -189,22 +189,26 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
 
 nlohmann::json PerplexityJson(const std::string& model_name, DType precision,
                               bool bos, int64_t tokens,
-                              const PerplexityResult& r) {
-  return nlohmann::json{{"model", model_name},
-                        {"precision", std::string(DTypeName(precision))},
-                        {"protocol", std::string(ProtocolName(r.protocol))},
-                        {"ctx", r.ctx},
-                        {"stride", r.stride},
-                        {"bos", bos},
-                        {"tokens", tokens},
-                        {"windows", r.windows},
-                        {"tokens_scored", r.tokens_scored},
-                        {"tokens_evaluated", r.tokens_evaluated},
-                        {"nll_sum", r.nll_sum},
-                        {"nll_mean", r.nll_mean},
-                        {"perplexity", r.perplexity},
-                        {"seconds", r.seconds},
-                        {"tokens_per_second", r.tokens_per_second}};
+                              const PerplexityResult& r,
+                              const std::vector<Intervention>& interventions) {
+  nlohmann::json j{{"model", model_name},
+                   {"precision", std::string(DTypeName(precision))},
+                   {"protocol", std::string(ProtocolName(r.protocol))},
+                   {"ctx", r.ctx},
+                   {"stride", r.stride},
+                   {"bos", bos},
+                   {"tokens", tokens},
+                   {"windows", r.windows},
+                   {"tokens_scored", r.tokens_scored},
+                   {"tokens_evaluated", r.tokens_evaluated},
+                   {"nll_sum", r.nll_sum},
+                   {"nll_mean", r.nll_mean},
+                   {"perplexity", r.perplexity},
+                   {"seconds", r.seconds},
+                   {"tokens_per_second", r.tokens_per_second}};
+  if (!interventions.empty())
+    j["interventions"] = InterventionsJson(interventions);
+  return j;
 }
 
 }  // namespace loom::eval

@@ -18,6 +18,7 @@
 
 #include "src/base/status.h"
 #include "src/eval/windows.h"
+#include "src/model/interventions.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 
@@ -76,10 +77,12 @@ Status CheckPlanFitsModel(const Model& model, std::span<const int32_t> ids,
 
 // `loom perplexity --json`'s object (also the Python module's result):
 // `model_name` as given, the compute dtype, whether a BOS was added and the
-// stream's token count, then the result's fields.
-nlohmann::json PerplexityJson(const std::string& model_name, DType precision,
-                              bool bos, int64_t tokens,
-                              const PerplexityResult& r);
+// stream's token count, then the result's fields; "interventions"
+// (InterventionsJson) when the forwards were edited.
+nlohmann::json PerplexityJson(
+    const std::string& model_name, DType precision, bool bos, int64_t tokens,
+    const PerplexityResult& r,
+    const std::vector<Intervention>& interventions = {});
 
 // The edits of window `wi` of `length` tokens under options.interventions
 // (none when null) into *edits (cleared first).

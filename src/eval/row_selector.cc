@@ -115,6 +115,26 @@ bool ResolveSpan(const RowSelector& s, int64_t len, SpanRange* r) {
   return true;
 }
 
+Status CheckSelectorCanFit(const RowSelector& s, int64_t most_rows) {
+  const auto refuse = [&](const std::string& what) {
+    return OutOfRangeError("selector '" + s.spec + "': " + what +
+                           " is outside the at most " +
+                           std::to_string(most_rows) +
+                           " rows this request captures (the prompt, then "
+                           "each generated token but the last)");
+  };
+  if (s.kind == RowSelector::Kind::kPos)
+    for (const int64_t q : s.positions) {
+      const int64_t p = ResolvePosition(q, most_rows);
+      if (p < 0 || p >= most_rows)
+        return refuse("position " + std::to_string(q));
+    }
+  SpanRange r;
+  if (s.kind == RowSelector::Kind::kSpan && !ResolveSpan(s, most_rows, &r))
+    return refuse("the span");
+  return Status();
+}
+
 StatusOr<std::vector<float>> SelectRows(const RowSelector& s, const float* rows,
                                         int64_t n, int64_t cols,
                                         int64_t* out_rows) {

@@ -49,6 +49,13 @@ inline int64_t ResolvePosition(int64_t q, int64_t len) {
   return q < 0 ? len + q : q;
 }
 
+// Whether `s` can select from some run of at most `most_rows` rows (a
+// generation capturing the prompt and each fed token: prompt + max_tokens -
+// 1): OutOfRange naming the selector and the bound when no run can, so that
+// a request is refused before it generates (pos:40 of a 6-token prompt and
+// 4 new tokens).
+Status CheckSelectorCanFit(const RowSelector& s, int64_t most_rows);
+
 // A row selector applied to captured rows [n, cols] held in memory (serve's
 // and generate's captures): last, first, mean (double sums), max, all,
 // pos:..., span:A:B. Returns the selected rows [k, cols] (*out_rows = k);

@@ -735,6 +735,21 @@ StatusOr<std::string> ShorthandInterventions(
   return Json{{"interventions", list}}.dump();
 }
 
+std::string InterventionsSummary(const std::vector<Intervention>& list) {
+  std::string out;
+  for (const Intervention& iv : list) {
+    if (!out.empty()) out += ", ";
+    out += HookName(iv.hook) + " " + std::string(InterventionModeName(iv.mode));
+    if (iv.mode == InterventionMode::kAdd && iv.scale != 1.0f) {
+      char scale[32];
+      std::snprintf(scale, sizeof(scale), " x%g", iv.scale);
+      out += scale;
+    }
+    if (iv.head >= 0) out += " (head " + std::to_string(iv.head) + ")";
+  }
+  return out;
+}
+
 Json InterventionsJson(const std::vector<Intervention>& list) {
   Json out = Json::array();
   for (const Intervention& iv : list) {

@@ -166,6 +166,10 @@ int64_t InterventionBytes(const std::vector<Intervention>& list);
 // other interventions is refused.
 nlohmann::json InterventionsJson(const std::vector<Intervention>& list);
 
+// One line for reports: "blocks.1.hook_resid_post add x2.5, blocks.0.attn.
+// hook_z zero_head (head 3), ..." (the edits' hooks and modes in order).
+std::string InterventionsSummary(const std::vector<Intervention>& list);
+
 // The positions of a sequence of `length` tokens, ascending: all, the last,
 // the list with negatives counted from the end, or the span. OutOfRange
 // naming the position and `length` when one falls outside [0, length) (a

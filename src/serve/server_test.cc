@@ -680,6 +680,52 @@ TEST(ServeHttpTest, StreamBatchEmbedChatAnalyze) {
             chat["usage"]["total_tokens"].get<int>());
   EXPECT_EQ(chat["hidden_state"]["final"].size(), 64u);
   EXPECT_EQ(chat["hidden_state"]["layer"], -1);
+  // Content as the SDKs' list of text parts: the same chat.
+  json parts = Post(c, "/v1/chat/completions",
+                    {{"messages",
+                      {{{"role", "user"},
+                        {"content",
+                         {{{"type", "text"}, {"text", "H"}},
+                          {{"type", "text"}, {"text", "i"}}}}}}},
+                     {"max_tokens", 5},
+                     {"temperature", 0}},
+                    &status);
+  ASSERT_EQ(status, 200) << parts.dump();
+  EXPECT_EQ(parts["text"], chat["text"]);
+  // What the server does not implement is a 400 naming the field, never
+  // silently ignored; the no-op values pass.
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"tools", json::array({{{"type", "function"}}})},
+           {"response_format", {{"type", "json_object"}}},
+           {"logit_bias", {{"5", 10}}},
+           {"presence_penalty", 0.5},
+           {"frequency_penalty", -1}}) {
+    json bad = Post(c, "/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 1},
+                     {field, value}},
+                    &status);
+    EXPECT_EQ(status, 400) << field;
+    EXPECT_NE(bad.dump().find("field `" + field + "`"), std::string::npos)
+        << bad.dump();
+  }
+  json image =
+      Post(c, "/v1/chat/completions",
+           {{"messages",
+             {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}},
+            {"max_tokens", 1}},
+           &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(image.dump().find("messages[0].content[0]"), std::string::npos)
+      << image.dump();
+  json noop = Post(c, "/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                    {"max_tokens", 1},
+                    {"presence_penalty", 0},
+                    {"tools", json::array()},
+                    {"response_format", {{"type", "text"}}}},
+                   &status);
+  EXPECT_EQ(status, 200) << noop.dump();
   // Streams: OpenAI chunks then [DONE]; TheLoom's events.
   r = c.Post("/v1/chat/completions",
              json({{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
@@ -1112,6 +1158,14 @@ TEST(ServeHttpTest, MalformedRequestsGet4xx) {
       {"/generate",
        R"({"prompt": "a", "hooks": ["hook_resid_pre"], "select": ["pos:7"], "max_tokens": 0})",
        400, ""},
+      // A selector no run can satisfy: refused before generating, streams
+      // too.
+      {"/generate/stream",
+       R"({"prompt": [1, 5], "hooks": ["blocks.0.hook_resid_pre"], "select": ["pos:40"], "max_tokens": 4})",
+       400, "selector 'pos:40': position 40 is outside the at most 5 rows"},
+      {"/generate",
+       R"({"prompt": [1, 5], "hooks": ["blocks.0.hook_resid_pre"], "select": ["span:0:9"], "max_tokens": 4})",
+       400, "selector 'span:0:9'"},
       {"/generate", R"({"prompt": [1, 99999]})", 400, "99999"},
       {"/generate", R"({"model": "../etc", "prompt": "a"})", 400, "model"},
       {"/generate", R"({"model": "/etc", "prompt": "a"})", 400, "model"},

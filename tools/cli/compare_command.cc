@@ -179,6 +179,8 @@ nlohmann::json CompareJson(const CompareArgs& args, const CompareSessions& m,
       {"rms_delta_p", r.rms_delta_p.value},
       {"rms_delta_p_uncertainty", r.rms_delta_p.uncertainty},
       {"prob_pearson", r.prob_pearson}};
+  if (!m.a->interventions().empty())
+    j["interventions"] = InterventionsJson(m.a->interventions());
   if (args.drift) {
     nlohmann::json d = nlohmann::json::array();
     for (const auto& l : r.drift)
@@ -204,6 +206,9 @@ void PrintCompare(const CompareArgs& args, const CompareSessions& m,
       (saved ? args.reference_logprobs : args.reference_dir).c_str(),
       saved ? "saved top-k log-probs"
             : std::string(DTypeName(m.b->model().compute_dtype())).c_str());
+  if (!m.a->interventions().empty())
+    std::printf("interventions %s (on the model)\n",
+                InterventionsSummary(m.a->interventions()).c_str());
   std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
               input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
   std::printf(

@@ -69,9 +69,9 @@ Status RunPerplexity(const PerplexityArgs& args) {
     std::fprintf(stderr, "loom perplexity: verify-plan: %s\n",
                  session->VerifyPlanReport().dump().c_str());
   if (args.json) {
-    const nlohmann::json j =
-        eval::PerplexityJson(args.model_dir, model.compute_dtype(), input.bos,
-                             static_cast<int64_t>(input.ids.size()), r);
+    const nlohmann::json j = eval::PerplexityJson(
+        args.model_dir, model.compute_dtype(), input.bos,
+        static_cast<int64_t>(input.ids.size()), r, session->interventions());
     std::cout << j.dump(2) << "\n";
     return Status::Ok();
   }
@@ -80,6 +80,9 @@ Status RunPerplexity(const PerplexityArgs& args) {
               std::string(DTypeName(model.compute_dtype())).c_str());
   std::printf("input        %s: %zu tokens%s\n", input.source.c_str(),
               input.ids.size(), input.bos ? ", BOS at the start" : ", no BOS");
+  if (!session->interventions().empty())
+    std::printf("interventions %s\n",
+                InterventionsSummary(session->interventions()).c_str());
   std::printf("protocol     %s, ctx %lld, stride %lld\n",
               std::string(eval::ProtocolName(r.protocol)).c_str(),
               static_cast<long long>(r.ctx), static_cast<long long>(r.stride));

@@ -24,6 +24,45 @@ bool AcceptsEventStream(std::string accept) {
   return accept.find("text/event-stream") != std::string::npos;
 }
 
+// OpenAI's content parts ([{"type": "text", "text": ...}, ...], what the
+// SDKs send for multi-part messages) joined into the one string every
+// message then holds; a part of another type is refused by name.
+Status FlattenContentParts(json* b) {
+  if (!b->contains("messages") || !(*b)["messages"].is_array())
+    return Status();  // ChatTokens says what `messages` must be
+  json& messages = (*b)["messages"];
+  for (size_t i = 0; i < messages.size(); ++i) {
+    json& m = messages[i];
+    if (!m.is_object() || !m.contains("content") || !m["content"].is_array())
+      continue;
+    std::string text;
+    const json& parts = m["content"];
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const json& part = parts[k];
+      const std::string where = "field `messages[" + std::to_string(i) +
+                                "].content[" + std::to_string(k) + "]`";
+      if (!part.is_object() || !part.contains("type") ||
+          !part["type"].is_string())
+        return InvalidArgumentError(
+            where +
+            ": expected a {\"type\": \"text\", \"text\": ...} part, got " +
+            Dump(part));
+      if (part["type"] != "text")
+        return InvalidArgumentError(where + ": parts of type " +
+                                    Dump(part["type"]) +
+                                    " are not supported (text only)");
+      if (!part.contains("text") || !part["text"].is_string())
+        return InvalidArgumentError(where +
+                                    ": a text part needs a string "
+                                    "`text`, got " +
+                                    Dump(part));
+      text += part["text"].get<std::string>();
+    }
+    m["content"] = text;
+  }
+  return Status();
+}
+
 StatusOr<std::vector<int32_t>> ChatTokens(const ServerOptions& o,
                                           const Engine& e, const json& b) {
   if (!b.contains("messages") || !b["messages"].is_array() ||
@@ -126,6 +165,7 @@ Status Chat(ServerContext& ctx, const httplib::Request& req,
         "field `stream_format`: expected \"openai\" or \"theloom\", got \"" +
         sf + "\"");
   RETURN_IF_ERROR(RefuseOpenAiFields(b));
+  RETURN_IF_ERROR(FlattenContentParts(&b));
   ASSIGN_OR_RETURN(bool stream, GetBool(b, "stream", false));
   // Decided before the defaults below add fields.
   const std::string format = stream ? ChatFormat(ctx, req, b, sf) : "";

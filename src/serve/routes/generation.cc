@@ -198,6 +198,12 @@ StatusOr<GenFields> ParseGen(const ServerOptions& o, const Engine& e,
       f.selectors.push_back(rs);
     }
   }
+  // A selector no run of this request can satisfy is refused before it
+  // generates anything.
+  const int64_t most_rows = static_cast<int64_t>(r.prompt.size()) +
+                            std::max<int64_t>(r.max_new_tokens - 1, 0);
+  for (const RowSelector& s : f.selectors)
+    RETURN_IF_ERROR(CheckSelectorCanFit(s, most_rows));
   bool all_rows = f.full_sequence;
   for (const RowSelector& s : f.selectors)
     all_rows |= s.kind != RowSelector::Kind::kLast;

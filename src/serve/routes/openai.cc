@@ -199,6 +199,24 @@ Status RefuseOpenAiFields(const json& b) {
                                     "echoing the prompt is not supported"));
   RETURN_IF_ERROR(RefuseOpenAiField(b, "suffix", nullptr,
                                     "suffixes (insertion) are not supported"));
+  // Sampling knobs the sampler does not have: their no-op values only.
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
+    RETURN_IF_ERROR(RefuseOpenAiField(
+        b, penalty, 0, "penalties are not implemented by loom serve"));
+  RETURN_IF_ERROR(RefuseOpenAiField(b, "logit_bias", json::object(),
+                                    "logit biases are not implemented"));
+  RETURN_IF_ERROR(RefuseOpenAiField(b, "top_logprobs", 0,
+                                    "log probabilities are not returned"));
+  // Tool calls and structured output: the model's text is returned as is.
+  for (const char* tool : {"tools", "functions"})
+    RETURN_IF_ERROR(RefuseOpenAiField(
+        b, tool, json::array(), "tool and function calls are not supported"));
+  for (const char* choice : {"tool_choice", "function_call"})
+    RETURN_IF_ERROR(RefuseOpenAiField(
+        b, choice, "none", "tool and function calls are not supported"));
+  RETURN_IF_ERROR(RefuseOpenAiField(
+      b, "response_format", json{{"type", "text"}},
+      "structured output (json_object, json_schema) is not supported"));
   if (b.contains("logprobs") && !b["logprobs"].is_null() &&
       b["logprobs"] != false)
     return InvalidArgumentError(
