@@ -19,14 +19,26 @@ namespace loom::serve {
 struct RawReply {
   int status = 0;             // 0: no HTTP reply
   std::string headers, body;  // the head without its blank line; body as sent
-  double seconds = 0;         // from connect to the server's close
+  double seconds = 0;  // from connect to the server's close (or the reply)
 };
+
+// The reply is whole when its head and Content-Length bytes of body came.
+inline bool WholeReply(const std::string& reply) {
+  const size_t end = reply.find("\r\n\r\n");
+  if (end == std::string::npos) return false;
+  const size_t at = reply.find("Content-Length: ");
+  if (at == std::string::npos || at > end) return false;
+  return reply.size() - end - 4 >=
+         std::stoull(reply.substr(at + 16, reply.find("\r\n", at) - at - 16));
+}
 
 // Sends `request` to 127.0.0.1:`port` byte for byte (it should say
 // "Connection: close") and reads the reply until the server closes the
-// connection, waiting `timeout_s` at most for each read.
-inline RawReply RawExchange(int port, const std::string& request,
-                            int timeout_s) {
+// connection (or, with `until_reply`, until the reply is whole: a client
+// that reads the reply and goes), waiting `timeout_s` at most for each
+// read.
+inline RawReply RawExchange(int port, const std::string& request, int timeout_s,
+                            bool until_reply = false) {
   RawReply out;
   const auto t0 = std::chrono::steady_clock::now();
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -48,8 +60,10 @@ inline RawReply RawExchange(int port, const std::string& request,
   std::string reply;
   char buf[4096];
   ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0)
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) {
     reply.append(buf, static_cast<size_t>(n));
+    if (until_reply && WholeReply(reply)) break;
+  }
   close(fd);
   out.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)

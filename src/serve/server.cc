@@ -248,7 +248,25 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
                                         "(Authorization: Bearer <token>)"));
         return httplib::Server::HandlerResponse::Handled;
       }
+      std::string why;
+      if (const int status =
+              routes::DeclaredLengthRefusal(p->o_, req, false, &why)) {
+        res.set_header("Connection", "close");
+        routes::Reply(res, status, routes::ErrorJson(req.path, status, why));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // A client waiting for "100 Continue" before it sends a body over the
+    // route's limit gets its 413 instead, having sent nothing.
+    h.set_expect_100_continue_handler([p](const httplib::Request& req,
+                                          httplib::Response& res) {
+      std::string why;
+      const int status = routes::DeclaredLengthRefusal(p->o_, req, true, &why);
+      if (status == 0) return 100;
+      res.set_header("Connection", "close");
+      routes::Reply(res, status, routes::ErrorJson(req.path, status, why));
+      return status;
     });
     h.set_error_handler(
         [p](const httplib::Request& req, httplib::Response& res) {

@@ -147,6 +147,47 @@ TEST(ServeHttpTest, RefusedLargeBodyStillGetsTheReply) {
   }
 }
 
+// A declared Content-Length is judged on the header alone: a client that
+// declares a huge or a malformed length and sends nothing more gets its
+// reply at once (the server's read timeout is 30 s; the client here gives up
+// after 10, and goes once it has the reply).
+TEST(ServeHttpTest, DeclaredLengthJudgedOnTheHeaderAlone) {
+  Running s(Defaults());
+  auto head = [](const std::string& length, const std::string& extra) {
+    return "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+           "application/json\r\n" +
+           extra + "Content-Length: " + length + "\r\n\r\n";
+  };
+  struct Case {
+    std::string length, extra;
+    int status;
+    std::string detail;
+  };
+  const std::vector<Case> cases = {
+      {"10000000000", "", 413,
+       "request body of 10000000000 bytes is larger than "
+       "server.max_body_bytes = 8388608"},
+      {"99999999999999999999", "", 413,
+       "request body of 99999999999999999999 bytes is larger than"},
+      {"-5", "", 400, "invalid Content-Length `-5`: expected a count of bytes"},
+      {"12abc", "", 400, "invalid Content-Length `12abc`"},
+      // Over the route's limit but within the analysis routes' one: at
+      // once for a client that waits for 100 Continue before sending.
+      {"9000000", "Expect: 100-continue\r\n", 413,
+       "request body of 9000000 bytes is larger than server.max_body_bytes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("Content-Length: " + c.length);
+    const RawReply r =
+        RawExchange(s.server().port(), head(c.length, c.extra), 10, true);
+    EXPECT_EQ(r.status, c.status) << r.headers << r.body;
+    EXPECT_NE(Detail(r).find(c.detail), std::string::npos) << Detail(r);
+  }
+  // Within the limits the body is read as before.
+  const std::string body = json({{"prompt", "Once"}, {"max_tokens", 1}}).dump();
+  EXPECT_EQ(Raw(s.server().port(), RawPost("/generate", "", body)).status, 200);
+}
+
 // curl -d sends application/x-www-form-urlencoded, which the HTTP library
 // caps at 8 KiB when it reads a body itself: a JSON route reads its body as
 // JSON whatever the Content-Type (or none), limited by max_body_bytes only,

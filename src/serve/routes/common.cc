@@ -4,7 +4,10 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 
@@ -139,6 +142,41 @@ std::string TooLarge(const ServerOptions& o, const httplib::Request& req) {
            " bytes for application/x-www-form-urlencoded bodies on " +
            req.method + " " + req.path;
   return "request body of " + length + " bytes is too large";
+}
+
+// The declared Content-Length judged on the header alone, before any of the
+// body is read. A length that is not a plain decimal count of bytes (a
+// negative one, a sign, spaces) is a 400. A length over the
+// largest route limit is a 413 at once: the HTTP library would otherwise
+// read and drop every declared byte first, and a client that declared
+// 10 GB and sent nothing would wait out the read timeout. A length over
+// the route's own limit is refused at once when the client waits for
+// "100 Continue" (curl does for bodies over 1 MiB), else by ReadBody,
+// which drains what a still-sending client sends so that it gets the 413.
+// Returns 0 when the header passes, else the status, with *message.
+int DeclaredLengthRefusal(const ServerOptions& o, const httplib::Request& req,
+                          bool expects_continue, std::string* message) {
+  if (!req.has_header("Content-Length")) return 0;
+  const std::string length = req.get_header_value("Content-Length");
+  if (length.empty() ||
+      length.find_first_not_of("0123456789") != std::string::npos) {
+    *message = "invalid Content-Length `" + length +
+               "`: expected a count of bytes (the digits 0-9 only)";
+    return 400;
+  }
+  errno = 0;
+  uint64_t declared = std::strtoull(length.c_str(), nullptr, 10);
+  if (errno == ERANGE) declared = UINT64_MAX;  // more digits than 2^64 - 1
+  const auto [route_limit, key] = BodyLimit(o, req.path);
+  const uint64_t largest = static_cast<uint64_t>(
+      std::max(o.max_body_bytes, o.max_analysis_body_bytes));
+  if (declared > largest ||
+      (expects_continue && declared > static_cast<uint64_t>(route_limit))) {
+    *message = "request body of " + length + " bytes is larger than " + key +
+               " = " + std::to_string(route_limit);
+    return 413;
+  }
+  return 0;
 }
 
 // The body limit of a route and its configuration key: the analysis routes

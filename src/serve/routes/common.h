@@ -68,6 +68,12 @@ httplib::Server::HandlerWithContentReader JsonRoute(ServerContext& ctx,
 // Why a body was too large: the limit that fired, and the size when the
 // request declared it.
 std::string TooLarge(const ServerOptions& o, const httplib::Request& req);
+// The declared Content-Length judged on the header alone: 0 when it
+// passes, 400 when it is not a count of bytes, 413 when it is over the
+// largest route limit (or the route's own, for a client waiting for
+// "100 Continue"), with *message.
+int DeclaredLengthRefusal(const ServerOptions& o, const httplib::Request& req,
+                          bool expects_continue, std::string* message);
 // The body limit of a route and its configuration key.
 std::pair<int64_t, std::string> BodyLimit(const ServerOptions& o,
                                           const std::string& path);
