@@ -81,6 +81,8 @@ StatusOr<std::vector<int64_t>> CheckRequest(const ModelConfig& c,
           std::to_string(r.prompt[i]) + ", outside the vocabulary [0, " +
           std::to_string(V) + ")");
   if (r.interventions != nullptr) {
+    RETURN_IF_ERROR(CheckInterventionsApply(*r.interventions, 1, "prompts",
+                                            /*generates=*/true));
     const std::string misfit = CheckInterventionsFit(*r.interventions, 0, n);
     if (!misfit.empty())
       return InvalidArgumentError("interventions: " + misfit + " (the prompt)");

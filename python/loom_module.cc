@@ -1216,6 +1216,9 @@ class PyModel {
         [&](const Session& s) -> StatusOr<JobSpec> {
           ASSIGN_OR_RETURN(settings, ResolveExtractSettings(o, s.config(),
                                                             s.interventions()));
+          RETURN_IF_ERROR(CheckInterventionsApply(
+              s.interventions(), static_cast<int64_t>(input.size()), "prompts",
+              /*generates=*/false));
           // As `loom extract`: a short input's own tokens as the budget.
           settings.batch_tokens = ShortRowsBatchTokens(
               o, settings, input, s.tokenizer(), s.tokenizer_error());

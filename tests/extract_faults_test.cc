@@ -966,6 +966,32 @@ TEST_F(ExtractFaultsTest, ResumeOnAMissingOutDirIsNotFound) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// An intervention whose rows lie past the input would edit nothing: refused
+// before anything is loaded or written (it used to run, editing no row).
+TEST_F(ExtractFaultsTest, InterventionRowsPastTheInputAreRefused) {
+  Spit(Path("in.txt"), Prompts(4));
+  ExtractOptions o;
+  o.model_dir = kModel;
+  o.input_path = Path("in.txt");
+  o.out_dir = Path("rows_out");
+  o.hooks = {"blocks.0.hook_resid_post"};
+  o.interventions_json =
+      R"({"interventions": [{"hook": "blocks.0.hook_resid_post",
+                             "mode": "zero", "rows": [1, 4]}]})";
+  auto s = RunExtract(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.status().message(),
+            "interventions: the zero at blocks.0.hook_resid_post lists row 4 "
+            "in `rows`, but this job has 4 input rows (rows count from 0): it "
+            "would edit nothing");
+  EXPECT_FALSE(fs::exists(o.out_dir));
+  o.interventions_json =
+      R"({"interventions": [{"hook": "blocks.0.hook_resid_post",
+                             "mode": "zero", "rows": [3]}]})";
+  EXPECT_TRUE(RunExtract(o).ok());
+}
+
 // ---- Damaged commit records
 // --------------------------------------------------
 

@@ -270,6 +270,11 @@ def test_no_interventions_is_the_plain_run(model):
     (dict(mode="zero", positions=[0, 0]), "interventions[0].positions", "twice"),
     (dict(mode="zero_head", head=99, hook="blocks.0.attn.hook_z"), "interventions[0].head",
      "99"),
+    # A misspelt field is refused, not run with the default (scale 1).
+    (dict(mode="add", vector=np.ones(64), scael=3), "interventions[0]",
+     'unknown field "scael" (did you mean "scale"?)'),
+    (dict(mode="zero", hook="blocks.0.hook_resid_pots"), "interventions[0].hook",
+     "did you mean 'blocks.0.hook_resid_post'?"),
 ])
 def test_bad_entries_are_value_errors_naming_the_field(model, entry, field, fragment):
     entry = dict(dict(hook="blocks.1.hook_resid_post"), **entry)
@@ -304,3 +309,15 @@ def test_other_errors(model, tmp_path):
         model.generate(PROMPT, max_tokens=2, interventions=far)
     r = model.extract([PROMPT, (PROMPT + " ") * 12], "logits", interventions=far, on_error="skip")
     assert [row["status"] for row in r.rows] == ["skipped", "ok"]
+    # Rows past the call's prompts (or windows) would edit nothing: refused, as
+    # serve refuses them.
+    row3 = [dict(hook="blocks.0.hook_resid_post", mode="zero", rows=[3])]
+    with pytest.raises(ValueError, match=r"lists row 3 in `rows`, but this job has 2 prompts"):
+        model.extract([PROMPT, PROMPT], "logits", interventions=row3)
+    with pytest.raises(ValueError, match=r"lists row 3 in `rows`, but this job has 1 prompt "):
+        model.generate(PROMPT, max_tokens=2, interventions=row3)
+    with pytest.raises(ValueError, match=r"lists row 3 in `rows`, but this job has 1 window "):
+        model.perplexity(PROMPT, interventions=row3)
+    generated = [dict(hook="blocks.0.hook_resid_post", mode="zero", apply_to="generated")]
+    with pytest.raises(ValueError, match="generates no tokens"):
+        model.extract(PROMPT, "logits", interventions=generated)

@@ -356,6 +356,7 @@ StatusOr<CompareResult> CompareModels(const Model& a, const Model& b,
         std::to_string(cb.hidden_size));
   RETURN_IF_ERROR(CheckPlanFitsModel(a, ids, plan, a.dir()));
   RETURN_IF_ERROR(CheckPlanFitsModel(b, ids, plan, b.dir()));
+  RETURN_IF_ERROR(CheckWindowInterventions(options, plan));
 
   const int64_t T = plan.max_window_tokens, C = options.logits_chunk_rows,
                 V = ca.vocab_size;
@@ -548,6 +549,7 @@ StatusOr<CompareResult> CompareWithSavedReference(
                          std::to_string(k) +
                          " (int32 ids, float32 log-probs) and float32 targets");
   RETURN_IF_ERROR(CheckPlanFitsModel(a, ids, plan, a.dir()));
+  RETURN_IF_ERROR(CheckWindowInterventions(options, plan));
 
   const int64_t T = plan.max_window_tokens, C = options.logits_chunk_rows,
                 H = a.config().hidden_size;

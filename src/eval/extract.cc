@@ -489,6 +489,7 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
         // loaded.
         ASSIGN_OR_RETURN(
             settings, ResolveExtractSettings(o, s.config(), s.interventions()));
+        RETURN_IF_ERROR(CheckExtractInterventions(o, s.interventions()));
         // The default budget: a short input's own tokens. A resumed job
         // whose manifest records another budget plans with that one until
         // the resume checks of the options and the input have run (so that

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <span>
 
 #include "src/base/read_file.h"
@@ -59,6 +60,24 @@ int64_t ShortInputBatchTokens(const ExtractOptions& o, const ExtractSettings& s,
         return (*reader)->Next(row, o.replace_invalid_utf8);
       },
       tokenizer, tokenizer_error);
+}
+
+Status CheckExtractInterventions(const ExtractOptions& o,
+                                 const std::vector<Intervention>& list) {
+  int64_t rows = std::numeric_limits<int64_t>::max();
+  const bool lists_rows =
+      std::any_of(list.begin(), list.end(),
+                  [](const Intervention& iv) { return !iv.rows.empty(); });
+  if (lists_rows) {
+    StatusOr<std::unique_ptr<InputReader>> reader =
+        InputReader::Open(o.input_path, 0, 0);
+    if (!reader.ok()) return Status();
+    StatusOr<int64_t> n = (*reader)->Skip(std::numeric_limits<int64_t>::max());
+    if (!n.ok()) return Status();
+    rows = *n;
+  }
+  return CheckInterventionsApply(list, rows, "input rows",
+                                 /*generates=*/false);
 }
 
 int64_t ShortRowsBatchTokens(const ExtractOptions& o, const ExtractSettings& s,

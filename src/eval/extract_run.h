@@ -48,6 +48,13 @@ int64_t ShortRowsBatchTokens(const ExtractOptions& o, const ExtractSettings& s,
                              const tok::Tokenizer* tokenizer,
                              const std::string& tokenizer_error);
 
+// Refuses interventions that would edit nothing in this extraction
+// (CheckInterventionsApply): `rows` past the input's rows (counted from the
+// input file only when some intervention lists rows; an unreadable input
+// is reported later, by name), apply_to "generated".
+Status CheckExtractInterventions(const ExtractOptions& o,
+                                 const std::vector<Intervention>& list);
+
 // settings.batch_tokens of the manifest in `out_dir`; 0 if there is none.
 int64_t RecordedBatchTokens(const std::string& out_dir);
 

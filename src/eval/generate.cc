@@ -266,6 +266,10 @@ StatusOr<std::vector<Generation>> Generator::Generate(
     return InvalidArgumentError("generate: max_new_tokens must be >= 0");
   if (!options.stop_strings.empty() && tokenizer == nullptr)
     return InvalidArgumentError("generate: stop strings need a tokenizer");
+  if (options.interventions != nullptr)
+    RETURN_IF_ERROR(CheckInterventionsApply(
+        *options.interventions, static_cast<int64_t>(prompts.size()), "prompts",
+        /*generates=*/true));
   const int64_t V = model_.config().vocab_size;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t n = static_cast<int64_t>(prompts[i].size());

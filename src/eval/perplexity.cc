@@ -91,6 +91,14 @@ Status CheckPlanFitsModel(const Model& model, std::span<const int32_t> ids,
   return Status();
 }
 
+Status CheckWindowInterventions(const EvalOptions& options,
+                                const WindowPlan& plan) {
+  if (options.interventions == nullptr) return Status();
+  return CheckInterventionsApply(*options.interventions,
+                                 static_cast<int64_t>(plan.windows.size()),
+                                 "windows", /*generates=*/false);
+}
+
 void WindowEdits(const EvalOptions& options, size_t wi, int64_t length,
                  std::vector<SequenceEdit>* edits) {
   edits->clear();
@@ -104,6 +112,7 @@ StatusOr<PerplexityResult> EvaluatePerplexity(const Model& model,
                                               const WindowPlan& plan,
                                               const EvalOptions& options) {
   RETURN_IF_ERROR(CheckPlanFitsModel(model, ids, plan, model.dir()));
+  RETURN_IF_ERROR(CheckWindowInterventions(options, plan));
   HookSet hooks;
   hooks.Add({HookSite::kFinalNorm, -1});
   ExecutorOptions eo;

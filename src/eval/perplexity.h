@@ -84,6 +84,11 @@ nlohmann::json PerplexityJson(
     const PerplexityResult& r,
     const std::vector<Intervention>& interventions = {});
 
+// Refuses options.interventions that would edit nothing in the plan's
+// windows (CheckInterventionsApply: rows are windows here).
+Status CheckWindowInterventions(const EvalOptions& options,
+                                const WindowPlan& plan);
+
 // The edits of window `wi` of `length` tokens under options.interventions
 // (none when null) into *edits (cleared first).
 void WindowEdits(const EvalOptions& options, size_t wi, int64_t length,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "src/base/spelling.h"
 #include "src/model/layer_config.h"
 
 namespace loom {
@@ -65,28 +66,26 @@ std::vector<std::string> SplitCommas(std::string_view s) {
   return out;
 }
 
-// Levenshtein distance (for "did you mean").
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min(
-          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
+// This model's hooks that `keep` keeps (every one when null), distinct, in
+// order: model-level names, per-layer sites as blocks.{L}.<site>.
+std::vector<std::string> ModelSiteNames(const ModelConfig& c,
+                                        HookSiteFilter keep) {
+  std::vector<std::string> names;
+  for (const HookPoint& h : ModelHooks(c)) {
+    if (keep != nullptr && !keep(h.site)) continue;
+    std::string n = IsLayerSite(h.site)
+                        ? "blocks.{L}." + std::string(HookSiteName(h.site))
+                        : std::string(HookSiteName(h.site));
+    if (std::find(names.begin(), names.end(), n) == names.end())
+      names.push_back(std::move(n));
   }
-  return row[b.size()];
+  return names;
 }
 
-// An item naming no hook of `c`: the error lists this model's own hooks
-// (model-level names, per-layer sites as blocks.{L}.<site>) and suggests the
-// nearest spelling, keeping the item's layer.
+// An item naming no hook of `c` (of those `keep` keeps): the error lists
+// them and suggests the nearest spelling, keeping the item's layer.
 Status UnknownHookError(const std::string& item, const std::string& what,
-                        const ModelConfig& c) {
+                        const ModelConfig& c, HookSiteFilter keep) {
   std::string layer_prefix, site = item;
   if (item.rfind("blocks.", 0) == 0) {
     size_t at = 7;
@@ -97,33 +96,31 @@ Status UnknownHookError(const std::string& item, const std::string& what,
       site = item.substr(dot + 1);
     }
   }
-  std::vector<std::string> names;  // this model's, distinct, in order
-  for (const HookPoint& h : ModelHooks(c)) {
-    std::string n = IsLayerSite(h.site)
-                        ? "blocks.{L}." + std::string(HookSiteName(h.site))
-                        : std::string(HookSiteName(h.site));
-    if (std::find(names.begin(), names.end(), n) == names.end())
-      names.push_back(std::move(n));
-  }
-  std::string best, list;
-  size_t best_d = std::max<size_t>(3, site.size() / 3) + 1;
+  const std::vector<std::string> names = ModelSiteNames(c, keep);
+  std::vector<std::string_view> candidates;  // of the item's kind, bare
+  std::vector<bool> layered;                 // [candidates.size()]
+  std::string list;
   for (const std::string& n : names) {
     list += (list.empty() ? "" : ", ") + n;
-    const bool layered = n.rfind("blocks.{L}.", 0) == 0;
-    if (!layer_prefix.empty() && !layered) continue;  // keep the item's kind
-    const std::string bare = layered ? n.substr(11) : n;
-    const size_t d = EditDistance(site, bare);
-    if (d < best_d) {
-      best_d = d;
-      best = layered
-                 ? (layer_prefix.empty() ? "blocks.{L}." : layer_prefix) + bare
-                 : bare;
-    }
+    const bool per_layer = n.rfind("blocks.{L}.", 0) == 0;
+    if (!layer_prefix.empty() && !per_layer) continue;
+    candidates.push_back(per_layer ? std::string_view(n).substr(11) : n);
+    layered.push_back(per_layer);
   }
+  const std::string_view near =
+      Nearest(site, candidates, std::max<size_t>(3, site.size() / 3));
+  std::string best;
+  for (size_t i = 0; i < candidates.size() && !near.empty(); ++i)
+    if (candidates[i].data() == near.data())
+      best = (layered[i] ? (layer_prefix.empty() ? "blocks.{L}." : layer_prefix)
+                         : "") +
+             std::string(near);
   return InvalidArgumentError(
-      what + (best.empty() ? "" : "; did you mean '" + best + "'?") +
-      "; hooks of this " + c.model_type + " model: " + list +
-      " (`loom hooks MODEL_DIR` lists every one)");
+      what + (best.empty() ? "" : "; did you mean '" + best + "'?") + "; " +
+      (keep == nullptr ? "hooks of this " : "the hooks of this ") +
+      c.model_type + " model" + (keep == nullptr ? "" : " that can be edited") +
+      ": " + list +
+      (keep == nullptr ? " (`loom hooks MODEL_DIR` lists every one)" : ""));
 }
 
 // A per-layer site named without its layer: "hook_resid_post".
@@ -179,13 +176,15 @@ StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t n) {
 namespace {
 
 // ParseHookPattern; a name that is no hook is refused listing every site, or,
-// given the model `c`, its own hooks and the nearest spelling.
+// given the model `c`, its own hooks (those `keep` keeps) and the nearest
+// spelling.
 StatusOr<std::vector<HookPoint>> ParsePattern(std::string_view pattern,
                                               int64_t num_layers,
-                                              const ModelConfig* c) {
+                                              const ModelConfig* c,
+                                              HookSiteFilter keep = nullptr) {
   const std::string p(pattern);
   auto unknown = [&](const std::string& what) {
-    return c != nullptr ? UnknownHookError(p, what, *c)
+    return c != nullptr ? UnknownHookError(p, what, *c, keep)
                         : InvalidArgumentError(
                               what + "; known hooks: " + AllSiteNames());
   };
@@ -243,6 +242,19 @@ StatusOr<std::vector<HookPoint>> ParsePattern(std::string_view pattern,
 StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
                                                   int64_t num_layers) {
   return ParsePattern(pattern, num_layers, nullptr);
+}
+
+StatusOr<std::vector<HookPoint>> ParseModelHookPattern(std::string_view pattern,
+                                                       const ModelConfig& c,
+                                                       HookSiteFilter keep) {
+  return ParsePattern(pattern, c.num_layers, &c, keep);
+}
+
+std::string ModelSiteList(const ModelConfig& c, HookSiteFilter keep) {
+  std::string list;
+  for (const std::string& n : ModelSiteNames(c, keep))
+    list += (list.empty() ? "" : ", ") + n;
+  return list;
 }
 
 Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {

@@ -78,6 +78,21 @@ std::string HookName(const HookPoint& hook);
 StatusOr<std::vector<HookPoint>> ParseHookPattern(std::string_view pattern,
                                                   int64_t num_layers);
 
+// Which sites a caller accepts (IsInterventionSite: the editable ones).
+using HookSiteFilter = bool (*)(HookSite);
+
+// ParseHookPattern against the model `c`: a name that is no hook is refused
+// with the nearest spelling among this model's hooks (those `keep` keeps,
+// when given; the item's layer kept: "did you mean
+// 'blocks.0.hook_resid_post'?") and their list.
+StatusOr<std::vector<HookPoint>> ParseModelHookPattern(
+    std::string_view pattern, const ModelConfig& config,
+    HookSiteFilter keep = nullptr);
+
+// This model's hooks that `keep` keeps (every one when null), distinct:
+// "hook_embed, blocks.{L}.hook_resid_pre, ...".
+std::string ModelSiteList(const ModelConfig& config, HookSiteFilter keep);
+
 // Resolves a layer spec ("3", "-1", "0.25", "1.0") alone.
 StatusOr<int64_t> ResolveLayer(std::string_view spec, int64_t num_layers);
 

@@ -15,6 +15,7 @@
 
 #include "src/base/float16.h"
 #include "src/base/read_file.h"
+#include "src/base/spelling.h"
 #include "src/core/json_error.h"
 #include "src/core/json_int.h"
 #include "src/io/gguf.h"
@@ -39,10 +40,6 @@ constexpr std::pair<InterventionMode, std::string_view> kModes[] = {
     {InterventionMode::kPatchHead, "patch_head"},
 };
 
-constexpr const char* kSiteList =
-    "hook_resid_pre, hook_resid_mid, hook_resid_post, hook_attn_out, "
-    "hook_mlp_out, attn.hook_z, mlp.hook_post";
-
 bool NeedsVector(InterventionMode m) {
   return m != InterventionMode::kZero && m != InterventionMode::kZeroHead;
 }
@@ -53,19 +50,57 @@ bool IsHeadMode(InterventionMode m) {
   return m == InterventionMode::kZeroHead || m == InterventionMode::kPatchHead;
 }
 
-// One entry of the list, with "interventions[i]" for its errors.
+// One entry of the list, with "interventions[i]" for its errors, or the
+// command-line flag it was written from ("--steer HOOK=v.npy*4 (scale)").
 struct Entry {
   const Json& json;
   std::string name;
+  bool from_flag = false;
   const Json* Find(const char* key) const {
     auto it = json.find(key);
     return it == json.end() || it->is_null() ? nullptr : &*it;
   }
-  std::string Field(const char* key) const { return name + "." + key; }
+  std::string Field(const char* key) const {
+    return from_flag ? name + " (" + key + ")" : name + "." + key;
+  }
   Status Error(const char* key, const std::string& what) const {
     return InvalidArgumentError(Field(key) + ": " + what);
   }
 };
+
+// The fields an entry may have. The goldens' spec.json annotations (what HF
+// module was hooked, the formula, ...) are read and passed over, and so are
+// notes; any other field is an error (a misspelt "scal" would otherwise run
+// with the default scale).
+constexpr std::string_view kFields[] = {
+    "hook",   "mode",     "scale", "norm_match", "vector_file",
+    "tensor", "vector",   "head",  "positions",  "positions_rule",
+    "rows",   "apply_to", "flag"};
+constexpr std::string_view kAnnotations[] = {
+    "note",    "comment",    "description",    "hf_module",
+    "formula", "vector_key", "vector_is_unit", "mean_vector_source"};
+
+Status CheckFieldNames(const Entry& e) {
+  for (const auto& [key, value] : e.json.items()) {
+    if (std::find(std::begin(kFields), std::end(kFields), key) !=
+            std::end(kFields) ||
+        std::find(std::begin(kAnnotations), std::end(kAnnotations), key) !=
+            std::end(kAnnotations))
+      continue;
+    const std::vector<std::string_view> fields(std::begin(kFields),
+                                               std::end(kFields) - 1);
+    const std::string_view near =
+        Nearest(key, fields, MisspellingDistance(key));
+    std::string list;
+    for (std::string_view f : fields)
+      list += (list.empty() ? "" : ", ") + std::string(f);
+    return InvalidArgumentError(
+        e.name + ": unknown field \"" + key + "\"" +
+        (near.empty() ? "" : " (did you mean \"" + std::string(near) + "\"?)") +
+        "; the fields: " + list);
+  }
+  return Status();
+}
 
 StatusOr<InterventionMode> ParseMode(const Entry& e) {
   const Json* m = e.Find("mode");
@@ -86,16 +121,16 @@ StatusOr<std::vector<HookPoint>> ParseHooks(const Entry& e,
                    h == nullptr ? "missing" : h->dump() + " is not a string");
   const std::string name = h->get<std::string>();
   StatusOr<std::vector<HookPoint>> hooks =
-      ParseHookPattern(name, config.num_layers);
-  if (!hooks.ok())
-    return e.Error("hook", "'" + name + "': " + hooks.status().message());
+      ParseModelHookPattern(name, config, IsInterventionSite);
+  if (!hooks.ok()) return e.Error("hook", hooks.status().message());
   for (const HookPoint& hook : *hooks) {
     if (Status s = CheckHookExists(hook, config); !s.ok())
-      return e.Error("hook", "'" + name + "': " + s.message());
+      return e.Error("hook", s.message());
     if (!IsInterventionSite(hook.site))
-      return e.Error(
-          "hook", "'" + HookName(hook) +
-                      "' cannot be edited; the sites that can: " + kSiteList);
+      return e.Error("hook", "'" + HookName(hook) +
+                                 "' cannot be edited; the hooks of this " +
+                                 config.model_type + " model that can: " +
+                                 ModelSiteList(config, IsInterventionSite));
   }
   return *std::move(hooks);
 }
@@ -514,6 +549,7 @@ Status ParseEntry(const Entry& e, const ModelConfig& config,
   if (!e.json.is_object())
     return InvalidArgumentError(e.name + ": " + e.json.dump() +
                                 " is not an object");
+  RETURN_IF_ERROR(CheckFieldNames(e));
   ASSIGN_OR_RETURN(const InterventionMode mode, ParseMode(e));
   ASSIGN_OR_RETURN(const std::vector<HookPoint> hooks, ParseHooks(e, config));
   Intervention iv;
@@ -583,7 +619,13 @@ StatusOr<std::vector<Intervention>> ParseInterventions(
         "interventions: expected a non-empty list under \"interventions\"");
   std::vector<Intervention> out;
   for (size_t i = 0; i < list->size(); ++i) {
-    const Entry e{(*list)[i], "interventions[" + std::to_string(i) + "]"};
+    const Json& entry = (*list)[i];
+    const auto flag = entry.is_object() ? entry.find("flag") : entry.end();
+    const bool from_flag = flag != entry.end() && flag->is_string();
+    const Entry e{entry,
+                  from_flag ? flag->get<std::string>()
+                            : "interventions[" + std::to_string(i) + "]",
+                  from_flag};
     RETURN_IF_ERROR(ParseEntry(e, config, base_dir, &out));
   }
   return out;
@@ -695,7 +737,7 @@ StatusOr<std::string> ShorthandInterventions(
       return InvalidArgumentError(flag +
                                   ": expected HOOK=VECTOR*SCALE[@POSITIONS]");
     std::string rest = s.substr(eq + 1);
-    Json e{{"hook", s.substr(0, eq)}, {"mode", "add"}};
+    Json e{{"hook", s.substr(0, eq)}, {"mode", "add"}, {"flag", flag}};
     if (const size_t at = rest.rfind('@'); at != std::string::npos) {
       const std::string p = rest.substr(at + 1);
       rest.resize(at);
@@ -727,7 +769,9 @@ StatusOr<std::string> ShorthandInterventions(
     if (eq == std::string::npos || eq == 0 || eq + 1 == s.size())
       return InvalidArgumentError("--ablate-direction " + s +
                                   ": expected HOOK=DIRECTION");
-    Json e{{"hook", s.substr(0, eq)}, {"mode", "project_out"}};
+    Json e{{"hook", s.substr(0, eq)},
+           {"mode", "project_out"},
+           {"flag", "--ablate-direction " + s}};
     SetVectorFile(s.substr(eq + 1), &e);
     list.push_back(std::move(e));
   }
@@ -797,7 +841,8 @@ Status CheckIntervention(const Intervention& iv, const ModelConfig& c,
   if (!IsInterventionSite(iv.hook.site))
     return InvalidArgumentError(
         name + ": '" + HookName(iv.hook) +
-        "' cannot be edited; the sites that can: " + kSiteList);
+        "' cannot be edited; the hooks of this " + c.model_type +
+        " model that can: " + ModelSiteList(c, IsInterventionSite));
   RETURN_IF_ERROR(CheckHookExists(iv.hook, c).WithContext(name));
   ASSIGN_OR_RETURN(const int64_t width, HookWidth(iv.hook, c));
   int64_t want = 0;
@@ -839,6 +884,30 @@ Status CheckIntervention(const Intervention& iv, const ModelConfig& c,
 bool AppliesToRow(const Intervention& iv, int64_t row) {
   return iv.rows.empty() ||
          std::binary_search(iv.rows.begin(), iv.rows.end(), row);
+}
+
+Status CheckInterventionsApply(const std::vector<Intervention>& list,
+                               int64_t count, std::string_view noun,
+                               bool generates) {
+  for (const Intervention& iv : list) {
+    const std::string what = "interventions: the " +
+                             std::string(InterventionModeName(iv.mode)) +
+                             " at " + HookName(iv.hook);
+    if (!iv.rows.empty() && iv.rows.back() >= count)
+      return InvalidArgumentError(
+          what + " lists row " + std::to_string(iv.rows.back()) +
+          " in `rows`, but this job has " + std::to_string(count) + " " +
+          std::string(count == 1 && noun.ends_with('s')
+                          ? noun.substr(0, noun.size() - 1)
+                          : noun) +
+          " (rows count from 0): it would edit nothing");
+    if (!generates && !iv.edits_prompt())
+      return InvalidArgumentError(
+          what +
+          " has apply_to \"generated\", but this job generates no tokens: "
+          "it would edit nothing (leave apply_to out)");
+  }
+  return Status();
 }
 
 std::string CheckInterventionsFit(const std::vector<Intervention>& list,

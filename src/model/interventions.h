@@ -127,6 +127,14 @@ StatusOr<int64_t> PatchRowCount(const InterventionPositions& positions);
 // Whether `iv` applies to input row `row` (its `rows`, or every row).
 bool AppliesToRow(const Intervention& iv, int64_t row);
 
+// Refuses, before a job runs, an intervention that would edit nothing in
+// it: one whose `rows` lists a row past the job's `count` rows (input rows,
+// windows or prompts, as `noun` says), or one that edits generated tokens
+// only (apply_to "generated") in a job that generates none.
+Status CheckInterventionsApply(const std::vector<Intervention>& list,
+                               int64_t count, std::string_view noun,
+                               bool generates);
+
 // Why the interventions that apply to input row `row` of `length` tokens do
 // not fit it ("" if they do): the first position outside the row or named
 // twice, e.g. "intervention 2 (blocks.1.hook_resid_post): position 12 is

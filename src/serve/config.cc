@@ -20,6 +20,7 @@
 #include <utility>
 #include <variant>
 
+#include "src/base/spelling.h"
 #include "src/base/units.h"
 
 namespace loom::serve {
@@ -291,41 +292,14 @@ std::string JoinNames(const Range& names, std::string_view sep = ", ") {
   return out;
 }
 
-// Levenshtein distance, for "did you mean".
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // " (did you mean X?)" when one candidate is close to `name`, else "".
 std::string Suggestion(std::string_view name,
                        const std::vector<std::string_view>& candidates,
                        std::string_view prefix) {
-  const std::string lower = Lower(name);
-  size_t best = std::numeric_limits<size_t>::max();
-  std::string_view best_name;
-  for (std::string_view c : candidates) {
-    const size_t d = EditDistance(lower, c);
-    if (d < best) {
-      best = d;
-      best_name = c;
-    }
-  }
-  if (best_name.empty() || best > std::max<size_t>(2, name.size() / 3))
-    return "";
-  return " (did you mean " + std::string(prefix) + std::string(best_name) +
-         "?)";
+  const std::string_view best =
+      Nearest(Lower(name), candidates, MisspellingDistance(name));
+  if (best.empty()) return "";
+  return " (did you mean " + std::string(prefix) + std::string(best) + "?)";
 }
 
 std::vector<std::string_view> KeysOf(std::string_view section) {
