@@ -1018,11 +1018,19 @@ StatusOr<std::map<std::string, std::string>> ExperimentStore::Export(
                 {"metrics", all["metrics"]},
                 {"hidden_states", all["hidden_states"]}};
     if (include_hidden_states) {
-      json data = json::object();
-      for (const json& h : all["hidden_states"])
-        data[std::to_string(h["layer"].get<int64_t>())] =
-            ArrayOfFile(h["file_path"].get<std::string>());
-      doc["hidden_state_data"] = std::move(data);
+      // TheLoom's layer-keyed object keeps one array per layer (the last
+      // record's, as its dict does); every record, a last-position [d] and
+      // a full-sequence [n, d] state of one layer both, is in the object
+      // keyed by record id.
+      json by_layer = json::object(), by_id = json::object();
+      for (const json& h : all["hidden_states"]) {
+        json data = ArrayOfFile(h["file_path"].get<std::string>());
+        by_layer[std::to_string(h["layer"].get<int64_t>())] = data;
+        by_id[h["id"].is_string() ? h["id"].get<std::string>()
+                                  : h["id"].dump()] = std::move(data);
+      }
+      doc["hidden_state_data"] = std::move(by_layer);
+      doc["hidden_state_data_by_id"] = std::move(by_id);
     }
     const std::string path = JoinPath(dir, id + ".json");
     RETURN_IF_ERROR(WriteFileDurably(path, doc.dump(2) + "\n"));

@@ -202,6 +202,13 @@ TEST(ExperimentStoreTest, ExportsJsonAndCsv) {
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(store->AddConversation(*id, "user", "a, \"b\"").ok());
   const std::vector<float> v = {0.5f, -1.0f, 2.0f, 4.0f};
+  // One layer's last-position state [2] and its full sequence [2, 2]: the
+  // export keeps both (by record id), and TheLoom's layer-keyed object the
+  // last stored.
+  const std::vector<float> last = {2.0f, 4.0f};
+  ASSERT_TRUE(
+      store->SaveHiddenState(*id, 2, DType::kF32, Shape({2}), last.data())
+          .ok());
   ASSERT_TRUE(
       store->SaveHiddenState(*id, 2, DType::kF32, Shape({2, 2}), v.data())
           .ok());
@@ -215,6 +222,16 @@ TEST(ExperimentStoreTest, ExportsJsonAndCsv) {
   EXPECT_EQ(doc["conversations"].size(), 1u);
   EXPECT_TRUE(doc["metrics"].empty());
   EXPECT_EQ(doc["hidden_state_data"]["2"],
+            json::parse("[[0.5, -1.0], [2.0, 4.0]]"));
+  ASSERT_EQ(doc["hidden_states"].size(), 2u);
+  const json& by_id = doc["hidden_state_data_by_id"];
+  ASSERT_EQ(by_id.size(), 2u) << by_id.dump();
+  auto key = [](const json& id) {
+    return id.is_string() ? id.get<std::string>() : id.dump();
+  };
+  EXPECT_EQ(by_id[key(doc["hidden_states"][0]["id"])],
+            json::parse("[2.0, 4.0]"));
+  EXPECT_EQ(by_id[key(doc["hidden_states"][1]["id"])],
             json::parse("[[0.5, -1.0], [2.0, 4.0]]"));
   EXPECT_TRUE(doc.contains("export_timestamp"));
 
@@ -240,7 +257,7 @@ TEST(ExperimentStoreTest, ExportsJsonAndCsv) {
   EXPECT_EQ(summary.substr(0, summary.find('\n')),
             "id,created_at,model,status,notes,conversation_count,metric_count,"
             "hidden_state_count");
-  EXPECT_NE(summary.find(",1,0,1\n"), std::string::npos) << summary;
+  EXPECT_NE(summary.find(",1,0,2\n"), std::string::npos) << summary;
   n = store->ExportSummary("json", dir.File("out/summary.json"), 10);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(
