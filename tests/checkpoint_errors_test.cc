@@ -13,6 +13,7 @@
 
 #include "src/io/safetensors.h"
 #include "src/io/safetensors_writer.h"
+#include "src/io/test_util.h"
 #include "src/model/bind.h"
 #include "src/model/inspect.h"
 #include "src/model/registry.h"
@@ -290,6 +291,53 @@ TEST(InspectTest, JsonHasRequiredKeys) {
   EXPECT_EQ(j["num_parameters"], 260032);
   EXPECT_EQ(j["bytes_by_dtype"]["F32"], 260032 * 4);
   EXPECT_TRUE(j["problems"].empty());
+}
+
+// MoE and MLA structure from config.json alone (the repo's copies of the
+// published configs): experts, top-k, the shared expert, the router, the
+// dense layers, the MLA ranks.
+TEST(InspectTest, ShowsMixtureOfExpertsAndLatentAttention) {
+  const std::string configs =
+      std::string(LOOM_SOURCE_DIR) + "/tests/data/configs/";
+  auto ds = InspectModel(configs + "DeepSeek-V3");
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  const std::string text = ds->ToText();
+  EXPECT_CONTAINS(text,
+                  "attention         multi-head latent (MLA), 128 heads: q via "
+                  "rank 1536, kv latent rank 512, q/k 192 (128 nope + 64 "
+                  "rope, the rope key shared), v 128\n");
+  EXPECT_CONTAINS(text,
+                  "experts           256 routed, top 8 per token, "
+                  "intermediate 2048; shared expert of 2048\n");
+  EXPECT_CONTAINS(text,
+                  "router            sigmoid_group_topk, top-k renormalised, "
+                  "8 groups keep 4, scaling 2.5\n");
+  EXPECT_CONTAINS(text, "expert layers     3-60  (dense MLP: 0-2)\n");
+  const nlohmann::json j = ds->ToJson();
+  EXPECT_EQ(j["attention"], "mla");
+  EXPECT_EQ(j["mla"]["kv_lora_rank"], 512);
+  EXPECT_EQ(j["mla"]["q_lora_rank"], 1536);
+  EXPECT_EQ(j["moe"]["num_experts"], 256);
+  EXPECT_EQ(j["moe"]["experts_per_token"], 8);
+  EXPECT_EQ(j["moe"]["shared_expert_intermediate_size"], 2048);
+  EXPECT_EQ(j["moe"]["dense_layers"], nlohmann::json({0, 1, 2}));
+  EXPECT_EQ(j["moe"]["sparse_layers"].size(), 58u);
+  EXPECT_EQ(j["moe"]["n_group"], 8);
+
+  auto qwen = InspectModel(configs + "Qwen3-30B-A3B");
+  ASSERT_TRUE(qwen.ok()) << qwen.status().ToString();
+  EXPECT_CONTAINS(qwen->ToText(), "expert layers     0-47\n");
+  EXPECT_EQ(qwen->ToJson()["moe"]["dense_layers"], nlohmann::json::array());
+  EXPECT_FALSE(qwen->ToJson()["moe"].contains("n_group"));
+  auto oss = InspectModel(configs + "gpt-oss-20b");
+  ASSERT_TRUE(oss.ok()) << oss.status().ToString();
+  EXPECT_CONTAINS(oss->ToText(), "router            topk_softmax\n");
+  auto dense = InspectModel(kModel);
+  ASSERT_TRUE(dense.ok());
+  EXPECT_TRUE(dense->ToJson()["moe"].is_null());
+  EXPECT_TRUE(dense->ToJson()["mla"].is_null());
+  EXPECT_EQ(dense->ToJson()["attention"], "standard");
+  EXPECT_EQ(dense->ToText().find("experts "), std::string::npos);
 }
 
 // The tiny quantized checkpoints of the shared goldens, one per format.

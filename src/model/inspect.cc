@@ -45,6 +45,118 @@ std::string BlockName(BlockKind b) {
   return "?";
 }
 
+std::string RouterName(RouterKind r) {
+  switch (r) {
+    case RouterKind::kSoftmaxTopK:
+      return "softmax_topk";
+    case RouterKind::kTopKSoftmax:
+      return "topk_softmax";
+    case RouterKind::kSigmoidGroupTopK:
+      return "sigmoid_group_topk";
+  }
+  return "?";
+}
+
+// The layers of a mixture-of-experts model with routed experts, and those
+// with a dense MLP (deepseek_v3's first_k_dense_replace, Qwen-MoE's
+// mlp_only_layers and decoder_sparse_step).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> SparseAndDenseLayers(
+    const ModelConfig& c) {
+  std::vector<int64_t> sparse, dense;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    (c.moe.IsSparseLayer(l) ? sparse : dense).push_back(l);
+  return {sparse, dense};
+}
+
+// "0-2, 5, 7-9".
+std::string LayerRanges(const std::vector<int64_t>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(layers[i]) +
+           (j > i ? "-" + std::to_string(layers[j]) : "");
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
+}
+
+nlohmann::json MoeJson(const ModelConfig& c) {
+  if (c.mlp != MlpKind::kMoE) return nullptr;
+  const MoEConfig& m = c.moe;
+  const auto [sparse, dense] = SparseAndDenseLayers(c);
+  nlohmann::json j = {
+      {"num_experts", m.num_experts},
+      {"experts_per_token", m.experts_per_token},
+      {"expert_intermediate_size", m.expert_intermediate_size},
+      {"shared_expert_intermediate_size", m.shared_expert_intermediate_size},
+      {"shared_expert_gate", m.shared_expert_gate},
+      {"router", RouterName(m.router)},
+      {"norm_topk_prob", m.norm_topk_prob},
+      {"sparse_layers", sparse},
+      {"dense_layers", dense}};
+  if (m.router == RouterKind::kSigmoidGroupTopK) {
+    j["n_group"] = m.n_group;
+    j["topk_group"] = m.topk_group;
+    j["routed_scaling_factor"] = m.routed_scaling_factor;
+  }
+  return j;
+}
+
+nlohmann::json MlaJson(const ModelConfig& c) {
+  if (c.attention != AttentionKind::kMla) return nullptr;
+  const MlaConfig& m = c.mla;
+  return {{"q_lora_rank", m.q_lora_rank},
+          {"kv_lora_rank", m.kv_lora_rank},
+          {"qk_nope_head_dim", m.qk_nope_head_dim},
+          {"qk_rope_head_dim", m.qk_rope_head_dim},
+          {"v_head_dim", m.v_head_dim}};
+}
+
+// The text lines of the attention and the experts.
+void AttentionText(const ModelConfig& c, std::ostringstream& o) {
+  if (c.attention == AttentionKind::kMla) {
+    const MlaConfig& m = c.mla;
+    o << "attention         multi-head latent (MLA), " << c.num_heads
+      << " heads: q "
+      << (m.q_lora_rank > 0 ? "via rank " + std::to_string(m.q_lora_rank)
+                            : std::string("plain"))
+      << ", kv latent rank " << m.kv_lora_rank << ", q/k " << m.qk_head_dim()
+      << " (" << m.qk_nope_head_dim << " nope + " << m.qk_rope_head_dim
+      << " rope, the rope key shared), v " << m.v_head_dim;
+  } else {
+    o << "attention         " << c.num_heads << " heads x " << c.head_dim
+      << ", " << c.num_kv_heads << " kv heads";
+  }
+  int64_t windowed = 0;
+  for (int64_t w : c.sliding_window) windowed += w > 0;
+  if (windowed)
+    o << ", sliding window on " << windowed << "/" << c.num_layers << " layers";
+  o << "\n";
+  if (c.mlp != MlpKind::kMoE) return;
+  const MoEConfig& m = c.moe;
+  const auto [sparse, dense] = SparseAndDenseLayers(c);
+  o << "experts           " << m.num_experts << " routed, top "
+    << m.experts_per_token << " per token, intermediate "
+    << m.expert_intermediate_size;
+  if (m.shared_expert_intermediate_size > 0)
+    o << "; shared expert of " << m.shared_expert_intermediate_size
+      << (m.shared_expert_gate ? " (gated)" : "");
+  o << "\n";
+  // top-k then softmax sums to 1 by construction: no renormalisation.
+  o << "router            " << RouterName(m.router)
+    << (m.norm_topk_prob && m.router != RouterKind::kTopKSoftmax
+            ? ", top-k renormalised"
+            : "");
+  if (m.router == RouterKind::kSigmoidGroupTopK)
+    o << ", " << m.n_group << " groups keep " << m.topk_group << ", scaling "
+      << m.routed_scaling_factor;
+  o << "\n";
+  o << "expert layers     " << LayerRanges(sparse);
+  if (!dense.empty()) o << "  (dense MLP: " << LayerRanges(dense) << ")";
+  o << "\n";
+}
+
 // Weight families in display order; stored tensors no weight uses come last.
 enum class Family : int {
   kEmbeddings,
@@ -272,6 +384,9 @@ nlohmann::json InspectReport::ToJson() const {
                {"rotary_dim", c.rope.rotary_dim}};
   j["sliding_window"] = c.sliding_window;
   j["block"] = BlockName(c.block);
+  j["attention"] = c.attention == AttentionKind::kMla ? "mla" : "standard";
+  j["mla"] = MlaJson(c);
+  j["moe"] = MoeJson(c);
   j["num_parameters"] = num_parameters;
   j["bytes_by_dtype"] = bytes_by_dtype;
   j["weights_by_format"] = weights_by_format;
@@ -303,13 +418,7 @@ std::string InspectReport::ToText() const {
   o << "layers            " << c.num_layers << "\n";
   o << "hidden            " << c.hidden_size << "  (intermediate "
     << c.intermediate_size << ")\n";
-  o << "attention         " << c.num_heads << " heads x " << c.head_dim << ", "
-    << c.num_kv_heads << " kv heads";
-  int64_t windowed = 0;
-  for (int64_t w : c.sliding_window) windowed += w > 0;
-  if (windowed)
-    o << ", sliding window on " << windowed << "/" << c.num_layers << " layers";
-  o << "\n";
+  AttentionText(c, o);
   o << "positions         "
     << (c.learned_positions ? "learned" : "rope " + RopeName(c.rope.type));
   if (!c.learned_positions && c.rope.type != RopeConfig::Type::kNone &&
