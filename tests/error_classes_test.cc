@@ -389,6 +389,17 @@ TEST_F(ErrorClassesTest, NumericFlagsOutOfRangeExitTwo) {
       << zeros.out;
 }
 
+// A library message that already names the command ("bench: --tokens ...",
+// "generate: prompt 0 ...", shared with serve and Python) gets the CLI's
+// prefix once: "loom bench: --tokens 5000 outside ...".
+TEST_F(ErrorClassesTest, OnePrefixPerMessage) {
+  const std::string err = ExpectError({"bench", kModel, "--tokens", "5000"}, 1,
+                                      "bench", {"--tokens 5000 outside [1, "});
+  EXPECT_EQ(err.find("bench: bench:"), std::string::npos) << err;
+  EXPECT_NE(err.find("loom bench: --tokens 5000 outside"), std::string::npos)
+      << err;
+}
+
 TEST_F(ErrorClassesTest, InvalidArgumentHookNames) {
   const std::string in = TextInput();
   const std::string typo = ExpectError(

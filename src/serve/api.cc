@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "src/base/float16.h"
+#include "src/core/json_error.h"
 
 namespace loom::serve {
 namespace {
@@ -249,20 +250,9 @@ StatusOr<json> ParseBody(std::string_view body) {
         "the request body is empty: it must be a JSON object (e.g. curl -H "
         "'Content-Type: application/json' -d '{...}')");
   json j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) {
-    // Find the position with the throwing parser (exceptions stay here).
-    try {
-      const json reparsed = json::parse(body);  // throws with the position
-      static_cast<void>(reparsed);
-    } catch (const json::parse_error& e) {
-      return InvalidArgumentError(std::string("malformed JSON body: ") +
-                                  e.what());
-    } catch (const std::exception& e) {
-      return InvalidArgumentError(std::string("malformed JSON body: ") +
-                                  e.what());
-    }
-    return InvalidArgumentError("malformed JSON body");
-  }
+  if (j.is_discarded())
+    return InvalidArgumentError("malformed JSON body at " +
+                                LocateJsonError(body).Where());
   if (!j.is_object())
     return InvalidArgumentError("the body must be a JSON object, got " +
                                 std::string(j.type_name()));

@@ -14,8 +14,16 @@ namespace loom::cli {
 
 int ReportStatus(std::string_view command, const Status& status) {
   if (status.ok()) return 0;
-  std::fprintf(stderr, "loom %.*s: %s\n", static_cast<int>(command.size()),
-               command.data(), status.message().c_str());
+  // A message the library already prefixed with the command's name
+  // ("generate: prompt 0 is empty", shared with serve and Python) is not
+  // prefixed twice.
+  std::string_view message = status.message();
+  if (message.size() > command.size() + 2 && message.starts_with(command) &&
+      message.substr(command.size(), 2) == ": ")
+    message.remove_prefix(command.size() + 2);
+  std::fprintf(stderr, "loom %.*s: %.*s\n", static_cast<int>(command.size()),
+               command.data(), static_cast<int>(message.size()),
+               message.data());
   // A device the command was asked to run on is not here: a usage error, as
   // CLI11's (docs/design/error-model.md).
   return status.code() == StatusCode::kUnavailable ? 2 : 1;

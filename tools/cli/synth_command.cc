@@ -32,7 +32,9 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--preset", opts->synth.preset,
                   "tinyllama-1.1b (hidden 2048, 22 layers, 32/4 heads, "
-                  "intermediate 5632, vocab 32000), small, llama-3.1-8b "
+                  "intermediate 5632, vocab 32000), small (hidden 256, 4 "
+                  "layers, 8/2 heads, intermediate 688, vocab 4096), "
+                  "llama-3.1-8b "
                   "(Llama-3.1-8B's config: hidden 4096, 32 layers, 32/8 "
                   "heads, intermediate 14336, vocab 128256, llama3 RoPE "
                   "scaling; 16 GB in bf16), qwen3-30b-a3b "
