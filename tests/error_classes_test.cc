@@ -272,7 +272,12 @@ TEST_F(ErrorClassesTest, UsageErrorsExitTwo) {
       {{"generate", "--model", kModel, "--prompt", "a", "--bogus"},
        "generate",
        {"not expected: --bogus"}},
-      {{"generate", "--model", kModel}, "generate", {"--prompt is required"}},
+      {{"generate", "--model", kModel},
+       "generate",
+       {"Exactly 1 option from [--prompt,--prompt-tokens] is required"}},
+      {{"generate", "--model", kModel, "--prompt", "a", "--prompt-tokens", "1"},
+       "generate",
+       {"--prompt excludes --prompt-tokens"}},
       {{"generate", "--model", kModel, "--prompt", "a", "--max-tokens", "ten"},
        "generate",
        {"Could not convert: --max-tokens = ten"}},
@@ -387,6 +392,43 @@ TEST_F(ErrorClassesTest, NumericFlagsOutOfRangeExitTwo) {
   EXPECT_EQ(zeros.rc, 0) << zeros.err;
   EXPECT_NE(zeros.out.find(R"("token_ids":[])"), std::string::npos)
       << zeros.out;
+}
+
+// `loom generate --prompt-tokens` generates from ids as given: the ids of
+// the text prompt give the same tokens; a checkpoint without a tokenizer
+// prints the generated ids, and refuses text naming the flag to use.
+TEST_F(ErrorClassesTest, GenerateFromTokenIdsWithOrWithoutATokenizer) {
+  const CliResult text = Loom({"generate", "--model", kModel, "--prompt",
+                               "Once upon", "--max-tokens", "5", "--json"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  const Json t = Json::parse(text.out);
+  std::string ids;
+  for (const Json& id : t["prompt_ids"])
+    ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const CliResult given =
+      Loom({"generate", "--model", kModel, "--prompt-tokens", ids,
+            "--max-tokens", "5", "--json"});
+  ASSERT_EQ(given.rc, 0) << given.err;
+  const Json g = Json::parse(given.out);
+  EXPECT_EQ(g["token_ids"], t["token_ids"]);
+  EXPECT_EQ(g["text"], t["text"]);
+  EXPECT_TRUE(g["prompt"].is_null());
+
+  const fs::path bare = dir_ / "no_tokenizer";
+  fs::create_directories(bare);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(fs::path(kModel) / f, bare / f);
+  const CliResult plain = Loom({"generate", "--model", bare.string(),
+                                "--prompt-tokens", ids, "--max-tokens", "5"});
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  std::string want;
+  for (const Json& id : t["token_ids"])
+    want += (want.empty() ? "" : ",") + std::to_string(id.get<int>());
+  EXPECT_EQ(plain.out, want + "\n");
+  ExpectError(
+      {"generate", "--model", bare.string(), "--prompt", "Once"}, 1, "generate",
+      {"--prompt: text needs a tokenizer, and " + bare.string() + " has none (",
+       "give token ids with --prompt-tokens"});
 }
 
 // A library message that already names the command ("bench: --tokens ...",

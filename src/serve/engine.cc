@@ -221,7 +221,9 @@ SessionParams SessionParamsOf(const std::string& dir,
   sp.precision = options.precision;
   sp.plan = options.plan;
   sp.threads = options.threads;
-  sp.tokenizer = TokenizerUse::kRequired;
+  // A checkpoint without a tokenizer is served for token-id prompts; a
+  // text prompt to it is the request's error.
+  sp.tokenizer = TokenizerUse::kOptional;
   sp.interventions = options.interventions;
   return sp;
 }
@@ -447,6 +449,10 @@ StatusOr<std::shared_ptr<Ticket>> Engine::Submit(GenRequest r) {
     return InvalidArgumentError("max_tokens must be >= 0, got " +
                                 std::to_string(r.max_new_tokens));
   RETURN_IF_ERROR(eval::ValidateSampling(r.sampling));
+  if (!r.stop_strings.empty() && tokenizer() == nullptr)
+    return InvalidArgumentError("stop strings need a tokenizer, and model " +
+                                id_ + " has none (" + tokenizer_error() +
+                                "); leave `stop` out");
   for (const HookPoint& h : r.hooks)
     if (!Capturable(h))
       return InvalidArgumentError(
@@ -624,6 +630,7 @@ void Engine::Admit() {
 StatusOr<std::string> Engine::DecodeText(const std::vector<int32_t>& ids) {
   // Ids past the tokenizer's vocabulary (padding rows of a larger embedding)
   // decode to nothing, as they have no text.
+  if (session_->tokenizer() == nullptr) return std::string();  // ids only
   const int64_t known = session_->tokenizer()->vocab_size();
   decode_ids_.clear();
   for (int32_t id : ids)
@@ -778,7 +785,8 @@ Status Engine::Step() {
       s.result.stop_reason = "stop_id";
       stop = true;
     }
-    if (r.on_token || !r.stop_strings.empty()) {
+    if ((r.on_token || !r.stop_strings.empty()) &&
+        session_->tokenizer() != nullptr) {
       StatusOr<std::string> text =
           session_->tokenizer()->Decode(s.result.token_ids, true);
       if (!text.ok()) {

@@ -264,7 +264,12 @@ class Engine {
   const std::string& id() const { return id_; }
   const std::string& dir() const { return dir_; }
   const Model& model() const { return session_->model(); }
-  const tok::Tokenizer& tokenizer() const { return *session_->tokenizer(); }
+  // The model's tokenizer; null for a checkpoint without one, which serves
+  // token-id prompts only (tokenizer_error() says why there is none).
+  const tok::Tokenizer* tokenizer() const { return session_->tokenizer(); }
+  const std::string& tokenizer_error() const {
+    return session_->tokenizer_error();
+  }
   // The session the engine runs in: its plan, devices and model.
   const Session& session() const { return *session_; }
   // The model's chat template, if it has one.

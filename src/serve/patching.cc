@@ -229,7 +229,8 @@ std::string RecoveryClass(const json& r) {
 
 std::string TokenText(const Engine& e, int32_t id) {
   const int32_t ids[] = {id};
-  StatusOr<std::string> s = e.tokenizer().Decode(ids, false);
+  if (e.tokenizer() == nullptr) return "";  // a token-id-only model
+  StatusOr<std::string> s = e.tokenizer()->Decode(ids, false);
   return s.ok() ? *s : "";
 }
 
@@ -546,7 +547,7 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (x.cleanup_on_completion)
-      caches_.clear();  // TheLoom clears every cache
+      caches_.clear();    // TheLoom clears every cache
     else if (!r->reused)  // a reused cache is kept as it is
       Keep(x.id, engine.id(), std::move(r->baselines));
   }

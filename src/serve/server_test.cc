@@ -527,6 +527,65 @@ TEST(ServeHttpTest, ChatUsesTheModelsTemplate) {
   fs::remove_all(dir.parent_path());
 }
 
+// A checkpoint without a tokenizer is served for token-id prompts (`prompt`
+// as ids, or vLLM's `prompt_token_ids`), with the same tokens as the model
+// with its tokenizer; text and stop strings are the request's 400.
+TEST(ServeHttpTest, ATokenizerlessCheckpointServesTokenIds) {
+  loom::testing::TempDir dir;
+  const std::string model = dir.File("notok");
+  fs::create_directories(model);
+  for (const char* f :
+       {"config.json", "model.safetensors", "generation_config.json"})
+    fs::copy_file(fs::path(Stories()) / f, fs::path(model) / f);
+  const json ids = {1, 403, 407};
+  json want;
+  {
+    Running with(Defaults());
+    auto c = with.Client();
+    int status = 0;
+    want = Post(c, "/generate", {{"prompt", ids}, {"max_tokens", 5}}, &status);
+    ASSERT_EQ(status, 200) << want.dump();
+  }
+  Running s(Defaults(), model);
+  auto c = s.Client();
+  int status = 0;
+  json got =
+      Post(c, "/generate", {{"prompt", ids}, {"max_tokens", 5}}, &status);
+  ASSERT_EQ(status, 200) << got.dump();
+  EXPECT_EQ(got["token_ids"], want["token_ids"]);
+  EXPECT_EQ(got["text"], "");
+  got = Post(c, "/generate", {{"prompt_token_ids", ids}, {"max_tokens", 5}},
+             &status);
+  ASSERT_EQ(status, 200) << got.dump();
+  EXPECT_EQ(got["token_ids"], want["token_ids"]);
+  got = Post(c, "/v1/completions",
+             {{"prompt_token_ids", ids}, {"max_tokens", 5}, {"temperature", 0}},
+             &status);
+  EXPECT_EQ(status, 200) << got.dump();
+  EXPECT_EQ(got["usage"]["completion_tokens"], 5) << got.dump();
+  const std::pair<json, std::string> refused[] = {
+      {{{"prompt", "Once upon"}},
+       "field `prompt`: text needs a tokenizer, and model notok has none ("},
+      {{{"prompt", ids}, {"stop", {"x"}}},
+       "stop strings need a tokenizer, and model notok has none"},
+      {{{"prompt", ids}, {"prompt_token_ids", ids}},
+       "fields `prompt` and `prompt_token_ids`: give one of them, not both"},
+      {{{"prompt_token_ids", "1 2"}},
+       "field `prompt_token_ids`: expected a list of token ids, got string"},
+  };
+  for (const auto& [body, message] : refused) {
+    SCOPED_TRACE(body.dump());
+    got = Post(c, "/generate", body, &status);
+    EXPECT_EQ(status, 400) << got.dump();
+    EXPECT_NE(got.value("detail", "").find(message), std::string::npos)
+        << got.dump();
+  }
+  auto models = c.Get("/models");
+  ASSERT_TRUE(models);
+  EXPECT_NE(models->body.find("\"has_tokenizer\":false"), std::string::npos)
+      << models->body;
+}
+
 // A model whose plan (weights, KV cache, activations, capture budget)
 // exceeds host memory x memory_fraction is refused before anything is
 // allocated.

@@ -1,4 +1,5 @@
-// `loom generate --model DIR --prompt TEXT [--max-tokens N] [--temperature T]
+// `loom generate --model DIR (--prompt TEXT | --prompt-tokens IDS)
+// [--max-tokens N] [--temperature T]
 //  [--top-k K] [--top-p P] [--seed S] [--stop STR]... [--ctx N] [--json]
 //  [--hooks H,... [--layers L,...] [--select S]...] [--prefill-chunk N]`:
 // continues a prompt with the KV cache (src/eval/generate.h) on the CPU
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -31,6 +33,7 @@ namespace {
 struct GenerateArgs {
   std::string model_dir;
   std::string prompt;
+  std::vector<int64_t> prompt_tokens;  // --prompt-tokens, instead of text
   std::string precision = "f32";
   int64_t max_tokens = 32;
   float temperature = 0.0f;
@@ -55,6 +58,41 @@ void PrintVerifyPlan(const Session& session) {
   if (!verify.is_null())
     std::fprintf(stderr, "loom generate: verify-plan: %s\n",
                  verify.dump().c_str());
+}
+
+// The prompt's ids: --prompt-tokens as given (no BOS added), or --prompt
+// encoded with the tokenizer (null: the checkpoint has none, `why`).
+StatusOr<std::vector<int32_t>> PromptIds(const GenerateArgs& args,
+                                         const tok::Tokenizer* tokenizer,
+                                         const std::string& why) {
+  if (!args.prompt_tokens.empty()) {
+    std::vector<int32_t> ids;
+    for (int64_t id : args.prompt_tokens) {
+      if (id < 0 || id > std::numeric_limits<int32_t>::max())
+        return InvalidArgumentError("--prompt-tokens: " + std::to_string(id) +
+                                    " is not a token id");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    return ids;
+  }
+  if (tokenizer == nullptr)
+    return InvalidArgumentError("--prompt: text needs a tokenizer, and " +
+                                args.model_dir + " has none (" + why +
+                                "); give token ids with --prompt-tokens");
+  ASSIGN_OR_RETURN(tok::Encoding enc, tokenizer->Encode(args.prompt, true));
+  return std::move(enc.ids);
+}
+
+// The JSON's text: null without a tokenizer (there is no text to give).
+nlohmann::json TextJson(const tok::Tokenizer* tokenizer,
+                        const std::string& text) {
+  return tokenizer == nullptr ? nlohmann::json(nullptr) : nlohmann::json(text);
+}
+
+// The JSON's prompt: the text, or null for token ids.
+nlohmann::json PromptJson(const GenerateArgs& args) {
+  return args.prompt_tokens.empty() ? nlohmann::json(args.prompt)
+                                    : nlohmann::json(nullptr);
 }
 
 eval::SamplingOptions SamplingOf(const GenerateArgs& args) {
@@ -98,10 +136,9 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
       auto engine,
       serve::Engine::Create(std::filesystem::path(args.model_dir).filename(),
                             args.model_dir, eo));
-  ASSIGN_OR_RETURN(tok::Encoding enc,
-                   engine->tokenizer().Encode(args.prompt, true));
   serve::GenRequest r;
-  r.prompt = enc.ids;
+  ASSIGN_OR_RETURN(r.prompt, PromptIds(args, engine->tokenizer(),
+                                       engine->tokenizer_error()));
   r.max_new_tokens = args.max_tokens;
   r.sampling = SamplingOf(args);
   r.stop_strings = args.stop;
@@ -126,10 +163,10 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
     acts[HookName(r.hooks[h])] = std::move(per);
   }
   const nlohmann::json j = {{"model", args.model_dir},
-                            {"prompt", args.prompt},
+                            {"prompt", PromptJson(args)},
                             {"prompt_ids", g.prompt_ids},
                             {"token_ids", g.token_ids},
-                            {"text", g.text},
+                            {"text", TextJson(engine->tokenizer(), g.text)},
                             {"stop_reason", g.stop_reason},
                             {"activation_rows", g.rows},
                             {"activations", acts}};
@@ -140,13 +177,17 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
 
 Status RunGenerate(const GenerateArgs& args) {
   // As extract refuses an empty text row and serve an empty `prompt`.
-  if (args.prompt.empty()) return InvalidArgumentError("--prompt: empty text");
+  if (args.prompt_tokens.empty() && args.prompt.empty())
+    return InvalidArgumentError("--prompt: empty text");
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(args.precision));
   if (!args.hooks.empty()) return RunGenerateWithHooks(args, precision);
   ASSIGN_OR_RETURN(SessionParams sp,
                    CommandSession("generate", args.model_dir, args.precision,
                                   args.plan, args.threads, false));
-  sp.tokenizer = TokenizerUse::kRequired;
+  // Token ids need no tokenizer; --stop does, and text (PromptIds says so,
+  // suggesting --prompt-tokens).
+  sp.tokenizer =
+      args.stop.empty() ? TokenizerUse::kOptional : TokenizerUse::kRequired;
   ASSIGN_OR_RETURN(sp.interventions, InterventionSourceOf(args.interventions));
   eval::Generator::Options go;
   go.context = args.ctx;
@@ -159,7 +200,8 @@ Status RunGenerate(const GenerateArgs& args) {
       }));
   ASSIGN_OR_RETURN(go.backend, session->OneBackend("generate"));
   const tok::Tokenizer* tokenizer = session->tokenizer();
-  ASSIGN_OR_RETURN(tok::Encoding enc, tokenizer->Encode(args.prompt, true));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                   PromptIds(args, tokenizer, session->tokenizer_error()));
   eval::GenerateOptions o;
   o.max_new_tokens = args.max_tokens;
   o.sampling = SamplingOf(args);
@@ -169,19 +211,26 @@ Status RunGenerate(const GenerateArgs& args) {
   o.interventions = &session->interventions();
   ASSIGN_OR_RETURN(auto gen, eval::Generator::Create(session->model(), go));
   ASSIGN_OR_RETURN(std::vector<eval::Generation> out,
-                   gen->Generate({enc.ids}, o, tokenizer));
+                   gen->Generate({ids}, o, tokenizer));
   PrintVerifyPlan(*session);
   const eval::Generation& g = out.front();
   if (args.json) {
     const nlohmann::json j = {{"model", args.model_dir},
-                              {"prompt", args.prompt},
+                              {"prompt", PromptJson(args)},
                               {"prompt_ids", g.prompt_ids},
                               {"token_ids", g.token_ids},
-                              {"text", g.text},
+                              {"text", TextJson(tokenizer, g.text)},
                               {"stop_reason", g.stop_reason}};
     std::cout << j.dump(-1, ' ', false,
                         nlohmann::json::error_handler_t::replace)
               << "\n";
+    return Status::Ok();
+  }
+  if (tokenizer == nullptr) {  // no text: the generated ids
+    std::string line;
+    for (int32_t id : g.token_ids)
+      line += (line.empty() ? "" : ",") + std::to_string(id);
+    std::cout << line << "\n";
     return Status::Ok();
   }
   std::cout << g.text << "\n";
@@ -197,7 +246,17 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--model", args->model_dir,
                   "Model directory (config.json + safetensors + tokenizer)")
       ->required();
-  cmd->add_option("--prompt", args->prompt, "Prompt text")->required();
+  auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text");
+  auto* ids = cmd->add_option("--prompt-tokens", args->prompt_tokens,
+                              "Prompt token ids (5,17,300), as given (no BOS "
+                              "added); a checkpoint without a tokenizer needs "
+                              "them, and prints the generated ids")
+                  ->delimiter(',');
+  text->excludes(ids);
+  auto* one = cmd->add_option_group("prompt");
+  one->add_option(text);
+  one->add_option(ids);
+  one->require_option(1);
   cmd->add_option("--max-tokens", args->max_tokens,
                   "Most tokens to generate (default 32; 0: none, with --hooks "
                   "the prompt's activations only)")

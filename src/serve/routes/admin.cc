@@ -36,6 +36,7 @@ json ModelInfo(const Engine& e) {
           {"loader_type", "loom"},
           {"load_time_seconds", e.load_seconds()},
           {"has_chat_template", e.chat_template() != nullptr},
+          {"has_tokenizer", e.tokenizer() != nullptr},
           {"memory_planned_bytes", m.planned()}};
 }
 

@@ -37,6 +37,7 @@ StatusOr<GenFields> PromptFields(ServerContext& ctx, const Engine& e,
 Status GenerateStream(ServerContext& ctx, const httplib::Request& req,
                       httplib::Response& res) {
   ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+  RETURN_IF_ERROR(PromptTokenIdsAsPrompt(&b));
   ASSIGN_OR_RETURN(auto e, ctx.models.EngineFor(b));
   ASSIGN_OR_RETURN(GenFields f, PromptFields(ctx, *e, b));
   ASSIGN_OR_RETURN(const bool persist, Persisting(ctx, b));
@@ -130,6 +131,7 @@ void RegisterGenerateRoutes(HttpListeners& http, ServerContext& ctx) {
     std::optional<BodyFormat> format = Accepted(req, res);
     if (!format) return Status();
     ASSIGN_OR_RETURN(json b, ParseBody(req.body));
+    RETURN_IF_ERROR(PromptTokenIdsAsPrompt(&b));
     ASSIGN_OR_RETURN(auto e, ctx.models.EngineFor(b));
     ASSIGN_OR_RETURN(GenFields f, PromptFields(ctx, *e, b));
     ASSIGN_OR_RETURN(const bool persist, Persisting(ctx, b));

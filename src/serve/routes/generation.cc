@@ -51,6 +51,22 @@ StatusOr<std::vector<std::shared_ptr<Ticket>>> SubmitAll(
   return tickets;
 }
 
+Status PromptTokenIdsAsPrompt(json* body) {
+  auto ids = body->find("prompt_token_ids");
+  if (ids == body->end() || ids->is_null()) return Status();
+  if (body->contains("prompt") && !(*body)["prompt"].is_null())
+    return InvalidArgumentError(
+        "fields `prompt` and `prompt_token_ids`: give one of them, not both");
+  if (!ids->is_array())
+    return InvalidArgumentError(
+        "field `prompt_token_ids`: expected a list of token ids, got " +
+        std::string(ids->type_name()));
+  json moved = std::move(*ids);
+  body->erase("prompt_token_ids");
+  (*body)["prompt"] = std::move(moved);
+  return Status();
+}
+
 StatusOr<std::vector<int32_t>> Tokens(const ServerOptions& o, const Engine& e,
                                       const json& prompt, bool add_special,
                                       const std::string& field) {
@@ -60,9 +76,14 @@ StatusOr<std::vector<int32_t>> Tokens(const ServerOptions& o, const Engine& e,
     // empty prompt), though BOS alone would give a token.
     if (prompt.get_ref<const std::string&>().empty())
       return InvalidArgumentError("field `" + field + "`: empty text");
+    if (e.tokenizer() == nullptr)
+      return InvalidArgumentError(
+          "field `" + field + "`: text needs a tokenizer, and model " + e.id() +
+          " has none (" + e.tokenizer_error() +
+          "); send the prompt as token ids (a list of integers)");
     ASSIGN_OR_RETURN(
         tok::Encoding enc,
-        e.tokenizer().Encode(prompt.get<std::string>(), add_special));
+        e.tokenizer()->Encode(prompt.get<std::string>(), add_special));
     ids = std::move(enc.ids);
   } else if (prompt.is_array()) {
     for (const json& t : prompt) {

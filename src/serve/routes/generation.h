@@ -45,6 +45,10 @@ struct GenFields {
 StatusOr<std::vector<std::shared_ptr<Ticket>>> SubmitAll(
     Engine& e, const std::vector<GenFields>& fields);
 
+// vLLM's `prompt_token_ids` (a list of token ids) moved into `prompt`, where
+// every route reads a prompt; with both given, a 400 naming them.
+Status PromptTokenIdsAsPrompt(json* body);
+
 // A prompt (text, or a list of token ids; errors name `field`) as token
 // ids, within server.max_prompt_tokens and the serving context.
 StatusOr<std::vector<int32_t>> Tokens(const ServerOptions& o, const Engine& e,

@@ -111,6 +111,7 @@ Status Completions(ServerContext& ctx, const httplib::Request& req,
                    httplib::Response& res) {
   ASSIGN_OR_RETURN(json b, ParseBody(req.body));
   RETURN_IF_ERROR(RefuseOpenAiFields(b));
+  RETURN_IF_ERROR(PromptTokenIdsAsPrompt(&b));
   ASSIGN_OR_RETURN(auto e, ctx.models.EngineFor(b));
   ASSIGN_OR_RETURN(std::vector<json> prompts, OpenAiInputs(ctx, b, "prompt"));
   ASSIGN_OR_RETURN(bool stream, GetBool(b, "stream", false));
