@@ -44,6 +44,7 @@
 
 #include "python/generate.h"
 #include "src/backend/registry.h"
+#include "src/base/progress.h"
 #include "src/base/status.h"
 #include "src/eval/extract.h"
 #include "src/eval/extract_outputs.h"
@@ -641,6 +642,7 @@ struct ExtractArgs {
   // The intervention document (docs/interventions.md) as JSON text, built
   // by python/loom/_args.py from `interventions=[...]`; "" = none.
   std::string interventions;
+  bool progress = false;  // a bar on stderr, prompts committed of all
 };
 
 // What one extract call produced, before it is turned into Python objects.
@@ -798,7 +800,8 @@ class PyModel {
     StatusOr<ExtractOutput> out = WithoutGil([&]() -> StatusOr<ExtractOutput> {
       std::lock_guard<std::mutex> lock(mu_);
       UseThreadsHere();
-      return RunInMemory(o, std::move(rows));
+      return RunInMemory(o, std::move(rows),
+                         MakeProgressBar(a.progress, "extract", "prompts"));
     });
     ExtractOutput r = ValueOrRaise(std::move(out));
 
@@ -1058,7 +1061,7 @@ class PyModel {
   py::dict Patch(const py::object& clean_obj, const py::object& corrupted_obj,
                  const py::object& hooks, const py::object& positions,
                  const py::object& answer, const py::object& wrong,
-                 const py::object& batch_tokens, bool per_head) {
+                 const py::object& batch_tokens, bool per_head, bool progress) {
     PatchPrompt clean = PatchPromptArg("clean", clean_obj);
     PatchPrompt corrupted = PatchPromptArg("corrupted", corrupted_obj);
     eval::PatchOptions o;
@@ -1073,6 +1076,7 @@ class PyModel {
       o.batch_tokens = IntArgAtLeast("batch_tokens", batch_tokens, 1, kDefault);
     o.hf_bf16_activations = hf_bf16_;
     o.cancelled = InterruptPoll();
+    o.progress = MakeProgressBar(progress, "patch", "cells");
     StatusOr<eval::PatchResult> out =
         WithoutGil([&]() -> StatusOr<eval::PatchResult> {
           std::lock_guard<std::mutex> lock(mu_);
@@ -1208,8 +1212,9 @@ class PyModel {
   // `loom extract`'s pipeline with the rows of a list and the arrays kept in
   // memory: settings, plan (refused if it does not fit), backends, then
   // windows of commit_every rows through one WindowRunner.
-  StatusOr<ExtractOutput> RunInMemory(const ExtractOptions& o,
-                                      std::vector<InputRow> input) {
+  StatusOr<ExtractOutput> RunInMemory(
+      const ExtractOptions& o, std::vector<InputRow> input,
+      const std::function<void(int64_t, int64_t)>& bar) {
     ExtractSettings settings;
     RETURN_IF_ERROR(session_->Replan(
         InterventionsFromJson(o.interventions_json, o.interventions_dir),
@@ -1270,6 +1275,7 @@ class PyModel {
         p.ids = {};
         out.rows.push_back(std::move(p));
       }
+      if (bar) bar(static_cast<int64_t>(end), static_cast<int64_t>(n));
     }
     out.arrays = outputs.TakeMemoryArrays();
     out.offsets = outputs.TakeMemoryOffsets();
@@ -1434,7 +1440,8 @@ PYBIND11_MODULE(_loom, m) {
           [](PyModel& self, Obj prompts, Obj hooks, Obj layers, Obj select,
              Obj dtype, Obj template_text, Obj add_bos, Obj batch_tokens,
              Obj commit_every, Obj on_error, Obj streaming_chunk_size,
-             Obj max_row_tokens, Obj replace_invalid_utf8, Obj interventions) {
+             Obj max_row_tokens, Obj replace_invalid_utf8, Obj interventions,
+             Obj progress) {
             ExtractArgs a;
             a.hooks = StrListArg("hooks", hooks);
             a.layers = StrListArg("layers", layers);
@@ -1455,6 +1462,7 @@ PYBIND11_MODULE(_loom, m) {
                 BoolArg("replace_invalid_utf8", replace_invalid_utf8);
             a.interventions =
                 OptStrArg("interventions", interventions).value_or("");
+            a.progress = BoolArg("progress", progress);
             return self.Extract(prompts, a);
           },
           py::arg("prompts"), py::arg("hooks"), py::arg("layers"),
@@ -1462,7 +1470,7 @@ PYBIND11_MODULE(_loom, m) {
           py::arg("add_bos"), py::arg("batch_tokens"), py::arg("commit_every"),
           py::arg("on_error"), py::arg("streaming_chunk_size"),
           py::arg("max_row_tokens"), py::arg("replace_invalid_utf8"),
-          py::arg("interventions"))
+          py::arg("interventions"), py::arg("progress"))
       .def("_perplexity", &PyModel::Perplexity, py::arg("text"),
            py::arg("tokens"), py::arg("protocol"), py::arg("ctx"),
            py::arg("stride"), py::arg("max_windows"), py::arg("add_bos"),
@@ -1474,7 +1482,8 @@ PYBIND11_MODULE(_loom, m) {
            py::arg("select"), py::arg("interventions"))
       .def("_patch", &PyModel::Patch, py::arg("clean"), py::arg("corrupted"),
            py::arg("hooks"), py::arg("positions"), py::arg("answer"),
-           py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"));
+           py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"),
+           py::arg("progress"));
 
   m.def("_plan", &Plan, py::arg("model_dir"), py::arg("device"),
         py::arg("max_memory"), py::arg("reserve"), py::arg("offload"),

@@ -368,6 +368,38 @@ TEST_F(ExtractTest, ResumeAfterEveryCommitPoint) {
 // 64), not for 4096: the manifest records it, the outputs are the bytes of a
 // run with --batch-tokens given, and a bad row keeps the default budget (its
 // message names that).
+// A bf16 job's .npy files hold uint16 bits: the summary and each manifest
+// array say so (and how to read them); other dtypes say only their dtype.
+TEST_F(ExtractTest, Bf16FilesSayTheyHoldUint16Bits) {
+  using Json = nlohmann::json;
+  ExtractOptions o = ApplesJob(2);
+  o.dtype = DType::kBF16;
+  o.out_dir = Path("bf16");
+  auto s = RunExtract(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const Json summary = s->ToJson();
+  EXPECT_EQ(summary["dtype"], "bfloat16");
+  ASSERT_TRUE(summary.contains("storage")) << summary.dump();
+  EXPECT_EQ(summary["storage"].get<std::string>().rfind(
+                "uint16: the bfloat16 bits (numpy has no bfloat16)", 0),
+            0u);
+  const Json manifest = Json::parse(Slurp(Path("bf16/manifest.json")));
+  ASSERT_FALSE(manifest["arrays"].empty());
+  for (const Json& a : manifest["arrays"]) {
+    EXPECT_EQ(a["dtype"], "bfloat16");
+    EXPECT_EQ(a["storage"], summary["storage"]);
+  }
+  o.dtype = DType::kF32;
+  o.out_dir = Path("f32");
+  s = RunExtract(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->ToJson()["dtype"], "float32");
+  EXPECT_FALSE(s->ToJson().contains("storage"));
+  EXPECT_FALSE(
+      Json::parse(Slurp(Path("f32/manifest.json")))["arrays"][0].contains(
+          "storage"));
+}
+
 TEST_F(ExtractTest, ShortInputPlansItsOwnTokens) {
   ExtractOptions o = ApplesJob(8);
   o.selectors = {"last", "all"};

@@ -12,6 +12,9 @@ docs/python.md.
 """
 
 import os
+import sys
+
+import numpy as np
 
 # The OpenMP runtime reads its wait settings once, as it loads (with _loom):
 # idle threads sleep instead of spinning, so that a core taken by another
@@ -22,6 +25,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 
 from . import _loom  # noqa: E402
 from ._args import check_bool as _check_bool
+from ._args import invalid as _invalid
 from ._args import dtype_name as _dtype_name
 from ._args import interventions_json as _interventions_json
 from ._args import layer_specs as _layer_specs
@@ -49,6 +53,26 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def _progress(progress):
+    """A call's `progress`: None means "when stderr is a terminal" (a bar
+    where someone watches, none in a log or a notebook's captured stream)."""
+    if progress is None:
+        try:
+            return bool(sys.stderr is not None and sys.stderr.isatty())
+        except (AttributeError, ValueError):
+            return False
+    return _check_bool(progress, "progress")
+
+
+def _bf16_dtype():
+    """ml_dtypes.bfloat16 when ml_dtypes is installed, else None."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _arrays(raw_arrays, num_layers, result):
@@ -82,8 +106,9 @@ class ExtractResult(ArrayDict):
     Attributes: `offsets` ({selector: offsets}, by file-name part or spec),
     `rows` (one record per prompt as rows.jsonl has it: row, id, tokens,
     status and, for a skipped prompt, reason), `hooks` (the resolved hook
-    names), `dtype` ("float32", "bfloat16", "float16"; bfloat16 arrays hold
-    the raw bits as uint16, see `bf16_to_float32`), `tokens` (tokens run).
+    names), `dtype` ("float32", "bfloat16", "float16": what the values
+    are; bfloat16 arrays come back as Model.extract's `bf16` says), `tokens`
+    (tokens run).
     """
 
     offsets = None
@@ -168,7 +193,8 @@ class Model(_loom.Model):
     def extract(self, prompts, hooks, *, layers=None, select="last", dtype=None,
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,
                 on_error="fail", streaming_chunk_size=0, max_row_tokens=0,
-                replace_invalid_utf8=False, interventions=None):
+                replace_invalid_utf8=False, interventions=None, progress=None,
+                bf16="auto"):
         """Hidden states at `hooks` for every prompt, as `loom extract` computes
         them (the same batches, hence the same bits).
 
@@ -201,15 +227,30 @@ class Model(_loom.Model):
             `rows` are indices into `prompts`. The captured values are the
             edited ones. A bad entry is an InvalidArgumentError naming its
             field; a position outside a prompt is that prompt's error.
+          progress: a bar over the prompts on stderr (None: when stderr is
+            a terminal; False: never).
+          bf16: how bfloat16 arrays (dtype "bf16", or a bf16 compute dtype)
+            come back: "auto" (default) as ml_dtypes.bfloat16 when ml_dtypes
+            is installed (a view of the bits, no copy), else float32 (exact,
+            a copy); "float32"; or "bits" (the raw bits as uint16, as the
+            CLI's .npy files hold them).
 
         Returns: an ExtractResult (a dict of numpy arrays that own Loom's
-        buffers: no copy is made), keyed "<hook>.<selector>".
+        buffers: no copy is made, but for bfloat16 made float32), keyed
+        "<hook>.<selector>".
         """
+        if bf16 not in ("auto", "float32", "bits"):
+            raise _invalid("bf16: expected 'auto', 'float32' or 'bits', got %r" % (bf16,))
         raw = self._extract(
             prompts, hooks, _layer_specs(layers), select, _dtype_name(dtype, "dtype"),
             template, add_bos, batch_tokens, commit_every, on_error,
             streaming_chunk_size, max_row_tokens, replace_invalid_utf8,
-            _interventions_json(interventions))
+            _interventions_json(interventions), _progress(progress))
+        if raw["dtype"] == "bfloat16" and bf16 != "bits":
+            as_bf16 = _bf16_dtype() if bf16 == "auto" else None
+            for a in raw["arrays"]:
+                a["array"] = (a["array"].view(as_bf16) if as_bf16 is not None
+                              else bf16_to_float32(a["array"]))
         result = _arrays(raw["arrays"], self._num_layers, ExtractResult())
         result.offsets = OffsetsDict()
         result.offsets._selector_file = {}
@@ -282,7 +323,7 @@ class Model(_loom.Model):
         return result
 
     def patch(self, clean, corrupted, *, hooks="blocks.*.hook_resid_pre", positions="all",
-              answer=None, wrong=None, batch_tokens=None, per_head=False):
+              answer=None, wrong=None, batch_tokens=None, per_head=False, progress=None):
         """Activation patching, as `loom patch` computes it: the (hook x
         position) grid of a clean and a corrupted prompt of one length. Each
         cell is the corrupted prompt with hook h at position p replaced by
@@ -311,9 +352,12 @@ class Model(_loom.Model):
         and corrupted_logits_last (float32 [vocab]), hooks (each row's hook
         name), heads (each row's head, -1 for a whole hook),
         positions (resolved, ascending), answer, wrong, clean_logit_diff,
-        corrupted_logit_diff, forwards and seconds."""
+        corrupted_logit_diff, forwards and seconds.
+
+        progress: a bar over the grid's cells on stderr (None: when stderr
+          is a terminal; False: never)."""
         return self._patch(clean, corrupted, hooks, positions, answer, wrong, batch_tokens,
-                           bool(per_head))
+                           bool(per_head), _progress(progress))
 
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,

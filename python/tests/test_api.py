@@ -28,7 +28,7 @@ def test_extract_equals_cli_fixed_and_ragged(model, tmp_path, dtype):
     selects = ["last", "first", "mean", "max", "pos:0,-1", "all", "span:1:-1"]
     extra = ["--dtype", dtype] if dtype else []
     out = cli_extract(tmp_path, PROMPTS, HOOKS, selects, *extra)
-    got = model.extract(PROMPTS, HOOKS, select=selects, dtype=dtype)
+    got = model.extract(PROMPTS, HOOKS, select=selects, dtype=dtype, bf16="bits")
     manifest = json.loads((out / "manifest.json").read_text())
     assert got.hooks == manifest["settings"]["hooks"]
     assert got.dtype == manifest["settings"]["output_dtype"]
@@ -50,6 +50,47 @@ def test_extract_equals_cli_fixed_and_ragged(model, tmp_path, dtype):
         assert got[HOOKS[0] + ".last"].dtype == np.uint16
         f = loom.bf16_to_float32(got[HOOKS[0] + ".last"])
         assert f.dtype == np.float32 and np.all(np.isfinite(f))
+
+
+def test_bf16_comes_back_as_a_dtype_numpy_computes_with(model, monkeypatch):
+    bits = model.extract(PROMPTS[:2], HOOKS, select=["last", "all"], dtype="bf16",
+                         bf16="bits")
+    as_f32 = model.extract(PROMPTS[:2], HOOKS, select=["last", "all"], dtype="bf16",
+                           bf16="float32")
+    assert as_f32.dtype == "bfloat16"  # what the values are
+    for key in bits:
+        if key.endswith(".offsets"):
+            assert as_f32[key].dtype == np.int64
+            continue
+        assert bits[key].dtype == np.uint16
+        assert as_f32[key].dtype == np.float32
+        np.testing.assert_array_equal(as_f32[key], loom.bf16_to_float32(bits[key]))
+    # "auto": ml_dtypes.bfloat16 when installed (a view of the same bits),
+    # else float32.
+    import sys
+    import types
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # not installed
+    auto = model.extract(PROMPTS[:2], HOOKS[0], dtype="bf16")
+    assert auto[HOOKS[0] + ".last"].dtype == np.float32
+    fake = types.ModuleType("ml_dtypes")
+    fake.bfloat16 = np.float16  # any 2-byte dtype stands in for it here
+    monkeypatch.setitem(sys.modules, "ml_dtypes", fake)
+    auto = model.extract(PROMPTS[:2], HOOKS[0], dtype="bf16")
+    got = auto[HOOKS[0] + ".last"]
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got.view(np.uint16), bits[HOOKS[0] + ".last"])
+    with pytest.raises(ValueError, match="bf16: expected 'auto', 'float32' or 'bits'"):
+        model.extract(PROMPTS[:1], HOOKS[0], bf16="uint16")
+
+
+def test_progress_bar_only_when_asked_or_on_a_terminal(model, capfd):
+    model.extract(PROMPTS[:2], HOOKS[0])  # stderr captured: not a terminal
+    assert "extract [" not in capfd.readouterr().err
+    model.extract(PROMPTS[:2], HOOKS[0], progress=True)
+    err = capfd.readouterr().err
+    assert "extract [" in err and "2/2 prompts" in err, err
+    with pytest.raises(TypeError, match="progress: expected a bool"):
+        model.extract(PROMPTS[:1], HOOKS[0], progress="yes")
 
 
 def test_attention_patterns_have_the_clis_width(model, tmp_path):

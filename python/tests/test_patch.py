@@ -205,3 +205,13 @@ def test_wrong_types_are_type_errors(model, kwargs, name):
     args.update(kwargs)
     with pytest.raises(TypeError, match="^" + name + ": "):
         model.patch(**args)
+
+
+def test_progress_bar_over_the_cells(model, capfd):
+    args = dict(clean=[1, 403, 407, 261], corrupted=[1, 403, 407, 262])
+    model.patch(**args)  # stderr captured: not a terminal, no bar
+    assert "patch [" not in capfd.readouterr().err
+    r = model.patch(**args, progress=True)
+    err = capfd.readouterr().err
+    cells = len(r["hooks"]) * len(r["positions"])
+    assert "patch [" in err and "%d/%d cells" % (cells, cells) in err, err

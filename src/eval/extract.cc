@@ -366,20 +366,23 @@ StatusOr<HookSet> ResolveExtractHooks(const std::vector<std::string>& hooks,
 }
 
 Json ExtractSummary::ToJson() const {
-  return Json{{"rows", rows},
-              {"rows_ok", rows_ok},
-              {"rows_skipped", rows_skipped},
-              {"tokens", tokens},
-              {"seconds", seconds},
-              {"tokens_per_second",
-               seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0},
-              {"rows_per_second",
-               seconds > 0 ? static_cast<double>(rows_ok) / seconds : 0.0},
-              {"hooks", resolved_hooks},
-              {"files", files},
-              {"complete", complete},
-              {"planned_bytes", planned_bytes},
-              {"verify_plan", verify_plan}};
+  Json j{{"rows", rows},
+         {"rows_ok", rows_ok},
+         {"rows_skipped", rows_skipped},
+         {"tokens", tokens},
+         {"seconds", seconds},
+         {"tokens_per_second",
+          seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0},
+         {"rows_per_second",
+          seconds > 0 ? static_cast<double>(rows_ok) / seconds : 0.0},
+         {"hooks", resolved_hooks},
+         {"files", files},
+         {"complete", complete},
+         {"planned_bytes", planned_bytes},
+         {"verify_plan", verify_plan}};
+  j["dtype"] = std::string(DTypeLongName(dtype));
+  if (npy && dtype == DType::kBF16) j["storage"] = kBf16NpyStorage;
+  return j;
 }
 
 // ---- The job ----------------------------------------------------------------
@@ -528,6 +531,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
     ExtractSummary done;
     FillCounts(state, &done);
     done.resolved_hooks = settings.hook_names;
+    done.dtype = out_dtype;
+    done.npy = o.format == OutputFormat::kNpy;
     done.complete = true;
     return done;
   }
@@ -538,6 +543,8 @@ StatusOr<ExtractSummary> RunExtract(const ExtractOptions& o) {
       o.format != OutputFormat::kMemory)
     return RollBackFreshJob(o, outputs, created_dir, run.status());
   ASSIGN_OR_RETURN(ExtractSummary summary, std::move(run));
+  summary.dtype = out_dtype;
+  summary.npy = o.format == OutputFormat::kNpy;
   if (stopped) return summary;
   RETURN_IF_ERROR(CompleteJob(rows_log, state));
   summary.complete = true;

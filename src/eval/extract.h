@@ -118,6 +118,8 @@ struct ExtractSummary {
   bool complete = false;
   int64_t planned_bytes = 0;   // the plan's host total
   nlohmann::json verify_plan;  // with --verify-plan: resident vs planned
+  DType dtype = DType::kF32;   // of the arrays written
+  bool npy = false;            // written as .npy files (bf16: uint16 bits)
   nlohmann::json ToJson() const;
 };
 

@@ -164,6 +164,8 @@ Json OutputSet::ArraysJson() const {
                    ? Json{out.width}
                    : Json{out.sel.rows_per_prompt(), out.width}}};
     if (format_ == OutputFormat::kNpy) a["file"] = out.file;
+    if (format_ == OutputFormat::kNpy && dtype_ == DType::kBF16)
+      a["storage"] = kBf16NpyStorage;
     if (out.sel.ragged())
       a["offsets_file"] = out.sel.file_name + ".offsets.npy";
     arrays.push_back(a);

@@ -75,6 +75,13 @@ struct RaggedIndex {
   std::vector<int64_t> memory_offsets;
 };
 
+// What a bf16 array's .npy file holds (numpy has no bfloat16), for the
+// manifest's arrays and the job's summary.
+inline constexpr char kBf16NpyStorage[] =
+    "uint16: the bfloat16 bits (numpy has no bfloat16); view them as "
+    "ml_dtypes.bfloat16, or convert exactly with (a.astype(np.uint32) << "
+    "16).view(np.float32) or loom.bf16_to_float32(a)";
+
 class OutputSet {
  public:
   // `host` converts captured rows to `dtype` (borrowed).

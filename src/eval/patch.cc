@@ -290,6 +290,7 @@ StatusOr<PatchResult> RunPatch(const Model& model,
     const float* logits = head->Compute(last_hidden.data(), S);
     std::copy(logits, logits + S * V, r.patched_logits_last.begin() + k0 * V);
     ++r.forwards;
+    if (o.progress) o.progress(k0 + S, cells);
   }
   const double denom = r.clean_logit_diff - r.corrupted_logit_diff;
   for (int64_t k = 0; k < cells; ++k) {

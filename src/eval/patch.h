@@ -69,6 +69,9 @@ struct PatchOptions {
   // Asked before every forward: true ends the job with Cancelled (the Python
   // module's Ctrl-C).
   std::function<bool()> cancelled;
+  // Called with (cells done, cells) after each forward of the grid (a
+  // progress bar: MakeProgressBar); may be null.
+  std::function<void(int64_t, int64_t)> progress;
   // Un-patched runs to reuse (borrowed): used when they hold both runs and
   // their prompts, hooks and hf_bf16 equal this job's; ignored otherwise.
   const PatchBaselines* reuse = nullptr;

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "src/base/progress.h"
 #include "src/base/units.h"
 #include "src/eval/compare.h"
 #include "src/eval/input.h"
@@ -18,7 +19,6 @@
 #include "src/runtime/memory_stats.h"
 #include "src/runtime/model.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/eval_progress.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
 
@@ -272,7 +272,8 @@ Status RunCompare(const CompareArgs& args) {
   o.logits_chunk_rows = args.chunk_rows;
   o.drift = args.drift;
   o.hf_bf16_activations = args.hf_bf16;
-  o.progress = MakeWindowProgress(args.quiet, "compare");
+  o.progress =
+      MakeProgressBar(!args.quiet && StderrIsTerminal(), "compare", "windows");
   o.save_reference_dir = args.save_reference;
   o.top_k = args.top_k;
   eval::CompareResult r;

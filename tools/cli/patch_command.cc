@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "src/base/progress.h"
 #include "src/eval/patch.h"
 #include "src/eval/session.h"
 #include "src/io/file_util.h"
@@ -89,6 +90,9 @@ Status RunPatchCommand(const PatchArgs& a) {
   o.wrong = a.wrong;
   o.batch_tokens = a.batch_tokens;
   o.hf_bf16_activations = a.hf_bf16;
+  // A bar over the grid's cells when stderr is a terminal.
+  o.progress =
+      MakeProgressBar(!a.quiet && StderrIsTerminal(), "patch", "cells");
   ASSIGN_OR_RETURN(SessionParams sp,
                    CommandSession("patch", a.model_dir, a.precision, a.plan,
                                   a.threads, a.quiet));

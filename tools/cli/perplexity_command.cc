@@ -9,13 +9,13 @@
 #include <string>
 
 #include "src/backend/registry.h"
+#include "src/base/progress.h"
 #include "src/eval/input.h"
 #include "src/eval/perplexity.h"
 #include "src/model/registry.h"
 #include "src/runtime/memory_stats.h"
 #include "src/runtime/model.h"
 #include "tools/cli/commands.h"
-#include "tools/cli/eval_progress.h"
 #include "tools/cli/job_options.h"
 
 namespace loom::cli {
@@ -62,7 +62,8 @@ Status RunPerplexity(const PerplexityArgs& args) {
   eo.hf_bf16_activations = args.hf_bf16;
   eo.segments = session->segments();
   eo.interventions = &session->interventions();
-  eo.progress = MakeWindowProgress(args.quiet, "perplexity");
+  eo.progress = MakeProgressBar(!args.quiet && StderrIsTerminal(), "perplexity",
+                                "windows");
   ASSIGN_OR_RETURN(eval::PerplexityResult r,
                    eval::EvaluatePerplexity(model, input.ids, plan, eo));
   if (args.plan.verify_plan)
