@@ -25,16 +25,28 @@ struct PrefillPoint {
   int64_t tokens = 0;
   double seconds = 0;            // the fastest timed forward
   double tokens_per_second = 0;  // tokens / seconds
-  // Weight-GEMM FLOPs of the forward (PrefillGemmFlops) and the throughput
-  // if all of them ran at the rate of one dense [tokens, H] x [H, 4H] GEMM
-  // in the compute dtype (the GEMM-only ceiling).
+  // Weight-GEMM FLOPs of the forward (PrefillGemmFlops).
   double gemm_flops = 0;
-  double dense_gemm_flops_per_second = 0;
+  // The GEMM-only ceiling, measured on the forward's own path: the seconds
+  // the fastest forward spent inside its weight GEMMs (every shape it runs,
+  // dense and expert groups, timed as they ran), and the throughput if the
+  // forward were nothing else (tokens / forward_gemm_seconds). The forward
+  // cannot beat it: its GEMMs are part of it.
+  double forward_gemm_seconds = 0;
   double gemm_only_tokens_per_second = 0;
-  // The forward's weight-GEMM FLOP rate (gemm_flops / seconds) and the
-  // ceiling's, as fractions of the path's peak (PrefillBenchResult).
+  // A reference rate, not a bound: one dense [tokens, H] x [H, 4H] GEMM in
+  // the compute dtype, and the throughput if all of the forward's GEMM
+  // FLOPs ran at it (for an MoE model: prefill against a dense GEMM of
+  // equal FLOPs). A small model's GEMMs can beat it.
+  double dense_gemm_flops_per_second = 0;
+  double dense_reference_tokens_per_second = 0;
+  // As fractions of the path's peak (PrefillBenchResult): the forward's
+  // weight-GEMM FLOP rate over the whole forward (gemm_flops / seconds),
+  // inside its GEMMs (gemm_flops / forward_gemm_seconds), and the dense
+  // reference's.
   double forward_of_peak = 0;
   double gemm_of_peak = 0;
+  double dense_reference_of_peak = 0;
 };
 
 struct PrefillBenchResult {

@@ -458,7 +458,7 @@ void Executor::ExpertLinear(Device& d, const float* x, int64_t m,
                             bool same_x) {
   GemmOp op = ExpertGemmOp(d, x, m, wrole, brole, layer, expert, y, ldy);
   op.reuse_x_workspace = same_x;
-  d.backend->Gemm(op);
+  TimedGemm([&] { d.backend->Gemm(op); });
 }
 
 void Executor::RunExpertGemms(Device& d, const float* x, int64_t rows) {
@@ -468,7 +468,7 @@ void Executor::RunExpertGemms(Device& d, const float* x, int64_t rows) {
   g.items = expert_gemms_.data();
   g.count = static_cast<int64_t>(expert_gemms_.size());
   g.workspace = d.workspace.region(BufferId::kGemmInputCopy);
-  d.backend->GemmGroup(g);
+  TimedGemm([&] { d.backend->GemmGroup(g); });
   expert_gemms_.clear();
 }
 

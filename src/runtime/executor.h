@@ -39,6 +39,7 @@
 #ifndef LOOM_RUNTIME_EXECUTOR_H_
 #define LOOM_RUNTIME_EXECUTOR_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -171,6 +172,10 @@ struct ExecutorOptions {
   // (e.g. the plan's layer -> device assignment). Segments whose layers are
   // not run (hooks stop earlier) get no arenas.
   std::vector<ExecutorSegment> segments = {};
+  // Time every weight GEMM the forwards run (gemm_seconds()): `loom bench`'s
+  // GEMM-only ceiling, measured on the forward's own path. A host backend's
+  // GEMM returns when it is done; off, nothing is timed.
+  bool time_gemms = false;
 };
 
 // The model head on `rows` rows of final-norm output: logits [rows, V] =
@@ -211,6 +216,11 @@ class Executor {
   // bytes of all arenas of all devices.
   const ActivationLayout& layout() const { return layout_; }
   int64_t arena_bytes() const;
+  // With ExecutorOptions::time_gemms: seconds spent in the weight GEMMs
+  // (dense and expert groups; not attention or the logits head) since the
+  // last ResetGemmSeconds().
+  double gemm_seconds() const { return gemm_seconds_; }
+  void ResetGemmSeconds() { gemm_seconds_ = 0; }
   // The job the layout was planned for (batch tokens, context, hooks, logits).
   static JobSpec MakeJob(const Model& model, const HookSet& hooks,
                          const ExecutorOptions& options);
@@ -393,6 +403,17 @@ class Executor {
   std::vector<int32_t> host_expert_offsets_;
   // One layer's expert GEMMs (capacity 2 E, reserved at Create).
   std::vector<GemmOp> expert_gemms_;
+  double gemm_seconds_ = 0;  // options_.time_gemms
+  // Runs `gemm`, timed into gemm_seconds_ when options_.time_gemms is set.
+  template <typename Fn>
+  void TimedGemm(Fn gemm) {
+    if (!options_.time_gemms) return gemm();
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm();
+    gemm_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+  }
   // The KV cache of the forward in progress (null: none).
   const KvBatch* kv_ = nullptr;
   // The edits of the forward in progress, and the row indices of one edit
