@@ -325,7 +325,9 @@ std::string FlagHelp(const std::string& command, const std::string& flag) {
   const size_t at = r.out.find("\n  " + flag + " ");
   if (at == std::string::npos) return "(" + flag + " missing)";
   const size_t begin = at + 3;
-  size_t end = r.out.find("\n  -", begin);
+  // The entry ends at the next option, or at an option group's heading
+  // ("[Option Group: prompt]": generate's follows its options).
+  size_t end = std::min(r.out.find("\n  -", begin), r.out.find("\n[", begin));
   if (end == std::string::npos) end = r.out.size();
   const std::string entry = r.out.substr(begin, end - begin);
   const size_t column = std::min(entry.find("  "), entry.find('\n'));
@@ -354,8 +356,21 @@ TEST(PlanCli, DeviceFlagsHaveOneHelpTextInEveryCommand) {
     for (const char* command : {"perplexity", "compare", "generate", "patch"})
       EXPECT_EQ(FlagHelp(command, flag), extract) << command << " " << flag;
   }
-  // --hooks / --layers: one text for extract and plan.
+  // --hooks / --layers: one text for extract and plan (generate and patch
+  // add what the hooks are for there); --precision one text everywhere.
   EXPECT_EQ(FlagHelp("plan", "--hooks"), FlagHelp("extract", "--hooks"));
+  for (const char* command : {"generate", "patch"}) {
+    EXPECT_EQ(
+        FlagHelp(command, "--hooks").rfind(FlagHelp("extract", "--hooks"), 0),
+        0u)
+        << command;
+    EXPECT_EQ(FlagHelp(command, "--layers"), FlagHelp("extract", "--layers"));
+  }
+  for (const char* command :
+       {"extract", "perplexity", "generate", "patch", "bench"})
+    EXPECT_EQ(FlagHelp(command, "--precision"),
+              "Compute precision: auto, f32, bf16 or f16")
+        << command;
   EXPECT_NE(FlagHelp("plan", "--model"), "(--model missing)");
 }
 

@@ -215,3 +215,15 @@ def test_progress_bar_over_the_cells(model, capfd):
     err = capfd.readouterr().err
     cells = len(r["hooks"]) * len(r["positions"])
     assert "patch [" in err and "%d/%d cells" % (cells, cells) in err, err
+
+
+def test_cli_bare_sites_take_layers_as_extract(tmp_path):
+    # `loom patch --hooks hook_resid_pre --layers 0,-1` is extract's --hooks /
+    # --layers pair: the same grid as the two hooks named in full.
+    clean, corrupted = "1,403,407,261", "1,403,407,262"
+    bare, _ = cli_patch(tmp_path / "bare", "--clean-tokens", clean, "--corrupted-tokens",
+                        corrupted, "--hooks", "hook_resid_pre", "--layers", "0,-1")
+    full, _ = cli_patch(tmp_path / "full", "--clean-tokens", clean, "--corrupted-tokens",
+                        corrupted, "--hooks", "blocks.0.hook_resid_pre,blocks.4.hook_resid_pre")
+    assert bare["hooks"] == ["blocks.0.hook_resid_pre", "blocks.4.hook_resid_pre"]
+    assert bare["hooks"] == full["hooks"] and bare["recovery"] == full["recovery"]

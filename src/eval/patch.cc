@@ -62,7 +62,8 @@ int32_t Argmax(const float* logits, int64_t V, int64_t skip) {
 Status ResolveGrid(const ModelConfig& c, int64_t T, const PatchOptions& o,
                    std::vector<HookPoint>* hooks,
                    std::vector<int64_t>* positions) {
-  ASSIGN_OR_RETURN(const HookSet set, ResolveExtractHooks(o.hooks, {}, c));
+  ASSIGN_OR_RETURN(const HookSet set,
+                   ResolveExtractHooks(o.hooks, o.layers, c));
   for (const HookPoint& h : set.hooks()) {
     if (!IsInterventionSite(h.site))
       return InvalidArgumentError(

@@ -56,6 +56,9 @@ struct PatchOptions {
   // Hook patterns as extract's (blocks.*.hook_resid_pre, ...); every one an
   // intervention site (IsInterventionSite). The grid's rows, in layer order.
   std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
+  // Layers for bare sites in `hooks` (hook_resid_pre with 0,-1), as
+  // extract's --layers.
+  std::vector<std::string> layers;
   // The grid's columns: all, last, a list (negatives from the end) or a span.
   InterventionPositions positions;
   // attn.hook_z hooks: one grid row per head (patch_head) instead of one.

@@ -10,6 +10,7 @@
 #include "src/eval/prefill_bench.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 namespace {
@@ -96,8 +97,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   AddThreadsFlag(*cmd, &opts->bench.threads);
-  cmd->add_option("--precision", opts->precision, "auto, f32, bf16 or f16")
-      ->capture_default_str();
+  AddPrecisionFlag(*cmd, &opts->precision);
   cmd->add_option("--iterations", opts->bench.iterations,
                   "Timed forwards per length after one warm-up (the fastest "
                   "is reported)")

@@ -21,6 +21,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
+#include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 namespace {
@@ -327,8 +328,7 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
       ->check(IntRange(1));
   AddWindowOptions(cmd, args.get(), "--reference");
   AddInterventionFlags(*cmd, &args->interventions);
-  cmd->add_option("--precision", args->precision,
-                  "Precision of A: auto, f32, bf16 or f16");
+  AddPrecisionFlag(*cmd, &args->precision, "A");
   cmd->add_option("--reference-precision", args->reference_precision,
                   "Precision of B: auto, f32, bf16 or f16");
   cmd->add_flag("--drift", args->drift,

@@ -254,10 +254,9 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
          "Output directory (manifest.json + one .npy per hook x selector)")
       ->required();
   AddHookFlags(*cmd, &j.hooks, &j.layers)->required();
-  cmd->add_option("--select", j.selectors,
-                  "Selectors: last, first, mean, max, all, pos:I[,J…], "
-                  "span:A:B (repeatable)")
-      ->capture_default_str();
+  AddSelectFlag(*cmd, &j.selectors,
+                "Selectors: last, first, mean, max, all, pos:I[,J…], "
+                "span:A:B (repeatable)");
   cmd->add_option("--template", j.template_text,
                   "Wrap each text prompt: \"…{text}…\"");
   cmd->add_option("--add-bos", opts->add_bos,
@@ -267,8 +266,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
                   "Output dtype f32, bf16 or f16 (default: the compute dtype)");
   cmd->add_option("--format", opts->format, "npy or safetensors")
       ->capture_default_str();
-  cmd->add_option("--precision", opts->precision, "auto, f32, bf16 or f16")
-      ->capture_default_str();
+  AddPrecisionFlag(*cmd, &opts->precision);
   AddThreadsFlag(*cmd, &j.threads);
   cmd->add_option("--batch-tokens", j.batch_tokens,
                   "Token budget per batch (default min(4096, max positions); a "

@@ -26,6 +26,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
+#include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 namespace {
@@ -117,7 +118,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
   eo.prefill_chunk = args.chunk;
   eo.threads = args.threads;
   eo.max_queue = 1;
-  eo.extra_hooks_setting = "--hooks";  // errors name the flag, not serve's key
+  eo.extra_hooks_setting = kHooksFlag;  // errors name the flag, not serve's key
   eo.plan = args.plan;
   eo.command = "generate";
   std::vector<RowSelector> selectors;
@@ -275,23 +276,18 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--ctx", args->ctx,
                   "KV cache positions (default min(2048, max positions))")
       ->check(IntRange(1));
-  cmd->add_option("--precision", args->precision,
-                  "f32 (default), bf16, f16 or auto");
+  AddPrecisionFlag(*cmd, &args->precision);
   AddThreadsFlag(*cmd, &args->threads);
   cmd->add_flag("--json", args->json,
                 "JSON: text, token_ids (generated), prompt_ids, stop_reason");
-  cmd->add_option("--hooks", args->hooks,
-                  "Hidden states to return (extract's hook patterns, e.g. "
-                  "blocks.2.hook_resid_post,ln_final.hook_normalized); "
-                  "implies --json, adds `activations`")
-      ->delimiter(',');
-  cmd->add_option("--layers", args->layers,
-                  "Layers for bare site names in --hooks (as extract)")
-      ->delimiter(',');
-  cmd->add_option("--select", args->select,
-                  "Row selectors over the positions fed (prompt, then "
-                  "generated tokens but the last): last (default), first, "
-                  "mean, max, all, pos:I,J, span:A:B");
+  CLI::Option* hooks = AddHookFlags(*cmd, &args->hooks, &args->layers);
+  hooks->description(hooks->get_description() +
+                     ". The hidden states returned; implies --json, adds "
+                     "`activations`");
+  AddSelectFlag(*cmd, &args->select,
+                "Row selectors over the positions fed (prompt, then "
+                "generated tokens but the last): last (default), first, "
+                "mean, max, all, pos:I,J, span:A:B");
   cmd->add_option("--prefill-chunk,--streaming-chunk-size", args->chunk,
                   "Prompt tokens per forward (default 256); longer prompts "
                   "are prefilled in chunks carrying the KV cache (exact)")

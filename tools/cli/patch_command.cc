@@ -30,6 +30,7 @@ struct PatchArgs {
   std::string clean, corrupted;                   // text
   std::vector<int64_t> clean_ids, corrupted_ids;  // or token ids
   std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
+  std::vector<std::string> layers;  // for bare sites in hooks
   std::string positions = "all";
   std::string metric = "logit-diff";
   int64_t answer = -1, wrong = -1, batch_tokens = 0;
@@ -82,6 +83,7 @@ Status RunPatchCommand(const PatchArgs& a) {
                                 "' is not a metric (logit-diff)");
   eval::PatchOptions o;
   o.hooks = a.hooks;
+  o.layers = a.layers;
   StatusOr<InterventionPositions> positions = ParsePositionsText(a.positions);
   if (!positions.ok()) return positions.status().WithContext("--positions");
   o.positions = *std::move(positions);
@@ -178,10 +180,10 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
                              "Corrupted prompt token ids")
                  ->delimiter(',');
   xt->excludes(xi);
-  cmd->add_option("--hooks", a->hooks,
-                  "Hooks patched (extract's patterns; default "
-                  "blocks.*.hook_resid_pre)")
-      ->capture_default_str();
+  CLI::Option* hooks = AddHookFlags(*cmd, &a->hooks, &a->layers);
+  hooks->description(hooks->get_description() +
+                     ". The hooks patched: the grid's rows");
+  hooks->capture_default_str();
   cmd->add_option("--positions", a->positions,
                   "Positions patched: all (default), last, a list 1,3,-1 or "
                   "a span A:B");
@@ -200,8 +202,7 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
                   "min(4096, max positions))")
       ->check(IntRange(1));
   cmd->add_option("--out", a->out_dir, "Output directory")->required();
-  cmd->add_option("--precision", a->precision,
-                  "f32 (default), bf16, f16 or auto");
+  AddPrecisionFlag(*cmd, &a->precision);
   AddThreadsFlag(*cmd, &a->threads);
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--hf-bf16", a->hf_bf16,

@@ -17,6 +17,7 @@
 #include "src/runtime/model.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/job_options.h"
+#include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 namespace {
@@ -108,7 +109,7 @@ void AddPerplexityCommand(CLI::App& app, int* exit_code) {
                   "Model directory (config.json + safetensors)")
       ->required();
   AddWindowOptions(cmd, args.get(), "--model");
-  cmd->add_option("--precision", args->precision, "auto, f32, bf16 or f16");
+  AddPrecisionFlag(*cmd, &args->precision);
   AddInterventionFlags(*cmd, &args->interventions);
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("perplexity", RunPerplexity(*args));

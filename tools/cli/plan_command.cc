@@ -152,8 +152,7 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   // No hooks: the whole forward with its logits (perplexity).
   AddHookFlags(*cmd, &a->hooks, &a->layers);
   cmd->get_option("--layers")->default_str("*");
-  cmd->add_option("--select", a->select,
-                  "Rows kept per sequence: all, last or mean");
+  AddSelectFlag(*cmd, &a->select, "Rows kept per sequence: all, last or mean");
   cmd->add_option("--dtype", a->dtype, "Capture dtype: f32, bf16 or f16");
   cmd->add_option("--capture-to", a->capture_to,
                   "Where captures are staged: host or device");

@@ -1,8 +1,8 @@
 // The device and memory-plan flags of every command that plans (`loom plan`,
 // the job commands extract, perplexity, compare, generate, patch, and
-// serve), and the --hooks /
-// --layers pair of the commands that capture (extract, plan). Each flag is
-// declared here once, with one help text; a command adds the set it takes.
+// serve), the --hooks / --layers pair of the commands that capture (extract,
+// plan, generate, patch), --select and --precision. Each flag is declared
+// here once; a command adds the set it takes.
 #ifndef LOOM_TOOLS_CLI_PLAN_FLAGS_H_
 #define LOOM_TOOLS_CLI_PLAN_FLAGS_H_
 
@@ -73,12 +73,17 @@ inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
                  "max-batch-tokens, max-context or min-devices");
 }
 
+// The flag of the hooks, for messages that name it (`loom generate --hooks`
+// errors from the serving engine).
+inline constexpr char kHooksFlag[] = "--hooks";
+
 // --hooks and --layers, read by ResolveHooks (src/model/hooks.h). Returns the
-// --hooks option (extract makes it required).
+// --hooks option (extract makes it required; patch and generate add to its
+// help what the hooks are for there).
 inline CLI::Option* AddHookFlags(CLI::App& cmd, std::vector<std::string>* hooks,
                                  std::vector<std::string>* layers) {
   CLI::Option* h =
-      cmd.add_option("--hooks", *hooks,
+      cmd.add_option(kHooksFlag, *hooks,
                      "Hook names, comma-separated or repeated: "
                      "blocks.12.hook_resid_post, blocks.{0.5}.hook_resid_post, "
                      "blocks.-1.…, blocks.*.…, ln_final.hook_normalized, "
@@ -89,6 +94,29 @@ inline CLI::Option* AddHookFlags(CLI::App& cmd, std::vector<std::string>* hooks,
                  "fractions or * (0,12,-1 or 0.25,0.5,1.0)")
       ->delimiter(',');
   return h;
+}
+
+// --select: row selectors (src/eval/row_selector.h); `help` says what they
+// select in this command (extract's rows written, generate's rows returned,
+// plan's rows kept: one selector, a std::string).
+template <typename T>
+CLI::Option* AddSelectFlag(CLI::App& cmd, T* selectors,
+                           const std::string& help) {
+  return cmd.add_option("--select", *selectors, help)->capture_default_str();
+}
+
+// --precision: the compute dtype (ParsePrecision), the command's default
+// shown; `of` says whose precision it is when a command has two (compare's
+// model A), `more` adds what this command does with it.
+inline CLI::Option* AddPrecisionFlag(CLI::App& cmd, std::string* precision,
+                                     const std::string& of = "",
+                                     const std::string& more = "") {
+  return cmd
+      .add_option("--precision", *precision,
+                  "Compute precision" + (of.empty() ? "" : " of " + of) +
+                      ": auto, f32, bf16 or f16" +
+                      (more.empty() ? "" : "; " + more))
+      ->capture_default_str();
 }
 
 }  // namespace loom::cli

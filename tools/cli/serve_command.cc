@@ -224,10 +224,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                   "Path of the unix socket for --transport unix/both "
                   "(default /tmp/loom.sock; server.unix_socket)");
   AddThreadsFlag(*cmd, &args->threads);
-  cmd->add_option("--precision", args->precision,
-                  "auto, f32, bf16 or f16: the compute precision of every "
-                  "model loaded (memory.precision_mode; auto: "
-                  "models.default_dtype, then as other commands' auto)");
+  AddPrecisionFlag(*cmd, &args->precision, "every model loaded",
+                   "memory.precision_mode; auto: models.default_dtype, then "
+                   "as other commands' auto");
   AddPlanFlags(*cmd, &args->plan, PlanFlagUse::kServe);
   cmd->callback([args, exit_code] {
     *exit_code = ReportStatus("serve", RunServe(*args));
