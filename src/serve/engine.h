@@ -106,7 +106,7 @@ struct EngineOptions {
   // such as "blocks.*.hook_mlp_out".
   std::vector<std::string> extra_hooks;
   // What the user wrote extra_hooks as, named in errors about them: the
-  // serve YAML key by default; `loom generate` sets its flag ("--hooks").
+  // serve YAML key by default; `loom generate` sets its hooks flag.
   std::string extra_hooks_setting = "memory.activation_cache_filter";
   int threads = 0;  // CPU threads (0 = all)
   // Placement (--device, --max-memory, --reserve; serve's YAML `devices` and
