@@ -73,22 +73,24 @@ struct Entry {
 // notes; any other field is an error (a misspelt "scal" would otherwise run
 // with the default scale).
 constexpr std::string_view kFields[] = {
-    "hook",   "mode",     "scale", "norm_match", "vector_file",
-    "tensor", "vector",   "head",  "positions",  "positions_rule",
-    "rows",   "apply_to", "flag"};
+    "hook",   "mode", "scale",     "norm_match",     "vector_file", "tensor",
+    "vector", "head", "positions", "positions_rule", "rows",        "apply_to"};
+// The command-line flag an entry was written from (ShorthandInterventions):
+// read, never suggested.
+constexpr std::string_view kFlagField = "flag";
 constexpr std::string_view kAnnotations[] = {
     "note",    "comment",    "description",    "hf_module",
     "formula", "vector_key", "vector_is_unit", "mean_vector_source"};
 
 Status CheckFieldNames(const Entry& e) {
+  const std::vector<std::string_view> fields(std::begin(kFields),
+                                             std::end(kFields));
   for (const auto& [key, value] : e.json.items()) {
-    if (std::find(std::begin(kFields), std::end(kFields), key) !=
-            std::end(kFields) ||
+    if (key == kFlagField ||
+        std::find(fields.begin(), fields.end(), key) != fields.end() ||
         std::find(std::begin(kAnnotations), std::end(kAnnotations), key) !=
             std::end(kAnnotations))
       continue;
-    const std::vector<std::string_view> fields(std::begin(kFields),
-                                               std::end(kFields) - 1);
     const std::string_view near =
         Nearest(key, fields, MisspellingDistance(key));
     std::string list;
@@ -620,7 +622,8 @@ StatusOr<std::vector<Intervention>> ParseInterventions(
   std::vector<Intervention> out;
   for (size_t i = 0; i < list->size(); ++i) {
     const Json& entry = (*list)[i];
-    const auto flag = entry.is_object() ? entry.find("flag") : entry.end();
+    const auto flag =
+        entry.is_object() ? entry.find(std::string(kFlagField)) : entry.end();
     const bool from_flag = flag != entry.end() && flag->is_string();
     const Entry e{entry,
                   from_flag ? flag->get<std::string>()
@@ -737,7 +740,7 @@ StatusOr<std::string> ShorthandInterventions(
       return InvalidArgumentError(flag +
                                   ": expected HOOK=VECTOR*SCALE[@POSITIONS]");
     std::string rest = s.substr(eq + 1);
-    Json e{{"hook", s.substr(0, eq)}, {"mode", "add"}, {"flag", flag}};
+    Json e{{"hook", s.substr(0, eq)}, {"mode", "add"}, {kFlagField, flag}};
     if (const size_t at = rest.rfind('@'); at != std::string::npos) {
       const std::string p = rest.substr(at + 1);
       rest.resize(at);
@@ -771,7 +774,7 @@ StatusOr<std::string> ShorthandInterventions(
                                   ": expected HOOK=DIRECTION");
     Json e{{"hook", s.substr(0, eq)},
            {"mode", "project_out"},
-           {"flag", "--ablate-direction " + s}};
+           {kFlagField, "--ablate-direction " + s}};
     SetVectorFile(s.substr(eq + 1), &e);
     list.push_back(std::move(e));
   }

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -59,29 +58,6 @@ void PrintVerifyPlan(const Session& session) {
   if (!verify.is_null())
     std::fprintf(stderr, "loom generate: verify-plan: %s\n",
                  verify.dump().c_str());
-}
-
-// The prompt's ids: --prompt-tokens as given (no BOS added), or --prompt
-// encoded with the tokenizer (null: the checkpoint has none, `why`).
-StatusOr<std::vector<int32_t>> PromptIds(const GenerateArgs& args,
-                                         const tok::Tokenizer* tokenizer,
-                                         const std::string& why) {
-  if (!args.prompt_tokens.empty()) {
-    std::vector<int32_t> ids;
-    for (int64_t id : args.prompt_tokens) {
-      if (id < 0 || id > std::numeric_limits<int32_t>::max())
-        return InvalidArgumentError("--prompt-tokens: " + std::to_string(id) +
-                                    " is not a token id");
-      ids.push_back(static_cast<int32_t>(id));
-    }
-    return ids;
-  }
-  if (tokenizer == nullptr)
-    return InvalidArgumentError("--prompt: text needs a tokenizer, and " +
-                                args.model_dir + " has none (" + why +
-                                "); give token ids with --prompt-tokens");
-  ASSIGN_OR_RETURN(tok::Encoding enc, tokenizer->Encode(args.prompt, true));
-  return std::move(enc.ids);
 }
 
 // The JSON's text: null without a tokenizer (there is no text to give).
@@ -138,8 +114,9 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
       serve::Engine::Create(std::filesystem::path(args.model_dir).filename(),
                             args.model_dir, eo));
   serve::GenRequest r;
-  ASSIGN_OR_RETURN(r.prompt, PromptIds(args, engine->tokenizer(),
-                                       engine->tokenizer_error()));
+  ASSIGN_OR_RETURN(r.prompt,
+                   CliPromptIds("--prompt", args.prompt, args.prompt_tokens,
+                                engine->session()));
   r.max_new_tokens = args.max_tokens;
   r.sampling = SamplingOf(args);
   r.stop_strings = args.stop;
@@ -185,8 +162,8 @@ Status RunGenerate(const GenerateArgs& args) {
   ASSIGN_OR_RETURN(SessionParams sp,
                    CommandSession("generate", args.model_dir, args.precision,
                                   args.plan, args.threads, false));
-  // Token ids need no tokenizer; --stop does, and text (PromptIds says so,
-  // suggesting --prompt-tokens).
+  // Token ids need no tokenizer; --stop does, and text (CliPromptIds says
+  // so, suggesting --prompt-tokens).
   sp.tokenizer =
       args.stop.empty() ? TokenizerUse::kOptional : TokenizerUse::kRequired;
   ASSIGN_OR_RETURN(sp.interventions, InterventionSourceOf(args.interventions));
@@ -201,8 +178,9 @@ Status RunGenerate(const GenerateArgs& args) {
       }));
   ASSIGN_OR_RETURN(go.backend, session->OneBackend("generate"));
   const tok::Tokenizer* tokenizer = session->tokenizer();
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                   PromptIds(args, tokenizer, session->tokenizer_error()));
+  ASSIGN_OR_RETURN(
+      std::vector<int32_t> ids,
+      CliPromptIds("--prompt", args.prompt, args.prompt_tokens, *session));
   eval::GenerateOptions o;
   o.max_new_tokens = args.max_tokens;
   o.sampling = SamplingOf(args);

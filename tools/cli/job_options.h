@@ -128,6 +128,39 @@ inline StatusOr<InterventionSource> InterventionSourceOf(
 }
 
 // --hf-bf16: what it means, shared by every command that computes.
+// A prompt given as text (`flag`, "--prompt") or as token ids (`flag` +
+// "-tokens"): the ids as given (no BOS added), each checked against the
+// vocabulary, or the text encoded with its special tokens. A checkpoint
+// without a tokenizer takes ids only, and text is refused saying why.
+inline StatusOr<std::vector<int32_t>> CliPromptIds(
+    const std::string& flag, const std::string& text,
+    const std::vector<int64_t>& ids, const Session& s) {
+  const int64_t vocab = s.config().vocab_size;
+  std::vector<int32_t> out;
+  if (!ids.empty()) {
+    for (int64_t id : ids) {
+      if (id < 0 || id >= vocab)
+        return OutOfRangeError(flag + "-tokens: id " + std::to_string(id) +
+                               " is outside the vocabulary [0, " +
+                               std::to_string(vocab) + ")");
+      out.push_back(static_cast<int32_t>(id));
+    }
+    return out;
+  }
+  if (text.empty())
+    return InvalidArgumentError(flag +
+                                ": the prompt is empty (give text, or ids "
+                                "with " +
+                                flag + "-tokens)");
+  if (s.tokenizer() == nullptr)
+    return InvalidArgumentError(flag + ": text needs a tokenizer, and " +
+                                s.params().model_dir + " has none (" +
+                                s.tokenizer_error() +
+                                "); give token ids with " + flag + "-tokens");
+  ASSIGN_OR_RETURN(tok::Encoding enc, s.tokenizer()->Encode(text, true));
+  return std::move(enc.ids);
+}
+
 inline constexpr const char* kHfBf16Help =
     "With bf16 compute, round activations to bf16 where Hugging Face's bf16 "
     "forward does "

@@ -40,36 +40,6 @@ struct PatchArgs {
   PlanFlags plan;  // --device ... --verify-plan (kJobCommand)
 };
 
-// The ids of one prompt: the given ids, or the text encoded as extract
-// encodes a text row (special tokens added).
-StatusOr<std::vector<int32_t>> PromptIds(const char* flag,
-                                         const std::string& text,
-                                         const std::vector<int64_t>& ids,
-                                         const tok::Tokenizer* tokenizer,
-                                         int64_t vocab) {
-  std::vector<int32_t> out;
-  if (!ids.empty()) {
-    for (int64_t id : ids) {
-      if (id < 0 || id >= vocab)
-        return OutOfRangeError(
-            std::string(flag) + "-tokens: id " + std::to_string(id) +
-            " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-      out.push_back(static_cast<int32_t>(id));
-    }
-    return out;
-  }
-  if (text.empty())
-    return InvalidArgumentError(
-        std::string(flag) + ": the prompt is empty (give text, or ids with " +
-        flag + "-tokens)");
-  if (tokenizer == nullptr)
-    return FailedPreconditionError(std::string(flag) +
-                                   ": the model has no tokenizer; give " +
-                                   flag + "-tokens");
-  ASSIGN_OR_RETURN(tok::Encoding enc, tokenizer->Encode(text, true));
-  return enc.ids;
-}
-
 Status WriteLogits(const std::string& path, const float* data, int64_t rows,
                    const std::vector<int64_t>& row_shape) {
   ASSIGN_OR_RETURN(auto w, NpyWriter::Create(path, DType::kF32, row_shape));
@@ -106,12 +76,10 @@ Status RunPatchCommand(const PatchArgs& a) {
   ASSIGN_OR_RETURN(
       std::unique_ptr<Session> session,
       Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
-        const int64_t V = s.config().vocab_size;
-        ASSIGN_OR_RETURN(clean, PromptIds("--clean", a.clean, a.clean_ids,
-                                          s.tokenizer(), V));
-        ASSIGN_OR_RETURN(corrupted,
-                         PromptIds("--corrupted", a.corrupted, a.corrupted_ids,
-                                   s.tokenizer(), V));
+        ASSIGN_OR_RETURN(clean,
+                         CliPromptIds("--clean", a.clean, a.clean_ids, s));
+        ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", a.corrupted,
+                                                 a.corrupted_ids, s));
         RETURN_IF_ERROR(eval::CheckPatchInputs(clean, corrupted, o));
         return eval::PatchJob(s.config(), static_cast<int64_t>(clean.size()),
                               static_cast<int64_t>(corrupted.size()), o);

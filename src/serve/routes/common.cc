@@ -167,13 +167,12 @@ int DeclaredLengthRefusal(const ServerOptions& o, const httplib::Request& req,
   errno = 0;
   uint64_t declared = std::strtoull(length.c_str(), nullptr, 10);
   if (errno == ERANGE) declared = UINT64_MAX;  // more digits than 2^64 - 1
-  const auto [route_limit, key] = BodyLimit(o, req.path);
+  const int64_t route_limit = BodyLimit(o, req.path).first;
   const uint64_t largest = static_cast<uint64_t>(
       std::max(o.max_body_bytes, o.max_analysis_body_bytes));
   if (declared > largest ||
       (expects_continue && declared > static_cast<uint64_t>(route_limit))) {
-    *message = "request body of " + length + " bytes is larger than " + key +
-               " = " + std::to_string(route_limit);
+    *message = TooLarge(o, req);
     return 413;
   }
   return 0;
