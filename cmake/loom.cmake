@@ -113,6 +113,21 @@ function(loom_test_pch name)
   target_compile_options(${name} PRIVATE -Winvalid-pch)
 endfunction()
 
+# The environment of every test: OpenMP threads sleep when idle, as in `loom`
+# and the Python package (docs/design/cpu-backend.md, "Threads on a shared
+# machine"); the GoogleTest binaries would otherwise spin, and CTest runs
+# `-j nproc` of them side by side.
+set(LOOM_TEST_ENV "OMP_WAIT_POLICY=passive")
+
+# loom_test_environment(): LOOM_TEST_ENV on every test add_test made in the
+# calling directory so far (call it at the end of a CMakeLists.txt).
+function(loom_test_environment)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t ${tests})
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${LOOM_TEST_ENV})
+  endforeach()
+endfunction()
+
 # loom_test(NAME SRCS ... DEPS ... LABELS ...): a GoogleTest binary registered with CTest.
 function(loom_test name)
   if(NOT LOOM_BUILD_TESTS)
@@ -131,7 +146,8 @@ function(loom_test name)
   # does not append the printed GetParam() (raw bytes for a struct, padding
   # included, so names would change between builds).
   gtest_discover_tests(${name} NO_PRETTY_VALUES
-    PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
+    PROPERTIES LABELS "${ARG_LABELS}" ENVIRONMENT "${LOOM_TEST_ENV}"
+    DISCOVERY_TIMEOUT 60)
 endfunction()
 
 # loom_isa_test(NAME COMMAND ... [SHARDS n] [SANITIZED_ARGS ...]): NAME again
@@ -171,13 +187,14 @@ function(loom_isa_test name)
         add_test(NAME ${name}_isa_${level}_${shard}
           COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/isa_cap.sh ${level} ${ARG_COMMAND})
         set_tests_properties(${name}_isa_${level}_${shard} PROPERTIES
-          ENVIRONMENT "GTEST_TOTAL_SHARDS=${ARG_SHARDS};GTEST_SHARD_INDEX=${shard}"
+          ENVIRONMENT "GTEST_TOTAL_SHARDS=${ARG_SHARDS};GTEST_SHARD_INDEX=${shard};${LOOM_TEST_ENV}"
           SKIP_RETURN_CODE 77 LABELS isa TIMEOUT ${ARG_TIMEOUT})
       endforeach()
     else()
       add_test(NAME ${name}_isa_${level}
         COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/isa_cap.sh ${level} ${ARG_COMMAND})
       set_tests_properties(${name}_isa_${level} PROPERTIES
+        ENVIRONMENT "${LOOM_TEST_ENV}"
         SKIP_RETURN_CODE 77 LABELS isa TIMEOUT ${ARG_TIMEOUT})
     endif()
   endforeach()
