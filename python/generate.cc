@@ -89,8 +89,7 @@ StatusOr<std::vector<int64_t>> CheckRequest(const ModelConfig& c,
   }
   std::vector<int64_t> widths;
   for (const HookPoint& h : r.hooks) {
-    if (h.site == HookSite::kPattern || IsIntegerSite(h.site) ||
-        h.site == HookSite::kLogits)
+    if (!IsFloatRowSite(h.site) || h.site == HookSite::kLogits)
       return InvalidArgumentError(
           "hooks: " + HookName(h) +
           " cannot be captured while generating (attention patterns, expert "

@@ -10,42 +10,9 @@
 namespace loom {
 namespace {
 
-struct SiteName {
-  HookSite site;
-  std::string_view name;
-};
-
-constexpr SiteName kSiteNames[] = {
-    {HookSite::kEmbed, "hook_embed"},
-    {HookSite::kPosEmbed, "hook_pos_embed"},
-    {HookSite::kFinalNorm, "ln_final.hook_normalized"},
-    {HookSite::kLogits, "logits"},
-    {HookSite::kResidPre, "hook_resid_pre"},
-    {HookSite::kLn1, "ln1.hook_normalized"},
-    {HookSite::kQ, "attn.hook_q"},
-    {HookSite::kK, "attn.hook_k"},
-    {HookSite::kV, "attn.hook_v"},
-    {HookSite::kRotQ, "attn.hook_rot_q"},
-    {HookSite::kRotK, "attn.hook_rot_k"},
-    {HookSite::kPattern, "attn.hook_pattern"},
-    {HookSite::kZ, "attn.hook_z"},
-    {HookSite::kAttnOut, "hook_attn_out"},
-    {HookSite::kLn1Post, "ln1_post.hook_normalized"},
-    {HookSite::kResidMid, "hook_resid_mid"},
-    {HookSite::kLn2, "ln2.hook_normalized"},
-    {HookSite::kRouterLogits, "mlp.hook_router_logits"},
-    {HookSite::kExpertIds, "mlp.hook_expert_ids"},
-    {HookSite::kExpertWeights, "mlp.hook_expert_weights"},
-    {HookSite::kMlpPre, "mlp.hook_pre"},
-    {HookSite::kMlpPost, "mlp.hook_post"},
-    {HookSite::kMlpOut, "hook_mlp_out"},
-    {HookSite::kLn2Post, "ln2_post.hook_normalized"},
-    {HookSite::kResidPost, "hook_resid_post"},
-};
-
 std::string AllSiteNames() {
   std::string s;
-  for (const auto& n : kSiteNames) {
+  for (const HookSiteInfo& n : kHookSites) {
     s += s.empty() ? "" : ", ";
     s += IsLayerSite(n.site) ? "blocks.{L}." + std::string(n.name)
                              : std::string(n.name);
@@ -125,7 +92,7 @@ Status UnknownHookError(const std::string& item, const std::string& what,
 
 // A per-layer site named without its layer: "hook_resid_post".
 bool IsBareLayerSite(std::string_view item) {
-  for (const auto& n : kSiteNames)
+  for (const HookSiteInfo& n : kHookSites)
     if (IsLayerSite(n.site) && item == n.name) return true;
   return false;
 }
@@ -133,9 +100,8 @@ bool IsBareLayerSite(std::string_view item) {
 }  // namespace
 
 std::string_view HookSiteName(HookSite site) {
-  for (const auto& n : kSiteNames)
-    if (n.site == site) return n.name;
-  return "?";
+  const int i = static_cast<int>(site);
+  return i >= 0 && i < kNumHookSites ? kHookSites[i].name : "?";
 }
 
 std::string HookName(const HookPoint& h) {
@@ -188,13 +154,13 @@ StatusOr<std::vector<HookPoint>> ParsePattern(std::string_view pattern,
                         : InvalidArgumentError(
                               what + "; known hooks: " + AllSiteNames());
   };
-  for (const auto& n : kSiteNames) {
+  for (const HookSiteInfo& n : kHookSites) {
     if (!IsLayerSite(n.site) && p == n.name)
       return std::vector<HookPoint>{{n.site, -1}};
   }
   const std::string prefix = "blocks.";
   if (p.rfind(prefix, 0) != 0) {
-    for (const auto& n : kSiteNames)
+    for (const HookSiteInfo& n : kHookSites)
       if (IsLayerSite(n.site) && p == n.name)
         return InvalidArgumentError("hook '" + p +
                                     "' needs a layer: blocks.{L}." + p);
@@ -221,8 +187,8 @@ StatusOr<std::vector<HookPoint>> ParsePattern(std::string_view pattern,
   if (rest.empty() || rest[0] != '.')
     return InvalidArgumentError("hook '" + p + "': expected blocks.{L}.<site>");
   const std::string site_name = rest.substr(1);
-  const SiteName* site = nullptr;
-  for (const auto& n : kSiteNames)
+  const HookSiteInfo* site = nullptr;
+  for (const HookSiteInfo& n : kHookSites)
     if (IsLayerSite(n.site) && n.name == site_name) site = &n;
   if (site == nullptr)
     return unknown("hook '" + p + "': unknown site '" + site_name + "'");
@@ -269,21 +235,24 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
   // Per-layer facts come from the layer's LayerConfig.
   const LayerConfig l = MakeLayerConfig(c, IsLayerSite(h.site) ? h.layer : 0);
   const std::string at = "blocks." + std::to_string(h.layer) + ".";
-  switch (h.site) {
-    case HookSite::kPosEmbed:
+  const bool sparse = c.mlp == MlpKind::kMoE && c.moe.IsSparseLayer(h.layer);
+  switch (SiteInfo(h.site).exists) {
+    case SiteExists::kAlways:
+      break;
+    case SiteExists::kLearnedPositions:
       if (!c.learned_positions)
         return missing("no learned position embeddings");
       break;
-    case HookSite::kLn1:
+    case SiteExists::kPreAttnNorm:
       if (!l.pre_attn_norm) return missing("no pre-attention norm");
       break;
-    case HookSite::kLn2:
+    case SiteExists::kPreMlpNorm:
       if (l.block == BlockKind::kParallelSharedNorm)
         return missing("one norm per layer feeds both attention and MLP: " +
                        at + "ln1.hook_normalized is the MLP's input too");
       if (!l.pre_mlp_norm) return missing("no pre-MLP norm");
       break;
-    case HookSite::kResidMid:
+    case SiteExists::kSequential:
       if (l.parallel())
         return missing(
             "a parallel block: attention and MLP both read " + at +
@@ -291,20 +260,18 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
             "hook_resid_post = hook_resid_pre + " +
             "hook_attn_out + hook_mlp_out; no residual exists between them");
       break;
-    case HookSite::kLn1Post:
+    case SiteExists::kPostAttnNorm:
       if (!l.post_attn_norm) return missing("no post-attention norm");
       break;
-    case HookSite::kLn2Post:
+    case SiteExists::kPostMlpNorm:
       if (!l.post_mlp_norm) return missing("no post-MLP norm");
       break;
-    case HookSite::kRotQ:
-    case HookSite::kRotK:
+    case SiteExists::kRotary:
       if (c.rope.type == RopeConfig::Type::kNone)
         return missing("no rotary embeddings");
       break;
-    case HookSite::kMlpPre:
-    case HookSite::kMlpPost:
-      if (c.mlp == MlpKind::kMoE && c.moe.IsSparseLayer(h.layer))
+    case SiteExists::kDenseMlp:
+      if (sparse)
         return InvalidArgumentError(
             "hook " + HookName(h) + ": layer " + std::to_string(h.layer) +
             " of " + c.model_type +
@@ -313,14 +280,10 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
             "mlp.hook_router_logits, mlp.hook_expert_ids or "
             "mlp.hook_expert_weights)");
       break;
-    case HookSite::kRouterLogits:
-    case HookSite::kExpertIds:
-    case HookSite::kExpertWeights:
-      if (c.mlp != MlpKind::kMoE || !c.moe.IsSparseLayer(h.layer))
+    case SiteExists::kSparseMlp:
+      if (!sparse)
         return missing("layer " + std::to_string(h.layer) +
                        " is not a mixture-of-experts layer");
-      break;
-    default:
       break;
   }
   return Status();
@@ -333,35 +296,32 @@ StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c,
   // v_head_dim, q and k heads x (qk_nope + qk_rope)).
   const LayerConfig g = MakeLayerConfig(
       c, std::max<int64_t>(0, std::min(h.layer, c.num_layers - 1)));
-  switch (h.site) {
-    case HookSite::kQ:
-    case HookSite::kRotQ:
+  switch (SiteInfo(h.site).width) {
+    case SiteWidth::kHidden:
+      return c.hidden_size;
+    case SiteWidth::kQ:
       return g.q_width();
-    case HookSite::kZ:
-      return g.z_width();
-    case HookSite::kK:
-    case HookSite::kRotK:
+    case SiteWidth::kK:
       return g.k_width();
-    case HookSite::kV:
+    case SiteWidth::kV:
       return g.v_width();
-    case HookSite::kMlpPre:
-    case HookSite::kMlpPost:
+    case SiteWidth::kZ:
+      return g.z_width();
+    case SiteWidth::kIntermediate:
       return c.intermediate_size;
-    case HookSite::kLogits:
+    case SiteWidth::kVocab:
       return c.vocab_size;
-    case HookSite::kRouterLogits:
+    case SiteWidth::kExperts:
       return c.moe.num_experts;
-    case HookSite::kExpertIds:
-    case HookSite::kExpertWeights:
+    case SiteWidth::kExpertsPerToken:
       return c.moe.experts_per_token;
-    case HookSite::kPattern:
+    case SiteWidth::kPattern:
       if (pattern_keys > 0) return c.num_heads * pattern_keys;
       return InvalidArgumentError(
           "hook " + HookName(h) +
           " has no row width: it is [heads, L, L] per sequence");
-    default:
-      return c.hidden_size;
   }
+  return c.hidden_size;
 }
 
 std::vector<HookPoint> ModelHooks(const ModelConfig& c) {

@@ -6,6 +6,7 @@
 #define LOOM_MODEL_HOOKS_H_
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,9 +50,101 @@ enum class HookSite : uint8_t {
 };
 inline constexpr int kNumHookSites = static_cast<int>(HookSite::kResidPost) + 1;
 
-constexpr bool IsLayerSite(HookSite s) { return s >= HookSite::kResidPre; }
+// How a site's row width (columns per token) follows from the layer's config.
+enum class SiteWidth : uint8_t {
+  kHidden,           // hidden_size
+  kQ,                // LayerConfig::q_width (heads x head_dim; MLA: qk dims)
+  kK,                // LayerConfig::k_width
+  kV,                // LayerConfig::v_width
+  kZ,                // LayerConfig::z_width
+  kIntermediate,     // intermediate_size
+  kVocab,            // vocab_size
+  kExperts,          // moe.num_experts
+  kExpertsPerToken,  // moe.experts_per_token
+  kPattern,          // none: [heads, T, T] per sequence
+};
+
+// When a site exists in a layer (CheckHookExists gives the reason when not).
+enum class SiteExists : uint8_t {
+  kAlways,
+  kLearnedPositions,  // GPT-2's position embeddings
+  kPreAttnNorm,       // the layer has a pre-attention norm
+  kPreMlpNorm,        // its own pre-MLP norm (not one norm for both branches)
+  kSequential,        // a residual between attention and MLP (not parallel)
+  kPostAttnNorm,      // Gemma2, OLMo2
+  kPostMlpNorm,       // Gemma2, OLMo2
+  kRotary,            // rotary position embeddings
+  kDenseMlp,          // not a mixture-of-experts layer
+  kSparseMlp,         // a mixture-of-experts layer
+};
+
+// The facts of one hook site, read by the name parser, CheckHookExists,
+// HookWidth, the intervention-site check and the surfaces that deliver
+// rows. A new site is one row of kHookSites (and its place in the program,
+// src/plan/program.cc).
+struct HookSiteInfo {
+  HookSite site;
+  std::string_view name;  // TransformerLens name, without blocks.{L}.
+  bool per_layer;         // blocks.{L}.<name>; else model-level
+  SiteWidth width;
+  SiteExists exists;
+  bool editable;     // interventions may write it (IsInterventionSite)
+  bool integer;      // delivered as an i32 view (expert ids); else f32
+  bool token_major;  // one row per token; else per sequence (the pattern)
+};
+
+// clang-format off
+inline constexpr HookSiteInfo kHookSites[] = {
+  // site                     name                        layer  width                         exists                       edit   int    rows
+  {HookSite::kEmbed,          "hook_embed",               false, SiteWidth::kHidden,          SiteExists::kAlways,           false, false, true},
+  {HookSite::kPosEmbed,       "hook_pos_embed",           false, SiteWidth::kHidden,          SiteExists::kLearnedPositions, false, false, true},
+  {HookSite::kFinalNorm,      "ln_final.hook_normalized", false, SiteWidth::kHidden,          SiteExists::kAlways,           false, false, true},
+  {HookSite::kLogits,         "logits",                   false, SiteWidth::kVocab,           SiteExists::kAlways,           false, false, true},
+  {HookSite::kResidPre,       "hook_resid_pre",           true,  SiteWidth::kHidden,          SiteExists::kAlways,           true,  false, true},
+  {HookSite::kLn1,            "ln1.hook_normalized",      true,  SiteWidth::kHidden,          SiteExists::kPreAttnNorm,      false, false, true},
+  {HookSite::kQ,              "attn.hook_q",              true,  SiteWidth::kQ,               SiteExists::kAlways,           false, false, true},
+  {HookSite::kK,              "attn.hook_k",              true,  SiteWidth::kK,               SiteExists::kAlways,           false, false, true},
+  {HookSite::kV,              "attn.hook_v",              true,  SiteWidth::kV,               SiteExists::kAlways,           false, false, true},
+  {HookSite::kRotQ,           "attn.hook_rot_q",          true,  SiteWidth::kQ,               SiteExists::kRotary,           false, false, true},
+  {HookSite::kRotK,           "attn.hook_rot_k",          true,  SiteWidth::kK,               SiteExists::kRotary,           false, false, true},
+  {HookSite::kPattern,        "attn.hook_pattern",        true,  SiteWidth::kPattern,         SiteExists::kAlways,           false, false, false},
+  {HookSite::kZ,              "attn.hook_z",              true,  SiteWidth::kZ,               SiteExists::kAlways,           true,  false, true},
+  {HookSite::kAttnOut,        "hook_attn_out",            true,  SiteWidth::kHidden,          SiteExists::kAlways,           true,  false, true},
+  {HookSite::kLn1Post,        "ln1_post.hook_normalized", true,  SiteWidth::kHidden,          SiteExists::kPostAttnNorm,     false, false, true},
+  {HookSite::kResidMid,       "hook_resid_mid",           true,  SiteWidth::kHidden,          SiteExists::kSequential,       true,  false, true},
+  {HookSite::kLn2,            "ln2.hook_normalized",      true,  SiteWidth::kHidden,          SiteExists::kPreMlpNorm,       false, false, true},
+  {HookSite::kRouterLogits,   "mlp.hook_router_logits",   true,  SiteWidth::kExperts,         SiteExists::kSparseMlp,        false, false, true},
+  {HookSite::kExpertIds,      "mlp.hook_expert_ids",      true,  SiteWidth::kExpertsPerToken, SiteExists::kSparseMlp,        false, true,  true},
+  {HookSite::kExpertWeights,  "mlp.hook_expert_weights",  true,  SiteWidth::kExpertsPerToken, SiteExists::kSparseMlp,        false, false, true},
+  {HookSite::kMlpPre,         "mlp.hook_pre",             true,  SiteWidth::kIntermediate,    SiteExists::kDenseMlp,         false, false, true},
+  {HookSite::kMlpPost,        "mlp.hook_post",            true,  SiteWidth::kIntermediate,    SiteExists::kDenseMlp,         true,  false, true},
+  {HookSite::kMlpOut,         "hook_mlp_out",             true,  SiteWidth::kHidden,          SiteExists::kAlways,           true,  false, true},
+  {HookSite::kLn2Post,        "ln2_post.hook_normalized", true,  SiteWidth::kHidden,          SiteExists::kPostMlpNorm,      false, false, true},
+  {HookSite::kResidPost,      "hook_resid_post",          true,  SiteWidth::kHidden,          SiteExists::kAlways,           true,  false, true},
+};
+// clang-format on
+
+// The row of `s` (the table is in enum order: checked below).
+constexpr const HookSiteInfo& SiteInfo(HookSite s) {
+  return kHookSites[static_cast<int>(s)];
+}
+
+constexpr bool HookSitesInEnumOrder() {
+  if (std::size(kHookSites) != kNumHookSites) return false;
+  for (int i = 0; i < kNumHookSites; ++i)
+    if (static_cast<int>(kHookSites[i].site) != i) return false;
+  return true;
+}
+static_assert(HookSitesInEnumOrder(), "kHookSites: one row per site, in order");
+
+constexpr bool IsLayerSite(HookSite s) { return SiteInfo(s).per_layer; }
 // Sites delivered as i32 views (expert ids); the others are float.
-constexpr bool IsIntegerSite(HookSite s) { return s == HookSite::kExpertIds; }
+constexpr bool IsIntegerSite(HookSite s) { return SiteInfo(s).integer; }
+// One row of floats per token (what generation and serving can stream):
+// not the pattern ([heads, T, T] per sequence), not the expert ids.
+constexpr bool IsFloatRowSite(HookSite s) {
+  return SiteInfo(s).token_major && !SiteInfo(s).integer;
+}
 
 struct HookPoint {
   HookSite site = HookSite::kResidPost;

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/model/registry.h"
@@ -114,6 +116,41 @@ TEST_F(ResolveHooksTest, ClearErrors) {
   EXPECT_NE(error({"ln1_post.hook_normalized"}, {"0"})
                 .find("does not exist in llama"),
             std::string::npos);
+}
+
+// The site table: names unique and round-tripping through the parser, the
+// editable, integer and per-token columns as the engine relies on them.
+TEST(HookSiteTableTest, OneRowPerSiteReadByEveryConsumer) {
+  std::vector<std::string_view> names;
+  for (const HookSiteInfo& info : kHookSites) {
+    SCOPED_TRACE(std::string(info.name));
+    EXPECT_EQ(HookSiteName(info.site), info.name);
+    EXPECT_EQ(std::count(names.begin(), names.end(), info.name), 0);
+    names.push_back(info.name);
+    // Layer sites parse as blocks.2.<name>, the others as the bare name.
+    const std::string full = info.per_layer
+                                 ? "blocks.2." + std::string(info.name)
+                                 : std::string(info.name);
+    StatusOr<std::vector<HookPoint>> parsed = ParseHookPattern(full, 4);
+    ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+    ASSERT_EQ(parsed->size(), 1u);
+    EXPECT_EQ((*parsed)[0].site, info.site);
+    EXPECT_EQ((*parsed)[0].layer, info.per_layer ? 2 : -1);
+    // Only the pattern has no rows per token, only the expert ids are
+    // integers; both are what generation cannot stream.
+    EXPECT_EQ(info.token_major, info.site != HookSite::kPattern);
+    EXPECT_EQ(IsIntegerSite(info.site), info.site == HookSite::kExpertIds);
+    EXPECT_EQ(IsFloatRowSite(info.site), info.site != HookSite::kPattern &&
+                                             info.site != HookSite::kExpertIds);
+    // Editable sites are residual-width or per-head/MLP rows of floats.
+    if (info.editable) {
+      EXPECT_TRUE(IsFloatRowSite(info.site));
+    }
+  }
+  // Model-level sites first in the enum's layer order (ModelHooks walks the
+  // layer sites from kResidPre on).
+  for (const HookSiteInfo& info : kHookSites)
+    EXPECT_EQ(info.per_layer, info.site >= HookSite::kResidPre) << info.name;
 }
 
 TEST(HookWidthTest, EverySiteOfADenseModel) {

@@ -588,20 +588,7 @@ std::string_view InterventionModeName(InterventionMode mode) {
   return "?";
 }
 
-bool IsInterventionSite(HookSite site) {
-  switch (site) {
-    case HookSite::kResidPre:
-    case HookSite::kResidMid:
-    case HookSite::kResidPost:
-    case HookSite::kAttnOut:
-    case HookSite::kMlpOut:
-    case HookSite::kZ:
-    case HookSite::kMlpPost:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsInterventionSite(HookSite site) { return SiteInfo(site).editable; }
 
 StatusOr<std::vector<Intervention>> ParseInterventions(
     std::string_view json_text, const std::string& base_dir,

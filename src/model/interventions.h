@@ -88,8 +88,9 @@ struct Intervention {
   }
 };
 
-// Whether `site` can be edited: hook_resid_pre / hook_resid_mid /
-// hook_resid_post, hook_attn_out, hook_mlp_out, attn.hook_z, mlp.hook_post.
+// Whether `site` can be edited (kHookSites' `editable`: hook_resid_pre /
+// hook_resid_mid / hook_resid_post, hook_attn_out, hook_mlp_out, attn.hook_z,
+// mlp.hook_post).
 bool IsInterventionSite(HookSite site);
 
 // Parses and validates the intervention list of `json_text`. `base_dir` is

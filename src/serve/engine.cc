@@ -180,7 +180,7 @@ StatusOr<HookSet> CapturableHooks(const ModelConfig& c,
   if (!extra.ok())
     return extra.status().WithContext(options.extra_hooks_setting);
   for (const HookPoint& h : extra->hooks()) {
-    if (h.site == HookSite::kPattern || IsIntegerSite(h.site))
+    if (!IsFloatRowSite(h.site))
       return InvalidArgumentError(
           options.extra_hooks_setting + ": " + HookName(h) +
           " cannot be captured while generating (attention patterns and "
