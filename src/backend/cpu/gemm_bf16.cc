@@ -163,6 +163,62 @@ void StripFromRows(int64_t nc, int64_t kc, uint16_t* p, RowFn row) {
   }
 }
 
+// The 16 E2M1 values as bf16 (each is one exactly), twice: the table of a
+// 32-lane word permute whose indices are the codes 0..15.
+__m512i E2M1Bf16Table() {
+  alignas(64) uint16_t t[32];
+  const float* lut = E2M1Table();
+  for (int i = 0; i < 32; ++i) t[i] = F32ToBf16(lut[i % 16]);
+  return _mm512_load_si512(t);
+}
+
+// Whether an MXFP4 block of scale byte `s` decodes by moving exponents:
+// the nonzero E2M1 values 0.5..6 have bf16 exponent fields 126..129, and
+// times 2^(s - 127) they stay normal numbers for s in [2, 252].
+inline bool Mxfp4ExponentShiftExact(uint8_t s) { return s >= 2 && s <= 252; }
+
+// One MXFP4 block (32 codes in 16 bytes, the even code in the low nibble)
+// of scale byte `s` (Mxfp4ExponentShiftExact) as 32 bf16 values: the same
+// bits as the f32 decode (value x 2^(s - 127)) rounded to bf16, since every
+// product is exact; zeros keep their sign and stay zero.
+inline __m512i Mxfp4BlockToBf16(const uint8_t* codes, uint8_t s,
+                                __m512i table) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+  const __m128i nib = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(v, nib);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+  const __m512i idx = _mm512_cvtepu8_epi16(_mm256_set_m128i(
+      _mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi)));  // [32] codes
+  const __m512i x = _mm512_permutexvar_epi16(idx, table);
+  const __mmask32 nonzero =
+      _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x7fff));
+  return _mm512_mask_add_epi16(
+      x, nonzero, x, _mm512_set1_epi16(static_cast<int16_t>((s - 127) << 7)));
+}
+
+// A strip's rows of an MXFP4 matrix straight into bf16 (no f32 pass),
+// where every 32-k block of [k0, k0 + kc) is whole and its scale shifts
+// exactly; false (nothing written) otherwise.
+bool PackMxfp4Strip(const QuantMatrix& m, int64_t js, int64_t nc, int64_t k0,
+                    int64_t kc, uint16_t* p) {
+  static_assert(kTileK == 32, "an MXFP4 block is one 32-k block");
+  if (m.kind != FormatKind::kMxfp4 || k0 % 32 != 0 || kc % 32 != 0)
+    return false;
+  const auto* codes = static_cast<const uint8_t*>(m.values);
+  const auto* scales = static_cast<const uint8_t*>(m.scales);
+  const int64_t blocks = m.k / 32;
+  for (int64_t c = 0; c < nc; ++c)
+    for (int64_t b = k0 / 32; b < (k0 + kc) / 32; ++b)
+      if (!Mxfp4ExponentShiftExact(scales[(js + c) * blocks + b])) return false;
+  const __m512i table = E2M1Bf16Table();
+  StripFromRows(nc, kc, p, [&](int c, int64_t k, int64_t /*valid*/) {
+    const int64_t r = js + c, b = (k0 + k) / 32;
+    return Mxfp4BlockToBf16(codes + r * (m.k / 2) + b * 16,
+                            scales[r * blocks + b], table);
+  });
+  return true;
+}
+
 }  // namespace
 
 void RoundXToBf16(const float* x, int64_t rows, int64_t k, uint16_t* out,
@@ -214,6 +270,7 @@ void PackStrips(const WeightSource& src, int64_t j0, int64_t cols, int64_t k0,
     const int64_t nc = std::min(kStripCols, cols - s * kStripCols);
     uint16_t* p = out + s * kStripCols * kcp;  // [kcp / 2][16][2]
     if (src.quant != nullptr) {
+      if (PackMxfp4Strip(*src.quant, js, nc, k0, kc, p)) continue;
       // The rows decoded to f32 [nc][kc], rounded to bf16 as they are
       // packed (exact for MXFP4).
       for (int64_t c = 0; c < nc; ++c)

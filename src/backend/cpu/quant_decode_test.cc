@@ -24,7 +24,6 @@
 namespace loom::cpu {
 namespace {
 
-
 std::vector<uint8_t> RandomBytes(int64_t n, uint32_t seed) {
   std::mt19937 g(seed);
   std::vector<uint8_t> b(static_cast<size_t>(n));
@@ -344,6 +343,54 @@ TEST(QuantGemm, DenseGemmReusesTheCopyOfAQuantizedOne) {
   d.reuse_x_workspace = false;
   fresh.Gemm(d);
   ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4));
+}
+
+// MXFP4 in a bf16 GEMM equals the same GEMM on the decoded weights stored as
+// bf16, bit for bit: the packing's exponent shift (scales 2..252) and its
+// f32 fallback (the others: 0 and 1 give subnormal or zero products, 253 and
+// 254 overflow) give the bytes of the f32 decode rounded to bf16.
+TEST(QuantGemm, Mxfp4Bf16EqualsItsDecodedBf16Weights) {
+  GemmContext ctx;
+  const int64_t n = 80, k = 32 * 40;
+  Case c = MakeCase(FormatKind::kMxfp4, n, k, 17, DType::kBF16, false);
+  // Edge scales in the first strip's rows (16 rows: packed through f32),
+  // the exact-shift bounds in the other strips (packed by the shift).
+  const uint8_t edges[] = {0, 1, 253, 254, 2, 252};
+  const int64_t blocks = k / 32;
+  for (int64_t r = 0; r < 16; ++r)
+    c.scales[r * blocks + r % blocks] = edges[r % std::size(edges)];
+  c.scales[16 * blocks] = 2;
+  c.scales[33 * blocks + 3] = 252;
+  std::vector<float> wf(n * k);
+  DecodeRowsReference(c.m, 0, n, wf.data());
+  std::vector<uint16_t> w16(n * k);
+  for (int64_t i = 0; i < n * k; ++i) w16[i] = F32ToBf16(wf[i]);
+  for (int64_t m : {int64_t{1}, int64_t{5}, int64_t{33}}) {
+    std::mt19937 g(9);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(m * k);
+    for (auto& v : x) v = u(g);
+    AlignedBuf ws(GemmWorkspaceBytes(m, k, DType::kBF16));
+    GemmArgs a;
+    a.x = x.data();
+    a.quant = &c.m;
+    a.w_dtype = DType::kBF16;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.workspace = ws.p;
+    std::vector<float> got(m * n), want(m * n);
+    a.y = got.data();
+    ctx.Gemm(a);
+    a.quant = nullptr;
+    a.w = w16.data();
+    a.y = want.data();
+    ctx.Gemm(a);
+    for (int64_t i = 0; i < m * n; ++i)
+      ASSERT_TRUE(SameValue(got[i], want[i]))
+          << "m=" << m << " (" << i / n << ", " << i % n << "): " << got[i]
+          << " vs " << want[i];
+  }
 }
 
 // The quantized GEMM == the reference GEMM on the reference-decoded weights
