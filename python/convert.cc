@@ -4,6 +4,10 @@
 #include <chrono>
 #include <limits>
 #include <set>
+#include <type_traits>
+#include <variant>
+
+#include "src/base/check.h"
 
 namespace loom::python {
 
@@ -368,6 +372,36 @@ std::vector<std::string> StrListArg(const std::string& arg, py::handle o) {
   for (const py::handle item : py::iter(o))
     out.push_back(StrArg(arg + "[" + std::to_string(out.size()) + "]", item));
   return out;
+}
+
+void ReadPyParams(std::span<const eval::ParamField> fields,
+                  std::span<const py::handle> values) {
+  LOOM_CHECK_EQ(fields.size(), values.size());
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const eval::ParamField& f = fields[i];
+    const py::handle o = values[i];
+    if (o.is_none()) continue;
+    const std::string name(f.spec->name);
+    std::visit(
+        [&](auto* field) {
+          using T = std::remove_pointer_t<decltype(field)>;
+          if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            *field = StrListArg(name, o);
+          } else if constexpr (std::is_same_v<T, uint64_t>) {
+            *field = SeedArg(name, o);
+          } else {
+            const double v = std::is_same_v<T, int64_t>
+                                 ? static_cast<double>(IntArg(name, o))
+                                 : FloatArg(name, o);
+            if (!eval::InParamRange(f, v))
+              Raise(InvalidArgumentError(
+                  name + ": got " + py::str(o).cast<std::string>() +
+                  ", expected " + eval::ParamRangeText(f)));
+            *field = static_cast<T>(v);
+          }
+        },
+        f.target);
+  }
 }
 
 // Token ids: an iterable of ints (numpy integers too) in [0, 2^31).

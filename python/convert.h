@@ -14,6 +14,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/eval/extract_rows.h"
+#include "src/eval/params.h"
 #include "src/model/interventions.h"
 
 namespace loom::python {
@@ -161,6 +163,13 @@ double FloatArg(const std::string& arg, py::handle o);
 
 // A str, or an iterable of str, as a list (None: empty).
 std::vector<std::string> StrListArg(const std::string& arg, py::handle o);
+
+// The fields of a parameter group (src/eval/params.h) from the keyword
+// arguments `values` (values[i] for fields[i]; None leaves the field's
+// value): the kind's converter above, then the spec's range ("top_p: got 0,
+// expected a number in (0, 1]").
+void ReadPyParams(std::span<const eval::ParamField> fields,
+                  std::span<const py::handle> values);
 
 // Token ids: an iterable of ints (numpy integers too) in [0, 2^31).
 std::vector<int32_t> TokenIdsArg(const std::string& arg, py::handle o);

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "python/convert.h"
@@ -364,13 +365,11 @@ class PyModel {
                     const py::object& layers, const py::object& select,
                     const py::object& interventions) {
     GenerateRequest r;
-    r.max_new_tokens = IntArgAtLeast("max_tokens", max_tokens, 0);
-    r.sampling.temperature =
-        static_cast<float>(FloatArg("temperature", temperature));
-    r.sampling.top_k = IntArgAtLeast("top_k", top_k, 0, " (0: off)");
-    r.sampling.top_p = static_cast<float>(FloatArg("top_p", top_p));
-    r.sampling.seed = SeedArg("seed", seed);
-    r.stop_strings = StrListArg("stop", stop);
+    const py::handle given[] = {max_tokens, temperature, top_k,
+                                top_p,      seed,        stop};
+    ReadPyParams(
+        eval::GenerationParams(&r.max_new_tokens, &r.sampling, &r.stop_strings),
+        given);
     r.context = IntArgAtLeast("ctx", ctx, 0,
                               " (0: min(2048, max_position_embeddings))");
     r.prefill_chunk = IntArgAtLeast("prefill_chunk", prefill_chunk, 1);
@@ -792,6 +791,23 @@ void AddModelClass(py::module_& m) {
            py::arg("hooks"), py::arg("positions"), py::arg("answer"),
            py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"),
            py::arg("progress"));
+  m.def(
+      "_generation_params",
+      [] {
+        // The generation group of the parameter table with the library's
+        // defaults: Model.generate's keywords must be these.
+        GenerateRequest r;
+        py::dict out;
+        for (const eval::ParamField& f : eval::GenerationParams(
+                 &r.max_new_tokens, &r.sampling, &r.stop_strings))
+          std::visit(
+              [&](auto* field) {
+                out[py::str(std::string(f.spec->name))] = py::cast(*field);
+              },
+              f.target);
+        return out;
+      },
+      "{name: default} of the generation parameters (src/eval/params.h).");
   m.def(
       "_load_count", [] { return g_loads.load(); },
       "Models loaded by this process (each loom.Model loads once).");

@@ -102,6 +102,29 @@ def test_prompt_only_hidden_states_match_extract(model):
     np.testing.assert_array_equal(rows, ref["blocks.3.hook_resid_post"])
 
 
+def test_sampling_keywords_are_the_parameter_table():
+    # Model.generate's sampling keywords and defaults are the library's
+    # generation parameters (src/eval/params.h): `loom generate`'s flags and
+    # loom serve's fields of the same names.
+    import inspect
+    keywords = inspect.signature(loom.Model.generate).parameters
+    for name, default in loom._loom._generation_params().items():
+        assert name in keywords, name
+        want = None if default == [] else default
+        assert keywords[name].default == want, name
+
+
+def test_sampling_ranges_are_the_parameter_table(model):
+    for kwargs, message in [
+            (dict(top_p=0), r"^top_p: got 0, expected a number in \(0, 1\]"),
+            (dict(temperature=3), r"^temperature: got 3, expected a number in \[0, 2\]"),
+            (dict(top_k=-1), r"^top_k: got -1, expected an integer in \[0, 1073741824\]"),
+            (dict(max_tokens=-2), r"^max_tokens: got -2, expected an integer in \[0, "),
+            (dict(seed=-1), r"^seed: -1 is outside \[0, 2\^64\)")]:
+        with pytest.raises(loom.InvalidArgumentError, match=message):
+            model.generate(PROMPT, **kwargs)
+
+
 def test_errors_name_the_python_arguments(model):
     with pytest.raises(loom.InvalidArgumentError, match="^hooks: blocks.0.attn.hook_pattern"):
         model.generate(PROMPT, hooks="blocks.0.attn.hook_pattern")

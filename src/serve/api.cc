@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <variant>
 
 #include "src/base/float16.h"
 #include "src/core/json_error.h"
@@ -242,6 +244,39 @@ StatusOr<std::vector<std::string>> GetStrings(const json& j,
     out.push_back(x.get<std::string>());
   }
   return out;
+}
+
+Status ReadParams(const json& j, std::span<const eval::ParamField> fields) {
+  for (const eval::ParamField& f : fields) {
+    const std::string_view name = f.spec->name;
+    const json* v = Field(j, name);
+    if (v == nullptr) continue;
+    const std::string range = eval::ParamRangeText(f);
+    Status status = std::visit(
+        [&](auto* field) -> Status {
+          using T = std::remove_pointer_t<decltype(field)>;
+          if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            ASSIGN_OR_RETURN(*field, GetStrings(j, name));
+          } else if constexpr (std::is_same_v<T, uint64_t>) {
+            if (!v->is_number_integer() ||
+                (!v->is_number_unsigned() && v->get<int64_t>() < 0))
+              return FieldError(name, range, *v);
+            *field = v->get<uint64_t>();
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            ASSIGN_OR_RETURN(*field, GetInt(j, name, *field,
+                                            static_cast<int64_t>(f.spec->lo),
+                                            static_cast<int64_t>(f.upper())));
+          } else {
+            if (!v->is_number() || !eval::InParamRange(f, v->get<double>()))
+              return FieldError(name, range, *v);
+            *field = static_cast<T>(v->get<double>());
+          }
+          return Status();
+        },
+        f.target);
+    RETURN_IF_ERROR(status);
+  }
+  return Status();
 }
 
 StatusOr<json> ParseBody(std::string_view body) {

@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "src/base/status.h"
 #include "src/core/dtype.h"
+#include "src/eval/params.h"
 #include "src/eval/row_selector.h"
 #include "src/model/config.h"
 #include "src/model/interventions.h"
@@ -36,6 +38,11 @@ StatusOr<std::string> GetString(const json& j, std::string_view name,
 // A string or a list of strings ([] when missing).
 StatusOr<std::vector<std::string>> GetStrings(const json& j,
                                               std::string_view name);
+// The fields of a parameter group (src/eval/params.h) from `j`: each one
+// present and not null sets its field; a missing one leaves the field's
+// value (the route's default). Errors name the field, its range and the
+// value: "field `top_p`: expected a number in (0, 1], got 0".
+Status ReadParams(const json& j, std::span<const eval::ParamField> fields);
 // The body of a request as a JSON object (InvalidArgument with the parser's
 // position otherwise; an empty or blank body is InvalidArgument saying so).
 StatusOr<json> ParseBody(std::string_view body);

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -380,6 +381,29 @@ TEST(ServeHttpTest, FieldsAgreeWithTheOtherFrontEnds) {
         {"temperature", eval::kMaxTemperature}},
        &status);
   EXPECT_EQ(status, 200);
+  // The generation parameters' table (eval::GenerationParams): the same
+  // ranges as `loom generate`'s flags and the Python keywords, the field
+  // named; max_tokens capped per request.
+  const std::tuple<std::string, json, std::string> bad[] = {
+      {"top_p", 0, "field `top_p`: expected a number in (0, 1], got 0"},
+      {"temperature", 3,
+       "field `temperature`: expected a number in [0, 2], "
+       "got 3"},
+      {"top_k", -1,
+       "field `top_k`: expected an integer in [0, 1073741824], "
+       "got -1"},
+      {"max_tokens", 9000,
+       "field `max_tokens`: expected an integer in [0, 8192], got 9000"},
+      {"seed", -1,
+       "field `seed`: expected an integer in [0, 18446744073709551615], got "
+       "-1"},
+      {"stop", 5, "field `stop`: expected a string or a list, got 5"},
+  };
+  for (const auto& [field, value, want] : bad) {
+    e = Post(c, "/generate", {{"prompt", "a"}, {field, value}}, &status);
+    EXPECT_EQ(status, 400) << field;
+    EXPECT_EQ(e["detail"], want);
+  }
   eval::SamplingOptions hot;
   hot.temperature = eval::kMaxTemperature + 0.5f;
   EXPECT_FALSE(eval::ValidateSampling(hot).ok());

@@ -25,6 +25,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
+#include "tools/cli/param_flags.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
@@ -35,11 +36,10 @@ struct GenerateArgs {
   std::string prompt;
   std::vector<int64_t> prompt_tokens;  // --prompt-tokens, instead of text
   std::string precision = "f32";
+  // --max-tokens --temperature --top-k --top-p --seed --stop
+  // (eval::GenerationParams).
   int64_t max_tokens = 32;
-  float temperature = 0.0f;
-  int64_t top_k = 0;
-  float top_p = 1.0f;
-  uint64_t seed = 0;
+  eval::SamplingOptions sampling;
   std::vector<std::string> stop;
   int64_t ctx = 0;
   int threads = 0;
@@ -70,15 +70,6 @@ nlohmann::json TextJson(const tok::Tokenizer* tokenizer,
 nlohmann::json PromptJson(const GenerateArgs& args) {
   return args.prompt_tokens.empty() ? nlohmann::json(args.prompt)
                                     : nlohmann::json(nullptr);
-}
-
-eval::SamplingOptions SamplingOf(const GenerateArgs& args) {
-  eval::SamplingOptions s;
-  s.temperature = args.temperature;
-  s.top_k = args.top_k;
-  s.top_p = args.top_p;
-  s.seed = args.seed;
-  return s;
 }
 
 // With --hooks: the serving engine (one slot) captures the hooks at every
@@ -118,7 +109,7 @@ Status RunGenerateWithHooks(const GenerateArgs& args, Precision precision) {
                    CliPromptIds("--prompt", args.prompt, args.prompt_tokens,
                                 engine->session()));
   r.max_new_tokens = args.max_tokens;
-  r.sampling = SamplingOf(args);
+  r.sampling = args.sampling;
   r.stop_strings = args.stop;
   r.stop_ids = engine->stop_ids();
   r.hooks = set.hooks();
@@ -183,7 +174,7 @@ Status RunGenerate(const GenerateArgs& args) {
       CliPromptIds("--prompt", args.prompt, args.prompt_tokens, *session));
   eval::GenerateOptions o;
   o.max_new_tokens = args.max_tokens;
-  o.sampling = SamplingOf(args);
+  o.sampling = args.sampling;
   o.stop_strings = args.stop;
   ASSIGN_OR_RETURN(o.stop_ids, eval::LoadStopIds(session->model()));
   RETURN_IF_ERROR(eval::ValidateSampling(o.sampling));
@@ -236,21 +227,12 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   one->add_option(text);
   one->add_option(ids);
   one->require_option(1);
-  cmd->add_option("--max-tokens", args->max_tokens,
-                  "Most tokens to generate (default 32; 0: none, with --hooks "
-                  "the prompt's activations only)")
-      ->check(IntRange(0));
-  cmd->add_option("--temperature", args->temperature,
-                  "0 = greedy (default); > 0 samples; at most 2 (as serve)")
-      ->check(NumberRange(0, false, eval::kMaxTemperature, false));
-  cmd->add_option("--top-k", args->top_k, "Keep the k most likely (0 = off)")
-      ->check(IntRange(0));
-  cmd->add_option("--top-p", args->top_p, "Nucleus mass (1 = off)")
-      ->check(NumberRange(0, true, 1, false));
-  cmd->add_option("--seed", args->seed, "Sampling seed (default 0)")
-      ->check(Unsigned64());
-  cmd->add_option("--stop", args->stop,
-                  "Stop once the generated text contains this (repeatable)");
+  AddParamFlags(*cmd, eval::GenerationParams(&args->max_tokens, &args->sampling,
+                                             &args->stop));
+  CLI::Option* max_tokens = cmd->get_option("--max-tokens");
+  max_tokens->description(max_tokens->get_description() +
+                          "; with --hooks, 0 captures the prompt's "
+                          "activations only");
   cmd->add_option("--ctx", args->ctx,
                   "KV cache positions (default min(2048, max positions))")
       ->check(IntRange(1));

@@ -127,22 +127,19 @@ StatusOr<GenFields> ParseGen(const ServerOptions& o, const Engine& e,
   GenFields f;
   GenRequest& r = f.request;
   r.prompt = std::move(prompt);
-  ASSIGN_OR_RETURN(r.max_new_tokens, GetInt(b, "max_tokens", 256, 0, 8192));
-  ASSIGN_OR_RETURN(
-      double t, GetNumber(b, "temperature", 0.7, 0.0, eval::kMaxTemperature));
-  ASSIGN_OR_RETURN(double p, GetNumber(b, "top_p", chat ? 1.0 : 0.9, 0.0, 1.0));
-  if (p == 0.0)
-    return InvalidArgumentError(
-        "field `top_p`: expected a number in (0, 1], got 0");
-  ASSIGN_OR_RETURN(r.sampling.top_k, GetInt(b, "top_k", 0, 0, 1 << 30));
-  ASSIGN_OR_RETURN(int64_t seed, GetInt(b, "seed", 0, 0,
-                                        std::numeric_limits<int64_t>::max()));
-  f.temperature = t;
-  f.top_p = p;
-  r.sampling.temperature = static_cast<float>(t);
-  r.sampling.top_p = static_cast<float>(p);
-  r.sampling.seed = static_cast<uint64_t>(seed);
-  ASSIGN_OR_RETURN(r.stop_strings, GetStrings(b, "stop"));
+  // TheLoom's defaults (max_tokens 256, temperature 0.7, top_p 0.9; chat
+  // 1.0), the generation parameters' ranges, at most kMaxRequestTokens.
+  r.max_new_tokens = 256;
+  r.sampling.temperature = 0.7f;
+  r.sampling.top_p = chat ? 1.0f : 0.9f;
+  std::vector<eval::ParamField> params =
+      eval::GenerationParams(&r.max_new_tokens, &r.sampling, &r.stop_strings);
+  eval::FindParam(params, "max_tokens")->hi = kMaxRequestTokens;
+  RETURN_IF_ERROR(ReadParams(b, params));
+  // The values as given (persisted experiments record them unrounded).
+  ASSIGN_OR_RETURN(f.temperature, GetNumber(b, "temperature", 0.7, 0.0,
+                                            eval::kMaxTemperature));
+  ASSIGN_OR_RETURN(f.top_p, GetNumber(b, "top_p", chat ? 1.0 : 0.9, 0.0, 1.0));
   r.stop_ids = e.stop_ids();
   ASSIGN_OR_RETURN(bool ignore_eos, GetBool(b, "ignore_eos", false));
   if (ignore_eos) r.stop_ids.clear();

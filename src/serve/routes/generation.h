@@ -19,6 +19,9 @@
 
 namespace loom::serve::routes {
 
+// The most tokens one generation request may ask for (`max_tokens`).
+inline constexpr int64_t kMaxRequestTokens = 8192;
+
 // What a generation request asks for, parsed once.
 struct GenFields {
   GenRequest request;

@@ -1,0 +1,72 @@
+// User-facing options declared once. A ParamSpec is an option's name, kind,
+// range and help; a group binds its specs to the fields the option sets
+// (ParamField), and each surface derives its reader from the group: `loom`'s
+// flags (tools/cli/param_flags.h: --top-p for top_p, the range as a CLI11
+// check), `loom serve`'s JSON fields (serve::ReadParams: "field `top_p`:
+// expected a number in (0, 1], got 0") and the Python keywords
+// (python/convert.h). The default of an option is the value of its field
+// when the surface reads it: the library's struct default, or the surface's
+// own where its API contract says another (TheLoom's temperature 0.7).
+// A new option of a group is one row of its table and the field it sets.
+#ifndef LOOM_EVAL_PARAMS_H_
+#define LOOM_EVAL_PARAMS_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "src/eval/generate.h"
+
+namespace loom::eval {
+
+enum class ParamKind : uint8_t {
+  kInt,      // int64_t in [lo, hi]
+  kSeed,     // uint64_t: any integer in [0, 2^64)
+  kFloat,    // float: a finite number in [lo, hi] ((lo, hi] when lo_open)
+  kStrings,  // std::vector<std::string>: a repeatable flag; a string or a list
+};
+
+struct ParamSpec {
+  std::string_view name;  // snake_case: the JSON field and Python keyword
+  ParamKind kind;
+  double lo = 0, hi = 0;  // kInt, kFloat
+  bool lo_open = false;
+  std::string_view help;  // one line, without the default
+};
+
+using ParamTarget =
+    std::variant<int64_t*, uint64_t*, float*, std::vector<std::string>*>;
+
+// One option of a group bound to the field it sets. `hi` narrows the
+// spec's upper bound on one surface (a server's per-request cap).
+struct ParamField {
+  const ParamSpec* spec;
+  ParamTarget target;
+  std::optional<double> hi;
+  double upper() const { return hi ? *hi : spec->hi; }
+};
+
+// "--top-p" for top_p.
+std::string ParamFlag(const ParamSpec& spec);
+// "an integer in [0, 8192]", "a number in (0, 1]", "an integer in [0,
+// 18446744073709551615]", "a string or a list of strings".
+std::string ParamRangeText(const ParamField& field);
+// Whether `v` lies in the field's range (finite, kInt/kFloat only).
+bool InParamRange(const ParamField& field, double v);
+// The field of `name` in `fields`, or null.
+ParamField* FindParam(std::span<ParamField> fields, std::string_view name);
+
+// ---- Generation: what continuing a prompt takes besides the prompt.
+// max_tokens, temperature, top_k, top_p, seed, stop.
+std::span<const ParamSpec> GenerationParamSpecs();
+std::vector<ParamField> GenerationParams(int64_t* max_tokens,
+                                         SamplingOptions* sampling,
+                                         std::vector<std::string>* stop);
+
+}  // namespace loom::eval
+
+#endif  // LOOM_EVAL_PARAMS_H_

@@ -1,0 +1,106 @@
+// The parameter table: names, flags, ranges and the fields a group binds.
+#include "src/eval/params.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace loom::eval {
+namespace {
+
+TEST(ParamsTest, FlagsAndRanges) {
+  const ParamSpec top_p{"top_p", ParamKind::kFloat, 0, 1, true, ""};
+  EXPECT_EQ(ParamFlag(top_p), "--top-p");
+  ParamField f{&top_p, static_cast<float*>(nullptr), std::nullopt};
+  EXPECT_EQ(ParamRangeText(f), "a number in (0, 1]");
+  EXPECT_FALSE(InParamRange(f, 0));
+  EXPECT_TRUE(InParamRange(f, 1e-9));
+  EXPECT_TRUE(InParamRange(f, 1));
+  EXPECT_FALSE(InParamRange(f, 1.5));
+  EXPECT_FALSE(InParamRange(f, std::numeric_limits<double>::quiet_NaN()));
+  const ParamSpec tokens{"max_tokens", ParamKind::kInt, 0, 1 << 30, false, ""};
+  ParamField t{&tokens, static_cast<int64_t*>(nullptr), std::nullopt};
+  EXPECT_EQ(ParamRangeText(t), "an integer in [0, 1073741824]");
+  t.hi = 8192;  // a surface's narrower cap
+  EXPECT_EQ(ParamRangeText(t), "an integer in [0, 8192]");
+  EXPECT_FALSE(InParamRange(t, 8193));
+  const ParamSpec temperature{
+      "temperature", ParamKind::kFloat, 0, 2, false, ""};
+  EXPECT_EQ(ParamRangeText({&temperature, static_cast<float*>(nullptr), {}}),
+            "a number in [0, 2]");
+  const ParamSpec seed{"seed", ParamKind::kSeed, 0, 0, false, ""};
+  ParamField s{&seed, static_cast<uint64_t*>(nullptr), std::nullopt};
+  EXPECT_EQ(ParamRangeText(s), "an integer in [0, 18446744073709551615]");
+  EXPECT_TRUE(InParamRange(s, 1e19));
+  EXPECT_FALSE(InParamRange(s, -1));
+}
+
+// Every spec of the group is bound, once, to the field of its kind, at the
+// address given; the ranges are the generator's (ValidateSampling).
+TEST(ParamsTest, GenerationParamsBindEverySpecToItsField) {
+  int64_t max_tokens = 32;
+  SamplingOptions sampling;
+  std::vector<std::string> stop;
+  std::vector<ParamField> fields =
+      GenerationParams(&max_tokens, &sampling, &stop);
+  ASSERT_EQ(fields.size(), GenerationParamSpecs().size());
+  std::set<std::string_view> names;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const ParamField& f = fields[i];
+    SCOPED_TRACE(std::string(f.spec->name));
+    EXPECT_EQ(f.spec, &GenerationParamSpecs()[i]);
+    EXPECT_TRUE(names.insert(f.spec->name).second);
+    EXPECT_FALSE(f.spec->help.empty());
+    switch (f.spec->kind) {
+      case ParamKind::kInt:
+        EXPECT_TRUE(std::holds_alternative<int64_t*>(f.target));
+        break;
+      case ParamKind::kSeed:
+        EXPECT_TRUE(std::holds_alternative<uint64_t*>(f.target));
+        break;
+      case ParamKind::kFloat:
+        EXPECT_TRUE(std::holds_alternative<float*>(f.target));
+        break;
+      case ParamKind::kStrings:
+        EXPECT_TRUE(
+            std::holds_alternative<std::vector<std::string>*>(f.target));
+        break;
+    }
+  }
+  EXPECT_EQ(std::get<int64_t*>(FindParam(fields, "max_tokens")->target),
+            &max_tokens);
+  EXPECT_EQ(std::get<float*>(FindParam(fields, "temperature")->target),
+            &sampling.temperature);
+  EXPECT_EQ(std::get<int64_t*>(FindParam(fields, "top_k")->target),
+            &sampling.top_k);
+  EXPECT_EQ(std::get<float*>(FindParam(fields, "top_p")->target),
+            &sampling.top_p);
+  EXPECT_EQ(std::get<uint64_t*>(FindParam(fields, "seed")->target),
+            &sampling.seed);
+  EXPECT_EQ(
+      std::get<std::vector<std::string>*>(FindParam(fields, "stop")->target),
+      &stop);
+  EXPECT_EQ(FindParam(fields, "nope"), nullptr);
+  // The table's ranges are the ones the generator enforces.
+  for (double t : {-0.5, 0.0, 1.0, double{kMaxTemperature}, 2.5}) {
+    SamplingOptions o;
+    o.temperature = static_cast<float>(t);
+    EXPECT_EQ(InParamRange(*FindParam(fields, "temperature"), t),
+              ValidateSampling(o).ok())
+        << t;
+  }
+  for (double p : {0.0, 0.25, 1.0, 1.5}) {
+    SamplingOptions o;
+    o.top_p = static_cast<float>(p);
+    EXPECT_EQ(InParamRange(*FindParam(fields, "top_p"), p),
+              ValidateSampling(o).ok())
+        << p;
+  }
+}
+
+}  // namespace
+}  // namespace loom::eval

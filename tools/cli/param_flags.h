@@ -1,0 +1,51 @@
+// `loom` flags from a parameter group (src/eval/params.h): each ParamField
+// becomes one option, --top-p for top_p, with the spec's help, the field's
+// value as the shown default and the spec's range as the check (a value
+// outside it is a usage error naming the flag, flag_ranges.h).
+#ifndef LOOM_TOOLS_CLI_PARAM_FLAGS_H_
+#define LOOM_TOOLS_CLI_PARAM_FLAGS_H_
+
+#include <CLI/CLI.hpp>
+#include <span>
+#include <string>
+#include <variant>
+
+#include "src/eval/params.h"
+#include "tools/cli/flag_ranges.h"
+
+namespace loom::cli {
+
+inline CLI::Option* AddParamFlag(CLI::App& cmd, const eval::ParamField& f) {
+  const eval::ParamSpec& s = *f.spec;
+  const std::string flag = eval::ParamFlag(s), help(s.help);
+  return std::visit(
+      [&](auto* field) -> CLI::Option* {
+        CLI::Option* o = cmd.add_option(flag, *field, help);
+        switch (s.kind) {
+          case eval::ParamKind::kInt:
+            o->check(IntRange(static_cast<int64_t>(s.lo),
+                              static_cast<int64_t>(f.upper())));
+            break;
+          case eval::ParamKind::kSeed:
+            o->check(Unsigned64());
+            break;
+          case eval::ParamKind::kFloat:
+            o->check(NumberRange(s.lo, s.lo_open, f.upper(), false));
+            break;
+          case eval::ParamKind::kStrings:
+            return o;
+        }
+        return o->capture_default_str();
+      },
+      f.target);
+}
+
+// Every field of `fields`, in order.
+inline void AddParamFlags(CLI::App& cmd,
+                          std::span<const eval::ParamField> fields) {
+  for (const eval::ParamField& f : fields) AddParamFlag(cmd, f);
+}
+
+}  // namespace loom::cli
+
+#endif  // LOOM_TOOLS_CLI_PARAM_FLAGS_H_
