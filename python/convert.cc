@@ -387,6 +387,8 @@ void ReadPyParams(std::span<const eval::ParamField> fields,
           using T = std::remove_pointer_t<decltype(field)>;
           if constexpr (std::is_same_v<T, std::vector<std::string>>) {
             *field = StrListArg(name, o);
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            *field = StrArg(name, o);
           } else if constexpr (std::is_same_v<T, uint64_t>) {
             *field = SeedArg(name, o);
           } else {

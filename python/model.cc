@@ -283,19 +283,15 @@ class PyModel {
                         const py::object& interventions_obj) {
     if (text.is_none() == tokens.is_none())
       Raise(InvalidArgumentError("give exactly one of text and tokens"));
+    eval::WindowParams w;
+    const py::handle given[] = {protocol_arg,    ctx_obj,     stride_obj,
+                                max_windows_obj, add_bos_arg, chunk_rows_obj};
+    ReadPyParams(eval::WindowParamFields(&w), given);
     const eval::Protocol protocol =
-        ValueOrRaise(eval::ParseProtocol(StrArg("protocol", protocol_arg)));
-    const eval::AddBos add_bos =
-        ValueOrRaise(eval::ParseAddBos(StrArg("add_bos", add_bos_arg)));
-    const int64_t ctx_arg = IntArgAtLeast("ctx", ctx_obj, 0, " (0: default)");
-    if (ctx_arg == 1)
-      Raise(InvalidArgumentError(
-          "ctx: got 1, expected an int >= 2 (0: default)"));
-    const int64_t stride =
-        IntArgAtLeast("stride", stride_obj, 0, " (0: the protocol's default)");
-    const int64_t max_windows =
-        IntArgAtLeast("max_windows", max_windows_obj, 0, " (0: all)");
-    const int64_t chunk_rows = IntArgAtLeast("chunk_rows", chunk_rows_obj, 1);
+        ValueOrRaise(eval::ParseProtocol(w.protocol));
+    const eval::AddBos add_bos = ValueOrRaise(eval::ParseAddBos(w.add_bos));
+    const int64_t ctx_arg = w.ctx, stride = w.stride,
+                  max_windows = w.max_windows, chunk_rows = w.chunk_rows;
     const std::string interventions_json =
         OptStrArg("interventions", interventions_obj).value_or("");
     std::string text_value;
@@ -792,14 +788,24 @@ void AddModelClass(py::module_& m) {
            py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"),
            py::arg("progress"));
   m.def(
-      "_generation_params",
-      [] {
-        // The generation group of the parameter table with the library's
-        // defaults: Model.generate's keywords must be these.
+      "_params",
+      [](const std::string& group) {
+        // A group of the parameter table with the library's defaults:
+        // Model.generate's and Model.perplexity's keywords must be these.
         GenerateRequest r;
+        eval::WindowParams w;
+        std::vector<eval::ParamField> fields;
+        if (group == "generation") {
+          fields = eval::GenerationParams(&r.max_new_tokens, &r.sampling,
+                                          &r.stop_strings);
+        } else if (group == "windows") {
+          fields = eval::WindowParamFields(&w);
+        } else {
+          Raise(InvalidArgumentError("no parameter group '" + group +
+                                     "' (generation, windows)"));
+        }
         py::dict out;
-        for (const eval::ParamField& f : eval::GenerationParams(
-                 &r.max_new_tokens, &r.sampling, &r.stop_strings))
+        for (const eval::ParamField& f : fields)
           std::visit(
               [&](auto* field) {
                 out[py::str(std::string(f.spec->name))] = py::cast(*field);
@@ -807,7 +813,8 @@ void AddModelClass(py::module_& m) {
               f.target);
         return out;
       },
-      "{name: default} of the generation parameters (src/eval/params.h).");
+      py::arg("group"),
+      "{name: default} of a parameter group (src/eval/params.h).");
   m.def(
       "_load_count", [] { return g_loads.load(); },
       "Models loaded by this process (each loom.Model loads once).");

@@ -67,6 +67,24 @@ def test_bad_options_raise_value_errors(model):
     assert model.extract(PROMPTS[:1], "blocks.1.hook_resid_post")["blocks.1.hook_resid_post"].shape == (1, 64)
 
 
+def test_window_keywords_are_the_parameter_table(model):
+    # Model.perplexity's window keywords, defaults and ranges are the
+    # library's window parameters (src/eval/params.h), as `loom perplexity`'s
+    # flags are; 0 asks for the computed default where the flag is left out.
+    keywords = inspect.signature(loom.Model.perplexity).parameters
+    for name, default in loom._loom._params("windows").items():
+        assert name in keywords, name
+        assert keywords[name].default == default, name
+    for kwargs, message in [
+            (dict(ctx=1), r"^ctx: got 1, expected an integer >= 2, or 0 \(the default\)"),
+            (dict(stride=-1), r"^stride: got -1, expected an integer >= 1, or 0"),
+            (dict(chunk_rows=0), r"^chunk_rows: got 0, expected an integer >= 1$")]:
+        with pytest.raises(loom.InvalidArgumentError, match=message):
+            model.perplexity("Once upon a time", **kwargs)
+    with pytest.raises(loom.InvalidArgumentError, match="no parameter group"):
+        loom._loom._params("nope")
+
+
 def test_unknown_isa_cap_is_refused_like_the_cli(monkeypatch):
     monkeypatch.setenv("LOOM_CPU_ISA", "avx9000")
     with pytest.raises(loom.InvalidArgumentError, match="LOOM_CPU_ISA='avx9000'") as e:

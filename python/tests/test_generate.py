@@ -108,7 +108,7 @@ def test_sampling_keywords_are_the_parameter_table():
     # loom serve's fields of the same names.
     import inspect
     keywords = inspect.signature(loom.Model.generate).parameters
-    for name, default in loom._loom._generation_params().items():
+    for name, default in loom._loom._params("generation").items():
         assert name in keywords, name
         want = None if default == [] else default
         assert keywords[name].default == want, name

@@ -1,7 +1,10 @@
 #include "src/eval/params.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+
+#include "src/base/check.h"
 
 namespace loom::eval {
 namespace {
@@ -28,6 +31,32 @@ constexpr ParamSpec kGenerationSpecs[] = {
      "Stop once the generated text contains this (repeatable)"},
 };
 
+constexpr ParamSpec kWindowSpecs[] = {
+    {"protocol", ParamKind::kString, 0, 0, false,
+     "hf-stride (default), llama-cpp or all-tokens"},
+    {"ctx", ParamKind::kInt, 2, kNoUpperBound, false,
+     "Window length in tokens (default min(512, max_position_embeddings))",
+     true},
+    {"stride", ParamKind::kInt, 1, kNoUpperBound, false,
+     "Window step (default ctx/2; llama-cpp: ctx)", true},
+    {"max_windows", ParamKind::kInt, 1, kNoUpperBound, false,
+     "Evaluate at most K windows (default all)", true},
+    {"add_bos", ParamKind::kString, 0, 0, false,
+     "auto (tokenizer default), yes or no"},
+    {"chunk_rows", ParamKind::kInt, 1, kNoUpperBound, false,
+     "Logit rows computed at a time (memory: rows x vocab floats)"},
+};
+
+// The specs bound in order to `targets` (one each).
+std::vector<ParamField> Bind(std::span<const ParamSpec> specs,
+                             std::initializer_list<ParamTarget> targets) {
+  LOOM_CHECK_EQ(specs.size(), targets.size());
+  std::vector<ParamField> fields;
+  const ParamTarget* t = targets.begin();
+  for (const ParamSpec& spec : specs) fields.push_back({&spec, *t++, {}});
+  return fields;
+}
+
 }  // namespace
 
 std::string ParamFlag(const ParamSpec& spec) {
@@ -39,16 +68,21 @@ std::string ParamFlag(const ParamSpec& spec) {
 
 std::string ParamRangeText(const ParamField& f) {
   const ParamSpec& s = *f.spec;
+  const bool open = f.upper() >= kNoUpperBound;
   switch (s.kind) {
     case ParamKind::kInt:
-      return "an integer in [" + BoundText(s.lo) + ", " + BoundText(f.upper()) +
-             "]";
+      return (open ? "an integer >= " + BoundText(s.lo)
+                   : "an integer in [" + BoundText(s.lo) + ", " +
+                         BoundText(f.upper()) + "]") +
+             (s.zero_is_default ? ", or 0 (the default)" : "");
     case ParamKind::kSeed:
       return "an integer in [0, " +
              std::to_string(std::numeric_limits<uint64_t>::max()) + "]";
     case ParamKind::kFloat:
       return std::string("a number in ") + (s.lo_open ? "(" : "[") +
              BoundText(s.lo) + ", " + BoundText(f.upper()) + "]";
+    case ParamKind::kString:
+      return "a string";
     case ParamKind::kStrings:
       return "a string or a list of strings";
   }
@@ -59,6 +93,7 @@ bool InParamRange(const ParamField& f, double v) {
   const ParamSpec& s = *f.spec;
   if (!std::isfinite(v)) return false;
   if (s.kind == ParamKind::kSeed) return v >= 0;
+  if (s.zero_is_default && v == 0) return true;
   return (s.lo_open ? v > s.lo : v >= s.lo) && v <= f.upper();
 }
 
@@ -73,14 +108,16 @@ std::span<const ParamSpec> GenerationParamSpecs() { return kGenerationSpecs; }
 std::vector<ParamField> GenerationParams(int64_t* max_tokens,
                                          SamplingOptions* sampling,
                                          std::vector<std::string>* stop) {
-  const ParamTarget targets[] = {max_tokens,       &sampling->temperature,
-                                 &sampling->top_k, &sampling->top_p,
-                                 &sampling->seed,  stop};
-  static_assert(std::size(kGenerationSpecs) == std::size(targets));
-  std::vector<ParamField> fields;
-  for (size_t i = 0; i < std::size(kGenerationSpecs); ++i)
-    fields.push_back({&kGenerationSpecs[i], targets[i], std::nullopt});
-  return fields;
+  return Bind(kGenerationSpecs,
+              {max_tokens, &sampling->temperature, &sampling->top_k,
+               &sampling->top_p, &sampling->seed, stop});
+}
+
+std::span<const ParamSpec> WindowParamSpecs() { return kWindowSpecs; }
+
+std::vector<ParamField> WindowParamFields(WindowParams* p) {
+  return Bind(kWindowSpecs, {&p->protocol, &p->ctx, &p->stride, &p->max_windows,
+                             &p->add_bos, &p->chunk_rows});
 }
 
 }  // namespace loom::eval

@@ -27,8 +27,12 @@ enum class ParamKind : uint8_t {
   kInt,      // int64_t in [lo, hi]
   kSeed,     // uint64_t: any integer in [0, 2^64)
   kFloat,    // float: a finite number in [lo, hi] ((lo, hi] when lo_open)
+  kString,   // std::string (a name the job parses: its error lists them)
   kStrings,  // std::vector<std::string>: a repeatable flag; a string or a list
 };
+
+// A ParamSpec's hi for no upper bound.
+inline constexpr double kNoUpperBound = 1e300;
 
 struct ParamSpec {
   std::string_view name;  // snake_case: the JSON field and Python keyword
@@ -36,10 +40,15 @@ struct ParamSpec {
   double lo = 0, hi = 0;  // kInt, kFloat
   bool lo_open = false;
   std::string_view help;  // one line, without the default
+  // kInt: 0 asks for a default computed from the model (ctx: min(512,
+  // max positions)). The Python keyword and JSON field take 0 for it; the
+  // CLI flag does not (leaving the flag out is the way, flag_ranges.h), and
+  // shows no default.
+  bool zero_is_default = false;
 };
 
-using ParamTarget =
-    std::variant<int64_t*, uint64_t*, float*, std::vector<std::string>*>;
+using ParamTarget = std::variant<int64_t*, uint64_t*, float*, std::string*,
+                                 std::vector<std::string>*>;
 
 // One option of a group bound to the field it sets. `hi` narrows the
 // spec's upper bound on one surface (a server's per-request cap).
@@ -66,6 +75,19 @@ std::span<const ParamSpec> GenerationParamSpecs();
 std::vector<ParamField> GenerationParams(int64_t* max_tokens,
                                          SamplingOptions* sampling,
                                          std::vector<std::string>* stop);
+
+// ---- Windows: how perplexity and compare cut a token stream into windows.
+// protocol, ctx, stride, max_windows, add_bos, chunk_rows.
+struct WindowParams {
+  std::string protocol = "hf-stride";
+  int64_t ctx = 0;          // 0: min(512, max positions)
+  int64_t stride = 0;       // 0: the protocol's default
+  int64_t max_windows = 0;  // 0: all
+  std::string add_bos = "auto";
+  int64_t chunk_rows = 256;
+};
+std::span<const ParamSpec> WindowParamSpecs();
+std::vector<ParamField> WindowParamFields(WindowParams* p);
 
 }  // namespace loom::eval
 

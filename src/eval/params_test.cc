@@ -65,6 +65,9 @@ TEST(ParamsTest, GenerationParamsBindEverySpecToItsField) {
       case ParamKind::kFloat:
         EXPECT_TRUE(std::holds_alternative<float*>(f.target));
         break;
+      case ParamKind::kString:
+        EXPECT_TRUE(std::holds_alternative<std::string*>(f.target));
+        break;
       case ParamKind::kStrings:
         EXPECT_TRUE(
             std::holds_alternative<std::vector<std::string>*>(f.target));
@@ -100,6 +103,29 @@ TEST(ParamsTest, GenerationParamsBindEverySpecToItsField) {
               ValidateSampling(o).ok())
         << p;
   }
+}
+
+// The window group: 0 asks for the computed default where the spec says so
+// (an open upper bound), the names and fields of WindowParams.
+TEST(ParamsTest, WindowParamsZeroIsTheDefault) {
+  WindowParams w;
+  std::vector<ParamField> fields = WindowParamFields(&w);
+  ASSERT_EQ(fields.size(), WindowParamSpecs().size());
+  const ParamField& ctx = *FindParam(fields, "ctx");
+  EXPECT_EQ(std::get<int64_t*>(ctx.target), &w.ctx);
+  EXPECT_EQ(ParamRangeText(ctx), "an integer >= 2, or 0 (the default)");
+  EXPECT_TRUE(InParamRange(ctx, 0));
+  EXPECT_FALSE(InParamRange(ctx, 1));
+  EXPECT_TRUE(InParamRange(ctx, 1e12));
+  const ParamField& chunk = *FindParam(fields, "chunk_rows");
+  EXPECT_EQ(ParamRangeText(chunk), "an integer >= 1");
+  EXPECT_FALSE(InParamRange(chunk, 0));
+  EXPECT_EQ(std::get<std::string*>(FindParam(fields, "protocol")->target),
+            &w.protocol);
+  EXPECT_EQ(std::get<std::string*>(FindParam(fields, "add_bos")->target),
+            &w.add_bos);
+  EXPECT_EQ(ParamFlag(*FindParam(fields, "max_windows")->spec),
+            "--max-windows");
 }
 
 }  // namespace

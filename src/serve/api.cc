@@ -257,15 +257,21 @@ Status ReadParams(const json& j, std::span<const eval::ParamField> fields) {
           using T = std::remove_pointer_t<decltype(field)>;
           if constexpr (std::is_same_v<T, std::vector<std::string>>) {
             ASSIGN_OR_RETURN(*field, GetStrings(j, name));
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            ASSIGN_OR_RETURN(*field, GetString(j, name, *field));
           } else if constexpr (std::is_same_v<T, uint64_t>) {
             if (!v->is_number_integer() ||
                 (!v->is_number_unsigned() && v->get<int64_t>() < 0))
               return FieldError(name, range, *v);
             *field = v->get<uint64_t>();
           } else if constexpr (std::is_same_v<T, int64_t>) {
-            ASSIGN_OR_RETURN(*field, GetInt(j, name, *field,
-                                            static_cast<int64_t>(f.spec->lo),
-                                            static_cast<int64_t>(f.upper())));
+            // Any integer first (8.0 is 8), then the spec's range.
+            StatusOr<int64_t> x =
+                GetInt(j, name, 0, std::numeric_limits<int64_t>::min(),
+                       std::numeric_limits<int64_t>::max());
+            if (!x.ok() || !eval::InParamRange(f, static_cast<double>(*x)))
+              return FieldError(name, range, *v);
+            *field = *x;
           } else {
             if (!v->is_number() || !eval::InParamRange(f, v->get<double>()))
               return FieldError(name, range, *v);

@@ -18,16 +18,14 @@
 #include "src/model/control_vectors.h"
 #include "src/model/interventions.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/param_flags.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
 
 // What text is evaluated and how it is cut into windows.
-struct WindowArgs {
+struct WindowArgs : eval::WindowParams {  // --protocol --ctx ... --chunk-rows
   std::string text_file, tokens_file, tokenizer_dir;
-  std::string protocol = "hf-stride";
-  std::string add_bos = "auto";
-  int64_t ctx = 0, stride = 0, max_windows = 0, chunk_rows = 256;
   int threads = 0;
   bool json = false, quiet = false;
   bool hf_bf16 = false;
@@ -179,25 +177,7 @@ inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a,
   cmd->add_option(
       "--tokenizer", a->tokenizer_dir,
       std::string("Tokenizer directory (default: ") + tokenizer_default + ")");
-  cmd->add_option("--protocol", a->protocol,
-                  "hf-stride (default), llama-cpp or all-tokens");
-  // A window predicts at least one token from one before it.
-  cmd->add_option(
-         "--ctx", a->ctx,
-         "Window length in tokens (default min(512, max_position_embeddings))")
-      ->check(IntRange(2));
-  cmd->add_option("--stride", a->stride,
-                  "Window step (default ctx/2; llama-cpp: ctx)")
-      ->check(IntRange(1));
-  cmd->add_option("--max-windows", a->max_windows,
-                  "Evaluate at most K windows (default all)")
-      ->check(IntRange(1));
-  cmd->add_option("--add-bos", a->add_bos,
-                  "auto (tokenizer default), yes or no");
-  cmd->add_option("--chunk-rows", a->chunk_rows,
-                  "Logit rows computed at a time (memory: rows x vocab floats)")
-      ->capture_default_str()
-      ->check(IntRange(1));
+  AddParamFlags(*cmd, eval::WindowParamFields(a));
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--hf-bf16", a->hf_bf16, kHfBf16Help);
   AddThreadsFlag(*cmd, &a->threads);

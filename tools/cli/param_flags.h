@@ -15,23 +15,30 @@
 
 namespace loom::cli {
 
+// --name for one field. An integer whose 0 asks for a computed default
+// (zero_is_default) takes no 0 here and shows no default.
 inline CLI::Option* AddParamFlag(CLI::App& cmd, const eval::ParamField& f) {
   const eval::ParamSpec& s = *f.spec;
   const std::string flag = eval::ParamFlag(s), help(s.help);
+  const bool open = f.upper() >= eval::kNoUpperBound;
   return std::visit(
       [&](auto* field) -> CLI::Option* {
         CLI::Option* o = cmd.add_option(flag, *field, help);
         switch (s.kind) {
           case eval::ParamKind::kInt:
-            o->check(IntRange(static_cast<int64_t>(s.lo),
-                              static_cast<int64_t>(f.upper())));
+            o->check(open ? IntRange(static_cast<int64_t>(s.lo))
+                          : IntRange(static_cast<int64_t>(s.lo),
+                                     static_cast<int64_t>(f.upper())));
+            if (s.zero_is_default) return o;
             break;
           case eval::ParamKind::kSeed:
             o->check(Unsigned64());
             break;
           case eval::ParamKind::kFloat:
-            o->check(NumberRange(s.lo, s.lo_open, f.upper(), false));
+            o->check(NumberRange(s.lo, s.lo_open, open ? kNoLimit : f.upper(),
+                                 false));
             break;
+          case eval::ParamKind::kString:
           case eval::ParamKind::kStrings:
             return o;
         }
