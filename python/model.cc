@@ -60,10 +60,7 @@ struct ExtractArgs {
   std::vector<std::string> hooks, layers, selectors;
   std::optional<std::string> dtype;
   std::string template_text;
-  std::string add_bos = "auto";
-  int64_t batch_tokens = 0, commit_every = 256;
-  int64_t streaming_chunk_size = 0, max_row_tokens = 0;
-  std::string on_error = "fail";
+  eval::ExtractRowParams rows;  // add_bos ... max_row_tokens
   bool replace_invalid_utf8 = false;
   // The intervention document (docs/interventions.md) as JSON text, built
   // by python/loom/_args.py from `interventions=[...]`; "" = none.
@@ -207,16 +204,11 @@ class PyModel {
     o.layers = a.layers;
     o.selectors = a.selectors;
     o.template_text = a.template_text;
-    o.add_bos = ValueOrRaise(eval::ParseAddBos(a.add_bos));
     if (a.dtype) o.dtype = ValueOrRaise(ParseOutputDType(*a.dtype));
     o.format = OutputFormat::kMemory;
     o.precision = precision_;
     o.threads = threads_;
-    o.batch_tokens = a.batch_tokens;
-    o.streaming_chunk_size = a.streaming_chunk_size;
-    o.max_row_tokens = a.max_row_tokens;
-    o.commit_every = a.commit_every;
-    o.on_error = ValueOrRaise(ParseOnError(a.on_error));
+    CheckOrRaise(ApplyRowParams(a.rows, &o));
     o.replace_invalid_utf8 = a.replace_invalid_utf8;
     o.plan = plan_;
     o.hf_bf16_activations = hf_bf16_;
@@ -751,16 +743,10 @@ void AddModelClass(py::module_& m) {
             a.selectors = StrListArg("select", select);
             a.dtype = OptStrArg("dtype", dtype);
             a.template_text = OptStrArg("template", template_text).value_or("");
-            a.add_bos = StrArg("add_bos", add_bos);
-            const char* kOff = " (0: default / off)";
-            a.batch_tokens =
-                IntArgAtLeast("batch_tokens", batch_tokens, 0, kOff);
-            a.commit_every = IntArgAtLeast("commit_every", commit_every, 1);
-            a.on_error = StrArg("on_error", on_error);
-            a.streaming_chunk_size = IntArgAtLeast(
-                "streaming_chunk_size", streaming_chunk_size, 0, kOff);
-            a.max_row_tokens =
-                IntArgAtLeast("max_row_tokens", max_row_tokens, 0, kOff);
+            const py::handle rows[] = {
+                add_bos,  batch_tokens,         commit_every,
+                on_error, streaming_chunk_size, max_row_tokens};
+            ReadPyParams(eval::ExtractRowParamFields(&a.rows), rows);
             a.replace_invalid_utf8 =
                 BoolArg("replace_invalid_utf8", replace_invalid_utf8);
             a.interventions =
@@ -794,15 +780,18 @@ void AddModelClass(py::module_& m) {
         // Model.generate's and Model.perplexity's keywords must be these.
         GenerateRequest r;
         eval::WindowParams w;
+        eval::ExtractRowParams x;
         std::vector<eval::ParamField> fields;
         if (group == "generation") {
           fields = eval::GenerationParams(&r.max_new_tokens, &r.sampling,
                                           &r.stop_strings);
         } else if (group == "windows") {
           fields = eval::WindowParamFields(&w);
+        } else if (group == "extract_rows") {
+          fields = eval::ExtractRowParamFields(&x);
         } else {
           Raise(InvalidArgumentError("no parameter group '" + group +
-                                     "' (generation, windows)"));
+                                     "' (generation, windows, extract_rows)"));
         }
         py::dict out;
         for (const eval::ParamField& f : fields)

@@ -67,7 +67,7 @@ def test_bad_options_raise_value_errors(model):
     assert model.extract(PROMPTS[:1], "blocks.1.hook_resid_post")["blocks.1.hook_resid_post"].shape == (1, 64)
 
 
-def test_window_keywords_are_the_parameter_table(model):
+def test_window_and_extract_keywords_are_the_parameter_table(model):
     # Model.perplexity's window keywords, defaults and ranges are the
     # library's window parameters (src/eval/params.h), as `loom perplexity`'s
     # flags are; 0 asks for the computed default where the flag is left out.
@@ -81,6 +81,17 @@ def test_window_keywords_are_the_parameter_table(model):
             (dict(chunk_rows=0), r"^chunk_rows: got 0, expected an integer >= 1$")]:
         with pytest.raises(loom.InvalidArgumentError, match=message):
             model.perplexity("Once upon a time", **kwargs)
+    keywords = inspect.signature(loom.Model.extract).parameters
+    for name, default in loom._loom._params("extract_rows").items():
+        assert name in keywords, name
+        assert keywords[name].default == default, name
+    for kwargs, message in [
+            (dict(batch_tokens=-1), r"^batch_tokens: got -1, expected an integer >= 1, or 0"),
+            (dict(commit_every=0), r"^commit_every: got 0, expected an integer >= 1$"),
+            (dict(streaming_chunk_size=-4), r"^streaming_chunk_size: got -4, expected an integer >= 0$"),
+            (dict(on_error="maybe"), r"on_error 'maybe'|on-error 'maybe'|'maybe'")]:
+        with pytest.raises(loom.InvalidArgumentError, match=message):
+            model.extract(PROMPTS, "blocks.1.hook_resid_post", **kwargs)
     with pytest.raises(loom.InvalidArgumentError, match="no parameter group"):
         loom._loom._params("nope")
 

@@ -114,6 +114,16 @@ StatusOr<OnError> ParseOnError(std::string_view text) {
                               "': expected fail or skip");
 }
 
+Status ApplyRowParams(const eval::ExtractRowParams& p, ExtractOptions* job) {
+  ASSIGN_OR_RETURN(job->add_bos, eval::ParseAddBos(p.add_bos));
+  ASSIGN_OR_RETURN(job->on_error, ParseOnError(p.on_error));
+  job->batch_tokens = p.batch_tokens;
+  job->commit_every = p.commit_every;
+  job->streaming_chunk_size = p.streaming_chunk_size;
+  job->max_row_tokens = p.max_row_tokens;
+  return Status();
+}
+
 std::string_view OnErrorName(OnError policy) {
   return policy == OnError::kFail ? "fail" : "skip";
 }

@@ -14,6 +14,7 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/eval/input.h"
+#include "src/eval/params.h"
 #include "src/eval/row_selector.h"
 #include "src/model/config.h"
 #include "src/model/hooks.h"
@@ -37,6 +38,10 @@ std::string_view OnErrorName(OnError policy);
 
 // --add-bos auto|yes|no (the enum is eval::AddBos, shared with perplexity).
 std::string_view AddBosName(eval::AddBos add_bos);
+
+// The extract-rows parameters (src/eval/params.h) into `job`: the words
+// parsed (add_bos, on_error), the numbers as they are.
+Status ApplyRowParams(const eval::ExtractRowParams& p, ExtractOptions* job);
 
 // --dtype f32|bf16|f16 (the output dtype of the arrays).
 StatusOr<DType> ParseOutputDType(std::string_view text);

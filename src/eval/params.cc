@@ -31,9 +31,35 @@ constexpr ParamSpec kGenerationSpecs[] = {
      "Stop once the generated text contains this (repeatable)"},
 };
 
+// Options of more than one group: one declaration each.
+constexpr ParamSpec kAddBos{
+    "add_bos", ParamKind::kString,
+    0,         0,
+    false,     "auto (the tokenizer's default), yes or no"};
+
+constexpr ParamSpec kExtractRowSpecs[] = {
+    kAddBos,
+    {"batch_tokens", ParamKind::kInt, 1, kNoUpperBound, false,
+     "Token budget per batch (default min(4096, max positions); a short "
+     "input: its own tokens, rounded up to 64)",
+     true},
+    {"commit_every", ParamKind::kInt, 1, kNoUpperBound, false,
+     "Rows per commit (the unit of resume)"},
+    {"on_error", ParamKind::kString, 0, 0, false,
+     "fail or skip (skipped rows are recorded with the reason)"},
+    {"streaming_chunk_size", ParamKind::kInt, 0, kNoUpperBound, false,
+     "Rows longer than --batch-tokens run alone, prefilled in chunks of N "
+     "tokens that carry the KV cache: the hidden states of one full pass "
+     "(unlike TheLoom's independent chunks). 0 = off: such rows are errors"},
+    {"max_row_tokens", ParamKind::kInt, 1, kNoUpperBound, false,
+     "With --streaming-chunk-size: the longest row streamed; sizes the "
+     "planned KV cache (default min(32768, max positions))",
+     true},
+};
+
 constexpr ParamSpec kWindowSpecs[] = {
     {"protocol", ParamKind::kString, 0, 0, false,
-     "hf-stride (default), llama-cpp or all-tokens"},
+     "hf-stride, llama-cpp or all-tokens"},
     {"ctx", ParamKind::kInt, 2, kNoUpperBound, false,
      "Window length in tokens (default min(512, max_position_embeddings))",
      true},
@@ -41,8 +67,7 @@ constexpr ParamSpec kWindowSpecs[] = {
      "Window step (default ctx/2; llama-cpp: ctx)", true},
     {"max_windows", ParamKind::kInt, 1, kNoUpperBound, false,
      "Evaluate at most K windows (default all)", true},
-    {"add_bos", ParamKind::kString, 0, 0, false,
-     "auto (tokenizer default), yes or no"},
+    kAddBos,
     {"chunk_rows", ParamKind::kInt, 1, kNoUpperBound, false,
      "Logit rows computed at a time (memory: rows x vocab floats)"},
 };
@@ -118,6 +143,14 @@ std::span<const ParamSpec> WindowParamSpecs() { return kWindowSpecs; }
 std::vector<ParamField> WindowParamFields(WindowParams* p) {
   return Bind(kWindowSpecs, {&p->protocol, &p->ctx, &p->stride, &p->max_windows,
                              &p->add_bos, &p->chunk_rows});
+}
+
+std::span<const ParamSpec> ExtractRowParamSpecs() { return kExtractRowSpecs; }
+
+std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p) {
+  return Bind(kExtractRowSpecs,
+              {&p->add_bos, &p->batch_tokens, &p->commit_every, &p->on_error,
+               &p->streaming_chunk_size, &p->max_row_tokens});
 }
 
 }  // namespace loom::eval

@@ -89,6 +89,21 @@ struct WindowParams {
 std::span<const ParamSpec> WindowParamSpecs();
 std::vector<ParamField> WindowParamFields(WindowParams* p);
 
+// ---- Extract rows: how extract reads, batches and commits its input rows.
+// add_bos, batch_tokens, commit_every, on_error, streaming_chunk_size,
+// max_row_tokens (ApplyRowParams in src/eval/extract_settings.h puts them
+// into an ExtractOptions).
+struct ExtractRowParams {
+  std::string add_bos = "auto";
+  int64_t batch_tokens = 0;  // 0: min(4096, max positions)
+  int64_t commit_every = 256;
+  std::string on_error = "fail";
+  int64_t streaming_chunk_size = 0;  // 0: off
+  int64_t max_row_tokens = 0;        // 0: min(32768, max positions)
+};
+std::span<const ParamSpec> ExtractRowParamSpecs();
+std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p);
+
 }  // namespace loom::eval
 
 #endif  // LOOM_EVAL_PARAMS_H_

@@ -128,5 +128,25 @@ TEST(ParamsTest, WindowParamsZeroIsTheDefault) {
             "--max-windows");
 }
 
+// The extract-rows group; an option of two groups (add_bos) is one
+// declaration: the same name, kind and help in both.
+TEST(ParamsTest, ExtractRowParamsAndSharedOptions) {
+  ExtractRowParams x;
+  std::vector<ParamField> fields = ExtractRowParamFields(&x);
+  ASSERT_EQ(fields.size(), ExtractRowParamSpecs().size());
+  EXPECT_TRUE(InParamRange(*FindParam(fields, "batch_tokens"), 0));
+  EXPECT_TRUE(InParamRange(*FindParam(fields, "streaming_chunk_size"), 0));
+  EXPECT_FALSE(InParamRange(*FindParam(fields, "commit_every"), 0));
+  EXPECT_EQ(std::get<int64_t*>(FindParam(fields, "max_row_tokens")->target),
+            &x.max_row_tokens);
+  WindowParams w;
+  std::vector<ParamField> windows = WindowParamFields(&w);
+  const ParamSpec& a = *FindParam(fields, "add_bos")->spec;
+  const ParamSpec& b = *FindParam(windows, "add_bos")->spec;
+  EXPECT_EQ(a.help, b.help);
+  EXPECT_EQ(a.kind, b.kind);
+  EXPECT_EQ(x.add_bos, w.add_bos);
+}
+
 }  // namespace
 }  // namespace loom::eval

@@ -20,6 +20,7 @@
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
 #include "tools/cli/mpi_world.h"
+#include "tools/cli/param_flags.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
@@ -30,11 +31,11 @@ struct ExtractCliOptions {
   ExtractOptions job;
   PlanFlags plan;
   std::string precision = "auto";
+  // --add-bos ... --max-row-tokens, into the job in the callback.
+  eval::ExtractRowParams rows;
   // Words parsed into the job's enums in the callback.
-  std::string add_bos = "auto";
   std::string dtype;
   std::string format = "npy";
-  std::string on_error = "fail";
   std::string shard;  // "I/N" or "auto"
   InterventionFlags interventions;
   bool progress = false;
@@ -44,9 +45,8 @@ struct ExtractCliOptions {
 // The flags given as words, into the job's enums.
 Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
   ASSIGN_OR_RETURN(job->precision, ParsePrecision(opts.precision));
-  ASSIGN_OR_RETURN(job->add_bos, eval::ParseAddBos(opts.add_bos));
+  RETURN_IF_ERROR(ApplyRowParams(opts.rows, job));
   ASSIGN_OR_RETURN(job->format, ParseOutputFormat(opts.format));
-  ASSIGN_OR_RETURN(job->on_error, ParseOnError(opts.on_error));
   if (!opts.dtype.empty()) {
     ASSIGN_OR_RETURN(job->dtype, ParseOutputDType(opts.dtype));
   }
@@ -259,38 +259,13 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
                 "span:A:B (repeatable)");
   cmd->add_option("--template", j.template_text,
                   "Wrap each text prompt: \"…{text}…\"");
-  cmd->add_option("--add-bos", opts->add_bos,
-                  "auto (the tokenizer's default), yes or no")
-      ->capture_default_str();
   cmd->add_option("--dtype", opts->dtype,
                   "Output dtype f32, bf16 or f16 (default: the compute dtype)");
   cmd->add_option("--format", opts->format, "npy or safetensors")
       ->capture_default_str();
   AddPrecisionFlag(*cmd, &opts->precision);
   AddThreadsFlag(*cmd, &j.threads);
-  cmd->add_option("--batch-tokens", j.batch_tokens,
-                  "Token budget per batch (default min(4096, max positions); a "
-                  "short input: its own tokens, rounded up to 64)")
-      ->check(IntRange(1));
-  cmd->add_option("--streaming-chunk-size", j.streaming_chunk_size,
-                  "Rows longer than --batch-tokens run alone, prefilled in "
-                  "chunks of N tokens that carry the KV cache: the hidden "
-                  "states of one full pass (unlike TheLoom's independent "
-                  "chunks). 0 = off: such rows are errors")
-      ->capture_default_str()
-      ->check(IntRange(0));
-  cmd->add_option("--max-row-tokens", j.max_row_tokens,
-                  "With --streaming-chunk-size: the longest row streamed; "
-                  "sizes the planned KV cache (default min(32768, max "
-                  "positions))")
-      ->check(IntRange(1));
-  cmd->add_option("--commit-every", j.commit_every,
-                  "Rows per commit (the unit of resume)")
-      ->capture_default_str()
-      ->check(IntRange(1));
-  cmd->add_option("--on-error", opts->on_error,
-                  "fail or skip (skipped rows are recorded with the reason)")
-      ->capture_default_str();
+  AddParamFlags(*cmd, eval::ExtractRowParamFields(&opts->rows));
   cmd->add_option(
       "--shard", opts->shard,
       "I/N: run the commit windows w with w mod N == I (an output of its own; "

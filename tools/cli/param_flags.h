@@ -39,6 +39,7 @@ inline CLI::Option* AddParamFlag(CLI::App& cmd, const eval::ParamField& f) {
                                  false));
             break;
           case eval::ParamKind::kString:
+            break;
           case eval::ParamKind::kStrings:
             return o;
         }
