@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <variant>
 
 #include "src/backend/registry.h"
 #include "src/eval/job_plan.h"
+#include "src/eval/params.h"
 #include "src/model/config_reader.h"
 #include "src/tokenizer/tokenizer.h"
 
@@ -24,16 +26,25 @@ std::string Num(double x) {
 }  // namespace
 
 Status ValidateSampling(const SamplingOptions& o) {
-  if (!(o.temperature >= 0.0f && o.temperature <= kMaxTemperature))
-    return InvalidArgumentError("temperature must be in [0, " +
-                                Num(kMaxTemperature) + "], got " +
-                                Num(o.temperature));
-  if (o.top_k < 0)
-    return InvalidArgumentError("top_k must be >= 0, got " +
-                                std::to_string(o.top_k));
-  if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
-    return InvalidArgumentError("top_p must be in (0, 1], got " +
-                                std::to_string(o.top_p));
+  // The ranges of the generation parameters' table (src/eval/params.h),
+  // which every front end reads too.
+  SamplingOptions copy = o;
+  int64_t max_tokens = 0;
+  std::vector<std::string> stop;
+  for (const ParamField& f : GenerationParams(&max_tokens, &copy, &stop)) {
+    double v = 0;
+    if (auto* x = std::get_if<float*>(&f.target)) {
+      v = **x;
+    } else if (auto* i = std::get_if<int64_t*>(&f.target);
+               i != nullptr && *i != &max_tokens) {
+      v = static_cast<double>(**i);
+    } else {
+      continue;  // seed: any value; max_tokens and stop: the request's
+    }
+    if (!InParamRange(f, v))
+      return InvalidArgumentError(std::string(f.spec->name) + ": expected " +
+                                  ParamRangeText(f) + ", got " + Num(v));
+  }
   return Status();
 }
 

@@ -76,8 +76,9 @@ int32_t SelectToken(const float* logits, int64_t vocab,
                     const SamplingOptions& options, std::mt19937_64& rng,
                     SamplingScratch& scratch);
 
-// Checks the options: 0 <= temperature <= kMaxTemperature, top_k >= 0,
-// 0 < top_p <= 1.
+// Checks the options against the generation parameters' ranges
+// (GenerationParams, src/eval/params.h): temperature in [0,
+// kMaxTemperature], top_k in [0, 2^30], top_p in (0, 1].
 Status ValidateSampling(const SamplingOptions& options);
 
 struct GenerateOptions {

@@ -177,7 +177,6 @@ Status RunGenerate(const GenerateArgs& args) {
   o.sampling = args.sampling;
   o.stop_strings = args.stop;
   ASSIGN_OR_RETURN(o.stop_ids, eval::LoadStopIds(session->model()));
-  RETURN_IF_ERROR(eval::ValidateSampling(o.sampling));
   o.interventions = &session->interventions();
   ASSIGN_OR_RETURN(auto gen, eval::Generator::Create(session->model(), go));
   ASSIGN_OR_RETURN(std::vector<eval::Generation> out,

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "src/backend/cpu/gemm_internal.h"
@@ -164,12 +165,15 @@ void StripFromRows(int64_t nc, int64_t kc, uint16_t* p, RowFn row) {
 }
 
 // The 16 E2M1 values as bf16 (each is one exactly), twice: the table of a
-// 32-lane word permute whose indices are the codes 0..15.
+// 32-lane word permute whose indices are the codes 0..15 (built once).
 __m512i E2M1Bf16Table() {
-  alignas(64) uint16_t t[32];
-  const float* lut = E2M1Table();
-  for (int i = 0; i < 32; ++i) t[i] = F32ToBf16(lut[i % 16]);
-  return _mm512_load_si512(t);
+  alignas(64) static const std::array<uint16_t, 32> t = [] {
+    std::array<uint16_t, 32> v{};
+    const float* lut = E2M1Table();
+    for (int i = 0; i < 32; ++i) v[i] = F32ToBf16(lut[i % 16]);
+    return v;
+  }();
+  return _mm512_load_si512(t.data());
 }
 
 // Whether an MXFP4 block of scale byte `s` decodes by moving exponents:

@@ -129,17 +129,20 @@ StatusOr<GenFields> ParseGen(const ServerOptions& o, const Engine& e,
   r.prompt = std::move(prompt);
   // TheLoom's defaults (max_tokens 256, temperature 0.7, top_p 0.9; chat
   // 1.0), the generation parameters' ranges, at most kMaxRequestTokens.
+  const double temperature = 0.7, top_p = chat ? 1.0 : 0.9;
   r.max_new_tokens = 256;
-  r.sampling.temperature = 0.7f;
-  r.sampling.top_p = chat ? 1.0f : 0.9f;
+  r.sampling.temperature = static_cast<float>(temperature);
+  r.sampling.top_p = static_cast<float>(top_p);
   std::vector<eval::ParamField> params =
       eval::GenerationParams(&r.max_new_tokens, &r.sampling, &r.stop_strings);
   eval::FindParam(params, "max_tokens")->hi = kMaxRequestTokens;
   RETURN_IF_ERROR(ReadParams(b, params));
-  // The values as given (persisted experiments record them unrounded).
-  ASSIGN_OR_RETURN(f.temperature, GetNumber(b, "temperature", 0.7, 0.0,
-                                            eval::kMaxTemperature));
-  ASSIGN_OR_RETURN(f.top_p, GetNumber(b, "top_p", chat ? 1.0 : 0.9, 0.0, 1.0));
+  // The values as given, unrounded (persisted experiments record them);
+  // ReadParams checked their ranges.
+  constexpr double kAny = std::numeric_limits<double>::max();
+  ASSIGN_OR_RETURN(f.temperature,
+                   GetNumber(b, "temperature", temperature, -kAny, kAny));
+  ASSIGN_OR_RETURN(f.top_p, GetNumber(b, "top_p", top_p, -kAny, kAny));
   r.stop_ids = e.stop_ids();
   ASSIGN_OR_RETURN(bool ignore_eos, GetBool(b, "ignore_eos", false));
   if (ignore_eos) r.stop_ids.clear();
