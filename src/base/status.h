@@ -85,13 +85,15 @@ class [[nodiscard]] StatusOr {
   StatusOr(Status&& status) : status_(std::move(status)) {  // NOLINT
     LOOM_CHECK(!status_.ok()) << "StatusOr constructed from an OK status";
   }
-  StatusOr(const T& value) : value_(value) {}        // NOLINT
-  StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
+  // The value is constructed in place: a StatusOr<std::optional<X>> made
+  // from std::nullopt holds an empty optional (not no value).
+  StatusOr(const T& value) : value_(std::in_place, value) {}        // NOLINT
+  StatusOr(T&& value) : value_(std::in_place, std::move(value)) {}  // NOLINT
   template <typename U>
   requires std::is_convertible_v<U&&, T> &&
       (!std::is_same_v<std::decay_t<U>, T>)&&(
           !std::is_same_v<std::decay_t<U>, Status>)StatusOr(U&& value)
-      : value_(std::forward<U>(value)) {}  // NOLINT
+      : value_(std::in_place, std::forward<U>(value)) {}  // NOLINT
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+
 namespace loom {
 namespace {
 
@@ -31,6 +34,21 @@ TEST(StatusTest, AssignOrReturnPropagates) {
   StatusOr<int> r = Quarter(6);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "x=3 is odd");
+}
+
+// A StatusOr of an optional made from std::nullopt is OK and holds an
+// empty optional (std::optional<T>'s own converting constructor would leave
+// the StatusOr with no value at all).
+TEST(StatusTest, StatusOrOfAnEmptyOptional) {
+  const auto none = []() -> StatusOr<std::optional<std::string>> {
+    return std::nullopt;
+  };
+  StatusOr<std::optional<std::string>> s = none();
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE(s->has_value());
+  StatusOr<std::optional<std::string>> t = std::string("x");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->value(), "x");
 }
 
 TEST(StatusDeathTest, ValueOfErrorAborts) {

@@ -89,8 +89,6 @@ StatusOr<const Component*> FindComponent(const std::string& given) {
 }
 
 // A list of integers; *out stays nullopt when the field is missing or null.
-// (Not StatusOr<std::optional<...>>: StatusOr's own optional would take a
-// returned nullopt for "no value".)
 Status GetInts(const json& b, const char* name,
                std::optional<std::vector<int64_t>>* out) {
   if (!b.contains(name) || b[name].is_null()) return Status();
