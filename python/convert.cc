@@ -387,6 +387,8 @@ void ReadPyParams(std::span<const eval::ParamField> fields,
           using T = std::remove_pointer_t<decltype(field)>;
           if constexpr (std::is_same_v<T, std::vector<std::string>>) {
             *field = StrListArg(name, o);
+          } else if constexpr (std::is_same_v<T, bool>) {
+            *field = BoolArg(name, o);
           } else if constexpr (std::is_same_v<T, std::string>) {
             *field = StrArg(name, o);
           } else if constexpr (std::is_same_v<T, uint64_t>) {
@@ -403,6 +405,19 @@ void ReadPyParams(std::span<const eval::ParamField> fields,
           }
         },
         f.target);
+  }
+}
+
+void ReadPyParams(
+    std::span<const eval::ParamField> fields,
+    std::initializer_list<std::pair<std::string_view, py::handle>> values) {
+  for (const auto& [name, value] : values) {
+    const eval::ParamField* f = nullptr;
+    for (const eval::ParamField& g : fields)
+      if (g.spec->name == name) f = &g;
+    LOOM_CHECK(f != nullptr) << "no parameter " << name;
+    const py::handle one[] = {value};
+    ReadPyParams(std::span(f, 1), one);
   }
 }
 
@@ -427,12 +442,13 @@ std::vector<int32_t> TokenIdsArg(const std::string& arg, py::handle o) {
   return ids;
 }
 
-// `device`: "auto" (the CLI's default: this machine's RAM), one device
-// ("cpu", "cpu=24GiB", "cuda:0=80GiB", "disk") or a list of them.
-std::vector<std::string> DeviceList(py::handle o) {
-  std::vector<std::string> d = StrListArg("device", o);
-  if (d.size() == 1 && d[0] == "auto") return {};
-  return d;
+void ReadPlacement(JobPlanOptions* p, py::handle device, py::handle max_memory,
+                   py::handle reserve, py::handle offload) {
+  ReadPyParams(eval::PlacementParamFields(p), {{"device", device},
+                                               {"max_memory", max_memory},
+                                               {"reserve", reserve},
+                                               {"offload", offload}});
+  if (p->devices.size() == 1 && p->devices[0] == "auto") p->devices.clear();
 }
 
 // One prompt: a str, or a sequence of token ids. A str that is not Unicode

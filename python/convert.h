@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -23,6 +24,7 @@
 #include "src/base/status.h"
 #include "src/core/dtype.h"
 #include "src/eval/extract_rows.h"
+#include "src/eval/job_plan.h"
 #include "src/eval/params.h"
 #include "src/model/interventions.h"
 
@@ -170,13 +172,20 @@ std::vector<std::string> StrListArg(const std::string& arg, py::handle o);
 // expected a number in (0, 1]").
 void ReadPyParams(std::span<const eval::ParamField> fields,
                   std::span<const py::handle> values);
+// The fields of `fields` named in `values` ({"device", device}, ...): each
+// read as above; a name not in the group is an internal error.
+void ReadPyParams(
+    std::span<const eval::ParamField> fields,
+    std::initializer_list<std::pair<std::string_view, py::handle>> values);
 
 // Token ids: an iterable of ints (numpy integers too) in [0, 2^31).
 std::vector<int32_t> TokenIdsArg(const std::string& arg, py::handle o);
 
-// `device`: "auto" (the CLI's default: this machine's RAM), one device
-// ("cpu", "cpu=24GiB", "cuda:0=80GiB", "disk") or a list of them.
-std::vector<std::string> DeviceList(py::handle o);
+// The placement keywords (eval::PlacementParamFields) into `p`, None leaving
+// a field as it is. `device`: "auto" (the CLI's default: this machine's RAM),
+// one device ("cpu", "cpu=24GiB", "cuda:0=80GiB", "disk") or a list of them.
+void ReadPlacement(JobPlanOptions* p, py::handle device, py::handle max_memory,
+                   py::handle reserve, py::handle offload = py::none());
 
 // One prompt: a str, or a sequence of token ids. A str that is not Unicode
 // text (a lone surrogate) goes on as the bytes it escapes, for the row's

@@ -54,10 +54,7 @@ py::object Plan(const py::object& model_dir, const py::object& device,
                 const py::object& solve) {
   PlanQuery q;
   q.model_dir = StrArg("path", model_dir);
-  q.devices.devices = DeviceList(device);
-  q.devices.max_memory = OptStrArg("max_memory", max_memory).value_or("");
-  q.devices.reserve = OptStrArg("reserve", reserve).value_or("");
-  q.devices.offload = BoolArg("offload", offload);
+  ReadPlacement(&q.devices, device, max_memory, reserve, offload);
   q.hooks = StrListArg("hooks", hooks);
   if (!layers.is_none()) q.layers = StrListArg("layers", layers);
   q.select = StrArg("select", select);

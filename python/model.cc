@@ -86,9 +86,7 @@ class PyModel {
           const py::object& reserve, const py::object& threads,
           const py::object& hf_bf16) {
     path_ = StrArg("path", path);
-    plan_.devices = DeviceList(device);
-    plan_.max_memory = OptStrArg("max_memory", max_memory).value_or("");
-    plan_.reserve = OptStrArg("reserve", reserve).value_or("");
+    ReadPlacement(&plan_, device, max_memory, reserve);
     threads_ = static_cast<int>(
         IntArgAtLeast("threads", threads, 0, " (0: all cores)"));
     hf_bf16_ = BoolArg("hf_bf16", hf_bf16);
@@ -781,6 +779,7 @@ void AddModelClass(py::module_& m) {
         GenerateRequest r;
         eval::WindowParams w;
         eval::ExtractRowParams x;
+        JobPlanOptions placement;
         std::vector<eval::ParamField> fields;
         if (group == "generation") {
           fields = eval::GenerationParams(&r.max_new_tokens, &r.sampling,
@@ -789,9 +788,12 @@ void AddModelClass(py::module_& m) {
           fields = eval::WindowParamFields(&w);
         } else if (group == "extract_rows") {
           fields = eval::ExtractRowParamFields(&x);
+        } else if (group == "placement") {
+          fields = eval::PlacementParamFields(&placement);
         } else {
-          Raise(InvalidArgumentError("no parameter group '" + group +
-                                     "' (generation, windows, extract_rows)"));
+          Raise(InvalidArgumentError(
+              "no parameter group '" + group +
+              "' (generation, windows, extract_rows, placement)"));
         }
         py::dict out;
         for (const eval::ParamField& f : fields)

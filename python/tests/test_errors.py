@@ -96,6 +96,26 @@ def test_window_and_extract_keywords_are_the_parameter_table(model):
         loom._loom._params("nope")
 
 
+def test_placement_keywords_are_the_parameter_table(tmp_path):
+    # loom.plan's placement keywords are the table's (as `loom plan`'s flags
+    # are), Model's the ones a loaded model takes; device "auto" is the
+    # table's empty list (this machine's RAM).
+    placement = loom._loom._params("placement")
+    plan_keywords = inspect.signature(loom.plan).parameters
+    model_keywords = inspect.signature(loom.Model).parameters
+    for name in ["device", "max_memory", "reserve", "offload"]:
+        assert name in plan_keywords, name
+    for name in ["device", "max_memory", "reserve"]:
+        assert name in model_keywords, name
+    assert placement["device"] == [] and plan_keywords["device"].default == "auto"
+    assert placement["offload"] is plan_keywords["offload"].default is False
+    assert placement["max_memory"] == plan_keywords["max_memory"].default == ""
+    with pytest.raises(TypeError, match="offload"):
+        loom.plan(str(tmp_path), offload="yes")
+    with pytest.raises(TypeError, match="max_memory"):
+        loom.plan(str(tmp_path), max_memory=5)
+
+
 def test_unknown_isa_cap_is_refused_like_the_cli(monkeypatch):
     monkeypatch.setenv("LOOM_CPU_ISA", "avx9000")
     with pytest.raises(loom.InvalidArgumentError, match="LOOM_CPU_ISA='avx9000'") as e:

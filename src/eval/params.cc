@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "src/base/check.h"
+#include "src/eval/job_plan.h"
 
 namespace loom::eval {
 namespace {
@@ -72,6 +73,44 @@ constexpr ParamSpec kWindowSpecs[] = {
      "Logit rows computed at a time (memory: rows x vocab floats)"},
 };
 
+constexpr ParamSpec kPlacementSpecs[] = {
+    {"device", ParamKind::kStrings, 0, 0, false,
+     "Devices to plan on, repeatable: cpu[=SIZE] (default: this machine's "
+     "RAM), cuda:N=SIZE (GPU N with SIZE usable: the plan places layers there "
+     "and the job runs them on it), disk (weights streamed from the "
+     "checkpoint)"},
+    {"max_memory", ParamKind::kString, 0, 0, false,
+     "Caps per device, accelerate's syntax: 0=38GiB,1=90GiB,cpu=50GiB; a key "
+     "names a device --device gave, or, with no GPU given there, declares "
+     "cuda:0..N-1 with that capacity"},
+    {"reserve", ParamKind::kString, 0, 0, false,
+     "Bytes kept free: SIZE for every device, or cuda:0=2GiB,cpu=4GiB"},
+    {"offload", ParamKind::kBool, 0, 0, false,
+     "Layers placed on the host run on the last GPU, their weights streamed "
+     "from pinned host memory, two layers' buffers on that GPU"},
+    {"show_plan", ParamKind::kBool, 0, 0, false,
+     "Print the memory plan (stderr) before running"},
+    {"verify_plan", ParamKind::kBool, 0, 0, false,
+     "After the run, compare resident memory with the plan"},
+};
+
+constexpr ParamSpec kCaptureSpecs[] = {
+    {"hooks", ParamKind::kStrings, 0, 0, false,
+     "Hook names, comma-separated or repeated: blocks.12.hook_resid_post, "
+     "blocks.{0.5}.hook_resid_post, blocks.-1.…, blocks.*.…, "
+     "ln_final.hook_normalized, logits, or a bare site (hook_resid_post) "
+     "with --layers",
+     false, true},
+    {"layers", ParamKind::kStrings, 0, 0, false,
+     "Layers for bare hook sites: indices, negative indices, fractions or * "
+     "(0,12,-1 or 0.25,0.5,1.0)",
+     false, true},
+    {"select", ParamKind::kStrings, 0, 0, false,
+     "Row selectors: last, first, mean, max, all, pos:I[,J…], span:A:B"},
+    {"precision", ParamKind::kString, 0, 0, false,
+     "Compute precision: auto, f32, bf16 or f16"},
+};
+
 // The specs bound in order to `targets` (one each).
 std::vector<ParamField> Bind(std::span<const ParamSpec> specs,
                              std::initializer_list<ParamTarget> targets) {
@@ -110,6 +149,8 @@ std::string ParamRangeText(const ParamField& f) {
       return "a string";
     case ParamKind::kStrings:
       return "a string or a list of strings";
+    case ParamKind::kBool:
+      return "true or false";
   }
   return "";
 }
@@ -151,6 +192,22 @@ std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p) {
   return Bind(kExtractRowSpecs,
               {&p->add_bos, &p->batch_tokens, &p->commit_every, &p->on_error,
                &p->streaming_chunk_size, &p->max_row_tokens});
+}
+
+std::span<const ParamSpec> PlacementParamSpecs() { return kPlacementSpecs; }
+
+std::vector<ParamField> PlacementParamFields(JobPlanOptions* p) {
+  return Bind(kPlacementSpecs, {&p->devices, &p->max_memory, &p->reserve,
+                                &p->offload, &p->show_plan, &p->verify_plan});
+}
+
+std::span<const ParamSpec> CaptureParamSpecs() { return kCaptureSpecs; }
+
+const ParamSpec& CaptureParam(std::string_view name) {
+  for (const ParamSpec& s : kCaptureSpecs)
+    if (s.name == name) return s;
+  LOOM_CHECK(false) << "no capture parameter " << name;
+  return kCaptureSpecs[0];
 }
 
 }  // namespace loom::eval

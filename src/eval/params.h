@@ -21,6 +21,10 @@
 
 #include "src/eval/generate.h"
 
+namespace loom {
+struct JobPlanOptions;  // src/eval/job_plan.h
+}  // namespace loom
+
 namespace loom::eval {
 
 enum class ParamKind : uint8_t {
@@ -29,6 +33,7 @@ enum class ParamKind : uint8_t {
   kFloat,    // float: a finite number in [lo, hi] ((lo, hi] when lo_open)
   kString,   // std::string (a name the job parses: its error lists them)
   kStrings,  // std::vector<std::string>: a repeatable flag; a string or a list
+  kBool,     // bool: a flag without a value; true or false
 };
 
 // A ParamSpec's hi for no upper bound.
@@ -45,10 +50,12 @@ struct ParamSpec {
   // CLI flag does not (leaving the flag out is the way, flag_ranges.h), and
   // shows no default.
   bool zero_is_default = false;
+  // kStrings: the CLI flag also splits a value at commas (a,b == a --x b).
+  bool comma_list = false;
 };
 
 using ParamTarget = std::variant<int64_t*, uint64_t*, float*, std::string*,
-                                 std::vector<std::string>*>;
+                                 std::vector<std::string>*, bool*>;
 
 // One option of a group bound to the field it sets. `hi` narrows the
 // spec's upper bound on one surface (a server's per-request cap).
@@ -103,6 +110,21 @@ struct ExtractRowParams {
 };
 std::span<const ParamSpec> ExtractRowParamSpecs();
 std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p);
+
+// ---- Placement: where a job's layers go and how much memory it may use.
+// device, max_memory, reserve, offload, show_plan, verify_plan (the fields of
+// JobPlanOptions). `loom plan` takes the first four, serve all but offload
+// and verify_plan.
+std::span<const ParamSpec> PlacementParamSpecs();
+std::vector<ParamField> PlacementParamFields(JobPlanOptions* p);
+
+// ---- Capture: what a job captures and at which precision it computes.
+// hooks, layers (ResolveHooks), select (row selectors), precision
+// (ParsePrecision): each command binds the ones it takes to its own fields
+// (one std::string for `loom plan`'s single selector).
+std::span<const ParamSpec> CaptureParamSpecs();
+// The spec of one capture option by name ("hooks"); checked to exist.
+const ParamSpec& CaptureParam(std::string_view name);
 
 }  // namespace loom::eval
 

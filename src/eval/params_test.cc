@@ -9,6 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include "src/eval/job_plan.h"
+
 namespace loom::eval {
 namespace {
 
@@ -71,6 +73,9 @@ TEST(ParamsTest, GenerationParamsBindEverySpecToItsField) {
       case ParamKind::kStrings:
         EXPECT_TRUE(
             std::holds_alternative<std::vector<std::string>*>(f.target));
+        break;
+      case ParamKind::kBool:
+        EXPECT_TRUE(std::holds_alternative<bool*>(f.target));
         break;
     }
   }
@@ -146,6 +151,25 @@ TEST(ParamsTest, ExtractRowParamsAndSharedOptions) {
   EXPECT_EQ(a.help, b.help);
   EXPECT_EQ(a.kind, b.kind);
   EXPECT_EQ(x.add_bos, w.add_bos);
+}
+
+TEST(ParamsTest, PlacementParamsBindJobPlanOptions) {
+  JobPlanOptions p;
+  std::vector<ParamField> fields = PlacementParamFields(&p);
+  ASSERT_EQ(fields.size(), PlacementParamSpecs().size());
+  EXPECT_EQ(ParamFlag(*FindParam(fields, "max_memory")->spec), "--max-memory");
+  EXPECT_EQ(
+      std::get<std::vector<std::string>*>(FindParam(fields, "device")->target),
+      &p.devices);
+  EXPECT_EQ(std::get<bool*>(FindParam(fields, "offload")->target), &p.offload);
+  EXPECT_EQ(std::get<bool*>(FindParam(fields, "verify_plan")->target),
+            &p.verify_plan);
+  EXPECT_EQ(ParamRangeText(*FindParam(fields, "show_plan")), "true or false");
+  EXPECT_EQ(CaptureParam("hooks").kind, ParamKind::kStrings);
+  EXPECT_TRUE(CaptureParam("hooks").comma_list);
+  EXPECT_TRUE(CaptureParam("layers").comma_list);
+  EXPECT_FALSE(CaptureParam("select").comma_list);
+  EXPECT_EQ(ParamFlag(CaptureParam("precision")), "--precision");
 }
 
 }  // namespace

@@ -257,6 +257,9 @@ Status ReadParams(const json& j, std::span<const eval::ParamField> fields) {
           using T = std::remove_pointer_t<decltype(field)>;
           if constexpr (std::is_same_v<T, std::vector<std::string>>) {
             ASSIGN_OR_RETURN(*field, GetStrings(j, name));
+          } else if constexpr (std::is_same_v<T, bool>) {
+            if (!v->is_boolean()) return FieldError(name, range, *v);
+            *field = v->get<bool>();
           } else if constexpr (std::is_same_v<T, std::string>) {
             ASSIGN_OR_RETURN(*field, GetString(j, name, *field));
           } else if constexpr (std::is_same_v<T, uint64_t>) {

@@ -8,6 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <variant>
 
 #include "src/eval/params.h"
@@ -15,35 +17,46 @@
 
 namespace loom::cli {
 
-// --name for one field. An integer whose 0 asks for a computed default
-// (zero_is_default) takes no 0 here and shows no default.
-inline CLI::Option* AddParamFlag(CLI::App& cmd, const eval::ParamField& f) {
+// --name for one field; `help`, when given, replaces the spec's (a command
+// that says what the option does there). An integer whose 0 asks for a
+// computed default (zero_is_default) takes no 0 here and shows no default; a
+// kBool is a flag without a value.
+inline CLI::Option* AddParamFlag(CLI::App& cmd, const eval::ParamField& f,
+                                 const std::string& help = "") {
   const eval::ParamSpec& s = *f.spec;
-  const std::string flag = eval::ParamFlag(s), help(s.help);
+  const std::string flag = eval::ParamFlag(s);
+  const std::string text = help.empty() ? std::string(s.help) : help;
   const bool open = f.upper() >= eval::kNoUpperBound;
   return std::visit(
       [&](auto* field) -> CLI::Option* {
-        CLI::Option* o = cmd.add_option(flag, *field, help);
-        switch (s.kind) {
-          case eval::ParamKind::kInt:
-            o->check(open ? IntRange(static_cast<int64_t>(s.lo))
-                          : IntRange(static_cast<int64_t>(s.lo),
-                                     static_cast<int64_t>(f.upper())));
-            if (s.zero_is_default) return o;
-            break;
-          case eval::ParamKind::kSeed:
-            o->check(Unsigned64());
-            break;
-          case eval::ParamKind::kFloat:
-            o->check(NumberRange(s.lo, s.lo_open, open ? kNoLimit : f.upper(),
-                                 false));
-            break;
-          case eval::ParamKind::kString:
-            break;
-          case eval::ParamKind::kStrings:
-            return o;
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return cmd.add_flag(flag, *field, text);
+        } else {
+          CLI::Option* o = cmd.add_option(flag, *field, text);
+          switch (s.kind) {
+            case eval::ParamKind::kInt:
+              o->check(open ? IntRange(static_cast<int64_t>(s.lo))
+                            : IntRange(static_cast<int64_t>(s.lo),
+                                       static_cast<int64_t>(f.upper())));
+              if (s.zero_is_default) return o;
+              break;
+            case eval::ParamKind::kSeed:
+              o->check(Unsigned64());
+              break;
+            case eval::ParamKind::kFloat:
+              o->check(NumberRange(s.lo, s.lo_open, open ? kNoLimit : f.upper(),
+                                   false));
+              break;
+            case eval::ParamKind::kString:
+            case eval::ParamKind::kBool:
+              break;
+            case eval::ParamKind::kStrings:
+              if (s.comma_list) o->delimiter(',');
+              return o;
+          }
+          return o->capture_default_str();
         }
-        return o->capture_default_str();
       },
       f.target);
 }
@@ -52,6 +65,15 @@ inline CLI::Option* AddParamFlag(CLI::App& cmd, const eval::ParamField& f) {
 inline void AddParamFlags(CLI::App& cmd,
                           std::span<const eval::ParamField> fields) {
   for (const eval::ParamField& f : fields) AddParamFlag(cmd, f);
+}
+
+// The fields of `fields` named in `names`, in the table's order.
+inline void AddParamFlags(CLI::App& cmd,
+                          std::span<const eval::ParamField> fields,
+                          std::initializer_list<std::string_view> names) {
+  for (const eval::ParamField& f : fields)
+    for (std::string_view n : names)
+      if (f.spec->name == n) AddParamFlag(cmd, f);
 }
 
 }  // namespace loom::cli

@@ -1,8 +1,10 @@
 // The device and memory-plan flags of every command that plans (`loom plan`,
 // the job commands extract, perplexity, compare, generate, patch, and
 // serve), the --hooks / --layers pair of the commands that capture (extract,
-// plan, generate, patch), --select and --precision. Each flag is declared
-// here once; a command adds the set it takes.
+// plan, generate, patch), --select and --precision. Each option is declared
+// once in the parameter tables (src/eval/params.h: the placement and capture
+// groups, which the Python keywords read too); a command adds the set it
+// takes.
 #ifndef LOOM_TOOLS_CLI_PLAN_FLAGS_H_
 #define LOOM_TOOLS_CLI_PLAN_FLAGS_H_
 
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include "src/eval/job_plan.h"
+#include "src/eval/params.h"
+#include "tools/cli/param_flags.h"
 
 namespace loom::cli {
 
@@ -35,33 +39,20 @@ enum class PlanFlagUse {
 };
 
 inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
-  cmd.add_option("--device", f->devices,
-                 "Devices to plan on, repeatable: cpu[=SIZE] (default: this "
-                 "machine's RAM), cuda:N=SIZE (GPU N with SIZE usable: the "
-                 "plan places layers there and the job runs them on it), "
-                 "disk (weights streamed from the checkpoint)");
-  cmd.add_option("--max-memory", f->max_memory,
-                 "Caps per device, accelerate's syntax: 0=38GiB,1=90GiB,"
-                 "cpu=50GiB; a key names a device --device gave, or, with no "
-                 "GPU given there, declares cuda:0..N-1 with that capacity");
-  cmd.add_option("--reserve", f->reserve,
-                 "Bytes kept free: SIZE for every device, or "
-                 "cuda:0=2GiB,cpu=4GiB");
-  if (use == PlanFlagUse::kServe) {
-    cmd.add_flag("--show-plan", f->show_plan,
-                 "Print each model's memory plan (stderr) as it loads");
-    return;
-  }
-  cmd.add_flag("--offload", f->offload,
-               "Layers placed on the host run on the last GPU, their weights "
-               "streamed from pinned host memory, two layers' buffers on that "
-               "GPU");
-  if (use == PlanFlagUse::kJobCommand) {
-    cmd.add_flag("--show-plan", f->show_plan,
-                 "Print the memory plan (stderr) before running");
-    cmd.add_flag("--verify-plan", f->verify_plan,
-                 "After the run, compare resident memory with the plan");
-    return;
+  std::vector<eval::ParamField> fields = eval::PlacementParamFields(f);
+  switch (use) {
+    case PlanFlagUse::kServe:
+      AddParamFlags(cmd, fields, {"device", "max_memory", "reserve"});
+      AddParamFlag(cmd, *eval::FindParam(fields, "show_plan"),
+                   "Print each model's memory plan (stderr) as it loads");
+      return;
+    case PlanFlagUse::kJobCommand:
+      AddParamFlags(cmd, fields);
+      return;
+    case PlanFlagUse::kPlanCommand:
+      AddParamFlags(cmd, fields,
+                    {"device", "max_memory", "reserve", "offload"});
+      break;
   }
   cmd.add_option("--assume-dtype", f->assume_dtype,
                  "Dtype of tensors whose headers are absent (index or config "
@@ -77,22 +68,20 @@ inline void AddPlanFlags(CLI::App& cmd, PlanFlags* f, PlanFlagUse use) {
 // errors from the serving engine).
 inline constexpr char kHooksFlag[] = "--hooks";
 
+// A capture option (eval::CaptureParam) bound to `target`.
+template <typename T>
+CLI::Option* AddCaptureFlag(CLI::App& cmd, std::string_view name, T* target,
+                            const std::string& help = "") {
+  return AddParamFlag(cmd, {&eval::CaptureParam(name), target, {}}, help);
+}
+
 // --hooks and --layers, read by ResolveHooks (src/model/hooks.h). Returns the
 // --hooks option (extract makes it required; patch and generate add to its
 // help what the hooks are for there).
 inline CLI::Option* AddHookFlags(CLI::App& cmd, std::vector<std::string>* hooks,
                                  std::vector<std::string>* layers) {
-  CLI::Option* h =
-      cmd.add_option(kHooksFlag, *hooks,
-                     "Hook names, comma-separated or repeated: "
-                     "blocks.12.hook_resid_post, blocks.{0.5}.hook_resid_post, "
-                     "blocks.-1.…, blocks.*.…, ln_final.hook_normalized, "
-                     "logits, or a bare site (hook_resid_post) with --layers")
-          ->delimiter(',');
-  cmd.add_option("--layers", *layers,
-                 "Layers for bare hook sites: indices, negative indices, "
-                 "fractions or * (0,12,-1 or 0.25,0.5,1.0)")
-      ->delimiter(',');
+  CLI::Option* h = AddCaptureFlag(cmd, "hooks", hooks);
+  AddCaptureFlag(cmd, "layers", layers);
   return h;
 }
 
@@ -102,7 +91,7 @@ inline CLI::Option* AddHookFlags(CLI::App& cmd, std::vector<std::string>* hooks,
 template <typename T>
 CLI::Option* AddSelectFlag(CLI::App& cmd, T* selectors,
                            const std::string& help) {
-  return cmd.add_option("--select", *selectors, help)->capture_default_str();
+  return AddCaptureFlag(cmd, "select", selectors, help)->capture_default_str();
 }
 
 // --precision: the compute dtype (ParsePrecision), the command's default
@@ -111,12 +100,11 @@ CLI::Option* AddSelectFlag(CLI::App& cmd, T* selectors,
 inline CLI::Option* AddPrecisionFlag(CLI::App& cmd, std::string* precision,
                                      const std::string& of = "",
                                      const std::string& more = "") {
-  return cmd
-      .add_option("--precision", *precision,
-                  "Compute precision" + (of.empty() ? "" : " of " + of) +
-                      ": auto, f32, bf16 or f16" +
-                      (more.empty() ? "" : "; " + more))
-      ->capture_default_str();
+  // "Compute precision: auto, ..." -> "Compute precision of A: auto, ...".
+  std::string help(eval::CaptureParam("precision").help);
+  if (!of.empty()) help.insert(help.find(':'), " of " + of);
+  return AddCaptureFlag(cmd, "precision", precision,
+                        help + (more.empty() ? "" : "; " + more));
 }
 
 }  // namespace loom::cli
