@@ -397,6 +397,79 @@ def serve_theloom():
         add("fuzz_serve", 26, layers.encode())
 
 
+def st_bytes(tensors):
+    """A safetensors file of `tensors` (name -> float32 numpy array)."""
+    header, data = {}, b""
+    for name, a in tensors.items():
+        raw = np.ascontiguousarray(a, dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def saes():
+    """fuzz_sae: small SAELens (mode bit 0) and sparsify directories of every
+    architecture, with and without a given hook (bit 1)."""
+    rng = np.random.default_rng(7)
+    d, n, o = 4, 8, 3
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    meta = {"sae_lens_version": "6.18.0", "hook_name": "blocks.2.hook_resid_post"}
+    base = {"W_enc": w(d, n), "W_dec": w(n, d), "b_enc": w(n), "b_dec": w(d)}
+    cases = [
+        ({"architecture": "standard", "d_in": d, "d_sae": n,
+          "apply_b_dec_to_input": True, "metadata": meta}, base),
+        ({"architecture": "jumprelu", "d_in": d, "d_sae": n,
+          "normalize_activations": "layer_norm", "metadata": meta},
+         dict(base, threshold=w(n))),
+        ({"architecture": "topk", "d_in": d, "d_sae": n, "k": 2,
+          "rescale_acts_by_decoder_norm": True, "metadata": meta}, base),
+        ({"architecture": "gated", "d_in": d, "d_sae": n,
+          "normalize_activations": "constant_norm_rescale", "metadata": meta},
+         {"W_enc": w(d, n), "W_dec": w(n, d), "b_dec": w(d), "b_gate": w(n),
+          "b_mag": w(n), "r_mag": w(n)}),
+        ({"architecture": "skip_transcoder", "d_in": d, "d_sae": n, "d_out": o,
+          "apply_b_dec_to_input": False,
+          "metadata": dict(meta, hook_name_out="blocks.2.hook_mlp_out")},
+         {"W_enc": w(d, n), "W_dec": w(n, o), "b_enc": w(n), "b_dec": w(o),
+          "W_skip": w(o, d)}),
+        ({"d_in": d, "d_sae": n, "activation_fn_str": "topk",
+          "activation_fn_kwargs": {"k": 3}, "normalize_activations": False,
+          "hook_point": "blocks.2.hook_resid_post"}, base),
+    ]
+    for cfg, tensors in cases:
+        payload = json.dumps(cfg).encode() + b"\n--\n" + st_bytes(tensors)
+        add("fuzz_sae", 1, payload)
+        add("fuzz_sae", 3, payload)
+    sparsify = {"activation": "topk", "num_latents": n, "k": 2, "d_in": d,
+                "expansion_factor": 2}
+    payload = json.dumps(sparsify).encode() + b"\n--\n" + st_bytes(
+        {"encoder.weight": w(n, d), "encoder.bias": w(n), "W_dec": w(n, d),
+         "b_dec": w(d)})
+    add("fuzz_sae", 0, payload)
+    add("fuzz_sae", 2, payload)
+    # Gemma Scope 2: a JumpReLU SAE and an affine (skip) transcoder.
+    gs2 = {"architecture": "jump_relu", "hf_hook_point_in": "model.layers.2.output",
+           "hf_hook_point_out": "model.layers.2.output"}
+    payload = json.dumps(gs2).encode() + b"\n--\n" + st_bytes(
+        {"w_enc": w(d, n), "w_dec": w(n, d), "b_enc": w(n), "b_dec": w(d),
+         "threshold": w(n)})
+    add("fuzz_sae", 4, payload)
+    tc = {"architecture": "jump_relu",
+          "hf_hook_point_in": "model.layers.2.pre_feedforward_layernorm.output",
+          "hf_hook_point_out": "model.layers.2.post_feedforward_layernorm.output",
+          "affine_connection": True}
+    payload = json.dumps(tc).encode() + b"\n--\n" + st_bytes(
+        {"w_enc": w(d, n), "w_dec": w(n, o), "b_enc": w(n), "b_dec": w(o),
+         "threshold": w(n), "affine_skip_connection": w(o, d)})
+    add("fuzz_sae", 4, payload)
+    add("fuzz_sae", 6, payload)
+
+
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
     safetensors()
@@ -408,6 +481,7 @@ def main():
     resume(build)
     npy(build)
     serve()
+    saes()
     for d in sorted(os.listdir(CORPUS)):
         print(d, len(os.listdir(os.path.join(CORPUS, d))))
 

@@ -223,6 +223,65 @@ TEST_F(InterventionsGoldenTest, ShorthandFlagsEqualTheSpecFile) {
   }
 }
 
+// Steering by an SAE feature ("sae" + "feature": add c * W_dec[f]) is the
+// linked HF steering case exactly (golden/sae/README.md, "Steering by
+// feature": c * W_dec[f] == scale * v bit for bit): every linked case of the
+// SAE goldens gives its vector-file run's bytes, which the test above checks
+// against HF. The hook defaults to the SAE's.
+TEST_F(InterventionsGoldenTest, SaeFeatureSteeringIsTheLinkedCase) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared golden data not found";
+  const std::string sae_root = shared + "/sae";
+  if (!std::filesystem::exists(sae_root))
+    GTEST_SKIP() << "SKIPPED LOUDLY: " << sae_root << " not found";
+  int linked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(sae_root)) {
+    if (!std::filesystem::exists(entry.path() / "manifest.json")) continue;
+    const nlohmann::json m =
+        testing::ReadJson((entry.path() / "manifest.json").string());
+    if (!m.contains("steer") || m["steer"].is_null() ||
+        !m["steer"].contains("linked_cases"))
+      continue;
+    const std::string sae_dir =
+        (entry.path() / m["sae_dir"].get<std::string>()).string();
+    for (const auto& link : m["steer"]["linked_cases"]) {
+      const std::string case_path = link["case"].get<std::string>();
+      const std::string name = case_path.substr(case_path.rfind('/') + 1);
+      SCOPED_TRACE(name);
+      ++linked;
+      const std::string dir = shared + "/interventions/" + name;
+      nlohmann::json spec = testing::ReadJson(dir + "/spec.json");
+      nlohmann::json iv = spec["interventions"][0];
+      for (const char* k :
+           {"vector_file", "vector_key", "vector_is_unit", "hook"})
+        iv.erase(k);
+      iv["sae"] = sae_dir;
+      iv["feature"] = m["steer"]["feature"];
+      iv["scale"] = m["steer"]["coefficient"];
+      WriteFile(name + ".sae.json",
+                nlohmann::json{{"interventions", {iv}}}.dump());
+      WriteFile(name + ".jsonl",
+                nlohmann::json{{"tokens", spec["input_ids"][0]}}.dump() + "\n");
+      const std::string model_dir =
+          shared + "/tiny/" + spec["model"].get<std::string>();
+      const std::string by_vector =
+          Extract(model_dir, Path(name + ".jsonl"), Path(name + "_vector"), {},
+                  dir + "/spec.json");
+      const std::string by_feature =
+          Extract(model_dir, Path(name + ".jsonl"), Path(name + "_feature"), {},
+                  Path(name + ".sae.json"));
+      for (const char* f :
+           {"logits.all.npy", "blocks.1.hook_resid_post.all.npy",
+            "blocks.0.hook_resid_pre.all.npy"})
+        EXPECT_EQ(testing::Slurp(by_vector + "/" + f),
+                  testing::Slurp(by_feature + "/" + f))
+            << f;
+    }
+  }
+  EXPECT_EQ(linked, 9) << "three SAE cases with three linked cases each";
+}
+
 // A row streamed through the KV cache in chunks gets the same edits at the
 // same positions as one forward over it (explicit positions that fall in
 // different chunks, and "last"); and a position outside a row is that row's

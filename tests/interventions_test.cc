@@ -618,7 +618,7 @@ TEST_F(InterventionParseTest, MisspeltFieldsAreRefusedWithTheNearestName) {
             v + "}"),
       "interventions[0]: unknown field \"scal\" (did you mean \"scale\"?); "
       "the fields: hook, mode, scale, norm_match, vector_file, tensor, "
-      "vector, head, positions, positions_rule, rows, apply_to");
+      "vector, sae, feature, head, positions, positions_rule, rows, apply_to");
   EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "zero"},
                            {"hook": "blocks.0.hook_resid_pre", "mode": "zero",
                             "postions": "last"})"),
@@ -817,6 +817,70 @@ TEST_F(InterventionParseTest, SafetensorsVectors) {
                             "vector": )" +
                         Vector(4096) + R"(, "tensor": "a"})"),
                   "interventions[0].tensor: needs a vector_file");
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// "sae" + "feature": the vector is the feature's decoder row, widened from
+// the file's dtype, at the SAE's hook unless the entry names another.
+TEST_F(InterventionParseTest, SaeFeatureDirections) {
+  const int64_t d = 4096, n = 8;
+  std::vector<uint16_t> w_enc(d * n), w_dec(n * d), b_enc(n), b_dec(d);
+  std::vector<float> row5(d);
+  for (int64_t i = 0; i < d; ++i) {
+    w_dec[5 * d + i] = F32ToBf16(0.5f * static_cast<float>(i % 5) - 1.0f);
+    row5[i] = Bf16ToF32(w_dec[5 * d + i]);
+  }
+  std::filesystem::create_directories(dir_.File("sae"));
+  SafetensorsWriter w;
+  ASSERT_TRUE(
+      w.Add("W_enc", DType::kBF16, {d, n}, w_enc.data(), 2 * d * n).ok());
+  ASSERT_TRUE(
+      w.Add("W_dec", DType::kBF16, {n, d}, w_dec.data(), 2 * d * n).ok());
+  ASSERT_TRUE(w.Add("b_enc", DType::kBF16, {n}, b_enc.data(), 2 * n).ok());
+  ASSERT_TRUE(w.Add("b_dec", DType::kBF16, {d}, b_dec.data(), 2 * d).ok());
+  ASSERT_TRUE(w.Write(dir_.File("sae/sae_weights.safetensors")).ok());
+  std::ofstream(dir_.File("sae/cfg.json"))
+      << R"({"architecture": "standard", "d_in": 4096, "d_sae": 8,
+             "dtype": "bfloat16", "apply_b_dec_to_input": false,
+             "metadata": {"sae_lens_version": "6.18.0",
+                          "hook_name": "blocks.3.hook_resid_post"}})";
+  StatusOr<std::vector<Intervention>> r =
+      Parse(R"({"mode": "add", "sae": "sae", "feature": 5, "scale": 2})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(HookName((*r)[0].hook), "blocks.3.hook_resid_post");
+  EXPECT_EQ((*r)[0].vector, row5);
+  EXPECT_EQ((*r)[0].scale, 2.0f);
+  r = Parse(R"({"hook": "blocks.7.hook_resid_pre", "mode": "add",
+                "sae": "sae", "feature": 5})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(HookName((*r)[0].hook), "blocks.7.hook_resid_pre");
+  EXPECT_EQ((*r)[0].vector, row5);
+  EXPECT_EQ(Error(R"({"mode": "add", "sae": "sae", "feature": 8})"),
+            "interventions[0].feature: 8 is not a feature of " +
+                dir_.File("sae") + " (0 .. 7)");
+  EXPECT_EQ(Error(R"({"mode": "add", "sae": "sae"})"),
+            "interventions[0].sae: needs a feature (the decoder row to use)");
+  EXPECT_EQ(Error(R"({"mode": "add", "hook": "blocks.1.hook_resid_post",
+                      "feature": 1})"),
+            "interventions[0].feature: needs an sae");
+  EXPECT_EQ(Error(R"({"mode": "add", "sae": "sae", "feature": 1,
+                      "vector": [1]})"),
+            "interventions[0].sae: give sae + feature or a vector, not both");
+  EXPECT_EQ(Error(R"({"mode": "zero", "sae": "sae", "feature": 1})"),
+            "interventions[0].sae: mode \"zero\" takes no SAE feature");
+  EXPECT_EQ(Error(R"({"hook": "blocks.1.mlp.hook_post", "mode": "add",
+                      "sae": "sae", "feature": 1})"),
+            "interventions[0].sae: has 4096 values but blocks.1.mlp.hook_post "
+            "is 14336 wide");
+  EXPECT_NE(Error(R"({"mode": "add", "sae": "nope", "feature": 1})")
+                .find("interventions[0].sae: SAE " + dir_.File("nope") +
+                      ": no such file or directory"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -21,6 +22,7 @@
 #include "src/io/gguf.h"
 #include "src/io/npy.h"
 #include "src/io/safetensors.h"
+#include "src/model/sae.h"
 
 namespace loom {
 namespace {
@@ -73,8 +75,9 @@ struct Entry {
 // notes; any other field is an error (a misspelt "scal" would otherwise run
 // with the default scale).
 constexpr std::string_view kFields[] = {
-    "hook",   "mode", "scale",     "norm_match",     "vector_file", "tensor",
-    "vector", "head", "positions", "positions_rule", "rows",        "apply_to"};
+    "hook",      "mode",           "scale", "norm_match", "vector_file",
+    "tensor",    "vector",         "sae",   "feature",    "head",
+    "positions", "positions_rule", "rows",  "apply_to"};
 // The command-line flag an entry was written from (ShorthandInterventions):
 // read, never suggested.
 constexpr std::string_view kFlagField = "flag";
@@ -115,13 +118,16 @@ StatusOr<InterventionMode> ParseMode(const Entry& e) {
   return e.Error("mode", m->dump() + " is not one of " + names);
 }
 
+// `fallback`: the hook when the entry names none (an SAE feature's: the hook
+// its decoder writes), "" for none.
 StatusOr<std::vector<HookPoint>> ParseHooks(const Entry& e,
-                                            const ModelConfig& config) {
+                                            const ModelConfig& config,
+                                            const std::string& fallback) {
   const Json* h = e.Find("hook");
-  if (h == nullptr || !h->is_string())
+  if ((h == nullptr && fallback.empty()) || (h != nullptr && !h->is_string()))
     return e.Error("hook",
                    h == nullptr ? "missing" : h->dump() + " is not a string");
-  const std::string name = h->get<std::string>();
+  const std::string name = h != nullptr ? h->get<std::string>() : fallback;
   StatusOr<std::vector<HookPoint>> hooks =
       ParseModelHookPattern(name, config, IsInterventionSite);
   if (!hooks.ok()) return e.Error("hook", hooks.status().message());
@@ -408,21 +414,63 @@ StatusOr<VectorData> ParseInlineVector(const Entry& e, const Json& v) {
   return out;
 }
 
+// An SAE feature's decoder direction (`sae` + `feature`): row `feature` of
+// the SAE's W_dec, and the hook that row lives at (the SAE's hook; a
+// transcoder's: the hook it estimates).
+struct SaeDirection {
+  std::string hook;
+  std::vector<float> row;
+};
+
+StatusOr<std::optional<SaeDirection>> ParseSaeFeature(
+    const Entry& e, const std::string& base_dir) {
+  const Json* sae = e.Find("sae");
+  const Json* feature = e.Find("feature");
+  if (sae == nullptr && feature == nullptr) return std::nullopt;
+  if (sae == nullptr) return e.Error("feature", "needs an sae");
+  if (feature == nullptr)
+    return e.Error("sae", "needs a feature (the decoder row to use)");
+  if (e.Find("vector_file") != nullptr || e.Find("vector") != nullptr)
+    return e.Error("sae", "give sae + feature or a vector, not both");
+  if (!sae->is_string() || sae->get<std::string>().empty())
+    return e.Error("sae", sae->dump() + " is not an SAE's path");
+  std::string path = sae->get<std::string>();
+  if (path[0] != '/' && !base_dir.empty())
+    path = (std::filesystem::path(base_dir) / path).string();
+  StatusOr<Sae> loaded = LoadSae(path);
+  if (!loaded.ok())
+    return e.Error("sae", std::string(loaded.status().message()));
+  const std::optional<int64_t> f = JsonInt64(*feature);
+  if (!f || *f < 0 || *f >= loaded->d_sae)
+    return e.Error("feature", feature->dump() + " is not a feature of " + path +
+                                  " (0 .. " +
+                                  std::to_string(loaded->d_sae - 1) + ")");
+  const int64_t d = loaded->d_out;
+  SaeDirection dir;
+  dir.hook =
+      IsTranscoder(loaded->architecture) ? loaded->hook_out : loaded->hook;
+  dir.row.assign(loaded->w_dec.begin() + *f * d,
+                 loaded->w_dec.begin() + (*f + 1) * d);
+  return dir;
+}
+
 // The vector of the entry (`vector_file`, or an inline `vector` list): one
 // row of the hook's width, or a patch's `rows` rows; finite values, and
 // (project_out) of norm 1.
-StatusOr<std::vector<float>> ParseVector(const Entry& e, InterventionMode mode,
-                                         const HookPoint& hook, int64_t rows,
-                                         const ModelConfig& config,
-                                         const std::string& base_dir) {
+StatusOr<std::vector<float>> ParseVector(
+    const Entry& e, InterventionMode mode, const HookPoint& hook, int64_t rows,
+    const ModelConfig& config, const std::string& base_dir,
+    const std::optional<SaeDirection>& sae) {
   const Json* file = e.Find("vector_file");
   const Json* inline_v = e.Find("vector");
   const Json* tensor = e.Find("tensor");
-  if (!NeedsVector(mode)) {
-    if (file != nullptr || inline_v != nullptr)
-      return e.Error(file ? "vector_file" : "vector",
+  if (!NeedsVector(mode) || (sae && IsPatch(mode))) {
+    if (file != nullptr || inline_v != nullptr || sae)
+      return e.Error(sae    ? "sae"
+                     : file ? "vector_file"
+                            : "vector",
                      "mode \"" + std::string(InterventionModeName(mode)) +
-                         "\" takes no vector");
+                         "\" takes no " + (sae ? "SAE feature" : "vector"));
     return std::vector<float>();
   }
   if (file != nullptr && inline_v != nullptr)
@@ -432,8 +480,11 @@ StatusOr<std::vector<float>> ParseVector(const Entry& e, InterventionMode mode,
                                  ? "needs a vector_file"
                                  : tensor->dump() + " is not a tensor name");
   VectorData v;
-  const char* field = file != nullptr ? "vector_file" : "vector";
-  if (file != nullptr) {
+  const char* field = sae ? "sae" : file != nullptr ? "vector_file" : "vector";
+  if (sae) {
+    v.values = sae->row;
+    v.shape = {static_cast<int64_t>(sae->row.size())};
+  } else if (file != nullptr) {
     if (!file->is_string() || file->get<std::string>().empty())
       return e.Error("vector_file", file->dump() + " is not a file name");
     std::string path = file->get<std::string>();
@@ -553,7 +604,10 @@ Status ParseEntry(const Entry& e, const ModelConfig& config,
                                 " is not an object");
   RETURN_IF_ERROR(CheckFieldNames(e));
   ASSIGN_OR_RETURN(const InterventionMode mode, ParseMode(e));
-  ASSIGN_OR_RETURN(const std::vector<HookPoint> hooks, ParseHooks(e, config));
+  ASSIGN_OR_RETURN(const std::optional<SaeDirection> sae,
+                   ParseSaeFeature(e, base_dir));
+  ASSIGN_OR_RETURN(const std::vector<HookPoint> hooks,
+                   ParseHooks(e, config, sae ? sae->hook : ""));
   Intervention iv;
   iv.mode = mode;
   ASSIGN_OR_RETURN(iv.scale, ParseScale(e, mode));
@@ -573,7 +627,7 @@ Status ParseEntry(const Entry& e, const ModelConfig& config,
     // Every hook of a pattern has the same site, hence the same width.
     if (hook == hooks.front()) {
       ASSIGN_OR_RETURN(iv.vector,
-                       ParseVector(e, mode, hook, rows, config, base_dir));
+                       ParseVector(e, mode, hook, rows, config, base_dir, sae));
     }
     out->push_back(iv);
   }

@@ -127,6 +127,11 @@ StatusOr<RequestInterventions> ParseRequestInterventions(
             ".vector_file: no request can read server files; send the vector "
             "inline (`vector`, a list of numbers, or `vector_b64`, base64 of "
             "little-endian f32)");
+      if (Field(entry, "sae") != nullptr)
+        return InvalidArgumentError(
+            name +
+            ".sae: no request can read server files (an SAE feature's "
+            "direction: send its decoder row as `vector`)");
       if (Field(entry, "vector_b64") != nullptr) {
         ASSIGN_OR_RETURN(one, DecodeVectorB64(entry, name));
       }

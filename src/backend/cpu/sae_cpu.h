@@ -1,0 +1,53 @@
+// An SAE or transcoder (src/model/sae.h) run on rows of activations in f32:
+//   sae_in       = norm_in(x) - b_dec * apply_b_dec_to_input
+//   hidden_pre   = sae_in W_enc + b_enc           (GEMM; gated: + the gate)
+//   feature_acts = the architecture's activation of hidden_pre
+//   recons       = sum over active f, ascending, of acts[f] W_dec[f] + b_dec
+//   reconstruction = norm_out(recons) (+ x W_skip^T for skip transcoders)
+//   error        = reference - reconstruction     (reference: x for an SAE,
+//                                                  the estimated hook's value
+//                                                  for a transcoder)
+// Each row is computed alone (a GEMM row is one FMA chain, the rest is per
+// row), so a row's bytes depend neither on the other rows of the call nor on
+// the thread count. The scalar reference is src/backend/cpu/reference/
+// reference_sae.h.
+#ifndef LOOM_BACKEND_CPU_SAE_CPU_H_
+#define LOOM_BACKEND_CPU_SAE_CPU_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "src/model/sae.h"
+
+namespace loom::cpu {
+
+// Where Run writes; a null pointer is an output not wanted.
+struct SaeRunOutputs {
+  float* hidden_pre = nullptr;      // [rows, d_sae]  hook_sae_acts_pre
+  float* feature_acts = nullptr;    // [rows, d_sae]  hook_sae_acts_post
+  float* recons = nullptr;          // [rows, d_out]  hook_sae_recons
+  float* reconstruction = nullptr;  // [rows, d_out]  hook_sae_output - error
+  float* error = nullptr;           // [rows, d_out]  hook_sae_error
+  // The `topk` largest feature activations per row, descending, ties broken
+  // by the lower index: [rows, topk] each.
+  int64_t topk = 0;
+  int32_t* topk_indices = nullptr;
+  float* topk_values = nullptr;
+};
+
+// Bytes of Run's workspace for up to `rows` rows at the current thread count.
+int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows);
+
+// x [rows, d_in]; reference [rows, d_out] (null: no error output);
+// workspace: SaeWorkspaceBytes(sae, rows) bytes, 64-byte aligned.
+void RunSae(const Sae& sae, const float* x, const float* reference,
+            int64_t rows, void* workspace, const SaeRunOutputs& out);
+
+// The `k` largest of v [n], descending, ties by the lower index; `scratch`
+// (n indices; null: allocated here) is reused from call to call.
+void TopKDescending(const float* v, int64_t n, int64_t k, int32_t* indices,
+                    float* values, std::vector<int32_t>* scratch = nullptr);
+
+}  // namespace loom::cpu
+
+#endif  // LOOM_BACKEND_CPU_SAE_CPU_H_

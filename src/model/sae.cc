@@ -1,0 +1,571 @@
+#include "src/model/sae.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "src/base/float16.h"
+#include "src/io/safetensors.h"
+#include "src/model/config_reader.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kSaeLensWeights[] = "sae_weights.safetensors";
+constexpr char kSparsifyWeights[] = "sae.safetensors";
+constexpr char kConfig[] = "cfg.json";
+constexpr char kGemmaScope2Weights[] = "params.safetensors";
+constexpr char kGemmaScope2Config[] = "config.json";
+
+std::string ShapeText(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// The weights file of an SAE: its tensors by name, each read as f32.
+class SaeTensors {
+ public:
+  static StatusOr<SaeTensors> Open(const std::string& path) {
+    SaeTensors t;
+    ASSIGN_OR_RETURN(t.file_, SafetensorsFile::Open(path));
+    return t;
+  }
+  const std::string& path() const { return file_->path(); }
+  bool Has(const std::string& name) const {
+    return file_->Find(name) != nullptr;
+  }
+  // The shape of tensor `name`, or an error naming it when absent.
+  StatusOr<std::vector<int64_t>> Dims(const std::string& name) const {
+    const TensorInfo* info = file_->Find(name);
+    if (info == nullptr)
+      return InvalidArgumentError(path() + ": no tensor '" + name + "'");
+    return info->shape.dims();
+  }
+  // The dtype shared by the weights (the first tensor's).
+  DType dtype() const {
+    const auto& ts = file_->header().tensors;
+    return ts.empty() ? DType::kF32 : ts.front().dtype;
+  }
+
+  // Tensor `name` of shape `dims` as f32; an absent tensor, another shape, a
+  // dtype other than f32/bf16/f16/f64 or a non-finite value is an error
+  // naming the file and the tensor.
+  StatusOr<std::vector<float>> Read(const std::string& name,
+                                    const std::vector<int64_t>& dims) const {
+    const TensorInfo* info = file_->Find(name);
+    if (info == nullptr)
+      return InvalidArgumentError(path() + ": no tensor '" + name +
+                                  "' (expected " + ShapeText(dims) + ")");
+    if (info->shape.dims() != dims)
+      return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
+                                  ShapeText(info->shape.dims()) +
+                                  ", expected " + ShapeText(dims) +
+                                  " from the config");
+    const TensorView v = file_->View(*info);
+    std::vector<float> out(v.numel());
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      switch (v.dtype) {
+        case DType::kF32:
+          out[i] = v.as<const float>()[i];
+          break;
+        case DType::kF64:
+          out[i] = static_cast<float>(v.as<const double>()[i]);
+          break;
+        case DType::kBF16:
+          out[i] = Bf16ToF32(v.as<const uint16_t>()[i]);
+          break;
+        case DType::kF16:
+          out[i] = F16ToF32(v.as<const uint16_t>()[i]);
+          break;
+        default:
+          return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
+                                      std::string(DTypeName(v.dtype)) +
+                                      ", expected F32, F64, BF16 or F16");
+      }
+      if (!std::isfinite(out[i]))
+        return InvalidArgumentError(path() + ": tensor '" + name + "' holds " +
+                                    std::to_string(out[i]) + " at element " +
+                                    std::to_string(i));
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<SafetensorsFile> file_;
+};
+
+// [rows, cols] -> [cols, rows].
+std::vector<float> Transpose(const std::vector<float>& a, int64_t rows,
+                             int64_t cols) {
+  std::vector<float> t(a.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = a[r * cols + c];
+  return t;
+}
+
+StatusOr<int64_t> PositiveInt(const ConfigReader& cfg, const std::string& key) {
+  ASSIGN_OR_RETURN(const int64_t v, cfg.Int(key));
+  if (v <= 0 || v > (int64_t{1} << 24))
+    return InvalidArgumentError(cfg.source() + ": " + key + " is " +
+                                std::to_string(v) + ", expected 1.." +
+                                std::to_string(int64_t{1} << 24));
+  return v;
+}
+
+// SAELens' architecture names (6.x `architecture`).
+StatusOr<SaeArchitecture> ParseArchitecture(const std::string& source,
+                                            const std::string& name) {
+  static constexpr std::pair<std::string_view, SaeArchitecture> kNames[] = {
+      {"standard", SaeArchitecture::kStandard},
+      {"jumprelu", SaeArchitecture::kJumpRelu},
+      {"topk", SaeArchitecture::kTopK},
+      {"gated", SaeArchitecture::kGated},
+      {"transcoder", SaeArchitecture::kTranscoder},
+      {"skip_transcoder", SaeArchitecture::kSkipTranscoder},
+      {"jumprelu_transcoder", SaeArchitecture::kJumpReluTranscoder},
+      {"jumprelu_skip_transcoder", SaeArchitecture::kJumpReluSkipTranscoder},
+  };
+  for (const auto& [n, a] : kNames)
+    if (n == name) return a;
+  return InvalidArgumentError(
+      source + ": architecture '" + name +
+      "' is not one Loom runs (standard, jumprelu, topk, gated, transcoder, "
+      "skip_transcoder, jumprelu_transcoder, jumprelu_skip_transcoder)");
+}
+
+StatusOr<SaeNormalization> ParseNormalization(const ConfigReader& cfg) {
+  const auto it = cfg.json().find("normalize_activations");
+  if (it == cfg.json().end() || it->is_null()) return SaeNormalization::kNone;
+  // SAELens <= 5: a boolean (true: expected_average_only_in).
+  if (it->is_boolean()) return SaeNormalization::kNone;
+  if (!it->is_string())
+    return InvalidArgumentError(cfg.source() + ": normalize_activations is " +
+                                std::string(it->type_name()) +
+                                ", expected a string");
+  const std::string n = it->get<std::string>();
+  if (n == "none" || n == "expected_average_only_in")
+    return SaeNormalization::kNone;
+  if (n == "constant_norm_rescale")
+    return SaeNormalization::kConstantNormRescale;
+  if (n == "layer_norm") return SaeNormalization::kLayerNorm;
+  return InvalidArgumentError(
+      cfg.source() + ": normalize_activations '" + n +
+      "' is not one Loom runs (none, expected_average_only_in, "
+      "constant_norm_rescale, layer_norm)");
+}
+
+// Whether a SAELens cfg.json is 6.x (sae_lens_version >= 6, top level or in
+// metadata): SAELens' handle_config_defaulting.
+bool IsSaeLens6(const nlohmann::json& j) {
+  for (const nlohmann::json* o :
+       {&j, j.contains("metadata") ? &j["metadata"] : nullptr}) {
+    if (o == nullptr || !o->is_object()) continue;
+    const auto v = o->find("sae_lens_version");
+    if (v == o->end() || !v->is_string()) continue;
+    const std::string s = v->get<std::string>();
+    return std::strtol(s.c_str(), nullptr, 10) >= 6;
+  }
+  return false;
+}
+
+// The hook a SAELens config names (6.x: metadata.hook_name; legacy:
+// hook_name or hook_point), or "".
+std::string ConfigHook(const nlohmann::json& j, const char* key) {
+  for (const nlohmann::json* o :
+       {&j, j.contains("metadata") ? &j["metadata"] : nullptr}) {
+    if (o == nullptr || !o->is_object()) continue;
+    const auto v = o->find(key);
+    if (v != o->end() && v->is_string()) return v->get<std::string>();
+  }
+  return "";
+}
+
+// Reads the weights of `sae` (architecture and dims set) from a SAELens
+// weights file.
+Status ReadSaeLensWeights(const SaeTensors& t, Sae* sae) {
+  const int64_t in = sae->d_in, n = sae->d_sae, out = sae->d_out;
+  ASSIGN_OR_RETURN(const std::vector<float> w_enc, t.Read("W_enc", {in, n}));
+  ASSIGN_OR_RETURN(sae->w_dec, t.Read("W_dec", {n, out}));
+  ASSIGN_OR_RETURN(sae->b_dec, t.Read("b_dec", {out}));
+  sae->w_enc = Transpose(w_enc, in, n);
+  if (sae->architecture == SaeArchitecture::kGated) {
+    ASSIGN_OR_RETURN(sae->b_gate, t.Read("b_gate", {n}));
+    ASSIGN_OR_RETURN(sae->b_enc, t.Read("b_mag", {n}));
+    ASSIGN_OR_RETURN(const std::vector<float> r_mag, t.Read("r_mag", {n}));
+    // SAELens: sae_in @ (W_enc * exp(r_mag)), the product in f32.
+    sae->w_mag = sae->w_enc;
+    for (int64_t f = 0; f < n; ++f) {
+      const float s = std::exp(r_mag[f]);
+      for (int64_t i = 0; i < in; ++i) sae->w_mag[f * in + i] *= s;
+    }
+  } else {
+    ASSIGN_OR_RETURN(sae->b_enc, t.Read("b_enc", {n}));
+  }
+  if (sae->architecture == SaeArchitecture::kJumpRelu ||
+      sae->architecture == SaeArchitecture::kJumpReluTranscoder) {
+    ASSIGN_OR_RETURN(sae->threshold, t.Read("threshold", {n}));
+  }
+  if (HasSkip(sae->architecture)) {
+    ASSIGN_OR_RETURN(sae->w_skip, t.Read("W_skip", {out, in}));
+  }
+  return Status();
+}
+
+StatusOr<Sae> LoadSaeLens(const fs::path& dir) {
+  ASSIGN_OR_RETURN(const ConfigReader cfg,
+                   ConfigReader::FromFile((dir / kConfig).string()));
+  Sae sae;
+  sae.path = dir.string();
+  const bool v6 = IsSaeLens6(cfg.json());
+  sae.format = v6 ? SaeFormat::kSaeLens : SaeFormat::kSaeLensLegacy;
+  ASSIGN_OR_RETURN(const std::string arch,
+                   cfg.String("architecture", "standard"));
+  ASSIGN_OR_RETURN(sae.architecture, ParseArchitecture(cfg.source(), arch));
+  ASSIGN_OR_RETURN(sae.d_in, PositiveInt(cfg, "d_in"));
+  ASSIGN_OR_RETURN(sae.d_sae, PositiveInt(cfg, "d_sae"));
+  sae.d_out = sae.d_in;
+  if (IsTranscoder(sae.architecture)) {
+    ASSIGN_OR_RETURN(sae.d_out, PositiveInt(cfg, "d_out"));
+    sae.hook_out = ConfigHook(cfg.json(), "hook_name_out");
+  }
+  // <= 5.x: apply_b_dec_to_input defaults to true, "activation_fn": "topk"
+  // with activation_fn_kwargs.k makes a TopK SAE.
+  ASSIGN_OR_RETURN(sae.apply_b_dec_to_input,
+                   cfg.Bool("apply_b_dec_to_input", !v6));
+  ASSIGN_OR_RETURN(sae.normalization, ParseNormalization(cfg));
+  if (!v6) {
+    std::string fn = ConfigHook(cfg.json(), "activation_fn_str");
+    if (fn.empty()) fn = ConfigHook(cfg.json(), "activation_fn");
+    const nlohmann::json& kw =
+        cfg.json().value("activation_fn_kwargs", nlohmann::json::object());
+    if (fn == "topk" && kw.is_object() && kw.contains("k")) {
+      sae.architecture = SaeArchitecture::kTopK;
+      ConfigReader kwr(cfg.source() + ": activation_fn_kwargs", kw);
+      ASSIGN_OR_RETURN(sae.k, PositiveInt(kwr, "k"));
+    }
+  }
+  if (sae.architecture == SaeArchitecture::kTopK && sae.k == 0) {
+    ASSIGN_OR_RETURN(sae.k, PositiveInt(cfg, "k"));
+    ASSIGN_OR_RETURN(sae.rescale_acts_by_decoder_norm,
+                     cfg.Bool("rescale_acts_by_decoder_norm", false));
+  }
+  if (sae.k > sae.d_sae)
+    return InvalidArgumentError(cfg.source() + ": k " + std::to_string(sae.k) +
+                                " exceeds d_sae " + std::to_string(sae.d_sae));
+  if (IsTranscoder(sae.architecture) && sae.apply_b_dec_to_input)
+    return InvalidArgumentError(
+        cfg.source() +
+        ": apply_b_dec_to_input is true for a transcoder (its b_dec has "
+        "d_out entries; SAELens' TranscoderConfig refuses it too)");
+  sae.hook = ConfigHook(cfg.json(), "hook_name");
+  if (sae.hook.empty()) sae.hook = ConfigHook(cfg.json(), "hook_point");
+  ASSIGN_OR_RETURN(const SaeTensors t,
+                   SaeTensors::Open((dir / kSaeLensWeights).string()));
+  sae.stored_dtype = t.dtype();
+  RETURN_IF_ERROR(ReadSaeLensWeights(t, &sae));
+  return sae;
+}
+
+StatusOr<Sae> LoadSparsify(const fs::path& dir) {
+  ASSIGN_OR_RETURN(const ConfigReader cfg,
+                   ConfigReader::FromFile((dir / kConfig).string()));
+  Sae sae;
+  sae.path = dir.string();
+  sae.format = SaeFormat::kSparsify;
+  sae.architecture = SaeArchitecture::kTopK;
+  ASSIGN_OR_RETURN(const std::string act, cfg.String("activation", "topk"));
+  if (act != "topk")
+    return InvalidArgumentError(cfg.source() + ": activation '" + act +
+                                "' is not one Loom runs (topk)");
+  ASSIGN_OR_RETURN(const bool transcode, cfg.Bool("transcode", false));
+  ASSIGN_OR_RETURN(const bool skip, cfg.Bool("skip_connection", false));
+  if (transcode || skip)
+    return InvalidArgumentError(
+        cfg.source() +
+        ": sparsify transcoders and skip connections are not read yet "
+        "(transcode/skip_connection true)");
+  ASSIGN_OR_RETURN(sae.d_in, PositiveInt(cfg, "d_in"));
+  ASSIGN_OR_RETURN(int64_t latents, cfg.Int("num_latents", 0));
+  if (latents == 0) {
+    ASSIGN_OR_RETURN(const int64_t e, PositiveInt(cfg, "expansion_factor"));
+    latents = sae.d_in * e;
+  }
+  if (latents < 0 || latents > (int64_t{1} << 24))
+    return InvalidArgumentError(cfg.source() + ": num_latents is " +
+                                std::to_string(latents));
+  sae.d_sae = latents;
+  sae.d_out = sae.d_in;
+  ASSIGN_OR_RETURN(sae.k, cfg.Int("k", 32));
+  if (sae.k <= 0 || sae.k > sae.d_sae)
+    return InvalidArgumentError(cfg.source() + ": k is " +
+                                std::to_string(sae.k) + ", expected 1.." +
+                                std::to_string(sae.d_sae));
+  // sparsify always subtracts b_dec from the input (sparse_coder.py encode).
+  sae.apply_b_dec_to_input = true;
+  // The hook is the folder's name (layers.N), sparsify's hookpoint.
+  sae.hook = dir.filename().string();
+  ASSIGN_OR_RETURN(const SaeTensors t,
+                   SaeTensors::Open((dir / kSparsifyWeights).string()));
+  sae.stored_dtype = t.dtype();
+  const int64_t in = sae.d_in, n = sae.d_sae;
+  ASSIGN_OR_RETURN(sae.w_enc, t.Read("encoder.weight", {n, in}));
+  ASSIGN_OR_RETURN(sae.b_enc, t.Read("encoder.bias", {n}));
+  ASSIGN_OR_RETURN(sae.w_dec, t.Read("W_dec", {n, in}));
+  ASSIGN_OR_RETURN(sae.b_dec, t.Read("b_dec", {in}));
+  return sae;
+}
+
+// Gemma Scope 2's hook from its folder names when it has no config.json:
+// layer_N under a resid_post / attn_out / mlp_out / transcoder folder.
+void GemmaScope2HooksFromPath(const fs::path& dir, Sae* sae) {
+  const std::string p = dir.string();
+  const size_t at = p.rfind("layer_");
+  if (at == std::string::npos) return;
+  const size_t end = p.find_first_not_of("0123456789", at + 6);
+  const std::string layer = p.substr(at + 6, end - (at + 6));
+  if (layer.empty()) return;
+  const std::string b = "blocks." + layer + ".";
+  if (p.find("transcoder") != std::string::npos) {
+    sae->hook = b + "ln2.hook_normalized";
+    sae->hook_out = b + "ln2_post.hook_normalized";
+  } else if (p.find("resid_post") != std::string::npos) {
+    sae->hook = b + "hook_resid_post";
+  } else if (p.find("attn_out") != std::string::npos) {
+    sae->hook = b + "attn.hook_z";
+  } else if (p.find("mlp_out") != std::string::npos) {
+    sae->hook = b + "ln2_post.hook_normalized";
+  }
+}
+
+// Gemma Scope 2 (SAELens' gemma_3 loader): JumpReLU SAEs and transcoders,
+// lowercase tensor names kept as stored (w_enc [d_in, d_sae], w_dec [d_sae,
+// d_out]; the affine skip [d_out, d_in]), the dims from w_enc and w_dec.
+StatusOr<Sae> LoadGemmaScope2(const fs::path& dir) {
+  Sae sae;
+  sae.path = dir.string();
+  sae.format = SaeFormat::kGemmaScope2;
+  sae.architecture = SaeArchitecture::kJumpRelu;
+  bool affine = false;
+  std::error_code ec;
+  if (fs::exists(dir / kGemmaScope2Config, ec)) {
+    ASSIGN_OR_RETURN(
+        const ConfigReader cfg,
+        ConfigReader::FromFile((dir / kGemmaScope2Config).string()));
+    ASSIGN_OR_RETURN(const std::string arch,
+                     cfg.String("architecture", "jump_relu"));
+    if (arch != "jump_relu")
+      return InvalidArgumentError(cfg.source() + ": architecture '" + arch +
+                                  "' is not one Gemma Scope 2 publishes "
+                                  "(jump_relu)");
+    ASSIGN_OR_RETURN(sae.hook, cfg.String("hf_hook_point_in", ""));
+    ASSIGN_OR_RETURN(sae.hook_out, cfg.String("hf_hook_point_out", ""));
+    if (sae.hook_out == sae.hook) sae.hook_out.clear();
+    ASSIGN_OR_RETURN(affine, cfg.Bool("affine_connection", false));
+  } else {
+    GemmaScope2HooksFromPath(dir, &sae);
+    affine = sae.path.find("affine") != std::string::npos;
+  }
+  ASSIGN_OR_RETURN(const SaeTensors t,
+                   SaeTensors::Open((dir / kGemmaScope2Weights).string()));
+  sae.stored_dtype = t.dtype();
+  ASSIGN_OR_RETURN(const std::vector<int64_t> enc, t.Dims("w_enc"));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> dec, t.Dims("w_dec"));
+  if (enc.size() != 2 || dec.size() != 2 || dec[0] != enc[1] || enc[0] <= 0 ||
+      enc[1] <= 0 || dec[1] <= 0)
+    return InvalidArgumentError(t.path() + ": w_enc " + ShapeText(enc) +
+                                " and w_dec " + ShapeText(dec) +
+                                " are not [d_in, d_sae] and [d_sae, d_out]");
+  sae.d_in = enc[0];
+  sae.d_sae = enc[1];
+  sae.d_out = dec[1];
+  if (!sae.hook_out.empty() || sae.d_out != sae.d_in || affine)
+    sae.architecture = affine ? SaeArchitecture::kJumpReluSkipTranscoder
+                              : SaeArchitecture::kJumpReluTranscoder;
+  const int64_t in = sae.d_in, n = sae.d_sae, out = sae.d_out;
+  ASSIGN_OR_RETURN(const std::vector<float> w_enc, t.Read("w_enc", {in, n}));
+  sae.w_enc = Transpose(w_enc, in, n);
+  ASSIGN_OR_RETURN(sae.w_dec, t.Read("w_dec", {n, out}));
+  ASSIGN_OR_RETURN(sae.b_enc, t.Read("b_enc", {n}));
+  ASSIGN_OR_RETURN(sae.b_dec, t.Read("b_dec", {out}));
+  ASSIGN_OR_RETURN(sae.threshold, t.Read("threshold", {n}));
+  if (HasSkip(sae.architecture)) {
+    ASSIGN_OR_RETURN(sae.w_skip, t.Read("affine_skip_connection", {out, in}));
+  }
+  return sae;
+}
+
+// The SAE directory of `path` and its format.
+StatusOr<std::pair<fs::path, SaeFormat>> Locate(const std::string& path) {
+  std::error_code ec;
+  fs::path dir(path);
+  if (!fs::exists(dir, ec))
+    return NotFoundError("SAE " + path + ": no such file or directory");
+  if (!fs::is_directory(dir, ec)) dir = dir.parent_path();
+  if (dir.empty()) dir = ".";
+  const bool cfg = fs::exists(dir / kConfig, ec);
+  if (cfg && fs::exists(dir / kSaeLensWeights, ec))
+    return std::pair(dir, SaeFormat::kSaeLens);
+  if (cfg && fs::exists(dir / kSparsifyWeights, ec))
+    return std::pair(dir, SaeFormat::kSparsify);
+  if (fs::exists(dir / kGemmaScope2Weights, ec))
+    return std::pair(dir, SaeFormat::kGemmaScope2);
+  return InvalidArgumentError(
+      "SAE " + path +
+      ": not a format Loom reads (expected cfg.json with "
+      "sae_weights.safetensors (SAELens) or sae.safetensors (sparsify), or "
+      "params.safetensors (Gemma Scope 2))");
+}
+
+}  // namespace
+
+std::string_view SaeArchitectureName(SaeArchitecture a) {
+  switch (a) {
+    case SaeArchitecture::kStandard:
+      return "standard";
+    case SaeArchitecture::kJumpRelu:
+      return "jumprelu";
+    case SaeArchitecture::kTopK:
+      return "topk";
+    case SaeArchitecture::kGated:
+      return "gated";
+    case SaeArchitecture::kTranscoder:
+      return "transcoder";
+    case SaeArchitecture::kSkipTranscoder:
+      return "skip_transcoder";
+    case SaeArchitecture::kJumpReluTranscoder:
+      return "jumprelu_transcoder";
+    case SaeArchitecture::kJumpReluSkipTranscoder:
+      return "jumprelu_skip_transcoder";
+  }
+  return "?";
+}
+
+bool IsTranscoder(SaeArchitecture a) {
+  return a == SaeArchitecture::kTranscoder ||
+         a == SaeArchitecture::kSkipTranscoder ||
+         a == SaeArchitecture::kJumpReluTranscoder ||
+         a == SaeArchitecture::kJumpReluSkipTranscoder;
+}
+
+bool HasThreshold(SaeArchitecture a) {
+  return a == SaeArchitecture::kJumpRelu ||
+         a == SaeArchitecture::kJumpReluTranscoder ||
+         a == SaeArchitecture::kJumpReluSkipTranscoder;
+}
+
+bool HasSkip(SaeArchitecture a) {
+  return a == SaeArchitecture::kSkipTranscoder ||
+         a == SaeArchitecture::kJumpReluSkipTranscoder;
+}
+
+std::string_view SaeNormalizationName(SaeNormalization n) {
+  switch (n) {
+    case SaeNormalization::kNone:
+      return "none";
+    case SaeNormalization::kConstantNormRescale:
+      return "constant_norm_rescale";
+    case SaeNormalization::kLayerNorm:
+      return "layer_norm";
+  }
+  return "?";
+}
+
+std::string_view SaeFormatName(SaeFormat f) {
+  switch (f) {
+    case SaeFormat::kSaeLens:
+      return "saelens";
+    case SaeFormat::kSaeLensLegacy:
+      return "saelens-legacy";
+    case SaeFormat::kSparsify:
+      return "sparsify";
+    case SaeFormat::kGemmaScope2:
+      return "gemma-scope-2";
+  }
+  return "?";
+}
+
+int64_t Sae::weight_bytes() const {
+  int64_t n = 0;
+  for (const std::vector<float>* v :
+       {&w_enc, &b_enc, &w_mag, &b_gate, &threshold, &w_dec, &b_dec, &w_skip,
+        &dec_norm})
+    n += static_cast<int64_t>(v->size());
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+std::string SaeHookToLoom(std::string_view name) {
+  std::string s(name);
+  if (s.rfind("model.layers.", 0) == 0) s.erase(0, 6);
+  if (s.rfind("layers.", 0) != 0) return std::string(name);
+  const size_t dot = s.find('.', 7);
+  const std::string layer =
+      s.substr(7, dot == std::string::npos ? std::string::npos : dot - 7);
+  if (layer.empty() ||
+      layer.find_first_not_of("0123456789") != std::string::npos)
+    return std::string(name);
+  const std::string rest = dot == std::string::npos ? "" : s.substr(dot + 1);
+  static constexpr std::pair<std::string_view, std::string_view> kModules[] = {
+      {"", "hook_resid_post"},
+      {"output", "hook_resid_post"},
+      {"mlp", "hook_mlp_out"},
+      {"mlp.output", "hook_mlp_out"},
+      {"self_attn", "hook_attn_out"},
+      {"self_attn.output", "hook_attn_out"},
+      {"self_attn.o_proj.input", "attn.hook_z"},
+      {"input_layernorm.output", "ln1.hook_normalized"},
+      {"pre_feedforward_layernorm.output", "ln2.hook_normalized"},
+      {"post_feedforward_layernorm.output", "ln2_post.hook_normalized"},
+  };
+  for (const auto& [module, hook] : kModules)
+    if (rest == module) return "blocks." + layer + "." + std::string(hook);
+  return std::string(name);
+}
+
+StatusOr<Sae> LoadSae(const std::string& path, std::string_view hook) {
+  ASSIGN_OR_RETURN(const auto located, Locate(path));
+  const auto& [dir, format] = located;
+  StatusOr<Sae> sae = format == SaeFormat::kSparsify      ? LoadSparsify(dir)
+                      : format == SaeFormat::kGemmaScope2 ? LoadGemmaScope2(dir)
+                                                          : LoadSaeLens(dir);
+  if (!sae.ok()) return sae.status();
+  sae->hook = SaeHookToLoom(sae->hook);
+  sae->hook_out = SaeHookToLoom(sae->hook_out);
+  // The hook a config names is checked against @HOOK; sparsify's folder
+  // name and Gemma Scope 2's folder names without a config.json give way.
+  std::error_code ec;
+  const bool named_by_config = format == SaeFormat::kSaeLens ||
+                               (format == SaeFormat::kGemmaScope2 &&
+                                fs::exists(dir / kGemmaScope2Config, ec));
+  if (!hook.empty()) {
+    const std::string given = SaeHookToLoom(hook);
+    if (!sae->hook.empty() && sae->hook != given && named_by_config)
+      return InvalidArgumentError("SAE " + sae->path + ": @" +
+                                  std::string(hook) + " names hook " + given +
+                                  ", but its config reads " + sae->hook);
+    sae->hook = given;
+  }
+  if (sae->hook.empty())
+    return InvalidArgumentError("SAE " + sae->path +
+                                ": its files name no hook; give one as "
+                                "PATH@HOOK (e.g. @blocks.12.hook_resid_post)");
+  if (sae->rescale_acts_by_decoder_norm) {
+    sae->dec_norm.resize(sae->d_sae);
+    for (int64_t f = 0; f < sae->d_sae; ++f) {
+      double s = 0;
+      for (int64_t i = 0; i < sae->d_out; ++i)
+        s += double{sae->w_dec[f * sae->d_out + i]} *
+             sae->w_dec[f * sae->d_out + i];
+      sae->dec_norm[f] = static_cast<float>(std::sqrt(s));
+    }
+  }
+  return sae;
+}
+
+}  // namespace loom

@@ -1,0 +1,415 @@
+// SAEs and transcoders against the shared SAE goldens (golden/sae/README.md):
+// each case's files loaded as published, run on HF's own activation at the
+// hook (`<input>.x`), every output compared with the float64 reference at
+// the README's float32 tolerance (1e-5 of the tensor's largest magnitude +
+// 1e-6) and the top-16 indices exactly. Also: a row's bytes do not depend on
+// the rows beside it or the thread count, the legacy SAELens TopK spelling,
+// and hostile files refused with the file and field named.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/backend/cpu/sae_cpu.h"
+#include "src/base/units.h"
+#include "src/io/safetensors.h"
+#include "src/io/safetensors_writer.h"
+#include "src/model/sae.h"
+#include "tests/golden_util.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string SaeGoldenRoot() {
+  const std::string shared = testing::SharedGoldenDir();
+  return shared.empty() ? "" : shared + "/sae";
+}
+
+#define SKIP_WITHOUT_SAE_GOLDENS(root)                                   \
+  if ((root).empty() || !fs::exists(root))                               \
+  GTEST_SKIP() << "SKIPPED LOUDLY: shared SAE goldens (golden/sae) not " \
+                  "found"
+
+struct SaeRun {
+  std::vector<float> hidden_pre, feature_acts, recons, reconstruction, error,
+      topk_values;
+  std::vector<int32_t> topk_indices;
+};
+
+int64_t Bytes(const std::vector<float>& v) {
+  return static_cast<int64_t>(v.size() * sizeof(float));
+}
+
+SaeRun RunOn(const Sae& sae, const std::vector<float>& x,
+             const std::vector<float>& reference, int64_t rows, int64_t topk) {
+  SaeRun r;
+  r.hidden_pre.resize(rows * sae.d_sae);
+  r.feature_acts.resize(rows * sae.d_sae);
+  r.recons.resize(rows * sae.d_out);
+  r.reconstruction.resize(rows * sae.d_out);
+  r.error.resize(rows * sae.d_out);
+  r.topk_values.resize(rows * topk);
+  r.topk_indices.resize(rows * topk);
+  std::vector<char> storage(cpu::SaeWorkspaceBytes(sae, rows) + 64);
+  void* ws = reinterpret_cast<void*>(
+      AlignUp(reinterpret_cast<intptr_t>(storage.data()), 64));
+  cpu::SaeRunOutputs out;
+  out.hidden_pre = r.hidden_pre.data();
+  out.feature_acts = r.feature_acts.data();
+  out.recons = r.recons.data();
+  out.reconstruction = r.reconstruction.data();
+  out.error = r.error.data();
+  out.topk = topk;
+  out.topk_indices = r.topk_indices.data();
+  out.topk_values = r.topk_values.data();
+  cpu::RunSae(sae, x.data(), reference.data(), rows, ws, out);
+  return r;
+}
+
+// |a - b| <= 1e-5 * max|golden| + 1e-6 everywhere.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float scale = 0;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  const float tol = 1e-5f * scale + 1e-6f;
+  size_t worst = 0;
+  float worst_diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float d = std::fabs(got[i] - want[i]);
+    if (!(d <= worst_diff)) {
+      worst_diff = d;
+      worst = i;
+    }
+  }
+  EXPECT_LE(worst_diff, tol) << what << ": element " << worst << " is "
+                             << got[worst] << ", golden " << want[worst];
+}
+
+std::vector<std::string> Cases(const std::string& root) {
+  std::vector<std::string> cases;
+  for (const auto& e : fs::directory_iterator(root))
+    if (fs::exists(e.path() / "manifest.json"))
+      cases.push_back(e.path().filename().string());
+  std::sort(cases.begin(), cases.end());
+  return cases;
+}
+
+// Every input of the case at `dir` (its manifest `m`) through `sae`.
+void ExpectMatchesCase(const std::string& dir, const nlohmann::json& m,
+                       const Sae& sae) {
+  auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
+  const bool transcoder = IsTranscoder(sae.architecture);
+  for (const auto& [input, info] : m["inputs"].items()) {
+    SCOPED_TRACE(input);
+    Shape xs;
+    const std::vector<float> x = golden->F32(input + ".x", &xs);
+    const int64_t rows = xs[0];
+    ASSERT_EQ(xs[1], sae.d_in);
+    const std::vector<float> reference =
+        transcoder ? golden->F32(input + ".target") : x;
+    const SaeRun r = RunOn(sae, x, reference, rows, 16);
+    ExpectClose(r.hidden_pre, golden->F32(input + ".hidden_pre"), "hidden_pre");
+    ExpectClose(r.feature_acts, golden->F32(input + ".feature_acts"),
+                "feature_acts");
+    ExpectClose(r.recons, golden->F32(input + ".hook_sae_recons"),
+                "hook_sae_recons");
+    ExpectClose(r.reconstruction, golden->F32(input + ".reconstruction"),
+                "reconstruction");
+    ExpectClose(r.error, golden->F32(input + ".error"), "error");
+    ExpectClose(r.topk_values, golden->F32(input + ".topk_values"),
+                "topk_values");
+    EXPECT_EQ(r.topk_indices, golden->Ids(input + ".topk_indices"));
+  }
+}
+
+TEST(SaeGoldenTest, EveryCaseMatchesGivenHfActivations) {
+  const std::string root = SaeGoldenRoot();
+  SKIP_WITHOUT_SAE_GOLDENS(root);
+  const std::vector<std::string> cases = Cases(root);
+  EXPECT_GE(cases.size(), 7u);
+  for (const std::string& name : cases) {
+    SCOPED_TRACE(name);
+    const std::string dir = root + "/" + name;
+    const nlohmann::json m = testing::ReadJson(dir + "/manifest.json");
+    StatusOr<Sae> sae = LoadSae(dir + "/" + m["sae_dir"].get<std::string>());
+    ASSERT_TRUE(sae.ok()) << sae.status().ToString();
+    EXPECT_EQ(sae->hook, m["hook"].get<std::string>());
+    EXPECT_EQ(SaeArchitectureName(sae->architecture),
+              m["architecture"].get<std::string>());
+    ExpectMatchesCase(dir, m, *sae);
+  }
+}
+
+// A row's bytes are the same alone, in a batch, and at 1 or 2 threads.
+TEST(SaeGoldenTest, RowsAreBatchAndThreadInvariant) {
+  const std::string root = SaeGoldenRoot();
+  SKIP_WITHOUT_SAE_GOLDENS(root);
+  for (const std::string& name : Cases(root)) {
+    SCOPED_TRACE(name);
+    const std::string dir = root + "/" + name;
+    const nlohmann::json m = testing::ReadJson(dir + "/manifest.json");
+    StatusOr<Sae> sae = LoadSae(dir + "/" + m["sae_dir"].get<std::string>());
+    ASSERT_TRUE(sae.ok()) << sae.status().ToString();
+    auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
+    const std::string input = m["inputs"].begin().key();
+    Shape xs;
+    const std::vector<float> x = golden->F32(input + ".x", &xs);
+    const int64_t rows = xs[0], d = xs[1];
+    const int before = cpu::NumThreads();
+    cpu::SetNumThreads(2);
+    const SaeRun all = RunOn(*sae, x, x, rows, 8);
+    cpu::SetNumThreads(1);
+    const SaeRun one = RunOn(*sae, x, x, rows, 8);
+    cpu::SetNumThreads(before);
+    EXPECT_EQ(all.reconstruction, one.reconstruction);
+    EXPECT_EQ(all.feature_acts, one.feature_acts);
+    for (int64_t r : {int64_t{0}, rows - 1}) {
+      const std::vector<float> xr(x.begin() + r * d, x.begin() + (r + 1) * d);
+      const SaeRun alone = RunOn(*sae, xr, xr, 1, 8);
+      EXPECT_TRUE(std::equal(alone.feature_acts.begin(),
+                             alone.feature_acts.end(),
+                             all.feature_acts.begin() + r * sae->d_sae));
+      EXPECT_TRUE(std::equal(alone.reconstruction.begin(),
+                             alone.reconstruction.end(),
+                             all.reconstruction.begin() + r * sae->d_out));
+    }
+  }
+}
+
+// A copy of a golden case's SAE directory to edit.
+class SaeFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = SaeGoldenRoot();
+    if (root_.empty() || !fs::exists(root_)) return;
+    tmp_ = fs::temp_directory_path() /
+           ("loom_sae_test_" + std::to_string(::getpid()));
+    fs::remove_all(tmp_);
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    if (!tmp_.empty()) fs::remove_all(tmp_);
+  }
+  // The case's SAE directory copied to tmp_/<dest>.
+  std::string CopyCase(const std::string& name, const std::string& dest) {
+    const nlohmann::json m =
+        testing::ReadJson(root_ + "/" + name + "/manifest.json");
+    const fs::path src =
+        fs::path(root_) / name / m["sae_dir"].get<std::string>();
+    const fs::path to = tmp_ / dest;
+    fs::copy(src, to, fs::copy_options::recursive);
+    for (const auto& e : fs::directory_iterator(to))
+      fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    fs::permissions(to, fs::perms::owner_all, fs::perm_options::add);
+    return to.string();
+  }
+  static nlohmann::json ReadCfg(const std::string& dir) {
+    return testing::ReadJson(dir + "/cfg.json");
+  }
+  static void WriteCfg(const std::string& dir, const nlohmann::json& j) {
+    std::ofstream(dir + "/cfg.json") << j.dump(1);
+  }
+  std::string root_;
+  fs::path tmp_;
+};
+
+#define SKIP_WITHOUT_FILES() SKIP_WITHOUT_SAE_GOLDENS(root_)
+
+TEST_F(SaeFilesTest, LegacyTopKSpellingAndHookOverride) {
+  SKIP_WITHOUT_FILES();
+  // The 6.x TopK case rewritten as SAELens <= 5 writes it: flat keys,
+  // activation_fn_str topk with activation_fn_kwargs.k.
+  const std::string dir = CopyCase("qwen3__saelens_topk", "legacy_topk");
+  nlohmann::json c = ReadCfg(dir);
+  nlohmann::json legacy = {{"d_in", c["d_in"]},
+                           {"d_sae", c["d_sae"]},
+                           {"activation_fn_str", "topk"},
+                           {"activation_fn_kwargs", {{"k", c["k"]}}},
+                           {"apply_b_dec_to_input", c["apply_b_dec_to_input"]},
+                           {"normalize_activations", false},
+                           {"hook_point", c["metadata"]["hook_name"]},
+                           {"dtype", "torch.float32"}};
+  WriteCfg(dir, legacy);
+  StatusOr<Sae> sae = LoadSae(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status().ToString();
+  EXPECT_EQ(sae->format, SaeFormat::kSaeLensLegacy);
+  EXPECT_EQ(sae->architecture, SaeArchitecture::kTopK);
+  EXPECT_EQ(sae->k, c["k"].get<int64_t>());
+  EXPECT_EQ(sae->hook, "blocks.0.hook_resid_post");
+  // @HOOK that disagrees with the file is refused, naming both.
+  const Status bad = LoadSae(dir, "blocks.1.hook_resid_post").status();
+  EXPECT_NE(bad.message().find("blocks.1.hook_resid_post"), std::string::npos)
+      << bad.ToString();
+  EXPECT_NE(bad.message().find("blocks.0.hook_resid_post"), std::string::npos)
+      << bad.ToString();
+  // sparsify's hookpoint is its folder, or the @HOOK given.
+  const std::string sp = CopyCase("qwen3_moe__sparsify_topk", "layers.3");
+  StatusOr<Sae> s = LoadSae(sp);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->hook, "blocks.3.hook_resid_post");
+  s = LoadSae(sp + "/sae.safetensors", "layers.1.mlp");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->hook, "blocks.1.hook_mlp_out");
+}
+
+TEST_F(SaeFilesTest, HostileFilesAreRefusedNamingFileAndField) {
+  SKIP_WITHOUT_FILES();
+  const std::string dir = CopyCase("gemma2__saelens_jumprelu", "hostile");
+  const nlohmann::json good = ReadCfg(dir);
+  const auto error_of = [&](const nlohmann::json& cfg) {
+    WriteCfg(dir, cfg);
+    return LoadSae(dir).status();
+  };
+  nlohmann::json c = good;
+  c["architecture"] = "crosscoder";
+  Status s = error_of(c);
+  EXPECT_NE(s.message().find("architecture 'crosscoder'"), std::string::npos)
+      << s.ToString();
+  c = good;
+  c["d_in"] = 65;
+  s = error_of(c);
+  EXPECT_NE(s.message().find("sae_weights.safetensors: tensor 'W_enc' is "
+                             "[64, 512], expected [65, 512]"),
+            std::string::npos)
+      << s.ToString();
+  c = good;
+  c["d_sae"] = -3;
+  s = error_of(c);
+  EXPECT_NE(s.message().find("d_sae is -3"), std::string::npos) << s.ToString();
+  c = good;
+  c["normalize_activations"] = "whiten";
+  s = error_of(c);
+  EXPECT_NE(s.message().find("normalize_activations 'whiten'"),
+            std::string::npos)
+      << s.ToString();
+  WriteCfg(dir, good);
+  // A missing tensor and a NaN, written over the weights.
+  const std::string weights = dir + "/sae_weights.safetensors";
+  fs::remove(weights);
+  std::vector<float> w_enc(64 * 512, 0.1f), w_dec(512 * 64, 0.1f),
+      b_enc(512, 0.f), b_dec(64, 0.f), thr(512, 0.f);
+  thr[7] = std::nanf("");
+  SafetensorsWriter wr;
+  ASSERT_TRUE(
+      wr.Add("W_enc", DType::kF32, Shape{64, 512}, w_enc.data(), Bytes(w_enc))
+          .ok());
+  ASSERT_TRUE(
+      wr.Add("W_dec", DType::kF32, Shape{512, 64}, w_dec.data(), Bytes(w_dec))
+          .ok());
+  ASSERT_TRUE(
+      wr.Add("b_enc", DType::kF32, Shape{512}, b_enc.data(), Bytes(b_enc))
+          .ok());
+  ASSERT_TRUE(
+      wr.Add("b_dec", DType::kF32, Shape{64}, b_dec.data(), Bytes(b_dec)).ok());
+  ASSERT_TRUE(wr.Write(weights).ok());
+  s = LoadSae(dir).status();
+  EXPECT_NE(s.message().find("no tensor 'threshold'"), std::string::npos)
+      << s.ToString();
+  ASSERT_TRUE(
+      wr.Add("threshold", DType::kF32, Shape{512}, thr.data(), Bytes(thr))
+          .ok());
+  ASSERT_TRUE(wr.Write(weights).ok());
+  s = LoadSae(dir).status();
+  EXPECT_NE(s.message().find("tensor 'threshold' holds nan at element 7"),
+            std::string::npos)
+      << s.ToString();
+  // No format: a directory without the files.
+  s = LoadSae(tmp_.string()).status();
+  EXPECT_NE(s.message().find("not a format Loom reads"), std::string::npos)
+      << s.ToString();
+  EXPECT_EQ(LoadSae((tmp_ / "absent").string()).status().code(),
+            StatusCode::kNotFound);
+}
+
+// Gemma Scope 2's layout (params.safetensors with lowercase names, a
+// config.json with HF hook points; SAELens' gemma_3 loader's conventions),
+// built from the golden cases' own weights, gives the goldens: the JumpReLU
+// SAE at model.layers.1.output, and the relu transcoder (a JumpReLU one with
+// threshold 0) from pre_ to post_feedforward_layernorm, also with an
+// all-zero affine skip; and, without a config.json, the hook from the folder
+// names.
+TEST_F(SaeFilesTest, GemmaScope2LayoutGivesTheGoldens) {
+  SKIP_WITHOUT_FILES();
+  struct Case {
+    std::string name, in, out, folder;
+    bool affine;
+    std::string want_hook, want_arch;
+  };
+  const Case cases[] = {
+      {"gemma2__saelens_jumprelu", "model.layers.1.output",
+       "model.layers.1.output", "gs2_res", false, "blocks.1.hook_resid_post",
+       "jumprelu"},
+      {"gemma2__saelens_jumprelu", "", "",
+       "resid_post/layer_1_width_16k_l0_small", false,
+       "blocks.1.hook_resid_post", "jumprelu"},
+      {"llama__saelens_transcoder",
+       "model.layers.1.pre_feedforward_layernorm.output",
+       "model.layers.1.post_feedforward_layernorm.output", "gs2_tc", false,
+       "blocks.1.ln2.hook_normalized", "jumprelu_transcoder"},
+      {"llama__saelens_transcoder",
+       "model.layers.1.pre_feedforward_layernorm.output",
+       "model.layers.1.post_feedforward_layernorm.output", "gs2_affine", true,
+       "blocks.1.ln2.hook_normalized", "jumprelu_skip_transcoder"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.folder);
+    const std::string case_dir = root_ + "/" + c.name;
+    const nlohmann::json m = testing::ReadJson(case_dir + "/manifest.json");
+    auto src =
+        SafetensorsFile::Open(case_dir + "/" + m["sae_dir"].get<std::string>() +
+                              "/sae_weights.safetensors");
+    ASSERT_TRUE(src.ok()) << src.status().ToString();
+    const int64_t d_sae = m["dims"]["d_sae"], d_in = m["dims"]["d_in"],
+                  d_out = m["dims"]["d_out"];
+    std::vector<float> zeros_thr(d_sae, 0.0f), zeros_skip(d_out * d_in, 0.0f);
+    SafetensorsWriter w;
+    for (const auto& [from, to] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"W_enc", "w_enc"},
+             {"W_dec", "w_dec"},
+             {"b_enc", "b_enc"},
+             {"b_dec", "b_dec"},
+             {"threshold", "threshold"}}) {
+      const TensorInfo* t = (*src)->Find(from);
+      if (t == nullptr) {
+        ASSERT_EQ(from, "threshold");
+        ASSERT_TRUE(w.Add(to, DType::kF32, Shape{d_sae}, zeros_thr.data(),
+                          Bytes(zeros_thr))
+                        .ok());
+        continue;
+      }
+      ASSERT_TRUE(w.Add(to, (*src)->View(*t)).ok());
+    }
+    if (c.affine)
+      ASSERT_TRUE(w.Add("affine_skip_connection", DType::kF32,
+                        Shape{d_out, d_in}, zeros_skip.data(),
+                        Bytes(zeros_skip))
+                      .ok());
+    const fs::path dir = tmp_ / c.folder;
+    fs::create_directories(dir);
+    ASSERT_TRUE(w.Write((dir / "params.safetensors").string()).ok());
+    if (!c.in.empty())
+      std::ofstream(dir / "config.json") << nlohmann::json{
+          {"architecture", "jump_relu"},
+          {"hf_hook_point_in", c.in},
+          {"hf_hook_point_out", c.out},
+          {"affine_connection", c.affine}}.dump();
+    StatusOr<Sae> sae = LoadSae(dir.string());
+    ASSERT_TRUE(sae.ok()) << sae.status().ToString();
+    EXPECT_EQ(sae->format, SaeFormat::kGemmaScope2);
+    EXPECT_EQ(sae->hook, c.want_hook);
+    EXPECT_EQ(SaeArchitectureName(sae->architecture), c.want_arch);
+    ExpectMatchesCase(case_dir, m, *sae);
+  }
+}
+
+}  // namespace
+}  // namespace loom
