@@ -1,7 +1,8 @@
 // Harness: .npy files, as `open_activations`, the tests and --resume read
 // them. The input is a .npy file:
 //   - ReadNpyHeader and ReadNpy must agree, and ReadNpy's data has exactly
-//     the bytes the header describes;
+//     the bytes the header describes; ParseNpy (the same bytes in memory, an
+//     .npz member) accepts exactly what ReadNpy accepts, with the same data;
 //   - NpyWriter::OpenForAppend (the resume path; with a rollback when the
 //     mode byte asks) and, if it opens, one appended and committed row: the
 //     file must then read back with one more row.
@@ -28,6 +29,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Fail("ReadNpy returned " + std::to_string(array->data.size()) +
          " bytes for a header of " +
          std::to_string(array->header.data_bytes()));
+  auto parsed = ParseNpy(in.rest, "member.npy");
+  if (parsed.ok() != array.ok())
+    Fail("ParseNpy and ReadNpy disagree: " + parsed.status().ToString() +
+         " / " + array.status().ToString());
+  if (parsed.ok() && (parsed->data != array->data ||
+                      parsed->header.shape != array->header.shape))
+    Fail("ParseNpy and ReadNpy read different arrays");
   std::optional<int64_t> keep;
   if (in.mode % 2 == 1) keep = in.mode / 2 % 4;
   auto writer = NpyWriter::OpenForAppend(path, keep);

@@ -1,8 +1,9 @@
 // Harness: an SAE or transcoder directory as published (src/model/sae.h) ->
 // LoadSae, then, when it loads, RunSae on a few rows. The input is a mode
-// byte (bit 2: Gemma Scope 2's config.json + params.safetensors, else bit
-// 0: SAELens files, else sparsify's; bit 1: give a hook as PATH@HOOK), then
-// the config and the weights file separated by the first "\n--\n". A file that
+// byte (bit 3: Gemma Scope's params.npz, the config ignored; else bit 2:
+// Gemma Scope 2's config.json + params.safetensors; else bit 0: SAELens
+// files, else sparsify's; bit 1: give a hook as PATH@HOOK), then the config
+// and the weights file separated by the first "\n--\n". A file that
 // loads must hold tensors of the sizes its config says, and running it must
 // write finite top-k indices within d_sae.
 #include <algorithm>
@@ -24,18 +25,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view weights = sep == std::string_view::npos
                                        ? std::string_view()
                                        : in.rest.substr(sep + 4);
+  const bool gemma_scope = (in.mode & 8) != 0;
   const bool gemma_scope_2 = (in.mode & 4) != 0;
   const bool saelens = (in.mode & 1) != 0;
   const std::string dir = fuzz::ScratchDir() + "/sae/layers.2";
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  fuzz::WriteScratch(
-      gemma_scope_2 ? "sae/layers.2/config.json" : "sae/layers.2/cfg.json",
-      cfg);
-  fuzz::WriteScratch(gemma_scope_2 ? "sae/layers.2/params.safetensors"
-                     : saelens     ? "sae/layers.2/sae_weights.safetensors"
-                                   : "sae/layers.2/sae.safetensors",
-                     weights);
+  if (gemma_scope) {
+    fuzz::WriteScratch("sae/layers.2/params.npz", weights);
+  } else {
+    fuzz::WriteScratch(
+        gemma_scope_2 ? "sae/layers.2/config.json" : "sae/layers.2/cfg.json",
+        cfg);
+    fuzz::WriteScratch(gemma_scope_2 ? "sae/layers.2/params.safetensors"
+                       : saelens     ? "sae/layers.2/sae_weights.safetensors"
+                                     : "sae/layers.2/sae.safetensors",
+                       weights);
+  }
   StatusOr<Sae> sae =
       LoadSae(dir, (in.mode & 2) != 0 ? "blocks.2.hook_resid_post" : "");
   if (!sae.ok()) return 0;

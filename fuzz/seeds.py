@@ -468,6 +468,13 @@ def saes():
          "threshold": w(n), "affine_skip_connection": w(o, d)})
     add("fuzz_sae", 4, payload)
     add("fuzz_sae", 6, payload)
+    # Gemma Scope: params.npz (stored and deflated), the hook given.
+    import io
+    for save in (np.savez, np.savez_compressed):
+        buf = io.BytesIO()
+        save(buf, W_enc=w(d, n), W_dec=w(n, d), b_enc=w(n), b_dec=w(d),
+             threshold=w(n))
+        add("fuzz_sae", 10, b"\n--\n" + buf.getvalue())
 
 
 def main():

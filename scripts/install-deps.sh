@@ -14,6 +14,7 @@ PACKAGES=(
   libicu-dev           # Unicode normalisation (NFC/NFKC)
   libsentencepiece-dev # tokenizer.model support
   libssl-dev           # SHA-256 of inputs and configs recorded in manifests
+  libzip-dev           # .npz archives (Gemma Scope's params.npz)
   libgtest-dev libgmock-dev
   libbenchmark-dev
   python3 python3-numpy  # tests open our .npy output with numpy

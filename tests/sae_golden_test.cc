@@ -17,6 +17,7 @@
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/sae_cpu.h"
 #include "src/base/units.h"
+#include "src/io/npz.h"
 #include "src/io/safetensors.h"
 #include "src/io/safetensors_writer.h"
 #include "src/model/sae.h"
@@ -388,11 +389,12 @@ TEST_F(SaeFilesTest, GemmaScope2LayoutGivesTheGoldens) {
       }
       ASSERT_TRUE(w.Add(to, (*src)->View(*t)).ok());
     }
-    if (c.affine)
+    if (c.affine) {
       ASSERT_TRUE(w.Add("affine_skip_connection", DType::kF32,
                         Shape{d_out, d_in}, zeros_skip.data(),
                         Bytes(zeros_skip))
                       .ok());
+    }
     const fs::path dir = tmp_ / c.folder;
     fs::create_directories(dir);
     ASSERT_TRUE(w.Write((dir / "params.safetensors").string()).ok());
@@ -409,6 +411,69 @@ TEST_F(SaeFilesTest, GemmaScope2LayoutGivesTheGoldens) {
     EXPECT_EQ(SaeArchitectureName(sae->architecture), c.want_arch);
     ExpectMatchesCase(case_dir, m, *sae);
   }
+}
+
+// Gemma Scope (1)'s params.npz (SAELens' gemma_2 loader's conventions),
+// built from the JumpReLU golden case's weights, gives its goldens, with the
+// hook read from the Hub's repo and folder names; stored or deflated, W_ or
+// w_ spellings. An embedding SAE's encoder and decoder are rescaled by
+// sqrt(d_in); a path that names no hook needs @HOOK.
+TEST_F(SaeFilesTest, GemmaScopeNpzGivesTheGoldens) {
+  SKIP_WITHOUT_FILES();
+  const std::string case_dir = root_ + "/gemma2__saelens_jumprelu";
+  const nlohmann::json m = testing::ReadJson(case_dir + "/manifest.json");
+  auto src =
+      SafetensorsFile::Open(case_dir + "/" + m["sae_dir"].get<std::string>() +
+                            "/sae_weights.safetensors");
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const auto member = [&](const std::string& from, const std::string& to) {
+    const TensorView v = (*src)->View(*(*src)->Find(from));
+    return NpzMember{to, v.dtype, v.shape.dims(), v.data, v.bytes()};
+  };
+  for (const bool deflate : {false, true}) {
+    SCOPED_TRACE(deflate);
+    const std::string w = deflate ? "w" : "W";
+    const fs::path dir = tmp_ / (deflate ? "z" : "s") /
+                         "models--google--gemma-scope-2b-pt-res" / "layer_1" /
+                         "width_16k" / "average_l0_71";
+    fs::create_directories(dir);
+    ASSERT_TRUE(
+        WriteNpz((dir / "params.npz").string(),
+                 {member("W_enc", w + "_enc"), member("W_dec", w + "_dec"),
+                  member("b_enc", "b_enc"), member("b_dec", "b_dec"),
+                  member("threshold", "threshold")},
+                 deflate)
+            .ok());
+    StatusOr<Sae> sae = LoadSae(dir.string());
+    ASSERT_TRUE(sae.ok()) << sae.status().ToString();
+    EXPECT_EQ(sae->format, SaeFormat::kGemmaScope);
+    EXPECT_EQ(sae->hook, "blocks.1.hook_resid_post");
+    EXPECT_EQ(sae->architecture, SaeArchitecture::kJumpRelu);
+    ExpectMatchesCase(case_dir, m, *sae);
+  }
+  const fs::path embed = tmp_ / "gemma-scope-2b-pt-res" / "embedding" /
+                         "width_4k" / "average_l0_6";
+  const fs::path plain = tmp_ / "elsewhere";
+  for (const fs::path& dir : {embed, plain}) {
+    fs::create_directories(dir);
+    ASSERT_TRUE(WriteNpz((dir / "params.npz").string(),
+                         {member("W_enc", "W_enc"), member("W_dec", "W_dec"),
+                          member("b_enc", "b_enc"), member("b_dec", "b_dec"),
+                          member("threshold", "threshold")},
+                         false)
+                    .ok());
+  }
+  StatusOr<Sae> e = LoadSae(embed.string());
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->hook, "hook_embed");
+  StatusOr<Sae> p = LoadSae(plain.string(), "blocks.1.hook_resid_post");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_FLOAT_EQ(e->w_enc[5] * 8.0f, p->w_enc[5]);  // sqrt(64) = 8
+  EXPECT_FLOAT_EQ(e->w_dec[5], p->w_dec[5] * 8.0f);
+  const Status none = LoadSae(plain.string()).status();
+  EXPECT_NE(none.message().find("name no hook; give one as PATH@HOOK"),
+            std::string::npos)
+      << none.ToString();
 }
 
 }  // namespace

@@ -206,59 +206,77 @@ class DictParser {
   size_t pos_ = 0;
 };
 
-StatusOr<NpyHeader> ReadHeaderFromFd(int fd, const std::string& path) {
-  ASSIGN_OR_RETURN(int64_t size, io_internal::RegularFileSize(fd, path));
-  uint8_t prefix[12] = {};
+// The magic, version and header length of a file's first `have` (<= 12)
+// bytes, of a file of `size` bytes; sets h->major/minor and *plen.
+Status ParsePrefix(const uint8_t* prefix, int64_t size, const std::string& path,
+                   NpyHeader* h, int* plen, uint64_t* header_len) {
   if (size < 10) {
     return DataLossError(fmt::format(
         "{}: file is {} bytes, too short for an npy header", path, size));
   }
-  RETURN_IF_ERROR(io_internal::PreadFully(fd, path, prefix,
-                                          std::min<int64_t>(size, 12), 0));
   if (std::memcmp(prefix, kMagic, 6) != 0) {
     return DataLossError(fmt::format("{}: not an npy file (bad magic)", path));
   }
-  NpyHeader h;
-  h.major = prefix[6];
-  h.minor = prefix[7];
-  if (h.major < 1 || h.major > 3) {
+  h->major = prefix[6];
+  h->minor = prefix[7];
+  if (h->major < 1 || h->major > 3) {
     return UnimplementedError(
         fmt::format("{}: npy format version {}.{} is not supported", path,
-                    h.major, h.minor));
+                    h->major, h->minor));
   }
-  const int plen = PrefixBytes(h.major);
-  uint64_t header_len = 0;
-  for (int i = plen - 9; i >= 0; --i)
-    header_len = (header_len << 8) | prefix[8 + i];
-  if (header_len > static_cast<uint64_t>(kMaxHeaderBytes) ||
-      static_cast<int64_t>(plen + header_len) > size) {
+  *plen = PrefixBytes(h->major);
+  *header_len = 0;
+  for (int i = *plen - 9; i >= 0; --i)
+    *header_len = (*header_len << 8) | prefix[8 + i];
+  if (*header_len > static_cast<uint64_t>(kMaxHeaderBytes) ||
+      static_cast<int64_t>(*plen + *header_len) > size) {
     return DataLossError(fmt::format(
         "{}: npy header length {} runs past the end of the file ({} bytes)",
-        path, header_len, size));
+        path, *header_len, size));
   }
-  std::string text(header_len, '\0');
-  RETURN_IF_ERROR(io_internal::PreadFully(
-      fd, path, text.data(), static_cast<int64_t>(header_len), plen));
+  return Status::Ok();
+}
+
+// The header's dict `text` (after the prefix of `plen` bytes) into `h`.
+Status ParseDictText(const std::string& text, int plen, const std::string& path,
+                     NpyHeader* h) {
   if (text.empty() || text.back() != '\n') {
     return DataLossError(
         fmt::format("{}: npy header does not end with a newline", path));
   }
   DictParser parser(text, path);
-  RETURN_IF_ERROR(parser.Parse(&h));
-  std::optional<DType> dtype = DTypeFromDescr(h.descr);
+  RETURN_IF_ERROR(parser.Parse(h));
+  std::optional<DType> dtype = DTypeFromDescr(h->descr);
   if (!dtype) {
     return UnimplementedError(
-        fmt::format("{}: npy dtype '{}' is not supported", path, h.descr));
+        fmt::format("{}: npy dtype '{}' is not supported", path, h->descr));
   }
-  h.dtype = *dtype;
-  h.data_offset = plen + static_cast<int64_t>(header_len);
-  int64_t bytes = DTypeSize(h.dtype);
-  for (int64_t d : h.shape) {
+  h->dtype = *dtype;
+  h->data_offset = plen + static_cast<int64_t>(text.size());
+  int64_t bytes = DTypeSize(h->dtype);
+  for (int64_t d : h->shape) {
     if (__builtin_mul_overflow(bytes, d, &bytes)) {
       return DataLossError(
           fmt::format("{}: npy shape overflows 64-bit byte counts", path));
     }
   }
+  return Status::Ok();
+}
+
+StatusOr<NpyHeader> ReadHeaderFromFd(int fd, const std::string& path) {
+  ASSIGN_OR_RETURN(int64_t size, io_internal::RegularFileSize(fd, path));
+  uint8_t prefix[12] = {};
+  if (size >= 10)
+    RETURN_IF_ERROR(io_internal::PreadFully(fd, path, prefix,
+                                            std::min<int64_t>(size, 12), 0));
+  NpyHeader h;
+  int plen = 0;
+  uint64_t header_len = 0;
+  RETURN_IF_ERROR(ParsePrefix(prefix, size, path, &h, &plen, &header_len));
+  std::string text(header_len, '\0');
+  RETURN_IF_ERROR(io_internal::PreadFully(
+      fd, path, text.data(), static_cast<int64_t>(header_len), plen));
+  RETURN_IF_ERROR(ParseDictText(text, plen, path, &h));
   return h;
 }
 
@@ -351,6 +369,28 @@ StatusOr<NpyArray> ReadNpy(const std::string& path) {
   a.data.resize(static_cast<size_t>(bytes));
   RETURN_IF_ERROR(io_internal::PreadFully(fd.get(), path, a.data.data(), bytes,
                                           a.header.data_offset));
+  return a;
+}
+
+StatusOr<NpyArray> ParseNpy(std::string_view bytes, const std::string& name) {
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  uint8_t prefix[12] = {};
+  std::memcpy(prefix, bytes.data(), std::min<size_t>(bytes.size(), 12));
+  NpyArray a;
+  int plen = 0;
+  uint64_t header_len = 0;
+  RETURN_IF_ERROR(
+      ParsePrefix(prefix, size, name, &a.header, &plen, &header_len));
+  RETURN_IF_ERROR(ParseDictText(std::string(bytes.substr(plen, header_len)),
+                                plen, name, &a.header));
+  const int64_t need = a.header.data_bytes();
+  if (size - a.header.data_offset < need) {
+    return DataLossError(
+        fmt::format("{}: npy header describes {} data bytes, the array has {}",
+                    name, need, size - a.header.data_offset));
+  }
+  a.data.assign(bytes.begin() + a.header.data_offset,
+                bytes.begin() + a.header.data_offset + need);
   return a;
 }
 

@@ -35,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/base/status.h"
@@ -83,6 +84,9 @@ struct NpyArray {
 // Reads the header and exactly the bytes it describes; DataLoss if the file
 // is shorter. Bytes after them (uncommitted rows) are ignored.
 StatusOr<NpyArray> ReadNpy(const std::string& path);
+// The same from the bytes of a whole .npy file in memory (an .npz member);
+// `name` names it in errors.
+StatusOr<NpyArray> ParseNpy(std::string_view bytes, const std::string& name);
 
 class NpyWriter {
  public:

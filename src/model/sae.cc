@@ -3,11 +3,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
 
 #include "src/base/float16.h"
+#include "src/io/npz.h"
 #include "src/io/safetensors.h"
 #include "src/model/config_reader.h"
 
@@ -20,6 +22,7 @@ constexpr char kSaeLensWeights[] = "sae_weights.safetensors";
 constexpr char kSparsifyWeights[] = "sae.safetensors";
 constexpr char kConfig[] = "cfg.json";
 constexpr char kGemmaScope2Weights[] = "params.safetensors";
+constexpr char kGemmaScopeWeights[] = "params.npz";
 constexpr char kGemmaScope2Config[] = "config.json";
 
 std::string ShapeText(const std::vector<int64_t>& dims) {
@@ -29,29 +32,43 @@ std::string ShapeText(const std::vector<int64_t>& dims) {
   return s + "]";
 }
 
-// The weights file of an SAE: its tensors by name, each read as f32.
+// The weights file of an SAE (a .safetensors, or Gemma Scope's .npz): its
+// tensors by name, each read as f32.
 class SaeTensors {
  public:
   static StatusOr<SaeTensors> Open(const std::string& path) {
     SaeTensors t;
+    t.path_ = path;
     ASSIGN_OR_RETURN(t.file_, SafetensorsFile::Open(path));
     return t;
   }
-  const std::string& path() const { return file_->path(); }
-  bool Has(const std::string& name) const {
-    return file_->Find(name) != nullptr;
+  // Every array of an .npz read into memory (C order only).
+  static StatusOr<SaeTensors> OpenNpz(const std::string& path) {
+    SaeTensors t;
+    t.path_ = path;
+    ASSIGN_OR_RETURN(const std::unique_ptr<NpzFile> npz, NpzFile::Open(path));
+    for (const std::string& name : npz->names()) {
+      ASSIGN_OR_RETURN(NpyArray a, npz->Read(name));
+      if (a.header.fortran_order)
+        return InvalidArgumentError(path + ": array '" + name +
+                                    "' is in Fortran order");
+      t.npz_.emplace(name, std::move(a));
+    }
+    return t;
   }
+  const std::string& path() const { return path_; }
+  bool Has(const std::string& name) const { return Find(name).has_value(); }
   // The shape of tensor `name`, or an error naming it when absent.
   StatusOr<std::vector<int64_t>> Dims(const std::string& name) const {
-    const TensorInfo* info = file_->Find(name);
-    if (info == nullptr)
-      return InvalidArgumentError(path() + ": no tensor '" + name + "'");
-    return info->shape.dims();
+    const std::optional<Raw> r = Find(name);
+    if (!r) return InvalidArgumentError(path() + ": no tensor '" + name + "'");
+    return r->dims;
   }
-  // The dtype shared by the weights (the first tensor's).
+  // The dtype of the weights (of W_enc / w_enc / encoder.weight).
   DType dtype() const {
-    const auto& ts = file_->header().tensors;
-    return ts.empty() ? DType::kF32 : ts.front().dtype;
+    for (const char* name : {"W_enc", "w_enc", "encoder.weight"})
+      if (const std::optional<Raw> r = Find(name)) return r->dtype;
+    return DType::kF32;
   }
 
   // Tensor `name` of shape `dims` as f32; an absent tensor, another shape, a
@@ -59,34 +76,34 @@ class SaeTensors {
   // naming the file and the tensor.
   StatusOr<std::vector<float>> Read(const std::string& name,
                                     const std::vector<int64_t>& dims) const {
-    const TensorInfo* info = file_->Find(name);
-    if (info == nullptr)
+    const std::optional<Raw> r = Find(name);
+    if (!r)
       return InvalidArgumentError(path() + ": no tensor '" + name +
                                   "' (expected " + ShapeText(dims) + ")");
-    if (info->shape.dims() != dims)
+    if (r->dims != dims)
       return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
-                                  ShapeText(info->shape.dims()) +
-                                  ", expected " + ShapeText(dims) +
-                                  " from the config");
-    const TensorView v = file_->View(*info);
-    std::vector<float> out(v.numel());
-    for (int64_t i = 0; i < v.numel(); ++i) {
-      switch (v.dtype) {
+                                  ShapeText(r->dims) + ", expected " +
+                                  ShapeText(dims) + " from the config");
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    std::vector<float> out(n);
+    for (int64_t i = 0; i < n; ++i) {
+      switch (r->dtype) {
         case DType::kF32:
-          out[i] = v.as<const float>()[i];
+          out[i] = static_cast<const float*>(r->data)[i];
           break;
         case DType::kF64:
-          out[i] = static_cast<float>(v.as<const double>()[i]);
+          out[i] = static_cast<float>(static_cast<const double*>(r->data)[i]);
           break;
         case DType::kBF16:
-          out[i] = Bf16ToF32(v.as<const uint16_t>()[i]);
+          out[i] = Bf16ToF32(static_cast<const uint16_t*>(r->data)[i]);
           break;
         case DType::kF16:
-          out[i] = F16ToF32(v.as<const uint16_t>()[i]);
+          out[i] = F16ToF32(static_cast<const uint16_t*>(r->data)[i]);
           break;
         default:
           return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
-                                      std::string(DTypeName(v.dtype)) +
+                                      std::string(DTypeName(r->dtype)) +
                                       ", expected F32, F64, BF16 or F16");
       }
       if (!std::isfinite(out[i]))
@@ -98,7 +115,25 @@ class SaeTensors {
   }
 
  private:
+  struct Raw {
+    DType dtype;
+    std::vector<int64_t> dims;
+    const void* data;
+  };
+  std::optional<Raw> Find(const std::string& name) const {
+    if (file_ != nullptr) {
+      const TensorInfo* info = file_->Find(name);
+      if (info == nullptr) return std::nullopt;
+      return Raw{info->dtype, info->shape.dims(), file_->View(*info).data};
+    }
+    const auto it = npz_.find(name);
+    if (it == npz_.end()) return std::nullopt;
+    return Raw{it->second.header.dtype, it->second.header.shape,
+               it->second.data.data()};
+  }
+  std::string path_;
   std::unique_ptr<SafetensorsFile> file_;
+  std::map<std::string, NpyArray> npz_;
 };
 
 // [rows, cols] -> [cols, rows].
@@ -322,6 +357,80 @@ StatusOr<Sae> LoadSparsify(const fs::path& dir) {
   return sae;
 }
 
+// Gemma Scope (1)'s hook from its path (the Hub's repo and folder names,
+// as SAELens' gemma_2 loader reads them): layer_N in a ...-res repo ->
+// blocks.N.hook_resid_post, -att -> attn.hook_z, -mlp -> the post-MLP norm's
+// output (TransformerLens' Gemma hook_mlp_out, what is added to the
+// residual: Loom's ln2_post.hook_normalized); an `embedding` folder ->
+// hook_embed. "" when the path does not say.
+std::string GemmaScopeHookFromPath(const fs::path& dir) {
+  const std::string p = dir.string();
+  if (p.find("embedding") != std::string::npos) return "hook_embed";
+  const size_t at = p.rfind("layer_");
+  if (at == std::string::npos) return "";
+  const size_t end = p.find_first_not_of("0123456789", at + 6);
+  const std::string layer = p.substr(at + 6, end - (at + 6));
+  if (layer.empty()) return "";
+  const std::string b = "blocks." + layer + ".";
+  if (p.find("-res") != std::string::npos) return b + "hook_resid_post";
+  if (p.find("-att") != std::string::npos) return b + "attn.hook_z";
+  if (p.find("-mlp") != std::string::npos)
+    return b + "ln2_post.hook_normalized";
+  return "";
+}
+
+// Gemma Scope (1): params.npz of W_enc [d_in, d_sae], W_dec, b_enc, b_dec
+// and a per-feature threshold (w_ spelt W_ as SAELens maps it); JumpReLU,
+// no b_dec subtraction, no normalization; embedding SAEs get W_enc /
+// sqrt(d_in) and W_dec * sqrt(d_in) (SAELens' gemma_2 loader).
+StatusOr<Sae> LoadGemmaScope(const fs::path& dir) {
+  Sae sae;
+  sae.path = dir.string();
+  sae.format = SaeFormat::kGemmaScope;
+  sae.architecture = SaeArchitecture::kJumpRelu;
+  ASSIGN_OR_RETURN(const SaeTensors t,
+                   SaeTensors::OpenNpz((dir / kGemmaScopeWeights).string()));
+  sae.stored_dtype = t.dtype();
+  const auto name = [&](const char* upper) {
+    std::string lower(upper);
+    lower[0] = 'w';
+    return upper[0] == 'W' && !t.Has(upper) && t.Has(lower)
+               ? lower
+               : std::string(upper);
+  };
+  ASSIGN_OR_RETURN(const std::vector<int64_t> enc, t.Dims(name("W_enc")));
+  if (enc.size() != 2 || enc[0] <= 0 || enc[1] <= 0)
+    return InvalidArgumentError(t.path() + ": W_enc is " + ShapeText(enc) +
+                                ", expected [d_in, d_sae]");
+  sae.d_in = sae.d_out = enc[0];
+  sae.d_sae = enc[1];
+  const int64_t d = sae.d_in, n = sae.d_sae;
+  ASSIGN_OR_RETURN(const std::vector<float> w_enc,
+                   t.Read(name("W_enc"), {d, n}));
+  sae.w_enc = Transpose(w_enc, d, n);
+  ASSIGN_OR_RETURN(sae.w_dec, t.Read(name("W_dec"), {n, d}));
+  ASSIGN_OR_RETURN(sae.b_enc, t.Read("b_enc", {n}));
+  ASSIGN_OR_RETURN(sae.b_dec, t.Read("b_dec", {d}));
+  ASSIGN_OR_RETURN(sae.threshold, t.Read("threshold", {n}));
+  if (t.Has("scaling_factor")) {
+    ASSIGN_OR_RETURN(const std::vector<float> sf,
+                     t.Read("scaling_factor", {n}));
+    for (int64_t f = 0; f < n; ++f)
+      if (sf[f] != 1.0f)
+        return InvalidArgumentError(
+            t.path() + ": scaling_factor[" + std::to_string(f) + "] is " +
+            std::to_string(sf[f]) +
+            " (a finetuning scaling factor, which Loom does not apply)");
+  }
+  sae.hook = GemmaScopeHookFromPath(dir);
+  if (sae.hook == "hook_embed") {
+    const float s = std::sqrt(static_cast<float>(d));
+    for (float& w : sae.w_enc) w /= s;
+    for (float& w : sae.w_dec) w *= s;
+  }
+  return sae;
+}
+
 // Gemma Scope 2's hook from its folder names when it has no config.json:
 // layer_N under a resid_post / attn_out / mlp_out / transcoder folder.
 void GemmaScope2HooksFromPath(const fs::path& dir, Sae* sae) {
@@ -416,11 +525,13 @@ StatusOr<std::pair<fs::path, SaeFormat>> Locate(const std::string& path) {
     return std::pair(dir, SaeFormat::kSparsify);
   if (fs::exists(dir / kGemmaScope2Weights, ec))
     return std::pair(dir, SaeFormat::kGemmaScope2);
+  if (fs::exists(dir / kGemmaScopeWeights, ec))
+    return std::pair(dir, SaeFormat::kGemmaScope);
   return InvalidArgumentError(
       "SAE " + path +
       ": not a format Loom reads (expected cfg.json with "
       "sae_weights.safetensors (SAELens) or sae.safetensors (sparsify), or "
-      "params.safetensors (Gemma Scope 2))");
+      "params.safetensors (Gemma Scope 2), or params.npz (Gemma Scope))");
 }
 
 }  // namespace
@@ -487,6 +598,8 @@ std::string_view SaeFormatName(SaeFormat f) {
       return "sparsify";
     case SaeFormat::kGemmaScope2:
       return "gemma-scope-2";
+    case SaeFormat::kGemmaScope:
+      return "gemma-scope";
   }
   return "?";
 }
@@ -533,6 +646,7 @@ StatusOr<Sae> LoadSae(const std::string& path, std::string_view hook) {
   const auto& [dir, format] = located;
   StatusOr<Sae> sae = format == SaeFormat::kSparsify      ? LoadSparsify(dir)
                       : format == SaeFormat::kGemmaScope2 ? LoadGemmaScope2(dir)
+                      : format == SaeFormat::kGemmaScope  ? LoadGemmaScope(dir)
                                                           : LoadSaeLens(dir);
   if (!sae.ok()) return sae.status();
   sae->hook = SaeHookToLoom(sae->hook);

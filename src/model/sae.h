@@ -57,6 +57,7 @@ enum class SaeFormat : uint8_t {
   kSaeLensLegacy,
   kSparsify,
   kGemmaScope2,
+  kGemmaScope,
 };
 std::string_view SaeFormatName(SaeFormat f);
 
