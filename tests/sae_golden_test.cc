@@ -17,6 +17,7 @@
 #include "src/backend/cpu/kernels.h"
 #include "src/backend/cpu/sae_cpu.h"
 #include "src/base/units.h"
+#include "src/io/npy.h"
 #include "src/io/npz.h"
 #include "src/io/safetensors.h"
 #include "src/io/safetensors_writer.h"
@@ -474,6 +475,80 @@ TEST_F(SaeFilesTest, GemmaScopeNpzGivesTheGoldens) {
   EXPECT_NE(none.message().find("name no hook; give one as PATH@HOOK"),
             std::string::npos)
       << none.ToString();
+}
+
+// End to end: the hook captured by `loom extract` from the golden inputs'
+// token ids (Loom's own activations, not HF's) through each SAE: every output
+// within atol = rtol = 1e-4 of the golden, and the top-16 indices identical
+// wherever the golden's gaps decide the order (>= 1e-4 on both sides of a
+// rank). The transcoder is left out: it reads TransformerLens' pre-gain
+// ln2.hook_normalized, which Loom's hook of that name is not (docs/saes.md).
+TEST_F(SaeFilesTest, EndToEndFromLoomsOwnActivations) {
+  SKIP_WITHOUT_FILES();
+  int checked = 0;
+  for (const std::string& name : Cases(root_)) {
+    const std::string dir = root_ + "/" + name;
+    const nlohmann::json m = testing::ReadJson(dir + "/manifest.json");
+    StatusOr<Sae> sae = LoadSae(dir + "/" + m["sae_dir"].get<std::string>());
+    ASSERT_TRUE(sae.ok()) << sae.status().ToString();
+    if (IsTranscoder(sae->architecture)) continue;
+    SCOPED_TRACE(name);
+    ++checked;
+    std::vector<std::string> inputs;
+    std::string jsonl;
+    for (const auto& [input, info] : m["inputs"].items()) {
+      if (input == "steer_all") continue;  // after an intervention
+      inputs.push_back(input);
+      jsonl += nlohmann::json{{"tokens", info["input_ids"]}}.dump() + "\n";
+    }
+    const fs::path in = tmp_ / (name + ".jsonl"), out = tmp_ / (name + "_out");
+    std::ofstream(in) << jsonl;
+    const std::string model_dir =
+        testing::SharedGoldenDir() + "/tiny/" + m["model"].get<std::string>();
+    const std::string cmd = std::string(LOOM_BINARY) + " extract --model " +
+                            model_dir + " --input " + in.string() + " --out " +
+                            out.string() + " --select all --precision f32 " +
+                            "--quiet --hooks " + sae->hook;
+    std::string log;
+    ASSERT_EQ(testing::RunShell(cmd, &log), 0) << cmd << "\n" << log;
+    auto acts = ReadNpy((out / (sae->hook + ".all.npy")).string());
+    ASSERT_TRUE(acts.ok()) << acts.status().ToString();
+    const float* all = reinterpret_cast<const float*>(acts->data.data());
+    auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
+    int64_t row0 = 0;
+    for (const std::string& input : inputs) {
+      SCOPED_TRACE(input);
+      Shape xs;
+      golden->F32(input + ".x", &xs);
+      const int64_t rows = xs[0], d = sae->d_in;
+      const std::vector<float> x(all + row0 * d, all + (row0 + rows) * d);
+      row0 += rows;
+      const SaeRun r = RunOn(*sae, x, x, rows, 16);
+      const auto near = [&](const std::vector<float>& got,
+                            const std::string& key) {
+        const std::vector<float> want = golden->F32(input + "." + key);
+        ASSERT_EQ(got.size(), want.size()) << key;
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-4 + 1e-4 * std::fabs(want[i]))
+              << key << " element " << i;
+      };
+      near(r.hidden_pre, "hidden_pre");
+      near(r.feature_acts, "feature_acts");
+      near(r.reconstruction, "reconstruction");
+      near(r.topk_values, "topk_values");
+      const std::vector<int32_t> want = golden->Ids(input + ".topk_indices");
+      const std::vector<float> gap = golden->F32(input + ".topk_gap");
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t k = 0; k < 16; ++k) {
+          const int64_t i = t * 16 + k;
+          if (gap[i] >= 1e-4f && (k == 0 || gap[i - 1] >= 1e-4f)) {
+            EXPECT_EQ(r.topk_indices[i], want[i])
+                << "token " << t << " rank " << k;
+          }
+        }
+    }
+  }
+  EXPECT_EQ(checked, 6);
 }
 
 }  // namespace
