@@ -70,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       err(rows * sae->d_out), values(rows * topk);
   std::vector<int32_t> indices(rows * topk);
   std::vector<char> ws(cpu::SaeWorkspaceBytes(*sae, rows) + 64);
-  cpu::SaeRunOutputs out;
+  SaeOutputs out;
   out.feature_acts = acts.data();
   out.reconstruction = rec.data();
   out.error = err.data();

@@ -32,6 +32,7 @@
 
 #include "python/convert.h"
 #include "python/model.h"
+#include "python/sae.h"
 #include "src/eval/plan_query.h"
 #include "src/eval/row_selector.h"
 #include "src/model/hooks.h"
@@ -157,6 +158,7 @@ PYBIND11_MODULE(_loom, m) {
   }
 
   AddModelClass(m);
+  AddSaeClass(m);
   m.def("_plan", &Plan, py::arg("model_dir"), py::arg("device"),
         py::arg("max_memory"), py::arg("reserve"), py::arg("offload"),
         py::arg("hooks"), py::arg("layers"), py::arg("select"), py::arg("mode"),

@@ -62,7 +62,7 @@ SaeRun RunOn(const Sae& sae, const std::vector<float>& x,
   std::vector<char> storage(cpu::SaeWorkspaceBytes(sae, rows) + 64);
   void* ws = reinterpret_cast<void*>(
       AlignUp(reinterpret_cast<intptr_t>(storage.data()), 64));
-  cpu::SaeRunOutputs out;
+  SaeOutputs out;
   out.hidden_pre = r.hidden_pre.data();
   out.feature_acts = r.feature_acts.data();
   out.recons = r.recons.data();

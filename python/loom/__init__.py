@@ -38,6 +38,31 @@ from ._loom import (
 )
 from .activations import Activations, bf16_to_float32, open_activations
 
+
+class Sae(_loom.Sae):
+    """An SAE or transcoder loaded from its published files (SAELens 6.x and
+    older, EleutherAI sparsify, Gemma Scope 1 and 2; docs/saes.md).
+
+      sae = loom.Sae("saes/blocks.6.hook_resid_post")     # hook from its files
+      sae = loom.Sae("layers.6", hook="blocks.6.hook_resid_post")
+      out = sae.encode(acts, topk=16)   # acts [rows, d_in] float32
+      out["feature_acts"], out["topk_indices"], out["reconstruction"], ...
+      sae.decoder_row(37)               # the direction steering by 37 adds
+
+    Attributes: path, format, architecture, hook (Loom's name), hook_out
+    (transcoders), d_in, d_sae, d_out, k (TopK), apply_b_dec_to_input,
+    normalize_activations.
+    """
+
+    def __init__(self, path, hook=None):
+        super().__init__(os.fspath(path), hook)
+        for key, value in self._info().items():
+            setattr(self, key, value)
+
+    def __repr__(self):
+        return (f"loom.Sae({self.path!r}, {self.architecture}, hook={self.hook!r}, "
+                f"d_in={self.d_in}, d_sae={self.d_sae})")
+
 __all__ = [
     "Model",
     "ExtractResult",
@@ -46,6 +71,7 @@ __all__ = [
     "open_activations",
     "Activations",
     "bf16_to_float32",
+    "Sae",
     "LoomError",
     "InvalidArgumentError",
     "NotFoundError",

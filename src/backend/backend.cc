@@ -13,6 +13,17 @@ const float* ActivationView::f32() const {
   return static_cast<const float*>(data);
 }
 
+int64_t Backend::SaeWorkspaceBytes(const Sae& /*sae*/, int64_t /*rows*/) const {
+  return 0;
+}
+
+Status Backend::RunSae(const Sae& /*sae*/, const float* /*x*/,
+                       const float* /*reference*/, int64_t /*rows*/,
+                       void* /*workspace*/, const SaeOutputs& /*out*/) {
+  return UnimplementedError(std::string(name()) +
+                            " backend: RunSae (SAEs) has no kernel here yet");
+}
+
 void Backend::GemmGroup(const GemmGroupOp& op) {
   for (int64_t i = 0; i < op.count; ++i) {
     GemmOp g = op.items[i];
@@ -43,8 +54,8 @@ std::vector<WeightStorage> StandardWeightFormats() {
       f.push_back(WeightStorage{FormatKind::kDense, d, l});
   f.push_back(WeightStorage{FormatKind::kFp8PerTensor, DType::kF8E4M3,
                             MatrixLayout::kOutIn});
-  f.push_back(
-      WeightStorage{FormatKind::kFp8Block, DType::kF8E4M3, MatrixLayout::kOutIn});
+  f.push_back(WeightStorage{FormatKind::kFp8Block, DType::kF8E4M3,
+                            MatrixLayout::kOutIn});
   for (FormatKind k : {FormatKind::kMxfp4, FormatKind::kNvfp4ModelOpt,
                        FormatKind::kNvfp4CompressedTensors})
     f.push_back(WeightStorage{k, DType::kF4E2M1, MatrixLayout::kOutIn});

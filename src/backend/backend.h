@@ -41,6 +41,7 @@
 #include "src/core/quant_codes.h"
 #include "src/model/bind.h"
 #include "src/model/config.h"
+#include "src/model/sae.h"
 #include "src/model/weights.h"
 #include "src/plan/activations.h"
 #include "src/plan/devices.h"
@@ -335,8 +336,8 @@ class Backend {
     (void)dtype;
     return MatrixLayout::kOutIn;
   }
-  virtual void RepackWeight(const void* data, int64_t n, int64_t k,
-                            DType dtype, void* out) const {
+  virtual void RepackWeight(const void* data, int64_t n, int64_t k, DType dtype,
+                            void* out) const {
     (void)data;
     (void)n;
     (void)k;
@@ -442,6 +443,15 @@ class Backend {
   // Steering: x[idx[i], :] += scale * v[:] (the product rounded to f32, then
   // added). v: [cols]. norm_match: each edited row is then rescaled to its
   // pre-edit L2 norm (cpu/kernels_rows.h states the roundings).
+  // SAEs and transcoders (src/model/sae.h) on rows x [rows, d_in] in host
+  // or device memory as the backend's other ops; `reference` [rows, d_out]
+  // (null: no error output); the math and its invariances are stated in
+  // src/backend/cpu/sae_cpu.h. Unimplemented (naming the op) on a backend
+  // without the kernel.
+  virtual int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows) const;
+  virtual Status RunSae(const Sae& sae, const float* x, const float* reference,
+                        int64_t rows, void* workspace, const SaeOutputs& out);
+
   virtual Status AddRowsBroadcast(float* x, int64_t rows, int64_t cols,
                                   int64_t ld, const int32_t* idx, int64_t n,
                                   const float* v, float scale,

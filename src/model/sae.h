@@ -89,6 +89,21 @@ struct Sae {
   int64_t weight_bytes() const;  // of the f32 weights held
 };
 
+// Where running an SAE writes (Backend::RunSae); a null pointer is an
+// output not wanted.
+struct SaeOutputs {
+  float* hidden_pre = nullptr;      // [rows, d_sae]  hook_sae_acts_pre
+  float* feature_acts = nullptr;    // [rows, d_sae]  hook_sae_acts_post
+  float* recons = nullptr;          // [rows, d_out]  hook_sae_recons
+  float* reconstruction = nullptr;  // [rows, d_out]  hook_sae_output - error
+  float* error = nullptr;           // [rows, d_out]  hook_sae_error
+  // The `topk` largest feature activations per row, descending, ties broken
+  // by the lower index: [rows, topk] each.
+  int64_t topk = 0;
+  int32_t* topk_indices = nullptr;
+  float* topk_values = nullptr;
+};
+
 // Loads the SAE or transcoder at `path`: a directory in one of the formats
 // above, or a file inside one (its cfg.json or weights file). `hook`, when
 // not empty, is the hook it reads (Loom's name or the format's own:

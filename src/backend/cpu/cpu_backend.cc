@@ -9,6 +9,7 @@
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/backend/cpu/kernels_moe.h"
 #include "src/backend/cpu/kernels_rows.h"
+#include "src/backend/cpu/sae_cpu.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
 
@@ -443,6 +444,21 @@ Status RowIndexError(std::string_view op, int64_t bad, const int32_t* idx,
 }
 
 }  // namespace
+
+int64_t CpuBackend::SaeWorkspaceBytes(const Sae& sae, int64_t rows) const {
+  return cpu::SaeWorkspaceBytes(sae, rows);
+}
+
+Status CpuBackend::RunSae(const Sae& sae, const float* x,
+                          const float* reference, int64_t rows, void* workspace,
+                          const SaeOutputs& out) {
+  if (rows < 0 || out.topk < 0 || out.topk > sae.d_sae)
+    return InvalidArgumentError("RunSae: rows " + std::to_string(rows) +
+                                ", topk " + std::to_string(out.topk) +
+                                " (d_sae " + std::to_string(sae.d_sae) + ")");
+  cpu::RunSae(sae, x, reference, rows, workspace, out);
+  return Status();
+}
 
 Status CpuBackend::AddRowsBroadcast(float* x, int64_t rows, int64_t cols,
                                     int64_t ld, const int32_t* idx, int64_t n,

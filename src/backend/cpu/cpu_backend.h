@@ -90,6 +90,9 @@ class CpuBackend final : public Backend {
   void SigmoidGateAddRows(const float* x, const float* gate_logit, int64_t rows,
                           int64_t cols, float* y, int64_t ldy) override;
   void SetZero(float* x, int64_t n) override;
+  int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows) const override;
+  Status RunSae(const Sae& sae, const float* x, const float* reference,
+                int64_t rows, void* workspace, const SaeOutputs& out) override;
   Status AddRowsBroadcast(float* x, int64_t rows, int64_t cols, int64_t ld,
                           const int32_t* idx, int64_t n, const float* v,
                           float scale, bool norm_match) override;

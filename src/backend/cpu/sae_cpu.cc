@@ -211,7 +211,7 @@ void TopKDescending(const float* v, int64_t n, int64_t k, int32_t* indices,
 }
 
 void RunSae(const Sae& sae, const float* x, const float* reference,
-            int64_t rows, void* workspace, const SaeRunOutputs& out) {
+            int64_t rows, void* workspace, const SaeOutputs& out) {
   LOOM_CHECK(out.topk >= 0 && out.topk <= sae.d_sae) << out.topk;
   if (rows == 0) return;
   Parts p;

@@ -21,27 +21,13 @@
 
 namespace loom::cpu {
 
-// Where Run writes; a null pointer is an output not wanted.
-struct SaeRunOutputs {
-  float* hidden_pre = nullptr;      // [rows, d_sae]  hook_sae_acts_pre
-  float* feature_acts = nullptr;    // [rows, d_sae]  hook_sae_acts_post
-  float* recons = nullptr;          // [rows, d_out]  hook_sae_recons
-  float* reconstruction = nullptr;  // [rows, d_out]  hook_sae_output - error
-  float* error = nullptr;           // [rows, d_out]  hook_sae_error
-  // The `topk` largest feature activations per row, descending, ties broken
-  // by the lower index: [rows, topk] each.
-  int64_t topk = 0;
-  int32_t* topk_indices = nullptr;
-  float* topk_values = nullptr;
-};
-
 // Bytes of Run's workspace for up to `rows` rows at the current thread count.
 int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows);
 
 // x [rows, d_in]; reference [rows, d_out] (null: no error output);
 // workspace: SaeWorkspaceBytes(sae, rows) bytes, 64-byte aligned.
 void RunSae(const Sae& sae, const float* x, const float* reference,
-            int64_t rows, void* workspace, const SaeRunOutputs& out);
+            int64_t rows, void* workspace, const SaeOutputs& out);
 
 // The `k` largest of v [n], descending, ties by the lower index; `scratch`
 // (n indices; null: allocated here) is reused from call to call.

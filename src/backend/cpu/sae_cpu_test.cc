@@ -93,7 +93,7 @@ Out RunCase(const Sae& sae, const std::vector<float>& x, int64_t rows,
   o.topv.resize(rows * topk);
   o.topi.resize(rows * topk);
   std::vector<char> ws(SaeWorkspaceBytes(sae, rows) + 64);
-  SaeRunOutputs out{o.hidden.data(), o.acts.data(), o.recons.data(),
+  SaeOutputs out{o.hidden.data(), o.acts.data(), o.recons.data(),
                     o.rec.data(),    o.err.data(),  topk,
                     o.topi.data(),   o.topv.data()};
   // The reference of the error is the input for an SAE (d_out = d_in here
