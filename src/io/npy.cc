@@ -375,7 +375,8 @@ StatusOr<NpyArray> ReadNpy(const std::string& path) {
 StatusOr<NpyArray> ParseNpy(std::string_view bytes, const std::string& name) {
   const int64_t size = static_cast<int64_t>(bytes.size());
   uint8_t prefix[12] = {};
-  std::memcpy(prefix, bytes.data(), std::min<size_t>(bytes.size(), 12));
+  if (!bytes.empty())
+    std::memcpy(prefix, bytes.data(), std::min<size_t>(bytes.size(), 12));
   NpyArray a;
   int plen = 0;
   uint64_t header_len = 0;

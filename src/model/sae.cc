@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -87,20 +88,27 @@ class SaeTensors {
     int64_t n = 1;
     for (int64_t d : dims) n *= d;
     std::vector<float> out(n);
+    // Element by element through memcpy: a safetensors tensor may start at
+    // any byte offset (no alignment is promised).
+    const auto* bytes = static_cast<const uint8_t*>(r->data);
     for (int64_t i = 0; i < n; ++i) {
       switch (r->dtype) {
         case DType::kF32:
-          out[i] = static_cast<const float*>(r->data)[i];
+          std::memcpy(&out[i], bytes + 4 * i, 4);
           break;
-        case DType::kF64:
-          out[i] = static_cast<float>(static_cast<const double*>(r->data)[i]);
+        case DType::kF64: {
+          double v;
+          std::memcpy(&v, bytes + 8 * i, 8);
+          out[i] = static_cast<float>(v);
           break;
+        }
         case DType::kBF16:
-          out[i] = Bf16ToF32(static_cast<const uint16_t*>(r->data)[i]);
+        case DType::kF16: {
+          uint16_t h;
+          std::memcpy(&h, bytes + 2 * i, 2);
+          out[i] = r->dtype == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
           break;
-        case DType::kF16:
-          out[i] = F16ToF32(static_cast<const uint16_t*>(r->data)[i]);
-          break;
+        }
         default:
           return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
                                       std::string(DTypeName(r->dtype)) +
