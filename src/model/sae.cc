@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "src/base/float16.h"
+#include "src/core/tensor.h"
 #include "src/io/npz.h"
 #include "src/io/safetensors.h"
 #include "src/model/config_reader.h"
@@ -26,11 +27,9 @@ constexpr char kGemmaScope2Weights[] = "params.safetensors";
 constexpr char kGemmaScopeWeights[] = "params.npz";
 constexpr char kGemmaScope2Config[] = "config.json";
 
+// "[64, 512]" (Shape::ToString).
 std::string ShapeText(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
+  return Shape(dims).ToString();
 }
 
 // The weights file of an SAE (a .safetensors, or Gemma Scope's .npz): its
@@ -610,15 +609,6 @@ std::string_view SaeFormatName(SaeFormat f) {
       return "gemma-scope";
   }
   return "?";
-}
-
-int64_t Sae::weight_bytes() const {
-  int64_t n = 0;
-  for (const std::vector<float>* v :
-       {&w_enc, &b_enc, &w_mag, &b_gate, &threshold, &w_dec, &b_dec, &w_skip,
-        &dec_norm})
-    n += static_cast<int64_t>(v->size());
-  return n * static_cast<int64_t>(sizeof(float));
 }
 
 std::string SaeHookToLoom(std::string_view name) {

@@ -85,8 +85,6 @@ struct Sae {
   std::vector<float> b_dec;      // [d_out]
   std::vector<float> w_skip;     // HasSkip [d_out, d_in]
   std::vector<float> dec_norm;   // rescale_acts_by_decoder_norm [d_sae]
-
-  int64_t weight_bytes() const;  // of the f32 weights held
 };
 
 // Where running an SAE writes (Backend::RunSae); a null pointer is an
