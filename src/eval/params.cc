@@ -111,6 +111,48 @@ constexpr ParamSpec kCaptureSpecs[] = {
      "Compute precision: auto, f32, bf16 or f16"},
 };
 
+constexpr ParamSpec kModelSpecs[] = {
+    {"model", ParamKind::kString, 0, 0, false, "Hugging Face model directory"},
+    {"threads", ParamKind::kInt, 0, kMaxThreads, false,
+     "CPU threads (0 = all cores, the default)"},
+    {"hf_bf16", ParamKind::kBool, 0, 0, false,
+     "With bf16 compute, round activations to bf16 where Hugging Face's bf16 "
+     "forward does (reproduces HF's bf16 numbers); default: f32 activations, "
+     "closer to f32"},
+};
+
+constexpr ParamSpec kInterventionSpecs[] = {
+    {"interventions", ParamKind::kString, 0, 0, false,
+     "Interventions applied inside the forward: a list of objects "
+     "(steering, ablation, patching; docs/interventions.md)"},
+    {"intervene", ParamKind::kString, 0, 0, false,
+     "JSON file of interventions applied inside the forward (steering, "
+     "ablation; docs/interventions.md)"},
+    {"steer", ParamKind::kStrings, 0, 0, false,
+     "HOOK=VECTOR.npy*SCALE[@POSITIONS]: add SCALE times the vector at HOOK "
+     "(POSITIONS all, last or 1,3,-1; default all); repeatable"},
+    {"ablate_direction", ParamKind::kStrings, 0, 0, false,
+     "HOOK=DIRECTION.npy: project the unit direction out of HOOK at every "
+     "position; repeatable"},
+    {"control_vector", ParamKind::kStrings, 0, 0, false,
+     "llama.cpp control vector (GGUF, tensors direction.N added to the "
+     "output of layer N); repeatable, summed"},
+    {"control_vector_scaled", ParamKind::kStrings, 0, 0, false,
+     "FILE SCALE: a control vector times SCALE; repeatable, summed with "
+     "--control-vector's"},
+    {"control_vector_layer_range", ParamKind::kStrings, 0, 0, false,
+     "A B: apply the control vectors to layers A..B only (inclusive; A <= 0: "
+     "1, B <= 0: the last layer)"},
+};
+
+const ParamSpec& SpecNamed(std::span<const ParamSpec> specs,
+                           std::string_view group, std::string_view name) {
+  for (const ParamSpec& s : specs)
+    if (s.name == name) return s;
+  LOOM_CHECK(false) << "no " << group << " parameter " << name;
+  return specs[0];
+}
+
 // The specs bound in order to `targets` (one each).
 std::vector<ParamField> Bind(std::span<const ParamSpec> specs,
                              std::initializer_list<ParamTarget> targets) {
@@ -204,10 +246,21 @@ std::vector<ParamField> PlacementParamFields(JobPlanOptions* p) {
 std::span<const ParamSpec> CaptureParamSpecs() { return kCaptureSpecs; }
 
 const ParamSpec& CaptureParam(std::string_view name) {
-  for (const ParamSpec& s : kCaptureSpecs)
-    if (s.name == name) return s;
-  LOOM_CHECK(false) << "no capture parameter " << name;
-  return kCaptureSpecs[0];
+  return SpecNamed(kCaptureSpecs, "capture", name);
+}
+
+std::span<const ParamSpec> ModelParamSpecs() { return kModelSpecs; }
+
+const ParamSpec& ModelParam(std::string_view name) {
+  return SpecNamed(kModelSpecs, "model", name);
+}
+
+std::span<const ParamSpec> InterventionParamSpecs() {
+  return kInterventionSpecs;
+}
+
+const ParamSpec& InterventionParam(std::string_view name) {
+  return SpecNamed(kInterventionSpecs, "intervention", name);
 }
 
 }  // namespace loom::eval

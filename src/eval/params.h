@@ -54,8 +54,15 @@ struct ParamSpec {
   bool comma_list = false;
 };
 
-using ParamTarget = std::variant<int64_t*, uint64_t*, float*, std::string*,
-                                 std::vector<std::string>*, bool*>;
+// The most CPU threads a job may ask for (--threads, threads=): more than
+// any machine has cores, few enough that a typo (100000) is refused rather
+// than spawning them.
+inline constexpr int kMaxThreads = 4096;
+
+// int*: a kInt field of a struct that keeps it as int (threads).
+using ParamTarget =
+    std::variant<int64_t*, int*, uint64_t*, float*, std::string*,
+                 std::vector<std::string>*, bool*>;
 
 // One option of a group bound to the field it sets. `hi` narrows the
 // spec's upper bound on one surface (a server's per-request cap).
@@ -125,6 +132,22 @@ std::vector<ParamField> PlacementParamFields(JobPlanOptions* p);
 std::span<const ParamSpec> CaptureParamSpecs();
 // The spec of one capture option by name ("hooks"); checked to exist.
 const ParamSpec& CaptureParam(std::string_view name);
+
+// ---- Model: which checkpoint a job loads and how its host computes.
+// model, threads, hf_bf16 (precision is a capture option); each surface
+// binds them to its own fields (`loom serve --model` is repeatable).
+std::span<const ParamSpec> ModelParamSpecs();
+const ParamSpec& ModelParam(std::string_view name);
+
+// ---- Interventions: the edits applied inside the forward
+// (docs/interventions.md). interventions: the document itself, the list of
+// objects a Python call (interventions=[...]) and an HTTP request body
+// ("interventions": [...]) give; intervene, steer, ablate_direction,
+// control_vector, control_vector_scaled (FILE SCALE pairs) and
+// control_vector_layer_range (A B): the CLI's file of that document and its
+// shorthands (tools/cli/job_options.h).
+std::span<const ParamSpec> InterventionParamSpecs();
+const ParamSpec& InterventionParam(std::string_view name);
 
 }  // namespace loom::eval
 

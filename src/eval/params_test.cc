@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -170,6 +172,42 @@ TEST(ParamsTest, PlacementParamsBindJobPlanOptions) {
   EXPECT_TRUE(CaptureParam("layers").comma_list);
   EXPECT_FALSE(CaptureParam("select").comma_list);
   EXPECT_EQ(ParamFlag(CaptureParam("precision")), "--precision");
+}
+
+TEST(ParamsTest, ModelAndInterventionGroups) {
+  int threads = 0;
+  const ParamField t{&ModelParam("threads"), &threads, {}};
+  EXPECT_EQ(ParamFlag(*t.spec), "--threads");
+  EXPECT_EQ(ParamRangeText(t), "an integer in [0, 4096]");
+  EXPECT_TRUE(InParamRange(t, 0));
+  EXPECT_FALSE(InParamRange(t, kMaxThreads + 1));
+  EXPECT_EQ(ModelParam("hf_bf16").kind, ParamKind::kBool);
+  EXPECT_EQ(ParamFlag(ModelParam("hf_bf16")), "--hf-bf16");
+  EXPECT_EQ(ParamFlag(InterventionParam("ablate_direction")),
+            "--ablate-direction");
+  EXPECT_EQ(ParamFlag(InterventionParam("control_vector_layer_range")),
+            "--control-vector-layer-range");
+  EXPECT_EQ(InterventionParam("steer").kind, ParamKind::kStrings);
+}
+
+// Across the groups a name means one option: where two groups share one
+// (add_bos), it is the same declaration; every option says what it does.
+TEST(ParamsTest, ANameIsOneOptionAcrossGroups) {
+  const std::span<const ParamSpec> groups[] = {
+      GenerationParamSpecs(),  WindowParamSpecs(),  ExtractRowParamSpecs(),
+      PlacementParamSpecs(),   CaptureParamSpecs(), ModelParamSpecs(),
+      InterventionParamSpecs()};
+  std::map<std::string_view, const ParamSpec*> seen;
+  for (std::span<const ParamSpec> g : groups)
+    for (const ParamSpec& s : g) {
+      SCOPED_TRACE(std::string(s.name));
+      EXPECT_FALSE(s.help.empty());
+      auto [it, fresh] = seen.emplace(s.name, &s);
+      if (fresh) continue;
+      EXPECT_EQ(it->second->help, s.help);
+      EXPECT_EQ(it->second->kind, s.kind);
+    }
+  EXPECT_GE(seen.size(), 30u);
 }
 
 }  // namespace

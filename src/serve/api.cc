@@ -272,14 +272,15 @@ Status ReadParams(const json& j, std::span<const eval::ParamField> fields) {
                 (!v->is_number_unsigned() && v->get<int64_t>() < 0))
               return FieldError(name, range, *v);
             *field = v->get<uint64_t>();
-          } else if constexpr (std::is_same_v<T, int64_t>) {
+          } else if constexpr (std::is_same_v<T, int64_t> ||
+                               std::is_same_v<T, int>) {
             // Any integer first (8.0 is 8), then the spec's range.
             StatusOr<int64_t> x =
                 GetInt(j, name, 0, std::numeric_limits<int64_t>::min(),
                        std::numeric_limits<int64_t>::max());
             if (!x.ok() || !eval::InParamRange(f, static_cast<double>(*x)))
               return FieldError(name, range, *v);
-            *field = *x;
+            *field = static_cast<T>(*x);
           } else {
             if (!v->is_number() || !eval::InParamRange(f, v->get<double>()))
               return FieldError(name, range, *v);

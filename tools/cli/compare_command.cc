@@ -306,8 +306,7 @@ void AddCompareCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("compare",
                                      "KL divergence and perplexity of a model "
                                      "against a reference, window by window");
-  cmd->add_option("--model", args->model_dir,
-                  "Model A under test (e.g. quantized)")
+  AddModelFlag(*cmd, &args->model_dir, "Model A under test (e.g. quantized)")
       ->required();
   cmd->add_option("--reference", args->reference_dir, "Reference model B");
   cmd->add_option("--reference-logprobs", args->reference_logprobs,

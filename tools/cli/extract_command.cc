@@ -243,8 +243,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "extract",
       "Extract activations at hook points for every prompt of an input file");
-  cmd->add_option("--model", j.model_dir, "Hugging Face model directory")
-      ->required();
+  AddModelFlag(*cmd, &j.model_dir)->required();
   cmd->add_option("--input", j.input_path,
                   "JSONL rows {\"id\":…, \"text\":…} or {\"id\":…, "
                   "\"tokens\":[…]}, or plain text (one prompt per line)")
@@ -280,7 +279,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
                 "Python's errors='replace') "
                 "instead of failing the row");
   AddPlanFlags(*cmd, &opts->plan, PlanFlagUse::kJobCommand);
-  cmd->add_flag("--hf-bf16", j.hf_bf16_activations, kHfBf16Help);
+  AddHfBf16Flag(*cmd, &j.hf_bf16_activations);
   AddInterventionFlags(*cmd, &opts->interventions);
   cmd->add_flag("--progress", opts->progress,
                 "Progress on stderr even when it is not a terminal");

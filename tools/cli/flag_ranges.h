@@ -19,10 +19,6 @@
 
 namespace loom::cli {
 
-// The most CPU threads a flag takes: more than any machine has cores, few
-// enough that a typo (--threads 100000) is refused rather than spawning them.
-inline constexpr int kMaxThreads = 4096;
-
 // NumberRange's hi for no upper bound.
 inline constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 
@@ -84,14 +80,6 @@ inline CLI::Validator NumberRange(double lo, bool lo_open, double hi,
       no_hi ? std::string(lo_open ? ">" : ">=") + text(lo)
             : std::string(lo_open ? "(" : "[") + text(lo) + "," + text(hi) +
                   (hi_open ? ")" : "]"));
-}
-
-// --threads of every command that computes on the CPU.
-inline CLI::Option* AddThreadsFlag(CLI::App& cmd, int* threads) {
-  return cmd
-      .add_option("--threads", *threads,
-                  "CPU threads (0 = all cores, the default)")
-      ->check(IntRange(0, kMaxThreads));
 }
 
 }  // namespace loom::cli

@@ -212,9 +212,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand(
       "generate", "Continue a prompt (KV cache; greedy or sampled)");
-  cmd->add_option("--model", args->model_dir,
-                  "Model directory (config.json + safetensors + tokenizer)")
-      ->required();
+  AddModelFlag(*cmd, &args->model_dir)->required();
   auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text");
   auto* ids = cmd->add_option("--prompt-tokens", args->prompt_tokens,
                               "Prompt token ids (5,17,300), as given (no BOS "

@@ -44,26 +44,22 @@ struct InterventionFlags {
   std::vector<int64_t> control_vector_layer_range;  // A B, or empty
 };
 inline void AddInterventionFlags(CLI::App& cmd, InterventionFlags* f) {
-  cmd.add_option("--intervene", f->file,
-                 "JSON file of interventions applied inside the forward "
-                 "(steering, ablation; docs/interventions.md)")
-      ->check(CLI::ExistingFile);
-  cmd.add_option("--steer", f->steer,
-                 "HOOK=VECTOR.npy*SCALE[@POSITIONS]: add SCALE times the "
-                 "vector at HOOK (POSITIONS all, last or 1,3,-1; default "
-                 "all); repeatable");
-  cmd.add_option("--ablate-direction", f->ablate,
-                 "HOOK=DIRECTION.npy: project the unit direction out of HOOK "
-                 "at every position; repeatable");
-  cmd.add_option("--control-vector", f->control_vectors,
-                 "llama.cpp control vector (GGUF, tensors direction.N added "
-                 "to the output of layer N); repeatable, summed");
-  cmd.add_option("--control-vector-scaled", f->control_vectors_scaled,
-                 "FILE SCALE: a control vector times SCALE; repeatable, "
-                 "summed with --control-vector's");
-  cmd.add_option("--control-vector-layer-range", f->control_vector_layer_range,
-                 "A B: apply the control vectors to layers A..B only "
-                 "(inclusive; A <= 0: 1, B <= 0: the last layer)")
+  auto field = [](std::string_view name, auto* target) {
+    return eval::ParamField{&eval::InterventionParam(name), target, {}};
+  };
+  AddParamFlag(cmd, field("intervene", &f->file))->check(CLI::ExistingFile);
+  AddParamFlag(cmd, field("steer", &f->steer));
+  AddParamFlag(cmd, field("ablate_direction", &f->ablate));
+  AddParamFlag(cmd, field("control_vector", &f->control_vectors));
+  // Pairs (FILE SCALE, A B): named and explained by the table, typed here.
+  const eval::ParamSpec& scaled =
+      eval::InterventionParam("control_vector_scaled");
+  cmd.add_option(eval::ParamFlag(scaled), f->control_vectors_scaled,
+                 std::string(scaled.help));
+  const eval::ParamSpec& range =
+      eval::InterventionParam("control_vector_layer_range");
+  cmd.add_option(eval::ParamFlag(range), f->control_vector_layer_range,
+                 std::string(range.help))
       ->expected(2);
 }
 
@@ -125,7 +121,6 @@ inline StatusOr<InterventionSource> InterventionSourceOf(
   return s;
 }
 
-// --hf-bf16: what it means, shared by every command that computes.
 // A prompt given as text (`flag`, "--prompt") or as token ids (`flag` +
 // "-tokens"): the ids as given (no BOS added), each checked against the
 // vocabulary, or the text encoded with its special tokens. A checkpoint
@@ -159,11 +154,6 @@ inline StatusOr<std::vector<int32_t>> CliPromptIds(
   return std::move(enc.ids);
 }
 
-inline constexpr const char* kHfBf16Help =
-    "With bf16 compute, round activations to bf16 where Hugging Face's bf16 "
-    "forward does "
-    "(reproduces HF's bf16 numbers); default: f32 activations, closer to f32";
-
 // --text/--tokens, --tokenizer, --protocol, --ctx, --stride, --max-windows,
 // --add-bos, --chunk-rows, --threads, --json, --quiet and the plan options.
 inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a,
@@ -179,7 +169,7 @@ inline void AddWindowOptions(CLI::App* cmd, WindowArgs* a,
       std::string("Tokenizer directory (default: ") + tokenizer_default + ")");
   AddParamFlags(*cmd, eval::WindowParamFields(a));
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
-  cmd->add_flag("--hf-bf16", a->hf_bf16, kHfBf16Help);
+  AddHfBf16Flag(*cmd, &a->hf_bf16);
   AddThreadsFlag(*cmd, &a->threads);
   cmd->add_flag("--json", a->json, "Print the result as JSON");
   cmd->add_flag("--quiet", a->quiet, "No progress bar or warnings");

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include "src/eval/params.h"
 #include "tools/cli/flag_ranges.h"
@@ -55,6 +56,8 @@ inline CLI::Option* AddParamFlag(CLI::App& cmd, const eval::ParamField& f,
               if (s.comma_list) o->delimiter(',');
               return o;
           }
+          // A list shows no default ("=[]" says nothing).
+          if constexpr (std::is_same_v<T, std::vector<std::string>>) return o;
           return o->capture_default_str();
         }
       },
@@ -74,6 +77,23 @@ inline void AddParamFlags(CLI::App& cmd,
   for (const eval::ParamField& f : fields)
     for (std::string_view n : names)
       if (f.spec->name == n) AddParamFlag(cmd, f);
+}
+
+// --threads of every command that computes on the CPU.
+inline CLI::Option* AddThreadsFlag(CLI::App& cmd, int* threads) {
+  return AddParamFlag(cmd, {&eval::ModelParam("threads"), threads, {}});
+}
+
+// --model: one checkpoint directory (the command marks it required where
+// it is).
+inline CLI::Option* AddModelFlag(CLI::App& cmd, std::string* model_dir,
+                                 const std::string& help = "") {
+  return AddParamFlag(cmd, {&eval::ModelParam("model"), model_dir, {}}, help);
+}
+
+// --hf-bf16 of every command that computes.
+inline CLI::Option* AddHfBf16Flag(CLI::App& cmd, bool* hf_bf16) {
+  return AddParamFlag(cmd, {&eval::ModelParam("hf_bf16"), hf_bf16, {}});
 }
 
 }  // namespace loom::cli

@@ -136,7 +136,7 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
       "patch",
       "Activation patching: the (hook x position) grid of a clean and a "
       "corrupted prompt, with logit differences and recovery");
-  cmd->add_option("--model", a->model_dir, "Model directory")->required();
+  AddModelFlag(*cmd, &a->model_dir)->required();
   auto* ct = cmd->add_option("--clean", a->clean, "Clean prompt text");
   auto* ci = cmd->add_option("--clean-tokens", a->clean_ids,
                              "Clean prompt token ids (5,17,300)")
@@ -173,8 +173,7 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
   AddPrecisionFlag(*cmd, &a->precision);
   AddThreadsFlag(*cmd, &a->threads);
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
-  cmd->add_flag("--hf-bf16", a->hf_bf16,
-                "With bf16 compute, round activations as HF's bf16 forward");
+  AddHfBf16Flag(*cmd, &a->hf_bf16);
   cmd->add_flag("--quiet", a->quiet, "No summary on stderr");
   // Given but empty (--clean "") is the prompt's error (PromptIds), not a
   // missing flag.

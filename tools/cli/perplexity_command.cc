@@ -105,9 +105,7 @@ void AddPerplexityCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<PerplexityArgs>();
   CLI::App* cmd = app.add_subcommand(
       "perplexity", "Perplexity of a model over a text, window by window");
-  cmd->add_option("--model", args->model_dir,
-                  "Model directory (config.json + safetensors)")
-      ->required();
+  AddModelFlag(*cmd, &args->model_dir)->required();
   AddWindowOptions(cmd, args.get(), "--model");
   AddPrecisionFlag(*cmd, &args->precision);
   AddInterventionFlags(*cmd, &args->interventions);

@@ -131,8 +131,8 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                          "Every byte a run will hold, per device and arena, "
                          "before loading anything (the model directory may "
                          "hold only config.json and the index)");
-  cmd->add_option("--model", a->model,
-                  "Hugging Face model directory (or give it as MODEL_DIR)");
+  AddModelFlag(*cmd, &a->model,
+               "Hugging Face model directory (or give it as MODEL_DIR)");
   cmd->add_option("MODEL_DIR", a->model_dir,
                   "Hugging Face model directory (as --model)");
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kPlanCommand);

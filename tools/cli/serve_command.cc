@@ -23,6 +23,7 @@
 #include "src/serve/server.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
+#include "tools/cli/param_flags.h"
 #include "tools/cli/plan_flags.h"
 
 extern char** environ;
@@ -207,9 +208,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "serve", "Serve TheLoom's HTTP API (generation, hidden states, chat)");
-  cmd->add_option("--model", args->models,
-                  "Model directory to load at start (repeatable); the "
-                  "`model` field of requests may then be omitted");
+  AddParamFlag(*cmd, {&eval::ModelParam("model"), &args->models, {}},
+               "Model directory to load at start (repeatable); the "
+               "`model` field of requests may then be omitted");
   cmd->add_option("--host", args->host,
                   "Address to bind (default 127.0.0.1; server.http_host)");
   cmd->add_option("--port", args->port,
