@@ -394,7 +394,7 @@ void ReadPyParams(std::span<const eval::ParamField> fields,
           } else if constexpr (std::is_same_v<T, uint64_t>) {
             *field = SeedArg(name, o);
           } else {
-            const double v = std::is_same_v<T, int64_t>
+            const double v = std::is_integral_v<T>
                                  ? static_cast<double>(IntArg(name, o))
                                  : FloatArg(name, o);
             if (!eval::InParamRange(f, v))
@@ -419,6 +419,32 @@ void ReadPyParams(
     const py::handle one[] = {value};
     ReadPyParams(std::span(f, 1), one);
   }
+}
+
+std::vector<float> FloatRows(const std::string& arg, const py::object& o,
+                             int64_t width, const std::string& taker,
+                             int64_t* rows) {
+  using FloatArray =
+      py::array_t<float, py::array::c_style | py::array::forcecast>;
+  FloatArray a;
+  try {
+    a = FloatArray::ensure(o);
+  } catch (const py::error_already_set&) {
+    a = FloatArray();
+  }
+  if (!a) WrongType(arg, "an array of numbers", o);
+  if (a.ndim() != 1 && a.ndim() != 2)
+    Raise(InvalidArgumentError(arg + ": has " + std::to_string(a.ndim()) +
+                               " dimensions, expected [rows, " +
+                               std::to_string(width) + "] or [" +
+                               std::to_string(width) + "]"));
+  const int64_t cols = a.shape(a.ndim() - 1);
+  if (cols != width)
+    Raise(InvalidArgumentError(arg + ": rows of " + std::to_string(cols) +
+                               " values, " + taker + " " +
+                               std::to_string(width)));
+  *rows = a.ndim() == 2 ? a.shape(0) : 1;
+  return std::vector<float>(a.data(), a.data() + *rows * width);
 }
 
 // Token ids: an iterable of ints (numpy integers too) in [0, 2^31).

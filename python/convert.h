@@ -166,6 +166,13 @@ double FloatArg(const std::string& arg, py::handle o);
 // A str, or an iterable of str, as a list (None: empty).
 std::vector<std::string> StrListArg(const std::string& arg, py::handle o);
 
+// `o` (any array of numbers) as rows of `width` f32 values: [rows, width],
+// or one row [width]. InvalidArgumentError naming the argument and both
+// widths otherwise ("x: rows of 12 values, `taker` 64").
+std::vector<float> FloatRows(const std::string& arg, const py::object& o,
+                             int64_t width, const std::string& taker,
+                             int64_t* rows);
+
 // The fields of a parameter group (src/eval/params.h) from the keyword
 // arguments `values` (values[i] for fields[i]; None leaves the field's
 // value): the kind's converter above, then the spec's range ("top_p: got 0,

@@ -6,12 +6,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -36,6 +38,7 @@
 #include "src/eval/generate.h"
 #include "src/eval/input.h"
 #include "src/eval/job_plan.h"
+#include "src/eval/lens.h"
 #include "src/eval/patch.h"
 #include "src/eval/perplexity.h"
 #include "src/eval/plan_query.h"
@@ -87,9 +90,11 @@ class PyModel {
           const py::object& hf_bf16) {
     path_ = StrArg("path", path);
     ReadPlacement(&plan_, device, max_memory, reserve);
-    threads_ = static_cast<int>(
-        IntArgAtLeast("threads", threads, 0, " (0: all cores)"));
-    hf_bf16_ = BoolArg("hf_bf16", hf_bf16);
+    const eval::ParamField fields[] = {
+        {&eval::ModelParam("threads"), &threads_, {}},
+        {&eval::ModelParam("hf_bf16"), &hf_bf16_, {}}};
+    const py::handle values[] = {threads, hf_bf16};
+    ReadPyParams(fields, values);
     precision_ = ValueOrRaise(ParsePrecision(StrArg("precision", precision)));
     CheckOrRaise(WithoutGil([&]() -> Status { return Load(); }));
     ++g_loads;
@@ -264,6 +269,66 @@ class PyModel {
 
   // `text`: a str or bytes (a file's bytes, as `--text FILE` reads them);
   // `tokens`: token ids.
+  // The logit lens, or the tuned lens at `tuned` (a path; loaded once per
+  // model), of x [rows, H] read at `hook`: top-k token ids and logits, and
+  // the [rows, V] logits when asked for.
+  py::dict Lens(const py::object& x, const py::object& hook,
+                const py::object& topk, const py::object& tuned,
+                const py::object& logits) {
+    const ModelConfig& c = session_->config();
+    const std::string name = StrArg("hook", hook);
+    const std::vector<HookPoint> points =
+        ValueOrRaise(ParseModelHookPattern(name, c));
+    if (points.size() != 1)
+      Raise(InvalidArgumentError("hook: '" + name + "' names " +
+                                 std::to_string(points.size()) +
+                                 " hooks, the lens reads one"));
+    const int64_t k = IntArg("topk", topk);
+    if (k < 0 || k > c.vocab_size)
+      Raise(InvalidArgumentError("topk: " + std::to_string(k) +
+                                 " is outside 0 .. vocab_size " +
+                                 std::to_string(c.vocab_size)));
+    const bool keep = BoolArg("logits", logits);
+    const std::string tuned_path =
+        tuned.is_none() ? std::string() : StrArg("tuned", tuned);
+    int64_t rows = 0;
+    const std::vector<float> in =
+        FloatRows("x", x, c.hidden_size, "the model's hidden size is", &rows);
+    std::vector<float> all(keep ? rows * c.vocab_size : 0), values(rows * k);
+    std::vector<int32_t> ids(rows * k);
+    CheckOrRaise(WithoutGil([&]() -> Status {
+      std::lock_guard<std::mutex> lock(mu_);
+      const TunedLens* lens = nullptr;
+      if (!tuned_path.empty()) {
+        auto it = tuned_lenses_.find(tuned_path);
+        if (it == tuned_lenses_.end()) {
+          ASSIGN_OR_RETURN(TunedLens t, LoadTunedLens(tuned_path));
+          it = tuned_lenses_.emplace(tuned_path, std::move(t)).first;
+        }
+        lens = &it->second;
+      }
+      UseThreadsHere();
+      // Chunks of 64 rows: [64, V] logits at a time.
+      ASSIGN_OR_RETURN(std::unique_ptr<eval::Lens> run,
+                       eval::Lens::Create(session_->model(), lens,
+                                          std::clamp<int64_t>(rows, 1, 64)));
+      eval::LensOutputs out;
+      out.topk = k;
+      out.topk_ids = ids.data();
+      out.topk_logits = values.data();
+      out.logits = keep ? all.data() : nullptr;
+      return run->Run(points[0], in.data(), rows, out);
+    }));
+    py::dict d;
+    d["topk_ids"] = HandOver(std::move(ids), py::dtype("int32"), {rows, k});
+    d["topk_logits"] =
+        HandOver(std::move(values), py::dtype("float32"), {rows, k});
+    if (keep)
+      d["logits"] =
+          HandOver(std::move(all), py::dtype("float32"), {rows, c.vocab_size});
+    return d;
+  }
+
   py::object Perplexity(const py::object& text, const py::object& tokens,
                         const py::object& protocol_arg,
                         const py::object& ctx_obj, const py::object& stride_obj,
@@ -698,7 +763,8 @@ class PyModel {
   int threads_ = 0;
   bool hf_bf16_ = false;
   std::unique_ptr<Session> session_;
-  std::vector<std::string> placed_devices_;  // computing devices at load
+  std::map<std::string, TunedLens> tuned_lenses_;  // Lens(tuned=path)
+  std::vector<std::string> placed_devices_;        // computing devices at load
   // One call at a time per model (its host backend and tokenizer are
   // shared); waited for without the GIL.
   std::mutex mu_;
@@ -767,6 +833,8 @@ void AddModelClass(py::module_& m) {
            py::arg("top_p"), py::arg("seed"), py::arg("stop"), py::arg("ctx"),
            py::arg("prefill_chunk"), py::arg("hooks"), py::arg("layers"),
            py::arg("select"), py::arg("interventions"))
+      .def("_lens", &PyModel::Lens, py::arg("x"), py::arg("hook"),
+           py::arg("topk"), py::arg("tuned"), py::arg("logits"))
       .def("_patch", &PyModel::Patch, py::arg("clean"), py::arg("corrupted"),
            py::arg("hooks"), py::arg("positions"), py::arg("answer"),
            py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"),

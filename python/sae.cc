@@ -16,34 +16,6 @@
 namespace loom::python {
 namespace {
 
-using FloatArray =
-    py::array_t<float, py::array::c_style | py::array::forcecast>;
-
-// `o` as rows of `width` f32 values: [rows, width], or one row [width].
-// ValueError naming the argument and both widths otherwise.
-std::vector<float> Rows(const std::string& arg, const py::object& o,
-                        int64_t width, int64_t* rows) {
-  FloatArray a;
-  try {
-    a = FloatArray::ensure(o);
-  } catch (const py::error_already_set&) {
-    a = FloatArray();
-  }
-  if (!a) WrongType(arg, "an array of numbers", o);
-  if (a.ndim() != 1 && a.ndim() != 2)
-    Raise(InvalidArgumentError(arg + ": has " + std::to_string(a.ndim()) +
-                               " dimensions, expected [rows, " +
-                               std::to_string(width) + "] or [" +
-                               std::to_string(width) + "]"));
-  const int64_t cols = a.shape(a.ndim() - 1);
-  if (cols != width)
-    Raise(InvalidArgumentError(arg + ": rows of " + std::to_string(cols) +
-                               " values, the SAE takes " +
-                               std::to_string(width)));
-  *rows = a.ndim() == 2 ? a.shape(0) : 1;
-  return std::vector<float>(a.data(), a.data() + *rows * width);
-}
-
 class PySae {
  public:
   PySae(const py::object& path, const py::object& hook) {
@@ -87,10 +59,12 @@ class PySae {
   py::dict Encode(const py::object& x, const py::object& target,
                   const py::object& topk) const {
     int64_t rows = 0, target_rows = 0;
-    const std::vector<float> in = Rows("x", x, sae_.d_in, &rows);
+    const std::vector<float> in =
+        FloatRows("x", x, sae_.d_in, "the SAE takes", &rows);
     std::vector<float> ref;
     if (!target.is_none()) {
-      ref = Rows("target", target, sae_.d_out, &target_rows);
+      ref = FloatRows("target", target, sae_.d_out, "the SAE takes",
+                      &target_rows);
       if (target_rows != rows)
         Raise(InvalidArgumentError("target: " + std::to_string(target_rows) +
                                    " rows, x has " + std::to_string(rows)));

@@ -216,6 +216,25 @@ class Model(_loom.Model):
             text_or_ids = self.tokenize(text_or_ids, add_special_tokens=add_special_tokens)
         return self._str_tokens(text_or_ids)
 
+    def lens(self, x, hook, topk=10, *, tuned=None, logits=False):
+        """The logit lens (or, with `tuned`, the tuned lens) of residual-stream
+        rows `x` ([rows, hidden] or [hidden], any float dtype) read at `hook`
+        (blocks.i.hook_resid_pre / hook_resid_mid / hook_resid_post): the
+        model's own final norm and unembedding (softcap, logit scaling
+        included) applied to each row, as docs/saes.md ("Lenses") states.
+
+        tuned: a tuned lens (the folder tuned-lens saves, read from its
+          params.safetensors, or that file); translator i acts on
+          blocks.i.hook_resid_pre, and the last layer's hook_resid_post has
+          none (the model's own logits).
+        Returns {"topk_ids": int32 [rows, topk], "topk_logits": float32
+        [rows, topk]} (descending, ties to the lower id), plus "logits"
+        float32 [rows, vocab] when logits=True. Computed 64 rows at a time.
+        """
+        if isinstance(tuned, os.PathLike):
+            tuned = os.fspath(tuned)
+        return self._lens(x, hook, topk, tuned, logits)
+
     def extract(self, prompts, hooks, *, layers=None, select="last", dtype=None,
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,
                 on_error="fail", streaming_chunk_size=0, max_row_tokens=0,

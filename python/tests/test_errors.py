@@ -116,6 +116,18 @@ def test_placement_keywords_are_the_parameter_table(tmp_path):
         loom.plan(str(tmp_path), max_memory=5)
 
 
+def test_model_keywords_are_the_parameter_table(tmp_path):
+    # threads and hf_bf16 are read by the model group's declarations, with
+    # the range `loom --threads` checks, before anything is loaded.
+    with pytest.raises(loom.InvalidArgumentError,
+                       match=r"threads: got -1, expected an integer in \[0, 4096\]"):
+        loom.Model(str(tmp_path), threads=-1)
+    with pytest.raises(loom.InvalidArgumentError, match="threads: got 5000"):
+        loom.Model(str(tmp_path), threads=5000)
+    with pytest.raises(TypeError, match="hf_bf16"):
+        loom.Model(str(tmp_path), hf_bf16="yes")
+
+
 def test_unknown_isa_cap_is_refused_like_the_cli(monkeypatch):
     monkeypatch.setenv("LOOM_CPU_ISA", "avx9000")
     with pytest.raises(loom.InvalidArgumentError, match="LOOM_CPU_ISA='avx9000'") as e:
@@ -228,6 +240,8 @@ VALID = {
     "patch": ("patch", dict(clean=[1, 403, 407], corrupted=[1, 403, 408],
                             hooks="blocks.0.hook_resid_pre", positions="all", answer=None,
                             wrong=None, batch_tokens=None)),
+    "lens": ("lens", dict(x=np.zeros(64, np.float32), hook="blocks.0.hook_resid_post",
+                          topk=3, tuned=None, logits=False)),
     "loom.plan": (lambda **kw: loom.plan(**kw),
                   dict(path=STORIES, device="auto", max_memory="", reserve="", offload=False,
                        hooks=None, layers=None, select="all", mode="analysis", batch_tokens=0,

@@ -31,35 +31,27 @@ StatusOr<std::unique_ptr<LogitsHead>> LogitsHead::Create(
       WeightOperandOf(*head->weights_, WeightRole::kLmHead, -1);
   const DType w_dtype = w.gemm_dtype();
   ArenaPlan plan;
-  auto add = [&](BufferId id, const char* name, int64_t bytes) {
-    PlannedRegion r;
-    r.id = id;
-    r.name = name;
-    r.bytes = bytes;
-    r.offset = plan.total_bytes;
-    plan.total_bytes += AlignUp(bytes, ArenaPlan::kAlign);
-    plan.regions.push_back(r);
-  };
-  add(BufferId::kLogitsChunk, "eval logits chunk [C, V]",
-      chunk_rows * head->vocab_ * int64_t{sizeof(float)});
-  add(BufferId::kGemmInputCopy, "eval lm_head input copy",
-      costs.gemm_workspace
-          ? costs.gemm_workspace(chunk_rows, head->hidden_, w_dtype)
-          : 0);
+  plan.Append(BufferId::kLogitsChunk, "eval logits chunk [C, V]",
+              chunk_rows * head->vocab_ * int64_t{sizeof(float)});
+  plan.Append(BufferId::kGemmInputCopy, "eval lm_head input copy",
+              costs.gemm_workspace
+                  ? costs.gemm_workspace(chunk_rows, head->hidden_, w_dtype)
+                  : 0);
   const bool k_major = w.format.layout == MatrixLayout::kInOut;
   const int64_t scratch =
       costs.gemm_scratchpad
           ? costs.gemm_scratchpad(chunk_rows, head->vocab_, head->hidden_,
                                   w_dtype, k_major)
           : 0;
-  add(BufferId::kGemmScratchpad, "eval lm_head scratchpad", scratch);
+  plan.Append(BufferId::kGemmScratchpad, "eval lm_head scratchpad", scratch);
   const int64_t decode =
       w.quantized() && costs.weight_decode_workspace
           ? costs.weight_decode_workspace(w.n, w.k, w.format.kind, w_dtype)
           : 0;
-  if (decode > 0) add(BufferId::kWeightDecode, "eval lm_head decode", decode);
-  plan.naive_bytes = plan.total_bytes;
+  if (decode > 0)
+    plan.Append(BufferId::kWeightDecode, "eval lm_head decode", decode);
   ASSIGN_OR_RETURN(head->arena_, Arena::Allocate(plan, *backend));
+  head->scratchpad_bytes_ = scratch;
   if (scratch > 0)
     backend->SetGemmScratchpad(head->arena_.region(BufferId::kGemmScratchpad),
                                scratch);

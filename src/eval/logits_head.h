@@ -45,6 +45,8 @@ class LogitsHead {
   int64_t vocab() const { return vocab_; }
   int64_t hidden() const { return hidden_; }
   int64_t bytes() const { return arena_.bytes(); }
+  // The GEMM scratchpad it gave its backend (bytes; 0: none).
+  int64_t scratchpad_bytes() const { return scratchpad_bytes_; }
 
  private:
   LogitsHead(const Model& model, int64_t chunk_rows);
@@ -54,6 +56,7 @@ class LogitsHead {
   Backend* backend_ = nullptr;
   const BoundWeights* weights_ = nullptr;
   Arena arena_;
+  int64_t scratchpad_bytes_ = 0;
 };
 
 // Index of the first maximum of x[0, n).

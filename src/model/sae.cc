@@ -11,9 +11,8 @@
 
 #include "src/base/float16.h"
 #include "src/core/tensor.h"
-#include "src/io/npz.h"
-#include "src/io/safetensors.h"
 #include "src/model/config_reader.h"
+#include "src/model/f32_tensors.h"
 
 namespace loom {
 namespace {
@@ -27,121 +26,12 @@ constexpr char kGemmaScope2Weights[] = "params.safetensors";
 constexpr char kGemmaScopeWeights[] = "params.npz";
 constexpr char kGemmaScope2Config[] = "config.json";
 
-// "[64, 512]" (Shape::ToString).
-std::string ShapeText(const std::vector<int64_t>& dims) {
-  return Shape(dims).ToString();
+// The dtype of an SAE's weights (of W_enc / w_enc / encoder.weight).
+DType StoredDType(const F32Tensors& t) {
+  for (const char* name : {"W_enc", "w_enc", "encoder.weight"})
+    if (const std::optional<DType> d = t.DTypeOf(name)) return *d;
+  return DType::kF32;
 }
-
-// The weights file of an SAE (a .safetensors, or Gemma Scope's .npz): its
-// tensors by name, each read as f32.
-class SaeTensors {
- public:
-  static StatusOr<SaeTensors> Open(const std::string& path) {
-    SaeTensors t;
-    t.path_ = path;
-    ASSIGN_OR_RETURN(t.file_, SafetensorsFile::Open(path));
-    return t;
-  }
-  // Every array of an .npz read into memory (C order only).
-  static StatusOr<SaeTensors> OpenNpz(const std::string& path) {
-    SaeTensors t;
-    t.path_ = path;
-    ASSIGN_OR_RETURN(const std::unique_ptr<NpzFile> npz, NpzFile::Open(path));
-    for (const std::string& name : npz->names()) {
-      ASSIGN_OR_RETURN(NpyArray a, npz->Read(name));
-      if (a.header.fortran_order)
-        return InvalidArgumentError(path + ": array '" + name +
-                                    "' is in Fortran order");
-      t.npz_.emplace(name, std::move(a));
-    }
-    return t;
-  }
-  const std::string& path() const { return path_; }
-  bool Has(const std::string& name) const { return Find(name).has_value(); }
-  // The shape of tensor `name`, or an error naming it when absent.
-  StatusOr<std::vector<int64_t>> Dims(const std::string& name) const {
-    const std::optional<Raw> r = Find(name);
-    if (!r) return InvalidArgumentError(path() + ": no tensor '" + name + "'");
-    return r->dims;
-  }
-  // The dtype of the weights (of W_enc / w_enc / encoder.weight).
-  DType dtype() const {
-    for (const char* name : {"W_enc", "w_enc", "encoder.weight"})
-      if (const std::optional<Raw> r = Find(name)) return r->dtype;
-    return DType::kF32;
-  }
-
-  // Tensor `name` of shape `dims` as f32; an absent tensor, another shape, a
-  // dtype other than f32/bf16/f16/f64 or a non-finite value is an error
-  // naming the file and the tensor.
-  StatusOr<std::vector<float>> Read(const std::string& name,
-                                    const std::vector<int64_t>& dims) const {
-    const std::optional<Raw> r = Find(name);
-    if (!r)
-      return InvalidArgumentError(path() + ": no tensor '" + name +
-                                  "' (expected " + ShapeText(dims) + ")");
-    if (r->dims != dims)
-      return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
-                                  ShapeText(r->dims) + ", expected " +
-                                  ShapeText(dims) + " from the config");
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    std::vector<float> out(n);
-    // Element by element through memcpy: a safetensors tensor may start at
-    // any byte offset (no alignment is promised).
-    const auto* bytes = static_cast<const uint8_t*>(r->data);
-    for (int64_t i = 0; i < n; ++i) {
-      switch (r->dtype) {
-        case DType::kF32:
-          std::memcpy(&out[i], bytes + 4 * i, 4);
-          break;
-        case DType::kF64: {
-          double v;
-          std::memcpy(&v, bytes + 8 * i, 8);
-          out[i] = static_cast<float>(v);
-          break;
-        }
-        case DType::kBF16:
-        case DType::kF16: {
-          uint16_t h;
-          std::memcpy(&h, bytes + 2 * i, 2);
-          out[i] = r->dtype == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
-          break;
-        }
-        default:
-          return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
-                                      std::string(DTypeName(r->dtype)) +
-                                      ", expected F32, F64, BF16 or F16");
-      }
-      if (!std::isfinite(out[i]))
-        return InvalidArgumentError(path() + ": tensor '" + name + "' holds " +
-                                    std::to_string(out[i]) + " at element " +
-                                    std::to_string(i));
-    }
-    return out;
-  }
-
- private:
-  struct Raw {
-    DType dtype;
-    std::vector<int64_t> dims;
-    const void* data;
-  };
-  std::optional<Raw> Find(const std::string& name) const {
-    if (file_ != nullptr) {
-      const TensorInfo* info = file_->Find(name);
-      if (info == nullptr) return std::nullopt;
-      return Raw{info->dtype, info->shape.dims(), file_->View(*info).data};
-    }
-    const auto it = npz_.find(name);
-    if (it == npz_.end()) return std::nullopt;
-    return Raw{it->second.header.dtype, it->second.header.shape,
-               it->second.data.data()};
-  }
-  std::string path_;
-  std::unique_ptr<SafetensorsFile> file_;
-  std::map<std::string, NpyArray> npz_;
-};
 
 // [rows, cols] -> [cols, rows].
 std::vector<float> Transpose(const std::vector<float>& a, int64_t rows,
@@ -231,7 +121,7 @@ std::string ConfigHook(const nlohmann::json& j, const char* key) {
 
 // Reads the weights of `sae` (architecture and dims set) from a SAELens
 // weights file.
-Status ReadSaeLensWeights(const SaeTensors& t, Sae* sae) {
+Status ReadSaeLensWeights(const F32Tensors& t, Sae* sae) {
   const int64_t in = sae->d_in, n = sae->d_sae, out = sae->d_out;
   ASSIGN_OR_RETURN(const std::vector<float> w_enc, t.Read("W_enc", {in, n}));
   ASSIGN_OR_RETURN(sae->w_dec, t.Read("W_dec", {n, out}));
@@ -308,9 +198,9 @@ StatusOr<Sae> LoadSaeLens(const fs::path& dir) {
         "d_out entries; SAELens' TranscoderConfig refuses it too)");
   sae.hook = ConfigHook(cfg.json(), "hook_name");
   if (sae.hook.empty()) sae.hook = ConfigHook(cfg.json(), "hook_point");
-  ASSIGN_OR_RETURN(const SaeTensors t,
-                   SaeTensors::Open((dir / kSaeLensWeights).string()));
-  sae.stored_dtype = t.dtype();
+  ASSIGN_OR_RETURN(const F32Tensors t,
+                   F32Tensors::Open((dir / kSaeLensWeights).string()));
+  sae.stored_dtype = StoredDType(t);
   RETURN_IF_ERROR(ReadSaeLensWeights(t, &sae));
   return sae;
 }
@@ -353,9 +243,9 @@ StatusOr<Sae> LoadSparsify(const fs::path& dir) {
   sae.apply_b_dec_to_input = true;
   // The hook is the folder's name (layers.N), sparsify's hookpoint.
   sae.hook = dir.filename().string();
-  ASSIGN_OR_RETURN(const SaeTensors t,
-                   SaeTensors::Open((dir / kSparsifyWeights).string()));
-  sae.stored_dtype = t.dtype();
+  ASSIGN_OR_RETURN(const F32Tensors t,
+                   F32Tensors::Open((dir / kSparsifyWeights).string()));
+  sae.stored_dtype = StoredDType(t);
   const int64_t in = sae.d_in, n = sae.d_sae;
   ASSIGN_OR_RETURN(sae.w_enc, t.Read("encoder.weight", {n, in}));
   ASSIGN_OR_RETURN(sae.b_enc, t.Read("encoder.bias", {n}));
@@ -395,9 +285,9 @@ StatusOr<Sae> LoadGemmaScope(const fs::path& dir) {
   sae.path = dir.string();
   sae.format = SaeFormat::kGemmaScope;
   sae.architecture = SaeArchitecture::kJumpRelu;
-  ASSIGN_OR_RETURN(const SaeTensors t,
-                   SaeTensors::OpenNpz((dir / kGemmaScopeWeights).string()));
-  sae.stored_dtype = t.dtype();
+  ASSIGN_OR_RETURN(const F32Tensors t,
+                   F32Tensors::OpenNpz((dir / kGemmaScopeWeights).string()));
+  sae.stored_dtype = StoredDType(t);
   const auto name = [&](const char* upper) {
     std::string lower(upper);
     lower[0] = 'w';
@@ -488,9 +378,9 @@ StatusOr<Sae> LoadGemmaScope2(const fs::path& dir) {
     GemmaScope2HooksFromPath(dir, &sae);
     affine = sae.path.find("affine") != std::string::npos;
   }
-  ASSIGN_OR_RETURN(const SaeTensors t,
-                   SaeTensors::Open((dir / kGemmaScope2Weights).string()));
-  sae.stored_dtype = t.dtype();
+  ASSIGN_OR_RETURN(const F32Tensors t,
+                   F32Tensors::Open((dir / kGemmaScope2Weights).string()));
+  sae.stored_dtype = StoredDType(t);
   ASSIGN_OR_RETURN(const std::vector<int64_t> enc, t.Dims("w_enc"));
   ASSIGN_OR_RETURN(const std::vector<int64_t> dec, t.Dims("w_dec"));
   if (enc.size() != 2 || dec.size() != 2 || dec[0] != enc[1] || enc[0] <= 0 ||

@@ -32,6 +32,17 @@ int ArenaPlan::Find(BufferId id) const {
   return -1;
 }
 
+void ArenaPlan::Append(BufferId id, const char* name, int64_t bytes) {
+  PlannedRegion r;
+  r.id = id;
+  r.name = name;
+  r.bytes = bytes;
+  r.offset = total_bytes;
+  total_bytes += AlignUp(bytes, kAlign);
+  naive_bytes = total_bytes;
+  regions.push_back(std::move(r));
+}
+
 void PackArena(ArenaPlan* arena) {
   std::vector<PlannedRegion>& rs = arena->regions;
   std::vector<size_t> order(rs.size());

@@ -44,7 +44,8 @@ struct KernelCosts {
   int64_t (*gemm_workspace)(int64_t m, int64_t k, DType w_dtype) = nullptr;
   // Library scratch of one GEMM y[m, n] = x[m, k] W (W stored [n, k], or
   // [k, n] when `k_major`), e.g. cuBLASLt's workspace. nullptr = none.
-  int64_t (*gemm_scratchpad)(int64_t m, int64_t n, int64_t k, DType w_dtype, bool k_major) = nullptr;
+  int64_t (*gemm_scratchpad)(int64_t m, int64_t n, int64_t k, DType w_dtype,
+                             bool k_major) = nullptr;
   // Scratch bytes of attention over sequences up to `max_seq_len` with head
   // width `width` = max(q/k head_dim, v head width)
   // (cpu::AttentionWorkspaceBytes). nullptr = none.
@@ -76,7 +77,7 @@ struct KernelCosts {
 
 struct PlannedRegion {
   BufferId id = BufferId::kResidual;  // what the executor looks up
-  std::string name;   // display only: BufferName(id)
+  std::string name;                   // display only: BufferName(id)
   std::string shape;  // "[T, Q+2KV] f32" with the numbers: "[2048, 6144] f32"
   int64_t bytes = 0;
   int64_t offset = 0;  // 64-byte aligned
@@ -92,6 +93,10 @@ struct ArenaPlan {
   int64_t naive_bytes = 0;  // sum of aligned region bytes (no reuse)
   // Index of the region of buffer `id`, or -1.
   int Find(BufferId id) const;
+  // Adds a region of `bytes` after the others, live the whole time (a small
+  // arena of its own: an evaluation head's, a lens's), and counts it in
+  // total_bytes and naive_bytes.
+  void Append(BufferId id, const char* name, int64_t bytes);
 };
 
 struct ActivationLayout {

@@ -77,6 +77,40 @@ void ComputeLogits(const ModelConfig& c, const BoundWeights& weights,
     backend.Softcap(logits, rows * c.vocab_size, c.final_softcap);
 }
 
+void ApplyNorm(NormKind kind, float eps, float offset, const TensorView* w,
+               const TensorView* b, bool hf_bf16, Backend& be, const float* x,
+               float* y, int64_t rows, int64_t dim) {
+  const DType wd = w ? w->dtype : DType::kF32;
+  switch (kind) {
+    case NormKind::kRms:
+      if (hf_bf16 && w != nullptr && offset == 0.0f &&
+          w->dtype == DType::kBF16) {
+        // HF's Llama-style RMSNorm: weight * normalized.to(bf16), two
+        // roundings.
+        be.RmsNormBf16(x, w->data, eps, y, rows, dim);
+      } else {
+        be.RmsNorm(x, w ? w->data : nullptr, wd, offset, eps, y, rows, dim);
+      }
+      break;
+    case NormKind::kLayer:
+      be.LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd, eps, y,
+                   rows, dim);
+      break;
+    case NormKind::kLayerNoAffine:
+      be.LayerNorm(x, nullptr, nullptr, wd, eps, y, rows, dim);
+      break;
+  }
+}
+
+void ComputeFinalNorm(const ModelConfig& c, const BoundWeights& weights,
+                      Backend& backend, bool hf_bf16, const float* x, float* y,
+                      int64_t rows) {
+  ApplyNorm(c.norm, c.norm_eps, c.norm_offset,
+            weights.Get(WeightRole::kFinalNorm, -1),
+            weights.Get(WeightRole::kFinalNormBias, -1), hf_bf16, backend, x, y,
+            rows, c.hidden_size);
+}
+
 void AddSequenceEdits(const std::vector<Intervention>& list, int64_t row,
                       int64_t seq, int64_t length,
                       std::vector<SequenceEdit>* edits) {
@@ -477,29 +511,9 @@ Status Executor::Norm(Device& d, NormKind kind, float eps, float offset,
                       const float* x, float* y, HookSite site,
                       const Batch& batch, HookSink* sink) {
   const int64_t rows = batch.num_tokens(), dim = c_.hidden_size;
-  const TensorView* w = d.weights->Get(wrole, layer);
-  const TensorView* b = d.weights->Get(brole, layer);
-  const DType wd = w ? w->dtype : DType::kF32;
-  Backend& be = *d.backend;
-  switch (kind) {
-    case NormKind::kRms:
-      if (options_.hf_bf16_activations && w != nullptr && offset == 0.0f &&
-          w->dtype == DType::kBF16) {
-        // HF's Llama-style RMSNorm: weight * normalized.to(bf16), two
-        // roundings.
-        be.RmsNormBf16(x, w->data, eps, y, rows, dim);
-      } else {
-        be.RmsNorm(x, w ? w->data : nullptr, wd, offset, eps, y, rows, dim);
-      }
-      break;
-    case NormKind::kLayer:
-      be.LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd, eps, y,
-                   rows, dim);
-      break;
-    case NormKind::kLayerNoAffine:
-      be.LayerNorm(x, nullptr, nullptr, wd, eps, y, rows, dim);
-      break;
-  }
+  ApplyNorm(kind, eps, offset, d.weights->Get(wrole, layer),
+            d.weights->Get(brole, layer), options_.hf_bf16_activations,
+            *d.backend, x, y, rows, dim);
   RoundActivations(d, y, rows, dim, dim);
   return Deliver(site, layer, batch, d, dim, dim, y, sink);
 }

@@ -187,6 +187,20 @@ void ComputeLogits(const ModelConfig& c, const BoundWeights& weights,
                    Backend& backend, const float* hidden, int64_t rows,
                    float* logits, void* workspace);
 
+// A norm of `kind` on x [rows, dim] into y (row stride dim): RMSNorm
+// (weight w (+ offset), or none), LayerNorm (w, b) or LayerNorm without
+// affine; `hf_bf16` rounds as HF's bf16 Llama RMSNorm where that applies.
+// One row's result depends on that row alone.
+void ApplyNorm(NormKind kind, float eps, float offset, const TensorView* w,
+               const TensorView* b, bool hf_bf16, Backend& be, const float* x,
+               float* y, int64_t rows, int64_t dim);
+
+// The model's final norm (ln_final) on x [rows, H] into y [rows, H], as the
+// executor's final-norm step computes it, with the weights of `weights`.
+void ComputeFinalNorm(const ModelConfig& c, const BoundWeights& weights,
+                      Backend& backend, bool hf_bf16, const float* x, float* y,
+                      int64_t rows);
+
 class Executor {
  public:
   static StatusOr<std::unique_ptr<Executor>> Create(

@@ -9,20 +9,12 @@
 #include "src/backend/cpu/kernels.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
+#include "src/core/topk.h"
 
 namespace loom::cpu {
 namespace {
 
 constexpr int64_t kAlign = 64;
-
-// The order of the top-k lists: larger first, ties to the lower index, a NaN
-// (a row that overflowed) after every number. A total order, as
-// std::nth_element and std::partial_sort need.
-bool RanksBefore(const float* v, int32_t a, int32_t b) {
-  const bool na = std::isnan(v[a]), nb = std::isnan(v[b]);
-  if (na != nb) return nb;
-  return (!na && v[a] > v[b]) || ((na || v[a] == v[b]) && a < b);
-}
 
 // The workspace's parts, carved in this order.
 struct Parts {
@@ -193,21 +185,6 @@ void Encode(const Sae& sae, const Parts& p, int64_t rows) {
 int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows) {
   Parts p;
   return PartBytes(sae, rows, &p, nullptr);
-}
-
-void TopKDescending(const float* v, int64_t n, int64_t k, int32_t* indices,
-                    float* values, std::vector<int32_t>* scratch) {
-  LOOM_CHECK(k >= 0 && k <= n) << "k=" << k << " n=" << n;
-  std::vector<int32_t> own;
-  std::vector<int32_t>& order = scratch ? *scratch : own;
-  order.resize(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](int32_t a, int32_t b) { return RanksBefore(v, a, b); });
-  for (int64_t i = 0; i < k; ++i) {
-    indices[i] = order[i];
-    values[i] = v[order[i]];
-  }
 }
 
 void RunSae(const Sae& sae, const float* x, const float* reference,

@@ -29,11 +29,6 @@ int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows);
 void RunSae(const Sae& sae, const float* x, const float* reference,
             int64_t rows, void* workspace, const SaeOutputs& out);
 
-// The `k` largest of v [n], descending, ties by the lower index; `scratch`
-// (n indices; null: allocated here) is reused from call to call.
-void TopKDescending(const float* v, int64_t n, int64_t k, int32_t* indices,
-                    float* values, std::vector<int32_t>* scratch = nullptr);
-
 }  // namespace loom::cpu
 
 #endif  // LOOM_BACKEND_CPU_SAE_CPU_H_

@@ -94,8 +94,8 @@ Out RunCase(const Sae& sae, const std::vector<float>& x, int64_t rows,
   o.topi.resize(rows * topk);
   std::vector<char> ws(SaeWorkspaceBytes(sae, rows) + 64);
   SaeOutputs out{o.hidden.data(), o.acts.data(), o.recons.data(),
-                    o.rec.data(),    o.err.data(),  topk,
-                    o.topi.data(),   o.topv.data()};
+                 o.rec.data(),    o.err.data(),  topk,
+                 o.topi.data(),   o.topv.data()};
   // The reference of the error is the input for an SAE (d_out = d_in here
   // for every case but the transcoders, whose reference is zeros).
   std::vector<float> ref(rows * sae.d_out, 0.0f);
@@ -172,23 +172,6 @@ TEST(SaeCpuTest, EveryArchitectureMatchesTheReference) {
       }
     }
   }
-}
-
-TEST(SaeCpuTest, TopKTiesGoToTheLowerIndex) {
-  const float v[] = {0, 3, 1, 3, 0, 2, 3, 0};
-  int32_t idx[6];
-  float val[6];
-  TopKDescending(v, 8, 6, idx, val);
-  EXPECT_EQ(std::vector<int32_t>(idx, idx + 6),
-            (std::vector<int32_t>{1, 3, 6, 5, 2, 0}));
-  EXPECT_EQ(std::vector<float>(val, val + 6),
-            (std::vector<float>{3, 3, 3, 2, 1, 0}));
-  // A NaN (an overflowed row) ranks after every number, even -inf.
-  const float inf = std::numeric_limits<float>::infinity();
-  const float w[] = {std::nanf(""), -inf, 1, std::nanf(""), 2};
-  TopKDescending(w, 5, 5, idx, val);
-  EXPECT_EQ(std::vector<int32_t>(idx, idx + 5),
-            (std::vector<int32_t>{4, 2, 1, 0, 3}));
 }
 
 TEST(SaeCpuTest, RowsAreBitIdenticalAtAnyBatchAndThreadCount) {
