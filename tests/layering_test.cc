@@ -249,6 +249,73 @@ TEST(Layering, EveryIncludeFollowsTheTable) {
 }
 
 // The checker itself: a table and sources in memory.
+// The lines of `text`.
+int64_t Lines(const std::string& text) {
+  return static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// The sources (.cc, .h; tests aside) under `dir`, relative path -> text.
+std::map<std::string, std::string> SourcesUnder(const std::string& dir) {
+  const std::filesystem::path root(LOOM_SOURCE_DIR);
+  std::map<std::string, std::string> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(root / dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator();
+       it.increment(ec)) {
+    const std::string ext = it->path().extension().string();
+    const std::string rel =
+        std::filesystem::relative(it->path(), root).generic_string();
+    if (!it->is_regular_file() || (ext != ".cc" && ext != ".h") ||
+        rel.find("_test.") != std::string::npos ||
+        rel.find("/tests/") != std::string::npos)
+      continue;
+    out[rel] = ReadFile(it->path());
+  }
+  return out;
+}
+
+// The front ends stay translators (docs/design/architecture.md, "Session"):
+// the server's lifecycle file and its route files stay small, the Python
+// module's registration file too, each flag string is declared once (by the
+// parameter table's specs, or one constant), and only the Session's source
+// plans, creates backends and loads.
+TEST(Layering, TheFrontEndsStayThin) {
+  std::map<std::string, std::string> front;
+  for (const char* dir : {"tools", "python", "src/serve"})
+    front.merge(SourcesUnder(dir));
+  ASSERT_GT(front.size(), 20u);
+  for (const auto& [path, text] : front) {
+    SCOPED_TRACE(path);
+    if (path == "src/serve/server.cc") EXPECT_LE(Lines(text), 600);
+    if (path.rfind("src/serve/routes/", 0) == 0) EXPECT_LE(Lines(text), 400);
+    if (path == "python/loom_module.cc") EXPECT_LE(Lines(text), 700);
+  }
+  for (const char* flag :
+       {"\"--precision\"", "\"--hooks\"", "\"--select\"", "\"--device\"",
+        "\"--threads\"", "\"--model\"", "\"--hf-bf16\""}) {
+    std::vector<std::string> where;
+    for (const auto& [path, text] : front)
+      for (size_t at = text.find(flag); at != std::string::npos;
+           at = text.find(flag, at + 1))
+        where.push_back(path);
+    EXPECT_LE(where.size(), 1u) << flag << " is declared in:\n" << Join(where);
+  }
+  std::map<std::string, std::string> all = SourcesUnder("src");
+  all.merge(front);
+  for (const char* call : {"PlanJobOrRefuse(", "CreateJobBackends(",
+                           "Model::Load(", "LoadInterventions("}) {
+    for (const auto& [path, text] : all) {
+      if (path.rfind("src/eval/session.", 0) == 0 ||
+          path.rfind("src/eval/job_plan", 0) == 0 ||
+          path.rfind("src/runtime/model.", 0) == 0 ||
+          path.rfind("src/model/interventions.", 0) == 0)
+        continue;
+      EXPECT_EQ(text.find(call), std::string::npos)
+          << path << " calls " << call << " (only the Session does)";
+    }
+  }
+}
+
 TEST(Layering, CatchesForbiddenIncludesAndUnknownPlaces) {
   const Table t = ParseTable(
       "<!-- layering-table -->\n"

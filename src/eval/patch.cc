@@ -112,10 +112,8 @@ StatusOr<PatchShape> ShapeOf(const ModelConfig& c, int64_t T,
                         static_cast<int64_t>(sh.positions.size());
   // One executor for the three kinds of forwards: the grid hooks (captured
   // by the clean run) and the final norm (every run's last rows).
-  const int64_t budget =
-      std::max(T, o.batch_tokens > 0
-                      ? o.batch_tokens
-                      : std::min<int64_t>(4096, c.max_position_embeddings));
+  const int64_t budget = std::max(
+      T, o.batch_tokens > 0 ? o.batch_tokens : DefaultContext(c, 4096));
   sh.per_forward = std::min(budget / T, std::max<int64_t>(cells, 2));
   for (const HookPoint& h : sh.grid) sh.hooks.Add(h);
   sh.hooks.Add({HookSite::kFinalNorm, -1});

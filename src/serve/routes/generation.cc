@@ -10,7 +10,6 @@
 #include "src/serve/routes/common.h"
 
 namespace loom::serve::routes {
-
 namespace {
 
 // TheLoom's attention_weights: {key: {data (flat), shape [1, heads, keys],
