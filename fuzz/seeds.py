@@ -477,6 +477,35 @@ def saes():
         add("fuzz_sae", 10, b"\n--\n" + buf.getvalue())
 
 
+# A state dict of one [2, 2] f32 tensor, as torch.save's data.pkl spells it
+# (protocol 2), built by hand: the unpickler's happy path.
+MINIMAL_STATE_DICT = (
+    b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01(X\x01\x00\x00\x00w"
+    b"ctorch._utils\n_rebuild_tensor_v2\nq\x02((X\x07\x00\x00\x00storage"
+    b"ctorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x04tQ"
+    b"K\x00K\x02K\x02\x86K\x02K\x01\x86\x89h\x00)RtRu.")
+
+
+def torch_pickles():
+    """data.pkl of the tuned lens's params.pt (shared), the hand-built state
+    dict, and plain pickles of protocols 2-5 (frames, memoize, stack
+    globals), which the unpickler must refuse or read without a crash."""
+    import collections
+    import pickle
+    import zipfile
+    for path in shared("golden", "lens", "*", "params.pt"):
+        with zipfile.ZipFile(path) as z:
+            for name in z.namelist():
+                if name.endswith("/data.pkl"):
+                    add("fuzz_torch_pickle", 0, z.read(name))
+    add("fuzz_torch_pickle", 7, MINIMAL_STATE_DICT)
+    for proto in (2, 3, 4, 5):
+        add("fuzz_torch_pickle", proto, pickle.dumps(collections.OrderedDict(), protocol=proto))
+        add("fuzz_torch_pickle", proto, pickle.dumps({"a": (1, 2.5, "x", None, True)},
+                                                     protocol=proto))
+    add("fuzz_torch_pickle", 1, b"cos\nsystem\n(X\x02\x00\x00\x00lstR.")
+
+
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
     safetensors()
@@ -489,6 +518,7 @@ def main():
     npy(build)
     serve()
     saes()
+    torch_pickles()
     for d in sorted(os.listdir(CORPUS)):
         print(d, len(os.listdir(os.path.join(CORPUS, d))))
 

@@ -156,7 +156,8 @@ TEST(LensGoldenTest, TunedLensGivenHfResiduals) {
   const ModelConfig& c = model->config();
   // The folder as tuned-lens saves it (read through params.safetensors) and
   // the translators' file alone give the same lens.
-  for (const std::string& path : {dir, dir + "/params.safetensors"}) {
+  for (const std::string& path :
+       {dir, dir + "/params.safetensors", dir + "/params.pt"}) {
     SCOPED_TRACE(path);
     auto tuned = LoadTunedLens(path);
     ASSERT_TRUE(tuned.ok()) << tuned.status().ToString();
@@ -326,10 +327,11 @@ class TunedLensFilesTest : public testing::TempDirTest {
 };
 
 TEST_F(TunedLensFilesTest, HostileFilesAreRefusedNamingFileAndField) {
-  // params.pt alone: never unpickled; the message says how to convert it.
+  // A params.pt that is no torch zip.
   fs::create_directories(Path("pickle"));
   WriteFile("pickle/params.pt", "PK not really");
-  EXPECT_NE(Error(Path("pickle")).find("does not unpickle"), std::string::npos)
+  EXPECT_NE(Error(Path("pickle")).find("not a readable torch (zip) archive"),
+            std::string::npos)
       << Error(Path("pickle"));
   EXPECT_NE(Error(Path("nowhere")).find("no such tuned lens"),
             std::string::npos);
@@ -366,6 +368,26 @@ TEST_F(TunedLensFilesTest, HostileFilesAreRefusedNamingFileAndField) {
   auto bare = LoadTunedLens(Path("bare.safetensors"));
   ASSERT_TRUE(bare.ok()) << bare.status().ToString();
   EXPECT_EQ(bare->b(1)[0], 0.0f);
+}
+
+// The folder as tuned-lens saves it (config.json + params.pt, no
+// safetensors): params.pt read by the restricted unpickler gives the
+// translators of params.safetensors bit for bit.
+TEST_F(TunedLensFilesTest, ParamsPtAloneGivesTheSameTranslators) {
+  const std::string root = LensRoot();
+  SKIP_WITHOUT_LENS_GOLDENS(root);
+  const std::string src = root + "/llama__tuned_lens";
+  fs::create_directories(Path("saved"));
+  for (const char* f : {"config.json", "params.pt"})
+    fs::copy_file(src + "/" + f, Path("saved") + "/" + f);
+  auto pt = LoadTunedLens(Path("saved"));
+  ASSERT_TRUE(pt.ok()) << pt.status().ToString();
+  auto st = LoadTunedLens(src + "/params.safetensors");
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(pt->path, Path("saved") + "/params.pt");
+  EXPECT_EQ(pt->num_layers, st->num_layers);
+  EXPECT_EQ(pt->weight, st->weight);
+  EXPECT_EQ(pt->bias, st->bias);
 }
 
 TEST_F(TunedLensFilesTest, ALensForAnotherModelIsRefused) {

@@ -223,8 +223,9 @@ class Model(_loom.Model):
         model's own final norm and unembedding (softcap, logit scaling
         included) applied to each row, as docs/saes.md ("Lenses") states.
 
-        tuned: a tuned lens (the folder tuned-lens saves, read from its
-          params.safetensors, or that file); translator i acts on
+        tuned: a tuned lens (the folder tuned-lens saves, with params.pt or
+          params.safetensors, or one of those files; params.pt is read as
+          a zip of tensors, never executed); translator i acts on
           blocks.i.hook_resid_pre, and the last layer's hook_resid_post has
           none (the model's own logits).
         Returns {"topk_ids": int32 [rows, topk], "topk_logits": float32

@@ -51,15 +51,17 @@ def test_logit_lens_given_hf_residuals(name):
                               g[seq + ".top10_gap"][i], 1e-5)
 
 
-def test_tuned_lens_given_hf_residuals():
+@pytest.mark.parametrize("where", ["", "params.pt", "params.safetensors"])
+def test_tuned_lens_given_hf_residuals(where):
     root, m, g, model = case("llama__tuned_lens")
+    tuned = os.path.join(root, where) if where else root
     for seq in m["inputs"]:
         for i, hook in enumerate(m["layers"]):
-            out = model.lens(g[seq + ".resid"][i], hook, tuned=root, logits=True)
+            out = model.lens(g[seq + ".resid"][i], hook, tuned=tuned, logits=True)
             near(out["logits"], g[seq + ".logits_tuned"][i])
             decided_ids_equal(out["topk_ids"], g[seq + ".top10_ids"][i],
                               g[seq + ".top10_gap"][i], 1e-5)
-            assert "logits" not in model.lens(g[seq + ".resid"][i], hook, 3, tuned=root)
+            assert "logits" not in model.lens(g[seq + ".resid"][i], hook, 3, tuned=tuned)
 
 
 def test_last_layer_lens_is_the_models_logits():

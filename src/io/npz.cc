@@ -7,41 +7,17 @@
 
 namespace loom {
 
-struct NpzFile::Zip {
-  zip_t* archive = nullptr;
-  ~Zip() {
-    if (archive != nullptr) zip_discard(archive);
-  }
-};
-
 NpzFile::~NpzFile() = default;
 
 StatusOr<std::unique_ptr<NpzFile>> NpzFile::Open(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    return NotFoundError(path + ": no such file");
-  int error = 0;
-  zip_t* z = zip_open(path.c_str(), ZIP_RDONLY, &error);
-  if (z == nullptr) {
-    zip_error_t e;
-    zip_error_init_with_code(&e, error);
-    const std::string what = zip_error_strerror(&e);
-    zip_error_fini(&e);
-    return DataLossError(path + ": not a readable .npz (zip) archive: " + what);
-  }
   std::unique_ptr<NpzFile> f(new NpzFile());
+  ASSIGN_OR_RETURN(f->zip_, ZipArchive::Open(path, ".npz"));
   f->path_ = path;
-  f->zip_ = std::make_unique<Zip>();
-  f->zip_->archive = z;
-  const zip_int64_t n = zip_get_num_entries(z, 0);
-  for (zip_int64_t i = 0; i < n; ++i) {
-    const char* name = zip_get_name(z, static_cast<zip_uint64_t>(i), 0);
-    if (name == nullptr) continue;
-    std::string s(name);
+  for (const std::string& member : f->zip_->members()) {
+    std::string s = member;
     if (s.size() > 4 && s.compare(s.size() - 4, 4, ".npy") == 0)
       s.resize(s.size() - 4);
     f->names_.push_back(s);
-    f->index_.push_back(i);
   }
   return f;
 }
@@ -59,34 +35,9 @@ StatusOr<NpyArray> NpzFile::Read(const std::string& name,
     return NotFoundError(path_ + ": no array '" + name + "' (it holds: " +
                          (list.empty() ? "none" : list) + ")");
   }
-  const zip_uint64_t index =
-      static_cast<zip_uint64_t>(index_[it - names_.begin()]);
-  const std::string member = path_ + ": " + name + ".npy";
-  zip_stat_t st;
-  zip_stat_init(&st);
-  if (zip_stat_index(zip_->archive, index, 0, &st) != 0 ||
-      (st.valid & ZIP_STAT_SIZE) == 0)
-    return DataLossError(member + ": cannot read its size");
-  if (st.size > static_cast<zip_uint64_t>(max_bytes))
-    return DataLossError(member + ": " + std::to_string(st.size) +
-                         " bytes, more than " + std::to_string(max_bytes));
-  zip_file_t* file = zip_fopen_index(zip_->archive, index, 0);
-  if (file == nullptr)
-    return DataLossError(member + ": " + zip_strerror(zip_->archive));
-  std::string bytes(static_cast<size_t>(st.size), '\0');
-  zip_uint64_t done = 0;
-  while (done < st.size) {
-    const zip_int64_t got =
-        zip_fread(file, bytes.data() + done, st.size - done);
-    if (got <= 0) break;
-    done += static_cast<zip_uint64_t>(got);
-  }
-  const std::string error = done < st.size ? zip_file_strerror(file) : "";
-  zip_fclose(file);
-  if (done < st.size)
-    return DataLossError(member + ": read " + std::to_string(done) + " of " +
-                         std::to_string(st.size) + " bytes: " + error);
-  return ParseNpy(bytes, member);
+  const std::string& member = zip_->members()[it - names_.begin()];
+  ASSIGN_OR_RETURN(const std::string bytes, zip_->Read(member, max_bytes));
+  return ParseNpy(bytes, path_ + ": " + member);
 }
 
 Status WriteNpz(const std::string& path, const std::vector<NpzMember>& members,

@@ -10,6 +10,7 @@
 
 #include "src/base/status.h"
 #include "src/io/npy.h"
+#include "src/io/zip.h"
 
 namespace loom {
 
@@ -35,10 +36,8 @@ class NpzFile {
  private:
   NpzFile() = default;
   std::string path_;
-  struct Zip;
-  std::unique_ptr<Zip> zip_;
-  std::vector<std::string> names_;
-  std::vector<int64_t> index_;  // the zip index of each name
+  std::unique_ptr<ZipArchive> zip_;
+  std::vector<std::string> names_;  // members without ".npy", in order
 };
 
 // One array of WriteNpz: `bytes` bytes of `dtype` x `shape` at `data`.

@@ -7,6 +7,7 @@
 #include "src/base/float16.h"
 #include "src/core/tensor.h"
 #include "src/io/npz.h"
+#include "src/io/torch_pickle.h"
 
 namespace loom {
 
@@ -30,6 +31,20 @@ StatusOr<F32Tensors> F32Tensors::OpenNpz(const std::string& path) {
     if (a.header.fortran_order)
       return InvalidArgumentError(path + ": array '" + name +
                                   "' is in Fortran order");
+    t.npz_.emplace(name, std::move(a));
+  }
+  return t;
+}
+
+StatusOr<F32Tensors> F32Tensors::OpenTorch(const std::string& path) {
+  F32Tensors t;
+  t.path_ = path;
+  ASSIGN_OR_RETURN(auto tensors, ReadTorchStateDict(path));
+  for (auto& [name, tensor] : tensors) {
+    NpyArray a;
+    a.header.dtype = tensor.dtype;
+    a.header.shape = tensor.shape;
+    a.data = std::move(tensor.data);
     t.npz_.emplace(name, std::move(a));
   }
   return t;

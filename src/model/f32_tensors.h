@@ -27,6 +27,9 @@ class F32Tensors {
   static StatusOr<F32Tensors> Open(const std::string& path);
   // Every array of an .npz read into memory (C order only).
   static StatusOr<F32Tensors> OpenNpz(const std::string& path);
+  // Every tensor of a torch.save'd state dict read into memory
+  // (src/io/torch_pickle.h: never unpickled by Python's rules).
+  static StatusOr<F32Tensors> OpenTorch(const std::string& path);
 
   const std::string& path() const { return path_; }
   bool Has(const std::string& name) const { return Find(name).has_value(); }

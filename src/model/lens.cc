@@ -68,21 +68,18 @@ StatusOr<TunedLens> LoadTunedLens(const std::string& path) {
   std::string weights = path;
   std::optional<LensConfig> config;
   std::string config_path;
+  bool pickle = false;
   if (fs::is_directory(path, ec)) {
     const fs::path dir(path);
     weights = (dir / kTunedLensWeights).string();
     if (!fs::exists(weights, ec)) {
-      if (fs::exists(dir / kTunedLensPickle, ec))
-        return UnimplementedError(
-            path + ": has " + kTunedLensPickle + " (a torch pickle) but no " +
-            kTunedLensWeights +
-            "; Loom does not unpickle: save the translators once as "
-            "safetensors (tensors layer_translators.<i>.weight / .bias, e.g. "
-            "safetensors.torch.save_file(torch.load(params.pt), ...)) beside "
-            "it");
-      return NotFoundError(path + ": no " + kTunedLensWeights +
-                           " (a tuned lens folder holds config.json and the "
-                           "translators)");
+      weights = (dir / kTunedLensPickle).string();
+      pickle = true;
+      if (!fs::exists(weights, ec))
+        return NotFoundError(path + ": no " + kTunedLensWeights + " or " +
+                             kTunedLensPickle +
+                             " (a tuned lens folder holds config.json and "
+                             "the translators)");
     }
     config_path = (dir / kTunedLensConfig).string();
     if (fs::exists(config_path, ec)) {
@@ -90,9 +87,13 @@ StatusOr<TunedLens> LoadTunedLens(const std::string& path) {
     }
   } else if (!fs::exists(path, ec)) {
     return NotFoundError(path + ": no such tuned lens (a folder with " +
-                         kTunedLensWeights + ", or a .safetensors file)");
+                         kTunedLensWeights + " or " + kTunedLensPickle +
+                         ", or one of those files)");
+  } else {
+    pickle = fs::path(path).extension() == ".pt";
   }
-  ASSIGN_OR_RETURN(const F32Tensors t, F32Tensors::Open(weights));
+  ASSIGN_OR_RETURN(const F32Tensors t, pickle ? F32Tensors::OpenTorch(weights)
+                                              : F32Tensors::Open(weights));
   const bool prefixed = t.Has("layer_translators.0.weight");
   if (!prefixed && !t.Has("0.weight"))
     return InvalidArgumentError(

@@ -34,13 +34,13 @@ struct TunedLens {
 };
 
 // Reads a tuned lens from `path`: the folder tuned-lens saves (config.json +
-// params.pt), read from its params.safetensors, or a .safetensors file of
-// the translators. Tensor names: layer_translators.<i>.weight [d, d] and
-// .bias [d] (or without the prefix, as params.pt keys them), i = 0..n-1.
-// config.json, when present, must say lens_type linear_tuned_lens and agree
-// with the tensors (d_model, num_hidden_layers, bias). A folder with only
-// params.pt is refused saying how to convert it (Loom does not unpickle).
-// Errors name the file and the tensor or field.
+// params.pt; a params.safetensors beside them is preferred), or one of those
+// files. params.pt is read as a zip of tensors by the restricted unpickler
+// of src/io/torch_pickle.h (nothing in it is executed). Tensor names:
+// layer_translators.<i>.weight [d, d] and .bias [d] (or without the prefix,
+// as params.pt keys them), i = 0..n-1. config.json, when present, must say
+// lens_type linear_tuned_lens and agree with the tensors (d_model,
+// num_hidden_layers, bias). Errors name the file and the tensor or field.
 StatusOr<TunedLens> LoadTunedLens(const std::string& path);
 
 // Whether a lens reads `hook`: a residual stream (blocks.i.hook_resid_pre /
