@@ -300,6 +300,91 @@ TEST_F(LensEndToEndTest, FromLoomsOwnResiduals) {
   }
 }
 
+// `loom lens --json` on a golden prompt: the grid's hooks are the goldens'
+// rows, its top-10 logits HF's within 1e-4 and its ids HF's where the gap
+// decides; with --tuned, the tuned lens's goldens.
+TEST(LensCliTest, GridMatchesTheGoldens) {
+  const std::string root = LensRoot();
+  SKIP_WITHOUT_LENS_GOLDENS(root);
+  std::vector<std::string> cases(std::begin(kLogitLensCases),
+                                 std::end(kLogitLensCases));
+  cases.push_back("llama__tuned_lens");
+  for (const std::string& name : cases) {
+    SCOPED_TRACE(name);
+    const std::string dir = root + "/" + name;
+    const nlohmann::json m = testing::ReadJson(dir + "/manifest.json");
+    const bool tuned = name == "llama__tuned_lens";
+    const std::string seq = "seq4";
+    std::string ids;
+    for (const auto& id : m["inputs"][seq]["input_ids"])
+      ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+    std::string hooks;
+    for (const auto& l : m["layers"])
+      hooks += (hooks.empty() ? "" : ",") + l.get<std::string>();
+    const std::string cmd =
+        std::string(LOOM_BINARY) + " lens --model " +
+        testing::SharedGoldenDir() + "/tiny/" + m["model"].get<std::string>() +
+        " --prompt-tokens " + ids + " --hooks " + hooks +
+        " --precision f32 --json --quiet" + (tuned ? " --tuned " + dir : "");
+    std::string out;
+    ASSERT_EQ(testing::RunShell(cmd + " 2>/dev/null", &out), 0) << cmd;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    ASSERT_EQ(j["hooks"], m["layers"]);
+    EXPECT_EQ(j["lens"], tuned ? "tuned" : "logit");
+    auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
+    Shape ts;
+    const std::vector<float> top = golden->F32(seq + ".top10_logits", &ts);
+    const std::vector<float> gap = golden->F32(seq + ".top10_gap");
+    const std::vector<int32_t> want = golden->Ids(seq + ".top10_ids");
+    const int64_t L = ts[0], T = ts[1];
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t at = (l * T + t) * kTopK;
+        const std::vector<float> got_logits =
+            j["topk_logits"][l][t].get<std::vector<float>>();
+        const std::vector<int32_t> got_ids =
+            j["topk_ids"][l][t].get<std::vector<int32_t>>();
+        ASSERT_EQ(got_ids.size(), static_cast<size_t>(kTopK));
+        const testing::CompareResult cr = testing::Compare(
+            got_logits.data(), top.data() + at, kTopK, 1e-4, 1e-4);
+        EXPECT_TRUE(cr.ok) << "hook " << l << " token " << t << ": "
+                           << cr.message;
+        ExpectIds(got_ids.data(), want.data() + at, gap.data() + at, 1, 1e-4f,
+                  "hook " + std::to_string(l) + " token " + std::to_string(t));
+      }
+  }
+}
+
+// Without the shared goldens: a hook that is no residual stream and a tuned
+// lens that is not there are refused, naming them, before any output.
+TEST(LensCliTest, RefusesWhatALensCannotRead) {
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  for (const auto& [args, want] :
+       {std::pair<std::string, std::string>{
+            "--hooks blocks.0.hook_attn_out",
+            "blocks.0.hook_attn_out: a lens reads a residual stream"},
+        {"--tuned /nonexistent/lens", "--tuned: /nonexistent/lens: no such"},
+        {"--hooks blocks.1.hook_resid_mid --tuned " + model,
+         "no params.safetensors or params.pt"},
+        {"--topk 0", "--topk: got 0, expected an integer >= 1"}}) {
+    SCOPED_TRACE(args);
+    std::string out;
+    const int rc =
+        testing::RunShell(std::string(LOOM_BINARY) + " lens --model " + model +
+                              " --prompt-tokens 1,403,407 " + args,
+                          &out);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+  }
+  std::string out;
+  ASSERT_EQ(testing::RunShell(std::string(LOOM_BINARY) + " lens --model " +
+                                  model + " --prompt-tokens 1,403,407 --quiet",
+                              &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("blocks.4.hook_resid_post"), std::string::npos) << out;
+}
+
 class TunedLensFilesTest : public testing::TempDirTest {
  protected:
   // A translators file of n layers of width d (bias on layers < with_bias).
