@@ -107,6 +107,43 @@ std::unique_ptr<Model> LoadCaseModel(const nlohmann::json& m) {
   return model.ok() ? std::move(*model) : nullptr;
 }
 
+// Every input and row of a case through `lens`, given HF's residuals
+// (`<seq>.resid`): the logits (`logits_key`), the top-10 logits and ids, and
+// with `translated` the tuned lens's moved rows.
+void CheckGivenHfResiduals(const std::string& dir, const nlohmann::json& m,
+                           const ModelConfig& c, eval::Lens& lens,
+                           const std::string& logits_key, bool translated) {
+  auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
+  const auto& layers = m["layers"];
+  for (const auto& [seq, info] : m["inputs"].items()) {
+    SCOPED_TRACE(seq);
+    Shape rs;
+    const std::vector<float> resid = golden->F32(seq + ".resid", &rs);
+    const std::vector<float> logits = golden->F32(seq + "." + logits_key);
+    const std::vector<float> top = golden->F32(seq + ".top10_logits");
+    const std::vector<float> gap = golden->F32(seq + ".top10_gap");
+    const std::vector<int32_t> ids = golden->Ids(seq + ".top10_ids");
+    const int64_t T = rs[1], H = c.hidden_size, V = c.vocab_size;
+    ASSERT_EQ(rs[0], static_cast<int64_t>(layers.size()));
+    for (int64_t l = 0; l < rs[0]; ++l) {
+      const std::string hook_name = layers[l].get<std::string>();
+      SCOPED_TRACE(hook_name);
+      const LensRun r = RunLens(lens, Hook(hook_name, c.num_layers),
+                                resid.data() + l * T * H, T, H);
+      if (translated) {
+        const std::vector<float> moved = golden->F32(seq + ".translated");
+        ExpectNear(r.translated.data(), moved.data() + l * T * H, T * H,
+                   "translated");
+      }
+      ExpectNear(r.logits.data(), logits.data() + l * T * V, T * V, "logits");
+      ExpectNear(r.topk_logits.data(), top.data() + l * T * kTopK, T * kTopK,
+                 "top10 logits");
+      ExpectIds(r.topk_ids.data(), ids.data() + l * T * kTopK,
+                gap.data() + l * T * kTopK, T, 1e-5f, "top10 ids");
+    }
+  }
+}
+
 TEST(LensGoldenTest, LogitLensGivenHfResiduals) {
   const std::string root = LensRoot();
   SKIP_WITHOUT_LENS_GOLDENS(root);
@@ -119,30 +156,7 @@ TEST(LensGoldenTest, LogitLensGivenHfResiduals) {
     const ModelConfig& c = model->config();
     auto lens = eval::Lens::Create(*model, nullptr, 5);
     ASSERT_TRUE(lens.ok()) << lens.status().ToString();
-    auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
-    const auto& layers = m["layers"];
-    for (const auto& [seq, info] : m["inputs"].items()) {
-      SCOPED_TRACE(seq);
-      Shape rs;
-      const std::vector<float> resid = golden->F32(seq + ".resid", &rs);
-      const std::vector<float> logits = golden->F32(seq + ".logits_lens");
-      const std::vector<float> top = golden->F32(seq + ".top10_logits");
-      const std::vector<float> gap = golden->F32(seq + ".top10_gap");
-      const std::vector<int32_t> ids = golden->Ids(seq + ".top10_ids");
-      const int64_t T = rs[1], H = c.hidden_size, V = c.vocab_size;
-      ASSERT_EQ(rs[0], static_cast<int64_t>(layers.size()));
-      for (int64_t l = 0; l < rs[0]; ++l) {
-        const std::string hook_name = layers[l].get<std::string>();
-        SCOPED_TRACE(hook_name);
-        const LensRun r = RunLens(**lens, Hook(hook_name, c.num_layers),
-                                  resid.data() + l * T * H, T, H);
-        ExpectNear(r.logits.data(), logits.data() + l * T * V, T * V, "logits");
-        ExpectNear(r.topk_logits.data(), top.data() + l * T * kTopK, T * kTopK,
-                   "top10 logits");
-        ExpectIds(r.topk_ids.data(), ids.data() + l * T * kTopK,
-                  gap.data() + l * T * kTopK, T, 1e-5f, "top10 ids");
-      }
-    }
+    CheckGivenHfResiduals(dir, m, c, **lens, "logits_lens", false);
   }
 }
 
@@ -154,8 +168,8 @@ TEST(LensGoldenTest, TunedLensGivenHfResiduals) {
   std::unique_ptr<Model> model = LoadCaseModel(m);
   ASSERT_NE(model, nullptr);
   const ModelConfig& c = model->config();
-  // The folder as tuned-lens saves it (read through params.safetensors) and
-  // the translators' file alone give the same lens.
+  // The folder (its params.safetensors preferred), params.safetensors alone
+  // and params.pt alone give the same lens.
   for (const std::string& path :
        {dir, dir + "/params.safetensors", dir + "/params.pt"}) {
     SCOPED_TRACE(path);
@@ -164,32 +178,7 @@ TEST(LensGoldenTest, TunedLensGivenHfResiduals) {
     EXPECT_EQ(tuned->num_layers, c.num_layers);
     auto lens = eval::Lens::Create(*model, &*tuned, 4);
     ASSERT_TRUE(lens.ok()) << lens.status().ToString();
-    auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
-    const auto& layers = m["layers"];
-    for (const auto& [seq, info] : m["inputs"].items()) {
-      SCOPED_TRACE(seq);
-      Shape rs;
-      const std::vector<float> resid = golden->F32(seq + ".resid", &rs);
-      const std::vector<float> moved = golden->F32(seq + ".translated");
-      const std::vector<float> logits = golden->F32(seq + ".logits_tuned");
-      const std::vector<float> top = golden->F32(seq + ".top10_logits");
-      const std::vector<float> gap = golden->F32(seq + ".top10_gap");
-      const std::vector<int32_t> ids = golden->Ids(seq + ".top10_ids");
-      const int64_t T = rs[1], H = c.hidden_size, V = c.vocab_size;
-      for (int64_t l = 0; l < rs[0]; ++l) {
-        const std::string hook_name = layers[l].get<std::string>();
-        SCOPED_TRACE(hook_name);
-        const LensRun r = RunLens(**lens, Hook(hook_name, c.num_layers),
-                                  resid.data() + l * T * H, T, H);
-        ExpectNear(r.translated.data(), moved.data() + l * T * H, T * H,
-                   "translated");
-        ExpectNear(r.logits.data(), logits.data() + l * T * V, T * V, "logits");
-        ExpectNear(r.topk_logits.data(), top.data() + l * T * kTopK, T * kTopK,
-                   "top10 logits");
-        ExpectIds(r.topk_ids.data(), ids.data() + l * T * kTopK,
-                  gap.data() + l * T * kTopK, T, 1e-5f, "top10 ids");
-      }
-    }
+    CheckGivenHfResiduals(dir, m, c, **lens, "logits_tuned", true);
   }
 }
 

@@ -33,7 +33,12 @@ class LensSink : public HookSink {
     out.topk = k;
     out.topk_ids = grid_->topk_ids.data() + h * T * k;
     out.topk_logits = grid_->topk_logits.data() + h * T * k;
-    return lens_->Run(hook, view.f32(), view.rows, out);
+    const auto start = std::chrono::steady_clock::now();
+    const Status s = lens_->Run(hook, view.f32(), view.rows, out);
+    grid_->lens_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    return s;
   }
 
  private:
@@ -161,6 +166,7 @@ nlohmann::json LensGridJson(const LensGrid& g, std::span<const int32_t> ids,
   out["executor_bytes"] = g.executor_bytes;
   out["lens_bytes"] = g.lens_bytes;
   out["seconds"] = g.seconds;
+  out["lens_seconds"] = g.lens_seconds;
   return out;
 }
 

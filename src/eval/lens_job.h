@@ -37,7 +37,8 @@ struct LensGrid {
   std::vector<int32_t> topk_ids;   // [hooks, tokens, topk]
   std::vector<float> topk_logits;  // [hooks, tokens, topk]
   int64_t executor_bytes = 0, lens_bytes = 0;
-  double seconds = 0;
+  double seconds = 0;       // the forward with the lens
+  double lens_seconds = 0;  // of which inside the lens (head GEMMs, top-k)
 };
 
 // The grid's hooks: residual hooks only (a lens reads nothing else; the

@@ -123,10 +123,11 @@ Status RunLens(const LensArgs& a) {
   if (!a.quiet)
     std::fprintf(stderr,
                  "loom lens: %s lens, %zu hooks x %lld tokens, top-%lld, "
-                 "%.3f s\n",
+                 "%.3f s (%.3f s in the lens)\n",
                  tuned ? "tuned" : "logit", grid.hooks.size(),
                  static_cast<long long>(grid.tokens),
-                 static_cast<long long>(grid.topk), grid.seconds);
+                 static_cast<long long>(grid.topk), grid.seconds,
+                 grid.lens_seconds);
   return Status::Ok();
 }
 
