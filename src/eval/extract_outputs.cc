@@ -16,6 +16,7 @@
 #include "src/base/check.h"
 #include "src/base/read_file.h"
 #include "src/core/json_error.h"
+#include "src/core/tensor.h"
 #include "src/io/file_util.h"
 #include "src/io/safetensors_writer.h"
 
@@ -24,13 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
-
-std::string ShapeText(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
 
 // --resume: `path` holds at least `rows` committed rows of `dtype` x
 // `row_shape`, whole on disk. Reads only the header and the file size.
@@ -46,10 +40,10 @@ Status CheckNpyFile(const std::string& path, DType dtype,
   std::vector<int64_t> found_rows(h->shape.begin() + (h->shape.empty() ? 0 : 1),
                                   h->shape.end());
   if (h->shape.empty() || h->dtype != dtype || found_rows != row_shape)
-    return DataLossError("--resume: " + path + " holds " +
-                         std::string(DTypeName(h->dtype)) + " " +
-                         ShapeText(h->shape) + ", the manifest expects " +
-                         std::string(DTypeName(dtype)) + " " + ShapeText(want));
+    return DataLossError(
+        "--resume: " + path + " holds " + std::string(DTypeName(h->dtype)) +
+        " " + Shape(h->shape).ToString() + ", the manifest expects " +
+        std::string(DTypeName(dtype)) + " " + Shape(want).ToString());
   if (h->shape[0] < rows)
     return DataLossError("--resume: " + path + " commits " +
                          std::to_string(h->shape[0]) +

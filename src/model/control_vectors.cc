@@ -5,6 +5,7 @@
 #include <string_view>
 #include <utility>
 
+#include "src/core/tensor.h"
 #include "src/io/gguf.h"
 
 namespace loom {
@@ -24,13 +25,6 @@ int64_t DirectionLayer(const std::string& name) {
     n = n * 10 + (c - '0');
   }
   return n;
-}
-
-std::string ShapeText(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
 }
 
 // The checks of one tensor of `path` (its layer, shape and width).
@@ -56,7 +50,8 @@ StatusOr<int64_t> CheckDirection(const std::string& path,
         std::to_string(config.num_layers) + " layers (0 to " +
         std::to_string(config.num_layers - 1) + ")");
   if (t.dims.size() != 1)
-    return InvalidArgumentError(what + " has shape " + ShapeText(t.dims) +
+    return InvalidArgumentError(what + " has shape " +
+                                Shape(t.dims).ToString() +
                                 ", expected one dimension [" +
                                 std::to_string(config.hidden_size) + "]");
   if (t.dims[0] != config.hidden_size)

@@ -19,6 +19,7 @@
 #include "src/base/spelling.h"
 #include "src/core/json_error.h"
 #include "src/core/json_int.h"
+#include "src/core/tensor.h"
 #include "src/io/gguf.h"
 #include "src/io/npy.h"
 #include "src/io/safetensors.h"
@@ -266,12 +267,6 @@ struct VectorData {
   std::vector<int64_t> shape;
 };
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out;
-  for (int64_t d : shape) out += (out.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + out + "]";
-}
-
 StatusOr<VectorData> ReadNpyVector(const std::string& path) {
   ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
   const NpyHeader& h = a.header;
@@ -512,10 +507,10 @@ StatusOr<std::vector<float>> ParseVector(
                               std::to_string(width) + " wide");
   if (!flat_rows &&
       (v.shape.empty() || v.shape.back() != width || outer != rows))
-    return e.Error(field, "has shape " + ShapeText(v.shape) + " but " +
+    return e.Error(field, "has shape " + Shape(v.shape).ToString() + " but " +
                               HookName(hook) + " needs " +
                               (rows == 1 ? "[" + std::to_string(width) + "]"
-                                         : ShapeText({rows, width})) +
+                                         : Shape({rows, width}).ToString()) +
                               (IsPatch(mode) ? " (one row per position)" : ""));
   double norm2 = 0;
   for (size_t i = 0; i < v.values.size(); ++i) {
