@@ -39,6 +39,7 @@
 #include "src/eval/input.h"
 #include "src/eval/job_plan.h"
 #include "src/eval/lens.h"
+#include "src/eval/lens_job.h"
 #include "src/eval/patch.h"
 #include "src/eval/perplexity.h"
 #include "src/eval/plan_query.h"
@@ -300,12 +301,7 @@ class PyModel {
       std::lock_guard<std::mutex> lock(mu_);
       const TunedLens* lens = nullptr;
       if (!tuned_path.empty()) {
-        auto it = tuned_lenses_.find(tuned_path);
-        if (it == tuned_lenses_.end()) {
-          ASSIGN_OR_RETURN(TunedLens t, LoadTunedLens(tuned_path));
-          it = tuned_lenses_.emplace(tuned_path, std::move(t)).first;
-        }
-        lens = &it->second;
+        ASSIGN_OR_RETURN(lens, TunedLensAt(tuned_path));
       }
       UseThreadsHere();
       // Chunks of 64 rows: [64, V] logits at a time.
@@ -327,6 +323,67 @@ class PyModel {
       d["logits"] =
           HandOver(std::move(all), py::dtype("float32"), {rows, c.vocab_size});
     return d;
+  }
+
+  // `loom lens` on this model (src/eval/lens_job.h): one forward of
+  // `prompt` (text or ids), planned on the model's devices, each residual
+  // hook of the grid read through the logit or tuned lens.
+  py::dict LensGrid(const py::object& prompt_obj, const py::object& hooks,
+                    const py::object& layers, const py::object& topk,
+                    const py::object& tuned) {
+    PatchPrompt prompt = PatchPromptArg("prompt", prompt_obj);
+    eval::LensGridOptions o;
+    if (!hooks.is_none()) o.hooks = StrListArg("hooks", hooks);
+    if (!layers.is_none()) o.layers = StrListArg("layers", layers);
+    o.topk = IntArg("topk", topk);
+    o.hf_bf16_activations = hf_bf16_;
+    const std::string tuned_path =
+        tuned.is_none() ? std::string() : StrArg("tuned", tuned);
+    StatusOr<eval::LensGrid> out =
+        WithoutGil([&]() -> StatusOr<eval::LensGrid> {
+          std::lock_guard<std::mutex> lock(mu_);
+          UseThreadsHere();
+          RETURN_IF_ERROR(PatchPromptIds(&prompt));
+          if (!tuned_path.empty()) {
+            ASSIGN_OR_RETURN(o.tuned, TunedLensAt(tuned_path));
+          }
+          RETURN_IF_ERROR(session_->Replan({}, [&](const Session& s) {
+            return eval::LensGridJob(
+                s.config(), static_cast<int64_t>(prompt.ids.size()), o);
+          }));
+          o.segments = session_->segments();
+          return eval::RunLensGrid(session_->model(), prompt.ids, o);
+        });
+    const eval::LensGrid g = ValueOrRaise(std::move(out));
+    const nlohmann::json j =
+        eval::LensGridJson(g, prompt.ids, session_->tokenizer());
+    py::dict d;
+    py::list names;
+    for (const HookPoint& h : g.hooks) names.append(HookName(h));
+    const int64_t L = static_cast<int64_t>(g.hooks.size());
+    d["hooks"] = names;
+    d["input_ids"] = prompt.ids;
+    d["topk_ids"] = HandOver(std::vector<int32_t>(g.topk_ids),
+                             py::dtype("int32"), {L, g.tokens, g.topk});
+    d["topk_logits"] = HandOver(std::vector<float>(g.topk_logits),
+                                py::dtype("float32"), {L, g.tokens, g.topk});
+    if (j.contains("tokens")) {
+      d["tokens"] = JsonToPython(j["tokens"]);
+      d["topk_tokens"] = JsonToPython(j["topk_tokens"]);
+    }
+    d["seconds"] = g.seconds;
+    d["lens_seconds"] = g.lens_seconds;
+    return d;
+  }
+
+  // The tuned lens at `path`, loaded once per model.
+  StatusOr<const TunedLens*> TunedLensAt(const std::string& path) {
+    auto it = tuned_lenses_.find(path);
+    if (it == tuned_lenses_.end()) {
+      ASSIGN_OR_RETURN(TunedLens t, LoadTunedLens(path));
+      it = tuned_lenses_.emplace(path, std::move(t)).first;
+    }
+    return &it->second;
   }
 
   py::object Perplexity(const py::object& text, const py::object& tokens,
@@ -835,6 +892,9 @@ void AddModelClass(py::module_& m) {
            py::arg("select"), py::arg("interventions"))
       .def("_lens", &PyModel::Lens, py::arg("x"), py::arg("hook"),
            py::arg("topk"), py::arg("tuned"), py::arg("logits"))
+      .def("_lens_grid", &PyModel::LensGrid, py::arg("prompt"),
+           py::arg("hooks"), py::arg("layers"), py::arg("topk"),
+           py::arg("tuned"))
       .def("_patch", &PyModel::Patch, py::arg("clean"), py::arg("corrupted"),
            py::arg("hooks"), py::arg("positions"), py::arg("answer"),
            py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"),

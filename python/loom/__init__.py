@@ -236,6 +236,23 @@ class Model(_loom.Model):
             tuned = os.fspath(tuned)
         return self._lens(x, hook, topk, tuned, logits)
 
+    def lens_grid(self, prompt, hooks=None, *, layers=None, topk=10, tuned=None):
+        """`loom lens` on this model: one forward of `prompt` (a str,
+        tokenized with special tokens, or token ids used as given), planned on
+        the model's devices, each residual hook read through the logit lens
+        (or the tuned lens at `tuned`) as the forward delivers it.
+
+        hooks: residual hook patterns (default blocks.0.hook_resid_pre and
+          every blocks.i.hook_resid_post), `layers` for bare sites.
+        Returns {"hooks": [names], "input_ids", "topk_ids": int32 [hooks,
+        tokens, topk], "topk_logits": float32 [hooks, tokens, topk],
+        "tokens" and "topk_tokens" (each id decoded alone) when the model has
+        a tokenizer, "seconds", "lens_seconds"}.
+        """
+        if isinstance(tuned, os.PathLike):
+            tuned = os.fspath(tuned)
+        return self._lens_grid(prompt, hooks, layers, topk, tuned)
+
     def extract(self, prompts, hooks, *, layers=None, select="last", dtype=None,
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,
                 on_error="fail", streaming_chunk_size=0, max_row_tokens=0,

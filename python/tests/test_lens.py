@@ -75,6 +75,27 @@ def test_last_layer_lens_is_the_models_logits():
     assert out["logits"].tobytes() == np.asarray(r["logits"]).tobytes()
 
 
+def test_grid_is_the_lens_of_the_extracted_residuals():
+    # Bundled model, no shared data: one forward's grid equals Model.lens on
+    # the residuals Model.extract captures, bit for bit.
+    from conftest import STORIES
+    model = loom.Model(STORIES, precision="f32")
+    ids = [1, 403, 407, 261, 378]
+    g = model.lens_grid(ids, topk=4)
+    assert g["hooks"][0] == "blocks.0.hook_resid_pre"
+    assert g["topk_ids"].shape == (len(g["hooks"]), len(ids), 4)
+    assert g["tokens"][1] == "Once" and len(g["topk_tokens"][0][0]) == 4
+    r = model.extract([ids], g["hooks"], select="all")
+    for i, hook in enumerate(g["hooks"]):
+        out = model.lens(r[hook], hook, 4)
+        assert np.array_equal(out["topk_ids"], g["topk_ids"][i]), hook
+        assert out["topk_logits"].tobytes() == g["topk_logits"][i].tobytes(), hook
+    mid = model.lens_grid("Once upon a time", "hook_resid_mid", layers="0,-1", topk=1)
+    assert mid["hooks"] == ["blocks.0.hook_resid_mid", "blocks.4.hook_resid_mid"]
+    with pytest.raises(loom.InvalidArgumentError, match="a lens reads a residual stream"):
+        model.lens_grid(ids, "blocks.0.hook_mlp_out")
+
+
 def test_errors_name_the_argument():
     root, m, g, model = case("llama")
     x = g["seq1.resid"][0]
