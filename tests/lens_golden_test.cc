@@ -374,6 +374,25 @@ TEST(LensCliTest, RefusesWhatALensCannotRead) {
   EXPECT_NE(out.find("blocks.4.hook_resid_post"), std::string::npos) << out;
 }
 
+// The grid's bytes do not depend on --threads.
+TEST(LensCliTest, GridIsThreadInvariant) {
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  nlohmann::json grids[2];
+  for (int threads : {1, 2}) {
+    std::string out;
+    const std::string cmd = std::string(LOOM_BINARY) + " lens --model " +
+                            model +
+                            " --prompt-tokens 1,403,407,261,378,27,471 "
+                            "--topk 5 --json --quiet --precision f32 "
+                            "--threads " +
+                            std::to_string(threads);
+    ASSERT_EQ(testing::RunShell(cmd + " 2>/dev/null", &out), 0) << cmd;
+    grids[threads - 1] = nlohmann::json::parse(out);
+  }
+  for (const char* key : {"topk_ids", "topk_logits", "hooks"})
+    EXPECT_EQ(grids[0][key], grids[1][key]) << key;
+}
+
 class TunedLensFilesTest : public testing::TempDirTest {
  protected:
   // A translators file of n layers of width d (bias on layers < with_bias).
