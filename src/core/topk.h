@@ -19,8 +19,9 @@ inline bool RanksBefore(const float* v, int32_t a, int32_t b) {
   return (!na && v[a] > v[b]) || ((na || v[a] == v[b]) && a < b);
 }
 
-// The `k` first of v [n] in that order: indices [k] and values [k];
-// `scratch` (n indices; null: allocated here) is reused from call to call.
+// The `k` first of v [n] in that order: indices [k] and values [k]. A small
+// k (8k <= n) is one pass that allocates nothing; otherwise `scratch` (n
+// indices; null: allocated here) is reused from call to call.
 void TopKDescending(const float* v, int64_t n, int64_t k, int32_t* indices,
                     float* values, std::vector<int32_t>* scratch = nullptr);
 

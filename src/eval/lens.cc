@@ -129,11 +129,18 @@ void Lens::RunChunk(int64_t t, const float* resid, int64_t rows, int64_t row0,
   if (out.logits != nullptr)
     std::memcpy(out.logits + row0 * V, logits, sizeof(float) * rows * V);
   if (out.topk == 0) return;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t o = (row0 + r) * out.topk;
-    TopKDescending(logits + r * V, V, out.topk, out.topk_ids + o,
-                   out.topk_logits + o, &order_);
+  const int64_t k = out.topk;
+  if (k * 8 <= V) {
+    // The one-pass top-k allocates nothing: rows in parallel, each alone.
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      TopKDescending(logits + r * V, V, k, out.topk_ids + (row0 + r) * k,
+                     out.topk_logits + (row0 + r) * k);
+    return;
   }
+  for (int64_t r = 0; r < rows; ++r)
+    TopKDescending(logits + r * V, V, k, out.topk_ids + (row0 + r) * k,
+                   out.topk_logits + (row0 + r) * k, &order_);
 }
 
 }  // namespace loom::eval

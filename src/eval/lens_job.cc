@@ -8,9 +8,6 @@
 namespace loom::eval {
 namespace {
 
-// Rows of the lens computed at a time: [kChunk, V] logits at once.
-constexpr int64_t kChunk = 64;
-
 // Feeds each delivered residual hook through the lens into its grid row.
 class LensSink : public HookSink {
  public:
@@ -71,6 +68,9 @@ StatusOr<std::vector<HookPoint>> LensGridHooks(const ModelConfig& c,
 StatusOr<JobSpec> LensGridJob(const ModelConfig& c, int64_t tokens,
                               const LensGridOptions& o) {
   if (tokens < 1) return InvalidArgumentError("the prompt has no tokens");
+  if (o.chunk_rows < 1)
+    return InvalidArgumentError(
+        "--chunk-rows: " + std::to_string(o.chunk_rows) + " is < 1");
   if (o.topk < 1 || o.topk > c.vocab_size)
     return InvalidArgumentError("--topk: " + std::to_string(o.topk) +
                                 " is outside [1, " +
@@ -104,7 +104,7 @@ StatusOr<LensGrid> RunLensGrid(const Model& model, std::span<const int32_t> ids,
   eo.segments = o.segments;
   ASSIGN_OR_RETURN(auto executor, Executor::Create(model, job.hooks, eo));
   ASSIGN_OR_RETURN(auto lens,
-                   Lens::Create(model, o.tuned, std::min(T, kChunk)));
+                   Lens::Create(model, o.tuned, std::min(T, o.chunk_rows)));
   g.executor_bytes = executor->arena_bytes();
   g.lens_bytes = lens->bytes();
   LensSink sink(lens.get(), &g);

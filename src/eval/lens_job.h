@@ -26,6 +26,10 @@ struct LensGridOptions {
   // blocks.0.hook_resid_pre then every blocks.i.hook_resid_post.
   std::vector<std::string> hooks, layers;
   int64_t topk = 10;
+  // Rows whose logits are computed at a time ([chunk_rows, V] floats): 256
+  // rows keep the head's GEMM near the forward's efficiency (docs/saes.md,
+  // "Lenses": the measured cost).
+  int64_t chunk_rows = 256;
   const TunedLens* tuned = nullptr;  // null: the logit lens
   bool hf_bf16_activations = false;
   std::vector<ExecutorSegment> segments;  // the session's placement

@@ -228,6 +228,10 @@ std::vector<ParamField> WindowParamFields(WindowParams* p) {
                              &p->add_bos, &p->chunk_rows});
 }
 
+const ParamSpec& WindowParam(std::string_view name) {
+  return SpecNamed(kWindowSpecs, "window", name);
+}
+
 std::span<const ParamSpec> ExtractRowParamSpecs() { return kExtractRowSpecs; }
 
 std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p) {

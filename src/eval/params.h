@@ -102,6 +102,9 @@ struct WindowParams {
 };
 std::span<const ParamSpec> WindowParamSpecs();
 std::vector<ParamField> WindowParamFields(WindowParams* p);
+// The spec of one window option by name ("chunk_rows"), for a command that
+// binds it to its own field (loom lens); checked to exist.
+const ParamSpec& WindowParam(std::string_view name);
 
 // ---- Extract rows: how extract reads, batches and commits its input rows.
 // add_bos, batch_tokens, commit_every, on_error, streaming_chunk_size,

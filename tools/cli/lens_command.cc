@@ -17,6 +17,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
 #include "tools/cli/job_options.h"
+#include "tools/cli/param_flags.h"
 #include "tools/cli/plan_flags.h"
 
 namespace loom::cli {
@@ -26,7 +27,7 @@ struct LensArgs {
   std::string model_dir, prompt, tuned;
   std::vector<int64_t> prompt_ids;
   std::vector<std::string> hooks, layers;
-  int64_t topk = 10;
+  int64_t topk = 10, chunk_rows = 256;
   std::string precision = "auto";
   int threads = 0;
   bool hf_bf16 = false, json = false, quiet = false;
@@ -95,6 +96,7 @@ Status RunLens(const LensArgs& a) {
   o.hooks = a.hooks;
   o.layers = a.layers;
   o.topk = a.topk;
+  o.chunk_rows = a.chunk_rows;
   o.tuned = tuned ? &*tuned : nullptr;
   o.hf_bf16_activations = a.hf_bf16;
   std::vector<int32_t> ids;
@@ -152,6 +154,7 @@ void AddLensCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--topk", a->topk, "Tokens per cell")
       ->check(IntRange(1))
       ->capture_default_str();
+  AddParamFlag(*cmd, {&eval::WindowParam("chunk_rows"), &a->chunk_rows, {}});
   cmd->add_option("--tuned", a->tuned,
                   "A tuned lens: the folder tuned-lens saves (params.pt or "
                   "params.safetensors) or one of those files");
