@@ -10,10 +10,13 @@
 namespace loom {
 namespace {
 
-// A value of the restricted unpickler. Containers hold shared pointers so
-// that the memo and the stack see one object (SETITEMS on a memoized dict).
+// A value of the restricted unpickler. Every value lives in the unpickler's
+// pool; containers, the stack and the memo hold plain pointers into it, so
+// the memo and the stack see one object (SETITEMS on a memoized dict), a list
+// appended to itself is no reference cycle, and freeing a deeply nested value
+// recurses nowhere.
 struct Value;
-using Ref = std::shared_ptr<Value>;
+using Ref = Value*;
 
 struct Value {
   enum class Kind {
@@ -40,13 +43,9 @@ struct Value {
   std::vector<int64_t> shape, stride;        // tensor
 };
 
-Ref Make(Value::Kind kind) {
-  auto v = std::make_shared<Value>();
-  v->kind = kind;
-  return v;
-}
-
-// Bounds on a hostile file: the stack, the memo and a container.
+// Bounds on a hostile file: the values made (a state dict of 10,000
+// tensors makes ~150,000), a memo index.
+constexpr size_t kMaxValues = size_t{1} << 21;
 constexpr size_t kMaxDepth = size_t{1} << 20;
 constexpr int64_t kMaxPickleBytes = int64_t{64} << 20;
 constexpr int64_t kMaxStorageBytes = int64_t{1} << 36;
@@ -82,8 +81,8 @@ class Unpickler {
         return stack_.back();
       }
       RETURN_IF_ERROR(Step(op, at));
-      if (stack_.size() > kMaxDepth || memo_.size() > kMaxDepth)
-        return Error("more than " + std::to_string(kMaxDepth) + " values");
+      if (pool_.size() > kMaxValues || stack_.size() > kMaxValues)
+        return Error("more than " + std::to_string(kMaxValues) + " values");
     }
   }
 
@@ -131,7 +130,12 @@ class Unpickler {
     stack_.resize(m);
     return out;
   }
-  void Push(Ref v) { stack_.push_back(std::move(v)); }
+  void Push(Ref v) { stack_.push_back(v); }
+  Ref Make(Value::Kind kind) {
+    pool_.push_back(std::make_unique<Value>());
+    pool_.back()->kind = kind;
+    return pool_.back().get();
+  }
   Ref Int(int64_t i) {
     Ref v = Make(Value::Kind::kInt);
     v->i = i;
@@ -173,6 +177,7 @@ class Unpickler {
   const std::string& p_;
   const std::string& name_;
   size_t pos_ = 0;
+  std::vector<std::unique_ptr<Value>> pool_;  // owns every value
   std::vector<Ref> stack_;
   std::vector<size_t> marks_;
   std::map<uint64_t, Ref> memo_;
@@ -223,7 +228,7 @@ Status Unpickler::Step(uint8_t op, size_t at) {
       ASSIGN_OR_RETURN(Ref list, Top());
       if (list->kind != Value::Kind::kList)
         return Error("APPEND to a non-list");
-      for (Ref& v : items) list->items.push_back(std::move(v));
+      list->items.insert(list->items.end(), items.begin(), items.end());
       return Status();
     }
     case 's':

@@ -81,5 +81,23 @@ TEST(TorchPickleTest, RefusesWhatAStateDictDoesNotHold) {
             std::string::npos);
 }
 
+TEST(TorchPickleTest, CyclesAndDeepNestingAreFreedFlat) {
+  // A memoized list appended to itself, and a dict set into itself: values
+  // live in the unpickler's pool, so no cycle outlives it (LeakSanitizer
+  // checks this under the sanitizer suite; fuzz/regressions keeps the input
+  // that found it).
+  const std::string list = ErrorOf("\x80\x02]q\x00h\x00" "a."s);
+  EXPECT_NE(list.find("no state dict"), std::string::npos) << list;
+  const std::string dict = ErrorOf("\x80\x02}q\x00h\x00h\x00s."s);
+  EXPECT_NE(dict.find("not a name and a tensor"), std::string::npos) << dict;
+  // A million nested 1-tuples: freed without recursion.
+  const std::string deep = "\x80\x02N"s + std::string(1 << 20, '\x85') + ".";
+  EXPECT_NE(ErrorOf(deep).find("no state dict"), std::string::npos);
+  // More values than any state dict makes: refused, naming the bound.
+  const std::string many = "\x80\x02N"s + std::string(3 << 20, '\x85') + ".";
+  EXPECT_NE(ErrorOf(many).find("more than 2097152 values"), std::string::npos)
+      << ErrorOf(many);
+}
+
 }  // namespace
 }  // namespace loom
