@@ -173,6 +173,8 @@ py::dtype NumpyDType(DType d) {
       return py::dtype("float16");
     case DType::kBF16:
       return py::dtype("uint16");
+    case DType::kI32:
+      return py::dtype("int32");
     default:
       return py::dtype("uint8");
   }

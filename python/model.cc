@@ -229,8 +229,8 @@ class PyModel {
 
     py::dict result;
     py::list arrays;
-    const py::dtype dtype = NumpyDType(r.dtype);
     for (OutputSet::MemoryArray& m : r.arrays) {
+      const py::dtype dtype = NumpyDType(m.dtype);
       py::dict d;
       d["hook"] = m.hook;
       d["selector"] = m.selector;

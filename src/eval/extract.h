@@ -90,6 +90,9 @@ struct ExtractOptions {
   // (src/model/control_vectors.h): appended after the interventions above.
   std::vector<ControlVectorFile> control_vectors;
   std::optional<ControlVectorLayerRange> control_vector_layer_range;
+  // --sae, --sae-topk, --lens, --lens-topk: SAE and lens outputs computed
+  // from the hooks the forward delivers (src/eval/extract_derived.h).
+  eval::AnalysisParams analysis;
   // Round activations to bf16 where HF's bf16 forward does (bf16 compute
   // only), to reproduce HF's bf16 hidden states.
   bool hf_bf16_activations = false;

@@ -17,6 +17,7 @@
 #include "src/base/read_file.h"
 #include "src/core/json_error.h"
 #include "src/core/tensor.h"
+#include "src/eval/extract_derived_runner.h"
 #include "src/io/file_util.h"
 #include "src/io/safetensors_writer.h"
 
@@ -85,6 +86,18 @@ void ConvertActivations(Backend& host, const float* src, uint8_t* dst,
   host.ConvertFromF32(src, dst, dtype, n);
 }
 
+void OutputSet::Store(const OutputArray& o, const float* src, uint8_t* dst,
+                      int64_t n) const {
+  if (o.dtype != DType::kI32) {
+    ConvertActivations(*host_, src, dst, o.dtype, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t v = static_cast<int32_t>(src[i]);  // exact: |v| < 2^24
+    std::memcpy(dst + i * 4, &v, 4);
+  }
+}
+
 std::vector<int64_t> OutputArray::row_shape() const {
   std::vector<int64_t> s;
   if (sel.kind == RowSelector::Kind::kPos) s.push_back(sel.rows_per_prompt());
@@ -106,6 +119,7 @@ OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
       OutputArray out;
       out.hook = hp;
       out.hook_name = HookName(hp);
+      out.dtype = dtype_;
       out.sel = sel;
       // The resolver accepted only hooks that exist and have a width.
       StatusOr<int64_t> width =
@@ -113,6 +127,20 @@ OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
       LOOM_CHECK(width.ok()) << width.status().ToString();
       out.width = *width;
       if (hp.site == HookSite::kPattern) out.heads = settings.config.num_heads;
+      out.file = out.hook_name + "." + sel.file_name + ".npy";
+      arrays_.push_back(std::move(out));
+    }
+  }
+  for (size_t i = 0; i < settings.derived.size(); ++i) {
+    const DerivedHook& d = settings.derived[i];
+    for (const RowSelector& sel : settings.selectors) {
+      OutputArray out;
+      out.hook = d.source;
+      out.derived = static_cast<int>(i);
+      out.hook_name = d.name;
+      out.dtype = d.integer() ? DType::kI32 : dtype_;
+      out.sel = sel;
+      out.width = d.width;
       out.file = out.hook_name + "." + sel.file_name + ".npy";
       arrays_.push_back(std::move(out));
     }
@@ -152,13 +180,13 @@ Json OutputSet::ArraysJson() const {
   for (const auto& out : arrays_) {
     Json a = {{"hook", out.hook_name},
               {"selector", out.sel.spec},
-              {"dtype", std::string(DTypeLongName(dtype_))},
+              {"dtype", std::string(DTypeLongName(out.dtype))},
               {"row_shape",
                out.sel.ragged() || out.sel.kind != RowSelector::Kind::kPos
                    ? Json{out.width}
                    : Json{out.sel.rows_per_prompt(), out.width}}};
     if (format_ == OutputFormat::kNpy) a["file"] = out.file;
-    if (format_ == OutputFormat::kNpy && dtype_ == DType::kBF16)
+    if (format_ == OutputFormat::kNpy && out.dtype == DType::kBF16)
       a["storage"] = kBf16NpyStorage;
     if (out.sel.ragged())
       a["offsets_file"] = out.sel.file_name + ".offsets.npy";
@@ -171,7 +199,7 @@ Status OutputSet::Create() {
   if (format_ != OutputFormat::kNpy) return Status();
   for (auto& out : arrays_) {
     ASSIGN_OR_RETURN(
-        out.npy, NpyWriter::Create(PathOf(out.file), dtype_, out.row_shape()));
+        out.npy, NpyWriter::Create(PathOf(out.file), out.dtype, out.row_shape()));
   }
   for (auto& ri : ragged_) {
     ASSIGN_OR_RETURN(ri.npy,
@@ -196,7 +224,7 @@ Status OutputSet::CheckCommittedNpy(const ManifestProgress& p) const {
       return DataLossError("--resume: the manifest records no row count for " +
                            out.file);
     RETURN_IF_ERROR(
-        CheckNpyFile(PathOf(out.file), dtype_, out.row_shape(), *rows));
+        CheckNpyFile(PathOf(out.file), out.dtype, out.row_shape(), *rows));
   }
   for (const auto& ri : ragged_)
     RETURN_IF_ERROR(
@@ -258,9 +286,9 @@ Status OutputSet::Reopen(const ManifestProgress& p,
 
 void OutputSet::StageWindow(const std::vector<PreparedRow>& window) {
   const int64_t W = static_cast<int64_t>(window.size());
-  const int64_t ds = DTypeSize(dtype_);
   for (auto& ri : ragged_) ri.slot_begin.assign(W + 1, 0);
   for (OutputArray& out : arrays_) {
+    const int64_t ds = DTypeSize(out.dtype);
     if (out.ragged >= 0) {
       RaggedIndex& ri = ragged_[out.ragged];
       int64_t total = 0;
@@ -304,10 +332,10 @@ OutputSet::SeqRows OutputSet::Locate(const Batch& batch, int64_t s,
 }
 
 void OutputSet::Capture(const HookPoint& hook, const Batch& batch,
-                        const ActivationRows& rows) {
+                        const ActivationRows& rows, int derived) {
   const int64_t row_end = rows.row_begin + rows.rows;
   for (OutputArray& o : arrays_) {
-    if (!(o.hook == hook)) continue;
+    if (!(o.hook == hook) || o.derived != derived) continue;
     LOOM_CHECK_EQ(rows.cols, o.width);
     for (int64_t s = 0; s < batch.num_seqs(); ++s) {
       const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
@@ -327,12 +355,12 @@ void OutputSet::Capture(const HookPoint& hook, const Batch& batch,
 // block of rows (and, for a streamed row, in this chunk).
 void OutputSet::CaptureFixed(OutputArray& o, const SeqRows& q,
                              const ActivationRows& rows) {
-  const int64_t ds = DTypeSize(dtype_);
+  const int64_t ds = DTypeSize(o.dtype);
   auto copy = [&](int64_t p, int64_t dst_row) {
     const int64_t t = q.origin + p;  // packed token index
     if (t < q.lo || t >= q.hi) return;
-    ConvertActivations(*host_, rows.data + (t - rows.row_begin) * rows.ld,
-                       &o.stage[dst_row * o.width * ds], dtype_, o.width);
+    Store(o, rows.data + (t - rows.row_begin) * rows.ld,
+          &o.stage[dst_row * o.width * ds], o.width);
   };
   switch (o.sel.kind) {
     case RowSelector::Kind::kLast:
@@ -370,7 +398,7 @@ void OutputSet::CaptureReduced(OutputArray& o, const SeqRows& q,
 // the window.
 void OutputSet::CaptureRagged(OutputArray& o, const SeqRows& q,
                               const ActivationRows& rows) {
-  const int64_t ds = DTypeSize(dtype_);
+  const int64_t ds = DTypeSize(o.dtype);
   SpanRange span;
   LOOM_CHECK(ResolveSpan(o.sel, q.len, &span));
   const RaggedIndex& ri = ragged_[o.ragged];
@@ -379,17 +407,18 @@ void OutputSet::CaptureRagged(OutputArray& o, const SeqRows& q,
   for (int64_t p = from; p < to; ++p) {
     const int64_t t = q.origin + p;
     const int64_t dst_row = ri.slot_begin[q.slot] + (p - span.begin);
-    ConvertActivations(*host_, rows.data + (t - rows.row_begin) * rows.ld,
-                       &o.stage[dst_row * o.width * ds], dtype_, o.width);
+    Store(o, rows.data + (t - rows.row_begin) * rows.ld,
+          &o.stage[dst_row * o.width * ds], o.width);
   }
 }
 
 void OutputSet::PickRows(const HookPoint& hook, const Batch& batch,
-                         int64_t row_begin, int64_t rows, DevicePicks* picks) {
+                         int64_t row_begin, int64_t rows, DevicePicks* picks,
+                         int derived) {
   const int64_t row_end = row_begin + rows;
-  const int64_t ds = DTypeSize(dtype_);
   for (OutputArray& o : arrays_) {
-    if (!(o.hook == hook)) continue;
+    if (!(o.hook == hook) || o.derived != derived) continue;
+    const int64_t ds = DTypeSize(o.dtype);
     for (int64_t s = 0; s < batch.num_seqs(); ++s) {
       const int64_t b = batch.seq_start[s], e = batch.seq_start[s + 1];
       if (e <= row_begin || b >= row_end) continue;
@@ -448,7 +477,7 @@ int64_t OutputSet::MaxPickedBytes(int64_t max_tokens) const {
   int64_t n = 0;
   for (const OutputArray& o : arrays_)
     if (!o.sel.reduced())
-      n += max_tokens * o.sel.rows_per_prompt() * o.width * DTypeSize(dtype_);
+      n += max_tokens * o.sel.rows_per_prompt() * o.width * DTypeSize(o.dtype);
   return n;
 }
 
@@ -461,16 +490,19 @@ int64_t OutputSet::MaxSegmentValues(int64_t max_tokens) const {
 
 void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
   const int64_t W = static_cast<int64_t>(window.size());
-  const int64_t ds = DTypeSize(dtype_);
   for (OutputArray& out : arrays_) {
     if (out.sel.ragged()) continue;
+    const int64_t ds = DTypeSize(out.dtype);
     const int64_t per = out.sel.rows_per_prompt() * out.width;
     std::vector<float> row(per);
     for (int64_t s = 0; s < W; ++s) {
       if (window[s].ok() && !out.sel.reduced()) continue;  // stored by Capture
       if (!window[s].ok()) {
+        // A skipped row: NaN, or -1 in an int32 array.
         std::fill(row.begin(), row.end(),
-                  std::numeric_limits<float>::quiet_NaN());
+                  out.dtype == DType::kI32
+                      ? -1.0f
+                      : std::numeric_limits<float>::quiet_NaN());
       } else {
         const double div = out.sel.kind == RowSelector::Kind::kMean
                                ? static_cast<double>(window[s].size())
@@ -478,8 +510,7 @@ void OutputSet::FinishWindow(const std::vector<PreparedRow>& window) {
         for (int64_t j = 0; j < out.width; ++j)
           row[j] = static_cast<float>(out.acc[s * out.width + j] / div);
       }
-      ConvertActivations(*host_, row.data(), &out.stage[s * per * ds], dtype_,
-                         per);
+      Store(out, row.data(), &out.stage[s * per * ds], per);
     }
   }
 }
@@ -534,7 +565,7 @@ Status OutputSet::CommitShards(int64_t W, int64_t window_index,
     std::vector<int64_t> shape = out.row_shape();
     shape.insert(shape.begin(),
                  out.ragged >= 0 ? ragged_[out.ragged].window_rows : W);
-    RETURN_IF_ERROR(w.Add("activations", dtype_, Shape(shape), out.stage.data(),
+    RETURN_IF_ERROR(w.Add("activations", out.dtype, Shape(shape), out.stage.data(),
                           static_cast<int64_t>(out.stage.size())));
     if (out.ragged >= 0) {
       const std::vector<int64_t>& offs = ragged_[out.ragged].slot_begin;
@@ -551,9 +582,9 @@ Status OutputSet::CommitShards(int64_t W, int64_t window_index,
 // ---- OutputSet: in memory (kMemory) -----------------------------------------
 
 void OutputSet::ReserveMemory(const std::vector<PreparedRow>& rows) {
-  const int64_t ds = DTypeSize(dtype_);
   const int64_t n = static_cast<int64_t>(rows.size());
   for (OutputArray& out : arrays_) {
+    const int64_t ds = DTypeSize(out.dtype);
     int64_t data_rows = n * out.sel.rows_per_prompt();
     if (out.sel.ragged()) {
       data_rows = 0;
@@ -593,6 +624,7 @@ std::vector<OutputSet::MemoryArray> OutputSet::TakeMemoryArrays() {
     a.selector_file = out.sel.file_name;
     a.shape = out.row_shape();
     a.shape.insert(a.shape.begin(), out.memory_rows);
+    a.dtype = out.dtype;
     a.data = std::move(out.memory);
     out.memory = {};
     out.memory_rows = 0;
@@ -628,7 +660,7 @@ int64_t OutputSet::PatternRowWidth() const {
 int64_t OutputSet::IntegerHookWidth() const {
   int64_t w = 0;
   for (const OutputArray& o : arrays_)
-    if (IsIntegerSite(o.hook.site)) w = std::max(w, o.width);
+    if (o.derived < 0 && IsIntegerSite(o.hook.site)) w = std::max(w, o.width);
   return w;
 }
 
@@ -746,6 +778,12 @@ void ExtractSink::Flush() {
 Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                                  int64_t /*seq*/, int64_t row_begin,
                                  const ActivationView& view) {
+  if (derived_ != nullptr && derived_->Reads(hook) &&
+      (view.device.kind != DeviceKind::kCpu || !view.host_f32()))
+    return UnimplementedError(
+        "extract: --sae / --lens read " + HookName(hook) +
+        ", which arrives in device memory or not as f32; SAEs and lenses run on host f32 rows only so far (run the layer "
+        "that delivers it on the CPU)");
   if (view.device.kind != DeviceKind::kCpu) {
     if (view.dtype == DType::kF32 && hook.site != HookSite::kPattern)
       return OnDeviceActivation(hook, batch, row_begin, view);
@@ -809,12 +847,14 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
                               " was delivered in device memory or as " +
                               std::string(DTypeName(view.dtype)) +
                               "; extraction reads host f32 views only");
-  outputs_->Capture(hook, batch,
-                    ActivationRows{.data = view.f32(),
-                                   .row_begin = row_begin,
-                                   .rows = view.rows,
-                                   .cols = view.cols,
-                                   .ld = view.ld});
+  const ActivationRows rows{.data = view.f32(),
+                            .row_begin = row_begin,
+                            .rows = view.rows,
+                            .cols = view.cols,
+                            .ld = view.ld};
+  outputs_->Capture(hook, batch, rows);
+  if (derived_ != nullptr && derived_->Reads(hook))
+    return derived_->OnRows(hook, batch, rows, outputs_);
   return Status();
 }
 

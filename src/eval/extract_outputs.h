@@ -25,6 +25,8 @@
 
 namespace loom {
 
+class DerivedRunner;  // src/eval/extract_derived_runner.h
+
 // The one conversion of captured f32 activations to the output dtype, by the
 // host backend.
 //   src: [n] f32; dst: [n] values of `dtype` (F32, BF16 or F16)
@@ -41,10 +43,16 @@ struct ActivationRows {
   int64_t ld = 0;
 };
 
-// One output array: a hook x selector pair.
+// One output array: a hook x selector pair. A derived output
+// (src/eval/extract_derived.h) is an array of its source hook with `derived`
+// >= 0, the index of its DerivedHook in the settings.
 struct OutputArray {
   HookPoint hook;
+  int derived = -1;
   std::string hook_name;
+  // The file's dtype: the job's output dtype, or int32 for the top-k
+  // indices of an SAE or lens (exact integers delivered as f32 values).
+  DType dtype = DType::kF32;
   RowSelector sel;
   int64_t width = 0;  // values per selected row
   int64_t heads = 0;  // attn.hook_pattern: rows are [heads, width / heads]
@@ -126,9 +134,10 @@ class OutputSet {
     chunk_row_tokens_ = row_tokens;
   }
   void ClearChunk() { SetChunk(0, 0); }
-  // Copies what the selectors keep of `hook`'s rows into the staging.
+  // Copies what the selectors keep of `hook`'s rows into the staging
+  // (`derived` >= 0: of that derived output of `hook`).
   void Capture(const HookPoint& hook, const Batch& batch,
-               const ActivationRows& rows);
+               const ActivationRows& rows, int derived = -1);
   // Device capture: what the selectors keep of rows [row_begin, row_begin +
   // rows) of `hook`'s block, without reading the rows. Rows to copy: the
   // block row (relative to row_begin) and its place in the window staging;
@@ -144,7 +153,7 @@ class OutputSet {
     std::vector<uint8_t> seg_max;    // [g] 1 = max, 0 = sum
   };
   void PickRows(const HookPoint& hook, const Batch& batch, int64_t row_begin,
-                int64_t rows, DevicePicks* picks);
+                int64_t rows, DevicePicks* picks, int derived = -1);
   // Upper bounds for one batch of `max_tokens` tokens over every hook: rows
   // copied x their bytes in the output dtype, copied rows, and segments x
   // width reduced.
@@ -172,7 +181,8 @@ class OutputSet {
     std::string selector;        // selector spec
     std::string selector_file;   // the selector's file name ("all", "pos_0_-1")
     std::vector<int64_t> shape;  // [rows, row_shape...]
-    std::vector<uint8_t> data;   // [shape] values of dtype()
+    DType dtype = DType::kF32;   // dtype() or int32 (top-k indices)
+    std::vector<uint8_t> data;   // [shape] values of dtype
   };
   // The offsets of a ragged selector: data rows [offsets[i], offsets[i + 1])
   // belong to input row i (an empty range for a skipped row).
@@ -211,6 +221,9 @@ class OutputSet {
                       int64_t first_row, ManifestProgress* progress,
                       std::vector<std::string>* files);
   Status CheckCommittedNpy(const ManifestProgress& progress) const;
+  // `n` f32 values as `o`'s dtype (int32: exact integers) into `dst`.
+  void Store(const OutputArray& o, const float* src, uint8_t* dst,
+             int64_t n) const;
   Status CheckCommittedShards(const ManifestProgress& progress,
                               const std::vector<std::string>& files) const;
   std::string PathOf(const std::string& file) const;
@@ -254,6 +267,9 @@ class ExtractSink : public HookSink {
   // that is not on the host): allocates the pinned staging of the device
   // path from the first of them.
   Status EnableDevices(const std::vector<Backend*>& devices);
+  // The SAEs and lenses computed from delivered hooks (borrowed; null:
+  // none). Their sources must arrive in host memory.
+  void SetDerived(DerivedRunner* derived) { derived_ = derived; }
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
                       int64_t row_begin, const ActivationView& view) override;
   // After a forward (whose backends have synchronised): completes the
@@ -270,6 +286,7 @@ class ExtractSink : public HookSink {
                    const ActivationView& view);
   OutputSet* outputs_;
   int64_t max_tokens_;
+  DerivedRunner* derived_ = nullptr;
   std::vector<float> ints_;  // [rows, cols] an integer hook's values as f32
   // An integer hook's values copied from a device: [rows, cols] i32.
   std::vector<int32_t> device_ints_;

@@ -173,7 +173,7 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
   r->interventions_ = &s.interventions;
   ASSIGN_OR_RETURN(
       r->ex_, Executor::Create(
-                  model, s.hooks,
+                  model, s.delivered,
                   {.max_tokens = s.batch_tokens,
                    .max_seq_len = std::min(s.batch_tokens, s.max_positions),
                    .logits_chunk_rows = 256,
@@ -182,6 +182,10 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
   // Selection on the device for segments not on the host; the sink's
   // staging is sized here, once for the job.
   r->sink_ = std::make_unique<ExtractSink>(outputs, s.batch_tokens);
+  if (!s.derived.empty()) {
+    ASSIGN_OR_RETURN(r->derived_, DerivedRunner::Create(model, s));
+    r->sink_->SetDerived(r->derived_.get());
+  }
   std::vector<Backend*> device_backends;
   for (int i = 0; i < r->ex_->num_devices(); ++i)
     if (!r->ex_->device(i).host_memory)

@@ -16,6 +16,7 @@
 
 #include "src/base/status.h"
 #include "src/eval/extract.h"
+#include "src/eval/extract_derived_runner.h"
 #include "src/eval/extract_outputs.h"
 #include "src/eval/extract_rows.h"
 #include "src/eval/extract_settings.h"
@@ -106,6 +107,7 @@ class WindowRunner {
   const std::vector<Intervention>* interventions_ = nullptr;
   std::vector<SequenceEdit> edits_;
   std::unique_ptr<Executor> ex_;
+  std::unique_ptr<DerivedRunner> derived_;  // --sae / --lens; null: none
   std::unique_ptr<ExtractSink> sink_;
   std::unique_ptr<Streamer> streamer_;
 };

@@ -148,17 +148,43 @@ StatusOr<DType> ParseOutputDType(std::string_view text) {
   return *d;
 }
 
+// --hooks (plain hooks and derived outputs), --sae and --lens into `s`.
+Status ResolveCapture(const ExtractOptions& o, ExtractSettings* s) {
+  ASSIGN_OR_RETURN(s->analyses, LoadAnalyses(o.analysis, s->config));
+  std::vector<std::string> plain;
+  std::vector<DerivedItem> items;
+  SplitDerivedItems(o.hooks, &plain, &items);
+  if (!plain.empty() || items.empty()) {
+    ASSIGN_OR_RETURN(s->hooks,
+                     ResolveExtractHooks(plain, o.layers, s->config,
+                                         o.streaming_chunk_size > 0));
+  }
+  ASSIGN_OR_RETURN(s->derived, ResolveDerivedHooks(items, s->hooks,
+                                                   s->analyses, s->config));
+  s->delivered = s->hooks;
+  for (const HookPoint& hp : s->hooks.hooks())
+    s->hook_names.push_back(HookName(hp));
+  for (const DerivedHook& d : s->derived) {
+    s->delivered.Add(d.source);
+    s->hook_names.push_back(d.name);
+  }
+  return Status();
+}
+
 StatusOr<ExtractSettings> ResolveExtractSettings(
     const ExtractOptions& o, const ModelConfig& config,
     std::vector<Intervention> interventions) {
   RETURN_IF_ERROR(CheckPlainOptions(o));
   ExtractSettings s;
   s.config = config;
-  ASSIGN_OR_RETURN(s.hooks, ResolveExtractHooks(o.hooks, o.layers, s.config,
-                                                o.streaming_chunk_size > 0));
-  for (const HookPoint& hp : s.hooks.hooks())
-    s.hook_names.push_back(HookName(hp));
+  RETURN_IF_ERROR(ResolveCapture(o, &s));
   ASSIGN_OR_RETURN(s.selectors, ParseSelectors(o.selectors));
+  for (const DerivedHook& d : s.derived)
+    for (const RowSelector& sel : s.selectors)
+      if (d.integer() && sel.reduced())
+        return InvalidArgumentError("--select " + sel.spec + ": " + d.name +
+                                    " holds indices, which have no " +
+                                    sel.spec);
   s.interventions = std::move(interventions);
   s.max_positions = s.config.max_position_embeddings;
   s.batch_tokens = o.batch_tokens > 0
@@ -173,7 +199,7 @@ JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
   JobSpec job;
   job.batch_tokens = s.batch_tokens;
   job.context = std::min(s.batch_tokens, s.max_positions);
-  job.hooks = s.hooks;
+  job.hooks = s.delivered;
   job.capture_dtype = o.dtype.value_or(planned_compute);
   job.selector = Selector::kLast;
   for (const RowSelector& sel : s.selectors) {
@@ -186,6 +212,8 @@ JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
   job.seqs_per_batch = std::min(o.commit_every, job.batch_tokens);
   job.weight_compute_dtype = planned_compute;
   job.intervention_bytes = InterventionBytes(s.interventions);
+  if (!s.derived.empty())
+    job.analysis_bytes = DerivedBytes(s.analyses, s.derived, s.config);
   // Streamed long rows: one KV cache of one sequence of the longest row
   // (its dtype: the backend's activations', the planner's default).
   if (s.streaming()) {
@@ -229,6 +257,11 @@ StatusOr<Json> SettingsJson(const ExtractOptions& o, const ExtractSettings& s,
   // resumes unchanged.
   if (!s.interventions.empty())
     settings["interventions"] = InterventionsJson(s.interventions);
+  if (!s.analyses.empty())
+    settings["analyses"] = {{"sae", o.analysis.sae},
+                            {"sae_topk", o.analysis.sae_topk},
+                            {"lens", o.analysis.lens},
+                            {"lens_topk", o.analysis.lens_topk}};
   return settings;
 }
 

@@ -13,6 +13,7 @@
 
 #include "src/base/status.h"
 #include "src/core/dtype.h"
+#include "src/eval/extract_derived.h"
 #include "src/eval/input.h"
 #include "src/eval/params.h"
 #include "src/eval/row_selector.h"
@@ -49,8 +50,15 @@ StatusOr<DType> ParseOutputDType(std::string_view text);
 // The job as resolved from the options and config.json.
 struct ExtractSettings {
   ModelConfig config;
-  HookSet hooks;                        // deduplicated, in layer order
-  std::vector<std::string> hook_names;  // HookName of each, same order
+  HookSet hooks;  // deduplicated, in layer order
+  // --sae / --lens and the outputs computed from them (extract_derived.h),
+  // each an array like a hook's; `delivered`: the hooks the forward
+  // delivers, `hooks` and the derived outputs' sources.
+  Analyses analyses;
+  std::vector<DerivedHook> derived;
+  HookSet delivered;
+  // HookName of each hook, same order, then each derived output's name.
+  std::vector<std::string> hook_names;
   std::vector<RowSelector> selectors;   // as given, distinct file names
   // --intervene: the edits of every forward (those of a row apply to it).
   std::vector<Intervention> interventions;

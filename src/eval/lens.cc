@@ -78,22 +78,13 @@ StatusOr<std::unique_ptr<Lens>> Lens::Create(const Model& model,
 Status Lens::Run(const HookPoint& hook, const float* resid, int64_t rows,
                  const LensOutputs& out) {
   const ModelConfig& c = model_.config();
-  if (!IsLensSite(hook.site))
-    return InvalidArgumentError(
-        HookName(hook) +
-        ": a lens reads a residual stream (blocks.i.hook_resid_pre, "
-        "hook_resid_mid or hook_resid_post)");
-  RETURN_IF_ERROR(CheckHookExists(hook, c));
+  ASSIGN_OR_RETURN(const int64_t t, CheckLensHook(hook, c, tuned_));
   if (out.topk < 0 || out.topk > c.vocab_size)
     return InvalidArgumentError("lens top-k " + std::to_string(out.topk) +
                                 " is outside [0, " +
                                 std::to_string(c.vocab_size) + "]");
   LOOM_CHECK(out.topk == 0 ||
              (out.topk_ids != nullptr && out.topk_logits != nullptr));
-  int64_t t = -1;
-  if (tuned_ != nullptr) {
-    ASSIGN_OR_RETURN(t, TunedLensTranslator(hook, c.num_layers));
-  }
   const int64_t H = c.hidden_size;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows()) {
     const int64_t n = std::min(chunk_rows(), rows - r0);

@@ -54,13 +54,7 @@ StatusOr<std::vector<HookPoint>> LensGridHooks(const ModelConfig& c,
                    ResolveHooks(hooks, o.layers, c, !o.layers.empty()));
   if (set.empty()) return InvalidArgumentError("--hooks: no hook given");
   for (const HookPoint& h : set.hooks()) {
-    if (!IsLensSite(h.site))
-      return InvalidArgumentError(
-          HookName(h) +
-          ": a lens reads a residual stream (blocks.i.hook_resid_pre, "
-          "hook_resid_mid or hook_resid_post)");
-    if (o.tuned != nullptr)
-      RETURN_IF_ERROR(TunedLensTranslator(h, c.num_layers).status());
+    RETURN_IF_ERROR(CheckLensHook(h, c, o.tuned).status());
   }
   return set.hooks();
 }

@@ -111,6 +111,30 @@ constexpr ParamSpec kCaptureSpecs[] = {
      "Compute precision: auto, f32, bf16 or f16"},
 };
 
+// Top-k widths: feature and token ids travel as exact f32 integers.
+constexpr double kMaxTopK = 1 << 24;
+
+constexpr ParamSpec kAnalysisSpecs[] = {
+    {"sae", ParamKind::kStrings, 0, 0, false,
+     "An SAE or transcoder as published (SAELens, sparsify, Gemma Scope "
+     "1/2 folder or file), @HOOK when the format names no hook; its "
+     "HOOK.hook_sae_acts_post, .hook_sae_recons, .hook_sae_error, ... are "
+     "then hooks (repeatable; docs/saes.md)"},
+    {"sae_topk", ParamKind::kInt, 1, kMaxTopK, false,
+     "Per token, each SAE's K largest features: "
+     "HOOK.hook_sae_acts_post.topk_indices (int32) and .topk_values",
+     true},
+    {"lens", ParamKind::kString, 0, 0, false,
+     "logit or tuned:FILE (a tuned-lens folder, params.pt or "
+     "params.safetensors): HOOK.hook_lens_logits is then a hook at every "
+     "residual hook"},
+    {"lens_topk", ParamKind::kInt, 1, kMaxTopK, false,
+     "Per token, the lens's K largest logits at each residual hook asked: "
+     "HOOK.lens_topk_ids (int32) and HOOK.lens_topk_values, without the "
+     "vocabulary-wide array",
+     true},
+};
+
 constexpr ParamSpec kModelSpecs[] = {
     {"model", ParamKind::kString, 0, 0, false, "Hugging Face model directory"},
     {"threads", ParamKind::kInt, 0, kMaxThreads, false,
@@ -238,6 +262,13 @@ std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p) {
   return Bind(kExtractRowSpecs,
               {&p->add_bos, &p->batch_tokens, &p->commit_every, &p->on_error,
                &p->streaming_chunk_size, &p->max_row_tokens});
+}
+
+std::span<const ParamSpec> AnalysisParamSpecs() { return kAnalysisSpecs; }
+
+std::vector<ParamField> AnalysisParamFields(AnalysisParams* p) {
+  return Bind(kAnalysisSpecs,
+              {&p->sae, &p->sae_topk, &p->lens, &p->lens_topk});
 }
 
 std::span<const ParamSpec> PlacementParamSpecs() { return kPlacementSpecs; }

@@ -121,6 +121,17 @@ struct ExtractRowParams {
 std::span<const ParamSpec> ExtractRowParamSpecs();
 std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p);
 
+// ---- Analysis: what an extraction computes from the hooks it captures
+// (src/eval/extract_derived.h): sae, sae_topk, lens, lens_topk.
+struct AnalysisParams {
+  std::vector<std::string> sae;  // FILE_OR_DIR[@HOOK] each
+  int64_t sae_topk = 0;          // 0: none
+  std::string lens;              // "" (none), "logit" or "tuned:FILE"
+  int64_t lens_topk = 0;         // 0: none
+};
+std::span<const ParamSpec> AnalysisParamSpecs();
+std::vector<ParamField> AnalysisParamFields(AnalysisParams* p);
+
 // ---- Placement: where a job's layers go and how much memory it may use.
 // device, max_memory, reserve, offload, show_plan, verify_plan (the fields of
 // JobPlanOptions). `loom plan` takes the first four, serve all but offload

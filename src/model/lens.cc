@@ -160,4 +160,16 @@ StatusOr<int64_t> TunedLensTranslator(const HookPoint& hook,
       "blocks.i.hook_resid_post only");
 }
 
+StatusOr<int64_t> CheckLensHook(const HookPoint& hook, const ModelConfig& c,
+                                const TunedLens* tuned) {
+  if (!IsLensSite(hook.site))
+    return InvalidArgumentError(
+        HookName(hook) +
+        ": a lens reads a residual stream (blocks.i.hook_resid_pre, "
+        "hook_resid_mid or hook_resid_post)");
+  RETURN_IF_ERROR(CheckHookExists(hook, c));
+  if (tuned == nullptr) return int64_t{-1};
+  return TunedLensTranslator(hook, c.num_layers);
+}
+
 }  // namespace loom

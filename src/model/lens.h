@@ -55,6 +55,14 @@ bool IsLensSite(HookSite site);
 StatusOr<int64_t> TunedLensTranslator(const HookPoint& hook,
                                       int64_t num_layers);
 
+// Whether a lens (tuned: with these translators; null: the logit lens) can
+// read `hook` of the model `c`: it exists, is a residual stream and, for a
+// tuned lens, has a translator. InvalidArgument naming the hook otherwise.
+// The lens's returned translator index: TunedLensTranslator's (-1 for the
+// logit lens).
+StatusOr<int64_t> CheckLensHook(const HookPoint& hook, const ModelConfig& c,
+                                const TunedLens* tuned);
+
 }  // namespace loom
 
 #endif  // LOOM_MODEL_LENS_H_

@@ -83,6 +83,11 @@ struct JobSpec {
   // staging.
   int64_t intervention_bytes = 0;
 
+  // SAEs and lenses run on captured hooks (src/eval/extract_derived.h):
+  // their f32 weights, a chunk of their outputs and the derived arrays'
+  // buffers, in host memory; counted in the host's staging.
+  int64_t analysis_bytes = 0;
+
   // Derived: rows per batch of a per-sequence selection.
   int64_t Seqs() const {
     if (seqs_per_batch > 0) return seqs_per_batch;

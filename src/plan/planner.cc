@@ -98,6 +98,7 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
     }
   }
   k.host_staging += AlignUp(job.intervention_bytes, 64);
+  k.host_staging += AlignUp(job.analysis_bytes, 64);
   k.act = layout.activations.total_bytes;
   k.ws = layout.workspace.total_bytes;
   k.logits = layout.logits.total_bytes;

@@ -79,6 +79,10 @@ std::string FormatPlanTable(const MemoryPlan& p) {
   if (j.intervention_bytes > 0)
     out += "interventions: " + Bytes(j.intervention_bytes) +
            " of vectors in host memory (in the host's staging)\n";
+  if (j.analysis_bytes > 0)
+    out += "SAEs / lenses: " + Bytes(j.analysis_bytes) +
+           " of weights and chunk buffers in host memory (in the host's "
+           "staging)\n";
   std::snprintf(
       line, sizeof(line),
       "%-8s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s "
@@ -189,6 +193,8 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
   job["logits_chunk_rows"] = p.job.logits_chunk_rows;
   if (p.job.intervention_bytes > 0)
     job["intervention_bytes"] = p.job.intervention_bytes;
+  if (p.job.analysis_bytes > 0)
+    job["analysis_bytes"] = p.job.analysis_bytes;
   if (p.job.mode == JobMode::kAnalysis && p.job.kv_context > 0) {
     job["kv_context"] = p.job.kv_context;
     job["kv_seqs"] = p.job.kv_seqs > 0 ? p.job.kv_seqs : 1;

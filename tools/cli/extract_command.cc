@@ -281,6 +281,7 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   AddPlanFlags(*cmd, &opts->plan, PlanFlagUse::kJobCommand);
   AddHfBf16Flag(*cmd, &j.hf_bf16_activations);
   AddInterventionFlags(*cmd, &opts->interventions);
+  AddParamFlags(*cmd, eval::AnalysisParamFields(&j.analysis));
   cmd->add_flag("--progress", opts->progress,
                 "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--quiet", opts->quiet,
