@@ -65,6 +65,7 @@ struct ExtractArgs {
   std::optional<std::string> dtype;
   std::string template_text;
   eval::ExtractRowParams rows;  // add_bos ... max_row_tokens
+  eval::AnalysisParams analysis;  // sae, sae_topk, lens, lens_topk
   bool replace_invalid_utf8 = false;
   // The intervention document (docs/interventions.md) as JSON text, built
   // by python/loom/_args.py from `interventions=[...]`; "" = none.
@@ -213,6 +214,7 @@ class PyModel {
     o.precision = precision_;
     o.threads = threads_;
     CheckOrRaise(ApplyRowParams(a.rows, &o));
+    o.analysis = a.analysis;
     o.replace_invalid_utf8 = a.replace_invalid_utf8;
     o.plan = plan_;
     o.hf_bf16_activations = hf_bf16_;
@@ -857,7 +859,7 @@ void AddModelClass(py::module_& m) {
              Obj dtype, Obj template_text, Obj add_bos, Obj batch_tokens,
              Obj commit_every, Obj on_error, Obj streaming_chunk_size,
              Obj max_row_tokens, Obj replace_invalid_utf8, Obj interventions,
-             Obj progress) {
+             Obj progress, Obj sae, Obj sae_topk, Obj lens, Obj lens_topk) {
             ExtractArgs a;
             a.hooks = StrListArg("hooks", hooks);
             a.layers = StrListArg("layers", layers);
@@ -868,6 +870,8 @@ void AddModelClass(py::module_& m) {
                 add_bos,  batch_tokens,         commit_every,
                 on_error, streaming_chunk_size, max_row_tokens};
             ReadPyParams(eval::ExtractRowParamFields(&a.rows), rows);
+            const py::handle analysis[] = {sae, sae_topk, lens, lens_topk};
+            ReadPyParams(eval::AnalysisParamFields(&a.analysis), analysis);
             a.replace_invalid_utf8 =
                 BoolArg("replace_invalid_utf8", replace_invalid_utf8);
             a.interventions =
@@ -880,7 +884,8 @@ void AddModelClass(py::module_& m) {
           py::arg("add_bos"), py::arg("batch_tokens"), py::arg("commit_every"),
           py::arg("on_error"), py::arg("streaming_chunk_size"),
           py::arg("max_row_tokens"), py::arg("replace_invalid_utf8"),
-          py::arg("interventions"), py::arg("progress"))
+          py::arg("interventions"), py::arg("progress"), py::arg("sae"),
+          py::arg("sae_topk"), py::arg("lens"), py::arg("lens_topk"))
       .def("_perplexity", &PyModel::Perplexity, py::arg("text"),
            py::arg("tokens"), py::arg("protocol"), py::arg("ctx"),
            py::arg("stride"), py::arg("max_windows"), py::arg("add_bos"),

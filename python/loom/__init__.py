@@ -101,6 +101,15 @@ def _bf16_dtype():
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def _path_list(paths):
+    """None, a path or a list of paths as a list of str."""
+    if paths is None:
+        return []
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return [os.fspath(p) if isinstance(p, os.PathLike) else p for p in paths]
+
+
 def _arrays(raw_arrays, num_layers, result):
     """Fills `result` (an ArrayDict) with the arrays of the extension's
     answer, keyed "<hook>.<selector>", and gives it the lookup of user
@@ -257,7 +266,7 @@ class Model(_loom.Model):
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,
                 on_error="fail", streaming_chunk_size=0, max_row_tokens=0,
                 replace_invalid_utf8=False, interventions=None, progress=None,
-                bf16="auto"):
+                bf16="auto", saes=None, sae_topk=0, lens=None, lens_topk=0):
         """Hidden states at `hooks` for every prompt, as `loom extract` computes
         them (the same batches, hence the same bits).
 
@@ -297,6 +306,17 @@ class Model(_loom.Model):
             is installed (a view of the bits, no copy), else float32 (exact,
             a copy); "float32"; or "bits" (the raw bits as uint16, as the
             CLI's .npy files hold them).
+          saes: SAEs or transcoders run inside the forward, as
+            `loom extract --sae`: a path or a list ("DIR" or "DIR@HOOK" when
+            the format names no hook); their outputs are then hooks
+            ("HOOK.hook_sae_acts_post", ".hook_sae_recons", ".hook_sae_error",
+            ".hook_sae_acts_pre", ".hook_sae_input"; docs/saes.md).
+          sae_topk: K > 0 adds each SAE's "HOOK.hook_sae_acts_post.topk_indices"
+            (int32) and ".topk_values".
+          lens: "logit" or "tuned:PATH": "HOOK.hook_lens_logits" is then a
+            hook at every residual hook.
+          lens_topk: K > 0 adds "HOOK.lens_topk_ids" (int32) and
+            "HOOK.lens_topk_values" for every residual hook asked.
 
         Returns: an ExtractResult (a dict of numpy arrays that own Loom's
         buffers: no copy is made, but for bfloat16 made float32), keyed
@@ -308,10 +328,13 @@ class Model(_loom.Model):
             prompts, hooks, _layer_specs(layers), select, _dtype_name(dtype, "dtype"),
             template, add_bos, batch_tokens, commit_every, on_error,
             streaming_chunk_size, max_row_tokens, replace_invalid_utf8,
-            _interventions_json(interventions), _progress(progress))
+            _interventions_json(interventions), _progress(progress),
+            _path_list(saes), sae_topk, lens, lens_topk)
         if raw["dtype"] == "bfloat16" and bf16 != "bits":
             as_bf16 = _bf16_dtype() if bf16 == "auto" else None
             for a in raw["arrays"]:
+                if a["array"].dtype.kind != "u":
+                    continue  # int32 indices
                 a["array"] = (a["array"].view(as_bf16) if as_bf16 is not None
                               else bf16_to_float32(a["array"]))
         result = _arrays(raw["arrays"], self._num_layers, ExtractResult())

@@ -110,3 +110,23 @@ def test_errors_name_the_argument():
                    tuned=os.path.join(LENS_ROOT, "llama__tuned_lens"))
     with pytest.raises(loom.NotFoundError, match="no such tuned lens"):
         model.lens(x, "blocks.0.hook_resid_pre", tuned="/nonexistent/lens")
+
+
+def test_extract_with_the_lens_in_the_forward():
+    # Model.extract(lens="logit", lens_topk=10): HOOK.hook_lens_logits and the
+    # top-10 ids (int32) of every residual hook asked; the last layer's lens
+    # is the model's logits, bit for bit.
+    root, m, g, model = case("llama")
+    ids = m["inputs"]["seq2"]["input_ids"]
+    hooks = list(m["layers"])
+    out = model.extract([ids], hooks + ["logits", hooks[-1] + ".hook_lens_logits"],
+                        select="all", lens="logit", lens_topk=10)
+    assert np.array_equal(out[hooks[-1] + ".hook_lens_logits"], out["logits"])
+    for i, h in enumerate(hooks):
+        top = out[h + ".lens_topk_ids"]
+        assert top.dtype == np.int32 and top.shape == (len(ids), 10)
+        decided_ids_equal(top, g["seq2.top10_ids"][i], g["seq2.top10_gap"][i], 1e-4)
+        want = g["seq2.top10_logits"][i]
+        assert np.abs(out[h + ".lens_topk_values"] - want).max() <= 1e-4 + 1e-4 * np.abs(want).max()
+    with pytest.raises(loom.InvalidArgumentError, match="expected logit or tuned:FILE"):
+        model.extract([ids], hooks[0] + ".hook_lens_logits", lens="bogus")

@@ -104,3 +104,32 @@ def test_extract_then_encode_end_to_end():
     g = read_safetensors(os.path.join(root, "golden.safetensors"))
     want = g["seq2.feature_acts"]
     assert np.abs(out["feature_acts"] - want).max() <= 1e-4 + 1e-4 * np.abs(want).max()
+
+
+def test_extract_with_saes_in_the_forward():
+    # Model.extract(saes=..., sae_topk=...): the SAE's hooks computed inside
+    # the forward, the same arrays as `loom extract --sae`; indices int32.
+    cases()
+    root = os.path.join(SAE_ROOT, "qwen3__saelens_topk")
+    m = json.load(open(os.path.join(root, "manifest.json")))
+    hook = m["hook"]
+    model = loom.Model(os.path.join(SHARED, "golden", "tiny", "qwen3"), precision="f32")
+    ids = m["inputs"]["seq2"]["input_ids"]
+    out = model.extract([ids], [hook, hook + ".hook_sae_acts_post", hook + ".hook_sae_error"],
+                        select="all", saes=os.path.join(root, m["sae_dir"]), sae_topk=16)
+    g = read_safetensors(os.path.join(root, "golden.safetensors"))
+    want = g["seq2.feature_acts"]
+    got = out[hook + ".hook_sae_acts_post"]
+    assert got.dtype == np.float32
+    assert np.abs(got - want).max() <= 1e-4 + 1e-4 * np.abs(want).max()
+    top = out[hook + ".hook_sae_acts_post.topk_indices"]
+    assert top.dtype == np.int32 and top.shape == (len(ids), 16)
+    ok = g["seq2.topk_gap"] >= 1e-4
+    ok[:, 1:] &= g["seq2.topk_gap"][:, :-1] >= 1e-4
+    assert np.array_equal(top[ok], g["seq2.topk_indices"][ok])
+    err = out[hook + ".hook_sae_error"]
+    assert np.abs(err - (out[hook] - g["seq2.reconstruction"])).max() <= 1e-4
+    with pytest.raises(loom.InvalidArgumentError, match="sae_topk"):
+        model.extract([ids], hook, saes=os.path.join(root, m["sae_dir"]), sae_topk=-1)
+    with pytest.raises(loom.InvalidArgumentError, match="no --sae reads"):
+        model.extract([ids], hook + ".hook_sae_acts_post")
