@@ -114,7 +114,7 @@ int64_t DerivedBytes(const Analyses& analyses,
                      const ModelConfig& config);
 
 // Rows of a chunk the runner computes at once.
-inline constexpr int64_t kDerivedChunkRows = 64;
+inline constexpr int64_t kDerivedChunkRows = 256;
 
 }  // namespace loom
 

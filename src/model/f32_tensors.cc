@@ -1,5 +1,6 @@
 #include "src/model/f32_tensors.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -74,37 +75,39 @@ StatusOr<std::vector<float>> F32Tensors::Read(
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   std::vector<float> out(n);
-  // Element by element through memcpy: a safetensors tensor may start at
-  // any byte offset (no alignment is promised).
+  // Through memcpy: a safetensors tensor may start at any byte offset (no
+  // alignment is promised).
   const auto* bytes = static_cast<const uint8_t*>(r->data);
-  for (int64_t i = 0; i < n; ++i) {
-    switch (r->dtype) {
-      case DType::kF32:
-        std::memcpy(&out[i], bytes + 4 * i, 4);
-        break;
-      case DType::kF64: {
+  switch (r->dtype) {
+    case DType::kF32:
+      if (n > 0) std::memcpy(out.data(), bytes, static_cast<size_t>(4 * n));
+      break;
+    case DType::kF64:
+      for (int64_t i = 0; i < n; ++i) {
         double v;
         std::memcpy(&v, bytes + 8 * i, 8);
         out[i] = static_cast<float>(v);
-        break;
       }
-      case DType::kBF16:
-      case DType::kF16: {
+      break;
+    case DType::kBF16:
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, bytes + 2 * i, 2);
         out[i] = r->dtype == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
-        break;
       }
-      default:
-        return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
-                                    std::string(DTypeName(r->dtype)) +
-                                    ", expected F32, F64, BF16 or F16");
-    }
-    if (!std::isfinite(out[i]))
-      return InvalidArgumentError(path() + ": tensor '" + name + "' holds " +
-                                  std::to_string(out[i]) + " at element " +
-                                  std::to_string(i));
+      break;
+    default:
+      return InvalidArgumentError(path() + ": tensor '" + name + "' is " +
+                                  std::string(DTypeName(r->dtype)) +
+                                  ", expected F32, F64, BF16 or F16");
   }
+  const auto bad = std::find_if(out.begin(), out.end(),
+                                [](float v) { return !std::isfinite(v); });
+  if (bad != out.end())
+    return InvalidArgumentError(path() + ": tensor '" + name + "' holds " +
+                                std::to_string(*bad) + " at element " +
+                                std::to_string(bad - out.begin()));
   return out;
 }
 

@@ -1,5 +1,6 @@
 #include "src/model/sae.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -37,8 +38,12 @@ DType StoredDType(const F32Tensors& t) {
 std::vector<float> Transpose(const std::vector<float>& a, int64_t rows,
                              int64_t cols) {
   std::vector<float> t(a.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = a[r * cols + c];
+  constexpr int64_t kTile = 64;  // in tiles: both sides stay in cache
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+          t[c * rows + r] = a[r * cols + c];
   return t;
 }
 
