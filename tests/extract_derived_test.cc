@@ -364,5 +364,108 @@ TEST_F(ExtractDerivedSpliceTest, RefusalsNameTheOptionAndTheValues) {
   }
 }
 
+// Feature edits and the reconstruction splice (interventions through an SAE
+// at its hook): feature_add is the decoder-row `add` of the same SAE, byte
+// for byte (no normalization: the decoded factor is 1); sae_reconstruct
+// writes the SAE's reconstruction (here = HOOK.hook_sae_recons of the
+// unedited run, bytes); feature_ablate / feature_clamp move each row by
+// (v - f) W_dec[f], the product rounded to f32, then added; later layers see
+// the edit. Refusals name the field.
+TEST_F(ExtractDerivedSpliceTest, FeatureEditsAndTheReconstructionSplice) {
+  SKIP_WITHOUT(root_, "sae");
+  auto edit = [&](const std::string& name, const std::string& fields) {
+    WriteFile(name + ".json", "{\"interventions\": [{\"sae\": \"" + sae_ +
+                                  "\", \"positions\": \"all\", " + fields +
+                                  "}]}");
+    return " --intervene " + Path(name + ".json");
+  };
+  const std::string hooks =
+      "--select all --hooks " + hook_ + ",blocks.2.hook_resid_post,logits";
+  std::string log;
+  ASSERT_EQ(Extract(model_, jsonl_, "base",
+                    hooks + "," + hook_ + ".hook_sae_recons," + hook_ +
+                        ".hook_sae_acts_post --sae " + sae_,
+                    &log),
+            0)
+      << log;
+  const struct {
+    std::string name, fields;
+  } runs[] = {
+      {"fadd", R"("mode": "feature_add", "feature": 37, "value": 8.0)"},
+      {"steer", R"("mode": "add", "feature": 37, "scale": 8.0)"},
+      {"recon", R"("mode": "sae_reconstruct")"},
+      {"ablate", R"("mode": "feature_ablate", "feature": 37)"},
+      {"clamp", R"("mode": "feature_clamp", "feature": 37, "value": 2.5)"},
+  };
+  for (const auto& r : runs)
+    ASSERT_EQ(Extract(model_, jsonl_, r.name, hooks + edit(r.name, r.fields),
+                      &log),
+              0)
+        << log;
+  const std::string all = hook_ + ".all.npy";
+  for (const std::string f : {all, std::string("logits.all.npy")})
+    EXPECT_EQ(Read("fadd", f).data, Read("steer", f).data) << f;
+  EXPECT_EQ(Read("recon", all).data,
+            Read("base", hook_ + ".hook_sae_recons.all.npy").data);
+  EXPECT_NE(Read("recon", "logits.all.npy").data,
+            Read("base", "logits.all.npy").data);
+  // The decoder row of feature 37 from the SAE's own file.
+  const NpyArray x = Read("base", all);
+  const NpyArray acts = Read("base", hook_ + ".hook_sae_acts_post.all.npy");
+  const int64_t rows = x.header.shape[0], d = x.header.shape[1];
+  const int64_t d_sae = acts.header.shape[1];
+  WriteFile("row.json",
+            "{\"interventions\": [{\"mode\": \"add\", \"sae\": \"" + sae_ +
+                "\", \"feature\": 37, \"scale\": 1.0, \"positions\": "
+                "\"all\"}]}");
+  ASSERT_EQ(Extract(model_, jsonl_, "unit",
+                    "--select all --hooks " + hook_ + " --intervene " +
+                        Path("row.json"),
+                    &log),
+            0)
+      << log;
+  const NpyArray unit = Read("unit", all);  // x + 1 * W_dec[37]
+  std::vector<float> w(static_cast<size_t>(d));
+  for (int64_t j = 0; j < d; ++j) w[j] = F32(unit)[j] - F32(x)[j];
+  for (const char* name : {"ablate", "clamp"}) {
+    const NpyArray got = Read(name, all);
+    for (int64_t t = 0; t < rows; ++t) {
+      const float f = F32(acts)[t * d_sae + 37];
+      const float c = std::string(name) == "ablate" ? -f : 2.5f - f;
+      for (int64_t j = 0; j < d; j += 7) {
+        // W_dec[37][j] recovered from (x + w) - x: exact only where that
+        // difference is; compare within an ulp of the row's values.
+        const float want = F32(x)[t * d + j] + c * w[j];
+        EXPECT_NEAR(F32(got)[t * d + j], want,
+                    1e-6f * (1 + std::fabs(want)))
+            << name << " row " << t << " column " << j;
+      }
+    }
+  }
+  // Refusals.
+  const struct {
+    std::string fields, message;
+  } bad[] = {
+      {R"("mode": "feature_add", "feature": 37)",
+       "interventions[0].value: missing (feature_add needs it)"},
+      {R"("mode": "feature_clamp", "feature": 999, "value": 1)",
+       "interventions[0].feature: 999 is not a feature of"},
+      {R"("mode": "feature_ablate", "feature": 1, "value": 1)",
+       "mode \"feature_ablate\" takes no value"},
+      {R"("mode": "sae_reconstruct", "feature": 1)",
+       "mode \"sae_reconstruct\" takes no feature"},
+      {R"("mode": "feature_ablate", "feature": 1, "hook": "blocks.0.hook_resid_post")",
+       "interventions[0].hook: 'blocks.0.hook_resid_post', but"},
+  };
+  for (const auto& b : bad) {
+    EXPECT_EQ(Extract(model_, jsonl_, "bad", hooks + edit("bad", b.fields),
+                      &log),
+              1)
+        << log;
+    EXPECT_NE(log.find(b.message), std::string::npos)
+        << "expected: " << b.message << "\n" << log;
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -352,7 +352,9 @@ TEST_F(InterventionParseTest, ModeScaleHeadPositionsAndRowsErrors) {
   const std::string hook = R"("hook": "blocks.0.attn.hook_z", )";
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "steer"})"),
                   "interventions[0].mode: \"steer\" is not one of add, "
-                  "project_out, zero, replace, zero_head, patch, patch_head");
+                  "project_out, zero, replace, zero_head, patch, patch_head, "
+                  "feature_add, feature_clamp, feature_ablate, "
+                  "sae_reconstruct");
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head", "head": 32})"),
                   "interventions[0].head: 32 is outside [0, 32)");
   EXPECT_CONTAINS(Error("{" + hook + R"("mode": "zero_head", "head": -1})"),
@@ -618,7 +620,8 @@ TEST_F(InterventionParseTest, MisspeltFieldsAreRefusedWithTheNearestName) {
             v + "}"),
       "interventions[0]: unknown field \"scal\" (did you mean \"scale\"?); "
       "the fields: hook, mode, scale, norm_match, vector_file, tensor, "
-      "vector, sae, feature, head, positions, positions_rule, rows, apply_to");
+      "vector, sae, feature, head, positions, positions_rule, rows, apply_to, "
+      "value");
   EXPECT_CONTAINS(Error(R"({"hook": "blocks.0.hook_resid_pre", "mode": "zero"},
                            {"hook": "blocks.0.hook_resid_pre", "mode": "zero",
                             "postions": "last"})"),

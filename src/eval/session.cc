@@ -83,6 +83,11 @@ Status Session::CreateBackends() {
   if (params_.compute_backend_for_tests != nullptr)
     for (ExecutorSegment& seg : backends_.segments)
       seg.backend = params_.compute_backend_for_tests;
+  // SAE edits run on host rows (interventions are host-only): their scratch
+  // sized by the host backend's kernel, before any forward.
+  PrepareSaeEdits(interventions_, [&](const Sae& sae, int64_t rows) {
+    return host_->SaeWorkspaceBytes(sae, rows);
+  });
   return params_.admit ? params_.admit(*this) : Status();
 }
 

@@ -41,10 +41,15 @@ constexpr std::pair<InterventionMode, std::string_view> kModes[] = {
     {InterventionMode::kZeroHead, "zero_head"},
     {InterventionMode::kPatch, "patch"},
     {InterventionMode::kPatchHead, "patch_head"},
+    {InterventionMode::kFeatureAdd, "feature_add"},
+    {InterventionMode::kFeatureClamp, "feature_clamp"},
+    {InterventionMode::kFeatureAblate, "feature_ablate"},
+    {InterventionMode::kSaeReconstruct, "sae_reconstruct"},
 };
 
 bool NeedsVector(InterventionMode m) {
-  return m != InterventionMode::kZero && m != InterventionMode::kZeroHead;
+  return m != InterventionMode::kZero && m != InterventionMode::kZeroHead &&
+         !IsSaeEditMode(m);
 }
 bool IsPatch(InterventionMode m) {
   return m == InterventionMode::kPatch || m == InterventionMode::kPatchHead;
@@ -78,7 +83,7 @@ struct Entry {
 constexpr std::string_view kFields[] = {
     "hook",      "mode",           "scale", "norm_match", "vector_file",
     "tensor",    "vector",         "sae",   "feature",    "head",
-    "positions", "positions_rule", "rows",  "apply_to"};
+    "positions", "positions_rule", "rows",  "apply_to",   "value"};
 // The command-line flag an entry was written from (ShorthandInterventions):
 // read, never suggested.
 constexpr std::string_view kFlagField = "flag";
@@ -592,6 +597,58 @@ StatusOr<InterventionApplyTo> ParseApplyTo(
 }
 
 // The interventions of one entry (one per hook its pattern names).
+// The SAE of a feature edit or a reconstruction (`sae`, `feature`, `value`).
+StatusOr<std::shared_ptr<SaeEdit>> ParseSaeEdit(const Entry& e,
+                                                InterventionMode mode,
+                                                const std::string& base_dir) {
+  const std::string m(InterventionModeName(mode));
+  const Json* sae = e.Find("sae");
+  const Json* feature = e.Find("feature");
+  const Json* value = e.Find("value");
+  if (sae == nullptr) return e.Error("sae", "missing (" + m + " needs it)");
+  if (!sae->is_string() || sae->get<std::string>().empty())
+    return e.Error("sae", sae->dump() + " is not an SAE's path");
+  std::string path = sae->get<std::string>();
+  if (path[0] != '/' && !base_dir.empty())
+    path = (std::filesystem::path(base_dir) / path).string();
+  StatusOr<Sae> loaded = LoadSae(path);
+  if (!loaded.ok())
+    return e.Error("sae", std::string(loaded.status().message()));
+  if (IsTranscoder(loaded->architecture))
+    return e.Error("sae", path + " is a transcoder (it reads " +
+                              loaded->hook + " and writes " +
+                              loaded->hook_out + "); " + m +
+                              " splices an SAE at the hook it reads");
+  auto edit = std::make_shared<SaeEdit>();
+  const bool needs_feature = mode != InterventionMode::kSaeReconstruct;
+  const bool needs_value = mode == InterventionMode::kFeatureAdd ||
+                           mode == InterventionMode::kFeatureClamp;
+  if (feature != nullptr && !needs_feature)
+    return e.Error("feature", "mode \"" + m + "\" takes no feature");
+  if (value != nullptr && !needs_value)
+    return e.Error("value", "mode \"" + m + "\" takes no value");
+  if (needs_feature) {
+    if (feature == nullptr)
+      return e.Error("feature", "missing (" + m + " needs it)");
+    const std::optional<int64_t> f = JsonInt64(*feature);
+    if (!f || *f < 0 || *f >= loaded->d_sae)
+      return e.Error("feature", feature->dump() + " is not a feature of " +
+                                    path + " (0 .. " +
+                                    std::to_string(loaded->d_sae - 1) + ")");
+    edit->feature = *f;
+  }
+  if (needs_value) {
+    if (value == nullptr)
+      return e.Error("value", "missing (" + m + " needs it)");
+    if (!value->is_number() ||
+        !std::isfinite(static_cast<float>(value->get<double>())))
+      return e.Error("value", value->dump() + " is not a finite f32 value");
+    edit->value = static_cast<float>(value->get<double>());
+  }
+  edit->sae = std::make_shared<const Sae>(std::move(loaded).value());
+  return edit;
+}
+
 Status ParseEntry(const Entry& e, const ModelConfig& config,
                   const std::string& base_dir, std::vector<Intervention>* out) {
   if (!e.json.is_object())
@@ -599,12 +656,34 @@ Status ParseEntry(const Entry& e, const ModelConfig& config,
                                 " is not an object");
   RETURN_IF_ERROR(CheckFieldNames(e));
   ASSIGN_OR_RETURN(const InterventionMode mode, ParseMode(e));
-  ASSIGN_OR_RETURN(const std::optional<SaeDirection> sae,
-                   ParseSaeFeature(e, base_dir));
-  ASSIGN_OR_RETURN(const std::vector<HookPoint> hooks,
-                   ParseHooks(e, config, sae ? sae->hook : ""));
+  std::optional<SaeDirection> sae;
+  std::shared_ptr<SaeEdit> edit;
+  if (IsSaeEditMode(mode)) {
+    ASSIGN_OR_RETURN(edit, ParseSaeEdit(e, mode, base_dir));
+  } else {
+    ASSIGN_OR_RETURN(sae, ParseSaeFeature(e, base_dir));
+  }
+  ASSIGN_OR_RETURN(
+      const std::vector<HookPoint> hooks,
+      ParseHooks(e, config,
+                 edit ? edit->sae->hook : sae ? sae->hook : std::string()));
+  if (edit) {
+    for (const HookPoint& h : hooks) {
+      if (HookName(h) != edit->sae->hook)
+        return e.Error("hook", "'" + HookName(h) + "', but " +
+                                   edit->sae->path + " reads " +
+                                   edit->sae->hook);
+      ASSIGN_OR_RETURN(const int64_t width, HookWidth(h, config));
+      if (width != edit->sae->d_in)
+        return e.Error("sae", edit->sae->path + " has d_in " +
+                                  std::to_string(edit->sae->d_in) + ", " +
+                                  HookName(h) + " is " +
+                                  std::to_string(width) + " wide");
+    }
+  }
   Intervention iv;
   iv.mode = mode;
+  iv.sae_edit = edit;
   ASSIGN_OR_RETURN(iv.scale, ParseScale(e, mode));
   ASSIGN_OR_RETURN(iv.norm_match, ParseNormMatch(e, mode));
   ASSIGN_OR_RETURN(iv.positions, ParsePositions(e));
@@ -638,6 +717,46 @@ std::string_view InterventionModeName(InterventionMode mode) {
 }
 
 bool IsInterventionSite(HookSite site) { return SiteInfo(site).editable; }
+
+bool IsSaeEditMode(InterventionMode mode) {
+  return mode == InterventionMode::kFeatureAdd ||
+         mode == InterventionMode::kFeatureClamp ||
+         mode == InterventionMode::kFeatureAblate ||
+         mode == InterventionMode::kSaeReconstruct;
+}
+
+int64_t SaeEdit::bytes() const {
+  const Sae& s = *sae;
+  const int64_t weights = static_cast<int64_t>(
+      s.w_enc.size() + s.b_enc.size() + s.w_mag.size() + s.b_gate.size() +
+      s.threshold.size() + s.w_dec.size() + s.b_dec.size() +
+      s.w_skip.size() + s.dec_norm.size());
+  // The scratch: x, acts, out, norm_scale, coef, and the kernel's own
+  // (its sae_in, hidden, gate, acts, recons: PrepareSaeEdits sizes it).
+  const int64_t R = kSaeEditRows;
+  const int64_t scratch =
+      R * (2 * s.d_in + 4 * s.d_sae + 2 * s.d_out + 4) + 64;
+  return 4 * (weights + scratch);
+}
+
+void PrepareSaeEdits(
+    const std::vector<Intervention>& list,
+    const std::function<int64_t(const Sae&, int64_t)>& workspace_bytes) {
+  for (const Intervention& iv : list) {
+    if (!iv.sae_edit || !iv.sae_edit->x.empty()) continue;
+    SaeEdit& e = *iv.sae_edit;
+    const Sae& s = *e.sae;
+    const size_t R = kSaeEditRows;
+    e.x.resize(R * static_cast<size_t>(s.d_in));
+    e.acts.resize(R * static_cast<size_t>(s.d_sae));
+    e.out.resize(R * static_cast<size_t>(s.d_out));
+    e.norm_scale.resize(R);
+    e.coef.resize(R);
+    // 64-byte alignment inside: 16 floats of slack.
+    e.workspace.resize(
+        static_cast<size_t>(workspace_bytes(s, kSaeEditRows) / 4 + 16));
+  }
+}
 
 StatusOr<std::vector<Intervention>> ParseInterventions(
     std::string_view json_text, const std::string& base_dir,
@@ -863,6 +982,13 @@ Json InterventionsJson(const std::vector<Intervention>& list) {
       e["vector_values"] = iv.vector.size();
       e["vector_fnv1a64"] = digest;
     }
+    if (iv.sae_edit) {
+      e["sae"] = iv.sae_edit->sae->path;
+      if (iv.sae_edit->feature >= 0) e["feature"] = iv.sae_edit->feature;
+      if (iv.mode == InterventionMode::kFeatureAdd ||
+          iv.mode == InterventionMode::kFeatureClamp)
+        e["value"] = iv.sae_edit->value;
+    }
     out.push_back(std::move(e));
   }
   return out;
@@ -872,6 +998,15 @@ int64_t InterventionBytes(const std::vector<Intervention>& list) {
   int64_t bytes = 0;
   for (const Intervention& iv : list)
     bytes += static_cast<int64_t>(iv.vector.size() * sizeof(float));
+  // An SAE shared by the copies of a pattern's entry counts once.
+  std::vector<const SaeEdit*> seen;
+  for (const Intervention& iv : list) {
+    if (!iv.sae_edit || std::find(seen.begin(), seen.end(),
+                                  iv.sae_edit.get()) != seen.end())
+      continue;
+    seen.push_back(iv.sae_edit.get());
+    bytes += iv.sae_edit->bytes();
+  }
   return bytes;
 }
 
@@ -907,6 +1042,15 @@ Status CheckIntervention(const Intervention& iv, const ModelConfig& c,
                                     std::to_string(c.num_heads) + ")");
       break;
     case InterventionMode::kZero:
+      break;
+    case InterventionMode::kFeatureAdd:
+    case InterventionMode::kFeatureClamp:
+    case InterventionMode::kFeatureAblate:
+    case InterventionMode::kSaeReconstruct:
+      if (!iv.sae_edit || iv.sae_edit->sae->d_in != width)
+        return InvalidArgumentError(name + ": " + HookName(iv.hook) +
+                                    " needs an SAE of d_in " +
+                                    std::to_string(width));
       break;
   }
   if (static_cast<int64_t>(iv.vector.size()) != want)

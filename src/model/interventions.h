@@ -14,6 +14,9 @@
 #define LOOM_MODEL_INTERVENTIONS_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -23,6 +26,7 @@
 #include "src/base/status.h"
 #include "src/model/config.h"
 #include "src/model/hooks.h"
+#include "src/model/sae.h"
 
 namespace loom {
 
@@ -34,9 +38,19 @@ enum class InterventionMode : uint8_t {
   kZeroHead,    // attn.hook_z only: the columns of head `head` = 0
   kPatch,       // h[p] = a recorded run's h[p]
   kPatchHead,   // attn.hook_z only: h[p, head] = a recorded run's h[p, head]
+  // Through an SAE at its own hook (`sae`; docs/saes.md, "Splices and
+  // feature edits"). The error term is kept: h += d * decoded(feature),
+  // decoded(f) = W_dec[f] as the SAE decodes it (norm_out's factor, the TopK
+  // decoder-norm rescale), with d = c (feature_add), v - f (feature_clamp),
+  // -f (feature_ablate), f the feature's activation on h.
+  kFeatureAdd,
+  kFeatureClamp,
+  kFeatureAblate,
+  kSaeReconstruct,  // h = the SAE's reconstruction of h (error dropped)
 };
 // "add", "project_out", "zero", "replace", "zero_head", "patch",
-// "patch_head".
+// "patch_head", "feature_add", "feature_clamp", "feature_ablate",
+// "sae_reconstruct".
 std::string_view InterventionModeName(InterventionMode mode);
 
 // Token positions of a sequence an intervention applies to.
@@ -62,6 +76,32 @@ struct InterventionPositions {
 // edit the prompt only, whatever it says.
 enum class InterventionApplyTo : uint8_t { kPrompt, kGenerated, kBoth };
 
+// The SAE of a feature edit or a reconstruction, and the scratch its
+// application uses (kSaeEditRows rows at a time), allocated when the
+// intervention is read, before any forward; one application at a time.
+inline constexpr int64_t kSaeEditRows = 64;
+struct SaeEdit {
+  std::shared_ptr<const Sae> sae;
+  int64_t feature = -1;  // feature modes
+  float value = 0;       // feature_add: c; feature_clamp: v
+  std::mutex mu;
+  std::vector<float> x;           // [rows, d_in]
+  std::vector<float> acts;        // [rows, d_sae]
+  std::vector<float> out;         // [rows, d_out]
+  std::vector<float> norm_scale;  // [rows]
+  std::vector<float> coef;        // [rows]
+  std::vector<float> workspace;   // SaeWorkspaceBytes, 64-byte aligned inside
+  int64_t bytes() const;
+};
+bool IsSaeEditMode(InterventionMode mode);
+// Sizes the scratch of every SAE edit of `list` (once; before any forward):
+// `workspace_bytes(sae, rows)`, the kernel's workspace on the backend that
+// will run it (Backend::SaeWorkspaceBytes).
+struct Intervention;
+void PrepareSaeEdits(
+    const std::vector<Intervention>& list,
+    const std::function<int64_t(const Sae&, int64_t)>& workspace_bytes);
+
 struct Intervention {
   HookPoint hook;
   InterventionMode mode = InterventionMode::kAdd;
@@ -80,6 +120,8 @@ struct Intervention {
   // distinct; empty = every row.
   std::vector<int64_t> rows;
   InterventionApplyTo apply_to = InterventionApplyTo::kBoth;
+  // IsSaeEditMode(mode): the SAE and its scratch (shared by the copies).
+  std::shared_ptr<SaeEdit> sae_edit;
   bool edits_prompt() const {
     return apply_to != InterventionApplyTo::kGenerated;
   }

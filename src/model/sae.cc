@@ -575,4 +575,14 @@ StatusOr<Sae> LoadSae(const std::string& path, std::string_view hook) {
   return sae;
 }
 
+float SaeDecodedScale(const Sae& sae, int64_t feature, float norm_scale) {
+  float f = 1.0f;
+  if (sae.normalization == SaeNormalization::kConstantNormRescale)
+    f = 1.0f / norm_scale;
+  else if (sae.normalization == SaeNormalization::kLayerNorm)
+    f = norm_scale;
+  if (sae.rescale_acts_by_decoder_norm) f /= sae.dec_norm[feature];
+  return f;
+}
+
 }  // namespace loom

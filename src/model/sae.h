@@ -100,7 +100,17 @@ struct SaeOutputs {
   int64_t topk = 0;
   int32_t* topk_indices = nullptr;
   float* topk_values = nullptr;
+  // [rows] norm_in's factor of each row (constant_norm_rescale: sqrt(d_in)
+  // / ||x||; layer_norm: the std; 1 without normalization).
+  float* norm_scale = nullptr;
 };
+
+// What reconstruction(f + d e_feature) - reconstruction(f) is, per unit of
+// d, as a multiple of W_dec[feature]: norm_out's factor (1 / norm_scale for
+// constant_norm_rescale, norm_scale for layer_norm, else 1) over the TopK
+// decoder norm when rescale_acts_by_decoder_norm. Transcoders' skip term
+// does not depend on f.
+float SaeDecodedScale(const Sae& sae, int64_t feature, float norm_scale);
 
 // Loads the SAE or transcoder at `path`: a directory in one of the formats
 // above, or a file inside one (its cfg.json or weights file). `hook`, when

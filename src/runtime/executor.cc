@@ -385,6 +385,61 @@ Status Executor::CheckEdits(const Batch& batch,
   return Status();
 }
 
+namespace {
+
+// Rows idx[0..n) of h [T, cols] (ld apart, host memory) through the SAE of
+// `iv` (IsSaeEditMode), kSaeEditRows rows at a time in the edit's scratch:
+// the reconstruction written over them, or h += d * decoded(feature) per row
+// (the product rounded to f32, then added: AddRowsBroadcast).
+Status ApplySaeEdit(Backend& be, const Intervention& iv, float* data,
+                    int64_t T, int64_t cols, int64_t ld, const int32_t* idx,
+                    int64_t n) {
+  SaeEdit& e = *iv.sae_edit;
+  const Sae& s = *e.sae;
+  if (e.x.empty() || s.d_in != cols)
+    return InternalError("executor: the SAE edit at " + HookName(iv.hook) +
+                         " was not prepared for " + std::to_string(cols) +
+                         " columns (PrepareSaeEdits)");
+  std::lock_guard<std::mutex> lock(e.mu);
+  const auto base = reinterpret_cast<uintptr_t>(e.workspace.data());
+  void* ws = reinterpret_cast<void*>((base + 63) & ~uintptr_t{63});
+  const bool reconstruct = iv.mode == InterventionMode::kSaeReconstruct;
+  const float* row = s.w_dec.data() + std::max<int64_t>(e.feature, 0) * cols;
+  for (int64_t c0 = 0; c0 < n; c0 += kSaeEditRows) {
+    const int64_t m = std::min(kSaeEditRows, n - c0);
+    // x: [m, d_in] the rows, contiguous.
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(e.x.data() + r * cols, data + idx[c0 + r] * ld,
+                  static_cast<size_t>(cols) * sizeof(float));
+    SaeOutputs o;
+    if (reconstruct) {
+      o.reconstruction = e.out.data();
+    } else {
+      o.feature_acts = e.acts.data();
+      o.norm_scale = e.norm_scale.data();
+    }
+    RETURN_IF_ERROR(be.RunSae(s, e.x.data(), nullptr, m, ws, o));
+    if (reconstruct) {
+      RETURN_IF_ERROR(be.SetRows(data, T, cols, ld, idx + c0, m, 0, cols,
+                                 e.out.data(), m));
+      continue;
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      const float f = e.acts[static_cast<size_t>(r * s.d_sae + e.feature)];
+      const float d = iv.mode == InterventionMode::kFeatureAdd ? e.value
+                      : iv.mode == InterventionMode::kFeatureClamp
+                          ? e.value - f
+                          : -f;
+      const float coef = d * SaeDecodedScale(s, e.feature, e.norm_scale[r]);
+      RETURN_IF_ERROR(be.AddRowsBroadcast(data, T, cols, ld, idx + c0 + r, 1,
+                                          row, coef, false));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
 Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
                            int64_t cols, int64_t ld, float* data) {
   using Kind = InterventionPositions::Kind;
@@ -459,7 +514,11 @@ Status Executor::ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
       const float* src = e.patch_rows ? e.patch_rows : iv.vector.data();
       return be.CopyRows(data + c0, T, head_width, ld, idx, n,
                          src + first * cols + c0, n, cols, source_rows_.data());
-    }
+    }    case InterventionMode::kFeatureAdd:
+    case InterventionMode::kFeatureClamp:
+    case InterventionMode::kFeatureAblate:
+    case InterventionMode::kSaeReconstruct:
+      return ApplySaeEdit(be, iv, data, T, cols, ld, idx, n);
   }
   return InternalError("executor: unknown intervention mode");
 }

@@ -199,6 +199,7 @@ void RunSae(const Sae& sae, const float* x, const float* reference,
   for (int64_t r = 0; r < rows; ++r)
     PrepareRow(sae, x + r * sae.d_in, p.sae_in + r * sae.d_in, &p.scale[r],
                &p.mean[r]);
+  if (out.norm_scale != nullptr) std::copy_n(p.scale, rows, out.norm_scale);
   Encode(sae, p, rows);
   const int64_t ns = sae.d_sae, no = sae.d_out;
 #pragma omp parallel
