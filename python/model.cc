@@ -287,10 +287,7 @@ class PyModel {
                                  std::to_string(points.size()) +
                                  " hooks, the lens reads one"));
     const int64_t k = IntArg("topk", topk);
-    if (k < 0 || k > c.vocab_size)
-      Raise(InvalidArgumentError("topk: " + std::to_string(k) +
-                                 " is outside 0 .. vocab_size " +
-                                 std::to_string(c.vocab_size)));
+    CheckOrRaise(eval::CheckLensTopK(k, c.vocab_size, 0, "topk"));
     const bool keep = BoolArg("logits", logits);
     const std::string tuned_path =
         tuned.is_none() ? std::string() : StrArg("tuned", tuned);

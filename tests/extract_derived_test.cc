@@ -335,7 +335,7 @@ TEST_F(ExtractDerivedSpliceTest, RefusalsNameTheOptionAndTheValues) {
       {"--hooks blocks.0.attn.hook_q.hook_lens_logits --lens logit",
        "a lens reads a residual stream"},
       {"--hooks " + hook_ + ".hook_lens_logits --lens logit --lens-topk 9999",
-       "--lens-topk 9999 exceeds the vocabulary of 512"},
+       "--lens-topk: 9999 is outside [0, 512] (the vocabulary)"},
       {"--hooks " + hook_ + " --sae " + root_ +
            "/qwen3_moe__sparsify_topk/layers.1@blocks.1.mlp.hook_post",
        "reads blocks.1.mlp.hook_post of width 128, the SAE's d_in is 64"},

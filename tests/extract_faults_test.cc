@@ -631,10 +631,12 @@ TEST_F(ExtractFaultsTest, SafetensorsSigkillAndResumeIsByteIdentical) {
   t.Record("");
   EXPECT_GT(t.mid_run * 2, kPoints)
       << "only " << t.mid_run << " of " << kPoints << " kills landed mid-run";
-  const Tally c = KillChains(job, dir_, ref, timing, 1, kSeed + 2);
+  // Two chains (four killed resumes): most must be killed mid-run (one
+  // finishing first under a loaded machine is timing, not a fault).
+  const Tally c = KillChains(job, dir_, ref, timing, 2, kSeed + 2);
   c.Record("chain_");
-  EXPECT_EQ(c.resumes_killed_mid_run, 2)
-      << "a resume finished before it was killed";
+  EXPECT_GT(c.resumes_killed_mid_run * 2, c.resume_kills)
+      << "most resumes finished before they were killed";
 }
 
 // A job that a test stops (SIGSTOP) in the middle: started fresh in `out`,

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "src/base/check.h"
+#include "src/eval/lens.h"
 
 namespace loom {
 namespace {
@@ -155,10 +156,8 @@ StatusOr<Analyses> LoadAnalyses(const eval::AnalysisParams& p,
   }
   if (p.lens_topk > 0 && !a.lens)
     return InvalidArgumentError("--lens-topk needs --lens");
-  if (p.lens_topk > c.vocab_size)
-    return InvalidArgumentError("--lens-topk " + std::to_string(p.lens_topk) +
-                                " exceeds the vocabulary of " +
-                                std::to_string(c.vocab_size));
+  RETURN_IF_ERROR(
+      eval::CheckLensTopK(p.lens_topk, c.vocab_size, 0, "--lens-topk"));
   a.lens_topk = p.lens_topk;
   return a;
 }

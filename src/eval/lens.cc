@@ -23,6 +23,16 @@ WeightOperand TranslatorOperand(const TunedLens& lens, int64_t i) {
 
 }  // namespace
 
+Status CheckLensTopK(int64_t k, int64_t vocab, int64_t min_k,
+                     const std::string& what) {
+  if (k < min_k || k > vocab)
+    return InvalidArgumentError(what + ": " + std::to_string(k) +
+                                " is outside [" + std::to_string(min_k) +
+                                ", " + std::to_string(vocab) +
+                                "] (the vocabulary)");
+  return Status();
+}
+
 StatusOr<std::unique_ptr<Lens>> Lens::Create(const Model& model,
                                              const TunedLens* tuned,
                                              int64_t chunk_rows,
@@ -79,10 +89,7 @@ Status Lens::Run(const HookPoint& hook, const float* resid, int64_t rows,
                  const LensOutputs& out) {
   const ModelConfig& c = model_.config();
   ASSIGN_OR_RETURN(const int64_t t, CheckLensHook(hook, c, tuned_));
-  if (out.topk < 0 || out.topk > c.vocab_size)
-    return InvalidArgumentError("lens top-k " + std::to_string(out.topk) +
-                                " is outside [0, " +
-                                std::to_string(c.vocab_size) + "]");
+  RETURN_IF_ERROR(CheckLensTopK(out.topk, c.vocab_size, 0, "lens top-k"));
   LOOM_CHECK(out.topk == 0 ||
              (out.topk_ids != nullptr && out.topk_logits != nullptr));
   const int64_t H = c.hidden_size;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "src/backend/backend.h"
 #include "src/base/status.h"
@@ -34,6 +35,12 @@ struct LensOutputs {
   float* logits = nullptr;       // [rows, V]
   float* translated = nullptr;   // [rows, H] the tuned lens's x (else resid)
 };
+
+// The one check of a lens's top-k: `k` in [min_k, vocab] (a grid cell
+// shows at least one token: min_k 1); InvalidArgument "<what>: k is outside
+// [min_k, vocab] (the vocabulary)" otherwise.
+Status CheckLensTopK(int64_t k, int64_t vocab, int64_t min_k,
+                     const std::string& what);
 
 class Lens {
  public:

@@ -65,10 +65,7 @@ StatusOr<JobSpec> LensGridJob(const ModelConfig& c, int64_t tokens,
   if (o.chunk_rows < 1)
     return InvalidArgumentError(
         "--chunk-rows: " + std::to_string(o.chunk_rows) + " is < 1");
-  if (o.topk < 1 || o.topk > c.vocab_size)
-    return InvalidArgumentError("--topk: " + std::to_string(o.topk) +
-                                " is outside [1, " +
-                                std::to_string(c.vocab_size) + "]");
+  RETURN_IF_ERROR(eval::CheckLensTopK(o.topk, c.vocab_size, 1, "--topk"));
   ASSIGN_OR_RETURN(const std::vector<HookPoint> hooks, LensGridHooks(c, o));
   JobSpec job;
   job.batch_tokens = tokens;
