@@ -17,6 +17,7 @@
 
 #include "src/eval/extract.h"
 #include "src/eval/extract_manifest.h"
+#include "src/io/npy.h"
 #include "tests/golden_util.h"
 
 namespace loom {
@@ -473,5 +474,36 @@ TEST(ManifestTest, CheckedAccessors) {
 
 // Where a text stops being JSON: the offset of the offending byte, or the
 // text's end when it stops too early; nothing for JSON.
+
+// Outputs computed inside the forward (the logit lens: float logits and
+// int32 top-k ids, src/eval/extract_derived.h) resume like the hooks' arrays,
+// byte-identical to an uninterrupted run, in .npy and in safetensors shards;
+// a changed --lens-topk is refused by name.
+TEST_F(ExtractResumeTest, LensOutputsResumeByteIdentical) {
+  o_.hooks = {"blocks.0.hook_resid_post",
+              "blocks.1.hook_resid_post.hook_lens_logits"};
+  o_.selectors = {"last", "all"};
+  o_.analysis.lens = "logit";
+  o_.analysis.lens_topk = 5;
+  for (const OutputFormat format :
+       {OutputFormat::kNpy, OutputFormat::kSafetensors}) {
+    SCOPED_TRACE(std::string(OutputFormatName(format)));
+    fs::remove_all(o_.out_dir);
+    fs::remove_all(dir_ + "/ref");
+    o_.format = format;
+    Interrupt();
+    if (format == OutputFormat::kNpy) {
+      ExtractOptions o = o_;
+      o.analysis.lens_topk = 6;
+      ExpectResumeFails(o, StatusCode::kFailedPrecondition,
+                        {"setting 'analyses' differs"});
+      auto ids = ReadNpyHeader(Out("blocks.0.hook_resid_post.lens_topk_ids.all.npy"));
+      ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+      EXPECT_EQ(ids->dtype, DType::kI32);
+    }
+    ExpectResumeMatchesUninterrupted();
+  }
+}
+
 }  // namespace
 }  // namespace loom
