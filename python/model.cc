@@ -867,8 +867,12 @@ void AddModelClass(py::module_& m) {
                 add_bos,  batch_tokens,         commit_every,
                 on_error, streaming_chunk_size, max_row_tokens};
             ReadPyParams(eval::ExtractRowParamFields(&a.rows), rows);
-            const py::handle analysis[] = {sae, sae_topk, lens, lens_topk};
-            ReadPyParams(eval::AnalysisParamFields(&a.analysis), analysis);
+            // (sae_dashboard: written by `loom extract` only.)
+            ReadPyParams(eval::AnalysisParamFields(&a.analysis),
+                         {{"sae", sae},
+                          {"sae_topk", sae_topk},
+                          {"lens", lens},
+                          {"lens_topk", lens_topk}});
             a.replace_invalid_utf8 =
                 BoolArg("replace_invalid_utf8", replace_invalid_utf8);
             a.interventions =

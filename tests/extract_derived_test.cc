@@ -14,13 +14,18 @@
 //   - refusals naming the option, the hook and both values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "src/eval/extract.h"
+#include "src/eval/sae_dashboard.h"
 #include "src/io/npy.h"
+#include "src/io/safetensors.h"
 #include "tests/golden_util.h"
 
 namespace loom {
@@ -465,6 +470,108 @@ TEST_F(ExtractDerivedSpliceTest, FeatureEditsAndTheReconstructionSplice) {
     EXPECT_NE(log.find(b.message), std::string::npos)
         << "expected: " << b.message << "\n" << log;
   }
+}
+
+// --sae-dashboard N: count, max, sum and the top-N (row, position) of every
+// feature over the job, equal to what the job's own acts_post rows give;
+// the same bytes at another batch packing, --threads and commit size, and
+// after an interrupted job is resumed.
+TEST_F(ExtractDerivedSpliceTest, DashboardsAreExactAndResumable) {
+  SKIP_WITHOUT(root_, "sae");
+  const std::string h = hook_ + ".hook_sae_acts_post";
+  const std::string file = h + ".dashboard.safetensors";
+  const std::string args = "--select all --sae " + sae_ +
+                           " --sae-dashboard 4 --hooks " + h;
+  std::string log;
+  ASSERT_EQ(Extract(model_, jsonl_, "a", args, &log), 0) << log;
+  ASSERT_EQ(Extract(model_, jsonl_, "b",
+                    args + " --batch-tokens 16 --threads 1 --commit-every 1",
+                    &log),
+            0)
+      << log;
+  EXPECT_EQ(testing::Slurp(Path("a/" + file)), testing::Slurp(Path("b/" + file)));
+  // Interrupted after one commit of one row, then resumed.
+  ExtractOptions o;
+  o.model_dir = model_;
+  o.input_path = Path("a.jsonl");
+  o.out_dir = Path("c");
+  o.hooks = {h};
+  o.selectors = {"all"};
+  o.analysis.sae = {sae_};
+  o.analysis.sae_dashboard = 4;
+  o.commit_every = 1;
+  o.stop_after_commits = 1;
+  auto first = RunExtract(o);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  o.stop_after_commits = 0;
+  o.resume = true;
+  auto rest = RunExtract(o);
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  EXPECT_EQ(testing::Slurp(Path("a/" + file)), testing::Slurp(Path("c/" + file)));
+  // Against the acts themselves.
+  const NpyArray acts = Read("a", h + ".all.npy");
+  const int64_t rows = acts.header.shape[0], F = acts.header.shape[1];
+  const int64_t begin[] = {0, 7, 20, 23};
+  auto d = SafetensorsFile::Open(Path("a/" + file));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  auto view = [&](const char* name) { return (*d)->View(*(*d)->Find(name)); };
+  const int64_t* count = view("count").as<int64_t>();
+  const float* max = view("max").as<float>();
+  const float* top = view("top_values").as<float>();
+  const int64_t* top_rows = view("top_rows").as<int64_t>();
+  const int64_t* top_pos = view("top_positions").as<int64_t>();
+  int64_t fired = 0;
+  for (int64_t f = 0; f < F; ++f) {
+    std::vector<std::tuple<float, int64_t, int64_t>> all;
+    float m = 0;
+    for (int64_t t = 0; t < rows; ++t) {
+      const float a = F32(acts)[t * F + f];
+      if (!(a > 0)) continue;
+      const int64_t r = t < 7 ? 0 : t < 20 ? 1 : 2;
+      all.emplace_back(-a, r, t - begin[r]);
+      m = std::max(m, a);
+    }
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(count[f], static_cast<int64_t>(all.size())) << f;
+    EXPECT_EQ(max[f], m) << f;
+    for (int64_t k = 0; k < 4; ++k) {
+      if (k < static_cast<int64_t>(all.size())) {
+        EXPECT_EQ(top[f * 4 + k], -std::get<0>(all[k])) << f;
+        EXPECT_EQ(top_rows[f * 4 + k], std::get<1>(all[k])) << f;
+        EXPECT_EQ(top_pos[f * 4 + k], std::get<2>(all[k])) << f;
+      } else {
+        EXPECT_EQ(top_rows[f * 4 + k], -1) << f;
+      }
+    }
+    fired += count[f] > 0;
+  }
+  EXPECT_GT(fired, F / 4);
+}
+
+// A kill between a dashboard's write and the manifest's commit: the file
+// holds the uncommitted rows, its .prev the committed ones, which --resume
+// reads (and restores under the file's name); any other count is DataLoss.
+TEST_F(ExtractDerivedTest, DashboardResumesFromThePreviousCommit) {
+  const float one[] = {0.5f, 0.0f, 2.0f}, two[] = {1.5f, 3.0f, 0.0f};
+  SaeDashboard d(3, 2);
+  d.Add(0, 0, one);
+  const std::string path = Path("d.safetensors");
+  ASSERT_TRUE(d.Write(path, 1).ok());
+  const std::string committed = testing::Slurp(path);
+  d.Add(1, 4, two);
+  ASSERT_TRUE(d.Write(path, 2).ok());  // the manifest still says 1 row
+  SaeDashboard r(3, 2);
+  ASSERT_TRUE(r.Load(path, 1, /*check_only=*/true).ok());
+  EXPECT_NE(testing::Slurp(path), committed);
+  ASSERT_TRUE(r.Load(path, 1).ok());
+  EXPECT_EQ(testing::Slurp(path), committed);
+  ASSERT_TRUE(r.Write(path, 1).ok());
+  EXPECT_EQ(testing::Slurp(path), committed);
+  const Status lost = r.Load(path, 3);
+  EXPECT_EQ(lost.code(), StatusCode::kDataLoss) << lost.ToString();
+  EXPECT_NE(lost.message().find("holds no dashboard of the 3 committed rows"),
+            std::string::npos)
+      << lost.ToString();
 }
 
 }  // namespace

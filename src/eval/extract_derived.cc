@@ -135,7 +135,10 @@ StatusOr<Analyses> LoadAnalyses(const eval::AnalysisParams& p,
   }
   if (p.sae_topk > 0 && a.saes.empty())
     return InvalidArgumentError("--sae-topk needs an --sae");
+  if (p.sae_dashboard > 0 && a.saes.empty())
+    return InvalidArgumentError("--sae-dashboard needs an --sae");
   a.sae_topk = p.sae_topk;
+  a.dashboard = p.sae_dashboard;
   if (p.lens == "logit") {
     a.lens = true;
   } else if (p.lens.starts_with("tuned:") && p.lens.size() > 6) {
@@ -269,7 +272,7 @@ StatusOr<std::vector<DerivedHook>> ResolveDerivedHooks(
     out.push_back(std::move(d));
   }
   // Nothing loaded goes unused.
-  for (size_t i = 0; i < a.saes.size(); ++i)
+  for (size_t i = 0; i < a.saes.size() && a.dashboard == 0; ++i)
     if (std::none_of(out.begin(), out.end(), [&](const DerivedHook& d) {
           return d.sae == static_cast<int>(i);
         }))
@@ -277,7 +280,7 @@ StatusOr<std::vector<DerivedHook>> ResolveDerivedHooks(
           "--sae " + a.saes[i]->path + ": nothing is computed from it; name " +
           HookName(a.sae_hooks[i]) +
           ".hook_sae_acts_post (or .hook_sae_recons, .hook_sae_error, ...) "
-          "in --hooks, or give --sae-topk K");
+          "in --hooks, or give --sae-topk K or --sae-dashboard N");
   if (a.lens && std::none_of(out.begin(), out.end(), [](const DerivedHook& d) {
         return d.sae < 0;
       }))
@@ -304,6 +307,11 @@ int64_t DerivedBytes(const Analyses& a, const std::vector<DerivedHook>& d,
   if (a.tuned != nullptr)
     bytes += f * static_cast<int64_t>(a.tuned->weight.size() +
                                       a.tuned->bias.size());
+  // The dashboards: count, max, sum (16 B), N entries of 20 B per feature,
+  // and a chunk of activations.
+  if (a.dashboard > 0)
+    for (const auto& sae : a.saes)
+      bytes += sae->d_sae * (4 + 8 + 16 + 20 * a.dashboard + 8 + C * f);
   // The lens: its rows, final norm and one chunk of logits.
   if (a.lens) bytes += C * (2 * c.hidden_size + c.vocab_size) * f;
   // The input copy and one chunk of each output.

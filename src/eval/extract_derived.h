@@ -77,6 +77,7 @@ struct Analyses {
   bool lens = false;
   std::shared_ptr<const TunedLens> tuned;  // --lens tuned:FILE
   int64_t sae_topk = 0, lens_topk = 0;
+  int64_t dashboard = 0;  // --sae-dashboard N (src/eval/sae_dashboard.h)
   bool empty() const { return saes.empty() && !lens; }
 };
 

@@ -31,6 +31,19 @@ StatusOr<std::unique_ptr<DerivedRunner>> DerivedRunner::Create(
     in_width = std::max(in_width, d.sae >= 0 ? a.saes[d.sae]->d_in
                                              : model.config().hidden_size);
   }
+  // Dashboards read every token of each SAE's hook.
+  if (a.dashboard > 0) {
+    int64_t d_sae = 0;
+    for (size_t i = 0; i < a.saes.size(); ++i) {
+      d_sae = std::max(d_sae, a.saes[i]->d_sae);
+      in_width = std::max(in_width, a.saes[i]->d_in);
+      const int sae = static_cast<int>(i);
+      if (std::none_of(r->sources_.begin(), r->sources_.end(),
+                       [&](const Source& x) { return x.sae == sae; }))
+        r->sources_.push_back({a.sae_hooks[i], sae, {}});
+    }
+    r->dashboard_acts_.resize(static_cast<size_t>(C * d_sae));
+  }
   topk = std::max(a.sae_topk, a.lens_topk);
   ASSIGN_OR_RETURN(r->cpu_, CreateBackend("cpu"));
   if (a.lens) {
@@ -57,6 +70,7 @@ bool DerivedRunner::Reads(const HookPoint& hook) const {
 }
 
 bool DerivedRunner::ChunkNeeded(int64_t begin, int64_t end) const {
+  if (s_->analyses.dashboard > 0) return true;  // every token
   return std::any_of(needed_.begin() + begin, needed_.begin() + end,
                      [](uint8_t x) { return x != 0; });
 }
@@ -92,6 +106,8 @@ Status DerivedRunner::OnRows(const HookPoint& hook, const Batch& batch,
                     rows.data + (c0 + i) * rows.ld,
                     static_cast<size_t>(rows.cols) * sizeof(float));
       RETURN_IF_ERROR(RunChunk(src, x_.data(), n));
+      if (src.sae >= 0 && outputs->dashboard(src.sae) != nullptr)
+        AddToDashboard(src, batch, rows.row_begin + c0, n, outputs);
       for (int d : src.derived) {
         const int64_t w = s_->derived[static_cast<size_t>(d)].width;
         outputs->Capture(hook, batch,
@@ -105,6 +121,20 @@ Status DerivedRunner::OnRows(const HookPoint& hook, const Batch& batch,
     }
   }
   return Status();
+}
+
+void DerivedRunner::AddToDashboard(const Source& src, const Batch& batch,
+                                   int64_t t0, int64_t n, OutputSet* outputs) {
+  SaeDashboard& dash = *outputs->dashboard(src.sae);
+  const int64_t d_sae = dash.features();
+  int64_t s = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = t0 + r;
+    while (batch.seq_start[s + 1] <= t) ++s;
+    int64_t row = 0, position = 0;
+    outputs->RowPosition(batch, s, t, &row, &position);
+    dash.Add(row, position, acts_ + r * d_sae);
+  }
 }
 
 Status DerivedRunner::RunChunk(const Source& src, const float* x, int64_t n) {
@@ -150,6 +180,9 @@ Status DerivedRunner::RunChunk(const Source& src, const float* x, int64_t n) {
       o.topk_indices = ids_.data();
       if (o.topk_values == nullptr) o.topk_values = values_.data();
     }
+    if (a.dashboard > 0 && o.feature_acts == nullptr)
+      o.feature_acts = dashboard_acts_.data();
+    acts_ = o.feature_acts;
     RETURN_IF_ERROR(
         cpu_->RunSae(sae, x, reference, n, workspace_.data(), o));
     if (input_to >= 0)

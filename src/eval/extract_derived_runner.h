@@ -44,6 +44,10 @@ class DerivedRunner {
   // Whether some selector keeps a row of [begin, end) of the block.
   bool ChunkNeeded(int64_t begin, int64_t end) const;
   Status RunChunk(const Source& src, const float* x, int64_t n);
+  // The chunk's feature activations (acts_: [n, d_sae]) into the SAE's
+  // dashboard, token t0 + r being row r.
+  void AddToDashboard(const Source& src, const Batch& batch, int64_t t0,
+                      int64_t n, OutputSet* outputs);
 
   const ExtractSettings* s_ = nullptr;
   std::vector<Source> sources_;
@@ -56,6 +60,8 @@ class DerivedRunner {
   std::vector<float> values_;      // [C, K] top-k values not kept
   OutputSet::DevicePicks picks_;   // the rows the selectors keep
   std::vector<uint8_t> needed_;    // [block rows] 1 = kept
+  std::vector<float> dashboard_acts_;  // [C, d_sae] when not an output
+  const float* acts_ = nullptr;        // the last SAE chunk's activations
 };
 
 }  // namespace loom

@@ -145,6 +145,14 @@ OutputSet::OutputSet(const ExtractSettings& settings, DType dtype,
       arrays_.push_back(std::move(out));
     }
   }
+  const Analyses& a = settings.analyses;
+  if (a.dashboard > 0 && format_ != OutputFormat::kMemory)
+    for (size_t i = 0; i < a.saes.size(); ++i) {
+      dashboards_.push_back(
+          std::make_unique<SaeDashboard>(a.saes[i]->d_sae, a.dashboard));
+      dashboard_files_.push_back(HookName(a.sae_hooks[i]) +
+                                 ".hook_sae_acts_post.dashboard.safetensors");
+    }
   for (const RowSelector& sel : settings.selectors) {
     if (!sel.ragged()) continue;
     RaggedIndex ri;
@@ -195,7 +203,14 @@ Json OutputSet::ArraysJson() const {
   return arrays;
 }
 
+Status OutputSet::CreateDashboards() const {
+  for (size_t i = 0; i < dashboards_.size(); ++i)
+    RETURN_IF_ERROR(dashboards_[i]->Write(PathOf(dashboard_files_[i]), 0));
+  return Status();
+}
+
 Status OutputSet::Create() {
+  RETURN_IF_ERROR(CreateDashboards());
   if (format_ != OutputFormat::kNpy) return Status();
   for (auto& out : arrays_) {
     ASSIGN_OR_RETURN(
@@ -213,6 +228,11 @@ Status OutputSet::Create() {
 
 Status OutputSet::CheckCommitted(const ManifestProgress& progress,
                                  const std::vector<std::string>& files) const {
+  for (size_t i = 0; i < dashboards_.size(); ++i) {
+    SaeDashboard probe(dashboards_[i]->features(), dashboards_[i]->top_n());
+    RETURN_IF_ERROR(probe.Load(PathOf(dashboard_files_[i]),
+                               progress.rows_committed, /*check_only=*/true));
+  }
   return format_ == OutputFormat::kNpy ? CheckCommittedNpy(progress)
                                        : CheckCommittedShards(progress, files);
 }
@@ -252,6 +272,9 @@ Status OutputSet::CheckCommittedShards(
 
 Status OutputSet::Reopen(const ManifestProgress& p,
                          const std::vector<std::string>& files) {
+  for (size_t i = 0; i < dashboards_.size(); ++i)
+    RETURN_IF_ERROR(
+        dashboards_[i]->Load(PathOf(dashboard_files_[i]), p.rows_committed));
   if (format_ == OutputFormat::kNpy) {
     for (auto& out : arrays_) {
       const std::optional<int64_t> keep = CommittedRows(p, out);
@@ -285,6 +308,7 @@ Status OutputSet::Reopen(const ManifestProgress& p,
 // ---- OutputSet: one window --------------------------------------------------
 
 void OutputSet::StageWindow(const std::vector<PreparedRow>& window) {
+  window_ = &window;
   const int64_t W = static_cast<int64_t>(window.size());
   for (auto& ri : ragged_) ri.slot_begin.assign(W + 1, 0);
   for (OutputArray& out : arrays_) {
@@ -329,6 +353,13 @@ OutputSet::SeqRows OutputSet::Locate(const Batch& batch, int64_t s,
   q.lo = std::max(b, row_begin);
   q.hi = std::min(e, row_end);
   return q;
+}
+
+void OutputSet::RowPosition(const Batch& batch, int64_t s, int64_t t,
+                            int64_t* row, int64_t* position) const {
+  const SeqRows q = Locate(batch, s, t, t + 1);
+  *row = (*window_)[static_cast<size_t>(q.slot)].index;
+  *position = t - q.origin;
 }
 
 void OutputSet::Capture(const HookPoint& hook, const Batch& batch,
@@ -521,10 +552,15 @@ Status OutputSet::CommitArrays(int64_t window_size, int64_t window_index,
                                int64_t first_row, ManifestProgress* progress,
                                std::vector<std::string>* files) {
   if (format_ == OutputFormat::kMemory) return CommitMemory(window_size);
-  return format_ == OutputFormat::kNpy
-             ? CommitNpy(window_size, progress)
-             : CommitShards(window_size, window_index, first_row, progress,
-                            files);
+  RETURN_IF_ERROR(format_ == OutputFormat::kNpy
+                      ? CommitNpy(window_size, progress)
+                      : CommitShards(window_size, window_index, first_row,
+                                     progress, files));
+  // The dashboards of the rows committed with this window.
+  for (size_t i = 0; i < dashboards_.size(); ++i)
+    RETURN_IF_ERROR(dashboards_[i]->Write(
+        PathOf(dashboard_files_[i]), progress->rows_committed + window_size));
+  return Status();
 }
 
 Status OutputSet::CommitNpy(int64_t W, ManifestProgress* progress) {

@@ -19,6 +19,7 @@
 #include "src/eval/extract_manifest.h"
 #include "src/eval/extract_rows.h"
 #include "src/eval/extract_settings.h"
+#include "src/eval/sae_dashboard.h"
 #include "src/io/npy.h"
 #include "src/model/hooks.h"
 #include "src/runtime/executor.h"
@@ -154,6 +155,17 @@ class OutputSet {
   };
   void PickRows(const HookPoint& hook, const Batch& batch, int64_t row_begin,
                 int64_t rows, DevicePicks* picks, int derived = -1);
+  // --sae-dashboard: the dashboard of SAE `sae` (the settings' analyses'
+  // index); null without dashboards.
+  SaeDashboard* dashboard(int sae) {
+    return static_cast<size_t>(sae) < dashboards_.size()
+               ? dashboards_[static_cast<size_t>(sae)].get()
+               : nullptr;
+  }
+  // The input row and the position in it of packed token `t` of sequence
+  // `s` of the batch in progress (SetBatchSlots, SetChunk).
+  void RowPosition(const Batch& batch, int64_t s, int64_t t, int64_t* row,
+                   int64_t* position) const;
   // Upper bounds for one batch of `max_tokens` tokens over every hook: rows
   // copied x their bytes in the output dtype, copied rows, and segments x
   // width reduced.
@@ -236,6 +248,11 @@ class OutputSet {
   std::vector<RaggedIndex> ragged_;
   const std::vector<int64_t>* slots_ = nullptr;
   int64_t chunk_pos0_ = 0, chunk_row_tokens_ = 0;  // SetChunk
+  const std::vector<PreparedRow>* window_ = nullptr;  // StageWindow's
+  // --sae-dashboard: one per SAE, and its file.
+  std::vector<std::unique_ptr<SaeDashboard>> dashboards_;
+  std::vector<std::string> dashboard_files_;
+  Status CreateDashboards() const;
 };
 
 // The executor's hook sink for extraction: hands every captured block of rows

@@ -182,7 +182,7 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
   // Selection on the device for segments not on the host; the sink's
   // staging is sized here, once for the job.
   r->sink_ = std::make_unique<ExtractSink>(outputs, s.batch_tokens);
-  if (!s.derived.empty()) {
+  if (!s.derived.empty() || s.analyses.dashboard > 0) {
     ASSIGN_OR_RETURN(r->derived_, DerivedRunner::Create(model, s));
     r->sink_->SetDerived(r->derived_.get());
   }

@@ -154,7 +154,13 @@ Status ResolveCapture(const ExtractOptions& o, ExtractSettings* s) {
   std::vector<std::string> plain;
   std::vector<DerivedItem> items;
   SplitDerivedItems(o.hooks, &plain, &items);
-  if (!plain.empty() || items.empty()) {
+  const int64_t dashboard = s->analyses.dashboard;
+  if (dashboard > 0 && (!o.shard.whole() || o.format == OutputFormat::kMemory))
+    return UnimplementedError(
+        "--sae-dashboard: written by one `loom extract` process into its "
+        "--out (not with --shard, whose outputs `loom merge` joins, nor in "
+        "memory)");
+  if (!plain.empty() || (items.empty() && dashboard == 0)) {
     ASSIGN_OR_RETURN(s->hooks,
                      ResolveExtractHooks(plain, o.layers, s->config,
                                          o.streaming_chunk_size > 0));
@@ -168,6 +174,8 @@ Status ResolveCapture(const ExtractOptions& o, ExtractSettings* s) {
     s->delivered.Add(d.source);
     s->hook_names.push_back(d.name);
   }
+  if (dashboard > 0)
+    for (const HookPoint& h : s->analyses.sae_hooks) s->delivered.Add(h);
   return Status();
 }
 
@@ -212,7 +220,7 @@ JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
   job.seqs_per_batch = std::min(o.commit_every, job.batch_tokens);
   job.weight_compute_dtype = planned_compute;
   job.intervention_bytes = InterventionBytes(s.interventions);
-  if (!s.derived.empty())
+  if (!s.derived.empty() || s.analyses.dashboard > 0)
     job.analysis_bytes = DerivedBytes(s.analyses, s.derived, s.config);
   // Streamed long rows: one KV cache of one sequence of the longest row
   // (its dtype: the backend's activations', the planner's default).
@@ -262,6 +270,8 @@ StatusOr<Json> SettingsJson(const ExtractOptions& o, const ExtractSettings& s,
                             {"sae_topk", o.analysis.sae_topk},
                             {"lens", o.analysis.lens},
                             {"lens_topk", o.analysis.lens_topk}};
+  if (s.analyses.dashboard > 0)
+    settings["analyses"]["sae_dashboard"] = s.analyses.dashboard;
   return settings;
 }
 

@@ -133,6 +133,11 @@ constexpr ParamSpec kAnalysisSpecs[] = {
      "HOOK.lens_topk_ids (int32) and HOOK.lens_topk_values, without the "
      "vocabulary-wide array",
      true},
+    {"sae_dashboard", ParamKind::kInt, 1, 4096, false,
+     "Per feature of each SAE over the whole job: firing count, max, sum and "
+     "the N top (row, position, value) contexts, in "
+     "HOOK.hook_sae_acts_post.dashboard.safetensors (resumable)",
+     true},
 };
 
 constexpr ParamSpec kModelSpecs[] = {
@@ -268,7 +273,8 @@ std::span<const ParamSpec> AnalysisParamSpecs() { return kAnalysisSpecs; }
 
 std::vector<ParamField> AnalysisParamFields(AnalysisParams* p) {
   return Bind(kAnalysisSpecs,
-              {&p->sae, &p->sae_topk, &p->lens, &p->lens_topk});
+              {&p->sae, &p->sae_topk, &p->lens, &p->lens_topk,
+               &p->sae_dashboard});
 }
 
 std::span<const ParamSpec> PlacementParamSpecs() { return kPlacementSpecs; }

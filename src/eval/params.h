@@ -128,6 +128,7 @@ struct AnalysisParams {
   int64_t sae_topk = 0;          // 0: none
   std::string lens;              // "" (none), "logit" or "tuned:FILE"
   int64_t lens_topk = 0;         // 0: none
+  int64_t sae_dashboard = 0;     // N top contexts per feature; 0: none
 };
 std::span<const ParamSpec> AnalysisParamSpecs();
 std::vector<ParamField> AnalysisParamFields(AnalysisParams* p);

@@ -194,6 +194,11 @@ Status AppendFileDurably(const std::string& path, std::string_view content) {
   return io_internal::Fdatasync(fd.get(), path);
 }
 
+Status RenameDurably(const std::string& from, const std::string& to) {
+  RETURN_IF_ERROR(io_internal::RenameFile(from, to));
+  return io_internal::FsyncParentDir(to);
+}
+
 Status TruncateFileDurably(const std::string& path, int64_t size) {
   ASSIGN_OR_RETURN(UniqueFd fd, io_internal::OpenFile(path, O_WRONLY));
   ASSIGN_OR_RETURN(int64_t have, io_internal::RegularFileSize(fd.get(), path));

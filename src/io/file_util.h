@@ -111,6 +111,9 @@ Status CopyFileDurably(const std::string& from, const std::string& to);
 // NotFound if the file does not exist (it is never created here).
 Status AppendFileDurably(const std::string& path, std::string_view content);
 
+// Renames `from` to `to` (replacing it) and fsyncs the directory.
+Status RenameDurably(const std::string& from, const std::string& to);
+
 // Cuts the existing file `path` to `size` bytes and fdatasyncs it. NotFound if
 // it does not exist; DataLoss if it is shorter than `size` (nothing changes).
 Status TruncateFileDurably(const std::string& path, int64_t size);
