@@ -466,16 +466,28 @@ class ExtractFaultsTest : public ::testing::Test {
   }
 
   // Starts `job` in `out` (with --resume when it has a manifest, else fresh)
-  // and SIGKILLs it when it has used `cpu` seconds of CPU time. A run that
-  // ends first sets `*ended_after` to the CPU time it took.
+  // and SIGKILLs it when it has used `cpu` seconds of CPU time, or, with
+  // `after_own_manifest` on a fresh start, `cpu` seconds after its manifest
+  // appeared (its own start-up, not the reference's: that one varies by
+  // tens of ms on a loaded machine). A run that ends first sets
+  // `*ended_after` to the CPU time it took.
   Landed StartAndKill(const Job& job, const std::string& out, double cpu,
-                      Tally* tally, double* ended_after = nullptr) {
+                      Tally* tally, double* ended_after = nullptr,
+                      bool after_own_manifest = false) {
     const bool resume = fs::exists(out + "/manifest.json");
     const pid_t pid = Spawn(job.Args(out, resume), {.log = out + ".log"});
     int status = 0;
     rusage usage{};
     bool reaped = false;
-    while (CpuSeconds(pid) < cpu) {
+    bool waiting = after_own_manifest && !resume;
+    double deadline = cpu;
+    while (true) {
+      const double used = CpuSeconds(pid);
+      if (waiting && fs::exists(out + "/manifest.json")) {
+        deadline = used + cpu;
+        waiting = false;
+      }
+      if (!waiting && used >= deadline) break;
       if (::wait4(pid, &status, WNOHANG, &usage) == pid) {
         reaped = true;  // ended before the kill point
         break;
@@ -521,18 +533,24 @@ class ExtractFaultsTest : public ::testing::Test {
   }
 
   // Kills `points` runs of `job` at CPU times drawn from a seeded RNG, one
-  // in each of `points` equal slices of [0, duration], then resumes each. A
-  // run that ends before its kill point shows the job takes less CPU time
-  // than `duration`: the later points are drawn over what it took.
+  // in each of `points` equal slices of [start, duration] (start: 3/4 of the
+  // reference's start-up, so that a few kills land before the manifest and
+  // most while the job runs, whatever share of the run the start-up takes),
+  // then resumes each. A run that ends before its kill point shows the job
+  // takes less CPU time than `duration`: the later points are drawn over
+  // what it took.
   Tally KillAtRandomPoints(const Job& job, const std::string& base,
-                           const Files& ref, double duration, int points,
+                           const Files& ref, const Timing& timing, int points,
                            uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> u(0.0, 1.0);
     Tally tally;
     std::string at;
+    double duration = timing.total;
+    const double start = 0.75 * timing.manifest;
     for (int k = 0; k < points; ++k) {
-      const double cpu = duration * (k + u(rng)) / points;
+      const double cpu =
+          start + std::max(0.0, duration - start) * (k + u(rng)) / points;
       at += std::to_string(static_cast<int>(cpu * 1000)) + " ";
       const std::string out = base + "/kill" + std::to_string(k);
       double ended_after = duration;
@@ -564,10 +582,12 @@ class ExtractFaultsTest : public ::testing::Test {
       const std::string out = base + "/chain" + std::to_string(c);
       std::string what = "chain " + std::to_string(c) + ": killed at";
       for (int step = 0; step < 3; ++step) {
-        const double cpu =
-            timing.manifest + share(rng) * (timing.total - timing.manifest);
-        what += " " + std::to_string(cpu) + " s";
-        StartAndKill(job, out, cpu, &tally);
+        // The first run: after its own manifest appeared.
+        const double rest = share(rng) * (timing.total - timing.manifest);
+        const double cpu = step == 0 ? rest : timing.manifest + rest;
+        what += " " + std::to_string(cpu) + " s" +
+                (step == 0 ? " after its manifest" : "");
+        StartAndKill(job, out, cpu, &tally, nullptr, step == 0);
       }
       FinishAndCompare(job, out, ref, what + ", then resumed");
       fs::remove_all(out);
@@ -591,7 +611,7 @@ TEST_F(ExtractFaultsTest, SigkillAtManyRandomPointsThenResumeIsByteIdentical) {
   const Timing timing = Reference(job, Path("ref"), &ref);
   const int kPoints = 24;
   const Tally t =
-      KillAtRandomPoints(job, dir_, ref, timing.total, kPoints, kSeed);
+      KillAtRandomPoints(job, dir_, ref, timing, kPoints, kSeed);
   t.Record("");
   // The kills must mostly land while the job runs, or little was tested.
   EXPECT_GT(t.mid_run * 2, kPoints)
@@ -627,7 +647,7 @@ TEST_F(ExtractFaultsTest, SafetensorsSigkillAndResumeIsByteIdentical) {
   const Timing timing = Reference(job, Path("ref"), &ref);
   const int kPoints = 12;
   const Tally t =
-      KillAtRandomPoints(job, dir_, ref, timing.total, kPoints, kSeed + 1);
+      KillAtRandomPoints(job, dir_, ref, timing, kPoints, kSeed + 1);
   t.Record("");
   EXPECT_GT(t.mid_run * 2, kPoints)
       << "only " << t.mid_run << " of " << kPoints << " kills landed mid-run";
