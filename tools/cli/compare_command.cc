@@ -14,6 +14,7 @@
 #include "src/base/progress.h"
 #include "src/base/units.h"
 #include "src/eval/compare.h"
+#include "src/eval/job_plan.h"
 #include "src/eval/input.h"
 #include "src/model/registry.h"
 #include "src/runtime/memory_stats.h"
@@ -122,8 +123,9 @@ StatusOr<std::pair<eval::EvalInput, eval::WindowPlan>> CompareInput(
   ASSIGN_OR_RETURN(eval::EvalInput input, eval::LoadEvalInput(io, cb));
   const int64_t max_ctx =
       std::min(ca.max_position_embeddings, cb.max_position_embeddings);
-  const int64_t ctx =
-      args.ctx > 0 ? args.ctx : std::min<int64_t>(kEvalContext, max_ctx);
+  const int64_t ctx = args.ctx > 0 ? args.ctx
+                                   : std::min(DefaultContext(ca, kEvalContext),
+                                              DefaultContext(cb, kEvalContext));
   if (ctx > max_ctx)
     return OutOfRangeError(
         "--ctx " + std::to_string(ctx) + " exceeds the maximum context " +
