@@ -175,6 +175,7 @@ const std::vector<Field>& Fields() {
       {LOOM_SERVE_FIELD(persistence, compression_level), Rule().Range(0, 9)},
       {LOOM_SERVE_FIELD(persistence, auto_persist), Rule()},
       {LOOM_SERVE_FIELD(persistence, chunk_size), Rule().Min(64)},
+      {LOOM_SERVE_FIELD(interp, saes), Rule().NonEmpty()},
   };
   return *kFields;
 }
@@ -183,7 +184,7 @@ const std::vector<Field>& Fields() {
 
 constexpr std::string_view kSections[] = {
     "server", "gpu",      "models",  "hidden_states",
-    "memory", "batching", "logging", "persistence",
+    "memory", "batching", "logging", "persistence", "interp",
 };
 
 // TheLoom's keys and sections that mean nothing to Loom: accepted, ignored,

@@ -69,6 +69,8 @@
 //     chunk_size: 1024         # >= 64; these three: no effect (the arrays
 //                              # are uncompressed safetensors files)
 //     auto_persist: true       # with enabled: record each generation
+//   interp:                    # Loom's own section: Neuronpedia's routes
+//     saes: ["6-res-jb=/saes/gpt2/6"]  # ID=PATH[@HOOK]; default []
 //
 // Types are strict: an integer key takes a plain integer (`8080`, not
 // `"8080"` or `8080.0`), a list key takes a list (block or flow style; null
@@ -195,6 +197,12 @@ struct LoggingSection {
   std::string format;  // free text (TheLoom: a Python logging format)
 };
 
+// Loom's own section: what Neuronpedia's routes read (docs/saes.md, "HTTP").
+struct InterpSection {
+  // The SAEs by Neuronpedia source id: "ID=PATH[@HOOK]" (src/serve/sae_set.h).
+  std::vector<std::string> saes;
+};
+
 // TheLoom's `persistence` section: the /experiments store.
 struct PersistenceSection {
   bool enabled = false;  // false: every /experiments* route answers 503
@@ -221,6 +229,7 @@ struct ServeConfig {
   BatchingSection batching;
   LoggingSection logging;
   PersistenceSection persistence;
+  InterpSection interp;
   // Notes for the log, e.g. "config.yaml:4:3: models.trust_remote_code is a
   // TheLoom key that loom serve ignores".
   std::vector<std::string> warnings;

@@ -229,7 +229,8 @@ TEST(ServeConfigTest, ToJsonHasEverySectionAndKeyAndHidesTheToken) {
   EXPECT_EQ(d["server"]["auth_token"], "");  // nothing to hide
   const std::vector<std::pair<std::string, size_t>> sizes = {
       {"server", 15}, {"gpu", 3},      {"models", 4},  {"hidden_states", 5},
-      {"memory", 4},  {"batching", 6}, {"logging", 3}, {"persistence", 8}};
+      {"memory", 4},  {"batching", 6}, {"logging", 3}, {"persistence", 8},
+      {"interp", 1}};
   for (const auto& [section, keys] : sizes) {
     ASSERT_TRUE(d.contains(section)) << section;
     EXPECT_EQ(d[section].size(), keys) << section;
@@ -297,7 +298,7 @@ TEST(ServeConfigTest, WrongTypesNameTheKeyTheValueAndTheExpectation) {
   EXPECT_CONTAINS(ParseError("- server\n- gpu\n"),
                   "test.yaml:1:1: expected a map of sections (server, gpu, "
                   "models, hidden_states, memory, batching, logging, "
-                  "persistence), found "
+                  "persistence, interp), found "
                   "a list");
   EXPECT_CONTAINS(ParseError("models:\n  preload: [a, ~]\n"),
                   "models.preload[1]: expected a non-empty string, found null");

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -15,6 +16,7 @@
 
 #include "src/serve/experiment_recorder.h"
 #include "src/serve/loaders.h"
+#include "src/serve/routes/activation.h"
 #include "src/serve/routes/admin.h"
 #include "src/serve/routes/chat.h"
 #include "src/serve/routes/common.h"
@@ -22,8 +24,12 @@
 #include "src/serve/routes/embed.h"
 #include "src/serve/routes/experiments.h"
 #include "src/serve/routes/generate.h"
+#include "src/serve/routes/lens.h"
+#include "src/serve/routes/neuronpedia.h"
 #include "src/serve/routes/openai.h"
 #include "src/serve/routes/patching.h"
+#include "src/serve/routes/steer.h"
+#include "src/serve/sae_set.h"
 #include "src/serve/transport.h"
 
 // The server's lifecycle (Create, Bind, Run, Stop), its listeners and the
@@ -120,6 +126,7 @@ class Server::Impl {
   routes::ModelRegistry models_;
   std::atomic<bool> draining_{false};
   routes::RequestCounts requests_;
+  std::unique_ptr<SaeSet> saes_;  // ServerOptions::saes, loaded by Create
   Clock::time_point started_ = Clock::now();
   int listen_socket_ = -1;
   // What the routes' handlers hold (made by Register()).
@@ -129,7 +136,7 @@ class Server::Impl {
 void Server::Impl::Register() {
   ctx_ = std::make_unique<routes::ServerContext>(routes::ServerContext{
       o_, models_, patching_, *experiments_, recorder_.get(), gpu_selection_,
-      requests_, draining_, started_});
+      requests_, *saes_, draining_, started_});
   routes::ServerContext& ctx = *ctx_;
   // cpp-httplib tries a method's routes in the order they were registered
   // and takes the first whose pattern matches the whole path.
@@ -143,6 +150,10 @@ void Server::Impl::Register() {
   routes::RegisterPatchingRoutes(http_, ctx);    // /api/patching/*
   routes::RegisterExperimentRoutes(http_, ctx);  // /experiments*
   routes::RegisterLoaderRoutes(http_, ctx);      // /loaders*, /gpu/configure
+  routes::RegisterActivationRoutes(http_, ctx);   // /v1/activation/*
+  routes::RegisterNeuronpediaRoutes(http_, ctx);  // /v1/tokenize, ...
+  routes::RegisterSteerRoutes(http_, ctx);        // /v1/steer/*
+  routes::RegisterLensRoutes(http_, ctx);         // /v1/lens/prompt
   // Last (routes match in order): any other POST: its body is read as a JSON
   // route's (the library's own reading would answer a form body over 8 KiB
   // with 413), then 404.
@@ -181,6 +192,19 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
   p->use_tcp_ = o.transport != "unix";
   p->use_unix_ = o.transport != "http";
   ASSIGN_OR_RETURN(p->experiments_, ExperimentRoutes::Create(o.persistence));
+  ASSIGN_OR_RETURN(p->saes_, SaeSet::Load(o.saes, "interp.saes"));
+  // The models' engines capture the hooks the SAEs read.
+  for (const std::string& h : p->saes_->Hooks())
+    if (std::find(p->o_.engine.extra_hooks.begin(),
+                  p->o_.engine.extra_hooks.end(),
+                  h) == p->o_.engine.extra_hooks.end())
+      p->o_.engine.extra_hooks.push_back(h);
+  // The logit lens of the last layer (/v1/lens/prompt) reads its
+  // hook_resid_post (the lower layers': the next layer's hook_resid_pre).
+  p->o_.engine.extra_hooks.push_back("blocks.-1.hook_resid_post");
+  if (!p->saes_->empty())
+    p->o_.engine.extra_hooks_setting =
+        "memory.activation_cache_filter and the hooks of interp.saes";
   if (p->experiments_->store() != nullptr && o.persistence.auto_persist)
     p->recorder_ =
         std::make_unique<ExperimentRecorder>(p->experiments_->store());

@@ -83,6 +83,9 @@ struct ServerOptions {
   PatchingOptions patching;
   // /experiments*: the store (experiments.h); disabled = 503.
   PersistenceOptions persistence;
+  // Neuronpedia's routes: the SAEs by source id, "ID=PATH[@HOOK]"
+  // (interp.saes, --sae; sae_set.h).
+  std::vector<std::string> saes;
   nlohmann::json config;  // the effective configuration, echoed in /health
 };
 

@@ -41,6 +41,7 @@ struct ServeArgs {
   std::string transport;    // "" = server.transport
   std::string unix_socket;  // "" = server.unix_socket
   PlanFlags plan;           // --device --max-memory --reserve --show-plan
+  std::vector<std::string> saes;  // --sae ID=PATH[@HOOK], after interp.saes
 };
 
 // memory.precision_mode's spelling of a --precision value (the YAML key takes
@@ -90,6 +91,7 @@ Status RunServe(const ServeArgs& args) {
   if (args.port >= 0) config.server.http_port = args.port;
   if (!args.transport.empty()) config.server.transport = args.transport;
   if (!args.unix_socket.empty()) config.server.unix_socket = args.unix_socket;
+  for (const std::string& s : args.saes) config.interp.saes.push_back(s);
   if (!args.precision.empty()) {
     ASSIGN_OR_RETURN(config.memory.precision_mode,
                      PrecisionMode(args.precision));
@@ -147,6 +149,7 @@ Status RunServe(const ServeArgs& args) {
   o.engine.page_size = config.batching.page_size;
   o.engine.max_queue = config.server.max_queue;
   o.engine.extra_hooks = config.memory.activation_cache_filter;
+  o.saes = config.interp.saes;
   o.engine.threads = args.threads;
   o.engine.plan = args.plan;
   // gpu.default_device (else the first of gpu.devices) places the models
@@ -224,6 +227,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--unix-socket", args->unix_socket,
                   "Path of the unix socket for --transport unix/both "
                   "(default /tmp/loom.sock; server.unix_socket)");
+  cmd->add_option("--sae", args->saes,
+                  "An SAE for Neuronpedia's routes, ID=PATH[@HOOK] "
+                  "(repeatable; ID a source id such as 6-res-jb; added to "
+                  "interp.saes)");
   AddThreadsFlag(*cmd, &args->threads);
   AddPrecisionFlag(*cmd, &args->precision, "every model loaded",
                    "memory.precision_mode; auto: models.default_dtype, then "

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <exception>
 
+#include "src/serve/routes/neuronpedia.h"
+
 namespace loom::serve::routes {
 
 namespace {
@@ -44,6 +46,8 @@ std::string Dump(const json& j) {
 // The error body of a reply on `path`: OpenAI's error object on the OpenAI
 // routes (/v1/...), else FastAPI's detail with the OpenAI fields beside.
 json ErrorJson(std::string_view path, int status, std::string_view message) {
+  // Neuronpedia's routes answer {"error": message}, as its server does.
+  if (IsNeuronpediaPath(path)) return json{{"error", message}};
   return path.rfind("/v1/", 0) == 0 ? OpenAiErrorBody(status, message)
                                     : ErrorBody(status, message);
 }

@@ -23,6 +23,7 @@
 #include "src/serve/experiments.h"
 #include "src/serve/loaders.h"
 #include "src/serve/patching.h"
+#include "src/serve/sae_set.h"
 #include "src/serve/server.h"
 
 namespace loom::serve::routes {
@@ -87,6 +88,8 @@ struct ServerContext {
   ExperimentRecorder* recorder;
   GpuSelection& gpu_selection;
   RequestCounts& requests;
+  // interp.saes: the SAEs of Neuronpedia's routes by source id.
+  SaeSet& saes;
   const std::atomic<bool>& draining;
   Clock::time_point started;
 };
