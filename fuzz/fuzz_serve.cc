@@ -38,8 +38,14 @@
 //     application/x-npy a .npy whose header describes exactly the body's
 //     bytes, application/safetensors a valid safetensors file, else JSON;
 //   mode 26: the input is the `hidden_state_layers` of a /generate request
-//     with `return_attention` (spliced as raw JSON text).
-// Every reply of modes 17..26 must also be a 2xx, 4xx, 501 or 503.
+//     with `return_attention` (spliced as raw JSON text);
+//   mode 27: Neuronpedia's routes: the next byte picks
+//     /v1/activation/topk-by-token, /v1/activation/all,
+//     /v1/activation/single, /v1/tokenize, /v1/steer/completion,
+//     /v1/steer/completion-chat or /v1/lens/prompt, the rest is the body. The
+//     server serves an SAE written into the scratch directory as source
+//     `2-res-fuzz` (and `1-res-fuzz`, set `res-fuzz`).
+// Every reply of modes 17..27 must also be a 2xx, 4xx, 501 or 503.
 #include <httplib.h>
 
 #include <algorithm>
@@ -57,6 +63,7 @@
 #include "fuzz/fuzz_util.h"
 #include "src/io/npy.h"
 #include "src/io/safetensors.h"
+#include "src/io/safetensors_writer.h"
 #include "src/serve/config.h"
 #include "src/serve/experiments.h"
 #include "src/serve/server.h"
@@ -92,6 +99,32 @@ void Start(Running* r) {
   r->client->set_read_timeout(30, 0);
 }
 
+// A standard SAELens SAE of 16 features reading `hook` of the bundled model
+// (width 64), in the scratch directory; returns its directory.
+std::string WriteSae(const std::string& name, const std::string& hook) {
+  constexpr int64_t d = 64, f = 16;
+  std::vector<float> w_enc(d * f), w_dec(f * d), b_enc(f), b_dec(d);
+  for (size_t i = 0; i < w_enc.size(); ++i) {
+    w_enc[i] = static_cast<float>((i * 37) % 17) / 17.0f - 0.5f;
+    w_dec[i] = static_cast<float>((i * 53) % 19) / 19.0f - 0.5f;
+  }
+  SafetensorsWriter w;
+  Status s = w.Add("W_enc", DType::kF32, {d, f}, w_enc.data(), 4 * d * f);
+  if (s.ok()) s = w.Add("W_dec", DType::kF32, {f, d}, w_dec.data(), 4 * d * f);
+  if (s.ok()) s = w.Add("b_enc", DType::kF32, {f}, b_enc.data(), 4 * f);
+  if (s.ok()) s = w.Add("b_dec", DType::kF32, {d}, b_dec.data(), 4 * d);
+  const std::string dir = ScratchDir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  if (s.ok()) s = w.Write(dir + "/sae_weights.safetensors");
+  if (!s.ok()) Fail("sae: " + s.ToString());
+  WriteScratch(name + "/cfg.json",
+               R"({"architecture": "standard", "d_in": 64, "d_sae": 16, )"
+               R"("dtype": "float32", "apply_b_dec_to_input": true, )"
+               R"("metadata": {"sae_lens_version": "6.18.0", "hook_name": ")" +
+                   hook + R"("}})");
+  return dir;
+}
+
 Running& Get() {
   static Running* r = [] {
     auto* r = new Running;
@@ -107,6 +140,8 @@ Running& Get() {
     o.patching.max_cells = 64;
     o.patching.max_seconds = 5;
     o.model_paths = {SourcePath("models/stories260K")};
+    o.saes = {"2-res-fuzz=" + WriteSae("sae2", "blocks.2.hook_resid_post"),
+              "1-res-fuzz=" + WriteSae("sae1", "blocks.1.hook_resid_post")};
     auto s = serve::Server::Create(o);
     if (!s.ok()) Fail("server: " + s.status().ToString());
     r->server = std::move(*s);
@@ -307,6 +342,22 @@ void PostAccept(std::string_view input) {
                                  "application/json"));
 }
 
+// Mode 27: one of Neuronpedia's routes (the first byte), the body after it.
+void PostNeuronpedia(std::string_view in) {
+  constexpr const char* kNeuronpedia[] = {"/v1/activation/topk-by-token",
+                                          "/v1/activation/all",
+                                          "/v1/activation/single",
+                                          "/v1/tokenize",
+                                          "/v1/steer/completion",
+                                          "/v1/steer/completion-chat",
+                                          "/v1/lens/prompt"};
+  if (in.empty()) return;
+  const std::string path =
+      kNeuronpedia[static_cast<uint8_t>(in[0]) % std::size(kNeuronpedia)];
+  Check(path, Get().client->Post(path, std::string(in.substr(1)),
+                                 "application/json"));
+}
+
 }  // namespace
 }  // namespace loom::fuzz
 
@@ -314,7 +365,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom;
   using namespace loom::fuzz;
   const auto in = TakeMode(data, size);
-  const int mode = in.mode % 27;
+  const int mode = in.mode % 28;
   if (mode < 10) {
     Post(mode, in.rest);
   } else if (mode == 17) {
@@ -339,6 +390,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     AuxPost("/gpu/configure", std::string(in.rest));
   } else if (mode == 25) {
     PostAccept(in.rest);
+  } else if (mode == 27) {
+    PostNeuronpedia(in.rest);
   } else if (mode == 26) {
     Post(0, R"({"prompt": "Once", "max_tokens": 2, "temperature": 0, )"
             R"("return_attention": true, "hidden_state_layers": )" +

@@ -226,6 +226,31 @@ def serve():
     ]
     for mode, body in bodies:
         add("fuzz_serve", mode, json.dumps(body).encode())
+    neuronpedia = [
+        (0, {"prompt": "Once upon a time", "source": "2-res-fuzz", "topK": 3,
+             "ignoreBos": True}),
+        (1, {"prompt": "Once upon", "sourceSet": "res-fuzz",
+             "selectedSources": [], "sortByTokenIndexes": [1],
+             "ignoreBos": True, "numResults": 5}),
+        (2, {"prompt": "Once", "source": "1-res-fuzz", "index": "3"}),
+        (2, {"prompt": "Once", "vector": [0.5] * 64,
+             "hook": "blocks.1.hook_resid_post"}),
+        (3, {"text": "Once upon", "prependBos": False}),
+        (4, {"prompt": "Once", "types": ["STEERED", "DEFAULT"],
+             "features": [{"source": "2-res-fuzz", "index": 3, "strength": 4}],
+             "nCompletionTokens": 3, "temperature": 0, "seed": 1}),
+        (5, {"prompt": [{"role": "user", "content": "Hi"}], "types": ["DEFAULT"],
+             "vectors": [{"steeringVector": [0.1] * 64, "strength": 2,
+                          "hook": "blocks.2.hook_resid_post"}],
+             "nCompletionTokens": 2}),
+        (6, {"type": ["LOGIT_LENS"], "prompt": "Once upon a", "topN": 3,
+             "layers": [1], "stream": False}),
+        (6, {"type": ["LOGIT_LENS"], "inputTokenIds": [1, 403, 407],
+             "numCompletionTokens": 2, "cachedTokenIds": [1, 403],
+             "filterNonWordTokens": False}),
+    ]
+    for route, body in neuronpedia:
+        add("fuzz_serve", 27, bytes([route]) + json.dumps(body).encode())
     add("fuzz_serve", 0, b'{"prompt": "a", "max_tokens": "ten"}')
     add("fuzz_serve", 6, b'{"messages": [{"role": 5}]}')
     cfg = ("server:\n  http_port: 9001\n  auth_token: \"t\"\n  max_body_bytes: 16MiB\n"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The curl examples of README.md and docs/server.md, run as written against
-# `loom serve` on the bundled model: every one sends JSON with
+# The curl examples of README.md, docs/server.md and docs/saes.md, run as
+# written against `loom serve` on the bundled model (with the bundled random
+# SAE as source 2-res-random): every one sends JSON with
 # `Content-Type: application/json` and gets HTTP 200 and a JSON body (the
 # DELETE examples run last, since they unload the model).
 # Usage: docs_curl_test.sh path/to/loom
@@ -10,14 +11,15 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 command -v curl > /dev/null || { echo "SKIP: curl is not installed"; exit 77; }
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$loom" serve --model "$repo/models/stories260K" --port "$port" > "$work/serve.log" 2>&1 &
+"$loom" serve --model "$repo/models/stories260K" --port "$port" \
+  --sae "2-res-random=$repo/models/saes/stories260K-res2" > "$work/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 100); do
   curl -s -o /dev/null "127.0.0.1:$port/health" && break
   sleep 0.1
 done
-python3 - "$port" "$repo/README.md" "$repo/docs/server.md" <<'PY'
+python3 - "$port" "$repo/README.md" "$repo/docs/server.md" "$repo/docs/saes.md" <<'PY'
 import json, os, re, shlex, subprocess, sys, tempfile
 scratch = tempfile.mkdtemp(prefix="loom-docs-curl-")
 port, docs = sys.argv[1], sys.argv[2:]
