@@ -329,9 +329,10 @@ class PyModel {
   // hook of the grid read through the logit or tuned lens.
   py::dict LensGrid(const py::object& prompt_obj, const py::object& hooks,
                     const py::object& layers, const py::object& topk,
-                    const py::object& tuned) {
+                    const py::object& tuned, const py::object& kl) {
     PatchPrompt prompt = PatchPromptArg("prompt", prompt_obj);
     eval::LensGridOptions o;
+    o.kl = BoolArg("kl", kl);
     if (!hooks.is_none()) o.hooks = StrListArg("hooks", hooks);
     if (!layers.is_none()) o.layers = StrListArg("layers", layers);
     o.topk = IntArg("topk", topk);
@@ -366,6 +367,9 @@ class PyModel {
                              py::dtype("int32"), {L, g.tokens, g.topk});
     d["topk_logits"] = HandOver(std::vector<float>(g.topk_logits),
                                 py::dtype("float32"), {L, g.tokens, g.topk});
+    if (o.kl)
+      d["kl_to_final"] = HandOver(std::vector<float>(g.kl), py::dtype("float32"),
+                                  {L, g.tokens});
     if (j.contains("tokens")) {
       d["tokens"] = JsonToPython(j["tokens"]);
       d["topk_tokens"] = JsonToPython(j["topk_tokens"]);
@@ -900,7 +904,7 @@ void AddModelClass(py::module_& m) {
            py::arg("topk"), py::arg("tuned"), py::arg("logits"))
       .def("_lens_grid", &PyModel::LensGrid, py::arg("prompt"),
            py::arg("hooks"), py::arg("layers"), py::arg("topk"),
-           py::arg("tuned"))
+           py::arg("tuned"), py::arg("kl"))
       .def("_patch", &PyModel::Patch, py::arg("clean"), py::arg("corrupted"),
            py::arg("hooks"), py::arg("positions"), py::arg("answer"),
            py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"),

@@ -292,6 +292,23 @@ TEST_F(LensEndToEndTest, FromLoomsOwnResiduals) {
 // `loom lens --json` on a golden prompt: the grid's hooks are the goldens'
 // rows, its top-10 logits HF's within 1e-4 and its ids HF's where the gap
 // decides; with --tuned, the tuned lens's goldens.
+// `loom lens --json` of golden case `dir` (manifest `m`) on input `seq`
+// at the golden's hooks (its tuned lens for the tuned case), plus `extra`.
+std::string GridCommand(const std::string& dir, const nlohmann::json& m,
+                        const std::string& seq, const std::string& extra) {
+  std::string ids, hooks;
+  for (const auto& id : m["inputs"][seq]["input_ids"])
+    ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  for (const auto& l : m["layers"])
+    hooks += (hooks.empty() ? "" : ",") + l.get<std::string>();
+  const bool tuned = m["kind"] == "tuned_lens";
+  return std::string(LOOM_BINARY) + " lens --model " +
+         testing::SharedGoldenDir() + "/tiny/" + m["model"].get<std::string>() +
+         " --prompt-tokens " + ids + " --hooks " + hooks +
+         " --precision f32 --json --quiet" + (tuned ? " --tuned " + dir : "") +
+         extra;
+}
+
 TEST(LensCliTest, GridMatchesTheGoldens) {
   const std::string root = LensRoot();
   SKIP_WITHOUT_LENS_GOLDENS(root);
@@ -304,17 +321,7 @@ TEST(LensCliTest, GridMatchesTheGoldens) {
     const nlohmann::json m = testing::ReadJson(dir + "/manifest.json");
     const bool tuned = name == "llama__tuned_lens";
     const std::string seq = "seq4";
-    std::string ids;
-    for (const auto& id : m["inputs"][seq]["input_ids"])
-      ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
-    std::string hooks;
-    for (const auto& l : m["layers"])
-      hooks += (hooks.empty() ? "" : ",") + l.get<std::string>();
-    const std::string cmd =
-        std::string(LOOM_BINARY) + " lens --model " +
-        testing::SharedGoldenDir() + "/tiny/" + m["model"].get<std::string>() +
-        " --prompt-tokens " + ids + " --hooks " + hooks +
-        " --precision f32 --json --quiet" + (tuned ? " --tuned " + dir : "");
+    const std::string cmd = GridCommand(dir, m, seq, "");
     std::string out;
     ASSERT_EQ(testing::RunShell(cmd + " 2>/dev/null", &out), 0) << cmd;
     const nlohmann::json j = nlohmann::json::parse(out);
@@ -341,6 +348,70 @@ TEST(LensCliTest, GridMatchesTheGoldens) {
         ExpectIds(got_ids.data(), want.data() + at, gap.data() + at, 1, 1e-4f,
                   "hook " + std::to_string(l) + " token " + std::to_string(t));
       }
+  }
+}
+
+// `loom lens --kl`: KL(final || lens) per hook and position equals the
+// golden logits' (softmax of the final distribution against each hook's,
+// in f64), atol = rtol = 1e-4 (the logits' end-to-end tolerance carries
+// through); 0 at the final hook. The tuned lens's too: its hooks are
+// blocks.i.hook_resid_pre, the grid adds the last hook_resid_post, whose
+// distribution is the llama logit-lens golden's last layer (the same
+// model and input).
+TEST(LensCliTest, KlToTheFinalDistributionMatchesTheGoldens) {
+  const std::string root = LensRoot();
+  SKIP_WITHOUT_LENS_GOLDENS(root);
+  std::vector<std::string> cases(std::begin(kLogitLensCases),
+                                 std::end(kLogitLensCases));
+  cases.push_back("llama__tuned_lens");
+  const std::string seq = "seq4";
+  for (const std::string& name : cases) {
+    SCOPED_TRACE(name);
+    const std::string dir = root + "/" + name;
+    const nlohmann::json m = testing::ReadJson(dir + "/manifest.json");
+    const bool tuned = name == "llama__tuned_lens";
+    std::string out;
+    const std::string cmd = GridCommand(dir, m, seq, " --kl --chunk-rows 3");
+    ASSERT_EQ(testing::RunShell(cmd + " 2>/dev/null", &out), 0) << cmd;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    nlohmann::json hooks = m["layers"];
+    if (tuned) hooks.push_back("blocks.2.hook_resid_post");
+    ASSERT_EQ(j["hooks"], hooks);
+    Shape shape, final_shape;
+    const std::vector<float> logits =
+        testing::GoldenFile::Open(dir + "/golden.safetensors")
+            ->F32(seq + (tuned ? ".logits_tuned" : ".logits_lens"), &shape);
+    const std::vector<float> final_logits =
+        testing::GoldenFile::Open(root + "/" + (tuned ? "llama" : name) +
+                                  "/golden.safetensors")
+            ->F32(seq + ".logits_lens", &final_shape);
+    const int64_t L = shape[0], T = shape[1], V = shape[2];
+    auto log_softmax = [&](const std::vector<float>& all, int64_t l,
+                           int64_t t) {
+      const float* row = all.data() + (l * T + t) * V;
+      const double max = *std::max_element(row, row + V);
+      double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - max);
+      std::vector<double> lp(static_cast<size_t>(V));
+      for (int64_t v = 0; v < V; ++v) lp[v] = row[v] - max - std::log(z);
+      return lp;
+    };
+    ASSERT_EQ(j["kl_to_final"].size(), hooks.size());
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<double> f = log_softmax(final_logits,
+                                                final_shape[0] - 1, t);
+      for (int64_t l = 0; l < L; ++l) {
+        const std::vector<double> lp = log_softmax(logits, l, t);
+        double want = 0;
+        for (int64_t v = 0; v < V; ++v)
+          want += std::exp(f[v]) * (f[v] - lp[v]);
+        const double got = j["kl_to_final"][l][t];
+        EXPECT_NEAR(got, want, 1e-4 + 1e-4 * want)
+            << "hook " << l << " token " << t;
+      }
+      const double last = j["kl_to_final"][hooks.size() - 1][t];
+      EXPECT_EQ(last, 0.0);
+    }
   }
 }
 

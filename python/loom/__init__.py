@@ -245,7 +245,8 @@ class Model(_loom.Model):
             tuned = os.fspath(tuned)
         return self._lens(x, hook, topk, tuned, logits)
 
-    def lens_grid(self, prompt, hooks=None, *, layers=None, topk=10, tuned=None):
+    def lens_grid(self, prompt, hooks=None, *, layers=None, topk=10, tuned=None,
+                  kl=False):
         """`loom lens` on this model: one forward of `prompt` (a str,
         tokenized with special tokens, or token ids used as given), planned on
         the model's devices, each residual hook read through the logit lens
@@ -256,11 +257,13 @@ class Model(_loom.Model):
         Returns {"hooks": [names], "input_ids", "topk_ids": int32 [hooks,
         tokens, topk], "topk_logits": float32 [hooks, tokens, topk],
         "tokens" and "topk_tokens" (each id decoded alone) when the model has
-        a tokenizer, "seconds", "lens_seconds"}.
+        a tokenizer, "seconds", "lens_seconds"}. With kl=True also
+        "kl_to_final": float32 [hooks, tokens], KL(final || hook) in nats
+        (the grid then always holds the last blocks.i.hook_resid_post).
         """
         if isinstance(tuned, os.PathLike):
             tuned = os.fspath(tuned)
-        return self._lens_grid(prompt, hooks, layers, topk, tuned)
+        return self._lens_grid(prompt, hooks, layers, topk, tuned, kl)
 
     def extract(self, prompts, hooks, *, layers=None, select="last", dtype=None,
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,

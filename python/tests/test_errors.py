@@ -243,7 +243,7 @@ VALID = {
     "lens": ("lens", dict(x=np.zeros(64, np.float32), hook="blocks.0.hook_resid_post",
                           topk=3, tuned=None, logits=False)),
     "lens_grid": ("lens_grid", dict(prompt=[1, 403, 407], hooks=None, layers=None, topk=3,
-                                    tuned=None)),
+                                    tuned=None, kl=True)),
     "loom.plan": (lambda **kw: loom.plan(**kw),
                   dict(path=STORIES, device="auto", max_memory="", reserve="", offload=False,
                        hooks=None, layers=None, select="all", mode="analysis", batch_tokens=0,

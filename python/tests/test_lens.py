@@ -90,6 +90,13 @@ def test_grid_is_the_lens_of_the_extracted_residuals():
         out = model.lens(r[hook], hook, 4)
         assert np.array_equal(out["topk_ids"], g["topk_ids"][i]), hook
         assert out["topk_logits"].tobytes() == g["topk_logits"][i].tobytes(), hook
+    # KL(final || hook): the CLI's numbers; 0 at the final hook, >= 0 elsewhere.
+    k = model.lens_grid(ids, topk=4, kl=True)
+    assert k["hooks"] == g["hooks"] and k["kl_to_final"].shape == (len(g["hooks"]), len(ids))
+    assert k["kl_to_final"].dtype == np.float32
+    assert not k["kl_to_final"][-1].any() and (k["kl_to_final"] >= 0).all()
+    assert k["kl_to_final"][:-1].max() > 0
+    assert np.array_equal(k["topk_ids"], g["topk_ids"])
     mid = model.lens_grid("Once upon a time", "hook_resid_mid", layers="0,-1", topk=1)
     assert mid["hooks"] == ["blocks.0.hook_resid_mid", "blocks.4.hook_resid_mid"]
     with pytest.raises(loom.InvalidArgumentError, match="a lens reads a residual stream"):

@@ -1,6 +1,8 @@
 #include "src/eval/lens_job.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 
 #include "src/eval/lens.h"
@@ -8,10 +10,12 @@
 namespace loom::eval {
 namespace {
 
-// Feeds each delivered residual hook through the lens into its grid row.
+// Feeds each delivered residual hook through the lens into its grid row
+// (with `kept`: and keeps its rows there, [hooks, tokens, cols]).
 class LensSink : public HookSink {
  public:
-  LensSink(Lens* lens, LensGrid* grid) : lens_(lens), grid_(grid) {}
+  LensSink(Lens* lens, LensGrid* grid, std::vector<float>* kept)
+      : lens_(lens), grid_(grid), kept_(kept) {}
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
                       int64_t row_begin, const ActivationView& view) override {
     size_t h = 0;
@@ -30,6 +34,10 @@ class LensSink : public HookSink {
     out.topk = k;
     out.topk_ids = grid_->topk_ids.data() + h * T * k;
     out.topk_logits = grid_->topk_logits.data() + h * T * k;
+    if (kept_ != nullptr) {
+      const size_t n = static_cast<size_t>(view.rows * view.cols);
+      std::copy(view.f32(), view.f32() + n, kept_->begin() + h * n);
+    }
     const auto start = std::chrono::steady_clock::now();
     const Status s = lens_->Run(hook, view.f32(), view.rows, out);
     grid_->lens_seconds +=
@@ -41,7 +49,50 @@ class LensSink : public HookSink {
  private:
   Lens* lens_;
   LensGrid* grid_;
+  std::vector<float>* kept_;
 };
+
+// Row r of logits [C, V] as log-probabilities (f32 values, f64 sum).
+void LogSoftmax(const float* logits, int64_t V, float* out) {
+  const float max = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double{logits[v]} - max);
+  const double log_z = max + std::log(sum);
+  for (int64_t v = 0; v < V; ++v)
+    out[v] = static_cast<float>(double{logits[v]} - log_z);
+}
+
+// g->kl from the kept rows [hooks, T, H]: chunk by chunk of positions, the
+// final hook's log-probabilities, then each hook's against them.
+Status KlToFinal(Lens& lens, const std::vector<float>& kept, int64_t H,
+                 LensGrid* g) {
+  const int64_t T = g->tokens, V = lens.vocab(), C = lens.chunk_rows();
+  const size_t last = g->hooks.size() - 1;
+  std::vector<float> final_lp(static_cast<size_t>(C * V)),
+      logits(static_cast<size_t>(C * V)), lp(static_cast<size_t>(V));
+  g->kl.assign(g->hooks.size() * static_cast<size_t>(T), 0.0f);
+  for (int64_t r0 = 0; r0 < T; r0 += C) {
+    const int64_t n = std::min(C, T - r0);
+    auto rows = [&](size_t h) { return kept.data() + (h * T + r0) * H; };
+    LensOutputs o;
+    o.logits = logits.data();
+    RETURN_IF_ERROR(lens.Run(g->hooks[last], rows(last), n, o));
+    for (int64_t i = 0; i < n; ++i)
+      LogSoftmax(logits.data() + i * V, V, final_lp.data() + i * V);
+    for (size_t h = 0; h < last; ++h) {
+      RETURN_IF_ERROR(lens.Run(g->hooks[h], rows(h), n, o));
+      for (int64_t i = 0; i < n; ++i) {
+        LogSoftmax(logits.data() + i * V, V, lp.data());
+        const float* f = final_lp.data() + i * V;
+        double kl = 0;
+        for (int64_t v = 0; v < V; ++v)
+          kl += std::exp(double{f[v]}) * (double{f[v]} - lp[v]);
+        g->kl[h * T + r0 + i] = static_cast<float>(kl);
+      }
+    }
+  }
+  return Status();
+}
 
 }  // namespace
 
@@ -68,6 +119,8 @@ StatusOr<JobSpec> LensGridJob(const ModelConfig& c, int64_t tokens,
   RETURN_IF_ERROR(eval::CheckLensTopK(o.topk, c.vocab_size, 1, "--topk"));
   ASSIGN_OR_RETURN(const std::vector<HookPoint> hooks, LensGridHooks(c, o));
   JobSpec job;
+  // KL to the final distribution: the last residual stream is a row.
+  if (o.kl) job.hooks.Add({HookSite::kResidPost, c.num_layers - 1});
   job.batch_tokens = tokens;
   job.context = tokens;
   job.seqs_per_batch = 1;
@@ -98,11 +151,23 @@ StatusOr<LensGrid> RunLensGrid(const Model& model, std::span<const int32_t> ids,
                    Lens::Create(model, o.tuned, std::min(T, o.chunk_rows)));
   g.executor_bytes = executor->arena_bytes();
   g.lens_bytes = lens->bytes();
-  LensSink sink(lens.get(), &g);
+  std::vector<float> kept;
+  if (o.kl) {
+    kept.resize(g.hooks.size() * static_cast<size_t>(T * c.hidden_size));
+    g.kl_bytes = static_cast<int64_t>(kept.size() * sizeof(float)) +
+                 2 * lens->chunk_rows() * lens->vocab() *
+                     static_cast<int64_t>(sizeof(float));
+  }
+  LensSink sink(lens.get(), &g, o.kl ? &kept : nullptr);
   const int64_t seq_start[2] = {0, T};
   const Batch batch{ids, std::span<const int64_t>(seq_start, 2)};
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(executor->Forward(batch, &sink));
+  if (o.kl) {
+    if (!(g.hooks.back() == HookPoint{HookSite::kResidPost, c.num_layers - 1}))
+      return InternalError("lens: the final residual hook is not the last row");
+    RETURN_IF_ERROR(KlToFinal(*lens, kept, c.hidden_size, &g));
+  }
   g.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -153,6 +218,14 @@ nlohmann::json LensGridJson(const LensGrid& g, std::span<const int32_t> ids,
     for (int32_t id : ids) tokens.push_back(piece(id));
     out["tokens"] = tokens;
     out["topk_tokens"] = top_tokens;
+  }
+  if (!g.kl.empty()) {
+    json kl = json::array();
+    for (size_t h = 0; h < g.hooks.size(); ++h)
+      kl.push_back(std::vector<float>(g.kl.begin() + h * T,
+                                      g.kl.begin() + (h + 1) * T));
+    out["kl_to_final"] = kl;
+    out["kl_bytes"] = g.kl_bytes;
   }
   out["executor_bytes"] = g.executor_bytes;
   out["lens_bytes"] = g.lens_bytes;

@@ -31,6 +31,13 @@ struct LensGridOptions {
   // "Lenses": the measured cost).
   int64_t chunk_rows = 256;
   const TunedLens* tuned = nullptr;  // null: the logit lens
+  // Also KL(final || lens) per hook and position: the final layer's
+  // distribution (the model's own, the last blocks.i.hook_resid_post, which
+  // the grid then always holds) against each hook's. Each hook's rows are
+  // kept ([hooks, tokens, hidden] floats, LensGrid::kl_bytes) until the
+  // final one is known; then, chunk by chunk, two [chunk_rows, V] blocks of
+  // logits exist at a time, never [hooks, tokens, V].
+  bool kl = false;
   bool hf_bf16_activations = false;
   std::vector<ExecutorSegment> segments;  // the session's placement
 };
@@ -40,7 +47,10 @@ struct LensGrid {
   int64_t tokens = 0, topk = 0;
   std::vector<int32_t> topk_ids;   // [hooks, tokens, topk]
   std::vector<float> topk_logits;  // [hooks, tokens, topk]
-  int64_t executor_bytes = 0, lens_bytes = 0;
+  // With LensGridOptions::kl: [hooks, tokens] nats, KL(final || hook)
+  // (accumulated in f64 from the f32 log-softmaxes); 0 at the final hook.
+  std::vector<float> kl;
+  int64_t executor_bytes = 0, lens_bytes = 0, kl_bytes = 0;
   double seconds = 0;       // the forward with the lens
   double lens_seconds = 0;  // of which inside the lens (head GEMMs, top-k)
 };
@@ -55,7 +65,8 @@ StatusOr<JobSpec> LensGridJob(const ModelConfig& c, int64_t tokens,
 StatusOr<LensGrid> RunLensGrid(const Model& model, std::span<const int32_t> ids,
                                const LensGridOptions& o);
 // {"hooks", "input_ids", "topk_ids" [hooks][tokens][topk], "topk_logits",
-// and with a tokenizer "tokens" and "topk_tokens" (each id decoded alone)}.
+// with kl "kl_to_final" [hooks][tokens], and with a tokenizer "tokens" and
+// "topk_tokens" (each id decoded alone)}.
 nlohmann::json LensGridJson(const LensGrid& g, std::span<const int32_t> ids,
                             const tok::Tokenizer* tokenizer);
 

@@ -30,7 +30,7 @@ struct LensArgs {
   int64_t topk = 10, chunk_rows = 256;
   std::string precision = "auto";
   int threads = 0;
-  bool hf_bf16 = false, json = false, quiet = false;
+  bool hf_bf16 = false, json = false, quiet = false, kl = false;
   PlanFlags plan;
 };
 
@@ -78,6 +78,15 @@ void PrintTable(const nlohmann::json& j) {
                 : std::to_string(j["topk_ids"][h][t][0].get<int>()).c_str());
     std::printf("\n");
   }
+  if (!j.contains("kl_to_final")) return;
+  std::printf("\nKL(final || lens), nats\n");
+  for (size_t h = 0; h < j["hooks"].size(); ++h) {
+    std::printf("%-*s", static_cast<int>(name_width),
+                j["hooks"][h].get<std::string>().c_str());
+    for (const auto& kl : j["kl_to_final"][h])
+      std::printf("  %-*.4g", static_cast<int>(kWidth), kl.get<double>());
+    std::printf("\n");
+  }
 }
 
 Status RunLens(const LensArgs& a) {
@@ -98,6 +107,7 @@ Status RunLens(const LensArgs& a) {
   o.topk = a.topk;
   o.chunk_rows = a.chunk_rows;
   o.tuned = tuned ? &*tuned : nullptr;
+  o.kl = a.kl;
   o.hf_bf16_activations = a.hf_bf16;
   std::vector<int32_t> ids;
   ASSIGN_OR_RETURN(
@@ -158,6 +168,10 @@ void AddLensCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--tuned", a->tuned,
                   "A tuned lens: the folder tuned-lens saves (params.pt or "
                   "params.safetensors) or one of those files");
+  cmd->add_flag("--kl", a->kl,
+                "Also KL(final || lens) per hook and position, in nats "
+                "(kl_to_final; the grid then holds the last "
+                "hook_resid_post)");
   cmd->add_flag("--json", a->json,
                 "The whole grid as JSON (hooks, tokens, top-k ids, logits "
                 "and tokens)");
