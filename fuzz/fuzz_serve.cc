@@ -231,8 +231,8 @@ constexpr const char* kRoutes[] = {"/generate",
                                    "/v1/completions",
                                    "/v1/embeddings"};
 
-// A reply: status 2xx, 4xx, 501 or 503; JSON (or SSE); a 200 in a binary
-// format must be that format, whole.
+// A reply: status 2xx, 4xx, 501 or 503; JSON (or SSE, or NDJSON: a JSON
+// object a line); a 200 in a binary format must be that format, whole.
 void Check(const std::string& path, const httplib::Result& res) {
   if (!res) {
     Fail(path + ": no reply (" + httplib::to_string(res.error()) + ")");
@@ -256,6 +256,14 @@ void Check(const std::string& path, const httplib::Result& res) {
         static_cast<int64_t>(res->body.size()));
     if (!h.ok())
       Fail(path + ": bad safetensors reply: " + h.status().ToString());
+    return;
+  }
+  if (type == "application/x-ndjson") {  // /v1/lens/prompt: a JSON a line
+    for (std::string_view line : Split(res->body, '\n', 1 << 20))
+      if (!line.empty() &&
+          nlohmann::json::parse(line, nullptr, false).is_discarded())
+        Fail(path + ": an NDJSON line is not JSON: " +
+             std::string(line.substr(0, 200)));
     return;
   }
   const bool sse = type.find("text/event-stream") != std::string::npos;

@@ -339,16 +339,9 @@ Status ActivationSingle(ServerContext& ctx, const httplib::Request& req,
 }  // namespace
 
 void RegisterActivationRoutes(HttpListeners& http, ServerContext& ctx) {
-  auto post = [&](const std::string& path,
-                  Status (*f)(ServerContext&, const httplib::Request&,
-                              httplib::Response&)) {
-    http.Post(path, JsonRoute(ctx, path, [&ctx, f](const auto& req, auto& res) {
-                return f(ctx, req, res);
-              }));
-  };
-  post("/v1/activation/topk-by-token", TopkByToken);
-  post("/v1/activation/all", ActivationAll);
-  post("/v1/activation/single", ActivationSingle);
+  NpPost(http, ctx, "/v1/activation/topk-by-token", TopkByToken);
+  NpPost(http, ctx, "/v1/activation/all", ActivationAll);
+  NpPost(http, ctx, "/v1/activation/single", ActivationSingle);
 }
 
 }  // namespace loom::serve::routes

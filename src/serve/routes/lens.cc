@@ -82,18 +82,7 @@ StatusOr<std::vector<int32_t>> LensIds(const ServerContext& ctx,
   if (e.chat_template() == nullptr)
     return InvalidArgumentError("field `chat`: model " + e.id() +
                                 " has no chat template; send `prompt`");
-  if (!b["chat"].is_array() || b["chat"].empty())
-    return InvalidArgumentError(
-        "field `chat`: expected a non-empty list of {role, content}");
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < b["chat"].size(); ++i) {
-    const json& m = b["chat"][i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-        !m.contains("content") || !m["content"].is_string())
-      return InvalidArgumentError("field `chat[" + std::to_string(i) +
-                                  "]`: expected string `role` and `content`");
-    messages.push_back({{"role", m["role"]}, {"content", m["content"]}});
-  }
+  ASSIGN_OR_RETURN(nlohmann::ordered_json messages, NpMessages(b, "chat"));
   // A last assistant message is a prefill the model continues.
   const bool prefill = messages.back()["role"] == "assistant";
   ASSIGN_OR_RETURN(
@@ -279,6 +268,12 @@ Status LensPrompt(ServerContext& ctx, const httplib::Request& req,
   ASSIGN_OR_RETURN(auto e, NpEngine(ctx, b));
   ASSIGN_OR_RETURN(LensRequest r, ParseLens(ctx, *e, b));
   const ModelConfig& c = e->model().config();
+  // The lens runs the model's final norm and head on the host.
+  for (const DevicePlan& d : e->session().plan().devices)
+    if (d.holds_head && d.device.kind != DeviceKind::kCpu)
+      return UnimplementedError("/v1/lens/prompt: model " + e->id() +
+                                "'s head is placed on " + d.device.name +
+                                "; the lens runs on the host so far");
   std::vector<int32_t> ids = r.ids;
   const int64_t prompt_len = static_cast<int64_t>(ids.size());
   std::string completion;
@@ -366,10 +361,7 @@ Status LensPrompt(ServerContext& ctx, const httplib::Request& req,
 }  // namespace
 
 void RegisterLensRoutes(HttpListeners& http, ServerContext& ctx) {
-  http.Post("/v1/lens/prompt", JsonRoute(ctx, "/v1/lens/prompt",
-                                         [&ctx](const auto& req, auto& res) {
-                                           return LensPrompt(ctx, req, res);
-                                         }));
+  NpPost(http, ctx, "/v1/lens/prompt", LensPrompt);
 }
 
 }  // namespace loom::serve::routes

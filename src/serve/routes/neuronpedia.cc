@@ -56,6 +56,32 @@ bool IsSpecialToken(const Engine& e, int32_t id) {
   return e.tokenizer() != nullptr && e.tokenizer()->IsSpecial(id);
 }
 
+StatusOr<nlohmann::ordered_json> NpMessages(const json& b,
+                                            const std::string& key) {
+  if (!b.contains(key) || !b[key].is_array() || b[key].empty())
+    return InvalidArgumentError("field `" + key +
+                                "`: expected a non-empty list of {role, "
+                                "content}");
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < b[key].size(); ++i) {
+    const json& m = b[key][i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+        !m.contains("content") || !m["content"].is_string())
+      return InvalidArgumentError("field `" + key + "[" + std::to_string(i) +
+                                  "]`: expected string `role` and `content`");
+    messages.push_back({{"role", m["role"].get<std::string>()},
+                        {"content", m["content"].get<std::string>()}});
+  }
+  return messages;
+}
+
+void NpPost(HttpListeners& http, ServerContext& ctx, const std::string& path,
+            NpHandler f) {
+  http.Post(path, JsonRoute(ctx, path, [&ctx, f](const auto& req, auto& res) {
+              return f(ctx, req, res);
+            }));
+}
+
 StatusOr<std::vector<std::string>> TokenStrings(
     const Engine& e, const std::vector<int32_t>& ids) {
   std::vector<std::string> out;
@@ -148,14 +174,7 @@ json Capabilities(ServerContext& ctx) {
 }  // namespace
 
 void RegisterNeuronpediaRoutes(HttpListeners& http, ServerContext& ctx) {
-  auto post = [&](const std::string& path,
-                  Status (*f)(ServerContext&, const httplib::Request&,
-                              httplib::Response&)) {
-    http.Post(path, JsonRoute(ctx, path, [&ctx, f](const auto& req, auto& res) {
-                return f(ctx, req, res);
-              }));
-  };
-  post("/v1/tokenize", Tokenize);
+  NpPost(http, ctx, "/v1/tokenize", Tokenize);
   http.Get("/v1/capabilities",
            Route(ctx, "/v1/capabilities", [&ctx](const auto&, auto& res) {
              Reply(res, 200, Capabilities(ctx));

@@ -9,6 +9,8 @@
 #ifndef LOOM_SERVE_ROUTES_NEURONPEDIA_H_
 #define LOOM_SERVE_ROUTES_NEURONPEDIA_H_
 
+#include <httplib.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,6 +52,15 @@ bool IsSpecialToken(const Engine& e, int32_t id);
 StatusOr<std::vector<int32_t>> NpTokens(const ServerOptions& o, const Engine& e,
                                         const json& prompt,
                                         const std::string& field);
+// The chat messages of field `key` of `b`: a non-empty list of {role,
+// content} strings (400 naming the field and the entry otherwise).
+StatusOr<nlohmann::ordered_json> NpMessages(const json& b,
+                                            const std::string& key);
+// Registers POST `path` (a JSON body) answered by `f`.
+using NpHandler = Status (*)(ServerContext&, const httplib::Request&,
+                             httplib::Response&);
+void NpPost(HttpListeners& http, ServerContext& ctx, const std::string& path,
+            NpHandler f);
 // Each token decoded alone (TransformerLens' to_str_tokens).
 StatusOr<std::vector<std::string>> TokenStrings(
     const Engine& e, const std::vector<int32_t>& ids);

@@ -273,19 +273,7 @@ Status CompletionChat(ServerContext& ctx, const httplib::Request& req,
     return InvalidArgumentError(
         "model " + e->id() +
         " has no chat template; use /v1/steer/completion with a text prompt");
-  if (!b.contains("prompt") || !b["prompt"].is_array() || b["prompt"].empty())
-    return InvalidArgumentError(
-        "field `prompt`: expected a non-empty list of {role, content}");
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < b["prompt"].size(); ++i) {
-    const json& m = b["prompt"][i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-        !m.contains("content") || !m["content"].is_string())
-      return InvalidArgumentError("field `prompt[" + std::to_string(i) +
-                                  "]`: expected string `role` and `content`");
-    messages.push_back({{"role", m["role"].get<std::string>()},
-                        {"content", m["content"].get<std::string>()}});
-  }
+  ASSIGN_OR_RETURN(nlohmann::ordered_json messages, NpMessages(b, "prompt"));
   nlohmann::ordered_json render = {{"messages", messages},
                                    {"add_generation_prompt", true}};
   ASSIGN_OR_RETURN(std::string text, e->chat_template()->Render(render));
@@ -316,16 +304,8 @@ Status CompletionChat(ServerContext& ctx, const httplib::Request& req,
 }  // namespace
 
 void RegisterSteerRoutes(HttpListeners& http, ServerContext& ctx) {
-  http.Post("/v1/steer/completion",
-            JsonRoute(ctx, "/v1/steer/completion",
-                      [&ctx](const auto& req, auto& res) {
-                        return Completion(ctx, req, res);
-                      }));
-  http.Post("/v1/steer/completion-chat",
-            JsonRoute(ctx, "/v1/steer/completion-chat",
-                      [&ctx](const auto& req, auto& res) {
-                        return CompletionChat(ctx, req, res);
-                      }));
+  NpPost(http, ctx, "/v1/steer/completion", Completion);
+  NpPost(http, ctx, "/v1/steer/completion-chat", CompletionChat);
 }
 
 }  // namespace loom::serve::routes
