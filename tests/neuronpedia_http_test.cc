@@ -616,6 +616,26 @@ TEST(NeuronpediaGolden, LensPromptMatchesTheGoldens) {
   }
 }
 
+// An SAE whose hook a model lacks (one server may serve models of several
+// depths) does not stop that model's load; a request using it on that
+// model is a 400 naming the source and the hook.
+TEST(NeuronpediaConfig, AnSaeForADeeperModelIsARequestError) {
+  loom::testing::TempDir dir;
+  WriteSae(dir.File("deep"), "blocks.9.hook_resid_post", 64, 8);
+  WriteSae(dir.File("sae"), "blocks.2.hook_resid_post", 64, 8);
+  ServerOptions o;
+  o.saes = {"9-deep=" + dir.File("deep"), "2-res=" + dir.File("sae")};
+  Running server(o);
+  const json bad = Post(server, "/v1/activation/topk-by-token",
+                        {{"prompt", "Once"}, {"source", "9-deep"}}, 400);
+  const std::string message = bad["error"];
+  EXPECT_NE(message.find("source `9-deep`"), std::string::npos) << message;
+  EXPECT_NE(message.find("blocks.9.hook_resid_post"), std::string::npos)
+      << message;
+  Post(server, "/v1/activation/topk-by-token",
+       {{"prompt", "Once"}, {"source", "2-res"}});
+}
+
 // The SAE goldens (HF's activations through each library's formulas):
 // topk-by-token and single from Loom's own activations, 1e-4.
 TEST(NeuronpediaGolden, SaeRoutesMatchTheGoldens) {

@@ -175,6 +175,14 @@ StatusOr<HookSet> CapturableHooks(const ModelConfig& c,
   HookSet set;
   for (int64_t l = 0; l < c.num_layers; ++l) set.Add({HookSite::kResidPre, l});
   set.Add({HookSite::kFinalNorm, -1});
+  for (const std::string& name : options.optional_hooks) {
+    StatusOr<std::vector<HookPoint>> hooks = ParseModelHookPattern(name, c);
+    if (!hooks.ok()) continue;  // not a hook of this model
+    for (const HookPoint& h : *hooks)
+      if (CheckHookExists(h, c).ok() && IsFloatRowSite(h.site) &&
+          h.site != HookSite::kLogits)
+        set.Add(h);
+  }
   if (options.extra_hooks.empty()) return set;
   StatusOr<HookSet> extra = ResolveHooks(options.extra_hooks, {}, c);
   if (!extra.ok())

@@ -108,6 +108,10 @@ struct EngineOptions {
   // What the user wrote extra_hooks as, named in errors about them: the
   // serve YAML key by default; `loom generate` sets its hooks flag.
   std::string extra_hooks_setting = "memory.activation_cache_filter";
+  // Hooks captured where the model has them, skipped where it does not
+  // (the server's: the hooks its SAEs read, the last hook_resid_post of the
+  // logit lens), so that one server's models need not share their depth.
+  std::vector<std::string> optional_hooks;
   int threads = 0;  // CPU threads (0 = all)
   // Placement (--device, --max-memory, --reserve; serve's YAML `devices` and
   // `memory` keys): the engine is planned like any job, and refused before

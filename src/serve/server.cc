@@ -140,16 +140,16 @@ void Server::Impl::Register() {
   routes::ServerContext& ctx = *ctx_;
   // cpp-httplib tries a method's routes in the order they were registered
   // and takes the first whose pattern matches the whole path.
-  routes::RegisterModelRoutes(http_, ctx);       // /health, /models*
-  routes::RegisterGenerateRoutes(http_, ctx);    // /generate*, /v1/generate
-  routes::RegisterEmbedRoutes(http_, ctx);       // /embed, /embed/batch
-  routes::RegisterChatRoutes(http_, ctx);        // /v1/chat/completions
-  routes::RegisterOpenAiRoutes(http_, ctx);      // /v1/models*, completions...
-  routes::RegisterStatusRoutes(http_, ctx);      // /gpu/status, /metrics
-  routes::RegisterAnalyzeRoutes(http_, ctx);     // /analyze*
-  routes::RegisterPatchingRoutes(http_, ctx);    // /api/patching/*
-  routes::RegisterExperimentRoutes(http_, ctx);  // /experiments*
-  routes::RegisterLoaderRoutes(http_, ctx);      // /loaders*, /gpu/configure
+  routes::RegisterModelRoutes(http_, ctx);        // /health, /models*
+  routes::RegisterGenerateRoutes(http_, ctx);     // /generate*, /v1/generate
+  routes::RegisterEmbedRoutes(http_, ctx);        // /embed, /embed/batch
+  routes::RegisterChatRoutes(http_, ctx);         // /v1/chat/completions
+  routes::RegisterOpenAiRoutes(http_, ctx);       // /v1/models*, completions...
+  routes::RegisterStatusRoutes(http_, ctx);       // /gpu/status, /metrics
+  routes::RegisterAnalyzeRoutes(http_, ctx);      // /analyze*
+  routes::RegisterPatchingRoutes(http_, ctx);     // /api/patching/*
+  routes::RegisterExperimentRoutes(http_, ctx);   // /experiments*
+  routes::RegisterLoaderRoutes(http_, ctx);       // /loaders*, /gpu/configure
   routes::RegisterActivationRoutes(http_, ctx);   // /v1/activation/*
   routes::RegisterNeuronpediaRoutes(http_, ctx);  // /v1/tokenize, ...
   routes::RegisterSteerRoutes(http_, ctx);        // /v1/steer/*
@@ -193,18 +193,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& o) {
   p->use_unix_ = o.transport != "http";
   ASSIGN_OR_RETURN(p->experiments_, ExperimentRoutes::Create(o.persistence));
   ASSIGN_OR_RETURN(p->saes_, SaeSet::Load(o.saes, "interp.saes"));
-  // The models' engines capture the hooks the SAEs read.
-  for (const std::string& h : p->saes_->Hooks())
-    if (std::find(p->o_.engine.extra_hooks.begin(),
-                  p->o_.engine.extra_hooks.end(),
-                  h) == p->o_.engine.extra_hooks.end())
-      p->o_.engine.extra_hooks.push_back(h);
-  // The logit lens of the last layer (/v1/lens/prompt) reads its
-  // hook_resid_post (the lower layers': the next layer's hook_resid_pre).
-  p->o_.engine.extra_hooks.push_back("blocks.-1.hook_resid_post");
-  if (!p->saes_->empty())
-    p->o_.engine.extra_hooks_setting =
-        "memory.activation_cache_filter and the hooks of interp.saes";
+  // The models' engines capture the hooks the SAEs read where they have
+  // them (a request naming an SAE a model lacks the hook of is its 400),
+  // and the last hook_resid_post: the logit lens of the last layer
+  // (/v1/lens/prompt; the lower layers': the next one's hook_resid_pre).
+  p->o_.engine.optional_hooks = p->saes_->Hooks();
+  p->o_.engine.optional_hooks.push_back("blocks.-1.hook_resid_post");
   if (p->experiments_->store() != nullptr && o.persistence.auto_persist)
     p->recorder_ =
         std::make_unique<ExperimentRecorder>(p->experiments_->store());
