@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <ranges>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -472,11 +471,12 @@ TEST_F(NeuronpediaTest, LensPromptFrames) {
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->get_header_value("Content-Type"), "application/x-ndjson");
   std::vector<json> lines;
-  for (const std::string_view line :
-       std::views::split(r->body, '\n') | std::views::transform([](auto&& v) {
-         return std::string_view(v.begin(), v.end());
-       }))
-    if (!line.empty()) lines.push_back(json::parse(line));
+  for (size_t at = 0; at < r->body.size();) {
+    size_t end = r->body.find('\n', at);
+    if (end == std::string::npos) end = r->body.size();
+    if (end > at) lines.push_back(json::parse(r->body.substr(at, end - at)));
+    at = end + 1;
+  }
   ASSERT_GE(lines.size(), 4u);
   EXPECT_EQ(lines.front()["kind"], "meta");
   EXPECT_EQ(lines.front()["layers_by_type"]["LOGIT_LENS"], json({1, 2, 4}));
