@@ -18,10 +18,9 @@ StatusOr<std::unique_ptr<DerivedRunner>> DerivedRunner::Create(
   int64_t in_width = 0, topk = 0;
   for (size_t i = 0; i < s.derived.size(); ++i) {
     const DerivedHook& d = s.derived[i];
-    auto it = std::find_if(r->sources_.begin(), r->sources_.end(),
-                           [&](const Source& x) {
-                             return x.hook == d.source && x.sae == d.sae;
-                           });
+    auto it = std::find_if(
+        r->sources_.begin(), r->sources_.end(),
+        [&](const Source& x) { return x.hook == d.source && x.sae == d.sae; });
     if (it == r->sources_.end()) {
       r->sources_.push_back({d.source, d.sae, {}});
       it = r->sources_.end() - 1;
@@ -84,12 +83,7 @@ Status DerivedRunner::OnRows(const HookPoint& hook, const Batch& batch,
                          std::to_string(needed_.size()));
   for (const Source& src : sources_) {
     if (!(src.hook == hook)) continue;
-    picks_.rows.clear();
-    picks_.dst.clear();
-    picks_.seg_begin.clear();
-    picks_.seg_end.clear();
-    picks_.seg_acc.clear();
-    picks_.seg_max.clear();
+    picks_.Clear();
     for (int d : src.derived)
       outputs->PickRows(hook, batch, rows.row_begin, rows.rows, &picks_, d);
     std::fill_n(needed_.begin(), rows.rows, 0);
@@ -102,8 +96,7 @@ Status DerivedRunner::OnRows(const HookPoint& hook, const Batch& batch,
       if (!ChunkNeeded(c0, c0 + n)) continue;
       // x: [n, cols] the chunk's rows, contiguous.
       for (int64_t i = 0; i < n; ++i)
-        std::memcpy(x_.data() + i * rows.cols,
-                    rows.data + (c0 + i) * rows.ld,
+        std::memcpy(x_.data() + i * rows.cols, rows.data + (c0 + i) * rows.ld,
                     static_cast<size_t>(rows.cols) * sizeof(float));
       RETURN_IF_ERROR(RunChunk(src, x_.data(), n));
       if (src.sae >= 0 && outputs->dashboard(src.sae) != nullptr)
@@ -183,10 +176,8 @@ Status DerivedRunner::RunChunk(const Source& src, const float* x, int64_t n) {
     if (a.dashboard > 0 && o.feature_acts == nullptr)
       o.feature_acts = dashboard_acts_.data();
     acts_ = o.feature_acts;
-    RETURN_IF_ERROR(
-        cpu_->RunSae(sae, x, reference, n, workspace_.data(), o));
-    if (input_to >= 0)
-      std::copy_n(x, n * sae.d_in, out_[input_to].data());
+    RETURN_IF_ERROR(cpu_->RunSae(sae, x, reference, n, workspace_.data(), o));
+    if (input_to >= 0) std::copy_n(x, n * sae.d_in, out_[input_to].data());
     if (ids_to >= 0)
       std::transform(ids_.begin(), ids_.begin() + n * o.topk,
                      out_[ids_to].begin(),

@@ -213,8 +213,8 @@ Status OutputSet::Create() {
   RETURN_IF_ERROR(CreateDashboards());
   if (format_ != OutputFormat::kNpy) return Status();
   for (auto& out : arrays_) {
-    ASSIGN_OR_RETURN(
-        out.npy, NpyWriter::Create(PathOf(out.file), out.dtype, out.row_shape()));
+    ASSIGN_OR_RETURN(out.npy, NpyWriter::Create(PathOf(out.file), out.dtype,
+                                                out.row_shape()));
   }
   for (auto& ri : ragged_) {
     ASSIGN_OR_RETURN(ri.npy,
@@ -601,7 +601,8 @@ Status OutputSet::CommitShards(int64_t W, int64_t window_index,
     std::vector<int64_t> shape = out.row_shape();
     shape.insert(shape.begin(),
                  out.ragged >= 0 ? ragged_[out.ragged].window_rows : W);
-    RETURN_IF_ERROR(w.Add("activations", out.dtype, Shape(shape), out.stage.data(),
+    RETURN_IF_ERROR(w.Add("activations", out.dtype, Shape(shape),
+                          out.stage.data(),
                           static_cast<int64_t>(out.stage.size())));
     if (out.ragged >= 0) {
       const std::vector<int64_t>& offs = ragged_[out.ragged].slot_begin;
@@ -742,12 +743,7 @@ Status ExtractSink::OnDeviceActivation(const HookPoint& hook,
                          " was delivered in the memory of a device the sink "
                          "was not given, or as " +
                          std::string(DTypeName(view.dtype)));
-  picks_.rows.clear();
-  picks_.dst.clear();
-  picks_.seg_begin.clear();
-  picks_.seg_end.clear();
-  picks_.seg_acc.clear();
-  picks_.seg_max.clear();
+  picks_.Clear();
   outputs_->PickRows(hook, batch, row_begin, view.rows, &picks_);
   const int64_t n = static_cast<int64_t>(picks_.rows.size());
   const int64_t g = static_cast<int64_t>(picks_.seg_begin.size());
@@ -818,7 +814,8 @@ Status ExtractSink::OnActivation(const HookPoint& hook, const Batch& batch,
       (view.device.kind != DeviceKind::kCpu || !view.host_f32()))
     return UnimplementedError(
         "extract: --sae / --lens read " + HookName(hook) +
-        ", which arrives in device memory or not as f32; SAEs and lenses run on host f32 rows only so far (run the layer "
+        ", which arrives in device memory or not as f32; SAEs and lenses run "
+        "on host f32 rows only so far (run the layer "
         "that delivers it on the CPU)");
   if (view.device.kind != DeviceKind::kCpu) {
     if (view.dtype == DType::kF32 && hook.site != HookSite::kPattern)

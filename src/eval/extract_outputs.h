@@ -152,6 +152,15 @@ class OutputSet {
     std::vector<int32_t> seg_end;    // [g]
     std::vector<double*> seg_acc;    // [g] accumulator [width] each
     std::vector<uint8_t> seg_max;    // [g] 1 = max, 0 = sum
+    // Empties every vector (keeping the capacity reserved).
+    void Clear() {
+      rows.clear();
+      dst.clear();
+      seg_begin.clear();
+      seg_end.clear();
+      seg_acc.clear();
+      seg_max.clear();
+    }
   };
   void PickRows(const HookPoint& hook, const Batch& batch, int64_t row_begin,
                 int64_t rows, DevicePicks* picks, int derived = -1);
@@ -247,7 +256,7 @@ class OutputSet {
   std::vector<OutputArray> arrays_;
   std::vector<RaggedIndex> ragged_;
   const std::vector<int64_t>* slots_ = nullptr;
-  int64_t chunk_pos0_ = 0, chunk_row_tokens_ = 0;  // SetChunk
+  int64_t chunk_pos0_ = 0, chunk_row_tokens_ = 0;     // SetChunk
   const std::vector<PreparedRow>* window_ = nullptr;  // StageWindow's
   // --sae-dashboard: one per SAE, and its file.
   std::vector<std::unique_ptr<SaeDashboard>> dashboards_;

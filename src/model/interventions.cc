@@ -415,6 +415,21 @@ StatusOr<VectorData> ParseInlineVector(const Entry& e, const Json& v) {
 }
 
 // An SAE feature's decoder direction (`sae` + `feature`): row `feature` of
+// The SAE entry `e`'s `sae` names (a path, relative to `base_dir`), loaded;
+// *path is where it was read. Errors name the entry's field.
+StatusOr<Sae> EntrySae(const Entry& e, const Json& sae,
+                       const std::string& base_dir, std::string* path) {
+  if (!sae.is_string() || sae.get<std::string>().empty())
+    return e.Error("sae", sae.dump() + " is not an SAE's path");
+  *path = sae.get<std::string>();
+  if ((*path)[0] != '/' && !base_dir.empty())
+    *path = (std::filesystem::path(base_dir) / *path).string();
+  StatusOr<Sae> loaded = LoadSae(*path);
+  if (!loaded.ok())
+    return e.Error("sae", std::string(loaded.status().message()));
+  return loaded;
+}
+
 // the SAE's W_dec, and the hook that row lives at (the SAE's hook; a
 // transcoder's: the hook it estimates).
 struct SaeDirection {
@@ -432,25 +447,18 @@ StatusOr<std::optional<SaeDirection>> ParseSaeFeature(
     return e.Error("sae", "needs a feature (the decoder row to use)");
   if (e.Find("vector_file") != nullptr || e.Find("vector") != nullptr)
     return e.Error("sae", "give sae + feature or a vector, not both");
-  if (!sae->is_string() || sae->get<std::string>().empty())
-    return e.Error("sae", sae->dump() + " is not an SAE's path");
-  std::string path = sae->get<std::string>();
-  if (path[0] != '/' && !base_dir.empty())
-    path = (std::filesystem::path(base_dir) / path).string();
-  StatusOr<Sae> loaded = LoadSae(path);
-  if (!loaded.ok())
-    return e.Error("sae", std::string(loaded.status().message()));
+  std::string path;
+  ASSIGN_OR_RETURN(Sae loaded, EntrySae(e, *sae, base_dir, &path));
   const std::optional<int64_t> f = JsonInt64(*feature);
-  if (!f || *f < 0 || *f >= loaded->d_sae)
+  if (!f || *f < 0 || *f >= loaded.d_sae)
     return e.Error("feature", feature->dump() + " is not a feature of " + path +
-                                  " (0 .. " +
-                                  std::to_string(loaded->d_sae - 1) + ")");
-  const int64_t d = loaded->d_out;
+                                  " (0 .. " + std::to_string(loaded.d_sae - 1) +
+                                  ")");
+  const int64_t d = loaded.d_out;
   SaeDirection dir;
-  dir.hook =
-      IsTranscoder(loaded->architecture) ? loaded->hook_out : loaded->hook;
-  dir.row.assign(loaded->w_dec.begin() + *f * d,
-                 loaded->w_dec.begin() + (*f + 1) * d);
+  dir.hook = IsTranscoder(loaded.architecture) ? loaded.hook_out : loaded.hook;
+  dir.row.assign(loaded.w_dec.begin() + *f * d,
+                 loaded.w_dec.begin() + (*f + 1) * d);
   return dir;
 }
 
@@ -606,18 +614,11 @@ StatusOr<std::shared_ptr<SaeEdit>> ParseSaeEdit(const Entry& e,
   const Json* feature = e.Find("feature");
   const Json* value = e.Find("value");
   if (sae == nullptr) return e.Error("sae", "missing (" + m + " needs it)");
-  if (!sae->is_string() || sae->get<std::string>().empty())
-    return e.Error("sae", sae->dump() + " is not an SAE's path");
-  std::string path = sae->get<std::string>();
-  if (path[0] != '/' && !base_dir.empty())
-    path = (std::filesystem::path(base_dir) / path).string();
-  StatusOr<Sae> loaded = LoadSae(path);
-  if (!loaded.ok())
-    return e.Error("sae", std::string(loaded.status().message()));
-  if (IsTranscoder(loaded->architecture))
-    return e.Error("sae", path + " is a transcoder (it reads " +
-                              loaded->hook + " and writes " +
-                              loaded->hook_out + "); " + m +
+  std::string path;
+  ASSIGN_OR_RETURN(Sae loaded, EntrySae(e, *sae, base_dir, &path));
+  if (IsTranscoder(loaded.architecture))
+    return e.Error("sae", path + " is a transcoder (it reads " + loaded.hook +
+                              " and writes " + loaded.hook_out + "); " + m +
                               " splices an SAE at the hook it reads");
   auto edit = std::make_shared<SaeEdit>();
   const bool needs_feature = mode != InterventionMode::kSaeReconstruct;
@@ -631,10 +632,10 @@ StatusOr<std::shared_ptr<SaeEdit>> ParseSaeEdit(const Entry& e,
     if (feature == nullptr)
       return e.Error("feature", "missing (" + m + " needs it)");
     const std::optional<int64_t> f = JsonInt64(*feature);
-    if (!f || *f < 0 || *f >= loaded->d_sae)
+    if (!f || *f < 0 || *f >= loaded.d_sae)
       return e.Error("feature", feature->dump() + " is not a feature of " +
                                     path + " (0 .. " +
-                                    std::to_string(loaded->d_sae - 1) + ")");
+                                    std::to_string(loaded.d_sae - 1) + ")");
     edit->feature = *f;
   }
   if (needs_value) {
@@ -645,7 +646,7 @@ StatusOr<std::shared_ptr<SaeEdit>> ParseSaeEdit(const Entry& e,
       return e.Error("value", value->dump() + " is not a finite f32 value");
     edit->value = static_cast<float>(value->get<double>());
   }
-  edit->sae = std::make_shared<const Sae>(std::move(loaded).value());
+  edit->sae = std::make_shared<const Sae>(std::move(loaded));
   return edit;
 }
 
@@ -663,22 +664,22 @@ Status ParseEntry(const Entry& e, const ModelConfig& config,
   } else {
     ASSIGN_OR_RETURN(sae, ParseSaeFeature(e, base_dir));
   }
-  ASSIGN_OR_RETURN(
-      const std::vector<HookPoint> hooks,
-      ParseHooks(e, config,
-                 edit ? edit->sae->hook : sae ? sae->hook : std::string()));
+  ASSIGN_OR_RETURN(const std::vector<HookPoint> hooks,
+                   ParseHooks(e, config,
+                              edit  ? edit->sae->hook
+                              : sae ? sae->hook
+                                    : std::string()));
   if (edit) {
     for (const HookPoint& h : hooks) {
       if (HookName(h) != edit->sae->hook)
-        return e.Error("hook", "'" + HookName(h) + "', but " +
-                                   edit->sae->path + " reads " +
-                                   edit->sae->hook);
+        return e.Error("hook", "'" + HookName(h) + "', but " + edit->sae->path +
+                                   " reads " + edit->sae->hook);
       ASSIGN_OR_RETURN(const int64_t width, HookWidth(h, config));
       if (width != edit->sae->d_in)
         return e.Error("sae", edit->sae->path + " has d_in " +
                                   std::to_string(edit->sae->d_in) + ", " +
-                                  HookName(h) + " is " +
-                                  std::to_string(width) + " wide");
+                                  HookName(h) + " is " + std::to_string(width) +
+                                  " wide");
     }
   }
   Intervention iv;
@@ -729,13 +730,12 @@ int64_t SaeEdit::bytes() const {
   const Sae& s = *sae;
   const int64_t weights = static_cast<int64_t>(
       s.w_enc.size() + s.b_enc.size() + s.w_mag.size() + s.b_gate.size() +
-      s.threshold.size() + s.w_dec.size() + s.b_dec.size() +
-      s.w_skip.size() + s.dec_norm.size());
+      s.threshold.size() + s.w_dec.size() + s.b_dec.size() + s.w_skip.size() +
+      s.dec_norm.size());
   // The scratch: x, acts, out, norm_scale, coef, and the kernel's own
   // (its sae_in, hidden, gate, acts, recons: PrepareSaeEdits sizes it).
   const int64_t R = kSaeEditRows;
-  const int64_t scratch =
-      R * (2 * s.d_in + 4 * s.d_sae + 2 * s.d_out + 4) + 64;
+  const int64_t scratch = R * (2 * s.d_in + 4 * s.d_sae + 2 * s.d_out + 4) + 64;
   return 4 * (weights + scratch);
 }
 
@@ -1001,8 +1001,8 @@ int64_t InterventionBytes(const std::vector<Intervention>& list) {
   // An SAE shared by the copies of a pattern's entry counts once.
   std::vector<const SaeEdit*> seen;
   for (const Intervention& iv : list) {
-    if (!iv.sae_edit || std::find(seen.begin(), seen.end(),
-                                  iv.sae_edit.get()) != seen.end())
+    if (!iv.sae_edit ||
+        std::find(seen.begin(), seen.end(), iv.sae_edit.get()) != seen.end())
       continue;
     seen.push_back(iv.sae_edit.get());
     bytes += iv.sae_edit->bytes();
