@@ -64,7 +64,7 @@ struct ExtractArgs {
   std::vector<std::string> hooks, layers, selectors;
   std::optional<std::string> dtype;
   std::string template_text;
-  eval::ExtractRowParams rows;  // add_bos ... max_row_tokens
+  eval::ExtractRowParams rows;    // add_bos ... max_row_tokens
   eval::AnalysisParams analysis;  // sae, sae_topk, lens, lens_topk
   bool replace_invalid_utf8 = false;
   // The intervention document (docs/interventions.md) as JSON text, built
@@ -332,10 +332,10 @@ class PyModel {
                     const py::object& tuned, const py::object& kl) {
     PatchPrompt prompt = PatchPromptArg("prompt", prompt_obj);
     eval::LensGridOptions o;
-    o.kl = BoolArg("kl", kl);
     if (!hooks.is_none()) o.hooks = StrListArg("hooks", hooks);
     if (!layers.is_none()) o.layers = StrListArg("layers", layers);
-    o.topk = IntArg("topk", topk);
+    ReadPyParams(eval::LensGridParams(&o.topk, &o.kl),
+                 {{"topk", topk}, {"kl", kl}});
     o.hf_bf16_activations = hf_bf16_;
     const std::string tuned_path =
         tuned.is_none() ? std::string() : StrArg("tuned", tuned);
@@ -368,8 +368,8 @@ class PyModel {
     d["topk_logits"] = HandOver(std::vector<float>(g.topk_logits),
                                 py::dtype("float32"), {L, g.tokens, g.topk});
     if (o.kl)
-      d["kl_to_final"] = HandOver(std::vector<float>(g.kl), py::dtype("float32"),
-                                  {L, g.tokens});
+      d["kl_to_final"] = HandOver(std::vector<float>(g.kl),
+                                  py::dtype("float32"), {L, g.tokens});
     if (j.contains("tokens")) {
       d["tokens"] = JsonToPython(j["tokens"]);
       d["topk_tokens"] = JsonToPython(j["topk_tokens"]);
@@ -918,6 +918,7 @@ void AddModelClass(py::module_& m) {
         eval::WindowParams w;
         eval::ExtractRowParams x;
         JobPlanOptions placement;
+        eval::LensGridOptions lens;
         std::vector<eval::ParamField> fields;
         if (group == "generation") {
           fields = eval::GenerationParams(&r.max_new_tokens, &r.sampling,
@@ -928,10 +929,12 @@ void AddModelClass(py::module_& m) {
           fields = eval::ExtractRowParamFields(&x);
         } else if (group == "placement") {
           fields = eval::PlacementParamFields(&placement);
+        } else if (group == "lens_grid") {
+          fields = eval::LensGridParams(&lens.topk, &lens.kl);
         } else {
           Raise(InvalidArgumentError(
               "no parameter group '" + group +
-              "' (generation, windows, extract_rows, placement)"));
+              "' (generation, windows, extract_rows, placement, lens_grid)"));
         }
         py::dict out;
         for (const eval::ParamField& f : fields)

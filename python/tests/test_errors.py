@@ -92,6 +92,13 @@ def test_window_and_extract_keywords_are_the_parameter_table(model):
             (dict(on_error="maybe"), r"on_error 'maybe'|on-error 'maybe'|'maybe'")]:
         with pytest.raises(loom.InvalidArgumentError, match=message):
             model.extract(PROMPTS, "blocks.1.hook_resid_post", **kwargs)
+    # Model.lens_grid's topk and kl are `loom lens`'s --topk and --kl.
+    keywords = inspect.signature(loom.Model.lens_grid).parameters
+    for name, default in loom._loom._params("lens_grid").items():
+        assert name in keywords, name
+        assert keywords[name].default == default, name
+    with pytest.raises(loom.InvalidArgumentError, match=r"^topk: got 0, expected an integer >= 1"):
+        model.lens_grid([1, 403, 407], topk=0)
     with pytest.raises(loom.InvalidArgumentError, match="no parameter group"):
         loom._loom._params("nope")
 

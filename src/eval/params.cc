@@ -114,6 +114,15 @@ constexpr ParamSpec kCaptureSpecs[] = {
 // Top-k widths: feature and token ids travel as exact f32 integers.
 constexpr double kMaxTopK = 1 << 24;
 
+constexpr ParamSpec kLensGridSpecs[] = {
+    {"topk", ParamKind::kInt, 1, kNoUpperBound, false,
+     "Tokens per cell: the lens's K largest logits (at most the "
+     "vocabulary)"},
+    {"kl", ParamKind::kBool, 0, 0, false,
+     "Also KL(final || lens) per hook and position, in nats (kl_to_final; "
+     "the grid then holds the last hook_resid_post)"},
+};
+
 constexpr ParamSpec kAnalysisSpecs[] = {
     {"sae", ParamKind::kStrings, 0, 0, false,
      "An SAE or transcoder as published (SAELens, sparsify, Gemma Scope "
@@ -271,10 +280,15 @@ std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p) {
 
 std::span<const ParamSpec> AnalysisParamSpecs() { return kAnalysisSpecs; }
 
+std::span<const ParamSpec> LensGridParamSpecs() { return kLensGridSpecs; }
+
+std::vector<ParamField> LensGridParams(int64_t* topk, bool* kl) {
+  return Bind(kLensGridSpecs, {topk, kl});
+}
+
 std::vector<ParamField> AnalysisParamFields(AnalysisParams* p) {
-  return Bind(kAnalysisSpecs,
-              {&p->sae, &p->sae_topk, &p->lens, &p->lens_topk,
-               &p->sae_dashboard});
+  return Bind(kAnalysisSpecs, {&p->sae, &p->sae_topk, &p->lens, &p->lens_topk,
+                               &p->sae_dashboard});
 }
 
 std::span<const ParamSpec> PlacementParamSpecs() { return kPlacementSpecs; }

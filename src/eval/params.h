@@ -133,6 +133,11 @@ struct AnalysisParams {
 std::span<const ParamSpec> AnalysisParamSpecs();
 std::vector<ParamField> AnalysisParamFields(AnalysisParams* p);
 
+// ---- Lens grid: what `loom lens` and Model.lens_grid compute besides the
+// hooks (src/eval/lens_job.h): topk, kl.
+std::span<const ParamSpec> LensGridParamSpecs();
+std::vector<ParamField> LensGridParams(int64_t* topk, bool* kl);
+
 // ---- Placement: where a job's layers go and how much memory it may use.
 // device, max_memory, reserve, offload, show_plan, verify_plan (the fields of
 // JobPlanOptions). `loom plan` takes the first four, serve all but offload

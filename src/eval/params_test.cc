@@ -196,7 +196,7 @@ TEST(ParamsTest, ANameIsOneOptionAcrossGroups) {
   const std::span<const ParamSpec> groups[] = {
       GenerationParamSpecs(),  WindowParamSpecs(),  ExtractRowParamSpecs(),
       PlacementParamSpecs(),   CaptureParamSpecs(), ModelParamSpecs(),
-      InterventionParamSpecs(), AnalysisParamSpecs()};
+      InterventionParamSpecs(), AnalysisParamSpecs(),  LensGridParamSpecs()};
   std::map<std::string_view, const ParamSpec*> seen;
   for (std::span<const ParamSpec> g : groups)
     for (const ParamSpec& s : g) {

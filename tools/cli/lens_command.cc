@@ -161,17 +161,11 @@ void AddLensCommand(CLI::App& app, int* exit_code) {
   hooks->description(hooks->get_description() +
                      ". Residual hooks only; default "
                      "blocks.0.hook_resid_pre,blocks.*.hook_resid_post");
-  cmd->add_option("--topk", a->topk, "Tokens per cell")
-      ->check(IntRange(1))
-      ->capture_default_str();
+  AddParamFlags(*cmd, eval::LensGridParams(&a->topk, &a->kl));
   AddParamFlag(*cmd, {&eval::WindowParam("chunk_rows"), &a->chunk_rows, {}});
   cmd->add_option("--tuned", a->tuned,
                   "A tuned lens: the folder tuned-lens saves (params.pt or "
                   "params.safetensors) or one of those files");
-  cmd->add_flag("--kl", a->kl,
-                "Also KL(final || lens) per hook and position, in nats "
-                "(kl_to_final; the grid then holds the last "
-                "hook_resid_post)");
   cmd->add_flag("--json", a->json,
                 "The whole grid as JSON (hooks, tokens, top-k ids, logits "
                 "and tokens)");

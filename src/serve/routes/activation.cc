@@ -21,11 +21,6 @@ namespace {
 // The hidden states of a prompt at `hooks`, every position [T, width].
 StatusOr<GenResult> CaptureAll(Engine& e, std::vector<int32_t> ids,
                                std::vector<HookPoint> hooks) {
-  for (const HookPoint& h : hooks)
-    if (!e.Capturable(h))
-      return InvalidArgumentError(
-          HookName(h) + " is not captured by model " + e.id() +
-          "'s engine; list it in memory.activation_cache_filter");
   GenRequest r;
   r.prompt = std::move(ids);
   r.hooks = std::move(hooks);
@@ -49,22 +44,23 @@ StatusOr<const ServedSae*> FindSource(const ServerContext& ctx,
       ")");
 }
 
+// The rows [T, d_in] SAE `s` reads on the prompt `ids`.
+StatusOr<GenResult> SaeInput(Engine& e, const ServedSae& s,
+                             const std::vector<int32_t>& ids) {
+  ASSIGN_OR_RETURN(HookPoint h, SaeSet::HookOn(s, e.model().config()));
+  return CaptureAll(e, ids, {h});
+}
+
 // The feature activations [T, d_sae] of `s` on the prompt `ids`.
 StatusOr<std::vector<float>> FeatureActs(ServerContext& ctx, Engine& e,
                                          const ServedSae& s,
                                          const std::vector<int32_t>& ids) {
-  ASSIGN_OR_RETURN(HookPoint h, SaeSet::HookOn(s, e.model().config()));
-  ASSIGN_OR_RETURN(GenResult g, CaptureAll(e, ids, {h}));
+  ASSIGN_OR_RETURN(GenResult g, SaeInput(e, s, ids));
   std::vector<float> acts(static_cast<size_t>(g.rows * s.sae->d_sae));
   SaeOutputs o;
   o.feature_acts = acts.data();
   RETURN_IF_ERROR(ctx.saes.Run(*s.sae, g.captures[0].data(), g.rows, o));
   return acts;
-}
-
-bool StartsWithBos(const Engine& e, const std::vector<int32_t>& ids) {
-  return e.tokenizer() && e.tokenizer()->bos_id() >= 0 &&
-         ids.front() == e.tokenizer()->bos_id();
 }
 
 // POST /v1/activation/topk-by-token: the top_k features of one SAE at
@@ -81,8 +77,7 @@ Status TopkByToken(ServerContext& ctx, const httplib::Request& req,
                    GetBool(b, NpKey(b, "ignoreBos", "ignore_bos"), true));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                    NpTokens(ctx.options, *e, Prompt(b), "prompt"));
-  ASSIGN_OR_RETURN(HookPoint h, SaeSet::HookOn(*s, e->model().config()));
-  ASSIGN_OR_RETURN(GenResult g, CaptureAll(*e, ids, {h}));
+  ASSIGN_OR_RETURN(GenResult g, SaeInput(*e, *s, ids));
   std::vector<int32_t> idx(static_cast<size_t>(g.rows * k));
   std::vector<float> val(idx.size());
   SaeOutputs o;
@@ -90,7 +85,7 @@ Status TopkByToken(ServerContext& ctx, const httplib::Request& req,
   o.topk_indices = idx.data();
   o.topk_values = val.data();
   RETURN_IF_ERROR(ctx.saes.Run(*s->sae, g.captures[0].data(), g.rows, o));
-  ASSIGN_OR_RETURN(std::vector<std::string> strs, TokenStrings(*e, ids));
+  const std::vector<std::string> strs = TokenStrings(*e, ids);
   json results = json::array(), tokens = json::array();
   const int64_t first = ignore_bos && StartsWithBos(*e, ids) ? 1 : 0;
   for (int64_t t = first; t < g.rows; ++t) {
@@ -185,9 +180,12 @@ Status ActivationAll(ServerContext& ctx, const httplib::Request& req,
     if (ignore_bos && StartsWithBos(*e, ids))
       std::fill(a.begin(), a.begin() + F, 0.0f);
     for (int64_t f = 0; f < F; ++f) {
-      double score = sort_by.empty() ? -INFINITY : 0.0;
-      for (int64_t t = 0; t < T && sort_by.empty(); ++t)
-        score = std::max<double>(score, a[t * F + f]);
+      double score = 0;
+      if (sort_by.empty()) {
+        score = -INFINITY;
+        for (int64_t t = 0; t < T; ++t)
+          score = std::max<double>(score, a[t * F + f]);
+      }
       for (int64_t t : sort_by) score += a[t * F + f];
       ranked.push_back({score, si, f});
     }
@@ -223,7 +221,7 @@ Status ActivationAll(ServerContext& ctx, const httplib::Request& req,
                    {"dfaTargetIndex", nullptr},
                    {"dfaMaxValue", nullptr}});
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> strs, TokenStrings(*e, ids));
+  const std::vector<std::string> strs = TokenStrings(*e, ids);
   Reply(res, 200,
         {{"activations", out}, {"tokens", strs}, {"counts", nullptr}});
   return Status();
@@ -313,7 +311,7 @@ Status ActivationSingle(ServerContext& ctx, const httplib::Request& req,
       if (bos >= 0 && ids[t] == bos) v[t] = 0;
     first = StartsWithBos(*e, ids) ? 1 : 0;
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> strs, TokenStrings(*e, ids));
+  const std::vector<std::string> strs = TokenStrings(*e, ids);
   json values = json::array(), tokens = json::array(), special = json::array();
   size_t at = first;
   for (size_t t = first; t < ids.size(); ++t) {

@@ -5,7 +5,9 @@
 #include <cctype>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -73,10 +75,7 @@ StatusOr<std::vector<int32_t>> LensIds(const ServerContext& ctx,
       return InvalidArgumentError("field `prompt`: expected a string");
     ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                      Tokens(ctx.options, e, b["prompt"], true));
-    const int32_t bos = e.tokenizer() ? e.tokenizer()->bos_id() : -1;
-    const bool has = bos >= 0 && ids.front() == bos;
-    if (r->prepend_bos && !has && bos >= 0) ids.insert(ids.begin(), bos);
-    if (!r->prepend_bos && has && ids.size() > 1) ids.erase(ids.begin());
+    SetLeadingBos(e, r->prepend_bos, &ids);
     return ids;
   }
   if (e.chat_template() == nullptr)
@@ -161,14 +160,28 @@ StatusOr<LensRequest> ParseLens(const ServerContext& ctx, const Engine& e,
   return r;
 }
 
-// Whether token `id` is a word for filterNonWordTokens: not special, and
-// its text holds a letter or a digit (any non-ASCII byte counts).
-bool IsWord(const Engine& e, const std::string& text, int32_t id) {
-  if (IsSpecialToken(e, id)) return false;
-  for (unsigned char c : text)
-    if (c >= 0x80 || std::isalnum(c)) return true;
-  return false;
-}
+// The texts of the tokens a request shows, and whether each is a word for
+// filterNonWordTokens (not special, its text holding a letter or a digit;
+// any non-ASCII byte counts), decoded once each, when first asked.
+class TokenTexts {
+ public:
+  explicit TokenTexts(const Engine& e) : e_(e) {}
+  const std::string& Text(int32_t id) {
+    auto it = text_.find(id);
+    if (it == text_.end()) it = text_.emplace(id, TokenText(e_, id)).first;
+    return it->second;
+  }
+  bool Word(int32_t id) {
+    if (IsSpecialToken(e_, id)) return false;
+    for (unsigned char c : Text(id))
+      if (c >= 0x80 || std::isalnum(c)) return true;
+    return false;
+  }
+
+ private:
+  const Engine& e_;
+  std::unordered_map<int32_t, std::string> text_;
+};
 
 // Per row, the topN (token, probability) of the lens at `hook`.
 struct Top {
@@ -176,17 +189,40 @@ struct Top {
   std::vector<double> probs;
 };
 
+// The top_n tokens of logits l [V] (ties to the lower id), with `words`
+// only words but the argmax when `keep_top1`: the candidates sorted a
+// prefix at a time, the prefix doubled until it holds top_n of them.
+std::vector<int32_t> TopTokens(const float* l, int64_t V, int64_t top_n,
+                               TokenTexts* words, bool keep_top1,
+                               std::vector<int32_t>* order) {
+  order->resize(static_cast<size_t>(V));
+  std::iota(order->begin(), order->end(), 0);
+  auto before = [l](int32_t a, int32_t b) {
+    return l[a] != l[b] ? l[a] > l[b] : a < b;
+  };
+  std::vector<int32_t> out;
+  for (int64_t k = std::min(V, top_n);; k = std::min(V, 2 * k)) {
+    std::partial_sort(order->begin(), order->begin() + k, order->end(), before);
+    out.clear();
+    for (int64_t j = 0; j < k && static_cast<int64_t>(out.size()) < top_n;
+         ++j) {
+      const int32_t id = (*order)[static_cast<size_t>(j)];
+      if (words == nullptr || words->Word(id) || (keep_top1 && j == 0))
+        out.push_back(id);
+    }
+    if (static_cast<int64_t>(out.size()) == top_n || k == V) return out;
+  }
+}
+
 // Per row of rows [T, width] read at `hook`: the top_n tokens of the lens
-// (only words with `words`; `keep_top1`: the true argmax first even when it
-// is no word) and their probabilities over the whole vocabulary.
+// (TopTokens) and their probabilities over the whole vocabulary.
 StatusOr<std::vector<Top>> LensTops(eval::Lens& lens, const HookPoint& hook,
                                     const float* rows, int64_t T, int64_t width,
-                                    int64_t top_n,
-                                    const std::vector<bool>* words,
+                                    int64_t top_n, TokenTexts* words,
                                     bool keep_top1) {
   const int64_t V = lens.vocab();
   std::vector<float> logits(static_cast<size_t>(kLensChunkRows * V));
-  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::vector<int32_t> order;
   std::vector<Top> out(static_cast<size_t>(T));
   for (int64_t r0 = 0; r0 < T; r0 += kLensChunkRows) {
     const int64_t C = std::min(kLensChunkRows, T - r0);
@@ -199,26 +235,11 @@ StatusOr<std::vector<Top>> LensTops(eval::Lens& lens, const HookPoint& hook,
       double sum = 0;
       for (int64_t v = 0; v < V; ++v) sum += std::exp(double{l[v]} - max);
       const double log_z = max + std::log(sum);
-      // Candidates: every token (ties to the lower id), words only when
-      // filtering, the argmax kept.
-      order.clear();
-      const int32_t argmax =
-          static_cast<int32_t>(std::max_element(l, l + V) - l);
-      for (int32_t v = 0; v < V; ++v)
-        if (words == nullptr || (*words)[static_cast<size_t>(v)] ||
-            (keep_top1 && v == argmax))
-          order.push_back(v);
-      const size_t k = std::min(order.size(), static_cast<size_t>(top_n));
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [l](int32_t a, int32_t b) {
-                          return l[a] != l[b] ? l[a] > l[b] : a < b;
-                        });
       Top& t = out[static_cast<size_t>(r0 + i)];
-      for (size_t j = 0; j < k; ++j) {
-        t.ids.push_back(order[j]);
-        t.probs.push_back(
-            std::round(std::exp(double{l[order[j]]} - log_z) * 1e4) / 1e4);
-      }
+      t.ids = TopTokens(l, V, top_n, words, keep_top1, &order);
+      for (int32_t id : t.ids)
+        t.probs.push_back(std::round(std::exp(double{l[id]} - log_z) * 1e4) /
+                          1e4);
     }
   }
   return out;
@@ -233,14 +254,13 @@ HookPoint LayerResidual(int64_t layer, int64_t num_layers) {
 
 json TokenFrame(const std::vector<std::string>& strs,
                 const std::vector<int32_t>& ids, int64_t t, int64_t prompt_len,
-                const std::vector<std::vector<Top>>& tops,
-                const std::vector<std::string>& vocab) {
+                const std::vector<std::vector<Top>>& tops, TokenTexts& texts) {
   json top_tokens = json::array(), top_probs = json::array(),
        top_ids = json::array();
   for (const std::vector<Top>& layer : tops) {
     const Top& top = layer[static_cast<size_t>(t)];
     json words = json::array();
-    for (int32_t id : top.ids) words.push_back(vocab[static_cast<size_t>(id)]);
+    for (int32_t id : top.ids) words.push_back(texts.Text(id));
     top_tokens.push_back(std::move(words));
     top_probs.push_back(top.probs);
     top_ids.push_back(top.ids);
@@ -297,24 +317,17 @@ Status LensPrompt(ServerContext& ctx, const httplib::Request& req,
   ASSIGN_OR_RETURN(GenResult g, t->Wait());
   ASSIGN_OR_RETURN(std::unique_ptr<eval::Lens> lens,
                    eval::Lens::Create(e->model(), nullptr, kLensChunkRows));
-  std::vector<std::string> vocab(static_cast<size_t>(lens->vocab()));
-  std::vector<bool> words(vocab.size());
-  std::vector<int32_t> all_ids(vocab.size());
-  for (size_t v = 0; v < vocab.size(); ++v)
-    all_ids[v] = static_cast<int32_t>(v);
-  ASSIGN_OR_RETURN(vocab, TokenStrings(*e, all_ids));
-  for (size_t v = 0; v < vocab.size(); ++v)
-    words[v] = IsWord(*e, vocab[v], static_cast<int32_t>(v));
+  TokenTexts texts(*e);
   std::vector<std::vector<Top>> tops;
   for (size_t i = 0; i < r.layers.size(); ++i) {
     const bool last = r.layers[i] == c.num_layers - 1;
     ASSIGN_OR_RETURN(std::vector<Top> layer,
                      LensTops(*lens, LayerResidual(r.layers[i], c.num_layers),
                               g.captures[i].data(), g.rows, g.widths[i],
-                              r.top_n, r.filter ? &words : nullptr, last));
+                              r.top_n, r.filter ? &texts : nullptr, last));
     tops.push_back(std::move(layer));
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> strs, TokenStrings(*e, ids));
+  const std::vector<std::string> strs = TokenStrings(*e, ids);
   const json meta = {{"kind", "meta"},
                      {"model", e->id()},
                      {"types", {"LOGIT_LENS"}},
@@ -332,7 +345,7 @@ Status LensPrompt(ServerContext& ctx, const httplib::Request& req,
                      {"completion", completion}};
   json frames = json::array();
   for (int64_t p = r.reuse_len; p < static_cast<int64_t>(ids.size()); ++p)
-    frames.push_back(TokenFrame(strs, ids, p, prompt_len, tops, vocab));
+    frames.push_back(TokenFrame(strs, ids, p, prompt_len, tops, texts));
   if (!r.stream) {
     Reply(res, 200, {{"meta", meta}, {"tokens", frames}, {"done", done}});
     return Status();

@@ -46,10 +46,21 @@ StatusOr<std::vector<int32_t>> NpTokens(const ServerOptions& o, const Engine& e,
                                         const json& prompt,
                                         const std::string& field) {
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, Tokens(o, e, prompt, true, field));
-  const int32_t bos = e.tokenizer() ? e.tokenizer()->bos_id() : -1;
-  if (prompt.is_string() && bos >= 0 && ids.front() != bos)
-    ids.insert(ids.begin(), bos);
+  if (prompt.is_string()) SetLeadingBos(e, true, &ids);
   return ids;
+}
+
+bool StartsWithBos(const Engine& e, const std::vector<int32_t>& ids) {
+  return e.tokenizer() != nullptr && e.tokenizer()->bos_id() >= 0 &&
+         !ids.empty() && ids.front() == e.tokenizer()->bos_id();
+}
+
+bool SetLeadingBos(const Engine& e, bool want, std::vector<int32_t>* ids) {
+  const bool has = StartsWithBos(e, *ids);
+  if (want && !has && e.tokenizer() != nullptr && e.tokenizer()->bos_id() >= 0)
+    ids->insert(ids->begin(), e.tokenizer()->bos_id());
+  if (!want && has && ids->size() > 1) ids->erase(ids->begin());
+  return StartsWithBos(e, *ids);
 }
 
 bool IsSpecialToken(const Engine& e, int32_t id) {
@@ -82,26 +93,25 @@ void NpPost(HttpListeners& http, ServerContext& ctx, const std::string& path,
             }));
 }
 
-StatusOr<std::vector<std::string>> TokenStrings(
-    const Engine& e, const std::vector<int32_t>& ids) {
+std::string TokenText(const Engine& e, int32_t id) {
+  if (e.tokenizer() == nullptr) return std::to_string(id);
+  StatusOr<std::string> s =
+      e.tokenizer()->Decode(std::span<const int32_t>(&id, 1),
+                            /*skip_special_tokens=*/false);
+  return s.ok() ? *std::move(s) : "<" + std::to_string(id) + ">";
+}
+
+std::vector<std::string> TokenStrings(const Engine& e,
+                                      const std::vector<int32_t>& ids) {
   std::vector<std::string> out;
-  for (int32_t id : ids) {
-    if (e.tokenizer() == nullptr) {  // token-id prompts of a bare checkpoint
-      out.push_back(std::to_string(id));
-      continue;
-    }
-    ASSIGN_OR_RETURN(std::string s,
-                     e.tokenizer()->Decode(std::span<const int32_t>(&id, 1),
-                                           /*skip_special_tokens=*/false));
-    out.push_back(std::move(s));
-  }
+  for (int32_t id : ids) out.push_back(TokenText(e, id));
   return out;
 }
 
 namespace {
 
 // POST /v1/tokenize: `prependBos` (default: the tokenizer's own rule)
-// forces the BOS on or off.
+// puts the BOS on or takes it off; the reply's says what was applied.
 Status Tokenize(ServerContext& ctx, const httplib::Request& req,
                 httplib::Response& res) {
   ASSIGN_OR_RETURN(json b, ParseBody(req.body));
@@ -110,18 +120,14 @@ Status Tokenize(ServerContext& ctx, const httplib::Request& req,
     return InvalidArgumentError("field `text`: expected a string");
   ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                    Tokens(ctx.options, *e, b["text"], true, "text"));
-  const int32_t bos = e->tokenizer()->bos_id();
-  const bool has = bos >= 0 && ids.front() == bos;
   ASSIGN_OR_RETURN(const bool want,
-                   GetBool(b, NpKey(b, "prependBos", "prepend_bos"), has));
-  if (want && !has && bos < 0)
-    return InvalidArgumentError("field `prependBos`: model " + e->id() +
-                                "'s tokenizer has no BOS token");
-  if (want && !has) ids.insert(ids.begin(), bos);
-  if (!want && has) ids.erase(ids.begin());
-  ASSIGN_OR_RETURN(std::vector<std::string> strs, TokenStrings(*e, ids));
+                   GetBool(b, NpKey(b, "prependBos", "prepend_bos"),
+                           StartsWithBos(*e, ids)));
+  const bool applied = SetLeadingBos(*e, want, &ids);
   Reply(res, 200,
-        {{"tokens", ids}, {"tokenStrings", strs}, {"prependBos", want}});
+        {{"tokens", ids},
+         {"tokenStrings", TokenStrings(*e, ids)},
+         {"prependBos", applied}});
   return Status();
 }
 

@@ -61,9 +61,18 @@ using NpHandler = Status (*)(ServerContext&, const httplib::Request&,
                              httplib::Response&);
 void NpPost(HttpListeners& http, ServerContext& ctx, const std::string& path,
             NpHandler f);
-// Each token decoded alone (TransformerLens' to_str_tokens).
-StatusOr<std::vector<std::string>> TokenStrings(
-    const Engine& e, const std::vector<int32_t>& ids);
+// A token decoded alone (TransformerLens' to_str_tokens); "<id>" for an id
+// the tokenizer does not know (a checkpoint's vocabulary padded past it),
+// the id in decimal for a checkpoint without a tokenizer.
+std::string TokenText(const Engine& e, int32_t id);
+std::vector<std::string> TokenStrings(const Engine& e,
+                                      const std::vector<int32_t>& ids);
+// Whether `ids` starts with the tokenizer's BOS (false without one).
+bool StartsWithBos(const Engine& e, const std::vector<int32_t>& ids);
+// Puts the BOS first (`want`, when the tokenizer has one) or takes a
+// leading one off (not `want`, leaving at least one token); returns whether
+// `ids` now starts with it.
+bool SetLeadingBos(const Engine& e, bool want, std::vector<int32_t>* ids);
 
 }  // namespace loom::serve::routes
 

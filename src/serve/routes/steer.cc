@@ -18,12 +18,6 @@ namespace loom::serve::routes {
 
 namespace {
 
-// A finite number field (400 naming it), `def` when missing.
-StatusOr<double> Number(const json& b, const std::string& key, double def,
-                        double lo, double hi) {
-  return GetNumber(b, key, def, lo, hi);
-}
-
 // One steering direction: its hook, its vector and its strength.
 struct Direction {
   HookPoint hook;
@@ -59,7 +53,7 @@ StatusOr<Direction> FeatureDirection(const ServerContext& ctx,
                    GetInt(f, "index", -1, 0, s->sae->d_sae - 1));
   if (index < 0)
     return InvalidArgumentError("field `" + at + ".index`: required");
-  ASSIGN_OR_RETURN(d.strength, Number(f, "strength", 0, -1e9, 1e9));
+  ASSIGN_OR_RETURN(d.strength, GetNumber(f, "strength", 0, -1e9, 1e9));
   const float* row = s->sae->w_dec.data() + index * s->sae->d_out;
   d.vector.assign(row, row + s->sae->d_out);
   return d;
@@ -89,7 +83,7 @@ StatusOr<Direction> VectorDirection(const ModelConfig& c, const json& v,
                                   "`: expected finite numbers, got " + Dump(x));
     d.vector.push_back(x.get<float>());
   }
-  ASSIGN_OR_RETURN(d.strength, Number(v, "strength", 0, -1e9, 1e9));
+  ASSIGN_OR_RETURN(d.strength, GetNumber(v, "strength", 0, -1e9, 1e9));
   return d;
 }
 
@@ -122,8 +116,8 @@ StatusOr<std::vector<Intervention>> Steering(const ServerContext& ctx,
       GetBool(b, NpKey(b, "normalizeSteering", "normalize_steering"), false));
   ASSIGN_OR_RETURN(
       const double multiplier,
-      Number(b, NpKey(b, "strengthMultiplier", "strength_multiplier"), 1.0,
-             -1e9, 1e9));
+      GetNumber(b, NpKey(b, "strengthMultiplier", "strength_multiplier"), 1.0,
+                -1e9, 1e9));
   InterventionPositions prompt_positions;
   if (skip_prompt_special) {
     prompt_positions.kind = InterventionPositions::Kind::kList;
@@ -192,8 +186,13 @@ StatusOr<std::vector<std::string>> Types(const json& b) {
   return types;
 }
 
-// The generated text of each of `types` (in order) for `prompt`.
-StatusOr<std::vector<std::string>> SteerGenerate(
+// One generation of `types`: its type and the generated text.
+struct SteerOutput {
+  std::string type, text;
+};
+
+// Each of `types` (in their order) generated for `prompt`.
+StatusOr<std::vector<SteerOutput>> SteerGenerate(
     const ServerContext& ctx, Engine& e, const json& b,
     const std::vector<int32_t>& prompt, bool skip_prompt_special) {
   ASSIGN_OR_RETURN(std::vector<std::string> types, Types(b));
@@ -203,10 +202,11 @@ StatusOr<std::vector<std::string>> SteerGenerate(
       const int64_t n,
       GetInt(b, NpKey(b, "nCompletionTokens", "n_completion_tokens"), 16, 1,
              kMaxRequestTokens));
-  ASSIGN_OR_RETURN(const double temperature,
-                   Number(b, "temperature", 1.0, 0.0, eval::kMaxTemperature));
+  ASSIGN_OR_RETURN(
+      const double temperature,
+      GetNumber(b, "temperature", 1.0, 0.0, eval::kMaxTemperature));
   ASSIGN_OR_RETURN(const double seed,
-                   Number(b, "seed", 0, 0, 9007199254740992.0));
+                   GetNumber(b, "seed", 0, 0, 9007199254740992.0));
   if (seed != std::floor(seed))
     return InvalidArgumentError("field `seed`: expected an integer, got " +
                                 Dump(b["seed"]));
@@ -215,7 +215,7 @@ StatusOr<std::vector<std::string>> SteerGenerate(
   for (const auto& [camel, snake] : {std::pair{"freqPenalty", "freq_penalty"},
                                      std::pair{"nLogprobs", "n_logprobs"}}) {
     const std::string key = NpKey(b, camel, snake);
-    ASSIGN_OR_RETURN(const double v, Number(b, key, 0, -1e9, 1e9));
+    ASSIGN_OR_RETURN(const double v, GetNumber(b, key, 0, -1e9, 1e9));
     if (v != 0)
       return InvalidArgumentError("field `" + key + "`: " + Dump(b[key]) +
                                   " is not supported by this server (0 is)");
@@ -241,12 +241,12 @@ StatusOr<std::vector<std::string>> SteerGenerate(
     }
     tickets.push_back(*t);
   }
-  std::vector<std::string> texts;
-  for (auto& t : tickets) {
-    ASSIGN_OR_RETURN(GenResult g, t->Wait());
-    texts.push_back(std::move(g.text));
+  std::vector<SteerOutput> out;
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    ASSIGN_OR_RETURN(GenResult g, tickets[i]->Wait());
+    out.push_back({types[i], std::move(g.text)});
   }
-  return texts;
+  return out;
 }
 
 Status Completion(ServerContext& ctx, const httplib::Request& req,
@@ -255,12 +255,11 @@ Status Completion(ServerContext& ctx, const httplib::Request& req,
   ASSIGN_OR_RETURN(auto e, NpEngine(ctx, b));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                    NpTokens(ctx.options, *e, Prompt(b), "prompt"));
-  ASSIGN_OR_RETURN(std::vector<std::string> texts,
+  ASSIGN_OR_RETURN(std::vector<SteerOutput> generated,
                    SteerGenerate(ctx, *e, b, ids, false));
-  ASSIGN_OR_RETURN(std::vector<std::string> types, Types(b));
   json outputs = json::array();
-  for (size_t i = 0; i < types.size(); ++i)
-    outputs.push_back({{"type", types[i]}, {"output", texts[i]}});
+  for (const SteerOutput& g : generated)
+    outputs.push_back({{"type", g.type}, {"output", g.text}});
   Reply(res, 200, {{"outputs", outputs}});
   return Status();
 }
@@ -283,17 +282,16 @@ Status CompletionChat(ServerContext& ctx, const httplib::Request& req,
   ASSIGN_OR_RETURN(
       const bool steer_special,
       GetBool(b, NpKey(b, "steerSpecialTokens", "steer_special_tokens"), true));
-  ASSIGN_OR_RETURN(std::vector<std::string> texts,
+  ASSIGN_OR_RETURN(std::vector<SteerOutput> generated,
                    SteerGenerate(ctx, *e, b, ids, !steer_special));
-  ASSIGN_OR_RETURN(std::vector<std::string> types, Types(b));
   const std::string& raw = text;  // the rendered prompt, special tokens too
   const json input_messages = json::parse(messages.dump());
   json outputs = json::array();
-  for (size_t i = 0; i < types.size(); ++i) {
+  for (const SteerOutput& g : generated) {
     json chat = input_messages;
-    chat.push_back({{"role", "assistant"}, {"content", texts[i]}});
+    chat.push_back({{"role", "assistant"}, {"content", g.text}});
     outputs.push_back(
-        {{"type", types[i]}, {"chatTemplate", chat}, {"raw", raw + texts[i]}});
+        {{"type", g.type}, {"chatTemplate", chat}, {"raw", raw + g.text}});
   }
   Reply(res, 200,
         {{"outputs", outputs},
