@@ -122,14 +122,14 @@ Status SelectCaptures(const GenerateRequest& r,
 
 }  // namespace
 
-eval::Generator::Options GeneratorOptionsOf(const ModelConfig& c,
-                                            const GenerateRequest& r,
-                                            Backend* backend) {
+eval::Generator::Options GeneratorOptionsOf(
+    const ModelConfig& c, const GenerateRequest& r,
+    const std::vector<ExecutorSegment>& segments) {
   eval::Generator::Options go;
   go.slots = 1;
   go.context = r.context;
   go.prefill_chunk = r.prefill_chunk;
-  go.backend = backend;
+  go.segments = segments;
   if (!r.hooks.empty()) {
     // As the engine behind `loom generate --hooks` sizes its generator.
     go.batch_tokens = r.prefill_chunk + 1;
@@ -143,10 +143,9 @@ eval::Generator::Options GeneratorOptionsOf(const ModelConfig& c,
   return go;
 }
 
-StatusOr<GenerateResult> GenerateOne(const Model& model,
-                                     const tok::Tokenizer* tokenizer,
-                                     Backend* backend,
-                                     const GenerateRequest& r) {
+StatusOr<GenerateResult> GenerateOne(
+    const Model& model, const tok::Tokenizer* tokenizer,
+    const std::vector<ExecutorSegment>& segments, const GenerateRequest& r) {
   const ModelConfig& c = model.config();
   ASSIGN_OR_RETURN(const std::vector<int64_t> widths,
                    CheckRequest(c, tokenizer, r));
@@ -154,7 +153,7 @@ StatusOr<GenerateResult> GenerateOne(const Model& model,
   const int64_t n = static_cast<int64_t>(r.prompt.size());
   const bool capture = !r.hooks.empty();
 
-  const eval::Generator::Options go = GeneratorOptionsOf(c, r, backend);
+  const eval::Generator::Options go = GeneratorOptionsOf(c, r, segments);
   ASSIGN_OR_RETURN(std::unique_ptr<eval::Generator> gen,
                    eval::Generator::Create(model, go));
   const int64_t context = gen->context();

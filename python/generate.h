@@ -71,23 +71,22 @@ struct GenerateResult {
   std::vector<SelectedRows> activations;  // hook-major, selectors in order
 };
 
-// Generates the continuation of `r.prompt` with `model` on `backend` (the
-// CPU backend; not owned). `tokenizer` (may be null) decodes the text and
-// enables stop strings. Errors: bad sampling options, a prompt longer than
-// the context, a hook that is not rows of floats per token (attention
-// patterns, expert ids, logits: as `loom generate --hooks` refuses them), a
-// selector outside the captured rows, an intervention position outside the
-// prompt, Cancelled.
-// The generator GenerateOne runs for `r` on `backend` (the options before
-// Generator::Resolve): the Python module plans its job from them.
-eval::Generator::Options GeneratorOptionsOf(const ModelConfig& config,
-                                            const GenerateRequest& r,
-                                            Backend* backend);
+// Generates the continuation of `r.prompt` with `model` on `segments` (a
+// Session's placement; empty: a CPU backend of its own). `tokenizer` (may be
+// null) decodes the text and enables stop strings. Errors: bad sampling
+// options, a prompt longer than the context, a hook that is not rows of floats
+// per token (attention patterns, expert ids, logits: as `loom generate --hooks`
+// refuses them), a selector outside the captured rows, an intervention position
+// outside the prompt, Cancelled. The generator GenerateOne runs for `r` on
+// `segments` (the options before Generator::Resolve): the Python module plans
+// its job from them.
+eval::Generator::Options GeneratorOptionsOf(
+    const ModelConfig& config, const GenerateRequest& r,
+    const std::vector<ExecutorSegment>& segments);
 
-StatusOr<GenerateResult> GenerateOne(const Model& model,
-                                     const tok::Tokenizer* tokenizer,
-                                     Backend* backend,
-                                     const GenerateRequest& r);
+StatusOr<GenerateResult> GenerateOne(
+    const Model& model, const tok::Tokenizer* tokenizer,
+    const std::vector<ExecutorSegment>& segments, const GenerateRequest& r);
 
 }  // namespace loom::python
 

@@ -550,22 +550,22 @@ class PyModel {
                 "hooks were given");
           }
           // The generator's KV cache and forwards, planned on the model's
-          // devices (one device holds the cache).
+          // devices (each layer's cache where it is computed).
           RETURN_IF_ERROR(session_->Replan(
               InterventionsFromJson(interventions_json),
               [&](const Session& s) -> StatusOr<JobSpec> {
                 ASSIGN_OR_RETURN(const eval::Generator::Options go,
                                  eval::Generator::Resolve(
                                      s.config(), GeneratorOptionsOf(
-                                                     s.config(), r, nullptr)));
+                                                     s.config(), r, {})));
                 return eval::Generator::Job(s.config(), go);
               }));
           if (!session_->interventions().empty())
             r.interventions = &session_->interventions();
-          ASSIGN_OR_RETURN(Backend * backend, session_->OneBackend("generate"));
           ASSIGN_OR_RETURN(r.stop_ids, eval::LoadStopIds(session_->model()));
           r.cancelled = InterruptPoll();
-          return GenerateOne(session_->model(), tokenizer, backend, r);
+          return GenerateOne(session_->model(), tokenizer,
+                             session_->segments(), r);
         });
     GenerateResult g = ValueOrRaise(std::move(out));
     py::dict result;

@@ -142,10 +142,6 @@ Status CheckStreamingBackends(const std::vector<ExecutorSegment>& segments) {
           std::string(seg.backend->name()) +
           "' has no attention over a KV cache yet (run the job on the CPU: "
           "--device cpu)");
-    if (!(seg.backend->device() == segments.front().backend->device()))
-      return UnimplementedError(
-          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
-          "device; this plan computes on several (run on one device)");
   }
   return Status();
 }
@@ -192,19 +188,19 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
       device_backends.push_back(r->ex_->device(i).backend);
   RETURN_IF_ERROR(r->sink_->EnableDevices(device_backends));
   if (!s.streaming()) return r;
-  // --streaming-chunk-size: the cache on the device every segment computes
-  // on (the planned `kv` term: KvLayerBytes per layer run).
+  // --streaming-chunk-size: each layer's cache on the device that computes
+  // it (the planned `kv` term: KvLayerBytes per layer run).
   if (r->ex_->num_devices() == 0)
     return InternalError("extract: the executor runs on no device");
-  Backend& be = *r->ex_->device(0).backend;
-  for (int i = 1; i < r->ex_->num_devices(); ++i)
-    if (!(r->ex_->device(i).backend->device() == be.device()))
-      return UnimplementedError(
-          "--streaming-chunk-size: the KV cache of a streamed row lives on one "
-          "device; this plan computes on several (run on one device)");
+  std::vector<Backend*> placement(static_cast<size_t>(r->ex_->last_layer() + 1),
+                                  nullptr);
+  for (int i = 0; i < r->ex_->num_devices(); ++i) {
+    const Executor::Device& d = r->ex_->device(i);
+    for (int64_t l = d.first_layer; l <= d.last_layer; ++l)
+      placement[static_cast<size_t>(l)] = d.backend;
+  }
   StatusOr<std::unique_ptr<KvCache>> cache =
-      KvCache::Create(model.config(), /*slots=*/1, s.max_row_tokens, be,
-                      KvPaging{}, r->ex_->last_layer() + 1);
+      KvCache::Create(model.config(), /*slots=*/1, s.max_row_tokens, placement);
   if (!cache.ok()) return cache.status().WithContext("--streaming-chunk-size");
   r->streamer_ = std::make_unique<Streamer>();
   r->streamer_->chunk = s.streaming_chunk_size;

@@ -122,6 +122,10 @@ class Generator {
     HookSet capture_hooks;
     // The executor's backend (not owned); null = a CPU backend it owns.
     Backend* backend = nullptr;
+    // A placement (a Session's segments(): layers split across devices,
+    // offloaded or streamed from disk); when given, `backend` is ignored and
+    // the KV cache holds each layer on the device that computes it.
+    std::vector<ExecutorSegment> segments;
     // Paged KV (KvCache, src/plan/kv_layout.h); page_size 0 = contiguous.
     // Generate reserves min(prompt + max_new_tokens, context) positions when
     // a prompt takes a slot (waiting for pages as for slots) and frees them

@@ -83,8 +83,9 @@ Status Session::CreateBackends() {
   if (params_.compute_backend_for_tests != nullptr)
     for (ExecutorSegment& seg : backends_.segments)
       seg.backend = params_.compute_backend_for_tests;
-  // SAE edits run on host rows (interventions are host-only): their scratch
-  // sized by the host backend's kernel, before any forward.
+  // SAE edits run on host rows (a device's edited rows are staged to the
+  // host: Executor::ApplyEdit): their scratch sized by the host backend's
+  // kernel, before any forward.
   PrepareSaeEdits(interventions_, [&](const Sae& sae, int64_t rows) {
     return host_->SaeWorkspaceBytes(sae, rows);
   });
@@ -139,24 +140,6 @@ Status Session::Replan(const InterventionSource& interventions,
   RETURN_IF_ERROR(LoadInterventions(interventions));
   RETURN_IF_ERROR(PlanJob(shape));
   return CreateBackends();
-}
-
-StatusOr<Backend*> Session::OneBackend(const std::string& what) const {
-  const std::vector<ExecutorSegment>& segs = backends_.segments;
-  if (segs.empty()) return host_.get();
-  for (const ExecutorSegment& seg : segs)
-    if (seg.backend != segs.front().backend || seg.offload || seg.from_disk)
-      return UnimplementedError(
-          what +
-          " holds its KV cache on one device, and the plan places "
-          "layers " +
-          std::to_string(segs.front().first_layer) + "-" +
-          std::to_string(segs.front().last_layer) + " and " +
-          std::to_string(seg.first_layer) + "-" +
-          std::to_string(seg.last_layer) +
-          " apart (or streams them): give one --device with room for every "
-          "layer (`--show-plan` shows the placement)");
-  return segs.front().backend;
 }
 
 nlohmann::json Session::VerifyPlanReport() const {

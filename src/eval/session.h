@@ -145,10 +145,6 @@ class Session {
   const std::vector<ExecutorSegment>& segments() const {
     return backends_.segments;
   }
-  // The one backend every layer runs on, for jobs that hold a KV cache
-  // (generation: the cache lives on one device). UNIMPLEMENTED naming the
-  // layers and devices when the plan splits them.
-  StatusOr<Backend*> OneBackend(const std::string& what) const;
   // Bytes the plan puts on the host.
   int64_t planned_host_bytes() const { return PlannedHostBytes(plan_); }
   // --verify-plan's report (VerifyPlan) since Open began; a JSON null when

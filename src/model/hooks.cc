@@ -289,6 +289,19 @@ Status CheckHookExists(const HookPoint& h, const ModelConfig& c) {
   return Status();
 }
 
+int64_t MaxEditableWidth(const ModelConfig& c) {
+  int64_t widest = c.hidden_size;
+  for (const HookPoint& h : ModelHooks(c))
+    if (SiteInfo(h.site).editable)
+      if (StatusOr<int64_t> w = HookWidth(h, c); w.ok())
+        widest = std::max(widest, *w);
+  return widest;
+}
+
+int64_t EditStageBytes(const ModelConfig& c) {
+  return kEditStageRows * MaxEditableWidth(c) * int64_t{sizeof(float)};
+}
+
 StatusOr<int64_t> HookWidth(const HookPoint& h, const ModelConfig& c,
                             int64_t pattern_keys) {
   RETURN_IF_ERROR(CheckHookExists(h, c));

@@ -203,6 +203,16 @@ Status CheckHookExists(const HookPoint& hook, const ModelConfig& config);
 // `--hooks '*'` and the Python `Model.hook_names` list.
 std::vector<HookPoint> ModelHooks(const ModelConfig& config);
 
+// The widest row of any hook this model lets interventions write
+// (HookSiteInfo::editable): the executor's zero row and edit stage.
+int64_t MaxEditableWidth(const ModelConfig& config);
+
+// Edits of a device's rows whose memory is not the host's go through a host
+// stage of this many rows (the executor); its bytes, which the plan counts
+// on the host beside a GPU.
+inline constexpr int64_t kEditStageRows = 64;
+int64_t EditStageBytes(const ModelConfig& config);
+
 // Columns of one captured row (one token) of `hook`: q_dim for attn.hook_q,
 // hook_rot_q and hook_z; kv_dim for attn.hook_k, hook_v and hook_rot_k;
 // intermediate_size for mlp.hook_pre/post; num_experts for

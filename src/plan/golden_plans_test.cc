@@ -346,8 +346,10 @@ TEST(GoldenPlans, Qwen3MoeWith96HooksOnOneGpuCapturesToHost) {
   EXPECT_EQ(gpu.weights, 61'064'245'248 - l.table.post_bytes);
   EXPECT_FALSE(gpu.holds_head);
   EXPECT_EQ(gpu.staging, 0);
-  // 96 hooks x [32768, 2048] f32 staged on the host.
-  EXPECT_EQ(host.staging, int64_t{96} * 32768 * 2048 * 4);
+  // 96 hooks x [32768, 2048] f32 staged on the host, and the GPU's edit
+  // stage (64 rows of the widest editable hook, here q: 32 x 128).
+  EXPECT_EQ(EditStageBytes(l.config), 64 * 4096 * 4);
+  EXPECT_EQ(host.staging, int64_t{96} * 32768 * 2048 * 4 + 64 * 4096 * 4);
   EXPECT_TRUE(host.layers.empty());
   // The same captures kept on the GPU do not fit, and the planner says how to
   // fix it.

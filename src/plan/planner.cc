@@ -98,6 +98,12 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
     }
   }
   k.host_staging += AlignUp(job.intervention_bytes, 64);
+  // A GPU's executor stages edited rows through the host (EditStageBytes).
+  for (const DeviceSpec& d : in.devices)
+    if (d.kind == DeviceKind::kCuda && d.compute) {
+      k.host_staging += AlignUp(EditStageBytes(c), 64);
+      break;
+    }
   k.host_staging += AlignUp(job.analysis_bytes, 64);
   k.act = layout.activations.total_bytes;
   k.ws = layout.workspace.total_bytes;
@@ -193,7 +199,13 @@ std::vector<DevicePlan> Evaluate(const PlanInput& in, const Costs& k,
     if (out[d].device.kind == DeviceKind::kCuda)
       out[d].runtime = in.costs.device_runtime_bytes;
   }
-  out[pre].workspace += k.kv_ws;
+  // One KV attention workspace on each device that computes layers (the
+  // cache holds each layer where it is computed: KvCache).
+  for (int d : tiers.compute)
+    if (out[d].computes() &&
+        (!out[d].layers.empty() || out[d].streamed_layers > 0 ||
+         out[d].offloaded_layers > 0))
+      out[d].workspace += k.kv_ws;
   if (tiers.host >= 0) out[tiers.host].staging += k.host_staging;
   return out;
 }
@@ -241,8 +253,9 @@ std::vector<int> Balanced(const PlanInput& in, const Costs& k,
     if (runs) bytes += k.act + k.ws;
     if (a < b || (n == 0 && j == 0)) {
       bytes += prefix[b] - prefix[a];
-      if (a == 0) bytes += k.pre_weights + k.pre_staging + k.kv_ws;
+      if (a == 0) bytes += k.pre_weights + k.pre_staging;
     }
+    if (a < b || (last && disk)) bytes += k.kv_ws;
     const bool head =
         k.needs_head && ((disk && last) || (!disk && a < b && b == n) ||
                          (n == 0 && j == 0 && !disk));

@@ -279,7 +279,8 @@ TEST(Offload, HostLayersComputeOnTheLastGpuByteExact) {
   EXPECT_TRUE(oh.weights_only);
   EXPECT_FALSE(oh.computes());
   EXPECT_EQ(oh.activations + oh.workspace + oh.kv + oh.logits + oh.stream, 0);
-  EXPECT_EQ(oh.staging, 0);  // no captures staged on the host here
+  // No captures staged on the host here: the GPU's edit stage only.
+  EXPECT_EQ(oh.staging, AlignUp(EditStageBytes(m.config), 64));
   // The GPU computes every layer: the host's kv, the head, two buffers.
   EXPECT_EQ(og.offloaded_layers, 6);
   EXPECT_EQ(og.stream, 2 * largest);
@@ -291,10 +292,10 @@ TEST(Offload, HostLayersComputeOnTheLastGpuByteExact) {
   const int64_t head = rh.weights - unaligned;  // final norm, lm_head
   EXPECT_GT(head, 0);
   EXPECT_EQ(og.weights, rg.weights + head);
-  EXPECT_EQ(og.total(),
-            rg.total() +
-                (rh.total() - rh.activations - rh.workspace - unaligned) +
-                2 * largest);
+  EXPECT_EQ(og.total(), rg.total() +
+                            (rh.total() - rh.activations - rh.workspace -
+                             rh.staging - unaligned) +
+                            2 * largest);
   EXPECT_TRUE(og.holds_head && !oh.holds_head);
   // Shown in the table and the JSON.
   EXPECT_NE(FormatPlanTable(*off).find("6 offloaded from host"),

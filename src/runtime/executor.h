@@ -220,8 +220,9 @@ class Executor {
   Status Forward(const Batch& batch, HookSink* sink, const KvBatch& kv);
   // Either of the above (kv null: none) with interventions (SequenceEdit).
   // Validated before anything runs: sequence indices, vector widths, heads
-  // and positions (OutOfRange naming the sequence); the CPU backend only for
-  // now (Unimplemented on a device backend).
+  // and positions (OutOfRange naming the sequence). On a device whose memory
+  // is not the host's, the edited rows go through a host stage (below), so
+  // every backend gives the host's bytes.
   Status Forward(const Batch& batch, HookSink* sink, const KvBatch* kv,
                  std::span<const SequenceEdit> edits);
 
@@ -353,9 +354,15 @@ class Executor {
   // (row stride ld): the forward's edits there, the re-rounding, the capture.
   Status Deliver(HookSite site, int64_t layer, const Batch& batch, Device& d,
                  int64_t cols, int64_t ld, float* data, HookSink* sink);
-  // One edit's rows of the batch (edit_rows_) and its backend op.
+  // One edit's rows of the batch (edit_rows_) and its backend op: in place
+  // on a host device; else through edit_stage_ with host_edits_.
   Status ApplyEdit(const SequenceEdit& e, const Batch& batch, Device& d,
                    int64_t cols, int64_t ld, float* data);
+  // The op of `iv` on rows idx[0..n) of data [T, cols] (row stride ld) in
+  // the memory of `be`; `first`: the patch source's first row (or -1).
+  Status EditRows(Backend& be, const Intervention& iv, const float* patch_rows,
+                  float* data, int64_t T, int64_t cols, int64_t ld,
+                  const int32_t* idx, int64_t n, int64_t first) const;
   // `same_x`: x is the input of the previous Linear call, whose 16-bit copy in
   // the workspace is reused instead of converting x again.
   void Linear(Device& d, const float* x, int64_t m, WeightRole w,
@@ -438,6 +445,12 @@ class Executor {
   std::vector<int32_t> edit_rows_;
   std::vector<int32_t> source_rows_;
   std::vector<float> zero_row_;
+  // A device whose memory is not the host's: its edited rows are edited in
+  // edit_stage_ [kEditStageRows, widest editable hook] (host memory, the
+  // plan's EditStageBytes) by host_edits_ (a CPU backend); empty and null
+  // when every device is the host's.
+  std::vector<float> edit_stage_;
+  std::unique_ptr<Backend> host_edits_;
   // A paged cache: the page tables of the forward's sequences, [S,
   // pages_per_seq] (AttentionOp::kv_page_table).
   std::vector<int32_t> kv_page_rows_;

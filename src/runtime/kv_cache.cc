@@ -1,21 +1,31 @@
 #include "src/runtime/kv_cache.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
 namespace loom {
 
-StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
-                                                   int64_t slots,
-                                                   int64_t context,
-                                                   Backend& backend,
-                                                   KvPaging paging,
-                                                   int64_t layers) {
+StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
+    const ModelConfig& c, int64_t slots, int64_t context, Backend& backend,
+    KvPaging paging, int64_t layers) {
+  if (layers < 0) layers = c.num_layers;
+  if (layers > c.num_layers)
+    return InvalidArgumentError("kv cache: " + std::to_string(layers) +
+                                " layers, the model has " +
+                                std::to_string(c.num_layers));
+  const std::vector<Backend*> placement(static_cast<size_t>(layers), &backend);
+  return Create(c, slots, context, placement, paging);
+}
+
+StatusOr<std::unique_ptr<KvCache>> KvCache::Create(
+    const ModelConfig& c, int64_t slots, int64_t context,
+    std::span<Backend* const> layer_backends, KvPaging paging) {
+  const auto layers = static_cast<int64_t>(layer_backends.size());
   if (slots <= 0 || context <= 0)
     return InvalidArgumentError("kv cache: slots (" + std::to_string(slots) +
                                 ") and context (" + std::to_string(context) +
                                 ") must be > 0");
-  if (layers < 0) layers = c.num_layers;
   if (layers > c.num_layers)
     return InvalidArgumentError("kv cache: " + std::to_string(layers) +
                                 " layers, the model has " +
@@ -30,17 +40,36 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
         std::to_string(std::numeric_limits<int32_t>::max()) + "] (got " +
         std::to_string(paging.num_pages) + ")");
   if (paging.page_size == 0) paging.num_pages = 0;
-  const KernelCosts costs = backend.Costs();
-  if (costs.kv_attention_workspace == nullptr)
-    return UnimplementedError("kv cache: backend '" +
-                              std::string(backend.name()) +
-                              "' has no attention over a KV cache");
+  // The backends in layer order, each once; every one must have attention
+  // over a KV cache and store it in the same dtype.
+  std::vector<Backend*> distinct;
+  for (Backend* b : layer_backends) {
+    if (b == nullptr)
+      return InvalidArgumentError("kv cache: a layer without a backend");
+    if (std::find(distinct.begin(), distinct.end(), b) == distinct.end())
+      distinct.push_back(b);
+  }
+  DType dtype = DType::kF32;
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    const KernelCosts costs = distinct[i]->Costs();
+    if (costs.kv_attention_workspace == nullptr)
+      return UnimplementedError("kv cache: backend '" +
+                                std::string(distinct[i]->name()) +
+                                "' has no attention over a KV cache");
+    if (i > 0 && KvCacheDType(costs) != dtype)
+      return UnimplementedError(
+          "kv cache: backends '" + std::string(distinct[0]->name()) +
+          "' and '" + std::string(distinct[i]->name()) +
+          "' keep their caches in different dtypes (" +
+          std::string(DTypeName(dtype)) + ", " +
+          std::string(DTypeName(KvCacheDType(costs))) + ")");
+    dtype = KvCacheDType(costs);
+  }
   auto cache = std::unique_ptr<KvCache>(new KvCache());
   cache->slots_ = slots;
   cache->context_ = context;
   cache->paging_ = paging;
-  cache->dtype_ = KvCacheDType(costs);
-  cache->device_ = backend.device();
+  cache->dtype_ = dtype;
   cache->lengths_.assign(static_cast<size_t>(slots), 0);
   if (paging.page_size > 0) {
     cache->pages_per_seq_ = (context + paging.page_size - 1) / paging.page_size;
@@ -52,9 +81,14 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
       cache->free_.push_back(static_cast<int32_t>(p));
   }
   for (int64_t l = 0; l < layers; ++l) {
+    Backend& backend = *layer_backends[static_cast<size_t>(l)];
     Layer layer;
     layer.positions = KvPositions(c, l, context);
     layer.paged = KvLayerPaged(c, l, paging);
+    layer.device = backend.device();
+    layer.workspace = static_cast<size_t>(
+        std::find(distinct.begin(), distinct.end(), &backend) -
+        distinct.begin());
     const int64_t bytes =
         KvLayerBytes(c, l, context, slots, cache->dtype_, paging);
     if (layer.paged) {
@@ -71,13 +105,22 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const ModelConfig& c,
               bytes / (c.kv_dim() + c.kv_v_dim()) * c.kv_dim();
     cache->layers_.push_back(std::move(layer));
   }
-  const int64_t ws = costs.kv_attention_workspace(
-      context, c.num_heads, c.num_kv_heads, c.head_dim, c.v_head_dim(),
-      costs.num_threads);
-  ASSIGN_OR_RETURN(cache->workspace_,
-                   backend.Allocate(ws, MemoryKind::kDevice));
-  cache->workspace_.bytes = ws;
+  for (Backend* b : distinct) {
+    const KernelCosts costs = b->Costs();
+    const int64_t ws = costs.kv_attention_workspace(
+        context, c.num_heads, c.num_kv_heads, c.head_dim, c.v_head_dim(),
+        costs.num_threads);
+    ASSIGN_OR_RETURN(Buffer w, b->Allocate(ws, MemoryKind::kDevice));
+    w.bytes = ws;
+    cache->workspaces_.push_back(std::move(w));
+  }
   return cache;
+}
+
+int64_t KvCache::workspace_bytes() const {
+  int64_t total = 0;
+  for (const Buffer& w : workspaces_) total += w.bytes;
+  return total;
 }
 
 int64_t KvCache::storage_bytes() const {

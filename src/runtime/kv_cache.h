@@ -10,7 +10,8 @@
 // ring: position p at row p % P_l). The bytes are exactly the planner's `kv`
 // term for a generation job of `context` tokens and `slots` sequences
 // (KvLayerBytes; tested), plus one attention workspace
-// (Costs().kv_attention_workspace) shared by all layers.
+// (Costs().kv_attention_workspace) shared by the layers of each device. A
+// placement's cache holds each layer on the device that computes it.
 //
 // Paged (KvPaging::page_size > 0, docs/design/generation.md "Paged KV"):
 // every global layer holds K [num_pages, page_size, kv_dim] and V [num_pages,
@@ -32,6 +33,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "src/backend/backend.h"
@@ -49,18 +51,24 @@ class KvCache {
   // no attention over a KV cache.
   // `paging`: page_size 0 = contiguous (above); else page_size > 0 and
   // num_pages > 0.
-  static StatusOr<std::unique_ptr<KvCache>> Create(const ModelConfig& c,
-                                                   int64_t slots,
-                                                   int64_t context,
-                                                   Backend& backend,
-                                                   KvPaging paging = {},
-                                                   int64_t layers = -1);
+  static StatusOr<std::unique_ptr<KvCache>> Create(
+      const ModelConfig& c, int64_t slots, int64_t context, Backend& backend,
+      KvPaging paging = {}, int64_t layers = -1);
+  // The same over a placement: layer l in the memory of layer_backends[l]
+  // (not owned; the backend that computes layer l), one attention workspace
+  // per distinct backend. layer_backends.size() is the number of layers.
+  static StatusOr<std::unique_ptr<KvCache>> Create(
+      const ModelConfig& c, int64_t slots, int64_t context,
+      std::span<Backend* const> layer_backends, KvPaging paging = {});
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t slots() const { return slots_; }
   int64_t context() const { return context_; }
   DType dtype() const { return dtype_; }
-  DeviceRef device() const { return device_; }
+  // The device holding `layer`'s keys and values.
+  DeviceRef device(int64_t layer) const {
+    return layers_[static_cast<size_t>(layer)].device;
+  }
   // Rows per slot of `layer` (P_l above; a paged layer: context, the
   // positions a slot can address through its page table).
   int64_t positions(int64_t layer) const {
@@ -78,9 +86,12 @@ class KvCache {
   float* v(int64_t layer) const {
     return static_cast<float*>(layers_[static_cast<size_t>(layer)].v);
   }
-  // The attention workspace (kv_attention_workspace(context, ...) bytes).
-  void* workspace() const { return workspace_.data(); }
-  int64_t workspace_bytes() const { return workspace_.bytes; }
+  // The attention workspace of `layer`'s device (kv_attention_workspace(
+  // context, ...) bytes), and the bytes of all workspaces.
+  void* workspace(int64_t layer) const {
+    return workspaces_[layers_[static_cast<size_t>(layer)].workspace].data();
+  }
+  int64_t workspace_bytes() const;
   // Bytes of K and V over all layers (= the planner's kv term).
   int64_t storage_bytes() const;
 
@@ -139,6 +150,8 @@ class KvCache {
     void* v = nullptr;
     int64_t positions = 0;
     bool paged = false;
+    DeviceRef device;
+    size_t workspace = 0;  // index into workspaces_
   };
   KvCache() = default;
   int64_t slots_ = 0, context_ = 0;
@@ -149,10 +162,9 @@ class KvCache {
   std::vector<int64_t> reserved_;     // [slots] pages held
   std::vector<int32_t> free_;         // free page ids, taken from the back
   DType dtype_ = DType::kF32;
-  DeviceRef device_;
   std::vector<Layer> layers_;
-  Buffer workspace_;
-  std::vector<int64_t> lengths_;  // [slots]
+  std::vector<Buffer> workspaces_;  // one per distinct backend
+  std::vector<int64_t> lengths_;    // [slots]
 };
 
 }  // namespace loom

@@ -76,6 +76,10 @@ struct Engine::Seq {
 // buffers, straight from the forward's buffers.
 class Engine::CaptureSink : public HookSink {
  public:
+  // `devices`: the backends of the placement, whose Copy reads a device
+  // view's rows (not owned).
+  explicit CaptureSink(std::vector<Backend*> devices)
+      : devices_(std::move(devices)) {}
   void Begin(const std::vector<Seq*>* seqs) { seqs_ = seqs; }
   Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t,
                       int64_t row_begin, const ActivationView& view) override {
@@ -86,9 +90,25 @@ class Engine::CaptureSink : public HookSink {
       for (const HookPoint& h : s->attn_hooks) wanted |= h == hook;
     }
     if (!wanted) return Status();
+    if (view.dtype != DType::kF32)
+      return UnimplementedError("serve: captures in " +
+                                std::string(DTypeName(view.dtype)));
+    Backend* copier = nullptr;
     if (!view.host_f32())
-      return UnimplementedError("serve: captures outside host memory");
-    const float* data = view.f32();  // [view.rows, ld]
+      for (Backend* b : devices_)
+        if (b->device() == view.device) copier = b;
+    if (!view.host_f32() && copier == nullptr)
+      return InternalError("serve: a capture on a device no segment runs on");
+    // One row of `n` floats from the forward's buffer (host or device).
+    auto copy = [&](float* dst, const float* src, int64_t n) -> Status {
+      if (copier == nullptr) {
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return Status();
+      }
+      return copier->Copy(dst, DeviceRef{}, src, view.device,
+                          n * int64_t{sizeof(float)});
+    };
+    const float* data = static_cast<const float*>(view.data);  // [rows, ld]
     const int64_t row_end = row_begin + view.rows;
     for (size_t i = 0; i < seqs_->size(); ++i) {
       Seq& s = *(*seqs_)[i];
@@ -98,8 +118,9 @@ class Engine::CaptureSink : public HookSink {
       for (size_t a = 0; a < s.attn_hooks.size(); ++a) {
         if (!(s.attn_hooks[a] == hook) || e - 1 < row_begin || e - 1 >= row_end)
           continue;
-        std::memcpy(s.attn_q[a].data(), data + (e - 1 - row_begin) * view.ld,
-                    s.attn_q[a].size() * sizeof(float));
+        RETURN_IF_ERROR(copy(s.attn_q[a].data(),
+                             data + (e - 1 - row_begin) * view.ld,
+                             static_cast<int64_t>(s.attn_q[a].size())));
       }
       const std::vector<HookPoint>& hooks = s.p->request.hooks;
       const auto it = std::find(hooks.begin(), hooks.end(), hook);
@@ -112,8 +133,8 @@ class Engine::CaptureSink : public HookSink {
         if (!all && r != e - 1) continue;
         const int64_t row = all ? s.step_pos0 + (r - b) : 0;
         if (row >= s.capacity_rows) continue;  // never: sized at admission
-        std::memcpy(dst + row * width, data + (r - row_begin) * view.ld,
-                    static_cast<size_t>(width) * sizeof(float));
+        RETURN_IF_ERROR(
+            copy(dst + row * width, data + (r - row_begin) * view.ld, width));
       }
     }
     return Status();
@@ -121,6 +142,7 @@ class Engine::CaptureSink : public HookSink {
 
  private:
   const std::vector<Seq*>* seqs_ = nullptr;
+  std::vector<Backend*> devices_;
 };
 
 Engine::Engine(const std::string& id, const std::string& dir,
@@ -233,6 +255,7 @@ SessionParams SessionParamsOf(const std::string& dir,
   // text prompt to it is the request's error.
   sp.tokenizer = TokenizerUse::kOptional;
   sp.interventions = options.interventions;
+  sp.compute_backend_for_tests = options.compute_backend_for_tests;
   return sp;
 }
 
@@ -260,8 +283,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
                          GeneratorOptions(s.config(), e->capturable_, options));
         return eval::Generator::Job(s.config(), go);
       }));
-  ASSIGN_OR_RETURN(e->backend_, e->session_->OneBackend(options.command));
-  go.backend = e->backend_;
+  go.segments = e->session_->segments();
   StatusOr<tok::ChatTemplate> tpl = tok::LoadChatTemplate(dir);
   if (tpl.ok()) {
     e->chat_template_ = std::move(tpl).value();
@@ -271,7 +293,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const std::string& id,
   ASSIGN_OR_RETURN(e->stop_ids_, eval::LoadStopIds(e->model()));
   ASSIGN_OR_RETURN(e->gen_, eval::Generator::Create(e->model(), go));
   e->context_ = e->gen_->context();
-  e->sink_ = std::make_unique<CaptureSink>();
+  std::vector<Backend*> devices;
+  for (const ExecutorSegment& seg : e->session_->segments())
+    devices.push_back(seg.backend);
+  e->sink_ = std::make_unique<CaptureSink>(std::move(devices));
   const BoundWeights& w = e->model().weights();
   e->memory_.weights = w.converted_bytes() + w.in_place_bytes();
   e->memory_.arenas = e->gen_->executor().arena_bytes();
@@ -860,7 +885,9 @@ void Engine::BuildEdits(const std::vector<Seq*>& step) {
 void Engine::Loop() {
   // OpenMP's thread count is per calling thread: set it on this one, which
   // runs every forward.
-  backend_->SetNumThreads(options_.threads);
+  session_->host()->SetNumThreads(options_.threads);
+  for (const ExecutorSegment& seg : session_->segments())
+    seg.backend->SetNumThreads(options_.threads);
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);

@@ -115,9 +115,13 @@ struct EngineOptions {
   int threads = 0;  // CPU threads (0 = all)
   // Placement (--device, --max-memory, --reserve; serve's YAML `devices` and
   // `memory` keys): the engine is planned like any job, and refused before
-  // loading when it does not fit. Every layer runs on one device (the KV
-  // cache lives there).
+  // loading when it does not fit. The plan may split the layers across
+  // devices, offload or stream them (each layer's KV cache lives on the
+  // device that computes it).
   JobPlanOptions plan;
+  // Tests: every layer runs on this backend (SessionParams'
+  // compute_backend_for_tests: the host-as-device stand-in for a GPU).
+  Backend* compute_backend_for_tests = nullptr;
   // The command, in messages ("loom serve: warning: ...").
   std::string command = "serve";
   // Asked with the model's plan once it fits, before anything is loaded
@@ -322,7 +326,6 @@ class Engine {
   std::unique_ptr<Session> session_;
   std::optional<tok::ChatTemplate> chat_template_;
   std::vector<int32_t> stop_ids_;
-  Backend* backend_ = nullptr;  // the session's, every forward runs on it
   std::unique_ptr<eval::Generator> gen_;
   std::unique_ptr<CaptureSink> sink_;
   HookSet capturable_;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "src/runtime/executor.h"
+#include "tests/host_as_device.h"
 
 namespace loom::serve {
 namespace {
@@ -151,9 +152,9 @@ TEST(ServeEngineTest, HiddenStatesEqualOnePassForward) {
       SCOPED_TRACE(HookName(hooks[h]));
       const std::vector<float>& want = sink.rows[hooks[h]];
       const int64_t w = got.widths[h];
-      ASSERT_EQ(0, std::memcmp(got.captures[h].data(),
-                               want.data() + first_row * w,
-                               4 * static_cast<size_t>(got.rows * w)));
+      ASSERT_EQ(0,
+                std::memcmp(got.captures[h].data(), want.data() + first_row * w,
+                            4 * static_cast<size_t>(got.rows * w)));
     }
   };
   check(p0, *g0, 0);
@@ -219,8 +220,9 @@ TEST(ServeEngineTest, RequestAloneEqualsUnderSixteenConcurrent) {
   ASSERT_EQ(alone.captures.size(), crowded.captures.size());
   for (size_t h = 0; h < alone.captures.size(); ++h) {
     ASSERT_EQ(alone.captures[h].size(), crowded.captures[h].size());
-    EXPECT_EQ(0, std::memcmp(alone.captures[h].data(), crowded.captures[h].data(),
-                             4 * alone.captures[h].size()))
+    EXPECT_EQ(0,
+              std::memcmp(alone.captures[h].data(), crowded.captures[h].data(),
+                          4 * alone.captures[h].size()))
         << "hook " << h;
   }
 }
@@ -564,6 +566,101 @@ TEST(ServeEngineTest, InterventionsAreCheckedAndCountedAtSubmit) {
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   ASSERT_TRUE((*s)->Wait().ok());
   EXPECT_EQ(e.Stats().capture_reserved, 0);
+}
+
+// Served requests (tokens, every layer's hidden states, steering and
+// ablation) give the host engine's bytes on a second "device" (the
+// host-as-device stand-in: weights, KV cache and edits through device
+// memory) and on a plan that streams some layers from disk.
+TEST(ServeEngineTest, RequestsOnADeviceAndOnASplitPlanEqualTheHost) {
+  EngineOptions o;
+  o.precision = Precision::kF32;
+  o.slots = 2;
+  o.context = 64;
+  o.prefill_chunk = 5;
+  auto run = [&](const EngineOptions& opts, std::vector<GenResult>* out,
+                 bool* streamed = nullptr) -> Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> e,
+                     Engine::Create("stories", Stories(), opts));
+    if (streamed != nullptr)
+      for (const ExecutorSegment& seg : e->session().segments())
+        *streamed |= seg.from_disk;
+    const ModelConfig& c = e->model().config();
+    std::vector<HookPoint> hooks;
+    for (int64_t i = 0; i <= c.num_layers; ++i) {
+      ASSIGN_OR_RETURN(HookPoint h, e->LayerHook(i));
+      hooks.push_back(h);
+    }
+    std::vector<GenRequest> reqs(2);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].prompt = RandomPrompt(9 + 4 * static_cast<int64_t>(i),
+                                    c.vocab_size, 30 + static_cast<int>(i));
+      reqs[i].max_new_tokens = 6;
+      reqs[i].hooks = hooks;
+      reqs[i].rows = CaptureRows::kAll;
+    }
+    Intervention steer;
+    steer.hook = {HookSite::kResidPost, 0};
+    steer.mode = InterventionMode::kAdd;
+    steer.scale = 4.0f;
+    steer.vector = RandomUnit(c.hidden_size, 5);
+    Intervention ablate;
+    ablate.hook = {HookSite::kResidPre, c.num_layers - 1};
+    ablate.mode = InterventionMode::kProjectOut;
+    ablate.vector = RandomUnit(c.hidden_size, 6);
+    reqs[1].interventions = {steer, ablate};
+    std::vector<std::shared_ptr<Ticket>> tickets;
+    for (const GenRequest& r : reqs) {
+      ASSIGN_OR_RETURN(std::shared_ptr<Ticket> t, e->Submit(r));
+      tickets.push_back(t);
+    }
+    for (const std::shared_ptr<Ticket>& t : tickets) {
+      ASSIGN_OR_RETURN(GenResult g, t->Wait());
+      out->push_back(std::move(g));
+    }
+    return Status();
+  };
+  auto same = [](const std::vector<GenResult>& want,
+                 const std::vector<GenResult>& got) {
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      EXPECT_EQ(want[i].token_ids, got[i].token_ids);
+      ASSERT_EQ(want[i].captures.size(), got[i].captures.size());
+      for (size_t h = 0; h < want[i].captures.size(); ++h)
+        EXPECT_EQ(want[i].captures[h], got[i].captures[h]) << "hook " << h;
+    }
+  };
+  std::vector<GenResult> host;
+  Status st = run(o, &host);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  testing::HostAsDevice device;
+  EngineOptions on_device = o;
+  on_device.compute_backend_for_tests = &device;
+  std::vector<GenResult> got;
+  st = run(on_device, &got);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GT(device.copies(), 0) << "nothing went through the device path";
+  {
+    SCOPED_TRACE("on a device");
+    same(host, got);
+  }
+
+  // The largest host cap under which the engine's plan streams layers from
+  // disk (the plan's bytes differ by ISA level: the caps are tried in turn).
+  bool split = false;
+  for (int kib = 2400; kib >= 800 && !split; kib -= 50) {
+    EngineOptions capped = o;
+    capped.plan.devices = {"cpu=" + std::to_string(kib) + "KiB", "disk"};
+    std::vector<GenResult> streamed;
+    // A cap this large may still hold every layer: only a streamed plan
+    // counts.
+    if (!run(capped, &streamed, &split).ok() || !split) continue;
+    SCOPED_TRACE("cpu=" + std::to_string(kib) + "KiB + disk");
+    same(host, streamed);
+  }
+  EXPECT_TRUE(split) << "no host cap streamed layers from disk";
 }
 
 }  // namespace

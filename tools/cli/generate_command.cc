@@ -167,7 +167,7 @@ Status RunGenerate(const GenerateArgs& args) {
         ASSIGN_OR_RETURN(go, eval::Generator::Resolve(s.config(), go));
         return eval::Generator::Job(s.config(), go);
       }));
-  ASSIGN_OR_RETURN(go.backend, session->OneBackend("generate"));
+  go.segments = session->segments();
   const tok::Tokenizer* tokenizer = session->tokenizer();
   ASSIGN_OR_RETURN(
       std::vector<int32_t> ids,
