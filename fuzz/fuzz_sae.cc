@@ -1,6 +1,7 @@
 // Harness: an SAE or transcoder directory as published (src/model/sae.h) ->
 // LoadSae, then, when it loads, RunSae on a few rows. The input is a mode
-// byte (bit 3: Gemma Scope's params.npz, the config ignored; else bit 2:
+// byte (bit 4: Llama Scope's hyperparams.json + checkpoints/final.safetensors;
+// else bit 3: Gemma Scope's params.npz, the config ignored; else bit 2:
 // Gemma Scope 2's config.json + params.safetensors; else bit 0: SAELens
 // files, else sparsify's; bit 1: give a hook as PATH@HOOK), then the config
 // and the weights file separated by the first "\n--\n". A file that
@@ -25,13 +26,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view weights = sep == std::string_view::npos
                                        ? std::string_view()
                                        : in.rest.substr(sep + 4);
+  const bool llama_scope = (in.mode & 16) != 0;
   const bool gemma_scope = (in.mode & 8) != 0;
   const bool gemma_scope_2 = (in.mode & 4) != 0;
   const bool saelens = (in.mode & 1) != 0;
   const std::string dir = fuzz::ScratchDir() + "/sae/layers.2";
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  if (gemma_scope) {
+  if (llama_scope) {
+    fuzz::WriteScratch("sae/layers.2/hyperparams.json", cfg);
+    fuzz::WriteScratch("sae/layers.2/checkpoints/final.safetensors", weights);
+  } else if (gemma_scope) {
     fuzz::WriteScratch("sae/layers.2/params.npz", weights);
   } else {
     fuzz::WriteScratch(
@@ -55,6 +60,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   need(sae->b_enc, sae->d_sae, "b_enc");
   need(sae->w_dec, sae->d_sae * sae->d_out, "w_dec");
   need(sae->b_dec, sae->d_out, "b_dec");
+  if (HasThreshold(sae->architecture))
+    need(sae->threshold, sae->d_sae, "threshold");
+  for (float v : sae->w_enc)
+    if (!std::isfinite(v)) fuzz::Fail("a non-finite W_enc value loaded");
   if (sae->hook.empty()) fuzz::Fail("loaded with no hook");
   if (sae->architecture == SaeArchitecture::kTopK &&
       (sae->k < 1 || sae->k > sae->d_sae))

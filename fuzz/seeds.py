@@ -493,6 +493,22 @@ def saes():
          "threshold": w(n), "affine_skip_connection": w(o, d)})
     add("fuzz_sae", 4, payload)
     add("fuzz_sae", 6, payload)
+    # Llama Scope: hyperparams.json + checkpoints/final.safetensors (bit 4),
+    # dataset-wise norms, an SAE and a transcoder.
+    for hook_out in ("blocks.2.hook_resid_post", "blocks.2.hook_mlp_out"):
+        ls = {"d_model": d, "d_sae": n, "act_fn": "jumprelu",
+              "jump_relu_threshold": 0.25, "norm_activation": "dataset-wise",
+              "dataset_average_activation_norm": {"in": 1.5, "out": 3.0},
+              "sparsity_include_decoder_norm": True, "use_decoder_bias": True,
+              "apply_decoder_bias_to_pre_encoder": False,
+              "hook_point_in": "blocks.2.ln2.hook_normalized"
+              if hook_out.endswith("mlp_out") else hook_out,
+              "hook_point_out": hook_out}
+        payload = json.dumps(ls).encode() + b"\n--\n" + st_bytes(
+            {"encoder.weight": w(n, d), "encoder.bias": w(n),
+             "decoder.weight": w(d, n), "decoder.bias": w(d)})
+        add("fuzz_sae", 16, payload)
+        add("fuzz_sae", 18, payload)
     # Gemma Scope: params.npz (stored and deflated), the hook given.
     import io
     for save in (np.savez, np.savez_compressed):

@@ -551,5 +551,231 @@ TEST_F(SaeFilesTest, EndToEndFromLoomsOwnActivations) {
   EXPECT_EQ(checked, 6);
 }
 
+// Llama Scope's layout (hyperparams.json + checkpoints/final.safetensors,
+// OpenMOSS lm_saes' conventions: docs/saes.md) built from a golden case's
+// weights: encoder.weight = W_enc^T / s_in, encoder.bias = b_enc - W_enc^T
+// b_dec (SAELens' apply_b_dec_to_input folded in), decoder.weight = W_dec^T
+// s_out, decoder.bias = b_dec s_out, a threshold of 0 (JumpReLU at 0 is
+// ReLU), s_in = sqrt(d) / a_in and s_out = sqrt(d) / a_out powers of two
+// (exact). lm_saes' inference then reconstructs exactly the golden's
+// reconstruction, and its feature activations are the golden's times
+// ||W_dec row i|| (its unit-decoder-norm transform), or over s_in without
+// sparsity_include_decoder_norm.
+TEST_F(SaeFilesTest, LlamaScopeLayoutGivesTheGoldens) {
+  SKIP_WITHOUT_FILES();
+  struct Variant {
+    std::string name;
+    std::string norm;  // norm_activation
+    bool dec_norm;     // sparsity_include_decoder_norm
+    double a_in, a_out;
+    bool give_weights_file;  // the path given: .../checkpoints/final...
+  };
+  const Variant variants[] = {
+      {"dataset-wise", "dataset-wise", true, 4.0, 16.0, false},
+      {"no decoder norm", "dataset-wise", false, 4.0, 16.0, true},
+      {"inference", "inference", true, 8.0, 8.0, false},
+  };
+  int checked = 0;
+  for (const std::string& name : {std::string("llama__saelens_standard_relu"),
+                                  std::string("llama__saelens_transcoder")}) {
+    const std::string case_dir = root_ + "/" + name;
+    const nlohmann::json m = testing::ReadJson(case_dir + "/manifest.json");
+    StatusOr<Sae> golden_sae =
+        LoadSae(case_dir + "/" + m["sae_dir"].get<std::string>());
+    ASSERT_TRUE(golden_sae.ok()) << golden_sae.status().ToString();
+    const Sae& g = *golden_sae;
+    const int64_t d = g.d_in, n = g.d_sae;
+    ASSERT_EQ(g.d_out, d);
+    std::vector<double> row_norm(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      double ss = 0;
+      for (int64_t j = 0; j < d; ++j)
+        ss += double{g.w_dec[i * d + j]} * g.w_dec[i * d + j];
+      row_norm[i] = std::sqrt(ss);
+    }
+    for (const Variant& v : variants) {
+      SCOPED_TRACE(name + ", " + v.name);
+      const double s_in = v.norm == "inference" ? 1 : std::sqrt(d) / v.a_in;
+      const double s_out = v.norm == "inference" ? 1 : std::sqrt(d) / v.a_out;
+      std::vector<float> enc(n * d), enc_b(n), dec(d * n), dec_b(d);
+      for (int64_t i = 0; i < n; ++i) {
+        double b = g.b_enc[i];
+        for (int64_t j = 0; j < d; ++j) {
+          enc[i * d + j] = static_cast<float>(g.w_enc[i * d + j] / s_in);
+          if (g.apply_b_dec_to_input)
+            b -= double{g.w_enc[i * d + j]} * g.b_dec[j];
+          dec[j * n + i] = static_cast<float>(g.w_dec[i * d + j] * s_out);
+        }
+        enc_b[i] = static_cast<float>(b);
+      }
+      for (int64_t j = 0; j < d; ++j)
+        dec_b[j] = static_cast<float>(g.b_dec[j] * s_out);
+      const fs::path dir =
+          tmp_ / ("ls_" + name + "_" + std::to_string(checked));
+      fs::create_directories(dir / "checkpoints");
+      SafetensorsWriter w;
+      ASSERT_TRUE(w.Add("encoder.weight", DType::kF32, Shape{n, d}, enc.data(),
+                        Bytes(enc))
+                      .ok());
+      ASSERT_TRUE(w.Add("encoder.bias", DType::kF32, Shape{n}, enc_b.data(),
+                        Bytes(enc_b))
+                      .ok());
+      ASSERT_TRUE(w.Add("decoder.weight", DType::kF32, Shape{d, n}, dec.data(),
+                        Bytes(dec))
+                      .ok());
+      ASSERT_TRUE(w.Add("decoder.bias", DType::kF32, Shape{d}, dec_b.data(),
+                        Bytes(dec_b))
+                      .ok());
+      ASSERT_TRUE(
+          w.Write((dir / "checkpoints" / "final.safetensors").string()).ok());
+      nlohmann::json hp = {
+          {"d_model", d},
+          {"expansion_factor", n / d},
+          {"act_fn", "jumprelu"},
+          {"jump_relu_threshold", 0.0},
+          {"norm_activation", v.norm},
+          {"dataset_average_activation_norm",
+           {{"in", v.a_in}, {"out", v.a_out}}},
+          {"sparsity_include_decoder_norm", v.dec_norm},
+          {"use_decoder_bias", true},
+          {"apply_decoder_bias_to_pre_encoder", false},
+          {"top_k", 50},
+          {"hook_point_in", g.hook},
+          {"hook_point_out", g.hook_out.empty() ? g.hook : g.hook_out},
+          {"dtype", "torch.float32"}};
+      std::ofstream(dir / "hyperparams.json") << hp.dump(1);
+      StatusOr<Sae> sae = LoadSae(
+          (v.give_weights_file ? dir / "checkpoints" / "final.safetensors"
+                               : dir)
+              .string());
+      ASSERT_TRUE(sae.ok()) << sae.status().ToString();
+      ++checked;
+      EXPECT_EQ(sae->format, SaeFormat::kLlamaScope);
+      EXPECT_EQ(sae->hook, g.hook);
+      EXPECT_EQ(sae->hook_out, g.hook_out);
+      EXPECT_EQ(IsTranscoder(sae->architecture), IsTranscoder(g.architecture));
+      auto golden = testing::GoldenFile::Open(case_dir + "/golden.safetensors");
+      for (const auto& [input, info] : m["inputs"].items()) {
+        SCOPED_TRACE(input);
+        Shape xs;
+        const std::vector<float> x = golden->F32(input + ".x", &xs);
+        const int64_t rows = xs[0];
+        const std::vector<float> reference =
+            IsTranscoder(g.architecture) ? golden->F32(input + ".target") : x;
+        const SaeRun r = RunOn(*sae, x, reference, rows, 16);
+        ExpectClose(r.recons, golden->F32(input + ".hook_sae_recons"),
+                    "hook_sae_recons");
+        ExpectClose(r.reconstruction, golden->F32(input + ".reconstruction"),
+                    "reconstruction");
+        ExpectClose(r.error, golden->F32(input + ".error"), "error");
+        // lm_saes' activations: the golden's scaled per feature.
+        for (const char* key : {"hidden_pre", "feature_acts"}) {
+          std::vector<float> want = golden->F32(input + "." + key);
+          for (int64_t t = 0; t < rows; ++t)
+            for (int64_t i = 0; i < n; ++i) {
+              const double c = v.dec_norm ? row_norm[i] : 1.0 / s_in;
+              float& x_ti = want[t * n + i];
+              x_ti = static_cast<float>(x_ti * c);
+            }
+          ExpectClose(
+              std::string(key) == "hidden_pre" ? r.hidden_pre : r.feature_acts,
+              want, key);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 6);
+}
+
+// Hostile Llama Scope files: every field named with its value.
+TEST_F(SaeFilesTest, LlamaScopeHostileFilesNameTheField) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("loom_llama_scope_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "checkpoints");
+  const int64_t d = 4, n = 8;
+  std::vector<float> enc(n * d, 0.5f), enc_b(n, 0.0f), dec(d * n, 0.25f),
+      dec_b(d, 0.0f);
+  auto write = [&](const Shape& dec_shape) {
+    SafetensorsWriter w;
+    ASSERT_TRUE(w.Add("encoder.weight", DType::kF32, Shape{n, d}, enc.data(),
+                      Bytes(enc))
+                    .ok());
+    ASSERT_TRUE(
+        w.Add("encoder.bias", DType::kF32, Shape{n}, enc_b.data(), Bytes(enc_b))
+            .ok());
+    ASSERT_TRUE(
+        w.Add("decoder.weight", DType::kF32, dec_shape, dec.data(), Bytes(dec))
+            .ok());
+    ASSERT_TRUE(
+        w.Add("decoder.bias", DType::kF32, Shape{d}, dec_b.data(), Bytes(dec_b))
+            .ok());
+    ASSERT_TRUE(
+        w.Write((dir / "checkpoints" / "final.safetensors").string()).ok());
+  };
+  const nlohmann::json good = {
+      {"d_model", d},
+      {"d_sae", n},
+      {"act_fn", "jumprelu"},
+      {"jump_relu_threshold", 0.25},
+      {"norm_activation", "dataset-wise"},
+      {"dataset_average_activation_norm", {{"in", 2.0}, {"out", 2.0}}},
+      {"hook_point_in", "blocks.1.hook_resid_post"},
+      {"hook_point_out", "blocks.1.hook_resid_post"}};
+  write(Shape{d, n});
+  std::ofstream(dir / "hyperparams.json") << good.dump();
+  StatusOr<Sae> ok = LoadSae(dir.string());
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->hook, "blocks.1.hook_resid_post");
+  EXPECT_EQ(ok->threshold, std::vector<float>(n, 0.25f));
+  struct Case {
+    std::string key;
+    nlohmann::json value;  // null: the key removed
+    std::string want;
+  };
+  const Case cases[] = {
+      {"act_fn", "topk", "act_fn 'topk'"},
+      {"jump_relu_threshold", -0.5, "jump_relu_threshold is -0.5"},
+      {"jump_relu_threshold", nullptr, "jump_relu_threshold"},
+      {"norm_activation", "token-wise", "norm_activation 'token-wise'"},
+      {"dataset_average_activation_norm", nullptr,
+       "dataset_average_activation_norm is missing"},
+      {"dataset_average_activation_norm",
+       {{"in", 0.0}},
+       "dataset_average_activation_norm.in is 0"},
+      {"apply_decoder_bias_to_pre_encoder", true,
+       "apply_decoder_bias_to_pre_encoder"},
+      {"d_model", 5, "encoder.weight"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    nlohmann::json j = good;
+    if (c.value.is_null()) {
+      j.erase(c.key);
+    } else {
+      j[c.key] = c.value;
+    }
+    std::ofstream(dir / "hyperparams.json") << j.dump();
+    StatusOr<Sae> sae = LoadSae(dir.string());
+    ASSERT_FALSE(sae.ok());
+    EXPECT_NE(sae.status().message().find(c.want), std::string::npos)
+        << sae.status().message();
+    EXPECT_NE(
+        sae.status().message().find(c.key == "d_model" ? "final.safetensors"
+                                                       : "hyperparams.json"),
+        std::string::npos)
+        << sae.status().message();
+  }
+  // A decoder stored the other way round is refused naming the tensor.
+  std::ofstream(dir / "hyperparams.json") << good.dump();
+  write(Shape{n, d});
+  StatusOr<Sae> flipped = LoadSae(dir.string());
+  ASSERT_FALSE(flipped.ok());
+  EXPECT_NE(flipped.status().message().find("decoder.weight"),
+            std::string::npos)
+      << flipped.status().message();
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace loom

@@ -26,6 +26,8 @@ constexpr char kConfig[] = "cfg.json";
 constexpr char kGemmaScope2Weights[] = "params.safetensors";
 constexpr char kGemmaScopeWeights[] = "params.npz";
 constexpr char kGemmaScope2Config[] = "config.json";
+constexpr char kLlamaScopeConfig[] = "hyperparams.json";
+constexpr char kLlamaScopeWeights[] = "checkpoints/final.safetensors";
 
 // The dtype of an SAE's weights (of W_enc / w_enc / encoder.weight).
 DType StoredDType(const F32Tensors& t) {
@@ -412,6 +414,125 @@ StatusOr<Sae> LoadGemmaScope2(const fs::path& dir) {
   return sae;
 }
 
+// Llama Scope (OpenMOSS lm_saes, as released: hyperparams.json +
+// checkpoints/final.safetensors with encoder.weight [d_sae, d_model],
+// encoder.bias, decoder.weight [d_model, d_sae], decoder.bias). lm_saes'
+// inference, from the raw activation x (s_in = sqrt(d_model) / a_in, s_out
+// = sqrt(d_model) / a_out for norm_activation "dataset-wise", a_* the
+// dataset_average_activation_norm; 1 for "inference"):
+//   h = E (s_in x) + b_E,  u_i = c_i h_i,  f_i = u_i [u_i > theta],
+//   x_hat = (D (h [u > theta]) + b_D) / s_out,
+// with c_i = ||D[:, i]|| / s_out when sparsity_include_decoder_norm (its
+// unit-decoder-norm transform; else c_i = 1 / s_in). Folded here into a
+// JumpReLU SAE on x (f64 products, rounded once to f32): W_enc row i =
+// E_i s_in c_i, b_enc_i = b_E_i c_i, W_dec row i = D[:, i] / (s_out c_i)
+// (zero for a zero column: that feature never fires), b_dec = b_D / s_out,
+// threshold_i = theta. docs/saes.md names the source and where SAELens'
+// loader differs.
+StatusOr<Sae> LoadLlamaScope(const fs::path& dir) {
+  ASSIGN_OR_RETURN(const ConfigReader cfg,
+                   ConfigReader::FromFile((dir / kLlamaScopeConfig).string()));
+  const std::string& src = cfg.source();
+  Sae sae;
+  sae.path = dir.string();
+  sae.format = SaeFormat::kLlamaScope;
+  sae.architecture = SaeArchitecture::kJumpRelu;
+  ASSIGN_OR_RETURN(const std::string act, cfg.String("act_fn", "jumprelu"));
+  if (act != "jumprelu")
+    return InvalidArgumentError(src + ": act_fn '" + act +
+                                "' is not one Llama Scope publishes "
+                                "(jumprelu)");
+  ASSIGN_OR_RETURN(const double theta, cfg.Float("jump_relu_threshold"));
+  if (!std::isfinite(theta) || theta < 0)
+    return InvalidArgumentError(
+        src + ": jump_relu_threshold is " + std::to_string(theta) +
+        ", expected a finite value >= 0 (lm_saes keeps negative "
+        "pre-activations above a negative threshold; Loom's JumpReLU does "
+        "not)");
+  ASSIGN_OR_RETURN(sae.d_in, PositiveInt(cfg, "d_model"));
+  ASSIGN_OR_RETURN(int64_t d_sae, cfg.Int("d_sae", 0));
+  if (d_sae == 0) {
+    ASSIGN_OR_RETURN(const int64_t e, PositiveInt(cfg, "expansion_factor"));
+    d_sae = sae.d_in * e;
+  }
+  if (d_sae <= 0 || d_sae > (int64_t{1} << 24))
+    return InvalidArgumentError(src + ": d_sae is " + std::to_string(d_sae));
+  sae.d_sae = d_sae;
+  sae.d_out = sae.d_in;
+  ASSIGN_OR_RETURN(const bool pre_bias,
+                   cfg.Bool("apply_decoder_bias_to_pre_encoder", false));
+  if (pre_bias)
+    return InvalidArgumentError(
+        src +
+        ": apply_decoder_bias_to_pre_encoder is true, which no "
+        "released Llama Scope SAE uses; not read");
+  ASSIGN_OR_RETURN(const bool use_bias, cfg.Bool("use_decoder_bias", true));
+  ASSIGN_OR_RETURN(const bool dec_norm,
+                   cfg.Bool("sparsity_include_decoder_norm", true));
+  ASSIGN_OR_RETURN(const std::string norm,
+                   cfg.String("norm_activation", "dataset-wise"));
+  double s_in = 1, s_out = 1;
+  if (norm == "dataset-wise") {
+    ASSIGN_OR_RETURN(const std::optional<ConfigReader> avg,
+                     cfg.Object("dataset_average_activation_norm"));
+    if (!avg)
+      return InvalidArgumentError(src +
+                                  ": norm_activation is dataset-wise but "
+                                  "dataset_average_activation_norm is missing");
+    ASSIGN_OR_RETURN(const double a_in, avg->Float("in"));
+    ASSIGN_OR_RETURN(const double a_out, avg->Float("out", a_in));
+    for (const auto& [name, a] : {std::pair("in", a_in), {"out", a_out}})
+      if (!std::isfinite(a) || a <= 0)
+        return InvalidArgumentError(src + ": dataset_average_activation_norm." +
+                                    name + " is " + std::to_string(a) +
+                                    ", expected a finite value > 0");
+    s_in = std::sqrt(static_cast<double>(sae.d_in)) / a_in;
+    s_out = std::sqrt(static_cast<double>(sae.d_in)) / a_out;
+  } else if (norm != "inference") {
+    return InvalidArgumentError(src + ": norm_activation '" + norm +
+                                "' is not read (dataset-wise or inference)");
+  }
+  ASSIGN_OR_RETURN(sae.hook, cfg.String("hook_point_in", ""));
+  ASSIGN_OR_RETURN(sae.hook_out, cfg.String("hook_point_out", ""));
+  if (sae.hook_out == sae.hook) sae.hook_out.clear();
+  if (!sae.hook_out.empty())
+    sae.architecture = SaeArchitecture::kJumpReluTranscoder;
+
+  ASSIGN_OR_RETURN(const F32Tensors t,
+                   F32Tensors::Open((dir / kLlamaScopeWeights).string()));
+  sae.stored_dtype = StoredDType(t);
+  const int64_t d = sae.d_in, n = sae.d_sae;
+  ASSIGN_OR_RETURN(const std::vector<float> e,
+                   t.Read("encoder.weight", {n, d}));
+  ASSIGN_OR_RETURN(const std::vector<float> b_e, t.Read("encoder.bias", {n}));
+  ASSIGN_OR_RETURN(const std::vector<float> dw,
+                   t.Read("decoder.weight", {d, n}));
+  std::vector<float> b_d(static_cast<size_t>(d), 0.0f);
+  if (use_bias) {
+    ASSIGN_OR_RETURN(b_d, t.Read("decoder.bias", {d}));
+  }
+  sae.w_enc.resize(static_cast<size_t>(n * d));
+  sae.b_enc.resize(static_cast<size_t>(n));
+  sae.w_dec.assign(static_cast<size_t>(n * d), 0.0f);
+  sae.threshold.assign(static_cast<size_t>(n), static_cast<float>(theta));
+  for (int64_t i = 0; i < n; ++i) {
+    double norm_i = 0;
+    for (int64_t j = 0; j < d; ++j)
+      norm_i += double{dw[j * n + i]} * dw[j * n + i];
+    const double c = dec_norm ? std::sqrt(norm_i) / s_out : 1.0 / s_in;
+    for (int64_t j = 0; j < d; ++j)
+      sae.w_enc[i * d + j] = static_cast<float>(e[i * d + j] * s_in * c);
+    sae.b_enc[i] = static_cast<float>(b_e[i] * c);
+    if (c == 0) continue;
+    for (int64_t j = 0; j < d; ++j)
+      sae.w_dec[i * d + j] = static_cast<float>(dw[j * n + i] / (s_out * c));
+  }
+  sae.b_dec.resize(static_cast<size_t>(d));
+  for (int64_t j = 0; j < d; ++j)
+    sae.b_dec[j] = static_cast<float>(b_d[j] / s_out);
+  return sae;
+}
+
 // The SAE directory of `path` and its format.
 StatusOr<std::pair<fs::path, SaeFormat>> Locate(const std::string& path) {
   std::error_code ec;
@@ -420,6 +541,12 @@ StatusOr<std::pair<fs::path, SaeFormat>> Locate(const std::string& path) {
     return NotFoundError("SAE " + path + ": no such file or directory");
   if (!fs::is_directory(dir, ec)) dir = dir.parent_path();
   if (dir.empty()) dir = ".";
+  // Llama Scope: DIR/checkpoints/final.safetensors given as the path.
+  if (dir.filename() == "checkpoints" &&
+      fs::exists(dir.parent_path() / kLlamaScopeConfig, ec))
+    dir = dir.parent_path();
+  if (fs::exists(dir / kLlamaScopeConfig, ec))
+    return std::pair(dir, SaeFormat::kLlamaScope);
   const bool cfg = fs::exists(dir / kConfig, ec);
   if (cfg && fs::exists(dir / kSaeLensWeights, ec))
     return std::pair(dir, SaeFormat::kSaeLens);
@@ -433,7 +560,8 @@ StatusOr<std::pair<fs::path, SaeFormat>> Locate(const std::string& path) {
       "SAE " + path +
       ": not a format Loom reads (expected cfg.json with "
       "sae_weights.safetensors (SAELens) or sae.safetensors (sparsify), or "
-      "params.safetensors (Gemma Scope 2), or params.npz (Gemma Scope))");
+      "params.safetensors (Gemma Scope 2), params.npz (Gemma Scope), or "
+      "hyperparams.json with checkpoints/final.safetensors (Llama Scope))");
 }
 
 }  // namespace
@@ -502,6 +630,8 @@ std::string_view SaeFormatName(SaeFormat f) {
       return "gemma-scope-2";
     case SaeFormat::kGemmaScope:
       return "gemma-scope";
+    case SaeFormat::kLlamaScope:
+      return "llama-scope";
   }
   return "?";
 }
@@ -540,6 +670,7 @@ StatusOr<Sae> LoadSae(const std::string& path, std::string_view hook) {
   StatusOr<Sae> sae = format == SaeFormat::kSparsify      ? LoadSparsify(dir)
                       : format == SaeFormat::kGemmaScope2 ? LoadGemmaScope2(dir)
                       : format == SaeFormat::kGemmaScope  ? LoadGemmaScope(dir)
+                      : format == SaeFormat::kLlamaScope  ? LoadLlamaScope(dir)
                                                           : LoadSaeLens(dir);
   if (!sae.ok()) return sae.status();
   sae->hook = SaeHookToLoom(sae->hook);
@@ -547,9 +678,11 @@ StatusOr<Sae> LoadSae(const std::string& path, std::string_view hook) {
   // The hook a config names is checked against @HOOK; sparsify's folder
   // name and Gemma Scope 2's folder names without a config.json give way.
   std::error_code ec;
-  const bool named_by_config = format == SaeFormat::kSaeLens ||
-                               (format == SaeFormat::kGemmaScope2 &&
-                                fs::exists(dir / kGemmaScope2Config, ec));
+  const bool named_by_config =
+      format == SaeFormat::kSaeLens ||
+      (format == SaeFormat::kLlamaScope && !sae->hook.empty()) ||
+      (format == SaeFormat::kGemmaScope2 &&
+       fs::exists(dir / kGemmaScope2Config, ec));
   if (!hook.empty()) {
     const std::string given = SaeHookToLoom(hook);
     if (!sae->hook.empty() && sae->hook != given && named_by_config)

@@ -10,6 +10,9 @@
 //                    w_dec, b_enc, b_dec, threshold; affine_skip_connection)
 //                    + DIR/config.json (hf_hook_point_in/out,
 //                    affine_connection)
+//   Llama Scope      DIR/hyperparams.json + DIR/checkpoints/final.safetensors
+//                    (OpenMOSS lm_saes; its dataset-wise norms and decoder
+//                    norms folded into a JumpReLU SAE on the raw rows)
 // An Sae holds its weights widened to f32 in the layouts the CPU kernels take
 // (y = x W^T): W_enc as [d_sae, d_in], W_dec as stored [d_sae, d_out] (a row
 // per feature: decoding sums the active features' rows; steering by feature f
@@ -58,6 +61,7 @@ enum class SaeFormat : uint8_t {
   kSparsify,
   kGemmaScope2,
   kGemmaScope,
+  kLlamaScope,
 };
 std::string_view SaeFormatName(SaeFormat f);
 
