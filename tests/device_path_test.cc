@@ -128,7 +128,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_fp8_block", false},
                       // Per-head fused q/k/v regrouped on the device;
                       // parallel blocks.
-                      Case{"gpt_neox", false}, Case{"phi", false}),
+                      Case{"gpt_neox", false}, Case{"phi", false},
+                      // Local and global layers, learned positions.
+                      Case{"gpt_neo", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

@@ -137,10 +137,11 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
   // Sliding-window rings (window 16 < 49 positions: mistral, starcoder2),
   // attention sinks with alternating windows, Granite's multipliers and
   // OLMoE's full-width q/k norms with unrenormalised routing; parallel
-  // blocks with partial rotary (GPT-NeoX, Phi).
+  // blocks with partial rotary (GPT-NeoX, Phi); GPT-Neo's learned
+  // positions with a local (window 8) and a global layer.
   for (const char* m :
        {"mistral_sw16_sharded", "gpt_oss", "gemma2", "granite", "starcoder2",
-        "olmoe", "gpt_neox", "phi", "deepseek_v3"})
+        "olmoe", "gpt_neox", "phi", "deepseek_v3", "gpt_neo"})
     CheckCachedDecodeEqualsRecompute(SharedGoldenDir() + "/tiny/" + m);
 }
 

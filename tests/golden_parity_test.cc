@@ -382,6 +382,8 @@ std::vector<ModelCase> Cases() {
       {"gemma2", "gemma2", false},
       {"phi3", "phi3", false},
       {"gpt2", "gpt2", false},
+      // GPT-Neo: unscaled attention, alternating local/global layers.
+      {"gpt_neo", "gpt_neo", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
       // Parallel blocks: two norms (GPT-NeoX, per-head fused q/k/v) and one

@@ -40,6 +40,7 @@ std::vector<ModelCase> GoldenModels() {
           {"gemma2", false},
           {"phi3", false},
           {"gpt2", false},
+          {"gpt_neo", false},
           {"olmo", false},
           {"olmo2", false},
           {"gpt_neox", false},

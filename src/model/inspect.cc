@@ -1,5 +1,7 @@
 #include "src/model/inspect.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <iterator>
@@ -130,8 +132,18 @@ void AttentionText(const ModelConfig& c, std::ostringstream& o) {
   }
   int64_t windowed = 0;
   for (int64_t w : c.sliding_window) windowed += w > 0;
-  if (windowed)
-    o << ", sliding window on " << windowed << "/" << c.num_layers << " layers";
+  if (windowed) {
+    int64_t w = 0;
+    for (int64_t x : c.sliding_window) w = std::max(w, x);
+    o << ", sliding window (" << w << ") on " << windowed << "/"
+      << c.num_layers << " layers";
+  }
+  // A scale other than 1/sqrt(head_dim) (GPT-Neo's none, Granite's
+  // multiplier, Gemma 2's query_pre_attn_scalar).
+  if (c.attn_scale > 0 &&
+      std::fabs(c.attn_scale * std::sqrt(static_cast<float>(c.head_dim)) -
+                1.0f) > 1e-6f)
+    o << ", scores x " << c.attn_scale;
   o << "\n";
   if (c.mlp != MlpKind::kMoE) return;
   const MoEConfig& m = c.moe;

@@ -1,0 +1,151 @@
+// GPT-Neo: a GPT-2 block (learned absolute positions, LayerNorm with bias,
+// gelu_new MLP c_fc/c_proj with biases, tied lm_head) with separate q/k/v
+// projections without bias, an out_proj with bias, attention scores q.k with
+// no 1/sqrt(head_dim) scale, and per-layer local (sliding window of
+// window_size keys: i - window_size < j <= i) or global attention read from
+// attention_layers (or its run-length form attention_types).
+#include <string>
+
+#include "src/model/arch/archs.h"
+#include "src/model/arch/common.h"
+
+namespace loom::arch {
+namespace {
+
+// attention_layers ["local", "global", ...] (one per layer), else
+// attention_types [[["local", "global"], repeats], ...] expanded.
+StatusOr<std::vector<std::string>> LayerTypes(const ConfigReader& r,
+                                              int64_t num_layers) {
+  std::vector<std::string> types;
+  const nlohmann::json& j = r.json();
+  if (j.contains("attention_layers") && j["attention_layers"].is_array()) {
+    for (const nlohmann::json& t : j["attention_layers"]) {
+      if (!t.is_string())
+        return InvalidArgumentError(r.source() + ": attention_layers holds " +
+                                    t.dump() +
+                                    ", expected \"local\" or "
+                                    "\"global\"");
+      types.push_back(t.get<std::string>());
+    }
+  } else if (j.contains("attention_types") && j["attention_types"].is_array()) {
+    for (const nlohmann::json& run : j["attention_types"]) {
+      if (!run.is_array() || run.size() != 2 || !run[0].is_array() ||
+          !run[1].is_number_integer() || run[1].get<int64_t>() < 0 ||
+          run[1].get<int64_t>() > num_layers)
+        return InvalidArgumentError(r.source() + ": attention_types entry " +
+                                    run.dump() +
+                                    " is not [[types...], repeats]");
+      for (int64_t k = 0; k < run[1].get<int64_t>(); ++k)
+        for (const nlohmann::json& t : run[0]) {
+          if (!t.is_string())
+            return InvalidArgumentError(r.source() +
+                                        ": attention_types holds " + t.dump());
+          types.push_back(t.get<std::string>());
+        }
+    }
+  } else {
+    return InvalidArgumentError(r.source() +
+                                ": neither attention_layers nor "
+                                "attention_types says which layers are local");
+  }
+  if (static_cast<int64_t>(types.size()) != num_layers)
+    return InvalidArgumentError(
+        r.source() + ": attention_layers names " +
+        std::to_string(types.size()) +
+        " layers, num_layers = " + std::to_string(num_layers));
+  for (const std::string& t : types)
+    if (t != "local" && t != "global")
+      return InvalidArgumentError(r.source() + ": attention layer type '" + t +
+                                  "' is not \"local\" or \"global\"");
+  return types;
+}
+
+Status Parse(const ConfigReader& r, ModelConfig* c) {
+  ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
+  ASSIGN_OR_RETURN(c->hidden_size, r.Int("hidden_size"));
+  ASSIGN_OR_RETURN(c->num_layers, r.Int("num_layers"));
+  ASSIGN_OR_RETURN(c->num_heads, r.Int("num_heads"));
+  c->num_kv_heads = c->num_heads;
+  if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0)
+    return InvalidArgumentError(
+        r.source() + ": hidden_size = " + std::to_string(c->hidden_size) +
+        " is not a multiple of num_heads = " + std::to_string(c->num_heads));
+  c->head_dim = c->hidden_size / c->num_heads;
+  // intermediate_size null (GPTNeoConfig's default): 4 x hidden_size.
+  ASSIGN_OR_RETURN(c->intermediate_size,
+                   r.Int("intermediate_size", 4 * c->hidden_size));
+  ASSIGN_OR_RETURN(c->max_position_embeddings,
+                   r.Int("max_position_embeddings"));
+  ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_epsilon", 1e-5));
+  c->norm_eps = static_cast<float>(eps);
+  c->norm = NormKind::kLayer;
+  ASSIGN_OR_RETURN(std::string act,
+                   r.String("activation_function", "gelu_new"));
+  ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation_function", act));
+  c->mlp = MlpKind::kPlain;
+  c->qkv_bias = false;
+  c->o_bias = c->mlp_bias = true;
+  c->tie_word_embeddings = true;
+  c->learned_positions = true;
+  c->rope.type = RopeConfig::Type::kNone;
+  c->attn_scale = 1.0f;  // GPTNeoSelfAttention does not scale q.k
+  ASSIGN_OR_RETURN(int64_t window, r.Int("window_size", 256));
+  if (window <= 0)
+    return InvalidArgumentError(r.source() + ": window_size = " +
+                                std::to_string(window) + ", expected > 0");
+  ASSIGN_OR_RETURN(const std::vector<std::string> types,
+                   LayerTypes(r, c->num_layers));
+  c->sliding_window.assign(c->num_layers, 0);
+  for (int64_t l = 0; l < c->num_layers; ++l)
+    if (types[static_cast<size_t>(l)] == "local") c->sliding_window[l] = window;
+  ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1));
+  ASSIGN_OR_RETURN(c->eos_token_id, r.Int("eos_token_id", -1));
+  ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype", "float32"));
+  if (auto d = ParseDType(dtype)) c->torch_dtype = *d;
+  return ValidateDims(r.source(), *c);
+}
+
+ArchWeights Declare(const ModelConfig& c) {
+  ArchWeights w;
+  auto add = [&](std::string name, WeightRole role, int64_t layer, Shape shape,
+                 bool linear = false) {
+    AddSpec(&w.specs, std::move(name), role, layer, std::move(shape));
+    w.specs.back().linear = linear;
+  };
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  add("transformer.wte.weight", WeightRole::kEmbed, -1, {c.vocab_size, H});
+  add("transformer.wpe.weight", WeightRole::kPosEmbed, -1,
+      {c.max_position_embeddings, H});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "transformer.h." + std::to_string(i) + ".";
+    const std::string a = p + "attn.attention.";
+    add(p + "ln_1.weight", WeightRole::kAttnNorm, i, {H});
+    add(p + "ln_1.bias", WeightRole::kAttnNormBias, i, {H});
+    add(a + "q_proj.weight", WeightRole::kQ, i, {H, H}, true);
+    add(a + "k_proj.weight", WeightRole::kK, i, {H, H}, true);
+    add(a + "v_proj.weight", WeightRole::kV, i, {H, H}, true);
+    add(a + "out_proj.weight", WeightRole::kO, i, {H, H}, true);
+    add(a + "out_proj.bias", WeightRole::kOBias, i, {H});
+    add(p + "ln_2.weight", WeightRole::kMlpNorm, i, {H});
+    add(p + "ln_2.bias", WeightRole::kMlpNormBias, i, {H});
+    add(p + "mlp.c_fc.weight", WeightRole::kUp, i, {I, H}, true);
+    add(p + "mlp.c_fc.bias", WeightRole::kUpBias, i, {I});
+    add(p + "mlp.c_proj.weight", WeightRole::kDown, i, {H, I}, true);
+    add(p + "mlp.c_proj.bias", WeightRole::kDownBias, i, {H});
+  }
+  add("transformer.ln_f.weight", WeightRole::kFinalNorm, -1, {H});
+  add("transformer.ln_f.bias", WeightRole::kFinalNormBias, -1, {H});
+  add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H}, true);
+  w.specs.back().required = false;
+  w.specs.back().tied_to = "transformer.wte.weight";
+  // Causal-mask buffers older GPT-Neo checkpoints carry.
+  w.ignored_suffixes = {".attn.attention.bias", ".attn.attention.masked_bias"};
+  w.optional_prefixes = {"transformer."};
+  return w;
+}
+
+}  // namespace
+
+const ArchDef kGptNeo = {"gpt_neo", Parse, Declare, /*runnable=*/true};
+
+}  // namespace loom::arch
