@@ -130,7 +130,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // parallel blocks.
                       Case{"gpt_neox", false}, Case{"phi", false},
                       // Local and global layers, learned positions.
-                      Case{"gpt_neo", false}),
+                      Case{"gpt_neo", false},
+                      // Learned positions at p + 2 (a device pointer into
+                      // the table).
+                      Case{"opt", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

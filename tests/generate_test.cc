@@ -138,10 +138,11 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
   // attention sinks with alternating windows, Granite's multipliers and
   // OLMoE's full-width q/k norms with unrenormalised routing; parallel
   // blocks with partial rotary (GPT-NeoX, Phi); GPT-Neo's learned
-  // positions with a local (window 8) and a global layer.
+  // positions with a local (window 8) and a global layer; OPT's positions
+  // read at p + 2.
   for (const char* m :
        {"mistral_sw16_sharded", "gpt_oss", "gemma2", "granite", "starcoder2",
-        "olmoe", "gpt_neox", "phi", "deepseek_v3", "gpt_neo"})
+        "olmoe", "gpt_neox", "phi", "deepseek_v3", "gpt_neo", "opt"})
     CheckCachedDecodeEqualsRecompute(SharedGoldenDir() + "/tiny/" + m);
 }
 

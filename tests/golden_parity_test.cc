@@ -384,6 +384,8 @@ std::vector<ModelCase> Cases() {
       {"gpt2", "gpt2", false},
       // GPT-Neo: unscaled attention, alternating local/global layers.
       {"gpt_neo", "gpt_neo", false},
+      // OPT: learned positions read at p + 2, ReLU, biases everywhere.
+      {"opt", "opt", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
       // Parallel blocks: two norms (GPT-NeoX, per-head fused q/k/v) and one

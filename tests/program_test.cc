@@ -41,6 +41,7 @@ std::vector<ModelCase> GoldenModels() {
           {"phi3", false},
           {"gpt2", false},
           {"gpt_neo", false},
+          {"opt", false},
           {"olmo", false},
           {"olmo2", false},
           {"gpt_neox", false},

@@ -217,6 +217,9 @@ struct ModelConfig {
 
   bool tie_word_embeddings = false;
   bool learned_positions = false;  // GPT-2 wpe
+  // Learned positions: position p reads row p + position_offset of the
+  // table (OPT's 2; the table holds max_position_embeddings + offset rows).
+  int64_t position_offset = 0;
   // Multiplies the token embeddings: Gemma sqrt(hidden_size), Granite
   // embedding_multiplier.
   float embedding_scale = 1.0f;

@@ -436,6 +436,8 @@ std::string InspectReport::ToText() const {
   if (!c.learned_positions && c.rope.type != RopeConfig::Type::kNone &&
       c.rope.rotary_dim < c.head_dim)
     o << " on " << c.rope.rotary_dim << " of " << c.head_dim << " dims";
+  if (c.learned_positions && c.position_offset != 0)
+    o << " (position p reads row p + " << c.position_offset << ")";
   o << ", max " << c.max_position_embeddings << "\n";
   if (c.block != BlockKind::kSequential)
     o << "block             " << BlockName(c.block) << " (x + attn + mlp)\n";

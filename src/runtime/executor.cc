@@ -742,8 +742,10 @@ Status Executor::StepEmbed(const StepArgs& s) {
   if (c_.learned_positions) {
     float* h = s.buf(BufferId::kPosEmbed);
     const TensorView& wpe = d.weights->Require(WeightRole::kPosEmbed);
-    be.Gather(wpe.data, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T, H,
-              h);
+    // Row p + position_offset (OPT): the table from that row on.
+    const void* table = static_cast<const char*>(wpe.data) +
+                        c_.position_offset * H * DTypeSize(wpe.dtype);
+    be.Gather(table, wpe.dtype, a.as<int32_t>(BufferId::kPositions), T, H, h);
     RETURN_IF_ERROR(Deliver(HookSite::kPosEmbed, -1, batch, d, H, H, h, sink));
     be.Add(h, x, T * H);
     RoundActivations(d, x, T, H, H);

@@ -23,6 +23,7 @@ extern const ArchDef kGptNeox;
 extern const ArchDef kPhi;
 extern const ArchDef kOlmo;
 extern const ArchDef kOlmo2;
+extern const ArchDef kOpt;
 extern const ArchDef kGranite;
 extern const ArchDef kStarcoder2;
 // Mixture of experts (src/model/arch/moe.h).
