@@ -133,7 +133,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt_neo", false},
                       // Learned positions at p + 2 (a device pointer into
                       // the table).
-                      Case{"opt", false}),
+                      Case{"opt", false},
+                      // Multi-query attention from a fused c_attn.
+                      Case{"gpt_bigcode", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

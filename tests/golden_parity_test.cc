@@ -386,6 +386,8 @@ std::vector<ModelCase> Cases() {
       {"gpt_neo", "gpt_neo", false},
       // OPT: learned positions read at p + 2, ReLU, biases everywhere.
       {"opt", "opt", false},
+      // GPTBigCode: multi-query attention through one fused c_attn.
+      {"gpt_bigcode", "gpt_bigcode", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
       // Parallel blocks: two norms (GPT-NeoX, per-head fused q/k/v) and one

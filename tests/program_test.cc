@@ -42,6 +42,7 @@ std::vector<ModelCase> GoldenModels() {
           {"gpt2", false},
           {"gpt_neo", false},
           {"opt", false},
+          {"gpt_bigcode", false},
           {"olmo", false},
           {"olmo2", false},
           {"gpt_neox", false},

@@ -18,6 +18,7 @@ extern const ArchDef kGemma3;
 extern const ArchDef kGemma3Text;
 extern const ArchDef kPhi3;
 extern const ArchDef kGpt2;
+extern const ArchDef kGptBigcode;
 extern const ArchDef kGptNeo;
 extern const ArchDef kGptNeox;
 extern const ArchDef kPhi;
