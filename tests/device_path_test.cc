@@ -135,7 +135,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // the table).
                       Case{"opt", false},
                       // Multi-query attention from a fused c_attn.
-                      Case{"gpt_bigcode", false}),
+                      Case{"gpt_bigcode", false},
+                      // Interleaved rotary (ApplyRopePairs) on the device.
+                      Case{"gptj", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

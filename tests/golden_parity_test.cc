@@ -388,6 +388,8 @@ std::vector<ModelCase> Cases() {
       {"opt", "opt", false},
       // GPTBigCode: multi-query attention through one fused c_attn.
       {"gpt_bigcode", "gpt_bigcode", false},
+      // GPT-J: one shared norm (parallel), interleaved partial rotary.
+      {"gptj", "gptj", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
       // Parallel blocks: two norms (GPT-NeoX, per-head fused q/k/v) and one

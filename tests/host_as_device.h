@@ -77,6 +77,11 @@ class HostAsDevice final : public Backend {
                  const float* cos, const float* sin, int64_t half) override {
     cpu_->ApplyRope(x, t, h, hd, rs, cos, sin, half);
   }
+  Status ApplyRopePairs(float* x, int64_t t, int64_t h, int64_t hd, int64_t rs,
+                        const float* cos, const float* sin,
+                        int64_t half) override {
+    return cpu_->ApplyRopePairs(x, t, h, hd, rs, cos, sin, half);
+  }
   Status Attention(const AttentionOp& op) override {
     // A device reads the offsets from its own memory: they must be there.
     LOOM_CHECK(op.seq_start_device != nullptr);

@@ -43,6 +43,7 @@ std::vector<ModelCase> GoldenModels() {
           {"gpt_neo", false},
           {"opt", false},
           {"gpt_bigcode", false},
+          {"gptj", false},
           {"olmo", false},
           {"olmo2", false},
           {"gpt_neox", false},

@@ -17,6 +17,16 @@ int64_t Backend::SaeWorkspaceBytes(const Sae& /*sae*/, int64_t /*rows*/) const {
   return 0;
 }
 
+Status Backend::ApplyRopePairs(float* /*x*/, int64_t /*tokens*/,
+                               int64_t /*heads*/, int64_t /*head_dim*/,
+                               int64_t /*row_stride*/, const float* /*cos*/,
+                               const float* /*sin*/, int64_t /*half*/) {
+  return UnimplementedError(
+      std::string(name()) +
+      " backend: ApplyRopePairs (the interleaved rotary of GPT-J and "
+      "CodeGen) has no kernel here yet; run on the CPU (--device cpu)");
+}
+
 Status Backend::RunSae(const Sae& /*sae*/, const float* /*x*/,
                        const float* /*reference*/, int64_t /*rows*/,
                        void* /*workspace*/, const SaeOutputs& /*out*/) {

@@ -376,6 +376,13 @@ class Backend {
   virtual void ApplyRope(float* x, int64_t tokens, int64_t heads,
                          int64_t head_dim, int64_t row_stride, const float* cos,
                          const float* sin, int64_t half) = 0;
+  // The same with the adjacent pairs (x[2i], x[2i+1]) of the first 2 half
+  // elements rotating in place by frequency i (HF's rotate_every_two: GPT-J,
+  // CodeGen). Unimplemented (naming the op) on a backend without it.
+  virtual Status ApplyRopePairs(float* x, int64_t tokens, int64_t heads,
+                                int64_t head_dim, int64_t row_stride,
+                                const float* cos, const float* sin,
+                                int64_t half);
 
   // ---- Attention ----
   virtual Status Attention(const AttentionOp& op) = 0;

@@ -76,6 +76,10 @@ struct RopeConfig {
   // then odd elements) and then rotated half-split, so it stays in that
   // order in q and k.
   bool interleaved = false;
+  // GPT-J / CodeGen (rotate_every_two): the adjacent pairs (x[2i], x[2i+1])
+  // of the rotated part rotate in place by frequency i, so q and k keep
+  // their order (Backend::ApplyRopePairs).
+  bool rotate_pairs = false;
 };
 
 // How a layer's attention computes its queries, keys and values.

@@ -891,8 +891,15 @@ Status Executor::StepAttention(const StepArgs& s) {
     // The rotated columns start at rope_offset in each head (MLA: after
     // the nope part).
     const int64_t r0 = lc->rope_offset;
-    be.ApplyRope(q + r0, T, lc->q_heads, hd, ld, cos, sin, lc->rope_half);
-    be.ApplyRope(k + r0, T, lc->kv_heads, hd, ld, cos, sin, lc->rope_half);
+    if (lc->rope.rotate_pairs) {
+      RETURN_IF_ERROR(be.ApplyRopePairs(q + r0, T, lc->q_heads, hd, ld, cos,
+                                        sin, lc->rope_half));
+      RETURN_IF_ERROR(be.ApplyRopePairs(k + r0, T, lc->kv_heads, hd, ld, cos,
+                                        sin, lc->rope_half));
+    } else {
+      be.ApplyRope(q + r0, T, lc->q_heads, hd, ld, cos, sin, lc->rope_half);
+      be.ApplyRope(k + r0, T, lc->kv_heads, hd, ld, cos, sin, lc->rope_half);
+    }
     RoundActivations(d, q, T, Q + KV, ld);
     RETURN_IF_ERROR(Deliver(HookSite::kRotQ, l, batch, d, Q, ld, q, sink));
     RETURN_IF_ERROR(Deliver(HookSite::kRotK, l, batch, d, KV, ld, k, sink));

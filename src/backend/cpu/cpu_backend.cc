@@ -228,6 +228,14 @@ void CpuBackend::ApplyRope(float* x, int64_t tokens, int64_t heads,
   cpu::ApplyRope(x, tokens, heads, head_dim, row_stride, cos, sin, half);
 }
 
+Status CpuBackend::ApplyRopePairs(float* x, int64_t tokens, int64_t heads,
+                                  int64_t head_dim, int64_t row_stride,
+                                  const float* cos, const float* sin,
+                                  int64_t half) {
+  cpu::ApplyRopePairs(x, tokens, heads, head_dim, row_stride, cos, sin, half);
+  return Status();
+}
+
 Status CpuBackend::Attention(const AttentionOp& op) {
   if (op.sinks != nullptr && op.sinks_dtype != DType::kF32 &&
       op.sinks_dtype != DType::kBF16 && op.sinks_dtype != DType::kF16)

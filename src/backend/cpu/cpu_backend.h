@@ -58,6 +58,9 @@ class CpuBackend final : public Backend {
   void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                  int64_t row_stride, const float* cos, const float* sin,
                  int64_t half) override;
+  Status ApplyRopePairs(float* x, int64_t tokens, int64_t heads,
+                        int64_t head_dim, int64_t row_stride, const float* cos,
+                        const float* sin, int64_t half) override;
   Status Attention(const AttentionOp& op) override;
   void Activation(ActivationFn fn, float* x, int64_t n) override;
   void GatedActivation(ActivationFn fn, const float* gate, int64_t gate_rs,

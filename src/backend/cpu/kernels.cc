@@ -166,6 +166,30 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
        half);
 }
 
+void ApplyRopePairs(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                    int64_t row_stride, const float* cos, const float* sin,
+                    int64_t half) {
+  LOOM_CHECK(2 * half <= head_dim)
+      << "half=" << half << " head_dim=" << head_dim;
+  LOOM_CHECK_GE(row_stride, heads * head_dim);
+#pragma omp parallel for schedule( \
+    static) if (tokens * heads * half >= kMinParallelElems / 2 && tokens > 1)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* c = cos + t * half;
+    const float* s = sin + t * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * row_stride + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        // This file targets the baseline ISA (no FMA to contract into):
+        // each product rounds to f32, then the sum, as HF's ops.
+        v[2 * i] = x0 * c[i] - x1 * s[i];
+        v[2 * i + 1] = x1 * c[i] + x0 * s[i];
+      }
+    }
+  }
+}
+
 // ---- Attention
 // ------------------------------------------------------------------
 

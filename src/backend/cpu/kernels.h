@@ -174,6 +174,14 @@ void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
 void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                int64_t row_stride, const float* cos, const float* sin,
                int64_t half);
+// The same with HF's rotate_every_two convention (GPT-J, CodeGen): the
+// adjacent pairs of the first 2*half elements of each head rotate in place,
+//   x0 = x[2i], x1 = x[2i+1]
+//   x[2i] = x0*cos_i - x1*sin_i;  x[2i+1] = x1*cos_i + x0*sin_i
+// (each product rounded to f32, then the sum: as HF's f32 ops).
+void ApplyRopePairs(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                    int64_t row_stride, const float* cos, const float* sin,
+                    int64_t half);
 
 // ---- Attention --------------------------------------------------------------
 

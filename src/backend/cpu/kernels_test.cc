@@ -195,12 +195,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GemmCase{1, DType::kF32}, GemmCase{3, DType::kF32},
                       GemmCase{13, DType::kF32}, GemmCase{17, DType::kF32},
                       GemmCase{129, DType::kF32}, GemmCase{2, DType::kBF16},
-                      GemmCase{33, DType::kBF16},
-                      GemmCase{1, DType::kBF16}, GemmCase{3, DType::kBF16},
-                      GemmCase{4, DType::kBF16}, GemmCase{5, DType::kBF16},
-                      GemmCase{17, DType::kBF16}, GemmCase{129, DType::kBF16},
-                      GemmCase{1, DType::kF16}, GemmCase{17, DType::kF16},
-                      GemmCase{129, DType::kF16}),
+                      GemmCase{33, DType::kBF16}, GemmCase{1, DType::kBF16},
+                      GemmCase{3, DType::kBF16}, GemmCase{4, DType::kBF16},
+                      GemmCase{5, DType::kBF16}, GemmCase{17, DType::kBF16},
+                      GemmCase{129, DType::kBF16}, GemmCase{1, DType::kF16},
+                      GemmCase{17, DType::kF16}, GemmCase{129, DType::kF16}),
     [](const ::testing::TestParamInfo<GemmCase>& info) {
       // "m17_BF16": the test name CTest shows.
       return "m" + std::to_string(info.param.m) + "_" +
@@ -281,9 +280,11 @@ TEST(GemmThreads, BytesDoNotDependOnTheThreadCount) {
   for (const auto& [m, n, k] : shapes) {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
-        std::vector<float> x = Random(m * k, seed++), wf = Random(n * k, seed++);
+        std::vector<float> x = Random(m * k, seed++),
+                           wf = Random(n * k, seed++);
         std::vector<float> bf = Random(n, seed++), y0 = Random(m * n, seed++);
-        std::vector<uint16_t> w16 = To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
+        std::vector<uint16_t> w16 =
+            To16(wf, dt == DType::kF32 ? DType::kBF16 : dt);
         std::vector<float> first;
         for (int threads : {1, 2, 3}) {
           SetNumThreads(threads);
@@ -308,8 +309,8 @@ TEST(GemmThreads, BytesDoNotDependOnTheThreadCount) {
             first = y;
           } else {
             EXPECT_EQ(0, std::memcmp(first.data(), y.data(), 4 * y.size()))
-                << "m=" << m << " n=" << n << " k=" << k << " "
-                << DTypeName(dt) << " layout=" << static_cast<int>(layout)
+                << "m=" << m << " n=" << n << " k=" << k << " " << DTypeName(dt)
+                << " layout=" << static_cast<int>(layout)
                 << " threads=" << threads;
           }
         }
@@ -363,8 +364,8 @@ TEST(GemmGroup, EqualsOneGemmPerItemAtEveryThreadCount) {
       std::vector<float> first;
       for (int threads : {1, 2, 3}) {
         SetNumThreads(threads);
-        const auto [one, grouped] =
-            OneByOneAndGrouped(items, x.data(), rows, k, dt, rows * 2 * n, -1.0f);
+        const auto [one, grouped] = OneByOneAndGrouped(items, x.data(), rows, k,
+                                                       dt, rows * 2 * n, -1.0f);
         const std::string name = std::string(DTypeName(dt)) + " layout=" +
                                  std::to_string(static_cast<int>(layout)) +
                                  " threads=" + std::to_string(threads);
@@ -422,9 +423,8 @@ void ExpectBatchInvariant(DType dt, WeightLayout layout, int64_t max_m,
     a.y = y.data();
     ctx.Gemm(a);
     ASSERT_EQ(0, std::memcmp(y.data(), alone.data() + off * n, 4 * m * n))
-        << DTypeName(dt) << " layout=" << static_cast<int>(layout)
-        << " M=" << m << " rows from " << off << " (" << GemmPathName(dt)
-        << ")";
+        << DTypeName(dt) << " layout=" << static_cast<int>(layout) << " M=" << m
+        << " rows from " << off << " (" << GemmPathName(dt) << ")";
   }
 }
 
@@ -488,10 +488,10 @@ TEST(GemmBf16Families, EachMatchesTheReferenceAndIsBatchInvariant) {
           for (int64_t j = 0; j < n; ++j) {
             double mag = std::abs(bias[j]) + std::abs(y0[i * n + j]);
             for (int64_t p = 0; p < k; ++p)
-              mag += std::abs(RoundBf16(x[i * k + p]) *
-                              Bf16ToF32(w16[layout == WeightLayout::kOutIn
-                                                ? j * k + p
-                                                : p * n + j]));
+              mag += std::abs(
+                  RoundBf16(x[i * k + p]) *
+                  Bf16ToF32(w16[layout == WeightLayout::kOutIn ? j * k + p
+                                                               : p * n + j]));
             tol[i * n + j] = 2.0 * (k + 2) * kU * mag;
           }
         ExpectNear(std::string(FamilyName(f)) + " m=" + std::to_string(m),
@@ -526,9 +526,8 @@ void ExpectStripsGiveThePerCallBytes() {
   EXPECT_FALSE(StripsLayoutFits(16, 40, DType::kBF16));
   EXPECT_FALSE(StripsLayoutFits(16, 32, DType::kF16));
   uint32_t seed = 611;
-  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{64, 96},
-                             {96, 2048},
-                             {48, 1024 + 64}}) {
+  for (const auto& [n, k] :
+       {std::pair<int64_t, int64_t>{64, 96}, {96, 2048}, {48, 1024 + 64}}) {
     const std::vector<float> wf = Random(n * k, seed++);
     const std::vector<uint16_t> w16 = To16(wf, DType::kBF16);
     std::vector<uint16_t> strips(w16.size()), in_place = w16;
@@ -537,9 +536,9 @@ void ExpectStripsGiveThePerCallBytes() {
     ASSERT_EQ(strips, in_place);
     for (int64_t c = 0; c < n; c += 7)
       for (int64_t kk = 0; kk < k; kk += 5)
-        ASSERT_EQ(strips[(c / 16) * 16 * k + (kk / 2) * 32 + (c % 16) * 2 +
-                         kk % 2],
-                  w16[c * k + kk])
+        ASSERT_EQ(
+            strips[(c / 16) * 16 * k + (kk / 2) * 32 + (c % 16) * 2 + kk % 2],
+            w16[c * k + kk])
             << "element (" << c << ", " << kk << ") of a [" << n << ", " << k
             << "] weight";
     for (int64_t m : {1, 5, 33, 200}) {
@@ -596,11 +595,11 @@ TEST(GemmPanels, RepackedWeightGivesThePerCallBytes) {
       continue;  // bf16 on the dot or amx family (GemmStrips)
     }
     EXPECT_FALSE(PanelsLayoutFits(24, 32, dt));
-    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{48, 96},
-                               {160, 300},
-                               {144, 1100}}) {
+    for (const auto& [n, k] :
+         {std::pair<int64_t, int64_t>{48, 96}, {160, 300}, {144, 1100}}) {
       const std::vector<float> wf = Random(n * k, seed++);
-      std::vector<uint16_t> w16 = To16(wf, dt == DType::kF16 ? dt : DType::kBF16);
+      std::vector<uint16_t> w16 =
+          To16(wf, dt == DType::kF16 ? dt : DType::kBF16);
       const void* w = dt == DType::kF32 ? static_cast<const void*>(wf.data())
                                         : static_cast<const void*>(w16.data());
       const int64_t es = DTypeSize(dt);
@@ -612,11 +611,11 @@ TEST(GemmPanels, RepackedWeightGivesThePerCallBytes) {
       ASSERT_EQ(panels, in_place);
       for (int64_t c = 0; c < n; c += 5)
         for (int64_t kk = 0; kk < k; kk += 7)
-          ASSERT_EQ(0, std::memcmp(panels.data() + ((c / 16) * 16 * k +
-                                                    kk * 16 + c % 16) * es,
-                                   static_cast<const char*>(w) +
-                                       (c * k + kk) * es,
-                                   static_cast<size_t>(es)))
+          ASSERT_EQ(0,
+                    std::memcmp(panels.data() +
+                                    ((c / 16) * 16 * k + kk * 16 + c % 16) * es,
+                                static_cast<const char*>(w) + (c * k + kk) * es,
+                                static_cast<size_t>(es)))
               << DTypeName(dt) << " element (" << c << ", " << kk << ")";
       for (int64_t m : {1, 3, 4, 5, 33, 200}) {
         const std::vector<float> x = Random(m * k, seed++);
@@ -807,6 +806,31 @@ TEST(Rope, TablesAndApply) {
           }
       ExpectNear("rope apply head_dim=" + std::to_string(head_dim), got.data(),
                  want.data(), tol, tokens * rs);
+
+      // Adjacent pairs (rotate_every_two): the same bound, pair-wise.
+      std::vector<float> pgot = x, pwant = x;
+      ApplyRopePairs(pgot.data(), tokens, heads, head_dim, rs, cw.data(),
+                     sw.data(), half);
+      ref::ApplyRopePairs(pwant.data(), tokens, heads, head_dim, rs, cw.data(),
+                          sw.data(), half);
+      std::vector<double> ptol(tokens * rs, 0.0);
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            const float* v = &x[t * rs + h * head_dim];
+            const double c = std::abs(cw[t * half + i]),
+                         s = std::abs(sw[t * half + i]);
+            ptol[t * rs + h * head_dim + 2 * i] =
+                3 * kU * (std::abs(v[2 * i]) * c + std::abs(v[2 * i + 1]) * s);
+            ptol[t * rs + h * head_dim + 2 * i + 1] =
+                3 * kU * (std::abs(v[2 * i + 1]) * c + std::abs(v[2 * i]) * s);
+          }
+      ExpectNear("rope pairs head_dim=" + std::to_string(head_dim), pgot.data(),
+                 pwant.data(), ptol, tokens * rs);
+      // Untouched past the rotated part and between heads.
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t j = heads * head_dim; j < rs; ++j)
+          EXPECT_EQ(pgot[t * rs + j], x[t * rs + j]);
     }
   }
 }
@@ -1058,8 +1082,8 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
     std::vector<int64_t> src_row;       // first packed token of each
     for (int s = 0; s < 2; ++s) {
       if (done[s] >= lens[s]) continue;
-      const int64_t n = std::min(chunks[(step + s) % chunks.size()],
-                                 lens[s] - done[s]);
+      const int64_t n =
+          std::min(chunks[(step + s) % chunks.size()], lens[s] - done[s]);
       rows.insert(rows.end(), qkv.begin() + (starts[s] + done[s]) * rs,
                   qkv.begin() + (starts[s] + done[s] + n) * rs);
       sub.push_back(sub.back() + n);
@@ -1349,8 +1373,8 @@ TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
               rows, dim);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < dim; ++j)
-          composed[r * dim + j] = RoundBf16(
-              Bf16ToF32(w[j]) * RoundBf16(composed[r * dim + j]));
+          composed[r * dim + j] =
+              RoundBf16(Bf16ToF32(w[j]) * RoundBf16(composed[r * dim + j]));
       ExpectBitwise("rmsnorm bf16 vs composition", got.data(), composed.data(),
                     rows * dim * 4);
       ref::RmsNormBf16(x.data(), w.data(), 1e-6f, want.data(), rows, dim);
@@ -1359,8 +1383,8 @@ TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
       // one bf16 step (2^-8 relative) more than the reference's did.
       std::vector<double> tol(rows * dim);
       for (int64_t i = 0; i < rows * dim; ++i)
-        tol[i] = (2.0 / 256 + (0.5 * dim + 6.0) * kU) * std::abs(want[i]) +
-                 1e-30;
+        tol[i] =
+            (2.0 / 256 + (0.5 * dim + 6.0) * kU) * std::abs(want[i]) + 1e-30;
       ExpectNear("rmsnorm bf16 rows=" + std::to_string(rows), got.data(),
                  want.data(), tol, rows * dim);
     }
@@ -1467,7 +1491,8 @@ TEST(RowOps, GatherAndScatterAddRows) {
   const int64_t src_rows = 50, cols = 33, ldx = 40, n = 17;
   const std::vector<float> x = Random(src_rows * ldx, 36);
   std::vector<int32_t> rows(n);
-  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>((i * 7) % src_rows);
+  for (int64_t i = 0; i < n; ++i)
+    rows[i] = static_cast<int32_t>((i * 7) % src_rows);
   std::vector<float> got(n * cols), want(n * cols);
   GatherRows(x.data(), ldx, rows.data(), n, cols, got.data());
   ref::GatherRows(x.data(), ldx, rows.data(), n, cols, want.data());
@@ -1476,8 +1501,8 @@ TEST(RowOps, GatherAndScatterAddRows) {
   std::vector<float> y = Random(src_rows * ldx, 38);
   std::vector<float> y_ref = y;
   ScatterAddRows(got.data(), rows.data(), w.data(), n, cols, y.data(), ldx);
-  ref::ScatterAddRows(want.data(), rows.data(), w.data(), n, cols,
-                      y_ref.data(), ldx);
+  ref::ScatterAddRows(want.data(), rows.data(), w.data(), n, cols, y_ref.data(),
+                      ldx);
   // One product and one sum per element, each rounded once (<= 2 u, plus
   // the product's rounding carried through the sum).
   std::vector<double> tol(src_rows * ldx);

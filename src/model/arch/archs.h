@@ -20,6 +20,7 @@ extern const ArchDef kPhi3;
 extern const ArchDef kGpt2;
 extern const ArchDef kGptBigcode;
 extern const ArchDef kGptNeo;
+extern const ArchDef kGptj;
 extern const ArchDef kGptNeox;
 extern const ArchDef kPhi;
 extern const ArchDef kOlmo;

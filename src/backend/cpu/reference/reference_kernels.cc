@@ -129,6 +129,22 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
   }
 }
 
+void ApplyRopePairs(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                    int64_t row_stride, const float* cos, const float* sin,
+                    int64_t half) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * row_stride + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const double c = cos[t * half + i], s = sin[t * half + i];
+        const double x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = static_cast<float>(x0 * c - x1 * s);
+        v[2 * i + 1] = static_cast<float>(x1 * c + x0 * s);
+      }
+    }
+  }
+}
+
 void Attention(const AttentionArgs& a) {
   const int64_t group = a.q_heads / a.kv_heads;
   const int64_t d = a.head_dim, dv = a.v_head_dim > 0 ? a.v_head_dim : d;
@@ -221,15 +237,16 @@ void KvAttention(const AttentionArgs& a) {
       const double sink = has_sink ? LoadAsF32(a.sinks, a.sinks_dtype, h) : 0.0;
       for (int64_t i = 0; i < len; ++i) {
         const int64_t p = p0 + i;
-        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1)
-                                        : 0;
+        const int64_t lo =
+            a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
         const float* q = a.q + (t0 + i) * a.q_rs + h * d;
         std::vector<double> e(static_cast<size_t>(p + 1 - lo));
         double mx = has_sink ? sink : -std::numeric_limits<double>::infinity();
         for (int64_t j = lo; j <= p; ++j) {
           const float* k = key(j, kvh);
           double dot = 0.0;
-          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
+          for (int64_t c = 0; c < d; ++c)
+            dot += static_cast<double>(q[c]) * k[c];
           dot *= a.scale;
           if (a.softcap > 0.0f) dot = a.softcap * std::tanh(dot / a.softcap);
           e[static_cast<size_t>(j - lo)] = dot;

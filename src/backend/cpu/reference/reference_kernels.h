@@ -36,6 +36,11 @@ void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
 void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                int64_t row_stride, const float* cos, const float* sin,
                int64_t half);
+// Adjacent pairs (x[2i], x[2i+1]) rotated in place (rotate_every_two), in
+// double.
+void ApplyRopePairs(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                    int64_t row_stride, const float* cos, const float* sin,
+                    int64_t half);
 
 // Naive attention: materialises the full [L, L] score matrix per (sequence,
 // head), masks, softmaxes in double (over keys plus the sink logit when
