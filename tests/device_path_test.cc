@@ -137,7 +137,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Multi-query attention from a fused c_attn.
                       Case{"gpt_bigcode", false},
                       // Interleaved rotary (ApplyRopePairs) on the device.
-                      Case{"gptj", false}),
+                      Case{"gptj", false},
+                      // [q | v | k] chunks regrouped on the device.
+                      Case{"codegen", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

@@ -390,6 +390,8 @@ std::vector<ModelCase> Cases() {
       {"gpt_bigcode", "gpt_bigcode", false},
       // GPT-J: one shared norm (parallel), interleaved partial rotary.
       {"gptj", "gptj", false},
+      // CodeGen: GPT-J's block, qkv_proj in 4 chunks of [q | v | k].
+      {"codegen", "codegen", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
       // Parallel blocks: two norms (GPT-NeoX, per-head fused q/k/v) and one

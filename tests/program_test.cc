@@ -44,6 +44,7 @@ std::vector<ModelCase> GoldenModels() {
           {"opt", false},
           {"gpt_bigcode", false},
           {"gptj", false},
+          {"codegen", false},
           {"olmo", false},
           {"olmo2", false},
           {"gpt_neox", false},

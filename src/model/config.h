@@ -44,6 +44,11 @@ enum class QkvLayout : uint8_t {
   // Per head [q_h | k_h | v_h] (GPT-NeoX query_key_value, heads = kv heads):
   // regrouped to [all q | all k | all v] right after the GEMM.
   kPerHead,
+  // CodeGen's qkv_proj (mp_num = qkv_groups): the output is qkv_groups
+  // chunks, each [q | v | k] blocks of q_dim / qkv_groups columns (chunk c
+  // holds heads c * heads / qkv_groups ...); regrouped to [all q | all k |
+  // all v] right after the GEMM.
+  kGroupedQvk,
 };
 
 enum class QkNormKind {
@@ -238,6 +243,7 @@ struct ModelConfig {
   bool mlp_bias = false;   // gate/up/down biases
   bool fused_qkv = false;  // one [q; k; v] projection (Phi-3, GPT-2)
   QkvLayout qkv_layout = QkvLayout::kConcat;  // of the fused projection
+  int64_t qkv_groups = 0;  // kGroupedQvk: the chunks (CodeGen's mp_num)
   BlockKind block = BlockKind::kSequential;
 
   bool pre_attn_norm = true;    // input_layernorm / ln_1 (absent in OLMo2)

@@ -60,7 +60,7 @@ void AddAttentionSteps(const LayerConfig& l, std::vector<ProgramStep>* s) {
                    {HookSite::kV, B::kQkv}}};
   // A per-head fused projection lands in its own buffer and is regrouped
   // into qkv within the step.
-  if (l.fused_qkv && l.qkv_layout == QkvLayout::kPerHead)
+  if (l.fused_qkv && l.qkv_layout != QkvLayout::kConcat)
     qkv.writes = {B::kQkvPerHead, B::kQkv};
   if (!l.is_mla()) s->push_back(qkv);
   ProgramStep attn{S::kAttention, {B::kQkv, B::kSeqStart}, {B::kZ}, {}};
@@ -199,7 +199,7 @@ std::string_view BufferName(BufferId id) {
     case B::kAttnIn:
       return "attention input";
     case B::kQkvPerHead:
-      return "qkv (per-head order)";
+      return "qkv (as the fused projection orders it)";
     case B::kQkv:
       return "qkv";
     case B::kMlaQLatent:

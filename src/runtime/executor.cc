@@ -777,6 +777,17 @@ Status Executor::StepQkvProj(const StepArgs& s) {
     float* fused = s.buf(BufferId::kQkvPerHead);  // [T, Q + 2 KV]
     Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, fused, ld);
     be.DeinterleaveBlocks(fused, ld, T, c_.num_heads, 3, c_.head_dim, qkv, ld);
+  } else if (lc->fused_qkv && lc->qkv_layout == QkvLayout::kGroupedQvk) {
+    // qkv_groups chunks of [q | v | k] (kv heads = heads): regrouped part-
+    // major into q | v | k, then v and k swapped through the fused buffer
+    // (every copy exact).
+    float* fused = s.buf(BufferId::kQkvPerHead);  // [T, Q + 2 KV]
+    Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, fused, ld);
+    const int64_t g = c_.qkv_groups;
+    be.DeinterleaveBlocks(fused, ld, T, g, 3, Q / g, qkv, ld);
+    be.StridedCopy(qkv + Q, ld, 0, 1, fused, ld, 0, 1, T, 1, 2 * KV);
+    be.StridedCopy(fused + KV, ld, 0, 1, k, ld, 0, 1, T, 1, KV);
+    be.StridedCopy(fused, ld, 0, 1, v, ld, 0, 1, T, 1, KV);
   } else if (lc->fused_qkv) {
     Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
   } else {
