@@ -139,7 +139,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Interleaved rotary (ApplyRopePairs) on the device.
                       Case{"gptj", false},
                       // [q | v | k] chunks regrouped on the device.
-                      Case{"codegen", false}),
+                      Case{"codegen", false},
+                      // Per-kv-group q/k/v regrouped on the device.
+                      Case{"falcon", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

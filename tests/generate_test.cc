@@ -140,11 +140,11 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
   // blocks with partial rotary (GPT-NeoX, Phi); GPT-Neo's learned
   // positions with a local (window 8) and a global layer; OPT's positions
   // read at p + 2; GPTBigCode's one k/v head; GPT-J's interleaved rotary;
-  // CodeGen's [q | v | k] chunks.
+  // CodeGen's [q | v | k] chunks; Falcon's per-kv-group q/k/v.
   for (const char* m :
        {"mistral_sw16_sharded", "gpt_oss", "gemma2", "granite", "starcoder2",
         "olmoe", "gpt_neox", "phi", "deepseek_v3", "gpt_neo", "opt", "gpt_bigcode", "gptj",
-        "codegen"})
+        "codegen", "falcon"})
     CheckCachedDecodeEqualsRecompute(SharedGoldenDir() + "/tiny/" + m);
 }
 

@@ -392,6 +392,8 @@ std::vector<ModelCase> Cases() {
       {"gptj", "gptj", false},
       // CodeGen: GPT-J's block, qkv_proj in 4 chunks of [q | v | k].
       {"codegen", "codegen", false},
+      // Falcon (new decoder): two norms, per-kv-group fused q/k/v.
+      {"falcon", "falcon", false},
       {"olmo", "olmo", false},
       {"olmo2", "olmo2", false},
       // Parallel blocks: two norms (GPT-NeoX, per-head fused q/k/v) and one

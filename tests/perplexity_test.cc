@@ -291,7 +291,7 @@ TEST(PerplexityGoldenTest, LogprobNextTinyModels) {
        {"llama", "llama3rope_bf16", "mistral_sw16_sharded", "qwen2", "qwen3",
         "gemma", "gemma2", "phi3", "gpt2", "olmo", "olmo2", "gpt_neox", "phi",
         "granite", "starcoder2", "olmoe", "deepseek_v3", "gpt_neo", "opt",
-        "gpt_bigcode", "gptj", "codegen"}) {
+        "gpt_bigcode", "gptj", "codegen", "falcon"}) {
     const std::string dir = SharedGoldenDir() + "/tiny/" + name;
     auto model = Load(dir);
     ASSERT_NE(model, nullptr) << name;

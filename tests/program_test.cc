@@ -45,6 +45,7 @@ std::vector<ModelCase> GoldenModels() {
           {"gpt_bigcode", false},
           {"gptj", false},
           {"codegen", false},
+          {"falcon", false},
           {"olmo", false},
           {"olmo2", false},
           {"gpt_neox", false},

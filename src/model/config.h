@@ -49,6 +49,10 @@ enum class QkvLayout : uint8_t {
   // holds heads c * heads / qkv_groups ...); regrouped to [all q | all k |
   // all v] right after the GEMM.
   kGroupedQvk,
+  // Falcon's new decoder architecture: per kv group g, the group's q heads
+  // then k_g then v_g (heads / kv_heads + 2 blocks of head_dim); regrouped
+  // to [all q | all k | all v] right after the GEMM.
+  kPerKvGroup,
 };
 
 enum class QkNormKind {

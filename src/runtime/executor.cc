@@ -788,6 +788,16 @@ Status Executor::StepQkvProj(const StepArgs& s) {
     be.StridedCopy(qkv + Q, ld, 0, 1, fused, ld, 0, 1, T, 1, 2 * KV);
     be.StridedCopy(fused + KV, ld, 0, 1, k, ld, 0, 1, T, 1, KV);
     be.StridedCopy(fused, ld, 0, 1, v, ld, 0, 1, T, 1, KV);
+  } else if (lc->fused_qkv && lc->qkv_layout == QkvLayout::kPerKvGroup) {
+    // Per kv group [q heads of the group | k | v]: three exact strided
+    // copies regroup it.
+    float* fused = s.buf(BufferId::kQkvPerHead);  // [T, Q + 2 KV]
+    Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, fused, ld);
+    const int64_t g = c_.num_kv_heads, hd = c_.head_dim, qg = Q / g;
+    const int64_t group = qg + 2 * hd;  // columns of one kv group
+    be.StridedCopy(fused, ld, group, 1, q, ld, qg, 1, T, g, qg);
+    be.StridedCopy(fused + qg, ld, group, 1, k, ld, hd, 1, T, g, hd);
+    be.StridedCopy(fused + qg + hd, ld, group, 1, v, ld, hd, 1, T, g, hd);
   } else if (lc->fused_qkv) {
     Linear(d, in, T, WeightRole::kQkv, WeightRole::kQkvBias, l, qkv, ld);
   } else {
