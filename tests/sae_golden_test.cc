@@ -766,6 +766,20 @@ TEST_F(SaeFilesTest, LlamaScopeHostileFilesNameTheField) {
         std::string::npos)
         << sae.status().message();
   }
+  // Finite stored values whose folded scale overflows float32.
+  {
+    nlohmann::json j = good;
+    j["dataset_average_activation_norm"] = {{"in", 1e-39}, {"out", 2.0}};
+    std::ofstream(dir / "hyperparams.json") << j.dump();
+    StatusOr<Sae> sae = LoadSae(dir.string());
+    ASSERT_FALSE(sae.ok());
+    EXPECT_NE(sae.status().message().find("overflows float32"),
+              std::string::npos)
+        << sae.status().message();
+    EXPECT_NE(sae.status().message().find("final.safetensors"),
+              std::string::npos)
+        << sae.status().message();
+  }
   // A decoder stored the other way round is refused naming the tensor.
   std::ofstream(dir / "hyperparams.json") << good.dump();
   write(Shape{n, d});

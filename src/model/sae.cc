@@ -530,6 +530,20 @@ StatusOr<Sae> LoadLlamaScope(const fs::path& dir) {
   sae.b_dec.resize(static_cast<size_t>(d));
   for (int64_t j = 0; j < d; ++j)
     sae.b_dec[j] = static_cast<float>(b_d[j] / s_out);
+  // Finite stored values can still overflow f32 once scaled.
+  for (const auto& [name, v] :
+       {std::pair<const char*, const std::vector<float>*>{"encoder.weight",
+                                                          &sae.w_enc},
+        {"encoder.bias", &sae.b_enc},
+        {"decoder.weight", &sae.w_dec},
+        {"decoder.bias", &sae.b_dec}})
+    for (size_t i = 0; i < v->size(); ++i)
+      if (!std::isfinite((*v)[i]))
+        return InvalidArgumentError(
+            t.path() + ": tensor '" + name +
+            "' overflows float32 once the dataset-wise scales and decoder "
+            "norms are folded in (element " +
+            std::to_string(i) + " of the folded " + name + ")");
   return sae;
 }
 
