@@ -305,7 +305,8 @@ TEST(InspectTest, ShowsMixtureOfExpertsAndLatentAttention) {
   EXPECT_CONTAINS(text,
                   "attention         multi-head latent (MLA), 128 heads: q via "
                   "rank 1536, kv latent rank 512, q/k 192 (128 nope + 64 "
-                  "rope, the rope key shared), v 128\n");
+                  "rope, the rope key shared), v 128, scores x 0.135234\n");
+  // (YaRN's mscale^2 / sqrt(192): the scale that is not 1 / sqrt(head_dim).)
   EXPECT_CONTAINS(text,
                   "experts           256 routed, top 8 per token, "
                   "intermediate 2048; shared expert of 2048\n");

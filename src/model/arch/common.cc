@@ -235,6 +235,50 @@ void AddSpec(std::vector<WeightSpec>* specs, std::string name, WeightRole role,
   specs->push_back(std::move(s));
 }
 
+Status ParseSizes(const ConfigReader& r, const SizeKeys& keys, ModelConfig* c) {
+  ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
+  ASSIGN_OR_RETURN(c->hidden_size, r.Int(keys.hidden));
+  ASSIGN_OR_RETURN(c->num_layers, r.Int(keys.layers));
+  ASSIGN_OR_RETURN(c->num_heads, r.Int(keys.heads));
+  if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0)
+    return InvalidArgumentError(r.source() + ": " + keys.hidden + " = " +
+                                std::to_string(c->hidden_size) +
+                                " is not a multiple of " + keys.heads + " = " +
+                                std::to_string(c->num_heads));
+  c->num_kv_heads = c->num_heads;
+  c->head_dim = c->hidden_size / c->num_heads;
+  return Status();
+}
+
+Status FinishParse(const ConfigReader& r, ModelConfig* c) {
+  if (c->sliding_window.empty()) c->sliding_window.assign(c->num_layers, 0);
+  ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1));
+  ASSIGN_OR_RETURN(c->eos_token_id, r.Int("eos_token_id", -1));
+  ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype", "float32"));
+  if (auto d = ParseDType(dtype)) c->torch_dtype = *d;
+  return ValidateDims(r.source(), *c);
+}
+
+void SpecList::Add(std::string name, WeightRole role, int64_t layer,
+                   Shape shape, bool linear) {
+  AddSpec(&w_->specs, std::move(name), role, layer, std::move(shape));
+  w_->specs.back().linear = linear;
+}
+
+void SpecList::AddLayerNorm(const std::string& name, WeightRole weight,
+                            WeightRole bias, int64_t layer, int64_t dim) {
+  Add(name + ".weight", weight, layer, {dim});
+  Add(name + ".bias", bias, layer, {dim});
+}
+
+void SpecList::AddLmHead(const ModelConfig& c, const std::string& embed) {
+  Add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, c.hidden_size},
+      /*linear=*/true);
+  if (!c.tie_word_embeddings) return;
+  w_->specs.back().required = false;
+  w_->specs.back().tied_to = embed;
+}
+
 ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
   ArchWeights w;
   auto add = [&](std::string name, WeightRole role, int64_t layer,

@@ -41,6 +41,39 @@ StatusOr<bool> ParseLayerTypes(const ConfigReader& r, int64_t window,
 // Checks dimensions are positive and consistent (heads divisible by kv heads).
 Status ValidateDims(const std::string& source, const ModelConfig& c);
 
+// GPT-style configs (GPT-J, GPT-Neo, CodeGen, GPTBigCode, OPT, Falcon) name
+// their sizes their own way: vocab, hidden, layers and heads under `keys`;
+// hidden must be a multiple of heads (head_dim = hidden / heads, kv heads =
+// heads until the architecture says otherwise).
+struct SizeKeys {
+  const char* hidden;
+  const char* layers;
+  const char* heads;
+};
+Status ParseSizes(const ConfigReader& r, const SizeKeys& keys, ModelConfig* c);
+
+// What every GPT-style Parse ends with: bos/eos ids, torch_dtype, global
+// attention on every layer unless c->sliding_window is set, ValidateDims.
+Status FinishParse(const ConfigReader& r, ModelConfig* c);
+
+// Appends the specs of a declaration.
+class SpecList {
+ public:
+  explicit SpecList(ArchWeights* w) : w_(w) {}
+  // `linear`: a projection (quantizable, WeightSpec::linear).
+  void Add(std::string name, WeightRole role, int64_t layer, Shape shape,
+           bool linear = false);
+  // `name`.weight and `name`.bias [dim] of a LayerNorm.
+  void AddLayerNorm(const std::string& name, WeightRole weight, WeightRole bias,
+                    int64_t layer, int64_t dim);
+  // lm_head.weight [vocab, hidden], tied to `embed` (optional in the
+  // checkpoint) when c.tie_word_embeddings.
+  void AddLmHead(const ModelConfig& c, const std::string& embed);
+
+ private:
+  ArchWeights* w_;
+};
+
 // Names of the norm tensors inside a layer ("" = absent in this architecture).
 struct DecoderNames {
   std::string attn_norm = "input_layernorm";
@@ -76,6 +109,13 @@ Status ParseQwen3Attention(const ConfigReader& r, ModelConfig* c);
 // Gemma (gemma.cc): what every Gemma generation shares (gelu, (1 + w) norms,
 // embeddings scaled by sqrt(hidden_size), tied head).
 Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
+// GPT-J / CodeGen (gptj.cc): the block (one shared LayerNorm, parallel,
+// interleaved rotary on min(rotary_dim, rotary_cap > 0 ? rotary_cap : any)
+// dims, gelu_new fc_in/fc_out, lm_head bias), and its weights (one fused
+// qkv_proj when c.fused_qkv, else q/k/v_proj).
+Status ParseGptjBlock(const ConfigReader& r, int64_t rotary_cap,
+                      ModelConfig* c);
+ArchWeights DeclareGptjWeights(const ModelConfig& c);
 // Gemma 2/3 (gemma2.cc): query_pre_attn_scalar -> attn_scale.
 Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c);
 // Gemma 2/3 (gemma2.cc): pre/post attention and feed-forward norm names.

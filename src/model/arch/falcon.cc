@@ -29,19 +29,14 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
         "rotary positions is supported (new_decoder_architecture false, "
         "alibi true, parallel_attn false or num_ln_in_parallel_attn 1 are "
         "not yet)");
-  ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
-  ASSIGN_OR_RETURN(c->hidden_size, r.Int("hidden_size"));
-  ASSIGN_OR_RETURN(c->num_layers, r.Int("num_hidden_layers"));
-  ASSIGN_OR_RETURN(c->num_heads, r.Int("num_attention_heads"));
+  RETURN_IF_ERROR(ParseSizes(
+      r, {"hidden_size", "num_hidden_layers", "num_attention_heads"}, c));
   ASSIGN_OR_RETURN(c->num_kv_heads, r.Int("num_kv_heads", c->num_heads));
-  if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0 ||
-      c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0)
+  if (c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0)
     return InvalidArgumentError(
-        r.source() + ": hidden_size = " + std::to_string(c->hidden_size) +
-        ", num_attention_heads = " + std::to_string(c->num_heads) +
-        " and num_kv_heads = " + std::to_string(c->num_kv_heads) +
-        " do not divide into heads and kv groups");
-  c->head_dim = c->hidden_size / c->num_heads;
+        r.source() + ": num_attention_heads = " + std::to_string(c->num_heads) +
+        " is not a multiple of num_kv_heads = " +
+        std::to_string(c->num_kv_heads));
   ASSIGN_OR_RETURN(c->intermediate_size,
                    r.Int("ffn_hidden_size", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings,
@@ -65,51 +60,40 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->rope.theta, r.Float("rope_theta", 10000.0));
   c->rope.rotary_dim = c->head_dim;
   c->attn_scale = 1.0f / std::sqrt(static_cast<float>(c->head_dim));
-  c->sliding_window.assign(c->num_layers, 0);
-  ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1));
-  ASSIGN_OR_RETURN(c->eos_token_id, r.Int("eos_token_id", -1));
-  ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype", "float32"));
-  if (auto d = ParseDType(dtype)) c->torch_dtype = *d;
-  return ValidateDims(r.source(), *c);
+  return FinishParse(r, c);
 }
 
 ArchWeights Declare(const ModelConfig& c) {
   ArchWeights w;
-  auto add = [&](std::string name, WeightRole role, int64_t layer, Shape shape,
-                 bool linear = false) {
-    AddSpec(&w.specs, std::move(name), role, layer, std::move(shape));
-    w.specs.back().linear = linear;
-  };
+  SpecList specs(&w);
   const int64_t H = c.hidden_size, I = c.intermediate_size,
                 QKV = c.q_dim() + 2 * c.kv_dim();
-  add("transformer.word_embeddings.weight", WeightRole::kEmbed, -1,
-      {c.vocab_size, H});
+  specs.Add("transformer.word_embeddings.weight", WeightRole::kEmbed, -1,
+            {c.vocab_size, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
-    add(p + "ln_attn.weight", WeightRole::kAttnNorm, i, {H});
-    add(p + "ln_attn.bias", WeightRole::kAttnNormBias, i, {H});
-    add(p + "ln_mlp.weight", WeightRole::kMlpNorm, i, {H});
-    add(p + "ln_mlp.bias", WeightRole::kMlpNormBias, i, {H});
-    add(p + "self_attention.query_key_value.weight", WeightRole::kQkv, i,
-        {QKV, H}, true);
-    add(p + "self_attention.dense.weight", WeightRole::kO, i, {H, H}, true);
-    add(p + "mlp.dense_h_to_4h.weight", WeightRole::kUp, i, {I, H}, true);
-    add(p + "mlp.dense_4h_to_h.weight", WeightRole::kDown, i, {H, I}, true);
+    specs.AddLayerNorm(p + "ln_attn", WeightRole::kAttnNorm,
+                       WeightRole::kAttnNormBias, i, H);
+    specs.AddLayerNorm(p + "ln_mlp", WeightRole::kMlpNorm,
+                       WeightRole::kMlpNormBias, i, H);
+    specs.Add(p + "self_attention.query_key_value.weight", WeightRole::kQkv, i,
+              {QKV, H}, true);
+    specs.Add(p + "self_attention.dense.weight", WeightRole::kO, i, {H, H},
+              true);
+    specs.Add(p + "mlp.dense_h_to_4h.weight", WeightRole::kUp, i, {I, H}, true);
+    specs.Add(p + "mlp.dense_4h_to_h.weight", WeightRole::kDown, i, {H, I},
+              true);
     if (c.qkv_bias) {
-      add(p + "self_attention.query_key_value.bias", WeightRole::kQkvBias, i,
-          {QKV});
-      add(p + "self_attention.dense.bias", WeightRole::kOBias, i, {H});
-      add(p + "mlp.dense_h_to_4h.bias", WeightRole::kUpBias, i, {I});
-      add(p + "mlp.dense_4h_to_h.bias", WeightRole::kDownBias, i, {H});
+      specs.Add(p + "self_attention.query_key_value.bias", WeightRole::kQkvBias,
+                i, {QKV});
+      specs.Add(p + "self_attention.dense.bias", WeightRole::kOBias, i, {H});
+      specs.Add(p + "mlp.dense_h_to_4h.bias", WeightRole::kUpBias, i, {I});
+      specs.Add(p + "mlp.dense_4h_to_h.bias", WeightRole::kDownBias, i, {H});
     }
   }
-  add("transformer.ln_f.weight", WeightRole::kFinalNorm, -1, {H});
-  add("transformer.ln_f.bias", WeightRole::kFinalNormBias, -1, {H});
-  add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H}, true);
-  if (c.tie_word_embeddings) {
-    w.specs.back().required = false;
-    w.specs.back().tied_to = "transformer.word_embeddings.weight";
-  }
+  specs.AddLayerNorm("transformer.ln_f", WeightRole::kFinalNorm,
+                     WeightRole::kFinalNormBias, -1, H);
+  specs.AddLmHead(c, "transformer.word_embeddings.weight");
   w.optional_prefixes = {"transformer."};
   return w;
 }

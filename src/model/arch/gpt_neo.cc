@@ -61,16 +61,7 @@ StatusOr<std::vector<std::string>> LayerTypes(const ConfigReader& r,
 }
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
-  ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
-  ASSIGN_OR_RETURN(c->hidden_size, r.Int("hidden_size"));
-  ASSIGN_OR_RETURN(c->num_layers, r.Int("num_layers"));
-  ASSIGN_OR_RETURN(c->num_heads, r.Int("num_heads"));
-  c->num_kv_heads = c->num_heads;
-  if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0)
-    return InvalidArgumentError(
-        r.source() + ": hidden_size = " + std::to_string(c->hidden_size) +
-        " is not a multiple of num_heads = " + std::to_string(c->num_heads));
-  c->head_dim = c->hidden_size / c->num_heads;
+  RETURN_IF_ERROR(ParseSizes(r, {"hidden_size", "num_layers", "num_heads"}, c));
   // intermediate_size null (GPTNeoConfig's default): 4 x hidden_size.
   ASSIGN_OR_RETURN(c->intermediate_size,
                    r.Int("intermediate_size", 4 * c->hidden_size));
@@ -98,46 +89,37 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->sliding_window.assign(c->num_layers, 0);
   for (int64_t l = 0; l < c->num_layers; ++l)
     if (types[static_cast<size_t>(l)] == "local") c->sliding_window[l] = window;
-  ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1));
-  ASSIGN_OR_RETURN(c->eos_token_id, r.Int("eos_token_id", -1));
-  ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype", "float32"));
-  if (auto d = ParseDType(dtype)) c->torch_dtype = *d;
-  return ValidateDims(r.source(), *c);
+  return FinishParse(r, c);
 }
 
 ArchWeights Declare(const ModelConfig& c) {
   ArchWeights w;
-  auto add = [&](std::string name, WeightRole role, int64_t layer, Shape shape,
-                 bool linear = false) {
-    AddSpec(&w.specs, std::move(name), role, layer, std::move(shape));
-    w.specs.back().linear = linear;
-  };
+  SpecList specs(&w);
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  add("transformer.wte.weight", WeightRole::kEmbed, -1, {c.vocab_size, H});
-  add("transformer.wpe.weight", WeightRole::kPosEmbed, -1,
-      {c.max_position_embeddings, H});
+  specs.Add("transformer.wte.weight", WeightRole::kEmbed, -1,
+            {c.vocab_size, H});
+  specs.Add("transformer.wpe.weight", WeightRole::kPosEmbed, -1,
+            {c.max_position_embeddings, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
     const std::string a = p + "attn.attention.";
-    add(p + "ln_1.weight", WeightRole::kAttnNorm, i, {H});
-    add(p + "ln_1.bias", WeightRole::kAttnNormBias, i, {H});
-    add(a + "q_proj.weight", WeightRole::kQ, i, {H, H}, true);
-    add(a + "k_proj.weight", WeightRole::kK, i, {H, H}, true);
-    add(a + "v_proj.weight", WeightRole::kV, i, {H, H}, true);
-    add(a + "out_proj.weight", WeightRole::kO, i, {H, H}, true);
-    add(a + "out_proj.bias", WeightRole::kOBias, i, {H});
-    add(p + "ln_2.weight", WeightRole::kMlpNorm, i, {H});
-    add(p + "ln_2.bias", WeightRole::kMlpNormBias, i, {H});
-    add(p + "mlp.c_fc.weight", WeightRole::kUp, i, {I, H}, true);
-    add(p + "mlp.c_fc.bias", WeightRole::kUpBias, i, {I});
-    add(p + "mlp.c_proj.weight", WeightRole::kDown, i, {H, I}, true);
-    add(p + "mlp.c_proj.bias", WeightRole::kDownBias, i, {H});
+    specs.AddLayerNorm(p + "ln_1", WeightRole::kAttnNorm,
+                       WeightRole::kAttnNormBias, i, H);
+    specs.Add(a + "q_proj.weight", WeightRole::kQ, i, {H, H}, true);
+    specs.Add(a + "k_proj.weight", WeightRole::kK, i, {H, H}, true);
+    specs.Add(a + "v_proj.weight", WeightRole::kV, i, {H, H}, true);
+    specs.Add(a + "out_proj.weight", WeightRole::kO, i, {H, H}, true);
+    specs.Add(a + "out_proj.bias", WeightRole::kOBias, i, {H});
+    specs.AddLayerNorm(p + "ln_2", WeightRole::kMlpNorm,
+                       WeightRole::kMlpNormBias, i, H);
+    specs.Add(p + "mlp.c_fc.weight", WeightRole::kUp, i, {I, H}, true);
+    specs.Add(p + "mlp.c_fc.bias", WeightRole::kUpBias, i, {I});
+    specs.Add(p + "mlp.c_proj.weight", WeightRole::kDown, i, {H, I}, true);
+    specs.Add(p + "mlp.c_proj.bias", WeightRole::kDownBias, i, {H});
   }
-  add("transformer.ln_f.weight", WeightRole::kFinalNorm, -1, {H});
-  add("transformer.ln_f.bias", WeightRole::kFinalNormBias, -1, {H});
-  add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H}, true);
-  w.specs.back().required = false;
-  w.specs.back().tied_to = "transformer.wte.weight";
+  specs.AddLayerNorm("transformer.ln_f", WeightRole::kFinalNorm,
+                     WeightRole::kFinalNormBias, -1, H);
+  specs.AddLmHead(c, "transformer.wte.weight");
   // Causal-mask buffers older GPT-Neo checkpoints carry.
   w.ignored_suffixes = {".attn.attention.bias", ".attn.attention.masked_bias"};
   w.optional_prefixes = {"transformer."};

@@ -3,7 +3,9 @@
 // bias, rotary embeddings on the first rotary_dim dims of each head in
 // GPT-J's interleaved convention (adjacent pairs rotate in place:
 // RopeConfig::rotate_pairs), a gelu_new MLP fc_in/fc_out with biases,
-// ln_f, and an untied lm_head with a bias.
+// ln_f, and an untied lm_head with a bias. CodeGen (codegen.cc) is this
+// family with a fused qkv_proj.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -11,19 +13,10 @@
 #include "src/model/arch/common.h"
 
 namespace loom::arch {
-namespace {
 
-Status Parse(const ConfigReader& r, ModelConfig* c) {
-  ASSIGN_OR_RETURN(c->vocab_size, r.Int("vocab_size"));
-  ASSIGN_OR_RETURN(c->hidden_size, r.Int("n_embd"));
-  ASSIGN_OR_RETURN(c->num_layers, r.Int("n_layer"));
-  ASSIGN_OR_RETURN(c->num_heads, r.Int("n_head"));
-  c->num_kv_heads = c->num_heads;
-  if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0)
-    return InvalidArgumentError(
-        r.source() + ": n_embd = " + std::to_string(c->hidden_size) +
-        " is not a multiple of n_head = " + std::to_string(c->num_heads));
-  c->head_dim = c->hidden_size / c->num_heads;
+Status ParseGptjBlock(const ConfigReader& r, int64_t rotary_cap,
+                      ModelConfig* c) {
+  RETURN_IF_ERROR(ParseSizes(r, {"n_embd", "n_layer", "n_head"}, c));
   ASSIGN_OR_RETURN(c->intermediate_size, r.Int("n_inner", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("n_positions"));
   ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_epsilon", 1e-5));
@@ -39,65 +32,67 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->pre_mlp_norm = false;  // the MLP reads ln_1's output
   ASSIGN_OR_RETURN(c->tie_word_embeddings,
                    r.Bool("tie_word_embeddings", false));
-  // GPT-J's rotary: base 10000 (not configurable), rotary_dim null = the
-  // whole head.
+  // The family's rotary: base 10000 (not configurable), rotary_dim null =
+  // the whole head.
   c->rope.type = RopeConfig::Type::kDefault;
   c->rope.theta = 10000.0;
   c->rope.rotate_pairs = true;
-  ASSIGN_OR_RETURN(c->rope.rotary_dim, r.Int("rotary_dim", c->head_dim));
-  if (c->rope.rotary_dim <= 0 || c->rope.rotary_dim > c->head_dim ||
-      c->rope.rotary_dim % 2 != 0)
+  ASSIGN_OR_RETURN(int64_t rotary, r.Int("rotary_dim", c->head_dim));
+  if (rotary_cap > 0) rotary = std::min(rotary, rotary_cap);
+  if (rotary <= 0 || rotary > c->head_dim || rotary % 2 != 0)
     return InvalidArgumentError(
-        r.source() + ": rotary_dim = " + std::to_string(c->rope.rotary_dim) +
+        r.source() + ": rotary_dim = " + std::to_string(rotary) +
+        (rotary_cap > 0 ? " (capped at " + std::to_string(rotary_cap) + ")"
+                        : std::string()) +
         ", expected an even value in [2, head_dim = " +
         std::to_string(c->head_dim) + "]");
+  c->rope.rotary_dim = rotary;
   c->attn_scale = 1.0f / std::sqrt(static_cast<float>(c->head_dim));
-  c->sliding_window.assign(c->num_layers, 0);
-  ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1));
-  ASSIGN_OR_RETURN(c->eos_token_id, r.Int("eos_token_id", -1));
-  ASSIGN_OR_RETURN(std::string dtype, r.String("torch_dtype", "float32"));
-  if (auto d = ParseDType(dtype)) c->torch_dtype = *d;
-  return ValidateDims(r.source(), *c);
+  return FinishParse(r, c);
 }
 
-ArchWeights Declare(const ModelConfig& c) {
+ArchWeights DeclareGptjWeights(const ModelConfig& c) {
   ArchWeights w;
-  auto add = [&](std::string name, WeightRole role, int64_t layer, Shape shape,
-                 bool linear = false) {
-    AddSpec(&w.specs, std::move(name), role, layer, std::move(shape));
-    w.specs.back().linear = linear;
-  };
+  SpecList specs(&w);
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  add("transformer.wte.weight", WeightRole::kEmbed, -1, {c.vocab_size, H});
+  specs.Add("transformer.wte.weight", WeightRole::kEmbed, -1,
+            {c.vocab_size, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
-    add(p + "ln_1.weight", WeightRole::kAttnNorm, i, {H});
-    add(p + "ln_1.bias", WeightRole::kAttnNormBias, i, {H});
-    add(p + "attn.q_proj.weight", WeightRole::kQ, i, {H, H}, true);
-    add(p + "attn.k_proj.weight", WeightRole::kK, i, {H, H}, true);
-    add(p + "attn.v_proj.weight", WeightRole::kV, i, {H, H}, true);
-    add(p + "attn.out_proj.weight", WeightRole::kO, i, {H, H}, true);
-    add(p + "mlp.fc_in.weight", WeightRole::kUp, i, {I, H}, true);
-    add(p + "mlp.fc_in.bias", WeightRole::kUpBias, i, {I});
-    add(p + "mlp.fc_out.weight", WeightRole::kDown, i, {H, I}, true);
-    add(p + "mlp.fc_out.bias", WeightRole::kDownBias, i, {H});
+    specs.AddLayerNorm(p + "ln_1", WeightRole::kAttnNorm,
+                       WeightRole::kAttnNormBias, i, H);
+    if (c.fused_qkv) {
+      specs.Add(p + "attn.qkv_proj.weight", WeightRole::kQkv, i, {3 * H, H},
+                true);
+    } else {
+      specs.Add(p + "attn.q_proj.weight", WeightRole::kQ, i, {H, H}, true);
+      specs.Add(p + "attn.k_proj.weight", WeightRole::kK, i, {H, H}, true);
+      specs.Add(p + "attn.v_proj.weight", WeightRole::kV, i, {H, H}, true);
+    }
+    specs.Add(p + "attn.out_proj.weight", WeightRole::kO, i, {H, H}, true);
+    specs.Add(p + "mlp.fc_in.weight", WeightRole::kUp, i, {I, H}, true);
+    specs.Add(p + "mlp.fc_in.bias", WeightRole::kUpBias, i, {I});
+    specs.Add(p + "mlp.fc_out.weight", WeightRole::kDown, i, {H, I}, true);
+    specs.Add(p + "mlp.fc_out.bias", WeightRole::kDownBias, i, {H});
   }
-  add("transformer.ln_f.weight", WeightRole::kFinalNorm, -1, {H});
-  add("transformer.ln_f.bias", WeightRole::kFinalNormBias, -1, {H});
-  add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, H}, true);
-  if (c.tie_word_embeddings) {
-    w.specs.back().required = false;
-    w.specs.back().tied_to = "transformer.wte.weight";
-  }
-  add("lm_head.bias", WeightRole::kLmHeadBias, -1, {c.vocab_size});
-  // Causal-mask buffers GPT-J checkpoints carry.
-  w.ignored_suffixes = {".attn.bias", ".attn.masked_bias"};
+  specs.AddLayerNorm("transformer.ln_f", WeightRole::kFinalNorm,
+                     WeightRole::kFinalNormBias, -1, H);
+  specs.AddLmHead(c, "transformer.wte.weight");
+  specs.Add("lm_head.bias", WeightRole::kLmHeadBias, -1, {c.vocab_size});
+  // Causal-mask buffers the checkpoints carry.
+  w.ignored_suffixes = {".attn.bias", ".attn.masked_bias", ".attn.causal_mask"};
   w.optional_prefixes = {"transformer."};
   return w;
 }
 
+namespace {
+
+Status Parse(const ConfigReader& r, ModelConfig* c) {
+  return ParseGptjBlock(r, /*rotary_cap=*/0, c);
+}
+
 }  // namespace
 
-const ArchDef kGptj = {"gptj", Parse, Declare, /*runnable=*/true};
+const ArchDef kGptj = {"gptj", Parse, DeclareGptjWeights, /*runnable=*/true};
 
 }  // namespace loom::arch
