@@ -45,7 +45,11 @@ LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
   l.window = layer >= 0 && layer < static_cast<int64_t>(c.sliding_window.size())
                  ? c.sliding_window[layer]
                  : 0;
-  l.attn_scale = c.attn_scale;
+  // 0 (unset by the architecture): the usual 1 / sqrt(head_dim) of the
+  // layer's q/k heads.
+  l.attn_scale = c.attn_scale > 0
+                     ? c.attn_scale
+                     : 1.0f / std::sqrt(static_cast<float>(l.head_dim));
   if (c.attn_scale_by_inverse_layer)
     l.attn_scale /= static_cast<float>(layer + 1);
   l.attn_softcap = c.attn_softcap;
