@@ -190,17 +190,8 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
   if (!s.streaming()) return r;
   // --streaming-chunk-size: each layer's cache on the device that computes
   // it (the planned `kv` term: KvLayerBytes per layer run).
-  if (r->ex_->num_devices() == 0)
-    return InternalError("extract: the executor runs on no device");
-  std::vector<Backend*> placement(static_cast<size_t>(r->ex_->last_layer() + 1),
-                                  nullptr);
-  for (int i = 0; i < r->ex_->num_devices(); ++i) {
-    const Executor::Device& d = r->ex_->device(i);
-    for (int64_t l = d.first_layer; l <= d.last_layer; ++l)
-      placement[static_cast<size_t>(l)] = d.backend;
-  }
-  StatusOr<std::unique_ptr<KvCache>> cache =
-      KvCache::Create(model.config(), /*slots=*/1, s.max_row_tokens, placement);
+  StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(
+      model.config(), /*slots=*/1, s.max_row_tokens, r->ex_->LayerBackends());
   if (!cache.ok()) return cache.status().WithContext("--streaming-chunk-size");
   r->streamer_ = std::make_unique<Streamer>();
   r->streamer_->chunk = s.streaming_chunk_size;

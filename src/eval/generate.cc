@@ -225,21 +225,6 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
     ASSIGN_OR_RETURN(g->owned_backend_, CreateBackend("cpu"));
     backend = g->owned_backend_.get();
   }
-  // layer l's backend: the segment computing it, or the one backend.
-  std::vector<Backend*> placement(static_cast<size_t>(c.num_layers), backend);
-  for (const ExecutorSegment& seg : o.segments)
-    for (int64_t l = std::max<int64_t>(seg.first_layer, 0);
-         l <= std::min(seg.last_layer, c.num_layers - 1); ++l)
-      placement[static_cast<size_t>(l)] = seg.backend;
-  for (size_t l = 0; l < placement.size(); ++l)
-    if (placement[l] == nullptr)
-      return InvalidArgumentError(
-          "generate: the placement's segments leave "
-          "layer " +
-          std::to_string(l) + " without a backend");
-  // The final norm runs on the last layer's device (the host's copy of its
-  // rows goes through that backend).
-  if (!o.segments.empty()) backend = o.segments.back().backend;
   HookSet hooks = o.capture_hooks;
   hooks.Add({HookSite::kFinalNorm, -1});
   ExecutorOptions eo;
@@ -248,15 +233,21 @@ StatusOr<std::unique_ptr<Generator>> Generator::Create(const Model& model,
   eo.backend = backend;
   eo.segments = o.segments;
   ASSIGN_OR_RETURN(g->executor_, Executor::Create(model, hooks, eo));
+  // Each layer's cache where the executor computes it.
   ASSIGN_OR_RETURN(g->cache_,
-                   KvCache::Create(c, o.slots, o.context, placement, o.paging));
+                   KvCache::Create(c, o.slots, o.context,
+                                   g->executor_->LayerBackends(), o.paging));
   ASSIGN_OR_RETURN(g->head_, LogitsHead::Create(model, o.slots));
   g->ids_.resize(static_cast<size_t>(eo.max_tokens));
   g->seq_start_.resize(static_cast<size_t>(o.slots) + 1);
   g->slot_.resize(static_cast<size_t>(o.slots));
   g->pos0_.resize(static_cast<size_t>(o.slots));
   g->last_hidden_.resize(static_cast<size_t>(o.slots * c.hidden_size));
-  g->sink_ = std::make_unique<LastRowSink>(g->last_hidden_, backend);
+  // The final norm runs on the last device: its rows reach the host through
+  // that backend.
+  const Executor& ex = *g->executor_;
+  g->sink_ = std::make_unique<LastRowSink>(
+      g->last_hidden_, ex.device(ex.num_devices() - 1).backend);
   return g;
 }
 

@@ -202,9 +202,8 @@ std::vector<DevicePlan> Evaluate(const PlanInput& in, const Costs& k,
   // One KV attention workspace on each device that computes layers (the
   // cache holds each layer where it is computed: KvCache).
   for (int d : tiers.compute)
-    if (out[d].computes() &&
-        (!out[d].layers.empty() || out[d].streamed_layers > 0 ||
-         out[d].offloaded_layers > 0))
+    if (!out[d].layers.empty() || out[d].streamed_layers > 0 ||
+        out[d].offloaded_layers > 0)
       out[d].workspace += k.kv_ws;
   if (tiers.host >= 0) out[tiers.host].staging += k.host_staging;
   return out;

@@ -39,6 +39,14 @@ int64_t Executor::arena_bytes() const {
   return total;
 }
 
+std::vector<Backend*> Executor::LayerBackends() const {
+  std::vector<Backend*> out(static_cast<size_t>(last_layer_ + 1), nullptr);
+  for (const Device& d : devices_)
+    for (int64_t l = d.first_layer; l <= d.last_layer; ++l)
+      out[static_cast<size_t>(l)] = d.backend;
+  return out;
+}
+
 int64_t Executor::staged_weight_bytes() const {
   int64_t total = 0;
   for (const Device& d : devices_)

@@ -268,6 +268,9 @@ class Executor {
     }
   };
   int num_devices() const { return static_cast<int>(devices_.size()); }
+  // The backend computing each layer run, [last_layer() + 1] (a KV cache's
+  // placement: KvCache::Create).
+  std::vector<Backend*> LayerBackends() const;
   const Device& device(int i) const { return devices_[static_cast<size_t>(i)]; }
   // Bytes of weights copied to device memory (0 when every segment reads the
   // host's).

@@ -250,6 +250,18 @@ Status ParseSizes(const ConfigReader& r, const SizeKeys& keys, ModelConfig* c) {
   return Status();
 }
 
+Status ParseGptNormAndMlp(const ConfigReader& r, const char* act_default,
+                          ModelConfig* c) {
+  ASSIGN_OR_RETURN(const double eps, r.Float("layer_norm_epsilon", 1e-5));
+  c->norm_eps = static_cast<float>(eps);
+  c->norm = NormKind::kLayer;
+  ASSIGN_OR_RETURN(const std::string act,
+                   r.String("activation_function", act_default));
+  ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation_function", act));
+  c->mlp = MlpKind::kPlain;
+  return Status();
+}
+
 Status FinishParse(const ConfigReader& r, ModelConfig* c) {
   if (c->sliding_window.empty()) c->sliding_window.assign(c->num_layers, 0);
   ASSIGN_OR_RETURN(c->bos_token_id, r.Int("bos_token_id", -1));

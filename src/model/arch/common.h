@@ -52,6 +52,11 @@ struct SizeKeys {
 };
 Status ParseSizes(const ConfigReader& r, const SizeKeys& keys, ModelConfig* c);
 
+// The GPT-2 family's LayerNorm (layer_norm_epsilon, default 1e-5, with
+// bias) and plain MLP (activation_function, default `act_default`).
+Status ParseGptNormAndMlp(const ConfigReader& r, const char* act_default,
+                          ModelConfig* c);
+
 // What every GPT-style Parse ends with: bos/eos ids, torch_dtype, global
 // attention on every layer unless c->sliding_window is set, ValidateDims.
 Status FinishParse(const ConfigReader& r, ModelConfig* c);

@@ -7,7 +7,6 @@
 // ln_f and a lm_head tied to word_embeddings by default. The older layout
 // (new_decoder_architecture false: Falcon-7B's one LayerNorm and
 // multi-query concat) and ALiBi are refused by name.
-#include <cmath>
 #include <string>
 
 #include "src/model/arch/archs.h"
@@ -59,7 +58,6 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->rope.type = RopeConfig::Type::kDefault;
   ASSIGN_OR_RETURN(c->rope.theta, r.Float("rope_theta", 10000.0));
   c->rope.rotary_dim = c->head_dim;
-  c->attn_scale = 1.0f / std::sqrt(static_cast<float>(c->head_dim));
   return FinishParse(r, c);
 }
 

@@ -22,13 +22,7 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->head_dim = c->hidden_size / c->num_heads;
   ASSIGN_OR_RETURN(c->intermediate_size, r.Int("n_inner", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("n_positions"));
-  ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_epsilon", 1e-5));
-  c->norm_eps = static_cast<float>(eps);
-  c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(std::string act,
-                   r.String("activation_function", "gelu_new"));
-  ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation_function", act));
-  c->mlp = MlpKind::kPlain;
+  RETURN_IF_ERROR(ParseGptNormAndMlp(r, "gelu_new", c));
   c->fused_qkv = true;
   c->qkv_bias = c->o_bias = c->mlp_bias = true;
   c->tie_word_embeddings = true;

@@ -4,7 +4,6 @@
 // attention: one fused c_attn with bias whose rows are [q (all heads) |
 // k (one head) | v (one head)], every query head attending with the single
 // k/v. The multi_query = false layout (per-head q|k|v) is refused.
-#include <cmath>
 #include <string>
 
 #include "src/model/arch/archs.h"
@@ -23,21 +22,14 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->num_kv_heads = 1;
   ASSIGN_OR_RETURN(c->intermediate_size, r.Int("n_inner", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("n_positions"));
-  ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_epsilon", 1e-5));
-  c->norm_eps = static_cast<float>(eps);
-  c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(std::string act,
-                   r.String("activation_function", "gelu_pytorch_tanh"));
-  ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation_function", act));
-  c->mlp = MlpKind::kPlain;
+  RETURN_IF_ERROR(ParseGptNormAndMlp(r, "gelu_pytorch_tanh", c));
   c->fused_qkv = true;
   c->qkv_bias = c->o_bias = c->mlp_bias = true;
   c->tie_word_embeddings = true;
   c->learned_positions = true;
   c->rope.type = RopeConfig::Type::kNone;
   ASSIGN_OR_RETURN(const bool scale, r.Bool("scale_attn_weights", true));
-  c->attn_scale =
-      scale ? 1.0f / std::sqrt(static_cast<float>(c->head_dim)) : 1.0f;
+  c->attn_scale = scale ? 0.0f : 1.0f;  // 0: 1/sqrt(head_dim)
   return FinishParse(r, c);
 }
 

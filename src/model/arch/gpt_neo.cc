@@ -67,13 +67,7 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
                    r.Int("intermediate_size", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings,
                    r.Int("max_position_embeddings"));
-  ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_epsilon", 1e-5));
-  c->norm_eps = static_cast<float>(eps);
-  c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(std::string act,
-                   r.String("activation_function", "gelu_new"));
-  ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation_function", act));
-  c->mlp = MlpKind::kPlain;
+  RETURN_IF_ERROR(ParseGptNormAndMlp(r, "gelu_new", c));
   c->qkv_bias = false;
   c->o_bias = c->mlp_bias = true;
   c->tie_word_embeddings = true;

@@ -6,7 +6,6 @@
 // ln_f, and an untied lm_head with a bias. CodeGen (codegen.cc) is this
 // family with a fused qkv_proj.
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "src/model/arch/archs.h"
@@ -19,13 +18,7 @@ Status ParseGptjBlock(const ConfigReader& r, int64_t rotary_cap,
   RETURN_IF_ERROR(ParseSizes(r, {"n_embd", "n_layer", "n_head"}, c));
   ASSIGN_OR_RETURN(c->intermediate_size, r.Int("n_inner", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings, r.Int("n_positions"));
-  ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_epsilon", 1e-5));
-  c->norm_eps = static_cast<float>(eps);
-  c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(std::string act,
-                   r.String("activation_function", "gelu_new"));
-  ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation_function", act));
-  c->mlp = MlpKind::kPlain;
+  RETURN_IF_ERROR(ParseGptNormAndMlp(r, "gelu_new", c));
   c->qkv_bias = c->o_bias = false;
   c->mlp_bias = true;
   c->block = BlockKind::kParallelSharedNorm;
@@ -47,7 +40,6 @@ Status ParseGptjBlock(const ConfigReader& r, int64_t rotary_cap,
         ", expected an even value in [2, head_dim = " +
         std::to_string(c->head_dim) + "]");
   c->rope.rotary_dim = rotary;
-  c->attn_scale = 1.0f / std::sqrt(static_cast<float>(c->head_dim));
   return FinishParse(r, c);
 }
 

@@ -5,7 +5,6 @@
 // max_position_embeddings + 2 rows), the model's final_layer_norm and a
 // lm_head tied to embed_tokens. The post-LN layout (OPT-350m:
 // do_layer_norm_before false, with project_in/project_out) is refused.
-#include <cmath>
 #include <string>
 
 #include "src/model/arch/archs.h"
@@ -53,7 +52,6 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   c->learned_positions = true;
   c->position_offset = kOptPositionOffset;
   c->rope.type = RopeConfig::Type::kNone;
-  c->attn_scale = 1.0f / std::sqrt(static_cast<float>(c->head_dim));
   return FinishParse(r, c);
 }
 
