@@ -34,6 +34,44 @@ Status Backend::RunSae(const Sae& /*sae*/, const float* /*x*/,
                             " backend: RunSae (SAEs) has no kernel here yet");
 }
 
+namespace {
+Status NoBackward(const Backend& b, std::string_view op) {
+  return UnimplementedError(std::string(b.name()) + " backend: " +
+                            std::string(op) +
+                            " (the backward) has no kernel here yet; run "
+                            "gradients on the CPU (--device cpu)");
+}
+}  // namespace
+
+int64_t Backend::GemmBackwardWorkspaceBytes(const WeightOperand& /*w*/) const {
+  return 0;
+}
+Status Backend::GemmBackwardInput(const GemmBackwardOp& /*op*/) {
+  return NoBackward(*this, "GemmBackwardInput");
+}
+Status Backend::NormBackward(const NormBackwardOp& /*op*/) {
+  return NoBackward(*this, "NormBackward");
+}
+int64_t Backend::AttentionBackwardWorkspaceBytes(
+    const AttentionOp& /*op*/) const {
+  return 0;
+}
+Status Backend::AttentionBackward(const AttentionBackwardOp& /*op*/) {
+  return NoBackward(*this, "AttentionBackward");
+}
+Status Backend::ActivationBackward(ActivationFn /*fn*/, const float* /*x*/,
+                                   const float* /*dy*/, float* /*dx*/,
+                                   int64_t /*n*/) {
+  return NoBackward(*this, "ActivationBackward");
+}
+Status Backend::GatedActivationBackward(
+    ActivationFn /*fn*/, const float* /*gate*/, int64_t /*gate_rs*/,
+    const float* /*up*/, int64_t /*up_rs*/, const float* /*dout*/,
+    float* /*dgate*/, int64_t /*dg_rs*/, float* /*dup*/, int64_t /*du_rs*/,
+    int64_t /*rows*/, int64_t /*n*/) {
+  return NoBackward(*this, "GatedActivationBackward");
+}
+
 void Backend::GemmGroup(const GemmGroupOp& op) {
   for (int64_t i = 0; i < op.count; ++i) {
     GemmOp g = op.items[i];

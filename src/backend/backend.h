@@ -271,6 +271,59 @@ struct BackendCapabilities {
   int64_t max_route_experts = 0;
 };
 
+// ---- Backward (vector-Jacobian products with respect to activations) ----
+// Weights are constants: no weight gradients. Each op's math and its
+// invariances are stated in src/backend/cpu/backward_cpu.h.
+
+// dx [m, k] (+)= dy [m, n] W: the transposed product of Gemm's weight (w
+// in any storage the backend's Gemm takes, decoded on the fly, never a
+// dequantized copy of the matrix). Row strides ldy (0 = n) and ldx (0 = k).
+struct GemmBackwardOp {
+  const float* dy = nullptr;
+  int64_t ldy = 0;
+  int64_t m = 0;
+  WeightOperand w;
+  float* dx = nullptr;
+  int64_t ldx = 0;
+  bool accumulate = false;
+  void* workspace = nullptr;
+};
+
+// A norm's VJP on rows: x, dy, dx [rows, dim] dense (dx may alias dy, not
+// x); w [dim] in w_dtype (null: no gain), offset as the forward's. LayerNorm
+// (layer_norm) subtracts the mean; RMSNorm does not. freeze_scale: the
+// 1/rms (1/std) factor is a constant (circuit-tracer's linearization), so
+// dx = scale * (g - [mean(g)]) with g = dy * (w + offset).
+struct NormBackwardOp {
+  const float* x = nullptr;
+  const float* dy = nullptr;
+  float* dx = nullptr;
+  int64_t rows = 0, dim = 0;
+  const void* w = nullptr;
+  DType w_dtype = DType::kF32;
+  float offset = 0.0f, eps = 1e-5f;
+  bool layer_norm = false;
+  bool freeze_scale = false;
+  bool accumulate = false;  // dx += instead of dx =
+};
+
+// Attention's VJP over the packed sequences of the forward (AttentionOp's
+// fields; q and k as the forward read them, after RoPE): from dz [T,
+// q_heads * dv] dense, dq [T, q_heads, head_dim] (row stride q_rs), dk [T,
+// kv_heads, head_dim] and dv [T, kv_heads, dv] (row strides k_rs, v_rs) are
+// written (not accumulated). The probabilities are recomputed from q and k.
+// freeze_pattern: they are constants (dq = dk = 0, dv = P^T dz).
+struct AttentionBackwardOp {
+  AttentionOp fwd;  // q, k, v, geometry, scale, softcap, window, sinks
+  const float* dz = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  bool freeze_pattern = false;
+  // AttentionBackwardWorkspaceBytes(fwd) bytes.
+  void* workspace = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -455,6 +508,27 @@ class Backend {
   // (null: no error output); the math and its invariances are stated in
   // src/backend/cpu/sae_cpu.h. Unimplemented (naming the op) on a backend
   // without the kernel.
+  // ---- Backward (the structs above; Unimplemented naming the op on a
+  // backend without the kernel) ----
+  // GemmBackwardOp (above); op.workspace holds GemmBackwardWorkspaceBytes(
+  // op.w) bytes.
+  virtual int64_t GemmBackwardWorkspaceBytes(const WeightOperand& w) const;
+  virtual Status GemmBackwardInput(const GemmBackwardOp& op);
+  virtual Status NormBackward(const NormBackwardOp& op);
+  virtual int64_t AttentionBackwardWorkspaceBytes(const AttentionOp& op) const;
+  virtual Status AttentionBackward(const AttentionBackwardOp& op);
+  // dx[i] = dy[i] * fn'(x[i]), [n] (dx may alias dy).
+  virtual Status ActivationBackward(ActivationFn fn, const float* x,
+                                    const float* dy, float* dx, int64_t n);
+  // The gated activation's VJP: out = fn(gate) * up; from dout [rows, n]
+  // dense, dgate and dup [rows, n] (row strides dg_rs, du_rs) are written.
+  virtual Status GatedActivationBackward(ActivationFn fn, const float* gate,
+                                         int64_t gate_rs, const float* up,
+                                         int64_t up_rs, const float* dout,
+                                         float* dgate, int64_t dg_rs,
+                                         float* dup, int64_t du_rs,
+                                         int64_t rows, int64_t n);
+
   virtual int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows) const;
   virtual Status RunSae(const Sae& sae, const float* x, const float* reference,
                         int64_t rows, void* workspace, const SaeOutputs& out);

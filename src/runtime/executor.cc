@@ -494,6 +494,37 @@ Status Executor::Forward(const Batch& batch, HookSink* sink, const KvBatch* kv,
   return RunForward(batch, sink, kv, edits);
 }
 
+Status Executor::ForwardLayer(const Batch& batch, int64_t layer,
+                              const float* resid_in, StepTap* tap) {
+  if (devices_.size() != 1 || !devices_.front().host_memory ||
+      devices_.front().offload)
+    return UnimplementedError(
+        "executor: the per-layer recompute of a backward runs on one host "
+        "device (this plan has " +
+        std::to_string(devices_.size()) + " segments)");
+  if (layer < 0 || layer > last_layer_)
+    return OutOfRangeError("executor: ForwardLayer of layer " +
+                           std::to_string(layer) + ", outside [0, " +
+                           std::to_string(last_layer_) + "]");
+  const int64_t T = batch.num_tokens();
+  if (T > options_.max_tokens || batch.num_seqs() < 1 ||
+      batch.seq_start[batch.num_seqs()] != T)
+    return InvalidArgumentError("executor: ForwardLayer of a batch of " +
+                                std::to_string(T) + " tokens (capacity " +
+                                std::to_string(options_.max_tokens) + ")");
+  RETURN_IF_ERROR(WriteBatchMetadata(batch));
+  Device& d = devices_.front();
+  for (const ProgramStep& step : program_.prologue)
+    RETURN_IF_ERROR(RunStep(step, d, -1, batch, nullptr));
+  float* x = d.activations.as<float>(BufferId::kResidual);
+  std::copy(resid_in, resid_in + T * c_.hidden_size, x);
+  for (const ProgramStep& step : program_.LayerSteps(layer)) {
+    RETURN_IF_ERROR(RunStep(step, d, layer, batch, nullptr));
+    RETURN_IF_ERROR(tap->AfterStep(step, layer, batch, d.activations));
+  }
+  return Status();
+}
+
 Status Executor::CheckKv(const Batch& batch, const KvBatch& kv) const {
   const KvCache* cache = kv.cache;
   if (cache == nullptr)

@@ -101,6 +101,16 @@ class HookSink {
                               const ActivationView& view) = 0;
 };
 
+// Sees a layer's buffers after each of its steps (Executor::ForwardLayer):
+// the backward's recompute reads what it needs from `activations` (the
+// device's arena; host memory) before the next step may overwrite it.
+class StepTap {
+ public:
+  virtual ~StepTap() = default;
+  virtual Status AfterStep(const ProgramStep& step, int64_t layer,
+                           const Batch& batch, const Arena& activations) = 0;
+};
+
 // One intervention applied to one sequence of a batch (Forward's `edits`).
 // `seq` indexes the batch's sequences. `length` is the whole sequence's token
 // count: a batch may hold only a chunk of it (positions pos0 .. pos0 + chunk
@@ -225,6 +235,15 @@ class Executor {
   // every backend gives the host's bytes.
   Status Forward(const Batch& batch, HookSink* sink, const KvBatch* kv,
                  std::span<const SequenceEdit> edits);
+
+  // Recompute of one layer (the backward's per-layer recompute): the
+  // embedding step runs (positions, RoPE tables), the residual stream is set
+  // to resid_in [T, H] (host memory), and only `layer`'s steps run, `tap`
+  // seeing the buffers after each. No hooks are delivered, no edits applied.
+  // One device whose memory is the host's, not offloaded (else
+  // Unimplemented); `layer` <= last_layer().
+  Status ForwardLayer(const Batch& batch, int64_t layer, const float* resid_in,
+                      StepTap* tap);
 
   // The planned layout every device's arenas follow (activations by
   // liveness, kernel workspace; the logits chunk on the last device) and the

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "src/backend/cpu/backward_cpu.h"
 #include "src/backend/cpu/kernels_internal.h"
 #include "src/backend/cpu/kernels_moe.h"
 #include "src/backend/cpu/kernels_rows.h"
@@ -236,12 +237,8 @@ Status CpuBackend::ApplyRopePairs(float* x, int64_t tokens, int64_t heads,
   return Status();
 }
 
-Status CpuBackend::Attention(const AttentionOp& op) {
-  if (op.sinks != nullptr && op.sinks_dtype != DType::kF32 &&
-      op.sinks_dtype != DType::kBF16 && op.sinks_dtype != DType::kF16)
-    return InvalidArgumentError(
-        std::string("cpu backend: attention sinks of dtype ") +
-        std::string(DTypeName(op.sinks_dtype)) + ", expected F32, BF16 or F16");
+namespace {
+AttentionArgs AttentionArgsOf(const AttentionOp& op) {
   AttentionArgs a;
   a.q = op.q;
   a.q_rs = op.q_rs;
@@ -263,6 +260,17 @@ Status CpuBackend::Attention(const AttentionOp& op) {
   a.sinks_dtype = op.sinks_dtype;
   a.probs = op.probs;
   a.probs_seq = op.probs_seq;
+  return a;
+}
+}  // namespace
+
+Status CpuBackend::Attention(const AttentionOp& op) {
+  if (op.sinks != nullptr && op.sinks_dtype != DType::kF32 &&
+      op.sinks_dtype != DType::kBF16 && op.sinks_dtype != DType::kF16)
+    return InvalidArgumentError(
+        std::string("cpu backend: attention sinks of dtype ") +
+        std::string(DTypeName(op.sinks_dtype)) + ", expected F32, BF16 or F16");
+  AttentionArgs a = AttentionArgsOf(op);
   a.workspace = op.workspace;
   if (op.k_cache != nullptr) {
     if (op.v_cache == nullptr || op.kv_slot == nullptr ||
@@ -575,6 +583,95 @@ void CpuBackend::SegmentReduce(const float* src, int64_t ld,
                                int64_t segments, int64_t cols, bool max,
                                bool accumulate, double* out) {
   cpu::SegmentReduce(src, ld, begin, end, segments, cols, max, accumulate, out);
+}
+
+// ---- Backward ----
+
+namespace {
+
+WeightRows WeightRowsOf(const WeightOperand& w, QuantMatrix* q) {
+  WeightRows r;
+  r.data = w.data;
+  r.dtype = w.format.dtype;
+  r.n = w.n;
+  r.k = w.k;
+  r.in_out = w.format.layout == MatrixLayout::kInOut;
+  r.panels = w.format.layout == MatrixLayout::kPanels;
+  r.strips = w.format.layout == MatrixLayout::kStrips;
+  if (w.quantized()) {
+    *q = QuantMatrixOf(w);
+    r.quant = q;
+  }
+  return r;
+}
+
+}  // namespace
+
+int64_t CpuBackend::GemmBackwardWorkspaceBytes(const WeightOperand& w) const {
+  return cpu::GemmBackwardWorkspaceBytes(w.k);
+}
+
+Status CpuBackend::GemmBackwardInput(const GemmBackwardOp& op) {
+  if (op.w.quantized() && op.w.format.layout != MatrixLayout::kOutIn)
+    return InvalidArgumentError("cpu backend: GemmBackwardInput of a quantized "
+                                "weight stored other than [n, k]");
+  if (op.workspace == nullptr)
+    return InvalidArgumentError("cpu backend: GemmBackwardInput needs its "
+                                "workspace");
+  QuantMatrix q;
+  const WeightRows w = WeightRowsOf(op.w, &q);
+  cpu::GemmBackwardInput(w, op.dy, op.ldy > 0 ? op.ldy : op.w.n, op.m, op.dx,
+                         op.ldx > 0 ? op.ldx : op.w.k, op.accumulate,
+                         op.workspace);
+  return Status();
+}
+
+Status CpuBackend::NormBackward(const NormBackwardOp& op) {
+  if (op.dx == op.x)
+    return InvalidArgumentError("cpu backend: NormBackward's dx aliases x");
+  cpu::NormBackward(op.x, op.dy, op.dx, op.rows, op.dim, op.w, op.w_dtype,
+                    op.offset, op.eps, op.layer_norm, op.freeze_scale,
+                    op.accumulate);
+  return Status();
+}
+
+int64_t CpuBackend::AttentionBackwardWorkspaceBytes(
+    const AttentionOp& op) const {
+  int64_t len = op.max_seq_len;
+  if (len <= 0 && op.seq_start != nullptr)
+    for (int64_t s = 0; s < op.num_seqs; ++s)
+      len = std::max(len, op.seq_start[s + 1] - op.seq_start[s]);
+  return cpu::AttentionBackwardWorkspaceBytes(len, NumThreads());
+}
+
+Status CpuBackend::AttentionBackward(const AttentionBackwardOp& op) {
+  const AttentionOp& f = op.fwd;
+  if (f.k_cache != nullptr || f.probs != nullptr)
+    return InvalidArgumentError("cpu backend: AttentionBackward runs on the "
+                                "whole sequences (no KV cache, no probs)");
+  if (f.q_heads % f.kv_heads != 0)
+    return InvalidArgumentError("cpu backend: AttentionBackward: q heads " +
+                                std::to_string(f.q_heads) +
+                                " not a multiple of kv heads " +
+                                std::to_string(f.kv_heads));
+  cpu::AttentionBackward(AttentionArgsOf(f), op.dz, op.dq, op.dk, op.dv,
+                         op.freeze_pattern, op.workspace);
+  return Status();
+}
+
+Status CpuBackend::ActivationBackward(ActivationFn fn, const float* x,
+                                      const float* dy, float* dx, int64_t n) {
+  cpu::ActivationBackward(ToCpu(fn), x, dy, dx, n);
+  return Status();
+}
+
+Status CpuBackend::GatedActivationBackward(
+    ActivationFn fn, const float* gate, int64_t gate_rs, const float* up,
+    int64_t up_rs, const float* dout, float* dgate, int64_t dg_rs, float* dup,
+    int64_t du_rs, int64_t rows, int64_t n) {
+  cpu::GatedActivationBackward(ToCpu(fn), gate, gate_rs, up, up_rs, dout,
+                               dgate, dg_rs, dup, du_rs, rows, n);
+  return Status();
 }
 
 }  // namespace loom::cpu

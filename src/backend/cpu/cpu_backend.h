@@ -93,6 +93,19 @@ class CpuBackend final : public Backend {
   void SigmoidGateAddRows(const float* x, const float* gate_logit, int64_t rows,
                           int64_t cols, float* y, int64_t ldy) override;
   void SetZero(float* x, int64_t n) override;
+  int64_t GemmBackwardWorkspaceBytes(const WeightOperand& w) const override;
+  Status GemmBackwardInput(const GemmBackwardOp& op) override;
+  Status NormBackward(const NormBackwardOp& op) override;
+  int64_t AttentionBackwardWorkspaceBytes(const AttentionOp& op) const override;
+  Status AttentionBackward(const AttentionBackwardOp& op) override;
+  Status ActivationBackward(ActivationFn fn, const float* x, const float* dy,
+                            float* dx, int64_t n) override;
+  Status GatedActivationBackward(ActivationFn fn, const float* gate,
+                                 int64_t gate_rs, const float* up,
+                                 int64_t up_rs, const float* dout,
+                                 float* dgate, int64_t dg_rs, float* dup,
+                                 int64_t du_rs, int64_t rows,
+                                 int64_t n) override;
   int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows) const override;
   Status RunSae(const Sae& sae, const float* x, const float* reference,
                 int64_t rows, void* workspace, const SaeOutputs& out) override;

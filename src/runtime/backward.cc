@@ -1,0 +1,602 @@
+#include "src/runtime/backward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "src/backend/registry.h"
+
+namespace loom {
+namespace {
+
+std::string LayerPrefix(int64_t l) {
+  return "backward: layer " + std::to_string(l) + ": ";
+}
+
+// A norm's gain role's layer-free facts.
+bool IsLayerNorm(NormKind k) { return k != NormKind::kRms; }
+
+}  // namespace
+
+bool IsGradientSite(HookSite site) {
+  switch (site) {
+    case HookSite::kLogits:
+    case HookSite::kPattern:
+    case HookSite::kRouterLogits:
+    case HookSite::kExpertIds:
+    case HookSite::kExpertWeights:
+      return false;
+    default:
+      return IsFloatRowSite(site);
+  }
+}
+
+Status CheckBackwardSupported(const ModelConfig& c,
+                              const BackwardOptions& o) {
+  for (const HookPoint& h : o.grad_hooks.hooks())
+    if (!IsGradientSite(h.site))
+      return InvalidArgumentError("backward: " + HookName(h) +
+                                  " has no gradient here (gradients are taken "
+                                  "at token-major activation hooks)");
+  for (const LayerConfig& lc : MakeLayerConfigs(c)) {
+    const std::string at = LayerPrefix(lc.layer);
+    if (lc.moe())
+      return UnimplementedError(at +
+                                "the backward of mixture-of-experts layers is "
+                                "not written yet");
+    if (lc.is_mla())
+      return UnimplementedError(at + "the backward of MLA is not written yet");
+    if (lc.qk_norm != QkNormKind::kNone)
+      return UnimplementedError(at +
+                                "the backward of q/k norms is not written yet");
+    if (lc.clip_qkv > 0)
+      return UnimplementedError(at + "the backward of clip_qkv is not written "
+                                     "yet");
+    if (lc.fused_qkv && lc.qkv_layout != QkvLayout::kConcat &&
+        lc.qkv_layout != QkvLayout::kPerHead)
+      return UnimplementedError(at +
+                                "the backward of this fused qkv layout is not "
+                                "written yet");
+    if (lc.mlp != MlpKind::kGated && lc.mlp != MlpKind::kGatedFused &&
+        lc.mlp != MlpKind::kPlain)
+      return UnimplementedError(at + "the backward of this MLP kind is not "
+                                     "written yet");
+  }
+  return Status();
+}
+
+// Every buffer of the backward, sized once at Create (BufferCounts).
+struct Backward::Buffers {
+  std::vector<float> saved;      // [L + 1, T, H] residual at layer boundaries
+  std::vector<float> g;          // [T, H] d metric / d residual (current)
+  std::vector<float> branch;     // [T, H] d of a branch output
+  std::vector<float> d_in;       // [T, H] d of a branch's norm output
+  std::vector<float> hidden;     // [T, H] final-norm output
+  std::vector<float> resid_mid;  // [T, H] tape: residual after attention
+  std::vector<float> attn_out;   // [T, H] tape: o_proj out before post-norm
+  std::vector<float> mlp_out;    // [T, H] tape: MLP out before post-norm
+  std::vector<float> qkv;        // [T, qkv] tape: rotated q | k | v
+  std::vector<float> mlp_pre;    // [T, 2I] tape: gate | up (plain: fc)
+  std::vector<float> cos;        // [T, half] tape: the RoPE tables
+  std::vector<float> neg_sin;    // [T, half] (the transpose's rotation)
+  std::vector<float> dqkv;       // [T, qkv] d q | d k | d v
+  std::vector<float> dfused;     // [T, qkv] the fused projection's order
+  std::vector<float> dz;         // [T, z]
+  std::vector<float> dmlp;       // [T, 2I] d gate | d up (plain: d fc)
+  std::vector<float> dact;       // [T, I] d of the MLP's activation out
+  std::vector<float> emit;       // [T, max(qkv, I)] a strided gradient, dense
+  std::vector<float> logits;     // [C, V] one chunk (its gradient in place)
+  std::vector<float> gemm_ws;    // GemmBackwardInput's decoded rows
+  std::vector<float> attn_ws;    // AttentionBackward's rows
+  std::vector<float> head_ws;    // the lm_head GEMM's (forward) workspace
+
+  std::vector<std::vector<float>*> members() {
+    return {&saved,  &g,       &branch, &d_in,     &hidden,  &resid_mid,
+            &attn_out, &mlp_out, &qkv,  &mlp_pre,  &cos,     &neg_sin,
+            &dqkv,   &dfused,  &dz,     &dmlp,     &dact,    &emit,
+            &logits, &gemm_ws, &attn_ws, &head_ws};
+  }
+};
+
+namespace {
+
+// The element counts of Buffers::members() for sequences of T tokens; the
+// two workspaces as `be` sizes them.
+std::vector<int64_t> BufferCounts(const ModelConfig& c, int64_t T,
+                                  int64_t chunk, const Backend& be) {
+  const int64_t H = c.hidden_size, L = c.num_layers, I = c.intermediate_size;
+  const int64_t half = c.rope.rotary_dim / 2;
+  int64_t qkv = 0, z = 0;
+  for (const LayerConfig& lc : MakeLayerConfigs(c)) {
+    qkv = std::max(qkv, lc.qkv_width());
+    z = std::max(z, lc.z_width());
+  }
+  int64_t gemm_ws = 0;
+  for (int64_t k : {H, I, z}) {  // every weight input a backward GEMM reads
+    WeightOperand w;
+    w.k = k;
+    gemm_ws = std::max(gemm_ws, be.GemmBackwardWorkspaceBytes(w));
+  }
+  AttentionOp a;
+  a.max_seq_len = T;
+  const int64_t attn_ws = be.AttentionBackwardWorkspaceBytes(a);
+  const int64_t C = std::min(chunk, T);
+  int64_t head_ws = 0;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
+    head_ws = std::max(head_ws, be.Costs().gemm_workspace(C, H, t));
+  auto floats = [](int64_t bytes) { return (bytes + 3) / 4; };
+  return {(L + 1) * T * H, T * H,     T * H,     T * H,   T * H,
+          T * H,           T * H,     T * H,     T * qkv, T * 2 * I,
+          T * half,        T * half,  T * qkv,   T * qkv, T * z,
+          T * 2 * I,       T * I,     T * std::max(qkv, I),
+          C * c.vocab_size, floats(gemm_ws), floats(attn_ws),
+          floats(head_ws)};
+}
+
+}  // namespace
+
+int64_t BackwardBytes(const ModelConfig& c, int64_t tokens,
+                      int64_t logits_chunk_rows, const Backend& be) {
+  int64_t n = 0;
+  for (int64_t v : BufferCounts(c, tokens, logits_chunk_rows, be)) n += v;
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+// Copies what the layer's backward reads, after the steps that wrote it.
+class Backward::Tape : public StepTap {
+ public:
+  Tape(const ModelConfig& c, Buffers* b) : c_(c), b_(b) {}
+  void set_layer(const LayerConfig* lc) { lc_ = lc; }
+  Status AfterStep(const ProgramStep& step, int64_t /*layer*/,
+                   const Batch& batch, const Arena& a) override {
+    const int64_t T = batch.num_tokens(), H = c_.hidden_size;
+    const LayerConfig& lc = *lc_;
+    auto copy = [&](BufferId id, std::vector<float>& to, int64_t n) {
+      const float* from = a.as<float>(id);
+      std::copy(from, from + n, to.begin());
+    };
+    switch (step.id) {
+      case StepId::kAttention:  // q and k rotated in place by now
+        copy(BufferId::kQkv, b_->qkv, T * lc.qkv_width());
+        if (lc.rope_half > 0) {
+          const int64_t half = c_.rope.rotary_dim / 2;
+          copy(BufferId::kRopeCos, b_->cos, T * half);
+          const float* sin = a.as<float>(BufferId::kRopeSin);
+          for (int64_t i = 0; i < T * half; ++i) b_->neg_sin[i] = -sin[i];
+        }
+        break;
+      case StepId::kOProj:
+        if (lc.post_attn_norm) copy(BufferId::kAttnOut, b_->attn_out, T * H);
+        break;
+      case StepId::kAttnResidualAdd:
+        copy(BufferId::kResidual, b_->resid_mid, T * H);
+        break;
+      case StepId::kUpProj:
+        copy(step.writes[0], b_->mlp_pre,
+             T * c_.intermediate_size * (lc.mlp == MlpKind::kPlain ? 1 : 2));
+        break;
+      case StepId::kDownProj:
+        if (lc.post_mlp_norm) copy(BufferId::kMlpOut, b_->mlp_out, T * H);
+        break;
+      default:
+        break;
+    }
+    return Status();
+  }
+
+ private:
+  const ModelConfig& c_;
+  Buffers* b_;
+  const LayerConfig* lc_ = nullptr;
+};
+
+Backward::Backward(const Model& model, const BackwardOptions& options)
+    : model_(model), c_(model.config()), options_(options) {}
+
+Backward::~Backward() = default;
+
+int64_t Backward::buffer_bytes() const {
+  int64_t n = 0;
+  for (const std::vector<float>* v : buf_->members())
+    n += static_cast<int64_t>(v->size());
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+StatusOr<std::unique_ptr<Backward>> Backward::Create(
+    const Model& model, const BackwardOptions& options) {
+  const ModelConfig& c = model.config();
+  if (model.compute_dtype() != DType::kF32)
+    return UnimplementedError(
+        "backward: gradients run at f32 (--precision f32); this model loaded "
+        "at " +
+        std::string(DTypeName(model.compute_dtype())));
+  if (options.max_tokens < 1)
+    return InvalidArgumentError("backward: max_tokens must be positive");
+  RETURN_IF_ERROR(CheckBackwardSupported(c, options));
+  std::unique_ptr<Backward> b(new Backward(model, options));
+  ASSIGN_OR_RETURN(b->be_, CreateBackend("cpu"));
+  HookSet hooks = options.act_hooks;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    hooks.Add(HookPoint{HookSite::kResidPre, l});
+  hooks.Add(HookPoint{HookSite::kResidPost, c.num_layers - 1});
+  ExecutorOptions eo;
+  eo.max_tokens = options.max_tokens;
+  eo.max_seq_len = options.max_tokens;
+  eo.logits_chunk_rows = options.logits_chunk_rows;
+  eo.backend = b->be_.get();
+  ASSIGN_OR_RETURN(b->executor_, Executor::Create(model, hooks, eo));
+  b->buf_ = std::make_unique<Buffers>();
+  const std::vector<int64_t> counts =
+      BufferCounts(c, options.max_tokens, options.logits_chunk_rows, *b->be_);
+  const std::vector<std::vector<float>*> members = b->buf_->members();
+  for (size_t i = 0; i < members.size(); ++i)
+    members[i]->assign(static_cast<size_t>(counts[i]), 0.0f);
+  return b;
+}
+
+Status Backward::Emit(GradientSink* grads, HookSite site, int64_t layer,
+                      const float* rows, int64_t width, int64_t ld) {
+  const HookPoint h{site, IsLayerSite(site) ? layer : -1};
+  if (grads == nullptr || !options_.grad_hooks.Contains(h)) return Status();
+  if (ld == width) return grads->OnGradient(h, rows, T_, width);
+  // A strided part (q of q | k | v, gate of gate | up): a dense copy.
+  float* dense = buf_->emit.data();
+  for (int64_t t = 0; t < T_; ++t)
+    std::copy(rows + t * ld, rows + t * ld + width, dense + t * width);
+  return grads->OnGradient(h, dense, T_, width);
+}
+
+Status Backward::LinearBack(WeightRole w, int64_t layer, int64_t m,
+                            const float* dy, int64_t ldy, float* dx,
+                            int64_t ldx, bool accumulate) {
+  GemmBackwardOp op;
+  op.w = WeightOperandOf(model_.weights(), w, layer);
+  op.dy = dy;
+  op.ldy = ldy;
+  op.m = m;
+  op.dx = dx;
+  op.ldx = ldx;
+  op.accumulate = accumulate;
+  op.workspace = buf_->gemm_ws.data();
+  return be_->GemmBackwardInput(op);
+}
+
+Status Backward::NormBack(NormKind kind, float eps, float offset, WeightRole w,
+                          int64_t layer, const float* x, const float* dy,
+                          float* dx, bool accumulate) {
+  NormBackwardOp op;
+  op.x = x;
+  op.dy = dy;
+  op.dx = dx;
+  op.rows = T_;
+  op.dim = c_.hidden_size;
+  if (kind != NormKind::kLayerNoAffine) {
+    const TensorView& t = model_.weights().Require(w, layer);
+    op.w = t.data;
+    op.w_dtype = t.dtype;
+    op.offset = offset;
+  }
+  op.eps = eps;
+  op.layer_norm = IsLayerNorm(kind);
+  op.freeze_scale = options_.freeze_norm_scale;
+  op.accumulate = accumulate;
+  return be_->NormBackward(op);
+}
+
+namespace {
+
+// Keeps the residual stream at every layer boundary and hands the requested
+// activations on.
+class SaveSink : public HookSink {
+ public:
+  SaveSink(float* saved, int64_t T, int64_t H, int64_t L, const HookSet& acts,
+           HookSink* next)
+      : saved_(saved), T_(T), H_(H), L_(L), acts_(acts), next_(next) {}
+  Status OnActivation(const HookPoint& hook, const Batch& batch, int64_t seq,
+                      int64_t row_begin, const ActivationView& view) override {
+    int64_t slot = -1;
+    if (hook.site == HookSite::kResidPre) slot = hook.layer;
+    if (hook.site == HookSite::kResidPost && hook.layer == L_ - 1) slot = L_;
+    if (slot >= 0) {
+      const float* v = view.f32();
+      for (int64_t r = 0; r < view.rows; ++r)
+        std::copy(v + r * view.ld, v + r * view.ld + H_,
+                  saved_ + (slot * T_ + row_begin + r) * H_);
+    }
+    if (next_ != nullptr && acts_.Contains(hook))
+      return next_->OnActivation(hook, batch, seq, row_begin, view);
+    return Status();
+  }
+
+ private:
+  float* saved_;
+  int64_t T_, H_, L_;
+  const HookSet& acts_;
+  HookSink* next_;
+};
+
+}  // namespace
+
+StatusOr<double> Backward::Run(std::span<const int32_t> ids,
+                               const GradMetric& metric, GradientSink* grads,
+                               HookSink* acts) {
+  T_ = static_cast<int64_t>(ids.size());
+  if (T_ < 1 || T_ > options_.max_tokens)
+    return OutOfRangeError("backward: a sequence of " + std::to_string(T_) +
+                           " tokens (planned for 1 to " +
+                           std::to_string(options_.max_tokens) + ")");
+  if (metric.kind == GradMetricKind::kLogProb && T_ < 2)
+    return InvalidArgumentError(
+        "backward: the log-likelihood metric needs at least 2 tokens");
+  const int64_t H = c_.hidden_size, L = c_.num_layers;
+  const int64_t seq_start[2] = {0, T_};
+  const Batch batch{ids, std::span<const int64_t>(seq_start, 2)};
+  SaveSink save(buf_->saved.data(), T_, H, L, options_.act_hooks, acts);
+  RETURN_IF_ERROR(executor_->Forward(batch, &save));
+  ASSIGN_OR_RETURN(const double value, SeedFromMetric(ids, metric, grads));
+  for (int64_t l = L - 1; l >= 0; --l)
+    RETURN_IF_ERROR(LayerBackward(batch, l, grads));
+  RETURN_IF_ERROR(Emit(grads, HookSite::kEmbed, -1, buf_->g.data(), H, H));
+  if (c_.learned_positions)
+    RETURN_IF_ERROR(Emit(grads, HookSite::kPosEmbed, -1, buf_->g.data(), H, H));
+  return value;
+}
+
+// logits = softcap(lm_head(h) / scaling): d raw = d logits * (1 - (l /
+// cap)^2) / scaling, in place on `d` [rows, V] (l: the logits).
+void HeadDerivative(const ModelConfig& c, const float* l, float* d,
+                    int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = d[i];
+    if (c.final_softcap > 0) {
+      const float t = l[i] / c.final_softcap;
+      v *= 1.0f - t * t;
+    }
+    d[i] = v / c.logits_scaling;
+  }
+}
+
+StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
+                                          const GradMetric& metric,
+                                          GradientSink* grads) {
+  const int64_t T = T_, H = c_.hidden_size, V = c_.vocab_size;
+  const int64_t C = static_cast<int64_t>(buf_->logits.size()) / V;
+  const BoundWeights& W = model_.weights();
+  const float* xL = buf_->saved.data() + c_.num_layers * T * H;
+  float* h = buf_->hidden.data();
+  float* dh = buf_->branch.data();  // [T, H]
+  float* logits = buf_->logits.data();
+  ComputeFinalNorm(c_, W, *be_, false, xL, h, T);
+  std::fill(dh, dh + T * H, 0.0f);
+  double value = 0.0;
+  if (metric.kind == GradMetricKind::kLogitDiff) {
+    if (metric.answer < 0 || metric.answer >= V || metric.wrong < 0 ||
+        metric.wrong >= V)
+      return OutOfRangeError("backward: answer " +
+                             std::to_string(metric.answer) + " / wrong " +
+                             std::to_string(metric.wrong) +
+                             " outside the vocabulary of " + std::to_string(V));
+    ComputeLogits(c_, W, *be_, h + (T - 1) * H, 1, logits,
+                  buf_->head_ws.data());
+    value = static_cast<double>(logits[metric.answer]) - logits[metric.wrong];
+    // d logits = e_answer - e_wrong, then through the head's softcap.
+    const float la = logits[metric.answer], lw = logits[metric.wrong];
+    std::fill(logits, logits + V, 0.0f);
+    float ga = 1.0f, gw = -1.0f;
+    HeadDerivative(c_, &la, &ga, 1);
+    HeadDerivative(c_, &lw, &gw, 1);
+    logits[metric.answer] += ga;
+    logits[metric.wrong] += gw;
+    RETURN_IF_ERROR(LinearBack(WeightRole::kLmHead, -1, 1, logits, V,
+                               dh + (T - 1) * H, H, false));
+  } else {
+    for (int64_t r0 = 0; r0 < T - 1; r0 += C) {
+      const int64_t rows = std::min(C, T - 1 - r0);
+      ComputeLogits(c_, W, *be_, h + r0 * H, rows, logits,
+                    buf_->head_ws.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = logits + r * V;
+        const int32_t target = ids[static_cast<size_t>(r0 + r + 1)];
+        double mx = row[0];
+        for (int64_t v = 1; v < V; ++v) mx = std::max<double>(mx, row[v]);
+        double sum = 0.0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+        const double lse = mx + std::log(sum);
+        value += row[target] - lse;
+        // d = onehot(target) - softmax, through the softcap (which needs
+        // the logit itself: each value is read before it is replaced).
+        for (int64_t v = 0; v < V; ++v) {
+          const float l = row[v];
+          float d = (v == target ? 1.0f : 0.0f) -
+                    static_cast<float>(std::exp(l - lse));
+          HeadDerivative(c_, &l, &d, 1);
+          row[v] = d;
+        }
+      }
+      RETURN_IF_ERROR(LinearBack(WeightRole::kLmHead, -1, rows, logits, V,
+                                 dh + r0 * H, H, false));
+    }
+  }
+  RETURN_IF_ERROR(Emit(grads, HookSite::kFinalNorm, -1, dh, H, H));
+  RETURN_IF_ERROR(NormBack(c_.norm, c_.norm_eps, c_.norm_offset,
+                           WeightRole::kFinalNorm, -1, xL, dh,
+                           buf_->g.data(), false));
+  return value;
+}
+
+Status Backward::LayerBackward(const Batch& batch, int64_t l,
+                               GradientSink* grads) {
+  const LayerConfig& lc = executor_->program().layers[static_cast<size_t>(l)];
+  const int64_t T = T_, H = c_.hidden_size;
+  Tape tape(c_, buf_.get());
+  tape.set_layer(&lc);
+  const float* x = buf_->saved.data() + l * T * H;  // resid_pre
+  RETURN_IF_ERROR(executor_->ForwardLayer(batch, l, x, &tape));
+  float* g = buf_->g.data();  // d resid_post, then d resid_pre
+  float* db = buf_->branch.data();
+  float* din = buf_->d_in.data();
+  const float m = lc.residual_multiplier;
+  RETURN_IF_ERROR(Emit(grads, HookSite::kResidPost, l, g, H, H));
+  auto scaled = [&](const float* from) {
+    for (int64_t i = 0; i < T * H; ++i) db[i] = m * from[i];
+  };
+  if (lc.parallel()) {
+    // x + attn(ln1(x)) + mlp(ln2(x) or ln1(x)): both branches see d resid.
+    scaled(g);
+    RETURN_IF_ERROR(MlpBranch(l, db, din, grads));
+    const bool shared = !lc.pre_mlp_norm;
+    if (!shared) {
+      RETURN_IF_ERROR(Emit(grads, HookSite::kLn2, l, din, H, H));
+      RETURN_IF_ERROR(NormBack(lc.norm, lc.norm_eps, lc.norm_offset,
+                               WeightRole::kMlpNorm, l, x, din, g, true));
+      RETURN_IF_ERROR(AttentionBranch(batch, l, db, din, grads, false));
+    } else {
+      RETURN_IF_ERROR(AttentionBranch(batch, l, db, din, grads, true));
+    }
+    RETURN_IF_ERROR(Emit(grads, HookSite::kLn1, l, din, H, H));
+    RETURN_IF_ERROR(NormBack(lc.norm, lc.norm_eps, lc.norm_offset,
+                             WeightRole::kAttnNorm, l, x, din, g, true));
+    return Emit(grads, HookSite::kResidPre, l, g, H, H);
+  }
+  // x1 = x + m post(attn(ln1(x))); x2 = x1 + m post(mlp(ln2(x1))).
+  scaled(g);
+  if (lc.post_mlp_norm) {
+    RETURN_IF_ERROR(Emit(grads, HookSite::kLn2Post, l, db, H, H));
+    RETURN_IF_ERROR(NormBack(lc.norm, lc.norm_eps, lc.norm_offset,
+                             WeightRole::kPostMlpNorm, l,
+                             buf_->mlp_out.data(), db, din, false));
+    std::copy(din, din + T * H, db);
+  }
+  RETURN_IF_ERROR(MlpBranch(l, db, din, grads));
+  if (lc.pre_mlp_norm) {
+    RETURN_IF_ERROR(Emit(grads, HookSite::kLn2, l, din, H, H));
+    RETURN_IF_ERROR(NormBack(lc.norm, lc.norm_eps, lc.norm_offset,
+                             WeightRole::kMlpNorm, l, buf_->resid_mid.data(),
+                             din, g, true));
+  } else {
+    for (int64_t i = 0; i < T * H; ++i) g[i] += din[i];
+  }
+  RETURN_IF_ERROR(Emit(grads, HookSite::kResidMid, l, g, H, H));
+  scaled(g);
+  if (lc.post_attn_norm) {
+    RETURN_IF_ERROR(Emit(grads, HookSite::kLn1Post, l, db, H, H));
+    RETURN_IF_ERROR(NormBack(lc.norm, lc.norm_eps, lc.norm_offset,
+                             WeightRole::kPostAttnNorm, l,
+                             buf_->attn_out.data(), db, din, false));
+    std::copy(din, din + T * H, db);
+  }
+  RETURN_IF_ERROR(AttentionBranch(batch, l, db, din, grads, false));
+  if (lc.pre_attn_norm) {
+    RETURN_IF_ERROR(Emit(grads, HookSite::kLn1, l, din, H, H));
+    RETURN_IF_ERROR(NormBack(lc.norm, lc.norm_eps, lc.norm_offset,
+                             WeightRole::kAttnNorm, l, x, din, g, true));
+  } else {
+    for (int64_t i = 0; i < T * H; ++i) g[i] += din[i];
+  }
+  return Emit(grads, HookSite::kResidPre, l, g, H, H);
+}
+
+Status Backward::MlpBranch(int64_t l, const float* d_out, float* d_in,
+                           GradientSink* grads) {
+  const LayerConfig& lc = executor_->program().layers[static_cast<size_t>(l)];
+  const int64_t T = T_, H = c_.hidden_size, I = c_.intermediate_size;
+  RETURN_IF_ERROR(Emit(grads, HookSite::kMlpOut, l, d_out, H, H));
+  float* dact = buf_->dact.data();  // [T, I]
+  RETURN_IF_ERROR(LinearBack(WeightRole::kDown, l, T, d_out, H, dact, I, false));
+  RETURN_IF_ERROR(Emit(grads, HookSite::kMlpPost, l, dact, I, I));
+  const ActivationFn fn = ToActivationFn(lc.act);
+  float* dm = buf_->dmlp.data();
+  const float* pre = buf_->mlp_pre.data();
+  if (lc.mlp == MlpKind::kPlain) {
+    RETURN_IF_ERROR(be_->ActivationBackward(fn, pre, dact, dm, T * I));
+    RETURN_IF_ERROR(Emit(grads, HookSite::kMlpPre, l, dm, I, I));
+    return LinearBack(WeightRole::kUp, l, T, dm, I, d_in, H, false);
+  }
+  RETURN_IF_ERROR(be_->GatedActivationBackward(fn, pre, 2 * I, pre + I, 2 * I,
+                                               dact, dm, 2 * I, dm + I, 2 * I,
+                                               T, I));
+  RETURN_IF_ERROR(Emit(grads, HookSite::kMlpPre, l, dm, I, 2 * I));
+  if (lc.mlp == MlpKind::kGatedFused)
+    return LinearBack(WeightRole::kGateUp, l, T, dm, 2 * I, d_in, H, false);
+  RETURN_IF_ERROR(LinearBack(WeightRole::kGate, l, T, dm, 2 * I, d_in, H, false));
+  return LinearBack(WeightRole::kUp, l, T, dm + I, 2 * I, d_in, H, true);
+}
+
+Status Backward::AttentionBranch(const Batch& batch, int64_t l,
+                                 const float* d_out, float* d_in,
+                                 GradientSink* grads, bool accumulate) {
+  const LayerConfig& lc = executor_->program().layers[static_cast<size_t>(l)];
+  const int64_t T = T_, H = c_.hidden_size;
+  const int64_t Q = lc.q_width(), KV = lc.k_width(), ld = lc.qkv_width();
+  const int64_t Z = lc.z_width(), hd = lc.head_dim;
+  RETURN_IF_ERROR(Emit(grads, HookSite::kAttnOut, l, d_out, H, H));
+  float* dz = buf_->dz.data();
+  RETURN_IF_ERROR(LinearBack(WeightRole::kO, l, T, d_out, H, dz, Z, false));
+  RETURN_IF_ERROR(Emit(grads, HookSite::kZ, l, dz, Z, Z));
+  const float* q = buf_->qkv.data();
+  float* dq = buf_->dqkv.data();
+  AttentionBackwardOp op;
+  AttentionOp& f = op.fwd;
+  f.q = q;
+  f.k = q + Q;
+  f.v = q + Q + KV;
+  f.q_rs = f.k_rs = f.v_rs = ld;
+  f.seq_start = batch.seq_start.data();
+  f.num_seqs = batch.num_seqs();
+  f.max_seq_len = T;
+  f.q_heads = lc.q_heads;
+  f.kv_heads = lc.kv_heads;
+  f.head_dim = hd;
+  f.v_head_dim = lc.v_head_dim;
+  f.scale = lc.attn_scale;
+  f.softcap = lc.attn_softcap;
+  f.window = lc.window;
+  if (lc.attn_sinks) {
+    const TensorView& sinks = model_.weights().Require(WeightRole::kAttnSinks, l);
+    f.sinks = sinks.data;
+    f.sinks_dtype = sinks.dtype;
+  }
+  op.dz = dz;
+  op.dq = dq;
+  op.dk = dq + Q;
+  op.dv = dq + Q + KV;
+  op.freeze_pattern = options_.freeze_attn_pattern;
+  op.workspace = buf_->attn_ws.data();
+  RETURN_IF_ERROR(be_->AttentionBackward(op));
+  RETURN_IF_ERROR(Emit(grads, HookSite::kV, l, dq + Q + KV, KV, ld));
+  if (lc.rope_half > 0) {
+    RETURN_IF_ERROR(Emit(grads, HookSite::kRotQ, l, dq, Q, ld));
+    RETURN_IF_ERROR(Emit(grads, HookSite::kRotK, l, dq + Q, KV, ld));
+    // A rotation's transpose is the rotation by -theta.
+    const float* cos = buf_->cos.data();
+    const float* nsin = buf_->neg_sin.data();
+    const int64_t r0 = lc.rope_offset;
+    if (lc.rope.rotate_pairs) {
+      RETURN_IF_ERROR(be_->ApplyRopePairs(dq + r0, T, lc.q_heads, hd, ld, cos,
+                                          nsin, lc.rope_half));
+      RETURN_IF_ERROR(be_->ApplyRopePairs(dq + Q + r0, T, lc.kv_heads, hd, ld,
+                                          cos, nsin, lc.rope_half));
+    } else {
+      be_->ApplyRope(dq + r0, T, lc.q_heads, hd, ld, cos, nsin, lc.rope_half);
+      be_->ApplyRope(dq + Q + r0, T, lc.kv_heads, hd, ld, cos, nsin,
+                     lc.rope_half);
+    }
+  }
+  RETURN_IF_ERROR(Emit(grads, HookSite::kQ, l, dq, Q, ld));
+  RETURN_IF_ERROR(Emit(grads, HookSite::kK, l, dq + Q, KV, ld));
+  if (lc.fused_qkv && lc.qkv_layout == QkvLayout::kPerHead) {
+    // The forward regrouped per-head [q_h | k_h | v_h] into q | k | v; the
+    // inverse regrouping (parts and groups swapped) restores that order.
+    float* fused = buf_->dfused.data();
+    be_->DeinterleaveBlocks(dq, ld, T, 3, lc.q_heads, hd, fused, ld);
+    return LinearBack(WeightRole::kQkv, l, T, fused, ld, d_in, H, accumulate);
+  }
+  if (lc.fused_qkv)
+    return LinearBack(WeightRole::kQkv, l, T, dq, ld, d_in, H, accumulate);
+  RETURN_IF_ERROR(LinearBack(WeightRole::kQ, l, T, dq, ld, d_in, H, accumulate));
+  RETURN_IF_ERROR(LinearBack(WeightRole::kK, l, T, dq + Q, ld, d_in, H, true));
+  return LinearBack(WeightRole::kV, l, T, dq + Q + KV, ld, d_in, H, true);
+}
+
+}  // namespace loom

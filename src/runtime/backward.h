@@ -1,0 +1,148 @@
+// Backward: gradients of a scalar metric of the logits with respect to the
+// activations at hook points (vector-Jacobian products; weights are
+// constants), for attribution (src/eval/attribute.h).
+//
+// One sequence per run, in bounded memory by per-layer recompute:
+//   1. The forward runs once (an Executor), keeping only the residual stream
+//      at every layer boundary ([layers + 1, T, H]).
+//   2. The metric's gradient with respect to the logits is formed chunk by
+//      chunk (never [T, vocab] at once) and carried through lm_head (the
+//      transposed product, GemmBackwardInput) and the final norm.
+//   3. For each layer from the last: the layer's forward runs again from its
+//      saved input (Executor::ForwardLayer), a StepTap copying the few
+//      buffers its backward needs (rotated q/k and v, the MLP's
+//      pre-activations, the residual after attention, the branch outputs
+//      before a post-norm), then the layer's VJPs run in reverse through the
+//      Backend's backward ops, delivering gradients at requested hooks.
+// Every buffer is sized at Create for max_tokens (BackwardBytes); Run
+// allocates nothing.
+//
+// Gradients are total derivatives (every downstream path), taken where the
+// hook's tensor flows: d/d hook_mlp_out is before any post-MLP norm, d/d
+// attn.hook_q before RoPE, d/d hook_embed after Gemma's scale.
+//
+// Linearization (circuit-tracer's): freeze_attn_pattern makes the attention
+// probabilities constants (q and k receive no gradient); freeze_norm_scale
+// the 1/rms (LayerNorm: 1/std) factor of every norm, final norm included.
+//
+// What it runs: f32 (precision f32; the checkpoint's weights in any stored
+// format, decoded on the fly), dense MLPs (gated or plain), sequential and
+// parallel blocks, RMSNorm/LayerNorm with offsets and post-branch norms,
+// standard attention (GQA, sliding windows, softcap, sinks, RoPE of either
+// layout, partial rotary), fused per-head or concatenated qkv, logit softcap
+// and scaling. CheckBackwardSupported names what it does not (MoE layers,
+// q/k norms, MLA, clip_qkv, other fused layouts) before anything runs.
+#ifndef LOOM_RUNTIME_BACKWARD_H_
+#define LOOM_RUNTIME_BACKWARD_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/model/hooks.h"
+#include "src/runtime/executor.h"
+#include "src/runtime/model.h"
+
+namespace loom {
+
+enum class GradMetricKind {
+  // logits[T - 1, answer] - logits[T - 1, wrong].
+  kLogitDiff,
+  // sum over t < T - 1 of log_softmax(logits[t])[ids[t + 1]] (the
+  // sequence's log-likelihood).
+  kLogProb,
+};
+
+struct GradMetric {
+  GradMetricKind kind = GradMetricKind::kLogitDiff;
+  int32_t answer = 0, wrong = 0;  // kLogitDiff
+};
+
+// Where gradients may be taken: every token-major float hook but logits,
+// the router's and the pattern.
+bool IsGradientSite(HookSite site);
+
+struct BackwardOptions {
+  int64_t max_tokens = 0;  // the longest sequence a Run takes
+  bool freeze_attn_pattern = false;
+  bool freeze_norm_scale = false;
+  HookSet grad_hooks;  // gradients delivered (IsGradientSite)
+  HookSet act_hooks;   // the forward's activations delivered too
+  int64_t logits_chunk_rows = 256;
+};
+
+// Receives d metric / d activation at a hook: rows [T, width] dense, valid
+// during the call.
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  virtual Status OnGradient(const HookPoint& hook, const float* rows,
+                            int64_t tokens, int64_t width) = 0;
+};
+
+// Unimplemented naming the layer and the feature the backward lacks;
+// InvalidArgument for a gradient hook that is not a gradient site.
+Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o);
+
+// Bytes of the backward's own buffers for sequences of up to `tokens`, its
+// workspaces as `be` sizes them (beside the forward executor's arenas, which
+// the planner sizes as a forward's).
+int64_t BackwardBytes(const ModelConfig& c, int64_t tokens,
+                      int64_t logits_chunk_rows, const Backend& be);
+
+class Backward {
+ public:
+  // The model at f32 compute precision, on the host (a CPU backend of its
+  // own).
+  static StatusOr<std::unique_ptr<Backward>> Create(
+      const Model& model, const BackwardOptions& options);
+  ~Backward();
+
+  // Forward of `ids` (acts receives the act_hooks), the metric, the
+  // backward (grads receives the grad_hooks, deepest layer first). Returns
+  // the metric's value (double from the f32 logits).
+  StatusOr<double> Run(std::span<const int32_t> ids, const GradMetric& metric,
+                       GradientSink* grads, HookSink* acts);
+
+  int64_t buffer_bytes() const;
+  const Executor& executor() const { return *executor_; }
+
+ private:
+  struct Buffers;
+  class Tape;
+  Backward(const Model& model, const BackwardOptions& options);
+  StatusOr<double> SeedFromMetric(std::span<const int32_t> ids,
+                                  const GradMetric& metric,
+                                  GradientSink* grads);
+  Status LayerBackward(const Batch& batch, int64_t layer, GradientSink* grads);
+  // d_in [T, H] (+)= the branch's VJP from d_out [T, H] (accumulate: adds,
+  // the shared-norm parallel block).
+  Status AttentionBranch(const Batch& batch, int64_t layer, const float* d_out,
+                         float* d_in, GradientSink* grads, bool accumulate);
+  Status MlpBranch(int64_t layer, const float* d_out, float* d_in,
+                   GradientSink* grads);
+  // dx (+)= the VJP of the norm (kind of the layer or model, gain `w` of
+  // `layer`) at input x, from dy; all [T, H].
+  Status NormBack(NormKind kind, float eps, float offset, WeightRole w,
+                  int64_t layer, const float* x, const float* dy, float* dx,
+                  bool accumulate);
+  // dx [m, k] (+)= dy [m, n] W for the weight `w` of `layer`.
+  Status LinearBack(WeightRole w, int64_t layer, int64_t m, const float* dy,
+                    int64_t ldy, float* dx, int64_t ldx, bool accumulate);
+  Status Emit(GradientSink* grads, HookSite site, int64_t layer,
+              const float* rows, int64_t width, int64_t ld);
+
+  const Model& model_;
+  const ModelConfig& c_;
+  BackwardOptions options_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Backend> be_;  // the backward ops' instance (host)
+  std::unique_ptr<Buffers> buf_;
+  int64_t T_ = 0;  // the current Run's tokens
+};
+
+}  // namespace loom
+
+#endif  // LOOM_RUNTIME_BACKWARD_H_

@@ -1,0 +1,217 @@
+// The backward (src/runtime/backward.h) against the shared attribution
+// goldens (golden/attribution/README.md: HF transformers + torch autograd,
+// f32): d metric / d activation at every hook of every case, for both
+// metrics (logit_diff, seq_logprob), exact and linearized (attention
+// probabilities and norm scales frozen), within the README's f32 rule
+// |loom - golden| <= max(atol_abs, atol_rel max|golden|) + rtol |golden|;
+// the metric values within its metric bounds. Also: the gradients do not
+// depend on the thread count (bytes), and models whose layers the backward
+// does not cover yet are refused by name before anything runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/backend/cpu/kernels.h"
+#include "src/runtime/backward.h"
+#include "src/runtime/model.h"
+#include "tests/golden_util.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string AttributionRoot() {
+  const std::string shared = testing::SharedGoldenDir();
+  return shared.empty() || !fs::exists(shared + "/attribution")
+             ? ""
+             : shared + "/attribution";
+}
+
+#define SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root)                        \
+  if ((root).empty())                                                 \
+  GTEST_SKIP() << "SKIPPED LOUDLY: shared attribution goldens "       \
+                  "(golden/attribution) not found"
+
+class GradCapture : public GradientSink {
+ public:
+  Status OnGradient(const HookPoint& hook, const float* rows, int64_t tokens,
+                    int64_t width) override {
+    got[hook].assign(rows, rows + tokens * width);
+    return Status();
+  }
+  std::map<HookPoint, std::vector<float>> got;
+};
+
+struct Case {
+  std::string dir;
+  nlohmann::json manifest;
+  std::unique_ptr<testing::GoldenFile> golden;
+  std::vector<std::pair<std::string, HookPoint>> hooks;  // golden name, hook
+};
+
+Case OpenCase(const std::string& root, const std::string& name,
+              int64_t layers) {
+  Case c;
+  c.dir = root + "/" + name;
+  c.manifest = testing::ReadJson(c.dir + "/manifest.json");
+  c.golden = testing::GoldenFile::Open(c.dir + "/golden.safetensors");
+  std::vector<std::string> names = c.manifest["hooks"];
+  for (const std::string& e : c.manifest["extra_hooks"]) names.push_back(e);
+  for (const std::string& n : names) {
+    StatusOr<std::vector<HookPoint>> h = ParseHookPattern(n, layers);
+    EXPECT_TRUE(h.ok() && h->size() == 1) << n;
+    if (h.ok() && h->size() == 1) c.hooks.push_back({n, h->front()});
+  }
+  return c;
+}
+
+struct Tolerance {
+  double atol_abs, atol_rel, rtol;
+};
+
+void ExpectWithin(const std::vector<float>& got,
+                  const std::vector<float>& want, const Tolerance& t,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double max_ref = 0;
+  for (float v : want) max_ref = std::max(max_ref, std::fabs(double{v}));
+  const double atol = std::max(t.atol_abs, t.atol_rel * max_ref);
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_LE(std::fabs(double{got[i]} - want[i]),
+              atol + t.rtol * std::fabs(double{want[i]}))
+        << what << " element " << i << ": loom " << got[i] << ", HF "
+        << want[i] << " (max |HF| " << max_ref << ")";
+}
+
+class BackwardGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BackwardGoldenTest, GradientsMatchAutograd) {
+  const std::string root = AttributionRoot();
+  SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root);
+  const std::string name = GetParam();
+  const std::string model_name = name.substr(0, name.find("__"));
+  auto model = Model::Load(testing::SharedGoldenDir() + "/tiny/" + model_name,
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const ModelConfig& c = (*model)->config();
+  Case cs = OpenCase(root, name, c.num_layers);
+  const std::vector<int32_t> ids = cs.golden->Ids("corrupted.input_ids");
+  const Tolerance grad_tol{1e-7, 1e-4, 1e-3};
+  for (const bool linear : {false, true}) {
+    for (const bool logprob : {false, true}) {
+      BackwardOptions o;
+      o.max_tokens = static_cast<int64_t>(ids.size());
+      o.freeze_attn_pattern = o.freeze_norm_scale = linear;
+      for (const auto& [n, h] : cs.hooks) o.grad_hooks.Add(h);
+      auto bw = Backward::Create(**model, o);
+      ASSERT_TRUE(bw.ok()) << bw.status().ToString();
+      GradMetric m;
+      m.kind = logprob ? GradMetricKind::kLogProb : GradMetricKind::kLogitDiff;
+      m.answer = cs.manifest["answer_token_ids"]["answer"];
+      m.wrong = cs.manifest["answer_token_ids"]["wrong"];
+      GradCapture cap;
+      StatusOr<double> value = (*bw)->Run(ids, m, &cap, nullptr);
+      ASSERT_TRUE(value.ok()) << value.status().ToString();
+      const std::string p = logprob ? "seq_logprob." : "";
+      const double want_metric =
+          cs.golden->F32(p + "metric.corrupted").front();
+      EXPECT_NEAR(*value, want_metric, logprob ? 3e-4 : 1e-4)
+          << name << " " << p << "metric";
+      for (const auto& [n, h] : cs.hooks) {
+        SCOPED_TRACE(name + " " + p + (linear ? "lin_grad." : "grad.") + n);
+        ASSERT_TRUE(cap.got.count(h)) << "no gradient delivered at " << n;
+        ExpectWithin(cap.got[h],
+                     cs.golden->F32(p + (linear ? "lin_grad." : "grad.") + n),
+                     grad_tol, n);
+      }
+    }
+  }
+}
+
+// The gradients of a run at 1 thread and at every core are the same bytes.
+TEST_P(BackwardGoldenTest, GradientsDoNotDependOnTheThreadCount) {
+  const std::string root = AttributionRoot();
+  SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root);
+  const std::string name = GetParam();
+  const std::string model_name = name.substr(0, name.find("__"));
+  auto model = Model::Load(testing::SharedGoldenDir() + "/tiny/" + model_name,
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  Case cs = OpenCase(root, name, (*model)->config().num_layers);
+  const std::vector<int32_t> ids = cs.golden->Ids("corrupted.input_ids");
+  auto run = [&](int threads) {
+    const int before = cpu::SetNumThreads(threads);
+    BackwardOptions o;
+    o.max_tokens = static_cast<int64_t>(ids.size());
+    for (const auto& [n, h] : cs.hooks) o.grad_hooks.Add(h);
+    auto bw = Backward::Create(**model, o);
+    EXPECT_TRUE(bw.ok()) << bw.status().ToString();
+    GradCapture cap;
+    GradMetric m;
+    m.kind = GradMetricKind::kLogProb;
+    EXPECT_TRUE((*bw)->Run(ids, m, &cap, nullptr).ok());
+    cpu::SetNumThreads(before);
+    return cap.got;
+  };
+  const auto one = run(1), all = run(0);
+  ASSERT_EQ(one.size(), all.size());
+  for (const auto& [h, v] : one)
+    EXPECT_EQ(0, std::memcmp(v.data(), all.at(h).data(), v.size() * 4))
+        << HookName(h);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BackwardGoldenTest,
+                         ::testing::Values("llama__single_diff",
+                                           "llama__two_diffs",
+                                           "gemma2__single_diff",
+                                           "gemma2__two_diffs",
+                                           "gpt_neox__single_diff",
+                                           "gpt_neox__two_diffs"));
+
+TEST(BackwardSupportTest, MixtureOfExpertsLayersAreRefusedByName) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty()) GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  auto model = Model::Load(shared + "/tiny/qwen3_moe", Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  BackwardOptions o;
+  o.max_tokens = 8;
+  auto bw = Backward::Create(**model, o);
+  ASSERT_FALSE(bw.ok());
+  EXPECT_EQ(bw.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(bw.status().message().find("layer 0"), std::string::npos)
+      << bw.status().message();
+}
+
+TEST(BackwardSupportTest, BadRequestsAreRefused) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty()) GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  auto model = Model::Load(shared + "/tiny/llama", Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  BackwardOptions o;
+  o.max_tokens = 4;
+  o.grad_hooks.Add(HookPoint{HookSite::kPattern, 0});
+  EXPECT_EQ(Backward::Create(**model, o).status().code(),
+            StatusCode::kInvalidArgument);
+  o.grad_hooks = HookSet();
+  auto bw = Backward::Create(**model, o);
+  ASSERT_TRUE(bw.ok());
+  const std::vector<int32_t> five = {1, 2, 3, 4, 5};
+  GradMetric m;
+  m.answer = 1;
+  m.wrong = 2;
+  EXPECT_EQ((*bw)->Run(five, m, nullptr, nullptr).status().code(),
+            StatusCode::kOutOfRange);
+  m.answer = 1 << 20;
+  const std::vector<int32_t> three = {1, 2, 3};
+  EXPECT_EQ((*bw)->Run(three, m, nullptr, nullptr).status().code(),
+            StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace loom
