@@ -49,14 +49,6 @@ class PatchSink : public HookSink {
   std::vector<std::vector<float>>* clean_ = nullptr;
 };
 
-// The argmax of logits [V], skipping `skip` (-1: none); the first maximum.
-int32_t Argmax(const float* logits, int64_t V, int64_t skip) {
-  int32_t best = -1;
-  for (int64_t v = 0; v < V; ++v)
-    if (v != skip && (best < 0 || logits[v] > logits[best]))
-      best = static_cast<int32_t>(v);
-  return best;
-}
 
 // The grid's hooks (every one an intervention site) and positions.
 Status ResolveGrid(const ModelConfig& c, int64_t T, const PatchOptions& o,
@@ -248,11 +240,11 @@ StatusOr<PatchResult> RunPatch(const Model& model,
   }
   sink.set_clean(nullptr);
   r.answer = o.answer >= 0 ? static_cast<int32_t>(o.answer)
-                           : Argmax(r.clean_logits_last.data(), V, -1);
+                           : ArgmaxLogit(r.clean_logits_last.data(), V, -1);
   r.wrong = o.wrong >= 0 ? static_cast<int32_t>(o.wrong)
-                         : Argmax(r.corrupted_logits_last.data(), V, -1);
+                         : ArgmaxLogit(r.corrupted_logits_last.data(), V, -1);
   if (o.wrong < 0 && r.wrong == r.answer)
-    r.wrong = Argmax(r.corrupted_logits_last.data(), V, r.answer);
+    r.wrong = ArgmaxLogit(r.corrupted_logits_last.data(), V, r.answer);
   r.clean_logit_diff = LogitDiff(r.clean_logits_last.data(), r.answer, r.wrong);
   r.corrupted_logit_diff =
       LogitDiff(r.corrupted_logits_last.data(), r.answer, r.wrong);
@@ -353,6 +345,14 @@ nlohmann::json PatchJson(const PatchResult& r) {
                      {"forwards", r.forwards},
                      {"seconds", r.seconds}});
   return out;
+}
+
+int32_t ArgmaxLogit(const float* logits, int64_t V, int64_t skip) {
+  int32_t best = -1;
+  for (int64_t v = 0; v < V; ++v)
+    if (v != skip && (best < 0 || logits[v] > logits[best]))
+      best = static_cast<int32_t>(v);
+  return best;
 }
 
 }  // namespace loom::eval

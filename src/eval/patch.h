@@ -125,6 +125,10 @@ StatusOr<JobSpec> PatchJob(const ModelConfig& config, int64_t clean_tokens,
                            int64_t corrupted_tokens,
                            const PatchOptions& options);
 
+// The argmax of logits [V], skipping `skip` (-1: none); the first maximum
+// (the default answer and wrong tokens).
+int32_t ArgmaxLogit(const float* logits, int64_t V, int64_t skip);
+
 // patch.json: hooks (and heads, with per_head), positions, answer_token_ids {A,
 // B}, clean_logit_diff, corrupted_logit_diff, logit_diff [h][p], recovery
 // [h][p], forwards, seconds.

@@ -316,33 +316,6 @@ class SaveSink : public HookSink {
   HookSink* next_;
 };
 
-}  // namespace
-
-StatusOr<double> Backward::Run(std::span<const int32_t> ids,
-                               const GradMetric& metric, GradientSink* grads,
-                               HookSink* acts) {
-  T_ = static_cast<int64_t>(ids.size());
-  if (T_ < 1 || T_ > options_.max_tokens)
-    return OutOfRangeError("backward: a sequence of " + std::to_string(T_) +
-                           " tokens (planned for 1 to " +
-                           std::to_string(options_.max_tokens) + ")");
-  if (metric.kind == GradMetricKind::kLogProb && T_ < 2)
-    return InvalidArgumentError(
-        "backward: the log-likelihood metric needs at least 2 tokens");
-  const int64_t H = c_.hidden_size, L = c_.num_layers;
-  const int64_t seq_start[2] = {0, T_};
-  const Batch batch{ids, std::span<const int64_t>(seq_start, 2)};
-  SaveSink save(buf_->saved.data(), T_, H, L, options_.act_hooks, acts);
-  RETURN_IF_ERROR(executor_->Forward(batch, &save));
-  ASSIGN_OR_RETURN(const double value, SeedFromMetric(ids, metric, grads));
-  for (int64_t l = L - 1; l >= 0; --l)
-    RETURN_IF_ERROR(LayerBackward(batch, l, grads));
-  RETURN_IF_ERROR(Emit(grads, HookSite::kEmbed, -1, buf_->g.data(), H, H));
-  if (c_.learned_positions)
-    RETURN_IF_ERROR(Emit(grads, HookSite::kPosEmbed, -1, buf_->g.data(), H, H));
-  return value;
-}
-
 // logits = softcap(lm_head(h) / scaling): d raw = d logits * (1 - (l /
 // cap)^2) / scaling, in place on `d` [rows, V] (l: the logits).
 void HeadDerivative(const ModelConfig& c, const float* l, float* d,
@@ -357,17 +330,107 @@ void HeadDerivative(const ModelConfig& c, const float* l, float* d,
   }
 }
 
+}  // namespace
+
+Status Backward::ForwardAndNorm(std::span<const int32_t> ids,
+                                HookSink* acts) {
+  T_ = static_cast<int64_t>(ids.size());
+  if (T_ < 1 || T_ > options_.max_tokens)
+    return OutOfRangeError("backward: a sequence of " + std::to_string(T_) +
+                           " tokens (planned for 1 to " +
+                           std::to_string(options_.max_tokens) + ")");
+  const int64_t H = c_.hidden_size, L = c_.num_layers;
+  seq_start_[0] = 0;
+  seq_start_[1] = T_;
+  const Batch batch{ids, std::span<const int64_t>(seq_start_, 2)};
+  SaveSink save(buf_->saved.data(), T_, H, L, options_.act_hooks, acts);
+  RETURN_IF_ERROR(executor_->Forward(batch, &save));
+  ComputeFinalNorm(c_, model_.weights(), *be_, false,
+                   buf_->saved.data() + L * T_ * H, buf_->hidden.data(), T_);
+  return Status();
+}
+
+StatusOr<Backward::Evaluation> Backward::Evaluate(std::span<const int32_t> ids,
+                                                  bool with_logprob,
+                                                  HookSink* acts) {
+  RETURN_IF_ERROR(ForwardAndNorm(ids, acts));
+  const int64_t H = c_.hidden_size, V = c_.vocab_size;
+  Evaluation e;
+  if (with_logprob) {
+    if (T_ < 2)
+      return InvalidArgumentError(
+          "backward: the log-likelihood metric needs at least 2 tokens");
+    ASSIGN_OR_RETURN(e.logprob, LogProb(ids, nullptr));
+  }
+  ComputeLogits(c_, model_.weights(), *be_, buf_->hidden.data() + (T_ - 1) * H,
+                1, buf_->logits.data(), buf_->head_ws.data());
+  e.last_logits.assign(buf_->logits.begin(), buf_->logits.begin() + V);
+  return e;
+}
+
+StatusOr<double> Backward::Run(std::span<const int32_t> ids,
+                               const GradMetric& metric, GradientSink* grads,
+                               HookSink* acts) {
+  if (metric.kind == GradMetricKind::kLogProb && ids.size() < 2)
+    return InvalidArgumentError(
+        "backward: the log-likelihood metric needs at least 2 tokens");
+  RETURN_IF_ERROR(ForwardAndNorm(ids, acts));
+  const int64_t H = c_.hidden_size;
+  const Batch batch{ids, std::span<const int64_t>(seq_start_, 2)};
+  ASSIGN_OR_RETURN(const double value, SeedFromMetric(ids, metric, grads));
+  for (int64_t l = c_.num_layers - 1; l >= 0; --l)
+    RETURN_IF_ERROR(LayerBackward(batch, l, grads));
+  RETURN_IF_ERROR(Emit(grads, HookSite::kEmbed, -1, buf_->g.data(), H, H));
+  if (c_.learned_positions)
+    RETURN_IF_ERROR(Emit(grads, HookSite::kPosEmbed, -1, buf_->g.data(), H, H));
+  return value;
+}
+
+StatusOr<double> Backward::LogProb(std::span<const int32_t> ids,
+                                   float* d_hidden) {
+  const int64_t T = T_, H = c_.hidden_size, V = c_.vocab_size;
+  const int64_t C = static_cast<int64_t>(buf_->logits.size()) / V;
+  float* logits = buf_->logits.data();
+  double value = 0.0;
+  for (int64_t r0 = 0; r0 < T - 1; r0 += C) {
+    const int64_t rows = std::min(C, T - 1 - r0);
+    ComputeLogits(c_, model_.weights(), *be_, buf_->hidden.data() + r0 * H,
+                  rows, logits, buf_->head_ws.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = logits + r * V;
+      const int32_t target = ids[static_cast<size_t>(r0 + r + 1)];
+      double mx = row[0];
+      for (int64_t v = 1; v < V; ++v) mx = std::max<double>(mx, row[v]);
+      double sum = 0.0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+      const double lse = mx + std::log(sum);
+      value += row[target] - lse;
+      if (d_hidden == nullptr) continue;
+      // d = onehot(target) - softmax, through the head's softcap (which
+      // reads the logit: each value is read before it is replaced).
+      for (int64_t v = 0; v < V; ++v) {
+        const float l = row[v];
+        float d = (v == target ? 1.0f : 0.0f) -
+                  static_cast<float>(std::exp(l - lse));
+        HeadDerivative(c_, &l, &d, 1);
+        row[v] = d;
+      }
+    }
+    if (d_hidden != nullptr)
+      RETURN_IF_ERROR(LinearBack(WeightRole::kLmHead, -1, rows, logits, V,
+                                 d_hidden + r0 * H, H, false));
+  }
+  return value;
+}
+
 StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
                                           const GradMetric& metric,
                                           GradientSink* grads) {
   const int64_t T = T_, H = c_.hidden_size, V = c_.vocab_size;
-  const int64_t C = static_cast<int64_t>(buf_->logits.size()) / V;
-  const BoundWeights& W = model_.weights();
   const float* xL = buf_->saved.data() + c_.num_layers * T * H;
-  float* h = buf_->hidden.data();
+  const float* h = buf_->hidden.data();
   float* dh = buf_->branch.data();  // [T, H]
   float* logits = buf_->logits.data();
-  ComputeFinalNorm(c_, W, *be_, false, xL, h, T);
   std::fill(dh, dh + T * H, 0.0f);
   double value = 0.0;
   if (metric.kind == GradMetricKind::kLogitDiff) {
@@ -377,7 +440,7 @@ StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
                              std::to_string(metric.answer) + " / wrong " +
                              std::to_string(metric.wrong) +
                              " outside the vocabulary of " + std::to_string(V));
-    ComputeLogits(c_, W, *be_, h + (T - 1) * H, 1, logits,
+    ComputeLogits(c_, model_.weights(), *be_, h + (T - 1) * H, 1, logits,
                   buf_->head_ws.data());
     value = static_cast<double>(logits[metric.answer]) - logits[metric.wrong];
     // d logits = e_answer - e_wrong, then through the head's softcap.
@@ -391,32 +454,7 @@ StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
     RETURN_IF_ERROR(LinearBack(WeightRole::kLmHead, -1, 1, logits, V,
                                dh + (T - 1) * H, H, false));
   } else {
-    for (int64_t r0 = 0; r0 < T - 1; r0 += C) {
-      const int64_t rows = std::min(C, T - 1 - r0);
-      ComputeLogits(c_, W, *be_, h + r0 * H, rows, logits,
-                    buf_->head_ws.data());
-      for (int64_t r = 0; r < rows; ++r) {
-        float* row = logits + r * V;
-        const int32_t target = ids[static_cast<size_t>(r0 + r + 1)];
-        double mx = row[0];
-        for (int64_t v = 1; v < V; ++v) mx = std::max<double>(mx, row[v]);
-        double sum = 0.0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
-        const double lse = mx + std::log(sum);
-        value += row[target] - lse;
-        // d = onehot(target) - softmax, through the softcap (which needs
-        // the logit itself: each value is read before it is replaced).
-        for (int64_t v = 0; v < V; ++v) {
-          const float l = row[v];
-          float d = (v == target ? 1.0f : 0.0f) -
-                    static_cast<float>(std::exp(l - lse));
-          HeadDerivative(c_, &l, &d, 1);
-          row[v] = d;
-        }
-      }
-      RETURN_IF_ERROR(LinearBack(WeightRole::kLmHead, -1, rows, logits, V,
-                                 dh + r0 * H, H, false));
-    }
+    ASSIGN_OR_RETURN(value, LogProb(ids, dh));
   }
   RETURN_IF_ERROR(Emit(grads, HookSite::kFinalNorm, -1, dh, H, H));
   RETURN_IF_ERROR(NormBack(c_.norm, c_.norm_eps, c_.norm_offset,

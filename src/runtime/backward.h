@@ -106,6 +106,16 @@ class Backward {
   StatusOr<double> Run(std::span<const int32_t> ids, const GradMetric& metric,
                        GradientSink* grads, HookSink* acts);
 
+  // The forward of `ids` alone (acts receives the act_hooks): the last
+  // position's logits [V] and, with_logprob, the sequence's log-likelihood
+  // (kLogProb's value). No gradient.
+  struct Evaluation {
+    std::vector<float> last_logits;
+    double logprob = 0;
+  };
+  StatusOr<Evaluation> Evaluate(std::span<const int32_t> ids,
+                                bool with_logprob, HookSink* acts);
+
   int64_t buffer_bytes() const;
   const Executor& executor() const { return *executor_; }
 
@@ -113,6 +123,12 @@ class Backward {
   struct Buffers;
   class Tape;
   Backward(const Model& model, const BackwardOptions& options);
+  // The forward (residuals saved, acts delivered) and the final norm.
+  Status ForwardAndNorm(std::span<const int32_t> ids, HookSink* acts);
+  // sum over t < T - 1 of log_softmax(logits[t])[ids[t + 1]]; with `grad`,
+  // its gradient with respect to the final-norm rows is written to d_hidden
+  // [T, H] (row T - 1 zero).
+  StatusOr<double> LogProb(std::span<const int32_t> ids, float* d_hidden);
   StatusOr<double> SeedFromMetric(std::span<const int32_t> ids,
                                   const GradMetric& metric,
                                   GradientSink* grads);
@@ -141,6 +157,7 @@ class Backward {
   std::unique_ptr<Backend> be_;  // the backward ops' instance (host)
   std::unique_ptr<Buffers> buf_;
   int64_t T_ = 0;  // the current Run's tokens
+  int64_t seq_start_[2] = {0, 0};
 };
 
 }  // namespace loom

@@ -24,6 +24,7 @@ void AddGenerateCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 void AddMergeCommand(CLI::App& app, int* exit_code);
 void AddPatchCommand(CLI::App& app, int* exit_code);
+void AddAttributeCommand(CLI::App& app, int* exit_code);
 void AddLensCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
 

@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   loom::cli::AddServeCommand(app, &exit_code);
   loom::cli::AddMergeCommand(app, &exit_code);
   loom::cli::AddPatchCommand(app, &exit_code);
+  loom::cli::AddAttributeCommand(app, &exit_code);
   loom::cli::AddLensCommand(app, &exit_code);
   loom::cli::AddBenchCommand(app, &exit_code);
   loom::cli::AddCompareCommand(app, &exit_code);

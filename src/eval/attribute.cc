@@ -1,0 +1,253 @@
+#include "src/eval/attribute.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "src/eval/extract.h"
+#include "src/eval/patch.h"
+
+namespace loom::eval {
+namespace {
+
+// Dense [T, width] copies of the grid hooks' activations.
+class GridSink : public HookSink {
+ public:
+  Status OnActivation(const HookPoint& hook, const Batch& /*batch*/,
+                      int64_t /*seq*/, int64_t row_begin,
+                      const ActivationView& view) override {
+    std::vector<float>& v = rows[hook];
+    v.resize(static_cast<size_t>((row_begin + view.rows) * view.cols));
+    const float* d = view.f32();
+    for (int64_t r = 0; r < view.rows; ++r)
+      std::copy(d + r * view.ld, d + r * view.ld + view.cols,
+                v.begin() + (row_begin + r) * view.cols);
+    return Status();
+  }
+  std::map<HookPoint, std::vector<float>> rows;
+};
+
+class GradSink : public GradientSink {
+ public:
+  Status OnGradient(const HookPoint& hook, const float* rows, int64_t tokens,
+                    int64_t width) override {
+    grads[hook].assign(rows, rows + tokens * width);
+    return Status();
+  }
+  std::map<HookPoint, std::vector<float>> grads;
+};
+
+Status CheckInputs(std::span<const int32_t> clean,
+                   std::span<const int32_t> corrupted,
+                   const AttributeOptions& o) {
+  if (clean.empty() || clean.size() != corrupted.size())
+    return InvalidArgumentError(
+        "the clean prompt has " + std::to_string(clean.size()) +
+        " tokens and the corrupted one " + std::to_string(corrupted.size()) +
+        "; attribution needs two non-empty prompts of one length");
+  if (o.check_top > 0 && o.metric != GradMetricKind::kLogitDiff)
+    return InvalidArgumentError(
+        "--check-top runs loom patch, whose metric is logit-diff");
+  if (o.check_top < 0)
+    return InvalidArgumentError("--check-top must be >= 0, not " +
+                                std::to_string(o.check_top));
+  return Status();
+}
+
+// The true patch of the check_top largest |atp| cells among the hooks loom
+// patch can patch (IsInterventionSite), through RunPatch on the grid of
+// their hooks and positions.
+Status CheckTopCells(const Model& model, std::span<const int32_t> clean,
+                     std::span<const int32_t> corrupted,
+                     const AttributeOptions& o,
+                     const std::vector<HookPoint>& grid, AttributeResult* r) {
+  struct Cell {
+    size_t h, p;
+    double atp;
+  };
+  std::vector<Cell> cells;
+  for (size_t h = 0; h < r->hooks.size(); ++h) {
+    if (!IsInterventionSite(grid[h].site)) continue;  // loom patch cannot
+    for (size_t p = 0; p < r->positions.size(); ++p)
+      cells.push_back({h, p, r->atp[h][p]});
+  }
+  std::stable_sort(cells.begin(), cells.end(), [](const Cell& a, const Cell& b) {
+    return std::fabs(a.atp) > std::fabs(b.atp);
+  });
+  cells.resize(std::min(cells.size(), static_cast<size_t>(o.check_top)));
+  if (cells.empty()) return Status();
+  PatchOptions po;
+  po.hooks.clear();
+  po.positions.kind = InterventionPositions::Kind::kList;
+  for (const Cell& c : cells) {
+    if (std::find(po.hooks.begin(), po.hooks.end(), r->hooks[c.h]) ==
+        po.hooks.end())
+      po.hooks.push_back(r->hooks[c.h]);
+    const int64_t pos = r->positions[c.p];
+    if (std::find(po.positions.list.begin(), po.positions.list.end(), pos) ==
+        po.positions.list.end())
+      po.positions.list.push_back(pos);
+  }
+  std::sort(po.positions.list.begin(), po.positions.list.end());
+  po.answer = r->answer;
+  po.wrong = r->wrong;
+  ASSIGN_OR_RETURN(PatchResult pr, RunPatch(model, clean, corrupted, po));
+  const size_t P = pr.positions.size();
+  for (const Cell& c : cells) {
+    const size_t row = static_cast<size_t>(
+        std::find(pr.hooks.begin(), pr.hooks.end(), r->hooks[c.h]) -
+        pr.hooks.begin());
+    const size_t col = static_cast<size_t>(
+        std::find(pr.positions.begin(), pr.positions.end(),
+                  r->positions[c.p]) -
+        pr.positions.begin());
+    r->checks.push_back({r->hooks[c.h], r->positions[c.p], c.atp,
+                         pr.logit_diff[row * P + col] -
+                             pr.corrupted_logit_diff});
+  }
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<AttributeResult> RunAttribute(const Model& model,
+                                       std::span<const int32_t> clean,
+                                       std::span<const int32_t> corrupted,
+                                       const AttributeOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(CheckInputs(clean, corrupted, o));
+  const ModelConfig& c = model.config();
+  const int64_t T = static_cast<int64_t>(clean.size()), V = c.vocab_size;
+  ASSIGN_OR_RETURN(const HookSet grid,
+                   ResolveExtractHooks(o.hooks, o.layers, c));
+  if (grid.empty()) return InvalidArgumentError("hooks: no hook to attribute");
+  AttributeResult r;
+  StatusOr<std::vector<int64_t>> positions = ResolvePositions(o.positions, T);
+  if (!positions.ok()) return positions.status().WithContext("positions");
+  r.positions = *std::move(positions);
+  BackwardOptions bo;
+  bo.max_tokens = T;
+  bo.freeze_attn_pattern = o.freeze_attn_pattern;
+  bo.freeze_norm_scale = o.freeze_norm_scale;
+  bo.grad_hooks = grid;
+  bo.act_hooks = grid;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backward> bw, Backward::Create(model, bo));
+  const bool logprob = o.metric == GradMetricKind::kLogProb;
+  GridSink clean_acts;
+  ASSIGN_OR_RETURN(Backward::Evaluation ce,
+                   bw->Evaluate(clean, logprob, &clean_acts));
+  GradMetric m;
+  m.kind = o.metric;
+  if (!logprob) {
+    for (const int64_t t : {o.answer, o.wrong})
+      if (t >= V)
+        return InvalidArgumentError("--answer/--wrong: token " +
+                                    std::to_string(t) +
+                                    " is outside the vocabulary of " +
+                                    std::to_string(V));
+    m.answer = o.answer >= 0 ? static_cast<int32_t>(o.answer)
+                             : ArgmaxLogit(ce.last_logits.data(), V, -1);
+    if (o.wrong >= 0) {
+      m.wrong = static_cast<int32_t>(o.wrong);
+    } else {  // the corrupted argmax (runner-up when it is the answer)
+      ASSIGN_OR_RETURN(Backward::Evaluation xe,
+                       bw->Evaluate(corrupted, false, nullptr));
+      m.wrong = ArgmaxLogit(xe.last_logits.data(), V, -1);
+      if (m.wrong == m.answer)
+        m.wrong = ArgmaxLogit(xe.last_logits.data(), V, m.answer);
+    }
+    r.metric_clean = static_cast<double>(ce.last_logits[m.answer]) -
+                     ce.last_logits[m.wrong];
+  } else {
+    r.metric_clean = ce.logprob;
+  }
+  r.answer = m.answer;
+  r.wrong = m.wrong;
+  GridSink corrupted_acts;
+  GradSink grads;
+  ASSIGN_OR_RETURN(r.metric_corrupted,
+                   bw->Run(corrupted, m, &grads, &corrupted_acts));
+  for (const HookPoint& h : grid.hooks()) {
+    const std::vector<float>& a = clean_acts.rows.at(h);
+    const std::vector<float>& b = corrupted_acts.rows.at(h);
+    const std::vector<float>& g = grads.grads.at(h);
+    const int64_t W = static_cast<int64_t>(g.size()) / T;
+    const bool heads = o.per_head && h.site == HookSite::kZ;
+    const int64_t hd = heads ? c.head_dim : W;
+    r.hooks.push_back(HookName(h));
+    std::vector<double> row;
+    std::vector<std::vector<double>> per_head;
+    for (const int64_t t : r.positions) {
+      double sum = 0;
+      std::vector<double> hs(static_cast<size_t>(W / hd), 0.0);
+      for (int64_t w = 0; w < W; ++w) {
+        const size_t i = static_cast<size_t>(t * W + w);
+        const double v = (static_cast<double>(a[i]) - b[i]) * g[i];
+        sum += v;
+        hs[static_cast<size_t>(w / hd)] += v;
+      }
+      row.push_back(sum);
+      if (heads) per_head.push_back(std::move(hs));
+    }
+    r.atp.push_back(std::move(row));
+    r.atp_head.push_back(std::move(per_head));
+  }
+  if (o.check_top > 0)
+    RETURN_IF_ERROR(
+        CheckTopCells(model, clean, corrupted, o, grid.hooks(), &r));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                            t0)
+                  .count();
+  return r;
+}
+
+StatusOr<JobSpec> AttributeJob(const ModelConfig& c, int64_t tokens,
+                               const AttributeOptions& o) {
+  if (tokens < 1) return InvalidArgumentError("attribute: an empty prompt");
+  ASSIGN_OR_RETURN(HookSet hooks, ResolveExtractHooks(o.hooks, o.layers, c));
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    hooks.Add(HookPoint{HookSite::kResidPre, l});
+  hooks.Add(HookPoint{HookSite::kResidPost, c.num_layers - 1});
+  JobSpec job;
+  job.batch_tokens = tokens;
+  job.context = tokens;
+  job.seqs_per_batch = 1;
+  job.hooks = hooks;
+  job.selector = Selector::kAll;
+  job.logits = true;
+  job.logits_chunk_rows = std::min<int64_t>(256, tokens);
+  return job;
+}
+
+nlohmann::json AttributionJson(const AttributeResult& r,
+                               const AttributeOptions& o) {
+  const bool logprob = o.metric == GradMetricKind::kLogProb;
+  nlohmann::json j;
+  j["hooks"] = r.hooks;
+  j["positions"] = r.positions;
+  j["metric"] = logprob ? "logprob" : "logit-diff";
+  if (!logprob) j["answer_token_ids"] = {r.answer, r.wrong};
+  j["method"] = "atp";
+  nlohmann::json freeze = nlohmann::json::array();
+  if (o.freeze_attn_pattern) freeze.push_back("attn_pattern");
+  if (o.freeze_norm_scale) freeze.push_back("norm_scale");
+  j["freeze"] = freeze;
+  j["metric_clean"] = r.metric_clean;
+  j["metric_corrupted"] = r.metric_corrupted;
+  j["atp"] = r.atp;
+  // [hook][position][head], parallel to hooks ([] for rows without heads).
+  if (o.per_head) j["atp_head"] = r.atp_head;
+  nlohmann::json checks = nlohmann::json::array();
+  for (const AttributeCheck& c : r.checks)
+    checks.push_back({{"hook", c.hook},
+                      {"position", c.position},
+                      {"atp", c.atp},
+                      {"true_patch", c.true_patch},
+                      {"error", c.atp - c.true_patch}});
+  j["checks"] = checks;
+  j["seconds"] = r.seconds;
+  return j;
+}
+
+}  // namespace loom::eval

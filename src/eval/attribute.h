@@ -1,0 +1,91 @@
+// Attribution patching (`loom attribute`, issue 38's AtP): the (hook x
+// position) grid of `loom patch` estimated from one backward instead of one
+// forward per cell.
+//
+// One job, one backward (src/runtime/backward.h):
+//   1. the clean prompt's forward captures every grid hook (and its metric);
+//   2. the corrupted prompt's forward captures them again, and the backward
+//      gives d metric / d activation at each;
+//   3. atp[h][t] = sum over the hook's width of (clean - corrupted)[t, :] .
+//      grad[t, :], in double from the f32 values; per head (attn.hook_z,
+//      per_head) the sum over that head's columns.
+// With check_top N, `loom patch`'s true effect of the N cells of largest
+// |atp| among the patchable hooks (IsInterventionSite) is run (logit-diff: patched - corrupted logit difference) and
+// reported beside them.
+//
+// The metric and its defaults follow `loom patch`: logit-diff of the answer A
+// (default: the clean argmax) and the wrong token B (default: the corrupted
+// argmax, or its runner-up when that is A); or logprob, the corrupted
+// sequence's log-likelihood (the clean run's with the clean ids).
+#ifndef LOOM_EVAL_ATTRIBUTE_H_
+#define LOOM_EVAL_ATTRIBUTE_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/base/status.h"
+#include "src/model/interventions.h"
+#include "src/runtime/backward.h"
+#include "src/runtime/model.h"
+
+namespace loom::eval {
+
+struct AttributeOptions {
+  // Hook patterns as extract's; every one a gradient site (IsGradientSite).
+  std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
+  std::vector<std::string> layers;  // for bare sites, as extract's --layers
+  InterventionPositions positions;  // the grid's columns (all)
+  bool per_head = false;            // attn.hook_z: atp_head per head
+  GradMetricKind metric = GradMetricKind::kLogitDiff;
+  int64_t answer = -1, wrong = -1;  // -1: loom patch's defaults
+  bool freeze_attn_pattern = false;
+  bool freeze_norm_scale = false;
+  // Run the true patch of the N largest |atp| cells (logit-diff only).
+  int64_t check_top = 0;
+};
+
+struct AttributeCheck {
+  std::string hook;
+  int64_t position = 0;
+  double atp = 0, true_patch = 0;
+};
+
+struct AttributeResult {
+  std::vector<std::string> hooks;  // the grid's rows, as expanded
+  std::vector<int64_t> positions;  // the grid's columns, ascending
+  int32_t answer = 0, wrong = 0;   // logit-diff
+  double metric_clean = 0, metric_corrupted = 0;
+  std::vector<std::vector<double>> atp;  // [hooks][P]
+  // per_head: for each attn.hook_z row, [P][heads]; other rows empty.
+  std::vector<std::vector<std::vector<double>>> atp_head;
+  std::vector<AttributeCheck> checks;  // check_top cells, largest |atp| first
+  double seconds = 0;
+};
+
+// InvalidArgument for prompts of different lengths, an empty grid, a hook
+// without a gradient, check_top with the logprob metric, A/B outside the
+// vocabulary; the backward's Unimplemented for a model it does not cover.
+StatusOr<AttributeResult> RunAttribute(const Model& model,
+                                       std::span<const int32_t> clean,
+                                       std::span<const int32_t> corrupted,
+                                       const AttributeOptions& options);
+
+// The forward part of the job the planner sizes (the executor the backward
+// runs: T tokens, the grid hooks and every layer boundary, the logits); the
+// backward's own buffers are BackwardBytes beside it.
+StatusOr<JobSpec> AttributeJob(const ModelConfig& config, int64_t tokens,
+                               const AttributeOptions& options);
+
+// attribution.json: hooks, positions, metric, answer_token_ids (logit-diff),
+// metric_clean, metric_corrupted, atp [hook][position], atp_head (per_head:
+// [hook][position][head], [] for hooks other than attn.hook_z), checks,
+// seconds.
+nlohmann::json AttributionJson(const AttributeResult& r,
+                               const AttributeOptions& options);
+
+}  // namespace loom::eval
+
+#endif  // LOOM_EVAL_ATTRIBUTE_H_

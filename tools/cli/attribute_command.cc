@@ -1,0 +1,203 @@
+// `loom attribute --model DIR (--clean TEXT | --clean-tokens IDS)
+//  (--corrupted TEXT | --corrupted-tokens IDS) [--hooks PATTERN...]
+//  [--positions all|last|LIST|A:B] [--per-head] [--metric logit-diff|logprob]
+//  [--answer A --wrong B] [--method atp] [--freeze attn_pattern,norm_scale]
+//  [--check-top N] --out DIR`: attribution patching (src/eval/attribute.h)
+// written as OUT/attribution.json.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/eval/attribute.h"
+#include "src/eval/session.h"
+#include "src/io/file_util.h"
+#include "src/runtime/model.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/flag_ranges.h"
+#include "tools/cli/job_options.h"
+#include "tools/cli/plan_flags.h"
+
+namespace loom::cli {
+namespace {
+
+struct AttributeArgs {
+  std::string model_dir, out_dir;
+  std::string clean, corrupted;
+  std::vector<int64_t> clean_ids, corrupted_ids;
+  std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
+  std::vector<std::string> layers;
+  std::string positions = "all";
+  std::string metric = "logit-diff";
+  std::string method = "atp";
+  std::vector<std::string> freeze;
+  int64_t answer = -1, wrong = -1, check_top = 0;
+  std::string precision = "f32";
+  int threads = 0;
+  bool quiet = false, per_head = false;
+  PlanFlags plan;
+};
+
+StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
+  eval::AttributeOptions o;
+  if (a.method != "atp")
+    return InvalidArgumentError("--method: '" + a.method +
+                                "' is not a method here (atp; atp-star and "
+                                "ig are not written yet)");
+  if (a.metric == "logit-diff")
+    o.metric = GradMetricKind::kLogitDiff;
+  else if (a.metric == "logprob")
+    o.metric = GradMetricKind::kLogProb;
+  else
+    return InvalidArgumentError("--metric: '" + a.metric +
+                                "' is not a metric (logit-diff, logprob)");
+  for (const std::string& f : a.freeze) {
+    if (f == "attn_pattern")
+      o.freeze_attn_pattern = true;
+    else if (f == "norm_scale")
+      o.freeze_norm_scale = true;
+    else
+      return InvalidArgumentError("--freeze: '" + f +
+                                  "' is not frozen here (attn_pattern, "
+                                  "norm_scale)");
+  }
+  if (a.precision != "f32")
+    return InvalidArgumentError("--precision: gradients run at f32, not " +
+                                a.precision);
+  o.hooks = a.hooks;
+  o.layers = a.layers;
+  StatusOr<InterventionPositions> positions = ParsePositionsText(a.positions);
+  if (!positions.ok()) return positions.status().WithContext("--positions");
+  o.positions = *std::move(positions);
+  o.per_head = a.per_head;
+  o.answer = a.answer;
+  o.wrong = a.wrong;
+  o.check_top = a.check_top;
+  return o;
+}
+
+Status RunAttributeCommand(const AttributeArgs& a) {
+  ASSIGN_OR_RETURN(const eval::AttributeOptions o, OptionsOf(a));
+  ASSIGN_OR_RETURN(SessionParams sp,
+                   CommandSession("attribute", a.model_dir, a.precision,
+                                  a.plan, a.threads, a.quiet));
+  sp.tokenizer = a.clean_ids.empty() || a.corrupted_ids.empty()
+                     ? TokenizerUse::kRequired
+                     : TokenizerUse::kNone;
+  std::vector<int32_t> clean, corrupted;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Session> session,
+      Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        ASSIGN_OR_RETURN(clean,
+                         CliPromptIds("--clean", a.clean, a.clean_ids, s));
+        ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", a.corrupted,
+                                                 a.corrupted_ids, s));
+        if (clean.size() != corrupted.size() || clean.empty())
+          return InvalidArgumentError(
+              "the clean prompt has " + std::to_string(clean.size()) +
+              " tokens and the corrupted one " +
+              std::to_string(corrupted.size()) +
+              "; attribution needs two non-empty prompts of one length");
+        return eval::AttributeJob(s.config(),
+                                  static_cast<int64_t>(clean.size()), o);
+      }));
+  ASSIGN_OR_RETURN(eval::AttributeResult r,
+                   eval::RunAttribute(session->model(), clean, corrupted, o));
+  std::error_code ec;
+  std::filesystem::create_directories(a.out_dir, ec);
+  if (ec)
+    return IoError("--out " + a.out_dir + ": cannot create: " + ec.message());
+  nlohmann::json j = eval::AttributionJson(r, o);
+  j["model"] = a.model_dir;
+  j["clean_input_ids"] = clean;
+  j["corrupted_input_ids"] = corrupted;
+  const std::string text = j.dump(2) + "\n";
+  RETURN_IF_ERROR(io_internal::ReplaceFileDurably(
+                      a.out_dir + "/attribution.json",
+                      [&](int fd, const std::string& tmp) {
+                        return io_internal::PwriteFully(
+                            fd, tmp, text.data(),
+                            static_cast<int64_t>(text.size()), 0);
+                      })
+                      .status());
+  if (!a.quiet)
+    std::fprintf(stderr,
+                 "loom attribute: %zu hooks x %zu positions from one "
+                 "backward, %.2f s; metric clean %.4f, corrupted %.4f -> %s\n",
+                 r.hooks.size(), r.positions.size(), r.seconds,
+                 r.metric_clean, r.metric_corrupted,
+                 (a.out_dir + "/attribution.json").c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddAttributeCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<AttributeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "attribute",
+      "Attribution patching (AtP): the (hook x position) grid of loom patch "
+      "estimated from one backward");
+  AddModelFlag(*cmd, &a->model_dir)->required();
+  auto* ct = cmd->add_option("--clean", a->clean, "Clean prompt text");
+  auto* ci = cmd->add_option("--clean-tokens", a->clean_ids,
+                             "Clean prompt token ids (5,17,300)")
+                 ->delimiter(',');
+  ct->excludes(ci);
+  auto* xt = cmd->add_option("--corrupted", a->corrupted,
+                             "Corrupted prompt text (as many tokens)");
+  auto* xi = cmd->add_option("--corrupted-tokens", a->corrupted_ids,
+                             "Corrupted prompt token ids")
+                 ->delimiter(',');
+  xt->excludes(xi);
+  CLI::Option* hooks = AddHookFlags(*cmd, &a->hooks, &a->layers);
+  hooks->description(hooks->get_description() +
+                     ". The hooks attributed: the grid's rows");
+  hooks->capture_default_str();
+  cmd->add_option("--positions", a->positions,
+                  "Positions: all (default), last, a list 1,3,-1 or a span "
+                  "A:B");
+  cmd->add_flag("--per-head", a->per_head,
+                "attn.hook_z hooks: atp_head per head as well");
+  cmd->add_option("--metric", a->metric,
+                  "logit-diff (default) or logprob (the sequence "
+                  "log-likelihood)");
+  cmd->add_option("--answer", a->answer,
+                  "Token id A (default: the clean run's argmax)")
+      ->check(IntRange(0));
+  cmd->add_option("--wrong", a->wrong,
+                  "Token id B (default: the corrupted run's argmax, or its "
+                  "runner-up when that is A)")
+      ->check(IntRange(0));
+  cmd->add_option("--method", a->method, "atp (default)");
+  cmd->add_option("--freeze", a->freeze,
+                  "Constants in the backward: attn_pattern, norm_scale "
+                  "(circuit-tracer's linearization)")
+      ->delimiter(',');
+  cmd->add_option("--check-top", a->check_top,
+                  "Run the true patch of the N largest cells and report the "
+                  "approximation error")
+      ->check(IntRange(0));
+  cmd->add_option("--out", a->out_dir, "Output directory")->required();
+  AddPrecisionFlag(*cmd, &a->precision);
+  AddThreadsFlag(*cmd, &a->threads);
+  AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
+  cmd->add_flag("--quiet", a->quiet, "No summary on stderr");
+  cmd->callback([a, exit_code, ct, ci, xt, xi] {
+    if (ct->count() == 0 && ci->count() == 0) {
+      *exit_code = ReportStatus(
+          "attribute", InvalidArgumentError("give --clean or --clean-tokens"));
+      return;
+    }
+    if (xt->count() == 0 && xi->count() == 0) {
+      *exit_code = ReportStatus(
+          "attribute",
+          InvalidArgumentError("give --corrupted or --corrupted-tokens"));
+      return;
+    }
+    *exit_code = ReportStatus("attribute", RunAttributeCommand(*a));
+  });
+}
+
+}  // namespace loom::cli
