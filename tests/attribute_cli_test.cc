@@ -60,10 +60,10 @@ TEST_P(AttributeCliTest, AtpMatchesTheGoldens) {
       const std::string out = Path(std::string(linear ? "lin" : "exact") +
                                    (logprob ? "_lp" : "_ld"));
       std::string cmd = std::string(LOOM_BINARY) + " attribute --model " +
-                        model + " --clean-tokens " +
-                        Ids(m["clean_input_ids"]) + " --corrupted-tokens " +
-                        Ids(m["corrupted_input_ids"]) + " --hooks " +
-                        hook_list + " --positions all --precision f32 " +
+                        model + " --clean-tokens " + Ids(m["clean_input_ids"]) +
+                        " --corrupted-tokens " + Ids(m["corrupted_input_ids"]) +
+                        " --hooks " + hook_list +
+                        " --positions all --precision f32 " +
                         "--per-head --quiet --out " + out;
       if (linear) cmd += " --freeze attn_pattern,norm_scale";
       if (logprob) cmd += " --metric logprob";
@@ -120,10 +120,10 @@ class AttributeCliErrorsTest : public testing::TempDirTest {};
 
 TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
   const std::string shared = testing::SharedGoldenDir();
-  if (shared.empty()) GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
-  const std::string base = std::string(LOOM_BINARY) +
-                           " attribute --model " + shared +
-                           "/tiny/llama --out " + Path("o") + " ";
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  const std::string base = std::string(LOOM_BINARY) + " attribute --model " +
+                           shared + "/tiny/llama --out " + Path("o") + " ";
   struct Bad {
     std::string args, says;
   };
@@ -134,7 +134,8 @@ TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --method ig", "--method"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --precision bf16",
        "--precision"},
-      {"--clean-tokens 1,2 --corrupted-tokens 1,3 --hooks blocks.0.attn.hook_pattern",
+      {"--clean-tokens 1,2 --corrupted-tokens 1,3 --hooks "
+       "blocks.0.attn.hook_pattern",
        "gradient"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --metric logprob "
        "--check-top 2",
@@ -149,9 +150,10 @@ TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
   }
   // MoE layers: refused by name, nothing written.
   std::string log;
-  EXPECT_NE(RunShell(std::string(LOOM_BINARY) + " attribute --model " +
-                         shared + "/tiny/qwen3_moe --clean-tokens 1,2 "
-                         "--corrupted-tokens 1,3 --out " + Path("moe"),
+  EXPECT_NE(RunShell(std::string(LOOM_BINARY) + " attribute --model " + shared +
+                         "/tiny/qwen3_moe --clean-tokens 1,2 "
+                         "--corrupted-tokens 1,3 --out " +
+                         Path("moe"),
                      &log),
             0);
   EXPECT_NE(log.find("mixture-of-experts"), std::string::npos) << log;

@@ -33,9 +33,9 @@ std::string AttributionRoot() {
              : shared + "/attribution";
 }
 
-#define SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root)                        \
-  if ((root).empty())                                                 \
-  GTEST_SKIP() << "SKIPPED LOUDLY: shared attribution goldens "       \
+#define SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root)                  \
+  if ((root).empty())                                           \
+  GTEST_SKIP() << "SKIPPED LOUDLY: shared attribution goldens " \
                   "(golden/attribution) not found"
 
 class GradCapture : public GradientSink {
@@ -75,9 +75,8 @@ struct Tolerance {
   double atol_abs, atol_rel, rtol;
 };
 
-void ExpectWithin(const std::vector<float>& got,
-                  const std::vector<float>& want, const Tolerance& t,
-                  const std::string& what) {
+void ExpectWithin(const std::vector<float>& got, const std::vector<float>& want,
+                  const Tolerance& t, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double max_ref = 0;
   for (float v : want) max_ref = std::max(max_ref, std::fabs(double{v}));
@@ -85,8 +84,8 @@ void ExpectWithin(const std::vector<float>& got,
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_LE(std::fabs(double{got[i]} - want[i]),
               atol + t.rtol * std::fabs(double{want[i]}))
-        << what << " element " << i << ": loom " << got[i] << ", HF "
-        << want[i] << " (max |HF| " << max_ref << ")";
+        << what << " element " << i << ": loom " << got[i] << ", HF " << want[i]
+        << " (max |HF| " << max_ref << ")";
 }
 
 class BackwardGoldenTest : public ::testing::TestWithParam<std::string> {};
@@ -119,8 +118,7 @@ TEST_P(BackwardGoldenTest, GradientsMatchAutograd) {
       StatusOr<double> value = (*bw)->Run(ids, m, &cap, nullptr);
       ASSERT_TRUE(value.ok()) << value.status().ToString();
       const std::string p = logprob ? "seq_logprob." : "";
-      const double want_metric =
-          cs.golden->F32(p + "metric.corrupted").front();
+      const double want_metric = cs.golden->F32(p + "metric.corrupted").front();
       EXPECT_NEAR(*value, want_metric, logprob ? 3e-4 : 1e-4)
           << name << " " << p << "metric";
       for (const auto& [n, h] : cs.hooks) {
@@ -166,17 +164,16 @@ TEST_P(BackwardGoldenTest, GradientsDoNotDependOnTheThreadCount) {
         << HookName(h);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, BackwardGoldenTest,
-                         ::testing::Values("llama__single_diff",
-                                           "llama__two_diffs",
-                                           "gemma2__single_diff",
-                                           "gemma2__two_diffs",
-                                           "gpt_neox__single_diff",
-                                           "gpt_neox__two_diffs"));
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BackwardGoldenTest,
+    ::testing::Values("llama__single_diff", "llama__two_diffs",
+                      "gemma2__single_diff", "gemma2__two_diffs",
+                      "gpt_neox__single_diff", "gpt_neox__two_diffs"));
 
 TEST(BackwardSupportTest, MixtureOfExpertsLayersAreRefusedByName) {
   const std::string shared = testing::SharedGoldenDir();
-  if (shared.empty()) GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
   auto model = Model::Load(shared + "/tiny/qwen3_moe", Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   BackwardOptions o;
@@ -190,7 +187,8 @@ TEST(BackwardSupportTest, MixtureOfExpertsLayersAreRefusedByName) {
 
 TEST(BackwardSupportTest, BadRequestsAreRefused) {
   const std::string shared = testing::SharedGoldenDir();
-  if (shared.empty()) GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
   auto model = Model::Load(shared + "/tiny/llama", Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   BackwardOptions o;

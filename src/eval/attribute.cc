@@ -72,9 +72,10 @@ Status CheckTopCells(const Model& model, std::span<const int32_t> clean,
     for (size_t p = 0; p < r->positions.size(); ++p)
       cells.push_back({h, p, r->atp[h][p]});
   }
-  std::stable_sort(cells.begin(), cells.end(), [](const Cell& a, const Cell& b) {
-    return std::fabs(a.atp) > std::fabs(b.atp);
-  });
+  std::stable_sort(cells.begin(), cells.end(),
+                   [](const Cell& a, const Cell& b) {
+                     return std::fabs(a.atp) > std::fabs(b.atp);
+                   });
   cells.resize(std::min(cells.size(), static_cast<size_t>(o.check_top)));
   if (cells.empty()) return Status();
   PatchOptions po;
@@ -99,12 +100,11 @@ Status CheckTopCells(const Model& model, std::span<const int32_t> clean,
         std::find(pr.hooks.begin(), pr.hooks.end(), r->hooks[c.h]) -
         pr.hooks.begin());
     const size_t col = static_cast<size_t>(
-        std::find(pr.positions.begin(), pr.positions.end(),
-                  r->positions[c.p]) -
+        std::find(pr.positions.begin(), pr.positions.end(), r->positions[c.p]) -
         pr.positions.begin());
-    r->checks.push_back({r->hooks[c.h], r->positions[c.p], c.atp,
-                         pr.logit_diff[row * P + col] -
-                             pr.corrupted_logit_diff});
+    r->checks.push_back(
+        {r->hooks[c.h], r->positions[c.p], c.atp,
+         pr.logit_diff[row * P + col] - pr.corrupted_logit_diff});
   }
   return Status();
 }
@@ -142,10 +142,9 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
   if (!logprob) {
     for (const int64_t t : {o.answer, o.wrong})
       if (t >= V)
-        return InvalidArgumentError("--answer/--wrong: token " +
-                                    std::to_string(t) +
-                                    " is outside the vocabulary of " +
-                                    std::to_string(V));
+        return InvalidArgumentError(
+            "--answer/--wrong: token " + std::to_string(t) +
+            " is outside the vocabulary of " + std::to_string(V));
     m.answer = o.answer >= 0 ? static_cast<int32_t>(o.answer)
                              : ArgmaxLogit(ce.last_logits.data(), V, -1);
     if (o.wrong >= 0) {
@@ -157,8 +156,8 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
       if (m.wrong == m.answer)
         m.wrong = ArgmaxLogit(xe.last_logits.data(), V, m.answer);
     }
-    r.metric_clean = static_cast<double>(ce.last_logits[m.answer]) -
-                     ce.last_logits[m.wrong];
+    r.metric_clean =
+        static_cast<double>(ce.last_logits[m.answer]) - ce.last_logits[m.wrong];
   } else {
     r.metric_clean = ce.logprob;
   }
@@ -196,9 +195,9 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
   if (o.check_top > 0)
     RETURN_IF_ERROR(
         CheckTopCells(model, clean, corrupted, o, grid.hooks(), &r));
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                            t0)
-                  .count();
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   return r;
 }
 

@@ -10,8 +10,8 @@
 //      grad[t, :], in double from the f32 values; per head (attn.hook_z,
 //      per_head) the sum over that head's columns.
 // With check_top N, `loom patch`'s true effect of the N cells of largest
-// |atp| among the patchable hooks (IsInterventionSite) is run (logit-diff: patched - corrupted logit difference) and
-// reported beside them.
+// |atp| among the patchable hooks (IsInterventionSite) is run (logit-diff:
+// patched - corrupted logit difference) and reported beside them.
 //
 // The metric and its defaults follow `loom patch`: logit-diff of the answer A
 // (default: the clean argmax) and the wrong token B (default: the corrupted

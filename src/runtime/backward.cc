@@ -32,8 +32,7 @@ bool IsGradientSite(HookSite site) {
   }
 }
 
-Status CheckBackwardSupported(const ModelConfig& c,
-                              const BackwardOptions& o) {
+Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o) {
   for (const HookPoint& h : o.grad_hooks.hooks())
     if (!IsGradientSite(h.site))
       return InvalidArgumentError("backward: " + HookName(h) +
@@ -51,8 +50,9 @@ Status CheckBackwardSupported(const ModelConfig& c,
       return UnimplementedError(at +
                                 "the backward of q/k norms is not written yet");
     if (lc.clip_qkv > 0)
-      return UnimplementedError(at + "the backward of clip_qkv is not written "
-                                     "yet");
+      return UnimplementedError(at +
+                                "the backward of clip_qkv is not written "
+                                "yet");
     if (lc.fused_qkv && lc.qkv_layout != QkvLayout::kConcat &&
         lc.qkv_layout != QkvLayout::kPerHead)
       return UnimplementedError(at +
@@ -60,8 +60,9 @@ Status CheckBackwardSupported(const ModelConfig& c,
                                 "written yet");
     if (lc.mlp != MlpKind::kGated && lc.mlp != MlpKind::kGatedFused &&
         lc.mlp != MlpKind::kPlain)
-      return UnimplementedError(at + "the backward of this MLP kind is not "
-                                     "written yet");
+      return UnimplementedError(at +
+                                "the backward of this MLP kind is not "
+                                "written yet");
   }
   return Status();
 }
@@ -92,10 +93,10 @@ struct Backward::Buffers {
   std::vector<float> head_ws;    // the lm_head GEMM's (forward) workspace
 
   std::vector<std::vector<float>*> members() {
-    return {&saved,  &g,       &branch, &d_in,     &hidden,  &resid_mid,
-            &attn_out, &mlp_out, &qkv,  &mlp_pre,  &cos,     &neg_sin,
-            &dqkv,   &dfused,  &dz,     &dmlp,     &dact,    &emit,
-            &logits, &gemm_ws, &attn_ws, &head_ws};
+    return {&saved,    &g,       &branch,  &d_in,    &hidden, &resid_mid,
+            &attn_out, &mlp_out, &qkv,     &mlp_pre, &cos,    &neg_sin,
+            &dqkv,     &dfused,  &dz,      &dmlp,    &dact,   &emit,
+            &logits,   &gemm_ws, &attn_ws, &head_ws};
   }
 };
 
@@ -126,11 +127,27 @@ std::vector<int64_t> BufferCounts(const ModelConfig& c, int64_t T,
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
     head_ws = std::max(head_ws, be.Costs().gemm_workspace(C, H, t));
   auto floats = [](int64_t bytes) { return (bytes + 3) / 4; };
-  return {(L + 1) * T * H, T * H,     T * H,     T * H,   T * H,
-          T * H,           T * H,     T * H,     T * qkv, T * 2 * I,
-          T * half,        T * half,  T * qkv,   T * qkv, T * z,
-          T * 2 * I,       T * I,     T * std::max(qkv, I),
-          C * c.vocab_size, floats(gemm_ws), floats(attn_ws),
+  return {(L + 1) * T * H,
+          T * H,
+          T * H,
+          T * H,
+          T * H,
+          T * H,
+          T * H,
+          T * H,
+          T * qkv,
+          T * 2 * I,
+          T * half,
+          T * half,
+          T * qkv,
+          T * qkv,
+          T * z,
+          T * 2 * I,
+          T * I,
+          T * std::max(qkv, I),
+          C * c.vocab_size,
+          floats(gemm_ws),
+          floats(attn_ws),
           floats(head_ws)};
 }
 
@@ -318,8 +335,7 @@ class SaveSink : public HookSink {
 
 // logits = softcap(lm_head(h) / scaling): d raw = d logits * (1 - (l /
 // cap)^2) / scaling, in place on `d` [rows, V] (l: the logits).
-void HeadDerivative(const ModelConfig& c, const float* l, float* d,
-                    int64_t n) {
+void HeadDerivative(const ModelConfig& c, const float* l, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float v = d[i];
     if (c.final_softcap > 0) {
@@ -332,8 +348,7 @@ void HeadDerivative(const ModelConfig& c, const float* l, float* d,
 
 }  // namespace
 
-Status Backward::ForwardAndNorm(std::span<const int32_t> ids,
-                                HookSink* acts) {
+Status Backward::ForwardAndNorm(std::span<const int32_t> ids, HookSink* acts) {
   T_ = static_cast<int64_t>(ids.size());
   if (T_ < 1 || T_ > options_.max_tokens)
     return OutOfRangeError("backward: a sequence of " + std::to_string(T_) +
@@ -410,8 +425,8 @@ StatusOr<double> Backward::LogProb(std::span<const int32_t> ids,
       // reads the logit: each value is read before it is replaced).
       for (int64_t v = 0; v < V; ++v) {
         const float l = row[v];
-        float d = (v == target ? 1.0f : 0.0f) -
-                  static_cast<float>(std::exp(l - lse));
+        float d =
+            (v == target ? 1.0f : 0.0f) - static_cast<float>(std::exp(l - lse));
         HeadDerivative(c_, &l, &d, 1);
         row[v] = d;
       }
@@ -458,8 +473,8 @@ StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
   }
   RETURN_IF_ERROR(Emit(grads, HookSite::kFinalNorm, -1, dh, H, H));
   RETURN_IF_ERROR(NormBack(c_.norm, c_.norm_eps, c_.norm_offset,
-                           WeightRole::kFinalNorm, -1, xL, dh,
-                           buf_->g.data(), false));
+                           WeightRole::kFinalNorm, -1, xL, dh, buf_->g.data(),
+                           false));
   return value;
 }
 
@@ -502,8 +517,8 @@ Status Backward::LayerBackward(const Batch& batch, int64_t l,
   if (lc.post_mlp_norm) {
     RETURN_IF_ERROR(Emit(grads, HookSite::kLn2Post, l, db, H, H));
     RETURN_IF_ERROR(NormBack(lc.norm, lc.norm_eps, lc.norm_offset,
-                             WeightRole::kPostMlpNorm, l,
-                             buf_->mlp_out.data(), db, din, false));
+                             WeightRole::kPostMlpNorm, l, buf_->mlp_out.data(),
+                             db, din, false));
     std::copy(din, din + T * H, db);
   }
   RETURN_IF_ERROR(MlpBranch(l, db, din, grads));
@@ -541,7 +556,8 @@ Status Backward::MlpBranch(int64_t l, const float* d_out, float* d_in,
   const int64_t T = T_, H = c_.hidden_size, I = c_.intermediate_size;
   RETURN_IF_ERROR(Emit(grads, HookSite::kMlpOut, l, d_out, H, H));
   float* dact = buf_->dact.data();  // [T, I]
-  RETURN_IF_ERROR(LinearBack(WeightRole::kDown, l, T, d_out, H, dact, I, false));
+  RETURN_IF_ERROR(
+      LinearBack(WeightRole::kDown, l, T, d_out, H, dact, I, false));
   RETURN_IF_ERROR(Emit(grads, HookSite::kMlpPost, l, dact, I, I));
   const ActivationFn fn = ToActivationFn(lc.act);
   float* dm = buf_->dmlp.data();
@@ -551,13 +567,13 @@ Status Backward::MlpBranch(int64_t l, const float* d_out, float* d_in,
     RETURN_IF_ERROR(Emit(grads, HookSite::kMlpPre, l, dm, I, I));
     return LinearBack(WeightRole::kUp, l, T, dm, I, d_in, H, false);
   }
-  RETURN_IF_ERROR(be_->GatedActivationBackward(fn, pre, 2 * I, pre + I, 2 * I,
-                                               dact, dm, 2 * I, dm + I, 2 * I,
-                                               T, I));
+  RETURN_IF_ERROR(be_->GatedActivationBackward(
+      fn, pre, 2 * I, pre + I, 2 * I, dact, dm, 2 * I, dm + I, 2 * I, T, I));
   RETURN_IF_ERROR(Emit(grads, HookSite::kMlpPre, l, dm, I, 2 * I));
   if (lc.mlp == MlpKind::kGatedFused)
     return LinearBack(WeightRole::kGateUp, l, T, dm, 2 * I, d_in, H, false);
-  RETURN_IF_ERROR(LinearBack(WeightRole::kGate, l, T, dm, 2 * I, d_in, H, false));
+  RETURN_IF_ERROR(
+      LinearBack(WeightRole::kGate, l, T, dm, 2 * I, d_in, H, false));
   return LinearBack(WeightRole::kUp, l, T, dm + I, 2 * I, d_in, H, true);
 }
 
@@ -591,7 +607,8 @@ Status Backward::AttentionBranch(const Batch& batch, int64_t l,
   f.softcap = lc.attn_softcap;
   f.window = lc.window;
   if (lc.attn_sinks) {
-    const TensorView& sinks = model_.weights().Require(WeightRole::kAttnSinks, l);
+    const TensorView& sinks =
+        model_.weights().Require(WeightRole::kAttnSinks, l);
     f.sinks = sinks.data;
     f.sinks_dtype = sinks.dtype;
   }
@@ -632,7 +649,8 @@ Status Backward::AttentionBranch(const Batch& batch, int64_t l,
   }
   if (lc.fused_qkv)
     return LinearBack(WeightRole::kQkv, l, T, dq, ld, d_in, H, accumulate);
-  RETURN_IF_ERROR(LinearBack(WeightRole::kQ, l, T, dq, ld, d_in, H, accumulate));
+  RETURN_IF_ERROR(
+      LinearBack(WeightRole::kQ, l, T, dq, ld, d_in, H, accumulate));
   RETURN_IF_ERROR(LinearBack(WeightRole::kK, l, T, dq + Q, ld, d_in, H, true));
   return LinearBack(WeightRole::kV, l, T, dq + Q + KV, ld, d_in, H, true);
 }

@@ -113,8 +113,8 @@ class Backward {
     std::vector<float> last_logits;
     double logprob = 0;
   };
-  StatusOr<Evaluation> Evaluate(std::span<const int32_t> ids,
-                                bool with_logprob, HookSink* acts);
+  StatusOr<Evaluation> Evaluate(std::span<const int32_t> ids, bool with_logprob,
+                                HookSink* acts);
 
   int64_t buffer_bytes() const;
   const Executor& executor() const { return *executor_; }

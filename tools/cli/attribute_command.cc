@@ -80,8 +80,8 @@ StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
 Status RunAttributeCommand(const AttributeArgs& a) {
   ASSIGN_OR_RETURN(const eval::AttributeOptions o, OptionsOf(a));
   ASSIGN_OR_RETURN(SessionParams sp,
-                   CommandSession("attribute", a.model_dir, a.precision,
-                                  a.plan, a.threads, a.quiet));
+                   CommandSession("attribute", a.model_dir, a.precision, a.plan,
+                                  a.threads, a.quiet));
   sp.tokenizer = a.clean_ids.empty() || a.corrupted_ids.empty()
                      ? TokenizerUse::kRequired
                      : TokenizerUse::kNone;
@@ -125,9 +125,8 @@ Status RunAttributeCommand(const AttributeArgs& a) {
     std::fprintf(stderr,
                  "loom attribute: %zu hooks x %zu positions from one "
                  "backward, %.2f s; metric clean %.4f, corrupted %.4f -> %s\n",
-                 r.hooks.size(), r.positions.size(), r.seconds,
-                 r.metric_clean, r.metric_corrupted,
-                 (a.out_dir + "/attribution.json").c_str());
+                 r.hooks.size(), r.positions.size(), r.seconds, r.metric_clean,
+                 r.metric_corrupted, (a.out_dir + "/attribution.json").c_str());
   return Status::Ok();
 }
 

@@ -1,12 +1,12 @@
 #include "src/backend/cpu/backward_cpu.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#include <omp.h>
 
 #include "src/backend/cpu/quant_decode.h"
 #include "src/base/float16.h"
@@ -53,9 +53,9 @@ void DecodeWeightRows(const WeightRows& w, int64_t row0, int64_t rows,
     return;
   }
   if (!w.in_out && !w.panels && !w.strips) {
-    ConvertToF32(static_cast<const char*>(w.data) +
-                     row0 * w.k * DTypeSize(w.dtype),
-                 w.dtype, out, rows * w.k);
+    ConvertToF32(
+        static_cast<const char*>(w.data) + row0 * w.k * DTypeSize(w.dtype),
+        w.dtype, out, rows * w.k);
     return;
   }
   for (int64_t r = 0; r < rows; ++r)
@@ -68,8 +68,7 @@ int64_t GemmBackwardWorkspaceBytes(int64_t k) {
 }
 
 void GemmBackwardInput(const WeightRows& w, const float* dy, int64_t ldy,
-                       int64_t m,
-                       float* dx, int64_t ldx, bool accumulate,
+                       int64_t m, float* dx, int64_t ldx, bool accumulate,
                        void* workspace) {
   const int64_t n = w.n, k = w.k;
   auto* block = static_cast<float*>(workspace);  // [kBackwardRowBlock, k]
@@ -158,8 +157,8 @@ void AttentionBackwardGroup(const AttentionArgs& a, int64_t s, int64_t g,
     for (int64_t i = 0; i < len; ++i) {
       const float* q = a.q + (t0 + i) * a.q_rs + h * d;
       const float* gz = dz + (t0 + i) * a.q_heads * dvw + h * dvw;
-      const int64_t j0 = a.window > 0 ? std::max<int64_t>(0, i - a.window + 1)
-                                      : 0;
+      const int64_t j0 =
+          a.window > 0 ? std::max<int64_t>(0, i - a.window + 1) : 0;
       float mx = has_sink ? sink : -std::numeric_limits<float>::infinity();
       for (int64_t j = j0; j <= i; ++j) {
         const float* kr = a.k + (t0 + j) * a.k_rs + g * d;
@@ -277,14 +276,14 @@ float ActivationDerivative(Activation act, float x) {
 void ActivationBackward(Activation act, const float* x, const float* dy,
                         float* dx, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * ActivationDerivative(act, x[i]);
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = dy[i] * ActivationDerivative(act, x[i]);
 }
 
-void GatedActivationBackward(Activation act, const float* gate,
-                             int64_t gate_rs, const float* up, int64_t up_rs,
-                             const float* dout, float* dgate, int64_t dg_rs,
-                             float* dup, int64_t du_rs, int64_t rows,
-                             int64_t n) {
+void GatedActivationBackward(Activation act, const float* gate, int64_t gate_rs,
+                             const float* up, int64_t up_rs, const float* dout,
+                             float* dgate, int64_t dg_rs, float* dup,
+                             int64_t du_rs, int64_t rows, int64_t n) {
 #pragma omp parallel for schedule(static) if (rows * n > 65536)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i) {

@@ -45,8 +45,7 @@ int64_t GemmBackwardWorkspaceBytes(int64_t k);
 // kBackwardRowBlock rows of W (decoded into `workspace`, f32), each dx row
 // adds dy[r, j] * W[j, :] for j ascending, in f32.
 void GemmBackwardInput(const WeightRows& w, const float* dy, int64_t ldy,
-                       int64_t m,
-                       float* dx, int64_t ldx, bool accumulate,
+                       int64_t m, float* dx, int64_t ldx, bool accumulate,
                        void* workspace);
 
 // RMSNorm / LayerNorm VJP per row (sums in double); see NormBackwardOp in
@@ -70,11 +69,10 @@ void ActivationBackward(Activation act, const float* x, const float* dy,
                         float* dx, int64_t n);
 // out = act(gate) * up: dgate = dout * up * act'(gate), dup = dout *
 // act(gate).
-void GatedActivationBackward(Activation act, const float* gate,
-                             int64_t gate_rs, const float* up, int64_t up_rs,
-                             const float* dout, float* dgate, int64_t dg_rs,
-                             float* dup, int64_t du_rs, int64_t rows,
-                             int64_t n);
+void GatedActivationBackward(Activation act, const float* gate, int64_t gate_rs,
+                             const float* up, int64_t up_rs, const float* dout,
+                             float* dgate, int64_t dg_rs, float* dup,
+                             int64_t du_rs, int64_t rows, int64_t n);
 
 // act(x) and act'(x) in f32, as the forward's activation kernels compute
 // act (shared by the kernel and its test).

@@ -38,7 +38,8 @@ void ExpectNear(const std::vector<float>& a, const std::vector<float>& b,
 std::vector<float> RunGemmBackward(const WeightRows& w, const float* dy,
                                    int64_t m) {
   std::vector<float> dx(static_cast<size_t>(m * w.k), 7.0f);
-  std::vector<float> ws(static_cast<size_t>(GemmBackwardWorkspaceBytes(w.k) / 4));
+  std::vector<float> ws(
+      static_cast<size_t>(GemmBackwardWorkspaceBytes(w.k) / 4));
   GemmBackwardInput(w, dy, w.n, m, dx.data(), w.k, false, ws.data());
   return dx;
 }
@@ -56,8 +57,7 @@ TEST(GemmBackwardTest, EveryLayoutMatchesTheReference) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < k; ++c) t[c * n + r] = wf[r * k + c];
   WeightRows in_out{t.data(), DType::kF32, n, k, true};
-  ExpectNear(RunGemmBackward(in_out, dy.data(), m), want, 1e-5, 1e-5,
-             "in_out");
+  ExpectNear(RunGemmBackward(in_out, dy.data(), m), want, 1e-5, 1e-5, "in_out");
   // f32 panels (the packer's own layout; any ISA packs panels of f32 here).
   std::vector<float> panels(static_cast<size_t>(n * k));
   if (PanelsLayoutFits(n, k, DType::kF32)) {
@@ -80,8 +80,7 @@ TEST(GemmBackwardTest, EveryLayoutMatchesTheReference) {
     std::vector<uint16_t> strips(wb.size());
     PackWeightStrips(wb.data(), n, k, strips.data());
     WeightRows s{strips.data(), DType::kBF16, n, k, false, false, true};
-    ExpectNear(RunGemmBackward(s, dy.data(), m), want_b, 1e-5, 1e-5,
-               "strips");
+    ExpectNear(RunGemmBackward(s, dy.data(), m), want_b, 1e-5, 1e-5, "strips");
   }
 }
 
@@ -134,7 +133,8 @@ class NormBackwardTest : public ::testing::TestWithParam<NormCase> {};
 TEST_P(NormBackwardTest, MatchesTheJacobian) {
   const NormCase c = GetParam();
   const int64_t rows = 6, dim = 40;
-  std::vector<float> x = Random(rows * dim, 7, 2.0f), dy = Random(rows * dim, 8);
+  std::vector<float> x = Random(rows * dim, 7, 2.0f),
+                     dy = Random(rows * dim, 8);
   for (int64_t i = 0; i < dim; ++i) x[i] += 3.0f;  // a row with a mean
   const std::vector<float> w = Random(dim, 9);
   std::vector<float> got(x.size()), want(x.size());
@@ -142,8 +142,8 @@ TEST_P(NormBackwardTest, MatchesTheJacobian) {
                c.has_w ? w.data() : nullptr, DType::kF32, c.offset, 1e-5f,
                c.layer_norm, c.freeze, false);
   ref::NormBackward(x.data(), dy.data(), want.data(), rows, dim,
-                    c.has_w ? w.data() : nullptr, c.offset, 1e-5f,
-                    c.layer_norm, c.freeze);
+                    c.has_w ? w.data() : nullptr, c.offset, 1e-5f, c.layer_norm,
+                    c.freeze);
   ExpectNear(got, want, 1e-6, 1e-5, "norm");
   // accumulate adds to what is there.
   std::vector<float> acc(x.size(), 1.0f);
@@ -154,15 +154,14 @@ TEST_P(NormBackwardTest, MatchesTheJacobian) {
     ASSERT_FLOAT_EQ(acc[i], 1.0f + got[i]);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Kinds, NormBackwardTest,
-    ::testing::Values(NormCase{false, false, true, 0.0f},
-                      NormCase{false, true, true, 0.0f},
-                      NormCase{false, false, true, 1.0f},
-                      NormCase{false, false, false, 0.0f},
-                      NormCase{true, false, true, 0.0f},
-                      NormCase{true, true, true, 0.0f},
-                      NormCase{true, false, false, 0.0f}));
+INSTANTIATE_TEST_SUITE_P(Kinds, NormBackwardTest,
+                         ::testing::Values(NormCase{false, false, true, 0.0f},
+                                           NormCase{false, true, true, 0.0f},
+                                           NormCase{false, false, true, 1.0f},
+                                           NormCase{false, false, false, 0.0f},
+                                           NormCase{true, false, true, 0.0f},
+                                           NormCase{true, true, true, 0.0f},
+                                           NormCase{true, false, false, 0.0f}));
 
 struct AttnCase {
   int64_t window;
@@ -178,7 +177,8 @@ TEST_P(AttentionBackwardTest, MatchesTheReferenceAndIsPerSequence) {
   const int64_t hq = 4, hkv = c.kv_heads, d = 8;
   const std::vector<int64_t> starts = {0, 5, 14};
   const int64_t T = starts.back();
-  const std::vector<float> q = Random(T * hq * d, 10), k = Random(T * hkv * d, 11),
+  const std::vector<float> q = Random(T * hq * d, 10),
+                           k = Random(T * hkv * d, 11),
                            v = Random(T * hkv * d, 12),
                            dz = Random(T * hq * d, 13);
   const std::vector<float> sinks = Random(hq, 14);
@@ -228,18 +228,17 @@ TEST_P(AttentionBackwardTest, MatchesTheReferenceAndIsPerSequence) {
   b.seq_start = one.data();
   b.num_seqs = 1;
   const std::vector<float> alone = run(b, 9, dz.data() + 5 * hq * d);
-  EXPECT_EQ(0, std::memcmp(alone.data(), got.data() + 5 * hq * d,
-                           9 * hq * d * 4));
+  EXPECT_EQ(0,
+            std::memcmp(alone.data(), got.data() + 5 * hq * d, 9 * hq * d * 4));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Variants, AttentionBackwardTest,
-    ::testing::Values(AttnCase{0, 0.0f, false, false, 2},
-                      AttnCase{0, 0.0f, false, true, 2},
-                      AttnCase{3, 0.0f, false, false, 2},
-                      AttnCase{0, 5.0f, false, false, 4},
-                      AttnCase{0, 0.0f, true, false, 1},
-                      AttnCase{4, 2.0f, true, false, 2}));
+INSTANTIATE_TEST_SUITE_P(Variants, AttentionBackwardTest,
+                         ::testing::Values(AttnCase{0, 0.0f, false, false, 2},
+                                           AttnCase{0, 0.0f, false, true, 2},
+                                           AttnCase{3, 0.0f, false, false, 2},
+                                           AttnCase{0, 5.0f, false, false, 4},
+                                           AttnCase{0, 0.0f, true, false, 1},
+                                           AttnCase{4, 2.0f, true, false, 2}));
 
 TEST(ActivationBackwardTest, DerivativesMatchFiniteDifferences) {
   const std::vector<float> x = Random(200, 15, 3.0f);
@@ -256,17 +255,19 @@ TEST(ActivationBackwardTest, DerivativesMatchFiniteDifferences) {
 
 TEST(ActivationBackwardTest, GatedSplitsIntoGateAndUp) {
   const int64_t rows = 3, n = 20;
-  const std::vector<float> gu = Random(rows * 2 * n, 16), dout = Random(rows * n, 17);
+  const std::vector<float> gu = Random(rows * 2 * n, 16),
+                           dout = Random(rows * n, 17);
   std::vector<float> dgu(gu.size());
   GatedActivationBackward(Activation::kSilu, gu.data(), 2 * n, gu.data() + n,
-                          2 * n, dout.data(), dgu.data(), 2 * n,
-                          dgu.data() + n, 2 * n, rows, n);
+                          2 * n, dout.data(), dgu.data(), 2 * n, dgu.data() + n,
+                          2 * n, rows, n);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i) {
       const double g = gu[r * 2 * n + i], u = gu[r * 2 * n + n + i];
       const double d = dout[r * n + i];
       EXPECT_NEAR(dgu[r * 2 * n + i],
-                  d * u * ref::ActivationDerivative(Activation::kSilu, g), 1e-4);
+                  d * u * ref::ActivationDerivative(Activation::kSilu, g),
+                  1e-4);
       EXPECT_NEAR(dgu[r * 2 * n + n + i], d * g / (1 + std::exp(-g)), 1e-5);
     }
 }

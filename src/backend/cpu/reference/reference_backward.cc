@@ -74,9 +74,9 @@ void AttentionBackward(const AttentionArgs& a, const float* dz, float* dq,
             dot += static_cast<double>(a.q[(t0 + i) * a.q_rs + h * d + c]) *
                    a.k[(t0 + j) * a.k_rs + g * d + c];
           raw[i * len + j] = dot * a.scale;
-          S[i * len + j] = a.softcap > 0
-                               ? a.softcap * std::tanh(dot * a.scale / a.softcap)
-                               : dot * a.scale;
+          S[i * len + j] =
+              a.softcap > 0 ? a.softcap * std::tanh(dot * a.scale / a.softcap)
+                            : dot * a.scale;
           mx = std::max(mx, S[i * len + j]);
         }
         double sum = has_sink ? std::exp(sink - mx) : 0.0;
@@ -93,8 +93,8 @@ void AttentionBackward(const AttentionArgs& a, const float* dz, float* dq,
         double Dsum = 0.0;
         for (int64_t j = 0; j < len; ++j) {
           for (int64_t c = 0; c < dvw; ++c) {
-            dP[j] += gz[c] * static_cast<double>(
-                                 a.v[(t0 + j) * a.v_rs + g * dvw + c]);
+            dP[j] += gz[c] *
+                     static_cast<double>(a.v[(t0 + j) * a.v_rs + g * dvw + c]);
             gv[((t0 + j) * a.kv_heads + g) * dvw + c] += P[i * len + j] * gz[c];
           }
           Dsum += P[i * len + j] * dP[j];
