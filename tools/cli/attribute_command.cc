@@ -12,7 +12,6 @@
 
 #include "src/eval/attribute.h"
 #include "src/eval/session.h"
-#include "src/io/file_util.h"
 #include "src/runtime/model.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/flag_ranges.h"
@@ -24,15 +23,14 @@ namespace {
 
 struct AttributeArgs {
   std::string model_dir, out_dir;
-  std::string clean, corrupted;
-  std::vector<int64_t> clean_ids, corrupted_ids;
+  PromptPairFlags prompts;  // --clean ... --wrong
   std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
   std::vector<std::string> layers;
   std::string positions = "all";
   std::string metric = "logit-diff";
   std::string method = "atp";
   std::vector<std::string> freeze;
-  int64_t answer = -1, wrong = -1, check_top = 0;
+  int64_t check_top = 0;
   std::string precision = "f32";
   int threads = 0;
   bool quiet = false, per_head = false;
@@ -71,8 +69,8 @@ StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
   if (!positions.ok()) return positions.status().WithContext("--positions");
   o.positions = *std::move(positions);
   o.per_head = a.per_head;
-  o.answer = a.answer;
-  o.wrong = a.wrong;
+  o.answer = a.prompts.answer;
+  o.wrong = a.prompts.wrong;
   o.check_top = a.check_top;
   return o;
 }
@@ -82,17 +80,17 @@ Status RunAttributeCommand(const AttributeArgs& a) {
   ASSIGN_OR_RETURN(SessionParams sp,
                    CommandSession("attribute", a.model_dir, a.precision, a.plan,
                                   a.threads, a.quiet));
-  sp.tokenizer = a.clean_ids.empty() || a.corrupted_ids.empty()
-                     ? TokenizerUse::kRequired
-                     : TokenizerUse::kNone;
+  sp.tokenizer =
+      a.prompts.ids_only() ? TokenizerUse::kNone : TokenizerUse::kRequired;
   std::vector<int32_t> clean, corrupted;
   ASSIGN_OR_RETURN(
       std::unique_ptr<Session> session,
       Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        const PromptPairFlags& p = a.prompts;
         ASSIGN_OR_RETURN(clean,
-                         CliPromptIds("--clean", a.clean, a.clean_ids, s));
-        ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", a.corrupted,
-                                                 a.corrupted_ids, s));
+                         CliPromptIds("--clean", p.clean, p.clean_ids, s));
+        ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", p.corrupted,
+                                                 p.corrupted_ids, s));
         if (clean.size() != corrupted.size() || clean.empty())
           return InvalidArgumentError(
               "the clean prompt has " + std::to_string(clean.size()) +
@@ -112,15 +110,8 @@ Status RunAttributeCommand(const AttributeArgs& a) {
   j["model"] = a.model_dir;
   j["clean_input_ids"] = clean;
   j["corrupted_input_ids"] = corrupted;
-  const std::string text = j.dump(2) + "\n";
-  RETURN_IF_ERROR(io_internal::ReplaceFileDurably(
-                      a.out_dir + "/attribution.json",
-                      [&](int fd, const std::string& tmp) {
-                        return io_internal::PwriteFully(
-                            fd, tmp, text.data(),
-                            static_cast<int64_t>(text.size()), 0);
-                      })
-                      .status());
+  RETURN_IF_ERROR(
+      WriteTextFileDurably(a.out_dir + "/attribution.json", j.dump(2) + "\n"));
   if (!a.quiet)
     std::fprintf(stderr,
                  "loom attribute: %zu hooks x %zu positions from one "
@@ -139,17 +130,7 @@ void AddAttributeCommand(CLI::App& app, int* exit_code) {
       "Attribution patching (AtP): the (hook x position) grid of loom patch "
       "estimated from one backward");
   AddModelFlag(*cmd, &a->model_dir)->required();
-  auto* ct = cmd->add_option("--clean", a->clean, "Clean prompt text");
-  auto* ci = cmd->add_option("--clean-tokens", a->clean_ids,
-                             "Clean prompt token ids (5,17,300)")
-                 ->delimiter(',');
-  ct->excludes(ci);
-  auto* xt = cmd->add_option("--corrupted", a->corrupted,
-                             "Corrupted prompt text (as many tokens)");
-  auto* xi = cmd->add_option("--corrupted-tokens", a->corrupted_ids,
-                             "Corrupted prompt token ids")
-                 ->delimiter(',');
-  xt->excludes(xi);
+  AddPromptPairFlags(*cmd, &a->prompts);
   CLI::Option* hooks = AddHookFlags(*cmd, &a->hooks, &a->layers);
   hooks->description(hooks->get_description() +
                      ". The hooks attributed: the grid's rows");
@@ -162,13 +143,6 @@ void AddAttributeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--metric", a->metric,
                   "logit-diff (default) or logprob (the sequence "
                   "log-likelihood)");
-  cmd->add_option("--answer", a->answer,
-                  "Token id A (default: the clean run's argmax)")
-      ->check(IntRange(0));
-  cmd->add_option("--wrong", a->wrong,
-                  "Token id B (default: the corrupted run's argmax, or its "
-                  "runner-up when that is A)")
-      ->check(IntRange(0));
   cmd->add_option("--method", a->method, "atp (default)");
   cmd->add_option("--freeze", a->freeze,
                   "Constants in the backward: attn_pattern, norm_scale "
@@ -183,16 +157,9 @@ void AddAttributeCommand(CLI::App& app, int* exit_code) {
   AddThreadsFlag(*cmd, &a->threads);
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--quiet", a->quiet, "No summary on stderr");
-  cmd->callback([a, exit_code, ct, ci, xt, xi] {
-    if (ct->count() == 0 && ci->count() == 0) {
-      *exit_code = ReportStatus(
-          "attribute", InvalidArgumentError("give --clean or --clean-tokens"));
-      return;
-    }
-    if (xt->count() == 0 && xi->count() == 0) {
-      *exit_code = ReportStatus(
-          "attribute",
-          InvalidArgumentError("give --corrupted or --corrupted-tokens"));
+  cmd->callback([a, exit_code] {
+    if (Status given = a->prompts.CheckGiven(); !given.ok()) {
+      *exit_code = ReportStatus("attribute", given);
       return;
     }
     *exit_code = ReportStatus("attribute", RunAttributeCommand(*a));

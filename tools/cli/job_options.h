@@ -15,6 +15,7 @@
 
 #include "src/base/status.h"
 #include "src/eval/session.h"
+#include "src/io/file_util.h"
 #include "src/model/control_vectors.h"
 #include "src/model/interventions.h"
 #include "tools/cli/flag_ranges.h"
@@ -152,6 +153,62 @@ inline StatusOr<std::vector<int32_t>> CliPromptIds(
                                 "); give token ids with " + flag + "-tokens");
   ASSIGN_OR_RETURN(tok::Encoding enc, s.tokenizer()->Encode(text, true));
   return std::move(enc.ids);
+}
+
+// The clean and corrupted prompts of `loom patch` and `loom attribute`:
+// --clean / --clean-tokens and --corrupted / --corrupted-tokens (text or
+// ids, one of each), and --answer / --wrong.
+struct PromptPairFlags {
+  std::string clean, corrupted;                   // text
+  std::vector<int64_t> clean_ids, corrupted_ids;  // or token ids
+  int64_t answer = -1, wrong = -1;
+  CLI::Option *clean_text = nullptr, *clean_tokens = nullptr;
+  CLI::Option *corrupted_text = nullptr, *corrupted_tokens = nullptr;
+  // Both prompts given as ids: no tokenizer needed.
+  bool ids_only() const { return !clean_ids.empty() && !corrupted_ids.empty(); }
+  // InvalidArgument when a prompt is missing (given but empty, --clean "",
+  // is the prompt's own error, not a missing flag).
+  Status CheckGiven() const {
+    if (clean_text->count() == 0 && clean_tokens->count() == 0)
+      return InvalidArgumentError("give --clean or --clean-tokens");
+    if (corrupted_text->count() == 0 && corrupted_tokens->count() == 0)
+      return InvalidArgumentError("give --corrupted or --corrupted-tokens");
+    return Status();
+  }
+};
+
+inline void AddPromptPairFlags(CLI::App& cmd, PromptPairFlags* f) {
+  f->clean_text = cmd.add_option("--clean", f->clean, "Clean prompt text");
+  f->clean_tokens = cmd.add_option("--clean-tokens", f->clean_ids,
+                                   "Clean prompt token ids (5,17,300)")
+                        ->delimiter(',');
+  f->clean_text->excludes(f->clean_tokens);
+  f->corrupted_text = cmd.add_option("--corrupted", f->corrupted,
+                                     "Corrupted prompt text (as many tokens)");
+  f->corrupted_tokens = cmd.add_option("--corrupted-tokens", f->corrupted_ids,
+                                       "Corrupted prompt token ids")
+                            ->delimiter(',');
+  f->corrupted_text->excludes(f->corrupted_tokens);
+  cmd.add_option("--answer", f->answer,
+                 "Token id A (default: the clean run's argmax)")
+      ->check(IntRange(0));
+  cmd.add_option("--wrong", f->wrong,
+                 "Token id B (default: the corrupted run's argmax, or its "
+                 "runner-up when that is A)")
+      ->check(IntRange(0));
+}
+
+// `text` as the whole file `path`, replaced durably (a reader sees the old
+// file or the new one).
+inline Status WriteTextFileDurably(const std::string& path,
+                                   const std::string& text) {
+  return io_internal::ReplaceFileDurably(
+             path,
+             [&](int fd, const std::string& tmp) {
+               return io_internal::PwriteFully(
+                   fd, tmp, text.data(), static_cast<int64_t>(text.size()), 0);
+             })
+      .status();
 }
 
 // --text/--tokens, --tokenizer, --protocol, --ctx, --stride, --max-windows,

@@ -27,13 +27,12 @@ namespace {
 
 struct PatchArgs {
   std::string model_dir, out_dir;
-  std::string clean, corrupted;                   // text
-  std::vector<int64_t> clean_ids, corrupted_ids;  // or token ids
+  PromptPairFlags prompts;  // --clean ... --wrong
   std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};
   std::vector<std::string> layers;  // for bare sites in hooks
   std::string positions = "all";
   std::string metric = "logit-diff";
-  int64_t answer = -1, wrong = -1, batch_tokens = 0;
+  int64_t batch_tokens = 0;
   std::string precision = "f32";
   int threads = 0;
   bool hf_bf16 = false, quiet = false, per_head = false;
@@ -58,8 +57,8 @@ Status RunPatchCommand(const PatchArgs& a) {
   if (!positions.ok()) return positions.status().WithContext("--positions");
   o.positions = *std::move(positions);
   o.per_head = a.per_head;
-  o.answer = a.answer;
-  o.wrong = a.wrong;
+  o.answer = a.prompts.answer;
+  o.wrong = a.prompts.wrong;
   o.batch_tokens = a.batch_tokens;
   o.hf_bf16_activations = a.hf_bf16;
   // A bar over the grid's cells when stderr is a terminal.
@@ -69,17 +68,17 @@ Status RunPatchCommand(const PatchArgs& a) {
                    CommandSession("patch", a.model_dir, a.precision, a.plan,
                                   a.threads, a.quiet));
   // Text prompts need the tokenizer; token ids alone do not.
-  sp.tokenizer = a.clean_ids.empty() || a.corrupted_ids.empty()
-                     ? TokenizerUse::kRequired
-                     : TokenizerUse::kNone;
+  sp.tokenizer =
+      a.prompts.ids_only() ? TokenizerUse::kNone : TokenizerUse::kRequired;
   std::vector<int32_t> clean, corrupted;
   ASSIGN_OR_RETURN(
       std::unique_ptr<Session> session,
       Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
+        const PromptPairFlags& p = a.prompts;
         ASSIGN_OR_RETURN(clean,
-                         CliPromptIds("--clean", a.clean, a.clean_ids, s));
-        ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", a.corrupted,
-                                                 a.corrupted_ids, s));
+                         CliPromptIds("--clean", p.clean, p.clean_ids, s));
+        ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", p.corrupted,
+                                                 p.corrupted_ids, s));
         RETURN_IF_ERROR(eval::CheckPatchInputs(clean, corrupted, o));
         return eval::PatchJob(s.config(), static_cast<int64_t>(clean.size()),
                               static_cast<int64_t>(corrupted.size()), o);
@@ -108,15 +107,8 @@ Status RunPatchCommand(const PatchArgs& a) {
   j["model"] = a.model_dir;
   j["clean_input_ids"] = clean;
   j["corrupted_input_ids"] = corrupted;
-  const std::string text = j.dump(2) + "\n";
-  RETURN_IF_ERROR(io_internal::ReplaceFileDurably(
-                      a.out_dir + "/patch.json",
-                      [&](int fd, const std::string& tmp) {
-                        return io_internal::PwriteFully(
-                            fd, tmp, text.data(),
-                            static_cast<int64_t>(text.size()), 0);
-                      })
-                      .status());
+  RETURN_IF_ERROR(
+      WriteTextFileDurably(a.out_dir + "/patch.json", j.dump(2) + "\n"));
   if (!a.quiet)
     std::fprintf(stderr,
                  "loom patch: %zu hooks x %lld positions in %lld forwards, "
@@ -137,17 +129,7 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
       "Activation patching: the (hook x position) grid of a clean and a "
       "corrupted prompt, with logit differences and recovery");
   AddModelFlag(*cmd, &a->model_dir)->required();
-  auto* ct = cmd->add_option("--clean", a->clean, "Clean prompt text");
-  auto* ci = cmd->add_option("--clean-tokens", a->clean_ids,
-                             "Clean prompt token ids (5,17,300)")
-                 ->delimiter(',');
-  ct->excludes(ci);
-  auto* xt = cmd->add_option("--corrupted", a->corrupted,
-                             "Corrupted prompt text (as many tokens)");
-  auto* xi = cmd->add_option("--corrupted-tokens", a->corrupted_ids,
-                             "Corrupted prompt token ids")
-                 ->delimiter(',');
-  xt->excludes(xi);
+  AddPromptPairFlags(*cmd, &a->prompts);
   CLI::Option* hooks = AddHookFlags(*cmd, &a->hooks, &a->layers);
   hooks->description(hooks->get_description() +
                      ". The hooks patched: the grid's rows");
@@ -158,13 +140,6 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--per-head", a->per_head,
                 "attn.hook_z hooks: one grid row per head (patch_head)");
   cmd->add_option("--metric", a->metric, "logit-diff (default)");
-  cmd->add_option("--answer", a->answer,
-                  "Token id A (default: the clean run's argmax)")
-      ->check(IntRange(0));
-  cmd->add_option("--wrong", a->wrong,
-                  "Token id B (default: the corrupted run's argmax, or its "
-                  "runner-up when that is A)")
-      ->check(IntRange(0));
   cmd->add_option("--batch-tokens", a->batch_tokens,
                   "Tokens per forward (patched runs are batched; default "
                   "min(4096, max positions))")
@@ -175,18 +150,9 @@ void AddPatchCommand(CLI::App& app, int* exit_code) {
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   AddHfBf16Flag(*cmd, &a->hf_bf16);
   cmd->add_flag("--quiet", a->quiet, "No summary on stderr");
-  // Given but empty (--clean "") is the prompt's error (PromptIds), not a
-  // missing flag.
-  cmd->callback([a, exit_code, ct, ci, xt, xi] {
-    if (ct->count() == 0 && ci->count() == 0) {
-      *exit_code = ReportStatus(
-          "patch", InvalidArgumentError("give --clean or --clean-tokens"));
-      return;
-    }
-    if (xt->count() == 0 && xi->count() == 0) {
-      *exit_code = ReportStatus(
-          "patch",
-          InvalidArgumentError("give --corrupted or --corrupted-tokens"));
+  cmd->callback([a, exit_code] {
+    if (Status given = a->prompts.CheckGiven(); !given.ok()) {
+      *exit_code = ReportStatus("patch", given);
       return;
     }
     *exit_code = ReportStatus("patch", RunPatchCommand(*a));
