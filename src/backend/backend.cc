@@ -43,7 +43,8 @@ Status NoBackward(const Backend& b, std::string_view op) {
 }
 }  // namespace
 
-int64_t Backend::GemmBackwardWorkspaceBytes(const WeightOperand& /*w*/) const {
+int64_t Backend::GemmBackwardWorkspaceBytes(const WeightOperand& /*w*/,
+                                            int64_t /*m*/) const {
   return 0;
 }
 Status Backend::GemmBackwardInput(const GemmBackwardOp& /*op*/) {

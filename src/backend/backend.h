@@ -511,8 +511,9 @@ class Backend {
   // ---- Backward (the structs above; Unimplemented naming the op on a
   // backend without the kernel) ----
   // GemmBackwardOp (above); op.workspace holds GemmBackwardWorkspaceBytes(
-  // op.w) bytes.
-  virtual int64_t GemmBackwardWorkspaceBytes(const WeightOperand& w) const;
+  // op.w, op.m) bytes (w's n and k are read).
+  virtual int64_t GemmBackwardWorkspaceBytes(const WeightOperand& w,
+                                             int64_t m) const;
   virtual Status GemmBackwardInput(const GemmBackwardOp& op);
   virtual Status NormBackward(const NormBackwardOp& op);
   virtual int64_t AttentionBackwardWorkspaceBytes(const AttentionOp& op) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -9,6 +10,12 @@
 
 namespace loom {
 namespace {
+
+// The 64-byte aligned start of a workspace sized 64 bytes over its need.
+void* Aligned64(std::vector<float>& v) {
+  return reinterpret_cast<void*>(
+      (reinterpret_cast<uintptr_t>(v.data()) + 63) / 64 * 64);
+}
 
 std::string LayerPrefix(int64_t l) {
   return "backward: layer " + std::to_string(l) + ": ";
@@ -116,8 +123,9 @@ std::vector<int64_t> BufferCounts(const ModelConfig& c, int64_t T,
   int64_t gemm_ws = 0;
   for (int64_t k : {H, I, z}) {  // every weight input a backward GEMM reads
     WeightOperand w;
+    w.n = std::max({c.vocab_size, H, 2 * I, qkv});  // rows: at most these
     w.k = k;
-    gemm_ws = std::max(gemm_ws, be.GemmBackwardWorkspaceBytes(w));
+    gemm_ws = std::max(gemm_ws, be.GemmBackwardWorkspaceBytes(w, T));
   }
   AttentionOp a;
   a.max_seq_len = T;
@@ -125,7 +133,7 @@ std::vector<int64_t> BufferCounts(const ModelConfig& c, int64_t T,
   const int64_t C = std::min(chunk, T);
   int64_t head_ws = 0;
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
-    head_ws = std::max(head_ws, be.Costs().gemm_workspace(C, H, t));
+    head_ws = std::max(head_ws, be.Costs().gemm_workspace(C, H, t) + 64);
   auto floats = [](int64_t bytes) { return (bytes + 3) / 4; };
   return {(L + 1) * T * H,
           T * H,
@@ -378,7 +386,7 @@ StatusOr<Backward::Evaluation> Backward::Evaluate(std::span<const int32_t> ids,
     ASSIGN_OR_RETURN(e.logprob, LogProb(ids, nullptr));
   }
   ComputeLogits(c_, model_.weights(), *be_, buf_->hidden.data() + (T_ - 1) * H,
-                1, buf_->logits.data(), buf_->head_ws.data());
+                1, buf_->logits.data(), Aligned64(buf_->head_ws));
   e.last_logits.assign(buf_->logits.begin(), buf_->logits.begin() + V);
   return e;
 }
@@ -410,7 +418,7 @@ StatusOr<double> Backward::LogProb(std::span<const int32_t> ids,
   for (int64_t r0 = 0; r0 < T - 1; r0 += C) {
     const int64_t rows = std::min(C, T - 1 - r0);
     ComputeLogits(c_, model_.weights(), *be_, buf_->hidden.data() + r0 * H,
-                  rows, logits, buf_->head_ws.data());
+                  rows, logits, Aligned64(buf_->head_ws));
     for (int64_t r = 0; r < rows; ++r) {
       float* row = logits + r * V;
       const int32_t target = ids[static_cast<size_t>(r0 + r + 1)];
@@ -456,7 +464,7 @@ StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
                              std::to_string(metric.wrong) +
                              " outside the vocabulary of " + std::to_string(V));
     ComputeLogits(c_, model_.weights(), *be_, h + (T - 1) * H, 1, logits,
-                  buf_->head_ws.data());
+                  Aligned64(buf_->head_ws));
     value = static_cast<double>(logits[metric.answer]) - logits[metric.wrong];
     // d logits = e_answer - e_wrong, then through the head's softcap.
     const float la = logits[metric.answer], lw = logits[metric.wrong];

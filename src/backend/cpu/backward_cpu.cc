@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -63,30 +64,47 @@ void DecodeWeightRows(const WeightRows& w, int64_t row0, int64_t rows,
       out[r * w.k + c] = WeightAt(w, row0 + r, c);
 }
 
-int64_t GemmBackwardWorkspaceBytes(int64_t k) {
-  return kBackwardRowBlock * k * static_cast<int64_t>(sizeof(float));
+namespace {
+int64_t Aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+}  // namespace
+
+int64_t GemmBackwardWorkspaceBytes(int64_t m, int64_t n, int64_t k) {
+  const int64_t nb = std::min(kBackwardRowBlock, std::max<int64_t>(n, 1));
+  // (+ 64: the start is aligned here, whatever the caller's alignment.)
+  return 64 + Aligned(nb * k * 4) + Aligned(std::max<int64_t>(m, 1) * nb * 4) +
+         GemmWorkspaceBytes(std::max<int64_t>(m, 1), nb, DType::kF32);
 }
 
-void GemmBackwardInput(const WeightRows& w, const float* dy, int64_t ldy,
-                       int64_t m, float* dx, int64_t ldx, bool accumulate,
-                       void* workspace) {
+void GemmBackwardInput(GemmContext& ctx, const WeightRows& w, const float* dy,
+                       int64_t ldy, int64_t m, float* dx, int64_t ldx,
+                       bool accumulate, void* workspace) {
   const int64_t n = w.n, k = w.k;
-  auto* block = static_cast<float*>(workspace);  // [kBackwardRowBlock, k]
-  if (!accumulate)
-    for (int64_t r = 0; r < m; ++r) std::memset(dx + r * ldx, 0, k * 4);
+  if (m <= 0) return;
+  const int64_t nb_max = std::min(kBackwardRowBlock, n);
+  char* ws = reinterpret_cast<char*>(
+      (reinterpret_cast<uintptr_t>(workspace) + 63) / 64 * 64);
+  float* block = reinterpret_cast<float*>(ws);  // [nb, k]
+  float* cols =
+      reinterpret_cast<float*>(ws + Aligned(nb_max * k * 4));  // [m, nb]
+  void* gemm_ws = ws + Aligned(nb_max * k * 4) + Aligned(m * nb_max * 4);
   for (int64_t j0 = 0; j0 < n; j0 += kBackwardRowBlock) {
     const int64_t nb = std::min(kBackwardRowBlock, n - j0);
     DecodeWeightRows(w, j0, nb, block);
-#pragma omp parallel for schedule(static) if (m * nb * k > 65536)
-    for (int64_t r = 0; r < m; ++r) {
-      float* out = dx + r * ldx;
-      const float* g = dy + r * ldy + j0;
-      for (int64_t j = 0; j < nb; ++j) {
-        const float a = g[j];
-        const float* wr = block + j * k;
-        for (int64_t c = 0; c < k; ++c) out[c] += a * wr[c];
-      }
-    }
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(cols + r * nb, dy + r * ldy + j0, nb * 4);
+    GemmArgs a;
+    a.x = cols;
+    a.w = block;
+    a.w_dtype = DType::kF32;
+    a.layout = WeightLayout::kInOut;  // [in = nb, out = k]
+    a.y = dx;
+    a.ldy = ldx;
+    a.m = m;
+    a.n = k;
+    a.k = nb;
+    a.accumulate = accumulate || j0 > 0;
+    a.workspace = gemm_ws;
+    ctx.Gemm(a);
   }
 }
 

@@ -6,7 +6,7 @@
 // row's (one token's) result depends only on that row's inputs and, for
 // attention, its own sequence; never on the batch's other rows or
 // sequences, nor on the thread count. Every reduction runs in a fixed order
-// (weight rows ascending in GemmBackwardInput, keys ascending then queries
+// (weight-row blocks in order in GemmBackwardInput, keys ascending then queries
 // ascending in AttentionBackward), and the work is split between threads
 // only along dimensions no reduction crosses.
 #ifndef LOOM_BACKEND_CPU_BACKWARD_CPU_H_
@@ -38,15 +38,18 @@ void DecodeWeightRows(const WeightRows& w, int64_t row0, int64_t rows,
                       float* out);
 
 // Rows of W decoded per block of GemmBackwardInput.
-inline constexpr int64_t kBackwardRowBlock = 64;
-int64_t GemmBackwardWorkspaceBytes(int64_t k);
+inline constexpr int64_t kBackwardRowBlock = 256;
+// Its workspace for dy [m, n] and W [n, k]: the decoded block [256, k] f32,
+// the block's columns of dy [m, 256] and the forward GEMM's workspace.
+int64_t GemmBackwardWorkspaceBytes(int64_t m, int64_t n, int64_t k);
 
 // dx [m, k] (row stride ldx) (+)= dy [m, n] (row stride ldy) W: per block of
-// kBackwardRowBlock rows of W (decoded into `workspace`, f32), each dx row
-// adds dy[r, j] * W[j, :] for j ascending, in f32.
-void GemmBackwardInput(const WeightRows& w, const float* dy, int64_t ldy,
-                       int64_t m, float* dx, int64_t ldx, bool accumulate,
-                       void* workspace);
+// kBackwardRowBlock rows of W (decoded to f32 in `workspace`), the forward's
+// tiled GEMM with the block as a [in = rows, out = k] weight, accumulated
+// block after block in order (so a row's result depends on that row alone).
+void GemmBackwardInput(GemmContext& ctx, const WeightRows& w, const float* dy,
+                       int64_t ldy, int64_t m, float* dx, int64_t ldx,
+                       bool accumulate, void* workspace);
 
 // RMSNorm / LayerNorm VJP per row (sums in double); see NormBackwardOp in
 // src/backend/backend.h. w null: no gain.

@@ -39,8 +39,9 @@ std::vector<float> RunGemmBackward(const WeightRows& w, const float* dy,
                                    int64_t m) {
   std::vector<float> dx(static_cast<size_t>(m * w.k), 7.0f);
   std::vector<float> ws(
-      static_cast<size_t>(GemmBackwardWorkspaceBytes(w.k) / 4));
-  GemmBackwardInput(w, dy, w.n, m, dx.data(), w.k, false, ws.data());
+      static_cast<size_t>(GemmBackwardWorkspaceBytes(m, w.n, w.k) / 4));
+  GemmContext ctx;
+  GemmBackwardInput(ctx, w, dy, w.n, m, dx.data(), w.k, false, ws.data());
   return dx;
 }
 
@@ -113,7 +114,7 @@ TEST(GemmBackwardTest, Mxfp4CodesMatchTheirDecode) {
 }
 
 TEST(GemmBackwardTest, ARowIsTheSameInAnyBatchAndThreadCount) {
-  const int64_t n = 130, k = 48, m = 33;
+  const int64_t n = 600, k = 48, m = 33;  // three blocks of weight rows
   const std::vector<float> wf = Random(n * k, 5), dy = Random(m * n, 6);
   WeightRows w{wf.data(), DType::kF32, n, k};
   const std::vector<float> all = RunGemmBackward(w, dy.data(), m);
@@ -121,6 +122,10 @@ TEST(GemmBackwardTest, ARowIsTheSameInAnyBatchAndThreadCount) {
   const std::vector<float> one = RunGemmBackward(w, dy.data() + 17 * n, 1);
   SetNumThreads(before);
   EXPECT_EQ(0, std::memcmp(one.data(), all.data() + 17 * k, k * 4));
+  std::vector<float> want(static_cast<size_t>(m * k));
+  ref::GemmBackwardInput(wf.data(), n, k, dy.data(), m, want.data());
+  // 600 f32 products of order 1 per element: atol ~ n eps.
+  ExpectNear(all, want, 1e-4, 1e-5, "blocks");
 }
 
 struct NormCase {

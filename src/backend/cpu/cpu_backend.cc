@@ -607,8 +607,9 @@ WeightRows WeightRowsOf(const WeightOperand& w, QuantMatrix* q) {
 
 }  // namespace
 
-int64_t CpuBackend::GemmBackwardWorkspaceBytes(const WeightOperand& w) const {
-  return cpu::GemmBackwardWorkspaceBytes(w.k);
+int64_t CpuBackend::GemmBackwardWorkspaceBytes(const WeightOperand& w,
+                                               int64_t m) const {
+  return cpu::GemmBackwardWorkspaceBytes(m, w.n, w.k);
 }
 
 Status CpuBackend::GemmBackwardInput(const GemmBackwardOp& op) {
@@ -620,7 +621,7 @@ Status CpuBackend::GemmBackwardInput(const GemmBackwardOp& op) {
                                 "workspace");
   QuantMatrix q;
   const WeightRows w = WeightRowsOf(op.w, &q);
-  cpu::GemmBackwardInput(w, op.dy, op.ldy > 0 ? op.ldy : op.w.n, op.m, op.dx,
+  cpu::GemmBackwardInput(*gemm_, w, op.dy, op.ldy > 0 ? op.ldy : op.w.n, op.m, op.dx,
                          op.ldx > 0 ? op.ldx : op.w.k, op.accumulate,
                          op.workspace);
   return Status();

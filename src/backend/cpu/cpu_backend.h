@@ -93,7 +93,8 @@ class CpuBackend final : public Backend {
   void SigmoidGateAddRows(const float* x, const float* gate_logit, int64_t rows,
                           int64_t cols, float* y, int64_t ldy) override;
   void SetZero(float* x, int64_t n) override;
-  int64_t GemmBackwardWorkspaceBytes(const WeightOperand& w) const override;
+  int64_t GemmBackwardWorkspaceBytes(const WeightOperand& w,
+                                     int64_t m) const override;
   Status GemmBackwardInput(const GemmBackwardOp& op) override;
   Status NormBackward(const NormBackwardOp& op) override;
   int64_t AttentionBackwardWorkspaceBytes(const AttentionOp& op) const override;
