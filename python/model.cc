@@ -30,6 +30,7 @@
 #include "src/backend/registry.h"
 #include "src/base/progress.h"
 #include "src/base/status.h"
+#include "src/eval/attribute.h"
 #include "src/eval/extract.h"
 #include "src/eval/extract_outputs.h"
 #include "src/eval/extract_rows.h"
@@ -49,6 +50,7 @@
 #include "src/model/hooks.h"
 #include "src/model/interventions.h"
 #include "src/model/registry.h"
+#include "src/runtime/backward.h"
 #include "src/runtime/model.h"
 #include "src/tokenizer/tokenizer.h"
 
@@ -554,18 +556,18 @@ class PyModel {
           RETURN_IF_ERROR(session_->Replan(
               InterventionsFromJson(interventions_json),
               [&](const Session& s) -> StatusOr<JobSpec> {
-                ASSIGN_OR_RETURN(const eval::Generator::Options go,
-                                 eval::Generator::Resolve(
-                                     s.config(), GeneratorOptionsOf(
-                                                     s.config(), r, {})));
+                ASSIGN_OR_RETURN(
+                    const eval::Generator::Options go,
+                    eval::Generator::Resolve(
+                        s.config(), GeneratorOptionsOf(s.config(), r, {})));
                 return eval::Generator::Job(s.config(), go);
               }));
           if (!session_->interventions().empty())
             r.interventions = &session_->interventions();
           ASSIGN_OR_RETURN(r.stop_ids, eval::LoadStopIds(session_->model()));
           r.cancelled = InterruptPoll();
-          return GenerateOne(session_->model(), tokenizer,
-                             session_->segments(), r);
+          return GenerateOne(session_->model(), tokenizer, session_->segments(),
+                             r);
         });
     GenerateResult g = ValueOrRaise(std::move(out));
     py::dict result;
@@ -643,12 +645,162 @@ class PyModel {
                      session_->config().vocab_size);
   }
 
+  // `loom attribute` on this model (src/eval/attribute.h): AtP from one
+  // backward, on the host at f32 (a model loaded at another precision is
+  // refused by the backward, saying so).
+  py::dict Attribute(const py::object& clean_obj,
+                     const py::object& corrupted_obj, const py::object& hooks,
+                     const py::object& positions, const std::string& metric,
+                     const py::object& answer, const py::object& wrong,
+                     const py::object& freeze, bool per_head,
+                     int64_t check_top) {
+    PatchPrompt clean = PatchPromptArg("clean", clean_obj);
+    PatchPrompt corrupted = PatchPromptArg("corrupted", corrupted_obj);
+    eval::AttributeOptions o;
+    o.hooks = StrListArg("hooks", hooks);
+    if (o.hooks.empty()) Raise(InvalidArgumentError("hooks: no hook given"));
+    o.positions = PatchPositionsArg(positions);
+    o.per_head = per_head;
+    o.metric = MetricArg(metric);
+    SetFreeze(StrListArg("freeze", freeze), &o.freeze_attn_pattern,
+              &o.freeze_norm_scale);
+    if (!answer.is_none()) o.answer = IntArgAtLeast("answer", answer, 0);
+    if (!wrong.is_none()) o.wrong = IntArgAtLeast("wrong", wrong, 0);
+    if (check_top < 0)
+      Raise(InvalidArgumentError("check_top: must be >= 0, not " +
+                                 std::to_string(check_top)));
+    o.check_top = check_top;
+    StatusOr<eval::AttributeResult> out =
+        WithoutGil([&]() -> StatusOr<eval::AttributeResult> {
+          std::lock_guard<std::mutex> lock(mu_);
+          UseThreadsHere();
+          RETURN_IF_ERROR(PatchPromptIds(&clean));
+          RETURN_IF_ERROR(PatchPromptIds(&corrupted));
+          return eval::RunAttribute(session_->model(), clean.ids, corrupted.ids,
+                                    o);
+        });
+    eval::AttributeResult r = ValueOrRaise(std::move(out));
+    const int64_t n = static_cast<int64_t>(r.hooks.size());
+    const int64_t P = static_cast<int64_t>(r.positions.size());
+    std::vector<double> atp;
+    for (const std::vector<double>& row : r.atp)
+      atp.insert(atp.end(), row.begin(), row.end());
+    py::dict d;
+    d["hooks"] = r.hooks;
+    d["positions"] = r.positions;
+    d["answer"] = r.answer;
+    d["wrong"] = r.wrong;
+    d["metric_clean"] = r.metric_clean;
+    d["metric_corrupted"] = r.metric_corrupted;
+    d["atp"] = HandOver(std::move(atp), py::dtype("float64"), {n, P});
+    if (per_head) {
+      py::dict heads;  // hook -> float64 [P, heads] (attn.hook_z rows)
+      for (size_t i = 0; i < r.hooks.size(); ++i) {
+        if (r.atp_head[i].empty()) continue;
+        const int64_t H = static_cast<int64_t>(r.atp_head[i][0].size());
+        std::vector<double> flat;
+        for (const std::vector<double>& row : r.atp_head[i])
+          flat.insert(flat.end(), row.begin(), row.end());
+        heads[py::str(r.hooks[i])] =
+            HandOver(std::move(flat), py::dtype("float64"), {P, H});
+      }
+      d["atp_head"] = heads;
+    }
+    py::list checks;
+    for (const eval::AttributeCheck& c : r.checks) {
+      py::dict e;
+      e["hook"] = c.hook;
+      e["position"] = c.position;
+      e["atp"] = c.atp;
+      e["true_patch"] = c.true_patch;
+      checks.append(e);
+    }
+    d["checks"] = checks;
+    d["seconds"] = r.seconds;
+    return d;
+  }
+
+  // d metric / d activation at `hooks` on one prompt (src/runtime/
+  // backward.h): {hook: float32 [T, width]} and "metric" (its value).
+  py::dict Grad(const py::object& prompt_obj, const py::object& hooks,
+                const std::string& metric, const py::object& answer,
+                const py::object& wrong, const py::object& freeze) {
+    PatchPrompt prompt = PatchPromptArg("prompt", prompt_obj);
+    BackwardOptions o;
+    GradMetric m;
+    m.kind = MetricArg(metric);
+    SetFreeze(StrListArg("freeze", freeze), &o.freeze_attn_pattern,
+              &o.freeze_norm_scale);
+    if (m.kind == GradMetricKind::kLogitDiff) {
+      if (answer.is_none() || wrong.is_none())
+        Raise(InvalidArgumentError(
+            "answer, wrong: the logit-diff metric needs both token ids"));
+      m.answer = static_cast<int32_t>(IntArgAtLeast("answer", answer, 0));
+      m.wrong = static_cast<int32_t>(IntArgAtLeast("wrong", wrong, 0));
+    }
+    const std::vector<std::string> patterns = StrListArg("hooks", hooks);
+    struct Sink : GradientSink {
+      Status OnGradient(const HookPoint& h, const float* rows, int64_t tokens,
+                        int64_t width) override {
+        got.push_back({HookName(h),
+                       std::vector<float>(rows, rows + tokens * width), tokens,
+                       width});
+        return Status();
+      }
+      struct Got {
+        std::string name;
+        std::vector<float> data;
+        int64_t rows, cols;
+      };
+      std::vector<Got> got;
+    } sink;
+    StatusOr<double> value = WithoutGil([&]() -> StatusOr<double> {
+      std::lock_guard<std::mutex> lock(mu_);
+      UseThreadsHere();
+      RETURN_IF_ERROR(PatchPromptIds(&prompt));
+      ASSIGN_OR_RETURN(o.grad_hooks,
+                       ResolveExtractHooks(patterns, {}, session_->config()));
+      o.max_tokens = static_cast<int64_t>(prompt.ids.size());
+      ASSIGN_OR_RETURN(std::unique_ptr<Backward> bw,
+                       Backward::Create(session_->model(), o));
+      return bw->Run(prompt.ids, m, &sink, nullptr);
+    });
+    const double v = ValueOrRaise(std::move(value));
+    py::dict d;
+    for (auto& g : sink.got)
+      d[py::str(g.name)] =
+          HandOver(std::move(g.data), py::dtype("float32"), {g.rows, g.cols});
+    d["metric"] = v;
+    return d;
+  }
+
  private:
   const tok::Tokenizer& TokenizerOrRaise() const {
     if (session_->tokenizer() == nullptr)
       Raise(FailedPreconditionError("no tokenizer: " +
                                     session_->tokenizer_error()));
     return *session_->tokenizer();
+  }
+
+  static GradMetricKind MetricArg(const std::string& metric) {
+    if (metric == "logit-diff") return GradMetricKind::kLogitDiff;
+    if (metric == "logprob") return GradMetricKind::kLogProb;
+    Raise(InvalidArgumentError("metric: '" + metric +
+                               "' is not a metric (logit-diff, logprob)"));
+    return GradMetricKind::kLogitDiff;
+  }
+  static void SetFreeze(const std::vector<std::string>& freeze, bool* pattern,
+                        bool* norm) {
+    for (const std::string& f : freeze) {
+      if (f == "attn_pattern")
+        *pattern = true;
+      else if (f == "norm_scale")
+        *norm = true;
+      else
+        Raise(InvalidArgumentError("freeze: '" + f +
+                                   "' is not frozen here (attn_pattern, "
+                                   "norm_scale)"));
+    }
   }
 
   // The ids of a Model.patch prompt: its text encoded (special tokens
@@ -908,7 +1060,14 @@ void AddModelClass(py::module_& m) {
       .def("_patch", &PyModel::Patch, py::arg("clean"), py::arg("corrupted"),
            py::arg("hooks"), py::arg("positions"), py::arg("answer"),
            py::arg("wrong"), py::arg("batch_tokens"), py::arg("per_head"),
-           py::arg("progress"));
+           py::arg("progress"))
+      .def("_attribute", &PyModel::Attribute, py::arg("clean"),
+           py::arg("corrupted"), py::arg("hooks"), py::arg("positions"),
+           py::arg("metric"), py::arg("answer"), py::arg("wrong"),
+           py::arg("freeze"), py::arg("per_head"), py::arg("check_top"))
+      .def("_grad", &PyModel::Grad, py::arg("prompt"), py::arg("hooks"),
+           py::arg("metric"), py::arg("answer"), py::arg("wrong"),
+           py::arg("freeze"));
   m.def(
       "_params",
       [](const std::string& group) {

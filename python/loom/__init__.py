@@ -448,6 +448,35 @@ class Model(_loom.Model):
         return self._patch(clean, corrupted, hooks, positions, answer, wrong, batch_tokens,
                            bool(per_head), _progress(progress))
 
+    def attribute(self, clean, corrupted, *, hooks="blocks.*.hook_resid_pre", positions="all",
+                  metric="logit-diff", answer=None, wrong=None, freeze=(), per_head=False,
+                  check_top=0):
+        """Attribution patching, as `loom attribute` computes it
+        (docs/attribution.md): Model.patch's grid estimated from one
+        backward, atp[h][p] = sum over the hook's width of (clean - corrupted)
+        * d metric / d activation on the corrupted run. Runs at f32 (load the
+        model with precision="f32").
+
+        clean, corrupted, positions, answer, wrong: as Model.patch.
+        hooks: extract's hook patterns, any hook with a gradient.
+        metric: "logit-diff" or "logprob" (the sequence log-likelihood).
+        freeze: ("attn_pattern", "norm_scale") or a subset: circuit-tracer's
+          linearization.
+        per_head: also atp_head {hook: float64 [P, heads]} for attn.hook_z.
+        check_top: run the true patch of the N largest patchable cells.
+
+        Returns a dict: atp (float64 [rows, P]), hooks, positions, answer,
+        wrong, metric_clean, metric_corrupted, checks, seconds."""
+        return self._attribute(clean, corrupted, hooks, positions, metric, answer, wrong,
+                               list(freeze), bool(per_head), int(check_top))
+
+    def grad(self, prompt, hooks, *, metric="logit-diff", answer=None, wrong=None, freeze=()):
+        """d metric / d activation at `hooks` on one prompt (str or ids), at
+        f32: {hook name: float32 [T, width]} and "metric" (its value).
+        metric "logit-diff" needs answer and wrong; "logprob" is the
+        prompt's log-likelihood. freeze as Model.attribute."""
+        return self._grad(prompt, hooks, metric, answer, wrong, list(freeze))
+
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,
         max_memory and reserve unless given. Options: those of `loom.plan`."""

@@ -38,6 +38,23 @@ class GradSink : public GradientSink {
   std::map<HookPoint, std::vector<float>> grads;
 };
 
+// The grid's hooks as the forward meets them: the embeddings, the blocks
+// layer by layer, then the final norm (HookSet sorts model-level hooks
+// first).
+std::vector<HookPoint> ExecutionOrder(const HookSet& set, int64_t layers) {
+  std::vector<HookPoint> v = set.hooks();
+  auto key = [layers](const HookPoint& h) {
+    const bool after =
+        h.site == HookSite::kFinalNorm || h.site == HookSite::kLogits;
+    return std::pair<int64_t, int>(after ? layers : h.layer,
+                                   static_cast<int>(h.site));
+  };
+  std::stable_sort(
+      v.begin(), v.end(),
+      [&](const HookPoint& a, const HookPoint& b) { return key(a) < key(b); });
+  return v;
+}
+
 Status CheckInputs(std::span<const int32_t> clean,
                    std::span<const int32_t> corrupted,
                    const AttributeOptions& o) {
@@ -167,7 +184,7 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
   GradSink grads;
   ASSIGN_OR_RETURN(r.metric_corrupted,
                    bw->Run(corrupted, m, &grads, &corrupted_acts));
-  for (const HookPoint& h : grid.hooks()) {
+  for (const HookPoint& h : ExecutionOrder(grid, c.num_layers)) {
     const std::vector<float>& a = clean_acts.rows.at(h);
     const std::vector<float>& b = corrupted_acts.rows.at(h);
     const std::vector<float>& g = grads.grads.at(h);
@@ -193,8 +210,8 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
     r.atp_head.push_back(std::move(per_head));
   }
   if (o.check_top > 0)
-    RETURN_IF_ERROR(
-        CheckTopCells(model, clean, corrupted, o, grid.hooks(), &r));
+    RETURN_IF_ERROR(CheckTopCells(model, clean, corrupted, o,
+                                  ExecutionOrder(grid, c.num_layers), &r));
   r.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();

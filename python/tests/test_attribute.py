@@ -1,0 +1,90 @@
+"""Model.attribute and Model.grad (docs/attribution.md) against the shared
+attribution goldens (../shared/golden/attribution, HF autograd in f32): the
+AtP grid and per-head AtP within the README's rule, the metric values, the
+gradients at every hook of a case for both metrics, exact and linearized;
+the result is the CLI's (`loom attribute`) value for value; bad arguments
+are errors naming them. The golden part is skipped, saying so, when
+../shared is absent."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import loom
+from loom.activations import read_safetensors
+from conftest import SHARED, run_loom
+
+GOLDEN = os.path.join(SHARED, "golden", "attribution")
+
+
+def within(got, want, atol_abs, atol_rel, rtol):
+    want = np.asarray(want, np.float64)
+    atol = max(atol_abs, atol_rel * float(np.abs(want).max()))
+    np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want),
+                                 atol + rtol * np.abs(want) + 1e-300)
+
+
+def case(name):
+    d = os.path.join(GOLDEN, name)
+    if not os.path.isdir(d):
+        pytest.skip("SKIPPED LOUDLY: no attribution golden at %s (../shared is absent)" % d)
+    with open(os.path.join(d, "manifest.json"), encoding="utf-8") as f:
+        m = json.load(f)
+    tensors, _ = read_safetensors(os.path.join(d, "golden.safetensors"))
+    model = loom.Model(os.path.join(SHARED, "golden", "tiny", m["model"]), precision="f32")
+    return m, tensors, model
+
+
+@pytest.mark.parametrize("name", ["llama__two_diffs", "gemma2__single_diff",
+                                  "gpt_neox__two_diffs"])
+@pytest.mark.parametrize("linear", [False, True])
+def test_atp_and_grads_match_the_golden(name, linear):
+    m, t, model = case(name)
+    hooks = m["hooks"] + m["extra_hooks"]
+    freeze = ("attn_pattern", "norm_scale") if linear else ()
+    kind = "lin_atp" if linear else "atp"
+    r = model.attribute(m["clean_input_ids"], np.array(m["corrupted_input_ids"]), hooks=hooks,
+                        freeze=freeze, per_head=True)
+    assert r["hooks"] == hooks and r["atp"].shape == (len(hooks), m["T"])
+    assert (r["answer"], r["wrong"]) == (m["answer_token_ids"]["answer"],
+                                         m["answer_token_ids"]["wrong"])
+    assert abs(r["metric_clean"] - float(t["metric.clean"][0])) <= 1e-4
+    for i, h in enumerate(hooks):
+        within(r["atp"][i], t[kind + "." + h], 1e-4, 1e-3, 1e-3)
+        if "attn.hook_z" in h:
+            within(r["atp_head"][h], t[kind + "_head." + h], 1e-4, 1e-3, 1e-3)
+    g = model.grad(m["corrupted_input_ids"], hooks, metric="logprob", freeze=freeze)
+    assert abs(g["metric"] - float(t["seq_logprob.metric.corrupted"][0])) <= 3e-4
+    for h in hooks:
+        assert g[h].dtype == np.float32 and g[h].shape == t["seq_logprob.grad." + h].shape
+        within(g[h], t["seq_logprob." + ("lin_grad." if linear else "grad.") + h],
+               1e-7, 1e-4, 1e-3)
+
+
+def test_the_cli_gives_the_same_numbers(tmp_path):
+    m, t, model = case("llama__single_diff")
+    ids = lambda v: ",".join(str(x) for x in v)
+    out = tmp_path / "cli"
+    run_loom("attribute", "--model", os.path.join(SHARED, "golden", "tiny", "llama"),
+             "--clean-tokens", ids(m["clean_input_ids"]), "--corrupted-tokens",
+             ids(m["corrupted_input_ids"]), "--hooks", "blocks.*.hook_resid_pre", "--quiet",
+             "--out", str(out))
+    with open(out / "attribution.json", encoding="utf-8") as f:
+        cli = json.load(f)
+    r = model.attribute(m["clean_input_ids"], m["corrupted_input_ids"])
+    assert cli["hooks"] == r["hooks"]
+    assert np.array_equal(np.array(cli["atp"]), r["atp"])
+
+
+def test_bad_arguments_are_named():
+    _, _, model = case("llama__single_diff")
+    with pytest.raises(ValueError, match="metric"):
+        model.attribute([1, 2], [1, 3], metric="kl")
+    with pytest.raises(ValueError, match="freeze"):
+        model.attribute([1, 2], [1, 3], freeze=["mlp"])
+    with pytest.raises(ValueError, match="answer, wrong"):
+        model.grad([1, 2, 3], "blocks.0.hook_resid_pre")
+    with pytest.raises(ValueError, match="one length"):
+        model.attribute([1, 2, 3], [1, 2])
