@@ -114,7 +114,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttributeCliTest,
                          ::testing::Values("llama__single_diff",
                                            "llama__two_diffs",
                                            "gemma2__two_diffs",
-                                           "gpt_neox__single_diff"));
+                                           "gpt_neox__single_diff",
+                                           "qwen3_moe__two_diffs"));
 
 class AttributeCliErrorsTest : public testing::TempDirTest {};
 
@@ -148,10 +149,11 @@ TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
     EXPECT_NE(RunShell(base + b.args, &log), 0) << b.args;
     EXPECT_NE(log.find(b.says), std::string::npos) << b.args << "\n" << log;
   }
-  // MoE layers: refused by name, nothing written.
+  // Layers without a backward (gpt-oss's experts): refused by name, nothing
+  // written.
   std::string log;
   EXPECT_NE(RunShell(std::string(LOOM_BINARY) + " attribute --model " + shared +
-                         "/tiny/qwen3_moe --clean-tokens 1,2 "
+                         "/tiny/gpt_oss --clean-tokens 1,2 "
                          "--corrupted-tokens 1,3 --out " +
                          Path("moe"),
                      &log),

@@ -1,22 +1,30 @@
 // The backward (src/runtime/backward.h) against the shared attribution
 // goldens (golden/attribution/README.md: HF transformers + torch autograd,
 // f32): d metric / d activation at every hook of every case, for both
-// metrics (logit_diff, seq_logprob), exact and linearized (attention
-// probabilities and norm scales frozen), within the README's f32 rule
+// metrics (logit_diff, seq_logprob), exact and linearized (llama, gemma2,
+// gpt_neox, and qwen3_moe: routed experts and q/k norms; linearized:
+// attention probabilities and norm scales frozen), within the README's f32 rule
 // |loom - golden| <= max(atol_abs, atol_rel max|golden|) + rtol |golden|;
 // the metric values within its metric bounds. Also: the gradients do not
 // depend on the thread count (bytes), and models whose layers the backward
-// does not cover yet are refused by name before anything runs.
+// does not cover yet are refused by name before anything runs. Quantized
+// checkpoints (FP8 block, NVFP4): the gradients through the stored codes
+// equal those through the dequantized twin (the goldens' dequantized
+// weights in a checkpoint of their own) within f32 rounding.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "src/backend/cpu/kernels.h"
+#include "src/io/safetensors.h"
+#include "src/io/safetensors_writer.h"
 #include "src/runtime/backward.h"
 #include "src/runtime/model.h"
 #include "tests/golden_util.h"
@@ -168,20 +176,24 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, BackwardGoldenTest,
     ::testing::Values("llama__single_diff", "llama__two_diffs",
                       "gemma2__single_diff", "gemma2__two_diffs",
-                      "gpt_neox__single_diff", "gpt_neox__two_diffs"));
+                      "gpt_neox__single_diff", "gpt_neox__two_diffs",
+                      "qwen3_moe__single_diff", "qwen3_moe__two_diffs"));
 
-TEST(BackwardSupportTest, MixtureOfExpertsLayersAreRefusedByName) {
+TEST(BackwardSupportTest, UncoveredLayersAreRefusedByName) {
   const std::string shared = testing::SharedGoldenDir();
   if (shared.empty())
     GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
-  auto model = Model::Load(shared + "/tiny/qwen3_moe", Precision::kF32);
+  // gpt-oss: its clamped SwiGLU experts have no backward yet.
+  auto model = Model::Load(shared + "/tiny/gpt_oss", Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   BackwardOptions o;
   o.max_tokens = 8;
   auto bw = Backward::Create(**model, o);
   ASSERT_FALSE(bw.ok());
   EXPECT_EQ(bw.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(bw.status().message().find("layer 0"), std::string::npos)
+  EXPECT_NE(bw.status().message().find("layer 0: the backward of this "
+                                       "mixture-of-experts layer"),
+            std::string::npos)
       << bw.status().message();
 }
 
@@ -210,6 +222,76 @@ TEST(BackwardSupportTest, BadRequestsAreRefused) {
   EXPECT_EQ((*bw)->Run(three, m, nullptr, nullptr).status().code(),
             StatusCode::kOutOfRange);
 }
+
+// A dense twin of a quantized tiny checkpoint in `dir`: config.json without
+// its quantization_config, and every tensor of model.safetensors that is not
+// part of a quantized linear, with the dequantized linears instead.
+std::string DequantizedTwin(const std::string& src, const std::string& dir) {
+  fs::create_directories(dir);
+  nlohmann::json config = testing::ReadJson(src + "/config.json");
+  config.erase("quantization_config");
+  std::ofstream(dir + "/config.json") << config.dump();
+  auto model = SafetensorsFile::Open(src + "/model.safetensors");
+  auto deq = SafetensorsFile::Open(src + "/dequantized_weights.safetensors");
+  EXPECT_TRUE(model.ok() && deq.ok());
+  SafetensorsWriter w;
+  std::vector<std::string> linears;  // "....q_proj."
+  for (const TensorInfo& t : (*deq)->header().tensors) {
+    linears.push_back(t.name.substr(0, t.name.size() - 6));  // - "weight"
+    EXPECT_TRUE(w.Add(t.name, (*deq)->View(t)).ok()) << t.name;
+  }
+  for (const TensorInfo& t : (*model)->header().tensors) {
+    bool quantized = false;
+    for (const std::string& l : linears)
+      quantized = quantized || t.name.rfind(l, 0) == 0;
+    if (!quantized) EXPECT_TRUE(w.Add(t.name, (*model)->View(t)).ok());
+  }
+  EXPECT_TRUE(w.Write(dir + "/model.safetensors").ok());
+  // Written before the models load (the writer borrows the views).
+  return dir;
+}
+
+class QuantizedBackwardTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantizedBackwardTest, GradientsEqualTheDequantizedTwins) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  const std::string src = shared + "/tiny/" + GetParam();
+  const std::string twin = DequantizedTwin(
+      src, (fs::temp_directory_path() /
+            ("loom_twin_" + std::to_string(::getpid()) + "_" + GetParam()))
+               .string());
+  auto q = Model::Load(src, Precision::kF32);
+  auto d = Model::Load(twin, Precision::kF32);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const ModelConfig& c = (*q)->config();
+  const std::vector<int32_t> ids = {5, 17, 300, 42, 9, 77, 8, 123};
+  BackwardOptions o;
+  o.max_tokens = static_cast<int64_t>(ids.size());
+  o.grad_hooks.Add(HookPoint{HookSite::kEmbed, -1});
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    for (HookSite site : {HookSite::kResidPre, HookSite::kZ, HookSite::kMlpPost,
+                          HookSite::kResidPost})
+      o.grad_hooks.Add(HookPoint{site, l});
+  GradMetric m;
+  m.kind = GradMetricKind::kLogProb;
+  GradCapture gq, gd;
+  auto bq = Backward::Create(**q, o);
+  auto bd = Backward::Create(**d, o);
+  ASSERT_TRUE(bq.ok() && bd.ok());
+  ASSERT_TRUE((*bq)->Run(ids, m, &gq, nullptr).ok());
+  ASSERT_TRUE((*bd)->Run(ids, m, &gd, nullptr).ok());
+  ASSERT_EQ(gq.got.size(), o.grad_hooks.hooks().size());
+  for (const auto& [h, v] : gq.got)
+    ExpectWithin(v, gd.got.at(h), {1e-7, 1e-5, 1e-5}, HookName(h));
+  fs::remove_all(twin);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, QuantizedBackwardTest,
+                         ::testing::Values("qwen3_fp8_block", "llama_nvfp4_ct",
+                                           "llama_nvfp4_modelopt"));
 
 }  // namespace
 }  // namespace loom

@@ -13,8 +13,8 @@ namespace {
 
 // The 64-byte aligned start of a workspace sized 64 bytes over its need.
 void* Aligned64(std::vector<float>& v) {
-  return reinterpret_cast<void*>(
-      (reinterpret_cast<uintptr_t>(v.data()) + 63) / 64 * 64);
+  return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(v.data()) + 63) /
+                                 64 * 64);
 }
 
 std::string LayerPrefix(int64_t l) {
@@ -47,15 +47,20 @@ Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o) {
                                   "at token-major activation hooks)");
   for (const LayerConfig& lc : MakeLayerConfigs(c)) {
     const std::string at = LayerPrefix(lc.layer);
-    if (lc.moe())
-      return UnimplementedError(at +
-                                "the backward of mixture-of-experts layers is "
-                                "not written yet");
+    if (lc.moe() &&
+        (lc.router != RouterKind::kSoftmaxTopK ||
+         lc.expert_act != ExpertActKind::kGated || lc.shared_expert()))
+      return UnimplementedError(
+          at +
+          "the backward of this mixture-of-experts layer (a router other "
+          "than softmax top-k, a shared expert or gpt-oss's clamped SwiGLU) "
+          "is not written yet");
     if (lc.is_mla())
       return UnimplementedError(at + "the backward of MLA is not written yet");
-    if (lc.qk_norm != QkNormKind::kNone)
+    if (lc.qk_norm != QkNormKind::kNone && lc.fused_qkv)
       return UnimplementedError(at +
-                                "the backward of q/k norms is not written yet");
+                                "the backward of q/k norms after a fused qkv "
+                                "projection is not written yet");
     if (lc.clip_qkv > 0)
       return UnimplementedError(at +
                                 "the backward of clip_qkv is not written "
@@ -65,8 +70,8 @@ Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o) {
       return UnimplementedError(at +
                                 "the backward of this fused qkv layout is not "
                                 "written yet");
-    if (lc.mlp != MlpKind::kGated && lc.mlp != MlpKind::kGatedFused &&
-        lc.mlp != MlpKind::kPlain)
+    if (!lc.moe() && lc.mlp != MlpKind::kGated &&
+        lc.mlp != MlpKind::kGatedFused && lc.mlp != MlpKind::kPlain)
       return UnimplementedError(at +
                                 "the backward of this MLP kind is not "
                                 "written yet");
@@ -98,12 +103,34 @@ struct Backward::Buffers {
   std::vector<float> gemm_ws;    // GemmBackwardInput's decoded rows
   std::vector<float> attn_ws;    // AttentionBackward's rows
   std::vector<float> head_ws;    // the lm_head GEMM's (forward) workspace
+  // q/k norms: the projection's input and q, k before their norm.
+  std::vector<float> qk_in;    // [T, H] tape
+  std::vector<float> q_pre;    // [T, Q]
+  std::vector<float> k_pre;    // [T, KV]
+  std::vector<float> dnorm;    // [T, max(Q, KV)] a norm's dense gradient
+  std::vector<float> proj_ws;  // the q/k GEMMs' (forward) workspace
+  // MoE layers (routed rows grouped by expert, as the forward's).
+  std::vector<float> router_logits;     // [T, E] tape
+  std::vector<float> row_weights;       // [T k] tape
+  std::vector<float> expert_gu;         // [T k, 2 Ie] tape
+  std::vector<float> expert_out;        // [T k, H] tape (before weighting)
+  std::vector<float> d_rows;            // [T k, H] d out, then d in, per row
+  std::vector<float> d_eact;            // [T k, Ie]
+  std::vector<float> d_egu;             // [T k, 2 Ie]
+  std::vector<float> d_route;           // [T, E] d router logits
+  std::vector<float> d_weight;          // [T k] d of each row's weight
+  std::vector<int32_t> expert_offsets;  // [E + 1] tape
+  std::vector<int32_t> expert_rows;     // [T k] tape: each row's token
 
   std::vector<std::vector<float>*> members() {
-    return {&saved,    &g,       &branch,  &d_in,    &hidden, &resid_mid,
-            &attn_out, &mlp_out, &qkv,     &mlp_pre, &cos,    &neg_sin,
-            &dqkv,     &dfused,  &dz,      &dmlp,    &dact,   &emit,
-            &logits,   &gemm_ws, &attn_ws, &head_ws};
+    return {&saved,      &g,        &branch,        &d_in,        &hidden,
+            &resid_mid,  &attn_out, &mlp_out,       &qkv,         &mlp_pre,
+            &cos,        &neg_sin,  &dqkv,          &dfused,      &dz,
+            &dmlp,       &dact,     &emit,          &logits,      &gemm_ws,
+            &attn_ws,    &head_ws,  &qk_in,         &q_pre,       &k_pre,
+            &dnorm,      &proj_ws,  &router_logits, &row_weights, &expert_gu,
+            &expert_out, &d_rows,   &d_eact,        &d_egu,       &d_route,
+            &d_weight};
   }
 };
 
@@ -115,18 +142,28 @@ std::vector<int64_t> BufferCounts(const ModelConfig& c, int64_t T,
                                   int64_t chunk, const Backend& be) {
   const int64_t H = c.hidden_size, L = c.num_layers, I = c.intermediate_size;
   const int64_t half = c.rope.rotary_dim / 2;
-  int64_t qkv = 0, z = 0;
+  int64_t qkv = 0, z = 0, E = 0, K = 0, Ie = 0;
   for (const LayerConfig& lc : MakeLayerConfigs(c)) {
     qkv = std::max(qkv, lc.qkv_width());
     z = std::max(z, lc.z_width());
+    E = std::max(E, lc.num_experts);
+    K = std::max(K, lc.experts_per_token);
+    Ie = std::max(Ie, lc.expert_intermediate_size);
   }
+  const int64_t R = T * K;  // routed rows
   int64_t gemm_ws = 0;
-  for (int64_t k : {H, I, z}) {  // every weight input a backward GEMM reads
+  // Every weight input (k) a backward GEMM reads, with at most T rows (an
+  // expert's: at most T k).
+  for (int64_t k : {H, I, z, Ie}) {
     WeightOperand w;
-    w.n = std::max({c.vocab_size, H, 2 * I, qkv});  // rows: at most these
+    w.n = std::max({c.vocab_size, H, 2 * I, qkv, 2 * Ie, E});
     w.k = k;
-    gemm_ws = std::max(gemm_ws, be.GemmBackwardWorkspaceBytes(w, T));
+    gemm_ws =
+        std::max(gemm_ws, be.GemmBackwardWorkspaceBytes(w, std::max(T, R)));
   }
+  int64_t proj_ws = 0;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
+    proj_ws = std::max(proj_ws, be.Costs().gemm_workspace(T, H, t) + 64);
   AttentionOp a;
   a.max_seq_len = T;
   const int64_t attn_ws = be.AttentionBackwardWorkspaceBytes(a);
@@ -156,7 +193,21 @@ std::vector<int64_t> BufferCounts(const ModelConfig& c, int64_t T,
           C * c.vocab_size,
           floats(gemm_ws),
           floats(attn_ws),
-          floats(head_ws)};
+          floats(head_ws),
+          T * H,
+          T * qkv,
+          T * qkv,
+          T * qkv,
+          floats(proj_ws),
+          T * E,
+          R,
+          R * 2 * Ie,
+          R * H,
+          R * H,
+          R * Ie,
+          R * 2 * Ie,
+          T * E,
+          R};
 }
 
 }  // namespace
@@ -165,6 +216,12 @@ int64_t BackwardBytes(const ModelConfig& c, int64_t tokens,
                       int64_t logits_chunk_rows, const Backend& be) {
   int64_t n = 0;
   for (int64_t v : BufferCounts(c, tokens, logits_chunk_rows, be)) n += v;
+  int64_t E = 0, K = 0;
+  for (const LayerConfig& lc : MakeLayerConfigs(c)) {
+    E = std::max(E, lc.num_experts);
+    K = std::max(K, lc.experts_per_token);
+  }
+  n += E + 1 + tokens * K;
   return n * static_cast<int64_t>(sizeof(float));
 }
 
@@ -191,8 +248,35 @@ class Backward::Tape : public StepTap {
           for (int64_t i = 0; i < T * half; ++i) b_->neg_sin[i] = -sin[i];
         }
         break;
+      case StepId::kQkvProj:  // the input, for q/k before their norms
+        if (lc.qk_norm != QkNormKind::kNone)
+          copy(step.reads[0], b_->qk_in, T * H);
+        break;
       case StepId::kOProj:
         if (lc.post_attn_norm) copy(BufferId::kAttnOut, b_->attn_out, T * H);
+        break;
+      case StepId::kRouter:
+        copy(BufferId::kRouterLogits, b_->router_logits, T * lc.num_experts);
+        break;
+      case StepId::kExpertGather: {
+        const int64_t R = T * lc.experts_per_token;
+        copy(BufferId::kExpertRowWeights, b_->row_weights, R);
+        const int32_t* off = a.as<int32_t>(BufferId::kExpertOffsets);
+        std::copy(off, off + lc.num_experts + 1, b_->expert_offsets.begin());
+        const int32_t* rows = a.as<int32_t>(BufferId::kExpertRows);
+        std::copy(rows, rows + R, b_->expert_rows.begin());
+        break;
+      }
+      case StepId::kExpertGateUp:
+        copy(BufferId::kExpertGateUp, b_->expert_gu,
+             T * lc.experts_per_token * 2 * lc.expert_intermediate_size);
+        break;
+      case StepId::kExpertDown:
+        copy(BufferId::kExpertOut, b_->expert_out,
+             T * lc.experts_per_token * H);
+        break;
+      case StepId::kExpertScatterAdd:
+        if (lc.post_mlp_norm) copy(BufferId::kMlpOut, b_->mlp_out, T * H);
         break;
       case StepId::kAttnResidualAdd:
         copy(BufferId::kResidual, b_->resid_mid, T * H);
@@ -225,7 +309,9 @@ int64_t Backward::buffer_bytes() const {
   int64_t n = 0;
   for (const std::vector<float>* v : buf_->members())
     n += static_cast<int64_t>(v->size());
-  return n * static_cast<int64_t>(sizeof(float));
+  n += static_cast<int64_t>(buf_->expert_offsets.size() +
+                            buf_->expert_rows.size());
+  return n * 4;  // f32 and i32
 }
 
 StatusOr<std::unique_ptr<Backward>> Backward::Create(
@@ -257,6 +343,14 @@ StatusOr<std::unique_ptr<Backward>> Backward::Create(
   const std::vector<std::vector<float>*> members = b->buf_->members();
   for (size_t i = 0; i < members.size(); ++i)
     members[i]->assign(static_cast<size_t>(counts[i]), 0.0f);
+  int64_t E = 0, K = 0;
+  for (const LayerConfig& lc : MakeLayerConfigs(c)) {
+    E = std::max(E, lc.num_experts);
+    K = std::max(K, lc.experts_per_token);
+  }
+  b->buf_->expert_offsets.assign(static_cast<size_t>(E + 1), 0);
+  b->route_sums_.assign(static_cast<size_t>(options.max_tokens), 0.0);
+  b->buf_->expert_rows.assign(static_cast<size_t>(options.max_tokens * K), 0);
   return b;
 }
 
@@ -563,6 +657,7 @@ Status Backward::MlpBranch(int64_t l, const float* d_out, float* d_in,
   const LayerConfig& lc = executor_->program().layers[static_cast<size_t>(l)];
   const int64_t T = T_, H = c_.hidden_size, I = c_.intermediate_size;
   RETURN_IF_ERROR(Emit(grads, HookSite::kMlpOut, l, d_out, H, H));
+  if (lc.moe()) return MoeBranch(lc, d_out, d_in);
   float* dact = buf_->dact.data();  // [T, I]
   RETURN_IF_ERROR(
       LinearBack(WeightRole::kDown, l, T, d_out, H, dact, I, false));
@@ -648,6 +743,7 @@ Status Backward::AttentionBranch(const Batch& batch, int64_t l,
   }
   RETURN_IF_ERROR(Emit(grads, HookSite::kQ, l, dq, Q, ld));
   RETURN_IF_ERROR(Emit(grads, HookSite::kK, l, dq + Q, KV, ld));
+  if (lc.qk_norm != QkNormKind::kNone) RETURN_IF_ERROR(QkNormBack(lc));
   if (lc.fused_qkv && lc.qkv_layout == QkvLayout::kPerHead) {
     // The forward regrouped per-head [q_h | k_h | v_h] into q | k | v; the
     // inverse regrouping (parts and groups swapped) restores that order.
@@ -661,6 +757,154 @@ Status Backward::AttentionBranch(const Batch& batch, int64_t l,
       LinearBack(WeightRole::kQ, l, T, dq, ld, d_in, H, accumulate));
   RETURN_IF_ERROR(LinearBack(WeightRole::kK, l, T, dq + Q, ld, d_in, H, true));
   return LinearBack(WeightRole::kV, l, T, dq + Q + KV, ld, d_in, H, true);
+}
+
+Status Backward::QkNormBack(const LayerConfig& lc) {
+  // q = norm(x Wq^T + bq) per head (or over the whole row); its VJP needs
+  // q before the norm: the projection again from its taped input.
+  const int64_t T = T_, H = c_.hidden_size, l = lc.layer;
+  const int64_t Q = lc.q_width(), KV = lc.k_width(), ld = lc.qkv_width();
+  const bool per_head = lc.qk_norm == QkNormKind::kPerHead;
+  const struct {
+    WeightRole w, bias, norm;
+    float* pre;
+    float* d;  // in dqkv, row stride ld
+    int64_t width, heads;
+  } parts[] = {{WeightRole::kQ, WeightRole::kQBias, WeightRole::kQNorm,
+                buf_->q_pre.data(), buf_->dqkv.data(), Q, lc.q_heads},
+               {WeightRole::kK, WeightRole::kKBias, WeightRole::kKNorm,
+                buf_->k_pre.data(), buf_->dqkv.data() + Q, KV, lc.kv_heads}};
+  for (const auto& p : parts) {
+    GemmOp op;
+    op.w = WeightOperandOf(model_.weights(), p.w, l);
+    const BiasOperand b = BiasOf(model_.weights(), p.bias, l);
+    op.bias = b.data;
+    op.bias_dtype = b.dtype;
+    op.x = buf_->qk_in.data();
+    op.m = T;
+    op.y = p.pre;
+    op.ldy = p.width;
+    op.workspace = Aligned64(buf_->proj_ws);
+    be_->Gemm(op);
+    float* dense = buf_->dnorm.data();  // [T, width]
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(p.d + t * ld, p.d + t * ld + p.width, dense + t * p.width);
+    const TensorView& w = model_.weights().Require(p.norm, l);
+    NormBackwardOp n;
+    n.x = p.pre;
+    n.dy = dense;
+    n.dx = dense;
+    n.dim = per_head ? lc.head_dim : p.width;
+    n.rows = T * p.width / n.dim;
+    n.w = w.data;
+    n.w_dtype = w.dtype;
+    n.eps = lc.norm_eps;
+    n.freeze_scale = options_.freeze_norm_scale;
+    RETURN_IF_ERROR(be_->NormBackward(n));
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(dense + t * p.width, dense + (t + 1) * p.width, p.d + t * ld);
+  }
+  (void)H;
+  return Status();
+}
+
+Status Backward::MoeBranch(const LayerConfig& lc, const float* d_out,
+                           float* d_in) {
+  // out[t] = sum over t's routed rows i of w_i E_e(i)(x[t]), w = s q with q
+  // softmax(router logits) over the k chosen (norm_topk_prob) or over all.
+  const int64_t T = T_, H = c_.hidden_size, l = lc.layer;
+  const int64_t E = lc.num_experts, K = lc.experts_per_token;
+  const int64_t Ie = lc.expert_intermediate_size, R = T * K;
+  const int32_t* off = buf_->expert_offsets.data();
+  const int32_t* rows = buf_->expert_rows.data();
+  const float* w = buf_->row_weights.data();
+  const float* out = buf_->expert_out.data();
+  float* d_rows = buf_->d_rows.data();  // [R, H]
+  float* dw = buf_->d_weight.data();    // [R]
+  for (int64_t i = 0; i < R; ++i) {
+    const float* g = d_out + static_cast<int64_t>(rows[i]) * H;
+    double dot = 0.0;
+    for (int64_t c = 0; c < H; ++c) {
+      d_rows[i * H + c] = w[i] * g[c];
+      dot += static_cast<double>(g[c]) * out[i * H + c];
+    }
+    dw[i] = static_cast<float>(dot);
+  }
+  // Each expert's rows: down, the gated activation, gate and up.
+  const ActivationFn fn = ToActivationFn(lc.act);
+  float* da = buf_->d_eact.data();  // [R, Ie]
+  float* dgu = buf_->d_egu.data();  // [R, 2 Ie]
+  const float* gu = buf_->expert_gu.data();
+  auto expert_back = [&](WeightRole role, int64_t e, const float* dy,
+                         int64_t ldy, float* dx, int64_t ldx, bool accumulate) {
+    GemmBackwardOp op;
+    op.w = WeightOperandOf(model_.weights(), role, l, e);
+    op.dy = dy;
+    op.ldy = ldy;
+    op.m = off[e + 1] - off[e];
+    op.dx = dx;
+    op.ldx = ldx;
+    op.accumulate = accumulate;
+    op.workspace = buf_->gemm_ws.data();
+    return be_->GemmBackwardInput(op);
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    RETURN_IF_ERROR(expert_back(WeightRole::kExpertDown, e, d_rows + r0 * H, H,
+                                da + r0 * Ie, Ie, false));
+    RETURN_IF_ERROR(be_->GatedActivationBackward(
+        fn, gu + r0 * 2 * Ie, 2 * Ie, gu + r0 * 2 * Ie + Ie, 2 * Ie,
+        da + r0 * Ie, dgu + r0 * 2 * Ie, 2 * Ie, dgu + r0 * 2 * Ie + Ie, 2 * Ie,
+        n, Ie));
+    // d in rows (over d_rows, whose d out is no longer needed).
+    RETURN_IF_ERROR(expert_back(WeightRole::kExpertGate, e, dgu + r0 * 2 * Ie,
+                                2 * Ie, d_rows + r0 * H, H, false));
+    RETURN_IF_ERROR(expert_back(WeightRole::kExpertUp, e,
+                                dgu + r0 * 2 * Ie + Ie, 2 * Ie, d_rows + r0 * H,
+                                H, true));
+  }
+  // d x = the rows' d in, scattered in expert order (a fixed order).
+  std::fill(d_in, d_in + T * H, 0.0f);
+  for (int64_t i = 0; i < R; ++i) {
+    float* to = d_in + static_cast<int64_t>(rows[i]) * H;
+    for (int64_t c = 0; c < H; ++c) to[c] += d_rows[i * H + c];
+  }
+  // The router: d q = s d w; d logits through the softmax.
+  float* dl = buf_->d_route.data();  // [T, E]
+  std::fill(dl, dl + T * E, 0.0f);
+  const float s = lc.routed_scaling_factor;
+  std::vector<double>& sums = route_sums_;  // [T], sized at Create
+  std::fill(sums.begin(), sums.end(), 0.0);
+  auto expert_of = [&](int64_t i) {
+    return static_cast<int64_t>(std::upper_bound(off, off + E + 1, i) - off) -
+           1;
+  };
+  for (int64_t i = 0; i < R; ++i)
+    sums[static_cast<size_t>(rows[i])] +=
+        static_cast<double>(w[i] / s) * (s * dw[i]);
+  if (lc.norm_topk_prob) {  // q = softmax over the chosen logits
+    for (int64_t i = 0; i < R; ++i) {
+      const double q = w[i] / s;
+      dl[rows[i] * E + expert_of(i)] = static_cast<float>(
+          q * (s * dw[i] - sums[static_cast<size_t>(rows[i])]));
+    }
+  } else {  // q = softmax over every logit: p from the taped logits
+    const float* lg = buf_->router_logits.data();
+    for (int64_t t = 0; t < T; ++t) {
+      double mx = lg[t * E];
+      for (int64_t e = 1; e < E; ++e) mx = std::max<double>(mx, lg[t * E + e]);
+      double z = 0.0;
+      for (int64_t e = 0; e < E; ++e) z += std::exp(lg[t * E + e] - mx);
+      for (int64_t e = 0; e < E; ++e)
+        dl[t * E + e] = static_cast<float>(-std::exp(lg[t * E + e] - mx) / z *
+                                           sums[static_cast<size_t>(t)]);
+    }
+    for (int64_t i = 0; i < R; ++i)
+      dl[rows[i] * E + expert_of(i)] +=
+          static_cast<float>(static_cast<double>(w[i] / s) * (s * dw[i]));
+  }
+  return LinearBack(WeightRole::kRouter, l, T, dl, E, d_in, H, true);
 }
 
 }  // namespace loom

@@ -27,11 +27,15 @@
 //
 // What it runs: f32 (precision f32; the checkpoint's weights in any stored
 // format, decoded on the fly), dense MLPs (gated or plain), sequential and
-// parallel blocks, RMSNorm/LayerNorm with offsets and post-branch norms,
+// parallel blocks, mixture-of-experts layers with a softmax top-k router
+// (gradients through the chosen experts and the routing weights), per-head or
+// whole-row q/k norms after separate projections, RMSNorm/LayerNorm with
+// offsets and post-branch norms,
 // standard attention (GQA, sliding windows, softcap, sinks, RoPE of either
 // layout, partial rotary), fused per-head or concatenated qkv, logit softcap
-// and scaling. CheckBackwardSupported names what it does not (MoE layers,
-// q/k norms, MLA, clip_qkv, other fused layouts) before anything runs.
+// and scaling. CheckBackwardSupported names what it does not (
+// MLA, clip_qkv, other fused layouts, other routers, shared experts) before
+// anything runs.
 #ifndef LOOM_RUNTIME_BACKWARD_H_
 #define LOOM_RUNTIME_BACKWARD_H_
 
@@ -139,6 +143,11 @@ class Backward {
                          float* d_in, GradientSink* grads, bool accumulate);
   Status MlpBranch(int64_t layer, const float* d_out, float* d_in,
                    GradientSink* grads);
+  // A mixture-of-experts MLP's VJP: the chosen experts' rows and the routing
+  // weights (the choice itself is piecewise constant).
+  Status MoeBranch(const LayerConfig& lc, const float* d_out, float* d_in);
+  // dq, dk in the d q | d k | d v buffer through the q/k norms (in place).
+  Status QkNormBack(const LayerConfig& lc);
   // dx (+)= the VJP of the norm (kind of the layer or model, gain `w` of
   // `layer`) at input x, from dy; all [T, H].
   Status NormBack(NormKind kind, float eps, float offset, WeightRole w,
@@ -158,6 +167,7 @@ class Backward {
   std::unique_ptr<Buffers> buf_;
   int64_t T_ = 0;  // the current Run's tokens
   int64_t seq_start_[2] = {0, 0};
+  std::vector<double> route_sums_;  // [max_tokens] MoeBranch's
 };
 
 }  // namespace loom
