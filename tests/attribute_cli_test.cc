@@ -149,11 +149,12 @@ TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
     EXPECT_NE(RunShell(base + b.args, &log), 0) << b.args;
     EXPECT_NE(log.find(b.says), std::string::npos) << b.args << "\n" << log;
   }
-  // Layers without a backward (gpt-oss's experts): refused by name, nothing
+  // Layers without a backward (Qwen2-MoE's shared expert): refused by name,
+  // nothing
   // written.
   std::string log;
   EXPECT_NE(RunShell(std::string(LOOM_BINARY) + " attribute --model " + shared +
-                         "/tiny/gpt_oss --clean-tokens 1,2 "
+                         "/tiny/qwen2_moe --clean-tokens 1,2 "
                          "--corrupted-tokens 1,3 --out " +
                          Path("moe"),
                      &log),

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -183,8 +184,8 @@ TEST(BackwardSupportTest, UncoveredLayersAreRefusedByName) {
   const std::string shared = testing::SharedGoldenDir();
   if (shared.empty())
     GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
-  // gpt-oss: its clamped SwiGLU experts have no backward yet.
-  auto model = Model::Load(shared + "/tiny/gpt_oss", Precision::kF32);
+  // Qwen2-MoE: its shared expert has no backward yet.
+  auto model = Model::Load(shared + "/tiny/qwen2_moe", Precision::kF32);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   BackwardOptions o;
   o.max_tokens = 8;
@@ -292,6 +293,87 @@ TEST_P(QuantizedBackwardTest, GradientsEqualTheDequantizedTwins) {
 INSTANTIATE_TEST_SUITE_P(Tiny, QuantizedBackwardTest,
                          ::testing::Values("qwen3_fp8_block", "llama_nvfp4_ct",
                                            "llama_nvfp4_modelopt"));
+
+// Models without attribution goldens: the gradient at a hook along a random
+// unit direction v at one position equals the central difference of the
+// metric under the edit x[p] += eps v (an `add` intervention, through the
+// executor's own forward), eps = 1e-2: within 2e-4 + 1 % (f32 forwards).
+class FiniteDifferenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FiniteDifferenceTest, DirectionalDerivativesMatch) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  auto model = Model::Load(shared + "/tiny/" + GetParam(), Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const ModelConfig& c = (*model)->config();
+  const std::vector<int32_t> ids = {5, 17, 300, 42, 9, 77, 8, 123};
+  const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
+  const std::vector<HookPoint> hooks = {{HookSite::kResidPre, 0},
+                                        {HookSite::kAttnOut, c.num_layers - 1},
+                                        {HookSite::kMlpOut, 0}};
+  BackwardOptions o;
+  o.max_tokens = T;
+  for (const HookPoint& h : hooks) o.grad_hooks.Add(h);
+  auto bw = Backward::Create(**model, o);
+  ASSERT_TRUE(bw.ok()) << bw.status().ToString();
+  GradMetric m;
+  m.answer = 1;
+  m.wrong = 2;
+  GradCapture grads;
+  ASSERT_TRUE((*bw)->Run(ids, m, &grads, nullptr).ok());
+  HookSet logits;
+  logits.Add(HookPoint{HookSite::kLogits, -1});
+  ExecutorOptions eo;
+  eo.max_tokens = T;
+  auto ex = Executor::Create(**model, logits, eo);
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  const int64_t seq_start[2] = {0, T};
+  const Batch batch{ids, std::span<const int64_t>(seq_start, 2)};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (const HookPoint& h : hooks) {
+    // The last layer's attention reaches the metric at the last position
+    // only.
+    const int64_t p = h.layer == c.num_layers - 1 ? T - 1 : 5;
+    Intervention iv;
+    iv.hook = h;
+    iv.positions.kind = InterventionPositions::Kind::kList;
+    iv.positions.list = {p};
+    iv.vector.resize(static_cast<size_t>(H));
+    double norm = 0;
+    for (float& x : iv.vector) norm += double{x = nd(rng)} * x;
+    for (float& x : iv.vector) x = static_cast<float>(x / std::sqrt(norm));
+    const std::vector<float>& g = grads.got.at(h);
+    double want = 0;
+    for (int64_t j = 0; j < H; ++j) want += double{g[p * H + j]} * iv.vector[j];
+    double metric[2];
+    for (int k = 0; k < 2; ++k) {
+      const float eps = 1e-2f;
+      iv.scale = k == 0 ? eps : -eps;
+      const SequenceEdit edit{0, T, &iv};
+      testing::CaptureSink sink;
+      ASSERT_TRUE((*ex)->Forward(batch, &sink, nullptr, {&edit, 1}).ok());
+      const std::vector<float>& l =
+          sink.Get(HookPoint{HookSite::kLogits, -1}).data;
+      const float* last = l.data() + (T - 1) * c.vocab_size;
+      metric[k] = double{last[1]} - last[2];
+    }
+    const double fd = (metric[0] - metric[1]) / 2e-2;
+    EXPECT_GT(std::fabs(want), 1e-4) << HookName(h);  // not vacuous
+    EXPECT_NEAR(fd, want, 2e-4 + 1e-2 * std::fabs(want))
+        << GetParam() << " " << HookName(h);
+  }
+}
+
+// gpt-oss (sinks, top-k softmax router, clamped SwiGLU experts; MXFP4 codes),
+// OLMoE (softmax top-k without renormalisation), Mixtral, Qwen3 (q/k norms),
+// OLMo2 (whole-row q/k norms, post-norms only), Phi-3 (fused qkv and
+// gate_up).
+INSTANTIATE_TEST_SUITE_P(Tiny, FiniteDifferenceTest,
+                         ::testing::Values("gpt_oss", "gpt_oss_mxfp4", "olmoe",
+                                           "mixtral", "qwen3", "olmo2",
+                                           "phi3"));
 
 }  // namespace
 }  // namespace loom

@@ -65,6 +65,13 @@ Status Backend::ActivationBackward(ActivationFn /*fn*/, const float* /*x*/,
                                    int64_t /*n*/) {
   return NoBackward(*this, "ActivationBackward");
 }
+Status Backend::ClampedSwigluBackward(const float* /*gate_up*/,
+                                      int64_t /*gu_rs*/, const float* /*dout*/,
+                                      float* /*dgate_up*/, int64_t /*dgu_rs*/,
+                                      int64_t /*rows*/, int64_t /*n*/,
+                                      float /*alpha*/, float /*limit*/) {
+  return NoBackward(*this, "ClampedSwigluBackward");
+}
 Status Backend::GatedActivationBackward(
     ActivationFn /*fn*/, const float* /*gate*/, int64_t /*gate_rs*/,
     const float* /*up*/, int64_t /*up_rs*/, const float* /*dout*/,

@@ -523,6 +523,14 @@ class Backend {
                                     const float* dy, float* dx, int64_t n);
   // The gated activation's VJP: out = fn(gate) * up; from dout [rows, n]
   // dense, dgate and dup [rows, n] (row strides dg_rs, du_rs) are written.
+  // gpt-oss's clamped SwiGLU's VJP (ClampedSwiglu's layout): from dout
+  // [rows, n] dense, dgate_up [rows, 2n] (row stride dgu_rs, interleaved as
+  // gate_up) is written; a clamp passes the gradient where its input is
+  // inside the range, bounds included (torch.clamp's rule).
+  virtual Status ClampedSwigluBackward(const float* gate_up, int64_t gu_rs,
+                                       const float* dout, float* dgate_up,
+                                       int64_t dgu_rs, int64_t rows, int64_t n,
+                                       float alpha, float limit);
   virtual Status GatedActivationBackward(ActivationFn fn, const float* gate,
                                          int64_t gate_rs, const float* up,
                                          int64_t up_rs, const float* dout,

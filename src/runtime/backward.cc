@@ -47,14 +47,14 @@ Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o) {
                                   "at token-major activation hooks)");
   for (const LayerConfig& lc : MakeLayerConfigs(c)) {
     const std::string at = LayerPrefix(lc.layer);
-    if (lc.moe() &&
-        (lc.router != RouterKind::kSoftmaxTopK ||
-         lc.expert_act != ExpertActKind::kGated || lc.shared_expert()))
+    if (lc.moe() && ((lc.router != RouterKind::kSoftmaxTopK &&
+                      lc.router != RouterKind::kTopKSoftmax) ||
+                     lc.shared_expert()))
       return UnimplementedError(
           at +
           "the backward of this mixture-of-experts layer (a router other "
-          "than softmax top-k, a shared expert or gpt-oss's clamped SwiGLU) "
-          "is not written yet");
+          "than softmax top-k or top-k softmax, or a shared expert) is not "
+          "written yet");
     if (lc.is_mla())
       return UnimplementedError(at + "the backward of MLA is not written yet");
     if (lc.qk_norm != QkNormKind::kNone && lc.fused_qkv)
@@ -853,6 +853,16 @@ Status Backward::MoeBranch(const LayerConfig& lc, const float* d_out,
     if (n == 0) continue;
     RETURN_IF_ERROR(expert_back(WeightRole::kExpertDown, e, d_rows + r0 * H, H,
                                 da + r0 * Ie, Ie, false));
+    if (lc.expert_act == ExpertActKind::kClampedSwigluInterleaved) {
+      // gpt-oss: gate | up interleaved in one fused weight.
+      RETURN_IF_ERROR(be_->ClampedSwigluBackward(
+          gu + r0 * 2 * Ie, 2 * Ie, da + r0 * Ie, dgu + r0 * 2 * Ie, 2 * Ie, n,
+          Ie, lc.swiglu_alpha, lc.swiglu_limit));
+      RETURN_IF_ERROR(expert_back(WeightRole::kExpertGateUp, e,
+                                  dgu + r0 * 2 * Ie, 2 * Ie, d_rows + r0 * H, H,
+                                  false));
+      continue;
+    }
     RETURN_IF_ERROR(be_->GatedActivationBackward(
         fn, gu + r0 * 2 * Ie, 2 * Ie, gu + r0 * 2 * Ie + Ie, 2 * Ie,
         da + r0 * Ie, dgu + r0 * 2 * Ie, 2 * Ie, dgu + r0 * 2 * Ie + Ie, 2 * Ie,
@@ -883,7 +893,9 @@ Status Backward::MoeBranch(const LayerConfig& lc, const float* d_out,
   for (int64_t i = 0; i < R; ++i)
     sums[static_cast<size_t>(rows[i])] +=
         static_cast<double>(w[i] / s) * (s * dw[i]);
-  if (lc.norm_topk_prob) {  // q = softmax over the chosen logits
+  // q = softmax over the chosen logits (renormalised, or gpt-oss's top-k
+  // then softmax: the same function of the chosen logits).
+  if (lc.norm_topk_prob || lc.router == RouterKind::kTopKSoftmax) {
     for (int64_t i = 0; i < R; ++i) {
       const double q = w[i] / s;
       dl[rows[i] * E + expert_of(i)] = static_cast<float>(

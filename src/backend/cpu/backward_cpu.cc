@@ -251,6 +251,26 @@ void AttentionBackward(const AttentionArgs& a, const float* dz, float* dq,
   }
 }
 
+void ClampedSwigluBackward(const float* gate_up, int64_t gu_rs,
+                           const float* dout, float* dgate_up, int64_t dgu_rs,
+                           int64_t rows, int64_t n, float alpha, float limit) {
+#pragma omp parallel for schedule(static) if (rows * n > 16384)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const float gate = gate_up[r * gu_rs + 2 * i];
+      const float up = gate_up[r * gu_rs + 2 * i + 1];
+      const float d = dout[r * n + i];
+      const float g = std::min(gate, limit);
+      const float u = std::clamp(up, -limit, limit);
+      const float s = 1.0f / (1.0f + std::exp(-alpha * g));
+      // d/dg [g s(alpha g)] = s + alpha g s (1 - s).
+      const float dglu = s + alpha * g * s * (1.0f - s);
+      dgate_up[r * dgu_rs + 2 * i] = gate <= limit ? d * (u + 1.0f) * dglu : 0;
+      dgate_up[r * dgu_rs + 2 * i + 1] =
+          up >= -limit && up <= limit ? d * g * s : 0.0f;
+    }
+}
+
 float ActivationValue(Activation act, float x) {
   switch (act) {
     case Activation::kSilu:

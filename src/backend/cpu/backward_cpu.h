@@ -77,6 +77,13 @@ void GatedActivationBackward(Activation act, const float* gate, int64_t gate_rs,
                              float* dgate, int64_t dg_rs, float* dup,
                              int64_t du_rs, int64_t rows, int64_t n);
 
+// out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate,
+// limit), gate and up interleaved in gate_up [rows, 2n] (row stride gu_rs):
+// dgate_up [rows, 2n] (row stride dgu_rs) from dout [rows, n].
+void ClampedSwigluBackward(const float* gate_up, int64_t gu_rs,
+                           const float* dout, float* dgate_up, int64_t dgu_rs,
+                           int64_t rows, int64_t n, float alpha, float limit);
+
 // act(x) and act'(x) in f32, as the forward's activation kernels compute
 // act (shared by the kernel and its test).
 float ActivationValue(Activation act, float x);

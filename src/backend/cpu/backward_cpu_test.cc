@@ -277,5 +277,29 @@ TEST(ActivationBackwardTest, GatedSplitsIntoGateAndUp) {
     }
 }
 
+TEST(ActivationBackwardTest, ClampedSwigluMatchesFiniteDifferences) {
+  const int64_t rows = 4, n = 50;
+  const float alpha = 1.702f, limit = 7.0f;
+  std::vector<float> gu = Random(rows * 2 * n, 18, 6.0f);  // some past limit
+  const std::vector<float> dout = Random(rows * n, 19);
+  std::vector<float> dgu(gu.size(), 5.0f);
+  ClampedSwigluBackward(gu.data(), 2 * n, dout.data(), dgu.data(), 2 * n, rows,
+                        n, alpha, limit);
+  int clamped = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = gu[r * 2 * n + 2 * i], u = gu[r * 2 * n + 2 * i + 1];
+      double dg = 0, du = 0;
+      ref::ClampedSwigluDerivatives(g, u, alpha, limit, &dg, &du);
+      const double d = dout[r * n + i];
+      EXPECT_NEAR(dgu[r * 2 * n + 2 * i], d * dg,
+                  1e-3 * (1 + std::fabs(d * dg)));
+      EXPECT_NEAR(dgu[r * 2 * n + 2 * i + 1], d * du,
+                  1e-3 * (1 + std::fabs(d * du)));
+      clamped += (g > limit) + (std::fabs(u) > limit);
+    }
+  EXPECT_GT(clamped, 0);  // the clamps' zero gradients were exercised
+}
+
 }  // namespace
 }  // namespace loom::cpu

@@ -614,15 +614,17 @@ int64_t CpuBackend::GemmBackwardWorkspaceBytes(const WeightOperand& w,
 
 Status CpuBackend::GemmBackwardInput(const GemmBackwardOp& op) {
   if (op.w.quantized() && op.w.format.layout != MatrixLayout::kOutIn)
-    return InvalidArgumentError("cpu backend: GemmBackwardInput of a quantized "
-                                "weight stored other than [n, k]");
+    return InvalidArgumentError(
+        "cpu backend: GemmBackwardInput of a quantized "
+        "weight stored other than [n, k]");
   if (op.workspace == nullptr)
-    return InvalidArgumentError("cpu backend: GemmBackwardInput needs its "
-                                "workspace");
+    return InvalidArgumentError(
+        "cpu backend: GemmBackwardInput needs its "
+        "workspace");
   QuantMatrix q;
   const WeightRows w = WeightRowsOf(op.w, &q);
-  cpu::GemmBackwardInput(*gemm_, w, op.dy, op.ldy > 0 ? op.ldy : op.w.n, op.m, op.dx,
-                         op.ldx > 0 ? op.ldx : op.w.k, op.accumulate,
+  cpu::GemmBackwardInput(*gemm_, w, op.dy, op.ldy > 0 ? op.ldy : op.w.n, op.m,
+                         op.dx, op.ldx > 0 ? op.ldx : op.w.k, op.accumulate,
                          op.workspace);
   return Status();
 }
@@ -648,13 +650,13 @@ int64_t CpuBackend::AttentionBackwardWorkspaceBytes(
 Status CpuBackend::AttentionBackward(const AttentionBackwardOp& op) {
   const AttentionOp& f = op.fwd;
   if (f.k_cache != nullptr || f.probs != nullptr)
-    return InvalidArgumentError("cpu backend: AttentionBackward runs on the "
-                                "whole sequences (no KV cache, no probs)");
+    return InvalidArgumentError(
+        "cpu backend: AttentionBackward runs on the "
+        "whole sequences (no KV cache, no probs)");
   if (f.q_heads % f.kv_heads != 0)
-    return InvalidArgumentError("cpu backend: AttentionBackward: q heads " +
-                                std::to_string(f.q_heads) +
-                                " not a multiple of kv heads " +
-                                std::to_string(f.kv_heads));
+    return InvalidArgumentError(
+        "cpu backend: AttentionBackward: q heads " + std::to_string(f.q_heads) +
+        " not a multiple of kv heads " + std::to_string(f.kv_heads));
   cpu::AttentionBackward(AttentionArgsOf(f), op.dz, op.dq, op.dk, op.dv,
                          op.freeze_pattern, op.workspace);
   return Status();
@@ -666,12 +668,23 @@ Status CpuBackend::ActivationBackward(ActivationFn fn, const float* x,
   return Status();
 }
 
-Status CpuBackend::GatedActivationBackward(
-    ActivationFn fn, const float* gate, int64_t gate_rs, const float* up,
-    int64_t up_rs, const float* dout, float* dgate, int64_t dg_rs, float* dup,
-    int64_t du_rs, int64_t rows, int64_t n) {
-  cpu::GatedActivationBackward(ToCpu(fn), gate, gate_rs, up, up_rs, dout,
-                               dgate, dg_rs, dup, du_rs, rows, n);
+Status CpuBackend::ClampedSwigluBackward(const float* gate_up, int64_t gu_rs,
+                                         const float* dout, float* dgate_up,
+                                         int64_t dgu_rs, int64_t rows,
+                                         int64_t n, float alpha, float limit) {
+  cpu::ClampedSwigluBackward(gate_up, gu_rs, dout, dgate_up, dgu_rs, rows, n,
+                             alpha, limit);
+  return Status();
+}
+
+Status CpuBackend::GatedActivationBackward(ActivationFn fn, const float* gate,
+                                           int64_t gate_rs, const float* up,
+                                           int64_t up_rs, const float* dout,
+                                           float* dgate, int64_t dg_rs,
+                                           float* dup, int64_t du_rs,
+                                           int64_t rows, int64_t n) {
+  cpu::GatedActivationBackward(ToCpu(fn), gate, gate_rs, up, up_rs, dout, dgate,
+                               dg_rs, dup, du_rs, rows, n);
   return Status();
 }
 

@@ -101,6 +101,10 @@ class CpuBackend final : public Backend {
   Status AttentionBackward(const AttentionBackwardOp& op) override;
   Status ActivationBackward(ActivationFn fn, const float* x, const float* dy,
                             float* dx, int64_t n) override;
+  Status ClampedSwigluBackward(const float* gate_up, int64_t gu_rs,
+                               const float* dout, float* dgate_up,
+                               int64_t dgu_rs, int64_t rows, int64_t n,
+                               float alpha, float limit) override;
   Status GatedActivationBackward(ActivationFn fn, const float* gate,
                                  int64_t gate_rs, const float* up,
                                  int64_t up_rs, const float* dout,

@@ -145,6 +145,18 @@ double Value(Activation act, double x) {
 }
 }  // namespace
 
+void ClampedSwigluDerivatives(double gate, double up, double alpha,
+                              double limit, double* d_gate, double* d_up) {
+  auto f = [&](double gt, double u) {
+    const double g = std::min(gt, limit);
+    const double c = std::clamp(u, -limit, limit);
+    return (c + 1.0) * g / (1.0 + std::exp(-alpha * g));
+  };
+  const double h = 1e-6;
+  *d_gate = (f(gate + h, up) - f(gate - h, up)) / (2 * h);
+  *d_up = (f(gate, up + h) - f(gate, up - h)) / (2 * h);
+}
+
 double ActivationDerivative(Activation act, double x) {
   const double h = 1e-5 * std::max(1.0, std::fabs(x));
   return (Value(act, x + h) - Value(act, x - h)) / (2 * h);

@@ -26,6 +26,11 @@ void NormBackward(const float* x, const float* dy, float* dx, int64_t rows,
 void AttentionBackward(const AttentionArgs& a, const float* dz, float* dq,
                        float* dk, float* dv, bool freeze_pattern);
 
+// gpt-oss's clamped SwiGLU's derivatives with respect to gate and up (away
+// from the clamp bounds) by central differences of its double value.
+void ClampedSwigluDerivatives(double gate, double up, double alpha,
+                              double limit, double* d_gate, double* d_up);
+
 // The activation's derivative by a central difference of its double-precision
 // value (h = 1e-5 relative).
 double ActivationDerivative(Activation act, double x);
