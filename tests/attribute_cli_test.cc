@@ -132,7 +132,8 @@ TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
       {"--clean-tokens 1,2,3 --corrupted-tokens 1,2", "one length"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --metric kl", "--metric"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --freeze mlp", "--freeze"},
-      {"--clean-tokens 1,2 --corrupted-tokens 1,3 --method ig", "--method"},
+      {"--clean-tokens 1,2 --corrupted-tokens 1,3 --method atp-star",
+       "--method"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --precision bf16",
        "--precision"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --hooks "
@@ -161,6 +162,45 @@ TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
             0);
   EXPECT_NE(log.find("mixture-of-experts"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(Path("moe") + "/attribution.json"));
+}
+
+// --method ig: per-token integrated gradients whose sum is the metric's
+// change from the baseline (completeness) on dense models (a mixture of
+// experts' routing is piecewise constant along the path, so completeness
+// does not hold there), the default A/B the prompt's argmax and runner-up;
+// no corrupted prompt needed.
+TEST_F(AttributeCliErrorsTest, IntegratedGradientsAreComplete) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  for (const char* model : {"llama", "gemma2", "gpt_neox"}) {
+    const std::string out = Path(std::string("ig_") + model);
+    std::string log;
+    ASSERT_EQ(RunShell(std::string(LOOM_BINARY) + " attribute --model " +
+                           shared + "/tiny/" + model +
+                           " --clean-tokens 115,483,139,330,406,320,38,90 "
+                           "--method ig --steps 32 --quiet --out " +
+                           out,
+                       &log),
+              0)
+        << log;
+    const nlohmann::json j = testing::ReadJson(out + "/attribution.json");
+    ASSERT_EQ(j["ig"].size(), 8u);
+    double sum = 0;
+    for (double v : j["ig"]) sum += v;
+    const double change =
+        j["metric_input"].get<double>() - j["metric_baseline"].get<double>();
+    EXPECT_NEAR(sum, change, 1e-4 + 1e-3 * std::fabs(change)) << model;
+    EXPECT_NE(j["answer_token_ids"][0], j["answer_token_ids"][1]);
+  }
+  std::string log;
+  EXPECT_NE(RunShell(std::string(LOOM_BINARY) + " attribute --model " + shared +
+                         "/tiny/llama --clean-tokens 1,2 --method ig "
+                         "--baseline-token 999999 --out " +
+                         Path("bad"),
+                     &log),
+            0);
+  EXPECT_NE(log.find("--baseline-token"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -375,5 +375,49 @@ INSTANTIATE_TEST_SUITE_P(Tiny, FiniteDifferenceTest,
                                            "mixtral", "qwen3", "olmo2",
                                            "phi3"));
 
+// Integrated gradients: completeness (the attributions sum to the metric's
+// change from the baseline of token 0) with 32 Gauss-Legendre nodes, and more
+// nodes only get closer.
+class IntegratedGradientsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(IntegratedGradientsTest, AttributionsSumToTheMetricsChange) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  auto model = Model::Load(shared + "/tiny/" + GetParam(), Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const std::vector<int32_t> ids = {5, 17, 300, 42, 9, 77, 8, 123};
+  BackwardOptions o;
+  o.max_tokens = static_cast<int64_t>(ids.size());
+  auto bw = Backward::Create(**model, o);
+  ASSERT_TRUE(bw.ok()) << bw.status().ToString();
+  GradMetric m;
+  m.answer = 1;
+  m.wrong = 2;
+  StatusOr<double> plain = (*bw)->Run(ids, m, nullptr, nullptr);
+  ASSERT_TRUE(plain.ok());
+  double previous = 1e300;
+  for (const int64_t steps : {8, 32}) {
+    auto ig = (*bw)->IntegratedGradients(ids, m, steps, 0);
+    ASSERT_TRUE(ig.ok()) << ig.status().ToString();
+    EXPECT_EQ(ig->metric_input, *plain);
+    double sum = 0;
+    for (double v : ig->per_token) sum += v;
+    const double change = ig->metric_input - ig->metric_baseline;
+    const double err = std::fabs(sum - change);
+    if (steps == 32)
+      EXPECT_LE(err, 1e-4 + 1e-3 * std::fabs(change))
+          << GetParam() << ": sum " << sum << ", change " << change;
+    EXPECT_LE(err, previous + 1e-6);
+    previous = err;
+  }
+  EXPECT_EQ((*bw)->IntegratedGradients(ids, m, 0, 0).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, IntegratedGradientsTest,
+                         ::testing::Values("llama", "gemma2", "gpt_neox",
+                                           "qwen3"));
+
 }  // namespace
 }  // namespace loom

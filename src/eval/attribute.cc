@@ -218,6 +218,69 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
   return r;
 }
 
+StatusOr<IgAttribution> RunIntegratedGradients(const Model& model,
+                                               std::span<const int32_t> ids,
+                                               const IgOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (ids.empty()) return InvalidArgumentError("ig: an empty prompt");
+  const int64_t V = model.config().vocab_size;
+  for (const int64_t t : {o.answer, o.wrong, o.baseline_token})
+    if (t >= V)
+      return InvalidArgumentError(
+          "--answer/--wrong/--baseline-token: token " + std::to_string(t) +
+          " is outside the vocabulary of " + std::to_string(V));
+  BackwardOptions bo;
+  bo.max_tokens = static_cast<int64_t>(ids.size());
+  bo.freeze_attn_pattern = o.freeze_attn_pattern;
+  bo.freeze_norm_scale = o.freeze_norm_scale;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backward> bw, Backward::Create(model, bo));
+  GradMetric m;
+  m.kind = o.metric;
+  IgAttribution r;
+  if (o.metric == GradMetricKind::kLogitDiff) {
+    ASSIGN_OR_RETURN(Backward::Evaluation e, bw->Evaluate(ids, false, nullptr));
+    m.answer = o.answer >= 0 ? static_cast<int32_t>(o.answer)
+                             : ArgmaxLogit(e.last_logits.data(), V, -1);
+    m.wrong = o.wrong >= 0 ? static_cast<int32_t>(o.wrong)
+                           : ArgmaxLogit(e.last_logits.data(), V, m.answer);
+  }
+  ASSIGN_OR_RETURN(
+      Backward::IgResult ig,
+      bw->IntegratedGradients(ids, m, o.steps,
+                              static_cast<int32_t>(o.baseline_token)));
+  r.per_token = std::move(ig.per_token);
+  r.answer = m.answer;
+  r.wrong = m.wrong;
+  r.metric_input = ig.metric_input;
+  r.metric_baseline = ig.metric_baseline;
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  return r;
+}
+
+nlohmann::json IgJson(const IgAttribution& r, const IgOptions& o) {
+  const bool logprob = o.metric == GradMetricKind::kLogProb;
+  nlohmann::json j;
+  j["method"] = "ig";
+  j["steps"] = o.steps;
+  j["baseline_token"] = o.baseline_token;
+  j["metric"] = logprob ? "logprob" : "logit-diff";
+  if (!logprob) j["answer_token_ids"] = {r.answer, r.wrong};
+  std::vector<int64_t> positions(r.per_token.size());
+  for (size_t i = 0; i < positions.size(); ++i)
+    positions[i] = static_cast<int64_t>(i);
+  j["positions"] = positions;
+  j["ig"] = r.per_token;
+  j["metric_input"] = r.metric_input;
+  j["metric_baseline"] = r.metric_baseline;
+  double sum = 0;
+  for (double v : r.per_token) sum += v;
+  j["completeness_error"] = sum - (r.metric_input - r.metric_baseline);
+  j["seconds"] = r.seconds;
+  return j;
+}
+
 StatusOr<JobSpec> AttributeJob(const ModelConfig& c, int64_t tokens,
                                const AttributeOptions& o) {
   if (tokens < 1) return InvalidArgumentError("attribute: an empty prompt");

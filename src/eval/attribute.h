@@ -73,6 +73,31 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
                                        std::span<const int32_t> corrupted,
                                        const AttributeOptions& options);
 
+// Integrated gradients over one prompt's tokens (`loom attribute --method
+// ig`; Backward::IntegratedGradients): the metric is `options.metric` on the
+// prompt, A / B default to its last position's argmax and runner-up.
+struct IgOptions {
+  GradMetricKind metric = GradMetricKind::kLogitDiff;
+  int64_t answer = -1, wrong = -1;
+  int64_t steps = 32;
+  int64_t baseline_token = 0;
+  bool freeze_attn_pattern = false, freeze_norm_scale = false;
+};
+struct IgAttribution {
+  std::vector<double> per_token;  // [T]
+  int32_t answer = 0, wrong = 0;
+  double metric_input = 0, metric_baseline = 0;
+  double seconds = 0;
+};
+StatusOr<IgAttribution> RunIntegratedGradients(const Model& model,
+                                               std::span<const int32_t> ids,
+                                               const IgOptions& options);
+// attribution.json of an ig job: method, steps, baseline_token, metric,
+// answer_token_ids, positions, ig [position], metric_input, metric_baseline,
+// completeness_error (sum of ig - (metric_input - metric_baseline)),
+// seconds.
+nlohmann::json IgJson(const IgAttribution& r, const IgOptions& options);
+
 // The forward part of the job the planner sizes (the executor the backward
 // runs: T tokens, the grid hooks and every layer boundary, the logits); the
 // backward's own buffers are BackwardBytes beside it.

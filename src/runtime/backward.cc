@@ -492,6 +492,12 @@ StatusOr<double> Backward::Run(std::span<const int32_t> ids,
     return InvalidArgumentError(
         "backward: the log-likelihood metric needs at least 2 tokens");
   RETURN_IF_ERROR(ForwardAndNorm(ids, acts));
+  return BackwardFromSaved(ids, metric, grads);
+}
+
+StatusOr<double> Backward::BackwardFromSaved(std::span<const int32_t> ids,
+                                             const GradMetric& metric,
+                                             GradientSink* grads) {
   const int64_t H = c_.hidden_size;
   const Batch batch{ids, std::span<const int64_t>(seq_start_, 2)};
   ASSIGN_OR_RETURN(const double value, SeedFromMetric(ids, metric, grads));
@@ -501,6 +507,120 @@ StatusOr<double> Backward::Run(std::span<const int32_t> ids,
   if (c_.learned_positions)
     RETURN_IF_ERROR(Emit(grads, HookSite::kPosEmbed, -1, buf_->g.data(), H, H));
   return value;
+}
+
+namespace {
+
+// Copies the residual stream after a layer's last step.
+class LayerOutputTap : public StepTap {
+ public:
+  LayerOutputTap(const ProgramStep* last, float* out, int64_t n)
+      : last_(last), out_(out), n_(n) {}
+  Status AfterStep(const ProgramStep& step, int64_t /*layer*/,
+                   const Batch& /*batch*/, const Arena& a) override {
+    if (&step != last_) return Status();
+    const float* x = a.as<float>(BufferId::kResidual);
+    std::copy(x, x + n_, out_);
+    return Status();
+  }
+
+ private:
+  const ProgramStep* last_;
+  float* out_;
+  int64_t n_;
+};
+
+// Gauss-Legendre nodes and weights of `n` points on [0, 1] (Newton's
+// iteration on the Legendre polynomial's roots, in double).
+void GaussLegendre(int64_t n, std::vector<double>* x, std::vector<double>* w) {
+  x->assign(static_cast<size_t>(n), 0.0);
+  w->assign(static_cast<size_t>(n), 0.0);
+  const double pi = 3.14159265358979323846;
+  for (int64_t i = 0; i < n; ++i) {
+    double t = std::cos(pi * (static_cast<double>(i) + 0.75) /
+                        (static_cast<double>(n) + 0.5));
+    double dp = 1.0;
+    for (int it = 0; it < 100; ++it) {
+      double p0 = 1.0, p1 = t;  // P_0, P_1
+      for (int64_t k = 2; k <= n; ++k) {
+        const double p2 = ((2.0 * k - 1) * t * p1 - (k - 1.0) * p0) / k;
+        p0 = p1;
+        p1 = p2;
+      }
+      const double pn = n == 1 ? t : p1, pn1 = n == 1 ? 1.0 : p0;
+      dp = n * (t * pn - pn1) / (t * t - 1.0);
+      const double step = pn / dp;
+      t -= step;
+      if (std::fabs(step) < 1e-15) break;
+    }
+    (*x)[static_cast<size_t>(i)] = (1.0 - t) / 2.0;  // [-1, 1] -> [0, 1]
+    (*w)[static_cast<size_t>(i)] = 1.0 / ((1.0 - t * t) * dp * dp);
+  }
+}
+
+}  // namespace
+
+Status Backward::ForwardFromBlockInput(std::span<const int32_t> ids) {
+  const int64_t T = T_, H = c_.hidden_size, L = c_.num_layers;
+  const Batch batch{ids, std::span<const int64_t>(seq_start_, 2)};
+  for (int64_t l = 0; l < L; ++l) {
+    LayerOutputTap tap(&executor_->program().LayerSteps(l).back(),
+                       buf_->saved.data() + (l + 1) * T * H, T * H);
+    RETURN_IF_ERROR(executor_->ForwardLayer(
+        batch, l, buf_->saved.data() + l * T * H, &tap));
+  }
+  ComputeFinalNorm(c_, model_.weights(), *be_, false,
+                   buf_->saved.data() + L * T * H, buf_->hidden.data(), T);
+  return Status();
+}
+
+StatusOr<Backward::IgResult> Backward::IntegratedGradients(
+    std::span<const int32_t> ids, const GradMetric& metric, int64_t steps,
+    int32_t baseline_id) {
+  if (steps < 1 || steps > 4096)
+    return InvalidArgumentError("integrated gradients: steps " +
+                                std::to_string(steps) + " outside [1, 4096]");
+  if (baseline_id < 0 || baseline_id >= c_.vocab_size)
+    return OutOfRangeError("integrated gradients: baseline token " +
+                           std::to_string(baseline_id) +
+                           " outside the vocabulary of " +
+                           std::to_string(c_.vocab_size));
+  if (metric.kind == GradMetricKind::kLogProb && ids.size() < 2)
+    return InvalidArgumentError(
+        "backward: the log-likelihood metric needs at least 2 tokens");
+  // The baseline's and the input's block inputs, and the path integral of
+  // the gradient: one job's host copies, made before the path's forwards.
+  const std::vector<int32_t> base_ids(ids.size(), baseline_id);
+  RETURN_IF_ERROR(ForwardAndNorm(base_ids, nullptr));
+  const int64_t T = T_, H = c_.hidden_size;
+  IgResult r;
+  ASSIGN_OR_RETURN(r.metric_baseline, SeedFromMetric(ids, metric, nullptr));
+  const std::vector<float> x0(buf_->saved.begin(),
+                              buf_->saved.begin() + T * H);
+  RETURN_IF_ERROR(ForwardAndNorm(ids, nullptr));
+  const std::vector<float> x(buf_->saved.begin(), buf_->saved.begin() + T * H);
+  ASSIGN_OR_RETURN(r.metric_input, SeedFromMetric(ids, metric, nullptr));
+  std::vector<double> integral(static_cast<size_t>(T * H), 0.0);
+  std::vector<double> alpha, weight;
+  GaussLegendre(steps, &alpha, &weight);
+  for (size_t k = 0; k < alpha.size(); ++k) {
+    const float a = static_cast<float>(alpha[k]);
+    for (int64_t i = 0; i < T * H; ++i)
+      buf_->saved[i] = x0[i] + a * (x[i] - x0[i]);
+    RETURN_IF_ERROR(ForwardFromBlockInput(ids));
+    RETURN_IF_ERROR(BackwardFromSaved(ids, metric, nullptr).status());
+    for (int64_t i = 0; i < T * H; ++i)
+      integral[static_cast<size_t>(i)] += weight[k] * buf_->g[i];
+  }
+  r.attributions.resize(static_cast<size_t>(T * H));
+  r.per_token.assign(static_cast<size_t>(T), 0.0);
+  for (int64_t i = 0; i < T * H; ++i) {
+    const size_t u = static_cast<size_t>(i);
+    const double v = (static_cast<double>(x[u]) - x0[u]) * integral[u];
+    r.attributions[u] = static_cast<float>(v);
+    r.per_token[static_cast<size_t>(i / H)] += v;
+  }
+  return r;
 }
 
 StatusOr<double> Backward::LogProb(std::span<const int32_t> ids,

@@ -120,6 +120,25 @@ class Backward {
   StatusOr<Evaluation> Evaluate(std::span<const int32_t> ids, bool with_logprob,
                                 HookSink* acts);
 
+  // Integrated gradients of `metric` with respect to the block input x
+  // (blocks.0.hook_resid_pre: the embeddings after Gemma's scale and the
+  // learned positions) from the baseline x' (the block input of the prompt
+  // with every token replaced by `baseline_id`, positions kept):
+  // attributions = (x - x') * the integral over alpha in [0, 1] of d metric
+  // / d x at x' + alpha (x - x'), by `steps`-point Gauss-Legendre quadrature
+  // (Captum's default method), one forward and backward per node. (A zero
+  // baseline is not offered: a pre-norm model is scale-invariant away from
+  // 0, so the whole integral sits in a spike of width ~sqrt(eps) at 0 that
+  // no quadrature resolves.)
+  struct IgResult {
+    std::vector<float> attributions;  // [T, H]
+    std::vector<double> per_token;    // [T] the rows' sums
+    double metric_input = 0, metric_baseline = 0;
+  };
+  StatusOr<IgResult> IntegratedGradients(std::span<const int32_t> ids,
+                                         const GradMetric& metric,
+                                         int64_t steps, int32_t baseline_id);
+
   int64_t buffer_bytes() const;
   const Executor& executor() const { return *executor_; }
 
@@ -133,6 +152,14 @@ class Backward {
   // its gradient with respect to the final-norm rows is written to d_hidden
   // [T, H] (row T - 1 zero).
   StatusOr<double> LogProb(std::span<const int32_t> ids, float* d_hidden);
+  // The layers' forward from saved[0] (the block input), layer by layer
+  // through ForwardLayer, then the final norm.
+  Status ForwardFromBlockInput(std::span<const int32_t> ids);
+  // The metric, its seed and every layer's backward on the saved forward
+  // (buf_->g ends as d metric / d block input).
+  StatusOr<double> BackwardFromSaved(std::span<const int32_t> ids,
+                                     const GradMetric& metric,
+                                     GradientSink* grads);
   StatusOr<double> SeedFromMetric(std::span<const int32_t> ids,
                                   const GradMetric& metric,
                                   GradientSink* grads);

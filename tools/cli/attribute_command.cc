@@ -30,7 +30,7 @@ struct AttributeArgs {
   std::string metric = "logit-diff";
   std::string method = "atp";
   std::vector<std::string> freeze;
-  int64_t check_top = 0;
+  int64_t check_top = 0, steps = 32, baseline_token = 0;
   std::string precision = "f32";
   int threads = 0;
   bool quiet = false, per_head = false;
@@ -39,10 +39,10 @@ struct AttributeArgs {
 
 StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
   eval::AttributeOptions o;
-  if (a.method != "atp")
+  if (a.method != "atp" && a.method != "ig")
     return InvalidArgumentError("--method: '" + a.method +
-                                "' is not a method here (atp; atp-star and "
-                                "ig are not written yet)");
+                                "' is not a method here (atp, ig; atp-star "
+                                "is not written yet)");
   if (a.metric == "logit-diff")
     o.metric = GradMetricKind::kLogitDiff;
   else if (a.metric == "logprob")
@@ -75,22 +75,59 @@ StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
   return o;
 }
 
+// --method ig: integrated gradients over the --clean prompt's tokens.
+Status RunIg(const AttributeArgs& a, const eval::AttributeOptions& o,
+             const Session& session, const std::vector<int32_t>& ids) {
+  eval::IgOptions ig;
+  ig.metric = o.metric;
+  ig.answer = o.answer;
+  ig.wrong = o.wrong;
+  ig.steps = a.steps;
+  ig.baseline_token = a.baseline_token;
+  ig.freeze_attn_pattern = o.freeze_attn_pattern;
+  ig.freeze_norm_scale = o.freeze_norm_scale;
+  ASSIGN_OR_RETURN(eval::IgAttribution r,
+                   eval::RunIntegratedGradients(session.model(), ids, ig));
+  nlohmann::json j = eval::IgJson(r, ig);
+  j["model"] = a.model_dir;
+  j["input_ids"] = ids;
+  RETURN_IF_ERROR(
+      WriteTextFileDurably(a.out_dir + "/attribution.json", j.dump(2) + "\n"));
+  if (!a.quiet)
+    std::fprintf(stderr,
+                 "loom attribute: integrated gradients over %zu tokens, %lld "
+                 "steps, %.2f s; completeness error %.3g -> %s\n",
+                 r.per_token.size(), static_cast<long long>(a.steps), r.seconds,
+                 j["completeness_error"].get<double>(),
+                 (a.out_dir + "/attribution.json").c_str());
+  return Status::Ok();
+}
+
 Status RunAttributeCommand(const AttributeArgs& a) {
   ASSIGN_OR_RETURN(const eval::AttributeOptions o, OptionsOf(a));
+  const bool ig = a.method == "ig";
+  if (!ig && a.prompts.corrupted_text->count() == 0 &&
+      a.prompts.corrupted_tokens->count() == 0)
+    return InvalidArgumentError("give --corrupted or --corrupted-tokens");
   ASSIGN_OR_RETURN(SessionParams sp,
                    CommandSession("attribute", a.model_dir, a.precision, a.plan,
                                   a.threads, a.quiet));
-  sp.tokenizer =
-      a.prompts.ids_only() ? TokenizerUse::kNone : TokenizerUse::kRequired;
+  const PromptPairFlags& p = a.prompts;
+  sp.tokenizer = !p.clean_ids.empty() && (ig || !p.corrupted_ids.empty())
+                     ? TokenizerUse::kNone
+                     : TokenizerUse::kRequired;
   std::vector<int32_t> clean, corrupted;
   ASSIGN_OR_RETURN(
       std::unique_ptr<Session> session,
       Session::Open(sp, [&](const Session& s) -> StatusOr<JobSpec> {
-        const PromptPairFlags& p = a.prompts;
         ASSIGN_OR_RETURN(clean,
                          CliPromptIds("--clean", p.clean, p.clean_ids, s));
-        ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", p.corrupted,
-                                                 p.corrupted_ids, s));
+        if (ig) {
+          corrupted = clean;
+        } else {
+          ASSIGN_OR_RETURN(corrupted, CliPromptIds("--corrupted", p.corrupted,
+                                                   p.corrupted_ids, s));
+        }
         if (clean.size() != corrupted.size() || clean.empty())
           return InvalidArgumentError(
               "the clean prompt has " + std::to_string(clean.size()) +
@@ -100,12 +137,13 @@ Status RunAttributeCommand(const AttributeArgs& a) {
         return eval::AttributeJob(s.config(),
                                   static_cast<int64_t>(clean.size()), o);
       }));
-  ASSIGN_OR_RETURN(eval::AttributeResult r,
-                   eval::RunAttribute(session->model(), clean, corrupted, o));
   std::error_code ec;
   std::filesystem::create_directories(a.out_dir, ec);
   if (ec)
     return IoError("--out " + a.out_dir + ": cannot create: " + ec.message());
+  if (ig) return RunIg(a, o, *session, clean);
+  ASSIGN_OR_RETURN(eval::AttributeResult r,
+                   eval::RunAttribute(session->model(), clean, corrupted, o));
   nlohmann::json j = eval::AttributionJson(r, o);
   j["model"] = a.model_dir;
   j["clean_input_ids"] = clean;
@@ -143,7 +181,16 @@ void AddAttributeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--metric", a->metric,
                   "logit-diff (default) or logprob (the sequence "
                   "log-likelihood)");
-  cmd->add_option("--method", a->method, "atp (default)");
+  cmd->add_option("--method", a->method,
+                  "atp (default), or ig: integrated gradients over the "
+                  "--clean prompt's tokens (no --corrupted)");
+  cmd->add_option("--steps", a->steps,
+                  "ig: Gauss-Legendre nodes of the path integral (32)")
+      ->check(IntRange(1, 4096));
+  cmd->add_option("--baseline-token", a->baseline_token,
+                  "ig: the baseline is the prompt with every token this id "
+                  "(0)")
+      ->check(IntRange(0));
   cmd->add_option("--freeze", a->freeze,
                   "Constants in the backward: attn_pattern, norm_scale "
                   "(circuit-tracer's linearization)")
@@ -158,7 +205,9 @@ void AddAttributeCommand(CLI::App& app, int* exit_code) {
   AddPlanFlags(*cmd, &a->plan, PlanFlagUse::kJobCommand);
   cmd->add_flag("--quiet", a->quiet, "No summary on stderr");
   cmd->callback([a, exit_code] {
-    if (Status given = a->prompts.CheckGiven(); !given.ok()) {
+    // (--method ig reads the clean prompt only: RunAttributeCommand asks for
+    // the corrupted one otherwise.)
+    if (Status given = a->prompts.CheckGiven(false); !given.ok()) {
       *exit_code = ReportStatus("attribute", given);
       return;
     }

@@ -168,10 +168,12 @@ struct PromptPairFlags {
   bool ids_only() const { return !clean_ids.empty() && !corrupted_ids.empty(); }
   // InvalidArgument when a prompt is missing (given but empty, --clean "",
   // is the prompt's own error, not a missing flag).
-  Status CheckGiven() const {
+  // with_corrupted false: the corrupted prompt is optional.
+  Status CheckGiven(bool with_corrupted = true) const {
     if (clean_text->count() == 0 && clean_tokens->count() == 0)
       return InvalidArgumentError("give --clean or --clean-tokens");
-    if (corrupted_text->count() == 0 && corrupted_tokens->count() == 0)
+    if (with_corrupted && corrupted_text->count() == 0 &&
+        corrupted_tokens->count() == 0)
       return InvalidArgumentError("give --corrupted or --corrupted-tokens");
     return Status();
   }
