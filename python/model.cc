@@ -650,26 +650,24 @@ class PyModel {
   // refused by the backward, saying so).
   py::dict Attribute(const py::object& clean_obj,
                      const py::object& corrupted_obj, const py::object& hooks,
-                     const py::object& positions, const std::string& metric,
+                     const py::object& positions, const py::object& metric,
                      const py::object& answer, const py::object& wrong,
-                     const py::object& freeze, bool per_head,
-                     int64_t check_top) {
+                     const py::object& freeze, const py::object& per_head_obj,
+                     const py::object& check_top_obj) {
     PatchPrompt clean = PatchPromptArg("clean", clean_obj);
     PatchPrompt corrupted = PatchPromptArg("corrupted", corrupted_obj);
     eval::AttributeOptions o;
     o.hooks = StrListArg("hooks", hooks);
     if (o.hooks.empty()) Raise(InvalidArgumentError("hooks: no hook given"));
     o.positions = PatchPositionsArg(positions);
+    const bool per_head = BoolArg("per_head", per_head_obj);
     o.per_head = per_head;
-    o.metric = MetricArg(metric);
+    o.metric = MetricArg(StrArg("metric", metric));
     SetFreeze(StrListArg("freeze", freeze), &o.freeze_attn_pattern,
               &o.freeze_norm_scale);
     if (!answer.is_none()) o.answer = IntArgAtLeast("answer", answer, 0);
     if (!wrong.is_none()) o.wrong = IntArgAtLeast("wrong", wrong, 0);
-    if (check_top < 0)
-      Raise(InvalidArgumentError("check_top: must be >= 0, not " +
-                                 std::to_string(check_top)));
-    o.check_top = check_top;
+    o.check_top = IntArgAtLeast("check_top", check_top_obj, 0);
     StatusOr<eval::AttributeResult> out =
         WithoutGil([&]() -> StatusOr<eval::AttributeResult> {
           std::lock_guard<std::mutex> lock(mu_);
@@ -723,21 +721,23 @@ class PyModel {
   // d metric / d activation at `hooks` on one prompt (src/runtime/
   // backward.h): {hook: float32 [T, width]} and "metric" (its value).
   py::dict Grad(const py::object& prompt_obj, const py::object& hooks,
-                const std::string& metric, const py::object& answer,
+                const py::object& metric, const py::object& answer,
                 const py::object& wrong, const py::object& freeze) {
     PatchPrompt prompt = PatchPromptArg("prompt", prompt_obj);
     BackwardOptions o;
     GradMetric m;
-    m.kind = MetricArg(metric);
+    m.kind = MetricArg(StrArg("metric", metric));
     SetFreeze(StrListArg("freeze", freeze), &o.freeze_attn_pattern,
               &o.freeze_norm_scale);
-    if (m.kind == GradMetricKind::kLogitDiff) {
-      if (answer.is_none() || wrong.is_none())
-        Raise(InvalidArgumentError(
-            "answer, wrong: the logit-diff metric needs both token ids"));
+    // Checked whenever given (logprob ignores them).
+    if (!answer.is_none())
       m.answer = static_cast<int32_t>(IntArgAtLeast("answer", answer, 0));
+    if (!wrong.is_none())
       m.wrong = static_cast<int32_t>(IntArgAtLeast("wrong", wrong, 0));
-    }
+    if (m.kind == GradMetricKind::kLogitDiff &&
+        (answer.is_none() || wrong.is_none()))
+      Raise(InvalidArgumentError(
+          "answer, wrong: the logit-diff metric needs both token ids"));
     const std::vector<std::string> patterns = StrListArg("hooks", hooks);
     struct Sink : GradientSink {
       Status OnGradient(const HookPoint& h, const float* rows, int64_t tokens,

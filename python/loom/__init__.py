@@ -468,14 +468,14 @@ class Model(_loom.Model):
         Returns a dict: atp (float64 [rows, P]), hooks, positions, answer,
         wrong, metric_clean, metric_corrupted, checks, seconds."""
         return self._attribute(clean, corrupted, hooks, positions, metric, answer, wrong,
-                               list(freeze), bool(per_head), int(check_top))
+                               freeze, per_head, check_top)
 
     def grad(self, prompt, hooks, *, metric="logit-diff", answer=None, wrong=None, freeze=()):
         """d metric / d activation at `hooks` on one prompt (str or ids), at
         f32: {hook name: float32 [T, width]} and "metric" (its value).
         metric "logit-diff" needs answer and wrong; "logprob" is the
         prompt's log-likelihood. freeze as Model.attribute."""
-        return self._grad(prompt, hooks, metric, answer, wrong, list(freeze))
+        return self._grad(prompt, hooks, metric, answer, wrong, freeze)
 
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,
