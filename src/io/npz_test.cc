@@ -1,9 +1,11 @@
 // .npz archives: stored and deflated members read back exactly; a missing
 // array names the ones there; a file that is no zip and a truncated member
-// are DataLoss naming them.
+// are DataLoss naming them; a member whose size field claims gigabytes over
+// a few stored bytes is DataLoss too, having cost only what it holds.
 #include "src/io/npz.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstring>
 #include <filesystem>
@@ -93,6 +95,55 @@ TEST_F(NpzTest, NotAZipAndTruncatedArraysAreDataLoss) {
   const StatusOr<NpyArray> whole = ParseNpy(*full, "m.npy");
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
   EXPECT_EQ(whole->data.size(), 32u);
+}
+
+long PeakRssKb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+// Overwrites the uncompressed size of the first member in the local header
+// and the central directory of the zip at `path`.
+void ClaimSize(const std::string& path, uint32_t size) {
+  std::string z;
+  {
+    std::ifstream in(path, std::ios::binary);
+    z.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto put = [&](size_t at) { std::memcpy(z.data() + at, &size, 4); };
+  ASSERT_EQ(z.compare(0, 4, "PK\x03\x04"), 0);
+  put(22);
+  const size_t central = z.find("PK\x01\x02");
+  ASSERT_NE(central, std::string::npos);
+  put(central + 24);
+  std::ofstream(path, std::ios::binary) << z;
+}
+
+TEST_F(NpzTest, AMemberClaimingMoreThanItHoldsIsDataLoss) {
+  const std::vector<float> a(4, 2.0f);
+  const std::string path = Path("claims.npz");
+  ASSERT_TRUE(WriteNpz(path, {{"W_enc", DType::kF32, {2, 2}, a.data(), 16}},
+                       /*deflate=*/false)
+                  .ok());
+  ClaimSize(path, 0xFFFFFF00u);
+  auto npz = NpzFile::Open(path);
+  if (!npz.ok()) {  // libzip may already refuse the archive: DataLoss too
+    EXPECT_EQ(npz.status().code(), StatusCode::kDataLoss);
+    return;
+  }
+  const long peak_before = PeakRssKb();
+  const Status read = (*npz)->Read("W_enc").status();
+  // Reading did not allocate the claimed 4 GiB (the zero-filled string an
+  // allocation from the size field makes would show in the peak RSS).
+  EXPECT_LT(PeakRssKb() - peak_before, 64 * 1024);
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.code(), StatusCode::kDataLoss);
+  EXPECT_NE(read.message().find("claims.npz: W_enc.npy: read "),
+            std::string::npos)
+      << read.ToString();
+  EXPECT_NE(read.message().find(" of 4294967040 bytes"), std::string::npos)
+      << read.ToString();
 }
 
 }  // namespace

@@ -64,11 +64,24 @@ StatusOr<std::string> ZipArchive::Read(const std::string& member,
   zip_file_t* file = zip_fopen_index(zip_->archive, index, 0);
   if (file == nullptr)
     return DataLossError(where + ": " + zip_strerror(zip_->archive));
-  std::string bytes(static_cast<size_t>(st.size), '\0');
+  // The size field is the archive's claim, not a fact: the buffer starts
+  // at what the archive file can hold (a stored member's exact size) and
+  // grows, doubling, with the bytes actually inflated, so a member that
+  // claims gigabytes over a few bytes costs what it really holds.
+  std::error_code ec;
+  const auto file_bytes =
+      static_cast<zip_uint64_t>(std::filesystem::file_size(path_, ec));
+  zip_uint64_t first = zip_uint64_t{1} << 20;
+  if (!ec && (st.valid & ZIP_STAT_COMP_SIZE) != 0)
+    first = std::max(first, std::min(st.comp_size, file_bytes));
+  std::string bytes;
   zip_uint64_t done = 0;
   while (done < st.size) {
+    if (done == bytes.size())
+      bytes.resize(static_cast<size_t>(
+          std::min(st.size, std::max(first, 2 * done))));
     const zip_int64_t got =
-        zip_fread(file, bytes.data() + done, st.size - done);
+        zip_fread(file, bytes.data() + done, bytes.size() - done);
     if (got <= 0) break;
     done += static_cast<zip_uint64_t>(got);
   }
