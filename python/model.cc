@@ -783,24 +783,12 @@ class PyModel {
   }
 
   static GradMetricKind MetricArg(const std::string& metric) {
-    if (metric == "logit-diff") return GradMetricKind::kLogitDiff;
-    if (metric == "logprob") return GradMetricKind::kLogProb;
-    Raise(InvalidArgumentError("metric: '" + metric +
-                               "' is not a metric (logit-diff, logprob)"));
-    return GradMetricKind::kLogitDiff;
+    return ValueOrRaise(ParseGradMetric(metric, "metric"));
   }
   static void SetFreeze(const std::vector<std::string>& freeze, bool* pattern,
                         bool* norm) {
-    for (const std::string& f : freeze) {
-      if (f == "attn_pattern")
-        *pattern = true;
-      else if (f == "norm_scale")
-        *norm = true;
-      else
-        Raise(InvalidArgumentError("freeze: '" + f +
-                                   "' is not frozen here (attn_pattern, "
-                                   "norm_scale)"));
-    }
+    if (Status s = ParseFreeze(freeze, "freeze", pattern, norm); !s.ok())
+      Raise(s);
   }
 
   // The ids of a Model.patch prompt: its text encoded (special tokens

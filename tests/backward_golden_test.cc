@@ -71,7 +71,7 @@ Case OpenCase(const std::string& root, const std::string& name,
   c.manifest = testing::ReadJson(c.dir + "/manifest.json");
   c.golden = testing::GoldenFile::Open(c.dir + "/golden.safetensors");
   std::vector<std::string> names = c.manifest["hooks"];
-  for (const std::string& e : c.manifest["extra_hooks"]) names.push_back(e);
+  for (const auto& e : c.manifest["extra_hooks"]) names.push_back(e);
   for (const std::string& n : names) {
     StatusOr<std::vector<HookPoint>> h = ParseHookPattern(n, layers);
     EXPECT_TRUE(h.ok() && h->size() == 1) << n;
@@ -173,6 +173,65 @@ TEST_P(BackwardGoldenTest, GradientsDoNotDependOnTheThreadCount) {
         << HookName(h);
 }
 
+// AtP*'s GradDrop (Run's drop_layer l): hooks after layer l keep their
+// gradients byte for byte, d resid_pre of layer l is the undropped d
+// resid_post of layer l (the skip path alone), and the branch hooks of
+// layer l receive zeros; sequential, post-norm, parallel and MoE blocks.
+class GradDropTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GradDropTest, TakesOnlyTheSkipPath) {
+  const std::string root = AttributionRoot();
+  SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root);
+  const std::string name = GetParam();
+  const std::string model_name = name.substr(0, name.find("__"));
+  auto model = Model::Load(testing::SharedGoldenDir() + "/tiny/" + model_name,
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int64_t L = (*model)->config().num_layers;
+  Case cs = OpenCase(root, name, L);
+  const std::vector<int32_t> ids = cs.golden->Ids("corrupted.input_ids");
+  BackwardOptions o;
+  o.max_tokens = static_cast<int64_t>(ids.size());
+  for (const auto& [n, h] : cs.hooks) o.grad_hooks.Add(h);
+  auto bw = Backward::Create(**model, o);
+  ASSERT_TRUE(bw.ok()) << bw.status().ToString();
+  GradMetric m;
+  m.answer = cs.manifest["answer_token_ids"]["answer"];
+  m.wrong = cs.manifest["answer_token_ids"]["wrong"];
+  GradCapture full;
+  ASSERT_TRUE((*bw)->Run(ids, m, &full, nullptr).ok());
+  for (int64_t l = 0; l < L; ++l) {
+    SCOPED_TRACE("drop layer " + std::to_string(l));
+    GradCapture drop;
+    ASSERT_TRUE((*bw)->Run(ids, m, &drop, nullptr, l).ok());
+    for (const auto& [h, v] : drop.got) {
+      const bool after = h.layer > l || h.site == HookSite::kFinalNorm ||
+                         (h.layer == l && h.site == HookSite::kResidPost);
+      if (after) {
+        EXPECT_EQ(0, std::memcmp(v.data(), full.got.at(h).data(),
+                                 v.size() * 4))
+            << HookName(h);
+      } else if (h.layer == l && h.site == HookSite::kResidPre) {
+        EXPECT_EQ(v, full.got.at(HookPoint{HookSite::kResidPost, l}))
+            << HookName(h);
+      } else if (h.layer == l &&
+                 (h.site == HookSite::kAttnOut || h.site == HookSite::kMlpOut ||
+                  h.site == HookSite::kZ)) {
+        EXPECT_TRUE(std::all_of(v.begin(), v.end(),
+                                [](float x) { return x == 0.0f; }))
+            << HookName(h);
+      }
+    }
+  }
+  EXPECT_FALSE((*bw)->Run(ids, m, nullptr, nullptr, L).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GradDropTest,
+                         ::testing::Values("llama__two_diffs",
+                                           "gemma2__two_diffs",
+                                           "gpt_neox__two_diffs",
+                                           "qwen3_moe__two_diffs"));
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, BackwardGoldenTest,
     ::testing::Values("llama__single_diff", "llama__two_diffs",
@@ -224,6 +283,30 @@ TEST(BackwardSupportTest, BadRequestsAreRefused) {
             StatusCode::kOutOfRange);
 }
 
+// The buffers a Backward holds are the bytes the plan counts for it
+// (PlannedBackwardBytes, JobSpec::backward_bytes), dense and MoE, for
+// several lengths and chunk sizes.
+TEST(BackwardSupportTest, BuffersAreThePlannedBytes) {
+  const std::string shared = testing::SharedGoldenDir();
+  if (shared.empty())
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared goldens not found";
+  for (const char* name : {"llama", "qwen3_moe", "gpt_oss", "gemma2"}) {
+    auto model = Model::Load(shared + "/tiny/" + name, Precision::kF32);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    for (const auto& [tokens, chunk] :
+         {std::pair<int64_t, int64_t>{1, 256}, {37, 16}, {300, 256}}) {
+      BackwardOptions o;
+      o.max_tokens = tokens;
+      o.logits_chunk_rows = chunk;
+      auto bw = Backward::Create(**model, o);
+      ASSERT_TRUE(bw.ok()) << name << ": " << bw.status().ToString();
+      EXPECT_EQ((*bw)->buffer_bytes(),
+                PlannedBackwardBytes((*model)->config(), tokens, chunk))
+          << name << " at " << tokens << " tokens, chunk " << chunk;
+    }
+  }
+}
+
 // A dense twin of a quantized tiny checkpoint in `dir`: config.json without
 // its quantization_config, and every tensor of model.safetensors that is not
 // part of a quantized linear, with the dequantized linears instead.
@@ -245,7 +328,9 @@ std::string DequantizedTwin(const std::string& src, const std::string& dir) {
     bool quantized = false;
     for (const std::string& l : linears)
       quantized = quantized || t.name.rfind(l, 0) == 0;
-    if (!quantized) EXPECT_TRUE(w.Add(t.name, (*model)->View(t)).ok());
+    if (!quantized) {
+      EXPECT_TRUE(w.Add(t.name, (*model)->View(t)).ok());
+    }
   }
   EXPECT_TRUE(w.Write(dir + "/model.safetensors").ok());
   // Written before the models load (the writer borrows the views).
@@ -342,7 +427,10 @@ TEST_P(FiniteDifferenceTest, DirectionalDerivativesMatch) {
     iv.positions.list = {p};
     iv.vector.resize(static_cast<size_t>(H));
     double norm = 0;
-    for (float& x : iv.vector) norm += double{x = nd(rng)} * x;
+    for (float& x : iv.vector) {
+      x = nd(rng);
+      norm += double{x} * x;
+    }
     for (float& x : iv.vector) x = static_cast<float>(x / std::sqrt(norm));
     const std::vector<float>& g = grads.got.at(h);
     double want = 0;
@@ -405,9 +493,10 @@ TEST_P(IntegratedGradientsTest, AttributionsSumToTheMetricsChange) {
     for (double v : ig->per_token) sum += v;
     const double change = ig->metric_input - ig->metric_baseline;
     const double err = std::fabs(sum - change);
-    if (steps == 32)
+    if (steps == 32) {
       EXPECT_LE(err, 1e-4 + 1e-3 * std::fabs(change))
           << GetParam() << ": sum " << sum << ", change " << change;
+    }
     EXPECT_LE(err, previous + 1e-6);
     previous = err;
   }

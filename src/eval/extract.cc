@@ -457,7 +457,9 @@ SessionParams ExtractSessionParams(const ExtractOptions& o) {
   SessionParams sp;
   sp.command = "extract";
   sp.model_dir = o.model_dir;
-  sp.precision = o.precision;
+  // Gradients run at f32 (a 16-bit precision is refused by name).
+  sp.precision = o.grad_of && o.precision == Precision::kAuto ? Precision::kF32
+                                                              : o.precision;
   sp.plan = o.plan;
   sp.threads = o.threads;
   // Token-id rows need no tokenizer; text rows without one are refused by

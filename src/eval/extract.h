@@ -40,6 +40,7 @@
 #include "src/io/file_util.h"
 #include "src/model/control_vectors.h"
 #include "src/model/hooks.h"
+#include "src/runtime/backward.h"
 #include "src/runtime/model.h"
 
 namespace loom {
@@ -93,6 +94,11 @@ struct ExtractOptions {
   // --sae, --sae-topk, --lens, --lens-topk: SAE and lens outputs computed
   // from the hooks the forward delivers (src/eval/extract_derived.h).
   eval::AnalysisParams analysis;
+  // --grad-of logit-diff|logprob (with --answer / --wrong): HOOK.grad is
+  // then a hook (src/eval/extract_derived.h), d metric / d HOOK per row, by
+  // the backward (src/runtime/backward.h): f32 compute, each row alone, no
+  // interventions, no streaming.
+  std::optional<GradMetric> grad_of;
   // Round activations to bf16 where HF's bf16 forward does (bf16 compute
   // only), to reproduce HF's bf16 hidden states.
   bool hf_bf16_activations = false;

@@ -7,23 +7,25 @@
 
 #include "src/base/check.h"
 #include "src/eval/lens.h"
+#include "src/runtime/backward.h"
 
 namespace loom {
 namespace {
 
 // clang-format off
 constexpr DerivedKindInfo kKinds[] = {
-  // kind                            suffix                             sae    int
-  {DerivedKind::kSaeInput,        "hook_sae_input",                   true,  false},
-  {DerivedKind::kSaeActsPre,      "hook_sae_acts_pre",                true,  false},
-  {DerivedKind::kSaeActsPost,     "hook_sae_acts_post",               true,  false},
-  {DerivedKind::kSaeRecons,       "hook_sae_recons",                  true,  false},
-  {DerivedKind::kSaeError,        "hook_sae_error",                   true,  false},
-  {DerivedKind::kSaeTopkIndices,  "hook_sae_acts_post.topk_indices",  true,  true},
-  {DerivedKind::kSaeTopkValues,   "hook_sae_acts_post.topk_values",   true,  false},
-  {DerivedKind::kLensLogits,      "hook_lens_logits",                 false, false},
-  {DerivedKind::kLensTopkIds,     "lens_topk_ids",                    false, true},
-  {DerivedKind::kLensTopkValues,  "lens_topk_values",                 false, false},
+  // kind                            suffix                             from                   int
+  {DerivedKind::kSaeInput,        "hook_sae_input",                   DerivedFrom::kSae,      false},
+  {DerivedKind::kSaeActsPre,      "hook_sae_acts_pre",                DerivedFrom::kSae,      false},
+  {DerivedKind::kSaeActsPost,     "hook_sae_acts_post",               DerivedFrom::kSae,      false},
+  {DerivedKind::kSaeRecons,       "hook_sae_recons",                  DerivedFrom::kSae,      false},
+  {DerivedKind::kSaeError,        "hook_sae_error",                   DerivedFrom::kSae,      false},
+  {DerivedKind::kSaeTopkIndices,  "hook_sae_acts_post.topk_indices",  DerivedFrom::kSae,      true},
+  {DerivedKind::kSaeTopkValues,   "hook_sae_acts_post.topk_values",   DerivedFrom::kSae,      false},
+  {DerivedKind::kLensLogits,      "hook_lens_logits",                 DerivedFrom::kLens,     false},
+  {DerivedKind::kLensTopkIds,     "lens_topk_ids",                    DerivedFrom::kLens,     true},
+  {DerivedKind::kLensTopkValues,  "lens_topk_values",                 DerivedFrom::kLens,     false},
+  {DerivedKind::kGrad,            "grad",                             DerivedFrom::kBackward, false},
 };
 // clang-format on
 
@@ -70,8 +72,8 @@ StatusOr<std::shared_ptr<const Sae>> LoadOneSae(const std::string& spec,
                                 " of width " + std::to_string(width) +
                                 ", the SAE's d_in is " +
                                 std::to_string(sae->d_in));
-  if (IsTranscoder(sae->architecture) && (h->site == HookSite::kLn1 ||
-                                          h->site == HookSite::kLn2))
+  if (IsTranscoder(sae->architecture) &&
+      (h->site == HookSite::kLn1 || h->site == HookSite::kLn2))
     return UnimplementedError(
         "--sae " + spec + ": a transcoder reading " + name +
         " reads the norm's pre-gain value (TransformerLens' "
@@ -127,9 +129,9 @@ StatusOr<Analyses> LoadAnalyses(const eval::AnalysisParams& p,
                                     " is already read by --sae " +
                                     a.saes[i]->path + " (one SAE per hook)");
     if (p.sae_topk > sae->d_sae)
-      return InvalidArgumentError(
-          "--sae-topk " + std::to_string(p.sae_topk) + " exceeds " +
-          sae->path + "'s " + std::to_string(sae->d_sae) + " features");
+      return InvalidArgumentError("--sae-topk " + std::to_string(p.sae_topk) +
+                                  " exceeds " + sae->path + "'s " +
+                                  std::to_string(sae->d_sae) + " features");
     a.saes.push_back(std::move(sae));
     a.sae_hooks.push_back(h);
   }
@@ -150,8 +152,8 @@ StatusOr<Analyses> LoadAnalyses(const eval::AnalysisParams& p,
           "--lens " + p.lens + ": translators for d_model " +
           std::to_string(t->d_model) + " x " + std::to_string(t->num_layers) +
           " layers; the model has hidden size " +
-          std::to_string(c.hidden_size) + " x " +
-          std::to_string(c.num_layers) + " layers");
+          std::to_string(c.hidden_size) + " x " + std::to_string(c.num_layers) +
+          " layers");
     a.tuned = std::make_shared<const TunedLens>(std::move(t).value());
   } else if (!p.lens.empty()) {
     return InvalidArgumentError("--lens '" + p.lens +
@@ -168,8 +170,8 @@ StatusOr<Analyses> LoadAnalyses(const eval::AnalysisParams& p,
 namespace {
 
 // The width of `kind` read by SAE `sae` (null: the lens).
-int64_t KindWidth(DerivedKind kind, const Sae* sae, const Analyses& a,
-                  const ModelConfig& c) {
+int64_t KindWidth(DerivedKind kind, const HookPoint& source, const Sae* sae,
+                  const Analyses& a, const ModelConfig& c) {
   switch (kind) {
     case DerivedKind::kSaeInput:
       return sae->d_in;
@@ -187,6 +189,10 @@ int64_t KindWidth(DerivedKind kind, const Sae* sae, const Analyses& a,
     case DerivedKind::kLensTopkIds:
     case DerivedKind::kLensTopkValues:
       return a.lens_topk;
+    case DerivedKind::kGrad: {
+      StatusOr<int64_t> w = HookWidth(source, c);
+      return w.ok() ? *w : 0;
+    }
   }
   return 0;
 }
@@ -200,13 +206,25 @@ StatusOr<DerivedHook> MakeDerived(const HookPoint& source, DerivedKind kind,
   d.kind = kind;
   d.name = HookName(source) + "." + std::string(info.suffix);
   const std::string where = "--hooks " + d.name;
-  if (info.sae) {
+  if (info.from == DerivedFrom::kBackward) {
+    if (!a.gradients)
+      return InvalidArgumentError(
+          where +
+          ": needs --grad-of logit-diff (with --answer A --wrong B) "
+          "or --grad-of logprob");
+    if (!IsGradientSite(source.site))
+      return InvalidArgumentError(
+          where + ": " + HookName(source) +
+          " has no gradient (gradients are taken at the token-major float "
+          "hooks: not at logits, the router's or the attention pattern)");
+    RETURN_IF_ERROR(CheckHookExists(source, c));
+  } else if (info.sae()) {
     for (size_t i = 0; i < a.sae_hooks.size(); ++i)
       if (a.sae_hooks[i] == source) d.sae = static_cast<int>(i);
     if (d.sae < 0)
-      return InvalidArgumentError(
-          where + ": no --sae reads " + HookName(source) +
-          (a.saes.empty() ? " (no --sae given)" : ""));
+      return InvalidArgumentError(where + ": no --sae reads " +
+                                  HookName(source) +
+                                  (a.saes.empty() ? " (no --sae given)" : ""));
     const Sae& sae = *a.saes[d.sae];
     if (kind == DerivedKind::kSaeError && IsTranscoder(sae.architecture))
       return UnimplementedError(
@@ -226,7 +244,8 @@ StatusOr<DerivedHook> MakeDerived(const HookPoint& source, DerivedKind kind,
     if (kind != DerivedKind::kLensLogits && a.lens_topk == 0)
       return InvalidArgumentError(where + ": needs --lens-topk K");
   }
-  d.width = KindWidth(kind, d.sae >= 0 ? a.saes[d.sae].get() : nullptr, a, c);
+  d.width =
+      KindWidth(kind, source, d.sae >= 0 ? a.saes[d.sae].get() : nullptr, a, c);
   return d;
 }
 
@@ -246,7 +265,8 @@ StatusOr<std::vector<DerivedHook>> ResolveDerivedHooks(
           std::string(DerivedInfo(item.kind).suffix));
     for (const HookPoint& h : *sources) {
       wanted.emplace_back(h, item.kind);
-      if (!DerivedInfo(item.kind).sae) lens_sources.push_back(h);
+      if (DerivedInfo(item.kind).from == DerivedFrom::kLens)
+        lens_sources.push_back(h);
     }
   }
   if (a.sae_topk > 0)
@@ -281,8 +301,14 @@ StatusOr<std::vector<DerivedHook>> ResolveDerivedHooks(
           HookName(a.sae_hooks[i]) +
           ".hook_sae_acts_post (or .hook_sae_recons, .hook_sae_error, ...) "
           "in --hooks, or give --sae-topk K or --sae-dashboard N");
+  if (a.gradients &&
+      std::none_of(out.begin(), out.end(),
+                   [](const DerivedHook& d) { return d.gradient(); }))
+    return InvalidArgumentError(
+        "--grad-of: no gradient is asked; name HOOK.grad in --hooks (e.g. "
+        "blocks.0.hook_resid_pre.grad)");
   if (a.lens && std::none_of(out.begin(), out.end(), [](const DerivedHook& d) {
-        return d.sae < 0;
+        return DerivedInfo(d.kind).from == DerivedFrom::kLens;
       }))
     return InvalidArgumentError(
         "--lens: nothing is computed from it; name HOOK.hook_lens_logits in "
@@ -305,8 +331,8 @@ int64_t DerivedBytes(const Analyses& a, const std::vector<DerivedHook>& d,
     bytes += 3 * C * (s.d_sae + s.d_out) * f;
   }
   if (a.tuned != nullptr)
-    bytes += f * static_cast<int64_t>(a.tuned->weight.size() +
-                                      a.tuned->bias.size());
+    bytes +=
+        f * static_cast<int64_t>(a.tuned->weight.size() + a.tuned->bias.size());
   // The dashboards: count, max, sum (16 B), N entries of 20 B per feature,
   // and a chunk of activations.
   if (a.dashboard > 0)
@@ -316,7 +342,8 @@ int64_t DerivedBytes(const Analyses& a, const std::vector<DerivedHook>& d,
   if (a.lens) bytes += C * (2 * c.hidden_size + c.vocab_size) * f;
   // The input copy and one chunk of each output.
   bytes += C * c.hidden_size * f;
-  for (const DerivedHook& x : d) bytes += C * x.width * f;
+  for (const DerivedHook& x : d)
+    if (!x.gradient()) bytes += C * x.width * f;  // gradients: BackwardBytes
   return bytes;
 }
 

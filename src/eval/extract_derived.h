@@ -14,6 +14,10 @@
 //   HOOK.hook_lens_logits      [vocab]  the lens's logits
 //   HOOK.lens_topk_ids / HOOK.lens_topk_values            [K] (--lens-topk K;
 //                                       int32 ids, ties to the lower)
+//   HOOK.grad                  [width]  d metric / d HOOK (--grad-of METRIC:
+//                                       the rows come from the backward,
+//                                       src/runtime/backward.h, not from the
+//                                       hook's forward value)
 // The splice is read-only: the model's forward is byte-identical to one
 // without them. They are computed on the host from the source's f32 rows,
 // chunk by chunk, only for the rows some selector keeps; every value of a
@@ -48,15 +52,20 @@ enum class DerivedKind : uint8_t {
   kLensLogits,
   kLensTopkIds,
   kLensTopkValues,
+  kGrad,
 };
 
-// The name under the source hook ("hook_sae_acts_post"), and whether the
-// kind needs an SAE (else the lens) and is written as int32.
+// What computes a derived output.
+enum class DerivedFrom : uint8_t { kSae, kLens, kBackward };
+
+// The name under the source hook ("hook_sae_acts_post"), what computes the
+// kind, and whether it is written as int32.
 struct DerivedKindInfo {
   DerivedKind kind;
   std::string_view suffix;
-  bool sae;
+  DerivedFrom from;
   bool integer;
+  bool sae() const { return from == DerivedFrom::kSae; }
 };
 const DerivedKindInfo& DerivedInfo(DerivedKind kind);
 
@@ -68,6 +77,10 @@ struct DerivedHook {
   std::string name;  // "blocks.3.hook_resid_post.hook_sae_acts_post"
   int64_t width = 0;
   bool integer() const { return DerivedInfo(kind).integer; }
+  // A gradient (HOOK.grad): delivered by the backward, not the forward.
+  bool gradient() const {
+    return DerivedInfo(kind).from == DerivedFrom::kBackward;
+  }
 };
 
 // What --sae and --lens loaded, checked against the model's config.
@@ -78,6 +91,8 @@ struct Analyses {
   std::shared_ptr<const TunedLens> tuned;  // --lens tuned:FILE
   int64_t sae_topk = 0, lens_topk = 0;
   int64_t dashboard = 0;  // --sae-dashboard N (src/eval/sae_dashboard.h)
+  // --grad-of given: HOOK.grad may be named.
+  bool gradients = false;
   bool empty() const { return saes.empty() && !lens; }
 };
 
@@ -103,7 +118,9 @@ StatusOr<Analyses> LoadAnalyses(const eval::AnalysisParams& p,
 // of every residual hook among `plain` and the lens items. Refuses a derived
 // name without its --sae / --lens, a lens item at a hook that is no
 // residual stream, hook_sae_error of a transcoder, an SAE or lens that
-// would compute nothing. Sorted by source, then kind; distinct.
+// would compute nothing, HOOK.grad without --grad-of or at a hook with no
+// gradient (IsGradientSite), --grad-of naming no HOOK.grad. Sorted by
+// source, then kind; distinct.
 StatusOr<std::vector<DerivedHook>> ResolveDerivedHooks(
     const std::vector<DerivedItem>& items, const HookSet& plain,
     const Analyses& analyses, const ModelConfig& config);

@@ -18,6 +18,10 @@ StatusOr<std::unique_ptr<DerivedRunner>> DerivedRunner::Create(
   int64_t in_width = 0, topk = 0;
   for (size_t i = 0; i < s.derived.size(); ++i) {
     const DerivedHook& d = s.derived[i];
+    if (d.gradient()) {  // the backward's (WindowRunner)
+      r->out_.emplace_back();
+      continue;
+    }
     auto it = std::find_if(
         r->sources_.begin(), r->sources_.end(),
         [&](const Source& x) { return x.hook == d.source && x.sae == d.sae; });

@@ -158,7 +158,70 @@ struct WindowRunner::Streamer {
   int64_t pos0 = 0;
 };
 
+// --grad-of: the backward's gradient at each HOOK.grad, captured into that
+// derived output's arrays for the row in progress.
+class WindowRunner::GradCapture : public GradientSink {
+ public:
+  GradCapture(const ExtractSettings& s, OutputSet* outputs)
+      : s_(s), outputs_(outputs) {}
+  void SetRow(std::span<const int32_t> ids) {
+    ids_ = ids;
+    starts_[1] = static_cast<int64_t>(ids.size());
+  }
+  Status OnGradient(const HookPoint& hook, const float* rows, int64_t tokens,
+                    int64_t width) override {
+    for (size_t i = 0; i < s_.derived.size(); ++i) {
+      const DerivedHook& d = s_.derived[i];
+      if (!d.gradient() || !(d.source == hook)) continue;
+      outputs_->Capture(hook, Batch{ids_, starts_},
+                        ActivationRows{.data = rows,
+                                       .row_begin = 0,
+                                       .rows = tokens,
+                                       .cols = width,
+                                       .ld = width},
+                        static_cast<int>(i));
+    }
+    return Status();
+  }
+
+ private:
+  const ExtractSettings& s_;
+  OutputSet* outputs_;
+  std::span<const int32_t> ids_;
+  int64_t starts_[2] = {0, 0};
+};
+
 WindowRunner::~WindowRunner() = default;
+
+namespace {
+
+// Whether an SAE, a lens or a dashboard is computed from delivered hooks.
+bool NeedsDerivedRunner(const ExtractSettings& s) {
+  return s.analyses.dashboard > 0 ||
+         std::any_of(s.derived.begin(), s.derived.end(),
+                     [](const DerivedHook& d) { return !d.gradient(); });
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::CreateBackward(
+    const ExtractSettings& s, const Model& model,
+    std::unique_ptr<WindowRunner> r, OutputSet* outputs) {
+  BackwardOptions bo;
+  bo.max_tokens = s.batch_tokens;
+  bo.act_hooks = s.delivered;
+  for (const DerivedHook& d : s.derived)
+    if (d.gradient()) bo.grad_hooks.Add(d.source);
+  ASSIGN_OR_RETURN(r->backward_, Backward::Create(model, bo));
+  r->metric_ = *s.grad_of;
+  r->grads_ = std::make_unique<GradCapture>(s, outputs);
+  r->sink_ = std::make_unique<ExtractSink>(outputs, s.batch_tokens);
+  if (NeedsDerivedRunner(s)) {
+    ASSIGN_OR_RETURN(r->derived_, DerivedRunner::Create(model, s));
+    r->sink_->SetDerived(r->derived_.get());
+  }
+  return r;
+}
 
 StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
     const ExtractSettings& s, bool hf_bf16_activations, const Model& model,
@@ -167,6 +230,7 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
   r->batch_tokens_ = s.batch_tokens;
   r->outputs_ = outputs;
   r->interventions_ = &s.interventions;
+  if (s.grad_of) return CreateBackward(s, model, std::move(r), outputs);
   ASSIGN_OR_RETURN(
       r->ex_, Executor::Create(
                   model, s.delivered,
@@ -178,7 +242,7 @@ StatusOr<std::unique_ptr<WindowRunner>> WindowRunner::Create(
   // Selection on the device for segments not on the host; the sink's
   // staging is sized here, once for the job.
   r->sink_ = std::make_unique<ExtractSink>(outputs, s.batch_tokens);
-  if (!s.derived.empty() || s.analyses.dashboard > 0) {
+  if (NeedsDerivedRunner(s)) {
     ASSIGN_OR_RETURN(r->derived_, DerivedRunner::Create(model, s));
     r->sink_->SetDerived(r->derived_.get());
   }
@@ -248,10 +312,35 @@ void WindowRunner::CollectEdits(const std::vector<PreparedRow>& window,
   }
 }
 
+Status WindowRunner::RunBackward(const std::vector<PreparedRow>& window,
+                                 int64_t* tokens,
+                                 const std::function<bool()>& cancelled) {
+  std::vector<int64_t> slots(1, 0);  // [1]: the row's window slot
+  for (size_t slot = 0; slot < window.size(); ++slot) {
+    const PreparedRow& row = window[slot];
+    if (!row.ok()) continue;
+    RETURN_IF_ERROR(CheckCancelled(cancelled));
+    slots[0] = static_cast<int64_t>(slot);
+    outputs_->SetBatchSlots(&slots);
+    grads_->SetRow(row.ids);
+    StatusOr<double> m =
+        backward_->Run(row.ids, metric_, grads_.get(), sink_.get());
+    if (!m.ok())
+      return m.status().WithContext("--grad-of: row " +
+                                    std::to_string(row.index));
+    sink_->Flush();
+    *tokens += row.size();
+  }
+  outputs_->SetBatchSlots(nullptr);
+  outputs_->FinishWindow(window);
+  return Status();
+}
+
 Status WindowRunner::Run(const std::vector<PreparedRow>& window,
                          int64_t* tokens,
                          const std::function<bool()>& cancelled) {
   outputs_->StageWindow(window);
+  if (backward_ != nullptr) return RunBackward(window, tokens, cancelled);
   BatchPacker packer(window, batch_tokens_);
   PackedBatch b;
   b.ids.reserve(static_cast<size_t>(batch_tokens_));

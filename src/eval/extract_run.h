@@ -22,6 +22,7 @@
 #include "src/eval/extract_settings.h"
 #include "src/eval/job_plan.h"
 #include "src/eval/session.h"
+#include "src/runtime/backward.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/kv_cache.h"
 #include "src/runtime/model.h"
@@ -85,15 +86,24 @@ class WindowRunner {
   ~WindowRunner();
 
   // Runs the window's batches (and its streamed rows) into the outputs'
-  // staging and finishes it (OutputSet::FinishWindow); adds the tokens run.
-  // `cancelled`, when set, is asked before every forward: true ends the
-  // window with Cancelled (the staging is then incomplete).
+  // staging (--grad-of: each row alone through the backward) and finishes it
+  // (OutputSet::FinishWindow); adds the tokens run. `cancelled`, when set, is
+  // asked before every forward: true ends the window with Cancelled (the
+  // staging is then incomplete).
   Status Run(const std::vector<PreparedRow>& window, int64_t* tokens,
              const std::function<bool()>& cancelled = nullptr);
 
  private:
   struct Streamer;
+  class GradCapture;
   WindowRunner() = default;
+  // --grad-of: `r` gets the backward (and no executor).
+  static StatusOr<std::unique_ptr<WindowRunner>> CreateBackward(
+      const ExtractSettings& s, const Model& model,
+      std::unique_ptr<WindowRunner> r, OutputSet* outputs);
+  // --grad-of: every valid row of the window through the backward.
+  Status RunBackward(const std::vector<PreparedRow>& window, int64_t* tokens,
+                     const std::function<bool()>& cancelled);
   Status StreamRow(const std::vector<PreparedRow>& window, int64_t slot,
                    int64_t* tokens, const std::function<bool()>& cancelled);
 
@@ -110,6 +120,10 @@ class WindowRunner {
   std::unique_ptr<DerivedRunner> derived_;  // --sae / --lens; null: none
   std::unique_ptr<ExtractSink> sink_;
   std::unique_ptr<Streamer> streamer_;
+  // --grad-of: the backward (instead of ex_) and its metric.
+  std::unique_ptr<Backward> backward_;
+  std::unique_ptr<GradCapture> grads_;
+  GradMetric metric_;
 };
 
 }  // namespace loom

@@ -20,6 +20,21 @@ Status CheckPlainOptions(const ExtractOptions& o) {
   if (o.dtype && !IsComputeDType(*o.dtype))
     return InvalidArgumentError("--dtype '" + std::string(DTypeName(*o.dtype)) +
                                 "': expected f32, bf16 or f16");
+  if (o.grad_of) {
+    if (o.precision != Precision::kAuto && o.precision != Precision::kF32)
+      return InvalidArgumentError(
+          "--grad-of: gradients run at f32; give --precision f32 (or leave "
+          "it auto), not a 16-bit precision");
+    if (o.streaming_chunk_size > 0)
+      return UnimplementedError(
+          "--grad-of with --streaming-chunk-size: a row's backward runs in "
+          "one pass (raise --batch-tokens instead)");
+    if (!o.interventions_file.empty() || !o.interventions_json.empty() ||
+        !o.control_vectors.empty())
+      return UnimplementedError(
+          "--grad-of with interventions or control vectors: the backward "
+          "runs the unedited model");
+  }
   return Status();
 }
 
@@ -151,6 +166,16 @@ StatusOr<DType> ParseOutputDType(std::string_view text) {
 // --hooks (plain hooks and derived outputs), --sae and --lens into `s`.
 Status ResolveCapture(const ExtractOptions& o, ExtractSettings* s) {
   ASSIGN_OR_RETURN(s->analyses, LoadAnalyses(o.analysis, s->config));
+  s->analyses.gradients = o.grad_of.has_value();
+  s->grad_of = o.grad_of;
+  if (o.grad_of && o.grad_of->kind == GradMetricKind::kLogitDiff)
+    for (const auto& [flag, id] : {std::pair("--answer", o.grad_of->answer),
+                                   {"--wrong", o.grad_of->wrong}})
+      if (id < 0 || id >= s->config.vocab_size)
+        return InvalidArgumentError(
+            std::string(flag) + " " + std::to_string(id) +
+            " is outside the vocabulary (0.." +
+            std::to_string(s->config.vocab_size - 1) + ")");
   std::vector<std::string> plain;
   std::vector<DerivedItem> items;
   SplitDerivedItems(o.hooks, &plain, &items);
@@ -161,17 +186,16 @@ Status ResolveCapture(const ExtractOptions& o, ExtractSettings* s) {
         "--out (not with --shard, whose outputs `loom merge` joins, nor in "
         "memory)");
   if (!plain.empty() || (items.empty() && dashboard == 0)) {
-    ASSIGN_OR_RETURN(s->hooks,
-                     ResolveExtractHooks(plain, o.layers, s->config,
-                                         o.streaming_chunk_size > 0));
+    ASSIGN_OR_RETURN(s->hooks, ResolveExtractHooks(plain, o.layers, s->config,
+                                                   o.streaming_chunk_size > 0));
   }
-  ASSIGN_OR_RETURN(s->derived, ResolveDerivedHooks(items, s->hooks,
-                                                   s->analyses, s->config));
+  ASSIGN_OR_RETURN(
+      s->derived, ResolveDerivedHooks(items, s->hooks, s->analyses, s->config));
   s->delivered = s->hooks;
   for (const HookPoint& hp : s->hooks.hooks())
     s->hook_names.push_back(HookName(hp));
   for (const DerivedHook& d : s->derived) {
-    s->delivered.Add(d.source);
+    if (!d.gradient()) s->delivered.Add(d.source);
     s->hook_names.push_back(d.name);
   }
   if (dashboard > 0)
@@ -222,6 +246,18 @@ JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
   job.intervention_bytes = InterventionBytes(s.interventions);
   if (!s.derived.empty() || s.analyses.dashboard > 0)
     job.analysis_bytes = DerivedBytes(s.analyses, s.derived, s.config);
+  // --grad-of: each row alone through the backward's forward (every layer
+  // boundary and the logits kept) and its own buffers.
+  if (s.grad_of) {
+    for (int64_t l = 0; l < s.config.num_layers; ++l)
+      job.hooks.Add(HookPoint{HookSite::kResidPre, l});
+    job.hooks.Add(HookPoint{HookSite::kResidPost, s.config.num_layers - 1});
+    job.selector = Selector::kAll;
+    job.logits = true;
+    job.logits_chunk_rows = std::min<int64_t>(256, s.batch_tokens);
+    job.backward_bytes =
+        PlannedBackwardBytes(s.config, s.batch_tokens, job.logits_chunk_rows);
+  }
   // Streamed long rows: one KV cache of one sequence of the longest row
   // (its dtype: the backend's activations', the planner's default).
   if (s.streaming()) {
@@ -272,6 +308,13 @@ StatusOr<Json> SettingsJson(const ExtractOptions& o, const ExtractSettings& s,
                             {"lens_topk", o.analysis.lens_topk}};
   if (s.analyses.dashboard > 0)
     settings["analyses"]["sae_dashboard"] = s.analyses.dashboard;
+  if (s.grad_of) {
+    settings["grad_of"] = {{"metric", GradMetricName(s.grad_of->kind)}};
+    if (s.grad_of->kind == GradMetricKind::kLogitDiff) {
+      settings["grad_of"]["answer"] = s.grad_of->answer;
+      settings["grad_of"]["wrong"] = s.grad_of->wrong;
+    }
+  }
   return settings;
 }
 

@@ -21,6 +21,7 @@
 #include "src/model/hooks.h"
 #include "src/model/interventions.h"
 #include "src/plan/job.h"
+#include "src/runtime/backward.h"
 
 namespace loom {
 
@@ -59,9 +60,12 @@ struct ExtractSettings {
   HookSet delivered;
   // HookName of each hook, same order, then each derived output's name.
   std::vector<std::string> hook_names;
-  std::vector<RowSelector> selectors;   // as given, distinct file names
+  std::vector<RowSelector> selectors;  // as given, distinct file names
   // --intervene: the edits of every forward (those of a row apply to it).
   std::vector<Intervention> interventions;
+  // --grad-of: the metric of every row's backward (its HOOK.grad outputs
+  // are the derived outputs that are gradient()).
+  std::optional<GradMetric> grad_of;
   int64_t batch_tokens = 0;   // resolved --batch-tokens
   int64_t max_positions = 0;  // the model's max_position_embeddings
   // --streaming-chunk-size (0 = off) and the resolved --max-row-tokens (0

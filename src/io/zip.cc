@@ -78,8 +78,8 @@ StatusOr<std::string> ZipArchive::Read(const std::string& member,
   zip_uint64_t done = 0;
   while (done < st.size) {
     if (done == bytes.size())
-      bytes.resize(static_cast<size_t>(
-          std::min(st.size, std::max(first, 2 * done))));
+      bytes.resize(
+          static_cast<size_t>(std::min(st.size, std::max(first, 2 * done))));
     const zip_int64_t got =
         zip_fread(file, bytes.data() + done, bytes.size() - done);
     if (got <= 0) break;

@@ -88,6 +88,12 @@ struct JobSpec {
   // buffers, in host memory; counted in the host's staging.
   int64_t analysis_bytes = 0;
 
+  // Gradients (src/runtime/backward.h): the backward's own buffers (the
+  // residual stream at every layer boundary, a layer's saved internals,
+  // the VJPs' gradients and workspaces), in host memory beside the
+  // forward's arenas; counted in the host's staging.
+  int64_t backward_bytes = 0;
+
   // Derived: rows per batch of a per-sequence selection.
   int64_t Seqs() const {
     if (seqs_per_batch > 0) return seqs_per_batch;

@@ -105,6 +105,7 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
       break;
     }
   k.host_staging += AlignUp(job.analysis_bytes, 64);
+  k.host_staging += AlignUp(job.backward_bytes, 64);
   k.act = layout.activations.total_bytes;
   k.ws = layout.workspace.total_bytes;
   k.logits = layout.logits.total_bytes;

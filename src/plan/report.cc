@@ -83,6 +83,10 @@ std::string FormatPlanTable(const MemoryPlan& p) {
     out += "SAEs / lenses: " + Bytes(j.analysis_bytes) +
            " of weights and chunk buffers in host memory (in the host's "
            "staging)\n";
+  if (j.backward_bytes > 0)
+    out += "backward: " + Bytes(j.backward_bytes) +
+           " of saved residuals, recomputed layer internals, gradients and "
+           "workspaces in host memory (in the host's staging)\n";
   std::snprintf(
       line, sizeof(line),
       "%-8s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s %11s "
@@ -193,8 +197,8 @@ nlohmann::json PlanToJson(const MemoryPlan& p) {
   job["logits_chunk_rows"] = p.job.logits_chunk_rows;
   if (p.job.intervention_bytes > 0)
     job["intervention_bytes"] = p.job.intervention_bytes;
-  if (p.job.analysis_bytes > 0)
-    job["analysis_bytes"] = p.job.analysis_bytes;
+  if (p.job.analysis_bytes > 0) job["analysis_bytes"] = p.job.analysis_bytes;
+  if (p.job.backward_bytes > 0) job["backward_bytes"] = p.job.backward_bytes;
   if (p.job.mode == JobMode::kAnalysis && p.job.kv_context > 0) {
     job["kv_context"] = p.job.kv_context;
     job["kv_seqs"] = p.job.kv_seqs > 0 ? p.job.kv_seqs : 1;

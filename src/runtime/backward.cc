@@ -7,6 +7,7 @@
 #include <string>
 
 #include "src/backend/registry.h"
+#include "src/base/check.h"
 
 namespace loom {
 namespace {
@@ -25,6 +26,33 @@ std::string LayerPrefix(int64_t l) {
 bool IsLayerNorm(NormKind k) { return k != NormKind::kRms; }
 
 }  // namespace
+
+StatusOr<GradMetricKind> ParseGradMetric(std::string_view text,
+                                         std::string_view flag) {
+  if (text == "logit-diff") return GradMetricKind::kLogitDiff;
+  if (text == "logprob") return GradMetricKind::kLogProb;
+  return InvalidArgumentError(std::string(flag) + ": '" + std::string(text) +
+                              "' is not a metric (logit-diff, logprob)");
+}
+
+std::string_view GradMetricName(GradMetricKind kind) {
+  return kind == GradMetricKind::kLogProb ? "logprob" : "logit-diff";
+}
+
+Status ParseFreeze(const std::vector<std::string>& items, std::string_view flag,
+                   bool* attn_pattern, bool* norm_scale) {
+  for (const std::string& f : items) {
+    if (f == "attn_pattern")
+      *attn_pattern = true;
+    else if (f == "norm_scale")
+      *norm_scale = true;
+    else
+      return InvalidArgumentError(std::string(flag) + ": '" + f +
+                                  "' is not frozen here (attn_pattern, "
+                                  "norm_scale)");
+  }
+  return Status();
+}
 
 bool IsGradientSite(HookSite site) {
   switch (site) {
@@ -221,8 +249,16 @@ int64_t BackwardBytes(const ModelConfig& c, int64_t tokens,
     E = std::max(E, lc.num_experts);
     K = std::max(K, lc.experts_per_token);
   }
-  n += E + 1 + tokens * K;
+  n += E + 1 + tokens * K;  // expert offsets and rows (i32)
+  n += 2 * tokens;          // the routing sums (f64)
   return n * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t PlannedBackwardBytes(const ModelConfig& c, int64_t tokens,
+                             int64_t logits_chunk_rows) {
+  StatusOr<std::unique_ptr<Backend>> cpu = CreateBackend("cpu");
+  LOOM_CHECK(cpu.ok()) << cpu.status().ToString();
+  return BackwardBytes(c, tokens, logits_chunk_rows, **cpu);
 }
 
 // Copies what the layer's backward reads, after the steps that wrote it.
@@ -311,7 +347,8 @@ int64_t Backward::buffer_bytes() const {
     n += static_cast<int64_t>(v->size());
   n += static_cast<int64_t>(buf_->expert_offsets.size() +
                             buf_->expert_rows.size());
-  return n * 4;  // f32 and i32
+  n += 2 * static_cast<int64_t>(route_sums_.size());  // f64
+  return n * 4;                                       // f32 and i32
 }
 
 StatusOr<std::unique_ptr<Backward>> Backward::Create(
@@ -487,12 +524,19 @@ StatusOr<Backward::Evaluation> Backward::Evaluate(std::span<const int32_t> ids,
 
 StatusOr<double> Backward::Run(std::span<const int32_t> ids,
                                const GradMetric& metric, GradientSink* grads,
-                               HookSink* acts) {
+                               HookSink* acts, int64_t drop_layer) {
   if (metric.kind == GradMetricKind::kLogProb && ids.size() < 2)
     return InvalidArgumentError(
         "backward: the log-likelihood metric needs at least 2 tokens");
+  if (drop_layer >= c_.num_layers)
+    return InvalidArgumentError("backward: GradDrop layer " +
+                                std::to_string(drop_layer) + " of " +
+                                std::to_string(c_.num_layers));
   RETURN_IF_ERROR(ForwardAndNorm(ids, acts));
-  return BackwardFromSaved(ids, metric, grads);
+  drop_layer_ = drop_layer;
+  StatusOr<double> value = BackwardFromSaved(ids, metric, grads);
+  drop_layer_ = -1;
+  return value;
 }
 
 StatusOr<double> Backward::BackwardFromSaved(std::span<const int32_t> ids,
@@ -581,10 +625,9 @@ StatusOr<Backward::IgResult> Backward::IntegratedGradients(
     return InvalidArgumentError("integrated gradients: steps " +
                                 std::to_string(steps) + " outside [1, 4096]");
   if (baseline_id < 0 || baseline_id >= c_.vocab_size)
-    return OutOfRangeError("integrated gradients: baseline token " +
-                           std::to_string(baseline_id) +
-                           " outside the vocabulary of " +
-                           std::to_string(c_.vocab_size));
+    return OutOfRangeError(
+        "integrated gradients: baseline token " + std::to_string(baseline_id) +
+        " outside the vocabulary of " + std::to_string(c_.vocab_size));
   if (metric.kind == GradMetricKind::kLogProb && ids.size() < 2)
     return InvalidArgumentError(
         "backward: the log-likelihood metric needs at least 2 tokens");
@@ -595,8 +638,7 @@ StatusOr<Backward::IgResult> Backward::IntegratedGradients(
   const int64_t T = T_, H = c_.hidden_size;
   IgResult r;
   ASSIGN_OR_RETURN(r.metric_baseline, SeedFromMetric(ids, metric, nullptr));
-  const std::vector<float> x0(buf_->saved.begin(),
-                              buf_->saved.begin() + T * H);
+  const std::vector<float> x0(buf_->saved.begin(), buf_->saved.begin() + T * H);
   RETURN_IF_ERROR(ForwardAndNorm(ids, nullptr));
   const std::vector<float> x(buf_->saved.begin(), buf_->saved.begin() + T * H);
   ASSIGN_OR_RETURN(r.metric_input, SeedFromMetric(ids, metric, nullptr));
@@ -711,7 +753,8 @@ Status Backward::LayerBackward(const Batch& batch, int64_t l,
   float* g = buf_->g.data();  // d resid_post, then d resid_pre
   float* db = buf_->branch.data();
   float* din = buf_->d_in.data();
-  const float m = lc.residual_multiplier;
+  // GradDrop: the branches' output gradient is 0 (the skip path only).
+  const float m = l == drop_layer_ ? 0.0f : lc.residual_multiplier;
   RETURN_IF_ERROR(Emit(grads, HookSite::kResidPost, l, g, H, H));
   auto scaled = [&](const float* from) {
     for (int64_t i = 0; i < T * H; ++i) db[i] = m * from[i];

@@ -42,6 +42,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/base/status.h"
@@ -63,6 +65,16 @@ struct GradMetric {
   GradMetricKind kind = GradMetricKind::kLogitDiff;
   int32_t answer = 0, wrong = 0;  // kLogitDiff
 };
+
+// "logit-diff" | "logprob"; InvalidArgument naming `flag` and the word.
+StatusOr<GradMetricKind> ParseGradMetric(std::string_view text,
+                                         std::string_view flag);
+std::string_view GradMetricName(GradMetricKind kind);
+
+// The linearization's items ("attn_pattern", "norm_scale") into the two
+// flags; InvalidArgument naming `flag` and an unknown item.
+Status ParseFreeze(const std::vector<std::string>& items, std::string_view flag,
+                   bool* attn_pattern, bool* norm_scale);
 
 // Where gradients may be taken: every token-major float hook but logits,
 // the router's and the pattern.
@@ -95,6 +107,10 @@ Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o);
 // the planner sizes as a forward's).
 int64_t BackwardBytes(const ModelConfig& c, int64_t tokens,
                       int64_t logits_chunk_rows, const Backend& be);
+// BackwardBytes as the host backend the backward runs on sizes them (what a
+// job's plan counts as its `backward` bytes, JobSpec::backward_bytes).
+int64_t PlannedBackwardBytes(const ModelConfig& c, int64_t tokens,
+                             int64_t logits_chunk_rows);
 
 class Backward {
  public:
@@ -107,8 +123,13 @@ class Backward {
   // Forward of `ids` (acts receives the act_hooks), the metric, the
   // backward (grads receives the grad_hooks, deepest layer first). Returns
   // the metric's value (double from the f32 logits).
+  // With drop_layer >= 0 (AtP*'s GradDrop), layer drop_layer's branches get
+  // no gradient: d metric / d its output is taken as 0, so gradients reach
+  // earlier hooks only through its skip connection (its own hooks inside
+  // the branches receive zeros).
   StatusOr<double> Run(std::span<const int32_t> ids, const GradMetric& metric,
-                       GradientSink* grads, HookSink* acts);
+                       GradientSink* grads, HookSink* acts,
+                       int64_t drop_layer = -1);
 
   // The forward of `ids` alone (acts receives the act_hooks): the last
   // position's logits [V] and, with_logprob, the sequence's log-likelihood
@@ -192,7 +213,8 @@ class Backward {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Backend> be_;  // the backward ops' instance (host)
   std::unique_ptr<Buffers> buf_;
-  int64_t T_ = 0;  // the current Run's tokens
+  int64_t T_ = 0;            // the current Run's tokens
+  int64_t drop_layer_ = -1;  // the current Run's GradDrop layer (-1: none)
   int64_t seq_start_[2] = {0, 0};
   std::vector<double> route_sums_;  // [max_tokens] MoeBranch's
 };

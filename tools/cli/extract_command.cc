@@ -38,9 +38,39 @@ struct ExtractCliOptions {
   std::string format = "npy";
   std::string shard;  // "I/N" or "auto"
   InterventionFlags interventions;
+  // --grad-of METRIC --answer A --wrong B
+  std::string grad_of;
+  int64_t answer = -1, wrong = -1;
   bool progress = false;
   bool quiet = false;
 };
+
+// --grad-of METRIC with its --answer / --wrong token ids.
+Status ParseGradOf(const ExtractCliOptions& opts, ExtractOptions* job) {
+  const bool tokens = opts.answer >= 0 || opts.wrong >= 0;
+  if (opts.grad_of.empty()) {
+    if (tokens)
+      return InvalidArgumentError(
+          "--answer / --wrong: only with --grad-of logit-diff");
+    return Status();
+  }
+  GradMetric m;
+  ASSIGN_OR_RETURN(m.kind, ParseGradMetric(opts.grad_of, "--grad-of"));
+  if (m.kind == GradMetricKind::kLogitDiff) {
+    if (opts.answer < 0 || opts.wrong < 0)
+      return InvalidArgumentError(
+          "--grad-of logit-diff: give --answer A and --wrong B (token ids; "
+          "the metric is logits[last, A] - logits[last, B] of each row)");
+    m.answer = static_cast<int32_t>(opts.answer);
+    m.wrong = static_cast<int32_t>(opts.wrong);
+  } else if (tokens) {
+    return InvalidArgumentError(
+        "--answer / --wrong: --grad-of logprob (the row's log-likelihood) "
+        "takes no answer tokens");
+  }
+  job->grad_of = m;
+  return Status();
+}
 
 // The flags given as words, into the job's enums.
 Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
@@ -60,7 +90,7 @@ Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
   ASSIGN_OR_RETURN(job->control_vectors,
                    ControlVectorFlagFiles(opts.interventions));
   job->control_vector_layer_range = ControlVectorFlagRange(opts.interventions);
-  return Status();
+  return ParseGradOf(opts, job);
 }
 
 // The shard directories of `--shard auto` under `out`.
@@ -282,6 +312,16 @@ void AddExtractCommand(CLI::App& app, int* exit_code) {
   AddHfBf16Flag(*cmd, &j.hf_bf16_activations);
   AddInterventionFlags(*cmd, &opts->interventions);
   AddParamFlags(*cmd, eval::AnalysisParamFields(&j.analysis));
+  cmd->add_option("--grad-of", opts->grad_of,
+                  "logit-diff (with --answer A --wrong B) or logprob: "
+                  "HOOK.grad (d metric / d HOOK, each row's backward at f32) "
+                  "is then a hook (docs/attribution.md)");
+  cmd->add_option("--answer", opts->answer,
+                  "--grad-of logit-diff: the answer token id A")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  cmd->add_option("--wrong", opts->wrong,
+                  "--grad-of logit-diff: the wrong token id B")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
   cmd->add_flag("--progress", opts->progress,
                 "Progress on stderr even when it is not a terminal");
   cmd->add_flag("--quiet", opts->quiet,
