@@ -50,7 +50,7 @@ TEST_P(AttributeCliTest, AtpMatchesTheGoldens) {
   const nlohmann::json m = testing::ReadJson(dir + "/manifest.json");
   auto golden = testing::GoldenFile::Open(dir + "/golden.safetensors");
   std::vector<std::string> hooks = m["hooks"];
-  for (const std::string& e : m["extra_hooks"]) hooks.push_back(e);
+  for (const auto& e : m["extra_hooks"]) hooks.push_back(e);
   std::string hook_list;
   for (const std::string& h : hooks)
     hook_list += (hook_list.empty() ? "" : ",") + h;
@@ -105,7 +105,9 @@ TEST_P(AttributeCliTest, AtpMatchesTheGoldens) {
                     1e-4 + 1e-3 * std::fabs(want))
             << c.dump();
       }
-      if (!logprob) EXPECT_EQ(j["checks"].size(), 3u);
+      if (!logprob) {
+        EXPECT_EQ(j["checks"].size(), 3u);
+      }
     }
   }
 }
@@ -132,7 +134,7 @@ TEST_F(AttributeCliErrorsTest, BadRequestsExitNonZeroNamingTheFlag) {
       {"--clean-tokens 1,2,3 --corrupted-tokens 1,2", "one length"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --metric kl", "--metric"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --freeze mlp", "--freeze"},
-      {"--clean-tokens 1,2 --corrupted-tokens 1,3 --method atp-star",
+      {"--clean-tokens 1,2 --corrupted-tokens 1,3 --method gradcam",
        "--method"},
       {"--clean-tokens 1,2 --corrupted-tokens 1,3 --precision bf16",
        "--precision"},

@@ -126,6 +126,74 @@ Status CheckTopCells(const Model& model, std::span<const int32_t> clean,
   return Status();
 }
 
+// Columns per group of an AtP sum at `h`: a head's (per_head at
+// attn.hook_z) or 0 (the whole width).
+int64_t HeadDim(const HookPoint& h, const AttributeOptions& o,
+                const ModelConfig& c) {
+  return o.per_head && h.site == HookSite::kZ ? c.head_dim : 0;
+}
+
+// Adds sum over the width of (a - b)[t, :] . g[t, :] at each position to
+// row [P] (in double from the f32 values; `magnitude`: its absolute value),
+// and with hd > 0 the per-head sums to per_head [P][heads] likewise.
+void AddAtp(const std::vector<float>& a, const std::vector<float>& b,
+            const std::vector<float>& g, int64_t T, int64_t hd,
+            const std::vector<int64_t>& positions, bool magnitude,
+            std::vector<double>* row,
+            std::vector<std::vector<double>>* per_head) {
+  const int64_t W = static_cast<int64_t>(g.size()) / T;
+  const int64_t groups = hd > 0 ? W / hd : 1, width = hd > 0 ? hd : W;
+  row->resize(positions.size(), 0.0);
+  if (hd > 0)
+    per_head->resize(positions.size(),
+                     std::vector<double>(static_cast<size_t>(groups), 0.0));
+  for (size_t p = 0; p < positions.size(); ++p) {
+    double sum = 0;
+    for (int64_t k = 0; k < groups; ++k) {
+      double part = 0;
+      for (int64_t w = k * width; w < (k + 1) * width; ++w) {
+        const size_t i = static_cast<size_t>(positions[p] * W + w);
+        part += (static_cast<double>(a[i]) - b[i]) * g[i];
+      }
+      sum += part;
+      if (hd > 0)
+        (*per_head)[p][static_cast<size_t>(k)] +=
+            magnitude ? std::fabs(part) : part;
+    }
+    (*row)[p] += magnitude ? std::fabs(sum) : sum;
+  }
+}
+
+// AtP*'s GradDrop: one backward of the corrupted prompt per layer with that
+// layer's branches dropped, |AtP| of each summed, over L - 1.
+Status GradDrop(Backward& bw, const ModelConfig& c,
+                std::span<const int32_t> corrupted, const GradMetric& m,
+                const std::vector<HookPoint>& order, const GridSink& clean,
+                const GridSink& corr, const AttributeOptions& o,
+                AttributeResult* r) {
+  const int64_t T = static_cast<int64_t>(corrupted.size());
+  const int64_t L = c.num_layers;
+  r->atp_star.assign(order.size(), {});
+  r->atp_star_head.assign(order.size(), {});
+  for (int64_t l = 0; l < L; ++l) {
+    GradSink g;
+    ASSIGN_OR_RETURN(const double value,
+                     bw.Run(corrupted, m, &g, nullptr, /*drop_layer=*/l));
+    (void)value;  // the forward's, unchanged by the drop
+    for (size_t i = 0; i < order.size(); ++i)
+      AddAtp(clean.rows.at(order[i]), corr.rows.at(order[i]),
+             g.grads.at(order[i]), T, HeadDim(order[i], o, c), r->positions,
+             true, &r->atp_star[i], &r->atp_star_head[i]);
+  }
+  const double scale = L > 1 ? 1.0 / static_cast<double>(L - 1) : 1.0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (double& v : r->atp_star[i]) v *= scale;
+    for (auto& heads : r->atp_star_head[i])
+      for (double& v : heads) v *= scale;
+  }
+  return Status();
+}
+
 }  // namespace
 
 StatusOr<AttributeResult> RunAttribute(const Model& model,
@@ -184,34 +252,20 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
   GradSink grads;
   ASSIGN_OR_RETURN(r.metric_corrupted,
                    bw->Run(corrupted, m, &grads, &corrupted_acts));
-  for (const HookPoint& h : ExecutionOrder(grid, c.num_layers)) {
-    const std::vector<float>& a = clean_acts.rows.at(h);
-    const std::vector<float>& b = corrupted_acts.rows.at(h);
-    const std::vector<float>& g = grads.grads.at(h);
-    const int64_t W = static_cast<int64_t>(g.size()) / T;
-    const bool heads = o.per_head && h.site == HookSite::kZ;
-    const int64_t hd = heads ? c.head_dim : W;
+  const std::vector<HookPoint> order = ExecutionOrder(grid, c.num_layers);
+  for (const HookPoint& h : order) {
     r.hooks.push_back(HookName(h));
-    std::vector<double> row;
-    std::vector<std::vector<double>> per_head;
-    for (const int64_t t : r.positions) {
-      double sum = 0;
-      std::vector<double> hs(static_cast<size_t>(W / hd), 0.0);
-      for (int64_t w = 0; w < W; ++w) {
-        const size_t i = static_cast<size_t>(t * W + w);
-        const double v = (static_cast<double>(a[i]) - b[i]) * g[i];
-        sum += v;
-        hs[static_cast<size_t>(w / hd)] += v;
-      }
-      row.push_back(sum);
-      if (heads) per_head.push_back(std::move(hs));
-    }
-    r.atp.push_back(std::move(row));
-    r.atp_head.push_back(std::move(per_head));
+    r.atp.emplace_back();
+    r.atp_head.emplace_back();
+    AddAtp(clean_acts.rows.at(h), corrupted_acts.rows.at(h), grads.grads.at(h),
+           T, HeadDim(h, o, c), r.positions, false, &r.atp.back(),
+           &r.atp_head.back());
   }
+  if (o.grad_drop)
+    RETURN_IF_ERROR(GradDrop(*bw, c, corrupted, m, order, clean_acts,
+                             corrupted_acts, o, &r));
   if (o.check_top > 0)
-    RETURN_IF_ERROR(CheckTopCells(model, clean, corrupted, o,
-                                  ExecutionOrder(grid, c.num_layers), &r));
+    RETURN_IF_ERROR(CheckTopCells(model, clean, corrupted, o, order, &r));
   r.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
@@ -296,6 +350,7 @@ StatusOr<JobSpec> AttributeJob(const ModelConfig& c, int64_t tokens,
   job.selector = Selector::kAll;
   job.logits = true;
   job.logits_chunk_rows = std::min<int64_t>(256, tokens);
+  job.backward_bytes = PlannedBackwardBytes(c, tokens, job.logits_chunk_rows);
   return job;
 }
 
@@ -307,7 +362,7 @@ nlohmann::json AttributionJson(const AttributeResult& r,
   j["positions"] = r.positions;
   j["metric"] = logprob ? "logprob" : "logit-diff";
   if (!logprob) j["answer_token_ids"] = {r.answer, r.wrong};
-  j["method"] = "atp";
+  j["method"] = o.grad_drop ? "atp-star" : "atp";
   nlohmann::json freeze = nlohmann::json::array();
   if (o.freeze_attn_pattern) freeze.push_back("attn_pattern");
   if (o.freeze_norm_scale) freeze.push_back("norm_scale");
@@ -317,6 +372,10 @@ nlohmann::json AttributionJson(const AttributeResult& r,
   j["atp"] = r.atp;
   // [hook][position][head], parallel to hooks ([] for rows without heads).
   if (o.per_head) j["atp_head"] = r.atp_head;
+  if (o.grad_drop) {
+    j["atp_star"] = r.atp_star;
+    if (o.per_head) j["atp_star_head"] = r.atp_star_head;
+  }
   nlohmann::json checks = nlohmann::json::array();
   for (const AttributeCheck& c : r.checks)
     checks.push_back({{"hook", c.hook},

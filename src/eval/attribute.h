@@ -45,6 +45,11 @@ struct AttributeOptions {
   bool freeze_norm_scale = false;
   // Run the true patch of the N largest |atp| cells (logit-diff only).
   int64_t check_top = 0;
+  // method atp-star: AtP*'s GradDrop besides AtP (one more backward per
+  // layer): atp_star[h][t] = 1/(L - 1) sum over layers l of |atp_l[h][t]|,
+  // atp_l the AtP with layer l's branches given no gradient
+  // (Backward::Run's drop_layer); L = 1: |atp|. The per-head sums likewise.
+  bool grad_drop = false;
 };
 
 struct AttributeCheck {
@@ -61,6 +66,9 @@ struct AttributeResult {
   std::vector<std::vector<double>> atp;  // [hooks][P]
   // per_head: for each attn.hook_z row, [P][heads]; other rows empty.
   std::vector<std::vector<std::vector<double>>> atp_head;
+  // grad_drop: the GradDrop estimates, shaped as atp and atp_head.
+  std::vector<std::vector<double>> atp_star;
+  std::vector<std::vector<std::vector<double>>> atp_star_head;
   std::vector<AttributeCheck> checks;  // check_top cells, largest |atp| first
   double seconds = 0;
 };
@@ -105,8 +113,9 @@ StatusOr<JobSpec> AttributeJob(const ModelConfig& config, int64_t tokens,
                                const AttributeOptions& options);
 
 // attribution.json: hooks, positions, metric, answer_token_ids (logit-diff),
-// metric_clean, metric_corrupted, atp [hook][position], atp_head (per_head:
-// [hook][position][head], [] for hooks other than attn.hook_z), checks,
+// method (atp | atp-star), freeze, metric_clean, metric_corrupted, atp
+// [hook][position], atp_head (per_head: [hook][position][head], [] for hooks
+// other than attn.hook_z), atp_star and atp_star_head (atp-star), checks,
 // seconds.
 nlohmann::json AttributionJson(const AttributeResult& r,
                                const AttributeOptions& options);

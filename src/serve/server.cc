@@ -24,6 +24,7 @@
 #include "src/serve/routes/embed.h"
 #include "src/serve/routes/experiments.h"
 #include "src/serve/routes/generate.h"
+#include "src/serve/routes/attribute.h"
 #include "src/serve/routes/lens.h"
 #include "src/serve/routes/neuronpedia.h"
 #include "src/serve/routes/openai.h"
@@ -154,6 +155,7 @@ void Server::Impl::Register() {
   routes::RegisterNeuronpediaRoutes(http_, ctx);  // /v1/tokenize, ...
   routes::RegisterSteerRoutes(http_, ctx);        // /v1/steer/*
   routes::RegisterLensRoutes(http_, ctx);         // /v1/lens/prompt
+  routes::RegisterAttributeRoutes(http_, ctx);    // /v1/attribute
   // Last (routes match in order): any other POST: its body is read as a JSON
   // route's (the library's own reading would answer a form body over 8 KiB
   // with 413), then 404.

@@ -1,7 +1,8 @@
 // `loom attribute --model DIR (--clean TEXT | --clean-tokens IDS)
 //  (--corrupted TEXT | --corrupted-tokens IDS) [--hooks PATTERN...]
 //  [--positions all|last|LIST|A:B] [--per-head] [--metric logit-diff|logprob]
-//  [--answer A --wrong B] [--method atp] [--freeze attn_pattern,norm_scale]
+//  [--answer A --wrong B] [--method atp|atp-star|ig] [--freeze
+//  attn_pattern,norm_scale]
 //  [--check-top N] --out DIR`: attribution patching (src/eval/attribute.h)
 // written as OUT/attribution.json.
 #include <cstdio>
@@ -39,27 +40,13 @@ struct AttributeArgs {
 
 StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
   eval::AttributeOptions o;
-  if (a.method != "atp" && a.method != "ig")
+  if (a.method != "atp" && a.method != "atp-star" && a.method != "ig")
     return InvalidArgumentError("--method: '" + a.method +
-                                "' is not a method here (atp, ig; atp-star "
-                                "is not written yet)");
-  if (a.metric == "logit-diff")
-    o.metric = GradMetricKind::kLogitDiff;
-  else if (a.metric == "logprob")
-    o.metric = GradMetricKind::kLogProb;
-  else
-    return InvalidArgumentError("--metric: '" + a.metric +
-                                "' is not a metric (logit-diff, logprob)");
-  for (const std::string& f : a.freeze) {
-    if (f == "attn_pattern")
-      o.freeze_attn_pattern = true;
-    else if (f == "norm_scale")
-      o.freeze_norm_scale = true;
-    else
-      return InvalidArgumentError("--freeze: '" + f +
-                                  "' is not frozen here (attn_pattern, "
-                                  "norm_scale)");
-  }
+                                "' is not a method (atp, atp-star, ig)");
+  o.grad_drop = a.method == "atp-star";
+  ASSIGN_OR_RETURN(o.metric, ParseGradMetric(a.metric, "--metric"));
+  RETURN_IF_ERROR(ParseFreeze(a.freeze, "--freeze", &o.freeze_attn_pattern,
+                              &o.freeze_norm_scale));
   if (a.precision != "f32")
     return InvalidArgumentError("--precision: gradients run at f32, not " +
                                 a.precision);
@@ -182,8 +169,10 @@ void AddAttributeCommand(CLI::App& app, int* exit_code) {
                   "logit-diff (default) or logprob (the sequence "
                   "log-likelihood)");
   cmd->add_option("--method", a->method,
-                  "atp (default), or ig: integrated gradients over the "
-                  "--clean prompt's tokens (no --corrupted)");
+                  "atp (default); atp-star: AtP and AtP*'s GradDrop "
+                  "(atp_star: one more backward per layer); or ig: "
+                  "integrated gradients over the --clean prompt's tokens "
+                  "(no --corrupted)");
   cmd->add_option("--steps", a->steps,
                   "ig: Gauss-Legendre nodes of the path integral (32)")
       ->check(IntRange(1, 4096));
