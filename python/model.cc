@@ -653,7 +653,8 @@ class PyModel {
                      const py::object& positions, const py::object& metric,
                      const py::object& answer, const py::object& wrong,
                      const py::object& freeze, const py::object& per_head_obj,
-                     const py::object& check_top_obj) {
+                     const py::object& check_top_obj,
+                     const py::object& method_obj) {
     PatchPrompt clean = PatchPromptArg("clean", clean_obj);
     PatchPrompt corrupted = PatchPromptArg("corrupted", corrupted_obj);
     eval::AttributeOptions o;
@@ -668,6 +669,13 @@ class PyModel {
     if (!answer.is_none()) o.answer = IntArgAtLeast("answer", answer, 0);
     if (!wrong.is_none()) o.wrong = IntArgAtLeast("wrong", wrong, 0);
     o.check_top = IntArgAtLeast("check_top", check_top_obj, 0);
+    const std::string method = StrArg("method", method_obj);
+    if (method != "atp" && method != "atp-star")
+      Raise(InvalidArgumentError("method: '" + method +
+                                 "' is not a method here (atp, atp-star; "
+                                 "integrated gradients: "
+                                 "Model.integrated_gradients)"));
+    o.grad_drop = method == "atp-star";
     StatusOr<eval::AttributeResult> out =
         WithoutGil([&]() -> StatusOr<eval::AttributeResult> {
           std::lock_guard<std::mutex> lock(mu_);
@@ -678,32 +686,19 @@ class PyModel {
                                     o);
         });
     eval::AttributeResult r = ValueOrRaise(std::move(out));
-    const int64_t n = static_cast<int64_t>(r.hooks.size());
-    const int64_t P = static_cast<int64_t>(r.positions.size());
-    std::vector<double> atp;
-    for (const std::vector<double>& row : r.atp)
-      atp.insert(atp.end(), row.begin(), row.end());
     py::dict d;
+    d["method"] = method;
+    AddGrid(r.hooks, static_cast<int64_t>(r.positions.size()), r.atp,
+            r.atp_head, per_head, "atp", &d);
+    if (o.grad_drop)
+      AddGrid(r.hooks, static_cast<int64_t>(r.positions.size()), r.atp_star,
+              r.atp_star_head, per_head, "atp_star", &d);
     d["hooks"] = r.hooks;
     d["positions"] = r.positions;
     d["answer"] = r.answer;
     d["wrong"] = r.wrong;
     d["metric_clean"] = r.metric_clean;
     d["metric_corrupted"] = r.metric_corrupted;
-    d["atp"] = HandOver(std::move(atp), py::dtype("float64"), {n, P});
-    if (per_head) {
-      py::dict heads;  // hook -> float64 [P, heads] (attn.hook_z rows)
-      for (size_t i = 0; i < r.hooks.size(); ++i) {
-        if (r.atp_head[i].empty()) continue;
-        const int64_t H = static_cast<int64_t>(r.atp_head[i][0].size());
-        std::vector<double> flat;
-        for (const std::vector<double>& row : r.atp_head[i])
-          flat.insert(flat.end(), row.begin(), row.end());
-        heads[py::str(r.hooks[i])] =
-            HandOver(std::move(flat), py::dtype("float64"), {P, H});
-      }
-      d["atp_head"] = heads;
-    }
     py::list checks;
     for (const eval::AttributeCheck& c : r.checks) {
       py::dict e;
@@ -714,6 +709,71 @@ class PyModel {
       checks.append(e);
     }
     d["checks"] = checks;
+    d["seconds"] = r.seconds;
+    return d;
+  }
+
+  // d[key] = float64 [rows, P] of `grid`, and with per_head d[key +
+  // "_head"] = {hook: float64 [P, heads]} for the attn.hook_z rows.
+  static void AddGrid(const std::vector<std::string>& hooks, int64_t P,
+                      const std::vector<std::vector<double>>& grid,
+                      const std::vector<std::vector<std::vector<double>>>& head,
+                      bool per_head, const std::string& key, py::dict* d) {
+    std::vector<double> flat;
+    for (const std::vector<double>& row : grid)
+      flat.insert(flat.end(), row.begin(), row.end());
+    (*d)[py::str(key)] = HandOver(std::move(flat), py::dtype("float64"),
+                                  {static_cast<int64_t>(hooks.size()), P});
+    if (!per_head) return;
+    py::dict heads;
+    for (size_t i = 0; i < hooks.size() && i < head.size(); ++i) {
+      if (head[i].empty()) continue;
+      const int64_t H = static_cast<int64_t>(head[i][0].size());
+      std::vector<double> rows;
+      for (const std::vector<double>& row : head[i])
+        rows.insert(rows.end(), row.begin(), row.end());
+      heads[py::str(hooks[i])] =
+          HandOver(std::move(rows), py::dtype("float64"), {P, H});
+    }
+    (*d)[py::str(key + "_head")] = heads;
+  }
+
+  // Integrated gradients over one prompt's tokens (`loom attribute --method
+  // ig`, src/eval/attribute.h), at f32.
+  py::dict IntegratedGradients(const py::object& prompt_obj,
+                               const py::object& metric,
+                               const py::object& answer,
+                               const py::object& wrong, const py::object& steps,
+                               const py::object& baseline_token,
+                               const py::object& freeze) {
+    PatchPrompt prompt = PatchPromptArg("prompt", prompt_obj);
+    eval::IgOptions o;
+    o.metric = MetricArg(StrArg("metric", metric));
+    if (!answer.is_none()) o.answer = IntArgAtLeast("answer", answer, 0);
+    if (!wrong.is_none()) o.wrong = IntArgAtLeast("wrong", wrong, 0);
+    o.steps = IntArgAtLeast("steps", steps, 1);
+    o.baseline_token = IntArgAtLeast("baseline_token", baseline_token, 0);
+    SetFreeze(StrListArg("freeze", freeze), &o.freeze_attn_pattern,
+              &o.freeze_norm_scale);
+    StatusOr<eval::IgAttribution> out =
+        WithoutGil([&]() -> StatusOr<eval::IgAttribution> {
+          std::lock_guard<std::mutex> lock(mu_);
+          UseThreadsHere();
+          RETURN_IF_ERROR(PatchPromptIds(&prompt));
+          return eval::RunIntegratedGradients(session_->model(), prompt.ids, o);
+        });
+    eval::IgAttribution r = ValueOrRaise(std::move(out));
+    const nlohmann::json j = eval::IgJson(r, o);
+    py::dict d;
+    const int64_t T = static_cast<int64_t>(r.per_token.size());
+    d["ig"] =
+        HandOver(std::vector<double>(r.per_token), py::dtype("float64"), {T});
+    d["answer"] = r.answer;
+    d["wrong"] = r.wrong;
+    d["metric_input"] = r.metric_input;
+    d["metric_baseline"] = r.metric_baseline;
+    d["completeness_error"] = j["completeness_error"].get<double>();
+    d["steps"] = o.steps;
     d["seconds"] = r.seconds;
     return d;
   }
@@ -1052,7 +1112,12 @@ void AddModelClass(py::module_& m) {
       .def("_attribute", &PyModel::Attribute, py::arg("clean"),
            py::arg("corrupted"), py::arg("hooks"), py::arg("positions"),
            py::arg("metric"), py::arg("answer"), py::arg("wrong"),
-           py::arg("freeze"), py::arg("per_head"), py::arg("check_top"))
+           py::arg("freeze"), py::arg("per_head"), py::arg("check_top"),
+           py::arg("method"))
+      .def("_integrated_gradients", &PyModel::IntegratedGradients,
+           py::arg("prompt"), py::arg("metric"), py::arg("answer"),
+           py::arg("wrong"), py::arg("steps"), py::arg("baseline_token"),
+           py::arg("freeze"))
       .def("_grad", &PyModel::Grad, py::arg("prompt"), py::arg("hooks"),
            py::arg("metric"), py::arg("answer"), py::arg("wrong"),
            py::arg("freeze"));

@@ -450,7 +450,7 @@ class Model(_loom.Model):
 
     def attribute(self, clean, corrupted, *, hooks="blocks.*.hook_resid_pre", positions="all",
                   metric="logit-diff", answer=None, wrong=None, freeze=(), per_head=False,
-                  check_top=0):
+                  check_top=0, method="atp"):
         """Attribution patching, as `loom attribute` computes it
         (docs/attribution.md): Model.patch's grid estimated from one
         backward, atp[h][p] = sum over the hook's width of (clean - corrupted)
@@ -464,11 +464,28 @@ class Model(_loom.Model):
           linearization.
         per_head: also atp_head {hook: float64 [P, heads]} for attn.hook_z.
         check_top: run the true patch of the N largest patchable cells.
+        method: "atp", or "atp-star": also AtP*'s GradDrop estimate
+          atp_star (float64 [rows, P]; per_head: atp_star_head), one more
+          backward per layer.
 
-        Returns a dict: atp (float64 [rows, P]), hooks, positions, answer,
-        wrong, metric_clean, metric_corrupted, checks, seconds."""
+        Returns a dict: method, atp (float64 [rows, P]), hooks, positions,
+        answer, wrong, metric_clean, metric_corrupted, checks, seconds."""
         return self._attribute(clean, corrupted, hooks, positions, metric, answer, wrong,
-                               freeze, per_head, check_top)
+                               freeze, per_head, check_top, method)
+
+    def integrated_gradients(self, prompt, *, metric="logit-diff", answer=None, wrong=None,
+                             steps=32, baseline_token=0, freeze=()):
+        """Integrated gradients over a prompt's tokens (str or ids), as `loom
+        attribute --method ig` computes them (docs/attribution.md), at f32:
+        the block input against the prompt with every token replaced by
+        baseline_token, by a steps-point Gauss-Legendre rule. answer and
+        wrong default to the prompt's last-position argmax and runner-up.
+
+        Returns a dict: ig (float64 [T], summing to metric_input -
+        metric_baseline up to completeness_error), answer, wrong,
+        metric_input, metric_baseline, completeness_error, steps, seconds."""
+        return self._integrated_gradients(prompt, metric, answer, wrong, steps, baseline_token,
+                                          freeze)
 
     def grad(self, prompt, hooks, *, metric="logit-diff", answer=None, wrong=None, freeze=()):
         """d metric / d activation at `hooks` on one prompt (str or ids), at

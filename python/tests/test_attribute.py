@@ -2,8 +2,9 @@
 attribution goldens (../shared/golden/attribution, HF autograd in f32): the
 AtP grid and per-head AtP within the README's rule, the metric values, the
 gradients at every hook of a case for both metrics, exact and linearized;
-the result is the CLI's (`loom attribute`) value for value; bad arguments
-are errors naming them. The golden part is skipped, saying so, when
+the result is the CLI's (`loom attribute`) value for value, for AtP*
+(method="atp-star") and integrated gradients too; bad arguments are errors
+naming them. The golden part is skipped, saying so, when
 ../shared is absent."""
 
 import json
@@ -78,6 +79,42 @@ def test_the_cli_gives_the_same_numbers(tmp_path):
     assert np.array_equal(np.array(cli["atp"]), r["atp"])
 
 
+def test_atp_star_and_integrated_gradients_are_the_clis(tmp_path):
+    m, _, model = case("llama__two_diffs")
+    ids = lambda v: ",".join(str(x) for x in v)
+    llama = os.path.join(SHARED, "golden", "tiny", "llama")
+    out = tmp_path / "star"
+    run_loom("attribute", "--model", llama, "--clean-tokens", ids(m["clean_input_ids"]),
+             "--corrupted-tokens", ids(m["corrupted_input_ids"]), "--hooks",
+             "blocks.*.hook_resid_post,blocks.*.attn.hook_z", "--per-head", "--method",
+             "atp-star", "--quiet", "--out", str(out))
+    with open(out / "attribution.json", encoding="utf-8") as f:
+        cli = json.load(f)
+    r = model.attribute(m["clean_input_ids"], m["corrupted_input_ids"],
+                        hooks="blocks.*.hook_resid_post,blocks.*.attn.hook_z", per_head=True,
+                        method="atp-star")
+    assert r["method"] == cli["method"] == "atp-star"
+    assert np.array_equal(np.array(cli["atp_star"]), r["atp_star"])
+    z = "blocks.1.attn.hook_z"
+    assert np.array_equal(np.array(cli["atp_star_head"][cli["hooks"].index(z)]),
+                          r["atp_star_head"][z])
+    # No drop reaches the last layer's output: atp_star = |atp| L / (L - 1).
+    L = 3
+    last = r["hooks"].index("blocks.2.hook_resid_post")
+    np.testing.assert_allclose(r["atp_star"][last], np.abs(r["atp"][last]) * L / (L - 1),
+                               rtol=1e-12, atol=1e-15)
+    out = tmp_path / "ig"
+    run_loom("attribute", "--model", llama, "--clean-tokens", ids(m["clean_input_ids"]),
+             "--method", "ig", "--steps", "32", "--quiet", "--out", str(out))
+    with open(out / "attribution.json", encoding="utf-8") as f:
+        cli = json.load(f)
+    ig = model.integrated_gradients(m["clean_input_ids"], steps=32)
+    assert np.array_equal(np.array(cli["ig"]), ig["ig"])
+    assert ig["completeness_error"] == cli["completeness_error"]
+    change = ig["metric_input"] - ig["metric_baseline"]
+    assert abs(ig["ig"].sum() - change) <= 1e-4 + 1e-3 * abs(change)
+
+
 def test_bad_arguments_are_named():
     _, _, model = case("llama__single_diff")
     with pytest.raises(ValueError, match="metric"):
@@ -88,3 +125,7 @@ def test_bad_arguments_are_named():
         model.grad([1, 2, 3], "blocks.0.hook_resid_pre")
     with pytest.raises(ValueError, match="one length"):
         model.attribute([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="^method: 'ig'"):
+        model.attribute([1, 2], [1, 3], method="ig")
+    with pytest.raises(ValueError, match="steps"):
+        model.integrated_gradients([1, 2, 3], steps=0)
