@@ -73,6 +73,7 @@ struct ExtractArgs {
   // by python/loom/_args.py from `interventions=[...]`; "" = none.
   std::string interventions;
   bool progress = false;  // a bar on stderr, prompts committed of all
+  std::optional<GradMetric> grad_of;  // grad_of=, answer=, wrong=
 };
 
 // What one extract call produced, before it is turned into Python objects.
@@ -85,6 +86,36 @@ struct ExtractOutput {
   DType dtype = DType::kF32;
   int64_t tokens = 0;
 };
+
+// extract's grad_of= with answer= / wrong= (`loom extract --grad-of`):
+// every argument converted (named type errors) whether or not it is used.
+std::optional<GradMetric> GradOfArg(const py::object& grad_of,
+                                    const py::object& answer,
+                                    const py::object& wrong) {
+  const std::optional<std::string> kind = OptStrArg("grad_of", grad_of);
+  const int64_t a = answer.is_none() ? -1 : IntArgAtLeast("answer", answer, 0);
+  const int64_t w = wrong.is_none() ? -1 : IntArgAtLeast("wrong", wrong, 0);
+  const bool tokens = a >= 0 || w >= 0;
+  if (!kind) {
+    if (tokens)
+      Raise(InvalidArgumentError(
+          "answer, wrong: only with grad_of=\"logit-diff\""));
+    return std::nullopt;
+  }
+  GradMetric m;
+  m.kind = ValueOrRaise(ParseGradMetric(*kind, "grad_of"));
+  if (m.kind == GradMetricKind::kLogitDiff) {
+    if (a < 0 || w < 0)
+      Raise(InvalidArgumentError(
+          "answer, wrong: grad_of=\"logit-diff\" needs both token ids"));
+    m.answer = static_cast<int32_t>(a);
+    m.wrong = static_cast<int32_t>(w);
+  } else if (tokens) {
+    Raise(InvalidArgumentError(
+        "answer, wrong: grad_of=\"logprob\" takes no answer tokens"));
+  }
+  return m;
+}
 
 class PyModel {
  public:
@@ -223,6 +254,7 @@ class PyModel {
     // Vector files are relative to the working directory.
     o.interventions_json = a.interventions;
     o.interventions_dir = ".";
+    o.grad_of = a.grad_of;
     StatusOr<ExtractOutput> out = WithoutGil([&]() -> StatusOr<ExtractOutput> {
       std::lock_guard<std::mutex> lock(mu_);
       UseThreadsHere();
@@ -1060,7 +1092,8 @@ void AddModelClass(py::module_& m) {
              Obj dtype, Obj template_text, Obj add_bos, Obj batch_tokens,
              Obj commit_every, Obj on_error, Obj streaming_chunk_size,
              Obj max_row_tokens, Obj replace_invalid_utf8, Obj interventions,
-             Obj progress, Obj sae, Obj sae_topk, Obj lens, Obj lens_topk) {
+             Obj progress, Obj sae, Obj sae_topk, Obj lens, Obj lens_topk,
+             Obj grad_of, Obj answer, Obj wrong) {
             ExtractArgs a;
             a.hooks = StrListArg("hooks", hooks);
             a.layers = StrListArg("layers", layers);
@@ -1082,6 +1115,7 @@ void AddModelClass(py::module_& m) {
             a.interventions =
                 OptStrArg("interventions", interventions).value_or("");
             a.progress = BoolArg("progress", progress);
+            a.grad_of = GradOfArg(grad_of, answer, wrong);
             return self.Extract(prompts, a);
           },
           py::arg("prompts"), py::arg("hooks"), py::arg("layers"),
@@ -1090,7 +1124,8 @@ void AddModelClass(py::module_& m) {
           py::arg("on_error"), py::arg("streaming_chunk_size"),
           py::arg("max_row_tokens"), py::arg("replace_invalid_utf8"),
           py::arg("interventions"), py::arg("progress"), py::arg("sae"),
-          py::arg("sae_topk"), py::arg("lens"), py::arg("lens_topk"))
+          py::arg("sae_topk"), py::arg("lens"), py::arg("lens_topk"),
+          py::arg("grad_of"), py::arg("answer"), py::arg("wrong"))
       .def("_perplexity", &PyModel::Perplexity, py::arg("text"),
            py::arg("tokens"), py::arg("protocol"), py::arg("ctx"),
            py::arg("stride"), py::arg("max_windows"), py::arg("add_bos"),

@@ -269,7 +269,8 @@ class Model(_loom.Model):
                 template=None, add_bos="auto", batch_tokens=0, commit_every=256,
                 on_error="fail", streaming_chunk_size=0, max_row_tokens=0,
                 replace_invalid_utf8=False, interventions=None, progress=None,
-                bf16="auto", saes=None, sae_topk=0, lens=None, lens_topk=0):
+                bf16="auto", saes=None, sae_topk=0, lens=None, lens_topk=0, grad_of=None,
+                answer=None, wrong=None):
         """Hidden states at `hooks` for every prompt, as `loom extract` computes
         them (the same batches, hence the same bits).
 
@@ -320,6 +321,11 @@ class Model(_loom.Model):
             hook at every residual hook.
           lens_topk: K > 0 adds "HOOK.lens_topk_ids" (int32) and
             "HOOK.lens_topk_values" for every residual hook asked.
+          grad_of: "logit-diff" (with answer and wrong token ids) or
+            "logprob" (each prompt's log-likelihood): "HOOK.grad" is then a
+            hook, d metric / d HOOK per prompt, each prompt alone through the
+            backward at f32 (docs/attribution.md), as `loom extract
+            --grad-of`.
 
         Returns: an ExtractResult (a dict of numpy arrays that own Loom's
         buffers: no copy is made, but for bfloat16 made float32), keyed
@@ -332,7 +338,7 @@ class Model(_loom.Model):
             template, add_bos, batch_tokens, commit_every, on_error,
             streaming_chunk_size, max_row_tokens, replace_invalid_utf8,
             _interventions_json(interventions), _progress(progress),
-            _path_list(saes), sae_topk, lens, lens_topk)
+            _path_list(saes), sae_topk, lens, lens_topk, grad_of, answer, wrong)
         if raw["dtype"] == "bfloat16" and bf16 != "bits":
             as_bf16 = _bf16_dtype() if bf16 == "auto" else None
             for a in raw["arrays"]:

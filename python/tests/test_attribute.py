@@ -115,6 +115,27 @@ def test_atp_star_and_integrated_gradients_are_the_clis(tmp_path):
     assert abs(ig["ig"].sum() - change) <= 1e-4 + 1e-3 * abs(change)
 
 
+def test_extract_grad_of_gives_the_golden_gradients():
+    m, t, model = case("llama__two_diffs")
+    hooks = m["hooks"] + m["extra_hooks"]
+    a = m["answer_token_ids"]
+    got = model.extract([m["corrupted_input_ids"]], [h + ".grad" for h in hooks],
+                        select="all", grad_of="logit-diff", answer=a["answer"],
+                        wrong=a["wrong"])
+    for h in hooks:
+        g = got[h + ".grad.all"]
+        assert g.dtype == np.float32 and g.shape == t["grad." + h].shape
+        within(g, t["grad." + h], 1e-7, 1e-4, 1e-3)
+    lp = model.extract([m["corrupted_input_ids"]], "blocks.1.hook_resid_pre.grad",
+                       select="all", grad_of="logprob")
+    within(lp["blocks.1.hook_resid_pre.grad.all"],
+           t["seq_logprob.grad.blocks.1.hook_resid_pre"], 1e-7, 1e-4, 1e-3)
+    with pytest.raises(ValueError, match="needs both"):
+        model.extract([[1, 2, 3]], "blocks.0.hook_resid_pre.grad", grad_of="logit-diff")
+    with pytest.raises(ValueError, match="needs --grad-of"):
+        model.extract([[1, 2, 3]], "blocks.0.hook_resid_pre.grad")
+
+
 def test_bad_arguments_are_named():
     _, _, model = case("llama__single_diff")
     with pytest.raises(ValueError, match="metric"):
