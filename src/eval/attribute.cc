@@ -339,15 +339,16 @@ StatusOr<JobSpec> AttributeJob(const ModelConfig& c, int64_t tokens,
                                const AttributeOptions& o) {
   if (tokens < 1) return InvalidArgumentError("attribute: an empty prompt");
   ASSIGN_OR_RETURN(HookSet hooks, ResolveExtractHooks(o.hooks, o.layers, c));
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    hooks.Add(HookPoint{HookSite::kResidPre, l});
-  hooks.Add(HookPoint{HookSite::kResidPost, c.num_layers - 1});
   JobSpec job;
+  job.tapped_hooks = BackwardTappedHooks(c, hooks);
   job.batch_tokens = tokens;
   job.context = tokens;
   job.seqs_per_batch = 1;
   job.hooks = hooks;
   job.selector = Selector::kAll;
+  // The grid hooks' rows are held three times: the clean and corrupted
+  // activations and the gradients.
+  job.capture_buffers = 3;
   job.logits = true;
   job.logits_chunk_rows = std::min<int64_t>(256, tokens);
   job.backward_bytes = PlannedBackwardBytes(c, tokens, job.logits_chunk_rows);

@@ -244,19 +244,26 @@ JobSpec ExtractJobSpec(const ExtractOptions& o, const ExtractSettings& s,
   job.seqs_per_batch = std::min(o.commit_every, job.batch_tokens);
   job.weight_compute_dtype = planned_compute;
   job.intervention_bytes = InterventionBytes(s.interventions);
-  if (!s.derived.empty() || s.analyses.dashboard > 0)
+  const bool analyses =
+      s.analyses.dashboard > 0 ||
+      std::any_of(s.derived.begin(), s.derived.end(),
+                  [](const DerivedHook& d) { return !d.gradient(); });
+  if (analyses)
     job.analysis_bytes = DerivedBytes(s.analyses, s.derived, s.config);
   // --grad-of: each row alone through the backward's forward (every layer
   // boundary and the logits kept) and its own buffers.
   if (s.grad_of) {
-    for (int64_t l = 0; l < s.config.num_layers; ++l)
-      job.hooks.Add(HookPoint{HookSite::kResidPre, l});
-    job.hooks.Add(HookPoint{HookSite::kResidPost, s.config.num_layers - 1});
-    job.selector = Selector::kAll;
+    job.tapped_hooks = BackwardTappedHooks(s.config, job.hooks);
     job.logits = true;
     job.logits_chunk_rows = std::min<int64_t>(256, s.batch_tokens);
     job.backward_bytes =
         PlannedBackwardBytes(s.config, s.batch_tokens, job.logits_chunk_rows);
+    // The HOOK.grad arrays' staging, as a captured hook's.
+    const int64_t rows =
+        job.selector == Selector::kAll ? job.batch_tokens : job.Seqs();
+    for (const DerivedHook& d : s.derived)
+      if (d.gradient())
+        job.backward_bytes += rows * d.width * DTypeSize(job.capture_dtype);
   }
   // Streamed long rows: one KV cache of one sequence of the longest row
   // (its dtype: the backend's activations', the planner's default).

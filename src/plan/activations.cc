@@ -88,8 +88,9 @@ ActivationLayout PlanActivations(const ModelConfig& c, const JobSpec& job,
   const bool moe = c.mlp == MlpKind::kMoE;
   const int64_t logits_rows = std::min(job.logits_chunk_rows, T);
   auto hooked = [&](HookSite site) {
-    for (const HookPoint& h : job.hooks.hooks())
-      if (h.site == site) return true;
+    for (const HookSet* set : {&job.hooks, &job.tapped_hooks})
+      for (const HookPoint& h : set->hooks())
+        if (h.site == site) return true;
     return false;
   };
 

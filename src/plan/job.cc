@@ -98,6 +98,8 @@ Status ValidateJob(const ModelConfig& c, const JobSpec& job) {
     RETURN_IF_ERROR(CheckHookExists(h, c));
     RETURN_IF_ERROR(CaptureBytes(c, job, h).status());
   }
+  for (const HookPoint& h : job.tapped_hooks.hooks())
+    RETURN_IF_ERROR(CheckHookExists(h, c));
   return Status();
 }
 

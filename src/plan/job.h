@@ -58,6 +58,10 @@ struct JobSpec {
   int64_t kv_pages = 0;
 
   HookSet hooks;
+  // Hooks the executor delivers to a consumer that copies them into memory
+  // counted elsewhere (the backward's saved residuals, backward_bytes): in
+  // the arenas' liveness like `hooks`, but no capture staging.
+  HookSet tapped_hooks;
   DType capture_dtype = DType::kF32;
   Selector selector = Selector::kAll;
   CaptureTarget capture_to = CaptureTarget::kHost;

@@ -254,6 +254,17 @@ int64_t BackwardBytes(const ModelConfig& c, int64_t tokens,
   return n * static_cast<int64_t>(sizeof(float));
 }
 
+HookSet BackwardTappedHooks(const ModelConfig& c, const HookSet& captured) {
+  HookSet tapped;
+  auto add = [&](const HookPoint& h) {
+    if (!captured.Contains(h)) tapped.Add(h);
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    add(HookPoint{HookSite::kResidPre, l});
+  add(HookPoint{HookSite::kResidPost, c.num_layers - 1});
+  return tapped;
+}
+
 int64_t PlannedBackwardBytes(const ModelConfig& c, int64_t tokens,
                              int64_t logits_chunk_rows) {
   StatusOr<std::unique_ptr<Backend>> cpu = CreateBackend("cpu");
@@ -365,9 +376,8 @@ StatusOr<std::unique_ptr<Backward>> Backward::Create(
   std::unique_ptr<Backward> b(new Backward(model, options));
   ASSIGN_OR_RETURN(b->be_, CreateBackend("cpu"));
   HookSet hooks = options.act_hooks;
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    hooks.Add(HookPoint{HookSite::kResidPre, l});
-  hooks.Add(HookPoint{HookSite::kResidPost, c.num_layers - 1});
+  const HookSet tapped = BackwardTappedHooks(c, hooks);
+  for (const HookPoint& h : tapped.hooks()) hooks.Add(h);
   ExecutorOptions eo;
   eo.max_tokens = options.max_tokens;
   eo.max_seq_len = options.max_tokens;

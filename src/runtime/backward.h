@@ -112,6 +112,11 @@ int64_t BackwardBytes(const ModelConfig& c, int64_t tokens,
 int64_t PlannedBackwardBytes(const ModelConfig& c, int64_t tokens,
                              int64_t logits_chunk_rows);
 
+// The hooks the backward's forward delivers to itself (every layer's
+// hook_resid_pre and the last hook_resid_post, copied into its saved
+// residuals): a job's tapped_hooks, less those it also captures.
+HookSet BackwardTappedHooks(const ModelConfig& c, const HookSet& captured);
+
 class Backward {
  public:
   // The model at f32 compute precision, on the host (a CPU backend of its

@@ -90,6 +90,15 @@ Status RunIg(const AttributeArgs& a, const eval::AttributeOptions& o,
   return Status::Ok();
 }
 
+// --verify-plan: the job's resident bytes against the plan, on stderr.
+Status ReportVerifyPlan(const Session& session) {
+  const nlohmann::json verify = session.VerifyPlanReport();
+  if (!verify.is_null())
+    std::fprintf(stderr, "loom attribute: verify-plan: %s\n",
+                 verify.dump().c_str());
+  return Status::Ok();
+}
+
 Status RunAttributeCommand(const AttributeArgs& a) {
   ASSIGN_OR_RETURN(const eval::AttributeOptions o, OptionsOf(a));
   const bool ig = a.method == "ig";
@@ -128,9 +137,13 @@ Status RunAttributeCommand(const AttributeArgs& a) {
   std::filesystem::create_directories(a.out_dir, ec);
   if (ec)
     return IoError("--out " + a.out_dir + ": cannot create: " + ec.message());
-  if (ig) return RunIg(a, o, *session, clean);
+  if (ig) {
+    RETURN_IF_ERROR(RunIg(a, o, *session, clean));
+    return ReportVerifyPlan(*session);
+  }
   ASSIGN_OR_RETURN(eval::AttributeResult r,
                    eval::RunAttribute(session->model(), clean, corrupted, o));
+  RETURN_IF_ERROR(ReportVerifyPlan(*session));
   nlohmann::json j = eval::AttributionJson(r, o);
   j["model"] = a.model_dir;
   j["clean_input_ids"] = clean;
