@@ -430,6 +430,51 @@ TEST(PlanCli, PlanAndExtractShowPlanPrintTheSameArenaBytes) {
   std::filesystem::remove_all(dir);
 }
 
+// A gradient job two ways: `loom plan --backward --batch-tokens T` and
+// `loom attribute --show-plan` on T tokens print the same backward line (the
+// backward's own bytes) and a plan JSON that states them; --solve with
+// --backward is refused.
+TEST(PlanCli, BackwardPlanAndAttributeShowPlanAgree) {
+  const std::string model = std::string(LOOM_MODELS_DIR) + "/stories260K";
+  auto backward_line = [](const std::string& out) {
+    const size_t at = out.find("\nbackward: ");
+    if (at == std::string::npos) return std::string();
+    return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+  };
+  const Result plan = LoomAll("plan " + model +
+                              " --device cpu --batch-tokens 6 --backward "
+                              "--hooks blocks.0.hook_resid_pre");
+  ASSERT_EQ(plan.rc, 0) << plan.out;
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "loom_plan_cli_backward")
+          .string();
+  const Result attribute =
+      LoomAll("attribute --model " + model +
+              " --clean-tokens 1,403,407,261,378,286 --corrupted-tokens "
+              "1,403,407,300,378,286 --hooks blocks.0.hook_resid_pre "
+              "--precision f32 --show-plan --quiet --out " +
+              dir);
+  ASSERT_EQ(attribute.rc, 0) << attribute.out;
+  std::filesystem::remove_all(dir);
+  const std::string a = backward_line(plan.out),
+                    b = backward_line(attribute.out);
+  ASSERT_FALSE(a.empty()) << plan.out;
+  EXPECT_EQ(a, b) << "loom plan:\n"
+                  << plan.out << "\nloom attribute:\n"
+                  << attribute.out;
+  const Result json =
+      Loom(model + " --device cpu --batch-tokens 6 --backward --json");
+  ASSERT_EQ(json.rc, 0) << json.out;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  EXPECT_GT(j["job"]["backward_bytes"].get<int64_t>(), 0) << json.out;
+  EXPECT_EQ(j["job"]["context"], 6) << json.out;
+  const Result solve =
+      LoomAll("plan " + model + " --backward --solve max-batch-tokens");
+  EXPECT_NE(solve.rc, 0);
+  EXPECT_NE(solve.out.find("--backward with --solve"), std::string::npos)
+      << solve.out;
+}
+
 // A streamed extraction's KV cache two ways: `loom plan --kv-context M`
 // and `loom extract --streaming-chunk-size N --max-row-tokens M --show-plan`
 // print the same kv (one sequence of M positions of every layer run) and

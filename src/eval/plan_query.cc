@@ -7,6 +7,7 @@
 #include "src/model/hooks.h"
 #include "src/model/registry.h"
 #include "src/plan/report.h"
+#include "src/runtime/backward.h"
 
 namespace loom {
 namespace {
@@ -94,6 +95,20 @@ StatusOr<PlanQueryResult> RunPlanQuery(const PlanQuery& q) {
     ASSIGN_OR_RETURN(job.kv_dtype, ParsePlanDType("--kv-dtype", q.kv_dtype));
   }
   job.kv_context = q.kv_context;
+  if (q.backward) {
+    if (!q.solve.empty())
+      return UnimplementedError(
+          "--backward with --solve: the backward's bytes are planned for the "
+          "given --batch-tokens only");
+    // One sequence of batch_tokens tokens (its own positions).
+    job.context = job.batch_tokens;
+    job.seqs_per_batch = 1;
+    job.tapped_hooks = BackwardTappedHooks(config, job.hooks);
+    job.logits = true;
+    job.logits_chunk_rows = std::min(job.logits_chunk_rows, job.batch_tokens);
+    job.backward_bytes =
+        PlannedBackwardBytes(config, job.batch_tokens, job.logits_chunk_rows);
+  }
 
   const int64_t host = HostMemoryBytes();
   ASSIGN_OR_RETURN(in.devices,

@@ -38,6 +38,10 @@ struct PlanQuery {
   std::string capture_to = "host";
   int64_t capture_buffers = 1;
   bool logits = false;  // logits even with hooks
+  // The forward and one backward (loom attribute, extract --grad-of): the
+  // backward's own bytes for a sequence of batch_tokens, every layer
+  // boundary tapped, the head.
+  bool backward = false;
   int64_t logits_chunk = 256;
   std::string kv_dtype;  // empty = the planner's default
   int64_t kv_context = 0;

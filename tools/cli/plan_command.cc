@@ -49,6 +49,7 @@ struct PlanArgs {
   int64_t capture_buffers = 1;
   bool logits = false;
   int64_t logits_chunk = 256;
+  bool backward = false;
   std::string kv_dtype;
   int64_t kv_context = 0;
   bool json = false;
@@ -91,6 +92,7 @@ PlanQuery ToQuery(const PlanArgs& a, const std::string& model_dir) {
   q.capture_buffers = a.capture_buffers;
   q.logits = a.logits;
   q.logits_chunk = a.logits_chunk;
+  q.backward = a.backward;
   q.kv_dtype = a.kv_dtype;
   q.kv_context = a.kv_context;
   return q;
@@ -176,6 +178,9 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                   "--streaming-chunk-size` with --max-row-tokens N; default "
                   "0: none)")
       ->check(IntRange(0));
+  cmd->add_flag("--backward", a->backward,
+                "Plan a gradient job (loom attribute, extract --grad-of): the "
+                "backward's own bytes for one sequence of --batch-tokens");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, exit_code] {
     StatusOr<std::string> model_dir = ModelDir(*a);
