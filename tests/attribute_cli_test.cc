@@ -25,17 +25,11 @@ std::string Ids(const nlohmann::json& v) {
   return s;
 }
 
-// |got - want| <= max(atol_abs, atol_rel max|want|) + rtol |want|.
 void ExpectRule(const std::vector<double>& got, const std::vector<float>& want,
                 double atol_abs, double atol_rel, double rtol,
                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double mx = 0;
-  for (float v : want) mx = std::max(mx, std::fabs(double{v}));
-  const double atol = std::max(atol_abs, atol_rel * mx);
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_LE(std::fabs(got[i] - want[i]), atol + rtol * std::fabs(want[i]))
-        << what << "[" << i << "]: loom " << got[i] << ", HF " << want[i];
+  testing::ExpectWithinAttributionRule(got, want, atol_abs, atol_rel, rtol,
+                                       what);
 }
 
 class AttributeCliTest : public testing::TempDirTest,

@@ -62,22 +62,11 @@ class ExtractGradTest : public testing::TempDirTest {
   }
 };
 
-// |got - want| <= max(atol_abs, atol_rel max|want|) + rtol |want|.
 void ExpectRule(const std::vector<float>& got, const std::vector<float>& want,
                 double atol_abs, double atol_rel, double rtol,
                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double mx = 0;
-  for (float v : want) mx = std::max(mx, std::fabs(double{v}));
-  const double atol = std::max(atol_abs, atol_rel * mx);
-  int bad = 0;
-  for (size_t i = 0; i < got.size() && bad < 5; ++i)
-    if (!(std::fabs(double{got[i]} - want[i]) <=
-          atol + rtol * std::fabs(want[i]))) {
-      ++bad;
-      ADD_FAILURE() << what << "[" << i << "]: loom " << got[i] << ", HF "
-                    << want[i];
-    }
+  testing::ExpectWithinAttributionRule(got, want, atol_abs, atol_rel, rtol,
+                                       what);
 }
 
 std::string GoldenOrEmpty() {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +89,28 @@ struct CompareResult {
 // |a - b| <= atol + rtol |b| elementwise (b = expected).
 CompareResult Compare(const float* actual, const float* expected, int64_t n,
                       double atol, double rtol);
+
+// The attribution goldens' rule (golden/attribution/README.md), elementwise:
+// |got - want| <= max(atol_abs, atol_rel max|want|) + rtol |want|; the first
+// five failures are reported, naming `what`, the index and both values.
+template <typename T>
+void ExpectWithinAttributionRule(const std::vector<T>& got,
+                                 const std::vector<float>& want,
+                                 double atol_abs, double atol_rel, double rtol,
+                                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double mx = 0;
+  for (float v : want) mx = std::max(mx, std::abs(double{v}));
+  const double atol = std::max(atol_abs, atol_rel * mx);
+  int failures = 0;
+  for (size_t i = 0; i < got.size() && failures < 5; ++i) {
+    const double g = static_cast<double>(got[i]), w = want[i];
+    if (!(std::abs(g - w) <= atol + rtol * std::abs(w))) {
+      ++failures;
+      ADD_FAILURE() << what << "[" << i << "]: loom " << g << ", HF " << w;
+    }
+  }
+}
 
 // log_softmax(logits[t])[ids[t+1]] for t = 0..T-2, in double.
 std::vector<double> LogprobNext(const float* logits, int64_t T, int64_t V,

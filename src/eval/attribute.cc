@@ -272,6 +272,19 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
   return r;
 }
 
+IgOptions IgOptionsOf(const AttributeOptions& o, int64_t steps,
+                      int64_t baseline_token) {
+  IgOptions ig;
+  ig.metric = o.metric;
+  ig.answer = o.answer;
+  ig.wrong = o.wrong;
+  ig.steps = steps;
+  ig.baseline_token = baseline_token;
+  ig.freeze_attn_pattern = o.freeze_attn_pattern;
+  ig.freeze_norm_scale = o.freeze_norm_scale;
+  return ig;
+}
+
 StatusOr<IgAttribution> RunIntegratedGradients(const Model& model,
                                                std::span<const int32_t> ids,
                                                const IgOptions& o) {

@@ -97,6 +97,9 @@ struct IgAttribution {
   double metric_input = 0, metric_baseline = 0;
   double seconds = 0;
 };
+// The IG job of an attribute request: its metric, A / B and linearization.
+IgOptions IgOptionsOf(const AttributeOptions& o, int64_t steps,
+                      int64_t baseline_token);
 StatusOr<IgAttribution> RunIntegratedGradients(const Model& model,
                                                std::span<const int32_t> ids,
                                                const IgOptions& options);

@@ -37,16 +37,10 @@ json Post(httplib::Client& c, const json& body, int* status) {
   return json::parse(r->body, nullptr, false);
 }
 
-// |got - want| <= max(atol_abs, atol_rel max|want|) + rtol |want|.
+// The goldens' atp rule (golden/attribution/README.md).
 void ExpectRule(const std::vector<double>& got, const std::vector<float>& want,
                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double mx = 0;
-  for (float v : want) mx = std::max(mx, std::fabs(double{v}));
-  const double atol = std::max(1e-4, 1e-3 * mx);
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_LE(std::fabs(got[i] - want[i]), atol + 1e-3 * std::fabs(want[i]))
-        << what << "[" << i << "]: loom " << got[i] << ", HF " << want[i];
+  loom::testing::ExpectWithinAttributionRule(got, want, 1e-4, 1e-3, 1e-3, what);
 }
 
 TEST(ServeAttributeTest, GoldenGridsThroughTheRoute) {

@@ -65,14 +65,7 @@ StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
 // --method ig: integrated gradients over the --clean prompt's tokens.
 Status RunIg(const AttributeArgs& a, const eval::AttributeOptions& o,
              const Session& session, const std::vector<int32_t>& ids) {
-  eval::IgOptions ig;
-  ig.metric = o.metric;
-  ig.answer = o.answer;
-  ig.wrong = o.wrong;
-  ig.steps = a.steps;
-  ig.baseline_token = a.baseline_token;
-  ig.freeze_attn_pattern = o.freeze_attn_pattern;
-  ig.freeze_norm_scale = o.freeze_norm_scale;
+  const eval::IgOptions ig = eval::IgOptionsOf(o, a.steps, a.baseline_token);
   ASSIGN_OR_RETURN(eval::IgAttribution r,
                    eval::RunIntegratedGradients(session.model(), ids, ig));
   nlohmann::json j = eval::IgJson(r, ig);

@@ -75,16 +75,11 @@ StatusOr<eval::AttributeOptions> Options(const json& b, int64_t vocab) {
 StatusOr<json> RunIg(const json& b, const Engine& e,
                      const eval::AttributeOptions& o,
                      const std::vector<int32_t>& ids) {
-  eval::IgOptions ig;
-  ig.metric = o.metric;
-  ig.answer = o.answer;
-  ig.wrong = o.wrong;
-  ig.freeze_attn_pattern = o.freeze_attn_pattern;
-  ig.freeze_norm_scale = o.freeze_norm_scale;
-  ASSIGN_OR_RETURN(ig.steps, GetInt(b, "steps", 32, 1, 1024));
+  ASSIGN_OR_RETURN(const int64_t steps, GetInt(b, "steps", 32, 1, 1024));
   ASSIGN_OR_RETURN(
-      ig.baseline_token,
+      const int64_t baseline,
       GetInt(b, "baseline_token", 0, 0, e.model().config().vocab_size - 1));
+  const eval::IgOptions ig = eval::IgOptionsOf(o, steps, baseline);
   ASSIGN_OR_RETURN(eval::IgAttribution r,
                    eval::RunIntegratedGradients(e.model(), ids, ig));
   json j = eval::IgJson(r, ig);
