@@ -111,7 +111,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttributeCliTest,
                                            "llama__two_diffs",
                                            "gemma2__two_diffs",
                                            "gpt_neox__single_diff",
-                                           "qwen3_moe__two_diffs"));
+                                           "qwen3_moe__two_diffs",
+                                           // B is the corrupted runner-up
+                                           "qwen3_moe__single_diff"));
 
 class AttributeCliErrorsTest : public testing::TempDirTest {};
 

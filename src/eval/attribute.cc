@@ -232,26 +232,23 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
             " is outside the vocabulary of " + std::to_string(V));
     m.answer = o.answer >= 0 ? static_cast<int32_t>(o.answer)
                              : ArgmaxLogit(ce.last_logits.data(), V, -1);
-    if (o.wrong >= 0) {
-      m.wrong = static_cast<int32_t>(o.wrong);
-    } else {  // the corrupted argmax (runner-up when it is the answer)
-      ASSIGN_OR_RETURN(Backward::Evaluation xe,
-                       bw->Evaluate(corrupted, false, nullptr));
-      m.wrong = ArgmaxLogit(xe.last_logits.data(), V, -1);
-      if (m.wrong == m.answer)
-        m.wrong = ArgmaxLogit(xe.last_logits.data(), V, m.answer);
-    }
-    r.metric_clean =
-        static_cast<double>(ce.last_logits[m.answer]) - ce.last_logits[m.wrong];
+    // B: given, or the corrupted argmax (runner-up when it is the answer),
+    // resolved by the corrupted run itself.
+    m.wrong = static_cast<int32_t>(std::max<int64_t>(o.wrong, 0));
+    m.wrong_from_argmax = o.wrong < 0;
   } else {
     r.metric_clean = ce.logprob;
   }
-  r.answer = m.answer;
-  r.wrong = m.wrong;
   GridSink corrupted_acts;
   GradSink grads;
   ASSIGN_OR_RETURN(r.metric_corrupted,
                    bw->Run(corrupted, m, &grads, &corrupted_acts));
+  m = bw->resolved_metric();
+  if (!logprob)
+    r.metric_clean =
+        static_cast<double>(ce.last_logits[m.answer]) - ce.last_logits[m.wrong];
+  r.answer = m.answer;
+  r.wrong = m.wrong;
   const std::vector<HookPoint> order = ExecutionOrder(grid, c.num_layers);
   for (const HookPoint& h : order) {
     r.hooks.push_back(HookName(h));

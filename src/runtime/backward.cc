@@ -722,24 +722,40 @@ StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
   float* logits = buf_->logits.data();
   std::fill(dh, dh + T * H, 0.0f);
   double value = 0.0;
+  resolved_ = metric;
   if (metric.kind == GradMetricKind::kLogitDiff) {
-    if (metric.answer < 0 || metric.answer >= V || metric.wrong < 0 ||
-        metric.wrong >= V)
+    const int32_t wrong_checked = metric.wrong_from_argmax ? 0 : metric.wrong;
+    if (metric.answer < 0 || metric.answer >= V || wrong_checked < 0 ||
+        wrong_checked >= V)
       return OutOfRangeError("backward: answer " +
                              std::to_string(metric.answer) + " / wrong " +
                              std::to_string(metric.wrong) +
                              " outside the vocabulary of " + std::to_string(V));
     ComputeLogits(c_, model_.weights(), *be_, h + (T - 1) * H, 1, logits,
                   Aligned64(buf_->head_ws));
-    value = static_cast<double>(logits[metric.answer]) - logits[metric.wrong];
+    if (metric.wrong_from_argmax) {
+      int32_t best = -1, runner = -1;  // ties to the lower id
+      for (int32_t v = 0; v < V; ++v) {
+        if (best < 0 || logits[v] > logits[best]) {
+          runner = best;
+          best = v;
+        } else if (runner < 0 || logits[v] > logits[runner]) {
+          runner = v;
+        }
+      }
+      resolved_.wrong = best == metric.answer ? runner : best;
+      resolved_.wrong_from_argmax = false;
+    }
+    const int32_t answer = resolved_.answer, wrong = resolved_.wrong;
+    value = static_cast<double>(logits[answer]) - logits[wrong];
     // d logits = e_answer - e_wrong, then through the head's softcap.
-    const float la = logits[metric.answer], lw = logits[metric.wrong];
+    const float la = logits[answer], lw = logits[wrong];
     std::fill(logits, logits + V, 0.0f);
     float ga = 1.0f, gw = -1.0f;
     HeadDerivative(c_, &la, &ga, 1);
     HeadDerivative(c_, &lw, &gw, 1);
-    logits[metric.answer] += ga;
-    logits[metric.wrong] += gw;
+    logits[answer] += ga;
+    logits[wrong] += gw;
     RETURN_IF_ERROR(LinearBack(WeightRole::kLmHead, -1, 1, logits, V,
                                dh + (T - 1) * H, H, false));
   } else {

@@ -64,6 +64,11 @@ enum class GradMetricKind {
 struct GradMetric {
   GradMetricKind kind = GradMetricKind::kLogitDiff;
   int32_t answer = 0, wrong = 0;  // kLogitDiff
+  // kLogitDiff: `wrong` is resolved by the run itself as its last position's
+  // argmax, or the runner-up when that is `answer` (ties to the lower id;
+  // loom patch's default B), without a forward of its own
+  // (Backward::resolved_metric).
+  bool wrong_from_argmax = false;
 };
 
 // "logit-diff" | "logprob"; InvalidArgument naming `flag` and the word.
@@ -165,6 +170,9 @@ class Backward {
                                          const GradMetric& metric,
                                          int64_t steps, int32_t baseline_id);
 
+  // The metric of the last Run as scored (wrong_from_argmax resolved).
+  const GradMetric& resolved_metric() const { return resolved_; }
+
   int64_t buffer_bytes() const;
   const Executor& executor() const { return *executor_; }
 
@@ -220,6 +228,7 @@ class Backward {
   std::unique_ptr<Buffers> buf_;
   int64_t T_ = 0;            // the current Run's tokens
   int64_t drop_layer_ = -1;  // the current Run's GradDrop layer (-1: none)
+  GradMetric resolved_;      // the last Run's metric as scored
   int64_t seq_start_[2] = {0, 0};
   std::vector<double> route_sums_;  // [max_tokens] MoeBranch's
 };
