@@ -244,9 +244,13 @@ StatusOr<AttributeResult> RunAttribute(const Model& model,
   ASSIGN_OR_RETURN(r.metric_corrupted,
                    bw->Run(corrupted, m, &grads, &corrupted_acts));
   m = bw->resolved_metric();
-  if (!logprob)
+  if (!logprob) {
     r.metric_clean =
         static_cast<double>(ce.last_logits[m.answer]) - ce.last_logits[m.wrong];
+    r.corrupted_logits_last.assign(bw->last_logits().begin(),
+                                   bw->last_logits().end());
+  }
+  r.clean_logits_last = std::move(ce.last_logits);
   r.answer = m.answer;
   r.wrong = m.wrong;
   const std::vector<HookPoint> order = ExecutionOrder(grid, c.num_layers);

@@ -70,6 +70,9 @@ struct AttributeResult {
   std::vector<std::vector<double>> atp_star;
   std::vector<std::vector<std::vector<double>>> atp_star_head;
   std::vector<AttributeCheck> checks;  // check_top cells, largest |atp| first
+  // The last position's logits [V] of each prompt (logit-diff; the
+  // corrupted one empty for logprob).
+  std::vector<float> clean_logits_last, corrupted_logits_last;
   double seconds = 0;
 };
 

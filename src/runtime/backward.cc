@@ -147,18 +147,19 @@ struct Backward::Buffers {
   std::vector<float> d_egu;             // [T k, 2 Ie]
   std::vector<float> d_route;           // [T, E] d router logits
   std::vector<float> d_weight;          // [T k] d of each row's weight
+  std::vector<float> last_logits;       // [V] logit-diff: the last row's
   std::vector<int32_t> expert_offsets;  // [E + 1] tape
   std::vector<int32_t> expert_rows;     // [T k] tape: each row's token
 
   std::vector<std::vector<float>*> members() {
-    return {&saved,      &g,        &branch,        &d_in,        &hidden,
-            &resid_mid,  &attn_out, &mlp_out,       &qkv,         &mlp_pre,
-            &cos,        &neg_sin,  &dqkv,          &dfused,      &dz,
-            &dmlp,       &dact,     &emit,          &logits,      &gemm_ws,
-            &attn_ws,    &head_ws,  &qk_in,         &q_pre,       &k_pre,
-            &dnorm,      &proj_ws,  &router_logits, &row_weights, &expert_gu,
-            &expert_out, &d_rows,   &d_eact,        &d_egu,       &d_route,
-            &d_weight};
+    return {&saved,      &g,          &branch,        &d_in,        &hidden,
+            &resid_mid,  &attn_out,   &mlp_out,       &qkv,         &mlp_pre,
+            &cos,        &neg_sin,    &dqkv,          &dfused,      &dz,
+            &dmlp,       &dact,       &emit,          &logits,      &gemm_ws,
+            &attn_ws,    &head_ws,    &qk_in,         &q_pre,       &k_pre,
+            &dnorm,      &proj_ws,    &router_logits, &row_weights, &expert_gu,
+            &expert_out, &d_rows,     &d_eact,        &d_egu,       &d_route,
+            &d_weight,   &last_logits};
   }
 };
 
@@ -235,7 +236,8 @@ std::vector<int64_t> BufferCounts(const ModelConfig& c, int64_t T,
           R * Ie,
           R * 2 * Ie,
           T * E,
-          R};
+          R,
+          c.vocab_size};
 }
 
 }  // namespace
@@ -351,6 +353,10 @@ Backward::Backward(const Model& model, const BackwardOptions& options)
     : model_(model), c_(model.config()), options_(options) {}
 
 Backward::~Backward() = default;
+
+std::span<const float> Backward::last_logits() const {
+  return buf_->last_logits;
+}
 
 int64_t Backward::buffer_bytes() const {
   int64_t n = 0;
@@ -733,6 +739,7 @@ StatusOr<double> Backward::SeedFromMetric(std::span<const int32_t> ids,
                              " outside the vocabulary of " + std::to_string(V));
     ComputeLogits(c_, model_.weights(), *be_, h + (T - 1) * H, 1, logits,
                   Aligned64(buf_->head_ws));
+    std::copy(logits, logits + V, buf_->last_logits.begin());
     if (metric.wrong_from_argmax) {
       int32_t best = -1, runner = -1;  // ties to the lower id
       for (int32_t v = 0; v < V; ++v) {

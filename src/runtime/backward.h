@@ -172,6 +172,8 @@ class Backward {
 
   // The metric of the last Run as scored (wrong_from_argmax resolved).
   const GradMetric& resolved_metric() const { return resolved_; }
+  // The last position's logits [V] of the last logit-diff Run.
+  std::span<const float> last_logits() const;
 
   int64_t buffer_bytes() const;
   const Executor& executor() const { return *executor_; }

@@ -14,6 +14,7 @@
 
 #include "src/backend/registry.h"
 #include "src/core/json_int.h"
+#include "src/eval/attribute.h"
 #include "src/eval/patch.h"
 #include "src/serve/api.h"
 
@@ -248,6 +249,7 @@ struct RunSpec {
 // The response of a run and the record kept for the results route.
 void BuildRunJson(const Engine& e, const RunSpec& spec,
                   const eval::PatchResult& r, json* out, json* record) {
+  const bool approximate = r.patched_logits_last.empty();
   const int64_t V = e.model().config().vocab_size;
   const int64_t P = static_cast<int64_t>(r.positions.size());
   const int32_t clean_tok = Argmax(r.clean_logits_last.data(), V);
@@ -271,14 +273,18 @@ void BuildRunJson(const Engine& e, const RunSpec& spec,
       const double ld = r.logit_diff[k];
       const double effect = ld - r.corrupted_logit_diff;
       const json rate = Recovery(effect, delta);
-      const int32_t tok = Argmax(r.patched_logits_last.data() + k * V, V);
+      // AtP (approximate: "atp") has no patched run, hence no token.
+      const bool run = !r.patched_logits_last.empty();
+      const json tok =
+          run ? json(Argmax(r.patched_logits_last.data() + k * V, V)) : json();
       const json where = {{"layer", row.layer},
                           {"component", row.component},
                           {"hook_name", row.hook_name},
                           {"loom_hook", row.loom_hook},
                           {"position", r.positions[static_cast<size_t>(p)]}};
       json pr = where;
-      pr.update({{"patched_output", TokenText(e, tok)},
+      pr.update({{"patched_output",
+                  run ? json(TokenText(e, tok.get<int32_t>())) : json()},
                  {"patched_token_id", tok},
                  {"logit_diff", ld},
                  {"causal_effect", effect},
@@ -308,18 +314,24 @@ void BuildRunJson(const Engine& e, const RunSpec& spec,
                   {"next_token_id", tok},
                   {"logit_diff", ld}}}};
   };
-  json meta = {{"model", e.id()},
-               {"num_patched_runs", patched.size()},
-               {"metric_type", "logit_diff"},
-               {"answer_token_ids", {{"A", r.answer}, {"B", r.wrong}}},
-               {"clean_logit_diff", r.clean_logit_diff},
-               {"corrupted_logit_diff", r.corrupted_logit_diff},
-               {"hooks", r.hooks},
-               {"positions", r.positions},
-               {"recovery", recovery},
-               {"forwards", r.forwards},
-               {"evaluation",
-                "one forward per path; outputs are the greedy next token"}};
+  json meta = {
+      {"model", e.id()},
+      {"num_patched_runs", patched.size()},
+      {"metric_type", "logit_diff"},
+      {"answer_token_ids", {{"A", r.answer}, {"B", r.wrong}}},
+      {"clean_logit_diff", r.clean_logit_diff},
+      {"corrupted_logit_diff", r.corrupted_logit_diff},
+      {"hooks", r.hooks},
+      {"positions", r.positions},
+      {"recovery", recovery},
+      {"forwards", r.forwards},
+      {"evaluation",
+       approximate ? "approximate: atp: each cell's logit_diff is the "
+                     "corrupted one plus its attribution-patching estimate "
+                     "(one backward, no patched run; patched_output null)"
+                   : "one forward per path; outputs are the greedy next "
+                     "token"}};
+  if (approximate) meta["approximate"] = "atp";
   *out = {{"status", "completed"},
           {"clean_path", path("clean", clean_tok, r.clean_logit_diff,
                               static_cast<int64_t>(r.hooks.size()))},
@@ -334,6 +346,41 @@ void BuildRunJson(const Engine& e, const RunSpec& spec,
              {"corrupted_output", TokenText(e, corr_tok)},
              {"causal_effects", std::move(effects)},
              {"metadata", std::move(meta)}};
+}
+
+// approximate: "atp": the grid estimated by attribution patching
+// (eval::RunAttribute, one backward; the model at f32) in a PatchResult's
+// shape: logit_diff = corrupted + atp, no patched logits.
+StatusOr<eval::PatchResult> RunApproximate(const Engine& engine,
+                                           const RunSpec& spec,
+                                           const eval::PatchOptions& po) {
+  if (engine.model().compute_dtype() != DType::kF32)
+    return UnimplementedError(
+        "field `approximate`: atp runs a backward at f32; model " +
+        engine.id() + " is served at another precision (--precision f32)");
+  eval::AttributeOptions o;
+  o.hooks = po.hooks;
+  o.positions = spec.positions;
+  o.answer = spec.answer;
+  o.wrong = spec.wrong;
+  ASSIGN_OR_RETURN(
+      eval::AttributeResult a,
+      eval::RunAttribute(engine.model(), spec.clean, spec.corrupted, o));
+  eval::PatchResult r;
+  r.hooks = a.hooks;
+  r.heads.assign(a.hooks.size(), -1);
+  r.positions = a.positions;
+  r.answer = a.answer;
+  r.wrong = a.wrong;
+  r.clean_logit_diff = a.metric_clean;
+  r.corrupted_logit_diff = a.metric_corrupted;
+  for (const std::vector<double>& row : a.atp)
+    for (double v : row) r.logit_diff.push_back(a.metric_corrupted + v);
+  r.clean_logits_last = std::move(a.clean_logits_last);
+  r.corrupted_logits_last = std::move(a.corrupted_logits_last);
+  r.forwards = 0;  // the backward's forwards are not patched runs
+  r.seconds = a.seconds;
+  return r;
 }
 
 }  // namespace
@@ -425,6 +472,12 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
   RETURN_IF_ERROR(GetInt(b, "max_tokens", 256, 1, 8192).status());
   RETURN_IF_ERROR(GetNumber(b, "temperature", 0.7, 0.0, 2.0).status());
   RETURN_IF_ERROR(CheckMetric(b));
+  ASSIGN_OR_RETURN(const std::string approx, GetString(b, "approximate", ""));
+  if (!approx.empty() && approx != "atp")
+    return InvalidArgumentError("field `approximate`: '" + approx +
+                                "' is not a method (atp, or leave it out for "
+                                "the true patched runs)");
+  const bool approximate = approx == "atp";
   ASSIGN_OR_RETURN(std::string id, GetString(b, "experiment_id", ""));
   std::optional<std::vector<int64_t>> layers;
   RETURN_IF_ERROR(GetInts(b, "layers", &layers));
@@ -489,7 +542,7 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
         " positions = " + std::to_string(spec.cells) +
         " cells, more than the server's limit of " +
         std::to_string(o_.max_cells));
-  if (spec.cells * c.vocab_size * 4 > o_.max_logits_bytes)
+  if (!approximate && spec.cells * c.vocab_size * 4 > o_.max_logits_bytes)
     return OutOfRangeError(
         "field `layers`/`components`/`positions`: " +
         std::to_string(spec.cells) + " cells x " +
@@ -529,7 +582,9 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
   }
   po.reuse = reuse.get();
   StatusOr<eval::PatchResult> r =
-      eval::RunPatch(engine.model(), spec.clean, spec.corrupted, po);
+      approximate
+          ? RunApproximate(engine, spec, po)
+          : eval::RunPatch(engine.model(), spec.clean, spec.corrupted, po);
   if (!r.ok()) {
     SetStatus(x.id, "failed", nullptr);
     if (r.status().code() != StatusCode::kCancelled) return r.status();
@@ -545,8 +600,8 @@ StatusOr<json> Patching::Run(const json& b, const Engine& engine,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (x.cleanup_on_completion)
-      caches_.clear();    // TheLoom clears every cache
-    else if (!r->reused)  // a reused cache is kept as it is
+      caches_.clear();                    // TheLoom clears every cache
+    else if (!r->reused && !approximate)  // a reused cache is kept as is
       Keep(x.id, engine.id(), std::move(r->baselines));
   }
   out["experiment_id"] = x.id;

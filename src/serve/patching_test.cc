@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -247,6 +249,56 @@ TEST(ServePatchingTest, CacheKeepsAndReusesTheUnpatchedRuns) {
   tidy["experiment_id"] = conf["experiment_id"];
   ASSERT_EQ(Post(c, "/api/patching/run", tidy, &status)["status"], "completed");
   EXPECT_EQ(Get(c, "/api/patching/cache/status", &status)["num_caches"], 0);
+}
+
+// approximate: "atp": the grid from one backward (eval::RunAttribute): each
+// cell's causal effect is the golden AtP of HF autograd within the goldens'
+// atp rule, the true patch's metrics unchanged, no patched token; a bad
+// method is a 400 naming the field.
+TEST(ServePatchingTest, ApproximateAtpIsTheGoldenAttribution) {
+  const std::string shared = loom::testing::SharedGoldenDir();
+  const std::string dir = shared + "/attribution/llama__two_diffs";
+  if (shared.empty() || !std::filesystem::exists(dir))
+    GTEST_SKIP() << "SKIPPED LOUDLY: shared attribution goldens not found";
+  const json m = loom::testing::ReadJson(dir + "/manifest.json");
+  auto golden = loom::testing::GoldenFile::Open(dir + "/golden.safetensors");
+  ASSERT_NE(golden, nullptr);
+  Running s(Defaults(), shared + "/tiny/llama");
+  auto c = s.Client();
+  int status = 0;
+  const json body = {{"clean_input", m["clean_input_ids"]},
+                     {"corrupted_input", m["corrupted_input_ids"]},
+                     {"layers", {0, 1, 2}},
+                     {"components", {"resid_pre", "mlp_out"}},
+                     {"approximate", "atp"}};
+  const json run = Post(c, "/api/patching/run", body, &status);
+  ASSERT_EQ(status, 200) << run.dump();
+  const json& meta = run["metadata"];
+  EXPECT_EQ(meta["approximate"], "atp");
+  EXPECT_EQ(meta["answer_token_ids"]["A"], m["answer_token_ids"]["answer"]);
+  EXPECT_EQ(meta["answer_token_ids"]["B"], m["answer_token_ids"]["wrong"]);
+  EXPECT_NEAR(meta["corrupted_logit_diff"].get<double>(),
+              golden->F32("metric.corrupted").front(), 1e-4);
+  const int64_t T = m["T"];
+  ASSERT_EQ(run["patched_results"].size(), static_cast<size_t>(6 * T));
+  for (const json& cell : run["patched_results"]) {
+    const std::string hook = cell["loom_hook"];
+    const std::vector<float> atp = golden->F32("atp." + hook);
+    double mx = 0;
+    for (float v : atp) mx = std::max(mx, std::fabs(double{v}));
+    const double want = atp[static_cast<size_t>(int64_t{cell["position"]})];
+    EXPECT_NEAR(cell["causal_effect"].get<double>(), want,
+                std::max(1e-4, 1e-3 * mx) + 1e-3 * std::fabs(want))
+        << hook << " @" << cell["position"];
+    EXPECT_TRUE(cell["patched_output"].is_null());
+    EXPECT_TRUE(cell["patched_token_id"].is_null());
+  }
+  json bad = body;
+  bad["approximate"] = "ig";
+  const json refused = Post(c, "/api/patching/run", bad, &status);
+  EXPECT_EQ(status, 400) << refused.dump();
+  EXPECT_NE(refused.dump().find("field `approximate`"), std::string::npos)
+      << refused.dump();
 }
 
 // The golden llama activation-patching grid (every layer's resid_pre at
