@@ -810,6 +810,89 @@ class PyModel {
     return d;
   }
 
+  // The custom-gradient backward (Backward::Inject): one forward of the
+  // prompt, then one backward per dict of `injections` ({hook: [T, width]}
+  // d objective / d hook), each delivering {hook: float32 [T, width]} at
+  // `hooks`. A dict in, a dict out; a list in, a list out.
+  py::object InjectGrad(const py::object& prompt_obj,
+                        const py::object& injections, const py::object& hooks,
+                        const py::object& freeze) {
+    PatchPrompt prompt = PatchPromptArg("prompt", prompt_obj);
+    BackwardOptions o;
+    SetFreeze(StrListArg("freeze", freeze), &o.freeze_attn_pattern,
+              &o.freeze_norm_scale);
+    const std::vector<std::string> patterns = StrListArg("hooks", hooks);
+    const bool one = py::isinstance<py::dict>(injections);
+    if (!one && !py::isinstance<py::list>(injections))
+      WrongType("injections", "a dict {hook: array} or a list of them",
+                injections);
+    const ModelConfig& c = session_->config();
+    std::vector<std::vector<GradInjection>> batches;
+    const py::list items =
+        one ? py::list(py::make_tuple(injections)) : py::list(injections);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string arg = "injections[" + std::to_string(i) + "]";
+      if (!py::isinstance<py::dict>(items[i]))
+        WrongType(arg, "a dict {hook: array}", items[i]);
+      std::vector<GradInjection> seeds;
+      for (const auto& [key, value] : py::cast<py::dict>(items[i])) {
+        const std::string name =
+            StrArg(arg + " key", py::reinterpret_borrow<py::object>(key));
+        const std::vector<HookPoint> points =
+            ValueOrRaise(ParseModelHookPattern(name, c));
+        if (points.size() != 1)
+          Raise(InvalidArgumentError(arg + ": '" + name + "' names " +
+                                     std::to_string(points.size()) +
+                                     " hooks; a seed is at one"));
+        const int64_t width = ValueOrRaise(HookWidth(points[0], c));
+        int64_t rows = 0;
+        seeds.push_back(
+            {points[0], FloatRows(arg + "[" + name + "]",
+                                  py::reinterpret_borrow<py::object>(value),
+                                  width, "the hook's width is", &rows)});
+      }
+      batches.push_back(std::move(seeds));
+    }
+    struct Sink : GradientSink {
+      Status OnGradient(const HookPoint& h, const float* rows, int64_t tokens,
+                        int64_t width) override {
+        got.push_back({HookName(h),
+                       std::vector<float>(rows, rows + tokens * width), tokens,
+                       width});
+        return Status();
+      }
+      struct Got {
+        std::string name;
+        std::vector<float> data;
+        int64_t rows, cols;
+      };
+      std::vector<Got> got;
+    };
+    std::vector<Sink> sinks(batches.size());
+    CheckOrRaise(WithoutGil([&]() -> Status {
+      std::lock_guard<std::mutex> lock(mu_);
+      UseThreadsHere();
+      RETURN_IF_ERROR(PatchPromptIds(&prompt));
+      ASSIGN_OR_RETURN(o.grad_hooks, ResolveExtractHooks(patterns, {}, c));
+      o.max_tokens = static_cast<int64_t>(prompt.ids.size());
+      ASSIGN_OR_RETURN(std::unique_ptr<Backward> bw,
+                       Backward::Create(session_->model(), o));
+      std::vector<GradientSink*> out;
+      for (Sink& sk : sinks) out.push_back(&sk);
+      return bw->Inject(prompt.ids, batches, out);
+    }));
+    py::list results;
+    for (Sink& sk : sinks) {
+      py::dict d;
+      for (auto& g : sk.got)
+        d[py::str(g.name)] =
+            HandOver(std::move(g.data), py::dtype("float32"), {g.rows, g.cols});
+      results.append(d);
+    }
+    if (one) return results[0];
+    return results;
+  }
+
   // d metric / d activation at `hooks` on one prompt (src/runtime/
   // backward.h): {hook: float32 [T, width]} and "metric" (its value).
   py::dict Grad(const py::object& prompt_obj, const py::object& hooks,
@@ -1153,6 +1236,8 @@ void AddModelClass(py::module_& m) {
            py::arg("prompt"), py::arg("metric"), py::arg("answer"),
            py::arg("wrong"), py::arg("steps"), py::arg("baseline_token"),
            py::arg("freeze"))
+      .def("_inject_grad", &PyModel::InjectGrad, py::arg("prompt"),
+           py::arg("injections"), py::arg("hooks"), py::arg("freeze"))
       .def("_grad", &PyModel::Grad, py::arg("prompt"), py::arg("hooks"),
            py::arg("metric"), py::arg("answer"), py::arg("wrong"),
            py::arg("freeze"));

@@ -208,8 +208,7 @@ TEST_P(GradDropTest, TakesOnlyTheSkipPath) {
       const bool after = h.layer > l || h.site == HookSite::kFinalNorm ||
                          (h.layer == l && h.site == HookSite::kResidPost);
       if (after) {
-        EXPECT_EQ(0, std::memcmp(v.data(), full.got.at(h).data(),
-                                 v.size() * 4))
+        EXPECT_EQ(0, std::memcmp(v.data(), full.got.at(h).data(), v.size() * 4))
             << HookName(h);
       } else if (h.layer == l && h.site == HookSite::kResidPre) {
         EXPECT_EQ(v, full.got.at(HookPoint{HookSite::kResidPost, l}))
@@ -217,13 +216,85 @@ TEST_P(GradDropTest, TakesOnlyTheSkipPath) {
       } else if (h.layer == l &&
                  (h.site == HookSite::kAttnOut || h.site == HookSite::kMlpOut ||
                   h.site == HookSite::kZ)) {
-        EXPECT_TRUE(std::all_of(v.begin(), v.end(),
-                                [](float x) { return x == 0.0f; }))
-            << HookName(h);
+        EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) {
+          return x == 0.0f;
+        })) << HookName(h);
       }
     }
   }
   EXPECT_FALSE((*bw)->Run(ids, m, nullptr, nullptr, L).ok());
+}
+
+// The custom-gradient backward (Backward::Inject): seeding the residual
+// stream after the last layer (or the final norm's output) with the
+// metric's own gradient there gives every earlier hook the metric's
+// gradients byte for byte (both hooks cut the graph); a batch of two seeds
+// (s and 2 s) gives exactly twice the gradients from one forward; hooks
+// above a seed receive zeros; bad seeds are refused naming them.
+TEST_P(GradDropTest, InjectedGradientsAreTheMetricsBelowACut) {
+  const std::string root = AttributionRoot();
+  SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root);
+  const std::string name = GetParam();
+  const std::string model_name = name.substr(0, name.find("__"));
+  auto model = Model::Load(testing::SharedGoldenDir() + "/tiny/" + model_name,
+                           Precision::kF32);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int64_t L = (*model)->config().num_layers;
+  Case cs = OpenCase(root, name, L);
+  const std::vector<int32_t> ids = cs.golden->Ids("corrupted.input_ids");
+  BackwardOptions o;
+  o.max_tokens = static_cast<int64_t>(ids.size());
+  for (const auto& [n, h] : cs.hooks) o.grad_hooks.Add(h);
+  auto bw = Backward::Create(**model, o);
+  ASSERT_TRUE(bw.ok()) << bw.status().ToString();
+  GradMetric m;
+  m.answer = cs.manifest["answer_token_ids"]["answer"];
+  m.wrong = cs.manifest["answer_token_ids"]["wrong"];
+  GradCapture full;
+  ASSERT_TRUE((*bw)->Run(ids, m, &full, nullptr).ok());
+  const HookPoint top{HookSite::kResidPost, L - 1};
+  const HookPoint final_norm{HookSite::kFinalNorm, -1};
+  for (const HookPoint& cut : {top, final_norm}) {
+    SCOPED_TRACE(HookName(cut));
+    std::vector<float> twice = full.got.at(cut);
+    for (float& v : twice) v *= 2.0f;
+    const std::vector<std::vector<GradInjection>> batches = {
+        {{cut, full.got.at(cut)}}, {{cut, twice}}};
+    GradCapture one, two;
+    GradientSink* sinks[] = {&one, &two};
+    ASSERT_TRUE((*bw)->Inject(ids, batches, sinks).ok());
+    for (const auto& [h, v] : full.got) {
+      if (h == final_norm && cut == top) continue;  // above the seed
+      EXPECT_EQ(0, std::memcmp(v.data(), one.got.at(h).data(), v.size() * 4))
+          << HookName(h);
+      std::vector<float> doubled = one.got.at(h);
+      for (float& x : doubled) x *= 2.0f;
+      EXPECT_EQ(doubled, two.got.at(h)) << HookName(h);
+    }
+  }
+  // A seed inside layer 0's MLP: every hook after it gets zeros.
+  const HookPoint mlp{HookSite::kMlpOut, 0};
+  GradCapture mid;
+  GradientSink* one_sink[] = {&mid};
+  ASSERT_TRUE((*bw)->Inject(ids, {{{mlp, full.got.at(mlp)}}}, one_sink).ok());
+  for (const auto& [h, v] : mid.got)
+    if (h.layer > 0 || h.site == HookSite::kFinalNorm ||
+        (h.layer == 0 && h.site == HookSite::kResidPost))
+      EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) {
+        return x == 0.0f;
+      })) << HookName(h);
+  EXPECT_EQ(mid.got.at(mlp), full.got.at(mlp));
+  // Refused: a hook without a gradient, a seed of the wrong size.
+  GradCapture unused;
+  GradientSink* sink[] = {&unused};
+  EXPECT_EQ((*bw)
+                ->Inject(ids, {{{HookPoint{HookSite::kPattern, 0}, {}}}}, sink)
+                .code(),
+            StatusCode::kInvalidArgument);
+  const Status small = (*bw)->Inject(ids, {{{top, {1.0f, 2.0f}}}}, sink);
+  EXPECT_EQ(small.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.message().find("2 values, expected"), std::string::npos)
+      << small.message();
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GradDropTest,

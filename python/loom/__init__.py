@@ -500,6 +500,18 @@ class Model(_loom.Model):
         prompt's log-likelihood. freeze as Model.attribute."""
         return self._grad(prompt, hooks, metric, answer, wrong, freeze)
 
+    def inject_grad(self, prompt, injections, hooks, *, freeze=()):
+        """The custom-gradient backward (docs/attribution.md): one forward of
+        `prompt` (str or ids), then one backward per entry of `injections`,
+        each a dict {hook name: float32 [T, width]} of d objective / d hook
+        (an objective linear in those activations, e.g. a feature's encoder
+        row at one position; several hooks in one dict sum), with no metric.
+        Returns, per entry, {hook: float32 [T, width]}: d objective / d each
+        of `hooks` (zeros above the seeds). A dict in gives a dict back; a
+        list gives a list, all from one forward. freeze as Model.attribute.
+        At f32."""
+        return self._inject_grad(prompt, injections, hooks, freeze)
+
     def plan(self, **options):
         """`loom plan --json` for this model as a dict; the model's devices,
         max_memory and reserve unless given. Options: those of `loom.plan`."""

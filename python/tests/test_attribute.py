@@ -136,6 +136,26 @@ def test_extract_grad_of_gives_the_golden_gradients():
         model.extract([[1, 2, 3]], "blocks.0.hook_resid_pre.grad")
 
 
+def test_inject_grad_below_a_cut_is_the_metrics_gradient():
+    m, t, model = case("gpt_neox__two_diffs")
+    ids = m["corrupted_input_ids"]
+    a = m["answer_token_ids"]
+    hooks = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_z", "blocks.0.hook_mlp_out"]
+    full = model.grad(ids, hooks + ["blocks.2.hook_resid_post"], answer=a["answer"],
+                      wrong=a["wrong"])
+    seed = full["blocks.2.hook_resid_post"]
+    got = model.inject_grad(ids, {"blocks.2.hook_resid_post": seed}, hooks)
+    for h in hooks:
+        assert np.array_equal(got[h], full[h]), h
+    both = model.inject_grad(ids, [{"blocks.2.hook_resid_post": seed},
+                                   {"blocks.2.hook_resid_post": 2 * seed}], hooks)
+    assert isinstance(both, list) and len(both) == 2
+    for h in hooks:
+        assert np.array_equal(both[1][h], 2 * both[0][h]), h
+    with pytest.raises(ValueError, match="hook's width"):
+        model.inject_grad(ids, {"blocks.2.hook_resid_post": seed[:, :3]}, hooks)
+
+
 def test_bad_arguments_are_named():
     _, _, model = case("llama__single_diff")
     with pytest.raises(ValueError, match="metric"):

@@ -410,6 +410,16 @@ StatusOr<std::unique_ptr<Backward>> Backward::Create(
 Status Backward::Emit(GradientSink* grads, HookSite site, int64_t layer,
                       const float* rows, int64_t width, int64_t ld) {
   const HookPoint h{site, IsLayerSite(site) ? layer : -1};
+  // Inject: a seed at this hook joins the gradient flowing on from here
+  // (`rows` is the live buffer the backward continues with).
+  if (seeds_ != nullptr)
+    for (const GradInjection& seed : *seeds_) {
+      if (!(seed.hook == h)) continue;
+      float* live = const_cast<float*>(rows);
+      for (int64_t t = 0; t < T_; ++t)
+        for (int64_t j = 0; j < width; ++j)
+          live[t * ld + j] += seed.rows[static_cast<size_t>(t * width + j)];
+    }
   if (grads == nullptr || !options_.grad_hooks.Contains(h)) return Status();
   if (ld == width) return grads->OnGradient(h, rows, T_, width);
   // A strided part (q of q | k | v, gate of gate | up): a dense copy.
@@ -560,13 +570,55 @@ StatusOr<double> Backward::BackwardFromSaved(std::span<const int32_t> ids,
                                              GradientSink* grads) {
   const int64_t H = c_.hidden_size;
   const Batch batch{ids, std::span<const int64_t>(seq_start_, 2)};
-  ASSIGN_OR_RETURN(const double value, SeedFromMetric(ids, metric, grads));
+  double value = 0;
+  if (seeds_ != nullptr) {  // no metric: the seeds alone, from the top
+    float* dh = buf_->branch.data();
+    std::fill(dh, dh + T_ * H, 0.0f);
+    RETURN_IF_ERROR(Emit(grads, HookSite::kFinalNorm, -1, dh, H, H));
+    RETURN_IF_ERROR(NormBack(c_.norm, c_.norm_eps, c_.norm_offset,
+                             WeightRole::kFinalNorm, -1,
+                             buf_->saved.data() + c_.num_layers * T_ * H, dh,
+                             buf_->g.data(), false));
+  } else {
+    ASSIGN_OR_RETURN(value, SeedFromMetric(ids, metric, grads));
+  }
   for (int64_t l = c_.num_layers - 1; l >= 0; --l)
     RETURN_IF_ERROR(LayerBackward(batch, l, grads));
   RETURN_IF_ERROR(Emit(grads, HookSite::kEmbed, -1, buf_->g.data(), H, H));
   if (c_.learned_positions)
     RETURN_IF_ERROR(Emit(grads, HookSite::kPosEmbed, -1, buf_->g.data(), H, H));
   return value;
+}
+
+Status Backward::Inject(std::span<const int32_t> ids,
+                        const std::vector<std::vector<GradInjection>>& batches,
+                        std::span<GradientSink* const> grads) {
+  if (grads.size() != batches.size())
+    return InvalidArgumentError("inject: " + std::to_string(batches.size()) +
+                                " injections but " +
+                                std::to_string(grads.size()) + " sinks");
+  const int64_t T = static_cast<int64_t>(ids.size());
+  for (size_t i = 0; i < batches.size(); ++i)
+    for (const GradInjection& seed : batches[i]) {
+      const std::string where =
+          "inject[" + std::to_string(i) + "] at " + HookName(seed.hook) + ": ";
+      if (!IsGradientSite(seed.hook.site))
+        return InvalidArgumentError(where + "the hook has no gradient");
+      RETURN_IF_ERROR(CheckHookExists(seed.hook, c_));
+      ASSIGN_OR_RETURN(const int64_t width, HookWidth(seed.hook, c_));
+      if (static_cast<int64_t>(seed.rows.size()) != T * width)
+        return InvalidArgumentError(where + std::to_string(seed.rows.size()) +
+                                    " values, expected " + std::to_string(T) +
+                                    " tokens x " + std::to_string(width));
+    }
+  RETURN_IF_ERROR(ForwardAndNorm(ids, nullptr));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    seeds_ = &batches[i];
+    StatusOr<double> done = BackwardFromSaved(ids, GradMetric{}, grads[i]);
+    seeds_ = nullptr;
+    RETURN_IF_ERROR(done.status());
+  }
+  return Status();
 }
 
 namespace {

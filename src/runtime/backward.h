@@ -103,6 +103,15 @@ class GradientSink {
                             int64_t tokens, int64_t width) = 0;
 };
 
+// A gradient injected into the backward (the custom-gradient API that
+// circuit-tracer's backends implement): d objective / d `hook` = `rows`
+// [T, width] for an objective linear in the hook's value, e.g. a feature's
+// encoder row at one position (zero rows elsewhere).
+struct GradInjection {
+  HookPoint hook;
+  std::vector<float> rows;  // [T, width]
+};
+
 // Unimplemented naming the layer and the feature the backward lacks;
 // InvalidArgument for a gradient hook that is not a gradient site.
 Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o);
@@ -140,6 +149,16 @@ class Backward {
   StatusOr<double> Run(std::span<const int32_t> ids, const GradMetric& metric,
                        GradientSink* grads, HookSink* acts,
                        int64_t drop_layer = -1);
+
+  // The custom-gradient backward: one forward of `ids`, then for each entry
+  // i of `batches` one backward with no metric, seeded only by its
+  // injections (added to the gradient where the backward meets their hooks;
+  // several in one entry sum), grads[i] receiving d objective / d each
+  // grad_hook (zeros at hooks the seeds do not reach). InvalidArgument for
+  // an injection at a hook without a gradient or of the wrong size.
+  Status Inject(std::span<const int32_t> ids,
+                const std::vector<std::vector<GradInjection>>& batches,
+                std::span<GradientSink* const> grads);
 
   // The forward of `ids` alone (acts receives the act_hooks): the last
   // position's logits [V] and, with_logprob, the sequence's log-likelihood
@@ -231,6 +250,8 @@ class Backward {
   int64_t T_ = 0;            // the current Run's tokens
   int64_t drop_layer_ = -1;  // the current Run's GradDrop layer (-1: none)
   GradMetric resolved_;      // the last Run's metric as scored
+  // Inject's seeds for the backward in progress (null: the metric's).
+  const std::vector<GradInjection>* seeds_ = nullptr;
   int64_t seq_start_[2] = {0, 0};
   std::vector<double> route_sums_;  // [max_tokens] MoeBranch's
 };
