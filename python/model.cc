@@ -87,6 +87,31 @@ struct ExtractOutput {
   int64_t tokens = 0;
 };
 
+// The gradients a backward delivers, kept to be handed to Python as
+// {hook name: float32 [T, width]} (Take, with the GIL held).
+struct GradRows : GradientSink {
+  Status OnGradient(const HookPoint& h, const float* rows, int64_t tokens,
+                    int64_t width) override {
+    got.push_back({HookName(h), std::vector<float>(rows, rows + tokens * width),
+                   tokens, width});
+    return Status();
+  }
+  py::dict Take() {
+    py::dict d;
+    for (Got& g : got)
+      d[py::str(g.name)] =
+          HandOver(std::move(g.data), py::dtype("float32"), {g.rows, g.cols});
+    got.clear();
+    return d;
+  }
+  struct Got {
+    std::string name;
+    std::vector<float> data;
+    int64_t rows, cols;
+  };
+  std::vector<Got> got;
+};
+
 // extract's grad_of= with answer= / wrong= (`loom extract --grad-of`):
 // every argument converted (named type errors) whether or not it is used.
 std::optional<GradMetric> GradOfArg(const py::object& grad_of,
@@ -853,22 +878,7 @@ class PyModel {
       }
       batches.push_back(std::move(seeds));
     }
-    struct Sink : GradientSink {
-      Status OnGradient(const HookPoint& h, const float* rows, int64_t tokens,
-                        int64_t width) override {
-        got.push_back({HookName(h),
-                       std::vector<float>(rows, rows + tokens * width), tokens,
-                       width});
-        return Status();
-      }
-      struct Got {
-        std::string name;
-        std::vector<float> data;
-        int64_t rows, cols;
-      };
-      std::vector<Got> got;
-    };
-    std::vector<Sink> sinks(batches.size());
+    std::vector<GradRows> sinks(batches.size());
     CheckOrRaise(WithoutGil([&]() -> Status {
       std::lock_guard<std::mutex> lock(mu_);
       UseThreadsHere();
@@ -878,17 +888,11 @@ class PyModel {
       ASSIGN_OR_RETURN(std::unique_ptr<Backward> bw,
                        Backward::Create(session_->model(), o));
       std::vector<GradientSink*> out;
-      for (Sink& sk : sinks) out.push_back(&sk);
+      for (GradRows& sk : sinks) out.push_back(&sk);
       return bw->Inject(prompt.ids, batches, out);
     }));
     py::list results;
-    for (Sink& sk : sinks) {
-      py::dict d;
-      for (auto& g : sk.got)
-        d[py::str(g.name)] =
-            HandOver(std::move(g.data), py::dtype("float32"), {g.rows, g.cols});
-      results.append(d);
-    }
+    for (GradRows& sk : sinks) results.append(sk.Take());
     if (one) return results[0];
     return results;
   }
@@ -914,21 +918,7 @@ class PyModel {
       Raise(InvalidArgumentError(
           "answer, wrong: the logit-diff metric needs both token ids"));
     const std::vector<std::string> patterns = StrListArg("hooks", hooks);
-    struct Sink : GradientSink {
-      Status OnGradient(const HookPoint& h, const float* rows, int64_t tokens,
-                        int64_t width) override {
-        got.push_back({HookName(h),
-                       std::vector<float>(rows, rows + tokens * width), tokens,
-                       width});
-        return Status();
-      }
-      struct Got {
-        std::string name;
-        std::vector<float> data;
-        int64_t rows, cols;
-      };
-      std::vector<Got> got;
-    } sink;
+    GradRows sink;
     StatusOr<double> value = WithoutGil([&]() -> StatusOr<double> {
       std::lock_guard<std::mutex> lock(mu_);
       UseThreadsHere();
@@ -941,10 +931,7 @@ class PyModel {
       return bw->Run(prompt.ids, m, &sink, nullptr);
     });
     const double v = ValueOrRaise(std::move(value));
-    py::dict d;
-    for (auto& g : sink.got)
-      d[py::str(g.name)] =
-          HandOver(std::move(g.data), py::dtype("float32"), {g.rows, g.cols});
+    py::dict d = sink.Take();
     d["metric"] = v;
     return d;
   }

@@ -177,33 +177,47 @@ TEST_P(BackwardGoldenTest, GradientsDoNotDependOnTheThreadCount) {
 // gradients byte for byte, d resid_pre of layer l is the undropped d
 // resid_post of layer l (the skip path alone), and the branch hooks of
 // layer l receive zeros; sequential, post-norm, parallel and MoE blocks.
-class GradDropTest : public ::testing::TestWithParam<std::string> {};
+// A golden case's model, its backward at every golden hook, the logit-diff
+// metric and its gradients on the corrupted prompt (`full`).
+class GradDropTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUpCase(const std::string& root) {
+    const std::string name = GetParam();
+    auto loaded = Model::Load(
+        testing::SharedGoldenDir() + "/tiny/" + name.substr(0, name.find("__")),
+        Precision::kF32);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    model = std::move(loaded).value();
+    L = model->config().num_layers;
+    cs = OpenCase(root, name, L);
+    ids = cs.golden->Ids("corrupted.input_ids");
+    BackwardOptions o;
+    o.max_tokens = static_cast<int64_t>(ids.size());
+    for (const auto& [n, h] : cs.hooks) o.grad_hooks.Add(h);
+    auto created = Backward::Create(*model, o);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    bw = std::move(created).value();
+    m.answer = cs.manifest["answer_token_ids"]["answer"];
+    m.wrong = cs.manifest["answer_token_ids"]["wrong"];
+    ASSERT_TRUE(bw->Run(ids, m, &full, nullptr).ok());
+  }
+  std::unique_ptr<Model> model;
+  int64_t L = 0;
+  Case cs;
+  std::vector<int32_t> ids;
+  std::unique_ptr<Backward> bw;
+  GradMetric m;
+  GradCapture full;
+};
 
 TEST_P(GradDropTest, TakesOnlyTheSkipPath) {
   const std::string root = AttributionRoot();
   SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root);
-  const std::string name = GetParam();
-  const std::string model_name = name.substr(0, name.find("__"));
-  auto model = Model::Load(testing::SharedGoldenDir() + "/tiny/" + model_name,
-                           Precision::kF32);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const int64_t L = (*model)->config().num_layers;
-  Case cs = OpenCase(root, name, L);
-  const std::vector<int32_t> ids = cs.golden->Ids("corrupted.input_ids");
-  BackwardOptions o;
-  o.max_tokens = static_cast<int64_t>(ids.size());
-  for (const auto& [n, h] : cs.hooks) o.grad_hooks.Add(h);
-  auto bw = Backward::Create(**model, o);
-  ASSERT_TRUE(bw.ok()) << bw.status().ToString();
-  GradMetric m;
-  m.answer = cs.manifest["answer_token_ids"]["answer"];
-  m.wrong = cs.manifest["answer_token_ids"]["wrong"];
-  GradCapture full;
-  ASSERT_TRUE((*bw)->Run(ids, m, &full, nullptr).ok());
+  ASSERT_NO_FATAL_FAILURE(SetUpCase(root));
   for (int64_t l = 0; l < L; ++l) {
     SCOPED_TRACE("drop layer " + std::to_string(l));
     GradCapture drop;
-    ASSERT_TRUE((*bw)->Run(ids, m, &drop, nullptr, l).ok());
+    ASSERT_TRUE(bw->Run(ids, m, &drop, nullptr, l).ok());
     for (const auto& [h, v] : drop.got) {
       const bool after = h.layer > l || h.site == HookSite::kFinalNorm ||
                          (h.layer == l && h.site == HookSite::kResidPost);
@@ -222,7 +236,7 @@ TEST_P(GradDropTest, TakesOnlyTheSkipPath) {
       }
     }
   }
-  EXPECT_FALSE((*bw)->Run(ids, m, nullptr, nullptr, L).ok());
+  EXPECT_FALSE(bw->Run(ids, m, nullptr, nullptr, L).ok());
 }
 
 // The custom-gradient backward (Backward::Inject): seeding the residual
@@ -234,24 +248,7 @@ TEST_P(GradDropTest, TakesOnlyTheSkipPath) {
 TEST_P(GradDropTest, InjectedGradientsAreTheMetricsBelowACut) {
   const std::string root = AttributionRoot();
   SKIP_WITHOUT_ATTRIBUTION_GOLDENS(root);
-  const std::string name = GetParam();
-  const std::string model_name = name.substr(0, name.find("__"));
-  auto model = Model::Load(testing::SharedGoldenDir() + "/tiny/" + model_name,
-                           Precision::kF32);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const int64_t L = (*model)->config().num_layers;
-  Case cs = OpenCase(root, name, L);
-  const std::vector<int32_t> ids = cs.golden->Ids("corrupted.input_ids");
-  BackwardOptions o;
-  o.max_tokens = static_cast<int64_t>(ids.size());
-  for (const auto& [n, h] : cs.hooks) o.grad_hooks.Add(h);
-  auto bw = Backward::Create(**model, o);
-  ASSERT_TRUE(bw.ok()) << bw.status().ToString();
-  GradMetric m;
-  m.answer = cs.manifest["answer_token_ids"]["answer"];
-  m.wrong = cs.manifest["answer_token_ids"]["wrong"];
-  GradCapture full;
-  ASSERT_TRUE((*bw)->Run(ids, m, &full, nullptr).ok());
+  ASSERT_NO_FATAL_FAILURE(SetUpCase(root));
   const HookPoint top{HookSite::kResidPost, L - 1};
   const HookPoint final_norm{HookSite::kFinalNorm, -1};
   for (const HookPoint& cut : {top, final_norm}) {
@@ -262,7 +259,7 @@ TEST_P(GradDropTest, InjectedGradientsAreTheMetricsBelowACut) {
         {{cut, full.got.at(cut)}}, {{cut, twice}}};
     GradCapture one, two;
     GradientSink* sinks[] = {&one, &two};
-    ASSERT_TRUE((*bw)->Inject(ids, batches, sinks).ok());
+    ASSERT_TRUE(bw->Inject(ids, batches, sinks).ok());
     for (const auto& [h, v] : full.got) {
       if (h == final_norm && cut == top) continue;  // above the seed
       EXPECT_EQ(0, std::memcmp(v.data(), one.got.at(h).data(), v.size() * 4))
@@ -276,7 +273,7 @@ TEST_P(GradDropTest, InjectedGradientsAreTheMetricsBelowACut) {
   const HookPoint mlp{HookSite::kMlpOut, 0};
   GradCapture mid;
   GradientSink* one_sink[] = {&mid};
-  ASSERT_TRUE((*bw)->Inject(ids, {{{mlp, full.got.at(mlp)}}}, one_sink).ok());
+  ASSERT_TRUE(bw->Inject(ids, {{{mlp, full.got.at(mlp)}}}, one_sink).ok());
   for (const auto& [h, v] : mid.got)
     if (h.layer > 0 || h.site == HookSite::kFinalNorm ||
         (h.layer == 0 && h.site == HookSite::kResidPost))
@@ -287,11 +284,10 @@ TEST_P(GradDropTest, InjectedGradientsAreTheMetricsBelowACut) {
   // Refused: a hook without a gradient, a seed of the wrong size.
   GradCapture unused;
   GradientSink* sink[] = {&unused};
-  EXPECT_EQ((*bw)
-                ->Inject(ids, {{{HookPoint{HookSite::kPattern, 0}, {}}}}, sink)
-                .code(),
-            StatusCode::kInvalidArgument);
-  const Status small = (*bw)->Inject(ids, {{{top, {1.0f, 2.0f}}}}, sink);
+  const Status pattern =
+      bw->Inject(ids, {{{HookPoint{HookSite::kPattern, 0}, {}}}}, sink);
+  EXPECT_EQ(pattern.code(), StatusCode::kInvalidArgument);
+  const Status small = bw->Inject(ids, {{{top, {1.0f, 2.0f}}}}, sink);
   EXPECT_EQ(small.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(small.message().find("2 values, expected"), std::string::npos)
       << small.message();
