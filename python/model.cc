@@ -112,34 +112,16 @@ struct GradRows : GradientSink {
   std::vector<Got> got;
 };
 
-// extract's grad_of= with answer= / wrong= (`loom extract --grad-of`):
-// every argument converted (named type errors) whether or not it is used.
+// extract's grad_of= with answer= / wrong= (`loom extract --grad-of`'s rule,
+// ParseGradOf): every argument converted (named type errors) whether or
+// not it is used.
 std::optional<GradMetric> GradOfArg(const py::object& grad_of,
                                     const py::object& answer,
                                     const py::object& wrong) {
   const std::optional<std::string> kind = OptStrArg("grad_of", grad_of);
   const int64_t a = answer.is_none() ? -1 : IntArgAtLeast("answer", answer, 0);
   const int64_t w = wrong.is_none() ? -1 : IntArgAtLeast("wrong", wrong, 0);
-  const bool tokens = a >= 0 || w >= 0;
-  if (!kind) {
-    if (tokens)
-      Raise(InvalidArgumentError(
-          "answer, wrong: only with grad_of=\"logit-diff\""));
-    return std::nullopt;
-  }
-  GradMetric m;
-  m.kind = ValueOrRaise(ParseGradMetric(*kind, "grad_of"));
-  if (m.kind == GradMetricKind::kLogitDiff) {
-    if (a < 0 || w < 0)
-      Raise(InvalidArgumentError(
-          "answer, wrong: grad_of=\"logit-diff\" needs both token ids"));
-    m.answer = static_cast<int32_t>(a);
-    m.wrong = static_cast<int32_t>(w);
-  } else if (tokens) {
-    Raise(InvalidArgumentError(
-        "answer, wrong: grad_of=\"logprob\" takes no answer tokens"));
-  }
-  return m;
+  return ValueOrRaise(ParseGradOf(kind.value_or(""), a, w));
 }
 
 class PyModel {
@@ -727,11 +709,11 @@ class PyModel {
     if (!wrong.is_none()) o.wrong = IntArgAtLeast("wrong", wrong, 0);
     o.check_top = IntArgAtLeast("check_top", check_top_obj, 0);
     const std::string method = StrArg("method", method_obj);
-    if (method != "atp" && method != "atp-star")
-      Raise(InvalidArgumentError("method: '" + method +
-                                 "' is not a method here (atp, atp-star; "
-                                 "integrated gradients: "
-                                 "Model.integrated_gradients)"));
+    if (ValueOrRaise(eval::ParseAttributeMethod(method, "method")) ==
+        eval::AttributeMethod::kIg)
+      Raise(
+          InvalidArgumentError("method: 'ig' is Model.integrated_gradients "
+                               "(atp or atp-star here)"));
     o.grad_drop = method == "atp-star";
     StatusOr<eval::AttributeResult> out =
         WithoutGil([&]() -> StatusOr<eval::AttributeResult> {

@@ -130,7 +130,7 @@ def test_extract_grad_of_gives_the_golden_gradients():
                        select="all", grad_of="logprob")
     within(lp["blocks.1.hook_resid_pre.grad.all"],
            t["seq_logprob.grad.blocks.1.hook_resid_pre"], 1e-7, 1e-4, 1e-3)
-    with pytest.raises(ValueError, match="needs both"):
+    with pytest.raises(ValueError, match="give answer A and wrong B"):
         model.extract([[1, 2, 3]], "blocks.0.hook_resid_pre.grad", grad_of="logit-diff")
     with pytest.raises(ValueError, match="needs --grad-of"):
         model.extract([[1, 2, 3]], "blocks.0.hook_resid_pre.grad")

@@ -196,6 +196,15 @@ Status GradDrop(Backward& bw, const ModelConfig& c,
 
 }  // namespace
 
+StatusOr<AttributeMethod> ParseAttributeMethod(std::string_view text,
+                                               std::string_view flag) {
+  if (text == "atp") return AttributeMethod::kAtp;
+  if (text == "atp-star") return AttributeMethod::kAtpStar;
+  if (text == "ig") return AttributeMethod::kIg;
+  return InvalidArgumentError(std::string(flag) + ": '" + std::string(text) +
+                              "' is not a method (atp, atp-star, ig)");
+}
+
 StatusOr<AttributeResult> RunAttribute(const Model& model,
                                        std::span<const int32_t> clean,
                                        std::span<const int32_t> corrupted,

@@ -33,6 +33,13 @@
 
 namespace loom::eval {
 
+// `loom attribute --method` (the route's `method`, Model.attribute's):
+// atp, atp-star (AtP and GradDrop) or ig (integrated gradients);
+// InvalidArgument naming `flag` otherwise.
+enum class AttributeMethod { kAtp, kAtpStar, kIg };
+StatusOr<AttributeMethod> ParseAttributeMethod(std::string_view text,
+                                               std::string_view flag);
+
 struct AttributeOptions {
   // Hook patterns as extract's; every one a gradient site (IsGradientSite).
   std::vector<std::string> hooks = {"blocks.*.hook_resid_pre"};

@@ -155,6 +155,32 @@ std::string_view AddBosName(eval::AddBos add_bos) {
   return "?";
 }
 
+StatusOr<std::optional<GradMetric>> ParseGradOf(std::string_view metric,
+                                                int64_t answer, int64_t wrong) {
+  const bool tokens = answer >= 0 || wrong >= 0;
+  if (metric.empty()) {
+    if (tokens)
+      return InvalidArgumentError(
+          "--answer / --wrong: only with --grad-of logit-diff");
+    return std::optional<GradMetric>();
+  }
+  GradMetric m;
+  ASSIGN_OR_RETURN(m.kind, ParseGradMetric(metric, "--grad-of"));
+  if (m.kind == GradMetricKind::kLogitDiff) {
+    if (answer < 0 || wrong < 0)
+      return InvalidArgumentError(
+          "--grad-of logit-diff: give --answer A and --wrong B (token ids; "
+          "the metric is logits[last, A] - logits[last, B] of each row)");
+    m.answer = static_cast<int32_t>(answer);
+    m.wrong = static_cast<int32_t>(wrong);
+  } else if (tokens) {
+    return InvalidArgumentError(
+        "--answer / --wrong: --grad-of logprob (the row's log-likelihood) "
+        "takes no answer tokens");
+  }
+  return std::optional<GradMetric>(m);
+}
+
 StatusOr<DType> ParseOutputDType(std::string_view text) {
   const std::optional<DType> d = ParseDType(text);
   if (!d || !IsComputeDType(*d))

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,13 @@ std::string_view AddBosName(eval::AddBos add_bos);
 // The extract-rows parameters (src/eval/params.h) into `job`: the words
 // parsed (add_bos, on_error), the numbers as they are.
 Status ApplyRowParams(const eval::ExtractRowParams& p, ExtractOptions* job);
+
+// --grad-of METRIC with --answer / --wrong (`grad_of=`, `answer=`, `wrong=`
+// in Python; -1 = not given; an empty metric = no gradients): logit-diff
+// needs both token ids, logprob takes none, and neither is given without
+// a metric. nullopt without --grad-of.
+StatusOr<std::optional<GradMetric>> ParseGradOf(std::string_view metric,
+                                                int64_t answer, int64_t wrong);
 
 // --dtype f32|bf16|f16 (the output dtype of the arrays).
 StatusOr<DType> ParseOutputDType(std::string_view text);

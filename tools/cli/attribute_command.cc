@@ -40,10 +40,9 @@ struct AttributeArgs {
 
 StatusOr<eval::AttributeOptions> OptionsOf(const AttributeArgs& a) {
   eval::AttributeOptions o;
-  if (a.method != "atp" && a.method != "atp-star" && a.method != "ig")
-    return InvalidArgumentError("--method: '" + a.method +
-                                "' is not a method (atp, atp-star, ig)");
-  o.grad_drop = a.method == "atp-star";
+  ASSIGN_OR_RETURN(const eval::AttributeMethod method,
+                   eval::ParseAttributeMethod(a.method, "--method"));
+  o.grad_drop = method == eval::AttributeMethod::kAtpStar;
   ASSIGN_OR_RETURN(o.metric, ParseGradMetric(a.metric, "--metric"));
   RETURN_IF_ERROR(ParseFreeze(a.freeze, "--freeze", &o.freeze_attn_pattern,
                               &o.freeze_norm_scale));
@@ -94,7 +93,7 @@ Status ReportVerifyPlan(const Session& session) {
 
 Status RunAttributeCommand(const AttributeArgs& a) {
   ASSIGN_OR_RETURN(const eval::AttributeOptions o, OptionsOf(a));
-  const bool ig = a.method == "ig";
+  const bool ig = a.method == "ig";  // OptionsOf checked the word
   if (!ig && a.prompts.corrupted_text->count() == 0 &&
       a.prompts.corrupted_tokens->count() == 0)
     return InvalidArgumentError("give --corrupted or --corrupted-tokens");

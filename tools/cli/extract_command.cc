@@ -45,33 +45,6 @@ struct ExtractCliOptions {
   bool quiet = false;
 };
 
-// --grad-of METRIC with its --answer / --wrong token ids.
-Status ParseGradOf(const ExtractCliOptions& opts, ExtractOptions* job) {
-  const bool tokens = opts.answer >= 0 || opts.wrong >= 0;
-  if (opts.grad_of.empty()) {
-    if (tokens)
-      return InvalidArgumentError(
-          "--answer / --wrong: only with --grad-of logit-diff");
-    return Status();
-  }
-  GradMetric m;
-  ASSIGN_OR_RETURN(m.kind, ParseGradMetric(opts.grad_of, "--grad-of"));
-  if (m.kind == GradMetricKind::kLogitDiff) {
-    if (opts.answer < 0 || opts.wrong < 0)
-      return InvalidArgumentError(
-          "--grad-of logit-diff: give --answer A and --wrong B (token ids; "
-          "the metric is logits[last, A] - logits[last, B] of each row)");
-    m.answer = static_cast<int32_t>(opts.answer);
-    m.wrong = static_cast<int32_t>(opts.wrong);
-  } else if (tokens) {
-    return InvalidArgumentError(
-        "--answer / --wrong: --grad-of logprob (the row's log-likelihood) "
-        "takes no answer tokens");
-  }
-  job->grad_of = m;
-  return Status();
-}
-
 // The flags given as words, into the job's enums.
 Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
   ASSIGN_OR_RETURN(job->precision, ParsePrecision(opts.precision));
@@ -90,7 +63,9 @@ Status ParseWords(const ExtractCliOptions& opts, ExtractOptions* job) {
   ASSIGN_OR_RETURN(job->control_vectors,
                    ControlVectorFlagFiles(opts.interventions));
   job->control_vector_layer_range = ControlVectorFlagRange(opts.interventions);
-  return ParseGradOf(opts, job);
+  ASSIGN_OR_RETURN(job->grad_of,
+                   ParseGradOf(opts.grad_of, opts.answer, opts.wrong));
+  return Status();
 }
 
 // The shard directories of `--shard auto` under `out`.

@@ -92,12 +92,11 @@ Status Attribute(ServerContext& ctx, const httplib::Request& req,
   ASSIGN_OR_RETURN(json b, ParseBody(req.body));
   ASSIGN_OR_RETURN(auto e, ctx.models.EngineFor(b));
   const ModelConfig& c = e->model().config();
-  ASSIGN_OR_RETURN(const std::string method, GetString(b, "method", "atp"));
-  if (method != "atp" && method != "atp-star" && method != "ig")
-    return InvalidArgumentError("field `method`: '" + method +
-                                "' is not a method (atp, atp-star, ig)");
+  ASSIGN_OR_RETURN(const std::string word, GetString(b, "method", "atp"));
+  ASSIGN_OR_RETURN(const eval::AttributeMethod method,
+                   eval::ParseAttributeMethod(word, "field `method`"));
   ASSIGN_OR_RETURN(eval::AttributeOptions o, Options(b, c.vocab_size));
-  o.grad_drop = method == "atp-star";
+  o.grad_drop = method == eval::AttributeMethod::kAtpStar;
   if (e->model().compute_dtype() != DType::kF32)
     return UnimplementedError(
         "/v1/attribute: model " + e->id() + " is served at " +
@@ -115,7 +114,7 @@ Status Attribute(ServerContext& ctx, const httplib::Request& req,
     return ResourceExhaustedError(
         "/v1/attribute: another attribution is running; retry later");
   json j;
-  if (method == "ig") {
+  if (method == eval::AttributeMethod::kIg) {
     ASSIGN_OR_RETURN(j, RunIg(b, *e, o, clean));
   } else {
     if (!b.contains("corrupted"))
