@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "python/convert.h"
+#include "python/sae.h"
 #include "python/generate.h"
 #include "src/backend/registry.h"
 #include "src/base/progress.h"
@@ -122,6 +123,21 @@ std::optional<GradMetric> GradOfArg(const py::object& grad_of,
   const int64_t a = answer.is_none() ? -1 : IntArgAtLeast("answer", answer, 0);
   const int64_t w = wrong.is_none() ? -1 : IntArgAtLeast("wrong", wrong, 0);
   return ValueOrRaise(ParseGradOf(kind.value_or(""), a, w));
+}
+
+// extract's saes= (a list from python/loom's _path_list): the loom.Sae
+// objects go to `loaded`, the rest is returned for the `sae` field.
+py::object SaePaths(const py::object& saes,
+                    std::vector<std::shared_ptr<const Sae>>* loaded) {
+  if (!py::isinstance<py::list>(saes)) return saes;
+  py::list paths;
+  for (const py::handle item : saes.cast<py::list>()) {
+    if (std::shared_ptr<const Sae> sae = LoadedSae(item))
+      loaded->push_back(std::move(sae));
+    else
+      paths.append(item);
+  }
+  return std::move(paths);
 }
 
 class PyModel {
@@ -1156,9 +1172,11 @@ void AddModelClass(py::module_& m) {
                 add_bos,  batch_tokens,         commit_every,
                 on_error, streaming_chunk_size, max_row_tokens};
             ReadPyParams(eval::ExtractRowParamFields(&a.rows), rows);
-            // (sae_dashboard: written by `loom extract` only.)
+            // (sae_dashboard: written by `loom extract` only.) loom.Sae
+            // objects are run as loaded; paths are loaded by the job.
+            const py::object paths = SaePaths(sae, &a.analysis.loaded_sae);
             ReadPyParams(eval::AnalysisParamFields(&a.analysis),
-                         {{"sae", sae},
+                         {{"sae", paths},
                           {"sae_topk", sae_topk},
                           {"lens", lens},
                           {"lens_topk", lens_topk}});

@@ -6,7 +6,15 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
+
+#include "src/model/sae.h"
+
 namespace loom::python {
+
+// The SAE a loom.Sae holds (shared, not copied), or null when `obj` is no
+// loom.Sae.
+std::shared_ptr<const Sae> LoadedSae(const pybind11::handle& obj);
 
 // Adds the class `Sae` to the module.
 void AddSaeClass(pybind11::module_& m);

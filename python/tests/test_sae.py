@@ -129,7 +129,20 @@ def test_extract_with_saes_in_the_forward():
     assert np.array_equal(top[ok], g["seq2.topk_indices"][ok])
     err = out[hook + ".hook_sae_error"]
     assert np.abs(err - (out[hook] - g["seq2.reconstruction"])).max() <= 1e-4
+    # A loom.Sae object instead of the path: loaded once, the same bytes on
+    # every call; beside a path of another SAE at the same hook, refused.
+    sae = loom.Sae(os.path.join(root, m["sae_dir"]))
+    names = [hook + ".hook_sae_acts_post", hook + ".hook_sae_error"]
+    for _ in range(2):
+        again = model.extract([ids], [hook] + names, select="all", saes=sae, sae_topk=16)
+        for k in names + [hook + ".hook_sae_acts_post.topk_indices",
+                          hook + ".hook_sae_acts_post.topk_values"]:
+            assert np.array_equal(again[k], out[k]), k
+    with pytest.raises(loom.InvalidArgumentError, match="one SAE per hook"):
+        model.extract([ids], names[0], saes=[os.path.join(root, m["sae_dir"]), sae])
     with pytest.raises(loom.InvalidArgumentError, match="sae_topk"):
         model.extract([ids], hook, saes=os.path.join(root, m["sae_dir"]), sae_topk=-1)
+    with pytest.raises(loom.InvalidArgumentError, match="exceeds"):
+        model.extract([ids], names[0], saes=sae, sae_topk=sae.d_sae + 1)
     with pytest.raises(loom.InvalidArgumentError, match="no --sae reads"):
         model.extract([ids], hook + ".hook_sae_acts_post")

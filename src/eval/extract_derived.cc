@@ -54,32 +54,55 @@ StatusOr<HookPoint> OneHook(const std::string& name, const ModelConfig& c) {
   return hooks[0];
 }
 
-StatusOr<std::shared_ptr<const Sae>> LoadOneSae(const std::string& spec,
-                                                const ModelConfig& c,
-                                                HookPoint* hook) {
+// The hook `sae` reads in the model, checked: its width is the SAE's d_in,
+// and a transcoder reads no norm output. Errors start with `what`.
+StatusOr<HookPoint> SaeHookIn(const Sae& sae, const std::string& what,
+                              const ModelConfig& c) {
+  StatusOr<HookPoint> h = OneHook(sae.hook, c);
+  if (!h.ok()) return h.status().WithContext(what);
+  const std::string name = HookName(*h);
+  ASSIGN_OR_RETURN(const int64_t width, HookWidth(*h, c));
+  if (width != sae.d_in)
+    return InvalidArgumentError(what + ": reads " + name + " of width " +
+                                std::to_string(width) + ", the SAE's d_in is " +
+                                std::to_string(sae.d_in));
+  if (IsTranscoder(sae.architecture) &&
+      (h->site == HookSite::kLn1 || h->site == HookSite::kLn2))
+    return UnimplementedError(
+        what + ": a transcoder reading " + name +
+        " reads the norm's pre-gain value (TransformerLens' "
+        "hook_normalized); Loom's hook of that name is the norm's output, "
+        "so this transcoder cannot run inside the forward yet");
+  return *h;
+}
+
+StatusOr<std::shared_ptr<const Sae>> LoadOneSae(const std::string& spec) {
   const size_t at = spec.rfind('@');
   const std::string path = spec.substr(0, at);
   const std::string given = at == std::string::npos ? "" : spec.substr(at + 1);
   StatusOr<Sae> sae = LoadSae(path, given);
   if (!sae.ok()) return sae.status().WithContext("--sae " + spec);
-  StatusOr<HookPoint> h = OneHook(sae->hook, c);
-  if (!h.ok()) return h.status().WithContext("--sae " + spec);
-  *hook = *h;
-  const std::string name = HookName(*h);
-  ASSIGN_OR_RETURN(const int64_t width, HookWidth(*h, c));
-  if (width != sae->d_in)
-    return InvalidArgumentError("--sae " + spec + ": reads " + name +
-                                " of width " + std::to_string(width) +
-                                ", the SAE's d_in is " +
-                                std::to_string(sae->d_in));
-  if (IsTranscoder(sae->architecture) &&
-      (h->site == HookSite::kLn1 || h->site == HookSite::kLn2))
-    return UnimplementedError(
-        "--sae " + spec + ": a transcoder reading " + name +
-        " reads the norm's pre-gain value (TransformerLens' "
-        "hook_normalized); Loom's hook of that name is the norm's output, "
-        "so this transcoder cannot run inside the forward yet");
   return std::make_shared<const Sae>(std::move(sae).value());
+}
+
+// Adds `sae` (named `what` in errors) to `a`: one SAE per hook, --sae-topk
+// within its width.
+Status AddSae(std::shared_ptr<const Sae> sae, const std::string& what,
+              const eval::AnalysisParams& p, const ModelConfig& c,
+              Analyses* a) {
+  ASSIGN_OR_RETURN(const HookPoint h, SaeHookIn(*sae, what, c));
+  for (size_t i = 0; i < a->sae_hooks.size(); ++i)
+    if (a->sae_hooks[i] == h)
+      return InvalidArgumentError(what + ": " + HookName(h) +
+                                  " is already read by --sae " +
+                                  a->saes[i]->path + " (one SAE per hook)");
+  if (p.sae_topk > sae->d_sae)
+    return InvalidArgumentError("--sae-topk " + std::to_string(p.sae_topk) +
+                                " exceeds " + sae->path + "'s " +
+                                std::to_string(sae->d_sae) + " features");
+  a->saes.push_back(std::move(sae));
+  a->sae_hooks.push_back(h);
+  return Status();
 }
 
 }  // namespace
@@ -121,20 +144,11 @@ StatusOr<Analyses> LoadAnalyses(const eval::AnalysisParams& p,
                                 const ModelConfig& c) {
   Analyses a;
   for (const std::string& spec : p.sae) {
-    HookPoint h;
-    ASSIGN_OR_RETURN(std::shared_ptr<const Sae> sae, LoadOneSae(spec, c, &h));
-    for (size_t i = 0; i < a.sae_hooks.size(); ++i)
-      if (a.sae_hooks[i] == h)
-        return InvalidArgumentError("--sae " + spec + ": " + HookName(h) +
-                                    " is already read by --sae " +
-                                    a.saes[i]->path + " (one SAE per hook)");
-    if (p.sae_topk > sae->d_sae)
-      return InvalidArgumentError("--sae-topk " + std::to_string(p.sae_topk) +
-                                  " exceeds " + sae->path + "'s " +
-                                  std::to_string(sae->d_sae) + " features");
-    a.saes.push_back(std::move(sae));
-    a.sae_hooks.push_back(h);
+    ASSIGN_OR_RETURN(std::shared_ptr<const Sae> sae, LoadOneSae(spec));
+    RETURN_IF_ERROR(AddSae(std::move(sae), "--sae " + spec, p, c, &a));
   }
+  for (const std::shared_ptr<const Sae>& sae : p.loaded_sae)
+    RETURN_IF_ERROR(AddSae(sae, "--sae " + sae->path, p, c, &a));
   if (p.sae_topk > 0 && a.saes.empty())
     return InvalidArgumentError("--sae-topk needs an --sae");
   if (p.sae_dashboard > 0 && a.saes.empty())

@@ -12,6 +12,7 @@
 #define LOOM_EVAL_PARAMS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +24,7 @@
 
 namespace loom {
 struct JobPlanOptions;  // src/eval/job_plan.h
+struct Sae;             // src/model/sae.h
 }  // namespace loom
 
 namespace loom::eval {
@@ -125,6 +127,9 @@ std::vector<ParamField> ExtractRowParamFields(ExtractRowParams* p);
 // (src/eval/extract_derived.h): sae, sae_topk, lens, lens_topk.
 struct AnalysisParams {
   std::vector<std::string> sae;  // FILE_OR_DIR[@HOOK] each
+  // SAEs loaded already (Python's loom.Sae objects), run as if given in
+  // `sae`, after those; shared, never copied.
+  std::vector<std::shared_ptr<const Sae>> loaded_sae;
   int64_t sae_topk = 0;          // 0: none
   std::string lens;              // "" (none), "logit" or "tuned:FILE"
   int64_t lens_topk = 0;         // 0: none

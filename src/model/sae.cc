@@ -49,6 +49,30 @@ std::vector<float> Transpose(const std::vector<float>& a, int64_t rows,
   return t;
 }
 
+// W_enc as stored, [in, n] (x W_enc), as the SAE's encoder: panels when n
+// is a multiple of kSaeEncPanel (one streaming pass: row i of panel p is
+// W_enc[i, 16p .. 16p + 15]), else transposed rows.
+void SetEncoderFromInOut(const std::vector<float>& w, int64_t in, int64_t n,
+                         Sae* sae) {
+  constexpr int64_t P = kSaeEncPanel;
+  if (n % P != 0) {
+    sae->w_enc = Transpose(w, in, n);
+    return;
+  }
+  sae->w_enc.resize(w.size());
+  for (int64_t p = 0; p < n / P; ++p)
+    for (int64_t i = 0; i < in; ++i)
+      std::memcpy(&sae->w_enc[(p * in + i) * P], &w[i * n + p * P],
+                  P * sizeof(float));
+  sae->enc_panels = true;
+}
+
+// The feature element j of an encoder matrix holds, in the SAE's layout.
+int64_t EncoderFeatureOf(const Sae& sae, int64_t j) {
+  if (!sae.enc_panels) return j / sae.d_in;
+  return j / (kSaeEncPanel * sae.d_in) * kSaeEncPanel + j % kSaeEncPanel;
+}
+
 StatusOr<int64_t> PositiveInt(const ConfigReader& cfg, const std::string& key) {
   ASSIGN_OR_RETURN(const int64_t v, cfg.Int(key));
   if (v <= 0 || v > (int64_t{1} << 24))
@@ -133,17 +157,16 @@ Status ReadSaeLensWeights(const F32Tensors& t, Sae* sae) {
   ASSIGN_OR_RETURN(const std::vector<float> w_enc, t.Read("W_enc", {in, n}));
   ASSIGN_OR_RETURN(sae->w_dec, t.Read("W_dec", {n, out}));
   ASSIGN_OR_RETURN(sae->b_dec, t.Read("b_dec", {out}));
-  sae->w_enc = Transpose(w_enc, in, n);
+  SetEncoderFromInOut(w_enc, in, n, sae);
   if (sae->architecture == SaeArchitecture::kGated) {
     ASSIGN_OR_RETURN(sae->b_gate, t.Read("b_gate", {n}));
     ASSIGN_OR_RETURN(sae->b_enc, t.Read("b_mag", {n}));
-    ASSIGN_OR_RETURN(const std::vector<float> r_mag, t.Read("r_mag", {n}));
+    ASSIGN_OR_RETURN(std::vector<float> scale, t.Read("r_mag", {n}));
     // SAELens: sae_in @ (W_enc * exp(r_mag)), the product in f32.
+    for (float& r : scale) r = std::exp(r);
     sae->w_mag = sae->w_enc;
-    for (int64_t f = 0; f < n; ++f) {
-      const float s = std::exp(r_mag[f]);
-      for (int64_t i = 0; i < in; ++i) sae->w_mag[f * in + i] *= s;
-    }
+    for (size_t j = 0; j < sae->w_mag.size(); ++j)
+      sae->w_mag[j] *= scale[EncoderFeatureOf(*sae, static_cast<int64_t>(j))];
   } else {
     ASSIGN_OR_RETURN(sae->b_enc, t.Read("b_enc", {n}));
   }
@@ -311,7 +334,7 @@ StatusOr<Sae> LoadGemmaScope(const fs::path& dir) {
   const int64_t d = sae.d_in, n = sae.d_sae;
   ASSIGN_OR_RETURN(const std::vector<float> w_enc,
                    t.Read(name("W_enc"), {d, n}));
-  sae.w_enc = Transpose(w_enc, d, n);
+  SetEncoderFromInOut(w_enc, d, n, &sae);
   ASSIGN_OR_RETURN(sae.w_dec, t.Read(name("W_dec"), {n, d}));
   ASSIGN_OR_RETURN(sae.b_enc, t.Read("b_enc", {n}));
   ASSIGN_OR_RETURN(sae.b_dec, t.Read("b_dec", {d}));
@@ -403,7 +426,7 @@ StatusOr<Sae> LoadGemmaScope2(const fs::path& dir) {
                               : SaeArchitecture::kJumpReluTranscoder;
   const int64_t in = sae.d_in, n = sae.d_sae, out = sae.d_out;
   ASSIGN_OR_RETURN(const std::vector<float> w_enc, t.Read("w_enc", {in, n}));
-  sae.w_enc = Transpose(w_enc, in, n);
+  SetEncoderFromInOut(w_enc, in, n, &sae);
   ASSIGN_OR_RETURN(sae.w_dec, t.Read("w_dec", {n, out}));
   ASSIGN_OR_RETURN(sae.b_enc, t.Read("b_enc", {n}));
   ASSIGN_OR_RETURN(sae.b_dec, t.Read("b_dec", {out}));
@@ -678,6 +701,26 @@ std::string SaeHookToLoom(std::string_view name) {
   return std::string(name);
 }
 
+void SaeEncoderPanels(Sae* sae) {
+  const int64_t n = sae->d_sae, d = sae->d_in, P = kSaeEncPanel;
+  if (sae->enc_panels || n % P != 0 || d <= 0) return;
+  for (std::vector<float>* w : {&sae->w_enc, &sae->w_mag}) {
+    if (w->empty()) continue;
+    std::vector<float> panels(w->size());
+    // Panel p: its 16 rows, one 16-wide column of the output per input i.
+    for (int64_t p = 0; p < n / P; ++p) {
+      const float* rows = w->data() + p * P * d;
+      float* out = panels.data() + p * P * d;
+      for (int64_t i0 = 0; i0 < d; i0 += 64)  // 16 x 64 blocks stay in L1
+        for (int64_t c = 0; c < P; ++c)
+          for (int64_t i = i0; i < std::min(d, i0 + 64); ++i)
+            out[i * P + c] = rows[c * d + i];
+    }
+    *w = std::move(panels);
+  }
+  sae->enc_panels = true;
+}
+
 StatusOr<Sae> LoadSae(const std::string& path, std::string_view hook) {
   ASSIGN_OR_RETURN(const auto located, Locate(path));
   const auto& [dir, format] = located;
@@ -719,6 +762,7 @@ StatusOr<Sae> LoadSae(const std::string& path, std::string_view hook) {
       sae->dec_norm[f] = static_cast<float>(std::sqrt(s));
     }
   }
+  SaeEncoderPanels(&*sae);
   return sae;
 }
 

@@ -14,7 +14,9 @@
 //                    (OpenMOSS lm_saes; its dataset-wise norms and decoder
 //                    norms folded into a JumpReLU SAE on the raw rows)
 // An Sae holds its weights widened to f32 in the layouts the CPU kernels take
-// (y = x W^T): W_enc as [d_sae, d_in], W_dec as stored [d_sae, d_out] (a row
+// (y = x W^T): W_enc as [d_sae, d_in] rows, or as panels of kSaeEncPanel
+// features (SaeEncoderPanels: read by the GEMM in place, never repacked per
+// call), W_dec as stored [d_sae, d_out] (a row
 // per feature: decoding sums the active features' rows; steering by feature f
 // adds c * row f). Loading checks every tensor's presence, dtype, shape and
 // values (no NaN or infinity) and names the file and tensor that fails.
@@ -80,6 +82,9 @@ struct Sae {
   DType stored_dtype = DType::kF32;           // of the weights file
 
   // f32 weights (widened from stored_dtype).
+  // w_enc and w_mag: [d_sae, d_in] rows, or with enc_panels [d_sae /
+  // kSaeEncPanel][d_in][kSaeEncPanel] (SaeEncoderWeight reads either).
+  bool enc_panels = false;
   std::vector<float> w_enc;      // [d_sae, d_in]: W_enc^T (encoder.weight)
   std::vector<float> b_enc;      // [d_sae] (kGated: b_mag)
   std::vector<float> w_mag;      // kGated [d_sae, d_in]: (W_enc*exp(r_mag))^T
@@ -90,6 +95,24 @@ struct Sae {
   std::vector<float> w_skip;     // HasSkip [d_out, d_in]
   std::vector<float> dec_norm;   // rescale_acts_by_decoder_norm [d_sae]
 };
+
+// Features per encoder panel: the CPU GEMM's f32 panel width
+// (src/backend/cpu/gemm_internal.h, kPanelCols; checked there).
+inline constexpr int64_t kSaeEncPanel = 16;
+
+// Element (feature f, input i) of an encoder matrix (sae.w_enc or w_mag) in
+// the SAE's layout.
+inline float SaeEncoderWeight(const Sae& sae, const std::vector<float>& w,
+                              int64_t f, int64_t i) {
+  if (!sae.enc_panels) return w[f * sae.d_in + i];
+  return w[((f / kSaeEncPanel) * sae.d_in + i) * kSaeEncPanel +
+           f % kSaeEncPanel];
+}
+
+// Rewrites w_enc and w_mag from [d_sae, d_in] rows into panels (enc_panels)
+// when d_sae is a multiple of kSaeEncPanel; LoadSae does it last. No-op on
+// panels already.
+void SaeEncoderPanels(Sae* sae);
 
 // Where running an SAE writes (Backend::RunSae); a null pointer is an
 // output not wanted.

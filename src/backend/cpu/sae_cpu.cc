@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "src/backend/cpu/gemm_internal.h"
 #include "src/backend/cpu/kernels.h"
 #include "src/base/check.h"
 #include "src/base/units.h"
@@ -161,6 +162,9 @@ void Encode(const Sae& sae, const Parts& p, int64_t rows) {
   GemmArgs g;
   g.x = p.sae_in;
   g.w_dtype = DType::kF32;
+  // Panels are read in place (no per-call packing of the encoder).
+  static_assert(kSaeEncPanel == gemm::kPanelCols);
+  g.layout = sae.enc_panels ? WeightLayout::kPanels : WeightLayout::kOutIn;
   g.m = rows;
   g.n = sae.d_sae;
   g.k = sae.d_in;

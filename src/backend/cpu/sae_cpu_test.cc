@@ -111,8 +111,7 @@ void ExpectNear(float got, double want, double scale, const std::string& what) {
   EXPECT_NEAR(got, want, 2e-5 * scale + 1e-6) << what;
 }
 
-TEST(SaeCpuTest, EveryArchitectureMatchesTheReference) {
-  const Case cases[] = {
+const Case kCases[] = {
       {SaeArchitecture::kStandard, SaeNormalization::kNone, true, false},
       {SaeArchitecture::kStandard, SaeNormalization::kLayerNorm, true, false},
       {SaeArchitecture::kJumpRelu, SaeNormalization::kConstantNormRescale,
@@ -126,10 +125,12 @@ TEST(SaeCpuTest, EveryArchitectureMatchesTheReference) {
        false, false},
       {SaeArchitecture::kJumpReluSkipTranscoder, SaeNormalization::kNone, false,
        false},
-  };
+};
+
+TEST(SaeCpuTest, EveryArchitectureMatchesTheReference) {
   const int64_t rows = 9, d_in = 40;
   for (bool bf16 : {false, true}) {
-    for (const Case& c : cases) {
+    for (const Case& c : kCases) {
       const std::string name = std::string(SaeArchitectureName(c.arch)) + "/" +
                                std::string(SaeNormalizationName(c.norm)) +
                                (c.rescale ? "/rescale" : "") +
@@ -172,6 +173,46 @@ TEST(SaeCpuTest, EveryArchitectureMatchesTheReference) {
       }
     }
   }
+}
+
+// The encoder as panels (what LoadSae keeps when d_sae is a multiple of 16)
+// gives the bytes of the encoder as rows, and the reference reads it too.
+TEST(SaeCpuTest, EncoderPanelsGiveTheBytesOfRows) {
+  const int64_t rows = 21, d_in = 40, d_sae = 96;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(std::string(SaeArchitectureName(c.arch)));
+    const int64_t d_out = IsTranscoder(c.arch) ? 24 : d_in;
+    const Sae as_rows = RandomSae(c, d_in, d_sae, d_out, false, 9);
+    Sae panels = as_rows;
+    SaeEncoderPanels(&panels);
+    ASSERT_TRUE(panels.enc_panels);
+    EXPECT_NE(panels.w_enc, as_rows.w_enc);  // really another layout
+    for (int64_t f : {int64_t{0}, int64_t{17}, d_sae - 1})
+      for (int64_t i : {int64_t{0}, int64_t{5}, d_in - 1}) {
+        EXPECT_EQ(SaeEncoderWeight(panels, panels.w_enc, f, i),
+                  as_rows.w_enc[f * d_in + i]);
+        if (c.arch == SaeArchitecture::kGated)
+          EXPECT_EQ(SaeEncoderWeight(panels, panels.w_mag, f, i),
+                    as_rows.w_mag[f * d_in + i]);
+      }
+    std::mt19937 rng(2);
+    std::normal_distribution<float> g(0, 2);
+    std::vector<float> x(rows * d_in);
+    for (float& v : x) v = g(rng);
+    const Out a = RunCase(as_rows, x, rows, 6), b = RunCase(panels, x, rows, 6);
+    EXPECT_EQ(a.hidden, b.hidden);
+    EXPECT_EQ(a.acts, b.acts);
+    EXPECT_EQ(a.rec, b.rec);
+    EXPECT_EQ(a.err, b.err);
+    EXPECT_EQ(a.topi, b.topi);
+    const ref::SaeRow want = ref::RunSaeRow(panels, x.data() + 3 * d_in);
+    const ref::SaeRow also = ref::RunSaeRow(as_rows, x.data() + 3 * d_in);
+    EXPECT_EQ(want.hidden_pre, also.hidden_pre);
+  }
+  // A width that is no multiple of 16 stays as rows.
+  Sae odd = RandomSae(kCases[0], d_in, 100, d_in, false, 9);
+  SaeEncoderPanels(&odd);
+  EXPECT_FALSE(odd.enc_panels);
 }
 
 TEST(SaeCpuTest, RowsAreBitIdenticalAtAnyBatchAndThreadCount) {

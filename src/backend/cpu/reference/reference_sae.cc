@@ -31,11 +31,11 @@ SaeRow RunSaeRow(const Sae& sae, const float* x) {
   std::vector<double> gate(n, 0);
   const bool gated = sae.architecture == SaeArchitecture::kGated;
   for (int64_t f = 0; f < n; ++f) {
-    const float* w = (gated ? sae.w_mag : sae.w_enc).data() + f * d;
+    const std::vector<float>& w = gated ? sae.w_mag : sae.w_enc;
     double h = sae.b_enc[f], g = gated ? sae.b_gate[f] : 0;
     for (int64_t i = 0; i < d; ++i) {
-      h += in[i] * w[i];
-      if (gated) g += in[i] * sae.w_enc[f * d + i];
+      h += in[i] * SaeEncoderWeight(sae, w, f, i);
+      if (gated) g += in[i] * SaeEncoderWeight(sae, sae.w_enc, f, i);
     }
     r.hidden_pre[f] = h;
     gate[f] = g;
