@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "python/convert.h"
-#include "python/sae.h"
 #include "python/generate.h"
+#include "python/sae.h"
 #include "src/backend/registry.h"
 #include "src/base/progress.h"
 #include "src/base/status.h"

@@ -32,8 +32,9 @@ class PySae {
     d["format"] = std::string(SaeFormatName(sae_->format));
     d["architecture"] = std::string(SaeArchitectureName(sae_->architecture));
     d["hook"] = sae_->hook;
-    d["hook_out"] = sae_->hook_out.empty() ? py::object(py::none())
-                                          : py::object(py::str(sae_->hook_out));
+    d["hook_out"] = sae_->hook_out.empty()
+                        ? py::object(py::none())
+                        : py::object(py::str(sae_->hook_out));
     d["d_in"] = sae_->d_in;
     d["d_sae"] = sae_->d_sae;
     d["d_out"] = sae_->d_out;
@@ -116,7 +117,7 @@ class PySae {
 
  private:
   std::shared_ptr<const Sae> sae_;  // shared with the extract jobs given it
-  std::unique_ptr<Backend> host_;  // runs the SAE (the CPU backend)
+  std::unique_ptr<Backend> host_;   // runs the SAE (the CPU backend)
 };
 
 }  // namespace

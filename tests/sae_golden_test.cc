@@ -603,8 +603,7 @@ TEST_F(SaeFilesTest, LlamaScopeLayoutGivesTheGoldens) {
         for (int64_t j = 0; j < d; ++j) {
           const float w = SaeEncoderWeight(g, g.w_enc, i, j);
           enc[i * d + j] = static_cast<float>(w / s_in);
-          if (g.apply_b_dec_to_input)
-            b -= double{w} * g.b_dec[j];
+          if (g.apply_b_dec_to_input) b -= double{w} * g.b_dec[j];
           dec[j * n + i] = static_cast<float>(g.w_dec[i * d + j] * s_out);
         }
         enc_b[i] = static_cast<float>(b);

@@ -130,10 +130,10 @@ struct AnalysisParams {
   // SAEs loaded already (Python's loom.Sae objects), run as if given in
   // `sae`, after those; shared, never copied.
   std::vector<std::shared_ptr<const Sae>> loaded_sae;
-  int64_t sae_topk = 0;          // 0: none
-  std::string lens;              // "" (none), "logit" or "tuned:FILE"
-  int64_t lens_topk = 0;         // 0: none
-  int64_t sae_dashboard = 0;     // N top contexts per feature; 0: none
+  int64_t sae_topk = 0;       // 0: none
+  std::string lens;           // "" (none), "logit" or "tuned:FILE"
+  int64_t lens_topk = 0;      // 0: none
+  int64_t sae_dashboard = 0;  // N top contexts per feature; 0: none
 };
 std::span<const ParamSpec> AnalysisParamSpecs();
 std::vector<ParamField> AnalysisParamFields(AnalysisParams* p);

@@ -112,19 +112,19 @@ void ExpectNear(float got, double want, double scale, const std::string& what) {
 }
 
 const Case kCases[] = {
-      {SaeArchitecture::kStandard, SaeNormalization::kNone, true, false},
-      {SaeArchitecture::kStandard, SaeNormalization::kLayerNorm, true, false},
-      {SaeArchitecture::kJumpRelu, SaeNormalization::kConstantNormRescale,
-       false, false},
-      {SaeArchitecture::kTopK, SaeNormalization::kNone, true, false},
-      {SaeArchitecture::kTopK, SaeNormalization::kNone, true, true},
-      {SaeArchitecture::kGated, SaeNormalization::kNone, true, false},
-      {SaeArchitecture::kTranscoder, SaeNormalization::kNone, false, false},
-      {SaeArchitecture::kSkipTranscoder, SaeNormalization::kNone, false, false},
-      {SaeArchitecture::kJumpReluTranscoder, SaeNormalization::kLayerNorm,
-       false, false},
-      {SaeArchitecture::kJumpReluSkipTranscoder, SaeNormalization::kNone, false,
-       false},
+    {SaeArchitecture::kStandard, SaeNormalization::kNone, true, false},
+    {SaeArchitecture::kStandard, SaeNormalization::kLayerNorm, true, false},
+    {SaeArchitecture::kJumpRelu, SaeNormalization::kConstantNormRescale, false,
+     false},
+    {SaeArchitecture::kTopK, SaeNormalization::kNone, true, false},
+    {SaeArchitecture::kTopK, SaeNormalization::kNone, true, true},
+    {SaeArchitecture::kGated, SaeNormalization::kNone, true, false},
+    {SaeArchitecture::kTranscoder, SaeNormalization::kNone, false, false},
+    {SaeArchitecture::kSkipTranscoder, SaeNormalization::kNone, false, false},
+    {SaeArchitecture::kJumpReluTranscoder, SaeNormalization::kLayerNorm, false,
+     false},
+    {SaeArchitecture::kJumpReluSkipTranscoder, SaeNormalization::kNone, false,
+     false},
 };
 
 TEST(SaeCpuTest, EveryArchitectureMatchesTheReference) {
@@ -191,9 +191,10 @@ TEST(SaeCpuTest, EncoderPanelsGiveTheBytesOfRows) {
       for (int64_t i : {int64_t{0}, int64_t{5}, d_in - 1}) {
         EXPECT_EQ(SaeEncoderWeight(panels, panels.w_enc, f, i),
                   as_rows.w_enc[f * d_in + i]);
-        if (c.arch == SaeArchitecture::kGated)
+        if (c.arch == SaeArchitecture::kGated) {
           EXPECT_EQ(SaeEncoderWeight(panels, panels.w_mag, f, i),
                     as_rows.w_mag[f * d_in + i]);
+        }
       }
     std::mt19937 rng(2);
     std::normal_distribution<float> g(0, 2);
