@@ -141,7 +141,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // [q | v | k] chunks regrouped on the device.
                       Case{"codegen", false},
                       // Per-kv-group q/k/v regrouped on the device.
-                      Case{"falcon", false}),
+                      Case{"falcon", false},
+                      // q/k LayerNorms (each head's own; shared with a
+                      // bias), LayerNorm1P, relu^2.
+                      Case{"stablelm", false}, Case{"nemotron", false},
+                      Case{"persimmon", false},
+                      // 3-D experts, top-k softmax routing, multipliers.
+                      Case{"granitemoe", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

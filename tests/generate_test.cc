@@ -140,11 +140,14 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
   // blocks with partial rotary (GPT-NeoX, Phi); GPT-Neo's learned
   // positions with a local (window 8) and a global layer; OPT's positions
   // read at p + 2; GPTBigCode's one k/v head; GPT-J's interleaved rotary;
-  // CodeGen's [q | v | k] chunks; Falcon's per-kv-group q/k/v.
+  // CodeGen's [q | v | k] chunks; Falcon's per-kv-group q/k/v; StableLM's
+  // and Persimmon's q/k LayerNorms before a partial rotary; Nemotron's
+  // LayerNorm1P and relu^2; GraniteMoE's 3-D experts and multipliers.
   for (const char* m :
        {"mistral_sw16_sharded", "gpt_oss", "gemma2", "granite", "starcoder2",
-        "olmoe", "gpt_neox", "phi", "deepseek_v3", "gpt_neo", "opt", "gpt_bigcode", "gptj",
-        "codegen", "falcon"})
+        "olmoe", "gpt_neox", "phi", "deepseek_v3", "gpt_neo", "opt",
+        "gpt_bigcode", "gptj", "codegen", "falcon", "stablelm", "nemotron",
+        "persimmon", "granitemoe"})
     CheckCachedDecodeEqualsRecompute(SharedGoldenDir() + "/tiny/" + m);
 }
 
@@ -279,7 +282,8 @@ TEST(SelectTokenTest, TopKTopPAndSeeds) {
   // top-p = 0.3: the most probable token alone holds more than 0.3.
   o.top_k = 0;
   o.top_p = 0.3f;
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(SelectToken(x.data(), 5, o, rng, s), 1);
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(SelectToken(x.data(), 5, o, rng, s), 1);
   // The same seed gives the same draws.
   o.top_p = 1.0f;
   std::mt19937_64 a(42), b(42);

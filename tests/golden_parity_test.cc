@@ -10,9 +10,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
 
 #include "src/backend/cpu/reference/reference_moe.h"
+#include "src/model/registry.h"
 #include "src/runtime/executor.h"
 #include "src/runtime/model.h"
 #include "tests/golden_util.h"
@@ -49,11 +55,13 @@ class Checker {
                std::to_string(r.max_abs_err);
     if (!r.ok) ++failures_;
   }
-  void Finish(const std::string& context) {
+  // False when something failed (or nothing was compared).
+  bool Finish(const std::string& context) {
     EXPECT_GT(count_, 0) << context << ": nothing was compared";
     EXPECT_EQ(failures_, 0)
         << context << ": " << failures_ << " of " << count_
         << " comparisons failed; first divergence at " << first_;
+    return count_ > 0 && failures_ == 0;
   }
 
  private:
@@ -66,6 +74,41 @@ double MaxAbs(const std::vector<float>& v) {
   for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
   return m;
 }
+
+// The measured errors behind docs/models.md: with LOOM_MODEL_MATRIX=DIR in
+// the environment, a parity run writes DIR/<model>.<f32|bf16>.json holding,
+// per hook (layers folded into "blocks.*"), the worst |Loom - HF| and the
+// largest |HF| over every stored sequence, and whether every comparison
+// passed. scripts/models_matrix.py renders the table from these files.
+class MatrixLog {
+ public:
+  void Add(const std::string& hook, const float* actual,
+           const std::vector<float>& expected) {
+    static const std::regex kLayer("blocks\\.[0-9]+\\.");
+    auto& [err, mag] = worst_[std::regex_replace(hook, kLayer, "blocks.*.")];
+    for (size_t i = 0; i < expected.size(); ++i) {
+      err = std::max(err, std::fabs(static_cast<double>(actual[i]) -
+                                    static_cast<double>(expected[i])));
+      mag = std::max(mag, std::fabs(static_cast<double>(expected[i])));
+    }
+  }
+  void Fail() { passed_ = false; }
+  void Write(const std::string& model, const char* dtype) const {
+    const char* dir = std::getenv("LOOM_MODEL_MATRIX");
+    if (dir == nullptr || *dir == '\0') return;
+    nlohmann::json j = {{"model", model},
+                        {"dtype", dtype},
+                        {"passed", passed_ && !worst_.empty()}};
+    for (const auto& [hook, v] : worst_)
+      j["hooks"][hook] = {{"max_abs_err", v.first}, {"max_abs_hf", v.second}};
+    std::ofstream(std::string(dir) + "/" + model + "." + dtype + ".json")
+        << j.dump(1) << "\n";
+  }
+
+ private:
+  std::map<std::string, std::pair<double, double>> worst_;
+  bool passed_ = true;
+};
 
 HookSet AllHooks(const ModelConfig& c) {
   HookSet hooks;
@@ -225,6 +268,7 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
         {.max_tokens = 512, .max_seq_len = 512, .logits_chunk_rows = 64});
     ASSERT_TRUE(ex.ok()) << ex.status().ToString();
     const int64_t L = c.num_layers, H = c.hidden_size, V = c.vocab_size;
+    MatrixLog log;
     for (const std::string& seq : SequenceNames(manifest)) {
       std::vector<int32_t> ids = ids_file->Ids(seq + ".input_ids");
       const int64_t T = static_cast<int64_t>(ids.size());
@@ -244,6 +288,7 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
         if (!golden->Has(name)) return;
         std::vector<float> e = golden->F32(name);
         check.Check(what + " vs HF " + gname, actual, e, tol(e), rtol);
+        log.Add(what, actual, e);
       };
       for (int64_t k = 0; k < L; ++k) {
         cmp("hidden." + std::to_string(k),
@@ -272,16 +317,23 @@ class GoldenParityTest : public ::testing::TestWithParam<ModelCase> {
       if (golden->Has(seq + ".logprob_next") && T > 1) {
         std::vector<double> lp = LogprobNext(logits, T, V, ids.data());
         std::vector<float> lpf(lp.begin(), lp.end());
-        check.Check("logprob_next", lpf.data(),
-                    golden->F32(seq + ".logprob_next"), bf16 ? 0.25 : 1e-4, 0);
+        const std::vector<float> e = golden->F32(seq + ".logprob_next");
+        check.Check("logprob_next", lpf.data(), e, bf16 ? 0.25 : 1e-4, 0);
+        log.Add("logprob_next", lpf.data(), e);
       }
-      if (!bf16 && golden->Has(seq + ".attn_probs.0"))
-        check.Check("blocks.0.attn.hook_pattern vs HF attn_probs.0",
-                    sink.Get({HookSite::kPattern, 0}, 0).data.data(),
-                    golden->F32(seq + ".attn_probs.0"), 1e-5, 0);
-      check.Finish(mc.name + " " + (bf16 ? "bf16 " : "f32 ") + seq + " (T=" +
-                   std::to_string(T) + ", H=" + std::to_string(H) + ")");
+      if (!bf16 && golden->Has(seq + ".attn_probs.0")) {
+        const float* pattern = sink.Get({HookSite::kPattern, 0}, 0).data.data();
+        const std::vector<float> e = golden->F32(seq + ".attn_probs.0");
+        check.Check("blocks.0.attn.hook_pattern vs HF attn_probs.0", pattern, e,
+                    1e-5, 0);
+        log.Add("blocks.0.attn.hook_pattern", pattern, e);
+      }
+      if (!check.Finish(mc.name + " " + (bf16 ? "bf16 " : "f32 ") + seq +
+                        " (T=" + std::to_string(T) +
+                        ", H=" + std::to_string(H) + ")"))
+        log.Fail();
     }
+    log.Write(mc.name, bf16 ? "bf16" : "f32");
   }
 };
 
@@ -414,6 +466,17 @@ std::vector<ModelCase> Cases() {
       {"olmoe", "olmoe", false},
       // Multi-head latent attention, group-limited sigmoid routing.
       {"deepseek_v3", "deepseek_v3", false},
+      // StableLM: LayerNorms with bias, each head's own q/k LayerNorm,
+      // rotary on 25 % of a head.
+      {"stablelm", "stablelm", false},
+      // Nemotron: LayerNorm1P (1 + w, with bias), relu^2 plain MLP.
+      {"nemotron", "nemotron", false},
+      // Persimmon: per-head fused q/k/v with bias, one q/k LayerNorm shared
+      // by the heads, relu^2.
+      {"persimmon", "persimmon", false},
+      // GraniteMoE: experts as 3-D tensors, top-k logits softmaxed, Granite's
+      // four multipliers.
+      {"granitemoe", "granitemoe", false},
   };
 }
 
@@ -430,6 +493,27 @@ std::vector<ModelCase> TinyCases() {
 INSTANTIATE_TEST_SUITE_P(Models, PackedBatchTest,
                          ::testing::ValuesIn(TinyCases()),
                          [](const auto& info) { return info.param.name; });
+
+// docs/models.md (scripts/models_matrix.sh renders it from these runs) is
+// current: a row for every runnable model type and for every golden case.
+TEST(ModelsMatrixDoc, ListsEveryRunnableModelTypeAndGoldenCase) {
+  std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/docs/models.md");
+  ASSERT_TRUE(in.good()) << "docs/models.md is missing: run "
+                            "scripts/models_matrix.sh";
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(doc.find("Generated by `scripts/models_matrix.sh`"),
+            std::string::npos);
+  for (const ArchDef& a : AllArchs())
+    if (a.runnable)
+      EXPECT_NE(doc.find("| `" + std::string(a.model_type) + "` |"),
+                std::string::npos)
+          << "docs/models.md has no row for model type " << a.model_type
+          << ": run scripts/models_matrix.sh";
+  for (const ModelCase& c : Cases())
+    EXPECT_NE(doc.find("| `" + c.name + "` | `"), std::string::npos)
+        << "docs/models.md has no measured row for golden case " << c.name
+        << ": run scripts/models_matrix.sh";
+}
 
 }  // namespace
 }  // namespace loom::testing

@@ -65,9 +65,15 @@ class HostAsDevice final : public Backend {
                    const void* w, DType wd, float eps) override {
     cpu_->RmsNormRows(x, t, ld, g, dim, w, wd, eps);
   }
+  void LayerNormRows(float* x, int64_t t, int64_t ld, int64_t g, int64_t dim,
+                     const void* w, const void* b, DType wd,
+                     float eps) override {
+    cpu_->LayerNormRows(x, t, ld, g, dim, w, b, wd, eps);
+  }
   void LayerNorm(const float* x, const void* w, const void* b, DType wd,
-                 float eps, float* y, int64_t rows, int64_t dim) override {
-    cpu_->LayerNorm(x, w, b, wd, eps, y, rows, dim);
+                 float offset, float eps, float* y, int64_t rows,
+                 int64_t dim) override {
+    cpu_->LayerNorm(x, w, b, wd, offset, eps, y, rows, dim);
   }
   void RopeTables(const int32_t* p, int64_t t, const float* f, int64_t half,
                   float s, float* cos, float* sin) override {

@@ -160,8 +160,8 @@ TEST(PerplexityGoldenTest, ChunkSizeDoesNotChangeTheResult) {
   const double h = static_cast<double>(model->config().hidden_size);
   double total_tol = 0;
   for (size_t i = 0; i < a.token_logprob.size(); ++i) {
-    const double tol =
-        4 * (h + 2) * u * (1 + std::fabs(static_cast<double>(a.token_logprob[i])));
+    const double tol = 4 * (h + 2) * u *
+                       (1 + std::fabs(static_cast<double>(a.token_logprob[i])));
     total_tol += tol;
     ASSERT_NEAR(a.token_logprob[i], b.token_logprob[i], tol) << "token " << i;
   }
@@ -287,11 +287,33 @@ TEST(PerplexityGoldenTest, LogprobNextTinyModels) {
                  << LOOM_SHARED_DIR
                  << "/golden not found; tiny-model logprob_next is not checked "
                     "on this machine";
-  for (const char* name :
-       {"llama", "llama3rope_bf16", "mistral_sw16_sharded", "qwen2", "qwen3",
-        "gemma", "gemma2", "phi3", "gpt2", "olmo", "olmo2", "gpt_neox", "phi",
-        "granite", "starcoder2", "olmoe", "deepseek_v3", "gpt_neo", "opt",
-        "gpt_bigcode", "gptj", "codegen", "falcon"}) {
+  for (const char* name : {"llama",
+                           "llama3rope_bf16",
+                           "mistral_sw16_sharded",
+                           "qwen2",
+                           "qwen3",
+                           "gemma",
+                           "gemma2",
+                           "phi3",
+                           "gpt2",
+                           "olmo",
+                           "olmo2",
+                           "gpt_neox",
+                           "phi",
+                           "granite",
+                           "starcoder2",
+                           "olmoe",
+                           "deepseek_v3",
+                           "gpt_neo",
+                           "opt",
+                           "gpt_bigcode",
+                           "gptj",
+                           "codegen",
+                           "falcon",
+                           "stablelm",
+                           "nemotron",
+                           "persimmon",
+                           "granitemoe"}) {
     const std::string dir = SharedGoldenDir() + "/tiny/" + name;
     auto model = Load(dir);
     ASSERT_NE(model, nullptr) << name;
@@ -431,10 +453,10 @@ TEST_F(CliTest, PerplexityTokensFileAndProtocols) {
 // `loom generate --json`: HF's greedy continuation of stories260K (the ids
 // of golden/real/stories260K greedy_f32 after its 16 prompt ids).
 TEST_F(CliTest, GenerateGreedyJson) {
-  const CliResult r = RunCli(
-      "generate --model " + StoriesDir() +
-      " --prompt 'Once upon a time, there was a little girl named Lily.'"
-      " --max-tokens 32 --json");
+  const CliResult r =
+      RunCli("generate --model " + StoriesDir() +
+             " --prompt 'Once upon a time, there was a little girl named Lily.'"
+             " --max-tokens 32 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["text"],
@@ -536,9 +558,9 @@ TEST_F(CliTest, CompareRefusesDifferentTokenizers) {
   vocab[at300] = 301;
   vocab[at301] = 300;
   std::ofstream(copy + "/tokenizer.json") << t.dump();
-  const CliResult r = RunCli("compare --model " + copy + " --reference " +
-                             StoriesDir() + " --text " + WikiPrefixPath() +
-                             " --ctx 64 --max-windows 1");
+  const CliResult r =
+      RunCli("compare --model " + copy + " --reference " + StoriesDir() +
+             " --text " + WikiPrefixPath() + " --ctx 64 --max-windows 1");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.err.find("have different tokenizers: id 300 is '" + at301 +
                        "' in the model and '" + at300 + "' in the reference"),

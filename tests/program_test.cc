@@ -61,7 +61,11 @@ std::vector<ModelCase> GoldenModels() {
           {"gpt_oss", false},
           {"gpt_oss_mxfp4", false},
           {"olmoe", false},
-          {"deepseek_v3", false}};
+          {"deepseek_v3", false},
+          {"stablelm", false},
+          {"nemotron", false},
+          {"persimmon", false},
+          {"granitemoe", false}};
 }
 
 std::string ModelDir(const ModelCase& m) {

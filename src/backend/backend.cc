@@ -36,8 +36,8 @@ Status Backend::RunSae(const Sae& /*sae*/, const float* /*x*/,
 
 namespace {
 Status NoBackward(const Backend& b, std::string_view op) {
-  return UnimplementedError(std::string(b.name()) + " backend: " +
-                            std::string(op) +
+  return UnimplementedError(std::string(b.name()) +
+                            " backend: " + std::string(op) +
                             " (the backward) has no kernel here yet; run "
                             "gradients on the CPU (--device cpu)");
 }
@@ -99,6 +99,8 @@ ActivationFn ToActivationFn(ActKind act) {
       return ActivationFn::kGeluExact;
     case ActKind::kRelu:
       return ActivationFn::kRelu;
+    case ActKind::kReluSquared:
+      return ActivationFn::kReluSquared;
   }
   return ActivationFn::kSilu;
 }

@@ -229,7 +229,7 @@ struct AttentionOp {
   int64_t kv_num_pages = 0;
 };
 
-enum class ActivationFn { kSilu, kGeluTanh, kGeluExact, kRelu };
+enum class ActivationFn { kSilu, kGeluTanh, kGeluExact, kRelu, kReluSquared };
 ActivationFn ToActivationFn(ActKind act);
 
 // How TopKRoute turns a row of router logits into k (expert, weight) pairs:
@@ -415,10 +415,18 @@ class Backend {
   virtual void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                            int64_t dim, const void* w, DType w_dtype,
                            float eps) = 0;
-  // y = (x - mean) * rsqrt(var + eps) * w + b; w, b may be null.
+  // LayerNorm on `groups` groups of `dim` values in each of `tokens` rows
+  // (row stride ld), in place, gain w and bias b [dim] (either may be null):
+  // the q/k LayerNorms of StableLM (per head, one call per head's own
+  // weights) and Persimmon (one norm shared by the heads).
+  virtual void LayerNormRows(float* x, int64_t tokens, int64_t ld,
+                             int64_t groups, int64_t dim, const void* w,
+                             const void* b, DType w_dtype, float eps) = 0;
+  // y = (x - mean) * rsqrt(var + eps) * (w + offset) + b; w, b may be null
+  // (offset 1: Nemotron's LayerNorm1P).
   virtual void LayerNorm(const float* x, const void* w, const void* b,
-                         DType w_dtype, float eps, float* y, int64_t rows,
-                         int64_t dim) = 0;
+                         DType w_dtype, float offset, float eps, float* y,
+                         int64_t rows, int64_t dim) = 0;
 
   // ---- RoPE ----
   // cos/sin [tokens, half] for positions [tokens] and inv_freq [half].

@@ -19,7 +19,8 @@ enum class NormKind {
   kLayerNoAffine,  // LayerNorm without parameters (OLMo)
 };
 
-enum class ActKind { kSilu, kGeluTanh, kGeluExact, kRelu };
+// kReluSquared: relu(x)^2 (HF's relu2: Nemotron, Persimmon).
+enum class ActKind { kSilu, kGeluTanh, kGeluExact, kRelu, kReluSquared };
 
 enum class MlpKind {
   kGated,       // down(act(gate(x)) * up(x)), separate gate/up weights
@@ -55,9 +56,17 @@ enum class QkvLayout : uint8_t {
   kPerKvGroup,
 };
 
+// Where q and k are normalised before RoPE (the norm is
+// ModelConfig::qk_norm_type: RMSNorm, or LayerNorm with an optional bias).
 enum class QkNormKind {
   kNone,
-  kPerHead,  // RMSNorm over head_dim, weight [head_dim] (Qwen3)
+  // Over head_dim, one weight [head_dim] shared by the heads (Qwen3's
+  // RMSNorm; Persimmon's LayerNorm with bias).
+  kPerHead,
+  // Over head_dim, each head its own weight [head_dim] (StableLM's
+  // q_layernorm.norms.h: a LayerNorm without bias per head), bound per head
+  // as WeightSpec::expert = h.
+  kPerHeadOwn,
   kFull,  // RMSNorm over the whole projection, weight [heads*head_dim] (OLMo2)
 };
 
@@ -221,10 +230,14 @@ struct ModelConfig {
 
   NormKind norm = NormKind::kRms;
   float norm_eps = 1e-5f;
-  float norm_offset = 0.0f;  // 1 for Gemma's (1 + w)
+  // The gain is (w + norm_offset): 1 for Gemma's RMSNorm (1 + w) and
+  // Nemotron's LayerNorm1P.
+  float norm_offset = 0.0f;
   ActKind act = ActKind::kSilu;
   MlpKind mlp = MlpKind::kGated;
   QkNormKind qk_norm = QkNormKind::kNone;
+  NormKind qk_norm_type = NormKind::kRms;  // kRms or kLayer
+  bool qk_norm_bias = false;               // kLayer: a bias beside the gain
   AttentionKind attention = AttentionKind::kStandard;
   MlaConfig mla;  // kMla only
 

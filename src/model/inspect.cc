@@ -47,6 +47,101 @@ std::string BlockName(BlockKind b) {
   return "?";
 }
 
+std::string NormName(NormKind kind, float offset, bool bias) {
+  std::string s = kind == NormKind::kRms     ? "rmsnorm"
+                  : kind == NormKind::kLayer ? "layernorm"
+                                             : "layernorm (no parameters)";
+  if (kind != NormKind::kLayerNoAffine && offset != 0.0f)
+    s += offset == 1.0f ? " (1 + w)" : " (w + " + std::to_string(offset) + ")";
+  if (kind == NormKind::kLayer) s += bias ? " with bias" : " without bias";
+  return s;
+}
+
+// The norms: the block's kind and the q/k norms, if any.
+std::string NormsText(const ModelConfig& c) {
+  std::ostringstream o;
+  o << NormName(c.norm, c.norm_offset, /*bias=*/true) << ", eps " << c.norm_eps;
+  if (c.qk_norm == QkNormKind::kNone) return o.str();
+  o << "; q/k: "
+    << NormName(c.qk_norm_type, 0.0f,
+                c.qk_norm_type == NormKind::kLayer && c.qk_norm_bias);
+  switch (c.qk_norm) {
+    case QkNormKind::kPerHead:
+      o << " per head (one weight for every head)";
+      break;
+    case QkNormKind::kPerHeadOwn:
+      o << " per head (each head its own weight)";
+      break;
+    case QkNormKind::kFull:
+      o << " over the whole projection";
+      break;
+    case QkNormKind::kNone:
+      break;
+  }
+  return o.str();
+}
+
+// "rope default (theta 10000) on 8 of 16 dims (pairs interleaved), max
+// 512".
+std::string PositionsText(const ModelConfig& c) {
+  std::ostringstream o;
+  o << (c.learned_positions ? "learned" : "rope " + RopeName(c.rope.type));
+  if (!c.learned_positions && c.rope.type != RopeConfig::Type::kNone)
+    o << " (theta " << c.rope.theta << ")";
+  if (!c.learned_positions && c.rope.type != RopeConfig::Type::kNone &&
+      c.rope.rotary_dim < c.head_dim)
+    o << " on " << c.rope.rotary_dim << " of " << c.head_dim << " dims";
+  if (!c.learned_positions && c.rope.rotate_pairs) o << " (pairs interleaved)";
+  if (c.learned_positions && c.position_offset != 0)
+    o << " (position p reads row p + " << c.position_offset << ")";
+  o << ", max " << c.max_position_embeddings;
+  return o.str();
+}
+
+// Granite's embedding / residual / logits multipliers, Gemma's embedding
+// scale ("" when all are 1).
+std::string MultipliersText(const ModelConfig& c) {
+  std::ostringstream o;
+  auto add = [&](const char* what, float v) {
+    if (v == 1.0f) return;
+    o << (o.tellp() > 0 ? ", " : "") << what << " " << v;
+  };
+  add("embeddings x", c.embedding_scale);
+  add("residual branches x", c.residual_multiplier);
+  add("logits /", c.logits_scaling);
+  return o.str();
+}
+
+std::string ActName(ActKind a) {
+  switch (a) {
+    case ActKind::kSilu:
+      return "silu";
+    case ActKind::kGeluTanh:
+      return "gelu (tanh)";
+    case ActKind::kGeluExact:
+      return "gelu (erf)";
+    case ActKind::kRelu:
+      return "relu";
+    case ActKind::kReluSquared:
+      return "relu^2";
+  }
+  return "?";
+}
+
+std::string QkvLayoutName(QkvLayout l) {
+  switch (l) {
+    case QkvLayout::kConcat:
+      return "[q | k | v]";
+    case QkvLayout::kPerHead:
+      return "per head [q_h | k_h | v_h]";
+    case QkvLayout::kGroupedQvk:
+      return "chunks of [q | v | k]";
+    case QkvLayout::kPerKvGroup:
+      return "per kv group [q heads | k | v]";
+  }
+  return "?";
+}
+
 std::string RouterName(RouterKind r) {
   switch (r) {
     case RouterKind::kSoftmaxTopK:
@@ -135,8 +230,8 @@ void AttentionText(const ModelConfig& c, std::ostringstream& o) {
   if (windowed) {
     int64_t w = 0;
     for (int64_t x : c.sliding_window) w = std::max(w, x);
-    o << ", sliding window (" << w << ") on " << windowed << "/"
-      << c.num_layers << " layers";
+    o << ", sliding window (" << w << ") on " << windowed << "/" << c.num_layers
+      << " layers";
   }
   // A scale other than 1/sqrt(head_dim) (GPT-Neo's none, Granite's
   // multiplier, Gemma 2's query_pre_attn_scalar).
@@ -210,6 +305,8 @@ Family FamilyOf(WeightRole role) {
     case R::kAttnNormBias:
     case R::kQNorm:
     case R::kKNorm:
+    case R::kQNormBias:
+    case R::kKNormBias:
     case R::kPostAttnNorm:
     case R::kMlpNorm:
     case R::kMlpNormBias:
@@ -396,6 +493,12 @@ nlohmann::json InspectReport::ToJson() const {
                {"rotary_dim", c.rope.rotary_dim}};
   j["sliding_window"] = c.sliding_window;
   j["block"] = BlockName(c.block);
+  j["norms"] = NormsText(c);
+  j["positions"] = PositionsText(c);
+  j["multipliers"] = MultipliersText(c);
+  j["fused_qkv"] = c.fused_qkv ? nlohmann::json(QkvLayoutName(c.qkv_layout))
+                               : nlohmann::json(nullptr);
+  j["activation"] = ActName(c.act);
   j["attention"] = c.attention == AttentionKind::kMla ? "mla" : "standard";
   j["mla"] = MlaJson(c);
   j["moe"] = MoeJson(c);
@@ -431,16 +534,22 @@ std::string InspectReport::ToText() const {
   o << "hidden            " << c.hidden_size << "  (intermediate "
     << c.intermediate_size << ")\n";
   AttentionText(c, o);
-  o << "positions         "
-    << (c.learned_positions ? "learned" : "rope " + RopeName(c.rope.type));
-  if (!c.learned_positions && c.rope.type != RopeConfig::Type::kNone &&
-      c.rope.rotary_dim < c.head_dim)
-    o << " on " << c.rope.rotary_dim << " of " << c.head_dim << " dims";
-  if (c.learned_positions && c.position_offset != 0)
-    o << " (position p reads row p + " << c.position_offset << ")";
-  o << ", max " << c.max_position_embeddings << "\n";
+  o << "positions         " << PositionsText(c) << "\n";
   if (c.block != BlockKind::kSequential)
     o << "block             " << BlockName(c.block) << " (x + attn + mlp)\n";
+  o << "norms             " << NormsText(c) << "\n";
+  if (!MultipliersText(c).empty())
+    o << "multipliers       " << MultipliersText(c) << "\n";
+  if (c.fused_qkv)
+    o << "fused q/k/v       " << QkvLayoutName(c.qkv_layout)
+      << (c.qkv_layout == QkvLayout::kGroupedQvk
+              ? " x " + std::to_string(c.qkv_groups)
+              : std::string())
+      << "\n";
+  if (c.mlp != MlpKind::kMoE)
+    o << "mlp               "
+      << (c.mlp == MlpKind::kPlain ? "plain, " : "gated, ") << ActName(c.act)
+      << (c.mlp_bias ? ", with biases" : "") << "\n";
   o << "vocab             " << c.vocab_size
     << (c.tie_word_embeddings ? "  (tied embeddings)" : "") << "\n";
   o << "parameters        " << num_parameters << "\n";

@@ -41,6 +41,8 @@ LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
   l.fused_qkv = c.fused_qkv;
   l.qkv_layout = c.fused_qkv ? c.qkv_layout : QkvLayout::kConcat;
   l.qk_norm = c.qk_norm;
+  l.qk_norm_type = c.qk_norm_type;
+  l.qk_norm_bias = c.qk_norm_bias;
   l.clip_qkv = c.clip_qkv;
   l.window = layer >= 0 && layer < static_cast<int64_t>(c.sliding_window.size())
                  ? c.sliding_window[layer]

@@ -24,7 +24,7 @@ struct LayerConfig {
   // ---- Norms (kind, epsilon and gain offset are shared by every norm) ----
   NormKind norm = NormKind::kRms;
   float norm_eps = 1e-5f;
-  float norm_offset = 0.0f;     // 1 for Gemma's (1 + w)
+  float norm_offset = 0.0f;     // 1 for Gemma's and LayerNorm1P's (1 + w)
   bool pre_attn_norm = true;    // input_layernorm / ln_1
   bool post_attn_norm = false;  // Gemma2 / OLMo2
   bool pre_mlp_norm = true;     // post_attention_layernorm / ln_2
@@ -61,8 +61,10 @@ struct LayerConfig {
   bool fused_qkv = false;                     // one [q; k; v] projection
   QkvLayout qkv_layout = QkvLayout::kConcat;  // its output columns (fused)
   QkNormKind qk_norm = QkNormKind::kNone;
-  float clip_qkv = 0.0f;  // 0 = none
-  int64_t window = 0;     // sliding window in tokens; 0 = global
+  NormKind qk_norm_type = NormKind::kRms;  // kRms or kLayer
+  bool qk_norm_bias = false;               // kLayer with a bias
+  float clip_qkv = 0.0f;                   // 0 = none
+  int64_t window = 0;  // sliding window in tokens; 0 = global
   // Multiplier of q.k (1/sqrt(head_dim) unless the config says otherwise),
   // already divided by (layer + 1) where GPT-2's option asks for it.
   float attn_scale = 0.0f;

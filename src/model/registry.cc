@@ -15,12 +15,13 @@ const std::vector<ArchDef>& AllArchs() {
       arch::kGemma,      arch::kGemma2,     arch::kGemma3,
       arch::kGemma3Text, arch::kGpt2,       arch::kGptBigcode,
       arch::kGptNeo,     arch::kGptNeox,    arch::kGptOss,
-      arch::kGptj,       arch::kGranite,    arch::kLlama,
-      arch::kMistral,    arch::kMixtral,    arch::kOlmo,
-      arch::kOlmo2,      arch::kOlmoe,      arch::kOpt,
+      arch::kGptj,       arch::kGranite,    arch::kGranitemoe,
+      arch::kLlama,      arch::kMistral,    arch::kMixtral,
+      arch::kNemotron,   arch::kOlmo,       arch::kOlmo2,
+      arch::kOlmoe,      arch::kOpt,        arch::kPersimmon,
       arch::kPhi,        arch::kPhi3,       arch::kQwen2,
       arch::kQwen2Moe,   arch::kQwen3,      arch::kQwen3Moe,
-      arch::kStarcoder2,
+      arch::kStablelm,   arch::kStarcoder2,
   };
   return *kArchs;
 }

@@ -44,6 +44,10 @@ std::string_view WeightRoleName(WeightRole role) {
       return "q_norm";
     case WeightRole::kKNorm:
       return "k_norm";
+    case WeightRole::kQNormBias:
+      return "q_norm_bias";
+    case WeightRole::kKNormBias:
+      return "k_norm_bias";
     case WeightRole::kPostAttnNorm:
       return "post_attn_norm";
     case WeightRole::kMlpNorm:

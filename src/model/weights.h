@@ -44,6 +44,8 @@ enum class WeightRole : uint8_t {
   kOBias,
   kQNorm,
   kKNorm,
+  kQNormBias,  // LayerNorm q/k norms with a bias (Persimmon)
+  kKNormBias,
   kPostAttnNorm,
   kMlpNorm,
   kMlpNormBias,
@@ -108,9 +110,11 @@ struct WeightSpec {
   // from it (src/core/format.h).
   std::string name;
   WeightRole role = WeightRole::kOther;
-  int64_t layer = -1;          // -1 = model-level
-  int64_t expert = kNoExpert;  // expert index, or kAllExperts (stacked)
-  Shape shape;                 // dense stored shape (in `layout`)
+  int64_t layer = -1;  // -1 = model-level
+  // Expert index, or kAllExperts (stacked); a head's index for weights
+  // held per head (QkNormKind::kPerHeadOwn).
+  int64_t expert = kNoExpert;
+  Shape shape;  // dense stored shape (in `layout`)
   MatrixLayout layout = MatrixLayout::kOutIn;
   bool required = true;
   // If set and `name` is absent from the checkpoint, this tensor is used

@@ -89,6 +89,12 @@ Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o) {
       return UnimplementedError(at +
                                 "the backward of q/k norms after a fused qkv "
                                 "projection is not written yet");
+    if (lc.qk_norm != QkNormKind::kNone &&
+        (lc.qk_norm_type != NormKind::kRms ||
+         lc.qk_norm == QkNormKind::kPerHeadOwn))
+      return UnimplementedError(at +
+                                "the backward of q/k LayerNorms (StableLM, "
+                                "Persimmon) is not written yet");
     if (lc.clip_qkv > 0)
       return UnimplementedError(at +
                                 "the backward of clip_qkv is not written "

@@ -25,6 +25,42 @@ ActivationView F32View(const Backend& be, const float* data, int64_t rows,
   return v;
 }
 
+// The q (or k) norm of layer lc in place on x [T, heads * head_dim] (row
+// stride ld), before RoPE: over each head with one shared weight, over each
+// head with its own (StableLM, bound as expert h), or over the whole
+// projection; RMSNorm, or LayerNorm with the bias role when lc has one.
+void QkNorm(const BoundWeights& w, Backend& be, const LayerConfig& lc,
+            WeightRole gain, WeightRole bias, float* x, int64_t T, int64_t ld,
+            int64_t heads) {
+  const int64_t hd = lc.head_dim, l = lc.layer;
+  auto norm = [&](const TensorView& g, const TensorView* b, float* at,
+                  int64_t groups, int64_t dim) {
+    if (lc.qk_norm_type == NormKind::kLayer) {
+      be.LayerNormRows(at, T, ld, groups, dim, g.data, b ? b->data : nullptr,
+                       g.dtype, lc.norm_eps);
+    } else {
+      be.RmsNormRows(at, T, ld, groups, dim, g.data, g.dtype, lc.norm_eps);
+    }
+  };
+  switch (lc.qk_norm) {
+    case QkNormKind::kNone:
+      return;
+    case QkNormKind::kPerHeadOwn:
+      for (int64_t h = 0; h < heads; ++h)
+        norm(w.Require(gain, l, h),
+             lc.qk_norm_bias ? &w.Require(bias, l, h) : nullptr, x + h * hd, 1,
+             hd);
+      return;
+    case QkNormKind::kPerHead:
+    case QkNormKind::kFull: {
+      const bool per_head = lc.qk_norm == QkNormKind::kPerHead;
+      norm(w.Require(gain, l), lc.qk_norm_bias ? &w.Require(bias, l) : nullptr,
+           x, per_head ? heads : 1, per_head ? hd : heads * hd);
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 Executor::Executor(const Model& model, const HookSet& hooks,
@@ -101,11 +137,11 @@ void ApplyNorm(NormKind kind, float eps, float offset, const TensorView* w,
       }
       break;
     case NormKind::kLayer:
-      be.LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd, eps, y,
-                   rows, dim);
+      be.LayerNorm(x, w ? w->data : nullptr, b ? b->data : nullptr, wd, offset,
+                   eps, y, rows, dim);
       break;
     case NormKind::kLayerNoAffine:
-      be.LayerNorm(x, nullptr, nullptr, wd, eps, y, rows, dim);
+      be.LayerNorm(x, nullptr, nullptr, wd, 0.0f, eps, y, rows, dim);
       break;
   }
 }
@@ -849,14 +885,10 @@ Status Executor::StepQkvProj(const StepArgs& s) {
   RoundActivations(d, qkv, T, ld, ld);
   if (lc->clip_qkv > 0) be.Clamp(qkv, T, ld, ld, -lc->clip_qkv, lc->clip_qkv);
   if (lc->qk_norm != QkNormKind::kNone) {
-    const TensorView& qn = d.weights->Require(WeightRole::kQNorm, l);
-    const TensorView& kn = d.weights->Require(WeightRole::kKNorm, l);
-    const bool per_head = lc->qk_norm == QkNormKind::kPerHead;
-    const int64_t hd = c_.head_dim;
-    be.RmsNormRows(q, T, ld, per_head ? c_.num_heads : 1, per_head ? hd : Q,
-                   qn.data, qn.dtype, lc->norm_eps);
-    be.RmsNormRows(k, T, ld, per_head ? c_.num_kv_heads : 1, per_head ? hd : KV,
-                   kn.data, kn.dtype, lc->norm_eps);
+    QkNorm(*d.weights, be, *lc, WeightRole::kQNorm, WeightRole::kQNormBias, q,
+           T, ld, c_.num_heads);
+    QkNorm(*d.weights, be, *lc, WeightRole::kKNorm, WeightRole::kKNormBias, k,
+           T, ld, c_.num_kv_heads);
     RoundActivations(d, qkv, T, Q + KV, ld);
   }
   RETURN_IF_ERROR(Deliver(HookSite::kQ, l, batch, d, Q, ld, q, sink));

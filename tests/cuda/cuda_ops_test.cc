@@ -244,7 +244,8 @@ TEST(CudaOps, ActivationsAndSoftcap) {
     std::vector<float> x0 = RandomFloats(n, 11 + n, -9.0f, 9.0f);
     x0[0] = 0.0f;
     for (ActivationFn fn : {ActivationFn::kSilu, ActivationFn::kGeluTanh,
-                            ActivationFn::kGeluExact, ActivationFn::kRelu}) {
+                            ActivationFn::kGeluExact, ActivationFn::kRelu,
+                            ActivationFn::kReluSquared}) {
       std::vector<float> x = x0;
       auto dx = Upload(*gpu, x);
       gpu->Activation(fn, dx.data(), n);
@@ -253,7 +254,7 @@ TEST(CudaOps, ActivationsAndSoftcap) {
       const std::string what = "activation " +
                                std::to_string(static_cast<int>(fn)) +
                                " n=" + std::to_string(n);
-      if (fn == ActivationFn::kRelu)
+      if (fn == ActivationFn::kRelu || fn == ActivationFn::kReluSquared)
         ExpectBits(got, x, what);
       else
         ExpectClose(got, x, tol, what);
@@ -276,7 +277,8 @@ TEST(CudaOps, GatedActivationStrided) {
     const std::vector<float> gu = RandomFloats(rows * rs, 21 + n, -6.0f, 6.0f);
     auto dgu = Upload(*gpu, gu);
     for (ActivationFn fn : {ActivationFn::kSilu, ActivationFn::kGeluTanh,
-                            ActivationFn::kGeluExact, ActivationFn::kRelu}) {
+                            ActivationFn::kGeluExact, ActivationFn::kRelu,
+                            ActivationFn::kReluSquared}) {
       std::vector<float> want(static_cast<size_t>(rows * n));
       cpu->GatedActivation(fn, gu.data(), rs, gu.data() + n + 1, rs,
                            want.data(), rows, n);
@@ -286,7 +288,7 @@ TEST(CudaOps, GatedActivationStrided) {
       const std::vector<float> got = Download(*gpu, dout);
       const std::string what = "gated " + std::to_string(static_cast<int>(fn)) +
                                " n=" + std::to_string(n);
-      if (fn == ActivationFn::kRelu)
+      if (fn == ActivationFn::kRelu || fn == ActivationFn::kReluSquared)
         ExpectBits(got, want, what);
       else
         ExpectClose(got, want, 32 * kU, what);
@@ -434,14 +436,16 @@ TEST(CudaOps, LayerNorm) {
     for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
       const Typed tw = MakeTyped(*gpu, w, d), tb = MakeTyped(*gpu, b, d);
       for (bool with_wb : {true, false}) {
+        // LayerNorm1P's (1 + w) where there is a gain.
+        const float offset = with_wb ? 1.0f : 0.0f;
         std::vector<float> want(x.size());
         cpu->LayerNorm(x.data(), with_wb ? tw.host() : nullptr,
-                       with_wb ? tb.host() : nullptr, d, 1e-5f, want.data(),
-                       rows, dim);
+                       with_wb ? tb.host() : nullptr, d, offset, 1e-5f,
+                       want.data(), rows, dim);
         auto dy = Zeros<float>(*gpu, rows * dim);
         gpu->LayerNorm(dx.data(), with_wb ? tw.device() : nullptr,
-                       with_wb ? tb.device() : nullptr, d, 1e-5f, dy.data(),
-                       rows, dim);
+                       with_wb ? tb.device() : nullptr, d, offset, 1e-5f,
+                       dy.data(), rows, dim);
         // |v w| up to ~ 8 (the normalised value times |w| <= 2): 4 ulp
         // relative of the product plus the bias addition.
         ExpectClose(Download(*gpu, dy), want, 4 * kU * 8.0 + 2 * kU,
@@ -449,6 +453,29 @@ TEST(CudaOps, LayerNorm) {
                         std::to_string(dim) + (with_wb ? "" : " (no w, b)"));
       }
     }
+  }
+}
+
+// q/k LayerNorms on strided rows: per head (groups = heads) and shared.
+TEST(CudaOps, LayerNormRows) {
+  auto gpu = REQUIRE_GPU();
+  auto cpu = MakeCpu();
+  const int64_t tokens = 9, heads = 4, hd = 16, ld = heads * hd + 24;
+  for (int64_t groups : {heads, int64_t{1}}) {
+    const int64_t dim = heads * hd / groups;
+    const std::vector<float> x = RandomFloats(tokens * ld, 81, -3.0f, 5.0f);
+    const std::vector<float> w = RandomFloats(dim, 82, -2.0f, 2.0f);
+    const std::vector<float> b = RandomFloats(dim, 83, -1.0f, 1.0f);
+    const Typed tw = MakeTyped(*gpu, w, DType::kF32),
+                tb = MakeTyped(*gpu, b, DType::kF32);
+    std::vector<float> want = x;
+    cpu->LayerNormRows(want.data(), tokens, ld, groups, dim, tw.host(),
+                       tb.host(), DType::kF32, 1e-5f);
+    auto dx = Upload(*gpu, x);
+    gpu->LayerNormRows(dx.data(), tokens, ld, groups, dim, tw.device(),
+                       tb.device(), DType::kF32, 1e-5f);
+    ExpectClose(Download(*gpu, dx), want, 4 * kU * 8.0 + 2 * kU,
+                "layer norm rows groups=" + std::to_string(groups));
   }
 }
 

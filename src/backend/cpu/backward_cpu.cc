@@ -283,6 +283,8 @@ float ActivationValue(Activation act, float x) {
       return 0.5f * x * std::erfc(-x * 0.70710678118654752f);
     case Activation::kRelu:
       return x > 0.0f ? x : 0.0f;
+    case Activation::kReluSquared:
+      return x > 0.0f ? x * x : 0.0f;
   }
   return 0.0f;
 }
@@ -307,6 +309,8 @@ float ActivationDerivative(Activation act, float x) {
     }
     case Activation::kRelu:
       return x > 0.0f ? 1.0f : 0.0f;
+    case Activation::kReluSquared:
+      return x > 0.0f ? 2.0f * x : 0.0f;
   }
   return 0.0f;
 }

@@ -247,8 +247,9 @@ INSTANTIATE_TEST_SUITE_P(Variants, AttentionBackwardTest,
 
 TEST(ActivationBackwardTest, DerivativesMatchFiniteDifferences) {
   const std::vector<float> x = Random(200, 15, 3.0f);
-  for (Activation act : {Activation::kSilu, Activation::kGeluTanh,
-                         Activation::kGeluExact, Activation::kRelu}) {
+  for (Activation act :
+       {Activation::kSilu, Activation::kGeluTanh, Activation::kGeluExact,
+        Activation::kRelu, Activation::kReluSquared}) {
     std::vector<float> dx(x.size()), ones(x.size(), 1.0f);
     ActivationBackward(act, x.data(), ones.data(), dx.data(),
                        static_cast<int64_t>(x.size()));

@@ -27,6 +27,8 @@ Activation ToCpu(ActivationFn fn) {
       return Activation::kGeluExact;
     case ActivationFn::kRelu:
       return Activation::kRelu;
+    case ActivationFn::kReluSquared:
+      return Activation::kReluSquared;
   }
   return Activation::kSilu;
 }
@@ -210,10 +212,16 @@ void CpuBackend::RmsNormRows(float* x, int64_t tokens, int64_t ld,
   cpu::RmsNormRows(x, tokens, ld, groups, dim, w, w_dtype, eps);
 }
 
+void CpuBackend::LayerNormRows(float* x, int64_t tokens, int64_t ld,
+                               int64_t groups, int64_t dim, const void* w,
+                               const void* b, DType w_dtype, float eps) {
+  cpu::LayerNormRows(x, tokens, ld, groups, dim, w, b, w_dtype, eps);
+}
+
 void CpuBackend::LayerNorm(const float* x, const void* w, const void* b,
-                           DType w_dtype, float eps, float* y, int64_t rows,
-                           int64_t dim) {
-  cpu::LayerNorm(x, w, b, w_dtype, eps, y, rows, dim);
+                           DType w_dtype, float offset, float eps, float* y,
+                           int64_t rows, int64_t dim) {
+  cpu::LayerNorm(x, w, b, w_dtype, offset, eps, y, rows, dim);
 }
 
 void CpuBackend::RopeTables(const int32_t* positions, int64_t tokens,

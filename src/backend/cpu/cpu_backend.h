@@ -50,8 +50,12 @@ class CpuBackend final : public Backend {
   void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                    int64_t dim, const void* w, DType w_dtype,
                    float eps) override;
+  void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                     int64_t dim, const void* w, const void* b, DType w_dtype,
+                     float eps) override;
   void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-                 float eps, float* y, int64_t rows, int64_t dim) override;
+                 float offset, float eps, float* y, int64_t rows,
+                 int64_t dim) override;
   void RopeTables(const int32_t* positions, int64_t tokens,
                   const float* inv_freq, int64_t half, float attention_scaling,
                   float* cos, float* sin) override;
@@ -107,10 +111,9 @@ class CpuBackend final : public Backend {
                                float alpha, float limit) override;
   Status GatedActivationBackward(ActivationFn fn, const float* gate,
                                  int64_t gate_rs, const float* up,
-                                 int64_t up_rs, const float* dout,
-                                 float* dgate, int64_t dg_rs, float* dup,
-                                 int64_t du_rs, int64_t rows,
-                                 int64_t n) override;
+                                 int64_t up_rs, const float* dout, float* dgate,
+                                 int64_t dg_rs, float* dup, int64_t du_rs,
+                                 int64_t rows, int64_t n) override;
   int64_t SaeWorkspaceBytes(const Sae& sae, int64_t rows) const override;
   Status RunSae(const Sae& sae, const float* x, const float* reference,
                 int64_t rows, void* workspace, const SaeOutputs& out) override;

@@ -121,14 +121,14 @@ void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
 }
 
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-               float eps, float* y, int64_t rows, int64_t dim) {
+               float offset, float eps, float* y, int64_t rows, int64_t dim) {
   LOOM_CHECK(rows >= 0 && dim > 0) << "rows=" << rows << " dim=" << dim;
   if (w != nullptr || b != nullptr) LOOM_CHECK(IsComputeDType(w_dtype));
   const auto fn = Kernels().layer_norm_row;
 #pragma omp parallel for schedule( \
     static) if (rows * dim >= kMinParallelElems && rows > 1)
   for (int64_t r = 0; r < rows; ++r)
-    fn(x + r * dim, w, b, w_dtype, eps, y + r * dim, dim);
+    fn(x + r * dim, w, b, w_dtype, offset, eps, y + r * dim, dim);
 }
 
 // ---- Rotary embeddings
@@ -644,6 +644,15 @@ void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t)
     RmsNorm(x + t * ld, w, w_dtype, 0.0f, eps, x + t * ld, groups, dim);
+}
+
+void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                   int64_t dim, const void* w, const void* b, DType w_dtype,
+                   float eps) {
+  LOOM_CHECK(tokens >= 0 && groups >= 1 && dim >= 1 && ld >= groups * dim);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t)
+    LayerNorm(x + t * ld, w, b, w_dtype, 0.0f, eps, x + t * ld, groups, dim);
 }
 
 void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,

@@ -138,11 +138,12 @@ class GemmContext {
 void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
              float eps, float* y, int64_t rows, int64_t dim);
 
-// y = (x - mean) * rsqrt(var + eps) * w + b, biased variance like torch.
-// w and b may be null (OLMo's parameter-free LayerNorm). x and y may alias.
+// y = (x - mean) * rsqrt(var + eps) * (w + offset) + b, biased variance like
+// torch (offset 1: Nemotron's LayerNorm1P). w and b may be null (OLMo's
+// parameter-free LayerNorm). x and y may alias.
 //   x, y: [rows, dim] dense; w, b: [dim] in w_dtype
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-               float eps, float* y, int64_t rows, int64_t dim);
+               float offset, float eps, float* y, int64_t rows, int64_t dim);
 
 // Hugging Face's bf16 Llama RMSNorm (two roundings):
 //   y = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))   (w: bf16 gain)
@@ -156,6 +157,12 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
 //   x: [tokens, groups * dim] with row stride ld
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                  int64_t dim, const void* w, DType w_dtype, float eps);
+// The same with LayerNorm (gain w and bias b [dim], either may be null):
+// StableLM's and Persimmon's q/k norms.
+//   x: [tokens, groups * dim] with row stride ld
+void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                   int64_t dim, const void* w, const void* b, DType w_dtype,
+                   float eps);
 
 // ---- Rotary embeddings ----------------------------------------------------
 
@@ -271,7 +278,7 @@ int64_t KvAttentionWorkspaceBytes(int64_t context, int64_t q_heads,
 // ---- Elementwise
 // -------------------------------------------------------------
 
-enum class Activation { kSilu, kGeluTanh, kGeluExact, kRelu };
+enum class Activation { kSilu, kGeluTanh, kGeluExact, kRelu, kReluSquared };
 
 // out[r, i] = act(gate[r, i]) * up[r, i]; gate/up rows have strides
 // gate_rs/up_rs (so a fused [gate | up] buffer works), out is dense [rows, n].

@@ -130,6 +130,10 @@ inline __m256 Act(Activation act, __m256 x) {
     }
     case Activation::kRelu:
       return _mm256_max_ps(x, _mm256_setzero_ps());
+    case Activation::kReluSquared: {
+      const __m256 r = _mm256_max_ps(x, _mm256_setzero_ps());
+      return _mm256_mul_ps(r, r);
+    }
   }
   return x;
 }
@@ -188,7 +192,7 @@ void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
 }
 
 void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
-                  float eps, float* y, int64_t dim) {
+                  float offset, float eps, float* y, int64_t dim) {
   __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
   for (int64_t i = 0; i < dim; i += 8) {
     const __m256 v = Load(x + i, dim - i);
@@ -215,9 +219,11 @@ void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
   const __m256 inv =
       _mm256_set1_ps(static_cast<float>(1.0 / std::sqrt(var + eps)));
   const __m256 meanf = _mm256_set1_ps(static_cast<float>(mean));
+  const __m256 off = _mm256_set1_ps(offset);
   for (int64_t i = 0; i < dim; i += 8) {
     __m256 v = _mm256_mul_ps(_mm256_sub_ps(Load(x + i, dim - i), meanf), inv);
-    if (w != nullptr) v = _mm256_mul_ps(v, LoadAs(w, w_dtype, i, dim - i));
+    if (w != nullptr)
+      v = _mm256_mul_ps(v, _mm256_add_ps(LoadAs(w, w_dtype, i, dim - i), off));
     if (b != nullptr) v = _mm256_add_ps(v, LoadAs(b, w_dtype, i, dim - i));
     Store(y + i, v, dim - i);
   }

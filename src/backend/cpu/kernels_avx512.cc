@@ -106,6 +106,10 @@ inline __m512 Act(Activation act, __m512 x) {
     }
     case Activation::kRelu:
       return _mm512_max_ps(x, _mm512_setzero_ps());
+    case Activation::kReluSquared: {
+      const __m512 r = _mm512_max_ps(x, _mm512_setzero_ps());
+      return _mm512_mul_ps(r, r);
+    }
   }
   return x;
 }
@@ -171,7 +175,7 @@ void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
 }
 
 void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
-                  float eps, float* y, int64_t dim) {
+                  float offset, float eps, float* y, int64_t dim) {
   __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
   for (int64_t i = 0; i < dim; i += 16) {
     const __m512 v = _mm512_maskz_loadu_ps(TailMask(dim - i), x + i);
@@ -198,11 +202,13 @@ void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
   const __m512 inv =
       _mm512_set1_ps(static_cast<float>(1.0 / std::sqrt(var + eps)));
   const __m512 meanf = _mm512_set1_ps(static_cast<float>(mean));
+  const __m512 off = _mm512_set1_ps(offset);
   for (int64_t i = 0; i < dim; i += 16) {
     const __mmask16 m = TailMask(dim - i);
     __m512 v = _mm512_mul_ps(
         _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), meanf), inv);
-    if (w != nullptr) v = _mm512_mul_ps(v, LoadAs(w, w_dtype, i, m));
+    if (w != nullptr)
+      v = _mm512_mul_ps(v, _mm512_add_ps(LoadAs(w, w_dtype, i, m), off));
     if (b != nullptr) v = _mm512_add_ps(v, LoadAs(b, w_dtype, i, m));
     _mm512_mask_storeu_ps(y + i, m, v);
   }

@@ -58,10 +58,10 @@ struct AttnTile {
   float* z;        // output row of the tile's first query: [rows, v_dim], row
                    // stride z_rs
   int64_t q_rs, k_rs, v_rs, z_rs;
-  int64_t rows;  // <= kAttnBlock
-  int64_t i0;    // position of the first query row
-  int64_t j_lo;  // position of the first key considered
-  int64_t nk;    // keys considered: [j_lo, j_lo + nk)
+  int64_t rows;      // <= kAttnBlock
+  int64_t i0;        // position of the first query row
+  int64_t j_lo;      // position of the first key considered
+  int64_t nk;        // keys considered: [j_lo, j_lo + nk)
   int64_t head_dim;  // q and k head width
   int64_t v_dim;     // v and z head width (MLA: v_head_dim < head_dim)
   int64_t window;    // <= 0: none
@@ -87,7 +87,8 @@ int64_t AttnTileScratchFloats(int64_t max_nk, int64_t width);
   void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset, \
                   float eps, float* y, int64_t dim);                          \
   void LayerNormRow(const float* x, const void* w, const void* b,             \
-                    DType w_dtype, float eps, float* y, int64_t dim);         \
+                    DType w_dtype, float offset, float eps, float* y,         \
+                    int64_t dim);                                             \
   void GatedRow(Activation act, const float* gate, const float* up,           \
                 float* out, int64_t n);                                       \
   void ActivationSpan(Activation act, float* x, int64_t n);                   \
@@ -113,7 +114,7 @@ namespace avx512 {
 void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
                 float eps, float* y, int64_t dim);
 void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
-                  float eps, float* y, int64_t dim);
+                  float offset, float eps, float* y, int64_t dim);
 void GatedRow(Activation act, const float* gate, const float* up, float* out,
               int64_t n);
 void ActivationSpan(Activation act, float* x, int64_t n);

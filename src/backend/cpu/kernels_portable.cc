@@ -61,6 +61,10 @@ float Act(Activation act, float x) {
       return 0.5f * x * std::erfc(-x * 0.70710678118654752f);
     case Activation::kRelu:
       return x > 0.0f ? x : 0.0f;
+    case Activation::kReluSquared: {
+      const float r = x > 0.0f ? x : 0.0f;
+      return r * r;
+    }
   }
   return 0.0f;
 }
@@ -82,7 +86,7 @@ void RmsNormRow(const float* x, const void* w, DType w_dtype, float offset,
 }
 
 void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
-                  float eps, float* y, int64_t dim) {
+                  float offset, float eps, float* y, int64_t dim) {
   double sum = 0.0;
   for (int64_t i = 0; i < dim; ++i) sum += x[i];
   const double mean = sum / static_cast<double>(dim);
@@ -96,7 +100,7 @@ void LayerNormRow(const float* x, const void* w, const void* b, DType w_dtype,
   const float meanf = static_cast<float>(mean);
   for (int64_t i = 0; i < dim; ++i) {
     float v = (x[i] - meanf) * inv;
-    if (w != nullptr) v *= LoadScalarAsF32(w, w_dtype, i);
+    if (w != nullptr) v *= LoadScalarAsF32(w, w_dtype, i) + offset;
     if (b != nullptr) v += LoadScalarAsF32(b, w_dtype, i);
     y[i] = v;
   }

@@ -706,46 +706,52 @@ TEST(Norms, LayerNorm) {
   for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{129}}) {
     for (int64_t dim : {int64_t{7}, int64_t{64}, int64_t{768}, int64_t{2051}}) {
       for (DType dt : {DType::kF32, DType::kBF16}) {
-        for (bool affine : {true, false}) {
-          // An offset mean makes the centring matter.
-          std::vector<float> x = Random(rows * dim, 31, 1.0f, 4.0f),
-                             wf = Random(dim, 32), bf = Random(dim, 33);
-          std::vector<uint16_t> w16 = To16(wf, DType::kBF16),
-                                b16 = To16(bf, DType::kBF16);
-          const void* w =
-              affine ? (dt == DType::kF32 ? static_cast<const void*>(wf.data())
+        for (bool affine : {true, false})
+          for (float offset : {0.0f, 1.0f}) {
+            // An offset mean makes the centring matter; offset 1 is
+            // LayerNorm1P's (1 + w).
+            std::vector<float> x = Random(rows * dim, 31, 1.0f, 4.0f),
+                               wf = Random(dim, 32), bf = Random(dim, 33);
+            std::vector<uint16_t> w16 = To16(wf, DType::kBF16),
+                                  b16 = To16(bf, DType::kBF16);
+            const void* w = affine ? (dt == DType::kF32
+                                          ? static_cast<const void*>(wf.data())
                                           : w16.data())
-                     : nullptr;
-          const void* b =
-              affine ? (dt == DType::kF32 ? static_cast<const void*>(bf.data())
+                                   : nullptr;
+            const void* b = affine ? (dt == DType::kF32
+                                          ? static_cast<const void*>(bf.data())
                                           : b16.data())
-                     : nullptr;
-          std::vector<float> got(rows * dim), want(rows * dim);
-          LayerNorm(x.data(), w, b, dt, 1e-5f, got.data(), rows, dim);
-          ref::LayerNorm(x.data(), w, b, dt, 1e-5f, want.data(), rows, dim);
-          std::vector<double> tol(rows * dim);
-          for (int64_t r = 0; r < rows; ++r) {
-            double mean = 0.0, var = 0.0;
-            for (int64_t i = 0; i < dim; ++i) mean += x[r * dim + i];
-            mean /= dim;
-            for (int64_t i = 0; i < dim; ++i)
-              var += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
-            const double rstd = 1.0 / std::sqrt(var / dim + 1e-5);
-            for (int64_t i = 0; i < dim; ++i) {
-              const double wv = w ? std::abs(ref::LoadAsF32(w, dt, i)) : 1.0;
-              const double bv = b ? std::abs(ref::LoadAsF32(b, dt, i)) : 0.0;
-              // Mean error (dim u |x|) propagated through rstd*w, variance
-              // error (dim u relative), and a few roundings of the output.
-              const double centred =
-                  std::abs(x[r * dim + i] - mean) * rstd * wv;
-              tol[r * dim + i] = dim * kU * std::abs(mean) * rstd * wv +
-                                 (0.5 * dim + 6.0) * kU * centred + 2 * kU * bv;
+                                   : nullptr;
+            std::vector<float> got(rows * dim), want(rows * dim);
+            LayerNorm(x.data(), w, b, dt, offset, 1e-5f, got.data(), rows, dim);
+            ref::LayerNorm(x.data(), w, b, dt, offset, 1e-5f, want.data(), rows,
+                           dim);
+            std::vector<double> tol(rows * dim);
+            for (int64_t r = 0; r < rows; ++r) {
+              double mean = 0.0, var = 0.0;
+              for (int64_t i = 0; i < dim; ++i) mean += x[r * dim + i];
+              mean /= dim;
+              for (int64_t i = 0; i < dim; ++i)
+                var += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
+              const double rstd = 1.0 / std::sqrt(var / dim + 1e-5);
+              for (int64_t i = 0; i < dim; ++i) {
+                const double wv =
+                    w ? std::abs(ref::LoadAsF32(w, dt, i) + offset) : 1.0;
+                const double bv = b ? std::abs(ref::LoadAsF32(b, dt, i)) : 0.0;
+                // Mean error (dim u |x|) propagated through rstd*w, variance
+                // error (dim u relative), and a few roundings of the output.
+                const double centred =
+                    std::abs(x[r * dim + i] - mean) * rstd * wv;
+                tol[r * dim + i] = dim * kU * std::abs(mean) * rstd * wv +
+                                   (0.5 * dim + 6.0) * kU * centred +
+                                   2 * kU * bv;
+              }
             }
+            ExpectNear("layernorm rows=" + std::to_string(rows) +
+                           " dim=" + std::to_string(dim) +
+                           " offset=" + std::to_string(offset),
+                       got.data(), want.data(), tol, rows * dim);
           }
-          ExpectNear("layernorm rows=" + std::to_string(rows) +
-                         " dim=" + std::to_string(dim),
-                     got.data(), want.data(), tol, rows * dim);
-        }
       }
     }
   }
@@ -1223,13 +1229,16 @@ double ActTol(Activation act, double x, double ref) {
     }
     case Activation::kRelu:
       return 0.0;
+    case Activation::kReluSquared:  // one rounded product
+      return kU * std::abs(ref) + 1e-37;
   }
   return 0.0;
 }
 
 TEST(Elementwise, Activations) {
-  for (Activation act : {Activation::kSilu, Activation::kGeluTanh,
-                         Activation::kGeluExact, Activation::kRelu}) {
+  for (Activation act :
+       {Activation::kSilu, Activation::kGeluTanh, Activation::kGeluExact,
+        Activation::kRelu, Activation::kReluSquared}) {
     for (int64_t n :
          {int64_t{1}, int64_t{17}, int64_t{1000}, int64_t{100003}}) {
       std::vector<float> x = Random(n, 61, -12.0f, 12.0f);
@@ -1247,8 +1256,9 @@ TEST(Elementwise, Activations) {
 }
 
 TEST(Elementwise, GatedActivation) {
-  for (Activation act : {Activation::kSilu, Activation::kGeluTanh,
-                         Activation::kGeluExact, Activation::kRelu}) {
+  for (Activation act :
+       {Activation::kSilu, Activation::kGeluTanh, Activation::kGeluExact,
+        Activation::kRelu, Activation::kReluSquared}) {
     for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{129}}) {
       const int64_t n = 181;
       // Fused [gate | up] rows.
@@ -1389,6 +1399,32 @@ TEST(RowOps, RmsNormBf16IsRmsNormThenTwoBf16Roundings) {
                  want.data(), tol, rows * dim);
     }
   }
+}
+
+TEST(RowOps, LayerNormRowsIsPerTokenLayerNorm) {
+  const int64_t tokens = 37, heads = 4, hd = 16, ld = heads * hd + 24;
+  for (int64_t groups : {heads, int64_t{1}})
+    for (bool bias : {true, false}) {
+      const int64_t dim = heads * hd / groups;
+      const std::vector<float> x = Random(tokens * ld, 35, -2.0f, 3.0f),
+                               w = Random(dim, 36), b = Random(dim, 37);
+      const float* bp = bias ? b.data() : nullptr;
+      std::vector<float> got = x, per_token = x, want = x;
+      LayerNormRows(got.data(), tokens, ld, groups, dim, w.data(), bp,
+                    DType::kF32, 1e-5f);
+      for (int64_t t = 0; t < tokens; ++t)
+        LayerNorm(per_token.data() + t * ld, w.data(), bp, DType::kF32, 0.0f,
+                  1e-5f, per_token.data() + t * ld, groups, dim);
+      ExpectBitwise("layernorm rows", got.data(), per_token.data(),
+                    tokens * ld * 4);
+      ref::LayerNormRows(want.data(), tokens, ld, groups, dim, w.data(), bp,
+                         DType::kF32, 1e-5f);
+      std::vector<double> tol(tokens * ld);
+      for (int64_t i = 0; i < tokens * ld; ++i)
+        tol[i] = (dim + 8.0) * kU * (std::abs(want[i]) + 4.0) + 1e-30;
+      ExpectNear("layernorm rows vs reference", got.data(), want.data(), tol,
+                 tokens * ld);
+    }
 }
 
 TEST(RowOps, RmsNormRowsIsPerTokenRmsNorm) {

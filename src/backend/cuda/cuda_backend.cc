@@ -22,6 +22,8 @@ static_assert(static_cast<int>(ActivationFn::kGeluExact) ==
               static_cast<int>(Act::kGeluExact));
 static_assert(static_cast<int>(ActivationFn::kRelu) ==
               static_cast<int>(Act::kRelu));
+static_assert(static_cast<int>(ActivationFn::kReluSquared) ==
+              static_cast<int>(Act::kReluSquared));
 
 Act ToAct(ActivationFn fn) { return static_cast<Act>(static_cast<int>(fn)); }
 
@@ -310,10 +312,17 @@ void CudaBackend::RmsNormRows(float* x, int64_t tokens, int64_t ld,
   Check("rms norm rows");
 }
 
+void CudaBackend::LayerNormRows(float* x, int64_t tokens, int64_t ld,
+                                int64_t groups, int64_t dim, const void* w,
+                                const void* b, DType w_dtype, float eps) {
+  cuda::LayerNormRows(x, tokens, ld, groups, dim, w, b, w_dtype, eps, stream_);
+  Check("layer norm rows");
+}
+
 void CudaBackend::LayerNorm(const float* x, const void* w, const void* b,
-                            DType w_dtype, float eps, float* y, int64_t rows,
-                            int64_t dim) {
-  cuda::LayerNorm(x, w, b, w_dtype, eps, y, rows, dim, stream_);
+                            DType w_dtype, float offset, float eps, float* y,
+                            int64_t rows, int64_t dim) {
+  cuda::LayerNorm(x, w, b, w_dtype, offset, eps, y, rows, dim, stream_);
   Check("layer norm");
 }
 

@@ -85,8 +85,12 @@ class CudaBackend final : public Backend {
   void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                    int64_t dim, const void* w, DType w_dtype,
                    float eps) override;
+  void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                     int64_t dim, const void* w, const void* b, DType w_dtype,
+                     float eps) override;
   void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-                 float eps, float* y, int64_t rows, int64_t dim) override;
+                 float offset, float eps, float* y, int64_t rows,
+                 int64_t dim) override;
   void RopeTables(const int32_t* positions, int64_t tokens,
                   const float* inv_freq, int64_t half, float attention_scaling,
                   float* cos, float* sin) override;

@@ -22,14 +22,21 @@
 namespace loom::cuda {
 
 // The same values as loom::ActivationFn (checked in cuda_backend.cc).
-enum class Act : int { kSilu = 0, kGeluTanh = 1, kGeluExact = 2, kRelu = 3 };
+enum class Act : int {
+  kSilu = 0,
+  kGeluTanh = 1,
+  kGeluExact = 2,
+  kRelu = 3,
+  kReluSquared = 4
+};
 // The same values as loom::RouterKind.
 enum class Route : int { kSoftmaxTopK = 0, kTopKSoftmax = 1 };
 
 // ---- Elementwise (kernels_elementwise.cu) ----
 void Add(const float* x, float* y, int64_t n, cudaStream_t s);  // y += x
 void Scale(float* x, int64_t n, float scale, cudaStream_t s);
-void Softcap(float* x, int64_t n, float cap, cudaStream_t s);  // cap*tanh(x/cap)
+void Softcap(float* x, int64_t n, float cap,
+             cudaStream_t s);  // cap*tanh(x/cap)
 void SetZero(float* x, int64_t n, cudaStream_t s);
 // x [rows, cols] row stride ld.
 void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo, float hi,
@@ -56,8 +63,8 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n,
                   cudaStream_t s);
 // y [rows, cols] (row stride ldy) in dtype BF16 / F16 = x [rows, cols] f32
 // (row stride ldx): a GEMM's 16-bit input.
-void ConvertRows(const float* x, int64_t ldx, void* y, int64_t ldy,
-                 DType dtype, int64_t rows, int64_t cols, cudaStream_t s);
+void ConvertRows(const float* x, int64_t ldx, void* y, int64_t ldy, DType dtype,
+                 int64_t rows, int64_t cols, cudaStream_t s);
 
 // ---- Norms (kernels_norm.cu); w, b [dim] in w_dtype (F32 / BF16 / F16) ----
 // y = x * rsqrt(mean(x^2) + eps) * (w + offset); w may be null. x, y [rows,
@@ -72,16 +79,22 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                  int64_t dim, const void* w, DType w_dtype, float eps,
                  cudaStream_t s);
-// y = (x - mean) * rsqrt(var + eps) * w + b; w, b may be null.
+// y = (x - mean) * rsqrt(var + eps) * (w + offset) + b; w, b may be null.
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-               float eps, float* y, int64_t rows, int64_t dim, cudaStream_t s);
+               float offset, float eps, float* y, int64_t rows, int64_t dim,
+               cudaStream_t s);
+// LayerNorm in place on `groups` groups of `dim` values in each of `tokens`
+// rows (row stride ld).
+void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                   int64_t dim, const void* w, const void* b, DType w_dtype,
+                   float eps, cudaStream_t s);
 
 // ---- RoPE (kernels_rope.cu) ----
 // cos/sin [tokens, half] = cos/sin(positions[t] * inv_freq[i]) * scaling,
 // the angle formed in f32 as the CPU does.
-void RopeTables(const int32_t* positions, int64_t tokens,
-                const float* inv_freq, int64_t half, float attention_scaling,
-                float* cos, float* sin, cudaStream_t s);
+void RopeTables(const int32_t* positions, int64_t tokens, const float* inv_freq,
+                int64_t half, float attention_scaling, float* cos, float* sin,
+                cudaStream_t s);
 // Rotate-half RoPE in place on x [tokens, heads, head_dim] (row stride
 // row_stride) over the first 2 * half dims of each head.
 void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,

@@ -36,6 +36,10 @@ __device__ __forceinline__ float ActOf(Act fn, float x) {
                        erfcf(__fmul_rn(-x, 0.70710678118654752f)));
     case Act::kRelu:
       return x > 0.0f ? x : 0.0f;
+    case Act::kReluSquared: {
+      const float r = x > 0.0f ? x : 0.0f;
+      return __fmul_rn(r, r);
+    }
   }
   return x;
 }

@@ -92,18 +92,21 @@ __global__ void RmsNormKernel(const float* x, float* y, int64_t rows,
   }
 }
 
-// y = (x - mean) * inv * w + b; x, y [rows, dim] dense (may alias).
+// y = (x - mean) * inv * (w + offset) + b; x, y [rows of dim] (see
+// RowOffset; may alias).
 template <int kGroup>
 __global__ void LayerNormKernel(const float* x, float* y, int64_t rows,
-                                int64_t dim, const void* w, const void* b,
-                                DType w_dtype, float eps) {
+                                int64_t groups, int64_t ld, int64_t dim,
+                                const void* w, const void* b, DType w_dtype,
+                                float offset, float eps) {
   __shared__ double shared[kBlock / 32];
   constexpr int kRowsPerBlock = kBlock / kGroup;
   const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kGroup;
   const int t = threadIdx.x % kGroup;
   if (kGroup == 32 && r >= rows) return;
-  const float* xr = x + r * dim;
-  float* yr = y + r * dim;
+  const int64_t off = RowOffset(r, groups, ld, dim);
+  const float* xr = x + off;
+  float* yr = y + off;
   double sum = 0.0;
   for (int64_t i = t; i < dim; i += kGroup) sum += static_cast<double>(xr[i]);
   const double mean = GroupSum<kGroup>(sum, shared) / static_cast<double>(dim);
@@ -118,7 +121,8 @@ __global__ void LayerNormKernel(const float* x, float* y, int64_t rows,
   const float meanf = static_cast<float>(mean);
   for (int64_t i = t; i < dim; i += kGroup) {
     float v = __fmul_rn(__fsub_rn(xr[i], meanf), inv);
-    if (w != nullptr) v = __fmul_rn(v, LoadW(w, w_dtype, i));
+    if (w != nullptr)
+      v = __fmul_rn(v, __fadd_rn(LoadW(w, w_dtype, i), offset));
     if (b != nullptr) v = __fadd_rn(v, LoadW(b, w_dtype, i));
     yr[i] = v;
   }
@@ -136,6 +140,21 @@ void LaunchRms(const float* x, float* y, int64_t rows, int64_t groups,
   } else {
     RmsNormKernel<kBlock><<<static_cast<unsigned>(rows), kBlock, 0, s>>>(
         x, y, rows, groups, ld, dim, w, w_dtype, offset, eps, bf16);
+  }
+}
+
+void LaunchLayer(const float* x, float* y, int64_t rows, int64_t groups,
+                 int64_t ld, int64_t dim, const void* w, const void* b,
+                 DType w_dtype, float offset, float eps, cudaStream_t s) {
+  if (rows <= 0 || dim <= 0) return;
+  if (dim <= kWarpRowMax) {
+    constexpr int64_t per = kBlock / 32;
+    LayerNormKernel<32>
+        <<<static_cast<unsigned>((rows + per - 1) / per), kBlock, 0, s>>>(
+            x, y, rows, groups, ld, dim, w, b, w_dtype, offset, eps);
+  } else {
+    LayerNormKernel<kBlock><<<static_cast<unsigned>(rows), kBlock, 0, s>>>(
+        x, y, rows, groups, ld, dim, w, b, w_dtype, offset, eps);
   }
 }
 
@@ -160,17 +179,17 @@ void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
 }
 
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-               float eps, float* y, int64_t rows, int64_t dim, cudaStream_t s) {
-  if (rows <= 0 || dim <= 0) return;
-  if (dim <= kWarpRowMax) {
-    constexpr int64_t per = kBlock / 32;
-    LayerNormKernel<32>
-        <<<static_cast<unsigned>((rows + per - 1) / per), kBlock, 0, s>>>(
-            x, y, rows, dim, w, b, w_dtype, eps);
-  } else {
-    LayerNormKernel<kBlock><<<static_cast<unsigned>(rows), kBlock, 0, s>>>(
-        x, y, rows, dim, w, b, w_dtype, eps);
-  }
+               float offset, float eps, float* y, int64_t rows, int64_t dim,
+               cudaStream_t s) {
+  LaunchLayer(x, y, rows, 1, dim, dim, w, b, w_dtype, offset, eps, s);
+}
+
+void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                   int64_t dim, const void* w, const void* b, DType w_dtype,
+                   float eps, cudaStream_t s) {
+  if (groups <= 0) return;
+  LaunchLayer(x, x, tokens * groups, groups, ld, dim, w, b, w_dtype, 0.0f, eps,
+              s);
 }
 
 }  // namespace loom::cuda

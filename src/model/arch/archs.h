@@ -30,12 +30,16 @@ extern const ArchDef kOlmo2;
 extern const ArchDef kOpt;
 extern const ArchDef kGranite;
 extern const ArchDef kStarcoder2;
+extern const ArchDef kStablelm;
+extern const ArchDef kNemotron;
+extern const ArchDef kPersimmon;
 // Mixture of experts (src/model/arch/moe.h).
 extern const ArchDef kMixtral;
 extern const ArchDef kQwen2Moe;
 extern const ArchDef kQwen3Moe;
 extern const ArchDef kGptOss;
 extern const ArchDef kOlmoe;
+extern const ArchDef kGranitemoe;
 // Multi-head latent attention + group-limited sigmoid routing.
 extern const ArchDef kDeepseekV3;
 

@@ -15,10 +15,11 @@ StatusOr<ActKind> ParseActivation(const ConfigReader& r, const std::string& key,
     return ActKind::kGeluTanh;
   if (value == "gelu" || value == "gelu_python") return ActKind::kGeluExact;
   if (value == "relu") return ActKind::kRelu;
+  if (value == "relu2") return ActKind::kReluSquared;
   return UnimplementedError(
       r.source() + ": key '" + key + "' = '" + value +
       "' is not a supported activation (silu, gelu, gelu_pytorch_tanh, "
-      "gelu_new, relu)");
+      "gelu_new, relu, relu2)");
 }
 
 namespace {

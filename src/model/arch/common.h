@@ -121,6 +121,9 @@ Status ParseGemmaCommon(const ConfigReader& r, ModelConfig* c);
 Status ParseGptjBlock(const ConfigReader& r, int64_t rotary_cap,
                       ModelConfig* c);
 ArchWeights DeclareGptjWeights(const ModelConfig& c);
+// Granite (granite.cc): attention_bias and the embedding, residual,
+// attention and logits multipliers (GraniteMoE shares them).
+Status ParseGraniteMultipliers(const ConfigReader& r, ModelConfig* c);
 // Gemma 2/3 (gemma2.cc): query_pre_attn_scalar -> attn_scale.
 Status ParseQueryPreAttnScalar(const ConfigReader& r, ModelConfig* c);
 // Gemma 2/3 (gemma2.cc): pre/post attention and feed-forward norm names.

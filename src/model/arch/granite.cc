@@ -23,17 +23,26 @@ StatusOr<float> Multiplier(const ConfigReader& r, const std::string& key,
   return static_cast<float>(v);
 }
 
-Status Parse(const ConfigReader& r, ModelConfig* c) {
-  RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/false, c));
+}  // namespace
+
+Status ParseGraniteMultipliers(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->qkv_bias, r.Bool("attention_bias", false));
   c->o_bias = c->qkv_bias;
-  ASSIGN_OR_RETURN(c->mlp_bias, r.Bool("mlp_bias", false));
   ASSIGN_OR_RETURN(c->embedding_scale,
                    Multiplier(r, "embedding_multiplier", false));
   ASSIGN_OR_RETURN(c->residual_multiplier,
                    Multiplier(r, "residual_multiplier", false));
   ASSIGN_OR_RETURN(c->attn_scale, Multiplier(r, "attention_multiplier", true));
   ASSIGN_OR_RETURN(c->logits_scaling, Multiplier(r, "logits_scaling", true));
+  return Status();
+}
+
+namespace {
+
+Status Parse(const ConfigReader& r, ModelConfig* c) {
+  RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/false, c));
+  RETURN_IF_ERROR(ParseGraniteMultipliers(r, c));
+  ASSIGN_OR_RETURN(c->mlp_bias, r.Bool("mlp_bias", false));
   return Status();
 }
 

@@ -87,6 +87,15 @@ Status ParseMoe(const ConfigReader& r, const MoeKeys& keys, ModelConfig* c) {
 Status DetectPackedExperts(const std::string& model_dir, ModelConfig* c) {
   if (c->mlp != MlpKind::kMoE || c->moe.expert_act != ExpertActKind::kGated)
     return Status();
+  if (c->moe.packed_experts) {  // the architecture's only layout (GraniteMoE)
+    if (c->quant.quantized())
+      return UnimplementedError(
+          model_dir + ": " + c->model_type +
+          " stores its experts packed, and this checkpoint quantizes them (" +
+          c->quant.method + ", " + c->quant.source +
+          "); packed experts are supported dense only (F32, BF16, F16)");
+    return Status();
+  }
   namespace fs = std::filesystem;
   const std::string index = model_dir + "/model.safetensors.index.json";
   const std::string single = model_dir + "/model.safetensors";
@@ -123,7 +132,7 @@ void DeclareMoeLayer(const ModelConfig& c, int64_t i, const MoeNames& n,
                 E = c.moe.num_experts;
   // transformers 5 names every packed MoE block "mlp." (Mixtral included).
   const std::string p = "model.layers." + std::to_string(i) + "." +
-                        (c.moe.packed_experts ? "mlp." : n.block);
+                        (c.moe.packed_experts ? n.packed_block : n.block);
   auto add = [&](std::string name, WeightRole role, int64_t expert,
                  Shape shape) {
     AddSpec(specs, std::move(name), role, i, std::move(shape));
@@ -138,10 +147,9 @@ void DeclareMoeLayer(const ModelConfig& c, int64_t i, const MoeNames& n,
   if (c.moe.packed_experts) {
     // Expert e's gate is rows [0, I) of gate_up[e], its up rows [I, 2I)
     // (WeightOperandOf serves kExpertGate / kExpertUp from them).
-    add(p + "experts.gate_up_proj", WeightRole::kExpertGateUp, kAllExperts,
+    add(p + n.packed_gate_up, WeightRole::kExpertGateUp, kAllExperts,
         {E, 2 * I, H});
-    add(p + "experts.down_proj", WeightRole::kExpertDown, kAllExperts,
-        {E, H, I});
+    add(p + n.packed_down, WeightRole::kExpertDown, kAllExperts, {E, H, I});
   }
   for (int64_t e = 0; e < E && !c.moe.packed_experts; ++e) {
     const std::string x = p + "experts." + std::to_string(e) + ".";

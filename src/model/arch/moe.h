@@ -46,6 +46,13 @@ struct MoeNames {
   std::string up = "up_proj";            // Mixtral: w3
   std::string down = "down_proj";        // Mixtral: w2
   std::string shared = "shared_expert";  // DeepSeek-V3: shared_experts
+  // Packed experts (MoEConfig::packed_experts): the block and the stacked
+  // [E, 2 I_e, H] gate_up and [E, H, I_e] down tensors; transformers 5 names
+  // them so for every packed MoE, GraniteMoE stores its experts so always
+  // (block_sparse_moe.input_linear.weight / output_linear.weight).
+  std::string packed_block = "mlp.";
+  std::string packed_gate_up = "experts.gate_up_proj";
+  std::string packed_down = "experts.down_proj";
 };
 
 // Sets c->moe.packed_experts when the checkpoint in `model_dir` stores a

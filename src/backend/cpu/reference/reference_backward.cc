@@ -140,6 +140,8 @@ double Value(Activation act, double x) {
       return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
     case Activation::kRelu:
       return x > 0 ? x : 0;
+    case Activation::kReluSquared:
+      return x > 0 ? x * x : 0;
   }
   return 0;
 }

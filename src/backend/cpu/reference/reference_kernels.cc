@@ -77,7 +77,7 @@ void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
 }
 
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-               float eps, float* y, int64_t rows, int64_t dim) {
+               float offset, float eps, float* y, int64_t rows, int64_t dim) {
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0.0;
     for (int64_t i = 0; i < dim; ++i) sum += x[r * dim + i];
@@ -90,7 +90,8 @@ void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
     const double inv = 1.0 / std::sqrt(var / dim + eps);
     for (int64_t i = 0; i < dim; ++i) {
       double v = (x[r * dim + i] - mean) * inv;
-      if (w != nullptr) v *= LoadAsF32(w, w_dtype, i);
+      if (w != nullptr)
+        v *= static_cast<double>(LoadAsF32(w, w_dtype, i)) + offset;
       if (b != nullptr) v += LoadAsF32(b, w_dtype, i);
       y[r * dim + i] = static_cast<float>(v);
     }
@@ -295,6 +296,10 @@ float ActivationScalar(Activation act, float xf) {
       return static_cast<float>(0.5 * x * std::erfc(-x / std::sqrt(2.0)));
     case Activation::kRelu:
       return xf > 0.0f ? xf : 0.0f;
+    case Activation::kReluSquared: {
+      const float r = xf > 0.0f ? xf : 0.0f;
+      return r * r;
+    }
   }
   return 0.0f;
 }
@@ -383,6 +388,13 @@ void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                  int64_t dim, const void* w, DType w_dtype, float eps) {
   for (int64_t t = 0; t < tokens; ++t)
     RmsNorm(x + t * ld, w, w_dtype, 0.0f, eps, x + t * ld, groups, dim);
+}
+
+void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                   int64_t dim, const void* w, const void* b, DType w_dtype,
+                   float eps) {
+  for (int64_t t = 0; t < tokens; ++t)
+    LayerNorm(x + t * ld, w, b, w_dtype, 0.0f, eps, x + t * ld, groups, dim);
 }
 
 void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,

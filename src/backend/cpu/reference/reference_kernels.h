@@ -20,12 +20,11 @@ float LoadAsF32(const void* p, DType dtype, int64_t i);
 // double. Honours bias, accumulate and ldy.
 void Gemm(const GemmArgs& args);
 
-
 // Norms, see kernels.h. x [rows, dim], y [rows, dim], w/b [dim].
 void RmsNorm(const float* x, const void* w, DType w_dtype, float offset,
              float eps, float* y, int64_t rows, int64_t dim);
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
-               float eps, float* y, int64_t rows, int64_t dim);
+               float offset, float eps, float* y, int64_t rows, int64_t dim);
 
 // Rotary embeddings. positions [tokens], inv_freq [half], cos/sin [tokens,
 // half].
@@ -76,6 +75,9 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
                  int64_t rows, int64_t dim);
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                  int64_t dim, const void* w, DType w_dtype, float eps);
+void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
+                   int64_t dim, const void* w, const void* b, DType w_dtype,
+                   float eps);
 void Clamp(float* x, int64_t rows, int64_t cols, int64_t ld, float lo,
            float hi);
 void RoundToBf16(float* x, int64_t rows, int64_t cols, int64_t ld);
