@@ -22,10 +22,14 @@ import sys
 # The checkpoints each family's users load (Hugging Face ids).
 CHECKPOINTS = {
     "codegen": "Salesforce/codegen-350M-mono, codegen-2B-multi, codegen-6B-nl",
+    "cohere": "CohereForAI/c4ai-command-r-v01, c4ai-command-r-plus, aya-23-8B",
     "deepseek_v3": "deepseek-ai/DeepSeek-V3, DeepSeek-R1, Moonlight-16B-A3B",
-    "falcon": "tiiuae/falcon-40b, falcon-11B (new decoder layout)",
+    "falcon": "tiiuae/falcon-7b (multi-query, one LayerNorm), falcon-40b, "
+              "falcon-11B (new decoder layout)",
     "gemma": "google/gemma-2b, gemma-7b, gemma-1.1-2b-it",
     "gemma2": "google/gemma-2-2b, gemma-2-9b, gemma-2-27b (-it)",
+    "gemma3_text": "google/gemma-3-1b-pt, gemma-3-1b-it, gemma-3-270m",
+    "glm": "THUDM/glm-4-9b-hf, glm-4-9b-chat-hf",
     "gpt2": "openai-community/gpt2, gpt2-medium, gpt2-xl; distilgpt2",
     "gpt_bigcode": "bigcode/santacoder, bigcode/starcoderbase-1b, starcoder",
     "gpt_neo": "EleutherAI/gpt-neo-125m, gpt-neo-1.3B, gpt-neo-2.7B",
@@ -116,6 +120,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--golden", required=True)
     ap.add_argument("--bundled", required=True)
+    ap.add_argument("--constructed", required=True)
     ap.add_argument("--cpu", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -130,9 +135,13 @@ def main():
     cases = []
     for name in sorted(runs):
         d = os.path.join(a.golden, "tiny", name)
-        if not os.path.isdir(d):
+        constructed = os.path.join(a.constructed, name)
+        if os.path.isdir(constructed):
+            d = constructed
+        elif not os.path.isdir(d):
             d = os.path.join(a.bundled, name)
         j = inspect(a.loom, d)
+        j["constructed"] = d == constructed
         cases.append((name, j, runs[name]))
     types = {}
     for name, j, _ in cases:
@@ -155,7 +164,11 @@ def main():
              "probabilities 1e-5), bf16 within 5 % of each tensor's largest "
              "value (log-probs 0.25), the bounds HF's own bf16-vs-f32 spread "
              "gives. MoE cases in bf16 are compared on the tokens whose "
-             "routing matches HF's, and are not listed in the bf16 column.\n")
+             "routing matches HF's, and are not listed in the bf16 column. "
+             "Cases marked *constructed* have no HF goldens yet: their "
+             "reference is our own float64 NumPy forward written from HF's "
+             "modeling file (`tests/data/constructed/make_goldens.py`), also "
+             "used for their bf16 column.\n")
     o.append("## Model types (%d)\n" % len(types))
     o.append("| model_type | HF class | structure (`loom inspect`) | golden "
              "cases | checkpoints people use |")
@@ -176,8 +189,9 @@ def main():
         e32 = worst(f32["hooks"], False) if f32 else None
         b = r.get("bf16")
         e16 = worst(b["hooks"], True) if b else None
-        o.append("| `%s` | `%s` | %s | %s | %s |" % (
-            name, j["model_type"], ", ".join("`%s`" % h for h in hooks),
+        o.append("| `%s`%s | `%s` | %s | %s | %s |" % (
+            name, " (*constructed*)" if j["constructed"] else "",
+            j["model_type"], ", ".join("`%s`" % h for h in hooks),
             "%s (`%s`)" % (fmt(e32[0]), e32[1]) if e32 else "not run",
             "%s (`%s`)" % (fmt(e16[0]), e16[1]) if e16 else "—"))
     o.append("")

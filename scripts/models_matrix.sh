@@ -23,5 +23,5 @@ LOOM_MODEL_MATRIX="$dir" "$build/tests/golden_parity_test" \
 cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
 isa="$("$build/loom" devices 2>/dev/null | sed -n "s/^cpu isa: \([a-z0-9_]*\).*/isa \1/p" | head -1 || true)"
 python3 scripts/models_matrix.py --matrix "$dir" --loom "$build/loom" \
-  --golden "$golden" --bundled models --cpu "${cpu:-unknown CPU}${isa:+, $isa}, $(date -u +%Y-%m-%d)" \
+  --golden "$golden" --bundled models --constructed tests/data/constructed --cpu "${cpu:-unknown CPU}${isa:+, $isa}, $(date -u +%Y-%m-%d)" \
   --out docs/models.md

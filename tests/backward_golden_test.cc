@@ -322,6 +322,15 @@ TEST(BackwardSupportTest, UncoveredLayersAreRefusedByName) {
                                        "mixture-of-experts layer"),
             std::string::npos)
       << bw.status().message();
+  // StableLM: its q/k LayerNorms have no backward yet.
+  auto stablelm = Model::Load(shared + "/tiny/stablelm", Precision::kF32);
+  ASSERT_TRUE(stablelm.ok()) << stablelm.status().ToString();
+  auto refused = Backward::Create(**stablelm, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("q/k LayerNorms"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST(BackwardSupportTest, BadRequestsAreRefused) {
@@ -524,11 +533,14 @@ TEST_P(FiniteDifferenceTest, DirectionalDerivativesMatch) {
 // gpt-oss (sinks, top-k softmax router, clamped SwiGLU experts; MXFP4 codes),
 // OLMoE (softmax top-k without renormalisation), Mixtral, Qwen3 (q/k norms),
 // OLMo2 (whole-row q/k norms, post-norms only), Phi-3 (fused qkv and
-// gate_up).
+// gate_up), Gemma 3 ((1 + w) q/k norms, two RoPE tables), Nemotron
+// (LayerNorm1P, relu^2). (GraniteMoE's multipliers, x 0.22 per branch and
+// logits / 6, leave these directional derivatives below the 1e-4 the test
+// needs to be meaningful.)
 INSTANTIATE_TEST_SUITE_P(Tiny, FiniteDifferenceTest,
                          ::testing::Values("gpt_oss", "gpt_oss_mxfp4", "olmoe",
-                                           "mixtral", "qwen3", "olmo2",
-                                           "phi3"));
+                                           "mixtral", "qwen3", "olmo2", "phi3",
+                                           "gemma3", "nemotron"));
 
 // Integrated gradients: completeness (the attributions sum to the metric's
 // change from the baseline of token 0) with 32 Gauss-Legendre nodes, and more

@@ -147,7 +147,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stablelm", false}, Case{"nemotron", false},
                       Case{"persimmon", false},
                       // 3-D experts, top-k softmax routing, multipliers.
-                      Case{"granitemoe", false}),
+                      Case{"granitemoe", false},
+                      // Two RoPE tables (local and global bases).
+                      Case{"gemma3", false}),
     [](const auto& info) { return info.param.name; });
 
 std::string ReadFile(const fs::path& p) {

@@ -142,13 +142,38 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
   // read at p + 2; GPTBigCode's one k/v head; GPT-J's interleaved rotary;
   // CodeGen's [q | v | k] chunks; Falcon's per-kv-group q/k/v; StableLM's
   // and Persimmon's q/k LayerNorms before a partial rotary; Nemotron's
-  // LayerNorm1P and relu^2; GraniteMoE's 3-D experts and multipliers.
-  for (const char* m :
-       {"mistral_sw16_sharded", "gpt_oss", "gemma2", "granite", "starcoder2",
-        "olmoe", "gpt_neox", "phi", "deepseek_v3", "gpt_neo", "opt",
-        "gpt_bigcode", "gptj", "codegen", "falcon", "stablelm", "nemotron",
-        "persimmon", "granitemoe"})
+  // LayerNorm1P and relu^2; GraniteMoE's 3-D experts and multipliers;
+  // Gemma 3's two RoPE tables with decode past its window of 8.
+  for (const char* m : {"mistral_sw16_sharded",
+                        "gpt_oss",
+                        "gemma2",
+                        "granite",
+                        "starcoder2",
+                        "olmoe",
+                        "gpt_neox",
+                        "phi",
+                        "deepseek_v3",
+                        "gpt_neo",
+                        "opt",
+                        "gpt_bigcode",
+                        "gptj",
+                        "codegen",
+                        "falcon",
+                        "stablelm",
+                        "nemotron",
+                        "persimmon",
+                        "granitemoe",
+                        "gemma3"})
     CheckCachedDecodeEqualsRecompute(SharedGoldenDir() + "/tiny/" + m);
+}
+
+// The constructed models (tests/data/constructed): Cohere's parallel block
+// with interleaved rotary over the whole head and per-head q/k LayerNorms,
+// GLM's partial interleaved rotary.
+TEST(GenerateTest, CachedDecodeEqualsRecomputeConstructedModels) {
+  for (const char* m : {"cohere", "glm", "falcon_mq"})
+    CheckCachedDecodeEqualsRecompute(std::string(LOOM_SOURCE_DIR) +
+                                     "/tests/data/constructed/" + m);
 }
 
 // Three prompts through two slots (the third joins when the first leaves)

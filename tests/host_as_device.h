@@ -62,8 +62,8 @@ class HostAsDevice final : public Backend {
     cpu_->RmsNormBf16(x, w, eps, y, rows, dim);
   }
   void RmsNormRows(float* x, int64_t t, int64_t ld, int64_t g, int64_t dim,
-                   const void* w, DType wd, float eps) override {
-    cpu_->RmsNormRows(x, t, ld, g, dim, w, wd, eps);
+                   const void* w, DType wd, float offset, float eps) override {
+    cpu_->RmsNormRows(x, t, ld, g, dim, w, wd, offset, eps);
   }
   void LayerNormRows(float* x, int64_t t, int64_t ld, int64_t g, int64_t dim,
                      const void* w, const void* b, DType wd,

@@ -281,6 +281,29 @@ TEST(PerplexityGoldenTest, LogprobNextStories260KPrompts) {
                     "log-probs not checked";
 }
 
+// The constructed models' float64 reference (tests/data/constructed).
+TEST(PerplexityGoldenTest, LogprobNextConstructedModels) {
+  for (const char* name : {"cohere", "glm", "falcon_mq"}) {
+    const std::string dir =
+        std::string(LOOM_SOURCE_DIR) + "/tests/data/constructed/" + name;
+    auto model = Load(dir);
+    ASSERT_NE(model, nullptr) << name;
+    auto golden = GoldenFile::Open(dir + "/goldens_f32.safetensors");
+    ASSERT_NE(golden, nullptr) << name;
+    const nlohmann::json manifest = ReadJson(dir + "/manifest.json");
+    int checked = 0;
+    for (const auto& s : manifest["sequences"]) {
+      const std::string seq = s["name"];
+      if (s["length"].get<int64_t>() < 2) continue;
+      CheckLogprobNext(*model, golden->Ids(seq + ".input_ids"),
+                       golden->F32(seq + ".logprob_next"), 1e-4,
+                       std::string(name) + " " + seq);
+      ++checked;
+    }
+    EXPECT_GT(checked, 0) << name;
+  }
+}
+
 TEST(PerplexityGoldenTest, LogprobNextTinyModels) {
   if (SharedGoldenDir().empty())
     GTEST_SKIP() << "SKIPPED LOUDLY: shared golden directory "
@@ -313,7 +336,8 @@ TEST(PerplexityGoldenTest, LogprobNextTinyModels) {
                            "stablelm",
                            "nemotron",
                            "persimmon",
-                           "granitemoe"}) {
+                           "granitemoe",
+                           "gemma3"}) {
     const std::string dir = SharedGoldenDir() + "/tiny/" + name;
     auto model = Load(dir);
     ASSERT_NE(model, nullptr) << name;

@@ -65,7 +65,8 @@ std::vector<ModelCase> GoldenModels() {
           {"stablelm", false},
           {"nemotron", false},
           {"persimmon", false},
-          {"granitemoe", false}};
+          {"granitemoe", false},
+          {"gemma3", false}};
 }
 
 std::string ModelDir(const ModelCase& m) {

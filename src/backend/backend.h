@@ -412,9 +412,10 @@ class Backend {
   // RMSNorm of `groups` groups of `dim` values in each of `tokens` rows
   // (row stride ld): q/k norms per head (groups = heads) or over the whole
   // projection (groups = 1). In place. x: [tokens, groups * dim] stride ld.
+  // The gain is (w + offset) (1: Gemma 3's q/k norms).
   virtual void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                            int64_t dim, const void* w, DType w_dtype,
-                           float eps) = 0;
+                           float offset, float eps) = 0;
   // LayerNorm on `groups` groups of `dim` values in each of `tokens` rows
   // (row stride ld), in place, gain w and bias b [dim] (either may be null):
   // the q/k LayerNorms of StableLM (per head, one call per head's own

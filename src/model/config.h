@@ -63,9 +63,10 @@ enum class QkNormKind {
   // Over head_dim, one weight [head_dim] shared by the heads (Qwen3's
   // RMSNorm; Persimmon's LayerNorm with bias).
   kPerHead,
-  // Over head_dim, each head its own weight [head_dim] (StableLM's
-  // q_layernorm.norms.h: a LayerNorm without bias per head), bound per head
-  // as WeightSpec::expert = h.
+  // Over head_dim, each head its own weight [head_dim]: StableLM's
+  // q_layernorm.norms.h (a LayerNorm without bias per head), bound per head
+  // as WeightSpec::expert = h, or Cohere's q_norm [heads, head_dim] (one
+  // tensor, row h for head h).
   kPerHeadOwn,
   kFull,  // RMSNorm over the whole projection, weight [heads*head_dim] (OLMo2)
 };
@@ -229,6 +230,7 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
 
   NormKind norm = NormKind::kRms;
+  bool norm_bias = true;  // kLayer: a bias beside each gain (Cohere: none)
   float norm_eps = 1e-5f;
   // The gain is (w + norm_offset): 1 for Gemma's RMSNorm (1 + w) and
   // Nemotron's LayerNorm1P.
@@ -254,6 +256,11 @@ struct ModelConfig {
   // Granite: logits = lm_head(norm(x)) / logits_scaling.
   float logits_scaling = 1.0f;
   RopeConfig rope;
+  // Type kNone, or the rotary embedding of the layers with a sliding window
+  // when they rotate with their own base (Gemma 3's rope_local_base_freq,
+  // never scaled); those layers read the second of the forward's two RoPE
+  // tables (LayerConfig::rope_table).
+  RopeConfig rope_local;
 
   bool qkv_bias = false;   // q/k/v projection biases
   bool o_bias = false;     // output projection bias
@@ -293,6 +300,11 @@ struct ModelConfig {
     return attention == AttentionKind::kMla ? mla.v_head_dim : head_dim;
   }
   int64_t kv_v_dim() const { return num_kv_heads * v_head_dim(); }  // v row
+  // The RoPE tables a forward computes (cos / sin [tables, T, rotary/2]):
+  // 2 when rope_local is set, else 1.
+  int64_t rope_tables() const {
+    return rope_local.type == RopeConfig::Type::kNone ? 1 : 2;
+  }
 };
 
 }  // namespace loom

@@ -60,7 +60,7 @@ std::string NormName(NormKind kind, float offset, bool bias) {
 // The norms: the block's kind and the q/k norms, if any.
 std::string NormsText(const ModelConfig& c) {
   std::ostringstream o;
-  o << NormName(c.norm, c.norm_offset, /*bias=*/true) << ", eps " << c.norm_eps;
+  o << NormName(c.norm, c.norm_offset, c.norm_bias) << ", eps " << c.norm_eps;
   if (c.qk_norm == QkNormKind::kNone) return o.str();
   o << "; q/k: "
     << NormName(c.qk_norm_type, 0.0f,

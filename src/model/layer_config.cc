@@ -60,6 +60,11 @@ LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
   l.rope = c.rope;
   l.rope_half =
       c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;
+  if (c.rope_local.type != RopeConfig::Type::kNone && l.window > 0) {
+    // Same rotary width (the tables share their shape), another base.
+    l.rope = c.rope_local;
+    l.rope_table = 1;
+  }
 
   l.mlp = c.mlp;
   l.act = c.act;

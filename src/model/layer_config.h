@@ -72,6 +72,9 @@ struct LayerConfig {
   bool attn_sinks = false;    // a learned per-head sink logit (gpt-oss)
   RopeConfig rope;            // type kNone = no rotary embedding
   int64_t rope_half = 0;      // rotary_dim / 2 (0 = none)
+  // Which of the forward's RoPE tables the layer reads: 0, or 1 for a
+  // sliding layer of a model with ModelConfig::rope_local (Gemma 3).
+  int64_t rope_table = 0;
 
   // ---- MLP ----
   MlpKind mlp = MlpKind::kGated;  // kMoE: routed experts

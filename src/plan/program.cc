@@ -394,11 +394,15 @@ BufferShape ShapeOf(BufferId id, const ModelConfig& c, int64_t T, int64_t L,
     case B::kFinalNorm:
     case B::kSharedOut:
       return {{T, H}, A};
-    case B::kRopeInvFreq:
-      return {{half}, DType::kF32};
+    case B::kRopeInvFreq:  // [tables, half]: rope, then rope_local's
+      return c.rope_tables() == 1
+                 ? BufferShape{{half}, DType::kF32}
+                 : BufferShape{{c.rope_tables(), half}, DType::kF32};
     case B::kRopeCos:
     case B::kRopeSin:
-      return {{T, half}, DType::kF32};
+      return c.rope_tables() == 1
+                 ? BufferShape{{T, half}, DType::kF32}
+                 : BufferShape{{c.rope_tables(), T, half}, DType::kF32};
     case B::kQkvPerHead:
     case B::kQkv:
       return {{T, g.qkv_width()}, A};

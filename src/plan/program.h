@@ -32,10 +32,11 @@ namespace loom {
 // (ties in the arena packing are broken by this order).
 enum class BufferId : uint8_t {
   // ---- Activations (the liveness-packed arena) ----
-  kPositions,    // [T] i32, whole program
-  kSeqStart,     // [T + 1] i64 sequence offsets, whole program
-  kResidual,     // [T, H], whole program
-  kPosEmbed,     // [T, H] learned position embeddings (GPT-2)
+  kPositions,  // [T] i32, whole program
+  kSeqStart,   // [T + 1] i64 sequence offsets, whole program
+  kResidual,   // [T, H], whole program
+  kPosEmbed,   // [T, H] learned position embeddings (GPT-2)
+  // RoPE: one table, or [2, ...] for rope and rope_local (Gemma 3).
   kRopeInvFreq,  // [R/2] f32, to the end of the blocks
   kRopeCos,      // [T, R/2] f32, to the end of the blocks
   kRopeSin,      // [T, R/2] f32, to the end of the blocks

@@ -298,8 +298,10 @@ class Backward::Tape : public StepTap {
         copy(BufferId::kQkv, b_->qkv, T * lc.qkv_width());
         if (lc.rope_half > 0) {
           const int64_t half = c_.rope.rotary_dim / 2;
-          copy(BufferId::kRopeCos, b_->cos, T * half);
-          const float* sin = a.as<float>(BufferId::kRopeSin);
+          const int64_t table = lc.rope_table * T * half;  // rope_local's
+          const float* cos = a.as<float>(BufferId::kRopeCos) + table;
+          std::copy(cos, cos + T * half, b_->cos.begin());
+          const float* sin = a.as<float>(BufferId::kRopeSin) + table;
           for (int64_t i = 0; i < T * half; ++i) b_->neg_sin[i] = -sin[i];
         }
         break;
@@ -1052,6 +1054,7 @@ Status Backward::QkNormBack(const LayerConfig& lc) {
     n.rows = T * p.width / n.dim;
     n.w = w.data;
     n.w_dtype = w.dtype;
+    n.offset = lc.norm_offset;  // Gemma 3's (1 + w) q/k norms
     n.eps = lc.norm_eps;
     n.freeze_scale = options_.freeze_norm_scale;
     RETURN_IF_ERROR(be_->NormBackward(n));

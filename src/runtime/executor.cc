@@ -39,17 +39,27 @@ void QkNorm(const BoundWeights& w, Backend& be, const LayerConfig& lc,
       be.LayerNormRows(at, T, ld, groups, dim, g.data, b ? b->data : nullptr,
                        g.dtype, lc.norm_eps);
     } else {
-      be.RmsNormRows(at, T, ld, groups, dim, g.data, g.dtype, lc.norm_eps);
+      be.RmsNormRows(at, T, ld, groups, dim, g.data, g.dtype, lc.norm_offset,
+                     lc.norm_eps);
     }
   };
   switch (lc.qk_norm) {
     case QkNormKind::kNone:
       return;
     case QkNormKind::kPerHeadOwn:
-      for (int64_t h = 0; h < heads; ++h)
-        norm(w.Require(gain, l, h),
-             lc.qk_norm_bias ? &w.Require(bias, l, h) : nullptr, x + h * hd, 1,
-             hd);
+      for (int64_t h = 0; h < heads; ++h) {
+        // Bound per head (StableLM), or row h of one [heads, hd] tensor
+        // (Cohere).
+        TensorView g;
+        if (const TensorView* own = w.Get(gain, l, h)) {
+          g = *own;
+        } else {
+          g = w.Require(gain, l);
+          g.data = static_cast<char*>(g.data) + h * hd * DTypeSize(g.dtype);
+        }
+        norm(g, lc.qk_norm_bias ? &w.Require(bias, l, h) : nullptr, x + h * hd,
+             1, hd);
+      }
       return;
     case QkNormKind::kPerHead:
     case QkNormKind::kFull: {
@@ -337,7 +347,8 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
   ex->host_positions_.resize(static_cast<size_t>(o.max_tokens));
   ex->host_seq_start_.resize(static_cast<size_t>(o.max_tokens) + 1);
   if (c.rope.type != RopeConfig::Type::kNone)
-    ex->host_inv_freq_.resize(static_cast<size_t>(c.rope.rotary_dim / 2));
+    ex->host_inv_freq_.resize(
+        static_cast<size_t>(c.rope_tables() * (c.rope.rotary_dim / 2)));
   int64_t max_experts = 0;
   for (const LayerConfig& lc : ex->program_.layers)
     max_experts = std::max(max_experts, lc.moe() ? lc.num_experts : 0);
@@ -436,36 +447,43 @@ Status Executor::Norm(Device& d, NormKind kind, float eps, float offset,
 Status Executor::ComputeRope(Device& d, const Batch& batch) {
   // inv_freq is recomputed every forward: its region is dead after the blocks
   // and may share bytes with the final norm. It is computed on the host (into
-  // the device's buffer when that is host memory, else copied there).
+  // the device's buffer when that is host memory, else copied there). Table
+  // 1 (ModelConfig::rope_local: Gemma 3's sliding layers) follows table 0 in
+  // inv_freq [tables, half] and cos / sin [tables, T, half].
   const Arena& a = d.activations;
-  float* inv_freq = a.as<float>(BufferId::kRopeInvFreq);
-  float* host = d.host_memory ? inv_freq : host_inv_freq_.data();
-  const int32_t* positions = a.as<int32_t>(BufferId::kPositions);
-  float* cos = a.as<float>(BufferId::kRopeCos);
-  float* sin = a.as<float>(BufferId::kRopeSin);
-  const int64_t half = c_.rope.rotary_dim / 2;
-  const bool dynamic = c_.rope.type == RopeConfig::Type::kDynamic;
-  auto upload = [&]() -> Status {
-    if (d.host_memory) return Status();
-    return d.backend->Copy(inv_freq, d.backend->device(), host, DeviceRef{},
-                           half * int64_t{sizeof(float)});
-  };
-  if (!dynamic) {
-    ComputeInvFreq(c_.rope, c_.max_position_embeddings, 0, host);
-    RETURN_IF_ERROR(upload());
-  }
-  for (int64_t s = 0; s < batch.num_seqs(); ++s) {
-    const int64_t b = batch.seq_start[s], len = batch.seq_start[s + 1] - b;
-    if (dynamic) {
-      // The previous sequence's tables read inv_freq: wait before rewriting.
-      if (!d.host_memory) RETURN_IF_ERROR(d.backend->Synchronize());
-      // The sequence length the scaling sees: its last position + 1.
-      ComputeInvFreq(c_.rope, c_.max_position_embeddings, Pos0(s) + len, host);
+  const int64_t half = c_.rope.rotary_dim / 2, T = batch.num_tokens();
+  for (int64_t table = 0; table < c_.rope_tables(); ++table) {
+    const RopeConfig& rope = table == 0 ? c_.rope : c_.rope_local;
+    float* inv_freq = a.as<float>(BufferId::kRopeInvFreq) + table * half;
+    float* host =
+        d.host_memory ? inv_freq : host_inv_freq_.data() + table * half;
+    const int32_t* positions = a.as<int32_t>(BufferId::kPositions);
+    float* cos = a.as<float>(BufferId::kRopeCos) + table * T * half;
+    float* sin = a.as<float>(BufferId::kRopeSin) + table * T * half;
+    const bool dynamic = rope.type == RopeConfig::Type::kDynamic;
+    auto upload = [&]() -> Status {
+      if (d.host_memory) return Status();
+      return d.backend->Copy(inv_freq, d.backend->device(), host, DeviceRef{},
+                             half * int64_t{sizeof(float)});
+    };
+    if (!dynamic) {
+      ComputeInvFreq(rope, c_.max_position_embeddings, 0, host);
       RETURN_IF_ERROR(upload());
     }
-    d.backend->RopeTables(positions + b, len, inv_freq, half,
-                          c_.rope.attention_scaling, cos + b * half,
-                          sin + b * half);
+    for (int64_t s = 0; s < batch.num_seqs(); ++s) {
+      const int64_t b = batch.seq_start[s], len = batch.seq_start[s + 1] - b;
+      if (dynamic) {
+        // The previous sequence's tables read inv_freq: wait before
+        // rewriting.
+        if (!d.host_memory) RETURN_IF_ERROR(d.backend->Synchronize());
+        // The sequence length the scaling sees: its last position + 1.
+        ComputeInvFreq(rope, c_.max_position_embeddings, Pos0(s) + len, host);
+        RETURN_IF_ERROR(upload());
+      }
+      d.backend->RopeTables(positions + b, len, inv_freq, half,
+                            rope.attention_scaling, cos + b * half,
+                            sin + b * half);
+    }
   }
   return Status();
 }
@@ -502,8 +520,10 @@ Status Executor::Transfer(const Device& from, Device& to, const Batch& batch) {
       {BufferId::kResidual, T * H * int64_t{sizeof(float)}},
       {BufferId::kPositions, T * int64_t{sizeof(int32_t)}},
       {BufferId::kSeqStart, (batch.num_seqs() + 1) * int64_t{sizeof(int64_t)}},
-      {BufferId::kRopeCos, T * half * int64_t{sizeof(float)}},
-      {BufferId::kRopeSin, T * half * int64_t{sizeof(float)}},
+      {BufferId::kRopeCos,
+       c_.rope_tables() * T * half * int64_t{sizeof(float)}},
+      {BufferId::kRopeSin,
+       c_.rope_tables() * T * half * int64_t{sizeof(float)}},
   };
   // The copies run on `to`: they start after `from`'s work so far.
   RETURN_IF_ERROR(to.backend->WaitFor(*from.backend));
@@ -918,7 +938,7 @@ Status Executor::StepMlaProj(const StepArgs& s) {
   const int64_t layer = s.l, rows = s.T;
   auto latent_norm = [&](WeightRole role, float* y, int64_t dim) {
     const TensorView& w = dev.weights->Require(role, layer);
-    backend.RmsNormRows(y, rows, dim, 1, dim, w.data, w.dtype,
+    backend.RmsNormRows(y, rows, dim, 1, dim, w.data, w.dtype, 0.0f,
                         s.lc->latent_norm_eps);
     RoundActivations(dev, y, rows, dim, dim);
   };
@@ -978,8 +998,10 @@ Status Executor::StepAttention(const StepArgs& s) {
   float* v = q + Q + KV;
   float* z = s.buf(BufferId::kZ);
   if (lc->rope_half > 0) {
-    const float* cos = s.buf(BufferId::kRopeCos);
-    const float* sin = s.buf(BufferId::kRopeSin);
+    // The layer's table of [tables, T, half] (ModelConfig::rope_local).
+    const int64_t table = lc->rope_table * T * lc->rope_half;
+    const float* cos = s.buf(BufferId::kRopeCos) + table;
+    const float* sin = s.buf(BufferId::kRopeSin) + table;
     // The rotated columns start at rope_offset in each head (MLA: after
     // the nope part).
     const int64_t r0 = lc->rope_offset;

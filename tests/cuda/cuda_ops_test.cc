@@ -408,11 +408,12 @@ TEST(CudaOps, RmsNormRowsStrided) {
       for (DType d : {DType::kF32, DType::kBF16}) {
         const Typed tw = MakeTyped(*gpu, w, d);
         std::vector<float> want = x;
+        const float offset = groups > 1 ? 1.0f : 0.0f;  // Gemma 3's (1 + w)
         cpu->RmsNormRows(want.data(), tokens, ld, groups, dim, tw.host(), d,
-                         1e-6f);
+                         offset, 1e-6f);
         auto dx = Upload(*gpu, x);
         gpu->RmsNormRows(dx.data(), tokens, ld, groups, dim, tw.device(), d,
-                         1e-6f);
+                         offset, 1e-6f);
         // The padding columns stay as they were (compared too).
         ExpectClose(Download(*gpu, dx), want, 8 * kU,
                     std::string("rms norm rows ") + Name(d) +

@@ -208,8 +208,8 @@ void CpuBackend::RmsNormBf16(const float* x, const void* w, float eps, float* y,
 
 void CpuBackend::RmsNormRows(float* x, int64_t tokens, int64_t ld,
                              int64_t groups, int64_t dim, const void* w,
-                             DType w_dtype, float eps) {
-  cpu::RmsNormRows(x, tokens, ld, groups, dim, w, w_dtype, eps);
+                             DType w_dtype, float offset, float eps) {
+  cpu::RmsNormRows(x, tokens, ld, groups, dim, w, w_dtype, offset, eps);
 }
 
 void CpuBackend::LayerNormRows(float* x, int64_t tokens, int64_t ld,

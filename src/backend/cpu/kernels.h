@@ -153,10 +153,11 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
 
 // RMSNorm in place over `groups` consecutive groups of `dim` values of each
 // of `tokens` rows (q/k norms: per head, groups = heads; or over the whole
-// projection, groups = 1), gain w [dim] (w_dtype), no offset.
+// projection, groups = 1), gain (w + offset), w [dim] in w_dtype.
 //   x: [tokens, groups * dim] with row stride ld
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
-                 int64_t dim, const void* w, DType w_dtype, float eps);
+                 int64_t dim, const void* w, DType w_dtype, float offset,
+                 float eps);
 // The same with LayerNorm (gain w and bias b [dim], either may be null):
 // StableLM's and Persimmon's q/k norms.
 //   x: [tokens, groups * dim] with row stride ld

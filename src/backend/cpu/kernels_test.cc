@@ -1434,15 +1434,17 @@ TEST(RowOps, RmsNormRowsIsPerTokenRmsNorm) {
     const std::vector<float> x = Random(tokens * ld, 33, -2.0f, 2.0f);
     const std::vector<uint16_t> w = To16(Random(dim, 34), DType::kBF16);
     std::vector<float> got = x, per_token = x, want = x;
+    // Gemma 3's (1 + w) q/k norms on the per-head groups.
+    const float offset = groups == heads ? 1.0f : 0.0f;
     RmsNormRows(got.data(), tokens, ld, groups, dim, w.data(), DType::kBF16,
-                1e-6f);
+                offset, 1e-6f);
     for (int64_t t = 0; t < tokens; ++t)
-      RmsNorm(per_token.data() + t * ld, w.data(), DType::kBF16, 0.0f, 1e-6f,
+      RmsNorm(per_token.data() + t * ld, w.data(), DType::kBF16, offset, 1e-6f,
               per_token.data() + t * ld, groups, dim);
     ExpectBitwise("rmsnorm rows", got.data(), per_token.data(),
                   tokens * ld * 4);
     ref::RmsNormRows(want.data(), tokens, ld, groups, dim, w.data(),
-                     DType::kBF16, 1e-6f);
+                     DType::kBF16, offset, 1e-6f);
     std::vector<double> tol(tokens * ld);
     for (int64_t i = 0; i < tokens * ld; ++i)
       tol[i] = (0.5 * dim + 6.0) * kU * std::abs(want[i]) + 1e-30;

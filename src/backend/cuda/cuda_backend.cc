@@ -307,8 +307,9 @@ void CudaBackend::RmsNormBf16(const float* x, const void* w, float eps,
 
 void CudaBackend::RmsNormRows(float* x, int64_t tokens, int64_t ld,
                               int64_t groups, int64_t dim, const void* w,
-                              DType w_dtype, float eps) {
-  cuda::RmsNormRows(x, tokens, ld, groups, dim, w, w_dtype, eps, stream_);
+                              DType w_dtype, float offset, float eps) {
+  cuda::RmsNormRows(x, tokens, ld, groups, dim, w, w_dtype, offset, eps,
+                    stream_);
   Check("rms norm rows");
 }
 

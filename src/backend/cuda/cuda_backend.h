@@ -83,7 +83,7 @@ class CudaBackend final : public Backend {
   void RmsNormBf16(const float* x, const void* w, float eps, float* y,
                    int64_t rows, int64_t dim) override;
   void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
-                   int64_t dim, const void* w, DType w_dtype,
+                   int64_t dim, const void* w, DType w_dtype, float offset,
                    float eps) override;
   void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                      int64_t dim, const void* w, const void* b, DType w_dtype,

@@ -77,8 +77,8 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
 // In place on `groups` groups of `dim` values in each of `tokens` rows (row
 // stride ld).
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
-                 int64_t dim, const void* w, DType w_dtype, float eps,
-                 cudaStream_t s);
+                 int64_t dim, const void* w, DType w_dtype, float offset,
+                 float eps, cudaStream_t s);
 // y = (x - mean) * rsqrt(var + eps) * (w + offset) + b; w, b may be null.
 void LayerNorm(const float* x, const void* w, const void* b, DType w_dtype,
                float offset, float eps, float* y, int64_t rows, int64_t dim,

@@ -171,10 +171,10 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
 }
 
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
-                 int64_t dim, const void* w, DType w_dtype, float eps,
-                 cudaStream_t s) {
+                 int64_t dim, const void* w, DType w_dtype, float offset,
+                 float eps, cudaStream_t s) {
   if (groups <= 0) return;
-  LaunchRms(x, x, tokens * groups, groups, ld, dim, w, w_dtype, 0.0f, eps,
+  LaunchRms(x, x, tokens * groups, groups, ld, dim, w, w_dtype, offset, eps,
             false, s);
 }
 

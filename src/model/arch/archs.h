@@ -13,7 +13,7 @@ extern const ArchDef kQwen2;
 extern const ArchDef kQwen3;
 extern const ArchDef kGemma;
 extern const ArchDef kGemma2;
-// Planned and inspected only (runnable = false).
+// gemma3 (multimodal) is planned and inspected only (runnable = false).
 extern const ArchDef kGemma3;
 extern const ArchDef kGemma3Text;
 extern const ArchDef kPhi3;
@@ -33,6 +33,8 @@ extern const ArchDef kStarcoder2;
 extern const ArchDef kStablelm;
 extern const ArchDef kNemotron;
 extern const ArchDef kPersimmon;
+extern const ArchDef kCohere;
+extern const ArchDef kGlm;
 // Mixture of experts (src/model/arch/moe.h).
 extern const ArchDef kMixtral;
 extern const ArchDef kQwen2Moe;

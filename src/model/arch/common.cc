@@ -71,21 +71,39 @@ Status ParseYarn(const ConfigReader& s, int64_t max_pos, RopeConfig* rope) {
 
 }  // namespace
 
+Status ParseLayerNorm(const ConfigReader& r, const char* key, ModelConfig* c) {
+  c->norm = NormKind::kLayer;
+  ASSIGN_OR_RETURN(const double eps, r.Float(key, 1e-5));
+  if (!(eps > 0))
+    return InvalidArgumentError(r.source() + ": " + key + " = " +
+                                std::to_string(eps) + ", expected > 0");
+  c->norm_eps = static_cast<float>(eps);
+  return Status();
+}
+
+Status ParsePartialRotary(const ConfigReader& r, const char* key,
+                          double default_factor, ModelConfig* c) {
+  ASSIGN_OR_RETURN(const double factor, r.Float(key, default_factor));
+  if (!(factor > 0 && factor <= 1))
+    return InvalidArgumentError(r.source() + ": " + key + " = " +
+                                std::to_string(factor) +
+                                ", expected in (0, 1]");
+  c->rope.rotary_dim =
+      static_cast<int64_t>(static_cast<double>(c->head_dim) * factor);
+  if (c->rope.rotary_dim % 2 != 0 || c->rope.rotary_dim == 0)
+    return InvalidArgumentError(r.source() + ": rotary dimension " +
+                                std::to_string(c->rope.rotary_dim) +
+                                " (head_dim " + std::to_string(c->head_dim) +
+                                " x " + key + " " + std::to_string(factor) +
+                                ") must be even and positive");
+  return Status();
+}
+
 Status ParseRope(const ConfigReader& r, ModelConfig* c) {
   RopeConfig& rope = c->rope;
   rope.type = RopeConfig::Type::kDefault;
   ASSIGN_OR_RETURN(rope.theta, r.Float("rope_theta", 10000.0));
-  ASSIGN_OR_RETURN(double partial, r.Float("partial_rotary_factor", 1.0));
-  if (partial <= 0 || partial > 1)
-    return InvalidArgumentError(
-        r.source() + ": partial_rotary_factor = " + std::to_string(partial) +
-        ", expected in (0, 1]");
-  rope.rotary_dim =
-      static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
-  if (rope.rotary_dim % 2 != 0 || rope.rotary_dim == 0)
-    return InvalidArgumentError(
-        r.source() + ": rotary dimension " + std::to_string(rope.rotary_dim) +
-        " (head_dim x partial_rotary_factor) must be even and positive");
+  RETURN_IF_ERROR(ParsePartialRotary(r, "partial_rotary_factor", 1.0, c));
   ASSIGN_OR_RETURN(std::optional<ConfigReader> scaling,
                    r.Object("rope_scaling"));
   if (!scaling) return Status();
@@ -310,7 +328,8 @@ ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
   auto add_norm = [&](const std::string& name, WeightRole role,
                       WeightRole bias_role, int64_t layer) {
     add(name + ".weight", role, layer, {H});
-    if (c.norm == NormKind::kLayer) add(name + ".bias", bias_role, layer, {H});
+    if (c.norm == NormKind::kLayer && c.norm_bias)
+      add(name + ".bias", bias_role, layer, {H});
   };
   add("model.embed_tokens.weight", WeightRole::kEmbed, -1, {c.vocab_size, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -336,6 +355,12 @@ ArchWeights DeclareDecoderWeights(const ModelConfig& c, const DecoderNames& n) {
     if (c.qk_norm == QkNormKind::kPerHead) {
       add(p + "self_attn.q_norm.weight", WeightRole::kQNorm, i, {c.head_dim});
       add(p + "self_attn.k_norm.weight", WeightRole::kKNorm, i, {c.head_dim});
+    } else if (c.qk_norm == QkNormKind::kPerHeadOwn) {
+      // One [heads, head_dim] tensor (Cohere); StableLM declares its own.
+      add(p + "self_attn.q_norm.weight", WeightRole::kQNorm, i,
+          {c.num_heads, c.head_dim});
+      add(p + "self_attn.k_norm.weight", WeightRole::kKNorm, i,
+          {c.num_kv_heads, c.head_dim});
     } else if (c.qk_norm == QkNormKind::kFull) {
       add(p + "self_attn.q_norm.weight", WeightRole::kQNorm, i, {Q});
       add(p + "self_attn.k_norm.weight", WeightRole::kKNorm, i, {KV});

@@ -38,6 +38,15 @@ Status ParseUniformSlidingWindow(const ConfigReader& r, ModelConfig* c);
 StatusOr<bool> ParseLayerTypes(const ConfigReader& r, int64_t window,
                                ModelConfig* c);
 
+// NormKind::kLayer with epsilon config.json's `key` (default 1e-5, > 0).
+Status ParseLayerNorm(const ConfigReader& r, const char* key, ModelConfig* c);
+
+// Partial rotary: c->rope.rotary_dim = int(head_dim * factor), the factor
+// from `key` (default `default_factor`, in (0, 1]); the result must be even
+// and positive.
+Status ParsePartialRotary(const ConfigReader& r, const char* key,
+                          double default_factor, ModelConfig* c);
+
 // Checks dimensions are positive and consistent (heads divisible by kv heads).
 Status ValidateDims(const std::string& source, const ModelConfig& c);
 

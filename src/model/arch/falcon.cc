@@ -1,12 +1,16 @@
-// Falcon with new_decoder_architecture (Falcon-40B/180B, and the 7B-style
-// configs that set it): a parallel block with two LayerNorms (x +
-// attn(ln_attn(x)) + mlp(ln_mlp(x)), BlockKind::kParallel), one fused
-// query_key_value in per-kv-group order (QkvLayout::kPerKvGroup: the
-// group's q heads, then its k and v), full half-split rotary, dense,
-// an exact-gelu MLP dense_h_to_4h / dense_4h_to_h, biases as `bias` says,
-// ln_f and a lm_head tied to word_embeddings by default. The older layout
-// (new_decoder_architecture false: Falcon-7B's one LayerNorm and
-// multi-query concat) and ALiBi are refused by name.
+// Falcon (tiiuae/falcon-*). With new_decoder_architecture (Falcon-40B/180B,
+// 11B): one fused query_key_value in per-kv-group order
+// (QkvLayout::kPerKvGroup: the group's q heads, then its k and v) and a
+// parallel block with two LayerNorms (x + attn(ln_attn(x)) + mlp(ln_mlp(x)),
+// BlockKind::kParallel), or one (num_ln_in_parallel_attn 1: input_layernorm
+// feeds both). Without it (Falcon-7B, RW): multi_query's [q heads | k | v]
+// with one kv head (QkvLayout::kConcat), or per head [q_h | k_h | v_h]
+// (kPerHead), and input_layernorm feeding the parallel attention and MLP
+// (kParallelSharedNorm), or, with parallel_attn false, a sequential block
+// with post_attention_layernorm. Full half-split rotary, dense, an
+// exact-gelu MLP dense_h_to_4h / dense_4h_to_h, biases as `bias` says, ln_f
+// and a lm_head tied to word_embeddings by default. ALiBi and rope_scaling
+// are refused by name.
 #include <string>
 
 #include "src/model/arch/archs.h"
@@ -15,27 +19,52 @@
 namespace loom::arch {
 namespace {
 
-Status Parse(const ConfigReader& r, ModelConfig* c) {
+// Which norms a layer has and how its q/k/v are fused (Parse sets them).
+Status ParseLayout(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(const bool new_arch,
                    r.Bool("new_decoder_architecture", false));
-  ASSIGN_OR_RETURN(const bool alibi, r.Bool("alibi", false));
   ASSIGN_OR_RETURN(const bool parallel, r.Bool("parallel_attn", true));
   ASSIGN_OR_RETURN(const int64_t lns, r.Int("num_ln_in_parallel_attn", 2));
-  if (!new_arch || alibi || !parallel || lns != 2)
-    return UnimplementedError(
-        r.source() +
-        ": only Falcon's new_decoder_architecture with two LayerNorms and "
-        "rotary positions is supported (new_decoder_architecture false, "
-        "alibi true, parallel_attn false or num_ln_in_parallel_attn 1 are "
-        "not yet)");
-  RETURN_IF_ERROR(ParseSizes(
-      r, {"hidden_size", "num_hidden_layers", "num_attention_heads"}, c));
+  ASSIGN_OR_RETURN(const bool multi_query, r.Bool("multi_query", true));
   ASSIGN_OR_RETURN(c->num_kv_heads, r.Int("num_kv_heads", c->num_heads));
+  c->fused_qkv = true;
+  if (new_arch) {
+    c->qkv_layout = QkvLayout::kPerKvGroup;
+    if (lns != 1 && lns != 2)
+      return InvalidArgumentError(r.source() + ": num_ln_in_parallel_attn = " +
+                                  std::to_string(lns) + ", expected 1 or 2");
+    c->block = lns == 2 ? BlockKind::kParallel : BlockKind::kParallelSharedNorm;
+  } else {
+    // FalconAttention: one kv head with multi_query, else every head's own.
+    c->qkv_layout = multi_query ? QkvLayout::kConcat : QkvLayout::kPerHead;
+    if (multi_query) c->num_kv_heads = 1;
+    c->block =
+        parallel ? BlockKind::kParallelSharedNorm : BlockKind::kSequential;
+    if (!multi_query && c->num_kv_heads != c->num_heads)
+      return InvalidArgumentError(
+          r.source() + ": num_kv_heads = " + std::to_string(c->num_kv_heads) +
+          " with multi_query false and the old decoder layout: expected "
+          "num_attention_heads = " +
+          std::to_string(c->num_heads));
+  }
+  if (c->block == BlockKind::kParallelSharedNorm) c->pre_mlp_norm = false;
   if (c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0)
     return InvalidArgumentError(
         r.source() + ": num_attention_heads = " + std::to_string(c->num_heads) +
         " is not a multiple of num_kv_heads = " +
         std::to_string(c->num_kv_heads));
+  return Status();
+}
+
+Status Parse(const ConfigReader& r, ModelConfig* c) {
+  ASSIGN_OR_RETURN(const bool alibi, r.Bool("alibi", false));
+  if (alibi)
+    return UnimplementedError(r.source() +
+                              ": Falcon with alibi true (ALiBi positions) is "
+                              "not supported yet; rotary Falcons are");
+  RETURN_IF_ERROR(ParseSizes(
+      r, {"hidden_size", "num_hidden_layers", "num_attention_heads"}, c));
+  RETURN_IF_ERROR(ParseLayout(r, c));
   ASSIGN_OR_RETURN(c->intermediate_size,
                    r.Int("ffn_hidden_size", 4 * c->hidden_size));
   ASSIGN_OR_RETURN(c->max_position_embeddings,
@@ -46,11 +75,8 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   ASSIGN_OR_RETURN(std::string act, r.String("activation", "gelu"));
   ASSIGN_OR_RETURN(c->act, ParseActivation(r, "activation", act));
   c->mlp = MlpKind::kPlain;
-  c->fused_qkv = true;
-  c->qkv_layout = QkvLayout::kPerKvGroup;
   ASSIGN_OR_RETURN(const bool bias, r.Bool("bias", false));
   c->qkv_bias = c->o_bias = c->mlp_bias = bias;
-  c->block = BlockKind::kParallel;
   ASSIGN_OR_RETURN(c->tie_word_embeddings, r.Bool("tie_word_embeddings", true));
   if (r.Has("rope_scaling"))
     return UnimplementedError(r.source() +
@@ -70,10 +96,18 @@ ArchWeights Declare(const ModelConfig& c) {
             {c.vocab_size, H});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "transformer.h." + std::to_string(i) + ".";
-    specs.AddLayerNorm(p + "ln_attn", WeightRole::kAttnNorm,
-                       WeightRole::kAttnNormBias, i, H);
-    specs.AddLayerNorm(p + "ln_mlp", WeightRole::kMlpNorm,
-                       WeightRole::kMlpNormBias, i, H);
+    if (c.block == BlockKind::kParallel) {  // two norms (new layout)
+      specs.AddLayerNorm(p + "ln_attn", WeightRole::kAttnNorm,
+                         WeightRole::kAttnNormBias, i, H);
+      specs.AddLayerNorm(p + "ln_mlp", WeightRole::kMlpNorm,
+                         WeightRole::kMlpNormBias, i, H);
+    } else {
+      specs.AddLayerNorm(p + "input_layernorm", WeightRole::kAttnNorm,
+                         WeightRole::kAttnNormBias, i, H);
+      if (c.block == BlockKind::kSequential)
+        specs.AddLayerNorm(p + "post_attention_layernorm", WeightRole::kMlpNorm,
+                           WeightRole::kMlpNormBias, i, H);
+    }
     specs.Add(p + "self_attention.query_key_value.weight", WeightRole::kQkv, i,
               {QKV, H}, true);
     specs.Add(p + "self_attention.dense.weight", WeightRole::kO, i, {H, H},

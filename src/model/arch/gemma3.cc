@@ -1,10 +1,13 @@
-// Gemma 3 (declared for planning and inspection; the forward is not
-// implemented yet): the Gemma 2 block layout with per-head q/k RMSNorm, a
-// sliding window on the layers `layer_types` marks "sliding_attention",
-// separate RoPE bases for local and global layers, no softcapping.
+// Gemma 3: the Gemma 2 block layout (four (1 + w) RMSNorms) with per-head
+// (1 + w) q/k RMSNorm, a sliding window on the layers `layer_types` (or
+// sliding_window_pattern) marks sliding, those layers rotating with their own
+// base (rope_local_base_freq, never scaled: ModelConfig::rope_local) and the
+// global ones with rope_theta and rope_scaling; final_logit_softcapping when
+// set; attn_logit_softcapping is ignored, as transformers does.
+// `gemma3_text` is the text-only checkpoint (Gemma 3 1B, 270M), run.
 // `gemma3` is the multimodal checkpoint: the language model's tensors sit
 // under "language_model." and a SigLIP vision tower plus a projector come
-// along; `gemma3_text` is the text-only checkpoint.
+// along; it is declared for planning and inspection only.
 #include <cmath>
 
 #include "src/model/arch/archs.h"
@@ -20,6 +23,22 @@ Status ParseText(const ConfigReader& r, ModelConfig* c) {
   c->post_attn_norm = true;
   c->post_mlp_norm = true;
   RETURN_IF_ERROR(ParseQueryPreAttnScalar(r, c));
+  ASSIGN_OR_RETURN(const double final_softcap,
+                   r.Float("final_logit_softcapping", 0.0));
+  if (!(final_softcap >= 0))
+    return InvalidArgumentError(r.source() + ": final_logit_softcapping = " +
+                                std::to_string(final_softcap) +
+                                ", expected > 0 or null");
+  c->final_softcap = static_cast<float>(final_softcap);
+  c->rope_local = c->rope;
+  c->rope_local.type = RopeConfig::Type::kDefault;
+  c->rope_local.factor = 1.0;
+  c->rope_local.attention_scaling = 1.0f;
+  ASSIGN_OR_RETURN(c->rope_local.theta, r.Float("rope_local_base_freq", 1e4));
+  if (!(c->rope_local.theta > 0))
+    return InvalidArgumentError(r.source() + ": rope_local_base_freq = " +
+                                std::to_string(c->rope_local.theta) +
+                                ", expected > 0");
   ASSIGN_OR_RETURN(int64_t window, r.Int("sliding_window", 4096));
   ASSIGN_OR_RETURN(bool typed, ParseLayerTypes(r, window, c));
   if (!typed) {
@@ -114,6 +133,6 @@ ArchWeights DeclareMultimodal(const ModelConfig& c) {
 const ArchDef kGemma3 = {"gemma3", ParseMultimodal, DeclareMultimodal,
                          /*runnable=*/false};
 const ArchDef kGemma3Text = {"gemma3_text", ParseText, DeclareText,
-                             /*runnable=*/false};
+                             /*runnable=*/true};
 
 }  // namespace loom::arch

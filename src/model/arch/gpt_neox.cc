@@ -20,12 +20,7 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
         std::to_string(c->num_heads));
   // Multi-head attention only: the fused rows hold q, k, v of every head.
   c->num_kv_heads = c->num_heads;
-  c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(double eps, r.Float("layer_norm_eps", 1e-5));
-  if (!(eps > 0))
-    return InvalidArgumentError(r.source() + ": layer_norm_eps = " +
-                                std::to_string(eps) + ", expected > 0");
-  c->norm_eps = static_cast<float>(eps);
+  RETURN_IF_ERROR(ParseLayerNorm(r, "layer_norm_eps", c));
   ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "gelu"));
   ASSIGN_OR_RETURN(c->act, ParseActivation(r, "hidden_act", act));
   c->mlp = MlpKind::kPlain;
@@ -39,19 +34,8 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
   // GPTNeoXConfig sets partial_rotary_factor = rotary_pct and rope_theta =
   // rotary_emb_base after reading the rest: these keys (or their defaults)
   // decide, whatever partial_rotary_factor / rope_theta say.
-  ASSIGN_OR_RETURN(double pct, r.Float("rotary_pct", 0.25));
   ASSIGN_OR_RETURN(c->rope.theta, r.Float("rotary_emb_base", 10000.0));
-  if (!(pct > 0 && pct <= 1))
-    return InvalidArgumentError(r.source() + ": rotary_pct = " +
-                                std::to_string(pct) + ", expected in (0, 1]");
-  c->rope.rotary_dim =
-      static_cast<int64_t>(static_cast<double>(c->head_dim) * pct);
-  if (c->rope.rotary_dim % 2 != 0 || c->rope.rotary_dim == 0)
-    return InvalidArgumentError(r.source() + ": rotary dimension " +
-                                std::to_string(c->rope.rotary_dim) +
-                                " (head_dim " + std::to_string(c->head_dim) +
-                                " x rotary_pct " + std::to_string(pct) +
-                                ") must be even and positive");
+  RETURN_IF_ERROR(ParsePartialRotary(r, "rotary_pct", 0.25, c));
   return Status();
 }
 

@@ -13,13 +13,8 @@ namespace {
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/false, c));
-  c->norm = NormKind::kLayer;
+  RETURN_IF_ERROR(ParseLayerNorm(r, "norm_eps", c));
   c->norm_offset = 1.0f;
-  ASSIGN_OR_RETURN(const double eps, r.Float("norm_eps", 1e-5));
-  if (!(eps > 0))
-    return InvalidArgumentError(
-        r.source() + ": norm_eps = " + std::to_string(eps) + ", expected > 0");
-  c->norm_eps = static_cast<float>(eps);
   ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "relu2"));
   ASSIGN_OR_RETURN(c->act, ParseActivation(r, "hidden_act", act));
   c->mlp = MlpKind::kPlain;

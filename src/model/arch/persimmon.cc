@@ -27,23 +27,8 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
         " and hidden_size / heads");
   // PersimmonConfig's own defaults (ParseDecoderBase read Llama's).
   ASSIGN_OR_RETURN(c->rope.theta, r.Float("rope_theta", 25000.0));
-  ASSIGN_OR_RETURN(const double partial, r.Float("partial_rotary_factor", 0.5));
-  if (!(partial > 0 && partial <= 1))
-    return InvalidArgumentError(
-        r.source() + ": partial_rotary_factor = " + std::to_string(partial) +
-        ", expected in (0, 1]");
-  c->rope.rotary_dim =
-      static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
-  if (c->rope.rotary_dim % 2 != 0 || c->rope.rotary_dim == 0)
-    return InvalidArgumentError(r.source() + ": rotary dimension " +
-                                std::to_string(c->rope.rotary_dim) +
-                                " must be even and positive");
-  c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(const double eps, r.Float("layer_norm_eps", 1e-5));
-  if (!(eps > 0))
-    return InvalidArgumentError(r.source() + ": layer_norm_eps = " +
-                                std::to_string(eps) + ", expected > 0");
-  c->norm_eps = static_cast<float>(eps);
+  RETURN_IF_ERROR(ParsePartialRotary(r, "partial_rotary_factor", 0.5, c));
+  RETURN_IF_ERROR(ParseLayerNorm(r, "layer_norm_eps", c));
   ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "relu2"));
   ASSIGN_OR_RETURN(c->act, ParseActivation(r, "hidden_act", act));
   c->mlp = MlpKind::kPlain;

@@ -17,12 +17,7 @@ namespace {
 
 Status Parse(const ConfigReader& r, ModelConfig* c) {
   RETURN_IF_ERROR(ParseDecoderBase(r, /*tie_default=*/false, c));
-  c->norm = NormKind::kLayer;
-  ASSIGN_OR_RETURN(const double eps, r.Float("layer_norm_eps", 1e-5));
-  if (!(eps > 0))
-    return InvalidArgumentError(r.source() + ": layer_norm_eps = " +
-                                std::to_string(eps) + ", expected > 0");
-  c->norm_eps = static_cast<float>(eps);
+  RETURN_IF_ERROR(ParseLayerNorm(r, "layer_norm_eps", c));
   ASSIGN_OR_RETURN(c->qkv_bias, r.Bool("use_qkv_bias", false));
   ASSIGN_OR_RETURN(const bool qk_layernorm, r.Bool("qk_layernorm", false));
   if (qk_layernorm) {
@@ -40,7 +35,10 @@ Status Parse(const ConfigReader& r, ModelConfig* c) {
 ArchWeights Declare(const ModelConfig& c) {
   DecoderNames names;
   if (c.block == BlockKind::kParallelSharedNorm) names.mlp_norm.clear();
-  ArchWeights w = DeclareDecoderWeights(c, names);
+  // The q/k norms are one tensor per head, declared below.
+  ModelConfig without_qk_norm = c;
+  without_qk_norm.qk_norm = QkNormKind::kNone;
+  ArchWeights w = DeclareDecoderWeights(without_qk_norm, names);
   if (c.qk_norm != QkNormKind::kPerHeadOwn) return w;
   // One LayerNorm weight [head_dim] per head, bound as expert h.
   SpecList specs(&w);

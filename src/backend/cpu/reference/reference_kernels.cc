@@ -385,9 +385,10 @@ void RmsNormBf16(const float* x, const void* w, float eps, float* y,
 }
 
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
-                 int64_t dim, const void* w, DType w_dtype, float eps) {
+                 int64_t dim, const void* w, DType w_dtype, float offset,
+                 float eps) {
   for (int64_t t = 0; t < tokens; ++t)
-    RmsNorm(x + t * ld, w, w_dtype, 0.0f, eps, x + t * ld, groups, dim);
+    RmsNorm(x + t * ld, w, w_dtype, offset, eps, x + t * ld, groups, dim);
 }
 
 void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,

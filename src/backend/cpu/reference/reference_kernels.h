@@ -74,7 +74,8 @@ void LogSumExp(const float* logits, int64_t rows, int64_t vocab, double* lse);
 void RmsNormBf16(const float* x, const void* w, float eps, float* y,
                  int64_t rows, int64_t dim);
 void RmsNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
-                 int64_t dim, const void* w, DType w_dtype, float eps);
+                 int64_t dim, const void* w, DType w_dtype, float offset,
+                 float eps);
 void LayerNormRows(float* x, int64_t tokens, int64_t ld, int64_t groups,
                    int64_t dim, const void* w, const void* b, DType w_dtype,
                    float eps);
