@@ -21,6 +21,7 @@ import sys
 
 # The checkpoints each family's users load (Hugging Face ids).
 CHECKPOINTS = {
+    "bloom": "bigscience/bloom-560m, bloom-1b7, bloom-7b1, bloomz-*",
     "codegen": "Salesforce/codegen-350M-mono, codegen-2B-multi, codegen-6B-nl",
     "cohere": "CohereForAI/c4ai-command-r-v01, c4ai-command-r-plus, aya-23-8B",
     "deepseek_v3": "deepseek-ai/DeepSeek-V3, DeepSeek-R1, Moonlight-16B-A3B",

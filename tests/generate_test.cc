@@ -171,7 +171,7 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
 // with interleaved rotary over the whole head and per-head q/k LayerNorms,
 // GLM's partial interleaved rotary.
 TEST(GenerateTest, CachedDecodeEqualsRecomputeConstructedModels) {
-  for (const char* m : {"cohere", "glm", "falcon_mq"})
+  for (const char* m : {"cohere", "glm", "falcon_mq", "bloom"})
     CheckCachedDecodeEqualsRecompute(std::string(LOOM_SOURCE_DIR) +
                                      "/tests/data/constructed/" + m);
 }

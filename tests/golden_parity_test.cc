@@ -499,6 +499,9 @@ std::vector<ModelCase> Cases() {
       // Falcon-7B's layout: multi-query [q | k | v], one LayerNorm feeding
       // the parallel attention and MLP.
       {"falcon_mq", "falcon_mq", false, true},
+      // BLOOM: ALiBi over 6 heads (not a power of two), the embedding
+      // LayerNorm, per-head fused q/k/v.
+      {"bloom", "bloom", false, true},
   };
 }
 

@@ -283,7 +283,7 @@ TEST(PerplexityGoldenTest, LogprobNextStories260KPrompts) {
 
 // The constructed models' float64 reference (tests/data/constructed).
 TEST(PerplexityGoldenTest, LogprobNextConstructedModels) {
-  for (const char* name : {"cohere", "glm", "falcon_mq"}) {
+  for (const char* name : {"cohere", "glm", "falcon_mq", "bloom"}) {
     const std::string dir =
         std::string(LOOM_SOURCE_DIR) + "/tests/data/constructed/" + name;
     auto model = Load(dir);

@@ -191,6 +191,10 @@ struct AttentionOp {
   // backend without sinks returns Unimplemented.
   const void* sinks = nullptr;
   DType sinks_dtype = DType::kF32;
+  // [q_heads] ALiBi slopes in host memory (BLOOM), null = none: head h's
+  // score of key position j (within its sequence) is scale q.k + slope_h j.
+  // A backend without ALiBi returns Unimplemented.
+  const float* alibi_slopes = nullptr;
   // The model's compute dtype: a device backend may run q k^T and p v in it
   // (rounding q, k, v and p to it, f32 accumulation) when it is 16-bit; f32
   // = f32 arithmetic throughout (what the CPU backend always does).

@@ -245,6 +245,13 @@ struct ModelConfig {
 
   bool tie_word_embeddings = false;
   bool learned_positions = false;  // GPT-2 wpe
+  // ALiBi (BLOOM): no rotary; every head's scores get slope_h * key position
+  // (AlibiSlopes in src/model/rope.h).
+  bool alibi = false;
+  // A norm of the token embeddings before the first layer (BLOOM's
+  // word_embeddings_layernorm, of the model's norm kind): weight roles
+  // kEmbedNorm / kEmbedNormBias.
+  bool embed_norm = false;
   // Learned positions: position p reads row p + position_offset of the
   // table (OPT's 2; the table holds max_position_embeddings + offset rows).
   int64_t position_offset = 0;

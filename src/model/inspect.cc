@@ -61,6 +61,7 @@ std::string NormName(NormKind kind, float offset, bool bias) {
 std::string NormsText(const ModelConfig& c) {
   std::ostringstream o;
   o << NormName(c.norm, c.norm_offset, c.norm_bias) << ", eps " << c.norm_eps;
+  if (c.embed_norm) o << "; the embeddings normalized too";
   if (c.qk_norm == QkNormKind::kNone) return o.str();
   o << "; q/k: "
     << NormName(c.qk_norm_type, 0.0f,
@@ -85,6 +86,10 @@ std::string NormsText(const ModelConfig& c) {
 // 512".
 std::string PositionsText(const ModelConfig& c) {
   std::ostringstream o;
+  if (c.alibi) {
+    o << "alibi (per-head slopes), max " << c.max_position_embeddings;
+    return o.str();
+  }
   o << (c.learned_positions ? "learned" : "rope " + RopeName(c.rope.type));
   if (!c.learned_positions && c.rope.type != RopeConfig::Type::kNone)
     o << " (theta " << c.rope.theta << ")";
@@ -301,6 +306,8 @@ Family FamilyOf(WeightRole role) {
       return Family::kEmbeddings;
     case R::kFinalNorm:
     case R::kFinalNormBias:
+    case R::kEmbedNorm:
+    case R::kEmbedNormBias:
     case R::kAttnNorm:
     case R::kAttnNormBias:
     case R::kQNorm:

@@ -57,6 +57,7 @@ LayerConfig MakeLayerConfig(const ModelConfig& c, int64_t layer) {
   l.attn_softcap = c.attn_softcap;
   // gpt-oss declares a per-head sink logit (self_attn.sinks) in every layer.
   l.attn_sinks = c.model_type == "gpt_oss";
+  l.alibi = c.alibi;
   l.rope = c.rope;
   l.rope_half =
       c.rope.type == RopeConfig::Type::kNone ? 0 : c.rope.rotary_dim / 2;

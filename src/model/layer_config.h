@@ -70,6 +70,7 @@ struct LayerConfig {
   float attn_scale = 0.0f;
   float attn_softcap = 0.0f;  // 0 = none
   bool attn_sinks = false;    // a learned per-head sink logit (gpt-oss)
+  bool alibi = false;         // ALiBi slopes on the scores (BLOOM)
   RopeConfig rope;            // type kNone = no rotary embedding
   int64_t rope_half = 0;      // rotary_dim / 2 (0 = none)
   // Which of the forward's RoPE tables the layer reads: 0, or 1 for a

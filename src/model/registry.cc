@@ -11,15 +11,15 @@ namespace loom {
 const std::vector<ArchDef>& AllArchs() {
   // The registry: one row per architecture, in alphabetical order.
   static const std::vector<ArchDef>* const kArchs = new std::vector<ArchDef>{
-      arch::kCodegen,    arch::kCohere,     arch::kDeepseekV3, arch::kFalcon,
-      arch::kGlm,        arch::kGemma,      arch::kGemma2,     arch::kGemma3,
-      arch::kGemma3Text, arch::kGpt2,       arch::kGptBigcode, arch::kGptNeo,
-      arch::kGptNeox,    arch::kGptOss,     arch::kGptj,       arch::kGranite,
-      arch::kGranitemoe, arch::kLlama,      arch::kMistral,    arch::kMixtral,
-      arch::kNemotron,   arch::kOlmo,       arch::kOlmo2,      arch::kOlmoe,
-      arch::kOpt,        arch::kPersimmon,  arch::kPhi,        arch::kPhi3,
-      arch::kQwen2,      arch::kQwen2Moe,   arch::kQwen3,      arch::kQwen3Moe,
-      arch::kStablelm,   arch::kStarcoder2,
+      arch::kBloom,    arch::kCodegen,    arch::kCohere,     arch::kDeepseekV3,
+      arch::kFalcon,   arch::kGlm,        arch::kGemma,      arch::kGemma2,
+      arch::kGemma3,   arch::kGemma3Text, arch::kGpt2,       arch::kGptBigcode,
+      arch::kGptNeo,   arch::kGptNeox,    arch::kGptOss,     arch::kGptj,
+      arch::kGranite,  arch::kGranitemoe, arch::kLlama,      arch::kMistral,
+      arch::kMixtral,  arch::kNemotron,   arch::kOlmo,       arch::kOlmo2,
+      arch::kOlmoe,    arch::kOpt,        arch::kPersimmon,  arch::kPhi,
+      arch::kPhi3,     arch::kQwen2,      arch::kQwen2Moe,   arch::kQwen3,
+      arch::kQwen3Moe, arch::kStablelm,   arch::kStarcoder2,
   };
   return *kArchs;
 }

@@ -105,4 +105,21 @@ double YarnAttentionFactor(double factor, double mscale,
   return get_mscale(1.0);
 }
 
+std::vector<float> AlibiSlopes(int64_t heads) {
+  std::vector<float> out;
+  if (heads <= 0) return out;
+  int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  const double log2n = std::log2(static_cast<double>(n));
+  const float base = static_cast<float>(std::exp2(-std::exp2(-(log2n - 3))));
+  for (int64_t p = 1; p <= n; ++p)
+    out.push_back(static_cast<float>(std::pow(double{base}, double(p))));
+  if (n == heads) return out;
+  const float extra =
+      static_cast<float>(std::exp2(-std::exp2(-(log2n + 1 - 3))));
+  for (int64_t i = 0; i < std::min(n, heads - n); ++i)
+    out.push_back(static_cast<float>(std::pow(double{extra}, 2.0 * i + 1)));
+  return out;
+}
+
 }  // namespace loom

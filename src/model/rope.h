@@ -4,6 +4,7 @@
 #define LOOM_MODEL_ROPE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "src/model/config.h"
 
@@ -28,6 +29,13 @@ YarnRange ComputeYarnRange(const RopeConfig& rope);
 // factor > 1, else 1; m = 1, or mscale / mscale_all_dim when both are
 // non-zero (then the ratio of the two).
 double YarnAttentionFactor(double factor, double mscale, double mscale_all_dim);
+
+// ALiBi's per-head slopes (BLOOM's build_alibi_tensor): for the largest power
+// of two n <= heads, base^1..base^n with base = 2^(-8 / n); the remaining
+// heads take the odd powers 1, 3, 5, ... of 2^(-4 / n). The powers of the
+// f32 base are taken in double and rounded to f32 (within an ulp of
+// torch.pow's f32 result).
+std::vector<float> AlibiSlopes(int64_t heads);
 
 }  // namespace loom
 

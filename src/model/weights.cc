@@ -10,6 +10,10 @@ std::string_view WeightRoleName(WeightRole role) {
       return "pos_embed";
     case WeightRole::kFinalNorm:
       return "final_norm";
+    case WeightRole::kEmbedNorm:
+      return "embed_norm";
+    case WeightRole::kEmbedNormBias:
+      return "embed_norm_bias";
     case WeightRole::kFinalNormBias:
       return "final_norm_bias";
     case WeightRole::kLmHead:

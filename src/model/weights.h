@@ -27,6 +27,8 @@ enum class WeightRole : uint8_t {
   kPosEmbed,
   kFinalNorm,
   kFinalNormBias,
+  kEmbedNorm,  // a norm of the embeddings (BLOOM's word_embeddings_layernorm)
+  kEmbedNormBias,
   kLmHead,
   kLmHeadBias,  // Phi
   // Per layer.
@@ -88,6 +90,14 @@ inline constexpr int kNumWeightRoles = static_cast<int>(WeightRole::kOther) + 1;
 
 // "q", "expert_gate_up", ... (for messages and `loom inspect`).
 std::string_view WeightRoleName(WeightRole role);
+
+// A model-level weight of the embedding side (the device running layer 0:
+// the token and position embeddings and the embedding norm); every other
+// model-level weight belongs to the head side.
+inline bool IsEmbeddingSide(WeightRole r) {
+  return r == WeightRole::kEmbed || r == WeightRole::kPosEmbed ||
+         r == WeightRole::kEmbedNorm || r == WeightRole::kEmbedNormBias;
+}
 
 // WeightSpec::expert values besides an expert index.
 inline constexpr int64_t kNoExpert = -1;

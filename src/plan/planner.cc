@@ -60,8 +60,7 @@ StatusOr<Costs> ComputeCosts(const PlanInput& in,
     if (t.layer >= 0) {
       k.layer_weights[t.layer] += b;
       k.layer_streamed[t.layer] += AlignUp(std::max<int64_t>(b, 1), 64);
-    } else if (t.role == WeightRole::kEmbed ||
-               t.role == WeightRole::kPosEmbed) {
+    } else if (IsEmbeddingSide(t.role)) {
       k.pre_weights += b;
     } else {
       k.post_weights += b;

@@ -8,9 +8,7 @@
 namespace loom {
 namespace {
 
-bool IsPre(WeightRole r) {
-  return r == WeightRole::kEmbed || r == WeightRole::kPosEmbed;
-}
+bool IsPre(WeightRole r) { return IsEmbeddingSide(r); }
 
 // Runs the matcher on `stored` (nullptr: config only) and sums bytes.
 StatusOr<WeightTable> Match(const ModelConfig& c, const ArchWeights& decl,

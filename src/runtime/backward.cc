@@ -95,6 +95,10 @@ Status CheckBackwardSupported(const ModelConfig& c, const BackwardOptions& o) {
       return UnimplementedError(at +
                                 "the backward of q/k LayerNorms (StableLM, "
                                 "Persimmon) is not written yet");
+    if (lc.alibi || c.embed_norm)
+      return UnimplementedError(at +
+                                "the backward of ALiBi attention and of the "
+                                "embedding norm (BLOOM) is not written yet");
     if (lc.clip_qkv > 0)
       return UnimplementedError(at +
                                 "the backward of clip_qkv is not written "

@@ -14,8 +14,10 @@ namespace {
 // Model-level weights that belong to the embedding side (the device running
 // layer 0); every other model-level weight belongs to the head side.
 bool EmbedSide(const TensorView& v, const BoundWeights& host) {
-  for (WeightRole r : {WeightRole::kEmbed, WeightRole::kPosEmbed})
-    if (const TensorView* e = host.Get(r, -1); e != nullptr && e->data == v.data)
+  for (WeightRole r : {WeightRole::kEmbed, WeightRole::kPosEmbed,
+                       WeightRole::kEmbedNorm, WeightRole::kEmbedNormBias})
+    if (const TensorView* e = host.Get(r, -1);
+        e != nullptr && e->data == v.data)
       return true;
   return false;
 }
@@ -24,8 +26,9 @@ bool EmbedSide(const TensorView& v, const BoundWeights& host) {
 // to base + offset. Streamed: layer tensors get offsets within their layer
 // (`layers`), model-level ones within `base`.
 struct Placement {
-  std::map<const void*, std::pair<int64_t, int64_t>> offsets;  // src -> off, bytes
-  std::vector<std::pair<const void*, int64_t>> order;           // src, bytes
+  std::map<const void*, std::pair<int64_t, int64_t>>
+      offsets;                                         // src -> off, bytes
+  std::vector<std::pair<const void*, int64_t>> order;  // src, bytes
   int64_t total = 0;
 
   int64_t Add(const TensorView& v) {
@@ -86,9 +89,8 @@ Layout Plan(const BoundWeights& host, const WeightSelection& selection,
   l.sel = selection;
   l.streamed = streamed;
   if (streamed)
-    l.layers.resize(static_cast<size_t>(
-        std::max<int64_t>(selection.last_layer - selection.first_layer + 1,
-                          0)));
+    l.layers.resize(static_cast<size_t>(std::max<int64_t>(
+        selection.last_layer - selection.first_layer + 1, 0)));
   (void)host.Placed(&Assign, &l);
   return l;
 }
@@ -171,15 +173,14 @@ StatusOr<DeviceWeights> DeviceWeights::UploadStreamed(
   d.layer_offset_.assign(l.layers.size() + 1, 0);
   for (size_t i = 0; i < l.layers.size(); ++i)
     d.layer_offset_[i + 1] = d.layer_offset_[i] + l.layers[i].total;
-  ASSIGN_OR_RETURN(d.staged_,
-                   backend.Allocate(std::max<int64_t>(Staged(l), 64),
-                                    MemoryKind::kPinnedHost));
+  ASSIGN_OR_RETURN(d.staged_, backend.Allocate(std::max<int64_t>(Staged(l), 64),
+                                               MemoryKind::kPinnedHost));
   auto* staged = static_cast<uint8_t*>(d.staged_.data());
   for (size_t i = 0; i < l.layers.size(); ++i)
     for (const auto& [src, bytes] : l.layers[i].order)
-      std::memcpy(staged + d.layer_offset_[i] +
-                      l.layers[i].offsets.at(src).first,
-                  src, static_cast<size_t>(bytes));
+      std::memcpy(
+          staged + d.layer_offset_[i] + l.layers[i].offsets.at(src).first, src,
+          static_cast<size_t>(bytes));
   const int64_t largest = std::max<int64_t>(Largest(l), 64);
   for (int i = 0; i < 2; ++i) {
     ASSIGN_OR_RETURN(d.stream_[i],

@@ -346,6 +346,7 @@ StatusOr<std::unique_ptr<Executor>> Executor::Create(
                    Arena::Allocate(ex->layout_.logits, *last.backend));
   ex->host_positions_.resize(static_cast<size_t>(o.max_tokens));
   ex->host_seq_start_.resize(static_cast<size_t>(o.max_tokens) + 1);
+  if (c.alibi) ex->alibi_slopes_ = AlibiSlopes(c.num_heads);
   if (c.rope.type != RopeConfig::Type::kNone)
     ex->host_inv_freq_.resize(
         static_cast<size_t>(c.rope_tables() * (c.rope.rotary_dim / 2)));
@@ -845,6 +846,13 @@ Status Executor::StepEmbed(const StepArgs& s) {
     be.Add(h, x, T * H);
     RoundActivations(d, x, T, H, H);
   }
+  if (c_.embed_norm) {  // BLOOM's word_embeddings_layernorm, in place
+    ApplyNorm(c_.norm, c_.norm_eps, c_.norm_offset,
+              d.weights->Get(WeightRole::kEmbedNorm, -1),
+              d.weights->Get(WeightRole::kEmbedNormBias, -1),
+              options_.hf_bf16_activations, be, x, x, T, H);
+    RoundActivations(d, x, T, H, H);
+  }
   if (a.region(BufferId::kRopeCos) != nullptr) return ComputeRope(d, batch);
   return Status();
 }
@@ -1024,6 +1032,7 @@ Status Executor::StepAttention(const StepArgs& s) {
     op.sinks = sinks.data;
     op.sinks_dtype = sinks.dtype;
   }
+  if (lc->alibi) op.alibi_slopes = alibi_slopes_.data();  // BLOOM
   op.q = q;
   op.q_rs = ld;
   op.k = k;

@@ -444,6 +444,8 @@ class Executor {
   std::vector<int64_t> host_seq_start_;
   std::vector<float> host_inv_freq_;
   std::vector<int32_t> host_expert_offsets_;
+  // ALiBi's [num_heads] slopes (ModelConfig::alibi; empty otherwise).
+  std::vector<float> alibi_slopes_;
   // One layer's expert GEMMs (capacity 2 E, reserved at Create).
   std::vector<GemmOp> expert_gemms_;
   double gemm_seconds_ = 0;  // options_.time_gemms

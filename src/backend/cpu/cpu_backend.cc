@@ -266,6 +266,7 @@ AttentionArgs AttentionArgsOf(const AttentionOp& op) {
   a.window = op.window;
   a.sinks = op.sinks;
   a.sinks_dtype = op.sinks_dtype;
+  a.alibi_slopes = op.alibi_slopes;
   a.probs = op.probs;
   a.probs_seq = op.probs_seq;
   return a;

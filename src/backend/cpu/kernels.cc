@@ -330,6 +330,7 @@ void KvAttention(const AttentionArgs& a) {
     t.softcap = a.softcap;
     t.has_sink = a.sinks != nullptr;
     t.sink = t.has_sink ? LoadScalarAsF32(a.sinks, a.sinks_dtype, h) : 0.0f;
+    t.alibi = a.alibi_slopes != nullptr ? a.alibi_slopes[h] : 0.0f;
     t.probs = nullptr;
     t.probs_rs = 0;
     t.scratch = scratch;
@@ -506,6 +507,7 @@ void Attention(GemmContext& /*ctx*/, const AttentionArgs& a) {
         t.softcap = a.softcap;
         t.has_sink = a.sinks != nullptr;
         t.sink = t.has_sink ? LoadScalarAsF32(a.sinks, a.sinks_dtype, h) : 0.0f;
+        t.alibi = a.alibi_slopes != nullptr ? a.alibi_slopes[h] : 0.0f;
         t.probs = (probs != nullptr && s == a.probs_seq)
                       ? probs + (h * len + t.i0) * len
                       : nullptr;

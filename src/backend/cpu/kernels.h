@@ -227,6 +227,8 @@ struct AttentionArgs {
   // [q_heads] sink logits in sinks_dtype (F32/BF16/F16), or null = none.
   const void* sinks = nullptr;
   DType sinks_dtype = DType::kF32;
+  // [q_heads] ALiBi slopes (score += slope_h * key position), or null.
+  const float* alibi_slopes = nullptr;
   float* probs = nullptr;
   int64_t probs_seq = -1;
   // Scratch of at least AttentionWorkspaceBytes(...) bytes, 64-byte aligned.

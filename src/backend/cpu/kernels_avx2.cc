@@ -324,8 +324,11 @@ void Scores16(const AttnTile& t, const float* qt, float* st, float* rmax,
         t.window > 0 ? std::min(rel + t.window, t.rows) : t.rows;
     const __m256i hi = _mm256_set1_epi32(static_cast<int32_t>(hi64));
     __m256 acc[2] = {a0, a1};
+    const __m256 bias =
+        _mm256_set1_ps(t.alibi * static_cast<float>(t.j_lo + jj));
     for (int v = 0; v < 2; ++v) {
       __m256 s = _mm256_mul_ps(acc[v], scale);
+      if (t.alibi != 0.0f) s = _mm256_add_ps(s, bias);
       if (cap) s = _mm256_mul_ps(capv, Tanh(_mm256_mul_ps(s, icap)));
       const __m256i r = _mm256_add_epi32(
           lane, _mm256_set1_epi32(static_cast<int32_t>(q0 + 8 * v)));

@@ -364,8 +364,11 @@ void Scores(const AttnTile& t, const float* qt, float* st, float* rmax) {
     const int64_t hi64 =
         t.window > 0 ? std::min(rel + t.window, t.rows) : t.rows;
     const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(hi64));
+    const __m512 bias =
+        _mm512_set1_ps(t.alibi * static_cast<float>(t.j_lo + jj));
     for (int v = 0; v < NV; ++v) {
       __m512 s = _mm512_mul_ps(acc[v], scale);
+      if (t.alibi != 0.0f) s = _mm512_add_ps(s, bias);
       if (cap) s = _mm512_mul_ps(capv, Tanh(_mm512_mul_ps(s, icap)));
       const __m512i r = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * v));
       const __mmask16 vis = _mm512_cmp_epi32_mask(r, lo, _MM_CMPINT_GE) &

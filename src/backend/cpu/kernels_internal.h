@@ -68,6 +68,7 @@ struct AttnTile {
   float scale, softcap;
   bool has_sink;  // the head's sink logit joins every row's softmax
   float sink;     // (then its column is dropped)
+  float alibi;    // the head's ALiBi slope: score += alibi * j (0 = none)
   float* probs;   // probs row of query i0 for this head: [rows, seq_len] (row
                   // stride probs_rs), or null
   int64_t probs_rs;

@@ -222,6 +222,7 @@ void AttentionTile(const AttnTile& t) {
         float dot = 0.0f;
         for (int64_t d = 0; d < t.head_dim; ++d) dot += qrow[d] * krow[d];
         s = dot * t.scale;
+        if (t.alibi != 0.0f) s += t.alibi * static_cast<float>(j);
         if (t.softcap > 0.0f) s = t.softcap * std::tanh(s / t.softcap);
         rmax[r] = std::max(rmax[r], s);
       }

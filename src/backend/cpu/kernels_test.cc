@@ -849,12 +849,22 @@ struct AttnCase {
   float softcap;
   bool sinks = false;  // bf16 per-head sink logits (gpt-oss)
   int64_t v_dim = 0;   // v / z head width, 0 = head_dim (MLA: narrower)
+  bool alibi = false;  // BLOOM's per-head ALiBi slopes
 };
+
+// BLOOM's slopes for 6 heads (not a power of two): 2^-2, 2^-4, 2^-6, 2^-8,
+// then 2^-1, 2^-3 (BloomModel's build_alibi_tensor), cycled to `heads`.
+std::vector<float> AlibiSlopes(int64_t heads) {
+  const float six[] = {0.25f, 0.0625f, 0.015625f, 0.00390625f, 0.5f, 0.125f};
+  std::vector<float> s;
+  for (int64_t h = 0; h < heads; ++h) s.push_back(six[h % 6]);
+  return s;
+}
 
 class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionTest, MatchesReference) {
-  const auto [d, ratio, window, softcap, sinks, v_dim] = GetParam();
+  const auto [d, ratio, window, softcap, sinks, v_dim, alibi] = GetParam();
   const int64_t dv = v_dim > 0 ? v_dim : d;
   const int64_t kv_heads = 2, q_heads = kv_heads * ratio;
   const std::vector<int64_t> lens = {1, 7, 33, 300};
@@ -884,6 +894,8 @@ TEST_P(AttentionTest, MatchesReference) {
     a.sinks = sink_bf16.data();
     a.sinks_dtype = DType::kBF16;
   }
+  const std::vector<float> slopes = AlibiSlopes(q_heads);
+  if (alibi) a.alibi_slopes = slopes.data();
   const int64_t probs_seq = 3, pl = lens[probs_seq];
   std::vector<float> got(T * q_heads * dv), want(T * q_heads * dv);
   std::vector<float> pgot(q_heads * pl * pl, -1.0f), pwant(q_heads * pl * pl);
@@ -918,6 +930,8 @@ TEST_P(AttentionTest, MatchesReference) {
           ds = std::max(ds, (d + 2) * kU * mag * a.scale);
         }
         if (softcap > 0) ds += 8 * kU * softcap;
+        // ALiBi: the bias slope * j and its addition, each rounded once.
+        if (alibi) ds += 4 * kU * slopes[h] * static_cast<double>(i);
         const double rel = 2 * ds + (len + 8) * kU;
         // Probability of key j for this query, from the reference.
         std::vector<double> pj(len, 0.0);
@@ -982,6 +996,9 @@ std::vector<AttnCase> AttnCases() {
   cases.push_back({48, 1, 0, 0.0f, false, 32});
   cases.push_back({48, 2, 40, 0.0f, false, 32});
   cases.push_back({24, 2, 0, 30.0f, false, 40});
+  // ALiBi (BLOOM): global, GQA, a tail head dim.
+  for (int64_t d : {16, 64, 80})
+    cases.push_back({d, d == 64 ? 3 : 1, 0, 0.0f, false, 0, true});
   return cases;
 }
 
@@ -1000,7 +1017,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
                                   std::to_string(c.window) + "_softcap" + cap +
                                   (c.sinks ? "_sinks" : "") +
                                   (c.v_dim > 0 ? "_dv" + std::to_string(c.v_dim)
-                                               : "");
+                                               : "") +
+                                  (c.alibi ? "_alibi" : "");
                          });
 
 // Attention over a KV cache, prefilled chunk by chunk (decode = chunks of
@@ -1013,7 +1031,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(AttnCases()),
 // sequences in a scrambled order) against the one-pass kernel, bitwise.
 void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
                           float softcap, bool sinks, int64_t v_dim,
-                          int64_t page_size) {
+                          int64_t page_size, bool alibi) {
   const int64_t dv = v_dim > 0 ? v_dim : d;
   const int64_t kv_heads = 2, q_heads = kv_heads * ratio, kvd = kv_heads * d,
                 kvv = kv_heads * dv;
@@ -1045,6 +1063,8 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
     a.sinks = sink_bf16.data();
     a.sinks_dtype = DType::kBF16;
   }
+  const std::vector<float> slopes = AlibiSlopes(q_heads);
+  if (alibi) a.alibi_slopes = slopes.data();
   AlignedBuf ws(KvAttentionWorkspaceBytes(context, q_heads, kv_heads, d, dv,
                                           NumThreads()));
   a.workspace = ws.p;
@@ -1146,9 +1166,9 @@ void KvChunksEqualOnePass(int64_t d, int64_t ratio, int64_t window,
 }
 
 TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
-  const auto [d, ratio, window, softcap, sinks, v_dim] = GetParam();
+  const auto [d, ratio, window, softcap, sinks, v_dim, alibi] = GetParam();
   KvChunksEqualOnePass(d, ratio, window, softcap, sinks, v_dim,
-                       /*page_size=*/0);
+                       /*page_size=*/0, alibi);
 }
 
 // A paged cache (pages in a scrambled order; page sizes that do and do not
@@ -1157,9 +1177,10 @@ TEST_P(AttentionTest, KvCacheChunksEqualOnePass) {
 // and, in the same steps, a ring cache is what KvCacheChunksEqualOnePass
 // checks.
 TEST_P(AttentionTest, PagedKvCacheChunksEqualOnePass) {
-  const auto [d, ratio, window, softcap, sinks, v_dim] = GetParam();
+  const auto [d, ratio, window, softcap, sinks, v_dim, alibi] = GetParam();
   for (int64_t page_size : {1, 7, 16, 64})
-    KvChunksEqualOnePass(d, ratio, window, softcap, sinks, v_dim, page_size);
+    KvChunksEqualOnePass(d, ratio, window, softcap, sinks, v_dim, page_size,
+                         alibi);
 }
 
 // Exact math: with q = 0 every visible score is 0, so each of the n visible

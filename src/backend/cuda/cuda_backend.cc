@@ -346,6 +346,10 @@ void CudaBackend::ApplyRope(float* x, int64_t tokens, int64_t heads,
 // ---- Attention --------------------------------------------------------------
 
 Status CudaBackend::Attention(const AttentionOp& op) {
+  if (op.alibi_slopes != nullptr)
+    return UnimplementedError(
+        "cuda backend: ALiBi attention (BLOOM) is not implemented on cuda "
+        "yet");
   if (op.k_cache != nullptr)
     return UnimplementedError(
         "cuda backend: attention over a KV cache (generation) is not "

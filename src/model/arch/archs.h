@@ -35,6 +35,7 @@ extern const ArchDef kNemotron;
 extern const ArchDef kPersimmon;
 extern const ArchDef kCohere;
 extern const ArchDef kGlm;
+extern const ArchDef kBloom;
 // Mixture of experts (src/model/arch/moe.h).
 extern const ArchDef kMixtral;
 extern const ArchDef kQwen2Moe;

@@ -302,6 +302,14 @@ void SpecList::AddLayerNorm(const std::string& name, WeightRole weight,
   Add(name + ".bias", bias, layer, {dim});
 }
 
+void SpecList::AddPlainMlp(const std::string& up, const std::string& down,
+                           int64_t layer, int64_t H, int64_t I, bool bias) {
+  Add(up + ".weight", WeightRole::kUp, layer, {I, H}, /*linear=*/true);
+  if (bias) Add(up + ".bias", WeightRole::kUpBias, layer, {I});
+  Add(down + ".weight", WeightRole::kDown, layer, {H, I}, /*linear=*/true);
+  if (bias) Add(down + ".bias", WeightRole::kDownBias, layer, {H});
+}
+
 void SpecList::AddLmHead(const ModelConfig& c, const std::string& embed) {
   Add("lm_head.weight", WeightRole::kLmHead, -1, {c.vocab_size, c.hidden_size},
       /*linear=*/true);

@@ -80,6 +80,10 @@ class SpecList {
   // `name`.weight and `name`.bias [dim] of a LayerNorm.
   void AddLayerNorm(const std::string& name, WeightRole weight, WeightRole bias,
                     int64_t layer, int64_t dim);
+  // A plain MLP's `up`.weight [I, H] and `down`.weight [H, I] (Linear), and
+  // their biases [I] / [H] when `bias`.
+  void AddPlainMlp(const std::string& up, const std::string& down,
+                   int64_t layer, int64_t H, int64_t I, bool bias);
   // lm_head.weight [vocab, hidden], tied to `embed` (optional in the
   // checkpoint) when c.tie_word_embeddings.
   void AddLmHead(const ModelConfig& c, const std::string& embed);

@@ -112,16 +112,13 @@ ArchWeights Declare(const ModelConfig& c) {
               {QKV, H}, true);
     specs.Add(p + "self_attention.dense.weight", WeightRole::kO, i, {H, H},
               true);
-    specs.Add(p + "mlp.dense_h_to_4h.weight", WeightRole::kUp, i, {I, H}, true);
-    specs.Add(p + "mlp.dense_4h_to_h.weight", WeightRole::kDown, i, {H, I},
-              true);
     if (c.qkv_bias) {
       specs.Add(p + "self_attention.query_key_value.bias", WeightRole::kQkvBias,
                 i, {QKV});
       specs.Add(p + "self_attention.dense.bias", WeightRole::kOBias, i, {H});
-      specs.Add(p + "mlp.dense_h_to_4h.bias", WeightRole::kUpBias, i, {I});
-      specs.Add(p + "mlp.dense_4h_to_h.bias", WeightRole::kDownBias, i, {H});
     }
+    specs.AddPlainMlp(p + "mlp.dense_h_to_4h", p + "mlp.dense_4h_to_h", i, H, I,
+                      c.mlp_bias);
   }
   specs.AddLayerNorm("transformer.ln_f", WeightRole::kFinalNorm,
                      WeightRole::kFinalNormBias, -1, H);

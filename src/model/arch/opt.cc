@@ -78,10 +78,7 @@ ArchWeights Declare(const ModelConfig& c) {
     specs.Add(p + "self_attn.out_proj.bias", WeightRole::kOBias, i, {H});
     specs.AddLayerNorm(p + "final_layer_norm", WeightRole::kMlpNorm,
                        WeightRole::kMlpNormBias, i, H);
-    specs.Add(p + "fc1.weight", WeightRole::kUp, i, {I, H}, true);
-    specs.Add(p + "fc1.bias", WeightRole::kUpBias, i, {I});
-    specs.Add(p + "fc2.weight", WeightRole::kDown, i, {H, I}, true);
-    specs.Add(p + "fc2.bias", WeightRole::kDownBias, i, {H});
+    specs.AddPlainMlp(p + "fc1", p + "fc2", i, H, I, /*bias=*/true);
   }
   specs.AddLayerNorm(m + "final_layer_norm", WeightRole::kFinalNorm,
                      WeightRole::kFinalNormBias, -1, H);

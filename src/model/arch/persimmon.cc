@@ -71,11 +71,8 @@ ArchWeights Declare(const ModelConfig& c) {
     specs.Add(a + "dense.bias", WeightRole::kOBias, i, {H});
     specs.AddLayerNorm(p + "post_attention_layernorm", WeightRole::kMlpNorm,
                        WeightRole::kMlpNormBias, i, H);
-    specs.Add(p + "mlp.dense_h_to_4h.weight", WeightRole::kUp, i, {I, H}, true);
-    specs.Add(p + "mlp.dense_h_to_4h.bias", WeightRole::kUpBias, i, {I});
-    specs.Add(p + "mlp.dense_4h_to_h.weight", WeightRole::kDown, i, {H, I},
-              true);
-    specs.Add(p + "mlp.dense_4h_to_h.bias", WeightRole::kDownBias, i, {H});
+    specs.AddPlainMlp(p + "mlp.dense_h_to_4h", p + "mlp.dense_4h_to_h", i, H, I,
+                      /*bias=*/true);
   }
   specs.AddLayerNorm("model.final_layernorm", WeightRole::kFinalNorm,
                      WeightRole::kFinalNormBias, -1, H);

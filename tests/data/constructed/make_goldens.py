@@ -164,6 +164,102 @@ def falcon_forward(w, cfg, ids):
     return finish(out, f, f @ w["transformer.word_embeddings.weight"].T, ids)
 
 
+BLOOM_HIDDEN, BLOOM_HEADS = 96, 6  # 6 heads: not a power of two
+
+
+def alibi_slopes(n):
+    """build_alibi_tensor's slopes: base^1..base^p for the largest power of
+    two p <= n, base = 2^-(8/p); then the odd powers of 2^-(4/p)."""
+    import math
+    p = 2 ** math.floor(math.log2(n))
+    base = np.float32(2 ** (-(2 ** -(math.log2(p) - 3))))
+    slopes = [np.float32(base ** k) for k in range(1, p + 1)]
+    if p != n:
+        extra = np.float32(2 ** (-(2 ** -(math.log2(2 * p) - 3))))
+        slopes += [np.float32(extra ** k)
+                   for k in range(1, 1 + 2 * min(p, n - p), 2)]
+    return np.array(slopes, np.float64)
+
+
+def bloom_gelu(x):  # bloom_gelu_forward
+    return x * 0.5 * (1.0 + np.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
+def bloom_forward(w, cfg, ids):
+    """BloomModel: word_embeddings_layernorm after the embedding; per block
+    input_layernorm, fused query_key_value viewed [T, heads, 3, head_dim],
+    scores q.k / sqrt(head_dim) + slope_h * key position (the alibi baddbmm),
+    dense + residual, post_attention_layernorm, the gelu MLP + residual;
+    ln_f, head tied to word_embeddings."""
+    out = {}
+    eps = cfg["layer_norm_epsilon"]
+    H, nh = BLOOM_HIDDEN, BLOOM_HEADS
+    hd = H // nh
+    slopes = alibi_slopes(nh)
+    e = "transformer."
+    x = layer_norm(w[e + "word_embeddings.weight"][ids],
+                   w[e + "word_embeddings_layernorm.weight"],
+                   w[e + "word_embeddings_layernorm.bias"], eps)
+    T = len(ids)
+    for l in range(LAYERS):
+        p = e + "h.%d." % l
+        out["hidden.%d" % l] = x
+        h = layer_norm(x, w[p + "input_layernorm.weight"],
+                       w[p + "input_layernorm.bias"], eps)
+        qkv = (h @ w[p + "self_attention.query_key_value.weight"].T +
+               w[p + "self_attention.query_key_value.bias"]).reshape(
+                   T, nh, 3, hd)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + \
+            slopes[:, None, None] * np.arange(T)[None, None, :]
+        s = np.where(np.tril(np.ones((T, T), bool))[None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        probs = s / s.sum(-1, keepdims=True)
+        z = np.einsum("hts,shd->thd", probs, v).reshape(T, H)
+        a = z @ w[p + "self_attention.dense.weight"].T + \
+            w[p + "self_attention.dense.bias"]
+        x = x + a
+        h = layer_norm(x, w[p + "post_attention_layernorm.weight"],
+                       w[p + "post_attention_layernorm.bias"], eps)
+        m = bloom_gelu(h @ w[p + "mlp.dense_h_to_4h.weight"].T +
+                       w[p + "mlp.dense_h_to_4h.bias"]) @ w[
+                           p + "mlp.dense_4h_to_h.weight"].T + \
+            w[p + "mlp.dense_4h_to_h.bias"]
+        x = x + m
+        out["attn_out.%d" % l], out["mlp_out.%d" % l] = a, m
+        if l == 0:
+            out["attn_probs.0"] = probs[None]
+    out["layer_out.%d" % (LAYERS - 1)] = x
+    f = layer_norm(x, w[e + "ln_f.weight"], w[e + "ln_f.bias"], eps)
+    return finish(out, f, f @ w[e + "word_embeddings.weight"].T, ids)
+
+
+def bloom_weights(rng):
+    H = BLOOM_HIDDEN
+    w = {}
+    lin = lambda o, i: rng.normal(0, 1 / np.sqrt(i), (o, i))
+    e = "transformer."
+    w[e + "word_embeddings.weight"] = rng.normal(0, 0.5, (VOCAB, H))
+    ln = lambda n: (w.__setitem__(n + ".weight", rng.normal(1, 0.1, H)),
+                    w.__setitem__(n + ".bias", rng.normal(0, 0.1, H)))
+    ln(e + "word_embeddings_layernorm")
+    for l in range(LAYERS):
+        p = e + "h.%d." % l
+        ln(p + "input_layernorm")
+        w[p + "self_attention.query_key_value.weight"] = lin(3 * H, H)
+        w[p + "self_attention.query_key_value.bias"] = rng.normal(0, 0.1,
+                                                                  3 * H)
+        w[p + "self_attention.dense.weight"] = lin(H, H)
+        w[p + "self_attention.dense.bias"] = rng.normal(0, 0.1, H)
+        ln(p + "post_attention_layernorm")
+        w[p + "mlp.dense_h_to_4h.weight"] = lin(4 * H, H)
+        w[p + "mlp.dense_h_to_4h.bias"] = rng.normal(0, 0.1, 4 * H)
+        w[p + "mlp.dense_4h_to_h.weight"] = lin(H, 4 * H)
+        w[p + "mlp.dense_4h_to_h.bias"] = rng.normal(0, 0.1, H)
+    ln(e + "ln_f")
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
 def finish(out, f, logits, ids):
     out["hidden.%d" % LAYERS] = f
     out["final_norm"] = f
@@ -274,7 +370,17 @@ def weights(kind, cfg, rng):
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 
+# Fixed per model, so that adding one leaves the others' files as they are.
+SEEDS = {"cohere": 201, "falcon_mq": 202, "glm": 203, "bloom": 204}
+
 CONFIGS = {
+    "bloom": {
+        "architectures": ["BloomForCausalLM"], "model_type": "bloom",
+        "apply_residual_connection_post_layernorm": False,
+        "bos_token_id": 1, "eos_token_id": 2, "layer_norm_epsilon": 1e-05,
+        "n_head": BLOOM_HEADS, "n_layer": LAYERS, "pretraining_tp": 1,
+        "slow_but_exact": False, "tie_word_embeddings": True,
+    },
     "cohere": {
         "architectures": ["CohereForCausalLM"], "model_type": "cohere",
         "attention_bias": False, "bos_token_id": 5, "eos_token_id": 255001,
@@ -304,17 +410,22 @@ CONFIGS = {
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(
         os.path.abspath(__file__))
-    for seed, (kind, extra) in enumerate(sorted(CONFIGS.items()), start=201):
+    for kind, extra in sorted(CONFIGS.items()):
+        seed = SEEDS[kind]
         cfg = dict(extra)
-        cfg.update({"vocab_size": VOCAB, "hidden_size": HIDDEN,
-                    "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-                    "max_position_embeddings": 512, "torch_dtype": "float32"})
-        if kind != "falcon_mq":
+        cfg.update({"vocab_size": VOCAB, "torch_dtype": "float32"})
+        if kind == "bloom":
+            cfg["hidden_size"] = BLOOM_HIDDEN
+        else:
+            cfg.update({"hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
+                        "num_attention_heads": HEADS,
+                        "max_position_embeddings": 512})
+        if kind not in ("falcon_mq", "bloom"):
             cfg.update({"intermediate_size": INTER,
                         "num_key_value_heads": KV_HEADS})
         rng = np.random.default_rng(seed)
-        w = falcon_weights(rng) if kind == "falcon_mq" else weights(
-            kind, cfg, rng)
+        w = (falcon_weights(rng) if kind == "falcon_mq" else
+             bloom_weights(rng) if kind == "bloom" else weights(kind, cfg, rng))
         w64 = {k: v.astype(np.float64) for k, v in w.items()}
         d = os.path.join(root, kind)
         os.makedirs(d, exist_ok=True)
@@ -327,8 +438,9 @@ def main():
             ids = rng.integers(0, VOCAB, T)
             name = "seq%d" % i
             goldens[name + ".input_ids"] = ids[None].astype(np.int64)
-            ref = falcon_forward(w64, cfg, ids) if kind == "falcon_mq" else \
-                forward(w64, cfg, kind, ids)
+            ref = (falcon_forward(w64, cfg, ids) if kind == "falcon_mq" else
+                   bloom_forward(w64, cfg, ids) if kind == "bloom" else
+                   forward(w64, cfg, kind, ids))
             for k, v in ref.items():
                 goldens[name + "." + k] = (v if v.ndim > 2 or k in (
                     "logits_last", "logprob_next") else v[None]).astype(

@@ -174,6 +174,8 @@ void Attention(const AttentionArgs& a) {
           for (int64_t p = 0; p < d; ++p)
             dot += static_cast<double>(q[p]) * k[p];
           dot *= a.scale;
+          if (a.alibi_slopes != nullptr)
+            dot += static_cast<double>(a.alibi_slopes[h]) * j;
           if (a.softcap > 0.0f) dot = a.softcap * std::tanh(dot / a.softcap);
           scores[i * len + j] = dot;
           mx = std::max(mx, dot);
@@ -249,6 +251,8 @@ void KvAttention(const AttentionArgs& a) {
           for (int64_t c = 0; c < d; ++c)
             dot += static_cast<double>(q[c]) * k[c];
           dot *= a.scale;
+          if (a.alibi_slopes != nullptr)
+            dot += static_cast<double>(a.alibi_slopes[h]) * j;
           if (a.softcap > 0.0f) dot = a.softcap * std::tanh(dot / a.softcap);
           e[static_cast<size_t>(j - lo)] = dot;
           mx = std::max(mx, dot);
