@@ -91,6 +91,7 @@ def safetensors():
 def configs():
     files = glob.glob(os.path.join(ROOT, "tests/data/configs/*/config.json"))
     files += [os.path.join(ROOT, "models/stories260K/config.json")]
+    files += glob.glob(os.path.join(ROOT, "tests/data/constructed/*/config.json"))
     files += shared("golden/tiny/*/config.json")
     files += shared("models/configs/*/config.json")
     for f in files:

@@ -182,12 +182,26 @@ StatusOr<bool> ParseLayerTypes(const ConfigReader& r, int64_t window,
   return true;
 }
 
+namespace {
+
+// A size of config.json in [1, max]: far above any model's (hidden 16k,
+// intermediate 53k, 10M positions) and low enough that the products the
+// declarations and the plan form (heads x head_dim, vocab x hidden, 4 x
+// hidden, ...) stay well inside int64.
+Status CheckSize(const std::string& source, const std::string& key, int64_t v) {
+  const int64_t max = key == "vocab_size" ? int64_t{1} << 31 : int64_t{1} << 24;
+  if (v <= 0 || v > max)
+    return InvalidArgumentError(source + ": " + key + " = " +
+                                std::to_string(v) + ", expected in [1, " +
+                                std::to_string(max) + "]");
+  return Status();
+}
+
+}  // namespace
+
 Status ValidateDims(const std::string& source, const ModelConfig& c) {
-  auto positive = [&](const char* key, int64_t v) -> Status {
-    if (v <= 0)
-      return InvalidArgumentError(source + ": " + key + " = " +
-                                  std::to_string(v) + ", expected > 0");
-    return Status();
+  auto positive = [&](const char* key, int64_t v) {
+    return CheckSize(source, key, v);
   };
   RETURN_IF_ERROR(positive("vocab_size", c.vocab_size));
   RETURN_IF_ERROR(positive("hidden_size", c.hidden_size));
@@ -259,6 +273,11 @@ Status ParseSizes(const ConfigReader& r, const SizeKeys& keys, ModelConfig* c) {
   ASSIGN_OR_RETURN(c->hidden_size, r.Int(keys.hidden));
   ASSIGN_OR_RETURN(c->num_layers, r.Int(keys.layers));
   ASSIGN_OR_RETURN(c->num_heads, r.Int(keys.heads));
+  // Checked before the architecture multiplies them (4 x hidden, ...).
+  RETURN_IF_ERROR(CheckSize(r.source(), "vocab_size", c->vocab_size));
+  RETURN_IF_ERROR(CheckSize(r.source(), keys.hidden, c->hidden_size));
+  RETURN_IF_ERROR(CheckSize(r.source(), keys.layers, c->num_layers));
+  RETURN_IF_ERROR(CheckSize(r.source(), keys.heads, c->num_heads));
   if (c->num_heads <= 0 || c->hidden_size % c->num_heads != 0)
     return InvalidArgumentError(r.source() + ": " + keys.hidden + " = " +
                                 std::to_string(c->hidden_size) +
