@@ -21,6 +21,7 @@
 namespace loom::eval {
 namespace {
 
+using loom::testing::ConstructedModelDir;
 using loom::testing::ReadJson;
 using loom::testing::SharedGoldenDir;
 
@@ -172,8 +173,7 @@ TEST(GenerateTest, CachedDecodeEqualsRecomputeTinyModels) {
 // GLM's partial interleaved rotary.
 TEST(GenerateTest, CachedDecodeEqualsRecomputeConstructedModels) {
   for (const char* m : {"cohere", "glm", "falcon_mq", "bloom"})
-    CheckCachedDecodeEqualsRecompute(std::string(LOOM_SOURCE_DIR) +
-                                     "/tests/data/constructed/" + m);
+    CheckCachedDecodeEqualsRecompute(ConstructedModelDir(m));
 }
 
 // Three prompts through two slots (the third joins when the first leaves)

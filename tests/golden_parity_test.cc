@@ -36,17 +36,13 @@ struct ModelCase {
   bool constructed = false;
 };
 
-std::string ConstructedDir(const ModelCase& c) {
-  return std::string(LOOM_SOURCE_DIR) + "/tests/data/constructed/" +
-         c.model_dir;
-}
 std::string ModelDir(const ModelCase& c) {
-  if (c.constructed) return ConstructedDir(c);
+  if (c.constructed) return ConstructedModelDir(c.model_dir);
   return c.bundled ? std::string(LOOM_MODELS_DIR) + "/" + c.model_dir
                    : SharedGoldenDir() + "/tiny/" + c.model_dir;
 }
 std::string GoldenDir(const ModelCase& c) {
-  if (c.constructed) return ConstructedDir(c);
+  if (c.constructed) return ConstructedModelDir(c.model_dir);
   return c.bundled ? BundledGoldenDir() + "/" + c.name
                    : SharedGoldenDir() + "/tiny/" + c.model_dir;
 }

@@ -41,6 +41,10 @@ std::string SharedGoldenDir() {
   return std::filesystem::exists(dir) ? dir : "";
 }
 
+std::string ConstructedModelDir(const std::string& name) {
+  return std::string(LOOM_SOURCE_DIR) + "/tests/data/constructed/" + name;
+}
+
 std::vector<std::string> RunnableTinyModels(const std::string& shared) {
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(shared + "/tiny")) {
@@ -58,8 +62,7 @@ std::vector<std::string> RunnableTinyModels(const std::string& shared) {
       std::fprintf(stderr,
                    "SKIPPED LOUDLY: %s: model_type '%s' can be inspected and "
                    "planned but not run yet\n",
-                   e.path().filename().string().c_str(),
-                   c->model_type.c_str());
+                   e.path().filename().string().c_str(), c->model_type.c_str());
       continue;
     }
     names.push_back(e.path().filename().string());

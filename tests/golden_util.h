@@ -27,6 +27,10 @@ namespace loom::testing {
 // The shared golden directory beside the repository, or "" if absent.
 std::string SharedGoldenDir();
 
+// A constructed test model and its float64 reference, in the repository
+// (tests/data/constructed/<name>, make_goldens.py there).
+std::string ConstructedModelDir(const std::string& name);
+
 // The names of the shared tiny golden models (<shared>/tiny/<name>) whose
 // architecture Loom runs, sorted. The others (architectures the shared data
 // has ahead of Loom) are named on stderr, loudly, and not returned.

@@ -39,6 +39,7 @@
 namespace loom::eval {
 namespace {
 
+using ::loom::testing::ConstructedModelDir;
 using ::loom::testing::BundledGoldenDir;
 using ::loom::testing::GoldenFile;
 using ::loom::testing::ReadJson;
@@ -284,8 +285,7 @@ TEST(PerplexityGoldenTest, LogprobNextStories260KPrompts) {
 // The constructed models' float64 reference (tests/data/constructed).
 TEST(PerplexityGoldenTest, LogprobNextConstructedModels) {
   for (const char* name : {"cohere", "glm", "falcon_mq", "bloom"}) {
-    const std::string dir =
-        std::string(LOOM_SOURCE_DIR) + "/tests/data/constructed/" + name;
+    const std::string dir = ConstructedModelDir(name);
     auto model = Load(dir);
     ASSERT_NE(model, nullptr) << name;
     auto golden = GoldenFile::Open(dir + "/goldens_f32.safetensors");

@@ -63,8 +63,11 @@ std::string NormsText(const ModelConfig& c) {
   o << NormName(c.norm, c.norm_offset, c.norm_bias) << ", eps " << c.norm_eps;
   if (c.embed_norm) o << "; the embeddings normalized too";
   if (c.qk_norm == QkNormKind::kNone) return o.str();
+  // RMSNorm q/k norms take the block's gain offset (Gemma 3's 1 + w); the
+  // q/k LayerNorms none.
   o << "; q/k: "
-    << NormName(c.qk_norm_type, 0.0f,
+    << NormName(c.qk_norm_type,
+                c.qk_norm_type == NormKind::kRms ? c.norm_offset : 0.0f,
                 c.qk_norm_type == NormKind::kLayer && c.qk_norm_bias);
   switch (c.qk_norm) {
     case QkNormKind::kPerHead:
